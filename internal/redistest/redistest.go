@@ -1,0 +1,192 @@
+// Package redistest gives tests the Redis servers they run against: miniredis with a
+// clock the test sets, a real redis-server and a 3-node Redis Cluster.
+//
+// Real servers come from REDIS_ADDR and REDIS_CLUSTER_ADDRS (comma-separated) when
+// set, or are started on free 127.0.0.1 ports when redis-server is on PATH. Without
+// either the real cases are skipped with a log line saying so, unless
+// JOBTHROTTLE_REQUIRE_REAL is set (CI sets it), in which case they fail.
+package redistest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// Main runs the tests of a package and stops the servers they started; call it from
+// TestMain: func TestMain(m *testing.M) { redistest.Main(m) }.
+func Main(m *testing.M) {
+	code := m.Run()
+	StopAll()
+	os.Exit(code)
+}
+
+// Kind names a backend.
+type Kind string
+
+const (
+	Mini       Kind = "miniredis"
+	Standalone Kind = "redis"
+	Cluster    Kind = "cluster"
+)
+
+// Backend is one Redis to run a test against.
+type Backend struct {
+	Kind   Kind
+	Client redis.UniversalClient
+	// Mini is the miniredis server, for the miniredis backend only.
+	Mini *miniredis.Miniredis
+	// Prefix is a key prefix unique to this test; the test's keys under it are deleted
+	// when the test ends.
+	Prefix string
+}
+
+// Real reports whether the backend is a real redis-server.
+func (b *Backend) Real() bool { return b.Kind != Mini }
+
+var (
+	standaloneOnce sync.Once
+	standaloneAddr string
+	standaloneErr  error
+	clusterOnce    sync.Once
+	clusterAddrs   []string
+	clusterErr     error
+)
+
+// StandaloneAddr returns the address of a real redis-server, starting one if needed.
+func StandaloneAddr() (string, error) {
+	standaloneOnce.Do(func() {
+		if a := os.Getenv("REDIS_ADDR"); a != "" {
+			standaloneAddr = a
+			return
+		}
+		s, err := StartServer()
+		if err != nil {
+			standaloneErr = fmt.Errorf("REDIS_ADDR is unset and redis-server could not be started: %w", err)
+			return
+		}
+		standaloneAddr = s.Addr
+	})
+	return standaloneAddr, standaloneErr
+}
+
+// ClusterAddrs returns the addresses of a real Redis Cluster, starting one if needed.
+func ClusterAddrs() ([]string, error) {
+	clusterOnce.Do(func() {
+		if a := os.Getenv("REDIS_CLUSTER_ADDRS"); a != "" {
+			clusterAddrs = strings.Split(a, ",")
+			return
+		}
+		clusterAddrs, clusterErr = StartCluster(3)
+		if clusterErr != nil {
+			clusterErr = fmt.Errorf("REDIS_CLUSTER_ADDRS is unset and a cluster could not be started: %w", clusterErr)
+		}
+	})
+	return clusterAddrs, clusterErr
+}
+
+// unavailable skips (or, under JOBTHROTTLE_REQUIRE_REAL, fails) a test that needs a
+// real server it could not get.
+func unavailable(t testing.TB, err error) {
+	t.Helper()
+	if os.Getenv("JOBTHROTTLE_REQUIRE_REAL") != "" {
+		t.Fatalf("real Redis required (JOBTHROTTLE_REQUIRE_REAL is set): %v", err)
+	}
+	t.Skipf("no real Redis, this case runs on miniredis only: %v", err)
+}
+
+// Epoch is where the miniredis clock starts: a fixed, recognisable time.
+var Epoch = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+
+// NewMini returns a miniredis backend whose clock stands at Epoch; TTLs follow the
+// clock (ClockTTL), so moving it with SetTime expires keys as Redis would.
+func NewMini(t testing.TB) *Backend {
+	t.Helper()
+	m := miniredis.RunT(t)
+	m.SetTime(Epoch)
+	m.ClockTTL(true)
+	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { c.Close() })
+	return &Backend{Kind: Mini, Client: c, Mini: m, Prefix: uniquePrefix(t)}
+}
+
+// NewStandalone returns the real redis-server backend, or skips the test.
+func NewStandalone(t testing.TB) *Backend {
+	t.Helper()
+	addr, err := StandaloneAddr()
+	if err != nil {
+		unavailable(t, err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	b := &Backend{Kind: Standalone, Client: c, Prefix: uniquePrefix(t)}
+	t.Cleanup(func() { b.deleteKeys(); c.Close() })
+	return b
+}
+
+// NewCluster returns the real Redis Cluster backend, or skips the test.
+func NewCluster(t testing.TB) *Backend {
+	t.Helper()
+	addrs, err := ClusterAddrs()
+	if err != nil {
+		unavailable(t, err)
+	}
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	b := &Backend{Kind: Cluster, Client: c, Prefix: uniquePrefix(t)}
+	t.Cleanup(func() { b.deleteKeys(); c.Close() })
+	return b
+}
+
+// Each runs f as a subtest on miniredis, the real server and the cluster.
+func Each(t *testing.T, f func(t *testing.T, b *Backend)) {
+	t.Helper()
+	for _, k := range []Kind{Mini, Standalone, Cluster} {
+		t.Run(string(k), func(t *testing.T) { f(t, New(t, k)) })
+	}
+}
+
+// New returns a backend of kind k (skipping the test if it is a real one that is
+// not available).
+func New(t testing.TB, k Kind) *Backend {
+	t.Helper()
+	switch k {
+	case Standalone:
+		return NewStandalone(t)
+	case Cluster:
+		return NewCluster(t)
+	}
+	return NewMini(t)
+}
+
+func uniquePrefix(t testing.TB) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return "jt-test-" + hex.EncodeToString(b[:]) + ":"
+}
+
+// deleteKeys removes every key under the backend's prefix ("{<prefix>…").
+func (b *Backend) deleteKeys() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	del := func(ctx context.Context, c *redis.Client) error {
+		iter := c.Scan(ctx, 0, "{"+b.Prefix+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			c.Del(ctx, iter.Val())
+		}
+		return iter.Err()
+	}
+	switch c := b.Client.(type) {
+	case *redis.ClusterClient:
+		_ = c.ForEachMaster(ctx, del)
+	case *redis.Client:
+		_ = del(ctx, c)
+	}
+}

@@ -1,0 +1,135 @@
+-- fixedwindow.lua: a counter per aligned window (windows start at multiples of period
+-- since the Unix epoch), for every limit given. At most rate permits take effect in
+-- each window; two windows' worth can meet at a boundary, the known cost of O(1) state.
+-- KEYS[1]  {<prefix><key>}:fw     string "L c1 c2 ... cm": L is when the latest grant
+--                                 took or takes effect (µs), ci the permits limit i
+--                                 counted in its window holding L
+-- KEYS[2]  {<prefix><key>}:pause  string: when a pause ends, µs (read only)
+-- ARGV[1]  op          0 acquire, 1 cancel
+-- ARGV[2]  n           permits, 0..min(rate); 0 reads the state and takes nothing
+-- ARGV[3]  x           acquire: max_wait_us >= 0, book a slot in a later window if it
+--                      comes within this; cancel: the token an acquire returned
+-- ARGV[4]  m           number of limits, 1..16
+-- ARGV[5..] m pairs    rate (1..10^9), period_us (1..2^45)
+-- Returns  {granted 0|1, remaining, wait_us, reset_us, token}, all integers:
+--          remaining  permits a call made now could still get (after this one)
+--          wait_us    when denied, the exact time until a window has room (>= 1); else 0
+--          reset_us   time until the windows holding grants have all ended
+--          token      when granted, the server time the grant takes effect; else 0
+--          cancel returns {freed 0|1, 0, 0, reset_us, 0}
+-- Writes   KEYS[1] only when granting or cancelling, with a PEXPIRE at the end of the
+--          longest window that holds the latest grant.
+-- Bookings go to the window of the latest grant or a later one (FIFO), so the state
+-- never needs more than that window's counts; a cancel gives its permits back when its
+-- window is still the latest one, and otherwise keeps them (never over the limit).
+local op, n, x, limits = jt_args(5, {JT_MAX_RATE, JT_MAX_PERIOD})
+if not op then
+  return redis.error_reply('JTARG ' .. n)
+end
+local m = #limits
+for i = 1, m do
+  if n > limits[i][1] then
+    return redis.error_reply('JTARG n above rate')
+  end
+end
+
+local key = KEYS[1]
+local now = jt_now()
+local L, c = 0, {}
+local v = redis.call('GET', key)
+if v then
+  local nums = {}
+  for w in string.gmatch(v, '%S+') do
+    nums[#nums + 1] = jt_num(w) or error('JTSTATE ' .. key .. ': not a number')
+  end
+  if #nums < 1 then
+    error('JTSTATE ' .. key .. ': empty')
+  end
+  L = nums[1]
+  for i = 1, m do
+    c[i] = math.max(0, nums[i + 1] or 0)
+  end
+else
+  for i = 1, m do c[i] = 0 end
+end
+
+local function window(t, i)
+  return jt_fdiv(t, limits[i][2])
+end
+-- counted returns the permits limit i holds in its window containing t (t >= L's window)
+local function counted(t, i)
+  if v and window(t, i) == window(L, i) then return c[i] end
+  return 0
+end
+
+local function save()
+  local parts, ttl = {string.format('%d', L)}, 1
+  for i = 1, m do
+    parts[#parts + 1] = string.format('%d', c[i])
+    ttl = math.max(ttl, (window(L, i) + 1) * limits[i][2] - now)
+  end
+  redis.call('SET', key, table.concat(parts, ' '), 'PX', math.max(1, jt_cdiv(ttl, 1000)))
+end
+
+local paused = jt_pause(KEYS[2])
+
+local function report()
+  local remaining, reset = JT_MAX_RATE, 0
+  for i = 1, m do
+    remaining = math.min(remaining, limits[i][1] - counted(now, i))
+    if v and c[i] > 0 then
+      reset = math.max(reset, (window(L, i) + 1) * limits[i][2] - now)
+    end
+  end
+  if paused > now or L > now then remaining = 0 end
+  return math.max(0, remaining), reset
+end
+
+if op == 1 then
+  local freed = 0
+  if v and x > now then
+    for i = 1, m do
+      if window(x, i) == window(L, i) and c[i] > 0 then
+        c[i] = math.max(0, c[i] - n)
+        freed = 1
+      end
+    end
+    if freed == 1 then save() end
+  end
+  local _, reset = report()
+  return {freed, 0, 0, reset, 0}
+end
+
+-- acquire: the earliest time, at or after the latest grant, when every limit's window
+-- has room for n; moving to a limit's next window empties it, so m + 1 passes settle it
+local t = math.max(now, paused, L)
+if n > 0 then
+  for _ = 0, m do
+    local moved = false
+    for i = 1, m do
+      if counted(t, i) + n > limits[i][1] then
+        t = (window(t, i) + 1) * limits[i][2]
+        moved = true
+      end
+    end
+    if not moved then break end
+  end
+end
+local wait = t - now
+if n == 0 then wait = 0 end
+if wait > x then
+  local remaining, reset = report()
+  return {0, remaining, wait, reset, 0}
+end
+if n == 0 then
+  local remaining, reset = report()
+  return {1, remaining, 0, reset, 0}
+end
+for i = 1, m do
+  c[i] = counted(t, i) + n
+end
+L = t
+v = true
+save()
+local remaining, reset = report()
+return {1, remaining, 0, reset, t}

@@ -1,0 +1,141 @@
+-- gcra.lua: token bucket as GCRA; burst permits at once, then rate per period, for
+-- every limit given. O(1) state: each limit's theoretical arrival time (TAT).
+-- KEYS[1]  {<prefix><key>}:tb     string "q1 r1 q2 r2 ... qm rm L": limit i's TAT is
+--                                 qi + ri/ratei µs (exact; 0 <= ri < ratei), L is when
+--                                 the latest grant took or takes effect
+-- KEYS[2]  {<prefix><key>}:pause  string: when a pause ends, µs (read only)
+-- ARGV[1]  op          0 acquire, 1 cancel
+-- ARGV[2]  n           permits, 0..min(burst); 0 reads the state and takes nothing
+-- ARGV[3]  x           acquire: max_wait_us >= 0 (at most 2^50/rate is booked ahead);
+--                      cancel: the token an acquire returned
+-- ARGV[4]  m           number of limits, 1..16
+-- ARGV[5..] m triples  rate (1..10^9), period_us (1..2^45), burst (1..10^9),
+--                      burst × period_us <= 2^50
+-- Returns  {granted 0|1, remaining, wait_us, reset_us, token}, all integers:
+--          remaining  permits a call made now could still get (after this one)
+--          wait_us    when denied, the exact time until n permits conform (>= 1); else 0
+--          reset_us   time until every bucket is full again
+--          token      when granted, the server time the grant takes effect; else 0
+--          cancel returns {freed 0|1, 0, 0, reset_us, 0}
+-- Writes   KEYS[1] only when granting or cancelling, with a PEXPIRE at which every
+--          bucket is full again (so an absent key means full buckets).
+-- Cancel gives back what x/time/rate gives back: n permits less those booked after
+-- the cancelled one, so nothing booked later can end up over the limit.
+local op, n, x, limits = jt_args(5, {JT_MAX_RATE, JT_MAX_PERIOD, JT_MAX_RATE})
+if not op then
+  return redis.error_reply('JTARG ' .. n)
+end
+local m = #limits
+for i = 1, m do
+  local R, P, B = limits[i][1], limits[i][2], limits[i][3]
+  if B * P > 2^50 then
+    return redis.error_reply('JTARG burst x period above 2^50')
+  end
+  if n > B then
+    return redis.error_reply('JTARG n above burst')
+  end
+  if op == 0 then
+    x = math.min(x, math.floor(2^50 / R))
+  end
+end
+
+local key = KEYS[1]
+local now = jt_now()
+
+-- d[i]: limit i's TAT minus now, in units of 1/rate µs; 0 when the bucket is full
+local d, L = {}, 0
+local v = redis.call('GET', key)
+if v then
+  local nums = {}
+  for w in string.gmatch(v, '%S+') do
+    nums[#nums + 1] = jt_num(w) or error('JTSTATE ' .. key .. ': not a number')
+  end
+  if #nums % 2 ~= 1 then
+    error('JTSTATE ' .. key .. ': length')
+  end
+  L = nums[#nums]
+  for i = 1, m do
+    local R = limits[i][1]
+    local q, r = nums[2 * i - 1], nums[2 * i]
+    d[i] = 0
+    if q and r and r >= 0 then
+      if r >= R then -- the rate went down since this was written: round the TAT up
+        q, r = q + 1, 0
+      end
+      if q >= now then
+        d[i] = (q - now) * R + r
+      end
+    end
+  end
+else
+  for i = 1, m do d[i] = 0 end
+end
+
+local function save()
+  local parts, ttl = {}, 0
+  for i = 1, m do
+    local R = limits[i][1]
+    local q = now + jt_fdiv(d[i], R)
+    parts[#parts + 1] = string.format('%d %d', q, d[i] - (q - now) * R)
+    ttl = math.max(ttl, jt_cdiv(d[i], R))
+  end
+  parts[#parts + 1] = string.format('%d', L)
+  redis.call('SET', key, table.concat(parts, ' '), 'PX', math.max(1, jt_cdiv(ttl, 1000)))
+end
+
+local function report(paused)
+  local remaining, reset = JT_MAX_RATE, 0
+  for i = 1, m do
+    local R, P, B = limits[i][1], limits[i][2], limits[i][3]
+    remaining = math.min(remaining, jt_fdiv(B * P - d[i], P))
+    reset = math.max(reset, jt_cdiv(d[i], R))
+  end
+  if paused > now or L > now then remaining = 0 end
+  return math.max(0, remaining), reset
+end
+
+local paused = jt_pause(KEYS[2])
+
+if op == 1 then
+  local freed = 0
+  if v and x > now then
+    for i = 1, m do
+      local R, P = limits[i][1], limits[i][2]
+      local back = math.min(n * P, n * P - (L - x) * R)
+      if back > 0 then
+        d[i] = math.max(0, d[i] - back)
+        freed = 1
+      end
+    end
+    if freed == 1 then save() end
+  end
+  local _, reset = report(paused)
+  return {freed, 0, 0, reset, 0}
+end
+
+-- acquire: the earliest time every bucket has n permits, at or after the latest grant
+local t = math.max(now, paused, L)
+if n > 0 then
+  for i = 1, m do
+    local R, P, B = limits[i][1], limits[i][2], limits[i][3]
+    t = math.max(t, now + jt_cdiv(d[i] + (n - B) * P, R))
+  end
+end
+local wait = t - now
+if n == 0 then wait = 0 end
+if wait > x then
+  local remaining, reset = report(paused)
+  return {0, remaining, wait, reset, 0}
+end
+if n == 0 then
+  local remaining, reset = report(paused)
+  return {1, remaining, 0, reset, 0}
+end
+for i = 1, m do
+  local R, P = limits[i][1], limits[i][2]
+  d[i] = math.max(d[i], wait * R) + n * P -- TAT = max(TAT, t) + n × period / rate
+end
+L = t
+save()
+local remaining, reset = report(paused)
+return {1, remaining, 0, reset, t}

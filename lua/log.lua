@@ -1,0 +1,240 @@
+-- log.lua: the permit log behind slidingwindow.lua and slidingcounter.lua; lua.go puts
+-- it after prelude.lua in front of both.
+--
+-- The log is one list:  [base, T1, S1, T2, S2, ..., TE, SE]
+--   Ti    when entry i takes effect (µs, server clock); strictly rising
+--   Si    permits granted up to and including entry i (cumulative); strictly rising,
+--         so entry i holds Si - S(i-1) permits and grants at one time share an entry
+--   base  S0: the count before T1, left by the entries already trimmed
+-- Numbering the permits makes the exact wait one lookup: granting n permits at time T
+-- keeps every window (T - period, T] at or under rate exactly when permit number
+-- SE + n - rate took effect at or before T - period. So the wait is "until the permit
+-- that must leave has left" (Redisson waits for the oldest grant instead, which is too
+-- early whenever more than one permit is missing).
+--
+-- Entries are appended at or after the last one (FIFO), so a grant can take effect
+-- in the future: a reservation is an entry with T > now, and a later caller books after
+-- it. Entries are trimmed once they are older than the longest period.
+
+local LOG_CHUNK = 8 -- entries read in one LRANGE before falling back to binary search
+
+local lg_key, lg_len, lg_E, lg_base, lg_P, lg_Tlast
+
+local function lg_bad(what)
+  error('JTSTATE ' .. lg_key .. ': ' .. what)
+end
+
+-- lg_T and lg_S read entry i (1 <= i <= lg_E).
+local function lg_T(i)
+  return jt_num(redis.call('LINDEX', lg_key, 2 * i - 1)) or lg_bad('time ' .. i)
+end
+local function lg_S(i)
+  if i == 0 then return lg_base end
+  return jt_num(redis.call('LINDEX', lg_key, 2 * i)) or lg_bad('count ' .. i)
+end
+
+-- lg_load reads the log's length, base and last entry.
+local function lg_load(key)
+  lg_key = key
+  local len = redis.call('LLEN', key)
+  lg_len, lg_E, lg_base, lg_P, lg_Tlast = len, 0, 0, 0, nil
+  if len == 0 then return end
+  if len % 2 == 0 then lg_bad('length') end
+  lg_E = (len - 1) / 2
+  lg_base = jt_num(redis.call('LINDEX', key, 0)) or lg_bad('base')
+  lg_P = lg_base
+  if lg_E > 0 then
+    local last = redis.call('LRANGE', key, -2, -1)
+    lg_Tlast = jt_num(last[1]) or lg_bad('last time')
+    lg_P = jt_num(last[2]) or lg_bad('last count')
+  end
+end
+
+-- lg_last_at_or_before returns the largest j in [0, E] with Tj <= h (T0 counts as -inf).
+local function lg_last_at_or_before(h)
+  if lg_E == 0 or lg_T(1) > h then return 0 end
+  if lg_Tlast <= h then return lg_E end
+  -- the first few entries cover the common case: a handful expired since the last call
+  local k = math.min(lg_E, LOG_CHUNK)
+  local v = redis.call('LRANGE', lg_key, 1, 2 * k)
+  for i = 2, k do
+    local t = jt_num(v[2 * i - 1]) or lg_bad('time ' .. i)
+    if t > h then return i - 1 end
+  end
+  -- T(k) <= h < T(E): binary search
+  local lo, hi = k, lg_E
+  while hi - lo > 1 do
+    local mid = math.floor((lo + hi) / 2)
+    if lg_T(mid) <= h then lo = mid else hi = mid end
+  end
+  return lo
+end
+
+-- lg_first_count_at_least returns the smallest e in [1, E] with Se >= q, for
+-- base < q <= P. Every entry holds at least one permit, so e <= q - base.
+local function lg_first_count_at_least(q)
+  local hi = math.min(lg_E, q - lg_base)
+  if hi <= LOG_CHUNK then
+    local v = redis.call('LRANGE', lg_key, 2, 2 * hi)
+    for i = 1, hi do
+      local s = jt_num(v[2 * i - 1]) or lg_bad('count ' .. i)
+      if s >= q then return i end
+    end
+    lg_bad('counts')
+  end
+  local lo = 0 -- S(lo) < q <= S(hi)
+  while hi - lo > 1 do
+    local mid = math.floor((lo + hi) / 2)
+    if lg_S(mid) >= q then hi = mid else lo = mid end
+  end
+  return hi
+end
+
+-- lg_trim drops the entries at or before h, keeping the count they leave as base.
+local function lg_trim(h)
+  local j = lg_last_at_or_before(h)
+  if j == 0 then return end
+  if j == lg_E then
+    redis.call('DEL', lg_key)
+    lg_len, lg_E, lg_base, lg_P, lg_Tlast = 0, 0, 0, 0, nil
+    return
+  end
+  lg_base = lg_S(j)
+  redis.call('LTRIM', lg_key, 2 * j, -1) -- S(j) becomes the new base
+  lg_E = lg_E - j
+  lg_len = 2 * lg_E + 1
+end
+
+-- lg_in_window counts the permits of the log that took effect after h.
+local function lg_in_window(h)
+  return lg_P - lg_S(lg_last_at_or_before(h))
+end
+
+-- lg_push appends rows (a flat list of T, S values) in bounded batches.
+local function lg_push(rows)
+  local i = 1
+  while i <= #rows do
+    local j = math.min(#rows, i + 199)
+    redis.call('RPUSH', lg_key, unpack(rows, i, j))
+    i = j + 1
+  end
+end
+
+-- jt_log runs an acquire or a cancel on the log.
+--   prec      0 for an exact log; otherwise the sub-bucket width (µs): a grant at t is
+--             recorded at the end of its bucket, (floor(t / prec) + 1) × prec, so a
+--             permit may hold its place up to one bucket longer than period, never less.
+--   op, n, x  as jt_args returns them; limits[i] = {rate, period_us}
+-- Returns {granted, remaining, wait_us, reset_us, token}.
+local function jt_log(key, pause_key, prec, op, n, x, limits)
+  local pmax, rmin = 0, JT_MAX_RATE
+  for i = 1, #limits do
+    rmin = math.min(rmin, limits[i][1])
+    pmax = math.max(pmax, limits[i][2])
+  end
+  if n > rmin then
+    return redis.error_reply('JTARG n above rate')
+  end
+  local function record(t)
+    if prec == 0 then return t end
+    return (jt_fdiv(t, prec) + 1) * prec
+  end
+
+  local now = jt_now()
+  lg_load(key)
+  lg_trim(now - pmax)
+
+  if op == 1 then
+    -- cancel: give back n permits of the entry recorded for the token's time, if that
+    -- time is still in the future; renumber the entries after it.
+    local rt, freed = record(x), 0
+    if x > now and lg_E > 0 and rt <= lg_Tlast then
+      local e = lg_last_at_or_before(rt)
+      if e > 0 and lg_T(e) == rt then
+        local rows = redis.call('LRANGE', key, 2 * e - 1, -1)
+        local held = (jt_num(rows[2]) or lg_bad('count')) - lg_S(e - 1)
+        freed = math.min(n, held)
+        local out = {}
+        for i = 1, #rows, 2 do
+          if not (i == 1 and freed == held) then
+            out[#out + 1] = rows[i]
+            out[#out + 1] = (jt_num(rows[i + 1]) or lg_bad('count')) - freed
+          end
+        end
+        redis.call('LTRIM', key, 0, 2 * e - 2)
+        lg_push(out)
+        lg_load(key)
+        if lg_E == 0 then
+          redis.call('DEL', key)
+          lg_len = 0
+        else
+          jt_expire(key, lg_Tlast + pmax - now)
+        end
+      end
+    end
+    local reset = 0
+    if lg_E > 0 then reset = math.max(0, lg_Tlast + pmax - now) end
+    return {freed > 0 and 1 or 0, 0, 0, reset, 0}
+  end
+
+  -- acquire: the earliest time n permits fit, at or after every earlier grant
+  local paused = jt_pause(pause_key)
+  local t = math.max(now, paused)
+  if lg_E > 0 then
+    if prec == 0 then
+      t = math.max(t, lg_Tlast)
+    else
+      t = math.max(t, lg_Tlast - prec) -- the start of the last entry's bucket
+    end
+  end
+  if n > 0 then
+    for i = 1, #limits do
+      local q = lg_P + n - limits[i][1] -- this permit must have left the window
+      if q > lg_base then
+        t = math.max(t, lg_T(lg_first_count_at_least(q)) + limits[i][2])
+      end
+    end
+  end
+  local wait = t - now
+  if n == 0 then wait = 0 end -- n = 0 only reads: it is granted and takes nothing
+  local granted = wait <= x
+
+  if granted and n > 0 then
+    local rt = record(t)
+    if lg_E > 0 and rt < lg_Tlast then rt = lg_Tlast end
+    lg_P = lg_P + n
+    if lg_E > 0 and rt == lg_Tlast then
+      redis.call('LSET', key, -1, lg_P)
+    elseif lg_len == 0 then
+      redis.call('RPUSH', key, lg_base, rt, lg_P)
+      lg_E = 1
+    else
+      redis.call('RPUSH', key, rt, lg_P)
+      lg_E = lg_E + 1
+    end
+    lg_Tlast = rt
+    -- the state matters until its last entry has left the longest window
+    jt_expire(key, rt + pmax - now)
+  end
+
+  -- remaining: what a call made now could still get; nothing while bookings wait
+  local remaining = 0
+  if paused > now then
+    remaining = 0
+  elseif lg_E == 0 then
+    remaining = rmin
+  elseif lg_Tlast - prec <= now then
+    remaining = rmin
+    for i = 1, #limits do
+      remaining = math.min(remaining, limits[i][1] - lg_in_window(now - limits[i][2]))
+    end
+    remaining = math.max(0, remaining)
+  end
+  local reset = 0
+  if lg_E > 0 then reset = math.max(0, lg_Tlast + pmax - now) end
+  if granted then
+    if n == 0 then t = 0 end
+    return {1, remaining, 0, reset, t}
+  end
+  return {0, remaining, wait, reset, 0}
+end

@@ -1,0 +1,53 @@
+// Package lua holds jobthrottle's Redis scripts, one per algorithm.
+//
+// Each *.lua file opens with its contract: KEYS, ARGV, the reply and what it writes.
+// The scripts share helpers: prelude.lua (clock, argument checks, pause) goes in front
+// of every script, and log.lua (the permit log) in front of the two log-based ones.
+// Run them with Script.Run, which sends EVALSHA and falls back to EVAL when the server
+// has lost the script (after SCRIPT FLUSH or a restart).
+package lua
+
+import (
+	_ "embed"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed prelude.lua
+	prelude string
+	//go:embed log.lua
+	logEngine string
+	//go:embed slidingwindow.lua
+	slidingWindowSrc string
+	//go:embed slidingcounter.lua
+	slidingCounterSrc string
+	//go:embed gcra.lua
+	gcraSrc string
+	//go:embed fixedwindow.lua
+	fixedWindowSrc string
+	//go:embed pause.lua
+	pauseSrc string
+)
+
+// The full text of each script as it is sent to Redis (helpers included).
+var (
+	SlidingWindowSource  = prelude + logEngine + slidingWindowSrc
+	SlidingCounterSource = prelude + logEngine + slidingCounterSrc
+	GCRASource           = prelude + gcraSrc
+	FixedWindowSource    = prelude + fixedWindowSrc
+	PauseSource          = prelude + pauseSrc
+)
+
+var (
+	// SlidingWindow is the permit-log script; its contract is the header of slidingwindow.lua.
+	SlidingWindow = redis.NewScript(SlidingWindowSource)
+	// SlidingCounter is the sub-bucket counter script; see slidingcounter.lua.
+	SlidingCounter = redis.NewScript(SlidingCounterSource)
+	// GCRA is the token-bucket script; see gcra.lua.
+	GCRA = redis.NewScript(GCRASource)
+	// FixedWindow is the aligned-window counter script; see fixedwindow.lua.
+	FixedWindow = redis.NewScript(FixedWindowSource)
+	// Pause is the script that stops grants on a key for a while; see pause.lua.
+	Pause = redis.NewScript(PauseSource)
+)

@@ -1,0 +1,24 @@
+-- slidingcounter.lua: sub-bucket counters; the permit log of log.lua with times rounded
+-- up to the end of their bucket, so it keeps one entry per bucket (memory O(buckets))
+-- and never admits more than rate in any period: a permit holds its place for between
+-- period and period + bucket, so a saturated limiter reaches period / (period + bucket)
+-- of the rate.
+-- KEYS[1]  {<prefix><key>}:sc     list [base, B1, S1, ...]: Bi = end of a bucket, µs
+-- KEYS[2]  {<prefix><key>}:pause  string: when a pause ends, µs (read only)
+-- ARGV[1]  op          0 acquire, 1 cancel
+-- ARGV[2]  n           permits, 0..min(rate); 0 reads the state and takes nothing
+-- ARGV[3]  x           acquire: max_wait_us >= 0; cancel: the token an acquire returned
+-- ARGV[4]  m           number of limits, 1..16
+-- ARGV[5]  bucket_us   sub-bucket width, 1..2^45
+-- ARGV[6..] m pairs    rate (1..10^9), period_us (1..2^45)
+-- Returns  {granted 0|1, remaining, wait_us, reset_us, token} as slidingwindow.lua
+-- Writes   KEYS[1] only: trims, appends or adds to the current bucket, PEXPIRE.
+local op, n, x, limits = jt_args(6, {JT_MAX_RATE, JT_MAX_PERIOD})
+if not op then
+  return redis.error_reply('JTARG ' .. n)
+end
+local bucket = jt_int(5, 1, JT_MAX_PERIOD)
+if not bucket then
+  return redis.error_reply('JTARG bucket')
+end
+return jt_log(KEYS[1], KEYS[2], bucket, op, n, x, limits)

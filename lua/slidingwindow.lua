@@ -1,0 +1,24 @@
+-- slidingwindow.lua: the permit log (Redisson's RRateLimiter, corrected): at most rate
+-- permits take effect in any window of period, for every limit given, exactly.
+-- KEYS[1]  {<prefix><key>}:sw     list [base, T1, S1, ...], see log.lua
+-- KEYS[2]  {<prefix><key>}:pause  string: when a pause ends, µs (read only)
+-- ARGV[1]  op          0 acquire, 1 cancel
+-- ARGV[2]  n           permits, 0..min(rate); 0 reads the state and takes nothing
+-- ARGV[3]  x           acquire: max_wait_us >= 0, book a future slot if it comes within
+--                      this; cancel: the token an acquire returned
+-- ARGV[4]  m           number of limits, 1..16
+-- ARGV[5..] m pairs    rate (1..10^9), period_us (1..2^45)
+-- Returns  {granted 0|1, remaining, wait_us, reset_us, token}, all integers:
+--          remaining  permits a call made now could still get (after this one)
+--          wait_us    when denied, the exact time until n permits fit (>= 1); else 0
+--          reset_us   time until every permit has left every window
+--          token      when granted, the server time the grant takes effect (what a
+--                     cancel passes back); else 0
+--          cancel returns {freed 0|1, 0, 0, reset_us, 0}
+-- Writes   KEYS[1] only: trims entries older than the longest period, appends or
+--          merges the grant, PEXPIRE until the last entry leaves the longest window.
+local op, n, x, limits = jt_args(5, {JT_MAX_RATE, JT_MAX_PERIOD})
+if not op then
+  return redis.error_reply('JTARG ' .. n)
+end
+return jt_log(KEYS[1], KEYS[2], 0, op, n, x, limits)

@@ -1,0 +1,34 @@
+package throttle
+
+import "errors"
+
+// Errors returned by this package. Test for them with errors.Is: the errors returned
+// wrap them with details (which key, which value).
+var (
+	// ErrInvalidLimit: a Limit that cannot be enforced (rate, period or burst out of
+	// range; see Limit). New and NewSemaphore return it.
+	ErrInvalidLimit = errors.New("jobthrottle: invalid limit")
+
+	// ErrExceedsLimit: n is larger than the limit can ever grant at once (Rate for the
+	// sliding window, fixed window and sliding counter, Burst for the token bucket; the
+	// smallest over all limits). Returned before Redis is called; nothing is taken.
+	ErrExceedsLimit = errors.New("jobthrottle: n exceeds what the limit can ever grant at once")
+
+	// ErrInvalidArgument: a negative n, a negative wait, an option that does not fit.
+	ErrInvalidArgument = errors.New("jobthrottle: invalid argument")
+
+	// ErrInvalidKey: an empty key, or a key and prefix whose hash tag would be empty.
+	ErrInvalidKey = errors.New("jobthrottle: invalid key")
+
+	// ErrNilClient: New or NewSemaphore was given a nil Redis client.
+	ErrNilClient = errors.New("jobthrottle: nil redis client")
+
+	// ErrCorruptState: the limiter's Redis key holds data jobthrottle did not write (a
+	// value of another type, or text it cannot read). The script changed nothing; delete
+	// the key to start over.
+	ErrCorruptState = errors.New("jobthrottle: redis key holds data jobthrottle did not write")
+
+	// ErrUnexpectedReply: Redis answered a script with something it does not return,
+	// e.g. a proxy in between that rewrote the reply.
+	ErrUnexpectedReply = errors.New("jobthrottle: unexpected reply from redis script")
+)

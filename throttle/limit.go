@@ -1,0 +1,77 @@
+package throttle
+
+import (
+	"fmt"
+	"time"
+)
+
+// Limit is a rate: at most Rate permits per Period.
+//
+// For TokenBucket, Burst is how many permits can be taken at once after the limiter has
+// been idle; 0 means Rate. The other algorithms ignore Burst.
+//
+// Period is used in whole microseconds, rounded up. Bounds: 1 <= Rate <= 10^9,
+// 1µs <= Period <= 2^45µs (about 407 days), 0 <= Burst <= 10^9, and for TokenBucket
+// Burst × Period in microseconds at most 2^50. New returns an error wrapping
+// ErrInvalidLimit for anything else.
+type Limit struct {
+	Rate   int           // permits per Period, > 0
+	Period time.Duration // > 0
+	Burst  int           // TokenBucket: permits available at once; 0 means Rate. Ignored by the others.
+}
+
+// PerSecond returns a limit of rate permits per second.
+func PerSecond(rate int) Limit { return Limit{Rate: rate, Period: time.Second} }
+
+// PerMinute returns a limit of rate permits per minute.
+func PerMinute(rate int) Limit { return Limit{Rate: rate, Period: time.Minute} }
+
+// PerHour returns a limit of rate permits per hour.
+func PerHour(rate int) Limit { return Limit{Rate: rate, Period: time.Hour} }
+
+// Every returns a limit of one permit per interval.
+func Every(interval time.Duration) Limit { return Limit{Rate: 1, Period: interval} }
+
+// String returns the limit as "10 per 1s" or, with a burst, "10 per 1s (burst 20)".
+func (l Limit) String() string {
+	if l.Burst != 0 {
+		return fmt.Sprintf("%d per %s (burst %d)", l.Rate, l.Period, l.Burst)
+	}
+	return fmt.Sprintf("%d per %s", l.Rate, l.Period)
+}
+
+const (
+	maxRate     = 1_000_000_000
+	maxPeriodUS = 1 << 45
+	maxBucketUS = 1 << 50 // burst × period for the token bucket
+)
+
+// periodMicros is the period in whole microseconds, rounded up.
+func (l Limit) periodMicros() int64 {
+	return int64((l.Period + time.Microsecond - 1) / time.Microsecond)
+}
+
+// burst is the token bucket's capacity: Burst, or Rate when Burst is 0.
+func (l Limit) burst() int {
+	if l.Burst == 0 {
+		return l.Rate
+	}
+	return l.Burst
+}
+
+// validate reports why the limit cannot be used with algorithm a, wrapping ErrInvalidLimit.
+func (l Limit) validate(a Algorithm) error {
+	switch {
+	case l.Rate <= 0 || l.Rate > maxRate:
+		return fmt.Errorf("%w: rate %d is not in 1..%d", ErrInvalidLimit, l.Rate, maxRate)
+	case l.Period <= 0:
+		return fmt.Errorf("%w: period %s is not positive", ErrInvalidLimit, l.Period)
+	case l.periodMicros() > maxPeriodUS:
+		return fmt.Errorf("%w: period %s is above 2^45µs", ErrInvalidLimit, l.Period)
+	case l.Burst < 0 || l.Burst > maxRate:
+		return fmt.Errorf("%w: burst %d is not in 0..%d", ErrInvalidLimit, l.Burst, maxRate)
+	case a == TokenBucket && int64(l.burst())*l.periodMicros() > maxBucketUS:
+		return fmt.Errorf("%w: burst %d × period %s is above 2^50µs", ErrInvalidLimit, l.burst(), l.Period)
+	}
+	return nil
+}

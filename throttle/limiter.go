@@ -1,0 +1,220 @@
+package throttle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Limiter enforces one or more rate limits on a key, shared by every process that
+// uses the same Redis, key, prefix and algorithm.
+//
+// Every decision is one atomic script call (EVALSHA) that reads the clock of the Redis
+// server, so clients' clocks do not matter and no two processes can both take the last
+// permit. A denial is a Result with Allowed false and the exact RetryAfter, not an
+// error; an error means bad input or a failed Redis call, and then nothing was granted.
+//
+// Use Allow or AllowN to take permits now or not at all (to drop or defer work).
+//
+// A Limiter holds no state of its own besides its configuration: it is safe for
+// simultaneous use by multiple goroutines, and two Limiters built alike are
+// interchangeable.
+type Limiter struct {
+	rdb    redis.Scripter
+	key    string
+	keys   []string // state key, pause key
+	alg    Algorithm
+	limits []Limit
+	script *redis.Script
+	tail   []any // ARGV after op, n, x
+	maxN   int
+}
+
+// New returns a limiter enforcing limit, and any limits added with WithLimits, on key.
+//
+// rdb may be any go-redis client: a plain Client, a Sentinel-backed FailoverClient or a
+// ClusterClient. New does not contact Redis. It returns an error wrapping ErrNilClient
+// for a nil client, ErrInvalidKey for an empty key, ErrInvalidLimit for a limit out of
+// range (see Limit), or ErrInvalidArgument for an option that does not fit.
+func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*Limiter, error) {
+	if isNilClient(rdb) {
+		return nil, ErrNilClient
+	}
+	c := newConfig()
+	for _, o := range opts {
+		o.apply(c)
+	}
+	if c.err != nil {
+		return nil, c.err
+	}
+	limits := append([]Limit{limit}, c.extra...)
+	if len(limits) > 16 {
+		return nil, fmt.Errorf("%w: %d limits, at most 16", ErrInvalidArgument, len(limits))
+	}
+	a := c.algorithm.algo()
+	maxN := maxRate
+	for _, l := range limits {
+		if err := l.validate(c.algorithm); err != nil {
+			return nil, fmt.Errorf("%w (key %q, limit %s)", err, key, l)
+		}
+		maxN = min(maxN, a.maxN(l))
+	}
+	tag, err := hashTag(c.prefix, key)
+	if err != nil {
+		return nil, err
+	}
+	script := a.script
+	if c.script != nil {
+		script = c.script
+	}
+	return &Limiter{
+		rdb:    rdb,
+		key:    key,
+		keys:   []string{tag + ":" + a.suffix, tag + ":pause"},
+		alg:    c.algorithm,
+		limits: limits,
+		script: script,
+		tail:   a.args(limits, c),
+		maxN:   maxN,
+	}, nil
+}
+
+// hashTag returns "{<prefix><key>}", the part every Redis key of a limiter starts with,
+// so Redis Cluster hashes only it and all of them land in one slot whatever braces the
+// key holds: the tag ends at the first "}" after the opening brace, the same place in
+// every key of the limiter. The tag must not be empty, which a key starting with "}"
+// and no prefix would make.
+func hashTag(prefix, key string) (string, error) {
+	if key == "" {
+		return "", fmt.Errorf("%w: empty key", ErrInvalidKey)
+	}
+	if strings.HasPrefix(prefix+key, "}") {
+		return "", fmt.Errorf("%w: %q: prefix and key must not start with '}'", ErrInvalidKey, prefix+key)
+	}
+	return "{" + prefix + key + "}", nil
+}
+
+func isNilClient(rdb redis.UniversalClient) bool {
+	switch c := rdb.(type) {
+	case nil:
+		return true
+	case *redis.Client:
+		return c == nil
+	case *redis.ClusterClient:
+		return c == nil
+	case *redis.Ring:
+		return c == nil
+	}
+	return false
+}
+
+// Key returns the key the limiter was made for (without prefix).
+func (l *Limiter) Key() string { return l.key }
+
+// Algorithm returns the limiter's algorithm.
+func (l *Limiter) Algorithm() Algorithm { return l.alg }
+
+// Limits returns the limits the limiter enforces, the first one first.
+func (l *Limiter) Limits() []Limit { return append([]Limit(nil), l.limits...) }
+
+// Allow is shorthand for AllowN(ctx, 1).
+func (l *Limiter) Allow(ctx context.Context) (Result, error) {
+	return l.AllowN(ctx, 1)
+}
+
+// AllowN takes n permits now if every limit has room for them, and otherwise takes
+// nothing and reports in RetryAfter when they would fit. Queued reservations come
+// first: while any wait, AllowN is denied. AllowN(ctx, 0) takes nothing and reports
+// the state (Allowed is true).
+//
+// Use AllowN when a denied caller drops or defers its work; use Wait or Reserve to
+// wait for the permits instead.
+//
+// It returns an error wrapping ErrInvalidArgument for n < 0, ErrExceedsLimit for n
+// above what the limit can ever grant (without calling Redis), ctx.Err() for a done
+// context, and the Redis error when the call fails; Allowed is false with any error.
+func (l *Limiter) AllowN(ctx context.Context, n int) (Result, error) {
+	if err := l.checkN(n); err != nil {
+		return Result{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return Result{}, err
+	}
+	r, err := l.call(ctx, opAcquire, n, 0)
+	if err != nil {
+		return Result{}, err
+	}
+	return r.result(), nil
+}
+
+func (l *Limiter) checkN(n int) error {
+	if n < 0 {
+		return fmt.Errorf("%w: n = %d", ErrInvalidArgument, n)
+	}
+	if n > l.maxN {
+		return fmt.Errorf("%w: n = %d, at most %d (key %q)", ErrExceedsLimit, n, l.maxN, l.key)
+	}
+	return nil
+}
+
+// Script operations (ARGV[1]).
+const (
+	opAcquire = 0
+	opCancel  = 1
+)
+
+// reply is a script's answer: {granted, remaining, wait_us, reset_us, token}.
+type reply struct {
+	granted   bool
+	remaining int
+	wait      time.Duration
+	reset     time.Duration
+	token     int64 // server time the grant takes effect; what a cancel sends back
+}
+
+func (r reply) result() Result {
+	return Result{Allowed: r.granted, Remaining: r.remaining, RetryAfter: r.wait, ResetAfter: r.reset}
+}
+
+// call runs the script once: op, n, x (max wait µs, or a token to cancel).
+func (l *Limiter) call(ctx context.Context, op, n int, x int64) (reply, error) {
+	args := make([]any, 3, 3+len(l.tail))
+	args[0], args[1], args[2] = op, n, x
+	args = append(args, l.tail...)
+	cmd := l.script.Run(ctx, l.rdb, l.keys, args...)
+	if err := cmd.Err(); err != nil {
+		return reply{}, scriptError(l.key, err)
+	}
+	v, err := cmd.Int64Slice()
+	if err != nil || len(v) != 5 {
+		return reply{}, fmt.Errorf("%w: key %q: %v", ErrUnexpectedReply, l.key, cmd.Val())
+	}
+	return reply{
+		granted:   v[0] == 1,
+		remaining: int(v[1]),
+		wait:      time.Duration(v[2]) * time.Microsecond,
+		reset:     time.Duration(v[3]) * time.Microsecond,
+		token:     v[4],
+	}, nil
+}
+
+// scriptError maps a failed script call to this package's errors: what a script
+// reports (JTARG, JTSTATE) and a wrong-type key become sentinels; anything else (the
+// network, the context, an ACL refusal) is wrapped as it is.
+func scriptError(key string, err error) error {
+	var rerr redis.Error
+	if errors.As(err, &rerr) {
+		msg := rerr.Error()
+		switch {
+		case strings.Contains(msg, "JTSTATE"), strings.HasPrefix(msg, "WRONGTYPE"):
+			return fmt.Errorf("%w: key %q: %v", ErrCorruptState, key, err)
+		case strings.Contains(msg, "JTARG"):
+			return fmt.Errorf("%w: key %q: %v", ErrInvalidArgument, key, err)
+		}
+	}
+	return fmt.Errorf("jobthrottle: key %q: %w", key, err)
+}

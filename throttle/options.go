@@ -1,0 +1,92 @@
+package throttle
+
+import (
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Option configures a Limiter; pass options to New.
+type Option interface {
+	apply(*config)
+}
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+// config is what the options set; defaults live in newConfig.
+type config struct {
+	algorithm Algorithm
+	extra     []Limit
+	prefix    string
+	buckets   int
+	script    *redis.Script // tests swap the script for one with a controllable clock
+	err       error
+}
+
+func newConfig() *config {
+	return &config{
+		algorithm: SlidingWindow,
+		prefix:    "jobthrottle:",
+		buckets:   defaultBuckets,
+	}
+}
+
+func (c *config) fail(format string, args ...any) {
+	if c.err == nil {
+		c.err = fmt.Errorf(format, args...)
+	}
+}
+
+// WithAlgorithm selects the algorithm; the default is SlidingWindow.
+func WithAlgorithm(a Algorithm) Option {
+	return optionFunc(func(c *config) {
+		if a < SlidingWindow || a > SlidingCounter {
+			c.fail("%w: unknown algorithm %d", ErrInvalidArgument, int(a))
+			return
+		}
+		c.algorithm = a
+	})
+}
+
+// WithLimits adds limits enforced together with the first in the same atomic call: a
+// request is granted only if every limit has room, and takes from all of them or none.
+// "10 per second and 500 per hour" is New(rdb, key, PerSecond(10),
+// WithLimits(PerHour(500))). Up to 16 limits in all; every algorithm supports them.
+// Changing the set of limits of a key keeps the state of the limits in the same
+// position (token bucket, fixed window) or the shared log (sliding window and counter).
+func WithLimits(more ...Limit) Option {
+	return optionFunc(func(c *config) { c.extra = append(c.extra, more...) })
+}
+
+// WithKeyPrefix sets the text put before the key in every Redis key; the default is
+// "jobthrottle:". Keys are "{<prefix><key>}:<suffix>", so one limiter's keys share a
+// Redis Cluster hash slot.
+func WithKeyPrefix(prefix string) Option {
+	return optionFunc(func(c *config) { c.prefix = prefix })
+}
+
+// defaultBuckets is how many sub-buckets SlidingCounter splits the shortest period into.
+const defaultBuckets = 50
+
+// WithBuckets sets how many sub-buckets SlidingCounter splits the shortest period
+// into, 1..10000; the default is 50. A permit holds its place for between Period and
+// Period × (1 + 1/buckets), so the counter never admits more than Rate in any Period
+// and, saturated, uses at least buckets/(buckets+1) of the rate (98% by default),
+// while keeping at most one entry per bucket. Other algorithms ignore it.
+func WithBuckets(n int) Option {
+	return optionFunc(func(c *config) {
+		if n < 1 || n > 10000 {
+			c.fail("%w: buckets %d is not in 1..10000", ErrInvalidArgument, n)
+			return
+		}
+		c.buckets = n
+	})
+}
+
+// withScript replaces the algorithm's script (tests only: a script whose clock the
+// test sets).
+func withScript(s *redis.Script) Option {
+	return optionFunc(func(c *config) { c.script = s })
+}
