@@ -13,7 +13,8 @@
 -- ARGV[5..] m pairs    rate (1..10^9), period_us (1..2^45)
 -- Returns  {granted 0|1, remaining, wait_us, reset_us, token}, all integers:
 --          remaining  permits a call made now could still get (after this one)
---          wait_us    when denied, the exact time until a window has room (>= 1); else 0
+--          wait_us    granted: the time until the grant takes effect (0 unless
+--                     booked ahead); denied: the exact time until a window has room (>= 1)
 --          reset_us   time until the windows holding grants have all ended
 --          token      when granted, the server time the grant takes effect; else 0
 --          cancel returns {freed 0|1, 0, 0, reset_us, 0}
@@ -132,4 +133,4 @@ L = t
 v = true
 save()
 local remaining, reset = report()
-return {1, remaining, 0, reset, t}
+return {1, remaining, wait, reset, t}

@@ -13,7 +13,8 @@
 --                      burst × period_us <= 2^50
 -- Returns  {granted 0|1, remaining, wait_us, reset_us, token}, all integers:
 --          remaining  permits a call made now could still get (after this one)
---          wait_us    when denied, the exact time until n permits conform (>= 1); else 0
+--          wait_us    granted: the time until the grant takes effect (0 unless
+--                     booked ahead); denied: the exact time until n permits conform (>= 1)
 --          reset_us   time until every bucket is full again
 --          token      when granted, the server time the grant takes effect; else 0
 --          cancel returns {freed 0|1, 0, 0, reset_us, 0}
@@ -138,4 +139,4 @@ end
 L = t
 save()
 local remaining, reset = report(paused)
-return {1, remaining, 0, reset, t}
+return {1, remaining, wait, reset, t}

@@ -234,7 +234,7 @@ local function jt_log(key, pause_key, prec, op, n, x, limits)
   if lg_E > 0 then reset = math.max(0, lg_Tlast + pmax - now) end
   if granted then
     if n == 0 then t = 0 end
-    return {1, remaining, 0, reset, t}
+    return {1, remaining, wait, reset, t}
   end
   return {0, remaining, wait, reset, 0}
 end

@@ -10,7 +10,8 @@
 -- ARGV[5..] m pairs    rate (1..10^9), period_us (1..2^45)
 -- Returns  {granted 0|1, remaining, wait_us, reset_us, token}, all integers:
 --          remaining  permits a call made now could still get (after this one)
---          wait_us    when denied, the exact time until n permits fit (>= 1); else 0
+--          wait_us    granted: the time until the grant takes effect (0 unless
+--                     booked ahead); denied: the exact time until n permits fit (>= 1)
 --          reset_us   time until every permit has left every window
 --          token      when granted, the server time the grant takes effect (what a
 --                     cancel passes back); else 0

@@ -30,7 +30,7 @@ func TestTokenBucketSeedExample(t *testing.T) {
 func TestTokenBucketMatchesXTimeRate(t *testing.T) {
 	cases := []Limit{
 		{Rate: 10, Period: time.Second, Burst: 1},
-		{Rate: 3, Period: time.Second, Burst: 5},         // 333333.3µs per token
+		{Rate: 3, Period: time.Second, Burst: 5}, // 333333.3µs per token
 		{Rate: 7, Period: 100 * time.Millisecond, Burst: 20},
 		{Rate: 100, Period: time.Minute, Burst: 100},
 		{Rate: 9999, Period: time.Second, Burst: 50},
@@ -68,7 +68,7 @@ func TestTokenBucketMatchesXTimeRate(t *testing.T) {
 						lim, i, at, n, tokens, got.Allowed, want)
 				}
 				if !want {
-					wantWait := time.Duration(math.Ceil((float64(n) - tokens) / perSec * 1e6)) * time.Microsecond
+					wantWait := time.Duration(math.Ceil((float64(n)-tokens)/perSec*1e6)) * time.Microsecond
 					if d := got.RetryAfter - wantWait; d < -time.Microsecond || d > time.Microsecond {
 						t.Fatalf("%v step %d: RetryAfter %v, want %v", lim, i, got.RetryAfter, wantWait)
 					}

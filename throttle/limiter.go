@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/waiter"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -18,7 +19,10 @@ import (
 // permit. A denial is a Result with Allowed false and the exact RetryAfter, not an
 // error; an error means bad input or a failed Redis call, and then nothing was granted.
 //
-// Use Allow or AllowN to take permits now or not at all (to drop or defer work).
+// Use Allow or AllowN to take permits now or not at all (to drop or defer work); Wait
+// or WaitN to sleep until they come (a worker loop); Reserve to book them and decide
+// yourself (see waiter.Reservation). Waiting callers book their place: they are served
+// in arrival order across every process, at one Redis call per wait, without polling.
 //
 // A Limiter holds no state of its own besides its configuration: it is safe for
 // simultaneous use by multiple goroutines, and two Limiters built alike are
@@ -32,6 +36,9 @@ type Limiter struct {
 	script *redis.Script
 	tail   []any // ARGV after op, n, x
 	maxN   int
+	hooks  Hooks
+	clock  waiter.Clock
+	moved  *pauseSignal // closed when this process pauses the key
 }
 
 // New returns a limiter enforcing limit, and any limits added with WithLimits, on key.
@@ -80,6 +87,9 @@ func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*L
 		script: script,
 		tail:   a.args(limits, c),
 		maxN:   maxN,
+		hooks:  c.hooks,
+		clock:  c.clock,
+		moved:  pauseSignalFor(rdb, tag),
 	}, nil
 }
 
@@ -148,7 +158,19 @@ func (l *Limiter) AllowN(ctx context.Context, n int) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
+	l.report(n, r)
 	return r.result(), nil
+}
+
+// report calls the Allowed or Denied hook for a decision.
+func (l *Limiter) report(n int, r reply) {
+	if r.granted {
+		if l.hooks.Allowed != nil {
+			l.hooks.Allowed(l.key, n, r.wait)
+		}
+	} else if l.hooks.Denied != nil {
+		l.hooks.Denied(l.key, n, r.wait)
+	}
 }
 
 func (l *Limiter) checkN(n int) error {
@@ -177,7 +199,11 @@ type reply struct {
 }
 
 func (r reply) result() Result {
-	return Result{Allowed: r.granted, Remaining: r.remaining, RetryAfter: r.wait, ResetAfter: r.reset}
+	res := Result{Allowed: r.granted, Remaining: r.remaining, ResetAfter: r.reset}
+	if !r.granted {
+		res.RetryAfter = r.wait
+	}
+	return res
 }
 
 // call runs the script once: op, n, x (max wait µs, or a token to cancel).
@@ -187,6 +213,9 @@ func (l *Limiter) call(ctx context.Context, op, n int, x int64) (reply, error) {
 	args = append(args, l.tail...)
 	cmd := l.script.Run(ctx, l.rdb, l.keys, args...)
 	if err := cmd.Err(); err != nil {
+		if l.hooks.RedisError != nil {
+			l.hooks.RedisError(l.key, err)
+		}
 		return reply{}, scriptError(l.key, err)
 	}
 	v, err := cmd.Int64Slice()

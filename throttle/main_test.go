@@ -6,6 +6,7 @@ import (
 
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/lua"
+	"github.com/jobthrottle/jobthrottle/waiter"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -42,7 +43,7 @@ func (tl *timeline) limiter(key string, limit Limit, opts ...Option) *Limiter {
 	for _, o := range opts {
 		o.apply(c)
 	}
-	opts = append([]Option{WithKeyPrefix(tl.b.Prefix), withScript(fakeClock[c.algorithm])}, opts...)
+	opts = append([]Option{WithKeyPrefix(tl.b.Prefix), withScript(fakeClock[c.algorithm]), WithClock(goClock{tl})}, opts...)
 	l, err := New(tl.b.Client, key, limit, opts...)
 	if err != nil {
 		tl.t.Fatalf("New(%q, %v): %v", key, limit, err)
@@ -59,3 +60,10 @@ func (tl *timeline) at(d time.Duration) {
 	tl.now = redistest.Epoch.Add(d)
 	tl.b.SetTime(tl.t, tl.now, tl.tags...)
 }
+
+// goClock is a waiter.Clock standing at the timeline's time (timers are real; the
+// tests that use it do not sleep).
+type goClock struct{ tl *timeline }
+
+func (c goClock) Now() time.Time                         { return c.tl.now }
+func (c goClock) NewTimer(d time.Duration) waiter.Timer { return waiter.SystemClock.NewTimer(d) }

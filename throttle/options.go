@@ -3,6 +3,7 @@ package throttle
 import (
 	"fmt"
 
+	"github.com/jobthrottle/jobthrottle/waiter"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -21,6 +22,8 @@ type config struct {
 	extra     []Limit
 	prefix    string
 	buckets   int
+	hooks     Hooks
+	clock     waiter.Clock
 	script    *redis.Script // tests swap the script for one with a controllable clock
 	err       error
 }
@@ -30,6 +33,7 @@ func newConfig() *config {
 		algorithm: SlidingWindow,
 		prefix:    "jobthrottle:",
 		buckets:   defaultBuckets,
+		clock:     waiter.SystemClock,
 	}
 }
 
@@ -89,4 +93,21 @@ func WithBuckets(n int) Option {
 // test sets).
 func withScript(s *redis.Script) Option {
 	return optionFunc(func(c *config) { c.script = s })
+}
+
+// WithHooks sets callbacks the limiter calls after its decisions (see Hooks).
+func WithHooks(h Hooks) Option {
+	return optionFunc(func(c *config) { c.hooks = h })
+}
+
+// WithClock sets the clock Go code waits by (Reserve's due times and WaitN's sleep);
+// the default is waiter.SystemClock. Decisions always use the Redis server's clock.
+func WithClock(clock waiter.Clock) Option {
+	return optionFunc(func(c *config) {
+		if clock == nil {
+			c.fail("%w: nil clock", ErrInvalidArgument)
+			return
+		}
+		c.clock = clock
+	})
 }

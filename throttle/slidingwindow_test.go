@@ -37,10 +37,10 @@ func TestSlidingWindowSeedExample(t *testing.T) {
 		tl := newTimeline(t, b)
 		l := tl.limiter("seed", PerSecond(5))
 		runSteps(t, tl, l, []step{
-			{0, 1, Result{true, 4, 0, 1000 * ms}},                // t0: take 1
-			{100 * ms, 2, Result{true, 2, 0, 1000 * ms}},         // take 2
-			{200 * ms, 3, Result{false, 2, 800 * ms, 900 * ms}},  // 3 fit when t0's permit leaves
-			{1100 * ms, 1, Result{true, 4, 0, 1000 * ms}},        // t0 and t0+100 have left
+			{0, 1, Result{true, 4, 0, 1000 * ms}},               // t0: take 1
+			{100 * ms, 2, Result{true, 2, 0, 1000 * ms}},        // take 2
+			{200 * ms, 3, Result{false, 2, 800 * ms, 900 * ms}}, // 3 fit when t0's permit leaves
+			{1100 * ms, 1, Result{true, 4, 0, 1000 * ms}},       // t0 and t0+100 have left
 		})
 	})
 }

@@ -119,6 +119,31 @@ func NewMini(t testing.TB) *Backend {
 	return &Backend{Kind: Mini, Client: c, Mini: m, Prefix: uniquePrefix(t)}
 }
 
+// NewMiniRealTime returns a miniredis backend on the real clock, for tests that
+// sleep (briefly) and run the production scripts.
+func NewMiniRealTime(t testing.TB) *Backend {
+	t.Helper()
+	m := miniredis.RunT(t)
+	m.ClockTTL(true)
+	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { c.Close() })
+	return &Backend{Kind: Mini, Client: c, Mini: m, Prefix: uniquePrefix(t)}
+}
+
+// EachRealTime is Each with miniredis on the real clock.
+func EachRealTime(t *testing.T, f func(t *testing.T, b *Backend)) {
+	t.Helper()
+	for _, k := range []Kind{Mini, Standalone, Cluster} {
+		t.Run(string(k), func(t *testing.T) {
+			b := NewMiniRealTime
+			if k != Mini {
+				b = func(t testing.TB) *Backend { return New(t, k) }
+			}
+			f(t, b(t))
+		})
+	}
+}
+
 // NewStandalone returns the real redis-server backend, or skips the test.
 func NewStandalone(t testing.TB) *Backend {
 	t.Helper()

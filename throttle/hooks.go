@@ -1,0 +1,32 @@
+package throttle
+
+import "time"
+
+// Hooks are callbacks a Limiter calls after its decisions, to count or log them without
+// wrapping the API. Any of them may be nil. They run on the caller's goroutine, after
+// the Redis call, and must not block; they must be safe for simultaneous use. Leave
+// Redis command tracing to go-redis's own hooks (redis.Client.AddHook).
+type Hooks struct {
+	// Allowed is called when n permits were granted (AllowN) or booked (Reserve),
+	// with the wait until they take effect (0 when granted at once).
+	Allowed func(key string, n int, wait time.Duration)
+
+	// Denied is called when nothing was granted or booked, with the time until the n
+	// permits would be available.
+	Denied func(key string, n int, retryAfter time.Duration)
+
+	// Waited is called when Wait or WaitN got its permits after sleeping, with the time
+	// it slept (from the call to its return).
+	Waited func(key string, n int, waited time.Duration)
+
+	// Cancelled is called when a booking of n permits was given back (Cancel, or a
+	// WaitN whose context ended while it slept).
+	Cancelled func(key string, n int)
+
+	// RedisError is called when a call to Redis failed (the error the caller gets,
+	// before any fail-open or fail-local policy applies).
+	RedisError func(key string, err error)
+
+	// Paused is called when Pause set a pause on the key, with its length.
+	Paused func(key string, d time.Duration)
+}

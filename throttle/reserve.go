@@ -1,0 +1,95 @@
+package throttle
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/waiter"
+)
+
+var _ waiter.Reserver = (*Limiter)(nil)
+
+// maxWaitMicros is the largest wait a script takes (2^53 - 1 µs, about 285 years).
+const maxWaitMicros = 1<<53 - 1
+
+// Reserve books n permits at the earliest time they are available that is not earlier
+// than any booking already made on the key (first come, first served across every
+// process), if that time comes within maxWait. The reservation then reports OK, and
+// Delay says when the permits take effect; they count against the limit from then.
+// Otherwise nothing is booked, OK is false and Delay says when n permits would be
+// available.
+//
+// Give back a booking you will not use with the reservation's Cancel; wait for it
+// with its Wait. Every algorithm supports booking ahead. The token bucket books at
+// most 2^50/Rate µs ahead (18 minutes at a million per period); a longer maxWait is
+// cut to that.
+//
+// Errors are those of AllowN, and ErrInvalidArgument for a negative maxWait.
+func (l *Limiter) Reserve(ctx context.Context, n int, maxWait time.Duration) (*waiter.Reservation, error) {
+	if err := l.checkN(n); err != nil {
+		return nil, err
+	}
+	if maxWait < 0 {
+		return nil, fmt.Errorf("%w: maxWait %v", ErrInvalidArgument, maxWait)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	moved := l.moved.current()
+	r, err := l.call(ctx, opAcquire, n, min(int64(maxWait/time.Microsecond), maxWaitMicros))
+	if err != nil {
+		return nil, err
+	}
+	l.report(n, r)
+	b := waiter.Booking{OK: r.granted, Delay: r.wait, Clock: l.clock}
+	if r.granted && r.wait > 0 {
+		token := r.token
+		b.Moved = moved
+		b.Cancel = func(ctx context.Context) error { return l.cancel(ctx, n, token) }
+	}
+	return waiter.NewReservation(b), nil
+}
+
+// cancel gives back n permits booked to take effect at token (server time, µs).
+func (l *Limiter) cancel(ctx context.Context, n int, token int64) error {
+	r, err := l.call(ctx, opCancel, n, token)
+	if err != nil {
+		return err
+	}
+	if r.granted && l.hooks.Cancelled != nil {
+		l.hooks.Cancelled(l.key, n)
+	}
+	return nil
+}
+
+// Wait is shorthand for WaitN(ctx, 1).
+func (l *Limiter) Wait(ctx context.Context) error {
+	return l.WaitN(ctx, 1)
+}
+
+// WaitN books n permits and sleeps until they take effect: one Redis call, however
+// many callers wait, served in arrival order across every process.
+//
+// It returns at once, booking nothing: an error wrapping ErrExceedsLimit for n above
+// what the limit can ever grant; ctx.Err() for a done context (without calling
+// Redis); and an error wrapping waiter.ErrWouldExceedDeadline when the permits would
+// come after ctx's deadline. If ctx ends while it sleeps it gives the booking back
+// and returns ctx.Err(). If the key is paused by this process while it sleeps, it
+// gives the booking back and books again after the pause.
+func (l *Limiter) WaitN(ctx context.Context, n int) error {
+	if err := l.checkN(n); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	start := l.clock.Now()
+	err := waiter.Wait(ctx, l, n)
+	if err == nil && l.hooks.Waited != nil {
+		if waited := l.clock.Now().Sub(start); waited > 0 {
+			l.hooks.Waited(l.key, n, waited)
+		}
+	}
+	return err
+}

@@ -1,0 +1,139 @@
+package throttle
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/waiter"
+)
+
+// Many goroutines calling WaitN on one key, on the production scripts and the real
+// clock: no window of the period ever holds more than the rate (by the server times the
+// grants take effect), the rate is used in full once the first window has passed, and
+// each permit costs about one script call.
+//
+// Tolerances: none on the bound; utilization is measured on server times between the
+// end of the first window and the last grant, and must reach 99%; calls per permit
+// must stay under 1.05 (a call that books is the only call a waiter makes).
+func TestWaitSharesTheRate(t *testing.T) {
+	const (
+		workers = 16
+		period  = 200 * ms
+		rate    = 40
+		windows = 4
+	)
+	for _, alg := range allAlgorithms {
+		t.Run(alg.String(), func(t *testing.T) {
+			redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+				grants := redistest.RecordGrants(b.Client)
+				limit := Limit{Rate: rate, Period: period}
+				if alg == TokenBucket {
+					limit.Burst = 1 // evenly spaced
+				}
+				l, err := New(b.Client, "share", limit, WithAlgorithm(alg), WithKeyPrefix(b.Prefix))
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx := context.Background()
+				total := rate * windows
+				var (
+					mu    sync.Mutex
+					taken int
+					wg    sync.WaitGroup
+				)
+				for w := 0; w < workers; w++ {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for {
+							mu.Lock()
+							if taken >= total {
+								mu.Unlock()
+								return
+							}
+							taken++
+							mu.Unlock()
+							if err := l.Wait(ctx); err != nil {
+								t.Error(err)
+								return
+							}
+						}
+					}()
+				}
+				wg.Wait()
+				if got := grants.Total(); got != total {
+					t.Fatalf("granted %d permits, want %d", got, total)
+				}
+				most := grants.MaxInWindow(period)
+				bound := rate
+				if alg == FixedWindow {
+					bound = 2 * rate // two aligned windows can meet inside one period
+				}
+				if most > bound {
+					t.Fatalf("%d permits took effect within one %v window, limit %d", most, period, bound)
+				}
+				util := grants.Utilization(period, rate)
+				perPermit := float64(grants.Calls()) / float64(total)
+				t.Logf("%v on %s: %d permits, most in any %v: %d, utilization after the first window %.4f, script calls per permit %.3f",
+					alg, b.Kind, total, period, most, util, perPermit)
+				minUtil := 0.99
+				if alg == SlidingCounter {
+					minUtil = 0.97 // a permit holds its place up to one bucket (1/50) longer
+				}
+				if util < minUtil {
+					t.Errorf("utilization %.4f, want >= %.2f", util, minUtil)
+				}
+				if perPermit > 1.05 {
+					t.Errorf("%.3f script calls per permit, want <= 1.05", perPermit)
+				}
+			})
+		})
+	}
+}
+
+// A deadline that comes before the permits could: WaitN returns at once, books
+// nothing. A context cancelled while sleeping gives the booking back.
+func TestWaitDeadlinesAndCancellation(t *testing.T) {
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		grants := redistest.RecordGrants(b.Client)
+		l, err := New(b.Client, "deadline", Limit{Rate: 1, Period: 300 * ms}, WithKeyPrefix(b.Prefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		if err := l.Wait(ctx); err != nil { // takes the only permit
+			t.Fatal(err)
+		}
+		short, cancel := context.WithTimeout(ctx, 50*ms)
+		defer cancel()
+		start := time.Now()
+		err = l.Wait(short)
+		if !errors.Is(err, waiter.ErrWouldExceedDeadline) {
+			t.Fatalf("Wait with a 50ms deadline: %v, want ErrWouldExceedDeadline", err)
+		}
+		if d := time.Since(start); d > 40*ms {
+			t.Errorf("Wait took %v to refuse, want at once", d)
+		}
+		// a waiter whose context is cancelled while it sleeps gives its booking back
+		sleeping, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- l.Wait(sleeping) }()
+		time.Sleep(30 * ms)
+		stop()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Fatalf("cancelled Wait: %v", err)
+		}
+		if got := grants.Total(); got != 1 {
+			t.Fatalf("after a refused and a cancelled wait, %d permits stand, want 1", got)
+		}
+		// so the next caller gets the slot the cancelled one had
+		r, err := l.Reserve(ctx, 1, time.Second)
+		if err != nil || !r.OK() || r.Delay() > 300*ms {
+			t.Fatalf("slot after cancel: %v %v %v", r.OK(), r.Delay(), err)
+		}
+	})
+}

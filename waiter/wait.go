@@ -1,0 +1,43 @@
+package waiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+)
+
+// Wait books n permits from r and sleeps until they take effect: one call to r per
+// permit batch, no polling.
+//
+// It returns ctx.Err() at once, booking nothing, if ctx is already done; and
+// an error wrapping ErrWouldExceedDeadline at once, booking nothing, if the permits
+// would come after ctx's deadline. If ctx ends while it sleeps, it gives the booking
+// back and returns ctx.Err(). Errors from r (bad n, the store unreachable) are
+// returned as they are.
+func Wait(ctx context.Context, r Reserver, n int) error {
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		maxWait := time.Duration(math.MaxInt64)
+		if dl, ok := ctx.Deadline(); ok {
+			maxWait = time.Until(dl)
+			if maxWait < 0 {
+				maxWait = 0
+			}
+		}
+		res, err := r.Reserve(ctx, n, maxWait)
+		if err != nil {
+			return err
+		}
+		if !res.OK() {
+			return fmt.Errorf("%w: n=%d would wait %v", ErrWouldExceedDeadline, n, res.Delay())
+		}
+		err = res.Wait(ctx)
+		if !errors.Is(err, ErrMoved) {
+			return err
+		}
+	}
+}
