@@ -65,5 +65,5 @@ func (tl *timeline) at(d time.Duration) {
 // tests that use it do not sleep).
 type goClock struct{ tl *timeline }
 
-func (c goClock) Now() time.Time                         { return c.tl.now }
+func (c goClock) Now() time.Time                        { return c.tl.now }
 func (c goClock) NewTimer(d time.Duration) waiter.Timer { return waiter.SystemClock.NewTimer(d) }
