@@ -239,7 +239,7 @@ func scriptError(key string, err error) error {
 	if errors.As(err, &rerr) {
 		msg := rerr.Error()
 		switch {
-		case strings.Contains(msg, "JTSTATE"), strings.HasPrefix(msg, "WRONGTYPE"):
+		case strings.Contains(msg, "JTSTATE"), strings.Contains(msg, "WRONGTYPE"):
 			return fmt.Errorf("%w: key %q: %v", ErrCorruptState, key, err)
 		case strings.Contains(msg, "JTARG"):
 			return fmt.Errorf("%w: key %q: %v", ErrInvalidArgument, key, err)

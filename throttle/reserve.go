@@ -84,12 +84,28 @@ func (l *Limiter) WaitN(ctx context.Context, n int) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if l.hooks.Waited == nil {
+		return waiter.Wait(ctx, l, n)
+	}
 	start := l.clock.Now()
-	err := waiter.Wait(ctx, l, n)
-	if err == nil && l.hooks.Waited != nil {
-		if waited := l.clock.Now().Sub(start); waited > 0 {
-			l.hooks.Waited(l.key, n, waited)
-		}
+	w := &sleepWatch{l: l}
+	err := waiter.Wait(ctx, w, n)
+	if err == nil && w.slept {
+		l.hooks.Waited(l.key, n, l.clock.Now().Sub(start))
 	}
 	return err
+}
+
+// sleepWatch is the limiter as WaitN's Reserver, noting whether a booking had to wait.
+type sleepWatch struct {
+	l     *Limiter
+	slept bool
+}
+
+func (w *sleepWatch) Reserve(ctx context.Context, n int, maxWait time.Duration) (*waiter.Reservation, error) {
+	r, err := w.l.Reserve(ctx, n, maxWait)
+	if err == nil && r.OK() && r.Delay() > 0 {
+		w.slept = true
+	}
+	return r, err
 }

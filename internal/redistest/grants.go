@@ -119,10 +119,15 @@ func (g *Grants) Calls() int {
 	return g.calls
 }
 
-// List returns the grants, sorted by time.
+// List returns the grants that stand (cancelled ones left out), sorted by time.
 func (g *Grants) List() []Grant {
 	g.mu.Lock()
-	list := append([]Grant(nil), g.grants...)
+	var list []Grant
+	for _, gr := range g.grants {
+		if gr.N > 0 {
+			list = append(list, gr)
+		}
+	}
 	g.mu.Unlock()
 	sort.SliceStable(list, func(i, j int) bool { return list[i].At.Before(list[j].At) })
 	return list
