@@ -1,0 +1,252 @@
+package waiter
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeClock is a Clock whose time moves only when the test says; timers fire then.
+type fakeClock struct {
+	mu     sync.Mutex
+	now    time.Time
+	timers []*fakeTimer
+	made   chan struct{} // receives each time a timer is made
+}
+
+type fakeTimer struct {
+	clock   *fakeClock
+	at      time.Time
+	c       chan time.Time
+	stopped bool
+}
+
+func newFakeClock() *fakeClock {
+	return &fakeClock{now: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), made: make(chan struct{}, 16)}
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) NewTimer(d time.Duration) Timer {
+	c.mu.Lock()
+	t := &fakeTimer{clock: c, at: c.now.Add(d), c: make(chan time.Time, 1)}
+	c.timers = append(c.timers, t)
+	c.mu.Unlock()
+	c.made <- struct{}{}
+	return t
+}
+
+func (t *fakeTimer) C() <-chan time.Time { return t.c }
+func (t *fakeTimer) Stop() bool {
+	t.clock.mu.Lock()
+	defer t.clock.mu.Unlock()
+	was := !t.stopped
+	t.stopped = true
+	return was
+}
+
+// advance moves the clock and fires the timers that are due.
+func (c *fakeClock) advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+	for _, t := range c.timers {
+		if !t.stopped && !t.at.After(c.now) {
+			t.stopped = true
+			t.c <- c.now
+		}
+	}
+}
+
+type cancelCount struct {
+	mu sync.Mutex
+	n  int
+}
+
+func (c *cancelCount) cancel(context.Context) error {
+	c.mu.Lock()
+	c.n++
+	c.mu.Unlock()
+	return nil
+}
+
+func (c *cancelCount) count() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n
+}
+
+func TestReservationWaitsUntilDue(t *testing.T) {
+	clk := newFakeClock()
+	var cc cancelCount
+	r := NewReservation(Booking{OK: true, Delay: time.Second, Cancel: cc.cancel, Clock: clk})
+	if got, want := r.Due(), clk.Now().Add(time.Second); !got.Equal(want) {
+		t.Fatalf("Due %v, want %v", got, want)
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.Wait(context.Background()) }()
+	<-clk.made
+	clk.advance(999 * time.Millisecond)
+	select {
+	case err := <-done:
+		t.Fatalf("Wait returned %v before the booking was due", err)
+	case <-time.After(10 * time.Millisecond):
+	}
+	clk.advance(time.Millisecond)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	// used: nothing to give back any more
+	if err := r.Cancel(context.Background()); err != nil || cc.count() != 0 {
+		t.Fatalf("Cancel after use: %v, %d cancels", err, cc.count())
+	}
+}
+
+func TestReservationGivesBackWhenCtxEnds(t *testing.T) {
+	clk := newFakeClock()
+	var cc cancelCount
+	r := NewReservation(Booking{OK: true, Delay: time.Second, Cancel: cc.cancel, Clock: clk})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Wait(ctx) }()
+	<-clk.made
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Wait: %v, want context.Canceled", err)
+	}
+	if cc.count() != 1 {
+		t.Fatalf("%d cancels, want 1", cc.count())
+	}
+	if err := r.Cancel(context.Background()); err != nil || cc.count() != 1 {
+		t.Fatalf("second Cancel: %v, %d cancels; want a no-op", err, cc.count())
+	}
+}
+
+func TestReservationMoved(t *testing.T) {
+	clk := newFakeClock()
+	var cc cancelCount
+	moved := make(chan struct{})
+	r := NewReservation(Booking{OK: true, Delay: time.Second, Cancel: cc.cancel, Moved: moved, Clock: clk})
+	done := make(chan error, 1)
+	go func() { done <- r.Wait(context.Background()) }()
+	<-clk.made
+	close(moved)
+	if err := <-done; !errors.Is(err, ErrMoved) || cc.count() != 1 {
+		t.Fatalf("Wait after a move: %v, %d cancels; want ErrMoved, 1", err, cc.count())
+	}
+}
+
+func TestReservationCancel(t *testing.T) {
+	clk := newFakeClock()
+	var cc cancelCount
+	r := NewReservation(Booking{OK: true, Delay: time.Second, Cancel: cc.cancel, Clock: clk})
+	clk.advance(time.Second) // took effect: nothing to give back
+	if err := r.Cancel(context.Background()); err != nil || cc.count() != 0 {
+		t.Fatalf("Cancel after due: %v, %d cancels", err, cc.count())
+	}
+	notOK := NewReservation(Booking{OK: false, Delay: time.Second, Cancel: cc.cancel, Clock: clk})
+	if err := notOK.Cancel(context.Background()); err != nil || cc.count() != 0 {
+		t.Fatalf("Cancel of a refused booking: %v, %d cancels", err, cc.count())
+	}
+	if err := notOK.Wait(context.Background()); !errors.Is(err, ErrNotReserved) {
+		t.Fatalf("Wait of a refused booking: %v", err)
+	}
+	now := NewReservation(Booking{OK: true, Clock: clk})
+	if err := now.Wait(context.Background()); err != nil {
+		t.Fatalf("Wait of an immediate grant: %v", err)
+	}
+}
+
+// reserver answers Reserve from a script of bookings, recording the maxWait it got.
+type reserver struct {
+	mu       sync.Mutex
+	calls    int
+	maxWaits []time.Duration
+	answer   func(call int) (*Reservation, error)
+}
+
+func (r *reserver) Reserve(_ context.Context, n int, maxWait time.Duration) (*Reservation, error) {
+	r.mu.Lock()
+	r.calls++
+	call := r.calls
+	r.maxWaits = append(r.maxWaits, maxWait)
+	r.mu.Unlock()
+	return r.answer(call)
+}
+
+func TestWaitBooksOnceAndSleeps(t *testing.T) {
+	clk := newFakeClock()
+	r := &reserver{answer: func(int) (*Reservation, error) {
+		return NewReservation(Booking{OK: true, Delay: 300 * time.Millisecond, Clock: clk}), nil
+	}}
+	done := make(chan error, 1)
+	go func() { done <- Wait(context.Background(), r, 2) }()
+	<-clk.made
+	clk.advance(300 * time.Millisecond)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if r.calls != 1 {
+		t.Fatalf("%d Reserve calls, want 1", r.calls)
+	}
+	if r.maxWaits[0] < time.Duration(1<<62) {
+		t.Fatalf("maxWait without a deadline: %v, want unbounded", r.maxWaits[0])
+	}
+}
+
+func TestWaitDeadlines(t *testing.T) {
+	clk := newFakeClock()
+	refused := &reserver{answer: func(int) (*Reservation, error) {
+		return NewReservation(Booking{OK: false, Delay: time.Minute, Clock: clk}), nil
+	}}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := Wait(ctx, refused, 1)
+	if !errors.Is(err, ErrWouldExceedDeadline) {
+		t.Fatalf("Wait past the deadline: %v", err)
+	}
+	if mw := refused.maxWaits[0]; mw > 5*time.Second || mw < 4*time.Second {
+		t.Fatalf("maxWait %v, want the time to the deadline (about 5s)", mw)
+	}
+	done, stop := context.WithCancel(context.Background())
+	stop()
+	if err := Wait(done, refused, 1); !errors.Is(err, context.Canceled) || refused.calls != 1 {
+		t.Fatalf("Wait on a done context: %v after %d calls; want Canceled, no call", err, refused.calls)
+	}
+	boom := errors.New("boom")
+	failing := &reserver{answer: func(int) (*Reservation, error) { return nil, boom }}
+	if err := Wait(context.Background(), failing, 1); !errors.Is(err, boom) {
+		t.Fatalf("Wait with a failing Reserver: %v", err)
+	}
+}
+
+// A moved booking is given back and booked again.
+func TestWaitRebooksWhenMoved(t *testing.T) {
+	clk := newFakeClock()
+	var cc cancelCount
+	moved := make(chan struct{})
+	r := &reserver{answer: func(call int) (*Reservation, error) {
+		if call == 1 {
+			return NewReservation(Booking{OK: true, Delay: time.Second, Cancel: cc.cancel, Moved: moved, Clock: clk}), nil
+		}
+		return NewReservation(Booking{OK: true, Delay: 2 * time.Second, Clock: clk}), nil
+	}}
+	done := make(chan error, 1)
+	go func() { done <- Wait(context.Background(), r, 1) }()
+	<-clk.made
+	close(moved)
+	<-clk.made // the second booking's timer
+	clk.advance(2 * time.Second)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if r.calls != 2 || cc.count() != 1 {
+		t.Fatalf("%d bookings, %d cancels; want 2, 1", r.calls, cc.count())
+	}
+}
