@@ -28,6 +28,8 @@ var (
 	fixedWindowSrc string
 	//go:embed pause.lua
 	pauseSrc string
+	//go:embed semaphore.lua
+	semaphoreSrc string
 )
 
 // The full text of each script as it is sent to Redis (helpers included).
@@ -37,6 +39,7 @@ var (
 	GCRASource           = prelude + gcraSrc
 	FixedWindowSource    = prelude + fixedWindowSrc
 	PauseSource          = prelude + pauseSrc
+	SemaphoreSource      = prelude + semaphoreSrc
 )
 
 var (
@@ -50,4 +53,6 @@ var (
 	FixedWindow = redis.NewScript(FixedWindowSource)
 	// Pause is the script that stops grants on a key for a while; see pause.lua.
 	Pause = redis.NewScript(PauseSource)
+	// Semaphore is the in-flight limit script (leases and their queue); see semaphore.lua.
+	Semaphore = redis.NewScript(SemaphoreSource)
 )
