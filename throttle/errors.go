@@ -28,6 +28,17 @@ var (
 	// the key to start over.
 	ErrCorruptState = errors.New("jobthrottle: redis key holds data jobthrottle did not write")
 
+	// ErrUnavailable: Redis could not be reached or cannot serve now (connection
+	// refused or reset, a timeout, LOADING, MASTERDOWN, CLUSTERDOWN, TRYAGAIN, READONLY
+	// during a failover…). The error wraps the cause as well. It is worth retrying
+	// after a moment; nothing was granted (see FailurePolicy for the alternatives).
+	ErrUnavailable = errors.New("jobthrottle: redis unavailable")
+
+	// ErrLeaseLost: a Semaphore lease is no longer held: it expired before Extend or
+	// Release reached Redis (its slot may already be someone else's), or it was
+	// released. Nothing was freed or renewed.
+	ErrLeaseLost = errors.New("jobthrottle: semaphore lease lost")
+
 	// ErrUnexpectedReply: Redis answered a script with something it does not return,
 	// e.g. a proxy in between that rewrote the reply.
 	ErrUnexpectedReply = errors.New("jobthrottle: unexpected reply from redis script")

@@ -29,4 +29,9 @@ type Hooks struct {
 
 	// Paused is called when Pause set a pause on the key, with its length.
 	Paused func(key string, d time.Duration)
+
+	// Degraded is called for every decision made without Redis because it was
+	// unreachable (granted by FailOpen, or decided by FailLocal's in-process share),
+	// with the error that made Redis count as unreachable.
+	Degraded func(key string, policy FailurePolicy, err error)
 }

@@ -39,6 +39,10 @@ type Limiter struct {
 	hooks  Hooks
 	clock  waiter.Clock
 	moved  *pauseSignal // closed when this process pauses the key
+	policy FailurePolicy
+	brk    breaker
+	local  *localLog // FailLocal's share
+	stats  counters
 }
 
 // New returns a limiter enforcing limit, and any limits added with WithLimits, on key.
@@ -78,7 +82,7 @@ func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*L
 	if c.script != nil {
 		script = c.script
 	}
-	return &Limiter{
+	l := &Limiter{
 		rdb:    rdb,
 		key:    key,
 		keys:   []string{tag + ":" + a.suffix, tag + ":pause"},
@@ -90,7 +94,12 @@ func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*L
 		hooks:  c.hooks,
 		clock:  c.clock,
 		moved:  pauseSignalFor(rdb, tag),
-	}, nil
+		policy: c.policy,
+	}
+	if c.policy.mode == failLocal {
+		l.local = newLocalLog(limits, c.algorithm, c.policy.fleet)
+	}
+	return l, nil
 }
 
 // hashTag returns "{<prefix><key>}", the part every Redis key of a limiter starts with,
@@ -195,7 +204,8 @@ type reply struct {
 	remaining int
 	wait      time.Duration
 	reset     time.Duration
-	token     int64 // server time the grant takes effect; what a cancel sends back
+	token     int64 // when the grant takes effect (µs); what a cancel sends back
+	local     bool  // decided without Redis (FailOpen, FailLocal): token is local time
 }
 
 func (r reply) result() Result {
@@ -206,8 +216,28 @@ func (r reply) result() Result {
 	return res
 }
 
-// call runs the script once: op, n, x (max wait µs, or a token to cancel).
+// call runs the script once: op, n, x (max wait µs, or a token to cancel), or, while
+// Redis is unreachable, decides as the failure policy says.
 func (l *Limiter) call(ctx context.Context, op, n int, x int64) (reply, error) {
+	if l.policy.mode == failClosed {
+		return l.run(ctx, op, n, x)
+	}
+	if l.brk.skip(l.clock.Now()) {
+		return l.degraded(op, n, x, fmt.Errorf("%w: key %q: %w", ErrUnavailable, l.key, errRecentlyDown))
+	}
+	r, err := l.run(ctx, op, n, x)
+	switch {
+	case err == nil:
+		l.brk.succeeded()
+	case errors.Is(err, ErrUnavailable):
+		l.brk.failed(l.clock.Now())
+		return l.degraded(op, n, x, err)
+	}
+	return r, err
+}
+
+// run runs the script once.
+func (l *Limiter) run(ctx context.Context, op, n int, x int64) (reply, error) {
 	args := make([]any, 3, 3+len(l.tail))
 	args[0], args[1], args[2] = op, n, x
 	args = append(args, l.tail...)
@@ -216,7 +246,7 @@ func (l *Limiter) call(ctx context.Context, op, n int, x int64) (reply, error) {
 		if l.hooks.RedisError != nil {
 			l.hooks.RedisError(l.key, err)
 		}
-		return reply{}, scriptError(l.key, err)
+		return reply{}, scriptError(ctx, l.key, err)
 	}
 	v, err := cmd.Int64Slice()
 	if err != nil || len(v) != 5 {
@@ -232,9 +262,13 @@ func (l *Limiter) call(ctx context.Context, op, n int, x int64) (reply, error) {
 }
 
 // scriptError maps a failed script call to this package's errors: what a script
-// reports (JTARG, JTSTATE) and a wrong-type key become sentinels; anything else (the
-// network, the context, an ACL refusal) is wrapped as it is.
-func scriptError(key string, err error) error {
+// reports (JTARG, JTSTATE) and a wrong-type key become sentinels, an unreachable Redis
+// ErrUnavailable (wrapping the cause too); anything else (the caller's context, an
+// ACL refusal) is wrapped as it is.
+func scriptError(ctx context.Context, key string, err error) error {
+	if isUnavailable(ctx, err) {
+		return fmt.Errorf("%w: key %q: %w", ErrUnavailable, key, err)
+	}
 	var rerr redis.Error
 	if errors.As(err, &rerr) {
 		msg := rerr.Error()

@@ -2,12 +2,13 @@ package throttle
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/jobthrottle/jobthrottle/waiter"
 	"github.com/redis/go-redis/v9"
 )
 
-// Option configures a Limiter; pass options to New.
+// Option configures a Limiter or a Semaphore; pass options to New or NewSemaphore.
 type Option interface {
 	apply(*config)
 }
@@ -24,6 +25,8 @@ type config struct {
 	buckets   int
 	hooks     Hooks
 	clock     waiter.Clock
+	policy    FailurePolicy
+	leaseTTL  time.Duration // Semaphore only; 0 means defaultLeaseTTL
 	script    *redis.Script // tests swap the script for one with a controllable clock
 	err       error
 }
@@ -109,5 +112,24 @@ func WithClock(clock waiter.Clock) Option {
 			return
 		}
 		c.clock = clock
+	})
+}
+
+// defaultLeaseTTL is how long a Semaphore lease lives unless extended (the lock
+// watchdog timeout Redisson uses for the same job).
+const defaultLeaseTTL = 30 * time.Second
+
+// WithLeaseTTL sets how long a Semaphore lease lives unless it is extended, and so how
+// long the slot of a holder that died stays taken; 1ms up to 2^45µs (about 407 days),
+// used in whole microseconds, rounded up. If unset, the TTL is 30 seconds. Holders of
+// longer work call Lease.Extend at least once per TTL, or run it with Lease.Hold or
+// Semaphore.Do, which extend every TTL/3. Limiters ignore it.
+func WithLeaseTTL(d time.Duration) Option {
+	return optionFunc(func(c *config) {
+		if d < time.Millisecond || (d+time.Microsecond-1)/time.Microsecond > maxPeriodUS {
+			c.fail("%w: lease TTL %v is not in 1ms..2^45µs", ErrInvalidArgument, d)
+			return
+		}
+		c.leaseTTL = d
 	})
 }

@@ -30,7 +30,7 @@ func (l *Limiter) Pause(ctx context.Context, d time.Duration) error {
 		if l.hooks.RedisError != nil {
 			l.hooks.RedisError(l.key, err)
 		}
-		return scriptError(l.key, err)
+		return scriptError(ctx, l.key, err)
 	}
 	l.moved.fire()
 	if l.hooks.Paused != nil {

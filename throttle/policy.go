@@ -1,0 +1,199 @@
+package throttle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// FailurePolicy is what a limiter does when Redis is unreachable (see ErrUnavailable
+// for what counts). Bad input and script errors are errors under every policy.
+type FailurePolicy struct {
+	mode  failMode
+	fleet int
+}
+
+type failMode int
+
+const (
+	failClosed failMode = iota
+	failOpen
+	failLocal
+)
+
+var (
+	// FailClosed, the default: the call returns an error wrapping ErrUnavailable and
+	// grants nothing. Nothing is ever over the limit; work waits for Redis.
+	FailClosed = FailurePolicy{mode: failClosed}
+
+	// FailOpen grants every request while Redis is unreachable, calling the Degraded
+	// hook and counting it in Stats. Work goes on at any rate; use it where a missed
+	// limit costs less than stopped work.
+	FailOpen = FailurePolicy{mode: failOpen}
+)
+
+// FailLocal returns the policy that decides in-process while Redis is unreachable:
+// each process enforces its share, every limit divided by fleetSize (rounded down, at
+// least 1), with the sliding window's exactness; so as long as at most fleetSize
+// processes run, the fleet stays within the limits. A request larger than the share
+// can ever grant fails with ErrUnavailable. When Redis answers again decisions go back
+// to it; the grants made locally are not known to Redis, so for one period after the
+// outage the fleet can reach the limit once in Redis and once in the local shares.
+func FailLocal(fleetSize int) FailurePolicy {
+	return FailurePolicy{mode: failLocal, fleet: fleetSize}
+}
+
+// String returns "FailClosed", "FailOpen" or "FailLocal(n)".
+func (p FailurePolicy) String() string {
+	switch p.mode {
+	case failOpen:
+		return "FailOpen"
+	case failLocal:
+		return fmt.Sprintf("FailLocal(%d)", p.fleet)
+	}
+	return "FailClosed"
+}
+
+// WithFailurePolicy sets what the limiter does when Redis is unreachable; the default
+// is FailClosed. Under FailOpen and FailLocal a failed call makes the limiter decide
+// without Redis for a short while (250ms, growing to 1s while Redis stays away) before
+// it tries Redis again, so an outage does not cost every call a timeout; one call then
+// probes Redis and, when it answers, every decision goes back to it.
+func WithFailurePolicy(p FailurePolicy) Option {
+	return optionFunc(func(c *config) {
+		if p.mode == failLocal && p.fleet < 1 {
+			c.fail("%w: FailLocal fleet size %d, want >= 1", ErrInvalidArgument, p.fleet)
+			return
+		}
+		c.policy = p
+	})
+}
+
+// Stats counts a limiter's decisions made without Redis.
+type Stats struct {
+	FailedOpen uint64 // requests granted by FailOpen
+	Local      uint64 // decisions made by FailLocal's in-process limiter
+}
+
+// Stats returns the limiter's counters.
+func (l *Limiter) Stats() Stats {
+	return Stats{FailedOpen: l.stats.failedOpen.Load(), Local: l.stats.local.Load()}
+}
+
+type counters struct {
+	failedOpen atomic.Uint64
+	local      atomic.Uint64
+}
+
+// isUnavailable reports whether err, from a call made with ctx, means Redis could not
+// be reached or cannot serve now (a failover, a restart, a cluster reshaping): the
+// errors the failure policy covers and ErrUnavailable wraps. The caller's own context
+// ending is not one of them (a network timeout also matches context.DeadlineExceeded,
+// so it is ctx that tells them apart).
+func isUnavailable(ctx context.Context, err error) bool {
+	if err == nil || ctx.Err() != nil || errors.Is(err, context.Canceled) {
+		return false
+	}
+	var nerr net.Error
+	if errors.As(err, &nerr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrPoolExhausted) {
+		return true
+	}
+	var rerr redis.Error
+	if errors.As(err, &rerr) {
+		msg := rerr.Error()
+		for _, code := range []string{"LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "BUSY", "NOREPLICAS", "MOVED", "ASK"} {
+			if strings.HasPrefix(msg, code+" ") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// breaker remembers that Redis was unreachable, so that FailOpen and FailLocal decide
+// locally for a while instead of paying a timeout on every call.
+type breaker struct {
+	mu        sync.Mutex
+	downUntil time.Time
+	backoff   time.Duration
+}
+
+const (
+	breakerFirst = 250 * time.Millisecond
+	breakerMax   = time.Second
+)
+
+// skip reports whether the call should not try Redis now. When the quiet time is over
+// it lets one caller through to probe, and keeps the others local meanwhile.
+func (b *breaker) skip(now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.downUntil.IsZero() {
+		return false
+	}
+	if now.Before(b.downUntil) {
+		return true
+	}
+	b.downUntil = now.Add(b.backoff) // this caller probes; others stay local
+	return false
+}
+
+func (b *breaker) failed(now time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.downUntil.IsZero() {
+		b.backoff = breakerFirst
+	} else {
+		b.backoff = min(2*b.backoff, breakerMax)
+	}
+	b.downUntil = now.Add(b.backoff)
+}
+
+func (b *breaker) succeeded() {
+	b.mu.Lock()
+	b.downUntil = time.Time{}
+	b.mu.Unlock()
+}
+
+// degraded decides a call without Redis under FailOpen or FailLocal; cause is why
+// Redis was not used. Cancels of Redis bookings cannot be made: they fail.
+func (l *Limiter) degraded(op, n int, x int64, cause error) (reply, error) {
+	if op == opCancel {
+		if l.local != nil && l.local.cancel(l.clock.Now().UnixMicro(), x, n) {
+			return reply{granted: true, local: true}, nil
+		}
+		return reply{}, cause
+	}
+	switch l.policy.mode {
+	case failOpen:
+		l.stats.failedOpen.Add(1)
+		if l.hooks.Degraded != nil {
+			l.hooks.Degraded(l.key, l.policy, cause)
+		}
+		return reply{granted: true, local: true}, nil
+	case failLocal:
+		if n > l.local.maxN() {
+			return reply{}, fmt.Errorf("%w (n=%d is above this process's share %d)", cause, n, l.local.maxN())
+		}
+		l.stats.local.Add(1)
+		if l.hooks.Degraded != nil {
+			l.hooks.Degraded(l.key, l.policy, cause)
+		}
+		return l.local.acquire(l.clock.Now().UnixMicro(), n, x), nil
+	}
+	return reply{}, cause
+}
+
+// errRecentlyDown is the cause given for a decision made locally without trying Redis.
+var errRecentlyDown = errors.New("redis was unreachable moments ago")

@@ -1,0 +1,202 @@
+package throttle
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+func TestUnavailableIsTyped(t *testing.T) {
+	b := redistest.NewMiniRealTime(t)
+	ctx := context.Background()
+	l, err := New(b.Client, "typed", PerSecond(5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, reply := range []string{"LOADING Redis is loading", "MASTERDOWN Link with MASTER is down", "CLUSTERDOWN The cluster is down", "TRYAGAIN Multiple keys", "READONLY You can't write against a read only replica."} {
+		b.Mini.SetError(reply)
+		_, err := l.Allow(ctx)
+		if !errors.Is(err, ErrUnavailable) {
+			t.Errorf("%q: %v, want ErrUnavailable", reply, err)
+		}
+	}
+	b.Mini.SetError("NOPERM this user has no permissions to run the 'evalsha' command")
+	if _, err := l.Allow(ctx); err == nil || errors.Is(err, ErrUnavailable) {
+		t.Errorf("NOPERM: %v, want an error that is not ErrUnavailable", err)
+	}
+	b.Mini.SetError("")
+	gone, err := New(downClient(t), "typed", PerSecond(5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := gone.Allow(ctx); !errors.Is(err, ErrUnavailable) {
+		t.Errorf("server gone: %v, want ErrUnavailable", err)
+	}
+	// bad input stays what it is under every policy
+	open, _ := New(b.Client, "typed", PerSecond(5), WithFailurePolicy(FailOpen))
+	if _, err := open.AllowN(ctx, 6); !errors.Is(err, ErrExceedsLimit) {
+		t.Errorf("FailOpen, n too large: %v", err)
+	}
+	canceled, cancel := context.WithCancel(ctx)
+	cancel()
+	if res, err := open.Allow(canceled); !errors.Is(err, context.Canceled) || res.Allowed {
+		t.Errorf("FailOpen, cancelled context: %+v %v", res, err)
+	}
+}
+
+// downClient is a client of a port nobody listens on: every call is refused at once.
+func downClient(t *testing.T) *redis.Client {
+	t.Helper()
+	port, err := redistest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + itoa(port), MaxRetries: -1, DialTimeout: 100 * ms})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func TestFailOpenGrantsAndCounts(t *testing.T) {
+	var degraded int
+	l, err := New(downClient(t), "open", PerSecond(1), WithFailurePolicy(FailOpen),
+		WithHooks(Hooks{Degraded: func(key string, p FailurePolicy, err error) {
+			if p != FailOpen || !errors.Is(err, ErrUnavailable) {
+				t.Errorf("Degraded(%q, %v, %v)", key, p, err)
+			}
+			degraded++
+		}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 5; i++ {
+		res, err := l.Allow(context.Background())
+		if err != nil || !res.Allowed {
+			t.Fatalf("FailOpen call %d: %+v, %v", i, res, err)
+		}
+	}
+	if err := l.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if s := l.Stats(); s.FailedOpen != 6 || degraded != 6 {
+		t.Fatalf("stats %+v, hook calls %d; want 6 each", s, degraded)
+	}
+}
+
+// FailLocal keeps each process to its share with the sliding window's exactness, and
+// books ahead locally; without Redis it never grants more than the share in a period.
+func TestFailLocalEnforcesTheShare(t *testing.T) {
+	l, err := New(downClient(t), "local", Limit{Rate: 40, Period: 200 * ms}, WithFailurePolicy(FailLocal(4)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var (
+		mu    sync.Mutex
+		times []time.Time
+		wg    sync.WaitGroup
+	)
+	for w := 0; w < 6; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 5; i++ {
+				if err := l.Wait(ctx); err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				times = append(times, time.Now())
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	// 30 permits at a share of 10 per 200ms: they take at least two more periods
+	first, last := times[0], times[0]
+	for _, at := range times {
+		if at.Before(first) {
+			first = at
+		}
+		if at.After(last) {
+			last = at
+		}
+	}
+	if d := last.Sub(first); d < 400*ms {
+		t.Fatalf("30 permits at 10 per 200ms took %v, want >= 400ms", d)
+	}
+	if s := l.Stats(); s.Local < 30 {
+		t.Fatalf("stats %+v, want >= 30 local decisions", s)
+	}
+	// the share can never grant more than 10 at once
+	if _, err := l.AllowN(ctx, 11); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("AllowN(11) above the share: %v, want ErrUnavailable", err)
+	}
+}
+
+func TestLocalLogMatchesModel(t *testing.T) {
+	limits := []Limit{{Rate: 3, Period: 200 * ms}, {Rate: 5, Period: time.Second}}
+	g := newLocalLog(limits, SlidingWindow, 1)
+	m := newModel(SlidingWindow, limits, 1)
+	var now int64 = 1_000_000_000
+	for i := 0; i < 300; i++ {
+		now += int64((i * 7919) % 90_000)
+		n := i % 4
+		maxWait := int64((i % 3) * 300_000)
+		want, token := m.allow(now, n, maxWait)
+		got := g.acquire(now, n, maxWait)
+		if got.granted != want.Allowed {
+			t.Fatalf("step %d: granted %v, want %+v", i, got.granted, want)
+		}
+		if got.granted && got.token != token {
+			t.Fatalf("step %d: booked at %d, want %d", i, got.token, token)
+		}
+		if !got.granted && got.wait != want.RetryAfter {
+			t.Fatalf("step %d: wait %v, want %v", i, got.wait, want.RetryAfter)
+		}
+	}
+}
+
+// When Redis comes back, decisions go back to it within the breaker's longest quiet time.
+func TestFailLocalGoesBackToRedis(t *testing.T) {
+	s, err := redistest.StartServer()
+	if err != nil {
+		t.Skipf("no redis-server: %v", err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, DialTimeout: 100 * ms})
+	defer c.Close()
+	l, err := New(c, "back", PerSecond(1000), WithFailurePolicy(FailLocal(2)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := l.Allow(ctx); err != nil || l.Stats().Local != 0 {
+		t.Fatalf("with Redis up: %v, %+v", err, l.Stats())
+	}
+	s.Kill()
+	if _, err := l.Allow(ctx); err != nil || l.Stats().Local != 1 {
+		t.Fatalf("with Redis down: %v, %+v", err, l.Stats())
+	}
+	if err := s.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	back := time.Now()
+	for {
+		before := l.Stats().Local
+		if _, err := l.Allow(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if l.Stats().Local == before {
+			break // Redis decided
+		}
+		if time.Since(back) > 2*time.Second {
+			t.Fatal("still deciding locally 2s after Redis came back")
+		}
+		time.Sleep(10 * ms)
+	}
+	t.Logf("back to Redis %v after it returned", time.Since(back).Round(time.Millisecond))
+}
