@@ -1,0 +1,159 @@
+package throttle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Lease is one slot of a Semaphore, held until it is released or expires. Its methods
+// are safe for simultaneous use; calls on one lease run one at a time.
+type Lease struct {
+	s       *Semaphore
+	id      string
+	mu      sync.Mutex
+	state   leaseState
+	renewed time.Time // when it was granted or last extended, by the Semaphore's clock
+}
+
+type leaseState int
+
+const (
+	leaseHeld leaseState = iota
+	leaseReleased
+	leaseLost
+)
+
+// ID returns the lease's id: 128 random bits as 32 hex digits, its member in the
+// Redis sorted set of leases.
+func (l *Lease) ID() string { return l.id }
+
+// Extend renews the lease: it expires one lease TTL from now (server clock).
+//
+// It returns an error wrapping ErrLeaseLost, renewing nothing, if the lease had
+// already expired (its slot may be someone else's by now) or was released; the lease
+// is then lost for good. Other errors are Redis errors; the lease may still be live,
+// and Extend can be tried again.
+func (l *Lease) Extend(ctx context.Context) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.gone(); err != nil {
+		return err
+	}
+	r, err := l.s.call(ctx, semExtend, l.id, false)
+	if err != nil {
+		return err
+	}
+	if !r.ok {
+		l.state = leaseLost
+		return fmt.Errorf("%w: lease %s of key %q had expired", ErrLeaseLost, l.id, l.s.key)
+	}
+	l.renewed = l.s.clock.Now()
+	return nil
+}
+
+// Release frees the lease's slot at once and hands it to the oldest waiter, if any.
+// Releasing a lease again does nothing and returns nil. If the lease had expired
+// before Release reached Redis it frees nothing (the slot was already free, or is
+// another holder's) and returns an error wrapping ErrLeaseLost. Other errors are Redis
+// errors: the lease may still be live, and Release can be tried again (or left to
+// expire).
+func (l *Lease) Release(ctx context.Context) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch l.state {
+	case leaseReleased:
+		return nil
+	case leaseLost:
+		return fmt.Errorf("%w: lease %s of key %q had expired", ErrLeaseLost, l.id, l.s.key)
+	}
+	r, err := l.s.call(ctx, semRelease, l.id, false)
+	if err != nil {
+		return err
+	}
+	if !r.ok {
+		l.state = leaseLost
+		return fmt.Errorf("%w: lease %s of key %q had expired", ErrLeaseLost, l.id, l.s.key)
+	}
+	l.state = leaseReleased
+	return nil
+}
+
+// gone returns the error for a lease that is no longer held, or nil.
+func (l *Lease) gone() error {
+	switch l.state {
+	case leaseReleased:
+		return fmt.Errorf("%w: lease %s of key %q was released", ErrLeaseLost, l.id, l.s.key)
+	case leaseLost:
+		return fmt.Errorf("%w: lease %s of key %q had expired", ErrLeaseLost, l.id, l.s.key)
+	}
+	return nil
+}
+
+// Hold runs fn while keeping the lease: it extends the lease every TTL/3 until fn
+// returns, then releases it, and returns fn's error. Use it for a lease taken with
+// TryAcquire or Acquire; Semaphore.Do is Acquire followed by Hold.
+//
+// If the lease is lost while fn runs (an extension found it expired, or none
+// succeeded for a whole TTL), fn's context is cancelled with a cause wrapping
+// ErrLeaseLost (see context.Cause), and fn should stop. Hold returns fn's error all
+// the same, and does not run fn at all (returning an error wrapping ErrLeaseLost) for a
+// lease already released or lost. A failed final release is left to the hooks
+// (RedisError): the lease then expires by itself.
+func (l *Lease) Hold(ctx context.Context, fn func(ctx context.Context) error) error {
+	l.mu.Lock()
+	err := l.gone()
+	l.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	hctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		l.keepAlive(hctx, done, cancel)
+	}()
+	err = fn(hctx)
+	close(done)
+	wg.Wait()
+	_ = l.Release(context.WithoutCancel(ctx))
+	return err
+}
+
+// keepAlive extends the lease every TTL/3 until done is closed; when the lease is
+// lost it cancels the holder's context and stops.
+func (l *Lease) keepAlive(ctx context.Context, done <-chan struct{}, cancel context.CancelCauseFunc) {
+	ttl, clock := l.s.ttl, l.s.clock
+	every := max(ttl/3, time.Microsecond)
+	for {
+		t := clock.NewTimer(every)
+		select {
+		case <-done:
+			t.Stop()
+			return
+		case <-t.C():
+		}
+		ectx, stop := context.WithTimeout(context.WithoutCancel(ctx), every)
+		err := l.Extend(ectx)
+		stop()
+		if err == nil {
+			continue
+		}
+		if errors.Is(err, ErrLeaseLost) {
+			cancel(err)
+			return
+		}
+		l.mu.Lock()
+		since := clock.Now().Sub(l.renewed)
+		l.mu.Unlock()
+		if since >= ttl {
+			cancel(fmt.Errorf("%w: lease %s of key %q not renewed for %v: %w", ErrLeaseLost, l.id, l.s.key, since, err))
+			return
+		}
+	}
+}

@@ -1,0 +1,290 @@
+package throttle
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/lua"
+	"github.com/jobthrottle/jobthrottle/waiter"
+	"github.com/redis/go-redis/v9"
+)
+
+// Semaphore limits how many holders run at once across every process that uses the
+// same Redis, key and prefix: at most Max leases are live at any moment.
+//
+// A lease lives for the lease TTL (WithLeaseTTL, 30 seconds by default) unless its
+// holder extends it, so the slot of a holder that dies comes back by itself within one
+// TTL. Holders release their lease when done, which frees the slot at once. Use Do (or
+// Lease.Hold) to run a function under a lease that is renewed every TTL/3 and always
+// released; use TryAcquire to take a lease now or learn how long to wait (to hand a job
+// back to its queue); use Acquire to wait for one.
+//
+// Waiting is first come, first served across every process: a caller that cannot have
+// a lease takes a place in a queue kept in Redis, and the call that frees a slot (a
+// release, or any call that finds a lease expired) hands it to the oldest place at
+// once and names it on a Redis pub/sub channel. The waiter, listening on one
+// subscription its process shares among all its Semaphores on the same client, has its
+// lease without another round trip; a late caller never overtakes a queued one. A
+// place in the queue is itself a lease of one TTL that the waiter renews every TTL/3,
+// so the place of a waiter that dies lapses within one TTL (a slot handed to it in
+// that time comes back one TTL later). If a notice is lost (the subscription's
+// connection broke), the waiter learns of its lease at its next renewal.
+//
+// Every decision is one atomic script call that reads the Redis server's clock. The
+// Semaphore honours a pause on its key and prefix (Limiter.Pause on a Limiter with the
+// same key and prefix): no lease is granted or handed until the pause ends, while
+// held leases can still be extended and released.
+//
+// Keys: "{<prefix><key>}:sem" (the leases), ":semq" and ":semx" (the queue), each
+// with a TTL covering its latest expiry; channel "{<prefix><key>}:sem:wake".
+//
+// A Semaphore is safe for simultaneous use by multiple goroutines.
+type Semaphore struct {
+	rdb     redis.UniversalClient
+	key     string
+	keys    []string // leases, queue, queue expiries, pause
+	channel string
+	max     int
+	ttl     time.Duration
+	ttlUS   int64
+	script  *redis.Script
+	hooks   Hooks
+	clock   waiter.Clock
+	hub     *wakeHub
+}
+
+// NewSemaphore returns a semaphore that lets at most max holders hold a lease on key
+// at once.
+//
+// It accepts every Option: WithKeyPrefix, WithHooks, WithClock and WithLeaseTTL apply;
+// the Limiter's WithAlgorithm, WithLimits and WithBuckets are ignored (so one list of
+// options can serve a Limiter and a Semaphore on the same key), though a bad value in
+// them is still reported. NewSemaphore does not contact Redis. It returns an error
+// wrapping ErrNilClient for a nil client, ErrInvalidKey for an empty key,
+// ErrInvalidLimit for max outside 1..10^9, or ErrInvalidArgument for an option that
+// does not fit.
+//
+// Processes sharing a key should agree on max: each call enforces the max it is given.
+func NewSemaphore(rdb redis.UniversalClient, key string, max int, opts ...Option) (*Semaphore, error) {
+	if isNilClient(rdb) {
+		return nil, ErrNilClient
+	}
+	c := newConfig()
+	for _, o := range opts {
+		o.apply(c)
+	}
+	if c.err != nil {
+		return nil, c.err
+	}
+	if max < 1 || max > maxRate {
+		return nil, fmt.Errorf("%w: semaphore max %d is not in 1..%d (key %q)", ErrInvalidLimit, max, maxRate, key)
+	}
+	tag, err := hashTag(c.prefix, key)
+	if err != nil {
+		return nil, err
+	}
+	ttl := c.leaseTTL
+	if ttl == 0 {
+		ttl = defaultLeaseTTL
+	}
+	script := lua.Semaphore
+	if c.script != nil {
+		script = c.script
+	}
+	sem := tag + ":sem"
+	return &Semaphore{
+		rdb:     rdb,
+		key:     key,
+		keys:    []string{sem, tag + ":semq", tag + ":semx", tag + ":pause"},
+		channel: sem + ":wake",
+		max:     max,
+		ttl:     ttl,
+		ttlUS:   int64((ttl + time.Microsecond - 1) / time.Microsecond),
+		script:  script,
+		hooks:   c.hooks,
+		clock:   c.clock,
+		hub:     wakeHubFor(rdb),
+	}, nil
+}
+
+// Key returns the key the semaphore was made for (without prefix).
+func (s *Semaphore) Key() string { return s.key }
+
+// Max returns how many leases may be live at once.
+func (s *Semaphore) Max() int { return s.max }
+
+// LeaseTTL returns how long a lease lives unless extended.
+func (s *Semaphore) LeaseTTL() time.Duration { return s.ttl }
+
+// TryAcquire takes a lease now if fewer than Max are live and nobody is queued for
+// one; otherwise it takes nothing and returns a nil lease and the time until, by expiry
+// alone, a slot would come to a caller asking now: the time until the earliest live
+// lease expires when nobody is queued, later when others are (a release can free a
+// slot earlier; an extension can push it later).
+//
+// Use TryAcquire when a caller that cannot run now defers its work (an asynq task
+// coming back after the wait); use Acquire or Do to wait instead.
+//
+// It returns ctx.Err() for a done context (without calling Redis) and the Redis
+// error when the call fails; the lease is nil with any error.
+func (s *Semaphore) TryAcquire(ctx context.Context) (*Lease, time.Duration, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, 0, err
+	}
+	id := newLeaseID()
+	r, err := s.call(ctx, semAcquire, id, false)
+	if err != nil {
+		return nil, 0, err
+	}
+	if !r.ok {
+		if s.hooks.Denied != nil {
+			s.hooks.Denied(s.key, 1, r.wait)
+		}
+		return nil, r.wait, nil
+	}
+	return s.granted(id, 0), 0, nil
+}
+
+// Acquire waits for a lease and returns it. Callers are served in arrival order
+// across every process; a release hands its slot to the oldest waiter at once, which
+// returns within about a pub/sub round trip.
+//
+// If ctx ends first, Acquire gives its place in the queue back (and releases a lease
+// handed to it in the meantime) and returns ctx.Err(); unlike Limiter.Wait it does not
+// fail early when ctx's deadline is sooner than a slot is expected, since a release can
+// come at any time. Other errors are the Redis errors of the calls it makes.
+func (s *Semaphore) Acquire(ctx context.Context) (*Lease, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	id := newLeaseID()
+	start := s.clock.Now()
+	w, live := s.hub.watch(s.channel, id)
+	defer w.stop()
+	join := live // with the subscription live, take a place on the first call
+	queued, denied := false, false
+	for {
+		r, err := s.call(ctx, semAcquire, id, join)
+		if err != nil {
+			if queued {
+				s.giveUp(ctx, id)
+			}
+			return nil, err
+		}
+		queued = queued || join
+		if r.ok {
+			var waited time.Duration // reported only if it had to wait
+			if denied {
+				waited = s.clock.Now().Sub(start)
+			}
+			return s.granted(id, waited), nil
+		}
+		denied = true
+		// Listen before taking a place, so that no notice naming id can come unheard;
+		// until the subscription is confirmed, the confirmation is what wakes us.
+		if w.subscribe(ctx) && !join {
+			join = true
+			continue
+		}
+		join = true
+		t := s.clock.NewTimer(min(r.wait, s.ttl/3)) // a place lapses after one TTL
+		select {
+		case <-w.handed:
+			t.Stop()
+			if ctx.Err() != nil {
+				s.giveUp(ctx, id)
+				return nil, ctx.Err()
+			}
+			return s.granted(id, s.clock.Now().Sub(start)), nil
+		case <-w.check:
+		case <-t.C():
+		case <-ctx.Done():
+			t.Stop()
+			if queued {
+				s.giveUp(ctx, id)
+			}
+			return nil, ctx.Err()
+		}
+		t.Stop()
+	}
+}
+
+// Do acquires a lease (as Acquire), runs fn under it (as Lease.Hold: renewed every
+// TTL/3, released when fn returns) and returns fn's error, or Acquire's if it got no
+// lease. If the lease is lost while fn runs, fn's context is cancelled with a cause
+// wrapping ErrLeaseLost (see context.Cause); Do still returns what fn returns.
+func (s *Semaphore) Do(ctx context.Context, fn func(ctx context.Context) error) error {
+	l, err := s.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	return l.Hold(ctx, fn)
+}
+
+// granted makes the lease for id and reports it to the hooks.
+func (s *Semaphore) granted(id string, waited time.Duration) *Lease {
+	if s.hooks.Allowed != nil {
+		s.hooks.Allowed(s.key, 1, 0)
+	}
+	if waited > 0 && s.hooks.Waited != nil {
+		s.hooks.Waited(s.key, 1, waited)
+	}
+	return &Lease{s: s, id: id, renewed: s.clock.Now()}
+}
+
+// giveUp takes id out of the queue, releasing the lease if one was handed to it, for
+// a waiter that stops waiting. It runs even when ctx is done; if it fails, the place
+// lapses by itself within one TTL.
+func (s *Semaphore) giveUp(ctx context.Context, id string) {
+	if _, err := s.call(context.WithoutCancel(ctx), semRelease, id, false); err != nil {
+		return
+	}
+	if s.hooks.Cancelled != nil {
+		s.hooks.Cancelled(s.key, 1)
+	}
+}
+
+// Semaphore script operations (ARGV[1]).
+const (
+	semAcquire = 0
+	semExtend  = 1
+	semRelease = 2
+)
+
+// semReply is the semaphore script's answer: {ok, wait_us, held}.
+type semReply struct {
+	ok   bool
+	wait time.Duration
+	held int
+}
+
+// call runs the semaphore script once for lease id; join asks a denied acquire to
+// take (or renew) a place in the queue.
+func (s *Semaphore) call(ctx context.Context, op int, id string, join bool) (semReply, error) {
+	q := 0
+	if join {
+		q = 1
+	}
+	cmd := s.script.Run(ctx, s.rdb, s.keys, op, id, s.max, s.ttlUS, q)
+	if err := cmd.Err(); err != nil {
+		if s.hooks.RedisError != nil {
+			s.hooks.RedisError(s.key, err)
+		}
+		return semReply{}, scriptError(ctx, s.key, err)
+	}
+	v, err := cmd.Int64Slice()
+	if err != nil || len(v) != 3 {
+		return semReply{}, fmt.Errorf("%w: key %q: %v", ErrUnexpectedReply, s.key, cmd.Val())
+	}
+	return semReply{ok: v[0] == 1, wait: time.Duration(v[1]) * time.Microsecond, held: int(v[2])}, nil
+}
+
+// newLeaseID returns 128 random bits in hex.
+func newLeaseID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand crashes the program instead)
+	return hex.EncodeToString(b[:])
+}
