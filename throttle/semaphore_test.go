@@ -1,0 +1,973 @@
+package throttle
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/lua"
+	"github.com/redis/go-redis/v9"
+)
+
+// fakeSemaphore is the production semaphore script on the clock a test sets.
+var fakeSemaphore = redistest.FakeClockScript(lua.SemaphoreSource)
+
+// semaphore makes a semaphore under the backend's test prefix, on the fake-clock
+// script (Go code keeps the real clock: Acquire's waiters run beside the test).
+func (tl *timeline) semaphore(key string, max int, opts ...Option) *Semaphore {
+	tl.t.Helper()
+	opts = append([]Option{WithKeyPrefix(tl.b.Prefix), withScript(fakeSemaphore)}, opts...)
+	s, err := NewSemaphore(tl.b.Client, key, max, opts...)
+	if err != nil {
+		tl.t.Fatalf("NewSemaphore(%q, %d): %v", key, max, err)
+	}
+	tag := "{" + tl.b.Prefix + key + "}"
+	tl.tags = append(tl.tags, tag)
+	tl.b.SetTime(tl.t, tl.now, tag)
+	return s
+}
+
+func mustTry(t *testing.T, s *Semaphore) *Lease {
+	t.Helper()
+	l, wait, err := s.TryAcquire(context.Background())
+	if err != nil || l == nil {
+		t.Fatalf("TryAcquire: lease %v, wait %v, err %v; want a lease", l, wait, err)
+	}
+	return l
+}
+
+func wantDenied(t *testing.T, s *Semaphore, wait time.Duration) {
+	t.Helper()
+	l, got, err := s.TryAcquire(context.Background())
+	if err != nil || l != nil || got != wait {
+		t.Fatalf("TryAcquire: lease %v, wait %v, err %v; want no lease, wait %v", l, got, err, wait)
+	}
+}
+
+// eventually polls cond every millisecond for up to d.
+func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %v: %s", d, what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// queued returns how many places the semaphore's queue holds.
+func queued(t *testing.T, b *redistest.Backend, s *Semaphore) int {
+	t.Helper()
+	n, err := b.Client.ZCard(context.Background(), s.keys[1]).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return int(n)
+}
+
+func TestNewSemaphoreRejectsBadInput(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never contacted
+	defer rdb.Close()
+	var nilClient *redis.Client
+	cases := []struct {
+		name string
+		rdb  redis.UniversalClient
+		key  string
+		max  int
+		opts []Option
+		want error
+	}{
+		{"nil client", nil, "k", 1, nil, ErrNilClient},
+		{"typed nil client", nilClient, "k", 1, nil, ErrNilClient},
+		{"empty key", rdb, "", 1, nil, ErrInvalidKey},
+		{"empty hash tag", rdb, "}k", 1, []Option{WithKeyPrefix("")}, ErrInvalidKey},
+		{"max 0", rdb, "k", 0, nil, ErrInvalidLimit},
+		{"max -1", rdb, "k", -1, nil, ErrInvalidLimit},
+		{"max above 10^9", rdb, "k", 1_000_000_001, nil, ErrInvalidLimit},
+		{"TTL 0", rdb, "k", 1, []Option{WithLeaseTTL(0)}, ErrInvalidArgument},
+		{"TTL negative", rdb, "k", 1, []Option{WithLeaseTTL(-time.Second)}, ErrInvalidArgument},
+		{"TTL below 1ms", rdb, "k", 1, []Option{WithLeaseTTL(999 * time.Microsecond)}, ErrInvalidArgument},
+		{"TTL above 2^45µs", rdb, "k", 1, []Option{WithLeaseTTL((1<<45 + 1) * time.Microsecond)}, ErrInvalidArgument},
+		{"nil clock", rdb, "k", 1, []Option{WithClock(nil)}, ErrInvalidArgument},
+		{"bad limiter option", rdb, "k", 1, []Option{WithBuckets(0)}, ErrInvalidArgument},
+	}
+	for _, c := range cases {
+		s, err := NewSemaphore(c.rdb, c.key, c.max, c.opts...)
+		if !errors.Is(err, c.want) || s != nil {
+			t.Errorf("%s: NewSemaphore = %v, %v; want an error wrapping %v", c.name, s, err, c.want)
+		}
+	}
+	// limiter-only options are ignored; the defaults show
+	s, err := NewSemaphore(rdb, "k", 7, WithAlgorithm(TokenBucket), WithLimits(PerSecond(1)), WithBuckets(10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Key() != "k" || s.Max() != 7 || s.LeaseTTL() != 30*time.Second {
+		t.Fatalf("Key %q Max %d LeaseTTL %v; want k 7 30s", s.Key(), s.Max(), s.LeaseTTL())
+	}
+	if _, err := NewSemaphore(rdb, "k", 1, WithLeaseTTL(time.Millisecond)); err != nil {
+		t.Fatalf("WithLeaseTTL(1ms): %v", err)
+	}
+}
+
+// The script checks its arguments before it writes anything, and reports state it did
+// not write.
+func TestSemaphoreScriptRejectsBadArguments(t *testing.T) {
+	id := strings.Repeat("ab", 16)
+	cases := []struct {
+		name string
+		args []any
+	}{
+		{"op", []any{3, id, 1, 1000, 0}},
+		{"short id", []any{0, "abc", 1, 1000, 0}},
+		{"upper-case id", []any{0, strings.ToUpper(id), 1, 1000, 0}},
+		{"id with a colon", []any{0, id[:31] + ":", 1, 1000, 0}},
+		{"max 0", []any{0, id, 0, 1000, 0}},
+		{"max 1e3", []any{0, id, "1e3", 1000, 0}},
+		{"ttl below 1ms", []any{0, id, 1, 999, 0}},
+		{"queue 2", []any{0, id, 1, 1000, 2}},
+		{"argument count", []any{0, id, 1, 1000}},
+		{"extra argument", []any{0, id, 1, 1000, 0, 0}},
+	}
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		s, err := NewSemaphore(b.Client, "args", 1, WithKeyPrefix(b.Prefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range cases {
+			err := lua.Semaphore.Run(context.Background(), b.Client, s.keys, c.args...).Err()
+			if err == nil || !strings.Contains(err.Error(), "JTARG") {
+				t.Errorf("%s: got %v, want a JTARG error", c.name, err)
+			}
+			if !errors.Is(scriptError(context.Background(), "args", err), ErrInvalidArgument) {
+				t.Errorf("%s: %v does not map to ErrInvalidArgument", c.name, err)
+			}
+		}
+		if n := keysUnder(t, b); n != 0 {
+			t.Fatalf("bad arguments wrote %d keys", n)
+		}
+		// a key of another type
+		if err := b.Client.Set(context.Background(), s.keys[0], "x", time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := s.TryAcquire(context.Background()); !errors.Is(err, ErrCorruptState) {
+			t.Fatalf("TryAcquire on a string key: %v, want ErrCorruptState", err)
+		}
+	})
+}
+
+// Up to max leases are granted at once; then TryAcquire gets the exact time until the
+// earliest lease expires. Extending moves a lease's expiry, expired leases free their
+// slot, and a released lease frees it at once.
+func TestSemaphoreTryAcquireWaitsForEarliestExpiry(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		tl := newTimeline(t, b)
+		s := tl.semaphore("try", 3, WithLeaseTTL(10*time.Second))
+		a := mustTry(t, s) // t0: expires t0+10s
+		tl.at(time.Second)
+		bl := mustTry(t, s) // expires t0+11s
+		tl.at(2 * time.Second)
+		c := mustTry(t, s) // expires t0+12s
+		tl.at(2500 * ms)
+		wantDenied(t, s, 7500*ms) // a expires at t0+10s
+		tl.at(3 * time.Second)
+		if err := a.Extend(ctx); err != nil { // now expires t0+13s
+			t.Fatal(err)
+		}
+		wantDenied(t, s, 8*time.Second) // b (t0+11s) is the earliest now
+		tl.at(11 * time.Second)
+		d := mustTry(t, s)            // b expired: its slot is free
+		wantDenied(t, s, time.Second) // c expires at t0+12s
+		if err := bl.Extend(ctx); !errors.Is(err, ErrLeaseLost) {
+			t.Fatalf("Extend of an expired lease: %v, want ErrLeaseLost", err)
+		}
+		if err := bl.Release(ctx); !errors.Is(err, ErrLeaseLost) {
+			t.Fatalf("Release of a stale lease: %v, want ErrLeaseLost", err)
+		}
+		wantDenied(t, s, time.Second) // the stale release freed nothing
+		if err := c.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		e := mustTry(t, s) // c's slot at once
+		if err := c.Release(ctx); err != nil {
+			t.Fatalf("second Release: %v, want nil", err)
+		}
+		wantDenied(t, s, 2*time.Second) // the double release freed nothing; a expires t0+13s
+		if err := c.Extend(ctx); !errors.Is(err, ErrLeaseLost) {
+			t.Fatalf("Extend of a released lease: %v, want ErrLeaseLost", err)
+		}
+		for _, l := range []*Lease{a, d, e} {
+			if len(l.ID()) != 32 || strings.Trim(l.ID(), "0123456789abcdef") != "" {
+				t.Fatalf("lease id %q is not 32 hex digits", l.ID())
+			}
+		}
+		if a.ID() == d.ID() || d.ID() == e.ID() {
+			t.Fatal("lease ids repeat")
+		}
+		held, err := b.Client.ZCard(ctx, s.keys[0]).Result()
+		if err != nil || held != 3 {
+			t.Fatalf("leases in Redis: %d, %v; want 3", held, err)
+		}
+	})
+}
+
+// Waiters are served in arrival order, each handed the slot by the release that frees
+// it; a caller that comes later does not overtake them.
+func TestSemaphoreQueueIsFirstComeFirstServed(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		tl := newTimeline(t, b)
+		s := tl.semaphore("fifo", 1, WithLeaseTTL(time.Minute))
+		holder := mustTry(t, s)
+		type got struct {
+			who   int
+			lease *Lease
+			err   error
+		}
+		served := make(chan got, 3)
+		for i := 1; i <= 3; i++ {
+			go func() {
+				l, err := s.Acquire(ctx)
+				served <- got{i, l, err}
+			}()
+			eventually(t, 5*time.Second, fmt.Sprintf("waiter %d queued", i), func() bool { return queued(t, b, s) == i })
+		}
+		wantDenied(t, s, time.Minute) // behind the holder and three waiters
+		prev := holder
+		for i := 1; i <= 3; i++ {
+			if err := prev.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			wantDenied(t, s, time.Minute) // the slot went to the waiter, not to us
+			g := <-served
+			if g.err != nil || g.who != i {
+				t.Fatalf("served waiter %d (%v), want waiter %d", g.who, g.err, i)
+			}
+			prev = g.lease
+		}
+		if err := prev.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if n := keysUnder(t, b); n != 0 {
+			t.Fatalf("%d keys left after every lease was released", n)
+		}
+	})
+}
+
+// A blocked Acquire wakes on the release that frees a slot, not at the lease's expiry.
+//
+// Tolerance: the waiter must have its lease within 100ms of the release (a pub/sub
+// notice takes well under a millisecond on 127.0.0.1; the rest is slack for a loaded
+// -race run). Its own timer would fire only after TTL/3 = 1.67s, the lease would
+// expire after 5s, so a wake inside 100ms can only come from the release.
+func TestSemaphoreReleaseWakesWaiter(t *testing.T) {
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		s, err := NewSemaphore(b.Client, "wake", 1, WithKeyPrefix(b.Prefix), WithLeaseTTL(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for round := 0; round < 3; round++ { // the first round also opens the subscription
+			holder := mustTry(t, s)
+			woke := make(chan time.Time, 1)
+			var lease *Lease
+			go func() {
+				l, err := s.Acquire(ctx)
+				if err != nil {
+					t.Error(err)
+				}
+				lease = l
+				woke <- time.Now()
+			}()
+			eventually(t, 5*time.Second, "waiter queued", func() bool { return queued(t, b, s) == 1 })
+			time.Sleep(20 * time.Millisecond)
+			released := time.Now()
+			if err := holder.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case at := <-woke:
+				lag := at.Sub(released)
+				t.Logf("round %d: waiter had its lease %v after the release", round, lag)
+				if lag > 100*ms {
+					t.Fatalf("waiter woke %v after the release, want within 100ms", lag)
+				}
+			case <-time.After(time.Second):
+				t.Fatal("waiter still blocked 1s after the release")
+			}
+			if err := lease.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}
+
+// A waiter whose context ends gives its place back: nothing is left queued and the
+// next release does not go to it.
+func TestSemaphoreAcquireHonoursContext(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		tl := newTimeline(t, b)
+		s := tl.semaphore("ctx", 1, WithLeaseTTL(time.Minute))
+		holder := mustTry(t, s)
+		done, cancel := context.WithCancel(context.Background())
+		cancel()
+		if l, err := s.Acquire(done); l != nil || !errors.Is(err, context.Canceled) {
+			t.Fatalf("Acquire(done ctx) = %v, %v; want context.Canceled", l, err)
+		}
+		ctx, stop := context.WithTimeout(context.Background(), 50*ms)
+		defer stop()
+		start := time.Now()
+		if l, err := s.Acquire(ctx); l != nil || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Acquire = %v, %v; want context.DeadlineExceeded", l, err)
+		}
+		if took := time.Since(start); took > time.Second {
+			t.Fatalf("Acquire returned %v after its 50ms deadline", took)
+		}
+		if n := queued(t, b, s); n != 0 {
+			t.Fatalf("%d places left in the queue", n)
+		}
+		if err := holder.Release(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		mustTry(t, s) // the slot was not handed to the waiter that left
+	})
+}
+
+// Every key the semaphore writes has a TTL: leases, the queue and its expiries.
+func TestSemaphoreKeysExpire(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		tl := newTimeline(t, b)
+		s := tl.semaphore("ttl", 1, WithLeaseTTL(time.Minute))
+		holder := mustTry(t, s)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		waiting := make(chan error, 1)
+		go func() { _, err := s.Acquire(ctx); waiting <- err }()
+		eventually(t, 5*time.Second, "waiter queued", func() bool { return queued(t, b, s) == 1 })
+		seen := map[string]bool{}
+		for _, k := range scanKeys(t, b) {
+			pttl, err := b.Client.PTTL(context.Background(), k).Result()
+			if err != nil || pttl <= 0 {
+				t.Errorf("key %s: PTTL %v, %v; want > 0", k, pttl, err)
+			}
+			seen[k[strings.LastIndex(k, "}")+1:]] = true
+		}
+		for _, suffix := range []string{":sem", ":semq", ":semx"} {
+			if !seen[suffix] {
+				t.Errorf("key %s not written (saw %v)", suffix, seen)
+			}
+		}
+		cancel()
+		if err := <-waiting; !errors.Is(err, context.Canceled) {
+			t.Fatalf("Acquire: %v", err)
+		}
+		if err := holder.Release(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if n := keysUnder(t, b); n != 0 {
+			t.Fatalf("%d keys left with nothing held or queued", n)
+		}
+	})
+}
+
+// A pause on the key (as Limiter.Pause sets it) holds back new leases until it ends;
+// held leases can still be extended and released.
+func TestSemaphoreHonoursPause(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		tl := newTimeline(t, b)
+		s := tl.semaphore("pause", 2, WithLeaseTTL(10*time.Second))
+		a := mustTry(t, s)
+		end := strconv.FormatInt(tl.now.Add(2*time.Second).UnixMicro(), 10)
+		if err := b.Client.Set(ctx, s.keys[3], end, time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+		wantDenied(t, s, 2*time.Second) // a slot is free, but the pause holds
+		tl.at(time.Second)
+		if err := a.Extend(ctx); err != nil {
+			t.Fatalf("Extend while paused: %v", err)
+		}
+		wantDenied(t, s, time.Second)
+		tl.at(2 * time.Second)
+		mustTry(t, s)
+		if err := a.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// Hold extends the lease while fn runs, well past one TTL, and releases it after; a
+// lease lost meanwhile cancels fn's context with ErrLeaseLost.
+func TestLeaseHoldRenews(t *testing.T) {
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		const ttl = 150 * ms
+		s, err := NewSemaphore(b.Client, "hold", 1, WithKeyPrefix(b.Prefix), WithLeaseTTL(ttl))
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := mustTry(t, s)
+		err = l.Hold(ctx, func(ctx context.Context) error {
+			time.Sleep(4 * ttl)
+			if ctx.Err() != nil {
+				return context.Cause(ctx)
+			}
+			if _, err := b.Client.ZScore(ctx, s.keys[0], l.ID()).Result(); err != nil {
+				return fmt.Errorf("lease gone after 4 TTLs of holding: %v", err)
+			}
+			if other, _, err := s.TryAcquire(ctx); other != nil || err != nil {
+				return fmt.Errorf("TryAcquire while held: %v, %v", other, err)
+			}
+			return errors.New("fn's error")
+		})
+		if err == nil || err.Error() != "fn's error" {
+			t.Fatalf("Hold = %v, want fn's error", err)
+		}
+		if n, _ := b.Client.ZCard(ctx, s.keys[0]).Result(); n != 0 {
+			t.Fatalf("%d leases after Hold returned, want 0", n)
+		}
+		if err := l.Hold(ctx, func(context.Context) error { return nil }); !errors.Is(err, ErrLeaseLost) {
+			t.Fatalf("Hold of a released lease: %v, want ErrLeaseLost", err)
+		}
+
+		// a lease lost while held: fn's context ends within about TTL/3
+		l = mustTry(t, s)
+		var cause error
+		err = l.Hold(ctx, func(ctx context.Context) error {
+			if err := b.Client.ZRem(ctx, s.keys[0], l.ID()).Err(); err != nil {
+				return err
+			}
+			select {
+			case <-ctx.Done():
+				cause = context.Cause(ctx)
+			case <-time.After(10 * ttl):
+			}
+			return nil
+		})
+		if err != nil || !errors.Is(cause, ErrLeaseLost) {
+			t.Fatalf("Hold after the lease was lost: %v, cause %v; want nil and ErrLeaseLost", err, cause)
+		}
+	})
+}
+
+// Hooks see grants, denials, waits and a waiter giving up; with Redis down every call
+// fails at once with ErrUnavailable and the RedisError hook.
+func TestSemaphoreHooksAndRedisDown(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		var mu sync.Mutex
+		var seen []string
+		add := func(format string, args ...any) {
+			mu.Lock()
+			defer mu.Unlock()
+			seen = append(seen, fmt.Sprintf(format, args...))
+		}
+		hooks := Hooks{
+			Allowed:    func(key string, n int, wait time.Duration) { add("allowed %s %d %v", key, n, wait) },
+			Denied:     func(key string, n int, wait time.Duration) { add("denied %s %d %v", key, n, wait) },
+			Waited:     func(key string, n int, d time.Duration) { add("waited %s %d", key, n) },
+			Cancelled:  func(key string, n int) { add("cancelled %s %d", key, n) },
+			RedisError: func(key string, err error) { add("redis error %s", key) },
+		}
+		tl := newTimeline(t, b)
+		s := tl.semaphore("hooks", 1, WithLeaseTTL(time.Minute), WithHooks(hooks))
+		ctx := context.Background()
+		a := mustTry(t, s)
+		wantDenied(t, s, time.Minute)
+		go func() {
+			eventually(t, 5*time.Second, "waiter queued", func() bool { return queued(t, b, s) == 1 })
+			if err := a.Release(ctx); err != nil {
+				t.Error(err)
+			}
+		}()
+		l, err := s.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, 20*ms)
+		defer cancel()
+		if _, err := s.Acquire(wctx); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Acquire: %v, want DeadlineExceeded", err)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		l, err = s.Acquire(ctx) // at once: no wait to report
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		got := strings.Join(seen, "; ")
+		mu.Unlock()
+		want := "allowed hooks 1 0s; denied hooks 1 1m0s; allowed hooks 1 0s; waited hooks 1; cancelled hooks 1; allowed hooks 1 0s"
+		if got != want {
+			t.Fatalf("hooks saw %q,\nwant %q", got, want)
+		}
+	})
+
+	down := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	defer down.Close()
+	var errs atomic.Int64
+	s, err := NewSemaphore(down, "down", 1, WithHooks(Hooks{RedisError: func(string, error) { errs.Add(1) }}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if l, _, err := s.TryAcquire(ctx); l != nil || !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("TryAcquire with Redis down: %v, %v; want ErrUnavailable", l, err)
+	}
+	if l, err := s.Acquire(ctx); l != nil || !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Acquire with Redis down: %v, %v; want ErrUnavailable", l, err)
+	}
+	if err := s.Do(ctx, func(context.Context) error { t.Fatal("fn ran without a lease"); return nil }); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Do with Redis down: %v; want ErrUnavailable", err)
+	}
+	if errs.Load() != 3 {
+		t.Fatalf("RedisError hook called %d times, want 3", errs.Load())
+	}
+}
+
+// Many goroutines through Do and TryAcquire: never more than max hold at once, and
+// max is reached.
+func TestSemaphoreNeverExceedsMax(t *testing.T) {
+	const (
+		max     = 4
+		workers = 24
+		rounds  = 10
+	)
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		s, err := NewSemaphore(b.Client, "many", max, WithKeyPrefix(b.Prefix), WithLeaseTTL(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls := &scriptCalls{}
+		b.Client.AddHook(calls)
+		var holders, peak, done atomic.Int64
+		work := func(ctx context.Context) error {
+			n := holders.Add(1)
+			defer holders.Add(-1)
+			for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+			}
+			if n > max {
+				return fmt.Errorf("%d holders at once, max %d", n, max)
+			}
+			time.Sleep(5 * time.Millisecond) // long beside a script call, so the slots fill
+			done.Add(1)
+			return nil
+		}
+		ctx := context.Background()
+		var wg sync.WaitGroup
+		for w := 0; w < workers; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; i < rounds; i++ {
+					if w%4 == 0 { // some take their chance and come back later
+						l, wait, err := s.TryAcquire(ctx)
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						if l == nil {
+							time.Sleep(min(wait, 2*ms))
+							continue
+						}
+						if err := l.Hold(ctx, work); err != nil {
+							t.Error(err)
+						}
+						continue
+					}
+					if err := s.Do(ctx, work); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		t.Logf("%d runs, at most %d at once; %.2f script calls per run (acquire, release, TryAcquire retries)",
+			done.Load(), peak.Load(), float64(calls.n.Load())/float64(done.Load()))
+		if got := peak.Load(); got != max {
+			t.Fatalf("at most %d holders at once, want exactly max = %d", got, max)
+		}
+		if n := keysUnder(t, b); n != 0 {
+			t.Fatalf("%d keys left after every lease was released", n)
+		}
+	})
+}
+
+// The kill test runs holders in child processes: this test binary again, told by
+// semChildEnv to run TestSemaphoreChildProcess, which reads its orders from the
+// environment and reports on stdout, one line per event:
+//
+//   - <id>    a worker got lease id (printed before it counts itself a holder)
+//   - <id>    the worker released it
+//     OVER <n>  n holders counted themselves at once, more than max
+//     ERR <e>   something failed
+//
+// A worker counts itself a holder in the set "{<prefix><key>}:holders" (SADD and
+// SCARD in one script, so the count is exact at the server) while it holds.
+const semChildEnv = "JOBTHROTTLE_SEM_CHILD"
+
+var addHolder = redis.NewScript(`redis.call('SADD', KEYS[1], ARGV[1])
+redis.call('PEXPIRE', KEYS[1], 60000)
+return redis.call('SCARD', KEYS[1])`)
+
+func TestSemaphoreChildProcess(t *testing.T) {
+	if os.Getenv(semChildEnv) == "" {
+		t.Skip("helper process of TestSemaphoreHoldersKilled")
+	}
+	env := func(k string) string { return os.Getenv(semChildEnv + "_" + k) }
+	atoi := func(k string) int {
+		n, err := strconv.Atoi(env(k))
+		if err != nil {
+			t.Fatalf("%s: %v", k, err)
+		}
+		return n
+	}
+	var rdb redis.UniversalClient
+	if addrs := strings.Split(env("ADDRS"), ","); env("CLUSTER") != "" {
+		rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	} else {
+		rdb = redis.NewClient(&redis.Options{Addr: addrs[0]})
+	}
+	defer rdb.Close()
+	prefix, key, max := env("PREFIX"), env("KEY"), atoi("MAX")
+	ttl := time.Duration(atoi("TTL_MS")) * time.Millisecond
+	s, err := NewSemaphore(rdb, key, max, WithKeyPrefix(prefix), WithLeaseTTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	holders := "{" + prefix + key + "}:holders"
+	var mu sync.Mutex
+	say := func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		fmt.Fprintf(os.Stdout, format+"\n", args...)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	go func() { _, _ = io.Copy(io.Discard, os.Stdin); stop() }() // the parent closes stdin to stop us
+	var wg sync.WaitGroup
+	for w := 0; w < atoi("WORKERS"); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewSource(int64(os.Getpid()*100 + w)))
+			for ctx.Err() == nil {
+				l, err := s.Acquire(ctx)
+				if err != nil {
+					if ctx.Err() == nil {
+						say("ERR acquire: %v", err)
+					}
+					return
+				}
+				say("+ %s", l.ID())
+				hold := time.Duration(5+rng.Intn(40)) * time.Millisecond
+				err = l.Hold(ctx, func(ctx context.Context) error {
+					n, err := addHolder.Run(ctx, rdb, []string{holders}, l.ID()).Int()
+					if err != nil {
+						return err
+					}
+					if n > max {
+						say("OVER %d", n)
+					}
+					select {
+					case <-time.After(hold):
+					case <-ctx.Done():
+					}
+					return rdb.SRem(context.WithoutCancel(ctx), holders, l.ID()).Err()
+				})
+				if err != nil && ctx.Err() == nil {
+					say("ERR hold: %v", err)
+				}
+				say("- %s", l.ID())
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// child is one holder process of TestSemaphoreHoldersKilled and what it reported.
+type child struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	eof   chan struct{} // closed when its stdout ends
+	mu    sync.Mutex
+	held  map[string]bool // lease ids it got and has not reported released
+	got   map[string]time.Time
+	bad   []string // OVER and ERR lines
+}
+
+func startChild(t *testing.T, env []string) *child {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestSemaphoreChildProcess$", "-test.count=1", "-test.timeout=60s")
+	// without the race detector's 1s pause at exit (a race still fails the child)
+	cmd.Env = append(os.Environ(), append(env, "GORACE="+os.Getenv("GORACE")+" atexit_sleep_ms=0")...)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c := &child{cmd: cmd, stdin: stdin, eof: make(chan struct{}), held: map[string]bool{}, got: map[string]time.Time{}}
+	go func() {
+		defer close(c.eof)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			line := sc.Text()
+			c.mu.Lock()
+			switch {
+			case strings.HasPrefix(line, "+ "):
+				c.held[line[2:]] = true
+				c.got[line[2:]] = time.Now()
+			case strings.HasPrefix(line, "- "):
+				delete(c.held, line[2:])
+			case strings.HasPrefix(line, "OVER "), strings.HasPrefix(line, "ERR "):
+				c.bad = append(c.bad, line)
+			}
+			c.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-c.eof; _ = cmd.Wait() })
+	return c
+}
+
+// Holders in several processes share one semaphore; some processes are killed (-9)
+// while they hold leases. Never more than max count themselves holders (checked at the
+// server by every holder, and by polling the lease set), the leases the killed held
+// are taken back within TTL + 100ms, and within 2 TTL + 100ms every live lease is a
+// survivor's (a killed process's waiters may have been handed slots until their places
+// lapsed, one TTL after the kill).
+//
+// Tolerances: 100ms over the TTL for a survivor's timer to fire and its call to land
+// (it is due at the expiry itself); the survivors' report of a lease reaches the parent
+// through a pipe within the 100ms the last check allows.
+func TestSemaphoreHoldersKilled(t *testing.T) {
+	const (
+		max      = 4
+		ttl      = 300 * ms
+		children = 3
+		workers  = 4
+	)
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		var addrs []string
+		cluster := ""
+		switch b.Kind {
+		case redistest.Mini:
+			addrs = []string{b.Mini.Addr()}
+		case redistest.Standalone:
+			a, err := redistest.StandaloneAddr()
+			if err != nil {
+				t.Fatal(err)
+			}
+			addrs = []string{a}
+		case redistest.Cluster:
+			a, err := redistest.ClusterAddrs()
+			if err != nil {
+				t.Fatal(err)
+			}
+			addrs, cluster = a, "1"
+		}
+		key := "killed"
+		s, err := NewSemaphore(b.Client, key, max, WithKeyPrefix(b.Prefix), WithLeaseTTL(ttl))
+		if err != nil {
+			t.Fatal(err)
+		}
+		env := []string{
+			semChildEnv + "=1",
+			semChildEnv + "_ADDRS=" + strings.Join(addrs, ","),
+			semChildEnv + "_CLUSTER=" + cluster,
+			semChildEnv + "_PREFIX=" + b.Prefix,
+			semChildEnv + "_KEY=" + key,
+			semChildEnv + "_MAX=" + strconv.Itoa(max),
+			semChildEnv + "_TTL_MS=" + strconv.Itoa(int(ttl/ms)),
+			semChildEnv + "_WORKERS=" + strconv.Itoa(workers),
+		}
+		var kids []*child
+		for i := 0; i < children; i++ {
+			kids = append(kids, startChild(t, env))
+		}
+
+		// watch the lease set: never more than max entries, live or not yet purged
+		watching, stopWatch := context.WithCancel(ctx)
+		var most atomic.Int64
+		watched := make(chan error, 1)
+		go func() {
+			for watching.Err() == nil {
+				n, err := b.Client.ZCard(watching, s.keys[0]).Result()
+				if err != nil && watching.Err() == nil {
+					watched <- err
+					return
+				}
+				if n > most.Load() {
+					most.Store(n)
+				}
+				time.Sleep(time.Millisecond)
+			}
+			watched <- nil
+		}()
+
+		// let them churn for a few TTLs, every child having held a lease
+		eventually(t, 20*time.Second, "every child held a lease", func() bool {
+			for _, c := range kids {
+				c.mu.Lock()
+				n := len(c.got)
+				c.mu.Unlock()
+				if n == 0 {
+					return false
+				}
+			}
+			return true
+		})
+		time.Sleep(3 * ttl)
+		eventually(t, 20*time.Second, "the processes to kill hold leases", func() bool {
+			n := 0
+			for _, c := range kids[:2] {
+				c.mu.Lock()
+				n += len(c.held)
+				c.mu.Unlock()
+			}
+			return n >= 2
+		})
+
+		// kill two of them mid-hold
+		var dead []string
+		killedAt := time.Now()
+		for _, c := range kids[:2] {
+			if err := c.cmd.Process.Kill(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, c := range kids[:2] {
+			<-c.eof
+			c.mu.Lock()
+			for id := range c.held {
+				dead = append(dead, id)
+			}
+			c.mu.Unlock()
+		}
+		// they no longer hold anything: take them out of the holder count
+		for _, id := range dead {
+			if err := b.Client.SRem(ctx, "{"+b.Prefix+key+"}:holders", id).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		t.Logf("killed 2 of %d processes holding %d leases", children, len(dead))
+
+		// their leases are taken back within TTL + 100ms
+		if len(dead) == 0 {
+			t.Fatal("the killed processes held no lease")
+		}
+		var slowest time.Duration
+		for _, id := range dead {
+			eventually(t, 5*time.Second, "dead lease purged", func() bool {
+				_, err := b.Client.ZScore(ctx, s.keys[0], id).Result()
+				return errors.Is(err, redis.Nil)
+			})
+			if d := time.Since(killedAt); d > slowest {
+				slowest = d
+			}
+		}
+		t.Logf("the killed processes' leases were taken back %v after the kill (TTL %v)", slowest, ttl)
+		if slowest > ttl+100*ms {
+			t.Fatalf("leases of killed holders taken back after %v, want within TTL + 100ms = %v", slowest, ttl+100*ms)
+		}
+
+		// within 2 TTL + 100ms every live lease is a survivor's
+		time.Sleep(time.Until(killedAt.Add(2*ttl + 100*ms)))
+		now, err := b.Client.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		live, err := b.Client.ZRangeByScore(ctx, s.keys[0], &redis.ZRangeBy{Min: "(" + strconv.FormatInt(now.UnixMicro(), 10), Max: "+inf"}).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * ms) // the survivor's reports catch up
+		survivor := kids[2]
+		survivor.mu.Lock()
+		for _, id := range live {
+			if _, ok := survivor.got[id]; !ok {
+				t.Errorf("lease %s is live %v after the kill and no survivor got it", id, 2*ttl+100*ms)
+			}
+		}
+		later := 0
+		for _, at := range survivor.got {
+			if at.After(killedAt.Add(ttl)) {
+				later++
+			}
+		}
+		survivor.mu.Unlock()
+		if later == 0 {
+			t.Errorf("the survivor got no lease after the killed processes' leases expired")
+		}
+
+		// stop the survivor; it releases what it holds
+		if err := survivor.stdin.Close(); err != nil {
+			t.Fatal(err)
+		}
+		<-survivor.eof
+		if err := survivor.cmd.Wait(); err != nil {
+			t.Errorf("survivor exited: %v", err)
+		}
+		stopWatch()
+		if err := <-watched; err != nil {
+			t.Fatal(err)
+		}
+		if got := most.Load(); got > max {
+			t.Errorf("lease set held %d entries at once, max %d", got, max)
+		}
+		total := 0
+		for i, c := range kids {
+			c.mu.Lock()
+			t.Logf("child %d: %d leases", i, len(c.got))
+			total += len(c.got)
+			for _, line := range c.bad {
+				t.Errorf("child reported: %s", line)
+			}
+			c.mu.Unlock()
+		}
+		t.Logf("%d leases granted across %d processes; lease set peaked at %d entries", total, children, most.Load())
+	})
+}
+
+// scriptCalls counts the EVAL and EVALSHA commands a client sends.
+type scriptCalls struct{ n atomic.Int64 }
+
+func (c *scriptCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *scriptCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+			c.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (c *scriptCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
