@@ -60,9 +60,11 @@ type Semaphore struct {
 // at once.
 //
 // It accepts every Option: WithKeyPrefix, WithHooks, WithClock and WithLeaseTTL apply;
-// the Limiter's WithAlgorithm, WithLimits and WithBuckets are ignored (so one list of
-// options can serve a Limiter and a Semaphore on the same key), though a bad value in
-// them is still reported. NewSemaphore does not contact Redis. It returns an error
+// the Limiter's WithAlgorithm, WithLimits, WithBuckets and WithFailurePolicy are
+// ignored (so one list of options can serve a Limiter and a Semaphore on the same
+// key), though a bad value in them is still reported. A Semaphore always fails closed:
+// with Redis unreachable it grants nothing and its calls return an error wrapping
+// ErrUnavailable. NewSemaphore does not contact Redis. It returns an error
 // wrapping ErrNilClient for a nil client, ErrInvalidKey for an empty key,
 // ErrInvalidLimit for max outside 1..10^9, or ErrInvalidArgument for an option that
 // does not fit.
