@@ -28,7 +28,7 @@ import (
 // simultaneous use by multiple goroutines, and two Limiters built alike are
 // interchangeable.
 type Limiter struct {
-	rdb    redis.Scripter
+	rdb    redis.UniversalClient
 	key    string
 	keys   []string // state key, pause key
 	alg    Algorithm
@@ -241,8 +241,8 @@ func (l *Limiter) run(ctx context.Context, op, n int, x int64) (reply, error) {
 	args := make([]any, 3, 3+len(l.tail))
 	args[0], args[1], args[2] = op, n, x
 	args = append(args, l.tail...)
-	cmd := l.script.Run(ctx, l.rdb, l.keys, args...)
-	if err := cmd.Err(); err != nil {
+	cmd, err := evalOnce(ctx, l.rdb, l.script, l.keys, args)
+	if err != nil {
 		if l.hooks.RedisError != nil {
 			l.hooks.RedisError(l.key, err)
 		}
@@ -259,6 +259,32 @@ func (l *Limiter) run(ctx context.Context, op, n int, x int64) (reply, error) {
 		reset:     time.Duration(v[3]) * time.Microsecond,
 		token:     v[4],
 	}, nil
+}
+
+// evalOnce runs a script at most once: EVALSHA inside MULTI/EXEC and, when the server
+// does not have the script (after a restart or SCRIPT FLUSH), EVAL the same way.
+// go-redis re-sends a plain command whose reply was lost to a read timeout or a dropped
+// connection, which would run an acquire twice and charge twice; it never re-sends a
+// transaction it has written. A call whose reply is lost fails with ErrUnavailable
+// instead, and its effect, if it ran, stands once.
+func evalOnce(ctx context.Context, rdb redis.UniversalClient, s *redis.Script, keys []string, args []any) (*redis.Cmd, error) {
+	cmd, err := evalTx(ctx, rdb, s.EvalSha, keys, args)
+	if redis.HasErrorPrefix(err, "NOSCRIPT") {
+		cmd, err = evalTx(ctx, rdb, s.Eval, keys, args)
+	}
+	return cmd, err
+}
+
+func evalTx(ctx context.Context, rdb redis.UniversalClient,
+	eval func(context.Context, redis.Scripter, []string, ...any) *redis.Cmd, keys []string, args []any,
+) (*redis.Cmd, error) {
+	pipe := rdb.TxPipeline()
+	cmd := eval(ctx, pipe, keys, args...)
+	_, err := pipe.Exec(ctx)
+	if cmd.Err() != nil {
+		return cmd, cmd.Err() // the script's own error, or the connection's
+	}
+	return cmd, err // the transaction failed before the script got a reply of its own
 }
 
 // scriptError maps a failed script call to this package's errors: what a script

@@ -16,15 +16,17 @@ import (
 // grants take effect), the rate is used in full once the first window has passed, and
 // each permit costs about one script call.
 //
-// Tolerances: none on the bound; utilization is measured on server times between the
-// end of the first window and the last grant, and must reach 99%; calls per permit
-// must stay under 1.05 (a call that books is the only call a waiter makes).
+// Tolerances: none on the bound; utilization is measured on server times over the
+// whole periods after the first, and must reach 99%; calls per permit must stay under
+// 1.05 (a call that books is the only call a waiter makes). The 48 waiters keep about
+// a second of bookings queued, so a waiter the scheduler runs late (a loaded machine,
+// -race) does not leave a gap in the queue.
 func TestWaitSharesTheRate(t *testing.T) {
 	const (
-		workers = 16
+		workers = 48
 		period  = 200 * ms
 		rate    = 40
-		windows = 4
+		windows = 5
 	)
 	for _, alg := range allAlgorithms {
 		t.Run(alg.String(), func(t *testing.T) {

@@ -177,13 +177,14 @@ func (g *Grants) Between(from, to time.Time) int {
 	return n
 }
 
-// Utilization is the share of the rate used after the first period: the permits that
-// took effect in the whole periods [first+p, first+k·p) that end after the last grant,
-// over (k-1)·rate. Bursty algorithms grant at period edges, so whole periods are what
-// compare fairly; 1.0 means every permit the limit allowed was used.
+// Utilization is the share of the rate used after the first period, while demand
+// lasted: the permits that took effect in the whole periods [first+p, first+k·p) that
+// end by the last grant, over (k-1)·rate. Bursty algorithms grant at period edges, so
+// whole periods are what compare fairly, and the period holding the last grant is left
+// out because demand ended in it; 1.0 means every permit the limit allowed was used.
 func (g *Grants) Utilization(p time.Duration, rate int) float64 {
 	first, last := g.Span()
-	k := int64(last.Sub(first)/p) + 1
+	k := int64(last.Sub(first) / p)
 	if k < 2 {
 		return 0
 	}

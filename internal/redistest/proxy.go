@@ -1,0 +1,132 @@
+package redistest
+
+import (
+	"bytes"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Proxy is a TCP proxy in front of a Redis server that can lose replies: armed with
+// DropReplyTo, it forwards the next request containing a given text, lets the server
+// run it, and then closes the client's connection instead of passing the reply on, as a
+// network fault after the command ran would. Clients see EOF; go-redis then retries a
+// plain command.
+type Proxy struct {
+	Addr    string
+	target  string
+	ln      net.Listener
+	drop    atomic.Pointer[[]byte]
+	dropped atomic.Int64
+	mu      sync.Mutex
+	conns   []net.Conn
+}
+
+// NewProxy starts a proxy on a free 127.0.0.1 port in front of target.
+func NewProxy(target string) (*Proxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	p := &Proxy{Addr: ln.Addr().String(), target: target, ln: ln}
+	go p.serve()
+	return p, nil
+}
+
+// DropReplyTo arms the proxy: the reply to the next request containing text (matched
+// case-insensitively in the raw RESP bytes) is lost.
+func (p *Proxy) DropReplyTo(text string) {
+	b := bytes.ToLower([]byte(text))
+	p.drop.Store(&b)
+}
+
+// Dropped returns how many replies were lost.
+func (p *Proxy) Dropped() int { return int(p.dropped.Load()) }
+
+// Close stops the proxy and its connections.
+func (p *Proxy) Close() {
+	p.ln.Close()
+	p.mu.Lock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.mu.Unlock()
+}
+
+func (p *Proxy) serve() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		s, err := net.Dial("tcp", p.target)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, c, s)
+		p.mu.Unlock()
+		go p.pipe(c, s)
+	}
+}
+
+// pipe forwards requests from c to s and replies back, losing one reply when armed.
+func (p *Proxy) pipe(c, s net.Conn) {
+	defer c.Close()
+	defer s.Close()
+	var cut atomic.Bool // set: replies are no longer passed on
+	replies := make(chan []byte, 64)
+	go func() {
+		defer close(replies)
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := s.Read(buf)
+			if n > 0 {
+				replies <- append([]byte(nil), buf[:n]...)
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	go func() {
+		for r := range replies {
+			if cut.Load() {
+				continue
+			}
+			if _, err := c.Write(r); err != nil {
+				return
+			}
+		}
+	}()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := c.Read(buf)
+		if n > 0 {
+			req := buf[:n]
+			if want := p.drop.Load(); want != nil && bytes.Contains(bytes.ToLower(req), *want) && p.drop.CompareAndSwap(want, nil) {
+				// stop passing replies on, let the server run the request, then cut
+				cut.Store(true)
+				p.cutAfter(c, s, req)
+				return
+			}
+			if _, err := s.Write(req); err != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// cutAfter sends req to the server, gives it time to run and answer, and closes the
+// client's connection without the answer.
+func (p *Proxy) cutAfter(c, s net.Conn, req []byte) {
+	s.Write(req)
+	time.Sleep(50 * time.Millisecond)
+	p.dropped.Add(1)
+	c.Close()
+}
