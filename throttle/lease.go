@@ -16,6 +16,7 @@ type Lease struct {
 	mu      sync.Mutex
 	state   leaseState
 	renewed time.Time // when it was granted or last extended, by the Semaphore's clock
+	local   bool      // granted without Redis by the failure policy: kept in the process
 }
 
 type leaseState int
@@ -42,8 +43,11 @@ func (l *Lease) Extend(ctx context.Context) error {
 	if err := l.gone(); err != nil {
 		return err
 	}
-	r, err := l.s.call(ctx, semExtend, l.id, false)
-	if err != nil {
+	var r semReply
+	var err error
+	if l.local {
+		r.ok = l.s.local.extend(l.s.clock.Now(), l.id, l.s.ttl)
+	} else if r, err = l.s.call(ctx, semExtend, l.id, false); err != nil {
 		return err
 	}
 	if !r.ok {
@@ -69,8 +73,11 @@ func (l *Lease) Release(ctx context.Context) error {
 	case leaseLost:
 		return fmt.Errorf("%w: lease %s of key %q had expired", ErrLeaseLost, l.id, l.s.key)
 	}
-	r, err := l.s.call(ctx, semRelease, l.id, false)
-	if err != nil {
+	var r semReply
+	var err error
+	if l.local {
+		r.ok = l.s.local.release(l.s.clock.Now(), l.id)
+	} else if r, err = l.s.call(ctx, semRelease, l.id, false); err != nil {
 		return err
 	}
 	if !r.ok {

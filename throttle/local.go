@@ -120,3 +120,69 @@ func (g *localLog) cancel(now, token int64, n int) bool {
 	}
 	return false
 }
+
+// localSem is a Semaphore's in-process stand-in while Redis is unreachable: FailLocal's
+// share of the slots (max/fleet, at least 1), or, under FailOpen, as many as asked.
+// Leases expire after the lease TTL unless extended, as in Redis; times are the Go
+// clock's.
+type localSem struct {
+	mu     sync.Mutex
+	max    int // 0: no limit (FailOpen)
+	leases map[string]time.Time
+}
+
+func newLocalSem(slots int, p FailurePolicy) *localSem {
+	s := &localSem{leases: map[string]time.Time{}}
+	if p.mode == failLocal {
+		s.max = max(1, slots/p.fleet)
+	}
+	return s
+}
+
+// acquire grants id a lease until now+ttl if a slot is free, or returns the time until
+// the earliest lease expires.
+func (s *localSem) acquire(now time.Time, id string, ttl time.Duration) (bool, time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var earliest time.Time
+	for lid, exp := range s.leases {
+		if !exp.After(now) {
+			delete(s.leases, lid)
+		} else if earliest.IsZero() || exp.Before(earliest) {
+			earliest = exp
+		}
+	}
+	if _, held := s.leases[id]; held || s.max == 0 || len(s.leases) < s.max {
+		if s.max != 0 {
+			s.leases[id] = now.Add(ttl)
+		}
+		return true, 0
+	}
+	return false, max(earliest.Sub(now), time.Microsecond)
+}
+
+// extend renews id's lease if it is live.
+func (s *localSem) extend(now time.Time, id string, ttl time.Duration) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.max == 0 {
+		return true
+	}
+	if exp, ok := s.leases[id]; ok && exp.After(now) {
+		s.leases[id] = now.Add(ttl)
+		return true
+	}
+	return false
+}
+
+// release frees id's lease; it reports whether it was live.
+func (s *localSem) release(now time.Time, id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.max == 0 {
+		return true
+	}
+	exp, ok := s.leases[id]
+	delete(s.leases, id)
+	return ok && exp.After(now)
+}

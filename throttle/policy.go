@@ -63,8 +63,8 @@ func (p FailurePolicy) String() string {
 	return "FailClosed"
 }
 
-// WithFailurePolicy sets what the limiter does when Redis is unreachable; the default
-// is FailClosed. Under FailOpen and FailLocal a failed call makes the limiter decide
+// WithFailurePolicy sets what a Limiter or Semaphore does when Redis is unreachable;
+// the default is FailClosed (see NewSemaphore for how a Semaphore applies it). Under FailOpen and FailLocal a failed call makes the limiter decide
 // without Redis for a short while (250ms, growing to 1s while Redis stays away) before
 // it tries Redis again, so an outage does not cost every call a timeout; one call then
 // probes Redis and, when it answers, every decision goes back to it.

@@ -200,3 +200,67 @@ func TestFailLocalGoesBackToRedis(t *testing.T) {
 	}
 	t.Logf("back to Redis %v after it returned", time.Since(back).Round(time.Millisecond))
 }
+
+func TestSemaphoreFailurePolicies(t *testing.T) {
+	ctx := context.Background()
+	closed, err := NewSemaphore(downClient(t), "sem", 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l, _, err := closed.TryAcquire(ctx); !errors.Is(err, ErrUnavailable) || l != nil {
+		t.Fatalf("FailClosed semaphore with Redis down: %v, %v", l, err)
+	}
+
+	var degraded int
+	open, err := NewSemaphore(downClient(t), "sem", 1, WithFailurePolicy(FailOpen),
+		WithHooks(Hooks{Degraded: func(string, FailurePolicy, error) { degraded++ }}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ { // more than max: open grants them all
+		l, _, err := open.TryAcquire(ctx)
+		if err != nil || l == nil {
+			t.Fatalf("FailOpen TryAcquire %d: %v, %v", i, l, err)
+		}
+		if err := l.Extend(ctx); err != nil {
+			t.Fatalf("FailOpen Extend: %v", err)
+		}
+		defer l.Release(ctx)
+	}
+	if s := open.Stats(); s.FailedOpen != 3 || degraded != 3 {
+		t.Fatalf("FailOpen stats %+v, hook calls %d; want 3", s, degraded)
+	}
+
+	local, err := NewSemaphore(downClient(t), "sem", 4, WithFailurePolicy(FailLocal(2)), WithLeaseTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _, err := local.TryAcquire(ctx)
+	if err != nil || a == nil {
+		t.Fatalf("FailLocal first lease: %v %v", a, err)
+	}
+	b, _, err := local.TryAcquire(ctx)
+	if err != nil || b == nil {
+		t.Fatalf("FailLocal second lease: %v %v", b, err)
+	}
+	c, wait, err := local.TryAcquire(ctx)
+	if err != nil || c != nil || wait <= 59*time.Second || wait > time.Minute {
+		t.Fatalf("FailLocal third lease of a share of 2: %v, wait %v, %v; want none, ~1m", c, wait, err)
+	}
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Release(ctx); err != nil { // twice: a no-op
+		t.Fatal(err)
+	}
+	c, _, err = local.TryAcquire(ctx)
+	if err != nil || c == nil {
+		t.Fatalf("FailLocal lease after a release: %v %v", c, err)
+	}
+	if err := c.Hold(ctx, func(context.Context) error { return nil }); err != nil {
+		t.Fatalf("Hold of a local lease: %v", err)
+	}
+	if s := local.Stats(); s.Local != 3 {
+		t.Fatalf("FailLocal stats %+v, want 3 local leases", s)
+	}
+}

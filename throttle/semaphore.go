@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"time"
 
@@ -54,17 +55,24 @@ type Semaphore struct {
 	hooks   Hooks
 	clock   waiter.Clock
 	hub     *wakeHub
+	policy  FailurePolicy
+	brk     breaker
+	local   *localSem // stands in while Redis is unreachable (FailOpen, FailLocal)
+	stats   counters
 }
 
 // NewSemaphore returns a semaphore that lets at most max holders hold a lease on key
 // at once.
 //
-// It accepts every Option: WithKeyPrefix, WithHooks, WithClock and WithLeaseTTL apply;
-// the Limiter's WithAlgorithm, WithLimits, WithBuckets and WithFailurePolicy are
+// It accepts every Option: WithKeyPrefix, WithHooks, WithClock, WithLeaseTTL and
+// WithFailurePolicy apply; the Limiter's WithAlgorithm, WithLimits and WithBuckets are
 // ignored (so one list of options can serve a Limiter and a Semaphore on the same
-// key), though a bad value in them is still reported. A Semaphore always fails closed:
-// with Redis unreachable it grants nothing and its calls return an error wrapping
-// ErrUnavailable. NewSemaphore does not contact Redis. It returns an error
+// key), though a bad value in them is still reported. With Redis unreachable a
+// Semaphore follows its FailurePolicy: FailClosed (the default) grants nothing and
+// returns an error wrapping ErrUnavailable; FailOpen grants every lease; FailLocal(n)
+// grants this process's share of the slots, max/n (at least 1). Leases granted without
+// Redis are kept in the process (Extend and Release act on them there) and are not
+// known to Redis when it returns. NewSemaphore does not contact Redis. It returns an error
 // wrapping ErrNilClient for a nil client, ErrInvalidKey for an empty key,
 // ErrInvalidLimit for max outside 1..10^9, or ErrInvalidArgument for an option that
 // does not fit.
@@ -109,7 +117,14 @@ func NewSemaphore(rdb redis.UniversalClient, key string, max int, opts ...Option
 		hooks:   c.hooks,
 		clock:   c.clock,
 		hub:     wakeHubFor(rdb),
+		policy:  c.policy,
+		local:   newLocalSem(max, c.policy),
 	}, nil
+}
+
+// Stats returns the semaphore's counters of leases granted without Redis.
+func (s *Semaphore) Stats() Stats {
+	return Stats{FailedOpen: s.stats.failedOpen.Load(), Local: s.stats.local.Load()}
 }
 
 // Key returns the key the semaphore was made for (without prefix).
@@ -147,7 +162,7 @@ func (s *Semaphore) TryAcquire(ctx context.Context) (*Lease, time.Duration, erro
 		}
 		return nil, r.wait, nil
 	}
-	return s.granted(id, 0), 0, nil
+	return s.granted(id, 0, r.local), 0, nil
 }
 
 // Acquire waits for a lease and returns it. Callers are served in arrival order
@@ -182,7 +197,7 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Lease, error) {
 			if denied {
 				waited = s.clock.Now().Sub(start)
 			}
-			return s.granted(id, waited), nil
+			return s.granted(id, waited, r.local), nil
 		}
 		denied = true
 		// Listen before taking a place, so that no notice naming id can come unheard;
@@ -200,7 +215,7 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Lease, error) {
 				s.giveUp(ctx, id)
 				return nil, ctx.Err()
 			}
-			return s.granted(id, s.clock.Now().Sub(start)), nil
+			return s.granted(id, s.clock.Now().Sub(start), false), nil
 		case <-w.check:
 		case <-t.C():
 		case <-ctx.Done():
@@ -226,15 +241,16 @@ func (s *Semaphore) Do(ctx context.Context, fn func(ctx context.Context) error) 
 	return l.Hold(ctx, fn)
 }
 
-// granted makes the lease for id and reports it to the hooks.
-func (s *Semaphore) granted(id string, waited time.Duration) *Lease {
+// granted makes the lease for id and reports it to the hooks; local leases were
+// granted without Redis.
+func (s *Semaphore) granted(id string, waited time.Duration, local bool) *Lease {
 	if s.hooks.Allowed != nil {
 		s.hooks.Allowed(s.key, 1, 0)
 	}
 	if waited > 0 && s.hooks.Waited != nil {
 		s.hooks.Waited(s.key, 1, waited)
 	}
-	return &Lease{s: s, id: id, renewed: s.clock.Now()}
+	return &Lease{s: s, id: id, renewed: s.clock.Now(), local: local}
 }
 
 // giveUp takes id out of the queue, releasing the lease if one was handed to it, for
@@ -258,14 +274,55 @@ const (
 
 // semReply is the semaphore script's answer: {ok, wait_us, held}.
 type semReply struct {
-	ok   bool
-	wait time.Duration
-	held int
+	ok    bool
+	wait  time.Duration
+	held  int
+	local bool // granted without Redis, by the failure policy
 }
 
-// call runs the semaphore script once for lease id; join asks a denied acquire to
-// take (or renew) a place in the queue.
+// call runs the semaphore script once for lease id, or, while Redis is unreachable,
+// decides as the failure policy says (see Limiter.call).
 func (s *Semaphore) call(ctx context.Context, op int, id string, join bool) (semReply, error) {
+	if s.policy.mode == failClosed {
+		return s.run(ctx, op, id, join)
+	}
+	if s.brk.skip(s.clock.Now()) {
+		return s.degraded(op, id, fmt.Errorf("%w: key %q: %w", ErrUnavailable, s.key, errRecentlyDown))
+	}
+	r, err := s.run(ctx, op, id, join)
+	switch {
+	case err == nil:
+		s.brk.succeeded()
+	case errors.Is(err, ErrUnavailable):
+		s.brk.failed(s.clock.Now())
+		return s.degraded(op, id, err)
+	}
+	return r, err
+}
+
+// degraded answers an acquire without Redis under FailOpen or FailLocal. Extending or
+// releasing a lease Redis granted needs Redis: those return cause.
+func (s *Semaphore) degraded(op int, id string, cause error) (semReply, error) {
+	if op != semAcquire {
+		return semReply{}, cause
+	}
+	ok, wait := s.local.acquire(s.clock.Now(), id, s.ttl)
+	if ok {
+		if s.policy.mode == failOpen {
+			s.stats.failedOpen.Add(1)
+		} else {
+			s.stats.local.Add(1)
+		}
+		if s.hooks.Degraded != nil {
+			s.hooks.Degraded(s.key, s.policy, cause)
+		}
+	}
+	return semReply{ok: ok, wait: wait, local: true}, nil
+}
+
+// run runs the semaphore script once for lease id; join asks a denied acquire to
+// take (or renew) a place in the queue.
+func (s *Semaphore) run(ctx context.Context, op int, id string, join bool) (semReply, error) {
 	q := 0
 	if join {
 		q = 1
