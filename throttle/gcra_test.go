@@ -80,3 +80,56 @@ func TestTokenBucketMatchesXTimeRate(t *testing.T) {
 		}
 	})
 }
+
+// Several token-bucket limits on one key decide like x/time/rate limiters checked
+// together: granted only if every bucket has n tokens, and then taken from all.
+func TestTokenBucketLimitsMatchXTimeRate(t *testing.T) {
+	limits := []Limit{
+		{Rate: 5, Period: time.Second, Burst: 3},
+		{Rate: 12, Period: 10 * time.Second, Burst: 8},
+	}
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		rng := rand.New(rand.NewSource(7))
+		tl := newTimeline(t, b)
+		l := tl.limiter("multi", limits[0], WithAlgorithm(TokenBucket), WithLimits(limits[1:]...))
+		var oracles []*rate.Limiter
+		for _, lim := range limits {
+			oracles = append(oracles, rate.NewLimiter(rate.Limit(float64(lim.Rate)/lim.Period.Seconds()), lim.Burst))
+		}
+		var at time.Duration
+		granted := 0
+		for i := 0; i < 150; i++ {
+			at += time.Duration(rng.Intn(400_000)) * time.Microsecond
+			n := 1 + rng.Intn(3)
+			now := redistest.Epoch.Add(at)
+			want := true
+			var wantWait time.Duration
+			for _, o := range oracles {
+				if tokens := o.TokensAt(now); tokens < float64(n) {
+					want = false
+					wantWait = max(wantWait, time.Duration(math.Ceil((float64(n)-tokens)/float64(o.Limit())*1e6))*time.Microsecond)
+				}
+			}
+			if want {
+				for _, o := range oracles {
+					o.AllowN(now, n)
+				}
+				granted++
+			}
+			tl.at(at)
+			got, err := l.AllowN(context.Background(), n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Allowed != want {
+				t.Fatalf("step %d (t0+%v, n=%d): allowed %v, want %v", i, at, n, got.Allowed, want)
+			}
+			if !want {
+				if d := got.RetryAfter - wantWait; d < -time.Microsecond || d > time.Microsecond {
+					t.Fatalf("step %d: RetryAfter %v, want %v (the longest wait)", i, got.RetryAfter, wantWait)
+				}
+			}
+		}
+		t.Logf("150 steps, %d granted, all as two x/time/rate limiters checked together", granted)
+	})
+}

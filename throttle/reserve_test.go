@@ -3,6 +3,7 @@ package throttle
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -161,4 +162,43 @@ func TestReserveErrors(t *testing.T) {
 	if n := len(b.Mini.Keys()); n != 0 {
 		t.Errorf("bad calls wrote %d keys", n)
 	}
+}
+
+// Waiters are served in arrival order: each caller that queues after another gets
+// its permit after it, on the real clock and the production scripts.
+func TestWaitersAreServedInArrivalOrder(t *testing.T) {
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		l, err := New(b.Client, "order", Limit{Rate: 1, Period: 20 * ms}, WithKeyPrefix(b.Prefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		const waiters = 8
+		order := make(chan int, waiters)
+		var booked sync.WaitGroup
+		for i := 0; i < waiters; i++ {
+			booked.Add(1)
+			go func() {
+				r, err := l.Reserve(ctx, 1, time.Second)
+				booked.Done()
+				if err != nil || !r.OK() {
+					t.Errorf("waiter %d: %v %v", i, r, err)
+					return
+				}
+				if err := r.Wait(ctx); err != nil {
+					t.Error(err)
+				}
+				order <- i
+			}()
+			booked.Wait() // the next one arrives after this one has booked
+		}
+		for want := 0; want < waiters; want++ {
+			if got := <-order; got != want {
+				t.Fatalf("waiter %d got its permit in place %d", got, want)
+			}
+		}
+	})
 }
