@@ -9,15 +9,24 @@ import (
 	"weak"
 
 	"github.com/jobthrottle/jobthrottle/lua"
+	"github.com/jobthrottle/jobthrottle/waiter"
 	"github.com/redis/go-redis/v9"
 )
 
 // Pause stops all grants on the limiter's key, across every process and algorithm,
 // for d: until then every call is denied, and bookings start after the pause. A
-// longer pause already set is kept. Waiters of this process that booked a time inside
-// the pause give their booking back and book again after it; callers in other
-// processes that booked before the pause keep their booking (see the README's
-// "Guarantees and failure modes").
+// longer pause already set is kept. Waiters of this process that booked ahead give
+// their booking back and book again after the pause; callers in other processes that
+// booked before the pause keep their booking (see the README's "Guarantees and
+// failure modes").
+//
+// No Reserve of this process on the key books anything while Pause runs: Pause
+// returns, and lets them go on, once every waiter it woke has given its booking back
+// (or its booking has taken effect), waiting at most 100ms for them. So none of them
+// books again behind a booking another is about to give back, and the first permits
+// after the pause take effect when it ends. (TokenBucket and FixedWindow give back
+// only the latest booking: with them the other bookings the pause moved stay counted,
+// unused, and fewer permits come in the time they cover.)
 //
 // The HTTP transport (waiter.NewTransport) calls Pause when a server answers 429 or
 // 503 with Retry-After. It returns an error wrapping ErrInvalidArgument for d <= 0.
@@ -26,37 +35,150 @@ func (l *Limiter) Pause(ctx context.Context, d time.Duration) error {
 		return fmt.Errorf("%w: pause %v", ErrInvalidArgument, d)
 	}
 	us := min((int64(d)+int64(time.Microsecond)-1)/int64(time.Microsecond), maxPeriodUS)
-	if err := lua.Pause.Run(ctx, l.rdb, l.keys[1:2], us).Err(); err != nil {
+	l.moved.gate.Lock()
+	err := lua.Pause.Run(ctx, l.rdb, l.keys[1:2], us).Err()
+	if err == nil {
+		l.moved.fire(l.clock)
+	}
+	l.moved.gate.Unlock()
+	if err != nil {
 		if l.hooks.RedisError != nil {
 			l.hooks.RedisError(l.key, err)
 		}
 		return scriptError(ctx, l.key, err)
 	}
-	l.moved.fire()
 	if l.hooks.Paused != nil {
 		l.hooks.Paused(l.key, d)
 	}
 	return nil
 }
 
-// pauseSignal tells this process's waiters on a key that it was paused: the channel
-// current() returns is closed by the next fire().
+// pauseSettle bounds how long Pause waits for the waiters it woke to give their
+// bookings back. Waiters take one Redis call; a Reservation held by code that does
+// not wait on it is never given back, and only this bound ends the wait for it.
+const pauseSettle = 100 * time.Millisecond
+
+// pauseSignal is what this process's Limiters on a key share about pauses: the
+// channel given to bookings as Moved (closed by fire, then replaced), the bookings
+// made ahead that may not have taken effect yet, and a gate: Reserve holds it shared
+// from before its script call until its booking is tracked, Pause holds it alone
+// from before its script call until the bookings it woke are given back.
+//
+// Without the gate a woken waiter could book again before another gave back a
+// booking that lies after the pause's end; bookings being first come, first served,
+// it would be placed after that one, and so would everyone after it, leaving the
+// slots between the pause's end and it unused.
 type pauseSignal struct {
-	mu sync.Mutex
-	ch chan struct{}
+	gate    sync.RWMutex
+	mu      sync.Mutex // guards ch, live and sweepAt
+	ch      chan struct{}
+	live    map[*liveBooking]struct{}
+	sweepAt int           // sweep live when it grows to this size
+	gone    chan struct{} // receives (without blocking) when a tracked booking is given back
 }
 
-func (p *pauseSignal) current() <-chan struct{} {
+// liveBooking is a booking made ahead, due at due by the Limiter's clock.
+type liveBooking struct {
+	p   *pauseSignal
+	due time.Time
+}
+
+func newPauseSignal() *pauseSignal {
+	return &pauseSignal{ch: make(chan struct{}), live: map[*liveBooking]struct{}{}, gone: make(chan struct{}, 1)}
+}
+
+// enter is called by Reserve before its script call; it returns the channel to give
+// the booking as Moved. Pauses of this process on the key wait until leave.
+func (p *pauseSignal) enter() <-chan struct{} {
+	p.gate.RLock()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.ch
 }
 
-func (p *pauseSignal) fire() {
+// leave ends what enter began. If the call booked permits that take effect after
+// wait, it tracks them and returns their liveBooking; else nil.
+func (p *pauseSignal) leave(booked bool, now time.Time, wait time.Duration) *liveBooking {
+	defer p.gate.RUnlock()
+	if !booked {
+		return nil
+	}
+	b := &liveBooking{p: p, due: now.Add(wait)}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if len(p.live) >= p.sweepAt { // amortised: drop what has taken effect
+		for o := range p.live {
+			if !o.due.After(now) {
+				delete(p.live, o)
+			}
+		}
+		p.sweepAt = 2*len(p.live) + 64
+	}
+	p.live[b] = struct{}{}
+	return b
+}
+
+// giveBack returns cancel, made to tell a waiting Pause when the booking is gone.
+func (b *liveBooking) giveBack(cancel func(ctx context.Context) error) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		err := cancel(ctx)
+		b.p.mu.Lock()
+		delete(b.p.live, b)
+		b.p.mu.Unlock()
+		select {
+		case b.p.gone <- struct{}{}:
+		default:
+		}
+		return err
+	}
+}
+
+// fire wakes the waiters of every booking made so far (closing the channel they were
+// given as Moved) and waits, at most pauseSettle, until each booking that had not yet
+// taken effect is given back or takes effect. The caller holds the gate.
+func (p *pauseSignal) fire(clock waiter.Clock) {
+	p.mu.Lock()
 	close(p.ch)
 	p.ch = make(chan struct{})
+	now := clock.Now()
+	var woken []*liveBooking
+	for b := range p.live {
+		if b.due.After(now) {
+			woken = append(woken, b)
+		} else {
+			delete(p.live, b)
+		}
+	}
+	p.mu.Unlock()
+	if len(woken) == 0 {
+		return
+	}
+	patience := clock.NewTimer(pauseSettle)
+	defer patience.Stop()
+	for {
+		// the time until the earliest booking still out takes effect; < 0: none is out
+		next := time.Duration(-1)
+		p.mu.Lock()
+		now := clock.Now()
+		for _, b := range woken {
+			if _, out := p.live[b]; out && b.due.After(now) && (next < 0 || b.due.Sub(now) < next) {
+				next = b.due.Sub(now)
+			}
+		}
+		p.mu.Unlock()
+		if next < 0 {
+			return
+		}
+		t := clock.NewTimer(next)
+		select {
+		case <-p.gone:
+		case <-t.C():
+		case <-patience.C():
+			t.Stop()
+			return
+		}
+		t.Stop()
+	}
 }
 
 type signalKey struct {
@@ -81,7 +203,7 @@ func pauseSignalFor(rdb redis.Scripter, tag string) *pauseSignal {
 	if s := signals[k].Value(); s != nil {
 		return s
 	}
-	s := &pauseSignal{ch: make(chan struct{})}
+	s := newPauseSignal()
 	signals[k] = weak.Make(s)
 	runtime.AddCleanup(s, dropSignal, k)
 	return s

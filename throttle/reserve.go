@@ -36,17 +36,18 @@ func (l *Limiter) Reserve(ctx context.Context, n int, maxWait time.Duration) (*w
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	moved := l.moved.current()
+	moved := l.moved.enter()
 	r, err := l.call(ctx, opAcquire, n, min(int64(maxWait/time.Microsecond), maxWaitMicros))
+	live := l.moved.leave(err == nil && r.granted && r.wait > 0, l.clock.Now(), r.wait)
 	if err != nil {
 		return nil, err
 	}
 	l.report(n, r)
 	b := waiter.Booking{OK: r.granted, Delay: r.wait, Clock: l.clock}
-	if r.granted && r.wait > 0 {
+	if live != nil {
 		token := r.token
 		b.Moved = moved
-		b.Cancel = func(ctx context.Context) error { return l.cancel(ctx, n, token) }
+		b.Cancel = live.giveBack(func(ctx context.Context) error { return l.cancel(ctx, n, token) })
 	}
 	return waiter.NewReservation(b), nil
 }
