@@ -13,6 +13,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+var _ waiter.Pauser = (*Limiter)(nil)
+
 // Pause stops all grants on the limiter's key, across every process and algorithm,
 // for d: until then every call is denied, and bookings start after the pause. A
 // longer pause already set is kept. Waiters of this process that booked ahead give

@@ -1,0 +1,727 @@
+package waiter_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/throttle"
+	"github.com/jobthrottle/jobthrottle/waiter"
+	"github.com/redis/go-redis/v9"
+)
+
+const ms = time.Millisecond
+
+// t0 is the fixed time the Retry-After table runs at.
+var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+
+// ---- unit tests: no Redis ----
+
+// How each 429/503 answer's Retry-After turns into a pause (or none) and which hook
+// says why, on a Reserver that can pause and a clock stopped at t0.
+func TestTransportRetryAfter(t *testing.T) {
+	date := func(d time.Duration) string { return t0.Add(d).Format(http.TimeFormat) }
+	cases := []struct {
+		name   string
+		status int
+		header map[string]string // response headers; "Retry-After" absent means none
+		pause  time.Duration     // 0: Pause not called
+		bad    error             // what BadRetryAfter gets; nil: not called
+	}{
+		{"seconds", 429, map[string]string{"Retry-After": "120"}, 120 * time.Second, nil},
+		{"seconds on 503", 503, map[string]string{"Retry-After": "7"}, 7 * time.Second, nil},
+		{"seconds with spaces and zeros", 429, map[string]string{"Retry-After": " 007 "}, 7 * time.Second, nil},
+		{"zero: retry now", 429, map[string]string{"Retry-After": "0"}, 0, nil},
+		{"seconds at the cap", 429, map[string]string{"Retry-After": "300"}, 5 * time.Minute, nil},
+		{"seconds above the cap", 429, map[string]string{"Retry-After": "301"}, 5 * time.Minute, waiter.ErrRetryAfterTooLong},
+		{"seconds overflowing", 503, map[string]string{"Retry-After": "99999999999999999999999"}, 5 * time.Minute, waiter.ErrRetryAfterTooLong},
+		{"negative", 429, map[string]string{"Retry-After": "-5"}, 0, waiter.ErrRetryAfterPast},
+		{"fraction", 429, map[string]string{"Retry-After": "1.5"}, 0, waiter.ErrRetryAfterInvalid},
+		{"plus sign", 429, map[string]string{"Retry-After": "+5"}, 0, waiter.ErrRetryAfterInvalid},
+		{"words", 429, map[string]string{"Retry-After": "soon"}, 0, waiter.ErrRetryAfterInvalid},
+		{"empty", 429, map[string]string{"Retry-After": ""}, 0, waiter.ErrRetryAfterInvalid},
+		{"missing on 429", 429, nil, 0, waiter.ErrRetryAfterMissing},
+		{"missing on 503", 503, nil, 0, waiter.ErrRetryAfterMissing},
+		{"date from the clock", 429, map[string]string{"Retry-After": date(90 * time.Second)}, 90 * time.Second, nil},
+		{"date from the response's Date", 429, map[string]string{ // the server's clock is an hour ahead
+			"Retry-After": date(time.Hour + 30*time.Second), "Date": date(time.Hour)}, 30 * time.Second, nil},
+		{"unparsable Date: from the clock", 429, map[string]string{
+			"Retry-After": date(40 * time.Second), "Date": "yesterday"}, 40 * time.Second, nil},
+		{"RFC 850 date", 429, map[string]string{"Retry-After": t0.Add(time.Minute).Format(time.RFC850)}, time.Minute, nil},
+		{"asctime date", 503, map[string]string{"Retry-After": t0.Add(2 * time.Minute).Format(time.ANSIC)}, 2 * time.Minute, nil},
+		{"date now", 429, map[string]string{"Retry-After": date(0)}, 0, nil},
+		{"date in the past", 429, map[string]string{"Retry-After": date(-time.Minute)}, 0, waiter.ErrRetryAfterPast},
+		{"date before the response's Date", 429, map[string]string{
+			"Retry-After": date(time.Minute), "Date": date(2 * time.Minute)}, 0, waiter.ErrRetryAfterPast},
+		{"date above the cap", 429, map[string]string{"Retry-After": date(24 * time.Hour)}, 5 * time.Minute, waiter.ErrRetryAfterTooLong},
+		{"date far away", 429, map[string]string{"Retry-After": "Fri, 31 Dec 9999 23:59:59 GMT"}, 5 * time.Minute, waiter.ErrRetryAfterTooLong},
+		{"200 is not a throttle", 200, map[string]string{"Retry-After": "10"}, 0, nil},
+		{"500 is not a throttle", 500, map[string]string{"Retry-After": "10"}, 0, nil},
+		{"301 with Retry-After", 301, map[string]string{"Retry-After": "10"}, 0, nil},
+		{"200 without Retry-After", 200, nil, 0, nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := &fakePauser{}
+			var bad []error
+			var paused []time.Duration
+			tr := waiter.NewTransport(r, answer(c.status, c.header),
+				waiter.WithTransportClock(stoppedClock(t0)),
+				waiter.WithTransportHooks(waiter.TransportHooks{
+					BadRetryAfter: func(_ *http.Request, status int, err error) {
+						if status != c.status {
+							t.Errorf("BadRetryAfter got status %d, want %d", status, c.status)
+						}
+						bad = append(bad, err)
+					},
+					Paused: func(_ *http.Request, status int, d time.Duration) { paused = append(paused, d) },
+				}))
+			resp, err := tr.RoundTrip(newRequest(t, context.Background(), nil))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := resp.StatusCode, c.status; got != want {
+				t.Fatalf("status %d, want %d as the server answered", got, want)
+			}
+			var want []time.Duration
+			if c.pause > 0 {
+				want = []time.Duration{c.pause}
+			}
+			if got := r.pauses(); !reflect.DeepEqual(got, want) {
+				t.Errorf("paused %v, want %v", got, want)
+			}
+			if !reflect.DeepEqual(paused, want) {
+				t.Errorf("Paused hook got %v, want %v", paused, want)
+			}
+			switch {
+			case c.bad == nil && len(bad) > 0:
+				t.Errorf("BadRetryAfter called with %v, want no call", bad)
+			case c.bad != nil && (len(bad) != 1 || !errors.Is(bad[0], c.bad)):
+				t.Errorf("BadRetryAfter called with %v, want once with %v", bad, c.bad)
+			}
+			if got, want := r.reserves(), 1; got != want {
+				t.Errorf("%d reservations, want %d", got, want)
+			}
+		})
+	}
+}
+
+// WithMaxPause moves the cap; WithPermits sets what each request takes.
+func TestTransportOptions(t *testing.T) {
+	r := &fakePauser{}
+	var bad error
+	tr := waiter.NewTransport(r, answer(429, map[string]string{"Retry-After": "3"}),
+		waiter.WithMaxPause(2500*ms), waiter.WithPermits(3),
+		waiter.WithTransportHooks(waiter.TransportHooks{BadRetryAfter: func(_ *http.Request, _ int, err error) { bad = err }}))
+	if _, err := tr.RoundTrip(newRequest(t, context.Background(), nil)); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := r.pauses(), []time.Duration{2500 * ms}; !reflect.DeepEqual(got, want) {
+		t.Errorf("paused %v, want %v", got, want)
+	}
+	if !errors.Is(bad, waiter.ErrRetryAfterTooLong) || !strings.Contains(bad.Error(), `"3"`) {
+		t.Errorf("BadRetryAfter got %v, want ErrRetryAfterTooLong quoting the header", bad)
+	}
+	if got, want := r.ns(), []int{3}; !reflect.DeepEqual(got, want) {
+		t.Errorf("reserved %v permits, want %v", got, want)
+	}
+}
+
+// A Reserver that cannot pause: responses pass through, hooks still report bad
+// headers; a Pause that fails is reported and changes nothing in the response.
+func TestTransportWithoutPause(t *testing.T) {
+	t.Run("not a Pauser", func(t *testing.T) {
+		r := &fakeReserver{}
+		var bad error
+		tr := waiter.NewTransport(r, answer(429, map[string]string{"Retry-After": "soon"}),
+			waiter.WithTransportHooks(waiter.TransportHooks{
+				BadRetryAfter: func(_ *http.Request, _ int, err error) { bad = err },
+				Paused:        func(*http.Request, int, time.Duration) { t.Error("Paused called, want no pause") },
+			}))
+		resp, err := tr.RoundTrip(newRequest(t, context.Background(), nil))
+		if err != nil || resp.StatusCode != 429 {
+			t.Fatalf("RoundTrip: %v %v, want the 429", resp, err)
+		}
+		if !errors.Is(bad, waiter.ErrRetryAfterInvalid) {
+			t.Errorf("BadRetryAfter got %v, want ErrRetryAfterInvalid", bad)
+		}
+		tr = waiter.NewTransport(r, answer(429, map[string]string{"Retry-After": "5"}))
+		if resp, err := tr.RoundTrip(newRequest(t, context.Background(), nil)); err != nil || resp.StatusCode != 429 {
+			t.Fatalf("RoundTrip: %v %v, want the 429", resp, err)
+		}
+	})
+	t.Run("Pause fails", func(t *testing.T) {
+		boom := errors.New("redis is down")
+		r := &fakePauser{pauseErr: boom}
+		var failed error
+		tr := waiter.NewTransport(r, answer(503, map[string]string{"Retry-After": "5"}),
+			waiter.WithTransportHooks(waiter.TransportHooks{
+				PauseFailed: func(_ *http.Request, d time.Duration, err error) {
+					if d != 5*time.Second {
+						t.Errorf("PauseFailed got %v, want 5s", d)
+					}
+					failed = err
+				},
+				Paused: func(*http.Request, int, time.Duration) { t.Error("Paused called after a failed pause") },
+			}))
+		resp, err := tr.RoundTrip(newRequest(t, context.Background(), nil))
+		if err != nil || resp.StatusCode != 503 {
+			t.Fatalf("RoundTrip: %v %v, want the 503", resp, err)
+		}
+		if !errors.Is(failed, boom) {
+			t.Errorf("PauseFailed got %v, want %v", failed, boom)
+		}
+	})
+	t.Run("Pause outlives the request's context", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		r := &fakePauser{}
+		base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			cancel() // the caller gives up as the answer arrives
+			return answer(429, map[string]string{"Retry-After": "5"})(req)
+		})
+		if _, err := waiter.NewTransport(r, base).RoundTrip(newRequest(t, ctx, nil)); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := r.pauses(), []time.Duration{5 * time.Second}; !reflect.DeepEqual(got, want) {
+			t.Errorf("paused %v, want %v", got, want)
+		}
+		if r.pauseCtxErr != nil {
+			t.Errorf("Pause ran with a done context: %v", r.pauseCtxErr)
+		}
+	})
+}
+
+// Every early return closes the request's body, leaves the request as it was, sends
+// nothing, reports NotSent and returns an error the caller can test for.
+func TestTransportEarlyReturns(t *testing.T) {
+	boom := errors.New("redis is down")
+	var nilLimiter *throttle.Limiter
+	cases := []struct {
+		name string
+		r    waiter.Reserver
+		opts []waiter.TransportOption
+		ctx  func() (context.Context, context.CancelFunc)
+		want error
+	}{
+		{name: "Reserver fails", r: &fakeReserver{err: boom}, want: boom},
+		{name: "context done", r: &fakeReserver{}, want: context.Canceled,
+			ctx: func() (context.Context, context.CancelFunc) {
+				ctx, cancel := context.WithCancel(context.Background())
+				cancel()
+				return ctx, cancel
+			}},
+		{name: "permits come after the deadline", r: &fakeReserver{refuse: time.Hour}, want: waiter.ErrWouldExceedDeadline,
+			ctx: func() (context.Context, context.CancelFunc) {
+				return context.WithTimeout(context.Background(), time.Minute)
+			}},
+		{name: "nil Reserver", r: nil, want: waiter.ErrNilReserver},
+		{name: "nil *throttle.Limiter", r: nilLimiter, want: waiter.ErrNilReserver},
+		{name: "zero permits", r: &fakeReserver{}, opts: []waiter.TransportOption{waiter.WithPermits(0)}, want: waiter.ErrInvalidOption},
+		{name: "zero max pause", r: &fakeReserver{}, opts: []waiter.TransportOption{waiter.WithMaxPause(0)}, want: waiter.ErrInvalidOption},
+		{name: "nil clock", r: &fakeReserver{}, opts: []waiter.TransportOption{waiter.WithTransportClock(nil)}, want: waiter.ErrInvalidOption},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ctx, cancel := context.Background(), context.CancelFunc(func() {})
+			if c.ctx != nil {
+				ctx, cancel = c.ctx()
+			}
+			defer cancel()
+			var sent int
+			base := roundTripFunc(func(*http.Request) (*http.Response, error) {
+				sent++
+				return nil, errors.New("sent")
+			})
+			var notSent error
+			opts := append(c.opts, waiter.WithTransportHooks(waiter.TransportHooks{
+				NotSent: func(_ *http.Request, err error) { notSent = err },
+			}))
+			body := &closeRecorder{Reader: strings.NewReader("payload")}
+			req := newRequest(t, ctx, body)
+			before := snapshot(req)
+			resp, err := waiter.NewTransport(c.r, base, opts...).RoundTrip(req)
+			if !errors.Is(err, c.want) || resp != nil {
+				t.Fatalf("RoundTrip: %v, %v; want nil, %v", resp, err, c.want)
+			}
+			if got := body.closed.Load(); got != 1 {
+				t.Errorf("body closed %d times, want 1", got)
+			}
+			if sent != 0 {
+				t.Errorf("the request was sent %d times, want none", sent)
+			}
+			if !errors.Is(notSent, c.want) {
+				t.Errorf("NotSent got %v, want %v", notSent, c.want)
+			}
+			if after := snapshot(req); !reflect.DeepEqual(before, after) {
+				t.Errorf("request changed:\n got %+v\nwant %+v", after, before)
+			}
+		})
+	}
+}
+
+// ---- against Redis: a local server that enforces its own limit ----
+
+// Many goroutines sending through one Transport at a limit below the server's:
+// the server never has to answer 429.
+//
+// The limiter allows 10 per 100ms, the server 20 per 100ms by its receive times:
+// the margin absorbs the time between a permit taking effect on the Redis clock and
+// the request reaching the server, as long as it stays under 100ms.
+func TestTransportStaysUnderServerLimit(t *testing.T) {
+	const (
+		workers  = 16
+		requests = 40
+		rate     = 10
+		period   = 100 * ms
+		serverAt = 20
+	)
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		srv := newRecordingServer(t, func(i int, w http.ResponseWriter, s *recordingServer) {
+			if s.inWindow(period) > serverAt {
+				w.Header().Set("Retry-After", "1")
+				w.WriteHeader(http.StatusTooManyRequests)
+			}
+		})
+		lim := newLimiter(t, b, "under", throttle.Limit{Rate: rate, Period: period})
+		client := &http.Client{Transport: waiter.NewTransport(lim, nil)}
+		statuses := sendAll(t, client, srv.URL, workers, requests)
+		if got := statuses[http.StatusOK]; got != requests {
+			t.Fatalf("statuses %v, want %d × 200", statuses, requests)
+		}
+		t.Logf("%s: %d requests, most received in any %v: %d (server allows %d, limiter %d)",
+			b.Kind, requests, period, srv.maxInWindow(period), serverAt, rate)
+	})
+}
+
+// The server answers one request with 429 and a Retry-After HTTP-date: the transport
+// pauses the shared limiter, no request reaches the server inside the paused window
+// (by the server's receive times), sending resumes within 50ms of its end, and a
+// limiter of the same key on another client sees the pause.
+//
+// The server leaves out its Date header and sets the transport's clock so that its
+// date (whole seconds) lies 300ms ahead: a short pause without sleeping seconds.
+// The limiter spaces permits 50ms apart, so when the 429 arrives no other request
+// has a permit that is already due: all of them sleep, and the pause moves them. Ten
+// workers book past the pause's end, so their bookings are given back and made again
+// in an order the test does not control.
+//
+// Tolerance: the first request after the pause reaches the server within 50ms of
+// the time its 429 asked for (the 429's time plus the pause), by the server's clock.
+func TestTransportHonoursRetryAfter(t *testing.T) {
+	const (
+		workers  = 10
+		requests = 20
+		pause    = 300 * ms
+		spacing  = 50 * ms
+		busyAt   = 4 // the request the server answers with 429
+	)
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		clock := &settableClock{}
+		var answered atomic.Int64 // UnixNano when the 429 was written
+		srv := newRecordingServer(t, func(i int, w http.ResponseWriter, s *recordingServer) {
+			if i != busyAt {
+				return
+			}
+			now := time.Now()
+			at := now.Truncate(time.Second).Add(2 * time.Second)
+			clock.set(at.Add(-pause))
+			w.Header()["Date"] = nil // so the date counts from the transport's clock
+			w.Header().Set("Retry-After", at.Format(http.TimeFormat))
+			w.WriteHeader(http.StatusTooManyRequests)
+			answered.Store(now.UnixNano())
+		})
+		lim := newLimiter(t, b, "retry-after", throttle.Every(spacing))
+		var (
+			mu       sync.Mutex
+			pausedAt time.Time
+			pauses   []time.Duration
+		)
+		other := otherClient(t, b, "retry-after", throttle.Every(spacing))
+		var otherWait, sinceAnswer time.Duration
+		tr := waiter.NewTransport(lim, nil, waiter.WithTransportClock(clock),
+			waiter.WithTransportHooks(waiter.TransportHooks{
+				Paused: func(_ *http.Request, status int, d time.Duration) {
+					mu.Lock()
+					defer mu.Unlock()
+					pausedAt = time.Now()
+					pauses = append(pauses, d)
+					// another process sees the pause
+					res, err := other.Allow(context.Background())
+					if err != nil || res.Allowed {
+						t.Errorf("other client's limiter during the pause: %+v, %v; want denied", res, err)
+					}
+					otherWait, sinceAnswer = res.RetryAfter, time.Since(time.Unix(0, answered.Load()))
+				},
+				BadRetryAfter: func(_ *http.Request, _ int, err error) { t.Errorf("BadRetryAfter: %v", err) },
+			}))
+		client := &http.Client{Transport: tr}
+
+		statuses := sendAll(t, client, srv.URL, workers, requests)
+		if got, want := statuses[http.StatusTooManyRequests], 1; got != want {
+			t.Fatalf("statuses %v, want exactly one 429", statuses)
+		}
+		if !reflect.DeepEqual(pauses, []time.Duration{pause}) {
+			t.Fatalf("paused %v, want once for %v", pauses, pause)
+		}
+		t429 := time.Unix(0, answered.Load())
+		var firstAfter time.Time
+		for _, at := range srv.times() {
+			if at.After(t429) && at.Before(t429.Add(pause)) {
+				t.Errorf("a request reached the server %v after the 429, inside the %v pause", at.Sub(t429), pause)
+			}
+			if at.After(t429) && firstAfter.IsZero() {
+				firstAfter = at
+			}
+		}
+		// the server's view: it asked for pause from t429; the transport's own delay
+		// (reading the answer, one Redis call) counts against the 50ms
+		late := firstAfter.Sub(t429.Add(pause))
+		t.Logf("%s: 429 at +0, Pause returned at +%v, first request after it at +%v (%v after the pause asked for)",
+			b.Kind, pausedAt.Sub(t429), firstAfter.Sub(t429), late)
+		if late > 50*ms {
+			t.Errorf("the first request after the pause came %v after its end, want within 50ms", late)
+		}
+		if otherWait < pause-sinceAnswer {
+			t.Errorf("other client's limiter would wait %v, %v after the 429; want at least the rest of the %v pause", otherWait, sinceAnswer, pause)
+		}
+	})
+}
+
+// A 503 asking for an hour is cut to the cap: the shared limiter is paused for the
+// cap (another client sees it), and BadRetryAfter says so.
+func TestTransportCapsRetryAfter(t *testing.T) {
+	const limit = 200 * ms
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		srv := newRecordingServer(t, func(i int, w http.ResponseWriter, s *recordingServer) {
+			w.Header().Set("Retry-After", "3600")
+			w.WriteHeader(http.StatusServiceUnavailable)
+		})
+		lim := newLimiter(t, b, "capped", throttle.PerSecond(100))
+		var bad error
+		client := &http.Client{Transport: waiter.NewTransport(lim, nil, waiter.WithMaxPause(limit),
+			waiter.WithTransportHooks(waiter.TransportHooks{BadRetryAfter: func(_ *http.Request, _ int, err error) { bad = err }}))}
+		resp, err := client.Get(srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if got, want := resp.StatusCode, http.StatusServiceUnavailable; got != want {
+			t.Fatalf("status %d, want %d", got, want)
+		}
+		if !errors.Is(bad, waiter.ErrRetryAfterTooLong) {
+			t.Errorf("BadRetryAfter got %v, want ErrRetryAfterTooLong", bad)
+		}
+		res, err := otherClient(t, b, "capped", throttle.PerSecond(100)).Allow(context.Background())
+		if err != nil || res.Allowed || res.RetryAfter > limit || res.RetryAfter < limit/2 {
+			t.Errorf("other client during the pause: %+v, %v; want denied for about %v", res, err, limit)
+		}
+	})
+}
+
+// A request whose context ends while it waits for its permit returns promptly with
+// the context's error, is not sent, closes its body and leaves nothing booked.
+//
+// Tolerance: RoundTrip returns within 50ms of the cancellation (it makes one Redis
+// call to give the booking back).
+func TestTransportCancelWhileWaiting(t *testing.T) {
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		grants := redistest.RecordGrants(b.Client)
+		srv := newRecordingServer(t, func(int, http.ResponseWriter, *recordingServer) {})
+		lim := newLimiter(t, b, "cancel", throttle.Every(300*ms))
+		tr := waiter.NewTransport(lim, nil)
+		ctx := context.Background()
+		resp, err := tr.RoundTrip(newRequestTo(t, ctx, srv.URL, nil)) // takes the only permit
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+
+		waiting, cancel := context.WithCancel(ctx)
+		body := &closeRecorder{Reader: strings.NewReader("payload")}
+		req := newRequestTo(t, waiting, srv.URL, body)
+		done := make(chan error, 1)
+		go func() {
+			_, err := tr.RoundTrip(req)
+			done <- err
+		}()
+		time.Sleep(30 * ms) // it has booked the next slot and sleeps
+		cancelled := time.Now()
+		cancel()
+		err = <-done
+		if took := time.Since(cancelled); took > 50*ms {
+			t.Errorf("RoundTrip returned %v after the cancellation, want within 50ms", took)
+		}
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("RoundTrip: %v, want context.Canceled", err)
+		}
+		if got := body.closed.Load(); got != 1 {
+			t.Errorf("body closed %d times, want 1", got)
+		}
+		if got, want := len(srv.times()), 1; got != want {
+			t.Errorf("the server got %d requests, want %d", got, want)
+		}
+		if got, want := grants.Total(), 1; got != want {
+			t.Errorf("%d permits stand, want %d: the cancelled booking was not given back", got, want)
+		}
+	})
+}
+
+// ---- helpers ----
+
+// newLimiter returns a sliding-window limiter under the backend's test prefix.
+func newLimiter(t *testing.T, b *redistest.Backend, key string, limit throttle.Limit) *throttle.Limiter {
+	t.Helper()
+	l, err := throttle.New(b.Client, key, limit, throttle.WithKeyPrefix(b.Prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// otherClient returns a limiter of key on a client of its own ("another process"
+// as far as Redis and this process's pause signals can tell).
+func otherClient(t *testing.T, b *redistest.Backend, key string, limit throttle.Limit) *throttle.Limiter {
+	t.Helper()
+	var c redis.UniversalClient
+	switch rc := b.Client.(type) {
+	case *redis.Client:
+		c = redis.NewClient(&redis.Options{Addr: rc.Options().Addr})
+	case *redis.ClusterClient:
+		c = redis.NewClusterClient(&redis.ClusterOptions{Addrs: rc.Options().Addrs})
+	default:
+		t.Fatalf("unknown client %T", b.Client)
+	}
+	t.Cleanup(func() { c.Close() })
+	l, err := throttle.New(c, key, limit, throttle.WithKeyPrefix(b.Prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// sendAll sends requests GETs to url from workers goroutines and counts the statuses.
+func sendAll(t *testing.T, client *http.Client, url string, workers, requests int) map[int]int {
+	t.Helper()
+	var (
+		mu       sync.Mutex
+		left     = requests
+		statuses = map[int]int{}
+		wg       sync.WaitGroup
+	)
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				mu.Lock()
+				if left == 0 {
+					mu.Unlock()
+					return
+				}
+				left--
+				mu.Unlock()
+				resp, err := client.Get(url)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				mu.Lock()
+				statuses[resp.StatusCode]++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return statuses
+}
+
+// recordingServer is a local HTTP server that records when each request arrived
+// and lets the test decide the answer (200 unless the handler writes another).
+type recordingServer struct {
+	*httptest.Server
+	mu  sync.Mutex
+	got []time.Time
+}
+
+func newRecordingServer(t *testing.T, answer func(i int, w http.ResponseWriter, s *recordingServer)) *recordingServer {
+	t.Helper()
+	s := &recordingServer{}
+	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		s.got = append(s.got, time.Now())
+		i := len(s.got)
+		s.mu.Unlock()
+		answer(i, w, s)
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+// times returns the receive times, in order.
+func (s *recordingServer) times() []time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]time.Time(nil), s.got...)
+}
+
+// inWindow returns how many requests arrived in the last d, the latest included.
+func (s *recordingServer) inWindow(d time.Duration) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	last := s.got[len(s.got)-1]
+	n := 0
+	for i := len(s.got) - 1; i >= 0 && last.Sub(s.got[i]) < d; i-- {
+		n++
+	}
+	return n
+}
+
+// maxInWindow returns the most requests that arrived in any window [s, s+d).
+func (s *recordingServer) maxInWindow(d time.Duration) int {
+	got := s.times()
+	best, j := 0, 0
+	for i := range got {
+		for got[i].Sub(got[j]) >= d {
+			j++
+		}
+		best = max(best, i-j+1)
+	}
+	return best
+}
+
+// fakeReserver books at once (or, with refuse, refuses with that delay), or fails
+// with err; it records the n of each call.
+type fakeReserver struct {
+	mu     sync.Mutex
+	n      []int
+	err    error
+	refuse time.Duration
+}
+
+func (r *fakeReserver) Reserve(ctx context.Context, n int, maxWait time.Duration) (*waiter.Reservation, error) {
+	r.mu.Lock()
+	r.n = append(r.n, n)
+	r.mu.Unlock()
+	if r.err != nil {
+		return nil, r.err
+	}
+	if r.refuse > 0 {
+		return waiter.NewReservation(waiter.Booking{Delay: r.refuse}), nil
+	}
+	return waiter.NewReservation(waiter.Booking{OK: true}), nil
+}
+
+func (r *fakeReserver) reserves() int { return len(r.ns()) }
+
+func (r *fakeReserver) ns() []int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]int(nil), r.n...)
+}
+
+// fakePauser is a fakeReserver that records its pauses (or fails them with pauseErr).
+type fakePauser struct {
+	fakeReserver
+	paused      []time.Duration
+	pauseErr    error
+	pauseCtxErr error
+}
+
+func (r *fakePauser) Pause(ctx context.Context, d time.Duration) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.pauseCtxErr = ctx.Err()
+	if r.pauseErr != nil {
+		return r.pauseErr
+	}
+	r.paused = append(r.paused, d)
+	return nil
+}
+
+func (r *fakePauser) pauses() []time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]time.Duration(nil), r.paused...)
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
+
+// answer is a base transport that answers every request with status and headers.
+func answer(status int, headers map[string]string) roundTripFunc {
+	return func(req *http.Request) (*http.Response, error) {
+		h := http.Header{}
+		for k, v := range headers {
+			h.Set(k, v)
+		}
+		return &http.Response{
+			Status: fmt.Sprintf("%d %s", status, http.StatusText(status)), StatusCode: status,
+			Header: h, Body: io.NopCloser(strings.NewReader("")), Request: req,
+		}, nil
+	}
+}
+
+func newRequest(t *testing.T, ctx context.Context, body io.Reader) *http.Request {
+	t.Helper()
+	return newRequestTo(t, ctx, "http://127.0.0.1:1/x?y=z", body)
+}
+
+func newRequestTo(t *testing.T, ctx context.Context, url string, body io.Reader) *http.Request {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-Test", "1")
+	return req
+}
+
+// snapshot is what of a request a RoundTripper must leave alone.
+type reqSnapshot struct {
+	Method, URL, Host string
+	Header            http.Header
+	Body              io.ReadCloser
+	ContentLength     int64
+	Ctx               context.Context
+}
+
+func snapshot(req *http.Request) reqSnapshot {
+	return reqSnapshot{req.Method, req.URL.String(), req.Host, req.Header.Clone(), req.Body, req.ContentLength, req.Context()}
+}
+
+// closeRecorder is a request body that counts its Close calls.
+type closeRecorder struct {
+	io.Reader
+	closed atomic.Int32
+}
+
+func (c *closeRecorder) Close() error {
+	c.closed.Add(1)
+	return nil
+}
+
+// stoppedClock is a waiter.Clock whose Now stands still; its timers are real.
+type stoppedClock time.Time
+
+func (c stoppedClock) Now() time.Time                        { return time.Time(c) }
+func (c stoppedClock) NewTimer(d time.Duration) waiter.Timer { return waiter.SystemClock.NewTimer(d) }
+
+// settableClock is a waiter.Clock whose Now the test sets; its timers are real.
+type settableClock struct{ now atomic.Int64 }
+
+func (c *settableClock) set(t time.Time)                       { c.now.Store(t.UnixNano()) }
+func (c *settableClock) Now() time.Time                        { return time.Unix(0, c.now.Load()) }
+func (c *settableClock) NewTimer(d time.Duration) waiter.Timer { return waiter.SystemClock.NewTimer(d) }
