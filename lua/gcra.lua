@@ -28,32 +28,43 @@ if not op then
 end
 local m = #limits
 for i = 1, m do
-  local R, P, B = limits[i][1], limits[i][2], limits[i][3]
-  if B * P > 2^50 then
+  local l = limits[i]
+  if l[3] * l[2] > 1125899906842624 then -- 2^50
     return redis.error_reply('JTARG burst x period above 2^50')
   end
-  if n > B then
+  if n > l[3] then
     return redis.error_reply('JTARG n above burst')
   end
   if op == 0 then
-    x = math.min(x, math.floor(2^50 / R))
+    x = math.min(x, math.floor(1125899906842624 / l[1]))
   end
 end
 
 local key = KEYS[1]
 local now = jt_now()
 
--- d[i]: limit i's TAT minus now, in units of 1/rate µs; 0 when the bucket is full
-local d, L = {}, 0
+-- nums: the stored numbers, "q1 r1 ... qm rm L"; one limit's state (the usual case)
+-- is read with one match, anything else word by word
+local nums
 local v = redis.call('GET', key)
 if v then
-  local nums = {}
-  for w in string.gmatch(v, '%S+') do
-    nums[#nums + 1] = jt_num(w) or error('JTSTATE ' .. key .. ': not a number')
+  local a, b, c = string.match(v, '^([0-9]+) ([0-9]+) ([0-9]+)$')
+  if a and #a <= 17 and #b <= 17 and #c <= 17 then
+    nums = {tonumber(a), tonumber(b), tonumber(c)}
+  else
+    nums = {}
+    for w in string.gmatch(v, '%S+') do
+      nums[#nums + 1] = jt_num(w) or error('JTSTATE ' .. key .. ': not a number')
+    end
+    if #nums % 2 ~= 1 then
+      error('JTSTATE ' .. key .. ': length')
+    end
   end
-  if #nums % 2 ~= 1 then
-    error('JTSTATE ' .. key .. ': length')
-  end
+end
+
+-- d[i]: limit i's TAT minus now, in units of 1/rate µs; 0 when the bucket is full
+local d, L = {}, 0
+if nums then
   L = nums[#nums]
   for i = 1, m do
     local R = limits[i][1]
@@ -73,23 +84,37 @@ else
 end
 
 local function save()
-  local parts, ttl = {}, 0
+  local ttl, text = 0
   for i = 1, m do
     local R = limits[i][1]
-    local q = now + jt_fdiv(d[i], R)
-    parts[#parts + 1] = string.format('%d %d', q, d[i] - (q - now) * R)
     ttl = math.max(ttl, jt_cdiv(d[i], R))
   end
-  parts[#parts + 1] = string.format('%d', L)
-  redis.call('SET', key, table.concat(parts, ' '), 'PX', math.max(1, jt_cdiv(ttl, 1000)))
+  if m == 1 then
+    local R = limits[1][1]
+    local q = now + jt_fdiv(d[1], R)
+    text = string.format('%d %d %d', q, d[1] - (q - now) * R, L)
+  else
+    local parts = {}
+    for i = 1, m do
+      local R = limits[i][1]
+      local q = now + jt_fdiv(d[i], R)
+      parts[i] = string.format('%d %d ', q, d[i] - (q - now) * R)
+    end
+    parts[m + 1] = string.format('%d', L)
+    text = table.concat(parts)
+  end
+  redis.call('SET', key, text, 'PX', math.max(1, jt_cdiv(ttl, 1000)))
 end
 
+-- report returns what a call made now could still get and the time until every
+-- bucket is full again.
 local function report(paused)
   local remaining, reset = JT_MAX_RATE, 0
   for i = 1, m do
-    local R, P, B = limits[i][1], limits[i][2], limits[i][3]
-    remaining = math.min(remaining, jt_fdiv(B * P - d[i], P))
-    reset = math.max(reset, jt_cdiv(d[i], R))
+    local l = limits[i]
+    local P = l[2]
+    remaining = math.min(remaining, jt_fdiv(l[3] * P - d[i], P))
+    reset = math.max(reset, jt_cdiv(d[i], l[1]))
   end
   if paused > now or L > now then remaining = 0 end
   return math.max(0, remaining), reset
