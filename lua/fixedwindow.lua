@@ -39,12 +39,19 @@ local now = jt_now()
 local L, c = 0, {}
 local v = redis.call('GET', key)
 if v then
-  local nums = {}
-  for w in string.gmatch(v, '%S+') do
-    nums[#nums + 1] = jt_num(w) or error('JTSTATE ' .. key .. ': not a number')
-  end
-  if #nums < 1 then
-    error('JTSTATE ' .. key .. ': empty')
+  -- one limit's state (the usual case) is read with one match, anything else word by word
+  local nums
+  local a, b = string.match(v, '^([0-9]+) ([0-9]+)$')
+  if a and #a <= 17 and #b <= 17 then
+    nums = {tonumber(a), tonumber(b)}
+  else
+    nums = {}
+    for w in string.gmatch(v, '%S+') do
+      nums[#nums + 1] = jt_num(w) or error('JTSTATE ' .. key .. ': not a number')
+    end
+    if #nums < 1 then
+      error('JTSTATE ' .. key .. ': empty')
+    end
   end
   L = nums[1]
   for i = 1, m do
@@ -64,12 +71,20 @@ local function counted(t, i)
 end
 
 local function save()
-  local parts, ttl = {string.format('%d', L)}, 1
+  local ttl, text = 1
   for i = 1, m do
-    parts[#parts + 1] = string.format('%d', c[i])
     ttl = math.max(ttl, (window(L, i) + 1) * limits[i][2] - now)
   end
-  redis.call('SET', key, table.concat(parts, ' '), 'PX', math.max(1, jt_cdiv(ttl, 1000)))
+  if m == 1 then
+    text = string.format('%d %d', L, c[1])
+  else
+    local parts = {string.format('%d', L)}
+    for i = 1, m do
+      parts[i + 1] = string.format('%d', c[i])
+    end
+    text = table.concat(parts, ' ')
+  end
+  redis.call('SET', key, text, 'PX', math.max(1, jt_cdiv(ttl, 1000)))
 end
 
 local paused = jt_pause(KEYS[2])
