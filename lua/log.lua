@@ -14,55 +14,102 @@
 --
 -- Entries are appended at or after the last one (FIFO), so a grant can take effect
 -- in the future: a reservation is an entry with T > now, and a later caller books after
--- it. Entries are trimmed once they are older than the longest period.
+-- it. Entries older than the longest period no longer count; they are trimmed once
+-- LOG_TRIM of them have gathered (or all of them have), so most calls write nothing
+-- but the grant.
+--
+-- Cost: a call reads the head of the log (LOG_HEAD entries) and its last entry, two
+-- LRANGEs, which answer the usual questions; anything further in is found by binary
+-- search with LINDEX, O(log E) calls.
 
-local LOG_CHUNK = 8 -- entries read in one LRANGE before falling back to binary search
+local LOG_HEAD = 4 -- entries read with the base in one LRANGE
+local LOG_TRIM = 2 -- expired entries that make a call trim (fewer wait for a later one)
 
-local lg_key, lg_len, lg_E, lg_base, lg_P, lg_Tlast
+-- The log as the script sees it: lg_head holds the first elements of the list as read
+-- (base and entries 1..lg_hE), lg_off how many entries were trimmed from the front
+-- since; lg_E is the number of entries, nil until needed when the list is longer than
+-- the head; lg_P is SE (or base), lg_Tlast is TE.
+local lg_key, lg_head, lg_hE, lg_off, lg_E, lg_base, lg_P, lg_Tlast, lg_empty
 
 local function lg_bad(what)
   error('JTSTATE ' .. lg_key .. ': ' .. what)
 end
 
--- lg_T and lg_S read entry i (1 <= i <= lg_E).
+-- lg_check fails unless every string of v is plain decimal digits (one pattern for
+-- all; then each is read with a bare tonumber).
+local function lg_check(v, what)
+  if not string.find(table.concat(v, ','), '^[0-9,]*$') then lg_bad(what) end
+end
+
+-- lg_T and lg_S read entry i (1 <= i <= E): from the head when it holds it, else LINDEX.
 local function lg_T(i)
+  local h = i + lg_off
+  if h <= lg_hE then
+    return tonumber(lg_head[2 * h]) or lg_bad('time ' .. i)
+  end
   return jt_num(redis.call('LINDEX', lg_key, 2 * i - 1)) or lg_bad('time ' .. i)
 end
 local function lg_S(i)
   if i == 0 then return lg_base end
+  local h = i + lg_off
+  if h <= lg_hE then
+    return tonumber(lg_head[2 * h + 1]) or lg_bad('count ' .. i)
+  end
   return jt_num(redis.call('LINDEX', lg_key, 2 * i)) or lg_bad('count ' .. i)
 end
 
--- lg_load reads the log's length, base and last entry.
+-- lg_entries returns E, reading the list's length if it is not known yet.
+local function lg_entries()
+  if not lg_E then
+    local len = redis.call('LLEN', lg_key)
+    if len % 2 == 0 then lg_bad('length') end
+    lg_E = (len - 1) / 2
+  end
+  return lg_E
+end
+
+-- lg_load reads the log's head (base and the first LOG_HEAD entries) and last entry.
 local function lg_load(key)
   lg_key = key
-  local len = redis.call('LLEN', key)
-  lg_len, lg_E, lg_base, lg_P, lg_Tlast = len, 0, 0, 0, nil
-  if len == 0 then return end
-  if len % 2 == 0 then lg_bad('length') end
-  lg_E = (len - 1) / 2
-  lg_base = jt_num(redis.call('LINDEX', key, 0)) or lg_bad('base')
-  lg_P = lg_base
-  if lg_E > 0 then
-    local last = redis.call('LRANGE', key, -2, -1)
-    lg_Tlast = jt_num(last[1]) or lg_bad('last time')
-    lg_P = jt_num(last[2]) or lg_bad('last count')
+  local v = redis.call('LRANGE', key, 0, 2 * LOG_HEAD)
+  local len = #v
+  lg_head, lg_off, lg_base, lg_P, lg_Tlast, lg_empty = v, 0, 0, 0, nil, len == 0
+  if len == 0 then
+    lg_hE, lg_E = 0, 0
+    return
   end
+  lg_check(v, 'not a number')
+  lg_base = tonumber(v[1]) or lg_bad('base')
+  if len < 2 * LOG_HEAD + 1 then -- the whole list
+    if len % 2 == 0 then lg_bad('length') end
+    lg_hE = (len - 1) / 2
+    lg_E = lg_hE
+    lg_P = lg_base
+    if lg_E > 0 then
+      lg_Tlast = tonumber(v[len - 1]) or lg_bad('last time')
+      lg_P = tonumber(v[len]) or lg_bad('last count')
+    end
+    return
+  end
+  lg_hE, lg_E = LOG_HEAD, nil
+  local last = redis.call('LRANGE', key, -2, -1)
+  lg_check(last, 'not a number')
+  lg_Tlast = tonumber(last[1]) or lg_bad('last time')
+  lg_P = tonumber(last[2]) or lg_bad('last count')
 end
 
 -- lg_last_at_or_before returns the largest j in [0, E] with Tj <= h (T0 counts as -inf).
 local function lg_last_at_or_before(h)
   if lg_E == 0 or lg_T(1) > h then return 0 end
-  if lg_Tlast <= h then return lg_E end
-  -- the first few entries cover the common case: a handful expired since the last call
-  local k = math.min(lg_E, LOG_CHUNK)
-  local v = redis.call('LRANGE', lg_key, 1, 2 * k)
-  for i = 2, k do
-    local t = jt_num(v[2 * i - 1]) or lg_bad('time ' .. i)
-    if t > h then return i - 1 end
+  if lg_Tlast <= h then return lg_entries() end
+  -- the head covers the common case: a handful expired since the last call
+  local k = 1
+  while k + lg_off < lg_hE and (not lg_E or k < lg_E) do
+    if lg_T(k + 1) > h then return k end
+    k = k + 1
   end
   -- T(k) <= h < T(E): binary search
-  local lo, hi = k, lg_E
+  local lo, hi = k, lg_entries()
   while hi - lo > 1 do
     local mid = math.floor((lo + hi) / 2)
     if lg_T(mid) <= h then lo = mid else hi = mid end
@@ -73,16 +120,13 @@ end
 -- lg_first_count_at_least returns the smallest e in [1, E] with Se >= q, for
 -- base < q <= P. Every entry holds at least one permit, so e <= q - base.
 local function lg_first_count_at_least(q)
-  local hi = math.min(lg_E, q - lg_base)
-  if hi <= LOG_CHUNK then
-    local v = redis.call('LRANGE', lg_key, 2, 2 * hi)
-    for i = 1, hi do
-      local s = jt_num(v[2 * i - 1]) or lg_bad('count ' .. i)
-      if s >= q then return i end
-    end
-    lg_bad('counts')
+  local e = 1
+  while e + lg_off <= lg_hE do
+    if lg_S(e) >= q then return e end
+    e = e + 1
   end
-  local lo = 0 -- S(lo) < q <= S(hi)
+  -- S(e - 1) < q: binary search
+  local lo, hi = e - 1, math.min(lg_entries(), q - lg_base)
   while hi - lo > 1 do
     local mid = math.floor((lo + hi) / 2)
     if lg_S(mid) >= q then hi = mid else lo = mid end
@@ -90,19 +134,21 @@ local function lg_first_count_at_least(q)
   return hi
 end
 
--- lg_trim drops the entries at or before h, keeping the count they leave as base.
-local function lg_trim(h)
-  local j = lg_last_at_or_before(h)
-  if j == 0 then return end
-  if j == lg_E then
+-- lg_trim drops the entries at or before h, keeping the count they leave as base,
+-- once at least min of them have expired (or all of them have).
+local function lg_trim(h, min)
+  if lg_E == 0 or lg_T(1) > h then return end
+  if lg_Tlast <= h then
     redis.call('DEL', lg_key)
-    lg_len, lg_E, lg_base, lg_P, lg_Tlast = 0, 0, 0, 0, nil
+    lg_head, lg_hE, lg_off, lg_E, lg_base, lg_P, lg_Tlast, lg_empty = {}, 0, 0, 0, 0, 0, nil, true
     return
   end
+  local j = lg_last_at_or_before(h)
+  if j < min then return end
   lg_base = lg_S(j)
   redis.call('LTRIM', lg_key, 2 * j, -1) -- S(j) becomes the new base
-  lg_E = lg_E - j
-  lg_len = 2 * lg_E + 1
+  lg_off = lg_off + j
+  if lg_E then lg_E = lg_E - j end
 end
 
 -- lg_in_window counts the permits of the log that took effect after h.
@@ -127,28 +173,25 @@ end
 --   op, n, x  as jt_args returns them; limits[i] = {rate, period_us}
 -- Returns {granted, remaining, wait_us, reset_us, token}.
 local function jt_log(key, pause_key, prec, op, n, x, limits)
-  local pmax, rmin = 0, JT_MAX_RATE
-  for i = 1, #limits do
+  local m, pmax, rmin = #limits, 0, JT_MAX_RATE
+  for i = 1, m do
     rmin = math.min(rmin, limits[i][1])
     pmax = math.max(pmax, limits[i][2])
   end
   if n > rmin then
     return redis.error_reply('JTARG n above rate')
   end
-  local function record(t)
-    if prec == 0 then return t end
-    return (jt_fdiv(t, prec) + 1) * prec
-  end
 
   local now = jt_now()
   lg_load(key)
-  lg_trim(now - pmax)
 
   if op == 1 then
     -- cancel: give back n permits of the entry recorded for the token's time, if that
     -- time is still in the future; renumber the entries after it.
-    local rt, freed = record(x), 0
-    if x > now and lg_E > 0 and rt <= lg_Tlast then
+    lg_trim(now - pmax, 1)
+    local rt, freed = x, 0
+    if prec > 0 then rt = (jt_fdiv(x, prec) + 1) * prec end
+    if x > now and lg_E ~= 0 and rt <= lg_Tlast then
       local e = lg_last_at_or_before(rt)
       if e > 0 and lg_T(e) == rt then
         local rows = redis.call('LRANGE', key, 2 * e - 1, -1)
@@ -166,29 +209,24 @@ local function jt_log(key, pause_key, prec, op, n, x, limits)
         lg_load(key)
         if lg_E == 0 then
           redis.call('DEL', key)
-          lg_len = 0
         else
           jt_expire(key, lg_Tlast + pmax - now)
         end
       end
     end
     local reset = 0
-    if lg_E > 0 then reset = math.max(0, lg_Tlast + pmax - now) end
+    if lg_E ~= 0 then reset = math.max(0, lg_Tlast + pmax - now) end
     return {freed > 0 and 1 or 0, 0, 0, reset, 0}
   end
 
   -- acquire: the earliest time n permits fit, at or after every earlier grant
   local paused = jt_pause(pause_key)
   local t = math.max(now, paused)
-  if lg_E > 0 then
-    if prec == 0 then
-      t = math.max(t, lg_Tlast)
-    else
-      t = math.max(t, lg_Tlast - prec) -- the start of the last entry's bucket
-    end
+  if lg_E ~= 0 then
+    t = math.max(t, lg_Tlast - prec) -- prec > 0: the start of the last entry's bucket
   end
   if n > 0 then
-    for i = 1, #limits do
+    for i = 1, m do
       local q = lg_P + n - limits[i][1] -- this permit must have left the window
       if q > lg_base then
         t = math.max(t, lg_T(lg_first_count_at_least(q)) + limits[i][2])
@@ -200,17 +238,21 @@ local function jt_log(key, pause_key, prec, op, n, x, limits)
   local granted = wait <= x
 
   if granted and n > 0 then
-    local rt = record(t)
-    if lg_E > 0 and rt < lg_Tlast then rt = lg_Tlast end
+    local rt = t
+    if prec > 0 then rt = (jt_fdiv(t, prec) + 1) * prec end
+    if lg_E ~= 0 and rt < lg_Tlast then rt = lg_Tlast end
+    -- expired entries go in the same call as the grant, in batches
+    lg_trim(now - pmax, LOG_TRIM)
     lg_P = lg_P + n
-    if lg_E > 0 and rt == lg_Tlast then
+    if lg_E ~= 0 and rt == lg_Tlast then
       redis.call('LSET', key, -1, lg_P)
-    elseif lg_len == 0 then
+      if lg_E and lg_E + lg_off <= lg_hE then lg_head[2 * (lg_E + lg_off) + 1] = lg_P end
+    elseif lg_empty then
       redis.call('RPUSH', key, lg_base, rt, lg_P)
-      lg_E = 1
+      lg_E, lg_empty = 1, false
     else
       redis.call('RPUSH', key, rt, lg_P)
-      lg_E = lg_E + 1
+      if lg_E then lg_E = lg_E + 1 end
     end
     lg_Tlast = rt
     -- the state matters until its last entry has left the longest window
@@ -225,13 +267,13 @@ local function jt_log(key, pause_key, prec, op, n, x, limits)
     remaining = rmin
   elseif lg_Tlast - prec <= now then
     remaining = rmin
-    for i = 1, #limits do
+    for i = 1, m do
       remaining = math.min(remaining, limits[i][1] - lg_in_window(now - limits[i][2]))
     end
     remaining = math.max(0, remaining)
   end
   local reset = 0
-  if lg_E > 0 then reset = math.max(0, lg_Tlast + pmax - now) end
+  if lg_E ~= 0 then reset = math.max(0, lg_Tlast + pmax - now) end
   if granted then
     if n == 0 then t = 0 end
     return {1, remaining, wait, reset, t}
