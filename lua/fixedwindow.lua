@@ -84,7 +84,7 @@ local function save()
     end
     text = table.concat(parts, ' ')
   end
-  redis.call('SET', key, text, 'PX', math.max(1, jt_cdiv(ttl, 1000)))
+  redis.call('SET', key, text, 'PX', string.format('%d', math.max(1, jt_cdiv(ttl, 1000))))
 end
 
 local paused = jt_pause(KEYS[2])

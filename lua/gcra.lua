@@ -103,7 +103,7 @@ local function save()
     parts[m + 1] = string.format('%d', L)
     text = table.concat(parts)
   end
-  redis.call('SET', key, text, 'PX', math.max(1, jt_cdiv(ttl, 1000)))
+  redis.call('SET', key, text, 'PX', string.format('%d', math.max(1, jt_cdiv(ttl, 1000))))
 end
 
 -- report returns what a call made now could still get and the time until every

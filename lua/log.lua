@@ -23,6 +23,8 @@
 -- search with LINDEX, O(log E) calls.
 
 local LOG_HEAD = 4 -- entries read with the base in one LRANGE
+local LOG_HEAD_END = '8' -- its last list index, 2 × LOG_HEAD, as text: redis.call
+                          -- turns a number argument into text with a slow printf
 local LOG_TRIM = 2 -- expired entries that make a call trim (fewer wait for a later one)
 
 -- The log as the script sees it: lg_head holds the first elements of the list as read
@@ -71,7 +73,7 @@ end
 -- lg_load reads the log's head (base and the first LOG_HEAD entries) and last entry.
 local function lg_load(key)
   lg_key = key
-  local v = redis.call('LRANGE', key, 0, 2 * LOG_HEAD)
+  local v = redis.call('LRANGE', key, '0', LOG_HEAD_END)
   local len = #v
   lg_head, lg_off, lg_base, lg_P, lg_Tlast, lg_empty = v, 0, 0, 0, nil, len == 0
   if len == 0 then
@@ -92,7 +94,7 @@ local function lg_load(key)
     return
   end
   lg_hE, lg_E = LOG_HEAD, nil
-  local last = redis.call('LRANGE', key, -2, -1)
+  local last = redis.call('LRANGE', key, '-2', '-1')
   lg_check(last, 'not a number')
   lg_Tlast = tonumber(last[1]) or lg_bad('last time')
   lg_P = tonumber(last[2]) or lg_bad('last count')
@@ -146,7 +148,7 @@ local function lg_trim(h, min)
   local j = lg_last_at_or_before(h)
   if j < min then return end
   lg_base = lg_S(j)
-  redis.call('LTRIM', lg_key, 2 * j, -1) -- S(j) becomes the new base
+  redis.call('LTRIM', lg_key, string.format('%d', 2 * j), '-1') -- S(j) becomes the new base
   lg_off = lg_off + j
   if lg_E then lg_E = lg_E - j end
 end
@@ -245,13 +247,13 @@ local function jt_log(key, pause_key, prec, op, n, x, limits)
     lg_trim(now - pmax, LOG_TRIM)
     lg_P = lg_P + n
     if lg_E ~= 0 and rt == lg_Tlast then
-      redis.call('LSET', key, -1, lg_P)
+      redis.call('LSET', key, '-1', string.format('%d', lg_P))
       if lg_E and lg_E + lg_off <= lg_hE then lg_head[2 * (lg_E + lg_off) + 1] = lg_P end
     elseif lg_empty then
-      redis.call('RPUSH', key, lg_base, rt, lg_P)
+      redis.call('RPUSH', key, string.format('%d', lg_base), string.format('%d', rt), string.format('%d', lg_P))
       lg_E, lg_empty = 1, false
     else
-      redis.call('RPUSH', key, rt, lg_P)
+      redis.call('RPUSH', key, string.format('%d', rt), string.format('%d', lg_P))
       if lg_E then lg_E = lg_E + 1 end
     end
     lg_Tlast = rt

@@ -63,9 +63,10 @@ local function jt_pause(key)
   return 0
 end
 
--- jt_expire sets a TTL of us microseconds, rounded up to whole milliseconds.
+-- jt_expire sets a TTL of us microseconds, rounded up to whole milliseconds. (Numbers
+-- given to redis.call are sent as text made by a slow printf("%.17g"); format them.)
 local function jt_expire(key, us)
-  redis.call('PEXPIRE', key, math.max(1, jt_cdiv(us, 1000)))
+  redis.call('PEXPIRE', key, string.format('%d', math.max(1, jt_cdiv(us, 1000))))
 end
 
 -- jt_args reads the arguments every limiter script shares:
