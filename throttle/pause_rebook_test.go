@@ -17,9 +17,10 @@ import (
 // Twelve waiters book 20ms apart (+20ms … +240ms); the 100ms pause begins as soon
 // as they have, so most bookings lie after its end. Tolerances: the first grant
 // after the pause takes effect within 10ms of its end (server clock, against the
-// local times around the Pause call), the last within 10ms of one step per grant
-// after the first. A booking that took effect while Pause was running is not
-// counted: the pause had not reached it.
+// local times around the Pause call); the last within 15ms, less than a step (plus
+// a bucket a grant for SlidingCounter), of one step per grant after the first. A
+// booking that took effect while Pause was running is not counted: the pause had
+// not reached it.
 //
 // The log algorithms only: TokenBucket and FixedWindow give back only the latest
 // booking (see their scripts), so the moved bookings stay counted and the slots
@@ -83,8 +84,12 @@ func TestPauseRebooksFromItsEnd(t *testing.T) {
 				if late := first.Sub(to.Add(pause)); late > 10*ms {
 					t.Errorf("the first grant after the pause took effect %v after its end, want within 10ms", late)
 				}
-				if late := last.Sub(first.Add(time.Duration(len(after)-1) * step)); late > 10*ms {
-					t.Errorf("the last grant took effect %v after its slot, want within 10ms: slots after the pause went unused", late)
+				slack := 15 * ms           // under one step: a slot left unused fails
+				if alg == SlidingCounter { // each permit may hold its place one bucket longer
+					slack += time.Duration(len(after)-1) * step / defaultBuckets
+				}
+				if late := last.Sub(first.Add(time.Duration(len(after)-1) * step)); late > slack {
+					t.Errorf("the last grant took effect %v after its slot, want within %v: slots after the pause went unused", late, slack)
 				}
 			})
 		})
