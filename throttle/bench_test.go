@@ -1,0 +1,156 @@
+package throttle
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// The hot paths against a real redis-server (started by redistest, or REDIS_ADDR), so
+// that regressions in the scripts or the call path show with
+//
+//	go test -run '^$' -bench . -benchmem ./throttle/
+//
+// Each op is one round trip; compare with BenchmarkNoopScript, the same round trip
+// running `return 1`. bench/ compares throughput with the peers.
+
+// benchBackend returns a real redis-server, or miniredis (saying so) when there is none.
+func benchBackend(b *testing.B) *redistest.Backend {
+	b.Helper()
+	if _, err := redistest.StandaloneAddr(); err != nil {
+		b.Logf("no real redis-server (%v): benchmarking on miniredis, whose timings say little about Redis", err)
+		return redistest.NewMiniRealTime(b)
+	}
+	return redistest.NewStandalone(b)
+}
+
+// benchLimits: a limit the benchmark never reaches (every call allowed) and one it
+// always exceeds (almost every call denied).
+var benchLimits = []struct {
+	path  string
+	limit Limit
+}{
+	{"allowed", Limit{Rate: 1_000_000_000, Period: time.Second}},
+	{"denied", Limit{Rate: 100, Period: time.Second}},
+}
+
+// BenchmarkNoopScript is the floor: EVALSHA of "return 1" with the limiters' keys and
+// arguments, run at most once as the limiters run theirs (MULTI/EXEC).
+func BenchmarkNoopScript(b *testing.B) {
+	be := benchBackend(b)
+	ctx := context.Background()
+	noop := redis.NewScript("return 1")
+	keys := []string{"{" + be.Prefix + "noop}:sw", "{" + be.Prefix + "noop}:pause"}
+	args := []any{0, 1, 0, 1, 100, 1000000}
+	if err := noop.Load(ctx, be.Client).Err(); err != nil {
+		b.Fatal(err)
+	}
+	b.Run("EVALSHA", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			if err := noop.Run(ctx, be.Client, keys, args...).Err(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("MULTI-EVALSHA-EXEC", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			if _, err := evalOnce(ctx, be.Client, noop, keys, args); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// BenchmarkAllow is Allow on every algorithm, on the allowed and the denied path.
+func BenchmarkAllow(b *testing.B) {
+	be := benchBackend(b)
+	ctx := context.Background()
+	for _, alg := range allAlgorithms {
+		for _, bl := range benchLimits {
+			b.Run(alg.String()+"/"+bl.path, func(b *testing.B) {
+				l, err := New(be.Client, "allow-"+bl.path, bl.limit, WithAlgorithm(alg), WithKeyPrefix(be.Prefix))
+				if err != nil {
+					b.Fatal(err)
+				}
+				granted := 0
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					res, err := l.Allow(ctx)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if res.Allowed {
+						granted++
+					}
+				}
+				b.StopTimer()
+				if bl.path == "allowed" && granted != b.N {
+					b.Fatalf("%d of %d allowed on the allowed path", granted, b.N)
+				}
+				b.ReportMetric(float64(granted)/float64(b.N), "granted/op")
+			})
+		}
+	}
+}
+
+// BenchmarkAllowParallel is the allowed path from many goroutines on one key.
+func BenchmarkAllowParallel(b *testing.B) {
+	be := benchBackend(b)
+	ctx := context.Background()
+	for _, alg := range allAlgorithms {
+		b.Run(alg.String(), func(b *testing.B) {
+			l, err := New(be.Client, "parallel", benchLimits[0].limit, WithAlgorithm(alg), WithKeyPrefix(be.Prefix))
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			b.SetParallelism(8)
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if _, err := l.Allow(ctx); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkReserve books one permit a period ahead and gives it back: the path of a
+// waiter (Reserve) and of one that gives up (Cancel), two script calls per op.
+func BenchmarkReserve(b *testing.B) {
+	be := benchBackend(b)
+	ctx := context.Background()
+	for _, alg := range allAlgorithms {
+		b.Run(alg.String(), func(b *testing.B) {
+			l, err := New(be.Client, "reserve", Limit{Rate: 1, Period: time.Hour}, WithAlgorithm(alg), WithKeyPrefix(be.Prefix))
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := l.Allow(ctx); err != nil { // the one permit of the hour is taken
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				r, err := l.Reserve(ctx, 1, 2*time.Hour)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if !r.OK() || r.Delay() <= 0 {
+					b.Fatalf("reservation OK %v, delay %v: want one booked ahead", r.OK(), r.Delay())
+				}
+				if err := r.Cancel(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
