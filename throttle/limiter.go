@@ -35,6 +35,7 @@ type Limiter struct {
 	limits []Limit
 	script *redis.Script
 	tail   []any // ARGV after op, n, x
+	take1  []any // the whole ARGV of the usual call, Allow: op acquire, n 1, x 0, tail
 	maxN   int
 	hooks  Hooks
 	clock  waiter.Clock
@@ -82,6 +83,7 @@ func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*L
 	if c.script != nil {
 		script = c.script
 	}
+	tail := a.args(limits, c)
 	l := &Limiter{
 		rdb:    rdb,
 		key:    key,
@@ -89,7 +91,8 @@ func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*L
 		alg:    c.algorithm,
 		limits: limits,
 		script: script,
-		tail:   a.args(limits, c),
+		tail:   tail,
+		take1:  append([]any{opAcquire, 1, int64(0)}, tail...),
 		maxN:   maxN,
 		hooks:  c.hooks,
 		clock:  c.clock,
@@ -238,9 +241,12 @@ func (l *Limiter) call(ctx context.Context, op, n int, x int64) (reply, error) {
 
 // run runs the script once.
 func (l *Limiter) run(ctx context.Context, op, n int, x int64) (reply, error) {
-	args := make([]any, 3, 3+len(l.tail))
-	args[0], args[1], args[2] = op, n, x
-	args = append(args, l.tail...)
+	args := l.take1 // go-redis copies the arguments; the shared slice is only read
+	if op != opAcquire || n != 1 || x != 0 {
+		args = make([]any, 3, 3+len(l.tail))
+		args[0], args[1], args[2] = op, n, x
+		args = append(args, l.tail...)
+	}
 	cmd, err := evalOnce(ctx, l.rdb, l.script, l.keys, args)
 	if err != nil {
 		if l.hooks.RedisError != nil {
@@ -248,8 +254,8 @@ func (l *Limiter) run(ctx context.Context, op, n int, x int64) (reply, error) {
 		}
 		return reply{}, scriptError(ctx, l.key, err)
 	}
-	v, err := cmd.Int64Slice()
-	if err != nil || len(v) != 5 {
+	v, ok := int64s5(cmd.Val())
+	if !ok {
 		return reply{}, fmt.Errorf("%w: key %q: %v", ErrUnexpectedReply, l.key, cmd.Val())
 	}
 	return reply{
@@ -269,7 +275,7 @@ func (l *Limiter) run(ctx context.Context, op, n int, x int64) (reply, error) {
 // instead, and its effect, if it ran, stands once.
 func evalOnce(ctx context.Context, rdb redis.UniversalClient, s *redis.Script, keys []string, args []any) (*redis.Cmd, error) {
 	cmd, err := evalTx(ctx, rdb, s.EvalSha, keys, args)
-	if redis.HasErrorPrefix(err, "NOSCRIPT") {
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 		cmd, err = evalTx(ctx, rdb, s.Eval, keys, args)
 	}
 	return cmd, err
@@ -306,4 +312,18 @@ func scriptError(ctx context.Context, key string, err error) error {
 		}
 	}
 	return fmt.Errorf("jobthrottle: key %q: %w", key, err)
+}
+
+// int64s5 reads a limiter script's reply, five integers, without allocating.
+func int64s5(val any) (v [5]int64, ok bool) {
+	s, ok := val.([]any)
+	if !ok || len(s) != 5 {
+		return v, false
+	}
+	for i, e := range s {
+		if v[i], ok = e.(int64); !ok {
+			return v, false
+		}
+	}
+	return v, true
 }
