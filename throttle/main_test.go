@@ -13,7 +13,9 @@ import (
 func TestMain(m *testing.M) { redistest.Main(m) }
 
 // fakeClock holds each algorithm's script with the clock a test sets (see
-// redistest.FakeClockScript): the production Lua on a timeline the test controls.
+// redistest.FakeClockScript): the production Lua on a timeline the test controls, for
+// real servers. On miniredis timelines run the production scripts: its clock moves
+// TIME and TTLs together.
 var fakeClock = map[Algorithm]*redis.Script{
 	SlidingWindow:  redistest.FakeClockScript(lua.SlidingWindowSource),
 	TokenBucket:    redistest.FakeClockScript(lua.GCRASource),
@@ -43,7 +45,10 @@ func (tl *timeline) limiter(key string, limit Limit, opts ...Option) *Limiter {
 	for _, o := range opts {
 		o.apply(c)
 	}
-	opts = append([]Option{WithKeyPrefix(tl.b.Prefix), withScript(fakeClock[c.algorithm]), WithClock(goClock{tl})}, opts...)
+	opts = append([]Option{WithKeyPrefix(tl.b.Prefix), WithClock(goClock{tl})}, opts...)
+	if tl.b.Real() {
+		opts = append(opts, withScript(fakeClock[c.algorithm]))
+	}
 	l, err := New(tl.b.Client, key, limit, opts...)
 	if err != nil {
 		tl.t.Fatalf("New(%q, %v): %v", key, limit, err)

@@ -81,8 +81,10 @@ func TestPauseRebooksFromItsEnd(t *testing.T) {
 				first, last := after[0].At, after[len(after)-1].At
 				t.Logf("%v on %s: Pause took %v; %d grants after it, the first %v after its end, the last %v after",
 					alg, b.Kind, to.Sub(from), len(after), first.Sub(end), last.Sub(end))
-				if late := first.Sub(to.Add(pause)); late > 10*ms {
-					t.Errorf("the first grant after the pause took effect %v after its end, want within 10ms", late)
+				// tolerance 25ms: the waiters' goroutines must run to book again, and under
+				// -race on a loaded machine one can be scheduled that late
+				if late := first.Sub(to.Add(pause)); late > 25*ms {
+					t.Errorf("the first grant after the pause took effect %v after its end, want within 25ms", late)
 				}
 				slack := 15 * ms           // under one step: a slot left unused fails
 				if alg == SlidingCounter { // each permit may hold its place one bucket longer
