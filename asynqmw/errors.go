@@ -1,0 +1,61 @@
+package asynqmw
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// ErrNilArgument: Throttle was given a nil limiter, ThrottleFunc a nil pick function,
+// or Concurrency a nil semaphore. The middleware does not panic: every task it sees
+// fails with an error wrapping ErrNilArgument, as asynq fails any handler error.
+var ErrNilArgument = errors.New("asynqmw: nil limiter, semaphore or pick function")
+
+// ThrottledError is what the middleware returns when a task must wait longer than it
+// may sleep in the handler: the task did not run, and nothing was booked for it.
+// Wire IsFailure and RetryDelay into asynq.Config so that asynq retries it after
+// RetryIn without counting a failure. Test for it with errors.As.
+//
+// For a limiter of 20 per second whose bookings already reach 7.3 s ahead, with the
+// default MaxInlineWait of 5 s, a task gets RetryIn 7.3s, Key the limiter's key and
+// Limit "20 per 1s"; RetryDelay then asks asynq to come back in 8 s plus jitter.
+type ThrottledError struct {
+	// RetryIn is when the permit (or, for Concurrency, a slot) would be available if
+	// nobody else took it first: the limiter's wait, or the time until the earliest
+	// lease of a full semaphore expires (a release may free a slot sooner).
+	RetryIn time.Duration
+
+	// Key is the limiter's or the semaphore's key (without prefix).
+	Key string
+
+	// Limit describes the limit that was reached: "20 per 1s", "20 per 1s and 500 per
+	// 1h0m0s", or "5 in flight".
+	Limit string
+
+	// Requeued reports whether the task was handed back to its queue as a copy (see
+	// Requeue) rather than left to asynq's retry.
+	Requeued bool
+}
+
+// Error returns a message such as `asynqmw: throttled by "vendor-api" (20 per 1s): retry in 7.3s`.
+func (e *ThrottledError) Error() string {
+	verb := "retry"
+	if e.Requeued {
+		verb = "requeued to run"
+	}
+	return fmt.Sprintf("asynqmw: throttled by %q (%s): %s in %v", e.Key, e.Limit, verb, e.RetryIn)
+}
+
+// IsThrottled reports whether err is, or wraps, a *ThrottledError: the task did not
+// run because of a limit, and will run later.
+func IsThrottled(err error) bool {
+	_, ok := throttled(err)
+	return ok
+}
+
+// throttled returns the *ThrottledError err is or wraps.
+func throttled(err error) (*ThrottledError, bool) {
+	var te *ThrottledError
+	ok := errors.As(err, &te)
+	return te, ok
+}

@@ -1,0 +1,262 @@
+package asynqmw_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jobthrottle/jobthrottle/asynqmw"
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/throttle"
+)
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+// The end-to-end tests run real asynq servers on every backend (miniredis on the real
+// clock, a real redis-server, a Redis Cluster). asynq's own timing sets their length:
+// a handed-back task comes back after whole seconds (RetryDelay) plus the forwarder's
+// interval, which the tests set to 100ms; so each takes a few seconds, kept short by
+// small numbers of tasks.
+
+// fleet is asynq servers, a client and an inspector on one backend and one queue of
+// its own.
+type fleet struct {
+	t       *testing.T
+	b       *redistest.Backend
+	queue   string
+	client  *asynq.Client
+	insp    *asynq.Inspector
+	servers []*asynq.Server
+	runs    *runLog
+}
+
+func newFleet(t *testing.T, b *redistest.Backend) *fleet {
+	t.Helper()
+	var r [4]byte
+	_, _ = rand.Read(r[:])
+	f := &fleet{
+		t:      t,
+		b:      b,
+		queue:  "jt-" + hex.EncodeToString(r[:]),
+		client: asynq.NewClientFromRedisClient(b.Client),
+		insp:   asynq.NewInspectorFromRedisClient(b.Client),
+		runs:   &runLog{runs: map[string][]int{}, taskIDs: map[string][]string{}},
+	}
+	t.Cleanup(func() {
+		f.stop()
+		_ = f.insp.DeleteQueue(f.queue, true)
+	})
+	return f
+}
+
+// limiter returns a limiter under the backend's test prefix.
+func (f *fleet) limiter(key string, l throttle.Limit) *throttle.Limiter {
+	f.t.Helper()
+	lim, err := throttle.New(f.b.Client, key, l, throttle.WithKeyPrefix(f.b.Prefix))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return lim
+}
+
+// serverConfig is the configuration every test server starts from: the middleware's
+// IsFailure and RetryDelay, a fast forwarder and poller, and a quiet logger.
+func (f *fleet) serverConfig(concurrency int) asynq.Config {
+	return asynq.Config{
+		Concurrency:              concurrency,
+		Queues:                   map[string]int{f.queue: 1},
+		IsFailure:                asynqmw.IsFailure,
+		RetryDelayFunc:           asynqmw.RetryDelay(func(int, error, *asynq.Task) time.Duration { return 0 }),
+		DelayedTaskCheckInterval: 100 * time.Millisecond,
+		TaskCheckInterval:        50 * time.Millisecond,
+		ShutdownTimeout:          2 * time.Second,
+		LogLevel:                 asynq.ErrorLevel,
+		Logger:                   testLogger{f.t},
+	}
+}
+
+// start starts a server with cfg running h behind mws.
+func (f *fleet) start(cfg asynq.Config, h asynq.Handler, mws ...asynq.MiddlewareFunc) *asynq.Server {
+	f.t.Helper()
+	mux := asynq.NewServeMux()
+	mux.Use(mws...)
+	mux.Handle("job", h)
+	srv := asynq.NewServerFromRedisClient(f.b.Client, cfg)
+	if err := srv.Start(mux); err != nil {
+		f.t.Fatal(err)
+	}
+	f.servers = append(f.servers, srv)
+	return srv
+}
+
+func (f *fleet) stop() {
+	for _, s := range f.servers {
+		s.Shutdown()
+	}
+	f.servers = nil
+}
+
+// enqueue adds a task of type "job" with payload id.
+func (f *fleet) enqueue(id string, opts ...asynq.Option) *asynq.TaskInfo {
+	f.t.Helper()
+	info, err := f.client.Enqueue(asynq.NewTask("job", []byte(id)), append([]asynq.Option{asynq.Queue(f.queue)}, opts...)...)
+	if err != nil {
+		f.t.Fatalf("enqueue %s: %v", id, err)
+	}
+	return info
+}
+
+// info returns the queue's stats.
+func (f *fleet) info() *asynq.QueueInfo {
+	f.t.Helper()
+	qi, err := f.insp.GetQueueInfo(f.queue)
+	if err != nil {
+		f.t.Fatalf("GetQueueInfo: %v", err)
+	}
+	return qi
+}
+
+// waitIdle waits until no task of the queue is pending, active, scheduled or due
+// for retry, and cond (if not nil) holds; it fails the test after limit.
+func (f *fleet) waitIdle(limit time.Duration, cond func() bool) *asynq.QueueInfo {
+	f.t.Helper()
+	deadline := time.Now().Add(limit)
+	for {
+		qi := f.info()
+		if qi.Pending+qi.Active+qi.Scheduled+qi.Retry+qi.Aggregating == 0 && (cond == nil || cond()) {
+			return qi
+		}
+		if time.Now().After(deadline) {
+			f.t.Fatalf("queue not idle after %v: %+v", limit, qi)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// handler records each run (payload → retry counts seen) and returns fail's error.
+func (f *fleet) handler(fail func(ctx context.Context, id string, retried int) error) asynq.Handler {
+	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+		retried, _ := asynq.GetRetryCount(ctx)
+		taskID, _ := asynq.GetTaskID(ctx)
+		id := string(t.Payload())
+		f.runs.add(id, retried, taskID)
+		if fail != nil {
+			return fail(ctx, id, retried)
+		}
+		return nil
+	})
+}
+
+// runLog is what the handler saw: for each payload, the retry count and task ID of
+// each run.
+type runLog struct {
+	mu      sync.Mutex
+	runs    map[string][]int
+	taskIDs map[string][]string
+}
+
+func (r *runLog) add(id string, retried int, taskID string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.runs[id] = append(r.runs[id], retried)
+	r.taskIDs[id] = append(r.taskIDs[id], taskID)
+}
+
+func (r *runLog) getTaskIDs(id string) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.taskIDs[id]...)
+}
+
+func (r *runLog) get(id string) []int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]int(nil), r.runs[id]...)
+}
+
+func (r *runLog) total() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, v := range r.runs {
+		n += len(v)
+	}
+	return n
+}
+
+// counters counts the middleware's decisions, by payload.
+type counters struct {
+	mu        sync.Mutex
+	throttled map[string]int
+	requeued  map[string]int
+	waited    map[string]time.Duration
+	final     map[string]bool // the task was handed back on a last attempt
+}
+
+func newCounters() *counters {
+	return &counters{throttled: map[string]int{}, requeued: map[string]int{}, waited: map[string]time.Duration{}, final: map[string]bool{}}
+}
+
+func (c *counters) hooks() asynqmw.Hooks {
+	return asynqmw.Hooks{
+		Waited: func(ctx context.Context, t *asynq.Task, d time.Duration) {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			c.waited[string(t.Payload())] += d
+		},
+		Throttled: func(ctx context.Context, t *asynq.Task, err *asynqmw.ThrottledError) {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			id := string(t.Payload())
+			c.throttled[id]++
+			if err.Requeued {
+				c.requeued[id]++
+			}
+			retried, _ := asynq.GetRetryCount(ctx)
+			maxRetry, _ := asynq.GetMaxRetry(ctx)
+			if retried >= maxRetry && !err.Requeued {
+				c.final[id] = true
+			}
+		},
+	}
+}
+
+// get returns m[id] under the lock.
+func get[V any](c *counters, m map[string]V, id string) V {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return m[id]
+}
+
+func (c *counters) sum(m map[string]int) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+// testLogger sends asynq's log to the test log.
+type testLogger struct{ t *testing.T }
+
+func (l testLogger) Debug(args ...any) { l.t.Log(append([]any{"asynq debug:"}, args...)...) }
+func (l testLogger) Info(args ...any)  { l.t.Log(append([]any{"asynq info:"}, args...)...) }
+func (l testLogger) Warn(args ...any)  { l.t.Log(append([]any{"asynq warn:"}, args...)...) }
+func (l testLogger) Error(args ...any) { l.t.Log(append([]any{"asynq error:"}, args...)...) }
+func (l testLogger) Fatal(args ...any) { l.t.Error(append([]any{"asynq fatal:"}, args...)...) }
+
+// ids returns n payloads "<prefix>-0" … "<prefix>-(n-1)".
+func ids(prefix string, n int) []string {
+	s := make([]string, n)
+	for i := range s {
+		s[i] = fmt.Sprintf("%s-%d", prefix, i)
+	}
+	return s
+}

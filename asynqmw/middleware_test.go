@@ -1,0 +1,379 @@
+package asynqmw_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jobthrottle/jobthrottle/asynqmw"
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/throttle"
+)
+
+// Many MaxRetry(0) and MaxRetry(3) tasks through Throttle at a low rate, on two
+// servers: each runs exactly once, none is archived or failed, throttling moves no
+// retry count, and the limit holds in every window of server grant times.
+func TestThrottleRunsEachTaskOnce(t *testing.T) {
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		const (
+			rate   = 10
+			period = 500 * time.Millisecond
+			n      = 40 // tasks: 2 s of the limit
+			inline = 600 * time.Millisecond
+		)
+		grants := redistest.RecordGrants(b.Client)
+		f := newFleet(t, b)
+		lim := f.limiter("tasks", throttle.Limit{Rate: rate, Period: period})
+		c := newCounters()
+		mw := asynqmw.Throttle(lim, asynqmw.MaxInlineWait(inline), asynqmw.WithHooks(c.hooks()))
+		for range 2 {
+			f.start(f.serverConfig(10), f.handler(nil), mw)
+		}
+		final, retrying := ids("final", n/2), ids("retrying", n/2)
+		for i := range final {
+			f.enqueue(final[i], asynq.MaxRetry(0))
+			f.enqueue(retrying[i], asynq.MaxRetry(3))
+		}
+		qi := f.waitIdle(30*time.Second, func() bool { return f.runs.total() >= n })
+
+		for _, id := range append(final, retrying...) {
+			if got := f.runs.get(id); len(got) != 1 || got[0] != 0 {
+				t.Errorf("task %s: retry counts of its runs %v, want [0] (one run, no retry spent)", id, got)
+			}
+		}
+		if got := f.runs.total(); got != n {
+			t.Errorf("runs: got %d, want %d", got, n)
+		}
+		if qi.Archived != 0 || qi.Failed != 0 || qi.FailedTotal != 0 {
+			t.Errorf("queue: archived %d, failed %d (total %d), want 0", qi.Archived, qi.Failed, qi.FailedTotal)
+		}
+		if got := grants.MaxInWindow(period); got > rate {
+			t.Errorf("most grants in any %v window: got %d, want <= %d", period, got, rate)
+		}
+		if got := grants.Total(); got != n {
+			t.Errorf("permits granted (net of cancels): got %d, want %d, one per task", got, n)
+		}
+		if c.sum(c.throttled) == 0 {
+			t.Errorf("no task was handed back: the test did not exercise asynq's retry path")
+		}
+		for _, id := range final {
+			if got := get(c, c.throttled, id); got != 0 {
+				t.Errorf("task %s (MaxRetry(0)) was handed back %d times; it must wait in the handler", id, got)
+			}
+		}
+		t.Logf("%d tasks in %v: %d hand-backs, %d inline waits, most grants in any %v: %d",
+			n, func() time.Duration { a, z := grants.Span(); return z.Sub(a) }(), c.sum(c.throttled), len(c.waited), period, grants.MaxInWindow(period))
+	})
+}
+
+// book takes k×rate permits of lim ahead, as other traffic would: the next permit
+// comes k periods from now.
+func book(t *testing.T, lim *throttle.Limiter, k int) {
+	t.Helper()
+	for range k {
+		r, err := lim.Reserve(context.Background(), lim.Limits()[0].Rate, time.Minute)
+		if err != nil || !r.OK() {
+			t.Fatalf("booking ahead: ok %v, err %v", r != nil && r.OK(), err)
+		}
+	}
+}
+
+// A task on its last attempt sleeps in the handler past MaxInlineWait instead of
+// being handed back (asynq would archive it); one with retries left is handed back
+// and comes back after RetryDelay, its retry count unchanged.
+func TestLastAttemptSleepsInline(t *testing.T) {
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		f := newFleet(t, b)
+		lim := f.limiter("tasks", throttle.PerSecond(10))
+		c := newCounters()
+		f.start(f.serverConfig(4), f.handler(nil),
+			asynqmw.Throttle(lim, asynqmw.MaxInlineWait(300*time.Millisecond), asynqmw.WithHooks(c.hooks())))
+		book(t, lim, 2) // the next permit is 2 s away
+		f.enqueue("final", asynq.MaxRetry(0))
+		f.enqueue("retrying", asynq.MaxRetry(3))
+		qi := f.waitIdle(15*time.Second, func() bool { return f.runs.total() >= 2 })
+
+		for _, id := range []string{"final", "retrying"} {
+			if got := f.runs.get(id); len(got) != 1 || got[0] != 0 {
+				t.Errorf("task %s: retry counts of its runs %v, want [0]", id, got)
+			}
+		}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if got := c.throttled["final"]; got != 0 {
+			t.Errorf("final task handed back %d times, want 0", got)
+		}
+		if got := c.waited["final"]; got < 1500*time.Millisecond {
+			t.Errorf("final task slept %v in the handler, want about 2s", got)
+		}
+		if got := c.throttled["retrying"]; got < 1 {
+			t.Errorf("retrying task handed back %d times, want at least 1", got)
+		}
+		if qi.Archived != 0 || qi.FailedTotal != 0 {
+			t.Errorf("queue: archived %d, failed %d, want 0", qi.Archived, qi.FailedTotal)
+		}
+	})
+}
+
+// Real failures are still failures: a task that always fails is retried and then
+// archived as asynq normally does; one that failed once is, on its last attempt,
+// throttled, and sleeps for its permit instead of being archived.
+func TestRealFailuresStillCount(t *testing.T) {
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		f := newFleet(t, b)
+		lim := f.limiter("tasks", throttle.PerSecond(10))
+		c := newCounters()
+		fail := func(ctx context.Context, id string, retried int) error {
+			switch {
+			case id == "always":
+				return errBoom
+			case id == "once" && retried == 0:
+				book(t, lim, 2) // the retry finds the limit booked 2 s ahead
+				return errBoom
+			}
+			return nil
+		}
+		f.start(f.serverConfig(4), f.handler(fail),
+			asynqmw.Throttle(lim, asynqmw.MaxInlineWait(300*time.Millisecond), asynqmw.WithHooks(c.hooks())))
+		f.enqueue("always", asynq.MaxRetry(1))
+		f.enqueue("once", asynq.MaxRetry(1))
+		qi := f.waitIdle(15*time.Second, func() bool { return f.runs.total() >= 4 })
+
+		if got := f.runs.get("always"); len(got) != 2 || got[0] != 0 || got[1] != 1 {
+			t.Errorf("always-failing task: retry counts of its runs %v, want [0 1]", got)
+		}
+		if got := f.runs.get("once"); len(got) != 2 || got[0] != 0 || got[1] != 1 {
+			t.Errorf("failed-once task: retry counts of its runs %v, want [0 1]", got)
+		}
+		arch, err := f.insp.ListArchivedTasks(f.queue)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(arch) != 1 || string(arch[0].Payload) != "always" || arch[0].LastErr != errBoom.Error() {
+			t.Errorf("archived: got %d tasks %v, want only the always-failing one, with its error", len(arch), arch)
+		}
+		// 3 failures: "always" twice (retry, then archive), "once" once.
+		if qi.FailedTotal != 3 {
+			t.Errorf("failed total: got %d, want 3", qi.FailedTotal)
+		}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.throttled["once"] != 0 || c.waited["once"] < time.Second {
+			t.Errorf("failed-once task on its last attempt: handed back %d times, slept %v; want 0 and about 2s",
+				c.throttled["once"], c.waited["once"])
+		}
+	})
+}
+
+var errBoom = errors.New("boom")
+
+// handlerCalls is a next handler that counts its calls.
+type handlerCalls struct{ n int }
+
+func (h *handlerCalls) ProcessTask(context.Context, *asynq.Task) error { h.n++; return nil }
+
+// The middleware called directly, outside an asynq server: no retry counters in the
+// context, so no attempt is final and long waits come back as *ThrottledError.
+func TestThrottleDecisions(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		task := asynq.NewTask("job", nil)
+		newLim := func(key string, l throttle.Limit) *throttle.Limiter {
+			lim, err := throttle.New(b.Client, key, l, throttle.WithKeyPrefix(b.Prefix))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return lim
+		}
+
+		t.Run("runs at once, then hands back a long wait", func(t *testing.T) {
+			lim := newLim("long", throttle.Limit{Rate: 1, Period: 10 * time.Second})
+			next := &handlerCalls{}
+			h := asynqmw.Throttle(lim, asynqmw.MaxInlineWait(100*time.Millisecond))(next)
+			if err := h.ProcessTask(ctx, task); err != nil || next.n != 1 {
+				t.Fatalf("first task: err %v, handler calls %d; want nil, 1", err, next.n)
+			}
+			err := h.ProcessTask(ctx, task)
+			var te *asynqmw.ThrottledError
+			if !errors.As(err, &te) {
+				t.Fatalf("second task: err %v, want a *ThrottledError", err)
+			}
+			if te.RetryIn < 9*time.Second || te.RetryIn > 10*time.Second || te.Key != "long" || te.Limit != "1 per 10s" || te.Requeued {
+				t.Errorf("got %+v, want RetryIn about 10s, Key long, Limit 1 per 10s, not requeued", te)
+			}
+			if next.n != 1 {
+				t.Errorf("handler calls: got %d, want 1", next.n)
+			}
+			// Nothing was booked: a caller that takes the permit when it comes is not
+			// queued behind the throttled task.
+			r, err := lim.Reserve(ctx, 1, time.Minute)
+			if err != nil || r.Delay() > te.RetryIn {
+				t.Errorf("after the hand-back a booking is due in %v (err %v), want <= %v", r.Delay(), err, te.RetryIn)
+			}
+		})
+
+		t.Run("sleeps a short wait", func(t *testing.T) {
+			lim := newLim("short", throttle.Limit{Rate: 1, Period: 150 * time.Millisecond})
+			next := &handlerCalls{}
+			var slept time.Duration
+			h := asynqmw.Throttle(lim, asynqmw.MaxInlineWait(time.Second), asynqmw.WithHooks(asynqmw.Hooks{
+				Waited: func(_ context.Context, _ *asynq.Task, d time.Duration) { slept = d },
+			}))(next)
+			start := time.Now()
+			for range 2 {
+				if err := h.ProcessTask(ctx, task); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// The second permit comes 150ms after the first; timers fire late, not early.
+			if el := time.Since(start); next.n != 2 || el < 140*time.Millisecond || slept < 140*time.Millisecond {
+				t.Errorf("handler calls %d after %v, hook saw %v asleep; want 2 after >= 150ms", next.n, el, slept)
+			}
+		})
+
+		t.Run("never sleeps into the deadline's second half", func(t *testing.T) {
+			lim := newLim("deadline", throttle.Limit{Rate: 1, Period: 300 * time.Millisecond})
+			next := &handlerCalls{}
+			h := asynqmw.Throttle(lim, asynqmw.MaxInlineWait(time.Second))(next)
+			if err := h.ProcessTask(ctx, task); err != nil {
+				t.Fatal(err)
+			}
+			// 400ms left: the default leaves half to the handler, 200ms < 300ms.
+			dctx, cancel := context.WithTimeout(ctx, 400*time.Millisecond)
+			defer cancel()
+			if err := h.ProcessTask(dctx, task); !asynqmw.IsThrottled(err) {
+				t.Errorf("with 400ms to the deadline: err %v, want throttled", err)
+			}
+			// HandlerTime(50ms) lets it sleep 350ms: enough.
+			h = asynqmw.Throttle(lim, asynqmw.MaxInlineWait(time.Second), asynqmw.HandlerTime(50*time.Millisecond))(next)
+			if err := h.ProcessTask(dctx, task); err != nil || next.n != 2 {
+				t.Errorf("with HandlerTime(50ms): err %v, handler calls %d; want nil, 2", err, next.n)
+			}
+		})
+
+		t.Run("MaxInlineWait(0) never sleeps", func(t *testing.T) {
+			lim := newLim("zero", throttle.Limit{Rate: 1, Period: 100 * time.Millisecond})
+			next := &handlerCalls{}
+			h := asynqmw.Throttle(lim, asynqmw.MaxInlineWait(-time.Second))(next)
+			_ = h.ProcessTask(ctx, task)
+			if err := h.ProcessTask(ctx, task); !asynqmw.IsThrottled(err) || next.n != 1 {
+				t.Errorf("err %v, handler calls %d; want throttled, 1", err, next.n)
+			}
+		})
+
+		t.Run("a done context gives the booking back", func(t *testing.T) {
+			lim := newLim("cancel", throttle.Limit{Rate: 1, Period: 10 * time.Second})
+			next := &handlerCalls{}
+			h := asynqmw.Throttle(lim, asynqmw.MaxInlineWait(time.Minute))(next)
+			_ = h.ProcessTask(ctx, task)
+			cctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+			defer cancel()
+			// The deadline leaves 25ms to sleep: throttled, nothing booked.
+			if err := h.ProcessTask(cctx, task); !asynqmw.IsThrottled(err) {
+				t.Fatalf("err %v, want throttled", err)
+			}
+			cctx, cancel = context.WithCancel(ctx)
+			go func() { time.Sleep(50 * time.Millisecond); cancel() }()
+			if err := h.ProcessTask(cctx, task); !errors.Is(err, context.Canceled) || next.n != 1 {
+				t.Fatalf("cancelled while asleep: err %v, handler calls %d; want context.Canceled, 1", err, next.n)
+			}
+			// The cancelled booking was given back: the next one is due when the first
+			// permit leaves the window, not a period after that.
+			r, err := lim.Reserve(ctx, 1, time.Minute)
+			if err != nil || r.Delay() > 10*time.Second {
+				t.Errorf("next booking due in %v (err %v), want <= 10s", r.Delay(), err)
+			}
+		})
+	})
+}
+
+// Bad input and failures are failures, named: a nil limiter or pick, pick's errors,
+// and Redis errors.
+func TestThrottleErrors(t *testing.T) {
+	ctx := context.Background()
+	task := asynq.NewTask("job", nil)
+	next := &handlerCalls{}
+	if err := asynqmw.Throttle(nil)(next).ProcessTask(ctx, task); !errors.Is(err, asynqmw.ErrNilArgument) || !asynqmw.IsFailure(err) {
+		t.Errorf("Throttle(nil): err %v, want a failure wrapping ErrNilArgument", err)
+	}
+	if err := asynqmw.ThrottleFunc(nil)(next).ProcessTask(ctx, task); !errors.Is(err, asynqmw.ErrNilArgument) {
+		t.Errorf("ThrottleFunc(nil): err %v, want ErrNilArgument", err)
+	}
+	pickErr := errors.New("no such tenant")
+	err := asynqmw.ThrottleFunc(func(context.Context, *asynq.Task) (*throttle.Limiter, error) { return nil, pickErr })(next).ProcessTask(ctx, task)
+	if !errors.Is(err, pickErr) || !asynqmw.IsFailure(err) {
+		t.Errorf("pick error: err %v, want a failure wrapping it", err)
+	}
+	err = asynqmw.ThrottleFunc(func(context.Context, *asynq.Task) (*throttle.Limiter, error) { return nil, nil })(next).ProcessTask(ctx, task)
+	if err != nil {
+		t.Errorf("pick returning no limiter: err %v, want nil (not limited)", err)
+	}
+	if next.n != 1 {
+		t.Errorf("handler calls: got %d, want 1 (only the unlimited task)", next.n)
+	}
+
+	b := redistest.NewMini(t)
+	lim, err := throttle.New(b.Client, "k", throttle.PerSecond(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Mini.SetError("LOADING Redis is loading the dataset in memory")
+	err = asynqmw.Throttle(lim)(next).ProcessTask(ctx, task)
+	if err == nil || asynqmw.IsThrottled(err) || !asynqmw.IsFailure(err) || next.n != 1 {
+		t.Errorf("Redis failing: err %v, handler calls %d; want a failure, not a throttle, and no call", err, next.n)
+	}
+}
+
+// A server shut down while its tasks sleep for their permits loses none: asynq puts
+// them back in the queue (its ShutdownTimeout passed), the middleware gives their
+// bookings back, and another server runs each exactly once.
+func TestShutdownWhileWaitingLosesNothing(t *testing.T) {
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) { shutdownWhileWaiting(t, b) })
+}
+
+func shutdownWhileWaiting(t *testing.T, b *redistest.Backend) {
+	{
+		const n = 12
+		grants := redistest.RecordGrants(b.Client)
+		f := newFleet(t, b)
+		lim := f.limiter("tasks", throttle.PerSecond(4))
+		mw := asynqmw.Throttle(lim, asynqmw.MaxInlineWait(10*time.Second))
+		cfg := f.serverConfig(n)
+		cfg.ShutdownTimeout = 200 * time.Millisecond
+		first := f.start(cfg, f.handler(nil), mw)
+		tasks := append(ids("final", n/2), ids("retrying", n/2)...)
+		for i, id := range tasks {
+			f.enqueue(id, asynq.MaxRetry(3*min(i/(n/2), 1)))
+		}
+		// 4 run at once; the other 8 sleep, booked 1 s and 2 s ahead.
+		deadline := time.Now().Add(10 * time.Second)
+		for f.runs.total() < 4 && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		first.Shutdown()
+		f.servers = f.servers[1:]
+		if got := f.runs.total(); got != 4 {
+			t.Fatalf("runs before the shutdown: got %d, want 4 (the others asleep)", got)
+		}
+		f.start(f.serverConfig(n), f.handler(nil), mw)
+		qi := f.waitIdle(15*time.Second, func() bool { return f.runs.total() >= n })
+
+		for _, id := range tasks {
+			if got := f.runs.get(id); len(got) != 1 || got[0] != 0 {
+				t.Errorf("task %s: retry counts of its runs %v, want [0]", id, got)
+			}
+		}
+		if qi.Archived != 0 || qi.FailedTotal != 0 {
+			t.Errorf("queue: archived %d, failed %d, want 0", qi.Archived, qi.FailedTotal)
+		}
+		// The bookings of the aborted sleepers were given back: one permit per task.
+		if got := grants.Total(); got != n {
+			t.Errorf("permits granted (net of cancels): got %d, want %d", got, n)
+		}
+		if got := grants.MaxInWindow(time.Second); got > 4 {
+			t.Errorf("most grants in any second: got %d, want <= 4", got)
+		}
+	}
+}
