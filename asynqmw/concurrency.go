@@ -1,0 +1,122 @@
+package asynqmw
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jobthrottle/jobthrottle/throttle"
+)
+
+// Concurrency returns middleware that runs each task it wraps under a lease of sem, so
+// that at most sem.Max() of them run at once across every worker process that shares
+// sem's Redis and key.
+//
+// A task that finds sem full waits for a slot in the handler for as long as
+// MaxInlineWait (and its deadline, see HandlerTime) allow, in arrival order across the
+// fleet; a release hands the slot over at once. If none comes, the task is handed back
+// exactly as Throttle hands back a throttled one (a *ThrottledError with Limit "<max>
+// in flight", or, on a last attempt, sleeping or Requeue), so the same asynq.Config
+// settings apply. RetryIn is the time until a slot would come by lease expiry alone,
+// at most MaxInlineWait (at least a second): releases usually free slots sooner, and a
+// handed-back task holds no place in the queue, so it comes back to look again.
+//
+// The lease is held while the handler runs and released when it returns, whatever it
+// returns, and also when it panics (the panic goes on to asynq unchanged). While the
+// handler runs, the lease is extended every third of sem's lease TTL, so tasks longer
+// than the TTL keep their slot. Give sem a lease TTL (throttle.WithLeaseTTL) at least
+// as long as the tasks' Timeout: then even if extensions fail (Redis unreachable) the
+// lease cannot lapse while its task may still run; and the slot of a worker that dies
+// comes back within one TTL. The handler's context is not cancelled if the lease is
+// lost anyway: the task finishes, and for that while the slot may be given twice.
+//
+// Errors from sem (Redis unreachable, with its default FailClosed policy) are returned
+// wrapped: they are failures, as for Throttle. A nil sem makes every task fail with an
+// error wrapping ErrNilArgument.
+func Concurrency(sem *throttle.Semaphore, opts ...Option) asynq.MiddlewareFunc {
+	c := newConfig(opts)
+	return func(next asynq.Handler) asynq.Handler {
+		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+			if sem == nil {
+				return fmt.Errorf("%w: Concurrency(nil)", ErrNilArgument)
+			}
+			lease, err := c.acquire(ctx, t, sem)
+			if err != nil {
+				return err
+			}
+			stop := keepLease(ctx, lease, sem.LeaseTTL())
+			defer stop()
+			return next.ProcessTask(ctx, t)
+		})
+	}
+}
+
+// acquire gets t a lease of sem, waiting for one within the attempt's budget.
+func (c *config) acquire(ctx context.Context, t *asynq.Task, sem *throttle.Semaphore) (*throttle.Lease, error) {
+	lease, wait, err := sem.TryAcquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("asynqmw: task %q: %w", t.Type(), err)
+	}
+	if lease != nil {
+		return lease, nil
+	}
+	a := c.attempt(ctx)
+	if a.budget > 0 {
+		start := time.Now()
+		actx, cancel := context.WithTimeout(ctx, a.budget)
+		lease, err = sem.Acquire(actx)
+		cancel()
+		switch {
+		case err == nil:
+			c.waited(ctx, t, time.Since(start), start)
+			return lease, nil
+		case ctx.Err() != nil:
+			return nil, ctx.Err()
+		case !errors.Is(err, context.DeadlineExceeded):
+			return nil, fmt.Errorf("asynqmw: task %q: %w", t.Type(), err)
+		}
+	}
+	return nil, c.reject(ctx, t, a, &ThrottledError{
+		RetryIn: min(wait, max(c.maxInline, time.Second)),
+		Key:     sem.Key(),
+		Limit:   fmt.Sprintf("%d in flight", sem.Max()),
+	})
+}
+
+// leaseCallTimeout bounds each extension and the final release of a lease.
+const leaseCallTimeout = 5 * time.Second
+
+// keepLease extends lease every ttl/3 until the returned stop is called; stop then
+// releases the lease (with a context of its own: the task's may be done) and returns
+// once the extending has ended. An extension that finds the lease lost ends the
+// extending; one that fails otherwise is tried again at the next tick.
+func keepLease(ctx context.Context, lease *throttle.Lease, ttl time.Duration) (stop func()) {
+	done, ended := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(ended)
+		tick := time.NewTicker(max(ttl/3, time.Millisecond))
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+			ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(leaseCallTimeout, ttl/3))
+			err := lease.Extend(ectx)
+			cancel()
+			if errors.Is(err, throttle.ErrLeaseLost) {
+				return
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-ended
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseCallTimeout)
+		defer cancel()
+		_ = lease.Release(rctx)
+	}
+}

@@ -1,0 +1,159 @@
+package asynqmw_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jobthrottle/jobthrottle/asynqmw"
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/throttle"
+)
+
+func newSem(t *testing.T, b *redistest.Backend, key string, max int, opts ...throttle.Option) *throttle.Semaphore {
+	t.Helper()
+	sem, err := throttle.NewSemaphore(b.Client, key, max, append([]throttle.Option{throttle.WithKeyPrefix(b.Prefix)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sem
+}
+
+// free reports how many leases sem grants now (and releases them again).
+func free(t *testing.T, sem *throttle.Semaphore) int {
+	t.Helper()
+	var leases []*throttle.Lease
+	for range sem.Max() {
+		l, _, err := sem.TryAcquire(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l == nil {
+			break
+		}
+		leases = append(leases, l)
+	}
+	for _, l := range leases {
+		_ = l.Release(context.Background())
+	}
+	return len(leases)
+}
+
+// Tasks through Concurrency on two servers: never more than max in their handlers at
+// once, each runs exactly once, none archived or failed, every lease released.
+func TestConcurrencyAcrossServers(t *testing.T) {
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		const (
+			max = 3
+			n   = 24
+		)
+		f := newFleet(t, b)
+		sem := newSem(t, b, "inflight", max)
+		c := newCounters()
+		var inside, most atomic.Int64
+		work := func(ctx context.Context, id string, retried int) error {
+			k := inside.Add(1)
+			for m := most.Load(); k > m && !most.CompareAndSwap(m, k); m = most.Load() {
+			}
+			time.Sleep(80 * time.Millisecond) // the task's work
+			inside.Add(-1)
+			return nil
+		}
+		mw := asynqmw.Concurrency(sem, asynqmw.MaxInlineWait(150*time.Millisecond), asynqmw.WithHooks(c.hooks()))
+		for range 2 {
+			f.start(f.serverConfig(6), f.handler(work), mw)
+		}
+		final, retrying := ids("final", n/2), ids("retrying", n/2)
+		for i := range final {
+			f.enqueue(final[i], asynq.MaxRetry(0))
+			f.enqueue(retrying[i], asynq.MaxRetry(3))
+		}
+		qi := f.waitIdle(30*time.Second, func() bool { return f.runs.total() >= n })
+
+		if got := most.Load(); got > max {
+			t.Errorf("most tasks in their handlers at once: got %d, want <= %d", got, max)
+		}
+		for _, id := range append(final, retrying...) {
+			if got := f.runs.get(id); len(got) != 1 || got[0] != 0 {
+				t.Errorf("task %s: retry counts of its runs %v, want [0]", id, got)
+			}
+		}
+		if qi.Archived != 0 || qi.FailedTotal != 0 {
+			t.Errorf("queue: archived %d, failed %d, want 0", qi.Archived, qi.FailedTotal)
+		}
+		if c.sum(c.throttled) == 0 || len(c.waited) == 0 {
+			t.Errorf("hand-backs %d, inline waits %d: want both paths taken", c.sum(c.throttled), len(c.waited))
+		}
+		for _, id := range final {
+			if got := get(c, c.throttled, id); got != 0 {
+				t.Errorf("task %s (MaxRetry(0)) handed back %d times, want 0", id, got)
+			}
+		}
+		if got := free(t, sem); got != max {
+			t.Errorf("after the run %d of %d slots are free, want all", got, max)
+		}
+		t.Logf("most in flight %d (max %d); %d hand-backs, %d inline waits", most.Load(), max, c.sum(c.throttled), len(c.waited))
+	})
+}
+
+// The lease is released whatever the handler does, kept while it runs past the lease
+// TTL, and a full semaphore hands the task back.
+func TestConcurrencyLease(t *testing.T) {
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		task := asynq.NewTask("job", nil)
+		sem := newSem(t, b, "lease", 1, throttle.WithLeaseTTL(300*time.Millisecond))
+		run := func(h asynq.HandlerFunc) error {
+			return asynqmw.Concurrency(sem, asynqmw.MaxInlineWait(0))(h).ProcessTask(ctx, task)
+		}
+
+		if err := run(func(context.Context, *asynq.Task) error { return errBoom }); !errors.Is(err, errBoom) || free(t, sem) != 1 {
+			t.Errorf("failing handler: err %v, free slots %d; want boom, 1", err, free(t, sem))
+		}
+		func() {
+			defer func() {
+				if p := recover(); p != "oops" {
+					t.Errorf("panic: recovered %v, want the handler's own value oops", p)
+				}
+			}()
+			_ = run(func(context.Context, *asynq.Task) error { panic("oops") })
+		}()
+		if got := free(t, sem); got != 1 {
+			t.Errorf("after a panicking handler: free slots %d, want 1", got)
+		}
+
+		// A handler running for 3 TTLs keeps its slot; others are handed back.
+		var during error
+		err := run(func(context.Context, *asynq.Task) error {
+			time.Sleep(900 * time.Millisecond)
+			during = run(func(context.Context, *asynq.Task) error { return nil })
+			return nil
+		})
+		var te *asynqmw.ThrottledError
+		if err != nil || !errors.As(during, &te) {
+			t.Fatalf("long handler: err %v; a second task meanwhile got %v, want a *ThrottledError", err, during)
+		}
+		if te.Key != "lease" || te.Limit != "1 in flight" || te.RetryIn <= 0 || te.RetryIn > time.Second {
+			t.Errorf("got %+v, want Key lease, Limit 1 in flight, 0 < RetryIn <= 1s", te)
+		}
+		if got := free(t, sem); got != 1 {
+			t.Errorf("after the long handler: free slots %d, want 1", got)
+		}
+
+		// Waiting inline: a slot released within MaxInlineWait is taken at once.
+		l, _, _ := sem.TryAcquire(ctx)
+		go func() { time.Sleep(100 * time.Millisecond); _ = l.Release(ctx) }()
+		start := time.Now()
+		err = asynqmw.Concurrency(sem, asynqmw.MaxInlineWait(2*time.Second))(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return nil })).ProcessTask(ctx, task)
+		if el := time.Since(start); err != nil || el < 90*time.Millisecond || el > time.Second {
+			t.Errorf("inline wait: err %v after %v; want nil after about 100ms", err, el)
+		}
+
+		if err := asynqmw.Concurrency(nil)(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return nil })).ProcessTask(ctx, task); !errors.Is(err, asynqmw.ErrNilArgument) {
+			t.Errorf("Concurrency(nil): err %v, want ErrNilArgument", err)
+		}
+	})
+}
