@@ -1,8 +1,12 @@
 -- gcra.lua: token bucket as GCRA; burst permits at once, then rate per period, for
 -- every limit given. O(1) state: each limit's theoretical arrival time (TAT).
--- KEYS[1]  {<prefix><key>}:tb     string "q1 r1 q2 r2 ... qm rm L": limit i's TAT is
---                                 qi + ri/ratei µs (exact; 0 <= ri < ratei), L is when
---                                 the latest grant took or takes effect
+-- KEYS[1]  {<prefix><key>}:tb     string "q1:r1:q2:r2:...:qm:rm:d" in lowercase hex:
+--                                 limit i's TAT is qi + ri/ratei µs (exact; 0 <= ri <
+--                                 ratei), and the latest grant took or takes effect at
+--                                 q1 - d. (Hex and the offset keep one limit's state at
+--                                 20 characters when period/rate < 65ms: a 40-byte value
+--                                 in Redis, as redis_rate's; the decimal
+--                                 "q1 r1 ... qm rm L" of earlier versions is read too.)
 -- KEYS[2]  {<prefix><key>}:pause  string: when a pause ends, µs (read only)
 -- ARGV[1]  op          0 acquire, 1 cancel
 -- ARGV[2]  n           permits, 0..min(burst); 0 reads the state and takes nothing
@@ -43,29 +47,41 @@ end
 local key = KEYS[1]
 local now = jt_now()
 
--- nums: the stored numbers, "q1 r1 ... qm rm L"; one limit's state (the usual case)
--- is read with one match, anything else word by word
-local nums
+-- nums: the stored q1, r1, ..., qm, rm; L: when the latest grant takes effect. One
+-- limit's state (the usual case) is read with one match, anything else word by word.
+local nums, L
 local v = redis.call('GET', key)
 if v then
-  local a, b, c = string.match(v, '^([0-9]+) ([0-9]+) ([0-9]+)$')
-  if a and #a <= 17 and #b <= 17 and #c <= 17 then
-    nums = {tonumber(a), tonumber(b), tonumber(c)}
+  local a, b, c = string.match(v, '^([0-9a-f]+):([0-9a-f]+):([0-9a-f]+)$')
+  if a and #a <= 13 and #b <= 13 and #c <= 13 then
+    nums = {tonumber(a, 16), tonumber(b, 16)}
+    L = nums[1] - tonumber(c, 16)
   else
+    local hex = string.find(v, ':', 1, true)
     nums = {}
-    for w in string.gmatch(v, '%S+') do
-      nums[#nums + 1] = jt_num(w) or error('JTSTATE ' .. key .. ': not a number')
+    for w in string.gmatch(v, hex and '[^:]+' or '%S+') do
+      local x
+      if hex then
+        x = string.find(w, '^[0-9a-f]+$') and #w <= 14 and tonumber(w, 16)
+      else
+        x = jt_num(w)
+      end
+      if not x or x > 9007199254740992 then
+        error('JTSTATE ' .. key .. ': not a number')
+      end
+      nums[#nums + 1] = x
     end
     if #nums % 2 ~= 1 then
       error('JTSTATE ' .. key .. ': length')
     end
+    L = nums[#nums]
+    if hex then L = nums[1] - L end
   end
 end
 
 -- d[i]: limit i's TAT minus now, in units of 1/rate µs; 0 when the bucket is full
-local d, L = {}, 0
+local d = {}
 if nums then
-  L = nums[#nums]
   for i = 1, m do
     local R = limits[i][1]
     local q, r = nums[2 * i - 1], nums[2 * i]
@@ -80,6 +96,7 @@ if nums then
     end
   end
 else
+  L = 0
   for i = 1, m do d[i] = 0 end
 end
 
@@ -89,18 +106,19 @@ local function save()
     local R = limits[i][1]
     ttl = math.max(ttl, jt_cdiv(d[i], R))
   end
+  -- the grants keep every TAT at or after L, so the offset q1 - L is not negative
+  local R = limits[1][1]
+  local q1 = now + jt_fdiv(d[1], R)
   if m == 1 then
-    local R = limits[1][1]
-    local q = now + jt_fdiv(d[1], R)
-    text = string.format('%d %d %d', q, d[1] - (q - now) * R, L)
+    text = string.format('%x:%x:%x', q1, d[1] - (q1 - now) * R, q1 - math.min(L, q1))
   else
     local parts = {}
     for i = 1, m do
-      local R = limits[i][1]
+      R = limits[i][1]
       local q = now + jt_fdiv(d[i], R)
-      parts[i] = string.format('%d %d ', q, d[i] - (q - now) * R)
+      parts[i] = string.format('%x:%x:', q, d[i] - (q - now) * R)
     end
-    parts[m + 1] = string.format('%d', L)
+    parts[m + 1] = string.format('%x', q1 - math.min(L, q1))
     text = table.concat(parts)
   end
   redis.call('SET', key, text, 'PX', string.format('%d', math.max(1, jt_cdiv(ttl, 1000))))
