@@ -12,7 +12,9 @@
 -- ARGV[5]  bucket_us   sub-bucket width, 1..2^45
 -- ARGV[6..] m pairs    rate (1..10^9), period_us (1..2^45)
 -- Returns  {granted 0|1, remaining, wait_us, reset_us, token} as slidingwindow.lua
--- Writes   KEYS[1] only: trims, appends or adds to the current bucket, PEXPIRE.
+-- Writes   KEYS[1] only, and only to grant or cancel: appends or adds to the current
+--          bucket, trims buckets older than the longest period (in batches, see
+--          log.lua), PEXPIRE.
 local op, n, x, limits = jt_args(6, {JT_MAX_RATE, JT_MAX_PERIOD})
 if not op then
   return redis.error_reply('JTARG ' .. n)

@@ -16,8 +16,9 @@
 --          token      when granted, the server time the grant takes effect (what a
 --                     cancel passes back); else 0
 --          cancel returns {freed 0|1, 0, 0, reset_us, 0}
--- Writes   KEYS[1] only: trims entries older than the longest period, appends or
---          merges the grant, PEXPIRE until the last entry leaves the longest window.
+-- Writes   KEYS[1] only, and only to grant or cancel: appends or merges the grant,
+--          trims entries older than the longest period (in batches, see log.lua),
+--          PEXPIRE until the last entry leaves the longest window.
 local op, n, x, limits = jt_args(5, {JT_MAX_RATE, JT_MAX_PERIOD})
 if not op then
   return redis.error_reply('JTARG ' .. n)
