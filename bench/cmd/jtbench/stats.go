@@ -1,0 +1,77 @@
+package main
+
+import (
+	"math"
+	"slices"
+	"sort"
+	"time"
+)
+
+// median returns the median of xs (NaN for none).
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	s := slices.Clone(xs)
+	sort.Float64s(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// percentile returns the p-th percentile (0 < p <= 100, nearest rank) of sorted ds.
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(p/100*float64(len(sorted)))) - 1
+	return sorted[max(0, min(i, len(sorted)-1))]
+}
+
+// jain is Jain's fairness index of xs: (Σx)² / (n·Σx²), 1 when all are equal.
+func jain(xs []int) float64 {
+	var sum, sq float64
+	for _, x := range xs {
+		sum += float64(x)
+		sq += float64(x) * float64(x)
+	}
+	if sq == 0 {
+		return math.NaN()
+	}
+	return sum * sum / (float64(len(xs)) * sq)
+}
+
+// maxInWindow returns the most times of sorted ts that fall in any window [s, s+d).
+func maxInWindow(sorted []time.Time, d time.Duration) int {
+	best, j := 0, 0
+	for i := range sorted {
+		for sorted[i].Sub(sorted[j]) >= d {
+			j++
+		}
+		best = max(best, i-j+1)
+	}
+	return best
+}
+
+// utilization is the share of rate used in the whole periods after the first one that
+// lie inside the span of sorted ts: the grants in [first+p, first+(k+1)p) over k·rate,
+// k = floor((last-first)/p) - 1. NaN when the span holds no such period.
+func utilization(sorted []time.Time, p time.Duration, rate int) float64 {
+	if len(sorted) == 0 {
+		return math.NaN()
+	}
+	first, last := sorted[0], sorted[len(sorted)-1]
+	k := int(last.Sub(first)/p) - 1
+	if k < 1 {
+		return math.NaN()
+	}
+	from, to := first.Add(p), first.Add(time.Duration(k+1)*p)
+	n := 0
+	for _, t := range sorted {
+		if !t.Before(from) && t.Before(to) {
+			n++
+		}
+	}
+	return float64(n) / float64(k*rate)
+}

@@ -1,0 +1,286 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/go-redis/redis_rate/v10"
+	"github.com/jobthrottle/jobthrottle/lua"
+	"github.com/jobthrottle/jobthrottle/throttle"
+	"github.com/redis/go-redis/v9"
+)
+
+// Throughput: every case runs for a short slice at each goroutine count, all cases in
+// a shuffled order per round, so that the no-op of the same round is the yardstick.
+
+// noopScript is the physical limit of a script call: EVALSHA of "return 1" on one key.
+var noopScript = redis.NewScript("return 1")
+
+// noopTxName is the no-op as jobthrottle sends its scripts: in MULTI/EXEC, with two
+// keys and the six arguments of a one-limit Allow.
+const noopTxName = "MULTI, EVALSHA return 1, EXEC"
+
+var (
+	noopTxKeys = []string{"{" + keyPrefix + "noop}:sw", "{" + keyPrefix + "noop}:pause"}
+	noopTxArgs = []any{0, 1, int64(0), 1, 1000000000, int64(1000000)}
+)
+
+// tcase is one operation measured for throughput.
+type tcase struct {
+	name string
+	path string // "allowed", "denied" or "" for the physical limit
+	op   allowFunc
+}
+
+// Limits of the throughput cases: a limit the benchmark never reaches (every call is
+// allowed) and one it always exceeds (almost every call is denied).
+var (
+	allowedRate = 1_000_000_000 // per second
+	deniedRate  = 100           // per second
+)
+
+func throughputCases(ctx context.Context, rdb *redis.Client) ([]tcase, error) {
+	if err := noopScript.Load(ctx, rdb).Err(); err != nil {
+		return nil, err
+	}
+	noopKeys := []string{"{" + keyPrefix + "noop}"}
+	cases := []tcase{
+		{"PING", "", func(ctx context.Context) (bool, error) { return true, rdb.Ping(ctx).Err() }},
+		{"EVALSHA return 1 (no-op)", "", func(ctx context.Context) (bool, error) {
+			return true, noopScript.Run(ctx, rdb, noopKeys).Err()
+		}},
+		// jobthrottle runs every script in MULTI/EXEC (at most once, never re-sent by a
+		// go-redis retry): the floor of that call, with the limiters' keys and arguments
+		{noopTxName, "", func(ctx context.Context) (bool, error) {
+			pipe := rdb.TxPipeline()
+			cmd := noopScript.EvalSha(ctx, pipe, noopTxKeys, noopTxArgs...)
+			if _, err := pipe.Exec(ctx); err != nil {
+				return false, err
+			}
+			return true, cmd.Err()
+		}},
+	}
+	for _, path := range []string{"allowed", "denied"} {
+		rate := allowedRate
+		if path == "denied" {
+			rate = deniedRate
+		}
+		key := "tp-" + path
+		rr := redisRateSubject(rdb, key, redis_rate.Limit{Rate: rate, Burst: rate, Period: time.Second})
+		rs, _, err := redissonSubject(ctx, rdb, key+"-redisson", rate, time.Second)
+		if err != nil {
+			return nil, err
+		}
+		cases = append(cases, tcase{rr.name, path, rr.allow}, tcase{rs.name, path, rs.allow})
+		for _, a := range algorithms {
+			s, _, err := jobthrottleSubject(rdb, a, key+"-"+a.String(), throttle.Limit{Rate: rate, Period: time.Second})
+			if err != nil {
+				return nil, err
+			}
+			cases = append(cases, tcase{s.name, path, s.allow})
+		}
+		for _, a := range algorithms {
+			cases = append(cases, scriptCase(rdb, a, key+"-"+a.String()+"-script", rate, path))
+		}
+	}
+	return cases, nil
+}
+
+// scriptCase runs algorithm a's script as a plain EVALSHA with Allow's arguments (one
+// limit of rate per second): the script's cost without the Limiter's MULTI/EXEC.
+func scriptCase(rdb *redis.Client, a throttle.Algorithm, key string, rate int, path string) tcase {
+	tag := "{" + keyPrefix + key + "}"
+	keys := []string{tag + ":" + suffixes[a], tag + ":pause"}
+	var script *redis.Script
+	args := []any{0, 1, int64(0), 1}
+	switch a {
+	case throttle.SlidingWindow:
+		script = lua.SlidingWindow
+		args = append(args, rate, int64(1000000))
+	case throttle.TokenBucket:
+		script = lua.GCRA
+		args = append(args, rate, int64(1000000), rate)
+	case throttle.FixedWindow:
+		script = lua.FixedWindow
+		args = append(args, rate, int64(1000000))
+	case throttle.SlidingCounter:
+		script = lua.SlidingCounter
+		args = append(args, int64(1000000/50), rate, int64(1000000)) // 50 buckets, the default
+	}
+	return tcase{"jobthrottle " + a.String() + " script alone, plain EVALSHA", path, func(ctx context.Context) (bool, error) {
+		v, err := script.Run(ctx, rdb, keys, args...).Int64Slice()
+		if err != nil {
+			return false, err
+		}
+		return len(v) == 5 && v[0] == 1, nil
+	}}
+}
+
+// sample is one case measured once at one goroutine count.
+type sample struct {
+	ops       int
+	granted   int
+	elapsed   time.Duration
+	p50, p99  time.Duration
+	redisCPU  time.Duration // server main thread, per call
+	exec      time.Duration // script (or PING) execution time per call, from commandstats
+	clientCPU time.Duration // this process, per call
+	allocs    float64       // heap allocations per call, this process
+}
+
+func (s sample) opsPerSec() float64 { return float64(s.ops) / s.elapsed.Seconds() }
+
+// measure runs c on g goroutines for d.
+func measure(ctx context.Context, rdb *redis.Client, c tcase, g int, d time.Duration) (sample, error) {
+	s0, err := snapServer(ctx, rdb)
+	if err != nil {
+		return sample{}, err
+	}
+	c0 := snapClient()
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		lats    []time.Duration
+		granted int
+		first   error
+	)
+	perG := int(d.Seconds()*200_000)/g + 64
+	start := time.Now()
+	deadline := start.Add(d)
+	for i := 0; i < g; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lat := make([]time.Duration, 0, perG)
+			ok := 0
+			var err error
+			for {
+				t0 := time.Now()
+				if !t0.Before(deadline) {
+					break
+				}
+				var allowed bool
+				allowed, err = c.op(ctx)
+				lat = append(lat, time.Since(t0))
+				if err != nil {
+					break
+				}
+				if allowed {
+					ok++
+				}
+			}
+			mu.Lock()
+			lats = append(lats, lat...)
+			granted += ok
+			if err != nil && first == nil {
+				first = err
+			}
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	c1 := snapClient()
+	s1, err := snapServer(ctx, rdb)
+	if err != nil {
+		return sample{}, err
+	}
+	if first != nil {
+		return sample{}, fmt.Errorf("%s: %w", c.name, first)
+	}
+	slices.Sort(lats)
+	n := len(lats)
+	execCalls, execUsec := s1.evalCalls-s0.evalCalls, s1.evalUsec-s0.evalUsec
+	if c.name == "PING" {
+		execCalls, execUsec = s1.otherCalls-s0.otherCalls, s1.otherUsec-s0.otherUsec
+	}
+	smp := sample{
+		ops:       n,
+		granted:   granted,
+		elapsed:   elapsed,
+		p50:       percentile(lats, 50),
+		p99:       percentile(lats, 99),
+		redisCPU:  time.Duration((s1.cpu - s0.cpu) * 1e9 / float64(n)),
+		clientCPU: (c1.cpu - c0.cpu) / time.Duration(n),
+		allocs:    float64(c1.mallocs-c0.mallocs) / float64(n),
+	}
+	if execCalls > 0 {
+		smp.exec = time.Duration(execUsec) * time.Microsecond / time.Duration(execCalls)
+	}
+	return smp, nil
+}
+
+// tpResult is every round's samples of one case at one goroutine count, with the
+// no-op's samples of the same rounds.
+type tpResult struct {
+	samples []sample
+	noop    []sample
+}
+
+// ratios returns each round's ops/s over the same round's no-op ops/s.
+func (r tpResult) ratios() []float64 {
+	out := make([]float64, len(r.samples))
+	for i := range r.samples {
+		out[i] = r.samples[i].opsPerSec() / r.noop[i].opsPerSec()
+	}
+	return out
+}
+
+// med returns the median over rounds of f.
+func (r tpResult) med(f func(sample) float64) float64 {
+	xs := make([]float64, len(r.samples))
+	for i, s := range r.samples {
+		xs[i] = f(s)
+	}
+	return median(xs)
+}
+
+type tpKey struct {
+	c int // index into cases
+	g int // goroutines
+}
+
+// runThroughput measures every case at every goroutine count for rounds rounds of
+// slice each (after one warm-up round that is not counted).
+func runThroughput(ctx context.Context, rdb *redis.Client, cases []tcase, gs []int, rounds int, slice time.Duration, logf func(string, ...any)) (map[tpKey]*tpResult, error) {
+	noop := slices.IndexFunc(cases, func(c tcase) bool { return c.name == "EVALSHA return 1 (no-op)" })
+	res := map[tpKey]*tpResult{}
+	var order []tpKey
+	for _, g := range gs {
+		for i := range cases {
+			order = append(order, tpKey{i, g})
+			res[tpKey{i, g}] = &tpResult{}
+		}
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for r := 0; r <= rounds; r++ {
+		warm := r == 0
+		d := slice
+		if warm {
+			d = min(slice, 50*time.Millisecond)
+		}
+		rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+		round := map[tpKey]sample{}
+		for _, k := range order {
+			s, err := measure(ctx, rdb, cases[k.c], k.g, d)
+			if err != nil {
+				return nil, err
+			}
+			round[k] = s
+		}
+		if warm {
+			logf("throughput: warm-up round done")
+			continue
+		}
+		for k, s := range round {
+			res[k].samples = append(res[k].samples, s)
+			res[k].noop = append(res[k].noop, round[tpKey{noop, k.g}])
+		}
+		logf("throughput: round %d/%d done (no-op at %d goroutines: %.0f ops/s)", r, rounds, gs[len(gs)-1], round[tpKey{noop, gs[len(gs)-1]}].opsPerSec())
+	}
+	return res, nil
+}

@@ -1,0 +1,193 @@
+// Command luaexec measures how long each limiter script runs inside Redis: the
+// server's own execution time per EVALSHA (INFO commandstats), free of the network and
+// of the client, on the allowed and denied paths of every jobthrottle algorithm and of
+// the peers (redis_rate, the Redisson-style log). Calls are sent in pipelines of 100
+// from one connection; the cases run in rounds, interleaved, and the fastest round of
+// each is reported (the machine is shared and noisy; the fastest round is the one
+// least disturbed).
+//
+//	go run ./cmd/luaexec                        # starts its own redis-server
+//	go run ./cmd/luaexec -addr 127.0.0.1:6379 -rounds 20
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log"
+	"time"
+
+	"github.com/go-redis/redis_rate/v10"
+	"github.com/jobthrottle/jobthrottle/bench/internal/redisinfo"
+	"github.com/jobthrottle/jobthrottle/bench/redisson"
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/lua"
+	"github.com/redis/go-redis/v9"
+)
+
+// xcase is one script on one path: its SHA, its keys and the arguments of call i.
+type xcase struct {
+	name string
+	sha  string
+	keys []string
+	args func(i int) []any
+}
+
+func fixed(args ...any) func(int) []any { return func(int) []any { return args } }
+
+// jobthrottleCases: one limit per second, never reached (allowed) or always exceeded
+// (denied); the limit of 1e9 per 10 ms makes one entry of the log expire on every call.
+func jobthrottleCases() []xcase {
+	const never, often = 1000000000, 100
+	cs := []struct {
+		name   string
+		script *redis.Script
+		suffix string
+		args   []any
+	}{
+		{"no-op (return 1)", redis.NewScript("return 1"), "noop", []any{0, 1, 0, 1, never, 1000000}},
+		{"jobthrottle SlidingWindow allowed", lua.SlidingWindow, "sw", []any{0, 1, 0, 1, never, 1000000}},
+		{"jobthrottle SlidingWindow allowed, an entry expires every call", lua.SlidingWindow, "sw", []any{0, 1, 0, 1, never, 10000}},
+		{"jobthrottle SlidingWindow denied", lua.SlidingWindow, "sw", []any{0, 1, 0, 1, often, 1000000}},
+		{"jobthrottle SlidingCounter allowed", lua.SlidingCounter, "sc", []any{0, 1, 0, 1, 20000, never, 1000000}},
+		{"jobthrottle SlidingCounter denied", lua.SlidingCounter, "sc", []any{0, 1, 0, 1, 20000, often, 1000000}},
+		{"jobthrottle TokenBucket allowed", lua.GCRA, "tb", []any{0, 1, 0, 1, never, 1000000, never}},
+		{"jobthrottle TokenBucket denied", lua.GCRA, "tb", []any{0, 1, 0, 1, often, 1000000, often}},
+		{"jobthrottle FixedWindow allowed", lua.FixedWindow, "fw", []any{0, 1, 0, 1, never, 1000000}},
+		{"jobthrottle FixedWindow denied", lua.FixedWindow, "fw", []any{0, 1, 0, 1, often, 1000000}},
+	}
+	var out []xcase
+	for i, c := range cs {
+		tag := fmt.Sprintf("{jtbench:luaexec%d}", i)
+		out = append(out, xcase{c.name, c.script.Hash(), []string{tag + ":" + c.suffix, tag + ":pause"}, fixed(c.args...)})
+	}
+	return out
+}
+
+// peerCases: redis_rate's script (not exported: its SHA and arguments are taken from
+// one call of its Allow) and the Redisson-style log's, with the same limits.
+func peerCases(ctx context.Context, rdb *redis.Client) ([]xcase, error) {
+	var out []xcase
+	for _, p := range []struct {
+		path string
+		rate int
+	}{{"allowed", 1000000000}, {"denied", 100}} {
+		key := "jtbench:luaexec-rr-" + p.path
+		c := &capture{}
+		one := redis.NewClient(&redis.Options{Addr: rdb.Options().Addr})
+		one.AddHook(c)
+		_, err := redis_rate.NewLimiter(one).Allow(ctx, key, redis_rate.PerSecond(p.rate))
+		one.Close()
+		if err != nil {
+			return nil, err
+		}
+		if c.sha == "" {
+			return nil, fmt.Errorf("redis_rate's script call was not seen")
+		}
+		out = append(out, xcase{"redis_rate " + p.path, c.sha, []string{"rate:" + key}, fixed(c.args...)})
+
+		rl := redisson.New(rdb, "jtbench:luaexec-redisson-"+p.path, p.rate, time.Second)
+		rdb.Del(ctx, rl.Keys()...)
+		if err := rl.TrySetRate(ctx, rdb); err != nil {
+			return nil, err
+		}
+		if err := redisson.Script.Load(ctx, rdb).Err(); err != nil {
+			return nil, err
+		}
+		out = append(out, xcase{"Redisson-style log " + p.path, redisson.Script.Hash(), rl.Keys(), func(i int) []any {
+			// the client's clock and a fresh 16-byte id per call, as Redisson sends them
+			return []any{1, time.Now().UnixMilli(), fmt.Sprintf("%016x", i)}
+		}})
+	}
+	return out, nil
+}
+
+// capture notes the first EVALSHA sent through a client.
+type capture struct {
+	sha  string
+	args []any
+}
+
+func (c *capture) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *capture) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (c *capture) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if a := cmd.Args(); c.sha == "" && cmd.Name() == "evalsha" && len(a) > 4 {
+			c.sha, _ = a[1].(string)
+			c.args = append([]any(nil), a[4:]...) // evalsha sha 1 key args...
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func main() {
+	addr := flag.String("addr", "", "redis-server to use, host:port; empty starts one on a free 127.0.0.1 port")
+	rounds := flag.Int("rounds", 20, "rounds per case")
+	calls := flag.Int("calls", 2000, "calls per case per round")
+	flag.Parse()
+	log.SetFlags(0)
+	if *addr == "" {
+		s, err := redistest.StartServer()
+		if err != nil {
+			log.Fatalf("no -addr and redis-server could not be started: %v", err)
+		}
+		defer redistest.StopAll()
+		*addr = s.Addr
+	}
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: *addr})
+	defer rdb.Close()
+	for _, s := range []*redis.Script{redis.NewScript("return 1"), lua.SlidingWindow, lua.SlidingCounter, lua.GCRA, lua.FixedWindow} {
+		if err := s.Load(ctx, rdb).Err(); err != nil {
+			log.Fatal(err)
+		}
+	}
+	cs := jobthrottleCases()
+	peers, err := peerCases(ctx, rdb)
+	if err != nil {
+		log.Fatal(err)
+	}
+	cs = append(cs, peers...)
+	for _, c := range cs {
+		if err := rdb.EvalSha(ctx, c.sha, c.keys, c.args(0)...).Err(); err != nil && err != redis.Nil {
+			log.Fatalf("%s: %v", c.name, err)
+		}
+	}
+	best := make([]time.Duration, len(cs))
+	n := 0
+	for r := 0; r < *rounds; r++ {
+		for i, c := range cs {
+			c0, u0, err := redisinfo.EvalStats(ctx, rdb)
+			if err != nil {
+				log.Fatal(err)
+			}
+			for sent := 0; sent < *calls; sent += 100 {
+				p := rdb.Pipeline()
+				for j := 0; j < 100; j++ {
+					n++
+					p.EvalSha(ctx, c.sha, c.keys, c.args(n)...)
+				}
+				if _, err := p.Exec(ctx); err != nil && err != redis.Nil {
+					log.Fatalf("%s: %v", c.name, err)
+				}
+			}
+			c1, u1, err := redisinfo.EvalStats(ctx, rdb)
+			if err != nil {
+				log.Fatal(err)
+			}
+			d := time.Duration(u1-u0) * time.Microsecond / time.Duration(c1-c0)
+			if r == 0 || d < best[i] {
+				best[i] = d
+			}
+		}
+	}
+	fmt.Printf("| script, path | exec µs per call (fastest of %d rounds of %d) |\n|---|---:|\n", *rounds, *calls)
+	for i, c := range cs {
+		fmt.Printf("| %s | %.2f |\n", c.name, float64(best[i])/float64(time.Microsecond))
+		rdb.Del(ctx, c.keys...)
+	}
+}
