@@ -138,6 +138,20 @@ func (f *fleet) waitIdle(limit time.Duration, cond func() bool) *asynq.QueueInfo
 	}
 }
 
+// ranOnce checks that each task ran exactly once, with no retry spent, and that the
+// queue has nothing archived or failed.
+func (f *fleet) ranOnce(qi *asynq.QueueInfo, ids ...string) {
+	f.t.Helper()
+	for _, id := range ids {
+		if got := f.runs.get(id); len(got) != 1 || got[0] != 0 {
+			f.t.Errorf("task %s: retry counts of its runs %v, want [0] (one run, no retry spent)", id, got)
+		}
+	}
+	if qi.Archived != 0 || qi.FailedTotal != 0 {
+		f.t.Errorf("queue: archived %d, failed %d, want 0", qi.Archived, qi.FailedTotal)
+	}
+}
+
 // handler records each run (payload → retry counts seen) and returns fail's error.
 func (f *fleet) handler(fail func(ctx context.Context, id string, retried int) error) asynq.Handler {
 	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
@@ -195,11 +209,10 @@ type counters struct {
 	throttled map[string]int
 	requeued  map[string]int
 	waited    map[string]time.Duration
-	final     map[string]bool // the task was handed back on a last attempt
 }
 
 func newCounters() *counters {
-	return &counters{throttled: map[string]int{}, requeued: map[string]int{}, waited: map[string]time.Duration{}, final: map[string]bool{}}
+	return &counters{throttled: map[string]int{}, requeued: map[string]int{}, waited: map[string]time.Duration{}}
 }
 
 func (c *counters) hooks() asynqmw.Hooks {
@@ -216,11 +229,6 @@ func (c *counters) hooks() asynqmw.Hooks {
 			c.throttled[id]++
 			if err.Requeued {
 				c.requeued[id]++
-			}
-			retried, _ := asynq.GetRetryCount(ctx)
-			maxRetry, _ := asynq.GetMaxRetry(ctx)
-			if retried >= maxRetry && !err.Requeued {
-				c.final[id] = true
 			}
 		},
 	}
