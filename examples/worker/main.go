@@ -1,0 +1,373 @@
+// Command worker runs a simulated fleet that shares one rate limit through Redis: two
+// or more asynq servers (as in separate processes) whose tasks call a vendor API, a
+// plain goroutine worker loop and an HTTP client, all against a local API that
+// enforces the limit itself and answers 429 when it is exceeded. It prints a line of
+// progress a second and a summary, and exits 0 only if the limit held and no task
+// was lost, failed or archived.
+//
+//	go run ./examples/worker                         # embedded miniredis
+//	REDIS_ADDR=127.0.0.1:6379 go run ./examples/worker
+//	go run ./examples/worker -tasks 1000 -rate 50    # see -help for the numbers
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/hibiken/asynq"
+	"github.com/jobthrottle/jobthrottle/asynqmw"
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/throttle"
+	"github.com/jobthrottle/jobthrottle/waiter"
+	"github.com/redis/go-redis/v9"
+)
+
+// config holds the numbers; main sets them from flags and REDIS_ADDR.
+type config struct {
+	redisAddr   string        // a real Redis; empty: embedded miniredis
+	tasks       int           // asynq tasks
+	final       float64       // share of them enqueued with MaxRetry(0)
+	rate        int           // the vendor API's limit: rate per period
+	period      time.Duration //
+	margin      time.Duration // added to the limiter's period: the way from Redis to the API
+	servers     int           // asynq servers
+	concurrency int           // workers per server
+	inline      time.Duration // asynqmw.MaxInlineWait
+	check       time.Duration // asynq.Config.DelayedTaskCheckInterval
+	loop        int           // calls made by the goroutine loop
+	httpCalls   int           // calls made through the throttling HTTP client
+	httpWorkers int           // goroutines sharing that client
+	timeout     time.Duration // give up (and fail) after this long
+}
+
+func main() {
+	cfg := config{redisAddr: os.Getenv("REDIS_ADDR")}
+	flag.IntVar(&cfg.tasks, "tasks", 300, "asynq tasks to run")
+	flag.Float64Var(&cfg.final, "final", 0.25, "share of the tasks enqueued with MaxRetry(0)")
+	flag.IntVar(&cfg.rate, "rate", 20, "the vendor API's limit: requests per -period")
+	flag.DurationVar(&cfg.period, "period", time.Second, "the vendor API's limit period")
+	flag.DurationVar(&cfg.margin, "margin", 100*time.Millisecond, "added to the shared limiter's period, to cover the time from a grant to the request's arrival")
+	flag.IntVar(&cfg.servers, "servers", 2, "asynq servers (as separate processes would run)")
+	flag.IntVar(&cfg.concurrency, "concurrency", 10, "workers per asynq server")
+	flag.DurationVar(&cfg.inline, "inline", 1500*time.Millisecond, "asynqmw.MaxInlineWait: longer waits are handed back to asynq")
+	flag.DurationVar(&cfg.check, "check", 250*time.Millisecond, "asynq's DelayedTaskCheckInterval: how often handed-back tasks that are due return to the queue")
+	flag.IntVar(&cfg.loop, "loop", 60, "calls made by a plain goroutine loop with lim.Wait")
+	flag.IntVar(&cfg.httpCalls, "http", 60, "calls made through the throttling http.Client")
+	flag.IntVar(&cfg.httpWorkers, "http-workers", 4, "goroutines sharing the throttling http.Client")
+	flag.DurationVar(&cfg.timeout, "timeout", 55*time.Second, "give up after this long")
+	flag.Parse()
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, cfg, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		os.Exit(1)
+	}
+}
+
+func (c config) validate() error {
+	switch {
+	case c.tasks < 0 || c.loop < 0 || c.httpCalls < 0 || c.tasks+c.loop+c.httpCalls == 0:
+		return errors.New("-tasks, -loop and -http must be >= 0, and not all 0")
+	case c.final < 0 || c.final > 1:
+		return fmt.Errorf("-final %v is not in [0, 1]", c.final)
+	case c.servers < 1 || c.concurrency < 1 || c.httpWorkers < 1:
+		return errors.New("-servers, -concurrency and -http-workers must be >= 1")
+	case c.margin < 0 || c.check <= 0 || c.timeout <= 0:
+		return errors.New("-margin must be >= 0, -check and -timeout > 0")
+	}
+	return nil
+}
+
+// run starts the fleet, waits for its work, and prints the summary; it returns an
+// error if the fleet could not run or the summary shows a broken promise.
+func run(ctx context.Context, cfg config, out io.Writer) error {
+	if err := cfg.validate(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.timeout)
+	defer cancel()
+
+	// One go-redis client, shared by asynq and the limiter.
+	rdb, where, closeRedis, err := connect(ctx, cfg.redisAddr)
+	if err != nil {
+		return err
+	}
+	defer closeRedis()
+	grants := redistest.RecordGrants(rdb) // reads each grant's server time from the script replies
+
+	// The vendor's limit, shared by every caller below through Redis.
+	runID := randomID()
+	limit := throttle.Limit{Rate: cfg.rate, Period: cfg.period + cfg.margin}
+	lim, err := throttle.New(rdb, "vendor-api", limit, throttle.WithKeyPrefix("jobthrottle-example:"+runID+":"))
+	if err != nil {
+		return err
+	}
+	api := newUpstream(cfg.rate, cfg.period)
+	defer api.Close()
+	plain := api.Client() // for callers that already hold a permit
+	plain.Transport.(*http.Transport).MaxIdleConnsPerHost = 100
+	fmt.Fprintf(out, "jobthrottle worker example on %s: vendor API limit %d per %v, shared limiter %v\n",
+		where, cfg.rate, cfg.period, limit)
+
+	var st stats
+	queue := "jobthrottle-example-" + runID
+	servers, err := startServers(cfg, rdb, lim, queue, plain, api.URL, &st, out)
+	defer func() { shutdown(servers) }()
+	if err != nil {
+		return err
+	}
+	nFinal, err := enqueue(ctx, cfg, rdb, queue)
+	if err != nil {
+		return err
+	}
+
+	// A plain goroutine worker loop: wait for a permit, then call.
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go work(ctx, &wg, cfg.loop, &st.loopTried, &st.loopDone, &st, func() error {
+		if err := lim.Wait(ctx); err != nil {
+			return err
+		}
+		return call(ctx, plain, api.URL+"/call?src=loop")
+	})
+
+	// An HTTP client whose transport waits for a permit before each request, used by
+	// a few goroutines.
+	throttled := &http.Client{Transport: waiter.NewTransport(lim, plain.Transport)}
+	var httpLeft atomic.Int64
+	httpLeft.Store(int64(cfg.httpCalls))
+	for range cfg.httpWorkers {
+		wg.Add(1)
+		go work(ctx, &wg, -1, &st.httpTried, &st.httpDone, &st, func() error {
+			if httpLeft.Add(-1) < 0 {
+				return errNoMoreWork
+			}
+			return call(ctx, throttled, api.URL+"/call?src=http")
+		})
+	}
+
+	// One line of progress a second until the work is done or time is up.
+	start := time.Now()
+	progress(ctx, cfg, &st, api, start, out)
+	elapsed := time.Since(start)
+	timedOut := ctx.Err() != nil
+	cancel()
+	wg.Wait()
+	shutdown(servers)
+	servers = nil
+
+	// What asynq itself says about the queue.
+	insp := asynq.NewInspectorFromRedisClient(rdb)
+	qi, err := insp.GetQueueInfo(queue)
+	if err != nil {
+		return fmt.Errorf("inspecting the queue: %w", err)
+	}
+	forget(rdb, insp, queue)
+
+	s := summary{cfg: cfg, where: where, limit: limit, elapsed: elapsed, timedOut: timedOut,
+		st: &st, nFinal: nFinal, grants: grants, api: api, queue: qi}
+	return s.print(out)
+}
+
+// startServers starts cfg.servers asynq servers on queue, as separate processes
+// would run them: each with the middleware, and with IsFailure and RetryDelay so that
+// a hand-back costs no retry. Their tasks call the vendor API at url. It returns the
+// servers started, also with an error.
+func startServers(cfg config, rdb redis.UniversalClient, lim *throttle.Limiter, queue string,
+	plain *http.Client, url string, st *stats, out io.Writer) ([]*asynq.Server, error) {
+	mux := asynq.NewServeMux()
+	mux.Use(asynqmw.Throttle(lim,
+		asynqmw.MaxInlineWait(cfg.inline),
+		asynqmw.Requeue(rdb),
+		asynqmw.WithHooks(asynqmw.Hooks{
+			Waited:    func(context.Context, *asynq.Task, time.Duration) { st.slept.Add(1) },
+			Throttled: func(context.Context, *asynq.Task, *asynqmw.ThrottledError) { st.handedBack.Add(1) },
+		})))
+	mux.HandleFunc("vendor:call", func(ctx context.Context, t *asynq.Task) error {
+		if n, _ := asynq.GetRetryCount(ctx); n > 0 {
+			st.retriesSpent.Add(1)
+		}
+		if err := call(ctx, plain, url+"/call?src=asynq"); err != nil {
+			return err
+		}
+		st.taskRan(string(t.Payload()))
+		return nil
+	})
+	onError := func(ctx context.Context, t *asynq.Task, err error) {
+		st.failures.Add(1)
+		retried, _ := asynq.GetRetryCount(ctx)
+		maxRetry, _ := asynq.GetMaxRetry(ctx)
+		if retried >= maxRetry {
+			st.archived.Add(1) // asynq archives it now
+		}
+		fmt.Fprintf(out, "task %s failed: %v\n", t.Payload(), err)
+	}
+	var servers []*asynq.Server
+	for range cfg.servers {
+		srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
+			Concurrency:    cfg.concurrency,
+			Queues:         map[string]int{queue: 1},
+			IsFailure:      asynqmw.IsFailure,
+			RetryDelayFunc: asynqmw.RetryDelay(nil),
+			ErrorHandler:   asynqmw.SkipThrottled(asynq.ErrorHandlerFunc(onError)),
+			// asynq moves a handed-back task to its queue when its forwarder next runs
+			// after the task is due: every 5 s by default, which would leave the limit
+			// idle while throttled tasks wait to come back. A quarter second brings
+			// them back within about a second of RetryIn (asynq keeps whole seconds),
+			// at the cost of two short scripts per queue and server each time.
+			DelayedTaskCheckInterval: cfg.check,
+			LogLevel:                 asynq.WarnLevel,
+		})
+		if err := srv.Start(mux); err != nil {
+			return servers, err
+		}
+		servers = append(servers, srv)
+	}
+	return servers, nil
+}
+
+// enqueue adds cfg.tasks tasks to queue, a share cfg.final of them with MaxRetry(0),
+// and returns how many have it.
+func enqueue(ctx context.Context, cfg config, rdb redis.UniversalClient, queue string) (int, error) {
+	client := asynq.NewClientFromRedisClient(rdb)
+	nFinal := 0
+	for i := range cfg.tasks {
+		opts := []asynq.Option{asynq.Queue(queue)}
+		if float64(nFinal) < cfg.final*float64(i+1) {
+			opts = append(opts, asynq.MaxRetry(0)) // a throttle error would archive it: the middleware must not return one
+			nFinal++
+		}
+		if _, err := client.EnqueueContext(ctx, asynq.NewTask("vendor:call", fmt.Appendf(nil, "task-%d", i)), opts...); err != nil {
+			return nFinal, fmt.Errorf("enqueue: %w", err)
+		}
+	}
+	return nFinal, nil
+}
+
+// errNoMoreWork ends a worker goroutine whose shared supply of calls ran out.
+var errNoMoreWork = errors.New("no more work")
+
+// work runs do n times (until it returns errNoMoreWork, for n < 0), counting the
+// calls in tried and those that succeeded in ok; it stops early when ctx ends.
+func work(ctx context.Context, wg *sync.WaitGroup, n int, tried, ok *atomic.Int64, st *stats, do func() error) {
+	defer wg.Done()
+	for i := 0; n < 0 || i < n; i++ {
+		err := do()
+		if errors.Is(err, errNoMoreWork) {
+			return
+		}
+		tried.Add(1)
+		if err != nil {
+			st.otherErr(err)
+			if ctx.Err() != nil {
+				return
+			}
+			continue
+		}
+		ok.Add(1)
+	}
+}
+
+// progress prints a line a second until every task ran (or was archived), every
+// call was made, or ctx ends.
+func progress(ctx context.Context, cfg config, st *stats, api *upstream, start time.Time, out io.Writer) {
+	tick, poll := time.NewTicker(time.Second), time.NewTicker(20*time.Millisecond)
+	defer tick.Stop()
+	defer poll.Stop()
+	for {
+		if st.tasksDone()+int(st.archived.Load()) >= cfg.tasks &&
+			int(st.loopTried.Load()) == cfg.loop && int(st.httpTried.Load()) == cfg.httpCalls {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-poll.C:
+		case <-tick.C:
+			total, rejected, lastSecond := api.counts()
+			fmt.Fprintf(out, "%3.0fs  tasks %d/%d  loop %d/%d  http %d/%d  API %d req in the last second, %d in all, %d × 429  handed back %d  slept %d\n",
+				time.Since(start).Seconds(), st.tasksDone(), cfg.tasks, st.loopDone.Load(), cfg.loop,
+				st.httpDone.Load(), cfg.httpCalls, lastSecond, total, rejected, st.handedBack.Load(), st.slept.Load())
+		}
+	}
+}
+
+// connect returns a client to the Redis at addr or, when addr is empty, to an
+// embedded miniredis whose TTLs follow the real clock.
+func connect(ctx context.Context, addr string) (redis.UniversalClient, string, func(), error) {
+	if addr == "" {
+		m, err := miniredis.Run()
+		if err != nil {
+			return nil, "", nil, fmt.Errorf("starting miniredis: %w", err)
+		}
+		m.ClockTTL(true) // keys expire on the real clock, as in Redis
+		rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+		return rdb, "embedded miniredis (REDIS_ADDR is unset)", func() { rdb.Close(); m.Close() }, nil
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		rdb.Close()
+		return nil, "", nil, fmt.Errorf("REDIS_ADDR=%s: %w", addr, err)
+	}
+	return rdb, "Redis at " + addr, func() { rdb.Close() }, nil
+}
+
+// call makes one request to the vendor API; a status other than 200 is an error.
+func call(ctx context.Context, c *http.Client, url string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("vendor API answered %s", resp.Status)
+	}
+	return nil
+}
+
+// forget deletes the queue and what asynq keeps of it beyond DeleteQueue (its
+// processed and failed counters), so runs on a real Redis leave nothing behind; the
+// limiter's keys expire by themselves.
+func forget(rdb redis.UniversalClient, insp *asynq.Inspector, queue string) {
+	_ = insp.DeleteQueue(queue, true)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	iter := rdb.Scan(ctx, 0, "asynq:{"+queue+"}:*", 100).Iterator()
+	for iter.Next(ctx) {
+		rdb.Del(ctx, iter.Val())
+	}
+}
+
+// shutdown stops the asynq servers, all at once.
+func shutdown(servers []*asynq.Server) {
+	var wg sync.WaitGroup
+	for _, s := range servers {
+		wg.Add(1)
+		go func() { defer wg.Done(); s.Shutdown() }()
+	}
+	wg.Wait()
+}
+
+func randomID() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}

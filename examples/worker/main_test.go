@@ -1,0 +1,77 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+)
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+// small is the example scaled down to a few seconds: 60 permits at 10 per 0.65 s.
+// The margin is wider than the default because -race slows delivery.
+func small() config {
+	return config{
+		tasks: 40, final: 0.25, rate: 10, period: 500 * time.Millisecond, margin: 150 * time.Millisecond,
+		servers: 2, concurrency: 4, inline: 500 * time.Millisecond, check: 100 * time.Millisecond,
+		loop: 10, httpCalls: 10, httpWorkers: 2, timeout: 30 * time.Second,
+	}
+}
+
+// The example itself, on miniredis and on a real redis-server: it passes its own
+// checks (every task once, none archived or failed, no 429, the limit held).
+func TestExample(t *testing.T) {
+	for _, k := range []redistest.Kind{redistest.Mini, redistest.Standalone} {
+		t.Run(string(k), func(t *testing.T) {
+			cfg := small()
+			if k == redistest.Standalone {
+				addr, err := redistest.StandaloneAddr()
+				if err != nil {
+					redistest.NewStandalone(t) // skips, or fails under JOBTHROTTLE_REQUIRE_REAL
+				}
+				cfg.redisAddr = addr
+			}
+			var out bytes.Buffer
+			err := run(context.Background(), cfg, &out)
+			t.Log("\n" + out.String())
+			if err != nil {
+				t.Fatalf("run: %v", err)
+			}
+			for _, want := range []string{
+				"asynq 40/40 tasks (10 with MaxRetry(0)), 0 ran more than once; loop 10/10; HTTP 10/10",
+				"60 requests, 0 × 429",
+				"0 archived, 0 failed (Inspector), 0 retries spent",
+				"PASS:",
+			} {
+				if !strings.Contains(out.String(), want) {
+					t.Errorf("summary lacks %q", want)
+				}
+			}
+		})
+	}
+}
+
+func TestExampleRejectsBadNumbers(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func(*config)
+	}{
+		{"no work", func(c *config) { c.tasks, c.loop, c.httpCalls = 0, 0, 0 }},
+		{"negative tasks", func(c *config) { c.tasks = -1 }},
+		{"final above 1", func(c *config) { c.final = 1.5 }},
+		{"no servers", func(c *config) { c.servers = 0 }},
+		{"zero check", func(c *config) { c.check = 0 }},
+		{"negative margin", func(c *config) { c.margin = -time.Millisecond }},
+	} {
+		cfg := small()
+		tc.edit(&cfg)
+		var out bytes.Buffer
+		if err := run(context.Background(), cfg, &out); err == nil || out.Len() != 0 {
+			t.Errorf("%s: err %v, output %q; want an error and no output", tc.name, err, out.String())
+		}
+	}
+}
