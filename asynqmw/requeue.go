@@ -24,8 +24,9 @@ import (
 // payload, headers, queue, Timeout, Deadline and Retention, and its remaining
 // retries (none, as this was the last attempt); it has a new ID, the original's
 // with "~r1" appended (or its count raised), so a repeated requeue of the same
-// attempt adds no second copy. It does not keep a Unique lock or a Group, and asynq
-// counts the revoked original as processed (not failed) in its queue stats.
+// attempt adds no second copy. It does not keep a Unique lock or a Group; asynq
+// counts the revoked original as processed (not failed) in its queue stats and logs a
+// "revoke task" warning for it.
 //
 // If the copy cannot be enqueued the middleware returns that error, and asynq
 // archives the task as it would any error on a last attempt.
