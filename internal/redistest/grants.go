@@ -14,15 +14,23 @@ import (
 // effect (the token in the script's reply), and how many script calls were made. Add
 // it to a client with RecordGrants; it reads replies, it changes nothing.
 type Grants struct {
-	mu     sync.Mutex
-	grants []Grant
-	calls  int
+	mu       sync.Mutex
+	grants   []Grant
+	calls    int
+	keyCalls map[string]int
 }
 
 // Grant is n permits taking effect at At (server clock).
 type Grant struct {
 	At time.Time
 	N  int
+	// Key is the limiter's state key (the script's KEYS[1]).
+	Key string
+	// Wait is how long after the call the grant takes effect, as the script said
+	// (At - Wait is the server's clock when the script ran).
+	Wait time.Duration
+	// Sent is when the call was sent, by this process's clock.
+	Sent time.Time
 }
 
 // RecordGrants adds a hook to c that records every grant and cancel of the limiter
@@ -37,17 +45,19 @@ func (g *Grants) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (g *Grants) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
+		sent := time.Now()
 		err := next(ctx, cmd)
-		g.observe(cmd)
+		g.observe(cmd, sent)
 		return err
 	}
 }
 
 func (g *Grants) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
+		sent := time.Now()
 		err := next(ctx, cmds)
 		for _, c := range cmds {
-			g.observe(c)
+			g.observe(c, sent)
 		}
 		return err
 	}
@@ -56,7 +66,7 @@ func (g *Grants) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proce
 // observe reads an EVAL/EVALSHA of a limiter script: args are
 // [evalsha, sha, numkeys, keys..., op, n, x, ...], the reply
 // [granted, remaining, wait_us, reset_us, token].
-func (g *Grants) observe(cmd redis.Cmder) {
+func (g *Grants) observe(cmd redis.Cmder, sent time.Time) {
 	name := strings.ToLower(cmd.Name())
 	if (name != "evalsha" && name != "eval") || cmd.Err() != nil {
 		return
@@ -80,21 +90,30 @@ func (g *Grants) observe(cmd redis.Cmder) {
 	if err != nil || len(v) != 5 {
 		return
 	}
+	key := ""
+	if nkeys > 0 {
+		key, _ = args[3].(string)
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.calls++
+	if g.keyCalls == nil {
+		g.keyCalls = map[string]int{}
+	}
+	g.keyCalls[key]++
 	switch {
 	case op == 0 && v[0] == 1 && n > 0:
-		g.grants = append(g.grants, Grant{At: time.UnixMicro(v[4]), N: int(n)})
+		g.grants = append(g.grants, Grant{At: time.UnixMicro(v[4]), N: int(n), Key: key,
+			Wait: time.Duration(v[2]) * time.Microsecond, Sent: sent})
 	case op == 1 && v[0] == 1:
-		g.cancel(time.UnixMicro(x), int(n))
+		g.cancel(key, time.UnixMicro(x), int(n))
 	}
 }
 
-// cancel removes n permits recorded at t (a booking that was given back).
-func (g *Grants) cancel(t time.Time, n int) {
+// cancel removes n permits recorded on key at t (a booking that was given back).
+func (g *Grants) cancel(key string, t time.Time, n int) {
 	for i := len(g.grants) - 1; i >= 0 && n > 0; i-- {
-		if g.grants[i].At.Equal(t) {
+		if g.grants[i].Key == key && g.grants[i].At.Equal(t) {
 			take := min(n, g.grants[i].N)
 			g.grants[i].N -= take
 			n -= take
@@ -110,6 +129,47 @@ func toInt(v any) (int64, bool) {
 		return v, true
 	}
 	return 0, false
+}
+
+// Add records grants observed elsewhere, e.g. reported by another process.
+func (g *Grants) Add(grants ...Grant) {
+	g.mu.Lock()
+	g.grants = append(g.grants, grants...)
+	g.mu.Unlock()
+}
+
+// AddCalls counts n script calls on key made elsewhere.
+func (g *Grants) AddCalls(key string, n int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.calls += n
+	if g.keyCalls == nil {
+		g.keyCalls = map[string]int{}
+	}
+	g.keyCalls[key] += n
+}
+
+// ByKey returns the grants that stand, and the calls made, split by state key.
+func (g *Grants) ByKey() map[string]*Grants {
+	out := map[string]*Grants{}
+	get := func(key string) *Grants {
+		if out[key] == nil {
+			out[key] = &Grants{keyCalls: map[string]int{}}
+		}
+		return out[key]
+	}
+	for _, gr := range g.List() {
+		k := get(gr.Key)
+		k.grants = append(k.grants, gr)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for key, n := range g.keyCalls {
+		k := get(key)
+		k.calls += n
+		k.keyCalls[key] = n
+	}
+	return out
 }
 
 // Calls returns how many limiter script calls were made.
@@ -155,6 +215,31 @@ func (g *Grants) MaxInWindow(d time.Duration) int {
 		best = max(best, sum)
 	}
 	return best
+}
+
+// MaxOverBucket checks the grants against a token bucket of burst permits refilled
+// at rate per period, full before the first grant: it returns the most permits any
+// grant took beyond what the bucket held at its time (0: every grant conformed), and
+// when that was. The arithmetic is exact (integers, in units of 1/rate µs).
+func (g *Grants) MaxOverBucket(rate int, period time.Duration, burst int) (excess int, at time.Time) {
+	list := g.List()
+	if len(list) == 0 {
+		return 0, time.Time{}
+	}
+	p := period.Microseconds()
+	r := int64(rate)
+	t0 := list[0].At.UnixMicro()
+	var tat int64 // theoretical arrival time × rate, from t0
+	for _, gr := range list {
+		t := (gr.At.UnixMicro() - t0) * r
+		tat = max(tat, t) + int64(gr.N)*p
+		if over := tat - t - int64(burst)*p; over > 0 {
+			if n := int((over + p - 1) / p); n > excess {
+				excess, at = n, gr.At
+			}
+		}
+	}
+	return excess, at
 }
 
 // Span returns the first and last grant times.

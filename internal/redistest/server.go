@@ -20,12 +20,14 @@ type Server struct {
 	Addr string
 	Dir  string
 	args []string
+	env  []string // added to the environment; nil: this process's
 	cmd  *exec.Cmd
 }
 
 var (
 	mu      sync.Mutex
 	started []*Server
+	cleanup []string // directories StopAll removes besides the servers'
 )
 
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
@@ -42,6 +44,12 @@ func FreePort() (int, error) {
 // extra arguments given ("--cluster-enabled", "yes", ...), and waits until it answers.
 // StopAll (called by Main) stops it; so does the end of the test process.
 func StartServer(extra ...string) (*Server, error) {
+	return StartServerEnv(nil, extra...)
+}
+
+// StartServerEnv is StartServer with env (KEY=value) added to the server's
+// environment, e.g. to run it under libfaketime (see StartServerWithClock).
+func StartServerEnv(env []string, extra ...string) (*Server, error) {
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		return nil, err
@@ -55,14 +63,13 @@ func StartServer(extra ...string) (*Server, error) {
 		if err != nil {
 			return nil, err
 		}
-		s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), Dir: dir}
+		s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), Dir: dir, env: env}
 		s.args = append([]string{
 			"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 			"--dir", dir, "--daemonize", "no", "--loglevel", "warning",
 			"--logfile", filepath.Join(dir, fmt.Sprintf("redis-%d.log", port)),
 		}, extra...)
-		s.cmd = exec.Command(bin, s.args...)
-		setParentDeath(s.cmd)
+		s.cmd = s.command(bin)
 		if err := s.cmd.Start(); err != nil {
 			return nil, err
 		}
@@ -96,12 +103,20 @@ func (s *Server) Restart() error {
 	if err != nil {
 		return err
 	}
-	s.cmd = exec.Command(bin, s.args...)
-	setParentDeath(s.cmd)
+	s.cmd = s.command(bin)
 	if err := s.cmd.Start(); err != nil {
 		return err
 	}
 	return waitPing(s.Addr, 5*time.Second)
+}
+
+func (s *Server) command(bin string) *exec.Cmd {
+	cmd := exec.Command(bin, s.args...)
+	if s.env != nil {
+		cmd.Env = append(os.Environ(), s.env...)
+	}
+	setParentDeath(cmd)
+	return cmd
 }
 
 // StopAll kills every server this package started and removes their directories.
@@ -112,7 +127,10 @@ func StopAll() {
 		s.Kill()
 		_ = os.RemoveAll(s.Dir)
 	}
-	started = nil
+	for _, d := range cleanup {
+		_ = os.RemoveAll(d)
+	}
+	started, cleanup = nil, nil
 }
 
 func waitPing(addr string, d time.Duration) error {
@@ -137,46 +155,122 @@ func waitPing(addr string, d time.Duration) error {
 // starts the nodes, splits the 16384 slots between them, joins them and waits until
 // every node reports cluster_state:ok.
 func StartCluster(n int) ([]string, error) {
+	c, err := StartClusterWithReplicas(n, 0, 2*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	return c.Addrs(), nil
+}
+
+// TestCluster is a Redis Cluster started by StartClusterWithReplicas, its nodes by the
+// role they were given (a failover changes roles; ask the cluster for the current ones).
+type TestCluster struct {
+	Masters  []*Server
+	Replicas []*Server // Replicas[i*r .. i*r+r-1] replicate Masters[i]
+}
+
+// Addrs returns every node's address, masters first.
+func (c *TestCluster) Addrs() []string {
+	var a []string
+	for _, s := range append(append([]*Server(nil), c.Masters...), c.Replicas...) {
+		a = append(a, s.Addr)
+	}
+	return a
+}
+
+// StartClusterWithReplicas starts a Redis Cluster of n masters, each with r replicas,
+// on free ports, with the given cluster-node-timeout (how long a node may be silent
+// before the others fail it over): it starts the nodes, splits the 16384 slots between
+// the masters, joins every node, makes the replicas replicate their masters, and waits
+// until every node reports cluster_state:ok and every replica's link is up.
+func StartClusterWithReplicas(n, r int, nodeTimeout time.Duration) (*TestCluster, error) {
+	c := &TestCluster{}
 	var nodes []*Server
-	for i := 0; i < n; i++ {
+	for i := 0; i < n*(1+r); i++ {
 		s, err := StartServer("--cluster-enabled", "yes", "--cluster-config-file", fmt.Sprintf("nodes-%d.conf", i),
-			"--cluster-node-timeout", "2000")
+			"--cluster-node-timeout", strconv.FormatInt(nodeTimeout.Milliseconds(), 10))
 		if err != nil {
 			return nil, err
 		}
 		nodes = append(nodes, s)
 	}
+	c.Masters, c.Replicas = nodes[:n], nodes[n:]
 	ctx := context.Background()
-	var addrs []string
+	host, port, _ := net.SplitHostPort(nodes[0].Addr)
 	for i, s := range nodes {
-		addrs = append(addrs, s.Addr)
-		c := redis.NewClient(&redis.Options{Addr: s.Addr})
-		lo, hi := i*16384/n, (i+1)*16384/n-1
-		err := c.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", lo, hi).Err()
-		if err == nil && i > 0 {
-			host, port, _ := net.SplitHostPort(nodes[0].Addr)
-			err = c.Do(ctx, "CLUSTER", "MEET", host, port).Err()
+		cl := redis.NewClient(&redis.Options{Addr: s.Addr})
+		var err error
+		if i < n {
+			lo, hi := i*16384/n, (i+1)*16384/n-1
+			err = cl.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", lo, hi).Err()
 		}
-		c.Close()
+		if err == nil && i > 0 {
+			err = cl.Do(ctx, "CLUSTER", "MEET", host, port).Err()
+		}
+		cl.Close()
 		if err != nil {
 			return nil, fmt.Errorf("cluster setup on %s: %w", s.Addr, err)
 		}
 	}
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(60 * time.Second) // generous: a loaded machine is slow to gossip
+	if err := waitNodes(ctx, c.Addrs(), deadline, fmt.Sprintf("cluster_known_nodes:%d", len(nodes))); err != nil {
+		return nil, err
+	}
+	for i, s := range c.Replicas {
+		m := redis.NewClient(&redis.Options{Addr: c.Masters[i/r].Addr})
+		id, err := m.Do(ctx, "CLUSTER", "MYID").Text()
+		m.Close()
+		if err != nil {
+			return nil, fmt.Errorf("cluster setup on %s: %w", s.Addr, err)
+		}
+		rc := redis.NewClient(&redis.Options{Addr: s.Addr})
+		for {
+			err = rc.Do(ctx, "CLUSTER", "REPLICATE", id).Err()
+			if err == nil || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(50 * time.Millisecond) // the replica may not know the master's id yet
+		}
+		if err == nil {
+			for {
+				info, ierr := rc.Info(ctx, "replication").Result()
+				if ierr == nil && strings.Contains(info, "master_link_status:up") {
+					break
+				}
+				if time.Now().After(deadline) {
+					err = fmt.Errorf("replica link not up: %v %v", info, ierr)
+					break
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+		rc.Close()
+		if err != nil {
+			return nil, fmt.Errorf("cluster setup on %s: %w", s.Addr, err)
+		}
+	}
+	if err := waitNodes(ctx, c.Addrs(), deadline, "cluster_state:ok"); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// waitNodes waits until CLUSTER INFO on every node holds want (and cluster_state:ok).
+func waitNodes(ctx context.Context, addrs []string, deadline time.Time, want string) error {
 	for _, a := range addrs {
 		c := redis.NewClient(&redis.Options{Addr: a})
 		for {
 			info, err := c.ClusterInfo(ctx).Result()
-			if err == nil && strings.Contains(info, "cluster_state:ok") && strings.Contains(info, fmt.Sprintf("cluster_known_nodes:%d", n)) {
+			if err == nil && strings.Contains(info, "cluster_state:ok") && strings.Contains(info, want) {
 				break
 			}
 			if time.Now().After(deadline) {
 				c.Close()
-				return nil, fmt.Errorf("cluster on %v not ok: %v %v", addrs, info, err)
+				return fmt.Errorf("cluster on %v not ok: %v %v", addrs, info, err)
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
 		c.Close()
 	}
-	return addrs, nil
+	return nil
 }
