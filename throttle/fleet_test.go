@@ -1,0 +1,432 @@
+package throttle
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/waiter"
+	"github.com/redis/go-redis/v9"
+)
+
+// The fleet tests run waiters in several OS processes: this test binary again, told by
+// fleetChildEnv (a JSON fleetOrders) to run TestFleetChildProcess. A child makes its
+// limiters, prints "READY", waits for a line on stdin, then lets Workers goroutines per
+// job WaitN (n drawn from 1..3) on the job's keys for Run, and reports on stdout:
+//
+//	G <key> <at µs> <n>   a grant its limiters' script replies made, at its server time
+//	C <key> <calls>       script calls it made on key
+//	P <key> <permits>     permits its WaitN calls returned nil for (what callers believe)
+//	E <error>             a call that failed
+//	CLOCK <go µs> <date>  its time.Now() and `date +%s.%N` run in its environment
+//	END
+const fleetChildEnv = "JOBTHROTTLE_FLEET_CHILD"
+
+// longFaultTests reports whether the long fault campaigns run (JOBTHROTTLE_LONG set);
+// by default each fault test runs for seconds.
+func longFaultTests() bool { return os.Getenv("JOBTHROTTLE_LONG") != "" }
+
+// fleetOrders is what a child is told to do.
+type fleetOrders struct {
+	Addrs   []string
+	Cluster bool
+	Prefix  string
+	Jobs    []fleetJob
+	Workers int           // goroutines per job
+	Run     time.Duration // how long they keep asking
+	Shift   time.Duration // the limiters' clock (WithClock) runs this far from the real one
+}
+
+// fleetJob is one limit shared by the fleet on one or more keys; each WaitN picks one
+// of the keys at random.
+type fleetJob struct {
+	Alg   Algorithm
+	Keys  []string
+	Limit Limit
+}
+
+// shiftedClock is a waiter.Clock whose wall time is off by d, as on a machine whose
+// clock is wrong (Go's monotonic reading stays, as it does there).
+type shiftedClock struct{ d time.Duration }
+
+func (c shiftedClock) Now() time.Time                        { return time.Now().Add(c.d) }
+func (c shiftedClock) NewTimer(d time.Duration) waiter.Timer { return waiter.SystemClock.NewTimer(d) }
+
+func TestFleetChildProcess(t *testing.T) {
+	spec := os.Getenv(fleetChildEnv)
+	if spec == "" {
+		t.Skip("helper process of the fleet tests")
+	}
+	var o fleetOrders
+	if err := json.Unmarshal([]byte(spec), &o); err != nil {
+		t.Fatal(err)
+	}
+	var rdb redis.UniversalClient
+	if o.Cluster {
+		rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: o.Addrs})
+	} else {
+		rdb = redis.NewClient(&redis.Options{Addr: o.Addrs[0]})
+	}
+	defer rdb.Close()
+	grants := redistest.RecordGrants(rdb)
+	lims := make([][]*Limiter, len(o.Jobs))
+	for i, j := range o.Jobs {
+		for _, key := range j.Keys {
+			l, err := New(rdb, key, j.Limit, WithAlgorithm(j.Alg), WithKeyPrefix(o.Prefix), WithClock(shiftedClock{o.Shift}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			lims[i] = append(lims[i], l)
+		}
+	}
+	out := bufio.NewWriter(os.Stdout)
+	defer out.Flush()
+	fmt.Println("READY")
+	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+		t.Fatalf("waiting for go: %v", err)
+	}
+	date, _ := exec.Command("date", "+%s.%N").Output()
+	fmt.Fprintf(out, "CLOCK %d %s\n", time.Now().UnixMicro(), strings.TrimSpace(string(date)))
+
+	ctx := context.Background()
+	start := time.Now()
+	var (
+		mu      sync.Mutex
+		believe = map[string]int{}
+		errs    []string
+		wg      sync.WaitGroup
+	)
+	for i := range o.Jobs {
+		for w := 0; w < o.Workers; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rng := rand.New(rand.NewSource(int64(os.Getpid())<<16 + int64(i)<<8 + int64(w)))
+				for time.Since(start) < o.Run {
+					l := lims[i][rng.Intn(len(lims[i]))]
+					n := 1 + rng.Intn(3)
+					err := l.WaitN(ctx, n)
+					mu.Lock()
+					if err != nil {
+						errs = append(errs, fmt.Sprintf("%s: %v", l.keys[0], err))
+					} else {
+						believe[l.keys[0]] += n
+					}
+					mu.Unlock()
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	for key, g := range grants.ByKey() {
+		for _, gr := range g.List() {
+			fmt.Fprintf(out, "G %s %d %d\n", key, gr.At.UnixMicro(), gr.N)
+		}
+		fmt.Fprintf(out, "C %s %d\n", key, g.Calls())
+	}
+	for key, n := range believe {
+		fmt.Fprintf(out, "P %s %d\n", key, n)
+	}
+	for _, e := range errs {
+		fmt.Fprintf(out, "E %s\n", strings.ReplaceAll(e, "\n", " "))
+	}
+	fmt.Fprintln(out, "END")
+}
+
+// fleetGroup is a set of children started alike: under `faketime -f <Faketime>` when
+// set, with their limiters' clock shifted by Shift.
+type fleetGroup struct {
+	Children int
+	Faketime string
+	Shift    time.Duration
+}
+
+// fleetResult is what a fleet's children reported.
+type fleetResult struct {
+	grants  *redistest.Grants   // every child's grants and calls
+	groups  []*redistest.Grants // the grants of each group's children
+	believe map[string]int      // permits callers were told they got, by key
+	errs    []string            // failed calls
+	clocks  [][2]float64        // per group: a child's time.Now and date, in s, minus the parent's time
+	byKey   map[string]*redistest.Grants
+}
+
+// fleetKid is one running child.
+type fleetKid struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	ready chan struct{}
+	done  chan struct{}
+	lines []string // after READY
+	sent  time.Time
+}
+
+// backendAddrs returns the addresses a child process dials to reach b.
+func backendAddrs(t *testing.T, b *redistest.Backend) (addrs []string, cluster bool) {
+	t.Helper()
+	switch b.Kind {
+	case redistest.Mini:
+		return []string{b.Mini.Addr()}, false
+	case redistest.Standalone:
+		a, err := redistest.StandaloneAddr()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return []string{a}, false
+	}
+	a, err := redistest.ClusterAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, true
+}
+
+// runFleet starts the groups' children on b with orders o, lets them go at once, waits
+// for their reports and merges them.
+func runFleet(t *testing.T, b *redistest.Backend, o fleetOrders, groups []fleetGroup) *fleetResult {
+	t.Helper()
+	o.Addrs, o.Cluster = backendAddrs(t, b)
+	o.Prefix = b.Prefix
+	var (
+		kids    []*fleetKid
+		groupOf []int
+	)
+	for gi, g := range groups {
+		oo := o
+		oo.Shift = g.Shift
+		spec, err := json.Marshal(oo)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < g.Children; i++ {
+			args := []string{os.Args[0], "-test.run=^TestFleetChildProcess$", "-test.count=1", "-test.timeout=120s"}
+			if g.Faketime != "" {
+				args = append([]string{"faketime", "-f", g.Faketime}, args...)
+			}
+			k := startFleetKid(t, args, append(os.Environ(), fleetChildEnv+"="+string(spec),
+				"GORACE="+os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+			kids = append(kids, k)
+			groupOf = append(groupOf, gi)
+		}
+	}
+	for _, k := range kids {
+		select {
+		case <-k.ready:
+		case <-k.done:
+			t.Fatalf("a child ended before it was ready: %v", k.cmd.Wait())
+		case <-time.After(60 * time.Second):
+			t.Fatal("a child was not ready after 60s")
+		}
+	}
+	for _, k := range kids {
+		k.sent = time.Now()
+		if _, err := io.WriteString(k.stdin, "go\n"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res := &fleetResult{grants: &redistest.Grants{}, believe: map[string]int{}, clocks: make([][2]float64, len(groups))}
+	for range groups {
+		res.groups = append(res.groups, &redistest.Grants{})
+	}
+	for i, k := range kids {
+		select {
+		case <-k.done:
+		case <-time.After(o.Run + 60*time.Second):
+			t.Fatal("a child did not finish")
+		}
+		if err := k.cmd.Wait(); err != nil {
+			t.Fatalf("child %d: %v", i, err)
+		}
+		if len(k.lines) == 0 || k.lines[len(k.lines)-1] != "END" {
+			t.Fatalf("child %d's report is cut short: %q", i, k.lines)
+		}
+		for _, line := range k.lines {
+			f := strings.Fields(line)
+			switch f[0] {
+			case "G":
+				at, _ := strconv.ParseInt(f[2], 10, 64)
+				n, _ := strconv.Atoi(f[3])
+				gr := redistest.Grant{At: time.UnixMicro(at), N: n, Key: f[1]}
+				res.grants.Add(gr)
+				res.groups[groupOf[i]].Add(gr)
+			case "C":
+				n, _ := strconv.Atoi(f[2])
+				res.grants.AddCalls(f[1], n)
+			case "P":
+				n, _ := strconv.Atoi(f[2])
+				res.believe[f[1]] += n
+			case "E":
+				res.errs = append(res.errs, strings.TrimPrefix(line, "E "))
+			case "CLOCK":
+				us, _ := strconv.ParseInt(f[1], 10, 64)
+				date, _ := strconv.ParseFloat(f[2], 64)
+				ref := float64(k.sent.UnixMicro()) / 1e6
+				res.clocks[groupOf[i]] = [2]float64{float64(us)/1e6 - ref, date - ref}
+			}
+		}
+	}
+	res.byKey = res.grants.ByKey()
+	return res
+}
+
+func startFleetKid(t *testing.T, args, env []string) *fleetKid {
+	t.Helper()
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Env = env
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	k := &fleetKid{cmd: cmd, stdin: stdin, ready: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(k.done)
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		ready := false
+		for sc.Scan() {
+			line := sc.Text()
+			switch {
+			case !ready && line == "READY":
+				ready = true
+				close(k.ready)
+			case ready && line != "" && !strings.HasPrefix(line, "PASS") && !strings.HasPrefix(line, "ok "):
+				k.lines = append(k.lines, line)
+			}
+		}
+	}()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-k.done; _ = cmd.Wait() })
+	return k
+}
+
+// keyStats is what a fleet did on one job: every key's most permits in one period,
+// its over-bucket excess (token bucket), and the utilization and calls per permit.
+type keyStats struct {
+	most, over     int // the largest over the job's keys
+	util, minUtil  float64
+	permits, calls int
+	keys           int
+}
+
+// jobStats checks a job's keys in res against the job's limit: most in any window and,
+// for the token bucket, conformance to the bucket.
+func jobStats(t *testing.T, res *fleetResult, prefix string, j fleetJob) keyStats {
+	t.Helper()
+	s := keyStats{minUtil: 2}
+	suffix := j.Alg.algo().suffix
+	for _, key := range j.Keys {
+		state := "{" + prefix + key + "}:" + suffix
+		g := res.byKey[state]
+		if g == nil {
+			continue // a key of many that no call picked or got through in time
+		}
+		if got, want := g.Total(), res.believe[state]; got != want {
+			t.Errorf("%v %s: the scripts' replies granted %d permits, callers were told %d", j.Alg, key, got, want)
+		}
+		s.most = max(s.most, g.MaxInWindow(j.Limit.Period))
+		if j.Alg == TokenBucket {
+			over, _ := g.MaxOverBucket(j.Limit.Rate, j.Limit.Period, j.Limit.Burst)
+			s.over = max(s.over, over)
+		}
+		u := g.Utilization(j.Limit.Period, j.Limit.Rate)
+		s.util += u
+		s.minUtil = min(s.minUtil, u)
+		s.permits += g.Total()
+		s.calls += g.Calls()
+		s.keys++
+	}
+	if s.keys == 0 {
+		t.Fatalf("%v %v: nothing was granted on any key", j.Alg, j.Keys)
+	}
+	s.util /= float64(s.keys)
+	return s
+}
+
+// bound is the most permits that may take effect in one period: the rate, the rate and
+// the burst less one for the token bucket, two rates for the fixed window.
+func bound(alg Algorithm, l Limit) int {
+	switch alg {
+	case TokenBucket:
+		return l.Rate + l.Burst - 1
+	case FixedWindow:
+		return 2 * l.Rate
+	}
+	return l.Rate
+}
+
+func keyNames(base string, n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("%s-%02d", base, i)
+	}
+	return keys
+}
+
+// 8 processes × 8 goroutines WaitN (n mixed 1–3) on one key, sliding window and token
+// bucket, and the same on 16 keys: no period ever holds more than the bound on any key,
+// by the server times the grants take effect (each process records them from its
+// scripts' replies and reports them); the token bucket's grants conform to the bucket
+// exactly; what the scripts granted is what the callers were told.
+//
+// Tolerances: none on the bound. On the real servers utilization (whole periods after
+// the first) must reach 97% on the single keys, which 64 waiters keep about 300ms of
+// bookings ahead of; on 16 keys a key's queue can run dry (each WaitN picks a key at
+// random), so it is reported, not asserted. miniredis serves every process from this
+// one (and re-runs its Lua interpreter per call), so it gets a fifth of the rates and
+// its utilization is reported only. Calls per permit are reported (one call books n).
+// Runs 1.5s by default, 30s with JOBTHROTTLE_LONG=1.
+func TestFleetNeverOverAdmits(t *testing.T) {
+	const period = 250 * ms
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		scale := 1
+		if b.Kind == redistest.Mini {
+			scale = 5
+		}
+		jobs := []fleetJob{
+			{Alg: SlidingWindow, Keys: []string{"one-sw"}, Limit: Limit{Rate: 100 / scale, Period: period}},
+			{Alg: TokenBucket, Keys: []string{"one-tb"}, Limit: Limit{Rate: 100 / scale, Period: period, Burst: 3}},
+			{Alg: SlidingWindow, Keys: keyNames("many-sw", 16), Limit: Limit{Rate: 20 / scale, Period: period}},
+			{Alg: TokenBucket, Keys: keyNames("many-tb", 16), Limit: Limit{Rate: 20 / scale, Period: period, Burst: 3}},
+		}
+		run := 1500 * ms
+		if longFaultTests() {
+			run = 30 * time.Second
+		}
+		res := runFleet(t, b, fleetOrders{Jobs: jobs, Workers: 8, Run: run}, []fleetGroup{{Children: 8}})
+		for _, e := range res.errs {
+			t.Errorf("a child's call failed: %s", e)
+		}
+		for _, j := range jobs {
+			s := jobStats(t, res, b.Prefix, j)
+			t.Logf("%s: %v %v on %d key(s), 8 processes × 8 goroutines: %d permits in %d calls (%.2f calls/permit); most in any %v on a key: %d (bound %d); over the bucket: %d; utilization mean %.4f, lowest key %.4f",
+				b.Kind, j.Alg, j.Limit, s.keys, s.permits, s.calls, float64(s.calls)/float64(s.permits), period, s.most, bound(j.Alg, j.Limit), s.over, s.util, s.minUtil)
+			if s.most > bound(j.Alg, j.Limit) {
+				t.Errorf("%v: %d permits took effect within one %v on one key, bound %d", j.Alg, s.most, period, bound(j.Alg, j.Limit))
+			}
+			if s.over > 0 {
+				t.Errorf("%v: a grant took %d permits more than the bucket held", j.Alg, s.over)
+			}
+			if b.Real() && len(j.Keys) == 1 && s.util < 0.97 {
+				t.Errorf("%v: utilization %.4f on one key, want >= 0.97", j.Alg, s.util)
+			}
+		}
+	})
+}
