@@ -148,7 +148,13 @@ func (f *fleet) ranOnce(qi *asynq.QueueInfo, ids ...string) {
 		}
 	}
 	if qi.Archived != 0 || qi.FailedTotal != 0 {
-		f.t.Errorf("queue: archived %d, failed %d, want 0", qi.Archived, qi.FailedTotal)
+		var errs []string
+		if arch, err := f.insp.ListArchivedTasks(f.queue); err == nil {
+			for _, a := range arch {
+				errs = append(errs, fmt.Sprintf("%s: %s", a.Payload, a.LastErr))
+			}
+		}
+		f.t.Errorf("queue: archived %d %q, failed %d; want 0", qi.Archived, errs, qi.FailedTotal)
 	}
 }
 

@@ -297,10 +297,14 @@ func progress(ctx context.Context, cfg config, st *stats, api *upstream, start t
 			return
 		case <-poll.C:
 		case <-tick.C:
-			total, rejected, lastSecond := api.counts()
-			fmt.Fprintf(out, "%3.0fs  tasks %d/%d  loop %d/%d  http %d/%d  API %d req in the last second, %d in all, %d × 429  handed back %d  slept %d\n",
-				time.Since(start).Seconds(), st.tasksDone(), cfg.tasks, st.loopDone.Load(), cfg.loop,
-				st.httpDone.Load(), cfg.httpCalls, lastSecond, total, rejected, st.handedBack.Load(), st.slept.Load())
+			// The sliding window grants a window's permits at once, so count over a
+			// few windows, not the last second alone.
+			elapsed := time.Since(start)
+			over := min(elapsed, 5*time.Second)
+			total, rejected, recent := api.counts(over)
+			fmt.Fprintf(out, "%3.0fs  tasks %d/%d  loop %d/%d  http %d/%d  API %4.1f req/s (last %.0fs), %d in all, %d × 429  handed back %d  slept %d\n",
+				elapsed.Seconds(), st.tasksDone(), cfg.tasks, st.loopDone.Load(), cfg.loop, st.httpDone.Load(), cfg.httpCalls,
+				float64(recent)/over.Seconds(), over.Seconds(), total, rejected, st.handedBack.Load(), st.slept.Load())
 		}
 	}
 }

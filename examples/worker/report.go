@@ -105,7 +105,7 @@ func (s summary) print(out io.Writer) error {
 	}
 	maxLimiter := s.grants.MaxInWindow(s.limit.Period)
 	maxVendor := s.grants.MaxInWindow(cfg.period)
-	apiTotal, api429, _ := s.api.counts()
+	apiTotal, api429, _ := s.api.counts(0)
 	apiMax := s.api.maxInWindow(cfg.period)
 
 	fmt.Fprintf(out, "\nSummary: %s; %d asynq servers × %d workers, a goroutine loop, an HTTP client with %d goroutines\n",

@@ -55,16 +55,16 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write([]byte("ok\n"))
 }
 
-// counts returns the requests received, those answered 429, and those in the last
-// second.
-func (u *upstream) counts() (total, rejected, lastSecond int) {
+// counts returns the requests received, those answered 429, and those received
+// within the last d.
+func (u *upstream) counts(d time.Duration) (total, rejected, recent int) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	now := time.Now()
-	for i := len(u.arrivals) - 1; i >= 0 && now.Sub(u.arrivals[i]) < time.Second; i-- {
-		lastSecond++
+	for i := len(u.arrivals) - 1; i >= 0 && now.Sub(u.arrivals[i]) < d; i-- {
+		recent++
 	}
-	return len(u.arrivals), u.rejected, lastSecond
+	return len(u.arrivals), u.rejected, recent
 }
 
 // maxInWindow returns the most requests that arrived within any window [s, s+d).
