@@ -74,7 +74,7 @@ func (r *report) writeThroughput(w io.Writer) {
 			t.med(sample.opsPerSec), median(t.ratios()))
 	}
 	fmt.Fprintf(w, "\n### Allow throughput\n\n")
-	fmt.Fprintf(w, "Ops/s ÷ the no-op EVALSHA's ops/s in the same round (median of rounds); the other columns at %d goroutines. Allowed path: a limit of %d/s that is never reached; denied path: %d/s, so almost every call is denied. Redis CPU is the server main thread's (INFO cpu) per call, I/O included; exec is the script's own time (INFO commandstats).\n\n", top, allowedRate, deniedRate)
+	fmt.Fprintf(w, "Ops/s ÷ the no-op EVALSHA's ops/s in the same round (median of rounds); the other columns at %d goroutines. Allowed path: a limit of %d per %v that is never reached (log entries expire while a case runs); denied path: %d per %v, so almost every call is denied. Every limiter case starts on fresh keys. Redis CPU is the server main thread's (INFO cpu) per call, I/O included; exec is the script's own time (INFO commandstats).\n\n", top, allowedRate, allowedPeriod, deniedRate, deniedPeriod)
 	head := "| limiter | path | granted |"
 	sep := "|---|---|---:|"
 	for _, g := range r.gs {

@@ -34,14 +34,33 @@ type tcase struct {
 	name string
 	path string // "allowed", "denied" or "" for the physical limit
 	op   allowFunc
+	// reset, when not nil, gives the case fresh keys before each measurement: a log
+	// left idle between two rounds would otherwise have all its entries expire on the
+	// first call of the next one (which the Redisson-style script cannot do: past ~8000
+	// expired grants its unbounded unpack fails), rather than one or two per call.
+	reset func(ctx context.Context) error
 }
 
 // Limits of the throughput cases: a limit the benchmark never reaches (every call is
-// allowed) and one it always exceeds (almost every call is denied).
+// allowed; a short period, so that log entries expire while a case runs, as they do
+// in a steady state) and one it always exceeds (almost every call is denied).
 var (
-	allowedRate = 1_000_000_000 // per second
-	deniedRate  = 100           // per second
+	allowedRate, allowedPeriod = 1_000_000_000, 100 * time.Millisecond
+	deniedRate, deniedPeriod   = 100, time.Second
 )
+
+// resetter returns a reset that deletes keys and runs setup (when not nil).
+func resetter(rdb *redis.Client, keys []string, setup func(context.Context) error) func(context.Context) error {
+	return func(ctx context.Context) error {
+		if err := rdb.Del(ctx, keys...).Err(); err != nil {
+			return err
+		}
+		if setup != nil {
+			return setup(ctx)
+		}
+		return nil
+	}
+}
 
 func throughputCases(ctx context.Context, rdb *redis.Client) ([]tcase, error) {
 	if err := noopScript.Load(ctx, rdb).Err(); err != nil {
@@ -49,10 +68,10 @@ func throughputCases(ctx context.Context, rdb *redis.Client) ([]tcase, error) {
 	}
 	noopKeys := []string{"{" + keyPrefix + "noop}"}
 	cases := []tcase{
-		{"PING", "", func(ctx context.Context) (bool, error) { return true, rdb.Ping(ctx).Err() }},
+		{"PING", "", func(ctx context.Context) (bool, error) { return true, rdb.Ping(ctx).Err() }, nil},
 		{"EVALSHA return 1 (no-op)", "", func(ctx context.Context) (bool, error) {
 			return true, noopScript.Run(ctx, rdb, noopKeys).Err()
-		}},
+		}, nil},
 		// jobthrottle runs every script in MULTI/EXEC (at most once, never re-sent by a
 		// go-redis retry): the floor of that call, with the limiters' keys and arguments
 		{noopTxName, "", func(ctx context.Context) (bool, error) {
@@ -62,29 +81,31 @@ func throughputCases(ctx context.Context, rdb *redis.Client) ([]tcase, error) {
 				return false, err
 			}
 			return true, cmd.Err()
-		}},
+		}, nil},
 	}
 	for _, path := range []string{"allowed", "denied"} {
-		rate := allowedRate
+		rate, period := allowedRate, allowedPeriod
 		if path == "denied" {
-			rate = deniedRate
+			rate, period = deniedRate, deniedPeriod
 		}
 		key := "tp-" + path
-		rr := redisRateSubject(rdb, key, redis_rate.Limit{Rate: rate, Burst: rate, Period: time.Second})
-		rs, _, err := redissonSubject(ctx, rdb, key+"-redisson", rate, time.Second)
+		rr := redisRateSubject(rdb, key, redis_rate.Limit{Rate: rate, Burst: rate, Period: period})
+		rs, _, err := redissonSubject(ctx, rdb, key+"-redisson", rate, period)
 		if err != nil {
 			return nil, err
 		}
-		cases = append(cases, tcase{rr.name, path, rr.allow}, tcase{rs.name, path, rs.allow})
+		cases = append(cases,
+			tcase{rr.name, path, rr.allow, resetter(rdb, rr.keys, nil)},
+			tcase{rs.name, path, rs.allow, resetter(rdb, rs.keys, rs.setup)})
 		for _, a := range algorithms {
-			s, _, err := jobthrottleSubject(rdb, a, key+"-"+a.String(), throttle.Limit{Rate: rate, Period: time.Second})
+			s, _, err := jobthrottleSubject(rdb, a, key+"-"+a.String(), throttle.Limit{Rate: rate, Period: period})
 			if err != nil {
 				return nil, err
 			}
-			cases = append(cases, tcase{s.name, path, s.allow})
+			cases = append(cases, tcase{s.name, path, s.allow, resetter(rdb, s.keys, nil)})
 		}
 		for _, a := range algorithms {
-			cases = append(cases, scriptCase(rdb, a, key+"-"+a.String()+"-script", rate, path))
+			cases = append(cases, scriptCase(rdb, a, key+"-"+a.String()+"-script", rate, period, path))
 		}
 	}
 	return cases, nil
@@ -92,24 +113,25 @@ func throughputCases(ctx context.Context, rdb *redis.Client) ([]tcase, error) {
 
 // scriptCase runs algorithm a's script as a plain EVALSHA with Allow's arguments (one
 // limit of rate per second): the script's cost without the Limiter's MULTI/EXEC.
-func scriptCase(rdb *redis.Client, a throttle.Algorithm, key string, rate int, path string) tcase {
+func scriptCase(rdb *redis.Client, a throttle.Algorithm, key string, rate int, period time.Duration, path string) tcase {
 	tag := "{" + keyPrefix + key + "}"
 	keys := []string{tag + ":" + suffixes[a], tag + ":pause"}
 	var script *redis.Script
+	us := period.Microseconds()
 	args := []any{0, 1, int64(0), 1}
 	switch a {
 	case throttle.SlidingWindow:
 		script = lua.SlidingWindow
-		args = append(args, rate, int64(1000000))
+		args = append(args, rate, us)
 	case throttle.TokenBucket:
 		script = lua.GCRA
-		args = append(args, rate, int64(1000000), rate)
+		args = append(args, rate, us, rate)
 	case throttle.FixedWindow:
 		script = lua.FixedWindow
-		args = append(args, rate, int64(1000000))
+		args = append(args, rate, us)
 	case throttle.SlidingCounter:
 		script = lua.SlidingCounter
-		args = append(args, int64(1000000/50), rate, int64(1000000)) // 50 buckets, the default
+		args = append(args, us/50, rate, us) // 50 buckets, the default
 	}
 	return tcase{"jobthrottle " + a.String() + " script alone, plain EVALSHA", path, func(ctx context.Context) (bool, error) {
 		v, err := script.Run(ctx, rdb, keys, args...).Int64Slice()
@@ -117,7 +139,7 @@ func scriptCase(rdb *redis.Client, a throttle.Algorithm, key string, rate int, p
 			return false, err
 		}
 		return len(v) == 5 && v[0] == 1, nil
-	}}
+	}, resetter(rdb, keys, nil)}
 }
 
 // sample is one case measured once at one goroutine count.
@@ -136,6 +158,11 @@ func (s sample) opsPerSec() float64 { return float64(s.ops) / s.elapsed.Seconds(
 
 // measure runs c on g goroutines for d.
 func measure(ctx context.Context, rdb *redis.Client, c tcase, g int, d time.Duration) (sample, error) {
+	if c.reset != nil {
+		if err := c.reset(ctx); err != nil {
+			return sample{}, err
+		}
+	}
 	s0, err := snapServer(ctx, rdb)
 	if err != nil {
 		return sample{}, err
