@@ -47,8 +47,16 @@ const (
 )
 
 // periodMicros is the period in whole microseconds, rounded up.
-func (l Limit) periodMicros() int64 {
-	return int64((l.Period + time.Microsecond - 1) / time.Microsecond)
+func (l Limit) periodMicros() int64 { return ceilMicros(l.Period) }
+
+// ceilMicros is d in whole microseconds, rounded up (without overflowing near the
+// largest Duration, as d + 999ns would).
+func ceilMicros(d time.Duration) int64 {
+	us := int64(d / time.Microsecond)
+	if d%time.Microsecond > 0 {
+		us++
+	}
+	return us
 }
 
 // burst is the token bucket's capacity: Burst, or Rate when Burst is 0.
@@ -70,7 +78,7 @@ func (l Limit) validate(a Algorithm) error {
 		return fmt.Errorf("%w: period %s is above 2^45µs", ErrInvalidLimit, l.Period)
 	case l.Burst < 0 || l.Burst > maxRate:
 		return fmt.Errorf("%w: burst %d is not in 0..%d", ErrInvalidLimit, l.Burst, maxRate)
-	case a == TokenBucket && int64(l.burst())*l.periodMicros() > maxBucketUS:
+	case a == TokenBucket && int64(l.burst()) > maxBucketUS/l.periodMicros(): // burst × period > 2^50
 		return fmt.Errorf("%w: burst %d × period %s is above 2^50µs", ErrInvalidLimit, l.burst(), l.Period)
 	}
 	return nil

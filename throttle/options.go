@@ -126,7 +126,7 @@ const defaultLeaseTTL = 30 * time.Second
 // Semaphore.Do, which extend every TTL/3. Limiters ignore it.
 func WithLeaseTTL(d time.Duration) Option {
 	return optionFunc(func(c *config) {
-		if d < time.Millisecond || (d+time.Microsecond-1)/time.Microsecond > maxPeriodUS {
+		if d < time.Millisecond || ceilMicros(d) > maxPeriodUS {
 			c.fail("%w: lease TTL %v is not in 1ms..2^45µs", ErrInvalidArgument, d)
 			return
 		}

@@ -36,7 +36,7 @@ func (l *Limiter) Pause(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
 		return fmt.Errorf("%w: pause %v", ErrInvalidArgument, d)
 	}
-	us := min((int64(d)+int64(time.Microsecond)-1)/int64(time.Microsecond), maxPeriodUS)
+	us := min(ceilMicros(d), maxPeriodUS)
 	l.moved.gate.Lock()
 	err := lua.Pause.Run(ctx, l.rdb, l.keys[1:2], us).Err()
 	if err == nil {

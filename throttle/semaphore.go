@@ -112,7 +112,7 @@ func NewSemaphore(rdb redis.UniversalClient, key string, max int, opts ...Option
 		channel: sem + ":wake",
 		max:     max,
 		ttl:     ttl,
-		ttlUS:   int64((ttl + time.Microsecond - 1) / time.Microsecond),
+		ttlUS:   ceilMicros(ttl),
 		script:  script,
 		hooks:   c.hooks,
 		clock:   c.clock,
