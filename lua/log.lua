@@ -37,10 +37,14 @@ local function lg_bad(what)
   error('JTSTATE ' .. lg_key .. ': ' .. what)
 end
 
--- lg_check fails unless every string of v is plain decimal digits (one pattern for
--- all; then each is read with a bare tonumber).
+-- lg_check fails unless every string of v is plain decimal digits, at most 17 of them
+-- as jt_num wants (two patterns for all; then each is read with a bare tonumber). A
+-- longer number is not one this script wrote, and Luas disagree on reading it.
 local function lg_check(v, what)
-  if not string.find(table.concat(v, ','), '^[0-9,]*$') then lg_bad(what) end
+  local s = table.concat(v, ',')
+  if not string.find(s, '^[0-9,]*$') or string.find(s, '%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d') then
+    lg_bad(what)
+  end
 end
 
 -- lg_T and lg_S read entry i (1 <= i <= E): from the head when it holds it, else LINDEX.
