@@ -246,7 +246,7 @@ type fuzzRun struct {
 	oracle  *rate.Limiter
 	trace   []string
 	horizon int64 // the latest time any key is needed until, µs
-	evicted bool  // the state key was deleted by the input (StateLost may be called)
+	mayLose bool  // the state lost permits (deleted, or a confused cancel): StateLost may be called
 	lastW   int64 // the last wait and reset seen, µs, for time steps that hit them
 	lastR   int64
 	books   []booking
@@ -286,7 +286,7 @@ func runLimiterInput(t *testing.T, alg Algorithm, cfg []byte, key, junk string, 
 
 	for i, b := range []*redistest.Backend{pair.Mini, pair.Real} {
 		s := &fuzzSide{name: string(b.Kind)}
-		hooks := Hooks{Cancelled: func(string, int) { s.cancelled++ }}
+		hooks := Hooks{Cancelled: func(string, int) { s.cancelled++ }, StateLost: func(string) { s.lost++ }}
 		var opts []Option
 		if len(c.limits) > 1 {
 			opts = append(opts, WithLimits(c.limits[1:]...))
@@ -487,7 +487,7 @@ func (r *fuzzRun) step(rd *fuzzReader) {
 		for _, b := range []*redistest.Backend{r.pair.Mini, r.pair.Real} {
 			b.Client.Del(context.Background(), r.state)
 		}
-		r.evicted = true
+		r.mayLose = true
 		r.oracle = nil
 		if r.ref != nil {
 			r.ref.evict()
@@ -729,6 +729,9 @@ func (r *fuzzRun) cancel(rd *fuzzReader) {
 	}
 	r.checkTTL(what, got.reset)
 	r.noteReset(got.reset)
+	if got.granted && (mode != 4 || n > b.n) {
+		r.mayLose = true // gave back permits nobody booked at that time, or more than booked
+	}
 	if got.remaining != 0 || got.wait != 0 || got.token != 0 {
 		r.fail("%s: reply %+v, want {freed, 0, 0, reset, 0}", what, got)
 	}
@@ -807,6 +810,14 @@ func (r *fuzzRun) check(what string, before redistest.Snapshot, err error) {
 	for _, k := range r.pair.MiniKeys() {
 		if !slices.Contains(r.pair.Keys(), k) {
 			r.fail("%s: wrote key %q, not one of the limiter's", what, k)
+		}
+	}
+	if s := r.sides; s[0] != nil && s[0].l != nil {
+		if s[0].lost != s[1].lost {
+			r.fail("%s: StateLost called %d times on miniredis, %d on redis", what, s[0].lost, s[1].lost)
+		}
+		if s[0].lost > 0 && !r.mayLose && !r.lenient {
+			r.fail("%s: StateLost called, yet the state holds every permit granted", what)
 		}
 	}
 }

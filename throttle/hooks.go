@@ -34,4 +34,13 @@ type Hooks struct {
 	// unreachable (granted by FailOpen, or decided by FailLocal's in-process share),
 	// with the error that made Redis count as unreachable.
 	Degraded func(key string, policy FailurePolicy, err error)
+
+	// StateLost is called when a grant's reply shows that the key's state no longer
+	// holds permits this Limiter was granted moments before, still in their window:
+	// the key was evicted (maxmemory), deleted, or lost in a failover or restart, and
+	// the limit starts afresh, so up to what was lost can pass again. Only grants that
+	// take effect at once are checked, and only a loss that shows in their Remaining
+	// is seen (see the README's "Guarantees and failure modes"); a state that is still
+	// there never triggers it, whatever other processes do on the key.
+	StateLost func(key string)
 }

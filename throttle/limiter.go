@@ -44,6 +44,7 @@ type Limiter struct {
 	brk    breaker
 	local  *localLog // FailLocal's share
 	stats  counters
+	lost   stateWatch // the latest grant, for Hooks.StateLost
 }
 
 // New returns a limiter enforcing limit, and any limits added with WithLimits, on key.
@@ -241,6 +242,10 @@ func (l *Limiter) call(ctx context.Context, op, n int, x int64) (reply, error) {
 
 // run runs the script once.
 func (l *Limiter) run(ctx context.Context, op, n int, x int64) (reply, error) {
+	var mark stateMark
+	if l.hooks.StateLost != nil {
+		mark = l.lost.get()
+	}
 	args := l.take1 // go-redis copies the arguments; the shared slice is only read
 	if op != opAcquire || n != 1 || x != 0 {
 		args = make([]any, 3, 3+len(l.tail))
@@ -258,13 +263,17 @@ func (l *Limiter) run(ctx context.Context, op, n int, x int64) (reply, error) {
 	if !ok {
 		return reply{}, fmt.Errorf("%w: key %q: %v", ErrUnexpectedReply, l.key, cmd.Val())
 	}
-	return reply{
+	r := reply{
 		granted:   v[0] == 1,
 		remaining: int(v[1]),
 		wait:      time.Duration(v[2]) * time.Microsecond,
 		reset:     time.Duration(v[3]) * time.Microsecond,
 		token:     v[4],
-	}, nil
+	}
+	if l.hooks.StateLost != nil {
+		l.observe(mark, op, n, x, r)
+	}
+	return r, nil
 }
 
 // evalOnce runs a script at most once: EVALSHA inside MULTI/EXEC and, when the server
