@@ -3,6 +3,7 @@ package asynqmw_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -43,7 +44,9 @@ func free(t *testing.T, sem *throttle.Semaphore) int {
 }
 
 // Tasks through Concurrency on two servers: never more than max in their handlers at
-// once, each runs exactly once, none archived or failed, every lease released.
+// once, each runs exactly once, none archived or failed, every lease released. The
+// first max tasks hold their slots for 600ms, so that tasks dequeued meanwhile are
+// handed back, whatever the pace of the dequeues.
 func TestConcurrencyAcrossServers(t *testing.T) {
 	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
 		const (
@@ -58,7 +61,11 @@ func TestConcurrencyAcrossServers(t *testing.T) {
 			k := inside.Add(1)
 			for m := most.Load(); k > m && !most.CompareAndSwap(m, k); m = most.Load() {
 			}
-			time.Sleep(80 * time.Millisecond) // the task's work
+			if strings.HasPrefix(id, "hog") {
+				time.Sleep(600 * time.Millisecond)
+			} else {
+				time.Sleep(80 * time.Millisecond) // the task's work
+			}
 			inside.Add(-1)
 			return nil
 		}
@@ -66,17 +73,21 @@ func TestConcurrencyAcrossServers(t *testing.T) {
 		for range 2 {
 			f.start(f.serverConfig(6), f.handler(work), mw)
 		}
+		hogs := ids("hog", max)
+		for _, id := range hogs {
+			f.enqueue(id)
+		}
 		final, retrying := ids("final", n/2), ids("retrying", n/2)
 		for i := range final {
 			f.enqueue(final[i], asynq.MaxRetry(0))
 			f.enqueue(retrying[i], asynq.MaxRetry(3))
 		}
-		qi := f.waitIdle(30*time.Second, func() bool { return f.runs.total() >= n })
+		qi := f.waitIdle(idleLimit, func() bool { return f.runs.total() >= n+max })
 
 		if got := most.Load(); got > max {
 			t.Errorf("most tasks in their handlers at once: got %d, want <= %d", got, max)
 		}
-		f.ranOnce(qi, append(final, retrying...)...)
+		f.ranOnce(qi, append(append(hogs, final...), retrying...)...)
 		if c.sum(c.throttled) == 0 || len(c.waited) == 0 {
 			t.Errorf("hand-backs %d, inline waits %d: want both paths taken", c.sum(c.throttled), len(c.waited))
 		}

@@ -121,6 +121,11 @@ func (f *fleet) info() *asynq.QueueInfo {
 	return qi
 }
 
+// idleLimit bounds how long a test waits for its tasks. They take a few seconds; the
+// bound is far longer so that a starved host (asynq's syncer retries a failed write
+// every 5 s) slows a test down instead of failing it.
+const idleLimit = 60 * time.Second
+
 // waitIdle waits until no task of the queue is pending, active, scheduled or due
 // for retry, and cond (if not nil) holds; it fails the test after limit.
 func (f *fleet) waitIdle(limit time.Duration, cond func() bool) *asynq.QueueInfo {

@@ -32,7 +32,7 @@ func TestRequeueWhenDeadlineIsNear(t *testing.T) {
 
 		orig := f.enqueue("req", asynq.MaxRetry(0), asynq.Timeout(10*time.Second), asynq.Retention(time.Minute))
 		plain.enqueue("plain", asynq.MaxRetry(0), asynq.Timeout(10*time.Second))
-		qi := f.waitIdle(15*time.Second, func() bool { return f.runs.total() >= 1 })
+		qi := f.waitIdle(idleLimit, func() bool { return f.runs.total() >= 1 })
 
 		f.ranOnce(qi, "req")
 		// It ran as a copy: "<id>~r1", or "~r2"... if the copy came back early (asynq
@@ -56,7 +56,7 @@ func TestRequeueWhenDeadlineIsNear(t *testing.T) {
 				cp.State, cp.Timeout, cp.MaxRetry, cp.Retention)
 		}
 
-		pq := plain.waitIdle(5*time.Second, nil)
+		pq := plain.waitIdle(idleLimit, nil)
 		if pq.Archived != 1 || plain.runs.total() != 0 {
 			t.Errorf("without Requeue: archived %d, runs %d; want 1 archived, 0 runs", pq.Archived, plain.runs.total())
 		}

@@ -108,7 +108,7 @@ func TestAsynqArchivesLastAttemptBeforeIsFailure(t *testing.T) {
 			f.start(f.serverConfig(2), f.handler(fail))
 			f.enqueue("retries", asynq.MaxRetry(1))
 			f.enqueue("last", asynq.MaxRetry(0))
-			qi := f.waitIdle(15*time.Second, func() bool { return f.runs.total() >= 4 })
+			qi := f.waitIdle(idleLimit, func() bool { return f.runs.total() >= 4 })
 
 			// Handed back twice with MaxRetry(1), and its retry count never moved.
 			if got := f.runs.get("retries"); len(got) != 3 || got[0]+got[1]+got[2] != 0 {
