@@ -40,7 +40,7 @@ type config struct {
 	tasks       int           // asynq tasks
 	final       float64       // share of them enqueued with MaxRetry(0)
 	rate        int           // the vendor API's limit: rate per period
-	period      time.Duration //
+	period      time.Duration // the vendor API's limit period
 	margin      time.Duration // added to the limiter's period: the way from Redis to the API
 	servers     int           // asynq servers
 	concurrency int           // workers per server
@@ -93,11 +93,11 @@ func (c config) validate() error {
 
 // run starts the fleet, waits for its work, and prints the summary; it returns an
 // error if the fleet could not run or the summary shows a broken promise.
-func run(ctx context.Context, cfg config, out io.Writer) error {
+func run(parent context.Context, cfg config, out io.Writer) error {
 	if err := cfg.validate(); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, cfg.timeout)
+	ctx, cancel := context.WithTimeout(parent, cfg.timeout)
 	defer cancel()
 
 	// One go-redis client, shared by asynq and the limiter.
@@ -163,7 +163,13 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 	start := time.Now()
 	progress(ctx, cfg, &st, api, start, out)
 	elapsed := time.Since(start)
-	timedOut := ctx.Err() != nil
+	stopped := ""
+	switch {
+	case parent.Err() != nil:
+		stopped = "interrupted"
+	case ctx.Err() != nil:
+		stopped = fmt.Sprintf("timed out after %v", cfg.timeout)
+	}
 	cancel()
 	wg.Wait()
 	shutdown(servers)
@@ -177,7 +183,7 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 	}
 	forget(rdb, insp, queue)
 
-	s := summary{cfg: cfg, where: where, limit: limit, elapsed: elapsed, timedOut: timedOut,
+	s := summary{cfg: cfg, where: where, limit: limit, elapsed: elapsed, stopped: stopped,
 		st: &st, nFinal: nFinal, grants: grants, api: api, queue: qi}
 	return s.print(out)
 }

@@ -75,16 +75,16 @@ func (s *stats) otherErr(err error) {
 
 // summary is the end-of-run report.
 type summary struct {
-	cfg      config
-	where    string
-	limit    throttle.Limit
-	elapsed  time.Duration
-	timedOut bool
-	st       *stats
-	nFinal   int
-	grants   *redistest.Grants
-	api      *upstream
-	queue    *asynq.QueueInfo
+	cfg     config
+	where   string
+	limit   throttle.Limit
+	elapsed time.Duration
+	stopped string // why the run ended early, if it did
+	st      *stats
+	nFinal  int
+	grants  *redistest.Grants
+	api     *upstream
+	queue   *asynq.QueueInfo
 }
 
 // print writes the summary and returns an error naming every promise that was broken.
@@ -129,7 +129,7 @@ func (s summary) print(out io.Writer) error {
 			broken = append(broken, fmt.Sprintf(format, args...))
 		}
 	}
-	check(!s.timedOut, "timed out after %v", cfg.timeout)
+	check(s.stopped == "", "%s", s.stopped)
 	check(st.tasksDone() == cfg.tasks, "%d of %d tasks ran", st.tasksDone(), cfg.tasks)
 	check(st.ranTwice() == 0, "%d tasks ran more than once", st.ranTwice())
 	check(int(st.loopDone.Load()) == cfg.loop && int(st.httpDone.Load()) == cfg.httpCalls, "loop or HTTP calls missing")
