@@ -145,7 +145,7 @@ end
 local function lg_trim(h, min)
   if lg_E == 0 or lg_T(1) > h then return end
   if lg_Tlast <= h then
-    redis.call('DEL', lg_key)
+    redis.call('UNLINK', lg_key) -- frees a long list off the main thread
     lg_head, lg_hE, lg_off, lg_E, lg_base, lg_P, lg_Tlast, lg_empty = {}, 0, 0, 0, 0, 0, nil, true
     return
   end
