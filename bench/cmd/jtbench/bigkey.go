@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/bench/redisson"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/waiter"
 	"github.com/redis/go-redis/v9"
@@ -20,6 +21,8 @@ type bigResult struct {
 	entries int64         // live entries in the log when it ran
 	calls   int64         // script calls measured
 	exec    time.Duration // mean execution time per call
+	failed  string        // the error the script returned, if it failed
+	peer    bool          // not jobthrottle: shown for comparison, not a goal
 }
 
 // execTime runs f and returns the script calls it made and their mean execution time.
@@ -58,7 +61,7 @@ func runBigKeys(ctx context.Context, rdb *redis.Client, entries int) ([]bigResul
 		if err != nil {
 			return fmt.Errorf("%s: %w", what, err)
 		}
-		out = append(out, bigResult{what, n, calls, d})
+		out = append(out, bigResult{what: what, entries: n, calls: calls, exec: d})
 		return nil
 	}
 	repeat := func(n int, f func() error) func() error {
@@ -185,6 +188,12 @@ func runBigKeys(ctx context.Context, rdb *redis.Client, entries int) ([]bigResul
 	if err := add("Cancel a booking with 64 booked after it", state, func() error { return queue[100].Cancel(ctx) }); err != nil {
 		return nil, err
 	}
+	// the Redisson-style log in the same place: every grant of a full log expires at once
+	r, err := redissonExpiry(ctx, rdb, entries)
+	if err != nil {
+		return nil, err
+	}
+	out = append(out, r)
 	for _, k := range []string{"big-granted", "big-expiring", "big-booked", "big-booked-64"} {
 		rdb.Del(ctx, "{"+keyPrefix+k+"}:sw")
 	}
@@ -224,4 +233,37 @@ func parallel(n, g int, f func() error) error {
 	}
 	wg.Wait()
 	return first
+}
+
+// redissonExpiry fills a Redisson-style log with entries grants in under a second,
+// lets them all expire and asks once more: its script releases every expired grant in
+// one ZREM with unpack, which Lua refuses past ~8000 values.
+func redissonExpiry(ctx context.Context, rdb *redis.Client, entries int) (bigResult, error) {
+	key := "big-redisson"
+	rl := redisson.New(rdb, keyPrefix+key, entries, 2*time.Second)
+	rdb.Del(ctx, rl.Keys()...)
+	defer rdb.Del(ctx, rl.Keys()...)
+	if err := rl.TrySetRate(ctx, rdb); err != nil {
+		return bigResult{}, err
+	}
+	t0 := time.Now()
+	if err := parallel(entries, 8, func() error { _, _, _, err := rl.TryAcquire(ctx, 1); return err }); err != nil {
+		return bigResult{}, err
+	}
+	time.Sleep(time.Until(t0.Add(2*time.Second + 100*time.Millisecond)))
+	n := rdb.ZCard(ctx, rl.Keys()[2]).Val()
+	r := bigResult{what: "Redisson-style log: acquire after every grant expired (releases them all)", entries: n, peer: true}
+	var failed error
+	calls, d, err := execTime(ctx, rdb, func() error {
+		_, _, _, failed = rl.TryAcquire(ctx, 1)
+		return nil
+	})
+	if err != nil {
+		return bigResult{}, err
+	}
+	r.calls, r.exec = calls, d
+	if failed != nil {
+		r.failed = failed.Error()
+	}
+	return r, nil
 }

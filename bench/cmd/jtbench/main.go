@@ -82,7 +82,9 @@ func run(addr, sections string, rounds int, slice time.Duration, gs, ws []int, r
 		addr = s.Addr
 		log.Printf("started redis-server on %s", addr)
 	}
-	opts := &redis.Options{Addr: addr, PoolSize: pool}
+	// generous timeouts: on a shared, loaded machine a stall should show as latency in
+	// the tables, not end the run
+	opts := &redis.Options{Addr: addr, PoolSize: pool, DialTimeout: 30 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second}
 	rdb := redis.NewClient(opts)
 	defer rdb.Close()
 	if err := rdb.Ping(ctx).Err(); err != nil {
