@@ -138,6 +138,10 @@ func (s summary) print(out io.Writer) error {
 	check(q.Archived == 0 && q.FailedTotal == 0 && st.failures.Load() == 0, "tasks archived or failed")
 	check(st.retriesSpent.Load() == 0, "%d task runs had spent a retry", st.retriesSpent.Load())
 	check(st.otherErrs.Load() == 0, "%d errors in the loop or HTTP client, first: %s", st.otherErrs.Load(), st.errText)
+	if api429 > 0 && maxLimiter <= s.limit.Rate {
+		fmt.Fprintf(out, "note: the grants kept the limit, yet the API saw %d requests within %v: some arrived more than the %v margin after their grant (a starved host delays wake-ups and requests); run again with a larger -margin\n",
+			apiMax, cfg.period, cfg.margin)
+	}
 	if len(broken) > 0 {
 		fmt.Fprintln(out, "FAIL:", strings.Join(broken, "; "))
 		return errors.New(strings.Join(broken, "; "))
