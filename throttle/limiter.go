@@ -257,7 +257,11 @@ func (l *Limiter) run(ctx context.Context, op, n int, x int64) (reply, error) {
 		if l.hooks.RedisError != nil {
 			l.hooks.RedisError(l.key, err)
 		}
-		return reply{}, scriptError(ctx, l.key, err)
+		err = scriptError(ctx, l.key, err)
+		if errors.Is(err, ErrUnavailable) {
+			reloadSlots(l.rdb)
+		}
+		return reply{}, err
 	}
 	v, ok := int64s5(cmd.Val())
 	if !ok {

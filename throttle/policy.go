@@ -121,6 +121,17 @@ func isUnavailable(ctx context.Context, err error) bool {
 	return false
 }
 
+// reloadSlots asks a cluster client to read the cluster's slot map again, after a call
+// failed because Redis could not serve it. A master that died is then replaced by the
+// replica the cluster promotes as soon as it is promoted: go-redis reads the map again
+// by itself only on a MOVED reply, which a dead node never sends, or every 10s. The
+// reload runs in the background, at most one at a time and 5 a second.
+func reloadSlots(rdb redis.UniversalClient) {
+	if c, ok := rdb.(*redis.ClusterClient); ok {
+		c.ReloadState(context.Background())
+	}
+}
+
 // breaker remembers that Redis was unreachable, so that FailOpen and FailLocal decide
 // locally for a while instead of paying a timeout on every call.
 type breaker struct {
