@@ -125,7 +125,7 @@ type contResult struct {
 	util            float64 // share of rate used in the whole seconds after the first
 	max1s, max100ms int
 	callsPerPermit  float64
-	p50, p99        time.Duration // time from asking to holding a permit
+	mean, p50, p99  time.Duration // time from asking to holding a permit
 	fairMinMax      float64       // least / most permits of one worker
 	jain            float64
 }
@@ -203,6 +203,7 @@ func runContention(ctx context.Context, opts *redis.Options, c ccase, w, rate in
 		max1s:          maxInWindow(times, time.Second),
 		max100ms:       maxInWindow(times, 100*time.Millisecond),
 		callsPerPermit: float64(calls.n.Load()) / float64(max(1, len(times))),
+		mean:           meanOf(waits),
 		p50:            percentile(waits, 50),
 		p99:            percentile(waits, 99),
 		jain:           jain(perW),

@@ -29,6 +29,18 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 	return sorted[max(0, min(i, len(sorted)-1))]
 }
 
+// meanOf returns the mean of ds (0 for none).
+func meanOf(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	var sum time.Duration
+	for _, d := range ds {
+		sum += d
+	}
+	return sum / time.Duration(len(ds))
+}
+
 // jain is Jain's fairness index of xs: (Σx)² / (n·Σx²), 1 when all are equal.
 func jain(xs []int) float64 {
 	var sum, sq float64
