@@ -74,9 +74,10 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) time.
 //
 //   - every key of a limiter is in one slot (CLUSTER KEYSLOT), the library's hash tag
 //     winning over the braces in the key; no call ever fails with CROSSSLOT;
-//   - every error a caller sees is ErrUnavailable, and callers that retry get through
-//     once the cluster has failed over (the time until each key whose master failed
-//     is served again is reported);
+//   - every error a caller sees is ErrUnavailable (or, releasing a semaphore lease a
+//     failover lost, ErrLeaseLost), and callers that retry get through once the
+//     cluster has failed over (the time until each limiter key and semaphore whose
+//     master failed is served again is reported);
 //   - nothing is charged twice, and no period holds more than the bound on any key,
 //     except by grants a failover lost: the server-side record of grants
 //     (redistest.AuditScript), replicated with the state, shows which grants callers
@@ -173,10 +174,26 @@ func TestClusterFailover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// one semaphore on each master, on a client of their own (so that they do not
+	// benefit from what the limiters' calls do to the client), with a short lease TTL:
+	// a lease whose release a failover lost holds its slot until then
+	semClient := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
+	defer semClient.Close()
+	var sems []*Semaphore
+	for m := 0; m < 3; m++ {
+		s, err := NewSemaphore(semClient, onMaster("sem", m), 4, WithKeyPrefix(prefix), WithLeaseTTL(2*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sems = append(sems, s)
+	}
 	all := append(append(append([]*Limiter(nil), hot...), cold...), long...)
 
 	// every key of a limiter (and of the semaphore) is in the slot of its hash tag
 	tagged := [][]string{sem.keys}
+	for _, s := range sems {
+		tagged = append(tagged, s.keys)
+	}
 	for _, l := range all {
 		tagged = append(tagged, append(append([]string(nil), l.keys...), l.keys[0]+":audit"))
 	}
@@ -263,6 +280,56 @@ func TestClusterFailover(t *testing.T) {
 		wg.Add(1)
 		go worker(func(r *rand.Rand) *Limiter { return cold[r.Intn(len(cold))] }, int64(10000+w), false)
 	}
+	semGot := make([][]time.Time, len(sems)) // when each TryAcquire that got a lease was made
+	for i, s := range sems {
+		for w := 0; w < 2; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					start := time.Now()
+					lease, wait, err := s.TryAcquire(ctx)
+					if err == nil && lease != nil {
+						mu.Lock()
+						semGot[i] = append(semGot[i], start)
+						mu.Unlock()
+						time.Sleep(2 * ms)
+						// a lease whose grant a failover lost is gone: ErrLeaseLost is right
+						if err = lease.Release(ctx); errors.Is(err, ErrLeaseLost) {
+							err = nil
+						}
+					} else if err == nil {
+						time.Sleep(min(wait, 10*ms))
+					}
+					if err != nil {
+						mu.Lock()
+						if errors.Is(err, ErrUnavailable) {
+							seen = append(seen, time.Now())
+						} else {
+							other = append(other, err)
+						}
+						mu.Unlock()
+						time.Sleep(20 * ms)
+					}
+				}
+			}()
+		}
+	}
+	semServed := func(m int, from time.Time) (after time.Duration, ok bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, at := range semGot[m] {
+			if at.After(from) {
+				return at.Sub(from), true
+			}
+		}
+		return 0, false
+	}
 
 	// firstSent returns when the first call on l sent after from that got a grant was
 	// sent (zero if none yet)
@@ -277,6 +344,9 @@ func TestClusterFailover(t *testing.T) {
 	// served reports whether every hot key on master m has had a call sent after from
 	// get a grant
 	served := func(m int, from time.Time) bool {
+		if _, ok := semServed(m, from); !ok {
+			return false
+		}
 		byKey := grants.ByKey()
 		for _, l := range hot {
 			if master[l] == m && firstSent(byKey, l, from).IsZero() {
@@ -328,8 +398,9 @@ func TestClusterFailover(t *testing.T) {
 		t.Helper()
 		waitFor(t, 30*time.Second, "every hot key of the failed master served again", func() bool { return served(m, at) })
 		back, stall := recovery(m, at)
-		t.Logf("%s: the cluster had failed over %v after it; every key of that master was served again %v after it; callers saw %d ErrUnavailable; the longest a key of another master went unserved: %v",
-			what, healed.Round(ms), back.Round(ms), errorsBetween(at, at.Add(back+time.Second)), stall.Round(ms))
+		semBack, _ := semServed(m, at)
+		t.Logf("%s: the cluster had failed over %v after it; every limiter key of that master was served again %v after it, its semaphore %v after it; callers saw %d ErrUnavailable; the longest a limiter key of another master went unserved: %v",
+			what, healed.Round(ms), back.Round(ms), semBack.Round(ms), errorsBetween(at, at.Add(max(back, semBack)+time.Second)), stall.Round(ms))
 	}
 	time.Sleep(time.Second)
 

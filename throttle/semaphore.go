@@ -332,7 +332,11 @@ func (s *Semaphore) run(ctx context.Context, op int, id string, join bool) (semR
 		if s.hooks.RedisError != nil {
 			s.hooks.RedisError(s.key, err)
 		}
-		return semReply{}, scriptError(ctx, s.key, err)
+		err = scriptError(ctx, s.key, err)
+		if errors.Is(err, ErrUnavailable) {
+			reloadSlots(s.rdb)
+		}
+		return semReply{}, err
 	}
 	v, err := cmd.Int64Slice()
 	if err != nil || len(v) != 3 {
