@@ -261,8 +261,6 @@ local function jt_log(key, pause_key, prec, op, n, x, limits)
       if lg_E then lg_E = lg_E + 1 end
     end
     lg_Tlast = rt
-    -- the state matters until its last entry has left the longest window
-    jt_expire(key, rt + pmax - now)
   end
 
   -- remaining: what a call made now could still get; nothing while bookings wait
@@ -281,7 +279,14 @@ local function jt_log(key, pause_key, prec, op, n, x, limits)
   local reset = 0
   if lg_E ~= 0 then reset = math.max(0, lg_Tlast + pmax - now) end
   if granted then
-    if n == 0 then t = 0 end
+    if n > 0 then
+      -- the state matters until its last entry has left the longest window. Last, after
+      -- every read: Redis can count a TTL of a millisecond or two as already over (its
+      -- clock for PEXPIRE lags the script's), and the key is then gone at once.
+      jt_expire(key, lg_Tlast + pmax - now)
+    else
+      t = 0
+    end
     return {1, remaining, wait, reset, t}
   end
   return {0, remaining, wait, reset, 0}
