@@ -39,6 +39,14 @@ var (
 	// released. Nothing was freed or renewed.
 	ErrLeaseLost = errors.New("jobthrottle: semaphore lease lost")
 
+	// ErrNoPermission: the Redis user lacks a permission jobthrottle needs (see
+	// ACLRules): a command it sends or one its scripts run, or access to the keys or
+	// channels under the prefix. The error wraps Redis's refusal, which names the
+	// command, key or channel (Redis 7.0 does not name a command a script was refused).
+	// A call refused part-way may have taken effect: a user without MULTI runs the
+	// script outside the transaction before the refusal reaches the caller.
+	ErrNoPermission = errors.New("jobthrottle: redis user lacks a permission (see throttle.ACLRules)")
+
 	// ErrUnexpectedReply: Redis answered a script with something it does not return,
 	// e.g. a proxy in between that rewrote the reply.
 	ErrUnexpectedReply = errors.New("jobthrottle: unexpected reply from redis script")

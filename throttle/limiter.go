@@ -307,9 +307,9 @@ func evalTx(ctx context.Context, rdb redis.UniversalClient,
 }
 
 // scriptError maps a failed script call to this package's errors: what a script
-// reports (JTARG, JTSTATE) and a wrong-type key become sentinels, an unreachable Redis
-// ErrUnavailable (wrapping the cause too); anything else (the caller's context, an
-// ACL refusal) is wrapped as it is.
+// reports (JTARG, JTSTATE), a wrong-type key and an ACL refusal become sentinels, an
+// unreachable Redis ErrUnavailable (wrapping the cause too); anything else (the
+// caller's context) is wrapped as it is.
 func scriptError(ctx context.Context, key string, err error) error {
 	if isUnavailable(ctx, err) {
 		return fmt.Errorf("%w: key %q: %w", ErrUnavailable, key, err)
@@ -322,6 +322,8 @@ func scriptError(ctx context.Context, key string, err error) error {
 			return fmt.Errorf("%w: key %q: %v", ErrCorruptState, key, err)
 		case strings.Contains(msg, "JTARG"):
 			return fmt.Errorf("%w: key %q: %v", ErrInvalidArgument, key, err)
+		case strings.Contains(msg, "NOPERM"), strings.Contains(msg, "The user executing the script can't"):
+			return fmt.Errorf("%w: key %q: %w", ErrNoPermission, key, err)
 		}
 	}
 	return fmt.Errorf("jobthrottle: key %q: %w", key, err)

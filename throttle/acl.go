@@ -1,0 +1,32 @@
+package throttle
+
+import "strings"
+
+// aclCommands are the commands a Redis user needs to use Limiters and Semaphores:
+// those the client sends (scripts by SHA, by source after a SCRIPT FLUSH or restart,
+// inside MULTI/EXEC so that a lost reply cannot run one twice; the semaphore's wake-up
+// subscription) and those the scripts run, which Redis checks against the calling
+// user too. TestACLLeastPrivilege checks it is exactly what the library uses.
+var aclCommands = []string{
+	"evalsha", "eval", "multi", "exec", "subscribe", "unsubscribe",
+	"time", "get", "set", "pexpire", "del", "unlink",
+	"lrange", "lindex", "llen", "ltrim", "rpush", "lset",
+	"zcard", "zscore", "zrange", "zrangebyscore", "zremrangebyscore", "zrem", "zadd", "zrank", "publish",
+}
+
+// ACLRules returns the Redis ACL rules (Redis 6.2 or later) that let a user do all a
+// Limiter or a Semaphore with key prefix prefix (WithKeyPrefix; "jobthrottle:" by
+// default) does, and nothing else: the commands it sends and its scripts run, the
+// keys under "{<prefix>" and the semaphores' wake-up channels there. For example:
+//
+//	ACL SETUSER worker on >secret <ACLRules("jobthrottle:")>
+//
+// A user without one of them gets errors wrapping ErrNoPermission.
+func ACLRules(prefix string) string {
+	var b strings.Builder
+	b.WriteString("resetkeys ~{" + prefix + "* resetchannels &{" + prefix + "* -@all")
+	for _, c := range aclCommands {
+		b.WriteString(" +" + c)
+	}
+	return b.String()
+}
