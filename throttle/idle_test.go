@@ -1,0 +1,302 @@
+package throttle
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// startOwnServer starts a redis-server for one test (its keyspace, memory and
+// configuration are the test's alone) and returns a client; the server stops with
+// the test. Without redis-server the test is skipped (or fails under
+// JOBTHROTTLE_REQUIRE_REAL).
+func startOwnServer(t *testing.T, args ...string) (*redistest.Server, *redis.Client) {
+	t.Helper()
+	s, err := redistest.StartServer(args...)
+	if err != nil {
+		if os.Getenv("JOBTHROTTLE_REQUIRE_REAL") != "" {
+			t.Fatalf("real Redis required: %v", err)
+		}
+		t.Skipf("no redis-server: %v", err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, PoolSize: 64})
+	t.Cleanup(func() { c.Close(); s.Kill(); os.RemoveAll(s.Dir) })
+	return s, c
+}
+
+// keyspace returns the keys and the keys with a TTL that INFO keyspace reports for db0.
+func keyspace(ctx context.Context, c *redis.Client) (keys, expires int64, err error) {
+	info, err := c.Info(ctx, "keyspace").Result()
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if !strings.HasPrefix(line, "db0:") {
+			continue
+		}
+		for _, f := range strings.Split(strings.TrimSpace(line[4:]), ",") {
+			k, v, _ := strings.Cut(f, "=")
+			n, _ := strconv.ParseInt(v, 10, 64)
+			switch k {
+			case "keys":
+				keys = n
+			case "expires":
+				expires = n
+			}
+		}
+	}
+	return keys, expires, nil
+}
+
+// 100k keys across every algorithm, the pause and the semaphore (leases leaked, places
+// in the queue left) are touched once and left idle, on a real redis-server of the
+// test's own: while they live, every key has a TTL (INFO keyspace's expires equals its
+// keys at every sample, every 100ms, and a full SCAN with PTTL finds none without one);
+// after the longest TTL Redis's own expiry removes them all, with no client touching a
+// key. Periods are short (1s; bookings and leases up to 2s) so it takes seconds.
+// Tolerances: the last keys must be gone 1s after the longest TTL (Redis's active
+// expiry runs 10 times a second and is budgeted; the measured time is logged).
+func TestIdleKeysExpire(t *testing.T) {
+	_, c := startOwnServer(t)
+	ctx := context.Background()
+	const (
+		perKind = 12_500 // 8 kinds: 100k keys
+		workers = 64
+	)
+	limit := Limit{Rate: 5, Period: time.Second}
+	longest := 2*time.Second + 50*ms // a booking 1s ahead lasts a period after it; leases 2s
+	type kind struct {
+		name  string
+		touch func(i int) error
+	}
+	lim := func(alg Algorithm, i int, key string) (*Limiter, error) {
+		return New(c, fmt.Sprintf("%s%d", key, i), limit, WithAlgorithm(alg))
+	}
+	kinds := []kind{}
+	for _, alg := range allAlgorithms {
+		alg := alg
+		kinds = append(kinds, kind{alg.String(), func(i int) error {
+			l, err := lim(alg, i, "idle-"+alg.String())
+			if err == nil {
+				_, err = l.AllowN(ctx, 1)
+			}
+			return err
+		}})
+	}
+	kinds = append(kinds,
+		kind{"booked ahead", func(i int) error { // a full window, then a booking a period ahead
+			l, err := lim(allAlgorithms[i%4], i, "idle-booked-")
+			if err == nil {
+				_, err = l.AllowN(ctx, 5)
+			}
+			if err == nil {
+				_, err = l.Reserve(ctx, 1, 2*time.Second)
+			}
+			return err
+		}},
+		kind{"paused", func(i int) error {
+			l, err := lim(SlidingWindow, i, "idle-paused-")
+			if err == nil {
+				err = l.Pause(ctx, time.Second)
+			}
+			return err
+		}},
+		kind{"semaphore lease leaked", func(i int) error {
+			s, err := NewSemaphore(c, fmt.Sprintf("idle-sem%d", i), 1, WithLeaseTTL(2*time.Second))
+			if err == nil {
+				_, _, err = s.TryAcquire(ctx) // never released
+			}
+			return err
+		}},
+		kind{"semaphore place left", func(i int) error { // a lease, and a place in its queue
+			s, err := NewSemaphore(c, fmt.Sprintf("idle-semq%d", i), 1, WithLeaseTTL(time.Second))
+			if err == nil {
+				_, _, err = s.TryAcquire(ctx)
+			}
+			if err == nil {
+				_, err = s.call(ctx, semAcquire, newLeaseID(), true)
+			}
+			return err
+		}},
+	)
+
+	// sample the keyspace while the keys are made and while they idle
+	var samples, bad atomic.Int64
+	stop := make(chan struct{})
+	sampled := make(chan error, 1)
+	go func() {
+		tick := time.NewTicker(100 * ms)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				sampled <- nil
+				return
+			case <-tick.C:
+			}
+			keys, expires, err := keyspace(ctx, c)
+			if err != nil {
+				sampled <- err
+				return
+			}
+			samples.Add(1)
+			if keys != expires {
+				bad.Add(1)
+				t.Errorf("INFO keyspace: %d keys, %d with a TTL", keys, expires)
+			}
+		}
+	}()
+
+	start := time.Now()
+	var failed atomic.Value
+	for _, k := range kinds {
+		var wg sync.WaitGroup
+		next := atomic.Int64{}
+		for w := 0; w < workers; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := int(next.Add(1)); i <= perKind; i = int(next.Add(1)) {
+					if err := k.touch(i); err != nil {
+						failed.Store(fmt.Errorf("%s %d: %w", k.name, i, err))
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		if err, _ := failed.Load().(error); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lastTouch := time.Now()
+	made, _ := c.DBSize(ctx).Result()
+	t.Logf("touched %d keys of %d kinds in %v; %d keys live at the end (the first have expired)",
+		perKind*len(kinds), len(kinds), lastTouch.Sub(start).Round(ms), made)
+
+	// one full pass: every live key has a TTL
+	var scanned, noTTL int
+	iter := c.Scan(ctx, 0, "*", 5000).Iterator()
+	var batch []string
+	flush := func() {
+		pipe := c.Pipeline()
+		cmds := make([]*redis.DurationCmd, len(batch))
+		for i, k := range batch {
+			cmds[i] = pipe.PTTL(ctx, k)
+		}
+		_, _ = pipe.Exec(ctx)
+		for i, cmd := range cmds {
+			if d := cmd.Val(); d == -1 { // -2: expired meanwhile
+				noTTL++
+				t.Errorf("key %q has no TTL", batch[i])
+			}
+		}
+		scanned += len(batch)
+		batch = batch[:0]
+	}
+	for iter.Next(ctx) {
+		batch = append(batch, iter.Val())
+		if len(batch) == 1000 {
+			flush()
+		}
+	}
+	flush()
+	if err := iter.Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	// gone after the longest TTL, by Redis's expiry alone
+	var goneAfter time.Duration
+	for {
+		n, err := c.DBSize(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			goneAfter = time.Since(lastTouch)
+			break
+		}
+		if time.Since(lastTouch) > longest+time.Second {
+			t.Fatalf("%d keys still there %v after the last touch (longest TTL %v)", n, time.Since(lastTouch), longest)
+		}
+		time.Sleep(10 * ms)
+	}
+	close(stop)
+	if err := <-sampled; err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("SCAN with PTTL: %d keys, %d without a TTL; INFO keyspace sampled %d times every 100ms, keys != expires in %d",
+		scanned, noTTL, samples.Load(), bad.Load())
+	t.Logf("all gone %v after the last touch (longest TTL %v)", goneAfter.Round(ms), longest)
+}
+
+// Leaked semaphore leases free their slots within TTL + 100ms: on a real server (the
+// test's own), holders take the only slot of 500 semaphores and vanish without
+// releasing it. Each semaphore is tried twice, at its own times: 100ms before its
+// lease's TTL ends (by the time the call that got it was sent) the slot must still be
+// taken; 100ms after its TTL (by the time the grant came back) a newcomer must get
+// it. A check that cannot run within 20ms of its time is counted, not made.
+// (TestSemaphoreHoldersKilled checks the same with holder processes killed -9.)
+func TestLeakedLeasesFreeTheirSlots(t *testing.T) {
+	_, c := startOwnServer(t)
+	ctx := context.Background()
+	const n, ttl = 500, 500 * time.Millisecond
+	type check struct {
+		at   time.Time
+		i    int
+		free bool // the slot must be free (else: still taken)
+	}
+	sems := make([]*Semaphore, n)
+	var checks []check
+	for i := range sems {
+		s, err := NewSemaphore(c, fmt.Sprintf("leak%d", i), 1, WithLeaseTTL(ttl))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sems[i] = s
+		sent := time.Now()
+		if l, _, err := s.TryAcquire(ctx); err != nil || l == nil {
+			t.Fatalf("TryAcquire: %v %v", l, err)
+		}
+		got := time.Now()
+		checks = append(checks, check{sent.Add(ttl - 100*ms), i, false}, check{got.Add(ttl + 100*ms), i, true})
+	}
+	slices.SortFunc(checks, func(a, b check) int { return a.at.Compare(b.at) })
+	var held, freed, skipped int
+	for _, ch := range checks {
+		time.Sleep(time.Until(ch.at))
+		if time.Since(ch.at) > 20*ms {
+			skipped++
+			continue
+		}
+		l, _, err := sems[ch.i].TryAcquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case ch.free && l == nil:
+			t.Errorf("semaphore %d: slot still taken 100ms after the leaked lease's TTL", ch.i)
+		case !ch.free && l != nil:
+			t.Errorf("semaphore %d: slot free 100ms before the leaked lease's TTL", ch.i)
+		case ch.free:
+			freed++
+		default:
+			held++
+		}
+	}
+	if freed < n/2 || held < n/2 {
+		t.Fatalf("only %d free-checks and %d held-checks ran on time (%d late)", freed, held, skipped)
+	}
+	t.Logf("%d leases leaked (TTL %v): slot still taken at TTL - 100ms in %d checks, free again by TTL + 100ms in %d checks (%d checks late, skipped)",
+		n, ttl, held, freed, skipped)
+}
