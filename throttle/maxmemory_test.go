@@ -1,0 +1,145 @@
+package throttle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/lua"
+	"github.com/redis/go-redis/v9"
+)
+
+// infoInt returns a field of INFO section.
+func infoInt(ctx context.Context, c *redis.Client, section, field string) int64 {
+	info, _ := c.Info(ctx, section).Result()
+	for _, line := range strings.Split(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	return -1
+}
+
+// A flood of unique keys on a server with a small maxmemory (4mb, of which an empty
+// Redis uses about 1mb) while ten limiters are in use (sliding window, 1000/s, called
+// every 2ms, with StateLost hooks): each eviction policy's effect on their state.
+// The flood is 30k one-grant sliding-window states of unique tenants (1-minute
+// period), sent in pipelines. Measured and logged: keys evicted, flood keys kept, the
+// busy limiters' state evictions (Redis's keyspace notices) and StateLost's calls,
+// and calls that failed. Asserted: StateLost is never called more often than their
+// state was evicted; volatile-ttl, which evicts the shortest TTLs first, evicts the
+// busy state and the hook reports it; noeviction refuses writes with an OOM error that
+// is not ErrUnavailable (nothing is granted) and evicts nothing.
+func TestMaxmemoryFlood(t *testing.T) {
+	for _, policy := range []string{"allkeys-lru", "allkeys-lfu", "volatile-lru", "volatile-ttl", "allkeys-random", "noeviction"} {
+		t.Run(policy, func(t *testing.T) {
+			_, c := startOwnServer(t, "--maxmemory", "4mb", "--maxmemory-policy", policy, "--notify-keyspace-events", "Ee")
+			ctx := context.Background()
+			const active, floodN = 10, 30_000
+
+			// the evictions of the busy limiters' keys, as Redis reports them
+			sub := c.Subscribe(ctx, "__keyevent@0__:evicted")
+			defer sub.Close()
+			if _, err := sub.Receive(ctx); err != nil {
+				t.Fatal(err)
+			}
+			var busyEvicted atomic.Int64
+			go func() {
+				for m := range sub.Channel() {
+					if strings.HasPrefix(m.Payload, "{jobthrottle:busy-") {
+						busyEvicted.Add(1)
+					}
+				}
+			}()
+
+			var lost, calls, failed atomic.Int64
+			var firstErr atomic.Value
+			run, stop := context.WithCancel(ctx)
+			var wg sync.WaitGroup
+			for i := 0; i < active; i++ {
+				l, err := New(c, fmt.Sprintf("busy-%d", i), PerSecond(1000),
+					WithHooks(Hooks{StateLost: func(string) { lost.Add(1) }}))
+				if err != nil {
+					t.Fatal(err)
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for run.Err() == nil {
+						calls.Add(1)
+						if _, err := l.Allow(ctx); err != nil {
+							failed.Add(1)
+							firstErr.CompareAndSwap(nil, err)
+						}
+						time.Sleep(2 * time.Millisecond)
+					}
+				}()
+			}
+			time.Sleep(300 * time.Millisecond) // their windows fill
+
+			if err := lua.SlidingWindow.Load(ctx, c).Err(); err != nil {
+				t.Fatal(err)
+			}
+			var floodFailed int
+			var floodErr error
+			for i := 0; i < floodN; i += 500 {
+				pipe := c.Pipeline()
+				for j := i; j < i+500; j++ {
+					tag := fmt.Sprintf("{jobthrottle:flood-%06d}", j)
+					lua.SlidingWindow.EvalSha(ctx, pipe, []string{tag + ":sw", tag + ":pause"}, 0, 1, 0, 1, 10, 60_000_000)
+				}
+				cmds, _ := pipe.Exec(ctx)
+				for _, cmd := range cmds {
+					if err := cmd.Err(); err != nil {
+						floodFailed++
+						floodErr = err
+					}
+				}
+			}
+			time.Sleep(300 * time.Millisecond) // the busy limiters go on after the flood
+			stop()
+			wg.Wait()
+			time.Sleep(50 * time.Millisecond) // the last notices arrive
+
+			evicted := infoInt(ctx, c, "stats", "evicted_keys")
+			kept, _ := c.DBSize(ctx).Result()
+			used := infoInt(ctx, c, "memory", "used_memory")
+			errText := ""
+			if err, _ := firstErr.Load().(error); err != nil {
+				errText = err.Error()
+				if errors.Is(err, ErrUnavailable) {
+					t.Errorf("a full Redis reported as unavailable: %v", err)
+				}
+			}
+			t.Logf("%s: flood of %d keys (%d refused: %v); evicted %d keys, %d left, used_memory %d B; "+
+				"%d busy limiters made %d calls, %d failed (%s); their state was evicted %d times, StateLost called %d times",
+				policy, floodN, floodFailed, floodErr, evicted, kept, used, active, calls.Load(), failed.Load(), errText,
+				busyEvicted.Load(), lost.Load())
+			if lost.Load() > busyEvicted.Load() {
+				t.Errorf("StateLost called %d times for %d evictions", lost.Load(), busyEvicted.Load())
+			}
+
+			switch policy {
+			case "volatile-ttl":
+				if evicted == 0 || lost.Load() == 0 {
+					t.Errorf("volatile-ttl: %d evicted, StateLost called %d times; want the busy states evicted and reported", evicted, lost.Load())
+				}
+			case "noeviction":
+				if evicted != 0 || floodFailed == 0 || floodErr == nil || !strings.Contains(floodErr.Error(), "OOM") {
+					t.Errorf("noeviction: %d evicted, %d flood calls refused (%v); want none evicted, OOM refusals", evicted, floodFailed, floodErr)
+				}
+			default:
+				if evicted == 0 {
+					t.Errorf("%s: nothing evicted; the flood is too small to test eviction", policy)
+				}
+			}
+		})
+	}
+}
