@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/waiter"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/logging"
@@ -187,7 +188,7 @@ func TestACLLeastPrivilege(t *testing.T) {
 	if !slices.Equal(used, want) {
 		t.Fatalf("commands used: %v\nACLRules grants: %v", used, want)
 	}
-	t.Logf("the library uses %d commands: %s", len(used), strings.Join(used, " "))
+	redistest.Figure(t, "the library uses %d commands: %s", len(used), strings.Join(used, " "))
 
 	rules := ACLRules("jobthrottle:")
 	if err := aclUser(ctx, admin, "worker", rules); err != nil {
@@ -200,7 +201,7 @@ func TestACLLeastPrivilege(t *testing.T) {
 	if len(errs) > 0 {
 		t.Fatalf("workload as a user with ACL %q: %v", rules, errs)
 	}
-	t.Logf("ACL SETUSER worker on >pw %s: the whole workload works (%v)", rules, time.Since(start).Round(time.Millisecond))
+	redistest.Figure(t, "ACL SETUSER worker on >pw %s: the whole workload works (%v)", rules, time.Since(start).Round(time.Millisecond))
 
 	// one permission less at a time
 	cases := map[string]string{}
@@ -252,7 +253,7 @@ func TestACLLeastPrivilege(t *testing.T) {
 			if len(errs) > 0 {
 				t.Errorf("without %s: %v", missing, errs)
 			}
-			t.Logf("without %s: no error; waiters are woken by their renewal timer instead (workload %v)", missing, took.Round(time.Millisecond))
+			redistest.Figure(t, "without %s: no error; waiters are woken by their renewal timer instead (workload %v)", missing, took.Round(time.Millisecond))
 			continue
 		}
 		if len(errs) == 0 {
@@ -272,6 +273,10 @@ func TestACLLeastPrivilege(t *testing.T) {
 				t.Errorf("without %s: %q does not say what is missing", missing, msg)
 			}
 		}
-		t.Logf("without %-18s %d errors (%v), e.g. %v", missing+":", len(errs), took.Round(time.Millisecond), errs[0])
+		first := errs[0].Error()
+		if len(first) > 200 {
+			first = first[:200] + "…"
+		}
+		redistest.Figure(t, "without %-18s %d errors (%v), e.g. %s", missing+":", len(errs), took.Round(time.Millisecond), first)
 	}
 }

@@ -181,7 +181,7 @@ func TestIdleKeysExpire(t *testing.T) {
 	}
 	lastTouch := time.Now()
 	made, _ := c.DBSize(ctx).Result()
-	t.Logf("touched %d keys of %d kinds in %v; %d keys live at the end (the first have expired)",
+	redistest.Figure(t, "touched %d keys of %d kinds in %v; %d keys live at the end (the first have expired)",
 		perKind*len(kinds), len(kinds), lastTouch.Sub(start).Round(ms), made)
 
 	// one full pass: every live key has a TTL
@@ -235,9 +235,9 @@ func TestIdleKeysExpire(t *testing.T) {
 	if err := <-sampled; err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("SCAN with PTTL: %d keys, %d without a TTL; INFO keyspace sampled %d times every 100ms, keys != expires in %d",
+	redistest.Figure(t, "SCAN with PTTL: %d keys, %d without a TTL; INFO keyspace sampled %d times every 100ms, keys != expires in %d",
 		scanned, noTTL, samples.Load(), bad.Load())
-	t.Logf("all gone %v after the last touch (longest TTL %v)", goneAfter.Round(ms), longest)
+	redistest.Figure(t, "all gone %v after the last touch (longest TTL %v)", goneAfter.Round(ms), longest)
 }
 
 // Leaked semaphore leases free their slots within TTL + 100ms: on a real server (the
@@ -297,6 +297,6 @@ func TestLeakedLeasesFreeTheirSlots(t *testing.T) {
 	if freed < n/2 || held < n/2 {
 		t.Fatalf("only %d free-checks and %d held-checks ran on time (%d late)", freed, held, skipped)
 	}
-	t.Logf("%d leases leaked (TTL %v): slot still taken at TTL - 100ms in %d checks, free again by TTL + 100ms in %d checks (%d checks late, skipped)",
+	redistest.Figure(t, "%d leases leaked (TTL %v): slot still taken at TTL - 100ms in %d checks, free again by TTL + 100ms in %d checks (%d checks late, skipped)",
 		n, ttl, held, freed, skipped)
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/lua"
 	"github.com/redis/go-redis/v9"
 )
@@ -118,7 +119,7 @@ func TestMaxmemoryFlood(t *testing.T) {
 					t.Errorf("a full Redis reported as unavailable: %v", err)
 				}
 			}
-			t.Logf("%s: flood of %d keys (%d refused: %v); evicted %d keys, %d left, used_memory %d B; "+
+			redistest.Figure(t, "%s: flood of %d keys (%d refused: %v); evicted %d keys, %d left, used_memory %d B; "+
 				"%d busy limiters made %d calls, %d failed (%s); their state was evicted %d times, StateLost called %d times",
 				policy, floodN, floodFailed, floodErr, evicted, kept, used, active, calls.Load(), failed.Load(), errText,
 				busyEvicted.Load(), lost.Load())

@@ -129,7 +129,7 @@ func TestMemoryPerKey(t *testing.T) {
 		row += fmt.Sprintf(" %d leases: %6d B", m, usage(s.keys[0]))
 	}
 	rows = append(rows, row)
-	t.Logf("memory per key (redis %s, keys like {jobthrottle:tenant-000001}:sw, 1 limit):\n%s",
+	redistest.Figure(t, "memory per key (redis %s, keys like {jobthrottle:tenant-000001}:sw, 1 limit):\n%s",
 		serverVersion(ctx, c), strings.Join(rows, "\n"))
 }
 
