@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -28,6 +29,9 @@ import (
 //	G <key> <at µs> <n>   a grant its limiters' script replies made, at its server time
 //	C <key> <calls>       script calls it made on key
 //	P <key> <permits>     permits its WaitN calls returned nil for (what callers believe)
+//	EARLY <µs> <n> <u>    the most a WaitN returned before its grant took effect (by this
+//	                      machine's clock, which the server shares), how many did, and
+//	                      how many returned nil with no grant seen (must be none)
 //	E <error>             a call that failed
 //	CLOCK <go µs> <date>  its time.Now() and `date +%s.%N` run in its environment
 //	END
@@ -63,6 +67,35 @@ type shiftedClock struct{ d time.Duration }
 func (c shiftedClock) Now() time.Time                        { return time.Now().Add(c.d) }
 func (c shiftedClock) NewTimer(d time.Duration) waiter.Timer { return waiter.SystemClock.NewTimer(d) }
 
+// grantSlot, put in a call's context under grantSlotKey, receives the effect time (µs,
+// server clock) of the grant the call's script replied with (grantTap records it).
+type grantSlot struct{ at atomic.Int64 }
+
+type grantSlotKey struct{}
+
+// grantTap is a go-redis hook that stores each limiter script's grant in the
+// grantSlot of the call's context, if it has one.
+type grantTap struct{}
+
+func (grantTap) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (grantTap) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (grantTap) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		if slot, ok := ctx.Value(grantSlotKey{}).(*grantSlot); ok {
+			for _, c := range cmds {
+				if c, ok := c.(*redis.Cmd); ok && c.Err() == nil {
+					if v, err := c.Int64Slice(); err == nil && len(v) == 5 && v[0] == 1 && v[4] > 0 {
+						slot.at.Store(v[4])
+					}
+				}
+			}
+		}
+		return err
+	}
+}
+
 func TestFleetChildProcess(t *testing.T) {
 	spec := os.Getenv(fleetChildEnv)
 	if spec == "" {
@@ -80,6 +113,7 @@ func TestFleetChildProcess(t *testing.T) {
 	}
 	defer rdb.Close()
 	grants := redistest.RecordGrants(rdb)
+	rdb.AddHook(grantTap{})
 	lims := make([][]*Limiter, len(o.Jobs))
 	for i, j := range o.Jobs {
 		for _, key := range j.Keys {
@@ -105,6 +139,9 @@ func TestFleetChildProcess(t *testing.T) {
 		mu      sync.Mutex
 		believe = map[string]int{}
 		errs    []string
+		early   time.Duration // the most a WaitN returned before its grant took effect
+		earlyN  int
+		unseen  int
 		wg      sync.WaitGroup
 	)
 	for i := range o.Jobs {
@@ -116,12 +153,20 @@ func TestFleetChildProcess(t *testing.T) {
 				for time.Since(start) < o.Run {
 					l := lims[i][rng.Intn(len(lims[i]))]
 					n := 1 + rng.Intn(3)
-					err := l.WaitN(ctx, n)
+					slot := &grantSlot{}
+					err := l.WaitN(context.WithValue(ctx, grantSlotKey{}, slot), n)
+					back := time.Now()
 					mu.Lock()
 					if err != nil {
 						errs = append(errs, fmt.Sprintf("%s: %v", l.keys[0], err))
 					} else {
 						believe[l.keys[0]] += n
+						if slot.at.Load() == 0 {
+							unseen++
+						} else if d := time.UnixMicro(slot.at.Load()).Sub(back); d > 0 {
+							early = max(early, d)
+							earlyN++
+						}
 					}
 					mu.Unlock()
 				}
@@ -138,6 +183,7 @@ func TestFleetChildProcess(t *testing.T) {
 	for key, n := range believe {
 		fmt.Fprintf(out, "P %s %d\n", key, n)
 	}
+	fmt.Fprintf(out, "EARLY %d %d %d\n", early.Microseconds(), earlyN, unseen)
 	for _, e := range errs {
 		fmt.Fprintf(out, "E %s\n", strings.ReplaceAll(e, "\n", " "))
 	}
@@ -158,6 +204,8 @@ type fleetResult struct {
 	groups  []*redistest.Grants // the grants of each group's children
 	believe map[string]int      // permits callers were told they got, by key
 	errs    []string            // failed calls
+	early   []time.Duration     // per group: the most a WaitN returned before its grant
+	earlyN  int                 // how many WaitN returned early
 	clocks  [][2]float64        // per group: a child's time.Now and date, in s, minus the parent's time
 	byKey   map[string]*redistest.Grants
 }
@@ -235,7 +283,8 @@ func runFleet(t *testing.T, b *redistest.Backend, o fleetOrders, groups []fleetG
 			t.Fatal(err)
 		}
 	}
-	res := &fleetResult{grants: &redistest.Grants{}, believe: map[string]int{}, clocks: make([][2]float64, len(groups))}
+	res := &fleetResult{grants: &redistest.Grants{}, believe: map[string]int{}, clocks: make([][2]float64, len(groups)),
+		early: make([]time.Duration, len(groups))}
 	for range groups {
 		res.groups = append(res.groups, &redistest.Grants{})
 	}
@@ -266,6 +315,15 @@ func runFleet(t *testing.T, b *redistest.Backend, o fleetOrders, groups []fleetG
 			case "P":
 				n, _ := strconv.Atoi(f[2])
 				res.believe[f[1]] += n
+			case "EARLY":
+				us, _ := strconv.ParseInt(f[1], 10, 64)
+				n, _ := strconv.Atoi(f[2])
+				res.early[groupOf[i]] = max(res.early[groupOf[i]], time.Duration(us)*time.Microsecond)
+				res.earlyN += n
+				u, _ := strconv.Atoi(f[3])
+				if u > 0 {
+					t.Errorf("child %d: %d WaitN calls returned nil with no grant in their replies", i, u)
+				}
 			case "E":
 				res.errs = append(res.errs, strings.TrimPrefix(line, "E "))
 			case "CLOCK":
@@ -384,14 +442,14 @@ func keyNames(base string, n int) []string {
 // bucket, and the same on 16 keys: no period ever holds more than the bound on any key,
 // by the server times the grants take effect (each process records them from its
 // scripts' replies and reports them); the token bucket's grants conform to the bucket
-// exactly; what the scripts granted is what the callers were told.
+// exactly; what the scripts granted is what the callers were told; and no WaitN returns
+// before its grant takes effect (server and processes share this machine's clock).
 //
-// Tolerances: none on the bound. On the real servers utilization (whole periods after
-// the first) must reach 97% on the single keys, which 64 waiters keep about 300ms of
-// bookings ahead of; on 16 keys a key's queue can run dry (each WaitN picks a key at
-// random), so it is reported, not asserted. miniredis serves every process from this
-// one (and re-runs its Lua interpreter per call), so it gets a fifth of the rates and
-// its utilization is reported only. Calls per permit are reported (one call books n).
+// Tolerances: none on the bound; 1ms on the early return (µs against ns readings of
+// one clock). Utilization (the share of the rate used in whole periods after the
+// first) and calls per permit are reported, not asserted: they measure how fast the
+// processes run, which a loaded machine changes. miniredis serves every process from
+// this one (re-running its Lua interpreter per call), so it gets a fifth of the rates.
 // Runs 1.5s by default, 30s with JOBTHROTTLE_LONG=1.
 func TestFleetNeverOverAdmits(t *testing.T) {
 	const period = 250 * ms
@@ -424,9 +482,10 @@ func TestFleetNeverOverAdmits(t *testing.T) {
 			if s.over > 0 {
 				t.Errorf("%v: a grant took %d permits more than the bucket held", j.Alg, s.over)
 			}
-			if b.Real() && len(j.Keys) == 1 && s.util < 0.97 {
-				t.Errorf("%v: utilization %.4f on one key, want >= 0.97", j.Alg, s.util)
-			}
+		}
+		t.Logf("%s: WaitN calls that returned before their grant took effect: %d (the earliest by %v)", b.Kind, res.earlyN, res.early[0])
+		if res.early[0] > time.Millisecond {
+			t.Errorf("a WaitN returned %v before its grant took effect", res.early[0])
 		}
 	})
 }
