@@ -44,7 +44,7 @@ local now = jt_now()
 
 -- reads first: a key of another type fails here (WRONGTYPE), before any write
 redis.call('ZCARD', sem)
-redis.call('ZCARD', q)
+local queued_n = redis.call('ZCARD', q)
 redis.call('ZCARD', x)
 local pause_end = jt_pause(KEYS[4])
 local paused = pause_end > now
@@ -67,6 +67,36 @@ local function latest(key)
   return jt_num(v[2]) or bad(key, 'score')
 end
 
+-- place returns the lease id and TTL of place m, or fails (JTSTATE) for a place this
+-- script did not write.
+local function place(m)
+  local hid, hs = string.match(m, '^(%x+):(%d+)$')
+  local httl = jt_num(hs)
+  if not hid or #hid ~= 32 or not httl or httl < 1 then bad(q, 'place ' .. m) end
+  return hid, httl
+end
+
+-- Before the first write, read the places a hand-off of this call can reach (the
+-- head of the queue, lapsed places skipped as they go), so that a foreign one fails
+-- the call with nothing changed. A release frees one slot more.
+if not paused and queued_n > 0 then
+  local free = max - redis.call('ZCOUNT', sem, '(' .. string.format('%d', now), '+inf')
+  if op == 2 then free = free + 1 end
+  local from = 0
+  while free > 0 do
+    local head = redis.call('ZRANGE', q, from, from + math.min(free, 100) - 1)
+    if #head == 0 then break end
+    for _, m in ipairs(head) do
+      local lapse = score(x, m)
+      if free > 0 and (not lapse or lapse > now) then
+        place(m)
+        free = free - 1
+      end
+    end
+    from = from + #head
+  end
+end
+
 -- drop expired leases and lapsed places
 redis.call('ZREMRANGEBYSCORE', sem, '-inf', now)
 while true do
@@ -87,9 +117,7 @@ local function handoff()
     local head = redis.call('ZRANGE', q, 0, math.min(free, 100) - 1)
     if #head == 0 then break end
     for _, m in ipairs(head) do
-      local hid, hs = string.match(m, '^(%x+):(%d+)$')
-      local httl = jt_num(hs)
-      if not hid or #hid ~= 32 or not httl or httl < 1 then bad(q, 'place ' .. m) end
+      local hid, httl = place(m)
       redis.call('ZREM', q, m)
       redis.call('ZREM', x, m)
       redis.call('ZADD', sem, now + httl, hid)

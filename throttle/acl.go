@@ -11,7 +11,7 @@ var aclCommands = []string{
 	"evalsha", "eval", "multi", "exec", "subscribe", "unsubscribe",
 	"time", "get", "set", "pexpire", "del", "unlink",
 	"lrange", "lindex", "llen", "ltrim", "rpush", "lset",
-	"zcard", "zscore", "zrange", "zrangebyscore", "zremrangebyscore", "zrem", "zadd", "zrank", "publish",
+	"zcard", "zcount", "zscore", "zrange", "zrangebyscore", "zremrangebyscore", "zrem", "zadd", "zrank", "publish",
 }
 
 // ACLRules returns the Redis ACL rules (Redis 6.2 or later) that let a user do all a
