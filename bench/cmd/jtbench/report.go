@@ -74,15 +74,15 @@ func (r *report) writeThroughput(w io.Writer) {
 			t.med(sample.opsPerSec), median(t.ratios()))
 	}
 	fmt.Fprintf(w, "\n### Allow throughput\n\n")
-	fmt.Fprintf(w, "Ops/s ÷ the no-op EVALSHA's ops/s in the same round (median of rounds); the other columns at %d goroutines. Allowed path: a limit of %d per %v that is never reached (log entries expire while a case runs); denied path: %d per %v, so almost every call is denied. Every limiter case starts on fresh keys. Redis CPU is the server main thread's (INFO cpu) per call, I/O included; exec is the script's own time (INFO commandstats).\n\n", top, allowedRate, allowedPeriod, deniedRate, deniedPeriod)
+	fmt.Fprintf(w, "Ops/s ÷ the no-op EVALSHA's ops/s in the same round (median of rounds); \"by CPU\": the no-op's client + Redis CPU per call ÷ the case's, same round (median), the steadier figure on a shared machine; the other columns at %d goroutines. Allowed path: a limit of %d per %v that is never reached (log entries expire while a case runs); denied path: %d per %v, so almost every call is denied. Every limiter case starts on fresh keys. Redis CPU is the server main thread's (INFO cpu) per call, I/O included; exec is the script's own time (INFO commandstats).\n\n", top, allowedRate, allowedPeriod, deniedRate, deniedPeriod)
 	head := "| limiter | path | granted |"
 	sep := "|---|---|---:|"
 	for _, g := range r.gs {
 		head += fmt.Sprintf(" ÷ no-op @%d |", g)
 		sep += "---:|"
 	}
-	head += fmt.Sprintf(" ops/s @%d | p50 / p99 µs | Redis CPU µs/call | exec µs/call | client CPU µs/call | allocs/call |", top)
-	sep += "---:|---:|---:|---:|---:|---:|"
+	head += fmt.Sprintf(" ÷ no-op by CPU @%d | ops/s @%d | p50 / p99 µs | Redis CPU µs/call | exec µs/call | client CPU µs/call | allocs/call |", top, top)
+	sep += "---:|---:|---:|---:|---:|---:|---:|"
 	fmt.Fprintln(w, head)
 	fmt.Fprintln(w, sep)
 	for i, c := range r.cases {
@@ -95,11 +95,23 @@ func (r *report) writeThroughput(w io.Writer) {
 		for _, g := range r.gs {
 			row += fmt.Sprintf(" %.2f |", median(r.tp[tpKey{i, g}].ratios()))
 		}
-		row += fmt.Sprintf(" %.0f | %.0f / %.0f | %.1f | %.2f | %.1f | %.1f |",
-			t.med(sample.opsPerSec), t.med(p50), t.med(p99), t.med(redisCPU), t.med(exec), t.med(clientCPU), t.med(func(s sample) float64 { return s.allocs }))
+		row += fmt.Sprintf(" %.2f | %.0f | %.0f / %.0f | %.1f | %.2f | %.1f | %.1f |",
+			cpuRatio(t), t.med(sample.opsPerSec), t.med(p50), t.med(p99), t.med(redisCPU), t.med(exec), t.med(clientCPU), t.med(func(s sample) float64 { return s.allocs }))
 		fmt.Fprintln(w, row)
 	}
 	fmt.Fprintln(w)
+}
+
+// cpuRatio is the no-op's CPU per call (client and Redis) over the case's, each the
+// median of the rounds: what the ops/s ratio comes to when the two cores are the
+// bottleneck, and far steadier than ops/s on a machine others share.
+func cpuRatio(t *tpResult) float64 {
+	cpu := func(s sample) float64 { return float64(s.clientCPU + s.redisCPU) }
+	xs := make([]float64, len(t.samples))
+	for i := range t.samples {
+		xs[i] = cpu(t.noop[i]) / cpu(t.samples[i])
+	}
+	return median(xs)
 }
 
 func p50(s sample) float64       { return float64(s.p50) / float64(time.Microsecond) }
