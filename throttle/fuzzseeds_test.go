@@ -239,6 +239,9 @@ func fuzzSeeds() []fuzzSeed {
 	sem("junk-place-after-a-lease-expired", fzSemCfg(0, [2]int64{2, sec}), "k", "",
 		fzProg(fzSemCall(0, 0, semAcq, false), fzSemAt(500*time.Millisecond), fzSemCall(0, 1, semAcq, false), fzSemJunk(1, 2),
 			fzSemAt(600*time.Millisecond), fzSemCall(0, 2, semAcq, false), fzSemCall(0, 1, semRel, false)))
+	sem("foreign-member-in-the-lease-set", fzSemCfg(0, [2]int64{3, sec}), "k", "",
+		fzProg(fzSemCall(0, 0, semAcq, false), fzSemAt(500*time.Millisecond), fzSemJunk(0, 10),
+			fzSemAt(600*time.Millisecond), fzSemCall(0, 1, semAcq, false), fzSemCall(0, 1, semExt, false), fzSemCall(0, 1, semRel, false)))
 	sem("max-and-ttl-out-of-range-refused", fzSemCfg(0, [2]int64{0, sec}, [2]int64{1, 999}, [2]int64{maxRate + 1, maxPeriodUS + 1}), "k", "",
 		fzProg(fzSemCall(0, 0, semAcq, false)))
 	sem("hash-in-lease-key", fzSemCfg(1, [2]int64{1, sec}), "k", "v", fzProg(fzSemCall(0, 0, semAcq, true)))
