@@ -185,19 +185,20 @@ func measure(ctx context.Context, rdb *redis.Client, c tcase, g int, d time.Dura
 			lat := make([]time.Duration, 0, perG)
 			ok := 0
 			var err error
-			for {
+			for { // at least one call each, however late the goroutine starts
 				t0 := time.Now()
-				if !t0.Before(deadline) {
-					break
-				}
 				var allowed bool
 				allowed, err = c.op(ctx)
-				lat = append(lat, time.Since(t0))
+				t1 := time.Now()
+				lat = append(lat, t1.Sub(t0))
 				if err != nil {
 					break
 				}
 				if allowed {
 					ok++
+				}
+				if !t1.Before(deadline) {
+					break
 				}
 			}
 			mu.Lock()
