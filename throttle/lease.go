@@ -125,11 +125,12 @@ func (l *Lease) Hold(ctx context.Context, fn func(ctx context.Context) error) er
 		defer wg.Done()
 		l.keepAlive(hctx, done, cancel)
 	}()
-	err = fn(hctx)
-	close(done)
-	wg.Wait()
-	_ = l.Release(context.WithoutCancel(ctx))
-	return err
+	defer func() { // also when fn panics: the slot must not stay taken
+		close(done)
+		wg.Wait()
+		_ = l.Release(context.WithoutCancel(ctx))
+	}()
+	return fn(hctx)
 }
 
 // keepAlive extends the lease every TTL/3 until done is closed; when the lease is

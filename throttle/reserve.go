@@ -47,7 +47,14 @@ func (l *Limiter) Reserve(ctx context.Context, n int, maxWait time.Duration) (*w
 	if live != nil {
 		token := r.token
 		b.Moved = moved
-		b.Cancel = live.giveBack(func(ctx context.Context) error { return l.cancel(ctx, n, token) })
+		b.Cancel = func(ctx context.Context) error { return l.cancel(ctx, n, token) }
+		if r.local { // booked in FailLocal's share: give it back there
+			b.Cancel = func(context.Context) error {
+				l.local.cancel(l.clock.Now().UnixMicro(), token, n)
+				return nil
+			}
+		}
+		b.Cancel = live.giveBack(b.Cancel)
 	}
 	return waiter.NewReservation(b), nil
 }

@@ -971,3 +971,29 @@ func (c *scriptCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func (c *scriptCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
+
+// A holder whose function panics still releases its lease: the panic goes on, the slot
+// comes back at once.
+func TestLeaseHoldReleasesOnPanic(t *testing.T) {
+	b := redistest.NewMiniRealTime(t)
+	ctx := context.Background()
+	sem, err := NewSemaphore(b.Client, "panicky", 1, WithKeyPrefix(b.Prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, _, err := sem.TryAcquire(ctx)
+	if err != nil || l == nil {
+		t.Fatalf("TryAcquire: %v %v", l, err)
+	}
+	func() {
+		defer func() {
+			if r := recover(); r != "boom" {
+				t.Fatalf("recovered %v, want the handler's panic", r)
+			}
+		}()
+		_ = l.Hold(ctx, func(context.Context) error { panic("boom") })
+	}()
+	if next, _, err := sem.TryAcquire(ctx); err != nil || next == nil {
+		t.Fatalf("slot after a panicking holder: %v %v; want it free", next, err)
+	}
+}

@@ -112,6 +112,12 @@ func (r *Reservation) Wait(ctx context.Context) error {
 		r.giveBack()
 		return ctx.Err()
 	case <-r.moved:
+		if !r.clock.Now().Before(r.due) {
+			// the booking came due as the move arrived: it has taken effect, and
+			// giving it back would do nothing but leave its permit unused
+			r.settle()
+			return nil
+		}
 		r.giveBack()
 		return ErrMoved
 	}

@@ -250,3 +250,22 @@ func TestWaitRebooksWhenMoved(t *testing.T) {
 		t.Fatalf("%d bookings, %d cancels; want 2, 1", r.calls, cc.count())
 	}
 }
+
+// A move that arrives once the booking is due changes nothing: the permit has taken
+// effect and is used, not given back and booked again.
+func TestReservationMovedWhenDue(t *testing.T) {
+	clk := newFakeClock()
+	var cc cancelCount
+	moved := make(chan struct{})
+	r := NewReservation(Booking{OK: true, Delay: time.Second, Cancel: cc.cancel, Moved: moved, Clock: clk})
+	done := make(chan error, 1)
+	go func() { done <- r.Wait(context.Background()) }()
+	<-clk.made
+	clk.mu.Lock()
+	clk.now = clk.now.Add(time.Second) // due, but the timer has not fired yet
+	clk.mu.Unlock()
+	close(moved)
+	if err := <-done; err != nil || cc.count() != 0 {
+		t.Fatalf("Wait: %v with %d cancels; want nil, none", err, cc.count())
+	}
+}
