@@ -3,7 +3,10 @@
 -- KEYS[1]  {<prefix><key>}:tb     string "q1:r1:q2:r2:...:qm:rm:d" in lowercase hex:
 --                                 limit i's TAT is qi + ri/ratei µs (exact; 0 <= ri <
 --                                 ratei), and the latest grant took or takes effect at
---                                 q1 - d. (Hex and the offset keep one limit's state at
+--                                 q1 - d; d is negative ("-" and hex) only when a
+--                                 cancel gave back more than its booking took, which
+--                                 leaves the TAT below the latest grant. (Hex and the
+--                                 offset keep one limit's state at
 --                                 20 characters when period/rate < 65ms: a 40-byte value
 --                                 in Redis, as redis_rate's; the decimal
 --                                 "q1 r1 ... qm rm L" of earlier versions is read too.)
@@ -52,27 +55,32 @@ local now = jt_now()
 local nums, L
 local v = redis.call('GET', key)
 if v then
-  local a, b, c = string.match(v, '^([0-9a-f]+):([0-9a-f]+):([0-9a-f]+)$')
+  local a, b, s, c = string.match(v, '^([0-9a-f]+):([0-9a-f]+):(%-?)([0-9a-f]+)$')
   if a and #a <= 13 and #b <= 13 and #c <= 13 then
     nums = {tonumber(a, 16), tonumber(b, 16)}
-    L = nums[1] - tonumber(c, 16)
+    L = nums[1] - (s == '' and tonumber(c, 16) or -tonumber(c, 16))
   else
     local hex = string.find(v, ':', 1, true)
     nums = {}
     for w in string.gmatch(v, hex and '[^:]+' or '%S+') do
       local x
       if hex then
-        x = string.find(w, '^[0-9a-f]+$') and #w <= 14 and tonumber(w, 16)
+        local s, h = string.match(w, '^(%-?)([0-9a-f]+)$')
+        x = h and #h <= 14 and tonumber(h, 16)
+        if x and s ~= '' then x = -x end
       else
         x = jt_num(w)
       end
-      if not x or x > 9007199254740992 then
+      if not x or x > 9007199254740992 or x < -9007199254740992 then
         error('JTSTATE ' .. key .. ': not a number')
       end
       nums[#nums + 1] = x
     end
     if #nums % 2 ~= 1 then
       error('JTSTATE ' .. key .. ': length')
+    end
+    for i = 1, hex and #nums - 1 or 0 do -- only the offset may be negative
+      if nums[i] < 0 then error('JTSTATE ' .. key .. ': negative') end
     end
     L = nums[#nums]
     if hex then L = nums[1] - L end
@@ -106,11 +114,14 @@ local function save()
     local R = limits[i][1]
     ttl = math.max(ttl, jt_cdiv(d[i], R))
   end
-  -- the grants keep every TAT at or after L, so the offset q1 - L is not negative
+  -- grants keep every TAT at or after L; a cancel of more than was booked can leave
+  -- q1 below L, and L must survive that: the offset is then written negative
   local R = limits[1][1]
   local q1 = now + jt_fdiv(d[1], R)
+  local off = q1 - L
+  off = off >= 0 and string.format('%x', off) or string.format('-%x', -off)
   if m == 1 then
-    text = string.format('%x:%x:%x', q1, d[1] - (q1 - now) * R, q1 - math.min(L, q1))
+    text = string.format('%x:%x:', q1, d[1] - (q1 - now) * R) .. off
   else
     local parts = {}
     for i = 1, m do
@@ -118,7 +129,7 @@ local function save()
       local q = now + jt_fdiv(d[i], R)
       parts[i] = string.format('%x:%x:', q, d[i] - (q - now) * R)
     end
-    parts[m + 1] = string.format('%x', q1 - math.min(L, q1))
+    parts[m + 1] = off
     text = table.concat(parts)
   end
   redis.call('SET', key, text, 'PX', string.format('%d', math.max(1, jt_cdiv(ttl, 1000))))
