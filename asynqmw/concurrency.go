@@ -32,9 +32,11 @@ import (
 // comes back within one TTL. The handler's context is not cancelled if the lease is
 // lost anyway: the task finishes, and for that while the slot may be given twice.
 //
-// Errors from sem (Redis unreachable, with its default FailClosed policy) are returned
-// wrapped: they are failures, as for Throttle. A nil sem makes every task fail with an
-// error wrapping ErrNilArgument.
+// When Redis is unavailable (sem returns throttle.ErrUnavailable: its default
+// FailClosed policy) the task is treated as throttled, as Throttle treats it: tried
+// again within its budget, then handed back, never failed. Other errors from sem are
+// returned wrapped: they are failures. A nil sem makes every task fail with an error
+// wrapping ErrNilArgument.
 func Concurrency(sem *throttle.Semaphore, opts ...Option) asynq.MiddlewareFunc {
 	c := newConfig(opts)
 	return func(next asynq.Handler) asynq.Handler {
@@ -48,6 +50,7 @@ func Concurrency(sem *throttle.Semaphore, opts ...Option) asynq.MiddlewareFunc {
 			}
 			stop := keepLease(ctx, lease, sem.LeaseTTL())
 			defer stop()
+			defer c.holdResult(ctx) // runs before the release, which needs Redis as well
 			return next.ProcessTask(ctx, t)
 		})
 	}
@@ -55,34 +58,46 @@ func Concurrency(sem *throttle.Semaphore, opts ...Option) asynq.MiddlewareFunc {
 
 // acquire gets t a lease of sem, waiting for one within the attempt's budget.
 func (c *config) acquire(ctx context.Context, t *asynq.Task, sem *throttle.Semaphore) (*throttle.Lease, error) {
-	lease, wait, err := sem.TryAcquire(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("asynqmw: task %q: %w", t.Type(), err)
-	}
-	if lease != nil {
-		return lease, nil
-	}
 	a := c.attempt(ctx)
-	if a.budget > 0 {
-		start := time.Now()
-		actx, cancel := context.WithTimeout(ctx, a.budget)
-		lease, err = sem.Acquire(actx)
-		cancel()
-		switch {
-		case err == nil:
-			c.waited(ctx, t, time.Since(start), start)
-			return lease, nil
-		case ctx.Err() != nil:
-			return nil, ctx.Err()
-		case !errors.Is(err, context.DeadlineExceeded):
-			return nil, fmt.Errorf("asynqmw: task %q: %w", t.Type(), err)
+	limit := fmt.Sprintf("%d in flight", sem.Max())
+	var down outage
+	for {
+		lease, wait, err := sem.TryAcquire(ctx)
+		if err == nil && lease == nil && a.left() > 0 {
+			start := time.Now()
+			actx, cancel := context.WithCancel(ctx)
+			if !a.until.IsZero() {
+				actx, cancel = context.WithDeadline(ctx, a.until)
+			}
+			lease, err = sem.Acquire(actx)
+			cancel()
+			switch {
+			case err == nil:
+				c.waited(ctx, t, time.Since(start), start)
+				return lease, nil
+			case ctx.Err() != nil:
+				return nil, ctx.Err()
+			case errors.Is(err, context.DeadlineExceeded):
+				err = nil // no slot came within the budget: hand the task back
+			}
 		}
+		switch {
+		case errors.Is(err, throttle.ErrUnavailable) && ctx.Err() == nil:
+			if down.wait(ctx, a) {
+				continue
+			}
+			return nil, c.reject(ctx, t, a, down.throttled(sem.Key(), limit, err))
+		case err != nil:
+			return nil, fmt.Errorf("asynqmw: task %q: %w", t.Type(), err)
+		case lease != nil:
+			return lease, nil
+		}
+		return nil, c.reject(ctx, t, a, &ThrottledError{
+			RetryIn: min(wait, max(c.maxInline, time.Second)),
+			Key:     sem.Key(),
+			Limit:   limit,
+		})
 	}
-	return nil, c.reject(ctx, t, a, &ThrottledError{
-		RetryIn: min(wait, max(c.maxInline, time.Second)),
-		Key:     sem.Key(),
-		Limit:   fmt.Sprintf("%d in flight", sem.Max()),
-	})
 }
 
 // leaseCallTimeout bounds each extension and the final release of a lease.

@@ -35,6 +35,11 @@ type ThrottledError struct {
 	// Requeued reports whether the task was handed back to its queue as a copy (see
 	// Requeue) rather than left to asynq's retry.
 	Requeued bool
+
+	// Err, when not nil, is why no permit could be had other than the limit: Redis
+	// was unavailable (an error wrapping throttle.ErrUnavailable). Unwrap returns it,
+	// so errors.Is(err, throttle.ErrUnavailable) holds for such a *ThrottledError.
+	Err error
 }
 
 // Error returns a message such as `asynqmw: throttled by "vendor-api" (20 per 1s): retry in 7.3s`.
@@ -43,8 +48,14 @@ func (e *ThrottledError) Error() string {
 	if e.Requeued {
 		verb = "requeued to run"
 	}
+	if e.Err != nil {
+		return fmt.Sprintf("asynqmw: throttled by %q (%s): %v: %s in %v", e.Key, e.Limit, e.Err, verb, e.RetryIn)
+	}
 	return fmt.Sprintf("asynqmw: throttled by %q (%s): %s in %v", e.Key, e.Limit, verb, e.RetryIn)
 }
+
+// Unwrap returns Err: the cause when Redis was unavailable, else nil.
+func (e *ThrottledError) Unwrap() error { return e.Err }
 
 // IsThrottled reports whether err is, or wraps, a *ThrottledError: the task did not
 // run because of a limit, and will run later.

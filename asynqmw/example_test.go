@@ -33,7 +33,7 @@ func Example() {
 		DelayedTaskCheckInterval: time.Second, // throttled tasks return within ~2s of RetryIn, not 6s
 	})
 	mux := asynq.NewServeMux()
-	mux.Use(asynqmw.Throttle(lim, asynqmw.Requeue(rdb)))
+	mux.Use(asynqmw.Throttle(lim, asynqmw.Requeue(rdb), asynqmw.WaitForRedis(rdb)))
 	mux.HandleFunc("vendor:call", func(ctx context.Context, t *asynq.Task) error {
 		return nil // call the vendor: the permit is taken
 	})

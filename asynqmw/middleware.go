@@ -43,9 +43,20 @@ import (
 // the permit is given back and the middleware returns ctx.Err(). If this process
 // pauses lim meanwhile (waiter.NewTransport does on a 429), the task books again.
 //
-// Errors from lim (bad configuration, Redis unreachable) are returned wrapped: they
-// are failures, and asynq retries or archives the task as for any handler error. A
-// nil lim makes every task fail with an error wrapping ErrNilArgument.
+// When Redis is unavailable (lim returns throttle.ErrUnavailable: its default
+// FailClosed policy), the task is treated as throttled, never as failed: the
+// middleware tries again after 50ms, 100ms, ... up to a second apart for as long as
+// the task may sleep (MaxInlineWait, or on a last attempt its deadline), and then
+// hands it back as above with a *ThrottledError whose Err is the cause and RetryIn a
+// second. (With FailOpen or FailLocal, lim grants by that policy instead.) Other
+// errors from lim (bad configuration, a Redis user without permission, corrupt
+// state) are returned wrapped: they are failures, and asynq retries or archives the
+// task as for any handler error. A nil lim makes every task fail with an error
+// wrapping ErrNilArgument.
+//
+// If Redis goes down while a task runs, asynq v0.26 may lose the write of its
+// result and, a minute later, run it again or archive it; WaitForRedis prevents
+// that by holding the result until Redis answers.
 //
 // Precision: a handed-back task comes back when asynq's forwarder, which runs every
 // Config.DelayedTaskCheckInterval (5 s by default), finds it due; asynq stores the
@@ -63,7 +74,9 @@ func Throttle(lim *throttle.Limiter, opts ...Option) asynq.MiddlewareFunc {
 			if err := c.throttle(ctx, t, lim); err != nil {
 				return err
 			}
-			return next.ProcessTask(ctx, t)
+			err := next.ProcessTask(ctx, t)
+			c.holdResult(ctx)
+			return err
 		})
 	}
 }
@@ -93,7 +106,9 @@ func ThrottleFunc(pick func(ctx context.Context, t *asynq.Task) (*throttle.Limit
 					return err
 				}
 			}
-			return next.ProcessTask(ctx, t)
+			err = next.ProcessTask(ctx, t)
+			c.holdResult(ctx)
+			return err
 		})
 	}
 }
@@ -101,9 +116,16 @@ func ThrottleFunc(pick func(ctx context.Context, t *asynq.Task) (*throttle.Limit
 // throttle gets t its permit from lim, sleeping for it within the attempt's budget;
 // it returns nil when the task may run.
 func (c *config) throttle(ctx context.Context, t *asynq.Task, lim *throttle.Limiter) error {
+	a := c.attempt(ctx)
+	var down outage
 	for {
-		a := c.attempt(ctx)
-		res, err := lim.Reserve(ctx, 1, a.budget)
+		res, err := lim.Reserve(ctx, 1, a.left())
+		if errors.Is(err, throttle.ErrUnavailable) && ctx.Err() == nil {
+			if down.wait(ctx, a) {
+				continue
+			}
+			return c.reject(ctx, t, a, down.throttled(lim.Key(), describe(lim.Limits()), err))
+		}
 		if err != nil {
 			return fmt.Errorf("asynqmw: task %q: %w", t.Type(), err)
 		}
@@ -132,31 +154,73 @@ type attempt struct {
 	// final reports whether the task's retries are used up: asynq archives it on any
 	// error, so it must not be handed back with one.
 	final bool
-	// budget is the longest the task may sleep in the handler.
-	budget time.Duration
+	// until is when the task must stop sleeping in the handler; zero: never.
+	until time.Time
 }
-
-// foreverWait is the budget of a last attempt without a deadline (asynq always sets one).
-const foreverWait = time.Duration(math.MaxInt64)
 
 // attempt reads the task's retry counters and deadline from ctx. Outside asynq (no
 // counters in ctx) an attempt is not final: the caller gets the *ThrottledError.
 func (c *config) attempt(ctx context.Context) attempt {
 	retried, ok1 := asynq.GetRetryCount(ctx)
 	maxRetry, ok2 := asynq.GetMaxRetry(ctx)
-	a := attempt{final: ok1 && ok2 && retried >= maxRetry, budget: c.maxInline}
-	if a.final {
-		a.budget = foreverWait
+	a := attempt{final: ok1 && ok2 && retried >= maxRetry}
+	now := time.Now()
+	if !a.final {
+		a.until = now.Add(c.maxInline)
 	}
 	if dl, ok := ctx.Deadline(); ok {
-		left := time.Until(dl)
+		left := dl.Sub(now)
 		keep := c.handlerTime
 		if keep <= 0 {
 			keep = left / 2
 		}
-		a.budget = min(a.budget, max(left-keep, 0))
+		if u := now.Add(max(left-keep, 0)); a.until.IsZero() || u.Before(a.until) {
+			a.until = u
+		}
 	}
 	return a
+}
+
+// left is how much longer the task may sleep in the handler.
+func (a attempt) left() time.Duration {
+	if a.until.IsZero() {
+		return time.Duration(math.MaxInt64)
+	}
+	return max(time.Until(a.until), 0)
+}
+
+// outage paces the middleware's tries while its limiter or semaphore finds Redis
+// unavailable (throttle.ErrUnavailable under the default FailClosed policy).
+type outage struct{ backoff time.Duration }
+
+const (
+	outageFirstBackoff = 50 * time.Millisecond
+	outageMaxBackoff   = time.Second
+	// outageRetryIn is the RetryIn of a task handed back because Redis was unavailable.
+	outageRetryIn = time.Second
+)
+
+// wait sleeps before the next try, doubling from 50ms to 1s, and reports true when
+// the attempt's budget allows that try; false, without sleeping, when it does not or
+// ctx is done.
+func (o *outage) wait(ctx context.Context, a attempt) bool {
+	o.backoff = min(max(2*o.backoff, outageFirstBackoff), outageMaxBackoff)
+	if a.left() < o.backoff {
+		return false
+	}
+	tm := time.NewTimer(o.backoff)
+	defer tm.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-tm.C:
+		return true
+	}
+}
+
+// throttled is the error that hands a task back because Redis stayed unavailable.
+func (o *outage) throttled(key, limit string, err error) *ThrottledError {
+	return &ThrottledError{RetryIn: outageRetryIn, Key: key, Limit: limit, Err: err}
 }
 
 // reject hands a task back: to asynq's retry with te, or, on a last attempt, as a

@@ -319,10 +319,25 @@ func TestThrottleErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Redis unavailable (FailClosed): a throttle, tried again within MaxInlineWait.
 	b.Mini.SetError("LOADING Redis is loading the dataset in memory")
+	start := time.Now()
+	err = asynqmw.Throttle(lim, asynqmw.MaxInlineWait(300*time.Millisecond))(next).ProcessTask(ctx, task)
+	took := time.Since(start)
+	var te *asynqmw.ThrottledError
+	if !errors.As(err, &te) || asynqmw.IsFailure(err) || !errors.Is(err, throttle.ErrUnavailable) || next.n != 1 {
+		t.Errorf("Redis unavailable: err %v, handler calls %d; want a *ThrottledError wrapping ErrUnavailable, no failure, no call", err, next.n)
+	} else if te.RetryIn != time.Second || te.Key != "k" {
+		t.Errorf("Redis unavailable: RetryIn %v, Key %q; want 1s, \"k\"", te.RetryIn, te.Key)
+	}
+	if took < 150*time.Millisecond || took > 2*time.Second {
+		t.Errorf("Redis unavailable: handed back after %v; want it tried again for about MaxInlineWait (300ms)", took)
+	}
+	// A refusal that is not unavailability stays a failure.
+	b.Mini.SetError("NOPERM this user has no permissions to run the 'evalsha' command")
 	err = asynqmw.Throttle(lim)(next).ProcessTask(ctx, task)
 	if err == nil || asynqmw.IsThrottled(err) || !asynqmw.IsFailure(err) || next.n != 1 {
-		t.Errorf("Redis failing: err %v, handler calls %d; want a failure, not a throttle, and no call", err, next.n)
+		t.Errorf("Redis refusing: err %v, handler calls %d; want a failure, not a throttle, and no call", err, next.n)
 	}
 }
 

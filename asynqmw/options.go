@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 )
 
 // DefaultMaxInlineWait is how long a task may sleep in its handler for a permit unless
@@ -30,6 +31,7 @@ type config struct {
 	maxInline   time.Duration
 	handlerTime time.Duration // 0: half the time left before the deadline
 	requeue     *requeuer
+	hold        redis.UniversalClient // WaitForRedis; nil: off
 	hooks       Hooks
 }
 

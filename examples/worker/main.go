@@ -197,7 +197,8 @@ func startServers(cfg config, rdb redis.UniversalClient, lim *throttle.Limiter, 
 	mux := asynq.NewServeMux()
 	mux.Use(asynqmw.Throttle(lim,
 		asynqmw.MaxInlineWait(cfg.inline),
-		asynqmw.Requeue(rdb),
+		asynqmw.Requeue(rdb),      // a last attempt near its deadline is requeued, not archived
+		asynqmw.WaitForRedis(rdb), // a result is held while Redis is down, so asynq does not lose it
 		asynqmw.WithHooks(asynqmw.Hooks{
 			Waited:    func(context.Context, *asynq.Task, time.Duration) { st.slept.Add(1) },
 			Throttled: func(context.Context, *asynq.Task, *asynqmw.ThrottledError) { st.handedBack.Add(1) },
