@@ -81,7 +81,7 @@ func TestClockSkewedProcessesChangeNothing(t *testing.T) {
 			for _, g := range res.groups {
 				shares = append(shares, float64(g.ByKey()[state].Total())/float64(s.permits))
 			}
-			t.Logf("%s: %v %v, 6 processes (2 on time, 2 at +300s, 2 at -300s) × 8 goroutines: %d permits; most in any %v: %d (bound %d); over the bucket: %d; utilization %.4f; shares on time / +300s / -300s: %.3f / %.3f / %.3f",
+			redistest.Figure(t, "%s: %v %v, 6 processes (2 on time, 2 at +300s, 2 at -300s) × 8 goroutines: %d permits; most in any %v: %d (bound %d); over the bucket: %d; utilization %.4f; shares on time / +300s / -300s: %.3f / %.3f / %.3f",
 				b.Kind, j.Alg, j.Limit, s.permits, period, s.most, bound(j.Alg, j.Limit), s.over, s.util, shares[0], shares[1], shares[2])
 			if s.most > bound(j.Alg, j.Limit) {
 				t.Errorf("%v: %d permits took effect within one %v, bound %d", j.Alg, s.most, period, bound(j.Alg, j.Limit))
@@ -247,7 +247,7 @@ func TestServerClockStepBackAdmitsNothingExtra(t *testing.T) {
 		}
 		most, stamped := inReal.MaxInWindow(period), g.MaxInWindow(period)
 		over, _ := inReal.MaxOverBucket(limit.Rate, limit.Period, limit.Burst)
-		t.Logf("%v %v: %d permits before the step back of %v, %d after; most in any %v: %d in real time, %d by the server's stamps (bound %d); the first grant made after the step took effect %v after it (the last one booked before it %v after it)",
+		redistest.Figure(t, "%v %v: %d permits before the step back of %v, %d after; most in any %v: %d in real time, %d by the server's stamps (bound %d); the first grant made after the step took effect %v after it (the last one booked before it %v after it)",
 			alg, limit, before, step, after, period, most, stamped, bound(alg, limit),
 			firstAfter.Sub(stepped).Round(ms), lastBefore.Sub(stepped).Round(ms))
 		if after == 0 {

@@ -399,7 +399,7 @@ func TestClusterFailover(t *testing.T) {
 		waitFor(t, 30*time.Second, "every hot key of the failed master served again", func() bool { return served(m, at) })
 		back, stall := recovery(m, at)
 		semBack, _ := semServed(m, at)
-		t.Logf("%s: the cluster had failed over %v after it; every limiter key of that master was served again %v after it, its semaphore %v after it; callers saw %d ErrUnavailable; the longest a limiter key of another master went unserved: %v",
+		redistest.Figure(t, "%s: the cluster had failed over %v after it; every limiter key of that master was served again %v after it, its semaphore %v after it; callers saw %d ErrUnavailable; the longest a limiter key of another master went unserved: %v",
 			what, healed.Round(ms), back.Round(ms), semBack.Round(ms), errorsBetween(at, at.Add(max(back, semBack)+time.Second)), stall.Round(ms))
 	}
 	time.Sleep(time.Second)
@@ -523,7 +523,7 @@ func TestClusterFailover(t *testing.T) {
 		}
 	}
 	sort.Strings(overs)
-	t.Logf("%d calls succeeded. Grants lost by the failovers (told to callers, gone from the new masters): %d permits on %d keys (masters 1/2/3: %d/%d/%d), at most %d on one key; %d were granted on the third master while its replica was cut off. Keys over the bound in a period: %d, at most %d permits over; each within what it lost. Charged but never reported (the caller got ErrUnavailable): %d",
+	redistest.Figure(t, "%d calls succeeded. Grants lost by the failovers (told to callers, gone from the new masters): %d permits on %d keys (masters 1/2/3: %d/%d/%d), at most %d on one key; %d were granted on the third master while its replica was cut off. Keys over the bound in a period: %d, at most %d permits over; each within what it lost. Charged but never reported (the caller got ErrUnavailable): %d",
 		okCalls.Load(), lostAll, lostKeys, lostOn[0], lostOn[1], lostOn[2], mostLost, inCut, overKeys, mostOver, unreported)
 	for _, line := range overs {
 		t.Logf("  %s", line)

@@ -474,7 +474,7 @@ func TestFleetNeverOverAdmits(t *testing.T) {
 		}
 		for _, j := range jobs {
 			s := jobStats(t, res, b.Prefix, j)
-			t.Logf("%s: %v %v on %d key(s), 8 processes × 8 goroutines: %d permits in %d calls (%.2f calls/permit); most in any %v on a key: %d (bound %d); over the bucket: %d; utilization mean %.4f, lowest key %.4f",
+			redistest.Figure(t, "%s: %v %v on %d key(s), 8 processes × 8 goroutines: %d permits in %d calls (%.2f calls/permit); most in any %v on a key: %d (bound %d); over the bucket: %d; utilization mean %.4f, lowest key %.4f",
 				b.Kind, j.Alg, j.Limit, s.keys, s.permits, s.calls, float64(s.calls)/float64(s.permits), period, s.most, bound(j.Alg, j.Limit), s.over, s.util, s.minUtil)
 			if s.most > bound(j.Alg, j.Limit) {
 				t.Errorf("%v: %d permits took effect within one %v on one key, bound %d", j.Alg, s.most, period, bound(j.Alg, j.Limit))
@@ -483,7 +483,7 @@ func TestFleetNeverOverAdmits(t *testing.T) {
 				t.Errorf("%v: a grant took %d permits more than the bucket held", j.Alg, s.over)
 			}
 		}
-		t.Logf("%s: WaitN calls that returned before their grant took effect: %d (the earliest by %v)", b.Kind, res.earlyN, res.early[0])
+		redistest.Figure(t, "%s: WaitN calls that returned before their grant took effect: %d (the earliest by %v)", b.Kind, res.earlyN, res.early[0])
 		if res.early[0] > time.Millisecond {
 			t.Errorf("a WaitN returned %v before its grant took effect", res.early[0])
 		}

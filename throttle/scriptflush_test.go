@@ -231,7 +231,7 @@ func TestScriptFlushUnderLoad(t *testing.T) {
 				missing += max(0, n-charged[at])
 			}
 			most := told.MaxInWindow(period)
-			t.Logf("%s: %v %v under %d SCRIPT FLUSHes: %d calls, %d permits charged by the server, %d reported by replies, %d believed by callers; charged twice %d, reported but not charged %d; most in any %v: %d (bound %d)",
+			redistest.Figure(t, "%s: %v %v under %d SCRIPT FLUSHes: %d calls, %d permits charged by the server, %d reported by replies, %d believed by callers; charged twice %d, reported but not charged %d; most in any %v: %d (bound %d)",
 				b.Kind, l.alg, limit, flushes, told.Calls(), total, told.Total(), believe[key], double, missing, period, most, bound(l.alg, limit))
 			if double != 0 || missing != 0 || told.Total() != believe[key] {
 				t.Errorf("%v: the server charged %d permits, replies reported %d, callers believe %d (%d charged without a reply saying so)",
@@ -241,7 +241,7 @@ func TestScriptFlushUnderLoad(t *testing.T) {
 				t.Errorf("%v: %d permits within one %v, bound %d", l.alg, most, period, bound(l.alg, limit))
 			}
 		}
-		t.Logf("%s: %d flushes in %v; %d script calls fell back to EVAL; %d semaphore runs; %d caller-visible errors",
+		redistest.Figure(t, "%s: %d flushes in %v; %d script calls fell back to EVAL; %d semaphore runs; %d caller-visible errors",
 			b.Kind, flushes, run, evals.n.Load(), semRuns.Load(), len(errs))
 		if semRuns.Load() == 0 {
 			t.Error("the semaphore ran nothing")

@@ -80,7 +80,7 @@ func TestWaitSharesTheRate(t *testing.T) {
 				}
 				util := grants.Utilization(period, rate)
 				perPermit := float64(grants.Calls()) / float64(total)
-				t.Logf("%v on %s: %d permits, most in any %v: %d, utilization after the first window %.4f, script calls per permit %.3f",
+				redistest.Figure(t, "%v on %s: %d permits, most in any %v: %d, utilization after the first window %.4f, script calls per permit %.3f",
 					alg, b.Kind, total, period, most, util, perPermit)
 				minUtil := 0.99
 				if alg == SlidingCounter {
