@@ -105,7 +105,7 @@ if op == 1 then
   local freed = 0
   if v and x > now then
     for i = 1, m do
-      if window(x, i) == window(L, i) and c[i] > 0 then
+      if n > 0 and window(x, i) == window(L, i) and c[i] > 0 then
         c[i] = math.max(0, c[i] - n)
         freed = 1
       end
