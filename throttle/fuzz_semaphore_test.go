@@ -369,10 +369,22 @@ func (r *semRun) semJunk(k int, b byte) {
 	member := []string{"x", "0123456789abcdef0123456789abcdef:x", "zz:5", "0123456789abcdef0123456789abcdef:0", ""}[int(b)%5]
 	score := float64(r.nowUS()) + []float64{-1, 1, 1e6, 0.5}[int(b/5)%4]
 	r.trace = append(r.trace, fmt.Sprintf("add %q at %.1f to %s", member, score-float64(r.nowUS()), r.keys[k]))
+	var wrongType int
 	for _, bk := range []*redistest.Backend{r.pair.Mini, r.pair.Real} {
-		if err := bk.Client.ZAdd(context.Background(), r.keys[k], redis.Z{Member: member, Score: score}).Err(); err != nil {
+		err := bk.Client.ZAdd(context.Background(), r.keys[k], redis.Z{Member: member, Score: score}).Err()
+		switch {
+		case err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE"):
+			wrongType++ // a prestate already put foreign content of another type there
+		case err != nil:
 			r.fail("add junk: %v", err)
 		}
+	}
+	switch wrongType {
+	case 2:
+		r.trace[len(r.trace)-1] += ": WRONGTYPE on both, nothing added"
+		return
+	case 1:
+		r.fail("add junk: WRONGTYPE on one backend only")
 	}
 	snap := r.pair.Compare(r.t, "add junk")
 	if snap[r.keys[k]].TTL < 0 { // a new key: foreign content
