@@ -112,9 +112,9 @@ func (m *semModel) call(now int64, op int, id string, limit int, ttl int64, queu
 		if ok {
 			r[0] = 1
 		}
-		if len(m.lapse) > 0 { // the script's finish: :semq's TTL follows :semx's
-			_, q := m.ends()
-			m.qExp = q
+		if len(m.lapse) > 0 { // the script's finish: :semq's TTL follows :semx's,
+			_, q := m.ends() // in whole ms (at least 1) from now, as jt_expire sets it
+			m.qExp = now + 1000*max(1, (q-now+999)/1000)
 		}
 		return r
 	}
