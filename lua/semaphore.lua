@@ -60,11 +60,21 @@ local function score(key, m)
   return jt_num(v) or bad(key, 'score')
 end
 
+-- us reads a score as whole µs: rounded up, and no further ahead than the longest
+-- TTL. Scores this script wrote are whole µs already; a foreign member's may be
+-- anything Redis takes (a fraction, inf), and since these reads also come after the
+-- call's writes, they must not fail on one (Redis does not roll scripts back).
+local function us(key, v)
+  local n = tonumber(v)
+  if not n or n ~= n then bad(key, 'score') end
+  return math.ceil(math.min(n, now + JT_MAX_PERIOD))
+end
+
 -- latest returns the highest score in key, or nil when it is empty.
 local function latest(key)
   local v = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
   if #v == 0 then return nil end
-  return jt_num(v[2]) or bad(key, 'score')
+  return us(key, v[2])
 end
 
 -- place returns the lease id and TTL of place m, or fails (JTSTATE) for a place this
@@ -179,7 +189,7 @@ local wait = 0
 local k = math.min(held - max + place, held - 1) -- 0-based rank of the lease to wait for
 if k >= 0 then
   local v = redis.call('ZRANGE', sem, k, k, 'WITHSCORES')
-  wait = (jt_num(v[2]) or bad(sem, 'score')) - now
+  wait = us(sem, v[2]) - now
 end
 if paused then wait = math.max(wait, pause_end - now) end
 wait = math.max(wait, 1)
