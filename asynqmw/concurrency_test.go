@@ -162,3 +162,38 @@ func TestConcurrencyLease(t *testing.T) {
 		}
 	})
 }
+
+// A semaphore whose Redis is unavailable (FailClosed) throttles the task, tried again
+// within MaxInlineWait: a *ThrottledError wrapping throttle.ErrUnavailable, no failure,
+// no call of the handler. When Redis answers again, the task runs.
+func TestConcurrencyRedisUnavailable(t *testing.T) {
+	b := redistest.NewMiniRealTime(t)
+	sem := newSem(t, b, "down", 2)
+	next := &handlerCalls{}
+	mw := asynqmw.Concurrency(sem, asynqmw.MaxInlineWait(300*time.Millisecond))(next)
+	ctx := context.Background()
+	task := asynq.NewTask("job", nil)
+
+	b.Mini.SetError("LOADING Redis is loading the dataset in memory")
+	start := time.Now()
+	err := mw.ProcessTask(ctx, task)
+	took := time.Since(start)
+	var te *asynqmw.ThrottledError
+	if !errors.As(err, &te) || asynqmw.IsFailure(err) || !errors.Is(err, throttle.ErrUnavailable) || next.n != 0 {
+		t.Fatalf("Redis unavailable: err %v, handler calls %d; want a *ThrottledError wrapping ErrUnavailable, no failure, no call", err, next.n)
+	}
+	if te.Limit != "2 in flight" || te.RetryIn != time.Second {
+		t.Errorf("Redis unavailable: Limit %q, RetryIn %v; want \"2 in flight\", 1s", te.Limit, te.RetryIn)
+	}
+	if took < 150*time.Millisecond || took > 2*time.Second {
+		t.Errorf("handed back after %v; want it tried again for about MaxInlineWait (300ms)", took)
+	}
+
+	b.Mini.SetError("")
+	if err := mw.ProcessTask(ctx, task); err != nil || next.n != 1 {
+		t.Fatalf("Redis back: err %v, handler calls %d; want the task run", err, next.n)
+	}
+	if got := free(t, sem); got != 2 {
+		t.Errorf("after the task: %d slots free, want 2 (its lease released)", got)
+	}
+}
