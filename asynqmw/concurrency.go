@@ -65,7 +65,7 @@ func (c *config) acquire(ctx context.Context, t *asynq.Task, sem *throttle.Semap
 		lease, wait, err := sem.TryAcquire(ctx)
 		if err == nil && lease == nil && a.left() > 0 {
 			start := time.Now()
-			actx, cancel := context.WithCancel(ctx)
+			actx, cancel := ctx, context.CancelFunc(func() {})
 			if !a.until.IsZero() {
 				actx, cancel = context.WithDeadline(ctx, a.until)
 			}
