@@ -590,15 +590,7 @@ func (s *recordingServer) inWindow(d time.Duration) int {
 
 // maxInWindow returns the most requests that arrived in any window [s, s+d).
 func (s *recordingServer) maxInWindow(d time.Duration) int {
-	got := s.times()
-	best, j := 0, 0
-	for i := range got {
-		for got[i].Sub(got[j]) >= d {
-			j++
-		}
-		best = max(best, i-j+1)
-	}
-	return best
+	return redistest.MaxTimesInWindow(s.times(), d)
 }
 
 // fakeReserver books at once (or, with refuse, refuses with that delay), or fails

@@ -6,6 +6,8 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
 )
 
 // upstream is the vendor API the fleet calls: an HTTP server that enforces its own
@@ -73,12 +75,5 @@ func (u *upstream) maxInWindow(d time.Duration) int {
 	a := append([]time.Time(nil), u.arrivals...)
 	u.mu.Unlock()
 	sort.Slice(a, func(i, j int) bool { return a[i].Before(a[j]) })
-	best, j := 0, 0
-	for i := range a {
-		for a[i].Sub(a[j]) >= d {
-			j++
-		}
-		best = max(best, i-j+1)
-	}
-	return best
+	return redistest.MaxTimesInWindow(a, d)
 }

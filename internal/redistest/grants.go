@@ -217,6 +217,19 @@ func (g *Grants) MaxInWindow(d time.Duration) int {
 	return best
 }
 
+// MaxTimesInWindow returns the most of the times sorted (in rising order) that fall
+// in any window [s, s+d).
+func MaxTimesInWindow(sorted []time.Time, d time.Duration) int {
+	best, j := 0, 0
+	for i := range sorted {
+		for sorted[i].Sub(sorted[j]) >= d {
+			j++
+		}
+		best = max(best, i-j+1)
+	}
+	return best
+}
+
 // MaxOverBucket checks the grants against a token bucket of burst permits refilled
 // at rate per period, full before the first grant: it returns the most permits any
 // grant took beyond what the bucket held at its time (0: every grant conformed), and

@@ -54,18 +54,6 @@ func jain(xs []int) float64 {
 	return sum * sum / (float64(len(xs)) * sq)
 }
 
-// maxInWindow returns the most times of sorted ts that fall in any window [s, s+d).
-func maxInWindow(sorted []time.Time, d time.Duration) int {
-	best, j := 0, 0
-	for i := range sorted {
-		for sorted[i].Sub(sorted[j]) >= d {
-			j++
-		}
-		best = max(best, i-j+1)
-	}
-	return best
-}
-
 // utilization is the share of rate used in the whole periods after the first one that
 // lie inside the span of sorted ts: the grants in [first+p, first+(k+1)p) over k·rate,
 // k = floor((last-first)/p) - 1. NaN when the span holds no such period.
