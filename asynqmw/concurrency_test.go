@@ -14,9 +14,9 @@ import (
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
-func newSem(t *testing.T, b *redistest.Backend, key string, max int, opts ...throttle.Option) *throttle.Semaphore {
+func newSem(t *testing.T, b *redistest.Backend, key string, max int, opts ...throttle.SemaphoreOption) *throttle.Semaphore {
 	t.Helper()
-	sem, err := throttle.NewSemaphore(b.Client, key, max, append([]throttle.Option{throttle.WithKeyPrefix(b.Prefix)}, opts...)...)
+	sem, err := throttle.NewSemaphore(b.Client, key, max, append([]throttle.SemaphoreOption{throttle.WithKeyPrefix(b.Prefix)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

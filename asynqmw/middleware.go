@@ -83,8 +83,9 @@ func Throttle(lim *throttle.Limiter, opts ...Option) asynq.MiddlewareFunc {
 
 // ThrottleFunc is Throttle with the limiter chosen per task by pick: per tenant from
 // the payload, per task type, or both. pick runs before every task, so it should be
-// cheap: build limiters once and look them up (a Limiter holds no state, so building
-// one per tenant on demand is fine too). When pick returns a nil limiter and no
+// cheap: build limiters once and look them up, or build one per task (a Limiter is
+// cheap to build, and those built alike share the process's state of their key: the
+// failure policy's breaker and share, Stats). When pick returns a nil limiter and no
 // error, the task is not limited and runs at once.
 //
 // An error from pick is a failure: the task does not run and the middleware returns

@@ -232,7 +232,7 @@ func runSemaphoreInput(t *testing.T, cfg []byte, key, junk string, ops []byte) {
 		}
 		sv := &semVariant{max: max}
 		for i, b := range []*redistest.Backend{pair.Mini, pair.Real} {
-			opts := []Option{WithKeyPrefix(b.Prefix), WithLeaseTTL(ttl)}
+			opts := []SemaphoreOption{WithKeyPrefix(b.Prefix), WithLeaseTTL(ttl)}
 			if b.Real() {
 				opts = append(opts, withScript(fakeSemaphoreScript))
 			}

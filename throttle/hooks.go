@@ -3,7 +3,7 @@ package throttle
 import "time"
 
 // Hooks are callbacks a Limiter calls after its decisions, to count or log them without
-// wrapping the API. Any of them may be nil. They run on the caller's goroutine, after
+// wrapping the API (WithHooks; a Semaphore has its own, SemaphoreHooks). Any of them may be nil. They run on the caller's goroutine, after
 // the Redis call, and must not block; they must be safe for simultaneous use. Leave
 // Redis command tracing to go-redis's own hooks (redis.Client.AddHook).
 type Hooks struct {
@@ -43,4 +43,39 @@ type Hooks struct {
 	// is seen (see the README's "Guarantees and failure modes"); a state that is still
 	// there never triggers it, whatever other processes do on the key.
 	StateLost func(key string)
+}
+
+// SemaphoreHooks are callbacks a Semaphore calls after its decisions (WithSemaphoreHooks),
+// to count or log them without wrapping the API. Any of them may be nil. They run on
+// the caller's goroutine (Hold's renewals: on its own), after the Redis call, and must
+// not block; they must be safe for simultaneous use.
+type SemaphoreHooks struct {
+	// Acquired is called when a lease was granted (TryAcquire, Acquire, Do), with how
+	// long the caller waited for it: 0 when it was granted on the first call.
+	Acquired func(key string, waited time.Duration)
+
+	// Denied is called when TryAcquire got no lease, with the time it returned: until,
+	// by expiry alone, a slot would come.
+	Denied func(key string, retryAfter time.Duration)
+
+	// GaveUp is called when an Acquire whose context ended gave its place in the queue
+	// back (and a lease handed to it meanwhile).
+	GaveUp func(key string)
+
+	// Released is called when Release freed a lease, with how long it was held (from
+	// its grant, by the Semaphore's clock).
+	Released func(key string, held time.Duration)
+
+	// LeaseLost is called when a lease was found lost: Extend or Release found it
+	// expired, or Hold went a whole TTL without renewing it.
+	LeaseLost func(key string)
+
+	// RedisError is called when a call to Redis failed (the error the caller gets,
+	// before any fail-open or fail-local policy applies).
+	RedisError func(key string, err error)
+
+	// Degraded is called for every lease granted without Redis because it was
+	// unreachable (by FailOpen, or from FailLocal's in-process share), with the error
+	// that made Redis count as unreachable.
+	Degraded func(key string, policy FailurePolicy, err error)
 }

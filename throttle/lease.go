@@ -15,6 +15,7 @@ type Lease struct {
 	id      string
 	mu      sync.Mutex
 	state   leaseState
+	granted time.Time // by the Semaphore's clock
 	renewed time.Time // when it was granted or last extended, by the Semaphore's clock
 	local   bool      // granted without Redis by the failure policy: kept in the process
 }
@@ -51,8 +52,7 @@ func (l *Lease) Extend(ctx context.Context) error {
 		return err
 	}
 	if !r.ok {
-		l.state = leaseLost
-		return fmt.Errorf("%w: lease %s of key %q had expired", ErrLeaseLost, l.id, l.s.key)
+		return l.lost()
 	}
 	l.renewed = l.s.clock.Now()
 	return nil
@@ -81,11 +81,23 @@ func (l *Lease) Release(ctx context.Context) error {
 		return err
 	}
 	if !r.ok {
-		l.state = leaseLost
-		return fmt.Errorf("%w: lease %s of key %q had expired", ErrLeaseLost, l.id, l.s.key)
+		return l.lost()
 	}
 	l.state = leaseReleased
+	if h := l.s.hooks.Released; h != nil {
+		h(l.s.key, l.s.clock.Now().Sub(l.granted))
+	}
 	return nil
+}
+
+// lost marks the lease lost, as a reply from Redis found it, and returns the error.
+// The caller holds l.mu.
+func (l *Lease) lost() error {
+	l.state = leaseLost
+	if h := l.s.hooks.LeaseLost; h != nil {
+		h(l.s.key)
+	}
+	return fmt.Errorf("%w: lease %s of key %q had expired", ErrLeaseLost, l.id, l.s.key)
 }
 
 // gone returns the error for a lease that is no longer held, or nil.
@@ -160,6 +172,9 @@ func (l *Lease) keepAlive(ctx context.Context, done <-chan struct{}, cancel cont
 		since := clock.Now().Sub(l.renewed)
 		l.mu.Unlock()
 		if since >= ttl {
+			if h := l.s.hooks.LeaseLost; h != nil {
+				h(l.s.key)
+			}
 			cancel(fmt.Errorf("%w: lease %s of key %q not renewed for %v: %w", ErrLeaseLost, l.id, l.s.key, since, err))
 			return
 		}

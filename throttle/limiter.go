@@ -7,7 +7,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jobthrottle/jobthrottle/waiter"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -24,27 +23,28 @@ import (
 // yourself (see waiter.Reservation). Waiting callers book their place: they are served
 // in arrival order across every process, at one Redis call per wait, without polling.
 //
-// A Limiter holds no state of its own besides its configuration: it is safe for
-// simultaneous use by multiple goroutines, and two Limiters built alike are
-// interchangeable.
+// A Limiter is safe for simultaneous use by multiple goroutines, and cheap to build:
+// what the process knows of the key besides Redis (the breaker and the in-process
+// share of FailOpen and FailLocal, Stats, the latest grant Hooks.StateLost compares
+// with, pause signals) is shared by every Limiter of the process on the same client,
+// key and configuration. Two Limiters built alike are interchangeable, and one built
+// per call or per task behaves as one built once.
 type Limiter struct {
-	rdb    redis.UniversalClient
-	key    string
-	keys   []string // state key, pause key
-	alg    Algorithm
-	limits []Limit
-	script *redis.Script
-	tail   []any // ARGV after op, n, x
-	take1  []any // the whole ARGV of the usual call, Allow: op acquire, n 1, x 0, tail
-	maxN   int
-	hooks  Hooks
-	clock  waiter.Clock
-	moved  *pauseSignal // closed when this process pauses the key
-	policy FailurePolicy
-	brk    breaker
-	local  *localLog // FailLocal's share
-	stats  counters
-	lost   stateWatch // the latest grant, for Hooks.StateLost
+	runner
+	keys    []string // state key, pause key
+	alg     Algorithm
+	limits  []Limit
+	script  *redis.Script
+	tail    []any // ARGV after op, n, x
+	take1   []any // the whole ARGV of the usual call, Allow: op acquire, n 1, x 0, tail
+	maxN    int
+	hooks   Hooks
+	moved   *pauseSignal  // closed when this process pauses the key
+	shared  *limiterState // shared with the Limiters built alike (see shared.go)
+	local   *localLog     // shared.local: FailLocal's share
+	stats   *counters     // &shared.stats
+	lost    *stateWatch   // &shared.lost
+	keepFor time.Duration // how long a grant matters to StateLost after it takes effect
 }
 
 // New returns a limiter enforcing limit, and any limits added with WithLimits, on key.
@@ -52,14 +52,15 @@ type Limiter struct {
 // rdb may be any go-redis client: a plain Client, a Sentinel-backed FailoverClient or a
 // ClusterClient. New does not contact Redis. It returns an error wrapping ErrNilClient
 // for a nil client, ErrInvalidKey for an empty key, ErrInvalidLimit for a limit out of
-// range (see Limit), or ErrInvalidArgument for an option that does not fit.
+// range (see Limit), or ErrInvalidArgument for an option with a bad value. Options
+// that only fit a Semaphore do not compile here (see Option).
 func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*Limiter, error) {
 	if isNilClient(rdb) {
 		return nil, ErrNilClient
 	}
 	c := newConfig()
 	for _, o := range opts {
-		o.apply(c)
+		o.applyLimiter(c)
 	}
 	if c.err != nil {
 		return nil, c.err
@@ -85,25 +86,55 @@ func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*L
 		script = c.script
 	}
 	tail := a.args(limits, c)
+	shared := limiterStates.get(sharedKey{rdb, tag, fmt.Sprint("limiter", c.algorithm, tail, c.policy)}, func() *limiterState {
+		s := &limiterState{}
+		if c.policy.mode == failLocal {
+			s.local = newLocalLog(limits, c.algorithm, c.policy.fleet)
+		}
+		return s
+	})
 	l := &Limiter{
-		rdb:    rdb,
-		key:    key,
-		keys:   []string{tag + ":" + a.suffix, tag + ":pause"},
-		alg:    c.algorithm,
-		limits: limits,
-		script: script,
-		tail:   tail,
-		take1:  append([]any{opAcquire, 1, int64(0)}, tail...),
-		maxN:   maxN,
-		hooks:  c.hooks,
-		clock:  c.clock,
-		moved:  pauseSignalFor(rdb, tag),
-		policy: c.policy,
-	}
-	if c.policy.mode == failLocal {
-		l.local = newLocalLog(limits, c.algorithm, c.policy.fleet)
+		runner: runner{
+			rdb:        rdb,
+			key:        key,
+			clock:      c.clock,
+			policy:     c.policy,
+			brk:        &shared.brk,
+			redisError: c.hooks.RedisError,
+			pin:        &shared.pin,
+			owner:      shared,
+		},
+		keys:    []string{tag + ":" + a.suffix, tag + ":pause"},
+		alg:     c.algorithm,
+		limits:  limits,
+		script:  script,
+		tail:    tail,
+		take1:   append([]any{opAcquire, 1, int64(0)}, tail...),
+		maxN:    maxN,
+		hooks:   c.hooks,
+		moved:   pauseSignalFor(rdb, tag),
+		shared:  shared,
+		local:   shared.local,
+		stats:   &shared.stats,
+		lost:    &shared.lost,
+		keepFor: grantMatters(limits, c.algorithm),
 	}
 	return l, nil
+}
+
+// grantMatters is how long after a grant takes effect its permits still count
+// somewhere: the longest period, or for a token bucket whose burst is above its rate
+// the time the bucket takes to refill the burst.
+func grantMatters(limits []Limit, alg Algorithm) time.Duration {
+	var d time.Duration
+	for _, l := range limits {
+		refills := 1 // burst × period <= 2^50µs for a token bucket: no overflow
+		if alg == TokenBucket {
+			refills = max(1, (l.burst()+l.Rate-1)/l.Rate)
+		}
+		d = max(d, l.Period*time.Duration(refills))
+	}
+	return d
 }
 
 // hashTag returns "{<prefix><key>}", the part every Redis key of a limiter starts with,
@@ -223,18 +254,8 @@ func (r reply) result() Result {
 // call runs the script once: op, n, x (max wait µs, or a token to cancel), or, while
 // Redis is unreachable, decides as the failure policy says.
 func (l *Limiter) call(ctx context.Context, op, n int, x int64) (reply, error) {
-	if l.policy.mode == failClosed {
-		return l.run(ctx, op, n, x)
-	}
-	if l.brk.skip(l.clock.Now()) {
-		return l.degraded(op, n, x, fmt.Errorf("%w: key %q: %w", ErrUnavailable, l.key, errRecentlyDown))
-	}
 	r, err := l.run(ctx, op, n, x)
-	switch {
-	case err == nil:
-		l.brk.succeeded()
-	case errors.Is(err, ErrUnavailable):
-		l.brk.failed(l.clock.Now())
+	if err != nil && l.policy.mode != failClosed && errors.Is(err, ErrUnavailable) {
 		return l.degraded(op, n, x, err)
 	}
 	return r, err
@@ -252,20 +273,13 @@ func (l *Limiter) run(ctx context.Context, op, n int, x int64) (reply, error) {
 		args[0], args[1], args[2] = op, n, x
 		args = append(args, l.tail...)
 	}
-	cmd, err := evalOnce(ctx, l.rdb, l.script, l.keys, args)
+	val, err := l.exec(ctx, l.script, l.keys, args)
 	if err != nil {
-		if l.hooks.RedisError != nil {
-			l.hooks.RedisError(l.key, err)
-		}
-		err = scriptError(ctx, l.key, err)
-		if errors.Is(err, ErrUnavailable) {
-			reloadSlots(l.rdb)
-		}
 		return reply{}, err
 	}
-	v, ok := int64s5(cmd.Val())
-	if !ok {
-		return reply{}, fmt.Errorf("%w: key %q: %v", ErrUnexpectedReply, l.key, cmd.Val())
+	var v [5]int64 // {granted, remaining, wait_us, reset_us, token}
+	if !int64s(val, v[:]) {
+		return reply{}, fmt.Errorf("%w: key %q: %v", ErrUnexpectedReply, l.key, val)
 	}
 	r := reply{
 		granted:   v[0] == 1,
@@ -278,67 +292,4 @@ func (l *Limiter) run(ctx context.Context, op, n int, x int64) (reply, error) {
 		l.observe(mark, op, n, x, r)
 	}
 	return r, nil
-}
-
-// evalOnce runs a script at most once: EVALSHA inside MULTI/EXEC and, when the server
-// does not have the script (after a restart or SCRIPT FLUSH), EVAL the same way.
-// go-redis re-sends a plain command whose reply was lost to a read timeout or a dropped
-// connection, which would run an acquire twice and charge twice; it never re-sends a
-// transaction it has written. A call whose reply is lost fails with ErrUnavailable
-// instead, and its effect, if it ran, stands once.
-func evalOnce(ctx context.Context, rdb redis.UniversalClient, s *redis.Script, keys []string, args []any) (*redis.Cmd, error) {
-	cmd, err := evalTx(ctx, rdb, s.EvalSha, keys, args)
-	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		cmd, err = evalTx(ctx, rdb, s.Eval, keys, args)
-	}
-	return cmd, err
-}
-
-func evalTx(ctx context.Context, rdb redis.UniversalClient,
-	eval func(context.Context, redis.Scripter, []string, ...any) *redis.Cmd, keys []string, args []any,
-) (*redis.Cmd, error) {
-	pipe := rdb.TxPipeline()
-	cmd := eval(ctx, pipe, keys, args...)
-	_, err := pipe.Exec(ctx)
-	if cmd.Err() != nil {
-		return cmd, cmd.Err() // the script's own error, or the connection's
-	}
-	return cmd, err // the transaction failed before the script got a reply of its own
-}
-
-// scriptError maps a failed script call to this package's errors: what a script
-// reports (JTARG, JTSTATE), a wrong-type key and an ACL refusal become sentinels, an
-// unreachable Redis ErrUnavailable (wrapping the cause too); anything else (the
-// caller's context) is wrapped as it is.
-func scriptError(ctx context.Context, key string, err error) error {
-	if isUnavailable(ctx, err) {
-		return fmt.Errorf("%w: key %q: %w", ErrUnavailable, key, err)
-	}
-	var rerr redis.Error
-	if errors.As(err, &rerr) {
-		msg := rerr.Error()
-		switch {
-		case strings.Contains(msg, "JTSTATE"), strings.Contains(msg, "WRONGTYPE"):
-			return fmt.Errorf("%w: key %q: %v", ErrCorruptState, key, err)
-		case strings.Contains(msg, "JTARG"):
-			return fmt.Errorf("%w: key %q: %v", ErrInvalidArgument, key, err)
-		case strings.Contains(msg, "NOPERM"), strings.Contains(msg, "The user executing the script can't"):
-			return fmt.Errorf("%w: key %q: %w", ErrNoPermission, key, err)
-		}
-	}
-	return fmt.Errorf("jobthrottle: key %q: %w", key, err)
-}
-
-// int64s5 reads a limiter script's reply, five integers, without allocating.
-func int64s5(val any) (v [5]int64, ok bool) {
-	s, ok := val.([]any)
-	if !ok || len(s) != 5 {
-		return v, false
-	}
-	for i, e := range s {
-		if v[i], ok = e.(int64); !ok {
-			return v, false
-		}
-	}
-	return v, true
 }

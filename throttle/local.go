@@ -47,6 +47,15 @@ func (g *localLog) maxN() int {
 	return m
 }
 
+// span is the longest period of the share: how long a grant counts in it.
+func (g *localLog) span() time.Duration {
+	var d time.Duration
+	for _, l := range g.limits {
+		d = max(d, l.Period)
+	}
+	return d
+}
+
 // acquire is the script's acquire on the local log (see lua/log.lua).
 func (g *localLog) acquire(now int64, n int, maxWait int64) reply {
 	g.mu.Lock()

@@ -3,6 +3,7 @@ package throttle
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -90,4 +91,89 @@ func TestLostReplyChargesOnce(t *testing.T) {
 	redistest.Figure(t, "a lost reply (dropped by a proxy after the script ran): plain EVALSHA with go-redis retries charged 2 permits for 1 call; "+
 		"the limiter (MULTI/EXEC) charged 1 for 1, and a cancel whose reply was lost gave back 1, for each of %d algorithms (%d replies dropped)",
 		len(allAlgorithms), proxy.Dropped())
+}
+
+// Semaphore calls and Pause run at most once too. A Release whose reply is lost freed
+// its slot once and reports ErrUnavailable, never ErrLeaseLost; on a plain EVALSHA
+// (the first half) go-redis's retry ran the release again, which found the lease gone
+// and answered "not held": the lease reported lost although its release worked. A Pause
+// whose reply is lost fails with ErrUnavailable and the pause it set stands.
+func TestLostReplySemaphoreAndPauseOnce(t *testing.T) {
+	addr, err := redistest.StandaloneAddr()
+	if err != nil {
+		t.Skipf("needs a real redis-server: %v", err)
+	}
+	proxy, err := redistest.NewProxy(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr}) // go-redis defaults: 3 retries
+	defer rdb.Close()
+	direct := redistest.NewStandalone(t)
+	ctx := context.Background()
+
+	// the fault, shown on a plain script call: a release that worked answers "not held"
+	tag := "{" + direct.Prefix + "plainsem}"
+	keys := []string{tag + ":sem", tag + ":semq", tag + ":semx", tag + ":pause"}
+	id := strings.Repeat("ab", 16)
+	if err := lua.Semaphore.Run(ctx, rdb, keys, semAcquire, id, 1, 60_000_000, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	proxy.DropReplyTo("evalsha")
+	v, err := lua.Semaphore.Run(ctx, rdb, keys, semRelease, id, 1, 60_000_000, 0).Int64Slice()
+	if err != nil || proxy.Dropped() != 1 || len(v) != 3 || v[0] != 0 {
+		t.Fatalf("plain EVALSHA release after a lost reply: %v, %v (dropped %d); want ok 0: the retry found the lease released", v, err, proxy.Dropped())
+	}
+
+	s, err := NewSemaphore(rdb, "semonce", 2, WithKeyPrefix(direct.Prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.script.Load(ctx, rdb).Err(); err != nil { // so the lost reply is the script's
+		t.Fatal(err)
+	}
+	a, _, err := s.TryAcquire(ctx)
+	if err != nil || a == nil {
+		t.Fatalf("TryAcquire: %v %v", a, err)
+	}
+	b, _, err := s.TryAcquire(ctx)
+	if err != nil || b == nil {
+		t.Fatalf("TryAcquire: %v %v", b, err)
+	}
+	proxy.DropReplyTo("exec")
+	if err := a.Release(ctx); !errors.Is(err, ErrUnavailable) || errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("Release with its reply lost: %v, want ErrUnavailable (not ErrLeaseLost)", err)
+	}
+	if held := direct.Client.ZRange(ctx, s.keys[0], 0, -1).Val(); len(held) != 1 || held[0] != b.ID() {
+		t.Fatalf("leases after one lost release: %v, want only the other lease %s (released once)", held, b.ID())
+	}
+	proxy.DropReplyTo("exec")
+	if err := b.Extend(ctx); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Extend with its reply lost: %v, want ErrUnavailable", err)
+	}
+	if err := b.Release(ctx); err != nil {
+		t.Fatalf("Release after a lost Extend: %v (the extension ran once, the lease is live)", err)
+	}
+
+	l, err := New(rdb, "pauseonce", PerMinute(10), WithKeyPrefix(direct.Prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lua.Pause.Load(ctx, rdb).Err(); err != nil {
+		t.Fatal(err)
+	}
+	proxy.DropReplyTo("exec")
+	if err := l.Pause(ctx, time.Minute); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Pause with its reply lost: %v, want ErrUnavailable (it ran in MULTI/EXEC)", err)
+	}
+	if ttl := direct.Client.PTTL(ctx, l.keys[1]).Val(); ttl <= 50*time.Second || ttl > time.Minute {
+		t.Fatalf("pause key's TTL after a Pause whose reply was lost: %v, want about 1m (set once)", ttl)
+	}
+	if res, err := l.Allow(ctx); err != nil || res.Allowed {
+		t.Fatalf("Allow during the pause: %+v, %v; want denied", res, err)
+	}
+	redistest.Figure(t, "a lost reply on semaphore calls and Pause: plain EVALSHA release with go-redis retries answered "+
+		"'not held' for a release that worked; Lease.Release (MULTI/EXEC) freed the slot once and returned ErrUnavailable, "+
+		"Extend and Pause ran once (%d replies dropped)", proxy.Dropped())
 }

@@ -43,7 +43,7 @@ func (tl *timeline) limiter(key string, limit Limit, opts ...Option) *Limiter {
 	tl.t.Helper()
 	c := newConfig()
 	for _, o := range opts {
-		o.apply(c)
+		o.applyLimiter(c)
 	}
 	opts = append([]Option{WithKeyPrefix(tl.b.Prefix), WithClock(goClock{tl})}, opts...)
 	if tl.b.Real() {

@@ -8,14 +8,39 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Option configures a Limiter or a Semaphore; pass options to New or NewSemaphore.
+// Option configures a Limiter; pass options to New. An option that only fits a
+// Semaphore (WithLeaseTTL, WithSemaphoreHooks) is not an Option, so giving it to New
+// does not compile.
 type Option interface {
-	apply(*config)
+	applyLimiter(*config)
 }
 
-type optionFunc func(*config)
+// SemaphoreOption configures a Semaphore; pass options to NewSemaphore. An option
+// that only fits a Limiter (WithAlgorithm, WithLimits, WithBuckets, WithHooks) is not
+// a SemaphoreOption, so giving it to NewSemaphore does not compile.
+type SemaphoreOption interface {
+	applySemaphore(*config)
+}
 
-func (f optionFunc) apply(c *config) { f(c) }
+// CommonOption configures a Limiter or a Semaphore alike (WithKeyPrefix, WithClock,
+// WithFailurePolicy): it is an Option and a SemaphoreOption.
+type CommonOption interface {
+	Option
+	SemaphoreOption
+}
+
+type limiterOption func(*config)
+
+func (f limiterOption) applyLimiter(c *config) { f(c) }
+
+type semaphoreOption func(*config)
+
+func (f semaphoreOption) applySemaphore(c *config) { f(c) }
+
+type commonOption func(*config)
+
+func (f commonOption) applyLimiter(c *config)   { f(c) }
+func (f commonOption) applySemaphore(c *config) { f(c) }
 
 // config is what the options set; defaults live in newConfig.
 type config struct {
@@ -24,9 +49,10 @@ type config struct {
 	prefix    string
 	buckets   int
 	hooks     Hooks
+	semHooks  SemaphoreHooks
 	clock     waiter.Clock
 	policy    FailurePolicy
-	leaseTTL  time.Duration // Semaphore only; 0 means defaultLeaseTTL
+	leaseTTL  time.Duration // 0 means defaultLeaseTTL
 	script    *redis.Script // tests swap the script for one with a controllable clock
 	err       error
 }
@@ -48,7 +74,7 @@ func (c *config) fail(format string, args ...any) {
 
 // WithAlgorithm selects the algorithm; the default is SlidingWindow.
 func WithAlgorithm(a Algorithm) Option {
-	return optionFunc(func(c *config) {
+	return limiterOption(func(c *config) {
 		if a < SlidingWindow || a > SlidingCounter {
 			c.fail("%w: unknown algorithm %d", ErrInvalidArgument, int(a))
 			return
@@ -64,14 +90,14 @@ func WithAlgorithm(a Algorithm) Option {
 // Changing the set of limits of a key keeps the state of the limits in the same
 // position (token bucket, fixed window) or the shared log (sliding window and counter).
 func WithLimits(more ...Limit) Option {
-	return optionFunc(func(c *config) { c.extra = append(c.extra, more...) })
+	return limiterOption(func(c *config) { c.extra = append(c.extra, more...) })
 }
 
 // WithKeyPrefix sets the text put before the key in every Redis key; the default is
 // "jobthrottle:". Keys are "{<prefix><key>}:<suffix>", so one limiter's keys share a
 // Redis Cluster hash slot.
-func WithKeyPrefix(prefix string) Option {
-	return optionFunc(func(c *config) { c.prefix = prefix })
+func WithKeyPrefix(prefix string) CommonOption {
+	return commonOption(func(c *config) { c.prefix = prefix })
 }
 
 // defaultBuckets is how many sub-buckets SlidingCounter splits the shortest period into.
@@ -81,9 +107,10 @@ const defaultBuckets = 50
 // into, 1..10000; the default is 50. A permit holds its place for between Period and
 // Period × (1 + 1/buckets), so the counter never admits more than Rate in any Period
 // and, saturated, uses at least buckets/(buckets+1) of the rate (98% by default),
-// while keeping at most one entry per bucket. Other algorithms ignore it.
+// while keeping at most one entry per bucket. Other algorithms do not use it (so one
+// list of options can serve limiters of every algorithm).
 func WithBuckets(n int) Option {
-	return optionFunc(func(c *config) {
+	return limiterOption(func(c *config) {
 		if n < 1 || n > 10000 {
 			c.fail("%w: buckets %d is not in 1..10000", ErrInvalidArgument, n)
 			return
@@ -92,21 +119,27 @@ func WithBuckets(n int) Option {
 	})
 }
 
-// withScript replaces the algorithm's script (tests only: a script whose clock the
-// test sets).
-func withScript(s *redis.Script) Option {
-	return optionFunc(func(c *config) { c.script = s })
+// withScript replaces the algorithm's or the semaphore's script (tests only: a script
+// whose clock the test sets).
+func withScript(s *redis.Script) CommonOption {
+	return commonOption(func(c *config) { c.script = s })
 }
 
-// WithHooks sets callbacks the limiter calls after its decisions (see Hooks).
+// WithHooks sets callbacks the Limiter calls after its decisions (see Hooks).
 func WithHooks(h Hooks) Option {
-	return optionFunc(func(c *config) { c.hooks = h })
+	return limiterOption(func(c *config) { c.hooks = h })
+}
+
+// WithSemaphoreHooks sets callbacks the Semaphore calls after its decisions (see
+// SemaphoreHooks).
+func WithSemaphoreHooks(h SemaphoreHooks) SemaphoreOption {
+	return semaphoreOption(func(c *config) { c.semHooks = h })
 }
 
 // WithClock sets the clock Go code waits by (Reserve's due times and WaitN's sleep);
 // the default is waiter.SystemClock. Decisions always use the Redis server's clock.
-func WithClock(clock waiter.Clock) Option {
-	return optionFunc(func(c *config) {
+func WithClock(clock waiter.Clock) CommonOption {
+	return commonOption(func(c *config) {
 		if clock == nil {
 			c.fail("%w: nil clock", ErrInvalidArgument)
 			return
@@ -123,9 +156,9 @@ const defaultLeaseTTL = 30 * time.Second
 // long the slot of a holder that died stays taken; 1ms up to 2^45µs (about 407 days),
 // used in whole microseconds, rounded up. If unset, the TTL is 30 seconds. Holders of
 // longer work call Lease.Extend at least once per TTL, or run it with Lease.Hold or
-// Semaphore.Do, which extend every TTL/3. Limiters ignore it.
-func WithLeaseTTL(d time.Duration) Option {
-	return optionFunc(func(c *config) {
+// Semaphore.Do, which extend every TTL/3.
+func WithLeaseTTL(d time.Duration) SemaphoreOption {
+	return semaphoreOption(func(c *config) {
 		if d < time.Millisecond || ceilMicros(d) > maxPeriodUS {
 			c.fail("%w: lease TTL %v is not in 1ms..2^45µs", ErrInvalidArgument, d)
 			return

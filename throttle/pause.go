@@ -38,16 +38,13 @@ func (l *Limiter) Pause(ctx context.Context, d time.Duration) error {
 	}
 	us := min(ceilMicros(d), maxPeriodUS)
 	l.moved.gate.Lock()
-	err := lua.Pause.Run(ctx, l.rdb, l.keys[1:2], us).Err()
+	_, err := l.exec(ctx, lua.Pause, l.keys[1:2], []any{us})
 	if err == nil {
 		l.moved.fire(l.clock)
 	}
 	l.moved.gate.Unlock()
 	if err != nil {
-		if l.hooks.RedisError != nil {
-			l.hooks.RedisError(l.key, err)
-		}
-		return scriptError(ctx, l.key, err)
+		return err
 	}
 	if l.hooks.Paused != nil {
 		l.hooks.Paused(l.key, d)

@@ -64,12 +64,13 @@ func (p FailurePolicy) String() string {
 }
 
 // WithFailurePolicy sets what a Limiter or Semaphore does when Redis is unreachable;
-// the default is FailClosed (see NewSemaphore for how a Semaphore applies it). Under FailOpen and FailLocal a failed call makes the limiter decide
-// without Redis for a short while (250ms, growing to 1s while Redis stays away) before
+// the default is FailClosed (see NewSemaphore for how a Semaphore applies it). Under
+// FailOpen and FailLocal a failed call makes the limiter decide without Redis for a
+// short while (250ms, growing to 1s while Redis stays away) before
 // it tries Redis again, so an outage does not cost every call a timeout; one call then
 // probes Redis and, when it answers, every decision goes back to it.
-func WithFailurePolicy(p FailurePolicy) Option {
-	return optionFunc(func(c *config) {
+func WithFailurePolicy(p FailurePolicy) CommonOption {
+	return commonOption(func(c *config) {
 		if p.mode == failLocal && p.fleet < 1 {
 			c.fail("%w: FailLocal fleet size %d, want >= 1", ErrInvalidArgument, p.fleet)
 			return
@@ -78,13 +79,15 @@ func WithFailurePolicy(p FailurePolicy) Option {
 	})
 }
 
-// Stats counts a limiter's decisions made without Redis.
+// Stats counts decisions made without Redis by the Limiters (or Semaphores) of this
+// process that share a client, key and configuration; counting starts afresh when
+// none of them has been used for a while (see Limiter).
 type Stats struct {
 	FailedOpen uint64 // requests granted by FailOpen
 	Local      uint64 // decisions made by FailLocal's in-process limiter
 }
 
-// Stats returns the limiter's counters.
+// Stats returns the counters of the Limiters of this process built alike.
 func (l *Limiter) Stats() Stats {
 	return Stats{FailedOpen: l.stats.failedOpen.Load(), Local: l.stats.local.Load()}
 }
@@ -160,7 +163,8 @@ func (b *breaker) skip(now time.Time) bool {
 	return false
 }
 
-func (b *breaker) failed(now time.Time) {
+// failed opens the breaker and returns for how long.
+func (b *breaker) failed(now time.Time) time.Duration {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.downUntil.IsZero() {
@@ -169,6 +173,7 @@ func (b *breaker) failed(now time.Time) {
 		b.backoff = min(2*b.backoff, breakerMax)
 	}
 	b.downUntil = now.Add(b.backoff)
+	return b.backoff
 }
 
 func (b *breaker) succeeded() {
@@ -201,7 +206,11 @@ func (l *Limiter) degraded(op, n int, x int64, cause error) (reply, error) {
 		if l.hooks.Degraded != nil {
 			l.hooks.Degraded(l.key, l.policy, cause)
 		}
-		return l.local.acquire(l.clock.Now().UnixMicro(), n, x), nil
+		r := l.local.acquire(l.clock.Now().UnixMicro(), n, x)
+		if r.granted && n > 0 {
+			l.keep(r.wait + l.local.span()) // the grant counts in the share until then
+		}
+		return r, nil
 	}
 	return reply{}, cause
 }

@@ -213,7 +213,7 @@ func TestSemaphoreFailurePolicies(t *testing.T) {
 
 	var degraded int
 	open, err := NewSemaphore(downClient(t), "sem", 1, WithFailurePolicy(FailOpen),
-		WithHooks(Hooks{Degraded: func(string, FailurePolicy, error) { degraded++ }}))
+		WithSemaphoreHooks(SemaphoreHooks{Degraded: func(string, FailurePolicy, error) { degraded++ }}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jobthrottle/jobthrottle/lua"
-	"github.com/jobthrottle/jobthrottle/waiter"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -42,32 +41,31 @@ import (
 // Keys: "{<prefix><key>}:sem" (the leases), ":semq" and ":semx" (the queue), each
 // with a TTL covering its latest expiry; channel "{<prefix><key>}:sem:wake".
 //
-// A Semaphore is safe for simultaneous use by multiple goroutines.
+// A Semaphore is safe for simultaneous use by multiple goroutines, and cheap to build:
+// like a Limiter's, what the process knows of the key besides Redis (the breaker, the
+// in-process stand-in of FailOpen and FailLocal, Stats) is shared by every Semaphore
+// of the process on the same client, key and configuration.
 type Semaphore struct {
-	rdb     redis.UniversalClient
-	key     string
+	runner
 	keys    []string // leases, queue, queue expiries, pause
 	channel string
 	max     int
 	ttl     time.Duration
 	ttlUS   int64
 	script  *redis.Script
-	hooks   Hooks
-	clock   waiter.Clock
+	hooks   SemaphoreHooks
 	hub     *wakeHub
-	policy  FailurePolicy
-	brk     breaker
-	local   *localSem // stands in while Redis is unreachable (FailOpen, FailLocal)
-	stats   counters
+	shared  *semaphoreState // shared with the Semaphores built alike (see shared.go)
+	local   *localSem       // shared.local: stands in while Redis is unreachable
+	stats   *counters       // &shared.stats
 }
 
 // NewSemaphore returns a semaphore that lets at most max holders hold a lease on key
 // at once.
 //
-// It accepts every Option: WithKeyPrefix, WithHooks, WithClock, WithLeaseTTL and
-// WithFailurePolicy apply; the Limiter's WithAlgorithm, WithLimits and WithBuckets are
-// ignored (so one list of options can serve a Limiter and a Semaphore on the same
-// key), though a bad value in them is still reported. With Redis unreachable a
+// Its options are WithKeyPrefix, WithClock, WithFailurePolicy (CommonOptions, which a
+// Limiter takes too), WithLeaseTTL and WithSemaphoreHooks; a Limiter's own options do
+// not compile here (see SemaphoreOption). With Redis unreachable a
 // Semaphore follows its FailurePolicy: FailClosed (the default) grants nothing and
 // returns an error wrapping ErrUnavailable; FailOpen grants every lease; FailLocal(n)
 // grants this process's share of the slots, max/n (at least 1). Leases granted without
@@ -78,13 +76,13 @@ type Semaphore struct {
 // does not fit.
 //
 // Processes sharing a key should agree on max: each call enforces the max it is given.
-func NewSemaphore(rdb redis.UniversalClient, key string, max int, opts ...Option) (*Semaphore, error) {
+func NewSemaphore(rdb redis.UniversalClient, key string, max int, opts ...SemaphoreOption) (*Semaphore, error) {
 	if isNilClient(rdb) {
 		return nil, ErrNilClient
 	}
 	c := newConfig()
 	for _, o := range opts {
-		o.apply(c)
+		o.applySemaphore(c)
 	}
 	if c.err != nil {
 		return nil, c.err
@@ -105,24 +103,36 @@ func NewSemaphore(rdb redis.UniversalClient, key string, max int, opts ...Option
 		script = c.script
 	}
 	sem := tag + ":sem"
+	shared := semaphoreStates.get(sharedKey{rdb, tag, fmt.Sprint("semaphore", max, ttl, c.policy)}, func() *semaphoreState {
+		return &semaphoreState{local: newLocalSem(max, c.policy)}
+	})
 	return &Semaphore{
-		rdb:     rdb,
-		key:     key,
+		runner: runner{
+			rdb:        rdb,
+			key:        key,
+			clock:      c.clock,
+			policy:     c.policy,
+			brk:        &shared.brk,
+			redisError: c.semHooks.RedisError,
+			pin:        &shared.pin,
+			owner:      shared,
+		},
 		keys:    []string{sem, tag + ":semq", tag + ":semx", tag + ":pause"},
 		channel: sem + ":wake",
 		max:     max,
 		ttl:     ttl,
 		ttlUS:   ceilMicros(ttl),
 		script:  script,
-		hooks:   c.hooks,
-		clock:   c.clock,
+		hooks:   c.semHooks,
 		hub:     wakeHubFor(rdb),
-		policy:  c.policy,
-		local:   newLocalSem(max, c.policy),
+		shared:  shared,
+		local:   shared.local,
+		stats:   &shared.stats,
 	}, nil
 }
 
-// Stats returns the semaphore's counters of leases granted without Redis.
+// Stats returns the counters of leases granted without Redis by the Semaphores of this
+// process built alike.
 func (s *Semaphore) Stats() Stats {
 	return Stats{FailedOpen: s.stats.failedOpen.Load(), Local: s.stats.local.Load()}
 }
@@ -158,7 +168,7 @@ func (s *Semaphore) TryAcquire(ctx context.Context) (*Lease, time.Duration, erro
 	}
 	if !r.ok {
 		if s.hooks.Denied != nil {
-			s.hooks.Denied(s.key, 1, r.wait)
+			s.hooks.Denied(s.key, r.wait)
 		}
 		return nil, r.wait, nil
 	}
@@ -244,13 +254,11 @@ func (s *Semaphore) Do(ctx context.Context, fn func(ctx context.Context) error) 
 // granted makes the lease for id and reports it to the hooks; local leases were
 // granted without Redis.
 func (s *Semaphore) granted(id string, waited time.Duration, local bool) *Lease {
-	if s.hooks.Allowed != nil {
-		s.hooks.Allowed(s.key, 1, 0)
+	if s.hooks.Acquired != nil {
+		s.hooks.Acquired(s.key, waited)
 	}
-	if waited > 0 && s.hooks.Waited != nil {
-		s.hooks.Waited(s.key, 1, waited)
-	}
-	return &Lease{s: s, id: id, renewed: s.clock.Now(), local: local}
+	now := s.clock.Now()
+	return &Lease{s: s, id: id, granted: now, renewed: now, local: local}
 }
 
 // giveUp takes id out of the queue, releasing the lease if one was handed to it, for
@@ -260,8 +268,8 @@ func (s *Semaphore) giveUp(ctx context.Context, id string) {
 	if _, err := s.call(context.WithoutCancel(ctx), semRelease, id, false); err != nil {
 		return
 	}
-	if s.hooks.Cancelled != nil {
-		s.hooks.Cancelled(s.key, 1)
+	if s.hooks.GaveUp != nil {
+		s.hooks.GaveUp(s.key)
 	}
 }
 
@@ -283,18 +291,8 @@ type semReply struct {
 // call runs the semaphore script once for lease id, or, while Redis is unreachable,
 // decides as the failure policy says (see Limiter.call).
 func (s *Semaphore) call(ctx context.Context, op int, id string, join bool) (semReply, error) {
-	if s.policy.mode == failClosed {
-		return s.run(ctx, op, id, join)
-	}
-	if s.brk.skip(s.clock.Now()) {
-		return s.degraded(op, id, fmt.Errorf("%w: key %q: %w", ErrUnavailable, s.key, errRecentlyDown))
-	}
 	r, err := s.run(ctx, op, id, join)
-	switch {
-	case err == nil:
-		s.brk.succeeded()
-	case errors.Is(err, ErrUnavailable):
-		s.brk.failed(s.clock.Now())
+	if err != nil && s.policy.mode != failClosed && errors.Is(err, ErrUnavailable) {
 		return s.degraded(op, id, err)
 	}
 	return r, err
@@ -308,6 +306,7 @@ func (s *Semaphore) degraded(op int, id string, cause error) (semReply, error) {
 	}
 	ok, wait := s.local.acquire(s.clock.Now(), id, s.ttl)
 	if ok {
+		s.keep(s.ttl) // the local lease holds its slot until then
 		if s.policy.mode == failOpen {
 			s.stats.failedOpen.Add(1)
 		} else {
@@ -327,20 +326,13 @@ func (s *Semaphore) run(ctx context.Context, op int, id string, join bool) (semR
 	if join {
 		q = 1
 	}
-	cmd := s.script.Run(ctx, s.rdb, s.keys, op, id, s.max, s.ttlUS, q)
-	if err := cmd.Err(); err != nil {
-		if s.hooks.RedisError != nil {
-			s.hooks.RedisError(s.key, err)
-		}
-		err = scriptError(ctx, s.key, err)
-		if errors.Is(err, ErrUnavailable) {
-			reloadSlots(s.rdb)
-		}
+	val, err := s.exec(ctx, s.script, s.keys, []any{op, id, s.max, s.ttlUS, q})
+	if err != nil {
 		return semReply{}, err
 	}
-	v, err := cmd.Int64Slice()
-	if err != nil || len(v) != 3 {
-		return semReply{}, fmt.Errorf("%w: key %q: %v", ErrUnexpectedReply, s.key, cmd.Val())
+	var v [3]int64 // {ok, wait_us, held}
+	if !int64s(val, v[:]) {
+		return semReply{}, fmt.Errorf("%w: key %q: %v", ErrUnexpectedReply, s.key, val)
 	}
 	return semReply{ok: v[0] == 1, wait: time.Duration(v[1]) * time.Microsecond, held: int(v[2])}, nil
 }

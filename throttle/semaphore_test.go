@@ -9,6 +9,7 @@ import (
 	"math/rand"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,9 +27,9 @@ var fakeSemaphore = redistest.FakeClockScript(lua.SemaphoreSource)
 
 // semaphore makes a semaphore under the backend's test prefix, on the fake-clock
 // script (Go code keeps the real clock: Acquire's waiters run beside the test).
-func (tl *timeline) semaphore(key string, max int, opts ...Option) *Semaphore {
+func (tl *timeline) semaphore(key string, max int, opts ...SemaphoreOption) *Semaphore {
 	tl.t.Helper()
-	opts = append([]Option{WithKeyPrefix(tl.b.Prefix), withScript(fakeSemaphore)}, opts...)
+	opts = append([]SemaphoreOption{WithKeyPrefix(tl.b.Prefix), withScript(fakeSemaphore)}, opts...)
 	s, err := NewSemaphore(tl.b.Client, key, max, opts...)
 	if err != nil {
 		tl.t.Fatalf("NewSemaphore(%q, %d): %v", key, max, err)
@@ -87,22 +88,21 @@ func TestNewSemaphoreRejectsBadInput(t *testing.T) {
 		rdb  redis.UniversalClient
 		key  string
 		max  int
-		opts []Option
+		opts []SemaphoreOption
 		want error
 	}{
 		{"nil client", nil, "k", 1, nil, ErrNilClient},
 		{"typed nil client", nilClient, "k", 1, nil, ErrNilClient},
 		{"empty key", rdb, "", 1, nil, ErrInvalidKey},
-		{"empty hash tag", rdb, "}k", 1, []Option{WithKeyPrefix("")}, ErrInvalidKey},
+		{"empty hash tag", rdb, "}k", 1, []SemaphoreOption{WithKeyPrefix("")}, ErrInvalidKey},
 		{"max 0", rdb, "k", 0, nil, ErrInvalidLimit},
 		{"max -1", rdb, "k", -1, nil, ErrInvalidLimit},
 		{"max above 10^9", rdb, "k", 1_000_000_001, nil, ErrInvalidLimit},
-		{"TTL 0", rdb, "k", 1, []Option{WithLeaseTTL(0)}, ErrInvalidArgument},
-		{"TTL negative", rdb, "k", 1, []Option{WithLeaseTTL(-time.Second)}, ErrInvalidArgument},
-		{"TTL below 1ms", rdb, "k", 1, []Option{WithLeaseTTL(999 * time.Microsecond)}, ErrInvalidArgument},
-		{"TTL above 2^45µs", rdb, "k", 1, []Option{WithLeaseTTL((1<<45 + 1) * time.Microsecond)}, ErrInvalidArgument},
-		{"nil clock", rdb, "k", 1, []Option{WithClock(nil)}, ErrInvalidArgument},
-		{"bad limiter option", rdb, "k", 1, []Option{WithBuckets(0)}, ErrInvalidArgument},
+		{"TTL 0", rdb, "k", 1, []SemaphoreOption{WithLeaseTTL(0)}, ErrInvalidArgument},
+		{"TTL negative", rdb, "k", 1, []SemaphoreOption{WithLeaseTTL(-time.Second)}, ErrInvalidArgument},
+		{"TTL below 1ms", rdb, "k", 1, []SemaphoreOption{WithLeaseTTL(999 * time.Microsecond)}, ErrInvalidArgument},
+		{"TTL above 2^45µs", rdb, "k", 1, []SemaphoreOption{WithLeaseTTL((1<<45 + 1) * time.Microsecond)}, ErrInvalidArgument},
+		{"nil clock", rdb, "k", 1, []SemaphoreOption{WithClock(nil)}, ErrInvalidArgument},
 	}
 	for _, c := range cases {
 		s, err := NewSemaphore(c.rdb, c.key, c.max, c.opts...)
@@ -110,8 +110,8 @@ func TestNewSemaphoreRejectsBadInput(t *testing.T) {
 			t.Errorf("%s: NewSemaphore = %v, %v; want an error wrapping %v", c.name, s, err, c.want)
 		}
 	}
-	// limiter-only options are ignored; the defaults show
-	s, err := NewSemaphore(rdb, "k", 7, WithAlgorithm(TokenBucket), WithLimits(PerSecond(1)), WithBuckets(10))
+	// the defaults show (a Limiter's options do not compile here: see options_test.go)
+	s, err := NewSemaphore(rdb, "k", 7)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -464,8 +464,9 @@ func TestLeaseHoldRenews(t *testing.T) {
 	})
 }
 
-// Hooks see grants, denials, waits and a waiter giving up; with Redis down every call
-// fails at once with ErrUnavailable and the RedisError hook.
+// SemaphoreHooks see grants (with the wait), denials, a waiter giving up, releases
+// (with the time held) and a lost lease; with Redis down every call fails at once
+// with ErrUnavailable and the RedisError hook.
 func TestSemaphoreHooksAndRedisDown(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		var mu sync.Mutex
@@ -475,15 +476,16 @@ func TestSemaphoreHooksAndRedisDown(t *testing.T) {
 			defer mu.Unlock()
 			seen = append(seen, fmt.Sprintf(format, args...))
 		}
-		hooks := Hooks{
-			Allowed:    func(key string, n int, wait time.Duration) { add("allowed %s %d %v", key, n, wait) },
-			Denied:     func(key string, n int, wait time.Duration) { add("denied %s %d %v", key, n, wait) },
-			Waited:     func(key string, n int, d time.Duration) { add("waited %s %d", key, n) },
-			Cancelled:  func(key string, n int) { add("cancelled %s %d", key, n) },
+		hooks := SemaphoreHooks{
+			Acquired:   func(key string, waited time.Duration) { add("acquired %s waited %v", key, waited > 0) },
+			Denied:     func(key string, wait time.Duration) { add("denied %s %v", key, wait) },
+			GaveUp:     func(key string) { add("gave up %s", key) },
+			Released:   func(key string, held time.Duration) { add("released %s", key) },
+			LeaseLost:  func(key string) { add("lost %s", key) },
 			RedisError: func(key string, err error) { add("redis error %s", key) },
 		}
 		tl := newTimeline(t, b)
-		s := tl.semaphore("hooks", 1, WithLeaseTTL(time.Minute), WithHooks(hooks))
+		s := tl.semaphore("hooks", 1, WithLeaseTTL(time.Minute), WithSemaphoreHooks(hooks))
 		ctx := context.Background()
 		a := mustTry(t, s)
 		wantDenied(t, s, time.Minute)
@@ -512,10 +514,17 @@ func TestSemaphoreHooksAndRedisDown(t *testing.T) {
 		if err := l.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
+		lost := mustTry(t, s)
+		tl.at(2 * time.Minute) // the lease expires unextended
+		if err := lost.Extend(ctx); !errors.Is(err, ErrLeaseLost) {
+			t.Fatalf("Extend of an expired lease: %v, want ErrLeaseLost", err)
+		}
 		mu.Lock()
+		slices.Sort(seen) // the first release (another goroutine) and the handed lease race
 		got := strings.Join(seen, "; ")
 		mu.Unlock()
-		want := "allowed hooks 1 0s; denied hooks 1 1m0s; allowed hooks 1 0s; waited hooks 1; cancelled hooks 1; allowed hooks 1 0s"
+		want := "acquired hooks waited false; acquired hooks waited false; acquired hooks waited false; acquired hooks waited true; " +
+			"denied hooks 1m0s; gave up hooks; lost hooks; released hooks; released hooks; released hooks"
 		if got != want {
 			t.Fatalf("hooks saw %q,\nwant %q", got, want)
 		}
@@ -524,7 +533,7 @@ func TestSemaphoreHooksAndRedisDown(t *testing.T) {
 	down := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
 	defer down.Close()
 	var errs atomic.Int64
-	s, err := NewSemaphore(down, "down", 1, WithHooks(Hooks{RedisError: func(string, error) { errs.Add(1) }}))
+	s, err := NewSemaphore(down, "down", 1, WithSemaphoreHooks(SemaphoreHooks{RedisError: func(string, error) { errs.Add(1) }}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -38,7 +38,7 @@ func (w *stateWatch) get() stateMark {
 // observe checks the reply r to a call (op, n, x) made after mark, reports a lost
 // state to the hook, and remembers a newer grant.
 func (l *Limiter) observe(mark stateMark, op, n int, x int64, r reply) {
-	w := &l.lost
+	w := l.lost
 	if op == opCancel {
 		if r.granted {
 			w.mu.Lock()
@@ -61,6 +61,7 @@ func (l *Limiter) observe(mark stateMark, op, n int, x int64, r reply) {
 		w.mark = stateMark{token: r.token, at: at, n: n}
 	}
 	w.mu.Unlock()
+	l.keep(r.wait + l.keepFor) // a Limiter built later on the key compares with it
 }
 
 // mostRemaining is the largest Remaining a call granting n at server time now (not

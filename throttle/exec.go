@@ -1,0 +1,126 @@
+package throttle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/waiter"
+	"github.com/redis/go-redis/v9"
+)
+
+// runner runs the scripts of one Limiter or Semaphore: every script call of this
+// package goes through its exec, so each runs at most once, its errors are mapped
+// once, and the breaker of FailOpen and FailLocal is consulted and kept once.
+type runner struct {
+	rdb        redis.UniversalClient
+	key        string
+	clock      waiter.Clock
+	policy     FailurePolicy
+	brk        *breaker            // shared by the key's users in this process
+	redisError func(string, error) // the RedisError hook, or nil
+	pin        *pin                // keeps the shared state alive while it matters
+	owner      any                 // the shared state pin holds
+}
+
+// exec runs script once on keys with args and returns its reply. Under FailOpen and
+// FailLocal it does not try Redis while the breaker says Redis was down moments ago,
+// returning an error wrapping ErrUnavailable; the caller decides without Redis then.
+// Errors are mapped by scriptError; a reply lost on the way back is ErrUnavailable,
+// and the script's effect, if it ran, stands once.
+func (r *runner) exec(ctx context.Context, script *redis.Script, keys []string, args []any) (any, error) {
+	guarded := r.policy.mode != failClosed
+	if guarded && r.brk.skip(r.clock.Now()) {
+		return nil, fmt.Errorf("%w: key %q: %w", ErrUnavailable, r.key, errRecentlyDown)
+	}
+	val, err := evalOnce(ctx, r.rdb, script, keys, args)
+	if err == nil {
+		if guarded {
+			r.brk.succeeded()
+		}
+		return val, nil
+	}
+	if r.redisError != nil {
+		r.redisError(r.key, err)
+	}
+	err = scriptError(ctx, r.key, err)
+	if errors.Is(err, ErrUnavailable) {
+		reloadSlots(r.rdb)
+		if guarded {
+			r.keep(r.brk.failed(r.clock.Now()))
+		}
+	}
+	return nil, err
+}
+
+// keep pins the shared state for at least d.
+func (r *runner) keep(d time.Duration) { r.pin.hold(r.owner, d) }
+
+// evalOnce runs a script at most once: EVALSHA inside MULTI/EXEC and, when the server
+// does not have the script (after a restart or SCRIPT FLUSH), EVAL the same way.
+// go-redis re-sends a plain command whose reply was lost to a read timeout or a dropped
+// connection, which would run an acquire twice and charge twice; it never re-sends a
+// transaction it has written. A call whose reply is lost fails with ErrUnavailable
+// instead, and its effect, if it ran, stands once.
+func evalOnce(ctx context.Context, rdb redis.UniversalClient, s *redis.Script, keys []string, args []any) (any, error) {
+	cmd, err := evalTx(ctx, rdb, s.EvalSha, keys, args)
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		cmd, err = evalTx(ctx, rdb, s.Eval, keys, args)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return cmd.Val(), nil
+}
+
+func evalTx(ctx context.Context, rdb redis.UniversalClient,
+	eval func(context.Context, redis.Scripter, []string, ...any) *redis.Cmd, keys []string, args []any,
+) (*redis.Cmd, error) {
+	pipe := rdb.TxPipeline()
+	cmd := eval(ctx, pipe, keys, args...)
+	_, err := pipe.Exec(ctx)
+	if cmd.Err() != nil {
+		return cmd, cmd.Err() // the script's own error, or the connection's
+	}
+	return cmd, err // the transaction failed before the script got a reply of its own
+}
+
+// scriptError maps a failed script call to this package's errors: what a script
+// reports (JTARG, JTSTATE), a wrong-type key and an ACL refusal become sentinels, an
+// unreachable Redis ErrUnavailable (wrapping the cause too); anything else (the
+// caller's context) is wrapped as it is.
+func scriptError(ctx context.Context, key string, err error) error {
+	if isUnavailable(ctx, err) {
+		return fmt.Errorf("%w: key %q: %w", ErrUnavailable, key, err)
+	}
+	var rerr redis.Error
+	if errors.As(err, &rerr) {
+		msg := rerr.Error()
+		switch {
+		case strings.Contains(msg, "JTSTATE"), strings.Contains(msg, "WRONGTYPE"):
+			return fmt.Errorf("%w: key %q: %v", ErrCorruptState, key, err)
+		case strings.Contains(msg, "JTARG"):
+			return fmt.Errorf("%w: key %q: %v", ErrInvalidArgument, key, err)
+		case strings.Contains(msg, "NOPERM"), strings.Contains(msg, "The user executing the script can't"):
+			return fmt.Errorf("%w: key %q: %w", ErrNoPermission, key, err)
+		}
+	}
+	return fmt.Errorf("jobthrottle: key %q: %w", key, err)
+}
+
+// int64s reads a script's reply of k integers into v without allocating; it reports
+// whether the reply was k integers.
+func int64s(val any, v []int64) bool {
+	s, ok := val.([]any)
+	if !ok || len(s) != len(v) {
+		return false
+	}
+	for i, e := range s {
+		if v[i], ok = e.(int64); !ok {
+			return false
+		}
+	}
+	return true
+}

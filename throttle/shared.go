@@ -1,0 +1,131 @@
+package throttle
+
+import (
+	"runtime"
+	"sync"
+	"time"
+	"weak"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// What a process knows about a key besides Redis (the breaker, FailLocal's share, the
+// counters, the latest grant for Hooks.StateLost) lives in one entry per client, key
+// and configuration, shared by every Limiter (or Semaphore) of the process built alike.
+// So a Limiter built per call, or per task, is as correct as one built once: it finds
+// the entry the previous one used.
+//
+// An entry lives while a Limiter holds it, and while it holds something that still
+// matters after its last Limiter is gone: a local grant still in its window, an open
+// breaker, a grant StateLost may compare with. Until then it is pinned (a pending
+// timer holds it); after that it is held only weakly, and goes with the next garbage
+// collection. Per-tenant keys made and dropped by the million leave nothing behind.
+
+// sharedKey names an entry: the client, the key's hash tag and a fingerprint of the
+// configuration that shapes the state (kind, algorithm, limits, policy, ...).
+type sharedKey struct {
+	rdb    redis.UniversalClient
+	tag    string
+	config string
+}
+
+// registry holds values weakly by key: get returns the value an earlier get made while
+// something still holds it, else a new one.
+type registry[K comparable, V any] struct {
+	mu sync.Mutex
+	m  map[K]weak.Pointer[V]
+}
+
+// get returns the live value for k, or the one made by fresh.
+func (r *registry[K, V]) get(k K, fresh func() *V) *V {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if v := r.m[k].Value(); v != nil {
+		return v
+	}
+	if r.m == nil {
+		r.m = map[K]weak.Pointer[V]{}
+	}
+	v := fresh()
+	r.m[k] = weak.Make(v)
+	runtime.AddCleanup(v, r.drop, k)
+	return v
+}
+
+// drop forgets k once its value was collected (unless a new one took its place).
+func (r *registry[K, V]) drop(k K) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.m[k].Value() == nil {
+		delete(r.m, k)
+	}
+}
+
+// len returns how many entries the registry holds (tests).
+func (r *registry[K, V]) len() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.m)
+}
+
+// pin keeps a shared entry alive for a while after its last user is gone: a pending
+// timer's function is reachable by the runtime, and the function holds the entry.
+type pin struct {
+	mu    sync.Mutex
+	until time.Time
+	timer *time.Timer
+}
+
+// hold keeps v alive for at least d (wall-clock time). To stay cheap on hot paths it
+// moves the timer only when d reaches past the current pin, and then pins for 2d.
+func (p *pin) hold(v any, d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	now := time.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !now.Add(d).After(p.until) {
+		return
+	}
+	p.until = now.Add(2 * d)
+	if p.timer == nil {
+		p.timer = time.AfterFunc(2*d, func() { p.release(v) })
+		return
+	}
+	p.timer.Reset(2 * d)
+}
+
+// release runs when the pin's time is over; v is only referenced to be held until then.
+func (p *pin) release(v any) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if time.Now().Before(p.until) { // moved meanwhile; the timer was reset
+		return
+	}
+	p.timer = nil
+	runtime.KeepAlive(v)
+}
+
+// limiterState is what every Limiter of this process on one client, key and
+// configuration shares.
+type limiterState struct {
+	brk   breaker
+	local *localLog // FailLocal's share; nil under other policies
+	stats counters
+	lost  stateWatch // the latest grant, for Hooks.StateLost
+	pin   pin
+}
+
+var limiterStates registry[sharedKey, limiterState]
+
+// semaphoreState is what every Semaphore of this process on one client, key and
+// configuration shares.
+type semaphoreState struct {
+	brk   breaker
+	local *localSem // stands in while Redis is unreachable (FailOpen, FailLocal)
+	stats counters
+	pin   pin
+}
+
+var semaphoreStates registry[sharedKey, semaphoreState]
