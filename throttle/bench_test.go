@@ -154,3 +154,34 @@ func BenchmarkReserve(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkNew is the cost of building a Limiter, as ThrottleFunc's pick may per task:
+// "reused" finds the shared state of a Limiter still alive, "fresh" makes a new one per
+// key (no Redis call either way).
+func BenchmarkNew(b *testing.B) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer rdb.Close()
+	keep, err := New(rdb, "bench-new", PerSecond(10), WithFailurePolicy(FailLocal(4)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("reused", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := New(rdb, "bench-new", PerSecond(10), WithFailurePolicy(FailLocal(4))); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("fresh", func(b *testing.B) {
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			i++
+			if _, err := New(rdb, "bench-new-"+itoa(i), PerSecond(10)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	_ = keep.Key()
+}

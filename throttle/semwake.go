@@ -2,11 +2,9 @@ package throttle
 
 import (
 	"context"
-	"runtime"
 	"strings"
 	"sync"
 	"time"
-	"weak"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -195,28 +193,9 @@ func signal(ch chan struct{}) {
 
 // hubs holds the hub of every client some Semaphore of this process uses, weakly: an
 // entry goes when the last Semaphore on its client is collected.
-var (
-	hubsMu sync.Mutex
-	hubs   = map[redis.UniversalClient]weak.Pointer[wakeHub]{}
-)
+var hubs registry[redis.UniversalClient, wakeHub]
 
 // wakeHubFor returns the hub shared by every Semaphore of this process on rdb.
 func wakeHubFor(rdb redis.UniversalClient) *wakeHub {
-	hubsMu.Lock()
-	defer hubsMu.Unlock()
-	if h := hubs[rdb].Value(); h != nil {
-		return h
-	}
-	h := &wakeHub{rdb: rdb, chans: map[string]*wakeChan{}}
-	hubs[rdb] = weak.Make(h)
-	runtime.AddCleanup(h, dropHub, rdb)
-	return h
-}
-
-func dropHub(rdb redis.UniversalClient) {
-	hubsMu.Lock()
-	defer hubsMu.Unlock()
-	if hubs[rdb].Value() == nil {
-		delete(hubs, rdb)
-	}
+	return hubs.get(rdb, func() *wakeHub { return &wakeHub{rdb: rdb, chans: map[string]*wakeChan{}} })
 }
