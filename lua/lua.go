@@ -3,8 +3,11 @@
 // Each *.lua file opens with its contract: KEYS, ARGV, the reply and what it writes.
 // The scripts share helpers: prelude.lua (clock, argument checks, pause) goes in front
 // of every script, and log.lua (the permit log) in front of the two log-based ones.
-// Run them with Script.Run, which sends EVALSHA and falls back to EVAL when the server
-// has lost the script (after SCRIPT FLUSH or a restart).
+// Package throttle runs every one of them through one call (throttle/exec.go): EVALSHA
+// inside MULTI/EXEC, EVAL the same way when the server has lost the script (after
+// SCRIPT FLUSH or a restart), so a call whose reply is lost is not re-sent and runs at
+// most once. Script.Run would do the EVALSHA/EVAL part, but go-redis re-sends a plain
+// command whose reply was lost.
 package lua
 
 import (
