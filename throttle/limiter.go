@@ -13,10 +13,11 @@ import (
 // Limiter enforces one or more rate limits on a key, shared by every process that
 // uses the same Redis, key, prefix and algorithm.
 //
-// Every decision is one atomic script call (EVALSHA) that reads the clock of the Redis
-// server, so clients' clocks do not matter and no two processes can both take the last
-// permit. A denial is a Result with Allowed false and the exact RetryAfter, not an
-// error; an error means bad input or a failed Redis call, and then nothing was granted.
+// Every decision is one atomic script call (EVALSHA inside MULTI/EXEC, so it runs at
+// most once) that reads the clock of the Redis server, so clients' clocks do not
+// matter and no two processes can both take the last permit. A denial is a Result
+// with Allowed false and the exact RetryAfter, not an error; an error means bad input
+// or a failed Redis call, and then nothing was granted.
 //
 // Use Allow or AllowN to take permits now or not at all (to drop or defer work); Wait
 // or WaitN to sleep until they come (a worker loop); Reserve to book them and decide
