@@ -5,7 +5,10 @@
 --                                 took or takes effect (µs), ci the permits limit i
 --                                 counted in its window holding L
 -- KEYS[2]  {<prefix><key>}:pause  string: when a pause ends, µs (read only)
--- ARGV[1]  op          0 acquire, 1 cancel
+-- KEYS[3]  {<prefix><key>}:bk:<task id>  ops 2 and 3 only: string "token n", the
+--                                 task's booking (see prelude.lua, jt_claim)
+-- ARGV[1]  op          0 acquire, 1 cancel; 2 acquire for a task (uses the booking
+--                      in KEYS[3] when there is one), 3 cancel for a task
 -- ARGV[2]  n           permits, 0..min(rate); 0 reads the state and takes nothing
 -- ARGV[3]  x           acquire: max_wait_us >= 0, book a slot in a later window if it
 --                      comes within this; cancel: the token an acquire returned
@@ -18,11 +21,14 @@
 --          reset_us   time until the windows holding grants have all ended
 --          token      when granted, the server time the grant takes effect; else 0
 --          cancel returns {freed 0|1, 0, 0, reset_us, 0}
+--          ops 2 and 3 append a sixth integer: 1 when op 2 granted anew, else 0;
+--          op 2 answering with a booking returns {1, 0, wait_us, 0, token, 0}
 -- Writes   KEYS[1] only when granting or cancelling, with a PEXPIRE at the end of the
 --          longest window that holds the latest grant.
 -- Bookings go to the window of the latest grant or a later one (FIFO), so the state
 -- never needs more than that window's counts; a cancel gives its permits back when its
 -- window is still the latest one, and otherwise keeps them (never over the limit).
+--          Ops 2 and 3 also write KEYS[3] (SET PX a second past the token; DEL).
 local op, n, x, limits = jt_args(5, {JT_MAX_RATE, JT_MAX_PERIOD})
 if not op then
   return redis.error_reply('JTARG ' .. n)
@@ -36,6 +42,10 @@ end
 
 local key = KEYS[1]
 local now = jt_now()
+local claimed = jt_claim(n, now, KEYS[2])
+if claimed then
+  return claimed
+end
 local L, c = 0, {}
 local v = redis.call('GET', key)
 if v then
@@ -113,7 +123,7 @@ if op == 1 then
     if freed == 1 then save() end
   end
   local _, reset = report()
-  return {freed, 0, 0, reset, 0}
+  return jt_booked({freed, 0, 0, reset, 0}, n)
 end
 
 -- acquire: the earliest time, at or after the latest grant, when every limit's window
@@ -135,11 +145,11 @@ local wait = t - now
 if n == 0 then wait = 0 end
 if wait > x then
   local remaining, reset = report()
-  return {0, remaining, wait, reset, 0}
+  return jt_booked({0, remaining, wait, reset, 0}, n)
 end
 if n == 0 then
   local remaining, reset = report()
-  return {1, remaining, 0, reset, 0}
+  return jt_booked({1, remaining, 0, reset, 0}, n)
 end
 for i = 1, m do
   c[i] = counted(t, i) + n
@@ -148,4 +158,4 @@ L = t
 v = true
 save()
 local remaining, reset = report()
-return {1, remaining, wait, reset, t}
+return jt_booked({1, remaining, wait, reset, t}, n)

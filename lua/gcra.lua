@@ -11,7 +11,10 @@
 --                                 in Redis, as redis_rate's; the decimal
 --                                 "q1 r1 ... qm rm L" of earlier versions is read too.)
 -- KEYS[2]  {<prefix><key>}:pause  string: when a pause ends, µs (read only)
--- ARGV[1]  op          0 acquire, 1 cancel
+-- KEYS[3]  {<prefix><key>}:bk:<task id>  ops 2 and 3 only: string "token n", the
+--                                 task's booking (see prelude.lua, jt_claim)
+-- ARGV[1]  op          0 acquire, 1 cancel; 2 acquire for a task (uses the booking
+--                      in KEYS[3] when there is one), 3 cancel for a task
 -- ARGV[2]  n           permits, 0..min(burst); 0 reads the state and takes nothing
 -- ARGV[3]  x           acquire: max_wait_us >= 0 (at most 2^50/rate is booked ahead);
 --                      cancel: the token an acquire returned
@@ -25,10 +28,13 @@
 --          reset_us   time until every bucket is full again
 --          token      when granted, the server time the grant takes effect; else 0
 --          cancel returns {freed 0|1, 0, 0, reset_us, 0}
+--          ops 2 and 3 append a sixth integer: 1 when op 2 granted anew, else 0;
+--          op 2 answering with a booking returns {1, 0, wait_us, 0, token, 0}
 -- Writes   KEYS[1] only when granting or cancelling, with a PEXPIRE at which every
 --          bucket is full again (so an absent key means full buckets).
 -- Cancel gives back what x/time/rate gives back: n permits less those booked after
 -- the cancelled one, so nothing booked later can end up over the limit.
+--          Ops 2 and 3 also write KEYS[3] (SET PX a second past the token; DEL).
 local op, n, x, limits = jt_args(5, {JT_MAX_RATE, JT_MAX_PERIOD, JT_MAX_RATE})
 if not op then
   return redis.error_reply('JTARG ' .. n)
@@ -49,6 +55,10 @@ end
 
 local key = KEYS[1]
 local now = jt_now()
+local claimed = jt_claim(n, now, KEYS[2])
+if claimed then
+  return claimed
+end
 
 -- nums: the stored q1, r1, ..., qm, rm; L: when the latest grant takes effect. One
 -- limit's state (the usual case) is read with one match, anything else word by word.
@@ -165,7 +175,7 @@ if op == 1 then
     if freed == 1 then save() end
   end
   local _, reset = report(paused)
-  return {freed, 0, 0, reset, 0}
+  return jt_booked({freed, 0, 0, reset, 0}, n)
 end
 
 -- acquire: the earliest time every bucket has n permits, at or after the latest grant
@@ -180,11 +190,11 @@ local wait = t - now
 if n == 0 then wait = 0 end
 if wait > x then
   local remaining, reset = report(paused)
-  return {0, remaining, wait, reset, 0}
+  return jt_booked({0, remaining, wait, reset, 0}, n)
 end
 if n == 0 then
   local remaining, reset = report(paused)
-  return {1, remaining, 0, reset, 0}
+  return jt_booked({1, remaining, 0, reset, 0}, n)
 end
 for i = 1, m do
   local R, P = limits[i][1], limits[i][2]
@@ -193,4 +203,4 @@ end
 L = t
 save()
 local remaining, reset = report(paused)
-return {1, remaining, wait, reset, t}
+return jt_booked({1, remaining, wait, reset, t}, n)

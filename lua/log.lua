@@ -190,6 +190,8 @@ local function jt_log(key, pause_key, prec, op, n, x, limits)
   end
 
   local now = jt_now()
+  local claimed = jt_claim(n, now, pause_key)
+  if claimed then return claimed end
   lg_load(key)
 
   if op == 1 then

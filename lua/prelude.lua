@@ -69,8 +69,64 @@ local function jt_expire(key, us)
   redis.call('PEXPIRE', key, string.format('%d', math.max(1, jt_cdiv(us, 1000))))
 end
 
+-- Bookings by task (ops 2 and 3). A task handed back to its queue keeps its place:
+-- op 2 books like an acquire and records the grant under KEYS[3]
+-- ("{<prefix><key>}:bk:<task id>", a string "token n" whose TTL ends a second after
+-- the token), and when the task comes back, op 2 finds that record and answers with
+-- it instead of booking again. A record whose token has passed (the task came back
+-- late) or that a pause has overtaken is not used: op 2 books anew, at the earliest
+-- slot free now, and records that. Op 3 cancels like op 1 and deletes the record. A
+-- task that never comes back leaves a permit that is simply not used, and a record
+-- that expires by itself.
+local jt_bk_op -- 2 or 3 while running a booking op, else nil
+local jt_bk_had -- op 2 found a record it could not use (late, paused, other n)
+
+-- jt_claim returns, for op 2, the reply for the booking recorded for the task when it
+-- is for n permits, not yet due-and-passed (token >= now) and not inside a pause:
+-- {1, 0, wait_us, 0, token, 0}, the last 0 saying nothing new was granted. Else nil:
+-- the script books as for an acquire.
+local function jt_claim(n, now, pause_key)
+  if jt_bk_op ~= 2 then return nil end
+  local v = redis.call('GET', KEYS[3])
+  if not v then return nil end
+  jt_bk_had = true
+  local a, b = string.match(v, '^(%d+) (%d+)$')
+  local token, k = jt_num(a), jt_num(b)
+  if not token or k ~= n or token < now or jt_pause(pause_key) > token then
+    return nil
+  end
+  return {1, 0, token - now, 0, token, 0}
+end
+
+-- jt_booked finishes a reply {granted, remaining, wait_us, reset_us, token} of the
+-- algorithm: for op 2 it records a grant booked ahead (wait > 0) under KEYS[3] and
+-- appends 1 (a new grant) or 0 (denied); for op 3 it deletes the record and appends 0;
+-- for ops 0 and 1, and for a reply of jt_claim, it returns the reply as it is.
+local function jt_booked(r, n)
+  if #r == 6 then return r end
+  if jt_bk_op == 2 then
+    if r[1] == 1 and n > 0 then
+      if r[3] > 0 then
+        redis.call('SET', KEYS[3], string.format('%d %d', r[5], n),
+          'PX', string.format('%d', jt_cdiv(r[3], 1000) + 1000))
+      elseif jt_bk_had then
+        redis.call('DEL', KEYS[3])
+      end
+      r[6] = 1
+    else
+      r[6] = 0
+    end
+  elseif jt_bk_op == 3 then
+    redis.call('DEL', KEYS[3])
+    r[6] = 0
+  end
+  return r
+end
+
 -- jt_args reads the arguments every limiter script shares:
---   ARGV[1] op  0 acquire, 1 cancel
+--   ARGV[1] op  0 acquire, 1 cancel, 2 take for a task, 3 cancel for a task (see
+--               jt_claim and jt_booked: ops 2 and 3 need KEYS[3], the booking key;
+--               jt_args returns them as 0 and 1 and notes them in jt_bk_op)
 --   ARGV[2] n   permits, >= 0
 --   ARGV[3] x   acquire: max_wait_us >= 0; cancel: the token the acquire returned
 --   ARGV[4] m   number of limits, 1..16
@@ -88,7 +144,12 @@ local function jt_args(first, hi)
     end
   end
   local op, n, x, m = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-  if not op or op > 1 then return nil, 'op' end
+  if not op or op > 3 then return nil, 'op' end
+  if op >= 2 then
+    if not KEYS[3] then return nil, 'op ' .. op .. ' without a booking key' end
+    jt_bk_op = op
+    op = op - 2 -- the algorithm acquires (2) or cancels (3); jt_booked does the rest
+  end
   if not n or n > 1e15 then return nil, 'n' end
   if not x or x > 9007199254740991 then return nil, 'max_wait/token' end -- 2^53 - 1
   if not m or m < 1 or m > 16 then return nil, 'm' end

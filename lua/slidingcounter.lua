@@ -5,16 +5,21 @@
 -- of the rate.
 -- KEYS[1]  {<prefix><key>}:sc     list [base, B1, S1, ...]: Bi = end of a bucket, µs
 -- KEYS[2]  {<prefix><key>}:pause  string: when a pause ends, µs (read only)
--- ARGV[1]  op          0 acquire, 1 cancel
+-- KEYS[3]  {<prefix><key>}:bk:<task id>  ops 2 and 3 only: string "token n", the
+--                                 task's booking (see prelude.lua, jt_claim)
+-- ARGV[1]  op          0 acquire, 1 cancel; 2 acquire for a task (uses the booking
+--                      in KEYS[3] when there is one), 3 cancel for a task
 -- ARGV[2]  n           permits, 0..min(rate); 0 reads the state and takes nothing
 -- ARGV[3]  x           acquire: max_wait_us >= 0; cancel: the token an acquire returned
 -- ARGV[4]  m           number of limits, 1..16
 -- ARGV[5]  bucket_us   sub-bucket width, 1..2^45
 -- ARGV[6..] m pairs    rate (1..10^9), period_us (1..2^45)
--- Returns  {granted 0|1, remaining, wait_us, reset_us, token} as slidingwindow.lua
+-- Returns  {granted 0|1, remaining, wait_us, reset_us, token} as slidingwindow.lua,
+--          and for ops 2 and 3 the sixth integer it describes
 -- Writes   KEYS[1] only, and only to grant or cancel: appends or adds to the current
 --          bucket, trims buckets older than the longest period (in batches, see
 --          log.lua), PEXPIRE.
+--          Ops 2 and 3 also write KEYS[3] (SET PX a second past the token; DEL).
 local op, n, x, limits = jt_args(6, {JT_MAX_RATE, JT_MAX_PERIOD})
 if not op then
   return redis.error_reply('JTARG ' .. n)
@@ -23,4 +28,4 @@ local bucket = jt_int(5, 1, JT_MAX_PERIOD)
 if not bucket then
   return redis.error_reply('JTARG bucket')
 end
-return jt_log(KEYS[1], KEYS[2], bucket, op, n, x, limits)
+return jt_booked(jt_log(KEYS[1], KEYS[2], bucket, op, n, x, limits), n)

@@ -2,7 +2,10 @@
 -- permits take effect in any window of period, for every limit given, exactly.
 -- KEYS[1]  {<prefix><key>}:sw     list [base, T1, S1, ...], see log.lua
 -- KEYS[2]  {<prefix><key>}:pause  string: when a pause ends, µs (read only)
--- ARGV[1]  op          0 acquire, 1 cancel
+-- KEYS[3]  {<prefix><key>}:bk:<task id>  ops 2 and 3 only: string "token n", the
+--                                 task's booking (see prelude.lua, jt_claim)
+-- ARGV[1]  op          0 acquire, 1 cancel; 2 acquire for a task (uses the booking
+--                      in KEYS[3] when there is one), 3 cancel for a task
 -- ARGV[2]  n           permits, 0..min(rate); 0 reads the state and takes nothing
 -- ARGV[3]  x           acquire: max_wait_us >= 0, book a future slot if it comes within
 --                      this; cancel: the token an acquire returned
@@ -16,11 +19,14 @@
 --          token      when granted, the server time the grant takes effect (what a
 --                     cancel passes back); else 0
 --          cancel returns {freed 0|1, 0, 0, reset_us, 0}
+--          ops 2 and 3 append a sixth integer: 1 when op 2 granted anew, else 0;
+--          op 2 answering with a booking returns {1, 0, wait_us, 0, token, 0}
 -- Writes   KEYS[1] only, and only to grant or cancel: appends or merges the grant,
 --          trims entries older than the longest period (in batches, see log.lua),
 --          PEXPIRE until the last entry leaves the longest window.
+--          Ops 2 and 3 also write KEYS[3] (SET PX a second past the token; DEL).
 local op, n, x, limits = jt_args(5, {JT_MAX_RATE, JT_MAX_PERIOD})
 if not op then
   return redis.error_reply('JTARG ' .. n)
 end
-return jt_log(KEYS[1], KEYS[2], 0, op, n, x, limits)
+return jt_booked(jt_log(KEYS[1], KEYS[2], 0, op, n, x, limits), n)

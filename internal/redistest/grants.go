@@ -65,7 +65,8 @@ func (g *Grants) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proce
 
 // observe reads an EVAL/EVALSHA of a limiter script: args are
 // [evalsha, sha, numkeys, keys..., op, n, x, ...], the reply
-// [granted, remaining, wait_us, reset_us, token].
+// [granted, remaining, wait_us, reset_us, token], and for the booking ops 2 and 3 a
+// sixth integer, 1 when op 2 granted anew.
 func (g *Grants) observe(cmd redis.Cmder, sent time.Time) {
 	name := strings.ToLower(cmd.Name())
 	if (name != "evalsha" && name != "eval") || cmd.Err() != nil {
@@ -87,8 +88,14 @@ func (g *Grants) observe(cmd redis.Cmder, sent time.Time) {
 		return
 	}
 	v, err := c.Int64Slice()
-	if err != nil || len(v) != 5 {
+	if err != nil || len(v) < 5 || len(v) > 6 {
 		return
+	}
+	if len(v) == 6 { // a booking op for a task (2, 3): a new grant or a cancel
+		if op == 2 && v[5] == 0 {
+			v[0] = 0 // the task's own booking, counted when it was made
+		}
+		op -= 2
 	}
 	key := ""
 	if nkeys > 0 {

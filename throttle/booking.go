@@ -1,0 +1,117 @@
+package throttle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/waiter"
+)
+
+// Booking ops of the limiter scripts (ARGV[1]); see prelude.lua.
+const (
+	opAcquireFor = 2
+	opCancelFor  = 3
+)
+
+// maxBookingID is the longest id ReserveFor takes, in bytes.
+const maxBookingID = 512
+
+// ReserveFor is Reserve for work that goes away and comes back, such as a task handed
+// back to its queue: the booking is recorded in Redis under id, and a later
+// ReserveFor with the same id and n, from any process, gets that same booking back
+// (kept is true) instead of booking again, so the work keeps its place in line.
+//
+// In one atomic script call it:
+//   - returns the booking recorded for id if its time has not passed and no pause
+//     has overtaken it: Delay is the time left until it takes effect, nothing is
+//     booked, kept is true;
+//   - otherwise books n permits as Reserve does (at the earliest time they fit, not
+//     earlier than any booking on the key) if that comes within maxWait, and records
+//     the booking for id when it takes effect in the future. A booking whose time
+//     has passed when id comes back (the work came back late) is therefore moved to
+//     the earliest slot free now, at once if the limit allows: the permits of the
+//     passed slot stay counted, and the work runs on new ones, so the limit holds at
+//     the time the work actually starts.
+//
+// The record expires a second after its booking takes effect, so a booking nobody
+// comes back for leaves a permit that goes unused and nothing behind. The
+// reservation's Cancel gives the permits back and deletes the record.
+//
+// Errors are those of Reserve, and ErrInvalidArgument for an empty id or one longer
+// than 512 bytes. Under the FailOpen and FailLocal policies, when Redis is
+// unavailable it books as Reserve does, without a record.
+func (l *Limiter) ReserveFor(ctx context.Context, id string, n int, maxWait time.Duration) (r *waiter.Reservation, kept bool, err error) {
+	if id == "" || len(id) > maxBookingID {
+		return nil, false, fmt.Errorf("%w: booking id of %d bytes, want 1 to %d", ErrInvalidArgument, len(id), maxBookingID)
+	}
+	if err := l.checkN(n); err != nil {
+		return nil, false, err
+	}
+	if maxWait < 0 {
+		return nil, false, fmt.Errorf("%w: maxWait %v", ErrInvalidArgument, maxWait)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, false, err
+	}
+	keys := l.bookingKeys(id)
+	moved := l.moved.enter()
+	rep, fresh, err := l.runFor(ctx, keys, opAcquireFor, n, min(int64(maxWait/time.Microsecond), maxWaitMicros))
+	live := l.moved.leave(err == nil && rep.granted && rep.wait > 0, l.clock.Now(), rep.wait)
+	if err != nil {
+		if errors.Is(err, ErrUnavailable) && l.policy.mode != failClosed && ctx.Err() == nil {
+			r, err := l.Reserve(ctx, n, maxWait)
+			return r, false, err
+		}
+		return nil, false, err
+	}
+	if fresh {
+		l.report(n, rep)
+	}
+	b := waiter.Booking{OK: rep.granted, Delay: rep.wait, Clock: l.clock}
+	if live != nil {
+		token := rep.token
+		b.Moved = moved
+		b.Cancel = live.giveBack(func(ctx context.Context) error {
+			c, _, err := l.runFor(ctx, keys, opCancelFor, n, token)
+			if err == nil && c.granted && l.hooks.Cancelled != nil {
+				l.hooks.Cancelled(l.key, n)
+			}
+			return err
+		})
+	}
+	return waiter.NewReservation(b), rep.granted && !fresh, nil
+}
+
+// bookingKeys returns the script's keys for a booking op: the state key, the pause
+// key and "{<prefix><key>}:bk:<id>", under the same hash tag.
+func (l *Limiter) bookingKeys(id string) []string {
+	state := l.keys[0]
+	tag := state[:strings.LastIndexByte(state, ':')]
+	return []string{state, l.keys[1], tag + ":bk:" + id}
+}
+
+// runFor runs a booking op once; fresh reports whether it granted anew (the sixth
+// integer of the reply).
+func (l *Limiter) runFor(ctx context.Context, keys []string, op, n int, x int64) (r reply, fresh bool, err error) {
+	args := make([]any, 3, 3+len(l.tail))
+	args[0], args[1], args[2] = op, n, x
+	args = append(args, l.tail...)
+	val, err := l.exec(ctx, l.script, keys, args)
+	if err != nil {
+		return reply{}, false, err
+	}
+	var v [6]int64 // {granted, remaining, wait_us, reset_us, token, fresh}
+	if !int64s(val, v[:]) {
+		return reply{}, false, fmt.Errorf("%w: key %q: %v", ErrUnexpectedReply, l.key, val)
+	}
+	return reply{
+		granted:   v[0] == 1,
+		remaining: int(v[1]),
+		wait:      time.Duration(v[2]) * time.Microsecond,
+		reset:     time.Duration(v[3]) * time.Microsecond,
+		token:     v[4],
+	}, v[5] == 1, nil
+}
