@@ -32,18 +32,26 @@ import (
 // comes back within one TTL. The handler's context is not cancelled if the lease is
 // lost anyway: the task finishes, and for that while the slot may be given twice.
 //
+// Waiting for a slot counts as sleeping in the middleware: while MaxSleepingWorkers
+// tasks sleep, a task that finds sem full is handed back at once, so a full semaphore
+// never parks more than that bound of the server's workers.
+//
 // When Redis is unavailable (sem returns throttle.ErrUnavailable: its default
 // FailClosed policy) the task is treated as throttled, as Throttle treats it: tried
 // again within its budget, then handed back, never failed. Other errors from sem are
-// returned wrapped: they are failures. A nil sem makes every task fail with an error
-// wrapping ErrNilArgument.
+// returned wrapped: they are failures. Concurrency panics with an error wrapping
+// ErrNilArgument when sem is nil.
 func Concurrency(sem *throttle.Semaphore, opts ...Option) asynq.MiddlewareFunc {
-	c := newConfig(opts)
+	return concurrencyWith(nil, sem, opts)
+}
+
+func concurrencyWith(sh *shared, sem *throttle.Semaphore, opts []Option) asynq.MiddlewareFunc {
+	if sem == nil {
+		panic(fmt.Errorf("%w: Concurrency(nil)", ErrNilArgument))
+	}
+	c := newConfig(sh, opts)
 	return func(next asynq.Handler) asynq.Handler {
 		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
-			if sem == nil {
-				return fmt.Errorf("%w: Concurrency(nil)", ErrNilArgument)
-			}
 			lease, err := c.acquire(ctx, t, sem)
 			if err != nil {
 				return err
@@ -56,21 +64,23 @@ func Concurrency(sem *throttle.Semaphore, opts ...Option) asynq.MiddlewareFunc {
 	}
 }
 
-// acquire gets t a lease of sem, waiting for one within the attempt's budget.
+// acquire gets t a lease of sem, waiting for one within the attempt's budget and the
+// bound on sleeping workers.
 func (c *config) acquire(ctx context.Context, t *asynq.Task, sem *throttle.Semaphore) (*throttle.Lease, error) {
 	a := c.attempt(ctx)
 	limit := fmt.Sprintf("%d in flight", sem.Max())
 	var down outage
 	for {
 		lease, wait, err := sem.TryAcquire(ctx)
-		if err == nil && lease == nil && a.left() > 0 {
+		if err == nil && lease == nil && a.inlineLeft() > 0 && c.sleepForSlot(a) {
 			start := time.Now()
 			actx, cancel := ctx, context.CancelFunc(func() {})
-			if !a.until.IsZero() {
-				actx, cancel = context.WithDeadline(ctx, a.until)
+			if until := a.inlineUntil(); !until.IsZero() {
+				actx, cancel = context.WithDeadline(ctx, until)
 			}
 			lease, err = sem.Acquire(actx)
 			cancel()
+			c.sh.release()
 			switch {
 			case err == nil:
 				c.waited(ctx, t, time.Since(start), start)
@@ -98,6 +108,17 @@ func (c *config) acquire(ctx context.Context, t *asynq.Task, sem *throttle.Semap
 			Limit:   limit,
 		})
 	}
+}
+
+// sleepForSlot takes a place among the tasks asleep in the middleware for a task
+// that waits for a semaphore slot: within the bound, or past it for a task that
+// cannot be handed back.
+func (c *config) sleepForSlot(a attempt) bool {
+	if !a.handBack {
+		c.sh.sleepAnyway()
+		return true
+	}
+	return c.sh.trySleep()
 }
 
 // leaseCallTimeout bounds each extension and the final release of a lease.

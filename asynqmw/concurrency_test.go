@@ -69,7 +69,7 @@ func TestConcurrencyAcrossServers(t *testing.T) {
 			inside.Add(-1)
 			return nil
 		}
-		mw := asynqmw.Concurrency(sem, asynqmw.MaxInlineWait(150*time.Millisecond), asynqmw.WithHooks(c.hooks()))
+		mw := asynqmw.Concurrency(sem, append(fleetOpts(10), asynqmw.MaxInlineWait(150*time.Millisecond), asynqmw.WithHooks(c.hooks()))...)
 		for range 2 {
 			f.start(f.serverConfig(6), f.handler(work), mw)
 		}
@@ -157,9 +157,7 @@ func TestConcurrencyLease(t *testing.T) {
 			t.Errorf("inline wait: err %v after %v; want nil after about 100ms (the release)", err, el)
 		}
 
-		if err := asynqmw.Concurrency(nil)(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return nil })).ProcessTask(ctx, task); !errors.Is(err, asynqmw.ErrNilArgument) {
-			t.Errorf("Concurrency(nil): err %v, want ErrNilArgument", err)
-		}
+		wantPanic(t, "Concurrency(nil)", asynqmw.ErrNilArgument, func() { asynqmw.Concurrency(nil) })
 	})
 }
 

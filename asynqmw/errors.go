@@ -7,12 +7,18 @@ import (
 )
 
 // ErrNilArgument: Throttle was given a nil limiter, ThrottleFunc a nil pick function,
-// or Concurrency a nil semaphore. The middleware does not panic: every task it sees
-// fails with an error wrapping ErrNilArgument, as asynq fails any handler error.
-var ErrNilArgument = errors.New("asynqmw: nil limiter, semaphore or pick function")
+// Concurrency a nil semaphore, or New a nil client. The constructor panics with an
+// error wrapping it (as asynq's ServeMux.Handle panics on a nil handler), so the
+// mistake shows when the server is built, not as failed tasks.
+var ErrNilArgument = errors.New("asynqmw: nil limiter, semaphore, client or pick function")
+
+// ErrInvalidOption: an option out of range, such as a negative MaxInlineWait. The
+// constructor that was given it panics with an error wrapping ErrInvalidOption.
+var ErrInvalidOption = errors.New("asynqmw: invalid option")
 
 // ThrottledError is what the middleware returns when a task must wait longer than it
-// may sleep in the handler: the task did not run, and nothing was booked for it.
+// may sleep in the handler: the task did not run; inside an asynq server its permit
+// is booked (Booked), outside nothing is.
 // Wire IsFailure and RetryDelay into asynq.Config so that asynq retries it after
 // RetryIn without counting a failure. Test for it with errors.As.
 //
@@ -35,6 +41,14 @@ type ThrottledError struct {
 	// Requeued reports whether the task was handed back to its queue as a copy (see
 	// Requeue) rather than left to asynq's retry.
 	Requeued bool
+
+	// Booked reports whether the permit is booked for the task, RetryIn from now: when
+	// it comes back (the same task, or its requeued copy) it runs on that booking.
+	// RetryDelay then makes it due early enough to be in a worker by then.
+	Booked bool
+
+	// back is when the middleware wants a booked task due again (see comeBack).
+	back time.Duration
 
 	// Err, when not nil, is why no permit could be had other than the limit: Redis
 	// was unavailable (an error wrapping throttle.ErrUnavailable). Unwrap returns it,

@@ -45,7 +45,7 @@ func (c *config) holdResult(ctx context.Context) {
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), holdPingTimeout)
 		err := c.hold.Ping(pctx).Err()
 		cancel()
-		if err == nil || ctx.Err() != nil || !o.wait(ctx, attempt{until: end}) {
+		if err == nil || ctx.Err() != nil || !o.wait(ctx, attempt{deadline: end}) {
 			return
 		}
 	}

@@ -87,6 +87,16 @@ func (f *fleet) serverConfig(concurrency int) asynq.Config {
 	}
 }
 
+// fleetCheck is how late a test server (serverConfig) may bring a due task to a worker:
+// its DelayedTaskCheckInterval plus TaskCheckInterval.
+const fleetCheck = 150 * time.Millisecond
+
+// fleetOpts tells the middleware the test servers' intervals and lets every worker of
+// a server of n sleep in it, as the tests written before the bound expect.
+func fleetOpts(n int) []asynqmw.Option {
+	return []asynqmw.Option{asynqmw.CheckInterval(fleetCheck), asynqmw.MaxSleepingWorkers(n)}
+}
+
 // start starts a server with cfg running h behind mws.
 func (f *fleet) start(cfg asynq.Config, h asynq.Handler, mws ...asynq.MiddlewareFunc) *asynq.Server {
 	f.t.Helper()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 	"time"
 
@@ -15,28 +16,30 @@ import (
 
 // Throttle returns middleware that takes one permit from lim before each task runs,
 // so every task it wraps, in every worker process that shares lim's Redis and key,
-// stays inside lim's limits. Add it with (*asynq.ServeMux).Use, and set
-// Config.IsFailure to IsFailure and Config.RetryDelayFunc to RetryDelay(nil) (see
-// the package example):
+// stays inside lim's limits. New(rdb).Throttle is the same middleware with the
+// server's Config filled in to match (see Setup); this form needs IsFailure,
+// RetryDelay(nil), CheckInterval and Requeue set by hand.
 //
-//   - The middleware books the permit with lim.Reserve, allowing the wait that
-//     MaxInlineWait permits. If the permit comes within it, the task sleeps in the
-//     handler until then and runs: booked in arrival order across the fleet, at one
-//     Redis call per task.
-//   - If the wait is longer, nothing is booked and the task is handed back to asynq
-//     with a *ThrottledError: IsFailure reports it is no failure, so asynq neither
-//     counts a retry nor records a failed task, and RetryDelay has it come back after
-//     RetryIn (rounded up to whole seconds, plus jitter).
+//   - The middleware books the task's permit in one Redis call, in arrival order
+//     across the fleet, and records the booking under the task's ID
+//     (throttle.Limiter.ReserveFor). If it is due within MaxInlineWait (1.5 s by
+//     default) and fewer than MaxSleepingWorkers tasks are asleep in the middleware,
+//     the task sleeps until then and runs.
+//   - Otherwise the task is handed back to asynq with a *ThrottledError, booked:
+//     IsFailure reports it is no failure (asynq counts no retry) and RetryDelay makes
+//     it due early enough (asynq keeps whole seconds and forwards due tasks every
+//     DelayedTaskCheckInterval) to be in a worker by its slot. When it comes back it
+//     finds its own booking, sleeps the rest (up to a second and the interval) and
+//     runs: one hand-back per task, no second booking, no place lost. A task that
+//     comes back after its slot has passed is moved to the earliest slot free then
+//     (see ReserveFor), so the limit holds when its handler starts.
 //   - asynq v0.26 archives a task whose retries are used up before it asks IsFailure
 //     (processor.handleFailedMessage checks Retried >= MaxRetry first), so a task on
 //     its last attempt (MaxRetry(0), or real failures used its retries), read from
-//     asynq.GetRetryCount and asynq.GetMaxRetry, is never handed back that way.
-//     It sleeps in the handler instead, as long as its deadline allows (see
-//     HandlerTime): it keeps its ID and runs once, at the cost of holding a worker
-//     slot while it sleeps. If even its deadline comes too soon, it is requeued as a
-//     copy when the Requeue option is set; without Requeue, and only then, asynq
-//     archives it with the *ThrottledError, as it archives any error on a last
-//     attempt.
+//     asynq.GetRetryCount and asynq.GetMaxRetry, is handed back as a copy instead
+//     (Requeue; Setup always sets it): the copy, ID "<id>~r1", carries the booking.
+//     Without Requeue it sleeps in the handler as long as its deadline allows (see
+//     HandlerTime), and the middleware logs once that Requeue is missing.
 //
 // A task whose sleep is cut short keeps nothing booked: if its context ends (asynq
 // cancels it, or the server shuts down and asynq puts the task back in its queue),
@@ -46,31 +49,31 @@ import (
 // When Redis is unavailable (lim returns throttle.ErrUnavailable: its default
 // FailClosed policy), the task is treated as throttled, never as failed: the
 // middleware tries again after 50ms, 100ms, ... up to a second apart for as long as
-// the task may sleep (MaxInlineWait, or on a last attempt its deadline), and then
-// hands it back as above with a *ThrottledError whose Err is the cause and RetryIn a
-// second. (With FailOpen or FailLocal, lim grants by that policy instead.) Other
-// errors from lim (bad configuration, a Redis user without permission, corrupt
-// state) are returned wrapped: they are failures, and asynq retries or archives the
-// task as for any handler error. A nil lim makes every task fail with an error
-// wrapping ErrNilArgument.
+// the task may sleep, and then hands it back with a *ThrottledError whose Err is the
+// cause and RetryIn a second. Other errors from lim (bad configuration, a Redis user
+// without permission, corrupt state) are returned wrapped: they are failures.
+//
+// Throttle panics with an error wrapping ErrNilArgument when lim is nil, and with
+// one wrapping ErrInvalidOption for a bad option, as asynq's ServeMux.Handle panics
+// on a nil handler: the mistake shows when the server is built.
 //
 // If Redis goes down while a task runs, asynq v0.26 may lose the write of its
 // result and, a minute later, run it again or archive it; WaitForRedis prevents
 // that by holding the result until Redis answers.
 //
-// Precision: a handed-back task comes back when asynq's forwarder, which runs every
-// Config.DelayedTaskCheckInterval (5 s by default), finds it due; asynq stores the
-// time in whole seconds. Set DelayedTaskCheckInterval to a second or less where
-// throttled tasks should come back promptly, and MaxInlineWait above it.
-// Handed-back tasks hold no booking, so they are not served in arrival order; tasks
-// that sleep in the handler are.
+// Outside an asynq server (no task ID in ctx) nothing is recorded: a task that may
+// not sleep is handed back without a booking.
 func Throttle(lim *throttle.Limiter, opts ...Option) asynq.MiddlewareFunc {
-	c := newConfig(opts)
+	return throttleWith(nil, lim, opts)
+}
+
+func throttleWith(sh *shared, lim *throttle.Limiter, opts []Option) asynq.MiddlewareFunc {
+	if lim == nil {
+		panic(fmt.Errorf("%w: Throttle(nil)", ErrNilArgument))
+	}
+	c := newConfig(sh, opts)
 	return func(next asynq.Handler) asynq.Handler {
 		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
-			if lim == nil {
-				return fmt.Errorf("%w: Throttle(nil)", ErrNilArgument)
-			}
 			if err := c.throttle(ctx, t, lim); err != nil {
 				return err
 			}
@@ -90,14 +93,18 @@ func Throttle(lim *throttle.Limiter, opts ...Option) asynq.MiddlewareFunc {
 //
 // An error from pick is a failure: the task does not run and the middleware returns
 // the error wrapped, so asynq retries or archives the task as for any handler error.
-// A nil pick makes every task fail with an error wrapping ErrNilArgument.
+// ThrottleFunc panics with an error wrapping ErrNilArgument when pick is nil.
 func ThrottleFunc(pick func(ctx context.Context, t *asynq.Task) (*throttle.Limiter, error), opts ...Option) asynq.MiddlewareFunc {
-	c := newConfig(opts)
+	return throttleFuncWith(nil, pick, opts)
+}
+
+func throttleFuncWith(sh *shared, pick func(ctx context.Context, t *asynq.Task) (*throttle.Limiter, error), opts []Option) asynq.MiddlewareFunc {
+	if pick == nil {
+		panic(fmt.Errorf("%w: ThrottleFunc(nil)", ErrNilArgument))
+	}
+	c := newConfig(sh, opts)
 	return func(next asynq.Handler) asynq.Handler {
 		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
-			if pick == nil {
-				return fmt.Errorf("%w: ThrottleFunc(nil)", ErrNilArgument)
-			}
 			lim, err := pick(ctx, t)
 			if err != nil {
 				return fmt.Errorf("asynqmw: choosing the limiter for task %q: %w", t.Type(), err)
@@ -114,13 +121,29 @@ func ThrottleFunc(pick func(ctx context.Context, t *asynq.Task) (*throttle.Limit
 	}
 }
 
+// bookAhead is how far ahead the middleware books: as far as it takes.
+const bookAhead = time.Duration(1<<53-1) * time.Microsecond
+
 // throttle gets t its permit from lim, sleeping for it within the attempt's budget;
 // it returns nil when the task may run.
 func (c *config) throttle(ctx context.Context, t *asynq.Task, lim *throttle.Limiter) error {
 	a := c.attempt(ctx)
+	id, inAsynq := asynq.GetTaskID(ctx)
+	if inAsynq {
+		c.sh.returned(ctx)
+	}
 	var down outage
 	for {
-		res, err := lim.Reserve(ctx, 1, a.left())
+		var (
+			res  *waiter.Reservation
+			kept bool
+			err  error
+		)
+		if inAsynq {
+			res, kept, err = lim.ReserveFor(ctx, bookingID(id), 1, bookAhead)
+		} else {
+			res, err = lim.Reserve(ctx, 1, a.inlineLeft())
+		}
 		if errors.Is(err, throttle.ErrUnavailable) && ctx.Err() == nil {
 			if down.wait(ctx, a) {
 				continue
@@ -130,24 +153,109 @@ func (c *config) throttle(ctx context.Context, t *asynq.Task, lim *throttle.Limi
 		if err != nil {
 			return fmt.Errorf("asynqmw: task %q: %w", t.Type(), err)
 		}
-		if !res.OK() {
-			return c.reject(ctx, t, a, &ThrottledError{
-				RetryIn: res.Delay(),
+		if kept {
+			c.sh.kept.Add(1)
+		}
+		wait := res.Delay()
+		ok, full := c.maySleep(a, wait, kept)
+		if !res.OK() || !ok {
+			if !inAsynq && res.OK() {
+				_ = res.Cancel(ctx) // nothing records it: give it back
+			}
+			te := &ThrottledError{
+				RetryIn: wait,
 				Key:     lim.Key(),
 				Limit:   describe(lim.Limits()),
-			})
+				Booked:  inAsynq && res.OK(),
+				back:    c.comeBack(wait, full),
+			}
+			err := c.reject(ctx, t, a, te)
+			if !a.final || c.requeue == nil || IsThrottled(err) || !res.OK() || wait > a.leftUntil(time.Time{}) {
+				return err
+			}
+			// The copy could not be enqueued (Redis went away?): returning the error
+			// would archive the task, so it keeps its booking and sleeps for it.
+			c.sh.sleepAnyway()
 		}
 		start := time.Now()
-		err = res.Wait(ctx)
+		slept := wait > 0
+		if slept {
+			err = res.Wait(ctx)
+			c.sh.release()
+		}
 		if errors.Is(err, waiter.ErrMoved) {
 			continue // this process paused the key: book again after the pause
 		}
 		if err != nil {
 			return err
 		}
-		c.waited(ctx, t, res.Delay(), start)
+		if slept {
+			c.waited(ctx, t, wait, start)
+		}
 		return nil
 	}
+}
+
+// maySleep reports whether a task may sleep wait for its permit in the handler, and
+// if so takes its place among the sleepers (unless wait is 0); full reports that only
+// the bound on sleeping tasks kept it from sleeping. A task that found its booking
+// may sleep as long as asynq's precision makes it come back early.
+func (c *config) maySleep(a attempt, wait time.Duration, kept bool) (ok, full bool) {
+	if wait <= 0 {
+		return true, false
+	}
+	if !a.handBack {
+		// no other way than sleeping: keep the task, hold the worker
+		if wait > c.maxInline {
+			c.sh.warn("requeue", "asynqmw: a throttled task on its last attempt sleeps in its worker: "+
+				"the middleware has no Requeue(rdb), so handing it back would archive it. Use asynqmw.New(rdb).")
+		}
+		if wait > a.inlineLeft() {
+			return false, false
+		}
+		c.sh.sleepAnyway() // past the bound: it cannot be handed back
+		return true, false
+	}
+	limit := a.inlineLeft()
+	if kept {
+		limit = a.keptLeft()
+	}
+	if wait > limit {
+		return false, false
+	}
+	if !c.sh.trySleep() {
+		return false, true
+	}
+	return true, false
+}
+
+// comeBackMargin is how much earlier still a handed-back task is made due, for the
+// Redis calls of the forward and the dequeue.
+const comeBackMargin = 20 * time.Millisecond
+
+// comeBack is the delay after which a task booked wait ahead should be made due:
+// early enough that, rounded down to whole seconds by asynq, forwarded within one
+// DelayedTaskCheckInterval and dequeued within one TaskCheckInterval, it is in a
+// worker by its slot. A task that could not sleep only because too many others did
+// (full) comes back no sooner than a second later, so that it does not come and go
+// in a loop while they sleep.
+func (c *config) comeBack(wait time.Duration, full bool) time.Duration {
+	d := max(wait-c.sh.checkInterval()-comeBackMargin, 0)
+	if full {
+		d = max(d, time.Second)
+	}
+	return d
+}
+
+// bookingID is the ID a task's booking is recorded under: a requeued copy's
+// ("<id>~r<n>") is the original's, so the copy finds the original's booking.
+func bookingID(id string) string {
+	if i := strings.LastIndex(id, "~r"); i >= 0 {
+		if n, err := strconv.Atoi(id[i+2:]); err == nil && n > 0 {
+			return id[:i]
+		}
+	}
+	return id
 }
 
 // attempt is what the middleware knows of a task's current attempt.
@@ -155,8 +263,16 @@ type attempt struct {
 	// final reports whether the task's retries are used up: asynq archives it on any
 	// error, so it must not be handed back with one.
 	final bool
-	// until is when the task must stop sleeping in the handler; zero: never.
-	until time.Time
+	// handBack reports whether the task can be handed back: it is not final, or it
+	// is and Requeue is set.
+	handBack bool
+	// deadline is when the task must stop sleeping in the handler to leave it its
+	// HandlerTime; zero: never.
+	deadline time.Time
+	// inline is when a task sleeping for a new booking or a slot must stop (the
+	// MaxInlineWait bound), and kept when one that found its booking must; zero for
+	// a task that cannot be handed back.
+	inline, kept time.Time
 }
 
 // attempt reads the task's retry counters and deadline from ctx. Outside asynq (no
@@ -165,9 +281,11 @@ func (c *config) attempt(ctx context.Context) attempt {
 	retried, ok1 := asynq.GetRetryCount(ctx)
 	maxRetry, ok2 := asynq.GetMaxRetry(ctx)
 	a := attempt{final: ok1 && ok2 && retried >= maxRetry}
+	a.handBack = !a.final || c.requeue != nil
 	now := time.Now()
-	if !a.final {
-		a.until = now.Add(c.maxInline)
+	if a.handBack {
+		a.inline = now.Add(c.maxInline)
+		a.kept = now.Add(max(c.maxInline, c.keptLimit()))
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		left := dl.Sub(now)
@@ -175,19 +293,52 @@ func (c *config) attempt(ctx context.Context) attempt {
 		if keep <= 0 {
 			keep = left / 2
 		}
-		if u := now.Add(max(left-keep, 0)); a.until.IsZero() || u.Before(a.until) {
-			a.until = u
-		}
+		a.deadline = now.Add(max(left-keep, 0))
 	}
 	return a
 }
 
-// left is how much longer the task may sleep in the handler.
-func (a attempt) left() time.Duration {
-	if a.until.IsZero() {
+// until returns the earlier of t and the attempt's deadline; zero: never.
+func (a attempt) until(t time.Time) time.Time {
+	if t.IsZero() || (!a.deadline.IsZero() && a.deadline.Before(t)) {
+		return a.deadline
+	}
+	return t
+}
+
+// leftUntil is the time left until until(t); the largest duration for never.
+func (a attempt) leftUntil(t time.Time) time.Duration {
+	u := a.until(t)
+	if u.IsZero() {
 		return time.Duration(math.MaxInt64)
 	}
-	return max(time.Until(a.until), 0)
+	return max(time.Until(u), 0)
+}
+
+// inlineLeft is how much longer the task may sleep for a new booking or a slot.
+func (a attempt) inlineLeft() time.Duration { return a.leftUntil(a.inline) }
+
+// keptLeft is how much longer a task that found its booking may sleep for it.
+func (a attempt) keptLeft() time.Duration { return a.leftUntil(a.kept) }
+
+// inlineUntil is when a task sleeping for a new booking or a slot must stop; zero:
+// never.
+func (a attempt) inlineUntil() time.Time { return a.until(a.inline) }
+
+// outageLeft is how much longer the task may try while Redis is unavailable: on a
+// last attempt (which needs Redis to be requeued) until its deadline, else
+// MaxInlineWait.
+func (a attempt) outageLeft() time.Duration {
+	if a.final {
+		return a.leftUntil(time.Time{})
+	}
+	return a.inlineLeft()
+}
+
+// keptLimit is how long a task that found its booking may sleep: as early as asynq's
+// precision may bring it back (a second, the forwarding interval and the margin).
+func (c *config) keptLimit() time.Duration {
+	return time.Second + c.sh.checkInterval() + comeBackMargin
 }
 
 // outage paces the middleware's tries while its limiter or semaphore finds Redis
@@ -206,7 +357,7 @@ const (
 // ctx is done.
 func (o *outage) wait(ctx context.Context, a attempt) bool {
 	o.backoff = min(max(2*o.backoff, outageFirstBackoff), outageMaxBackoff)
-	if a.left() < o.backoff {
+	if a.outageLeft() < o.backoff {
 		return false
 	}
 	tm := time.NewTimer(o.backoff)
@@ -230,6 +381,11 @@ func (c *config) reject(ctx context.Context, t *asynq.Task, a attempt, te *Throt
 	var err error = te
 	if a.final && c.requeue != nil {
 		err = c.requeue.requeue(ctx, t, te)
+	} else {
+		c.sh.handedBack(ctx)
+	}
+	if IsThrottled(err) {
+		c.sh.handed.Add(1)
 	}
 	if c.hooks.Throttled != nil && IsThrottled(err) {
 		c.hooks.Throttled(ctx, t, te)

@@ -30,7 +30,7 @@ func TestThrottleRunsEachTaskOnce(t *testing.T) {
 		c := newCounters()
 		// Other traffic has taken the next second when the first task arrives, so
 		// that tasks are handed back however slowly the servers dequeue.
-		mw := asynqmw.ThrottleFunc(bookingFirst(t, lim, 2), asynqmw.MaxInlineWait(inline), asynqmw.WithHooks(c.hooks()))
+		mw := asynqmw.ThrottleFunc(bookingFirst(t, lim, 2), append(fleetOpts(10), asynqmw.MaxInlineWait(inline), asynqmw.WithHooks(c.hooks()))...)
 		for range 2 {
 			f.start(f.serverConfig(10), f.handler(nil), mw)
 		}
@@ -48,8 +48,10 @@ func TestThrottleRunsEachTaskOnce(t *testing.T) {
 		if got := grants.MaxInWindow(period); got > rate {
 			t.Errorf("most grants in any %v window: got %d, want <= %d", period, got, rate)
 		}
-		if got := grants.Total(); got != n+2*rate {
-			t.Errorf("permits granted (net of cancels): got %d, want %d, one per task and the other traffic's", got, n+2*rate)
+		// One permit per task, and the other traffic's; a task that came back after its
+		// slot (a loaded host) ran on a new one, and the passed one went unused.
+		if got := grants.Total(); got < n+2*rate {
+			t.Errorf("permits granted (net of cancels): got %d, want at least %d, one per task and the other traffic's", got, n+2*rate)
 		}
 		if c.sum(c.throttled) == 0 {
 			t.Errorf("no task was handed back: the test did not exercise asynq's retry path")
@@ -96,7 +98,7 @@ func TestLastAttemptSleepsInline(t *testing.T) {
 		lim := f.limiter("tasks", throttle.PerSecond(10))
 		c := newCounters()
 		f.start(f.serverConfig(4), f.handler(nil), asynqmw.ThrottleFunc(bookingFirst(t, lim, 2), // the next permit 2 s away
-			asynqmw.MaxInlineWait(300*time.Millisecond), asynqmw.WithHooks(c.hooks())))
+			append(fleetOpts(4), asynqmw.MaxInlineWait(300*time.Millisecond), asynqmw.WithHooks(c.hooks()))...))
 		f.enqueue("final", asynq.MaxRetry(0))
 		f.enqueue("retrying", asynq.MaxRetry(3))
 		qi := f.waitIdle(idleLimit, func() bool { return f.runs.total() >= 2 })
@@ -135,7 +137,7 @@ func TestRealFailuresStillCount(t *testing.T) {
 			return nil
 		}
 		f.start(f.serverConfig(4), f.handler(fail),
-			asynqmw.Throttle(lim, asynqmw.MaxInlineWait(300*time.Millisecond), asynqmw.WithHooks(c.hooks())))
+			asynqmw.Throttle(lim, append(fleetOpts(4), asynqmw.MaxInlineWait(300*time.Millisecond), asynqmw.WithHooks(c.hooks()))...))
 		f.enqueue("always", asynq.MaxRetry(1))
 		f.enqueue("once", asynq.MaxRetry(1))
 		qi := f.waitIdle(idleLimit, func() bool { return f.runs.total() >= 4 })
@@ -256,7 +258,7 @@ func TestThrottleDecisions(t *testing.T) {
 		t.Run("MaxInlineWait(0) never sleeps", func(t *testing.T) {
 			lim := newLim("zero", throttle.Limit{Rate: 1, Period: 100 * time.Millisecond})
 			next := &handlerCalls{}
-			h := asynqmw.Throttle(lim, asynqmw.MaxInlineWait(-time.Second))(next)
+			h := asynqmw.Throttle(lim, asynqmw.MaxInlineWait(0))(next)
 			_ = h.ProcessTask(ctx, task)
 			if err := h.ProcessTask(ctx, task); !asynqmw.IsThrottled(err) || next.n != 1 {
 				t.Errorf("err %v, handler calls %d; want throttled, 1", err, next.n)
@@ -295,14 +297,25 @@ func TestThrottleErrors(t *testing.T) {
 	ctx := context.Background()
 	task := asynq.NewTask("job", nil)
 	next := &handlerCalls{}
-	if err := asynqmw.Throttle(nil)(next).ProcessTask(ctx, task); !errors.Is(err, asynqmw.ErrNilArgument) || !asynqmw.IsFailure(err) {
-		t.Errorf("Throttle(nil): err %v, want a failure wrapping ErrNilArgument", err)
+	wantPanic(t, "Throttle(nil)", asynqmw.ErrNilArgument, func() { asynqmw.Throttle(nil) })
+	wantPanic(t, "ThrottleFunc(nil)", asynqmw.ErrNilArgument, func() { asynqmw.ThrottleFunc(nil) })
+	wantPanic(t, "New(nil)", asynqmw.ErrNilArgument, func() { asynqmw.New(nil) })
+	mb := redistest.NewMini(t)
+	okLim, err := throttle.New(mb.Client, "ok", throttle.PerSecond(1))
+	if err != nil {
+		t.Fatal(err)
 	}
-	if err := asynqmw.ThrottleFunc(nil)(next).ProcessTask(ctx, task); !errors.Is(err, asynqmw.ErrNilArgument) {
-		t.Errorf("ThrottleFunc(nil): err %v, want ErrNilArgument", err)
+	for name, o := range map[string]asynqmw.Option{
+		"MaxInlineWait(-1s)":     asynqmw.MaxInlineWait(-time.Second),
+		"HandlerTime(-1s)":       asynqmw.HandlerTime(-time.Second),
+		"MaxSleepingWorkers(-1)": asynqmw.MaxSleepingWorkers(-1),
+		"CheckInterval(0)":       asynqmw.CheckInterval(0),
+	} {
+		wantPanic(t, "Throttle with "+name, asynqmw.ErrInvalidOption, func() { asynqmw.Throttle(okLim, o) })
+		wantPanic(t, "New with "+name, asynqmw.ErrInvalidOption, func() { asynqmw.New(mb.Client, o) })
 	}
 	pickErr := errors.New("no such tenant")
-	err := asynqmw.ThrottleFunc(func(context.Context, *asynq.Task) (*throttle.Limiter, error) { return nil, pickErr })(next).ProcessTask(ctx, task)
+	err = asynqmw.ThrottleFunc(func(context.Context, *asynq.Task) (*throttle.Limiter, error) { return nil, pickErr })(next).ProcessTask(ctx, task)
 	if !errors.Is(err, pickErr) || !asynqmw.IsFailure(err) {
 		t.Errorf("pick error: err %v, want a failure wrapping it", err)
 	}
@@ -354,7 +367,7 @@ func shutdownWhileWaiting(t *testing.T, b *redistest.Backend) {
 		grants := redistest.RecordGrants(b.Client)
 		f := newFleet(t, b)
 		lim := f.limiter("tasks", throttle.PerSecond(4))
-		mw := asynqmw.Throttle(lim, asynqmw.MaxInlineWait(10*time.Second))
+		mw := asynqmw.Throttle(lim, append(fleetOpts(n), asynqmw.MaxInlineWait(10*time.Second))...)
 		cfg := f.serverConfig(n)
 		cfg.ShutdownTimeout = 200 * time.Millisecond
 		first := f.start(cfg, f.handler(nil), mw)
@@ -419,4 +432,17 @@ func TestWaitForRedisHoldsResults(t *testing.T) {
 	if took := time.Since(start); err != nil || took > 250*time.Millisecond {
 		t.Errorf("WaitForRedis with Redis up: %v after %v; want nil at once", err, took)
 	}
+}
+
+// wantPanic checks that f panics with an error wrapping target.
+func wantPanic(t *testing.T, what string, target error, f func()) {
+	t.Helper()
+	defer func() {
+		t.Helper()
+		r := recover()
+		if err, ok := r.(error); !ok || !errors.Is(err, target) {
+			t.Errorf("%s: panic %v, want an error wrapping %v", what, r, target)
+		}
+	}()
+	f()
 }

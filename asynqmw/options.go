@@ -2,6 +2,7 @@ package asynqmw
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -9,15 +10,35 @@ import (
 )
 
 // DefaultMaxInlineWait is how long a task may sleep in its handler for a permit unless
-// MaxInlineWait says otherwise. It matches asynq's default DelayedTaskCheckInterval:
-// a task handed back to asynq comes back up to about a second (asynq keeps retry times
-// in whole seconds) plus that interval later than asked, and costs a retry write, a
-// forward and a dequeue; a wait shorter than that is served sooner and cheaper by
-// sleeping. Longer sleeps would hold a worker slot idle that other tasks could use.
-const DefaultMaxInlineWait = 5 * time.Second
+// MaxInlineWait says otherwise: a second and a half. A task handed back to asynq comes
+// back up to a second (asynq keeps retry times in whole seconds) plus the server's
+// DelayedTaskCheckInterval and TaskCheckInterval (100ms each with Setup.Config)
+// before its booked slot, and sleeps the rest; a wait shorter than that is served as
+// exactly, and more cheaply, by sleeping at once. Longer sleeps would hold a worker
+// that other tasks need: past it, the task books its slot and is handed back.
+const DefaultMaxInlineWait = 1500 * time.Millisecond
 
-// Option configures the middleware; pass options to Throttle, ThrottleFunc or
-// Concurrency.
+// DefaultSleepingShare is the share of a server's workers that tasks sleeping in the
+// middleware may hold at once unless MaxSleepingWorkers says otherwise: half (at
+// least one), so that at least half of them stay free for every other task. Tasks
+// come back for their slots in whole-second batches (asynq's precision), so a limit
+// of r per second needs about r sleeping workers across the fleet at a slot; fewer
+// make tasks bounce.
+const DefaultSleepingShare = 0.5
+
+// DefaultCheckInterval is the DelayedTaskCheckInterval and TaskCheckInterval
+// Setup.Config puts in an asynq.Config that leaves them unset: asynq's forwarder then
+// moves a handed-back task to its queue, and an idle server looks for it, within
+// 100ms; the cost is a cheap script call per queue ten times a second.
+const DefaultCheckInterval = 100 * time.Millisecond
+
+// asynqReturnLatency is how late asynq's defaults may be to bring a due task to a
+// worker: DelayedTaskCheckInterval (5 s) plus TaskCheckInterval (1 s). The middleware
+// assumes it when it is not told (CheckInterval, Setup.Config).
+const asynqReturnLatency = 6 * time.Second
+
+// Option configures the middleware; pass options to Throttle, ThrottleFunc,
+// Concurrency, New or a Setup's methods.
 type Option interface {
 	apply(*config)
 }
@@ -30,42 +51,116 @@ func (f optionFunc) apply(c *config) { f(c) }
 type config struct {
 	maxInline   time.Duration
 	handlerTime time.Duration // 0: half the time left before the deadline
+	interval    time.Duration // CheckInterval; 0: unset
+	sleeping    int           // MaxSleepingWorkers; -1: unset
 	requeue     *requeuer
 	hold        redis.UniversalClient // WaitForRedis; nil: off
 	hooks       Hooks
+	logger      asynq.Logger
+	err         error // the first bad option
+	sh          *shared
 }
 
-func newConfig(opts []Option) *config {
-	c := &config{maxInline: DefaultMaxInlineWait}
+func newConfig(sh *shared, opts []Option) *config {
+	c := &config{maxInline: DefaultMaxInlineWait, sleeping: -1}
 	for _, o := range opts {
 		if o != nil {
 			o.apply(c)
 		}
 	}
+	if c.err != nil {
+		panic(c.err)
+	}
+	if sh == nil {
+		sh = newShared(c.logger)
+	}
+	c.sh = sh
+	if c.logger != nil {
+		sh.setLogger(c.logger)
+	}
+	if c.sleeping >= 0 {
+		sh.bound.Store(int64(c.sleeping))
+	}
+	if c.interval > 0 {
+		sh.interval.Store(int64(c.interval))
+	}
 	return c
 }
 
+// bad records the first bad option; the constructor panics with it.
+func (c *config) bad(format string, args ...any) {
+	if c.err == nil {
+		c.err = fmt.Errorf("%w: "+format, append([]any{ErrInvalidOption}, args...)...)
+	}
+}
+
 // MaxInlineWait sets how long a task may sleep in its handler for its permit (or
-// semaphore slot) before running; a task that would wait longer is handed back to
-// asynq with a *ThrottledError, unless it is on its last attempt (see Throttle). If
-// unset, the default is DefaultMaxInlineWait (5 s); zero or a negative value means
-// never sleep: run now or hand back.
+// semaphore slot) before running; a task that would wait longer books its slot and is
+// handed back to asynq (see Throttle). If unset, the default is DefaultMaxInlineWait
+// (1.5 s); zero means never sleep: run now or hand back. A negative d is refused: the
+// middleware's constructor panics with an error wrapping ErrInvalidOption.
 //
-// Set it to at least a second plus your Config.DelayedTaskCheckInterval: a handed-back
-// task may come back up to that much early or late (asynq keeps retry times in whole
-// seconds and forwards them every DelayedTaskCheckInterval), and a task that comes
-// back early then sleeps the rest in the handler instead of being handed back again.
+// A task that comes back for its booking may sleep longer than d when asynq's
+// precision demands it: up to a second plus the DelayedTaskCheckInterval.
 func MaxInlineWait(d time.Duration) Option {
-	return optionFunc(func(c *config) { c.maxInline = max(d, 0) })
+	return optionFunc(func(c *config) {
+		if d < 0 {
+			c.bad("MaxInlineWait(%v): negative", d)
+		}
+		c.maxInline = d
+	})
+}
+
+// MaxSleepingWorkers bounds how many tasks may sleep in the middleware at once (for a
+// permit or a semaphore slot), across every middleware that shares it (those of one
+// Setup, or one Throttle, ThrottleFunc or Concurrency): a task that would sleep while
+// n others do is handed back, booked, instead. If unset, the bound is
+// DefaultSleepingShare of the server's Concurrency (Setup.Config reads it; without
+// Setup, of runtime.NumCPU(), asynq's default), at least 1. Zero means no task ever
+// sleeps. A negative n is refused (the constructor panics, ErrInvalidOption).
+func MaxSleepingWorkers(n int) Option {
+	return optionFunc(func(c *config) {
+		if n < 0 {
+			c.bad("MaxSleepingWorkers(%d): negative", n)
+		}
+		c.sleeping = n
+	})
+}
+
+// CheckInterval tells the middleware how late the server may bring a due task to a
+// worker: its Config.DelayedTaskCheckInterval plus TaskCheckInterval (asynq's
+// defaults, 5 s + 1 s, if unset; Setup.Config sets it for you), so that a handed-back
+// task is made due early enough to be in a worker by its booked slot. A value below
+// 1ms is refused (the constructor panics, ErrInvalidOption).
+func CheckInterval(d time.Duration) Option {
+	return optionFunc(func(c *config) {
+		if d < time.Millisecond {
+			c.bad("CheckInterval(%v): below 1ms", d)
+		}
+		c.interval = d
+	})
+}
+
+// WithLogger sets where the middleware reports a setup that cannot work (a throttled
+// task that came back counted as a retry, a last attempt without Requeue), once
+// each, at warn level. Setup.Config sets the server's Config.Logger; if neither is
+// set, it writes to the standard library's log.
+func WithLogger(l asynq.Logger) Option {
+	return optionFunc(func(c *config) { c.logger = l })
 }
 
 // HandlerTime sets how much of the time before a task's deadline the handler needs:
 // a task never sleeps for its permit into the last d before its deadline (its
-// context's deadline: asynq's Timeout or Deadline, 30 minutes by default). If unset,
-// zero or a negative value, a task sleeps at most half the time left when the
-// middleware starts.
+// context's deadline: asynq's Timeout or Deadline, 30 minutes by default). If unset
+// or zero, a task sleeps at most half the time left when the middleware starts. A
+// negative d is refused (the constructor panics, ErrInvalidOption).
 func HandlerTime(d time.Duration) Option {
-	return optionFunc(func(c *config) { c.handlerTime = max(d, 0) })
+	return optionFunc(func(c *config) {
+		if d < 0 {
+			c.bad("HandlerTime(%v): negative", d)
+		}
+		c.handlerTime = d
+	})
 }
 
 // Hooks are callbacks the middleware calls after its decisions, to count or log them.

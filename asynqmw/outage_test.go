@@ -47,7 +47,7 @@ func TestLimiterRedisDownReschedules(t *testing.T) {
 			mu.Unlock()
 		}
 		f.start(f.serverConfig(8), f.handler(nil),
-			asynqmw.Throttle(lim, asynqmw.MaxInlineWait(200*time.Millisecond), asynqmw.WithHooks(hooks)))
+			asynqmw.Throttle(lim, append(fleetOpts(10), asynqmw.MaxInlineWait(200*time.Millisecond), asynqmw.WithHooks(hooks))...))
 		final, retrying := ids("final", 4), ids("retrying", 4)
 		for i := range final {
 			f.enqueue(final[i], asynq.MaxRetry(0))
@@ -130,7 +130,7 @@ func TestRedisKilledMidLoad(t *testing.T) {
 		f := newFleet(t, b)
 		defer f.stop()
 		c := newCounters()
-		mw := asynqmw.Throttle(lim, asynqmw.MaxInlineWait(time.Second), asynqmw.Requeue(rdb), asynqmw.WaitForRedis(rdb), asynqmw.WithHooks(c.hooks()))
+		mw := asynqmw.Throttle(lim, append(fleetOpts(10), asynqmw.MaxInlineWait(time.Second), asynqmw.Requeue(rdb), asynqmw.WaitForRedis(rdb), asynqmw.WithHooks(c.hooks()))...)
 		cfg := f.serverConfig(10)
 		cfg.ErrorHandler = asynqmw.SkipThrottled(asynq.ErrorHandlerFunc(func(ctx context.Context, task *asynq.Task, err error) {
 			t.Logf("task %s: handler error %v", task.Payload(), err)

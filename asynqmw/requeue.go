@@ -24,7 +24,8 @@ import (
 // payload, headers, queue, Timeout, Deadline and Retention, and its remaining
 // retries (none, as this was the last attempt); it has a new ID, the original's
 // with "~r1" appended (or its count raised), so a repeated requeue of the same
-// attempt adds no second copy. It does not keep a Unique lock or a Group; asynq
+// attempt adds no second copy, and it runs on the original's booking (bookings are
+// recorded under the original's ID). It does not keep a Unique lock or a Group; asynq
 // counts the revoked original as processed (not failed) in its queue stats and logs a
 // "revoke task" warning for it.
 //
@@ -60,11 +61,15 @@ func (r *requeuer) requeue(ctx context.Context, t *asynq.Task, te *ThrottledErro
 	if err != nil {
 		return fmt.Errorf("asynqmw: requeueing throttled task %s: %w", id, err)
 	}
+	delay := retryDelay(te.RetryIn)
+	if te.Booked {
+		delay = te.back // the copy finds the original's booking: due just before it
+	}
 	opts := []asynq.Option{
 		asynq.Queue(queue),
 		asynq.TaskID(nextCopyID(id)),
 		asynq.MaxRetry(max(info.MaxRetry-info.Retried, 0)),
-		asynq.ProcessIn(retryDelay(te.RetryIn)),
+		asynq.ProcessIn(delay),
 	}
 	if info.Timeout > 0 {
 		opts = append(opts, asynq.Timeout(info.Timeout))

@@ -24,7 +24,7 @@ func TestRequeueWhenDeadlineIsNear(t *testing.T) {
 		c := newCounters()
 		pick := bookingFirst(t, lim, 2) // the next permit 2 s away
 		// The tasks' deadlines are 10 s away, and the handler needs all but 300ms of it.
-		opts := []asynqmw.Option{asynqmw.MaxInlineWait(300 * time.Millisecond), asynqmw.HandlerTime(9700 * time.Millisecond)}
+		opts := append(fleetOpts(4), asynqmw.MaxInlineWait(300*time.Millisecond), asynqmw.HandlerTime(9700*time.Millisecond))
 		f.start(f.serverConfig(4), f.handler(nil),
 			asynqmw.ThrottleFunc(pick, append(opts, asynqmw.Requeue(b.Client), asynqmw.WithHooks(c.hooks()))...))
 		plain := newFleet(t, b) // the same, without Requeue, on a queue of its own

@@ -21,9 +21,12 @@ func IsFailure(err error) bool {
 }
 
 // RetryDelay returns a function for asynq.Config.RetryDelayFunc: for a
-// *ThrottledError, RetryIn rounded up to whole seconds (at least one) plus a random
-// jitter of up to a tenth of RetryIn, at least a second; for any other error,
-// fallback's answer. A nil fallback means asynq.DefaultRetryDelayFunc.
+// *ThrottledError with a booking (Booked), the delay that has the task in a worker
+// by its slot: RetryIn less how late the server may bring a due task to a worker (as
+// the middleware knows it, see CheckInterval) and 20ms, at least 0; for one without, RetryIn rounded
+// up to whole seconds (at least one) plus a random jitter of up to a tenth of
+// RetryIn, at least a second; for any other error, fallback's answer. A nil fallback
+// means asynq.DefaultRetryDelayFunc.
 //
 // asynq stores a retry time in whole seconds, truncated, so a task may come back up to
 // a second before RetryIn has passed (it then sleeps the rest in the handler, if
@@ -35,6 +38,9 @@ func RetryDelay(fallback asynq.RetryDelayFunc) asynq.RetryDelayFunc {
 	}
 	return func(n int, err error, t *asynq.Task) time.Duration {
 		if te, ok := throttled(err); ok {
+			if te.Booked {
+				return te.back
+			}
 			return retryDelay(te.RetryIn)
 		}
 		return fallback(n, err, t)

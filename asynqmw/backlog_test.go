@@ -1,0 +1,233 @@
+package asynqmw_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jobthrottle/jobthrottle/asynqmw"
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/throttle"
+)
+
+// backlog is the scenario of issue 7 (now 10): a throttled backlog enqueued ahead of
+// unthrottled work in the same queue, with the default setup (asynqmw.New).
+type backlog struct {
+	servers, workers int // per server
+	rate             int // throttled tasks per second
+	throttled        int // a quarter of them MaxRetry(0)
+	free             int // unthrottled tasks, freeWork each
+	freeWork         time.Duration
+}
+
+// backlogResult is what a run measured.
+type backlogResult struct {
+	freeLatency   time.Duration // first unthrottled enqueued → last one done
+	handBacks     float64       // per throttled task
+	finished      time.Duration // first throttled enqueued → last one started
+	ideal         time.Duration // the limit's own pace for the backlog
+	maxStarts     int           // most throttled handler starts in any window of a second
+	maxGrants     int           // most permits taking effect in any window of a second (Redis)
+	inverted      float64       // share of pairs of throttled tasks started out of enqueue order
+	peakSleeping  int           // most tasks asleep in one server's middleware
+	sleepBound    int
+	callsPerTask  float64 // limiter script calls per throttled task
+	kept          int64   // returns that found their booking
+	countedRetry  int
+	archived, failed int
+}
+
+// TestBacklogDoesNotHoldWorkers runs the backlog on every backend, on one server of 10
+// workers and on two of 5 sharing the limit. It asserts what must hold whatever the
+// load on the host: every task runs exactly once, with no retry spent, none failed or
+// archived (MaxRetry(0) included); Redis never lets more than the limit take effect in
+// a window; no more tasks sleep in the middleware than its bound. The rest (latency of
+// the unthrottled tasks, hand-backs, order, handler starts per window, calls per task)
+// it reports as figures. The CI size is 30 throttled tasks (6 s of the limit) and 100
+// unthrottled; JOBTHROTTLE_FULL_BACKLOG=1 runs the issue's 150 and 200.
+func TestBacklogDoesNotHoldWorkers(t *testing.T) {
+	sc := backlog{rate: 5, throttled: 30, free: 100, freeWork: 20 * time.Millisecond}
+	if os.Getenv("JOBTHROTTLE_FULL_BACKLOG") != "" {
+		sc.throttled, sc.free = 150, 200
+	}
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		for _, shape := range []struct{ servers, workers int }{{1, 10}, {2, 5}} {
+			sc := sc
+			sc.servers, sc.workers = shape.servers, shape.workers
+			t.Run(fmt.Sprintf("%dx%d", sc.servers, sc.workers), func(t *testing.T) {
+				r := runBacklog(t, b, sc)
+				redistest.Figure(t, "%s, %d server(s) x %d workers, %d throttled at %d/s + %d unthrottled of %v: "+
+					"unthrottled done after %v; hand-backs per throttled task %.2f; backlog done after %v (ideal %v, +%v); "+
+					"most handler starts in any 1s %d (Redis grants %d, limit %d); pairs out of order %.3f; "+
+					"peak asleep in middleware %d (bound %d); limiter script calls per task %.2f; "+
+					"lost/twice/failed/archived 0/0/%d/%d",
+					b.Kind, sc.servers, sc.workers, sc.throttled, sc.rate, sc.free, sc.freeWork,
+					r.freeLatency.Round(time.Millisecond), r.handBacks, r.finished.Round(time.Millisecond), r.ideal,
+					(r.finished - r.ideal).Round(time.Millisecond), r.maxStarts, r.maxGrants, sc.rate, r.inverted,
+					r.peakSleeping, r.sleepBound, r.callsPerTask, r.failed, r.archived)
+			})
+		}
+	})
+}
+
+// runBacklog runs sc on b and checks what must hold.
+func runBacklog(t *testing.T, b *redistest.Backend, sc backlog) backlogResult {
+	grants := redistest.RecordGrants(b.Client)
+	f := newFleet(t, b)
+	key := "backlog-" + strconv.Itoa(sc.servers)
+	lim := f.limiter(key, throttle.PerSecond(sc.rate))
+	c := newCounters()
+	var (
+		mu     sync.Mutex
+		starts = map[int]time.Time{} // throttled task → handler start
+		runs   = map[string]int{}    // payload → runs
+		freeAt time.Time             // the last unthrottled task done
+	)
+	handler := asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+		now := time.Now()
+		p := string(t.Payload())
+		if t.Type() == "free" {
+			time.Sleep(sc.freeWork)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		runs[p]++
+		if t.Type() == "throttled" {
+			i, _ := strconv.Atoi(p[1:])
+			starts[i] = now
+		} else {
+			freeAt = time.Now()
+		}
+		return nil
+	})
+	pick := func(_ context.Context, t *asynq.Task) (*throttle.Limiter, error) {
+		if t.Type() == "throttled" {
+			return lim, nil
+		}
+		return nil, nil
+	}
+	var setups []*asynqmw.Setup
+	for range sc.servers {
+		jt := asynqmw.New(b.Client, asynqmw.WithHooks(c.hooks()))
+		setups = append(setups, jt)
+		mux := asynq.NewServeMux()
+		mux.Use(jt.ThrottleFunc(pick))
+		mux.Handle("throttled", handler)
+		mux.Handle("free", handler)
+		srv := asynq.NewServerFromRedisClient(b.Client, jt.Config(asynq.Config{
+			Concurrency:     sc.workers,
+			Queues:          map[string]int{f.queue: 1},
+			ShutdownTimeout: 2 * time.Second,
+			LogLevel:        asynq.WarnLevel,
+			Logger:          testLogger{t},
+		}))
+		if err := srv.Start(mux); err != nil {
+			t.Fatal(err)
+		}
+		f.servers = append(f.servers, srv)
+	}
+
+	t0 := time.Now()
+	for i := range sc.throttled {
+		retry := asynq.MaxRetry(3)
+		if i%4 == 0 {
+			retry = asynq.MaxRetry(0)
+		}
+		if _, err := f.client.Enqueue(asynq.NewTask("throttled", []byte("t"+strconv.Itoa(i))), asynq.Queue(f.queue), retry); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t1 := time.Now()
+	for i := range sc.free {
+		if _, err := f.client.Enqueue(asynq.NewTask("free", []byte("f"+strconv.Itoa(i))), asynq.Queue(f.queue)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	total := sc.throttled + sc.free
+	qi := f.waitIdle(idleLimit+time.Duration(sc.throttled/sc.rate)*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(runs) >= total
+	})
+	f.stop()
+
+	var r backlogResult
+	mu.Lock()
+	defer mu.Unlock()
+	for p, n := range runs {
+		if n != 1 {
+			t.Errorf("task %s ran %d times, want 1", p, n)
+		}
+	}
+	if len(runs) != total {
+		t.Errorf("%d tasks ran, want %d", len(runs), total)
+	}
+	r.archived, r.failed = qi.Archived, qi.FailedTotal
+	if qi.Archived != 0 || qi.FailedTotal != 0 {
+		t.Errorf("archived %d, failed %d; want 0", qi.Archived, qi.FailedTotal)
+	}
+	r.freeLatency = freeAt.Sub(t1)
+	r.handBacks = float64(c.sum(c.throttled)) / float64(sc.throttled)
+	var last time.Time
+	times := make([]time.Time, 0, len(starts))
+	order := make([]int, 0, len(starts))
+	for i := range sc.throttled {
+		order = append(order, i)
+	}
+	slices.SortFunc(order, func(a, b int) int { return starts[a].Compare(starts[b]) })
+	for _, i := range order {
+		times = append(times, starts[i])
+		if starts[i].After(last) {
+			last = starts[i]
+		}
+	}
+	r.finished = last.Sub(t0)
+	r.ideal = time.Duration((sc.throttled+sc.rate-1)/sc.rate-1) * time.Second
+	r.maxStarts = redistest.MaxTimesInWindow(times, time.Second)
+	if os.Getenv("JT_DEBUG") != "" {
+		for _, i := range order {
+			t.Logf("start t%d at %v", i, starts[i].Sub(t0))
+		}
+		for _, g := range grants.List() {
+			t.Logf("grant at %v (sent %v)", g.At.Sub(t0), g.Sent.Sub(t0))
+		}
+	}
+	r.maxGrants = grants.MaxInWindow(time.Second)
+	if r.maxGrants > sc.rate {
+		t.Errorf("most permits taking effect in any second: %d, limit %d", r.maxGrants, sc.rate)
+	}
+	inv, pairs := 0, 0
+	for a := range order {
+		for b := a + 1; b < len(order); b++ {
+			pairs++
+			if order[a] > order[b] {
+				inv++
+			}
+		}
+	}
+	r.inverted = float64(inv) / float64(max(pairs, 1))
+	stateKey := "{" + b.Prefix + key + "}:sw"
+	if k := grants.ByKey()[stateKey]; k != nil {
+		r.callsPerTask = float64(k.Calls()) / float64(sc.throttled)
+	}
+	for _, jt := range setups {
+		st := jt.Stats()
+		if st.PeakSleeping > st.SleepBound {
+			t.Errorf("peak asleep in the middleware %d, above its bound %d", st.PeakSleeping, st.SleepBound)
+		}
+		r.peakSleeping = max(r.peakSleeping, st.PeakSleeping)
+		r.sleepBound = st.SleepBound
+		r.kept += st.Kept
+		r.countedRetry += st.CountedAsRetry
+	}
+	if r.countedRetry != 0 {
+		t.Errorf("%d hand-backs came back counted as a retry", r.countedRetry)
+	}
+	return r
+}
