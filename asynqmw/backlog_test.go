@@ -28,23 +28,24 @@ type backlog struct {
 
 // backlogResult is what a run measured.
 type backlogResult struct {
-	freeLatency   time.Duration // first unthrottled enqueued → last one done
-	handBacks     float64       // per throttled task
-	finished      time.Duration // first throttled enqueued → last one started
-	ideal         time.Duration // the limit's own pace for the backlog
-	maxStarts     int           // most throttled handler starts in any window of a second
-	maxGrants     int           // most permits taking effect in any window of a second (Redis)
-	inverted      float64       // share of pairs of throttled tasks started out of enqueue order
-	peakSleeping  int           // most tasks asleep in one server's middleware
-	sleepBound    int
-	callsPerTask  float64 // limiter script calls per throttled task
-	kept          int64   // returns that found their booking
-	countedRetry  int
+	freeLatency      time.Duration // first unthrottled enqueued → last one done
+	handBacks        float64       // per throttled task
+	finished         time.Duration // first throttled enqueued → last one started
+	ideal            time.Duration // the limit's own pace for the backlog
+	maxStarts        int           // most throttled handler starts in any window of a second
+	maxStartsTol     int           // the same in any window of a second less startJitter
+	maxGrants        int           // most permits taking effect in any window of a second (Redis)
+	inverted         float64       // share of pairs of throttled tasks started out of enqueue order
+	peakSleeping     int           // most tasks asleep in one server's middleware
+	sleepBound       int
+	callsPerTask     float64 // limiter script calls per throttled task
+	kept             int64   // returns that found their booking
+	countedRetry     int
 	archived, failed int
 }
 
 // TestBacklogDoesNotHoldWorkers runs the backlog on every backend, on one server of 10
-// workers and on two of 5 sharing the limit. It asserts what must hold whatever the
+// workers and on two such servers sharing the limit. It asserts what must hold whatever the
 // load on the host: every task runs exactly once, with no retry spent, none failed or
 // archived (MaxRetry(0) included); Redis never lets more than the limit take effect in
 // a window; no more tasks sleep in the middleware than its bound. The rest (latency of
@@ -57,24 +58,30 @@ func TestBacklogDoesNotHoldWorkers(t *testing.T) {
 		sc.throttled, sc.free = 150, 200
 	}
 	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
-		for _, shape := range []struct{ servers, workers int }{{1, 10}, {2, 5}} {
+		for _, shape := range []struct{ servers, workers int }{{1, 10}, {2, 10}} {
 			sc := sc
 			sc.servers, sc.workers = shape.servers, shape.workers
 			t.Run(fmt.Sprintf("%dx%d", sc.servers, sc.workers), func(t *testing.T) {
 				r := runBacklog(t, b, sc)
 				redistest.Figure(t, "%s, %d server(s) x %d workers, %d throttled at %d/s + %d unthrottled of %v: "+
 					"unthrottled done after %v; hand-backs per throttled task %.2f; backlog done after %v (ideal %v, +%v); "+
-					"most handler starts in any 1s %d (Redis grants %d, limit %d); pairs out of order %.3f; "+
+					"most handler starts in any 1s %d (in any 1s-%v %d; Redis grants %d, limit %d); pairs out of order %.3f; "+
 					"peak asleep in middleware %d (bound %d); limiter script calls per task %.2f; "+
 					"lost/twice/failed/archived 0/0/%d/%d",
 					b.Kind, sc.servers, sc.workers, sc.throttled, sc.rate, sc.free, sc.freeWork,
 					r.freeLatency.Round(time.Millisecond), r.handBacks, r.finished.Round(time.Millisecond), r.ideal,
-					(r.finished - r.ideal).Round(time.Millisecond), r.maxStarts, r.maxGrants, sc.rate, r.inverted,
+					(r.finished - r.ideal).Round(time.Millisecond), r.maxStarts, startJitter, r.maxStartsTol, r.maxGrants, sc.rate, r.inverted,
 					r.peakSleeping, r.sleepBound, r.callsPerTask, r.failed, r.archived)
 			})
 		}
 	})
 }
+
+// startJitter is the lateness of a handler start after its permit (timer, scheduler,
+// dequeue) that the second figure of handler starts per window forgives: the sliding
+// window books whole batches at the same instants every period, so starts a few ms
+// late shift a batch into the next window.
+const startJitter = 25 * time.Millisecond
 
 // runBacklog runs sc on b and checks what must hold.
 func runBacklog(t *testing.T, b *redistest.Backend, sc backlog) backlogResult {
@@ -190,6 +197,7 @@ func runBacklog(t *testing.T, b *redistest.Backend, sc backlog) backlogResult {
 	r.finished = last.Sub(t0)
 	r.ideal = time.Duration((sc.throttled+sc.rate-1)/sc.rate-1) * time.Second
 	r.maxStarts = redistest.MaxTimesInWindow(times, time.Second)
+	r.maxStartsTol = redistest.MaxTimesInWindow(times, time.Second-startJitter)
 	if os.Getenv("JT_DEBUG") != "" {
 		for _, i := range order {
 			t.Logf("start t%d at %v", i, starts[i].Sub(t0))
