@@ -1,9 +1,10 @@
 // Command worker runs a simulated fleet that shares one rate limit through Redis: two
 // or more asynq servers (as in separate processes) whose tasks call a vendor API, a
 // plain goroutine worker loop and an HTTP client, all against a local API that
-// enforces the limit itself and answers 429 when it is exceeded. It prints a line of
-// progress a second and a summary, and exits 0 only if the limit held and no task
-// was lost, failed or archived.
+// enforces the limit itself and answers 429 when it is exceeded. Behind the throttled
+// backlog, in the same queue, come unthrottled tasks, which must not wait for it. It
+// prints a line of progress a second and a summary, and exits 0 only if the limit
+// held and no task was lost, failed or archived.
 //
 //	go run ./examples/worker                         # embedded miniredis
 //	REDIS_ADDR=127.0.0.1:6379 go run ./examples/worker
@@ -37,15 +38,17 @@ import (
 // config holds the numbers; main sets them from flags and REDIS_ADDR.
 type config struct {
 	redisAddr   string        // a real Redis; empty: embedded miniredis
-	tasks       int           // asynq tasks
+	tasks       int           // throttled asynq tasks
 	final       float64       // share of them enqueued with MaxRetry(0)
+	free        int           // unthrottled asynq tasks, enqueued after the throttled ones
+	freeWork    time.Duration // the work of each unthrottled task
 	rate        int           // the vendor API's limit: rate per period
 	period      time.Duration // the vendor API's limit period
 	margin      time.Duration // added to the limiter's period: the way from Redis to the API
 	servers     int           // asynq servers
 	concurrency int           // workers per server
 	inline      time.Duration // asynqmw.MaxInlineWait
-	check       time.Duration // asynq.Config.DelayedTaskCheckInterval
+	check       time.Duration // asynq.Config.DelayedTaskCheckInterval and TaskCheckInterval
 	loop        int           // calls made by the goroutine loop
 	httpCalls   int           // calls made through the throttling HTTP client
 	httpWorkers int           // goroutines sharing that client
@@ -54,17 +57,19 @@ type config struct {
 
 func main() {
 	cfg := config{redisAddr: os.Getenv("REDIS_ADDR")}
-	flag.IntVar(&cfg.tasks, "tasks", 300, "asynq tasks to run")
+	flag.IntVar(&cfg.tasks, "tasks", 150, "throttled asynq tasks to run")
 	flag.Float64Var(&cfg.final, "final", 0.25, "share of the tasks enqueued with MaxRetry(0)")
-	flag.IntVar(&cfg.rate, "rate", 20, "the vendor API's limit: requests per -period")
+	flag.IntVar(&cfg.free, "free", 200, "unthrottled asynq tasks, enqueued after the throttled ones in the same queue")
+	flag.DurationVar(&cfg.freeWork, "free-work", 20*time.Millisecond, "the work of each unthrottled task")
+	flag.IntVar(&cfg.rate, "rate", 10, "the vendor API's limit: requests per -period")
 	flag.DurationVar(&cfg.period, "period", time.Second, "the vendor API's limit period")
 	flag.DurationVar(&cfg.margin, "margin", 100*time.Millisecond, "added to the shared limiter's period, to cover the time from a grant to the request's arrival")
 	flag.IntVar(&cfg.servers, "servers", 2, "asynq servers (as separate processes would run)")
-	flag.IntVar(&cfg.concurrency, "concurrency", 10, "workers per asynq server")
+	flag.IntVar(&cfg.concurrency, "concurrency", 20, "workers per asynq server")
 	flag.DurationVar(&cfg.inline, "inline", 1500*time.Millisecond, "asynqmw.MaxInlineWait: longer waits are handed back to asynq")
-	flag.DurationVar(&cfg.check, "check", 250*time.Millisecond, "asynq's DelayedTaskCheckInterval: how often handed-back tasks that are due return to the queue")
-	flag.IntVar(&cfg.loop, "loop", 60, "calls made by a plain goroutine loop with lim.Wait")
-	flag.IntVar(&cfg.httpCalls, "http", 60, "calls made through the throttling http.Client")
+	flag.DurationVar(&cfg.check, "check", asynqmw.DefaultCheckInterval, "asynq's DelayedTaskCheckInterval and TaskCheckInterval: how soon due tasks reach a worker")
+	flag.IntVar(&cfg.loop, "loop", 30, "calls made by a plain goroutine loop with lim.Wait")
+	flag.IntVar(&cfg.httpCalls, "http", 30, "calls made through the throttling http.Client")
 	flag.IntVar(&cfg.httpWorkers, "http-workers", 4, "goroutines sharing the throttling http.Client")
 	flag.DurationVar(&cfg.timeout, "timeout", 55*time.Second, "give up after this long")
 	flag.Parse()
@@ -79,8 +84,10 @@ func main() {
 
 func (c config) validate() error {
 	switch {
-	case c.tasks < 0 || c.loop < 0 || c.httpCalls < 0 || c.tasks+c.loop+c.httpCalls == 0:
-		return errors.New("-tasks, -loop and -http must be >= 0, and not all 0")
+	case c.tasks < 0 || c.free < 0 || c.loop < 0 || c.httpCalls < 0 || c.tasks+c.loop+c.httpCalls == 0:
+		return errors.New("-tasks, -free, -loop and -http must be >= 0, and not all of -tasks, -loop and -http 0")
+	case c.freeWork < 0 || c.inline < 0:
+		return errors.New("-free-work and -inline must be >= 0")
 	case c.final < 0 || c.final > 1:
 		return fmt.Errorf("-final %v is not in [0, 1]", c.final)
 	case c.servers < 1 || c.concurrency < 1 || c.httpWorkers < 1:
@@ -124,12 +131,12 @@ func run(parent context.Context, cfg config, out io.Writer) error {
 
 	var st stats
 	queue := "jobthrottle-example-" + runID
-	servers, err := startServers(cfg, rdb, lim, queue, plain, api.URL, &st, out)
+	servers, setups, err := startServers(cfg, rdb, lim, queue, plain, api.URL, &st, out)
 	defer func() { shutdown(servers) }()
 	if err != nil {
 		return err
 	}
-	nFinal, err := enqueue(ctx, cfg, rdb, queue)
+	nFinal, err := enqueue(ctx, cfg, rdb, queue, &st)
 	if err != nil {
 		return err
 	}
@@ -185,34 +192,22 @@ func run(parent context.Context, cfg config, out io.Writer) error {
 
 	s := summary{cfg: cfg, where: where, limit: limit, elapsed: elapsed, stopped: stopped,
 		st: &st, nFinal: nFinal, grants: grants, api: api, queue: qi}
+	for _, jt := range setups {
+		ms := jt.Stats()
+		s.peakSleeping = max(s.peakSleeping, ms.PeakSleeping)
+		s.sleepBound = ms.SleepBound
+	}
 	return s.print(out)
 }
 
 // startServers starts cfg.servers asynq servers on queue, as separate processes
-// would run them: each with the middleware, and with IsFailure and RetryDelay so that
-// a hand-back costs no retry. Their tasks call the vendor API at url. It returns the
-// servers started, also with an error.
+// would run them: each built with asynqmw.New from the Redis client it shares with
+// asynq, which supplies the middleware and fills in the server's Config. Their
+// "vendor:call" tasks call the vendor API at url under the limit; their "report:build"
+// tasks are not limited. It returns the servers and Setups started, also with an
+// error.
 func startServers(cfg config, rdb redis.UniversalClient, lim *throttle.Limiter, queue string,
-	plain *http.Client, url string, st *stats, out io.Writer) ([]*asynq.Server, error) {
-	mux := asynq.NewServeMux()
-	mux.Use(asynqmw.Throttle(lim,
-		asynqmw.MaxInlineWait(cfg.inline),
-		asynqmw.Requeue(rdb),      // a last attempt near its deadline is requeued, not archived
-		asynqmw.WaitForRedis(rdb), // a result is held while Redis is down, so asynq does not lose it
-		asynqmw.WithHooks(asynqmw.Hooks{
-			Waited:    func(context.Context, *asynq.Task, time.Duration) { st.slept.Add(1) },
-			Throttled: func(context.Context, *asynq.Task, *asynqmw.ThrottledError) { st.handedBack.Add(1) },
-		})))
-	mux.HandleFunc("vendor:call", func(ctx context.Context, t *asynq.Task) error {
-		if n, _ := asynq.GetRetryCount(ctx); n > 0 {
-			st.retriesSpent.Add(1)
-		}
-		if err := call(ctx, plain, url+"/call?src=asynq"); err != nil {
-			return err
-		}
-		st.taskRan(string(t.Payload()))
-		return nil
-	})
+	plain *http.Client, url string, st *stats, out io.Writer) ([]*asynq.Server, []*asynqmw.Setup, error) {
 	onError := func(ctx context.Context, t *asynq.Task, err error) {
 		st.failures.Add(1)
 		retried, _ := asynq.GetRetryCount(ctx)
@@ -222,33 +217,59 @@ func startServers(cfg config, rdb redis.UniversalClient, lim *throttle.Limiter, 
 		}
 		fmt.Fprintf(out, "task %s failed: %v\n", t.Payload(), err)
 	}
-	var servers []*asynq.Server
+	// only the vendor calls are limited
+	pick := func(_ context.Context, t *asynq.Task) (*throttle.Limiter, error) {
+		if t.Type() == "vendor:call" {
+			return lim, nil
+		}
+		return nil, nil
+	}
+	var (
+		servers []*asynq.Server
+		setups  []*asynqmw.Setup
+	)
 	for range cfg.servers {
-		srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
-			Concurrency:    cfg.concurrency,
-			Queues:         map[string]int{queue: 1},
-			IsFailure:      asynqmw.IsFailure,
-			RetryDelayFunc: asynqmw.RetryDelay(nil),
-			ErrorHandler:   asynqmw.SkipThrottled(asynq.ErrorHandlerFunc(onError)),
-			// asynq moves a handed-back task to its queue when its forwarder next runs
-			// after the task is due: every 5 s by default, which would leave the limit
-			// idle while throttled tasks wait to come back. A quarter second brings
-			// them back within about a second of RetryIn (asynq keeps whole seconds),
-			// at the cost of two short scripts per queue and server each time.
+		jt := asynqmw.New(rdb, asynqmw.MaxInlineWait(cfg.inline), asynqmw.WithHooks(asynqmw.Hooks{
+			Waited:    func(context.Context, *asynq.Task, time.Duration) { st.slept.Add(1) },
+			Throttled: func(context.Context, *asynq.Task, *asynqmw.ThrottledError) { st.handedBack.Add(1) },
+		}))
+		srv := asynq.NewServerFromRedisClient(rdb, jt.Config(asynq.Config{
+			Concurrency:              cfg.concurrency,
+			Queues:                   map[string]int{queue: 1},
+			ErrorHandler:             asynq.ErrorHandlerFunc(onError),
 			DelayedTaskCheckInterval: cfg.check,
+			TaskCheckInterval:        cfg.check,
 			LogLevel:                 asynq.WarnLevel,
+		}))
+		mux := asynq.NewServeMux()
+		mux.Use(jt.ThrottleFunc(pick))
+		mux.HandleFunc("vendor:call", func(ctx context.Context, t *asynq.Task) error {
+			if n, _ := asynq.GetRetryCount(ctx); n > 0 {
+				st.retriesSpent.Add(1)
+			}
+			if err := call(ctx, plain, url+"/call?src=asynq"); err != nil {
+				return err
+			}
+			st.taskRan(string(t.Payload()))
+			return nil
+		})
+		mux.HandleFunc("report:build", func(ctx context.Context, t *asynq.Task) error {
+			time.Sleep(cfg.freeWork)
+			st.freeRan(string(t.Payload()))
+			return nil
 		})
 		if err := srv.Start(mux); err != nil {
-			return servers, err
+			return servers, setups, err
 		}
 		servers = append(servers, srv)
+		setups = append(setups, jt)
 	}
-	return servers, nil
+	return servers, setups, nil
 }
 
-// enqueue adds cfg.tasks tasks to queue, a share cfg.final of them with MaxRetry(0),
-// and returns how many have it.
-func enqueue(ctx context.Context, cfg config, rdb redis.UniversalClient, queue string) (int, error) {
+// enqueue adds cfg.tasks throttled tasks to queue, a share cfg.final of them with
+// MaxRetry(0), then cfg.free unthrottled ones, and returns how many have MaxRetry(0).
+func enqueue(ctx context.Context, cfg config, rdb redis.UniversalClient, queue string, st *stats) (int, error) {
 	client := asynq.NewClientFromRedisClient(rdb)
 	nFinal := 0
 	for i := range cfg.tasks {
@@ -258,6 +279,12 @@ func enqueue(ctx context.Context, cfg config, rdb redis.UniversalClient, queue s
 			nFinal++
 		}
 		if _, err := client.EnqueueContext(ctx, asynq.NewTask("vendor:call", fmt.Appendf(nil, "task-%d", i)), opts...); err != nil {
+			return nFinal, fmt.Errorf("enqueue: %w", err)
+		}
+	}
+	st.freeStart(time.Now())
+	for i := range cfg.free {
+		if _, err := client.EnqueueContext(ctx, asynq.NewTask("report:build", fmt.Appendf(nil, "free-%d", i)), asynq.Queue(queue)); err != nil {
 			return nFinal, fmt.Errorf("enqueue: %w", err)
 		}
 	}
@@ -295,7 +322,7 @@ func progress(ctx context.Context, cfg config, st *stats, api *upstream, start t
 	defer tick.Stop()
 	defer poll.Stop()
 	for {
-		if st.tasksDone()+int(st.archived.Load()) >= cfg.tasks &&
+		if st.tasksDone()+int(st.archived.Load()) >= cfg.tasks && st.freeDone() >= cfg.free &&
 			int(st.loopTried.Load()) == cfg.loop && int(st.httpTried.Load()) == cfg.httpCalls {
 			return
 		}

@@ -18,8 +18,9 @@ func TestMain(m *testing.M) { redistest.Main(m) }
 // 429 from the API.
 func small() config {
 	return config{
-		tasks: 40, final: 0.25, rate: 10, period: 500 * time.Millisecond, margin: 500 * time.Millisecond,
-		servers: 2, concurrency: 4, inline: 500 * time.Millisecond, check: 100 * time.Millisecond,
+		tasks: 40, final: 0.25, free: 40, freeWork: 10 * time.Millisecond,
+		rate: 10, period: 500 * time.Millisecond, margin: 500 * time.Millisecond,
+		servers: 2, concurrency: 10, inline: 1500 * time.Millisecond, check: 100 * time.Millisecond,
 		loop: 10, httpCalls: 10, httpWorkers: 2, timeout: 30 * time.Second,
 	}
 }
@@ -47,6 +48,7 @@ func TestExample(t *testing.T) {
 				"asynq 40/40 tasks (10 with MaxRetry(0)), 0 ran more than once; loop 10/10; HTTP 10/10",
 				"60 requests, 0 × 429",
 				"0 archived, 0 failed (Inspector), 0 retries spent",
+				"unthrottled 40/40 tasks",
 				"PASS:",
 			} {
 				if !strings.Contains(out.String(), want) {
@@ -64,6 +66,7 @@ func TestExampleRejectsBadNumbers(t *testing.T) {
 	}{
 		{"no work", func(c *config) { c.tasks, c.loop, c.httpCalls = 0, 0, 0 }},
 		{"negative tasks", func(c *config) { c.tasks = -1 }},
+		{"negative free", func(c *config) { c.free = -1 }},
 		{"final above 1", func(c *config) { c.final = 1.5 }},
 		{"no servers", func(c *config) { c.servers = 0 }},
 		{"zero check", func(c *config) { c.check = 0 }},

@@ -20,6 +20,11 @@ type stats struct {
 	mu   sync.Mutex
 	runs map[string]int // task payload → successful runs
 
+	freeMu     sync.Mutex
+	freeRuns   map[string]int // unthrottled task payload → runs
+	freeFrom   time.Time      // the first unthrottled task enqueued
+	freeLatest time.Time      // the last unthrottled task done
+
 	loopDone, httpDone   atomic.Int64 // calls that got 200
 	loopTried, httpTried atomic.Int64 // calls made (or given up)
 	archived             atomic.Int64 // tasks that failed on their last attempt
@@ -40,6 +45,39 @@ func (s *stats) taskRan(id string) {
 	s.runs[id]++
 }
 
+func (s *stats) freeStart(t time.Time) {
+	s.freeMu.Lock()
+	defer s.freeMu.Unlock()
+	s.freeFrom = t
+}
+
+func (s *stats) freeRan(id string) {
+	s.freeMu.Lock()
+	defer s.freeMu.Unlock()
+	if s.freeRuns == nil {
+		s.freeRuns = map[string]int{}
+	}
+	s.freeRuns[id]++
+	s.freeLatest = time.Now()
+}
+
+// freeDone returns how many distinct unthrottled tasks ran.
+func (s *stats) freeDone() int {
+	s.freeMu.Lock()
+	defer s.freeMu.Unlock()
+	return len(s.freeRuns)
+}
+
+// freeLatency is the time from the first unthrottled task enqueued to the last done.
+func (s *stats) freeLatency() time.Duration {
+	s.freeMu.Lock()
+	defer s.freeMu.Unlock()
+	if s.freeLatest.IsZero() {
+		return 0
+	}
+	return s.freeLatest.Sub(s.freeFrom)
+}
+
 // tasksDone returns how many distinct tasks ran.
 func (s *stats) tasksDone() int {
 	s.mu.Lock()
@@ -50,9 +88,16 @@ func (s *stats) tasksDone() int {
 // ranTwice returns how many tasks ran more than once.
 func (s *stats) ranTwice() int {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	n := 0
 	for _, k := range s.runs {
+		if k > 1 {
+			n++
+		}
+	}
+	s.mu.Unlock()
+	s.freeMu.Lock()
+	defer s.freeMu.Unlock()
+	for _, k := range s.freeRuns {
 		if k > 1 {
 			n++
 		}
@@ -85,6 +130,8 @@ type summary struct {
 	grants  *redistest.Grants
 	api     *upstream
 	queue   *asynq.QueueInfo
+
+	peakSleeping, sleepBound int // tasks asleep in one server's middleware
 }
 
 // print writes the summary and returns an error naming every promise that was broken.
@@ -118,10 +165,13 @@ func (s summary) print(out io.Writer) error {
 		permits, span.Seconds(), minSpan.Seconds(), 100*util, util*limitRate, 100*util*limitRate/vendorRate)
 	fmt.Fprintf(out, "  windows     most grants in any %v (Redis server time): %d (limit %d); in any %v: %d\n",
 		s.limit.Period, maxLimiter, s.limit.Rate, cfg.period, maxVendor)
-	fmt.Fprintf(out, "  vendor API  %d requests, %d × 429, most arrivals in any %v: %d (limit %d)\n",
-		apiTotal, api429, cfg.period, apiMax, cfg.rate)
-	fmt.Fprintf(out, "  asynq       %d archived, %d failed (Inspector), %d retries spent; %d hand-backs to asynq, %d sleeps in the handler\n",
-		q.Archived, q.FailedTotal, st.retriesSpent.Load(), st.handedBack.Load(), st.slept.Load())
+	fmt.Fprintf(out, "  vendor API  %d requests, %d × 429, most arrivals in any %v: %d (limit %d); %d permits went unused (slots passed before their task came back)\n",
+		apiTotal, api429, cfg.period, apiMax, cfg.rate, max(permits-apiTotal, 0))
+	fmt.Fprintf(out, "  asynq       %d archived, %d failed (Inspector), %d retries spent; %d hand-backs to asynq (%.2f per throttled task), %d sleeps in the handler\n",
+		q.Archived, q.FailedTotal, st.retriesSpent.Load(), st.handedBack.Load(),
+		float64(st.handedBack.Load())/float64(max(cfg.tasks, 1)), st.slept.Load())
+	fmt.Fprintf(out, "  workers     unthrottled %d/%d tasks of %v done %v after the first was enqueued, behind the throttled backlog; most workers asleep in one server's middleware at once: %d of %d (bound %d)\n",
+		st.freeDone(), cfg.free, cfg.freeWork, st.freeLatency().Round(time.Millisecond), s.peakSleeping, cfg.concurrency, s.sleepBound)
 
 	var broken []string
 	check := func(ok bool, format string, args ...any) {
@@ -131,6 +181,8 @@ func (s summary) print(out io.Writer) error {
 	}
 	check(s.stopped == "", "%s", s.stopped)
 	check(st.tasksDone() == cfg.tasks, "%d of %d tasks ran", st.tasksDone(), cfg.tasks)
+	check(st.freeDone() == cfg.free, "%d of %d unthrottled tasks ran", st.freeDone(), cfg.free)
+	check(s.peakSleeping <= s.sleepBound, "%d workers asleep in the middleware, above the bound %d", s.peakSleeping, s.sleepBound)
 	check(st.ranTwice() == 0, "%d tasks ran more than once", st.ranTwice())
 	check(int(st.loopDone.Load()) == cfg.loop && int(st.httpDone.Load()) == cfg.httpCalls, "loop or HTTP calls missing")
 	check(maxLimiter <= s.limit.Rate, "%d grants in one %v window", maxLimiter, s.limit.Period)
