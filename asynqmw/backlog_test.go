@@ -29,6 +29,7 @@ type backlog struct {
 // backlogResult is what a run measured.
 type backlogResult struct {
 	freeLatency      time.Duration // first unthrottled enqueued → last one done
+	freeEnqueue      time.Duration // the time enqueueing them took
 	handBacks        float64       // per throttled task
 	finished         time.Duration // first throttled enqueued → last one started
 	ideal            time.Duration // the limit's own pace for the backlog
@@ -64,12 +65,12 @@ func TestBacklogDoesNotHoldWorkers(t *testing.T) {
 			t.Run(fmt.Sprintf("%dx%d", sc.servers, sc.workers), func(t *testing.T) {
 				r := runBacklog(t, b, sc)
 				redistest.Figure(t, "%s, %d server(s) x %d workers, %d throttled at %d/s + %d unthrottled of %v: "+
-					"unthrottled done after %v; hand-backs per throttled task %.2f; backlog done after %v (ideal %v, +%v); "+
+					"unthrottled done after %v (enqueueing them took %v); hand-backs per throttled task %.2f; backlog done after %v (ideal %v, +%v); "+
 					"most handler starts in any 1s %d (in any 1s-%v %d; Redis grants %d, limit %d); pairs out of order %.3f; "+
 					"peak asleep in middleware %d (bound %d); limiter script calls per task %.2f; "+
 					"lost/twice/failed/archived 0/0/%d/%d",
 					b.Kind, sc.servers, sc.workers, sc.throttled, sc.rate, sc.free, sc.freeWork,
-					r.freeLatency.Round(time.Millisecond), r.handBacks, r.finished.Round(time.Millisecond), r.ideal,
+					r.freeLatency.Round(time.Millisecond), r.freeEnqueue.Round(time.Millisecond), r.handBacks, r.finished.Round(time.Millisecond), r.ideal,
 					(r.finished - r.ideal).Round(time.Millisecond), r.maxStarts, startJitter, r.maxStartsTol, r.maxGrants, sc.rate, r.inverted,
 					r.peakSleeping, r.sleepBound, r.callsPerTask, r.failed, r.archived)
 			})
@@ -156,6 +157,7 @@ func runBacklog(t *testing.T, b *redistest.Backend, sc backlog) backlogResult {
 			t.Fatal(err)
 		}
 	}
+	t2 := time.Now()
 	total := sc.throttled + sc.free
 	qi := f.waitIdle(idleLimit+time.Duration(sc.throttled/sc.rate)*time.Second, func() bool {
 		mu.Lock()
@@ -180,6 +182,7 @@ func runBacklog(t *testing.T, b *redistest.Backend, sc backlog) backlogResult {
 		t.Errorf("archived %d, failed %d; want 0", qi.Archived, qi.FailedTotal)
 	}
 	r.freeLatency = freeAt.Sub(t1)
+	r.freeEnqueue = t2.Sub(t1)
 	r.handBacks = float64(c.sum(c.throttled)) / float64(sc.throttled)
 	var last time.Time
 	times := make([]time.Time, 0, len(starts))

@@ -15,25 +15,23 @@ import (
 )
 
 // Every worker process that runs this shares the vendor's 600 calls a minute: one
-// go-redis client for asynq and the limiter, the middleware on the mux, and
-// IsFailure, RetryDelay and SkipThrottled in the server's Config.
+// go-redis client for asynq and the limiter, and one asynqmw.Setup built from it that
+// supplies the middleware and fills in the server's Config.
 func Example() {
 	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
 	lim, err := throttle.New(rdb, "vendor-api", throttle.PerMinute(600))
 	if err != nil {
 		log.Fatal(err)
 	}
-	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
-		Concurrency:    20,
-		IsFailure:      asynqmw.IsFailure,       // a throttled task spends no retry
-		RetryDelayFunc: asynqmw.RetryDelay(nil), // and comes back when its permit would
-		ErrorHandler: asynqmw.SkipThrottled(asynq.ErrorHandlerFunc(func(ctx context.Context, t *asynq.Task, err error) {
-			log.Printf("task %s failed: %v", t.Type(), err)
-		})),
-		DelayedTaskCheckInterval: time.Second, // throttled tasks return within ~2s of RetryIn, not 6s
-	})
+	jt := asynqmw.New(rdb)
+	srv := asynq.NewServerFromRedisClient(rdb, jt.Config(asynq.Config{
+		Concurrency: 20,
+		ErrorHandler: asynq.ErrorHandlerFunc(func(ctx context.Context, t *asynq.Task, err error) {
+			log.Printf("task %s failed: %v", t.Type(), err) // throttling is not reported here
+		}),
+	}))
 	mux := asynq.NewServeMux()
-	mux.Use(asynqmw.Throttle(lim, asynqmw.Requeue(rdb), asynqmw.WaitForRedis(rdb)))
+	mux.Use(jt.Throttle(lim))
 	mux.HandleFunc("vendor:call", func(ctx context.Context, t *asynq.Task) error {
 		return nil // call the vendor: the permit is taken
 	})
@@ -52,9 +50,11 @@ func ExampleThrottleFunc() {
 		}
 		return throttle.New(rdb, "mail:"+p.Tenant, throttle.PerSecond(10))
 	}
+	jt := asynqmw.New(rdb)
+	srv := asynq.NewServerFromRedisClient(rdb, jt.Config(asynq.Config{Concurrency: 10}))
 	mux := asynq.NewServeMux()
-	mux.Use(asynqmw.ThrottleFunc(pick, asynqmw.MaxInlineWait(2*time.Second)))
-	_ = mux
+	mux.Use(jt.ThrottleFunc(pick))
+	_, _ = srv, mux
 }
 
 // What asynq sees when a task is throttled for longer than MaxInlineWait.

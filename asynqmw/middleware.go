@@ -157,7 +157,7 @@ func (c *config) throttle(ctx context.Context, t *asynq.Task, lim *throttle.Limi
 			c.sh.kept.Add(1)
 		}
 		wait := res.Delay()
-		ok, full := c.maySleep(a, wait, kept)
+		ok := c.maySleep(a, wait, kept)
 		if !res.OK() || !ok {
 			if !inAsynq && res.OK() {
 				_ = res.Cancel(ctx) // nothing records it: give it back
@@ -167,7 +167,7 @@ func (c *config) throttle(ctx context.Context, t *asynq.Task, lim *throttle.Limi
 				Key:     lim.Key(),
 				Limit:   describe(lim.Limits()),
 				Booked:  inAsynq && res.OK(),
-				back:    c.comeBack(wait, full),
+				back:    c.comeBack(wait),
 			}
 			err := c.reject(ctx, t, a, te)
 			if !a.final || c.requeue == nil || IsThrottled(err) || !res.OK() || wait > a.leftUntil(time.Time{}) {
@@ -197,12 +197,11 @@ func (c *config) throttle(ctx context.Context, t *asynq.Task, lim *throttle.Limi
 }
 
 // maySleep reports whether a task may sleep wait for its permit in the handler, and
-// if so takes its place among the sleepers (unless wait is 0); full reports that only
-// the bound on sleeping tasks kept it from sleeping. A task that found its booking
-// may sleep as long as asynq's precision makes it come back early.
-func (c *config) maySleep(a attempt, wait time.Duration, kept bool) (ok, full bool) {
+// if so takes its place among the sleepers (unless wait is 0). A task that found its
+// booking may sleep as long as asynq's precision makes it come back early.
+func (c *config) maySleep(a attempt, wait time.Duration, kept bool) bool {
 	if wait <= 0 {
-		return true, false
+		return true
 	}
 	if !a.handBack {
 		// no other way than sleeping: keep the task, hold the worker
@@ -211,22 +210,16 @@ func (c *config) maySleep(a attempt, wait time.Duration, kept bool) (ok, full bo
 				"the middleware has no Requeue(rdb), so handing it back would archive it. Use asynqmw.New(rdb).")
 		}
 		if wait > a.inlineLeft() {
-			return false, false
+			return false
 		}
 		c.sh.sleepAnyway() // past the bound: it cannot be handed back
-		return true, false
+		return true
 	}
 	limit := a.inlineLeft()
 	if kept {
 		limit = a.keptLeft()
 	}
-	if wait > limit {
-		return false, false
-	}
-	if !c.sh.trySleep() {
-		return false, true
-	}
-	return true, false
+	return wait <= limit && c.sh.trySleep()
 }
 
 // comeBackMargin is how much earlier still a handed-back task is made due, for the
@@ -237,14 +230,10 @@ const comeBackMargin = 20 * time.Millisecond
 // early enough that, rounded down to whole seconds by asynq, forwarded within one
 // DelayedTaskCheckInterval and dequeued within one TaskCheckInterval, it is in a
 // worker by its slot. A task that could not sleep only because too many others did
-// (full) comes back no sooner than a second later, so that it does not come and go
-// in a loop while they sleep.
-func (c *config) comeBack(wait time.Duration, full bool) time.Duration {
-	d := max(wait-c.sh.checkInterval()-comeBackMargin, 0)
-	if full {
-		d = max(d, time.Second)
-	}
-	return d
+// comes back as soon as that allows too: the sleepers wake at their slots, within
+// about a second, and a task that came back after its own slot would lose its place.
+func (c *config) comeBack(wait time.Duration) time.Duration {
+	return max(wait-c.sh.checkInterval()-comeBackMargin, 0)
 }
 
 // bookingID is the ID a task's booking is recorded under: a requeued copy's

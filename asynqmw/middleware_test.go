@@ -306,10 +306,10 @@ func TestThrottleErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, o := range map[string]asynqmw.Option{
-		"MaxInlineWait(-1s)":     asynqmw.MaxInlineWait(-time.Second),
-		"HandlerTime(-1s)":       asynqmw.HandlerTime(-time.Second),
-		"MaxSleepingWorkers(-1)": asynqmw.MaxSleepingWorkers(-1),
-		"CheckInterval(0)":       asynqmw.CheckInterval(0),
+		"MaxInlineWait(-1s)":    asynqmw.MaxInlineWait(-time.Second),
+		"HandlerTime(-1s)":      asynqmw.HandlerTime(-time.Second),
+		"MaxSleepingWorkers(0)": asynqmw.MaxSleepingWorkers(0),
+		"CheckInterval(0)":      asynqmw.CheckInterval(0),
 	} {
 		wantPanic(t, "Throttle with "+name, asynqmw.ErrInvalidOption, func() { asynqmw.Throttle(okLim, o) })
 		wantPanic(t, "New with "+name, asynqmw.ErrInvalidOption, func() { asynqmw.New(mb.Client, o) })

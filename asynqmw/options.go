@@ -116,12 +116,13 @@ func MaxInlineWait(d time.Duration) Option {
 // Setup, or one Throttle, ThrottleFunc or Concurrency): a task that would sleep while
 // n others do is handed back, booked, instead. If unset, the bound is
 // DefaultSleepingShare of the server's Concurrency (Setup.Config reads it; without
-// Setup, of runtime.NumCPU(), asynq's default), at least 1. Zero means no task ever
-// sleeps. A negative n is refused (the constructor panics, ErrInvalidOption).
+// Setup, of runtime.NumCPU(), asynq's default), at least 1. n below 1 is refused (the
+// constructor panics, ErrInvalidOption): booked tasks come back early by up to about
+// a second and must sleep the rest somewhere.
 func MaxSleepingWorkers(n int) Option {
 	return optionFunc(func(c *config) {
-		if n < 0 {
-			c.bad("MaxSleepingWorkers(%d): negative", n)
+		if n < 1 {
+			c.bad("MaxSleepingWorkers(%d): below 1", n)
 		}
 		c.sleeping = n
 	})
