@@ -18,13 +18,15 @@ var ErrInvalidOption = errors.New("asynqmw: invalid option")
 
 // ThrottledError is what the middleware returns when a task must wait longer than it
 // may sleep in the handler: the task did not run; inside an asynq server its permit
-// is booked (Booked), outside nothing is.
-// Wire IsFailure and RetryDelay into asynq.Config so that asynq retries it after
-// RetryIn without counting a failure. Test for it with errors.As.
+// is booked (Booked), outside nothing is. Setup.Config (or IsFailure and RetryDelay
+// wired by hand) makes asynq retry it without counting a failure. Test for it with
+// errors.As.
 //
 // For a limiter of 20 per second whose bookings already reach 7.3 s ahead, with the
-// default MaxInlineWait of 5 s, a task gets RetryIn 7.3s, Key the limiter's key and
-// Limit "20 per 1s"; RetryDelay then asks asynq to come back in 8 s plus jitter.
+// default MaxInlineWait of 1.5 s, a task gets RetryIn 7.3s, Booked, Key the limiter's
+// key and Limit "20 per 1s"; with Setup.Config's intervals RetryDelay then makes it
+// due in 7.08 s, which asynq rounds down to whole seconds: it is back in a worker
+// 0.2 to 1.2 s before its slot, and sleeps the rest.
 type ThrottledError struct {
 	// RetryIn is when the permit (or, for Concurrency, a slot) would be available if
 	// nobody else took it first: the limiter's wait, or the time until the earliest
