@@ -195,3 +195,46 @@ func TestConcurrencyRedisUnavailable(t *testing.T) {
 		t.Errorf("after the task: %d slots free, want 2 (its lease released)", got)
 	}
 }
+
+// A full semaphore parks no more tasks than the Setup's sleeping bound: with a bound
+// of 1, a second task that finds the semaphore full while one already waits is handed
+// back at once; the waiting one gets the slot when it is released. The middlewares of
+// one Setup share the bound, so a throttled task would count against it too.
+func TestConcurrencyKeepsTheSleepingBound(t *testing.T) {
+	b := redistest.NewMiniRealTime(t)
+	sem := newSem(t, b, "bound", 1)
+	ctx := context.Background()
+	held, _, err := sem.TryAcquire(ctx)
+	if err != nil || held == nil {
+		t.Fatalf("TryAcquire: %v, %v", held, err)
+	}
+	jt := asynqmw.New(b.Client, asynqmw.MaxSleepingWorkers(1), asynqmw.MaxInlineWait(time.Minute))
+	ran := make(chan struct{}, 2)
+	h := jt.Concurrency(sem)(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		ran <- struct{}{}
+		return nil
+	}))
+	task := asynq.NewTask("job", nil)
+	first := make(chan error, 1)
+	go func() { first <- h.ProcessTask(ctx, task) }()
+	for jt.Stats().Sleeping != 1 { // the first task waits for the slot
+		time.Sleep(time.Millisecond)
+	}
+	err = h.ProcessTask(ctx, task)
+	var te *asynqmw.ThrottledError
+	if !errors.As(err, &te) || te.Limit != "1 in flight" {
+		t.Fatalf("second task while one waits: %v, want a *ThrottledError (1 in flight)", err)
+	}
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-first; err != nil {
+		t.Fatalf("first task: %v", err)
+	}
+	if got := len(ran); got != 1 {
+		t.Errorf("handler runs: %d, want 1 (the first task)", got)
+	}
+	if st := jt.Stats(); st.PeakSleeping != 1 || st.Sleeping != 0 || st.HandedBack != 1 {
+		t.Errorf("stats %+v, want a peak of 1 asleep, none now, 1 hand-back", st)
+	}
+}

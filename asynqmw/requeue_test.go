@@ -62,3 +62,43 @@ func TestRequeueWhenDeadlineIsNear(t *testing.T) {
 		}
 	})
 }
+
+// With the default setup (New), a last attempt whose permit is seconds away is
+// requeued as a copy, and the copy runs on the original's booking: one permit and two
+// limiter calls for the task, nothing archived, and it runs no earlier than its slot.
+func TestLastAttemptCarriesItsBooking(t *testing.T) {
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		grants := redistest.RecordGrants(b.Client)
+		f := newFleet(t, b)
+		lim := f.limiter("carry", throttle.PerSecond(10))
+		book(t, lim, 3) // the next permit 3 s away
+		booked := grants.Total()
+		jt := asynqmw.New(b.Client)
+		cfg := f.serverConfig(4)
+		cfg.IsFailure, cfg.RetryDelayFunc = nil, nil
+		cfg.DelayedTaskCheckInterval, cfg.TaskCheckInterval = 0, 0
+		start := time.Now()
+		f.start(jt.Config(cfg), f.handler(nil), jt.Throttle(lim))
+		orig := f.enqueue("last", asynq.MaxRetry(0))
+		qi := f.waitIdle(idleLimit, func() bool { return f.runs.total() >= 1 })
+
+		f.ranOnce(qi, "last")
+		ran := f.runs.getTaskIDs("last")
+		if len(ran) != 1 || ran[0] != orig.ID+"~r1" {
+			t.Errorf("ran as %v, want the copy %s~r1", ran, orig.ID)
+		}
+		if got := grants.Total() - booked; got != 1 {
+			t.Errorf("permits granted for the task: %d, want 1 (the copy used the original's booking)", got)
+		}
+		key := "{" + b.Prefix + "carry}:sw"
+		if got := grants.ByKey()[key].Calls() - 3; got != 2 {
+			t.Errorf("limiter calls for the task: %d, want 2 (book, then claim)", got)
+		}
+		if el := time.Since(start); el < 2500*time.Millisecond {
+			t.Errorf("ran after %v, before its slot about 3s on", el)
+		}
+		if st := jt.Stats(); st.HandedBack != 1 || st.Kept != 1 {
+			t.Errorf("stats %+v, want 1 hand-back and 1 return that kept its booking", st)
+		}
+	})
+}
