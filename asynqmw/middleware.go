@@ -157,8 +157,7 @@ func (c *config) throttle(ctx context.Context, t *asynq.Task, lim *throttle.Limi
 			c.sh.kept.Add(1)
 		}
 		wait := res.Delay()
-		ok := c.maySleep(a, wait, kept)
-		if !res.OK() || !ok {
+		if !res.OK() || !c.maySleep(a, wait, kept) {
 			if !inAsynq && res.OK() {
 				_ = res.Cancel(ctx) // nothing records it: give it back
 			}
