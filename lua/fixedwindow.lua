@@ -46,30 +46,7 @@ local claimed = jt_claim(n, now, KEYS[2])
 if claimed then
   return claimed
 end
-local L, c = 0, {}
-local v = redis.call('GET', key)
-if v then
-  -- one limit's state (the usual case) is read with one match, anything else word by word
-  local nums
-  local a, b = string.match(v, '^([0-9]+) ([0-9]+)$')
-  if a and #a <= 17 and #b <= 17 then
-    nums = {tonumber(a), tonumber(b)}
-  else
-    nums = {}
-    for w in string.gmatch(v, '%S+') do
-      nums[#nums + 1] = jt_num(w) or error('JTSTATE ' .. key .. ': not a number')
-    end
-    if #nums < 1 then
-      error('JTSTATE ' .. key .. ': empty')
-    end
-  end
-  L = nums[1]
-  for i = 1, m do
-    c[i] = math.max(0, nums[i + 1] or 0)
-  end
-else
-  for i = 1, m do c[i] = 0 end
-end
+local v, L, c = fw_state(key, m)
 
 local function window(t, i)
   return jt_fdiv(t, limits[i][2])

@@ -2,12 +2,16 @@
 //
 // Each *.lua file opens with its contract: KEYS, ARGV, the reply and what it writes.
 // The scripts share helpers: prelude.lua (clock, argument checks, pause) goes in front
-// of every script, and log.lua (the permit log) in front of the two log-based ones.
-// Package throttle runs every one of them through one call (throttle/exec.go): EVALSHA
-// inside MULTI/EXEC, EVAL the same way when the server has lost the script (after
-// SCRIPT FLUSH or a restart), so a call whose reply is lost is not re-sent and runs at
-// most once. Script.Run would do the EVALSHA/EVAL part, but go-redis re-sends a plain
-// command whose reply was lost.
+// of every script, log.lua (the permit log) in front of the two log-based ones and
+// their inspect scripts (with inspectlog.lua), tbstate.lua and fwstate.lua (reading
+// the token bucket's and the fixed window's state) in front of theirs. The inspect_*
+// scripts read a key's live state and write nothing.
+// Package throttle runs the scripts that decide or write through one call
+// (throttle/exec.go): EVALSHA inside MULTI/EXEC, EVAL the same way when the server has
+// lost the script (after SCRIPT FLUSH or a restart), so a call whose reply is lost is
+// not re-sent and runs at most once. Script.Run would do the EVALSHA/EVAL part, but
+// go-redis re-sends a plain command whose reply was lost; the inspect scripts, which
+// write nothing, run with it.
 package lua
 
 import (
@@ -33,16 +37,38 @@ var (
 	pauseSrc string
 	//go:embed semaphore.lua
 	semaphoreSrc string
+	//go:embed tbstate.lua
+	tbState string
+	//go:embed fwstate.lua
+	fwState string
+	//go:embed inspectlog.lua
+	inspectLog string
+	//go:embed inspect_sw.lua
+	inspectSWSrc string
+	//go:embed inspect_sc.lua
+	inspectSCSrc string
+	//go:embed inspect_tb.lua
+	inspectTBSrc string
+	//go:embed inspect_fw.lua
+	inspectFWSrc string
+	//go:embed inspect_sem.lua
+	inspectSemSrc string
 )
 
 // The full text of each script as it is sent to Redis (helpers included).
 var (
 	SlidingWindowSource  = prelude + logEngine + slidingWindowSrc
 	SlidingCounterSource = prelude + logEngine + slidingCounterSrc
-	GCRASource           = prelude + gcraSrc
-	FixedWindowSource    = prelude + fixedWindowSrc
+	GCRASource           = prelude + tbState + gcraSrc
+	FixedWindowSource    = prelude + fwState + fixedWindowSrc
 	PauseSource          = prelude + pauseSrc
 	SemaphoreSource      = prelude + semaphoreSrc
+
+	InspectSlidingWindowSource  = prelude + logEngine + inspectLog + inspectSWSrc
+	InspectSlidingCounterSource = prelude + logEngine + inspectLog + inspectSCSrc
+	InspectGCRASource           = prelude + tbState + inspectTBSrc
+	InspectFixedWindowSource    = prelude + fwState + inspectFWSrc
+	InspectSemaphoreSource      = prelude + inspectSemSrc
 )
 
 var (
@@ -58,4 +84,16 @@ var (
 	Pause = redis.NewScript(PauseSource)
 	// Semaphore is the in-flight limit script (leases and their queue); see semaphore.lua.
 	Semaphore = redis.NewScript(SemaphoreSource)
+
+	// InspectSlidingWindow reads a sliding window's live state, writing nothing; see
+	// inspect_sw.lua.
+	InspectSlidingWindow = redis.NewScript(InspectSlidingWindowSource)
+	// InspectSlidingCounter reads a sliding counter's live state; see inspect_sc.lua.
+	InspectSlidingCounter = redis.NewScript(InspectSlidingCounterSource)
+	// InspectGCRA reads a token bucket's live state; see inspect_tb.lua.
+	InspectGCRA = redis.NewScript(InspectGCRASource)
+	// InspectFixedWindow reads a fixed window's live state; see inspect_fw.lua.
+	InspectFixedWindow = redis.NewScript(InspectFixedWindowSource)
+	// InspectSemaphore reads a semaphore's live state; see inspect_sem.lua.
+	InspectSemaphore = redis.NewScript(InspectSemaphoreSource)
 )

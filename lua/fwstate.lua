@@ -1,0 +1,34 @@
+-- fwstate.lua: reading the fixed window's state (fixedwindow.lua's KEYS[1]); lua.go
+-- puts it after prelude.lua in front of fixedwindow.lua and inspect_fw.lua.
+
+-- fw_state reads key's state for m limits. It returns v (the stored text, nil when
+-- the key is absent), L (when the latest grant took or takes effect, µs; 0 without
+-- state) and c (c[i]: the permits limit i counted in its window holding L). A value
+-- jobthrottle did not write fails the call (JTSTATE), a key of another type too.
+local function fw_state(key, m)
+  local L, c = 0, {}
+  local v = redis.call('GET', key)
+  if v then
+    -- one limit's state (the usual case) is read with one match, anything else word by word
+    local nums
+    local a, b = string.match(v, '^([0-9]+) ([0-9]+)$')
+    if a and #a <= 17 and #b <= 17 then
+      nums = {tonumber(a), tonumber(b)}
+    else
+      nums = {}
+      for w in string.gmatch(v, '%S+') do
+        nums[#nums + 1] = jt_num(w) or error('JTSTATE ' .. key .. ': not a number')
+      end
+      if #nums < 1 then
+        error('JTSTATE ' .. key .. ': empty')
+      end
+    end
+    L = nums[1]
+    for i = 1, m do
+      c[i] = math.max(0, nums[i + 1] or 0)
+    end
+  else
+    for i = 1, m do c[i] = 0 end
+  end
+  return v, L, c
+end

@@ -1,0 +1,69 @@
+-- tbstate.lua: reading the token bucket's state (gcra.lua's KEYS[1]); lua.go puts it
+-- after prelude.lua in front of gcra.lua and inspect_tb.lua.
+
+-- tb_state reads key's state for limits (limits[i] = {rate, period_us, burst}) at now.
+-- It returns v (the stored text, nil when the key is absent), L (when the latest
+-- grant takes or took effect, µs; 0 without state) and d (d[i]: limit i's TAT minus
+-- now, in units of 1/rate µs; 0 when the bucket is full). A value jobthrottle did not
+-- write fails the call (JTSTATE), a key of another type too (WRONGTYPE).
+local function tb_state(key, limits, now)
+  local m = #limits
+  -- nums: the stored q1, r1, ..., qm, rm; L: when the latest grant takes effect. One
+  -- limit's state (the usual case) is read with one match, anything else word by word.
+  local nums, L
+  local v = redis.call('GET', key)
+  if v then
+    local a, b, s, c = string.match(v, '^([0-9a-f]+):([0-9a-f]+):(%-?)([0-9a-f]+)$')
+    if a and #a <= 13 and #b <= 13 and #c <= 13 then
+      nums = {tonumber(a, 16), tonumber(b, 16)}
+      L = nums[1] - (s == '' and tonumber(c, 16) or -tonumber(c, 16))
+    else
+      local hex = string.find(v, ':', 1, true)
+      nums = {}
+      for w in string.gmatch(v, hex and '[^:]+' or '%S+') do
+        local x
+        if hex then
+          local s, h = string.match(w, '^(%-?)([0-9a-f]+)$')
+          x = h and #h <= 14 and tonumber(h, 16)
+          if x and s ~= '' then x = -x end
+        else
+          x = jt_num(w)
+        end
+        if not x or x > 9007199254740992 or x < -9007199254740992 then
+          error('JTSTATE ' .. key .. ': not a number')
+        end
+        nums[#nums + 1] = x
+      end
+      if #nums % 2 ~= 1 then
+        error('JTSTATE ' .. key .. ': length')
+      end
+      for i = 1, hex and #nums - 1 or 0 do -- only the offset may be negative
+        if nums[i] < 0 then error('JTSTATE ' .. key .. ': negative') end
+      end
+      L = nums[#nums]
+      if hex then L = nums[1] - L end
+    end
+  end
+
+  -- d[i]: limit i's TAT minus now, in units of 1/rate µs; 0 when the bucket is full
+  local d = {}
+  if nums then
+    for i = 1, m do
+      local R = limits[i][1]
+      local q, r = nums[2 * i - 1], nums[2 * i]
+      d[i] = 0
+      if q and r and r >= 0 then
+        if r >= R then -- the rate went down since this was written: round the TAT up
+          q, r = q + 1, 0
+        end
+        if q >= now then
+          d[i] = (q - now) * R + r
+        end
+      end
+    end
+  else
+    L = 0
+    for i = 1, m do d[i] = 0 end
+  end
+  return v, L, d
+end
