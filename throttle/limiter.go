@@ -36,8 +36,9 @@ type Limiter struct {
 	alg     Algorithm
 	limits  []Limit
 	script  *redis.Script
-	tail    []any // ARGV after op, n, x
-	take1   []any // the whole ARGV of the usual call, Allow: op acquire, n 1, x 0, tail
+	view    *redis.Script // Inspect's script; nil: the algorithm's (tests swap it)
+	tail    []any         // ARGV after op, n, x
+	take1   []any         // the whole ARGV of the usual call, Allow: op acquire, n 1, x 0, tail
 	maxN    int
 	hooks   Hooks
 	moved   *pauseSignal  // closed when this process pauses the key

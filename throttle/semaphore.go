@@ -53,6 +53,7 @@ type Semaphore struct {
 	ttl     time.Duration
 	ttlUS   int64
 	script  *redis.Script
+	view    *redis.Script // Inspect's script; nil: lua.InspectSemaphore (tests swap it)
 	hooks   SemaphoreHooks
 	hub     *wakeHub
 	shared  *semaphoreState // shared with the Semaphores built alike (see shared.go)

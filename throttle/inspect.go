@@ -1,0 +1,234 @@
+package throttle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/lua"
+	"github.com/redis/go-redis/v9"
+)
+
+// LimiterState is a rate-limited key's live state as Inspect reads it: one read-only
+// script call, every figure by the Redis server's clock at the moment of the call.
+//
+// For a sliding window of 10 per second where 4 permits took effect in the last
+// second (the oldest 300ms ago) and 2 more are booked to take effect 200ms from now,
+// Inspect reports Limits[0].Used 6 of Capacity 10, Remaining 0 (bookings wait),
+// Booked 2, BookedAhead 200ms, NextFree 200ms (the next permit is booked after the
+// last booking), and ResetAfter 1.2s.
+type LimiterState struct {
+	// Algorithm is the limiter's algorithm; the figures below are read as it counts.
+	Algorithm Algorithm
+
+	// Limits holds one entry per limit, in the order of Limiter.Limits.
+	Limits []LimitState
+
+	// Remaining is how many permits AllowN could take now: what Result.Remaining
+	// would say. It is 0 while the key is paused or bookings wait.
+	Remaining int
+
+	// NextFree is the time until an acquire of one permit would take effect: 0 when
+	// Allow would succeed now; else what Allow's RetryAfter would say.
+	NextFree time.Duration
+
+	// ResetAfter is Result.ResetAfter: the time until the limiter is back to full
+	// capacity.
+	ResetAfter time.Duration
+
+	// Booked is how many permits are booked to take effect after now (reservations
+	// and waiting WaitN calls). Exact for SlidingWindow. SlidingCounter counts the
+	// permits of sub-buckets that start after now. TokenBucket: the permits its
+	// bookings took beyond what the bucket held (the largest deficit over the
+	// limits). FixedWindow keeps only the latest window's counts: the permits counted
+	// in the latest grant's window when that window starts after now, else 0 (a
+	// booking in the current window shows in Used only).
+	Booked int
+
+	// BookedAhead is the time until the latest booking takes effect: how far ahead
+	// the queue reaches (SlidingCounter: until its sub-bucket starts); 0 when nothing
+	// is booked ahead.
+	BookedAhead time.Duration
+
+	// PausedFor is the time until a pause on the key ends; 0 when it is not paused.
+	PausedFor time.Duration
+
+	// TTL is the state key's time to live, in whole milliseconds as Redis keeps it;
+	// 0 when the key is absent (the limiter is idle and at full capacity), negative
+	// when the key has no TTL (jobthrottle never leaves one so).
+	TTL time.Duration
+}
+
+// LimitState is one limit's part of a LimiterState.
+type LimitState struct {
+	// Limit is the limit, as the Limiter was given it.
+	Limit Limit
+
+	// Capacity is the most permits the limit holds: Rate, or the burst for
+	// TokenBucket.
+	Capacity int
+
+	// Used is how much of Capacity is taken, in permits:
+	//   - SlidingWindow: permits that took effect in the last Period, plus those
+	//     booked ahead;
+	//   - SlidingCounter: the same, each permit counted from the end of its
+	//     sub-bucket;
+	//   - FixedWindow: permits counted in the aligned window holding now, or
+	//     Capacity when bookings were made in a later window (no grant can go to
+	//     the window holding now any more);
+	//   - TokenBucket: Capacity less the tokens in the bucket now, rounded down
+	//     (tokens come back one per Period/Rate).
+	// It exceeds Capacity when bookings reach further ahead than one window (or, for
+	// the token bucket, than a full bucket's worth).
+	Used int
+}
+
+// Available is how many permits the limit has left now: Capacity - Used, at least 0.
+func (s LimitState) Available() int { return max(0, s.Capacity-s.Used) }
+
+// SemaphoreState is a semaphore's live state as Inspect reads it: one read-only
+// script call, by the Redis server's clock.
+type SemaphoreState struct {
+	// Max is the semaphore's Max (from this process's configuration).
+	Max int
+
+	// Held is how many leases are live (their expiry is after now).
+	Held int
+
+	// Waiting is how many callers hold a place in the queue (places that have not
+	// lapsed).
+	Waiting int
+
+	// Expiries holds the time until each live lease expires, earliest first, for at
+	// most the first 100 of them (Held says how many there are). A lease is renewed
+	// by its holder every LeaseTTL/3 while it works, so these are what a dead
+	// holder's slot would take to come back.
+	Expiries []time.Duration
+
+	// PausedFor is the time until a pause on the key ends; 0 when it is not paused.
+	PausedFor time.Duration
+
+	// TTL is the lease set's time to live, in whole milliseconds; 0 when it is
+	// absent (no lease held), negative when it has no TTL.
+	TTL time.Duration
+}
+
+// semInspectLimit is how many lease expiries Semaphore.Inspect lists.
+const semInspectLimit = 100
+
+// inspectScripts holds each algorithm's read-only script.
+var inspectScripts = map[Algorithm]*redis.Script{
+	SlidingWindow:  lua.InspectSlidingWindow,
+	SlidingCounter: lua.InspectSlidingCounter,
+	TokenBucket:    lua.InspectGCRA,
+	FixedWindow:    lua.InspectFixedWindow,
+}
+
+// Inspect reads the key's live state: per limit how much is used, what is booked
+// ahead, the next free permit, the pause and the key's TTL (see LimiterState). It is
+// one script call that writes nothing, so it changes no decision and may run as often
+// as a dashboard likes; it does not call the hooks. The figures describe the state as
+// this limiter's algorithm and limits read it.
+//
+// The script writes nothing, so a call whose reply is lost may simply be repeated:
+// Inspect runs it with Script.Run (EVALSHA, EVAL on NOSCRIPT), which go-redis retries
+// on a network error, not through the at-most-once path of decisions.
+//
+// It returns ctx.Err() for a done context, an error wrapping ErrCorruptState when the
+// key holds data jobthrottle did not write (or a key of another type), ErrUnavailable
+// when Redis cannot be reached, and other Redis errors wrapped.
+func (l *Limiter) Inspect(ctx context.Context) (LimiterState, error) {
+	if err := ctx.Err(); err != nil {
+		return LimiterState{}, err
+	}
+	s := l.view
+	if s == nil {
+		s = inspectScripts[l.alg]
+	}
+	args := make([]any, 3, 3+len(l.tail))
+	args[0], args[1], args[2] = opAcquire, 1, 0
+	args = append(args, l.tail...)
+	v, err := s.Run(ctx, l.rdb, l.keys, args...).Int64Slice()
+	if err != nil {
+		return LimiterState{}, inspectError(ctx, l.key, err)
+	}
+	if len(v) != 7+len(l.limits) {
+		return LimiterState{}, fmt.Errorf("%w: key %q: inspect returned %d values", ErrUnexpectedReply, l.key, len(v))
+	}
+	st := LimiterState{
+		Algorithm:   l.alg,
+		Remaining:   int(v[0]),
+		NextFree:    micros(v[1]),
+		ResetAfter:  micros(v[2]),
+		Booked:      int(v[3]),
+		BookedAhead: micros(v[4]),
+		PausedFor:   micros(v[5]),
+		TTL:         pttl(v[6]),
+		Limits:      make([]LimitState, len(l.limits)),
+	}
+	for i, lim := range l.limits {
+		c := lim.Rate
+		if l.alg == TokenBucket {
+			c = lim.burst()
+		}
+		st.Limits[i] = LimitState{Limit: lim, Capacity: c, Used: c - int(v[7+i])}
+	}
+	return st, nil
+}
+
+// Inspect reads the semaphore's live state: leases held and their expiries, callers
+// waiting, the pause and the lease set's TTL (see SemaphoreState). It is one script
+// call that writes nothing (run with Script.Run, as Limiter.Inspect), and does not
+// call the hooks. Leases granted without Redis by a failure policy are not in Redis
+// and not counted.
+//
+// Errors are those of Limiter.Inspect.
+func (s *Semaphore) Inspect(ctx context.Context) (SemaphoreState, error) {
+	if err := ctx.Err(); err != nil {
+		return SemaphoreState{}, err
+	}
+	sc := s.view
+	if sc == nil {
+		sc = lua.InspectSemaphore
+	}
+	v, err := sc.Run(ctx, s.rdb, s.keys, semInspectLimit).Int64Slice()
+	if err != nil {
+		return SemaphoreState{}, inspectError(ctx, s.key, err)
+	}
+	if len(v) < 5 || int64(len(v)) != 5+v[4] {
+		return SemaphoreState{}, fmt.Errorf("%w: key %q: inspect returned %v", ErrUnexpectedReply, s.key, v)
+	}
+	st := SemaphoreState{
+		Max:       s.max,
+		Held:      int(v[0]),
+		Waiting:   int(v[1]),
+		PausedFor: micros(v[2]),
+		TTL:       pttl(v[3]),
+		Expiries:  make([]time.Duration, v[4]),
+	}
+	for i := range st.Expiries {
+		st.Expiries[i] = micros(v[5+i])
+	}
+	return st, nil
+}
+
+// inspectError maps a failed inspect call as scriptError does; a reply that is not a
+// list of integers is ErrUnexpectedReply.
+func inspectError(ctx context.Context, key string, err error) error {
+	var rerr redis.Error
+	if !errors.As(err, &rerr) && !isUnavailable(ctx, err) && ctx.Err() == nil {
+		return fmt.Errorf("%w: key %q: %v", ErrUnexpectedReply, key, err)
+	}
+	return scriptError(ctx, key, err)
+}
+
+func micros(us int64) time.Duration { return time.Duration(us) * time.Microsecond }
+
+// pttl maps a PTTL reply: -2 (absent) is 0, -1 (no TTL) stays negative.
+func pttl(ms int64) time.Duration {
+	if ms == -2 {
+		return 0
+	}
+	return time.Duration(ms) * time.Millisecond
+}
