@@ -63,6 +63,8 @@ func aclWorkload(ctx context.Context, c, admin *redis.Client, run string) []erro
 				held = append(held, r)
 			}
 		}
+		_, err = l.Inspect(cctx) // read only, PTTL
+		note(alg.String()+" Inspect", err)
 		for _, r := range held {
 			note(alg.String()+" Cancel", r.Cancel(cctx))
 		}
@@ -109,6 +111,8 @@ func aclWorkload(ctx context.Context, c, admin *redis.Client, run string) []erro
 	if lease != nil {
 		note("Lease Extend", lease.Extend(cctx))
 	}
+	_, err = sem.Inspect(cctx)
+	note("Semaphore Inspect", err)
 	queued := newLeaseID()                            // takes a place in the queue (its own call, whether or not
 	_, err = sem.call(cctx, semAcquire, queued, true) // the wake-up subscription works)
 	note("queued acquire", err)
