@@ -1,0 +1,99 @@
+// Command jobthrottle shows and steers the limits a fleet shares through Redis: list
+// the keys, show or watch their live state, pause, resume or reset them.
+//
+//	jobthrottle ls                                   # keys under the prefix, with their algorithm
+//	jobthrottle show -limit 20/1.1s vendor-api       # the live state, once
+//	jobthrottle watch -limit 20/1.1s vendor-api      # refreshed every second (Ctrl-C ends)
+//	jobthrottle pause vendor-api 30s                 # no grants anywhere for 30s
+//	jobthrottle resume vendor-api                    # end a pause now
+//	jobthrottle reset vendor-api                     # forget the key's state (asks first)
+//
+// Redis is found as redis-cli finds it: -h, -p, -a, -n or -u URL, else REDIS_URL, else
+// REDIS_ADDR (host:port; several, comma-separated, or -c, for a Cluster), else
+// 127.0.0.1:6379. Keys are given as the code gives them to throttle.New, without the
+// prefix (-prefix, "jobthrottle:" by default, as throttle.WithKeyPrefix).
+//
+// A key's state in Redis does not record its limits, so show and watch take them with
+// -limit RATE/PERIOD (repeat it for several limits; RATE/PERIOD:BURST for a token
+// bucket's burst), as the code passes them to throttle.New.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// quiet drops go-redis's own log lines (a failed dial is logged there and returned
+// to us as well, and said once, plainly).
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}
+
+func main() {
+	redis.SetLogger(quiet{})
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr, os.Getenv)
+	stop()
+	os.Exit(code)
+}
+
+// run is the command: it returns the exit status (0 ok, 1 failed, 2 bad usage).
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {
+	o, err := parse(args, getenv)
+	if err != nil {
+		fmt.Fprintln(stderr, "jobthrottle:", err)
+		if _, ok := err.(usageError); ok {
+			fmt.Fprint(stderr, usage)
+			return 2
+		}
+		return 1
+	}
+	if o.cmd == "help" {
+		fmt.Fprint(stdout, usage)
+		return 0
+	}
+	c, err := dial(ctx, o)
+	if err != nil {
+		fmt.Fprintln(stderr, "jobthrottle:", err)
+		return 1
+	}
+	defer c.Close()
+	t := &tool{o: o, rdb: c, in: stdin, out: stdout}
+	if err := t.do(ctx); err != nil {
+		fmt.Fprintln(stderr, "jobthrottle:", err)
+		return 1
+	}
+	return 0
+}
+
+const usage = `usage: jobthrottle [flags] COMMAND [flags] [ARGS]
+
+commands:
+  ls [PATTERN]             keys under the prefix (SCAN), with their algorithm
+  show KEY                 the key's live state
+  watch KEY...             the live state, refreshed every -interval (Ctrl-C ends)
+  pause KEY DURATION       no grants on the key, fleet-wide, for DURATION (e.g. 30s)
+  resume KEY               end a pause on the key now
+  reset KEY                delete the key's state (limits start afresh); asks unless -yes
+
+flags:
+  -h HOST -p PORT          Redis host and port (default 127.0.0.1:6379, or REDIS_ADDR)
+  -a PASSWORD --user NAME  AUTH (or REDISCLI_AUTH)
+  -n DB                    database number
+  -u URL                   redis://[user:pass@]host:port/db (or REDIS_URL)
+  -c                       Redis Cluster (REDIS_ADDR may list several nodes, comma-separated)
+  -prefix P                key prefix, as throttle.WithKeyPrefix (default "jobthrottle:")
+  -limit RATE/PERIOD[:BURST]  a limit of the key, as given to throttle.New; repeat for several
+  -alg NAME                sw, sc, tb or fw (default: found from the key's state)
+  -buckets N               the sliding counter's buckets, as throttle.WithBuckets (default 50)
+  -max N                   a semaphore's max (shown as the bar's full width)
+  -interval D              watch's refresh interval (default 1s)
+  -count N                 watch: stop after N screens (default 0: until Ctrl-C)
+  -yes                     reset without asking
+`

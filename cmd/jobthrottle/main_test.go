@@ -1,0 +1,324 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/throttle"
+	"github.com/redis/go-redis/v9"
+)
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+// addrEnv is the environment the command sees for backend b: REDIS_ADDR naming its
+// server (the cluster's nodes, comma-separated).
+func addrEnv(b *redistest.Backend) func(string) string {
+	var addr string
+	switch c := b.Client.(type) {
+	case *redis.Client:
+		addr = c.Options().Addr
+	case *redis.ClusterClient:
+		addr = strings.Join(c.Options().Addrs, ",")
+	}
+	return func(k string) string {
+		if k == "REDIS_ADDR" {
+			return addr
+		}
+		return ""
+	}
+}
+
+// cli runs the command with args (after -prefix b.Prefix) and stdin, and returns its
+// exit status, stdout and stderr.
+func cli(t *testing.T, b *redistest.Backend, stdin string, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	args = append([]string{"-prefix", b.Prefix}, args...)
+	code := run(context.Background(), args, strings.NewReader(stdin), &out, &errb, addrEnv(b))
+	return code, out.String(), errb.String()
+}
+
+func mustContain(t *testing.T, what, got string, wants ...string) {
+	t.Helper()
+	for _, w := range wants {
+		if !strings.Contains(got, w) {
+			t.Fatalf("%s: %q does not contain %q", what, got, w)
+		}
+	}
+}
+
+func TestCommands(t *testing.T) {
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		sw, err := throttle.New(b.Client, "vendor-api", throttle.PerSecond(10), throttle.WithKeyPrefix(b.Prefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := sw.AllowN(ctx, 3); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := sw.Reserve(ctx, 10, time.Minute); err != nil { // 7 now, 3 booked a second ahead... or 10 ahead
+			t.Fatal(err)
+		}
+		tb, err := throttle.New(b.Client, "mail", throttle.Limit{Rate: 5, Period: time.Second, Burst: 8},
+			throttle.WithAlgorithm(throttle.TokenBucket), throttle.WithKeyPrefix(b.Prefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tb.AllowN(ctx, 2); err != nil {
+			t.Fatal(err)
+		}
+		sem, err := throttle.NewSemaphore(b.Client, "reports", 4, throttle.WithKeyPrefix(b.Prefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		lease, _, err := sem.TryAcquire(ctx)
+		if err != nil || lease == nil {
+			t.Fatal(lease, err)
+		}
+		defer lease.Release(ctx)
+
+		code, out, errs := cli(t, b, "", "ls")
+		if code != 0 {
+			t.Fatalf("ls: %d %s", code, errs)
+		}
+		mustContain(t, "ls", out, "vendor-api", "SlidingWindow", "mail", "TokenBucket", "reports", "Semaphore")
+
+		code, out, errs = cli(t, b, "", "show", "-limit", "10/1s", "vendor-api")
+		if code != 0 {
+			t.Fatalf("show: %d %s", code, errs)
+		}
+		st, err := sw.Inspect(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustContain(t, "show vendor-api", out, "vendor-api  SlidingWindow", "10 per 1s",
+			fmt.Sprintf("%d/10 used + %d booked", st.Limits[0].Used-st.Booked, st.Booked), "next free", "paused      no")
+
+		code, out, _ = cli(t, b, "", "show", "-limit", "5/1s:8", "mail")
+		if code != 0 {
+			t.Fatal(out)
+		}
+		mustContain(t, "show mail", out, "TokenBucket", "2/8 used", "granted/s   n/a")
+
+		code, out, _ = cli(t, b, "", "show", "-max", "4", "reports")
+		if code != 0 {
+			t.Fatal(out)
+		}
+		mustContain(t, "show reports", out, "Semaphore", "1/4 held", "waiting     0")
+
+		// pause, resume
+		code, out, errs = cli(t, b, "", "pause", "vendor-api", "30s")
+		if code != 0 {
+			t.Fatal(errs)
+		}
+		mustContain(t, "pause", out, "paused vendor-api: no grants for 30s")
+		if st, err := sw.Inspect(ctx); err != nil || st.PausedFor < 29*time.Second {
+			t.Fatalf("after pause: %+v %v", st, err)
+		}
+		_, out, _ = cli(t, b, "", "show", "-limit", "10/1s", "vendor-api")
+		mustContain(t, "show paused", out, "paused      yes, ")
+		_, out, _ = cli(t, b, "", "resume", "vendor-api")
+		mustContain(t, "resume", out, "resumed vendor-api")
+		if st, err := sw.Inspect(ctx); err != nil || st.PausedFor != 0 {
+			t.Fatalf("after resume: %+v %v", st, err)
+		}
+		_, out, _ = cli(t, b, "", "resume", "vendor-api")
+		mustContain(t, "resume again", out, "vendor-api was not paused")
+
+		// watch: two screens
+		code, out, errs = cli(t, b, "", "watch", "-interval", "20ms", "-count", "2", "-limit", "10/1s", "vendor-api")
+		if code != 0 {
+			t.Fatal(errs)
+		}
+		if n := strings.Count(out, "jobthrottle watch"); n != 2 {
+			t.Fatalf("watch -count 2 printed %d screens:\n%s", n, out)
+		}
+		mustContain(t, "watch", out, "\033[H\033[2J", "granted/s   0.0")
+
+		// reset asks; "n" keeps, "y" deletes
+		_, out, _ = cli(t, b, "n\n", "reset", "mail")
+		mustContain(t, "reset n", out, "[y/N]", "not reset")
+		if n := b.Client.Exists(ctx, "{"+b.Prefix+"mail}:tb").Val(); n != 1 {
+			t.Fatalf("reset answered n deleted the key")
+		}
+		_, out, _ = cli(t, b, "y\n", "reset", "mail")
+		mustContain(t, "reset y", out, "reset mail: deleted 1 keys")
+		_, out, _ = cli(t, b, "", "reset", "-yes", "vendor-api")
+		mustContain(t, "reset -yes", out, "reset vendor-api: deleted")
+		if st, err := sw.Inspect(ctx); err != nil || st.Limits[0].Used != 0 || st.TTL != 0 {
+			t.Fatalf("after reset: %+v %v", st, err)
+		}
+	})
+}
+
+// Mistakes get a clear message and a non-zero status: a wrong address, an unknown
+// key, a key of another type, limits not given, bad usage.
+func TestErrors(t *testing.T) {
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		code, _, errs := cli(t, b, "", "show", "-limit", "10/1s", "nosuchkey")
+		if code != 1 {
+			t.Fatalf("unknown key: status %d", code)
+		}
+		mustContain(t, "unknown key", errs, `unknown key "nosuchkey"`, "jobthrottle ls")
+
+		if err := b.Client.HSet(ctx, "{"+b.Prefix+"wrong}:sw", "a", "b").Err(); err != nil {
+			t.Fatal(err)
+		}
+		code, _, errs = cli(t, b, "", "show", "-limit", "10/1s", "wrong")
+		if code != 1 {
+			t.Fatalf("key of another type: status %d", code)
+		}
+		mustContain(t, "another type", errs, "did not write", "WRONGTYPE")
+
+		sw, _ := throttle.New(b.Client, "nolimits", throttle.PerSecond(10), throttle.WithKeyPrefix(b.Prefix))
+		if _, err := sw.Allow(ctx); err != nil {
+			t.Fatal(err)
+		}
+		code, _, errs = cli(t, b, "", "show", "nolimits")
+		if code != 1 {
+			t.Fatalf("no -limit: status %d", code)
+		}
+		mustContain(t, "no -limit", errs, "SlidingWindow limiter", "-limit RATE/PERIOD")
+
+		code, _, errs = cli(t, b, "", "show", "-limit", "ten/1s", "nolimits")
+		if code != 2 {
+			t.Fatalf("bad -limit: status %d", code)
+		}
+		mustContain(t, "bad -limit", errs, `rate "ten"`)
+
+		code, _, errs = cli(t, b, "", "frobnicate")
+		if code != 2 {
+			t.Fatalf("unknown command: status %d", code)
+		}
+		mustContain(t, "unknown command", errs, `unknown command "frobnicate"`, "usage:")
+
+		code, _, errs = cli(t, b, "", "pause", "nolimits", "-3s")
+		if code == 0 {
+			t.Fatal("pause -3s succeeded")
+		}
+	})
+	// a port nobody listens on
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().(*net.TCPAddr)
+	l.Close()
+	var out, errb bytes.Buffer
+	code := run(context.Background(), []string{"-h", "127.0.0.1", "-p", fmt.Sprint(addr.Port), "ls"}, nil, &out, &errb, func(string) string { return "" })
+	if code != 1 {
+		t.Fatalf("wrong address: status %d", code)
+	}
+	mustContain(t, "wrong address", errb.String(), "cannot reach Redis at 127.0.0.1:"+fmt.Sprint(addr.Port), "connection refused")
+	if strings.Count(errb.String(), "\n") != 1 {
+		t.Fatalf("wrong address: want one line, got %q", errb.String())
+	}
+}
+
+func TestParseLimit(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want throttle.Limit
+		err  bool
+	}{
+		{"20/1.1s", throttle.Limit{Rate: 20, Period: 1100 * time.Millisecond}, false},
+		{"100/m", throttle.PerMinute(100), false},
+		{"10/s:20", throttle.Limit{Rate: 10, Period: time.Second, Burst: 20}, false},
+		{"10", throttle.Limit{}, true},
+		{"0/1s", throttle.Limit{}, true},
+		{"10/0s", throttle.Limit{}, true},
+		{"10/1s:x", throttle.Limit{}, true},
+	} {
+		got, err := parseLimit(c.in)
+		if (err != nil) != c.err || (!c.err && got != c.want) {
+			t.Errorf("parseLimit(%q) = %v, %v; want %v, error %v", c.in, got, err, c.want, c.err)
+		}
+	}
+}
+
+// Driven as a person would: the built command runs watch in a tmux session against
+// a redis-server where a limiter is busy; the screen tmux shows has the key's block,
+// and is redrawn (its clock line changes). Skips when tmux is not installed.
+func TestWatchInTmux(t *testing.T) {
+	if _, err := exec.LookPath("tmux"); err != nil {
+		t.Skip("tmux is not installed: the watch screen is checked by TestCommands only")
+	}
+	b := redistest.NewStandalone(t)
+	ctx := context.Background()
+	bin := filepath.Join(t.TempDir(), "jobthrottle")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	lim, err := throttle.New(b.Client, "vendor-api", throttle.PerSecond(20), throttle.WithKeyPrefix(b.Prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { // a busy worker: 20 grants a second, booked ahead
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+			_ = lim.Wait(wctx)
+			cancel()
+		}
+	}()
+	defer func() { close(stop); <-done }()
+
+	session := fmt.Sprintf("jt-test-%d", os.Getpid())
+	env := "REDIS_ADDR=" + b.Client.(*redis.Client).Options().Addr
+	cmd := fmt.Sprintf("env %s %s -prefix %s watch -limit 20/1s vendor-api", env, bin, b.Prefix)
+	if out, err := exec.Command("tmux", "new-session", "-d", "-s", session, "-x", "100", "-y", "20", cmd).CombinedOutput(); err != nil {
+		t.Fatalf("tmux new-session: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("tmux", "kill-session", "-t", session).Run() })
+	capture := func() string {
+		out, err := exec.Command("tmux", "capture-pane", "-p", "-t", session).Output()
+		if err != nil {
+			t.Fatalf("tmux capture-pane: %v", err)
+		}
+		return string(out)
+	}
+	// the first screen comes after a build and a Redis call: wait for it (up to 10s,
+	// for a busy machine), then for a redraw
+	var first string
+	for i := 0; i < 100 && !strings.Contains(first, "granted/s"); i++ {
+		time.Sleep(100 * time.Millisecond)
+		first = capture()
+	}
+	mustContain(t, "tmux screen", first, "jobthrottle watch", "vendor-api  SlidingWindow", "20 per 1s", "[", "next free", "paused      no")
+	var second string
+	for i := 0; i < 100; i++ {
+		time.Sleep(100 * time.Millisecond)
+		second = capture()
+		if strings.Contains(second, "granted/s") && firstLine(second) != firstLine(first) {
+			break
+		}
+	}
+	if firstLine(second) == firstLine(first) {
+		t.Fatalf("the screen was not redrawn in 10s:\n%s", second)
+	}
+	t.Logf("tmux screen:\n%s", second)
+}
+
+func firstLine(s string) string {
+	s = strings.TrimLeft(s, "\n")
+	l, _, _ := strings.Cut(s, "\n")
+	return l
+}

@@ -1,0 +1,403 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/throttle"
+	"github.com/redis/go-redis/v9"
+)
+
+// algorithms maps a state key's suffix to its algorithm.
+var algorithms = map[string]throttle.Algorithm{
+	"sw": throttle.SlidingWindow,
+	"sc": throttle.SlidingCounter,
+	"tb": throttle.TokenBucket,
+	"fw": throttle.FixedWindow,
+}
+
+// suffixes are every key jobthrottle keeps under a hash tag (see the README's key
+// layout), in the order ls and reset name them.
+var suffixes = []string{"sw", "sc", "tb", "fw", "sem", "semq", "semx", "pause"}
+
+// tool runs one command.
+type tool struct {
+	o   *options
+	rdb redis.UniversalClient
+	in  io.Reader
+	out io.Writer
+	now func() time.Time // watch's clock for grants/s; nil: time.Now
+}
+
+func (t *tool) do(ctx context.Context) error {
+	switch t.o.cmd {
+	case "ls":
+		return t.ls(ctx)
+	case "show":
+		return t.show(ctx)
+	case "watch":
+		return t.watch(ctx)
+	case "pause":
+		return t.pause(ctx)
+	case "resume":
+		return t.resume(ctx)
+	case "reset":
+		return t.reset(ctx)
+	}
+	return usagef("unknown command %q", t.o.cmd)
+}
+
+// tag is the hash tag of a key: "{<prefix><key>}".
+func (t *tool) tag(key string) (string, error) {
+	if key == "" || strings.HasPrefix(t.o.prefix+key, "}") {
+		return "", fmt.Errorf("invalid key %q", key)
+	}
+	return "{" + t.o.prefix + key + "}", nil
+}
+
+// present returns the suffixes of the keys that exist under key's tag.
+func (t *tool) present(ctx context.Context, key string) ([]string, error) {
+	tag, err := t.tag(key)
+	if err != nil {
+		return nil, err
+	}
+	pipe := t.rdb.Pipeline() // one hash slot: one node, one round trip
+	cmds := make([]*redis.IntCmd, len(suffixes))
+	for i, s := range suffixes {
+		cmds[i] = pipe.Exists(ctx, tag+":"+s)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, err
+	}
+	var have []string
+	for i, c := range cmds {
+		if c.Val() == 1 {
+			have = append(have, suffixes[i])
+		}
+	}
+	return have, nil
+}
+
+// kind names what the state suffixes show: an algorithm, "Semaphore", or "" for
+// none; several kinds are joined with "+".
+func kind(have []string) string {
+	var kinds []string
+	for _, s := range have {
+		if a, ok := algorithms[s]; ok {
+			kinds = append(kinds, a.String())
+		} else if strings.HasPrefix(s, "sem") && !slices.Contains(kinds, "Semaphore") {
+			kinds = append(kinds, "Semaphore")
+		}
+	}
+	return strings.Join(kinds, "+")
+}
+
+// ls lists the keys under the prefix (matching the optional glob), one a line:
+// key, kind, and a pause if one is set.
+func (t *tool) ls(ctx context.Context) error {
+	pattern := "*"
+	if len(t.o.args) == 1 {
+		pattern = t.o.args[0]
+	}
+	match := "{" + escapeGlob(t.o.prefix) + pattern + "}:*"
+	found := map[string][]string{} // key -> suffixes
+	scan := func(ctx context.Context, c *redis.Client) error {
+		it := c.Scan(ctx, 0, match, 1000).Iterator()
+		for it.Next(ctx) {
+			name := it.Val()
+			i := strings.LastIndex(name, "}:")
+			if i < 0 || !strings.HasPrefix(name, "{"+t.o.prefix) {
+				continue
+			}
+			suffix := name[i+2:]
+			if !slices.Contains(suffixes, suffix) {
+				continue
+			}
+			key := name[len(t.o.prefix)+1 : i]
+			found[key] = append(found[key], suffix)
+		}
+		return it.Err()
+	}
+	var err error
+	switch c := t.rdb.(type) {
+	case *redis.ClusterClient:
+		var mu sync.Mutex // ForEachMaster runs the nodes at once; found is shared
+		err = c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
+			mu.Lock()
+			defer mu.Unlock()
+			return scan(ctx, n)
+		})
+	case *redis.Client:
+		err = scan(ctx, c)
+	default:
+		err = errors.New("ls needs a plain or cluster client")
+	}
+	if err != nil {
+		return err
+	}
+	if len(found) == 0 {
+		fmt.Fprintf(t.out, "no jobthrottle keys match %s\n", match)
+		return nil
+	}
+	keys := make([]string, 0, len(found))
+	for k := range found {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	fmt.Fprintf(t.out, "%-40s %-28s %s\n", "KEY", "KIND", "PAUSED")
+	for _, k := range keys {
+		have := found[k]
+		slices.SortFunc(have, func(a, b string) int { return slices.Index(suffixes, a) - slices.Index(suffixes, b) })
+		paused := "-"
+		if slices.Contains(have, "pause") {
+			if d, err := t.pausedFor(ctx, k); err == nil && d > 0 {
+				paused = round(d).String()
+			}
+		}
+		kd := kind(have)
+		if kd == "" {
+			kd = "(pause only)"
+		}
+		fmt.Fprintf(t.out, "%-40s %-28s %s\n", k, kd, paused)
+	}
+	return nil
+}
+
+// escapeGlob quotes the glob characters of s for SCAN MATCH.
+func escapeGlob(s string) string {
+	r := strings.NewReplacer(`\`, `\\`, `*`, `\*`, `?`, `\?`, `[`, `\[`, `]`, `\]`)
+	return r.Replace(s)
+}
+
+// pausedFor reads the pause key's end and the server's clock.
+func (t *tool) pausedFor(ctx context.Context, key string) (time.Duration, error) {
+	tag, err := t.tag(key)
+	if err != nil {
+		return 0, err
+	}
+	end, err := t.rdb.Get(ctx, tag+":pause").Int64()
+	if errors.Is(err, redis.Nil) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	now, err := t.rdb.Time(ctx).Result()
+	if err != nil {
+		return 0, err
+	}
+	return max(0, time.Duration(end-now.UnixMicro())*time.Microsecond), nil
+}
+
+// target is a key resolved to what to inspect.
+type target struct {
+	key  string
+	have []string
+	lim  *throttle.Limiter
+	sem  *throttle.Semaphore
+}
+
+// resolve finds what key is: the algorithm given with -alg or found from its state,
+// or a semaphore. An unknown key (no state, no -alg) is an error.
+func (t *tool) resolve(ctx context.Context, key string) (*target, error) {
+	have, err := t.present(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	tg := &target{key: key, have: have}
+	suffix := t.o.alg
+	if suffix == "" {
+		var algs []string
+		for _, s := range have {
+			if _, ok := algorithms[s]; ok {
+				algs = append(algs, s)
+			}
+		}
+		switch {
+		case len(algs) > 1:
+			return nil, fmt.Errorf("key %q holds the state of several algorithms (%s): give -alg", key, strings.Join(algs, ", "))
+		case len(algs) == 1:
+			suffix = algs[0]
+		case slices.Contains(have, "sem") || slices.Contains(have, "semq"):
+			max := t.o.max
+			if max == 0 {
+				max = 1_000_000_000 // unknown: the figures do not depend on it
+			}
+			tg.sem, err = throttle.NewSemaphore(t.rdb, key, max, throttle.WithKeyPrefix(t.o.prefix))
+			return tg, err
+		case slices.Contains(have, "pause"):
+			return nil, fmt.Errorf("key %q has a pause set but no state (idle): give -alg and -limit to show it", key)
+		default:
+			return nil, fmt.Errorf("unknown key %q: nothing under %s (prefix %q); the key is idle or misspelt: see jobthrottle ls",
+				key, "{"+t.o.prefix+key+"}:*", t.o.prefix)
+		}
+	}
+	if len(t.o.limits) == 0 {
+		return nil, fmt.Errorf("key %q is a %v limiter; Redis does not record its limits: give them with -limit RATE/PERIOD as the code does (e.g. -limit 20/1.1s)",
+			key, algorithms[suffix])
+	}
+	tg.lim, err = throttle.New(t.rdb, key, t.o.limits[0], throttle.WithLimits(t.o.limits[1:]...),
+		throttle.WithAlgorithm(algorithms[suffix]), throttle.WithKeyPrefix(t.o.prefix), throttle.WithBuckets(t.o.buckets))
+	return tg, err
+}
+
+// show prints a key's state once.
+func (t *tool) show(ctx context.Context) error {
+	tg, err := t.resolve(ctx, t.o.args[0])
+	if err != nil {
+		return err
+	}
+	v, err := t.view(ctx, tg)
+	if err != nil {
+		return err
+	}
+	v.render(t.out, nil)
+	return nil
+}
+
+// watch shows the keys' state every interval until ctx ends (or -count screens).
+func (t *tool) watch(ctx context.Context) error {
+	var tgs []*target
+	for _, k := range t.o.args {
+		tg, err := t.resolve(ctx, k)
+		if err != nil {
+			return err
+		}
+		tgs = append(tgs, tg)
+	}
+	now := t.now
+	if now == nil {
+		now = time.Now
+	}
+	prev := make([]*view, len(tgs))
+	tick := time.NewTicker(t.o.interval)
+	defer tick.Stop()
+	for screen := 1; ; screen++ {
+		var b strings.Builder
+		b.WriteString("\033[H\033[2J") // home, clear
+		fmt.Fprintf(&b, "jobthrottle watch  %s  every %v  (Ctrl-C quits)\n\n", now().UTC().Format("15:04:05"), t.o.interval)
+		for i, tg := range tgs {
+			v, err := t.view(ctx, tg)
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				fmt.Fprintf(&b, "%s: %v\n\n", tg.key, err)
+				continue
+			}
+			v.at = now()
+			v.render(&b, prev[i])
+			b.WriteString("\n")
+			prev[i] = v
+		}
+		io.WriteString(t.out, b.String())
+		if t.o.count > 0 && screen >= t.o.count {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+// pause pauses the key for the duration given.
+func (t *tool) pause(ctx context.Context) error {
+	key := t.o.args[0]
+	d, err := time.ParseDuration(t.o.args[1])
+	if err != nil || d <= 0 {
+		return usagef("pause %s: %q is not a positive duration (e.g. 30s, 5m)", key, t.o.args[1])
+	}
+	have, err := t.present(ctx, key)
+	if err != nil {
+		return err
+	}
+	lim, err := throttle.New(t.rdb, key, throttle.PerSecond(1), throttle.WithKeyPrefix(t.o.prefix))
+	if err != nil {
+		return err
+	}
+	if err := lim.Pause(ctx, d); err != nil {
+		return err
+	}
+	left, err := t.pausedFor(ctx, key)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(t.out, "paused %s: no grants for %v\n", key, round(left))
+	if left > d+time.Second {
+		fmt.Fprintf(t.out, "(a longer pause was already set; it is kept)\n")
+	}
+	if kind(have) == "" {
+		fmt.Fprintf(t.out, "note: no state under %q now (idle, or misspelt? see jobthrottle ls)\n", key)
+	}
+	return nil
+}
+
+// resume ends a pause.
+func (t *tool) resume(ctx context.Context) error {
+	key := t.o.args[0]
+	tag, err := t.tag(key)
+	if err != nil {
+		return err
+	}
+	n, err := t.rdb.Del(ctx, tag+":pause").Result()
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		fmt.Fprintf(t.out, "%s was not paused\n", key)
+	} else {
+		fmt.Fprintf(t.out, "resumed %s\n", key)
+	}
+	return nil
+}
+
+// reset deletes every key of the limiter or semaphore, after asking.
+func (t *tool) reset(ctx context.Context) error {
+	key := t.o.args[0]
+	tag, err := t.tag(key)
+	if err != nil {
+		return err
+	}
+	have, err := t.present(ctx, key)
+	if err != nil {
+		return err
+	}
+	if len(have) == 0 {
+		return fmt.Errorf("unknown key %q: nothing under %s:* to reset", key, tag)
+	}
+	names := make([]string, len(have))
+	for i, s := range have {
+		names[i] = tag + ":" + s
+	}
+	if !t.o.yes {
+		fmt.Fprintf(t.out, "delete %s? Its limits start afresh: up to a full window more can pass. [y/N] ", strings.Join(names, " "))
+		line, _ := bufio.NewReader(t.in).ReadString('\n')
+		if a := strings.TrimSpace(strings.ToLower(line)); a != "y" && a != "yes" {
+			fmt.Fprintln(t.out, "not reset")
+			return nil
+		}
+	}
+	n, err := t.rdb.Del(ctx, names...).Result() // one hash slot: one command
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(t.out, "reset %s: deleted %d keys\n", key, n)
+	return nil
+}
+
+func round(d time.Duration) time.Duration {
+	if d > time.Second {
+		return d.Round(100 * time.Millisecond)
+	}
+	return d.Round(time.Millisecond)
+}
