@@ -142,17 +142,28 @@ func (l *Limiter) Inspect(ctx context.Context) (LimiterState, error) {
 	if err := ctx.Err(); err != nil {
 		return LimiterState{}, err
 	}
-	s := l.view
-	if s == nil {
-		s = inspectScripts[l.alg]
-	}
-	args := make([]any, 3, 3+len(l.tail))
-	args[0], args[1], args[2] = opAcquire, 1, 0
-	args = append(args, l.tail...)
-	v, err := s.Run(ctx, l.rdb, l.keys, args...).Int64Slice()
+	v, err := l.viewScript().Run(ctx, l.rdb, l.keys, l.viewArgs()...).Int64Slice()
 	if err != nil {
 		return LimiterState{}, inspectError(ctx, l.key, err)
 	}
+	return l.decodeView(v)
+}
+
+func (l *Limiter) viewScript() *redis.Script {
+	if l.view != nil {
+		return l.view
+	}
+	return inspectScripts[l.alg]
+}
+
+func (l *Limiter) viewArgs() []any {
+	args := make([]any, 3, 3+len(l.tail))
+	args[0], args[1], args[2] = opAcquire, 1, 0
+	return append(args, l.tail...)
+}
+
+// decodeView reads an inspect script's reply.
+func (l *Limiter) decodeView(v []int64) (LimiterState, error) {
 	if len(v) != 7+len(l.limits) {
 		return LimiterState{}, fmt.Errorf("%w: key %q: inspect returned %d values", ErrUnexpectedReply, l.key, len(v))
 	}
@@ -175,6 +186,49 @@ func (l *Limiter) Inspect(ctx context.Context) (LimiterState, error) {
 		st.Limits[i] = LimitState{Limit: lim, Capacity: c, Used: c - int(v[7+i])}
 	}
 	return st, nil
+}
+
+// InspectAll is Inspect for many limiters at once: the calls to one client go out
+// in one pipeline (one round trip per node), so a dashboard or a metrics scrape of a
+// thousand keys costs about one round trip, not a thousand. states[i] and errs[i] are
+// limiters[i]'s; a script the server does not have yet is loaded and run again on its
+// own.
+func InspectAll(ctx context.Context, limiters []*Limiter) (states []LimiterState, errs []error) {
+	states = make([]LimiterState, len(limiters))
+	errs = make([]error, len(limiters))
+	if err := ctx.Err(); err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+		return states, errs
+	}
+	byClient := map[redis.UniversalClient][]int{}
+	for i, l := range limiters {
+		byClient[l.rdb] = append(byClient[l.rdb], i)
+	}
+	for rdb, idx := range byClient {
+		pipe := rdb.Pipeline()
+		cmds := make([]*redis.Cmd, len(idx))
+		for j, i := range idx {
+			l := limiters[i]
+			cmds[j] = l.viewScript().EvalSha(ctx, pipe, l.keys, l.viewArgs()...)
+		}
+		_, _ = pipe.Exec(ctx) // each command's error is its own
+		for j, i := range idx {
+			l := limiters[i]
+			v, err := cmds[j].Int64Slice()
+			if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+				states[i], errs[i] = l.Inspect(ctx)
+				continue
+			}
+			if err != nil {
+				errs[i] = inspectError(ctx, l.key, err)
+				continue
+			}
+			states[i], errs[i] = l.decodeView(v)
+		}
+	}
+	return states, errs
 }
 
 // Inspect reads the semaphore's live state: leases held and their expiries, callers

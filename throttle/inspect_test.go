@@ -486,3 +486,58 @@ func TestSemaphoreInspectMatchesModel(t *testing.T) {
 		}
 	})
 }
+
+// InspectAll answers as Inspect does for each limiter, in one pipeline per client,
+// including a limiter whose key is corrupt (its error alone) and, on miniredis after
+// SCRIPT FLUSH, scripts the server no longer has.
+func TestInspectAll(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		var lims []*Limiter
+		for i, alg := range []Algorithm{SlidingWindow, SlidingCounter, TokenBucket, FixedWindow, SlidingWindow} {
+			l, err := New(b.Client, fmt.Sprintf("all%d", i), PerMinute(10), WithAlgorithm(alg), WithKeyPrefix(b.Prefix),
+				WithLimits(PerHour(100)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := l.AllowN(ctx, i+1); err != nil {
+				t.Fatal(err)
+			}
+			lims = append(lims, l)
+		}
+		if err := b.Client.Del(ctx, lims[4].keys[0]).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Client.HSet(ctx, lims[4].keys[0], "a", "b").Err(); err != nil {
+			t.Fatal(err)
+		}
+		check := func(what string) {
+			t.Helper()
+			states, errs := InspectAll(ctx, lims)
+			for i, l := range lims {
+				want, werr := l.Inspect(ctx)
+				if (errs[i] == nil) != (werr == nil) || !errors.Is(errs[i], ErrCorruptState) && errs[i] != nil {
+					t.Fatalf("%s: limiter %d: error %v, Inspect's %v", what, i, errs[i], werr)
+				}
+				if d := states[i].ResetAfter - want.ResetAfter; d < 0 || d > time.Second { // Inspect runs later
+					t.Fatalf("%s: limiter %d: ResetAfter %v, then Inspect's %v", what, i, states[i].ResetAfter, want.ResetAfter)
+				}
+				// real time passes between the two
+				states[i].TTL, want.TTL, states[i].ResetAfter, want.ResetAfter = 0, 0, 0, 0
+				if fmt.Sprint(states[i]) != fmt.Sprint(want) {
+					t.Fatalf("%s: limiter %d: %+v, Inspect says %+v", what, i, states[i], want)
+				}
+			}
+			if errs[4] == nil {
+				t.Fatalf("%s: the corrupt key inspected without error", what)
+			}
+		}
+		check("loaded")
+		if b.Kind == redistest.Mini {
+			if err := b.Client.ScriptFlush(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+			check("after SCRIPT FLUSH")
+		}
+	})
+}
