@@ -1,0 +1,231 @@
+package metrics
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jobthrottle/jobthrottle/asynqmw"
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/throttle"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+// The hooks count decisions by outcome; the live gauges match Inspect; names and
+// help pass Prometheus's linter.
+func TestCountsAndGauges(t *testing.T) {
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		m := New()
+		reg := prometheus.NewPedanticRegistry()
+		reg.MustRegister(m)
+		lim, err := throttle.New(b.Client, "vendor-api", throttle.PerMinute(2), throttle.WithKeyPrefix(b.Prefix), throttle.WithHooks(m.Hooks()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Watch(lim)
+		for i := 0; i < 3; i++ {
+			if _, err := lim.Allow(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		r, err := lim.Reserve(ctx, 2, 2*time.Minute) // booked a minute ahead
+		if err != nil || !r.OK() {
+			t.Fatal(r, err)
+		}
+		for _, c := range []struct {
+			result          string
+			requests, perms float64
+		}{{ResultAcquired, 3, 4}, {ResultLimited, 1, 1}, {ResultCanceled, 0, 0}} {
+			if got := testutil.ToFloat64(m.requests.WithLabelValues("vendor-api", c.result)); got != c.requests {
+				t.Errorf("requests %s = %v, want %v", c.result, got, c.requests)
+			}
+			if got := testutil.ToFloat64(m.permits.WithLabelValues("vendor-api", c.result)); got != c.perms {
+				t.Errorf("permits %s = %v, want %v", c.result, got, c.perms)
+			}
+		}
+		st, err := lim.Inspect(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := fmt.Sprintf(`
+# HELP jobthrottle_booked Permits booked to take effect later (the queue's depth).
+# TYPE jobthrottle_booked gauge
+jobthrottle_booked{key="vendor-api"} 2
+# HELP jobthrottle_limit_capacity The limit's Rate (Burst for a token bucket), at scrape time.
+# TYPE jobthrottle_limit_capacity gauge
+jobthrottle_limit_capacity{key="vendor-api",limit="0"} 2
+# HELP jobthrottle_limit_used Permits of the limit taken, bookings included, at scrape time.
+# TYPE jobthrottle_limit_used gauge
+jobthrottle_limit_used{key="vendor-api",limit="0"} %d
+# HELP jobthrottle_remaining Permits a call could take now.
+# TYPE jobthrottle_remaining gauge
+jobthrottle_remaining{key="vendor-api"} 0
+`, st.Limits[0].Used)
+		if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "jobthrottle_booked", "jobthrottle_limit_capacity",
+			"jobthrottle_limit_used", "jobthrottle_remaining"); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Cancel(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got := testutil.ToFloat64(m.permits.WithLabelValues("vendor-api", ResultCanceled)); got != 2 {
+			t.Errorf("permits canceled = %v, want 2", got)
+		}
+		if err := lim.Pause(ctx, time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if got := testutil.ToFloat64(m.pauses.WithLabelValues("vendor-api")); got != 1 {
+			t.Errorf("pauses = %v, want 1", got)
+		}
+		problems, err := testutil.GatherAndLint(reg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range problems {
+			t.Errorf("lint: %s: %s", p.Metric, p.Text)
+		}
+	})
+}
+
+// Semaphores report their leases and waiters; a limiter and a semaphore on one key
+// do not make a duplicate series (the pedantic registry would fail the scrape).
+func TestSemaphoreGauges(t *testing.T) {
+	b := redistest.NewMiniRealTime(t)
+	ctx := context.Background()
+	m := New()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(m)
+	sem, err := throttle.NewSemaphore(b.Client, "reports", 3, throttle.WithKeyPrefix(b.Prefix), throttle.WithHooks(m.Hooks()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := throttle.New(b.Client, "reports", throttle.PerSecond(5), throttle.WithKeyPrefix(b.Prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.WatchSemaphore(sem)
+	m.Watch(lim, lim)
+	l, _, err := sem.TryAcquire(ctx)
+	if err != nil || l == nil {
+		t.Fatal(l, err)
+	}
+	defer l.Release(ctx)
+	want := `
+# HELP jobthrottle_semaphore_leases Live leases of the semaphore (active leases).
+# TYPE jobthrottle_semaphore_leases gauge
+jobthrottle_semaphore_leases{key="reports"} 1
+# HELP jobthrottle_semaphore_max The semaphore's Max.
+# TYPE jobthrottle_semaphore_max gauge
+jobthrottle_semaphore_max{key="reports"} 3
+# HELP jobthrottle_semaphore_waiting Callers queued for a lease.
+# TYPE jobthrottle_semaphore_waiting gauge
+jobthrottle_semaphore_waiting{key="reports"} 0
+# HELP jobthrottle_paused_seconds Time until a pause on the key ends.
+# TYPE jobthrottle_paused_seconds gauge
+jobthrottle_paused_seconds{key="reports"} 0
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "jobthrottle_semaphore_leases",
+		"jobthrottle_semaphore_max", "jobthrottle_semaphore_waiting", "jobthrottle_paused_seconds"); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(m.requests.WithLabelValues("reports", ResultAcquired)); got != 1 {
+		t.Errorf("lease requests acquired = %v, want 1", got)
+	}
+}
+
+// Keys beyond MaxKeys share key="_other" in the counters and get no gauges; a key
+// whose Inspect fails is counted and left out.
+func TestCardinalityBound(t *testing.T) {
+	b := redistest.NewMiniRealTime(t)
+	ctx := context.Background()
+	m := New(WithMaxKeys(2))
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(m)
+	for i := 0; i < 5; i++ {
+		lim, err := throttle.New(b.Client, fmt.Sprintf("tenant-%d", i), throttle.PerSecond(5), throttle.WithKeyPrefix(b.Prefix), throttle.WithHooks(m.Hooks()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Watch(lim)
+		if _, err := lim.Allow(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := testutil.ToFloat64(m.requests.WithLabelValues(OtherKey, ResultAcquired)); got != 3 {
+		t.Errorf("_other acquired = %v, want 3", got)
+	}
+	if n := testutil.CollectAndCount(m, "jobthrottle_remaining"); n != 2 {
+		t.Errorf("%d remaining gauges, want 2 (MaxKeys)", n)
+	}
+	bad, _ := throttle.New(b.Client, "tenant-0", throttle.PerSecond(5), throttle.WithKeyPrefix(b.Prefix), throttle.WithAlgorithm(throttle.TokenBucket))
+	if err := b.Client.Set(ctx, "{"+b.Prefix+"tenant-0}:tb", "junk", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	m.Watch(bad)
+	if _, err := reg.Gather(); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(m.inspectErrors.WithLabelValues("tenant-0")); got != 1 {
+		t.Errorf("inspect errors = %v, want 1", got)
+	}
+}
+
+func TestMiddlewareAndTransportHooks(t *testing.T) {
+	m := New()
+	mh := m.MiddlewareHooks()
+	task := asynq.NewTask("email:send", nil)
+	mh.Throttled(context.Background(), task, &asynqmw.ThrottledError{RetryIn: time.Second})
+	mh.Waited(context.Background(), task, 300*time.Millisecond)
+	th := m.TransportHooks()
+	req := &http.Request{URL: &url.URL{Scheme: "https", Host: "api.vendor.example"}}
+	th.Paused(req, 429, time.Second)
+	th.NotSent(req, context.DeadlineExceeded)
+	if got := testutil.ToFloat64(m.handedBack.WithLabelValues("email:send")); got != 1 {
+		t.Errorf("handed back = %v", got)
+	}
+	if got := testutil.CollectAndCount(m.inlineSleep); got != 1 {
+		t.Errorf("inline sleep series = %v", got)
+	}
+	if got := testutil.ToFloat64(m.transportPauses.WithLabelValues("api.vendor.example", "429")); got != 1 {
+		t.Errorf("transport pauses = %v", got)
+	}
+	if got := testutil.ToFloat64(m.notSent.WithLabelValues("api.vendor.example")); got != 1 {
+		t.Errorf("not sent = %v", got)
+	}
+}
+
+// BenchmarkScrape1000 is one scrape (Gather) of a collector watching 1,000 limiters
+// on redis-server: 1,000 Inspect calls, 16 at a time.
+func BenchmarkScrape1000(b *testing.B) {
+	be := redistest.NewStandalone(b)
+	ctx := context.Background()
+	m := New(WithMaxKeys(2000))
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(m)
+	for i := 0; i < 1000; i++ {
+		lim, err := throttle.New(be.Client, fmt.Sprintf("k%d", i), throttle.PerMinute(100), throttle.WithKeyPrefix(be.Prefix))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := lim.AllowN(ctx, 1+i%50); err != nil {
+			b.Fatal(err)
+		}
+		m.Watch(lim)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := reg.Gather(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
