@@ -1,0 +1,61 @@
+package throttle
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+)
+
+// SlogHooks log each decision with its key and figures, at the levels documented;
+// JoinHooks calls every set of hooks.
+func TestSlogHooks(t *testing.T) {
+	b := redistest.NewMiniRealTime(t)
+	ctx := context.Background()
+	var buf bytes.Buffer
+	logger := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	var allowed int
+	counting := Hooks{Allowed: func(string, int, time.Duration) { allowed++ }}
+	l, err := New(b.Client, "mail", PerMinute(1), WithKeyPrefix(b.Prefix), WithHooks(JoinHooks(SlogHooks(logger), counting, Hooks{})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Allow(ctx)
+	l.Allow(ctx)
+	if err := l.Pause(ctx, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	b.Mini.SetError("LOADING")
+	l.Allow(ctx)
+	b.Mini.SetError("")
+	out := buf.String()
+	for _, want := range []string{
+		`level=DEBUG msg="jobthrottle: granted" key=mail n=1 wait=0s`,
+		`level=DEBUG msg="jobthrottle: denied" key=mail n=1 retry_after=`,
+		`level=INFO msg="jobthrottle: paused" key=mail d=1s`,
+		`level=WARN msg="jobthrottle: redis call failed" key=mail err=LOADING`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("log lacks %q:\n%s", want, out)
+		}
+	}
+	if allowed != 1 {
+		t.Errorf("joined Allowed hook ran %d times, want 1", allowed)
+	}
+	h := SlogHooks(logger)
+	h.Degraded("mail", FailOpen, errors.New("down"))
+	h.StateLost("mail")
+	for _, want := range []string{`level=WARN msg="jobthrottle: decided without redis" key=mail policy=`, `level=ERROR msg="jobthrottle: state lost`} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("log lacks %q:\n%s", want, buf.String())
+		}
+	}
+	if j := JoinHooks(Hooks{}, Hooks{}); j.Allowed != nil || j.StateLost != nil {
+		t.Errorf("JoinHooks of empty hooks set a hook")
+	}
+}
