@@ -4,7 +4,8 @@
 -- KEYS[1]  {<prefix><key>}:fw     string "L c1 c2 ... cm": L is when the latest grant
 --                                 took or takes effect (µs), ci the permits limit i
 --                                 counted in its window holding L
--- KEYS[2]  {<prefix><key>}:pause  string: when a pause ends, µs (read only)
+-- KEYS[2]  {<prefix><key>}:pause  the control key: a pause and an operator's override of
+--                                 the rates (read only; see prelude.lua)
 -- KEYS[3]  {<prefix><key>}:bk:<task id>  ops 2 and 3 only: string "token n", the
 --                                 task's booking (see prelude.lua, jt_claim)
 -- ARGV[1]  op          0 acquire, 1 cancel; 2 acquire for a task (uses the booking
@@ -32,6 +33,11 @@
 local op, n, x, limits = jt_args(5, {JT_MAX_RATE, JT_MAX_PERIOD})
 if not op then
   return redis.error_reply('JTARG ' .. n)
+end
+local over
+limits, over = jt_override(KEYS[2], limits, op, n)
+if not limits then
+  return redis.error_reply(over)
 end
 local m = #limits
 for i = 1, m do

@@ -10,7 +10,8 @@
 --                                 20 characters when period/rate < 65ms: a 40-byte value
 --                                 in Redis, as redis_rate's; the decimal
 --                                 "q1 r1 ... qm rm L" of earlier versions is read too.)
--- KEYS[2]  {<prefix><key>}:pause  string: when a pause ends, µs (read only)
+-- KEYS[2]  {<prefix><key>}:pause  the control key: a pause and an operator's override of
+--                                 the rates (read only; see prelude.lua)
 -- KEYS[3]  {<prefix><key>}:bk:<task id>  ops 2 and 3 only: string "token n", the
 --                                 task's booking (see prelude.lua, jt_claim)
 -- ARGV[1]  op          0 acquire, 1 cancel; 2 acquire for a task (uses the booking
@@ -38,6 +39,11 @@
 local op, n, x, limits = jt_args(5, {JT_MAX_RATE, JT_MAX_PERIOD, JT_MAX_RATE})
 if not op then
   return redis.error_reply('JTARG ' .. n)
+end
+local over
+limits, over = jt_override(KEYS[2], limits, op, n)
+if not limits then
+  return redis.error_reply(over)
 end
 local m = #limits
 for i = 1, m do

@@ -1,13 +1,17 @@
 -- inspect_fw.lua: the live state of a fixed window (fixedwindow.lua's state) by the
 -- server clock, read only.
 -- KEYS[1]  {<prefix><key>}:fw     "L c1 ... cm" (read only), see fixedwindow.lua
--- KEYS[2]  {<prefix><key>}:pause  string: when a pause ends, µs (read only)
+-- KEYS[2]  {<prefix><key>}:pause  the control key: a pause and an operator's override of
+--                                 the rates (read only; see prelude.lua)
 -- ARGV[1]  op, ARGV[2] n, ARGV[3] x: as in fixedwindow.lua, checked and not used (next_us
 --          is the wait of an acquire of one permit)
 -- ARGV[4]  m           number of limits, 1..16
 -- ARGV[5..] m pairs    rate (1..10^9), period_us (1..2^45)
 -- Returns  {remaining, next_us, reset_us, booked, ahead_us, paused_us, pttl_ms,
---          avail_1, ..., avail_m}, all integers, as inspect_sw.lua, where:
+--          override_us, rate_1, cap_1, avail_1, ..., rate_m, cap_m, avail_m}, all
+--          integers, as
+--          inspect_sw.lua, where:
+--          cap_i      limit i's rate as enforced now (the override's while one is set)
 --          avail_i    limit i's rate less the permits it counts in its window
 --                     holding now; 0 when the latest grant lies in a later window
 --                     (bookings go there, so the window holding now is closed)
@@ -21,6 +25,11 @@
 local op, n, x, limits = jt_args(5, {JT_MAX_RATE, JT_MAX_PERIOD})
 if not op then
   return redis.error_reply('JTARG ' .. n)
+end
+local over
+limits, over = jt_override(KEYS[2], limits, op, n)
+if not limits then
+  return redis.error_reply(over)
 end
 local m = #limits
 local now = jt_now()
@@ -63,8 +72,10 @@ for i = 1, m do
 end
 if paused > now or L > now then remaining = 0 end
 local reply = {math.max(0, remaining), t - now, reset, booked, math.max(0, L - now),
-  math.max(0, paused - now), redis.call('PTTL', KEYS[1])}
+  math.max(0, paused - now), redis.call('PTTL', KEYS[1]), math.max(0, over - now)}
 for i = 1, m do
-  reply[7 + i] = avail[i]
+  reply[6 + 3 * i] = limits[i][1]
+  reply[7 + 3 * i] = limits[i][1]
+  reply[8 + 3 * i] = avail[i]
 end
 return reply

@@ -1,7 +1,8 @@
 -- inspect_sc.lua: the live state of a sliding counter (slidingcounter.lua's state) by
 -- the server clock, read only.
 -- KEYS[1]  {<prefix><key>}:sc     the sub-bucket log (read only)
--- KEYS[2]  {<prefix><key>}:pause  string: when a pause ends, µs (read only)
+-- KEYS[2]  {<prefix><key>}:pause  the control key: a pause and an operator's override of
+--                                 the rates (read only; see prelude.lua)
 -- ARGV[1]  op, ARGV[2] n, ARGV[3] x: as in slidingcounter.lua, checked and not used (next_us
 --          is the wait of an acquire of one permit)
 -- ARGV[4]  m           number of limits, 1..16
@@ -16,8 +17,13 @@ local op, n, x, limits = jt_args(6, {JT_MAX_RATE, JT_MAX_PERIOD})
 if not op then
   return redis.error_reply('JTARG ' .. n)
 end
+local over
+limits, over = jt_override(KEYS[2], limits, op, n)
+if not limits then
+  return redis.error_reply(over)
+end
 local bucket = jt_int(5, 1, JT_MAX_PERIOD)
 if not bucket then
   return redis.error_reply('JTARG bucket')
 end
-return jt_inspect_log(KEYS[1], KEYS[2], bucket, limits)
+return jt_inspect_log(KEYS[1], KEYS[2], bucket, limits, over)

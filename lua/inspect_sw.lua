@@ -1,13 +1,14 @@
 -- inspect_sw.lua: the live state of a sliding window (slidingwindow.lua's state) by
 -- the server clock, read only.
 -- KEYS[1]  {<prefix><key>}:sw     the permit log (read only)
--- KEYS[2]  {<prefix><key>}:pause  string: when a pause ends, µs (read only)
+-- KEYS[2]  {<prefix><key>}:pause  the control key: a pause and an operator's override of
+--                                 the rates (read only; see prelude.lua)
 -- ARGV[1]  op, ARGV[2] n, ARGV[3] x: as in slidingwindow.lua, checked and not used (next_us
 --          is the wait of an acquire of one permit)
 -- ARGV[4]  m           number of limits, 1..16
 -- ARGV[5..] m pairs    rate (1..10^9), period_us (1..2^45)
 -- Returns  {remaining, next_us, reset_us, booked, ahead_us, paused_us, pttl_ms,
---          avail_1, ..., avail_m}, all integers:
+--          override_us, rate_1, cap_1, avail_1, ..., rate_m, cap_m, avail_m}, all integers:
 --          remaining  what slidingwindow.lua would answer as remaining now
 --          next_us    time until an acquire of one permit would take effect (0: now)
 --          reset_us   time until every permit has left every window
@@ -15,6 +16,9 @@
 --          ahead_us   time until the latest booking takes effect (0: none booked)
 --          paused_us  time until a pause ends (0: not paused)
 --          pttl_ms    the state key's PTTL: -2 absent, -1 without a TTL
+--          override_us  time until an operator's override of the rates ends (0: none)
+--          rate_i     limit i's rate as enforced now (the override's while one is set)
+--          cap_i      limit i's capacity: its rate
 --          avail_i    limit i's rate less the permits that took effect in the last
 --                     period or are booked ahead (negative when bookings reach
 --                     further than one period)
@@ -23,4 +27,9 @@ local op, n, x, limits = jt_args(5, {JT_MAX_RATE, JT_MAX_PERIOD})
 if not op then
   return redis.error_reply('JTARG ' .. n)
 end
-return jt_inspect_log(KEYS[1], KEYS[2], 0, limits)
+local over
+limits, over = jt_override(KEYS[2], limits, op, n)
+if not limits then
+  return redis.error_reply(over)
+end
+return jt_inspect_log(KEYS[1], KEYS[2], 0, limits, over)

@@ -3,9 +3,10 @@
 
 -- jt_inspect_log reads the log in key and the pause in pause_key for limits
 -- (limits[i] = {rate, period_us}) by the server clock and writes nothing. prec is
--- jt_log's: 0 for the exact log, the sub-bucket width (µs) for the counter. It returns
--- the reply inspect_sw.lua's header describes.
-local function jt_inspect_log(key, pause_key, prec, limits)
+-- jt_log's: 0 for the exact log, the sub-bucket width (µs) for the counter; over is
+-- when an override of the limits ends (0: none). It returns the reply inspect_sw.lua's
+-- header describes.
+local function jt_inspect_log(key, pause_key, prec, limits, over)
   local m, pmax, rmin = #limits, 0, JT_MAX_RATE
   for i = 1, m do
     rmin = math.min(rmin, limits[i][1])
@@ -55,9 +56,11 @@ local function jt_inspect_log(key, pause_key, prec, limits)
     end
   end
   local reply = {remaining, t - now, reset, booked, ahead, math.max(0, paused - now),
-    redis.call('PTTL', key)}
+    redis.call('PTTL', key), math.max(0, over - now)}
   for i = 1, m do
-    reply[7 + i] = avail[i]
+    reply[6 + 3 * i] = limits[i][1]
+    reply[7 + 3 * i] = limits[i][1]
+    reply[8 + 3 * i] = avail[i]
   end
   return reply
 end

@@ -35,6 +35,8 @@ var (
 	fixedWindowSrc string
 	//go:embed pause.lua
 	pauseSrc string
+	//go:embed control.lua
+	controlSrc string
 	//go:embed semaphore.lua
 	semaphoreSrc string
 	//go:embed tbstate.lua
@@ -62,6 +64,7 @@ var (
 	GCRASource           = prelude + tbState + gcraSrc
 	FixedWindowSource    = prelude + fwState + fixedWindowSrc
 	PauseSource          = prelude + pauseSrc
+	ControlSource        = prelude + controlSrc
 	SemaphoreSource      = prelude + semaphoreSrc
 
 	InspectSlidingWindowSource  = prelude + logEngine + inspectLog + inspectSWSrc
@@ -82,6 +85,9 @@ var (
 	FixedWindow = redis.NewScript(FixedWindowSource)
 	// Pause is the script that stops grants on a key for a while; see pause.lua.
 	Pause = redis.NewScript(PauseSource)
+	// Control sets or clears an operator's override of a key's rates, or ends its
+	// pause; see control.lua.
+	Control = redis.NewScript(ControlSource)
 	// Semaphore is the in-flight limit script (leases and their queue); see semaphore.lua.
 	Semaphore = redis.NewScript(SemaphoreSource)
 

@@ -10,9 +10,15 @@
 --   JTARG   <what>  an argument is missing or out of range (nothing was written)
 --   JTSTATE <what>  the key holds data this script did not write (nothing was written)
 
+-- jt_now returns the server's time, µs, read once per call: every use in a script
+-- sees the same instant.
+local jt_now_us
 local function jt_now()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+  if not jt_now_us then
+    local t = redis.call('TIME')
+    jt_now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  return jt_now_us
 end
 
 -- jt_int returns ARGV[i] as an integer in [lo, hi], or nil when it is not a plain
@@ -54,13 +60,110 @@ local function jt_cdiv(a, b)
   return -jt_fdiv(-a, b)
 end
 
+-- The control key, {<prefix><key>}:pause, is one short string every limiter script
+-- reads with one GET (nothing more when it is absent, the usual case):
+--   "<pause_end>"                                   a pause only
+--   "<pause_end> <override_end> <m> <r1> <b1> ... <rm> <bm>"
+-- pause_end: when a pause ends, µs (0: none). override_end: until when (µs) the
+-- operator's rates override those the callers pass for limits 1..m, in order (bi is
+-- limit i's burst, 0 for its rate; periods stay the callers'). Anything else in the
+-- key reads as no pause and no override. Scripts cache what they read (jt_control).
+local jt_ctl_key, jt_ctl_pause, jt_ctl_over
+
+-- jt_control returns the pause's end (µs, or 0) and the override in key ({end,
+-- {{r1, b1}, ...}}, or nil), reading the key once per call.
+local function jt_control(key)
+  if jt_ctl_key == key then
+    return jt_ctl_pause, jt_ctl_over
+  end
+  jt_ctl_key, jt_ctl_pause, jt_ctl_over = key, 0, nil
+  local v = redis.call('GET', key)
+  if not v then
+    return 0, nil
+  end
+  if not string.find(v, ' ', 1, true) then
+    jt_ctl_pause = jt_num(v) or 0
+    return jt_ctl_pause, nil
+  end
+  local w = {}
+  for x in string.gmatch(v, '%S+') do
+    w[#w + 1] = jt_num(x)
+    if not w[#w] or w[#w] < 0 then return 0, nil end
+  end
+  local m = w[3]
+  if #w < 3 or m < 1 or m > 16 or #w ~= 3 + 2 * m then
+    return 0, nil
+  end
+  local over = {w[2], {}}
+  for i = 1, m do
+    local r, b = w[2 + 2 * i], w[3 + 2 * i]
+    if r < 1 or r > 1000000000 or b > 1000000000 then return 0, nil end
+    over[2][i] = {r, b}
+  end
+  jt_ctl_pause, jt_ctl_over = w[1], over
+  return jt_ctl_pause, jt_ctl_over
+end
+
+-- jt_control_write writes the control key: the pause's end and the override read or
+-- set in this call (jt_ctl_over), with PX until the later of the two ends, or deletes
+-- the key when neither lies ahead.
+local function jt_control_write(key, pause, now)
+  local over = jt_ctl_over
+  if over and over[1] <= now then over = nil end
+  local till = math.max(pause, over and over[1] or 0)
+  if till <= now then
+    redis.call('DEL', key)
+    return
+  end
+  local text = string.format('%d', math.max(pause, 0))
+  if over then
+    local parts = {text, string.format('%d', over[1]), string.format('%d', #over[2])}
+    for i, o in ipairs(over[2]) do
+      parts[#parts + 1] = string.format('%d %d', o[1], o[2])
+    end
+    text = table.concat(parts, ' ')
+  end
+  redis.call('SET', key, text, 'PX', string.format('%d', math.max(1, jt_cdiv(till - now, 1000))))
+end
+
 -- jt_pause returns when a pause set on this key ends (µs), or 0.
 local function jt_pause(key)
-  local v = redis.call('GET', key)
-  if v then
-    return jt_num(v) or 0
+  local p = jt_control(key)
+  return p
+end
+
+-- jt_override applies an operator's override in the control key (see jt_control) to
+-- an acquire's limits (limits[i] = {rate, period_us[, burst]}; width 3 has a burst):
+-- until it ends, limit i's rate (and burst: the override's, or its rate) is the
+-- override's. It returns the limits to enforce and the override's end (0: none), or
+-- nil and a JTEXCEEDS error when n is above what the overridden limits can ever grant.
+-- Other operations (a cancel) keep the callers' limits and do not read the key here.
+local function jt_override(key, limits, op, n)
+  if op ~= 0 then
+    return limits, 0
   end
-  return 0
+  local _, over = jt_control(key)
+  if not over or over[1] <= jt_now() then
+    return limits, 0
+  end
+  local out = {}
+  for i = 1, #limits do
+    local l, o = limits[i], over[2][i]
+    if o then
+      l = {o[1], l[2], l[3]}
+      if l[3] then
+        l[3] = o[2] > 0 and o[2] or o[1]
+        if l[3] * l[2] > 1125899906842624 then -- 2^50, as gcra.lua requires
+          l[3] = math.floor(1125899906842624 / l[2])
+        end
+      end
+      if n > (l[3] or l[1]) then
+        return nil, 'JTEXCEEDS n above the overridden limit ' .. i
+      end
+    end
+    out[i] = l
+  end
+  return out, over[1]
 end
 
 -- jt_expire sets a TTL of us microseconds, rounded up to whole milliseconds. (Numbers

@@ -1,7 +1,8 @@
 -- slidingwindow.lua: the permit log (Redisson's RRateLimiter, corrected): at most rate
 -- permits take effect in any window of period, for every limit given, exactly.
 -- KEYS[1]  {<prefix><key>}:sw     list [base, T1, S1, ...], see log.lua
--- KEYS[2]  {<prefix><key>}:pause  string: when a pause ends, µs (read only)
+-- KEYS[2]  {<prefix><key>}:pause  the control key: a pause and an operator's override of
+--                                 the rates (read only; see prelude.lua)
 -- KEYS[3]  {<prefix><key>}:bk:<task id>  ops 2 and 3 only: string "token n", the
 --                                 task's booking (see prelude.lua, jt_claim)
 -- ARGV[1]  op          0 acquire, 1 cancel; 2 acquire for a task (uses the booking
@@ -28,5 +29,10 @@
 local op, n, x, limits = jt_args(5, {JT_MAX_RATE, JT_MAX_PERIOD})
 if not op then
   return redis.error_reply('JTARG ' .. n)
+end
+local over
+limits, over = jt_override(KEYS[2], limits, op, n)
+if not limits then
+  return redis.error_reply(over)
 end
 return jt_booked(jt_log(KEYS[1], KEYS[2], 0, op, n, x, limits), n)

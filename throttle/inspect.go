@@ -54,6 +54,11 @@ type LimiterState struct {
 	// PausedFor is the time until a pause on the key ends; 0 when it is not paused.
 	PausedFor time.Duration
 
+	// Override is the time until an operator's override of the rates (see
+	// Limiter.Override) ends; 0 when none is set. While it lasts, Limits hold the
+	// rates enforced.
+	Override time.Duration
+
 	// TTL is the state key's time to live, in whole milliseconds as Redis keeps it;
 	// 0 when the key is absent (the limiter is idle and at full capacity), negative
 	// when the key has no TTL (jobthrottle never leaves one so).
@@ -62,7 +67,8 @@ type LimiterState struct {
 
 // LimitState is one limit's part of a LimiterState.
 type LimitState struct {
-	// Limit is the limit, as the Limiter was given it.
+	// Limit is the limit as enforced now: as the Limiter was given it, with the
+	// Rate (and Burst) of an override while one is set.
 	Limit Limit
 
 	// Capacity is the most permits the limit holds: Rate, or the burst for
@@ -164,7 +170,7 @@ func (l *Limiter) viewArgs() []any {
 
 // decodeView reads an inspect script's reply.
 func (l *Limiter) decodeView(v []int64) (LimiterState, error) {
-	if len(v) != 7+len(l.limits) {
+	if len(v) != 8+3*len(l.limits) {
 		return LimiterState{}, fmt.Errorf("%w: key %q: inspect returned %d values", ErrUnexpectedReply, l.key, len(v))
 	}
 	st := LimiterState{
@@ -176,14 +182,18 @@ func (l *Limiter) decodeView(v []int64) (LimiterState, error) {
 		BookedAhead: micros(v[4]),
 		PausedFor:   micros(v[5]),
 		TTL:         pttl(v[6]),
+		Override:    micros(v[7]),
 		Limits:      make([]LimitState, len(l.limits)),
 	}
 	for i, lim := range l.limits {
-		c := lim.Rate
-		if l.alg == TokenBucket {
-			c = lim.burst()
+		c := int(v[9+3*i])
+		if st.Override > 0 { // the rates enforced now
+			lim.Rate = int(v[8+3*i])
+			if l.alg == TokenBucket {
+				lim.Burst = c
+			}
 		}
-		st.Limits[i] = LimitState{Limit: lim, Capacity: c, Used: c - int(v[7+i])}
+		st.Limits[i] = LimitState{Limit: lim, Capacity: c, Used: c - int(v[10+3*i])}
 	}
 	return st, nil
 }

@@ -1,0 +1,96 @@
+package throttle
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/lua"
+)
+
+// Override changes the rates (and, for TokenBucket, the bursts) of the key's limits
+// for every process that uses the key, from their next call on, for d; d = 0 means
+// until ClearOverride (at most 2^45µs, about 407 days). limits are the new limits in
+// the order of Limits(): limits[i] replaces the Rate and Burst of the i-th; each
+// keeps the period the processes pass (a limit's Period here must be 0 or that
+// period); limits beyond those given keep their rates. A later Override replaces it.
+//
+// The override lives in the key's small control key, next to a pause, which every
+// limiter script reads already: enforcing it costs no extra round trip. What a change
+// in the middle of a window means:
+//   - SlidingWindow and SlidingCounter count the permits in the window as they always
+//     do, against the new rate: after lowering, no permit is granted until the last
+//     Period holds fewer than the new rate, so no window that ends after the change
+//     holds more than the new rate of permits granted after it; raising takes effect
+//     at once.
+//   - FixedWindow counts the window holding now against the new rate: lowering grants
+//     nothing more in the current window once its count reaches the new rate; raising
+//     lets it fill up to the new rate at once.
+//   - TokenBucket keeps each limit's theoretical arrival time and judges it by the
+//     new rate and burst: lowering the burst removes the tokens above it at once,
+//     lowering the rate slows the refill from now on; raising adds capacity at once.
+//
+// Bookings already made (Reserve, waiting WaitN) keep their places: they were
+// admitted under the old rates, and take effect as booked. A caller asking for more
+// permits than an overridden limit can ever grant gets an error wrapping
+// ErrExceedsLimit. Inspect reports the override and the rates enforced.
+//
+// It returns an error wrapping ErrInvalidLimit for a limit out of range or with
+// another period, ErrInvalidArgument for d < 0, no limits or more than the limiter
+// has, and Redis errors as AllowN.
+func (l *Limiter) Override(ctx context.Context, d time.Duration, limits ...Limit) error {
+	if d < 0 {
+		return fmt.Errorf("%w: override for %v", ErrInvalidArgument, d)
+	}
+	if len(limits) == 0 || len(limits) > len(l.limits) {
+		return fmt.Errorf("%w: %d limits to override, the limiter has %d", ErrInvalidArgument, len(limits), len(l.limits))
+	}
+	us := int64(maxPeriodUS)
+	if d > 0 {
+		us = min(ceilMicros(d), maxPeriodUS)
+	}
+	args := []any{0, us, len(limits)}
+	for i, o := range limits {
+		code := l.limits[i]
+		if o.Period == 0 {
+			o.Period = code.Period
+		}
+		if o.Period != code.Period {
+			return fmt.Errorf("%w: override %d has period %v, the limit's is %v (an override changes rates, not periods)",
+				ErrInvalidLimit, i, o.Period, code.Period)
+		}
+		if err := o.validate(l.alg); err != nil {
+			return fmt.Errorf("%w (key %q, override %s)", err, l.key, o)
+		}
+		args = append(args, o.Rate, o.Burst)
+	}
+	return l.control(ctx, args...)
+}
+
+// ClearOverride removes an override set by Override: every process's next call
+// enforces the limits it passes again. It returns Redis errors as AllowN.
+func (l *Limiter) ClearOverride(ctx context.Context) error {
+	return l.control(ctx, 1, 0, 0)
+}
+
+// Resume ends a pause set on the key (by Pause, the HTTP transport or an operator)
+// at once, for every process; an override stays. Bookings made after the pause keep
+// their places. It returns Redis errors as AllowN.
+func (l *Limiter) Resume(ctx context.Context) error {
+	return l.control(ctx, 2, 0, 0)
+}
+
+// control runs control.lua on the key's control key. It writes only that key and
+// is idempotent, so it runs with Script.Run.
+func (l *Limiter) control(ctx context.Context, args ...any) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := lua.Control.Run(ctx, l.rdb, l.keys[1:2], args...).Err(); err != nil {
+		if l.hooks.RedisError != nil {
+			l.hooks.RedisError(l.key, err)
+		}
+		return scriptError(ctx, l.key, err)
+	}
+	return nil
+}
