@@ -85,6 +85,14 @@ local function jt_control(key)
     jt_ctl_pause = jt_num(v) or 0
     return jt_ctl_pause, nil
   end
+  -- one overridden limit (the usual case) is read with one match
+  local p1, e1, r1, b1 = string.match(v, '^(%d+) (%d+) 1 (%d+) (%d+)$')
+  if p1 and #p1 <= 16 and #e1 <= 16 and #r1 <= 10 and #b1 <= 10 then
+    local r, b = tonumber(r1), tonumber(b1)
+    if r < 1 or r > 1000000000 or b > 1000000000 then return 0, nil end
+    jt_ctl_pause, jt_ctl_over = tonumber(p1), {tonumber(e1), {{r, b}}}
+    return jt_ctl_pause, jt_ctl_over
+  end
   local w = {}
   for x in string.gmatch(v, '%S+') do
     w[#w + 1] = jt_num(x)
@@ -146,11 +154,10 @@ local function jt_override(key, limits, op, n)
   if not over or over[1] <= jt_now() then
     return limits, 0
   end
-  local out = {}
-  for i = 1, #limits do
+  for i = 1, #limits do -- limits are this call's own tables (jt_args): changed in place
     local l, o = limits[i], over[2][i]
     if o then
-      l = {o[1], l[2], l[3]}
+      l[1] = o[1]
       if l[3] then
         l[3] = o[2] > 0 and o[2] or o[1]
         if l[3] * l[2] > 1125899906842624 then -- 2^50, as gcra.lua requires
@@ -161,9 +168,8 @@ local function jt_override(key, limits, op, n)
         return nil, 'JTEXCEEDS n above the overridden limit ' .. i
       end
     end
-    out[i] = l
   end
-  return out, over[1]
+  return limits, over[1]
 end
 
 -- jt_expire sets a TTL of us microseconds, rounded up to whole milliseconds. (Numbers
