@@ -6,6 +6,8 @@
 //	jobthrottle watch -limit 20/1.1s vendor-api      # refreshed every second (Ctrl-C ends)
 //	jobthrottle pause vendor-api 30s                 # no grants anywhere for 30s
 //	jobthrottle resume vendor-api                    # end a pause now
+//	jobthrottle set -for 1h vendor-api 10/1.1s       # lower the rate fleet-wide for an hour
+//	jobthrottle unset vendor-api                     # back to the rates the code passes
 //	jobthrottle reset vendor-api                     # forget the key's state (asks first)
 //
 // Redis is found as redis-cli finds it: -h, -p, -a, -n or -u URL, else REDIS_URL, else
@@ -79,7 +81,10 @@ commands:
   show KEY                 the key's live state
   watch KEY...             the live state, refreshed every -interval (Ctrl-C ends)
   pause KEY DURATION       no grants on the key, fleet-wide, for DURATION (e.g. 30s)
-  resume KEY               end a pause on the key now
+  resume KEY               end a pause on the key now (an override stays)
+  set KEY RATE/PERIOD[:BURST]...  override the rates of the key's limits, in order, for
+                           every process (periods stay the code's); -for D to end it by itself
+  unset KEY                remove the override: the rates the code passes apply again
   reset KEY                delete the key's state (limits start afresh); asks unless -yes
 
 flags:
@@ -96,4 +101,5 @@ flags:
   -interval D              watch's refresh interval (default 1s)
   -count N                 watch: stop after N screens (default 0: until Ctrl-C)
   -yes                     reset without asking
+  -for D                   set: how long the override lasts (default: until unset)
 `

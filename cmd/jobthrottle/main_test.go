@@ -59,17 +59,17 @@ func mustContain(t *testing.T, what, got string, wants ...string) {
 func TestCommands(t *testing.T) {
 	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
-		sw, err := throttle.New(b.Client, "vendor-api", throttle.PerSecond(10), throttle.WithKeyPrefix(b.Prefix))
+		sw, err := throttle.New(b.Client, "vendor-api", throttle.PerMinute(10), throttle.WithKeyPrefix(b.Prefix))
 		if err != nil {
 			t.Fatal(err)
 		}
 		if _, err := sw.AllowN(ctx, 3); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := sw.Reserve(ctx, 10, time.Minute); err != nil { // 7 now, 3 booked a second ahead... or 10 ahead
+		if _, err := sw.Reserve(ctx, 10, 2*time.Minute); err != nil { // booked a minute ahead
 			t.Fatal(err)
 		}
-		tb, err := throttle.New(b.Client, "mail", throttle.Limit{Rate: 5, Period: time.Second, Burst: 8},
+		tb, err := throttle.New(b.Client, "mail", throttle.Limit{Rate: 5, Period: time.Minute, Burst: 8}, // its state lasts the test
 			throttle.WithAlgorithm(throttle.TokenBucket), throttle.WithKeyPrefix(b.Prefix))
 		if err != nil {
 			t.Fatal(err)
@@ -93,7 +93,7 @@ func TestCommands(t *testing.T) {
 		}
 		mustContain(t, "ls", out, "vendor-api", "SlidingWindow", "mail", "TokenBucket", "reports", "Semaphore")
 
-		code, out, errs = cli(t, b, "", "show", "-limit", "10/1s", "vendor-api")
+		code, out, errs = cli(t, b, "", "show", "-limit", "10/1m", "vendor-api")
 		if code != 0 {
 			t.Fatalf("show: %d %s", code, errs)
 		}
@@ -101,10 +101,10 @@ func TestCommands(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		mustContain(t, "show vendor-api", out, "vendor-api  SlidingWindow", "10 per 1s",
+		mustContain(t, "show vendor-api", out, "vendor-api  SlidingWindow", "10 per 1m0s",
 			fmt.Sprintf("%d/10 used + %d booked", st.Limits[0].Used-st.Booked, st.Booked), "next free", "paused      no")
 
-		code, out, _ = cli(t, b, "", "show", "-limit", "5/1s:8", "mail")
+		code, out, _ = cli(t, b, "", "show", "-limit", "5/1m:8", "mail")
 		if code != 0 {
 			t.Fatal(out)
 		}
@@ -125,7 +125,7 @@ func TestCommands(t *testing.T) {
 		if st, err := sw.Inspect(ctx); err != nil || st.PausedFor < 29*time.Second {
 			t.Fatalf("after pause: %+v %v", st, err)
 		}
-		_, out, _ = cli(t, b, "", "show", "-limit", "10/1s", "vendor-api")
+		_, out, _ = cli(t, b, "", "show", "-limit", "10/1m", "vendor-api")
 		mustContain(t, "show paused", out, "paused      yes, ")
 		_, out, _ = cli(t, b, "", "resume", "vendor-api")
 		mustContain(t, "resume", out, "resumed vendor-api")
@@ -135,8 +135,25 @@ func TestCommands(t *testing.T) {
 		_, out, _ = cli(t, b, "", "resume", "vendor-api")
 		mustContain(t, "resume again", out, "vendor-api was not paused")
 
+		// set, unset: every process's next call enforces the override
+		code, out, errs = cli(t, b, "", "set", "-for", "1h", "vendor-api", "2/1m")
+		if code != 0 {
+			t.Fatal(errs)
+		}
+		mustContain(t, "set", out, "vendor-api: every process now enforces 2 per 1m0s, for 1h0m0s", "periods stay")
+		if r, err := sw.Allow(ctx); err != nil || r.Allowed {
+			t.Fatalf("Allow under an override of 2/s with 3 taken: %+v %v, want denied", r, err)
+		}
+		_, out, _ = cli(t, b, "", "show", "-limit", "10/1m", "vendor-api")
+		mustContain(t, "show overridden", out, "2 per 1m0s", "/2 used", "override    the rates above, set by an operator, ")
+		_, out, _ = cli(t, b, "", "unset", "vendor-api")
+		mustContain(t, "unset", out, "vendor-api: override removed")
+		if st, err := sw.Inspect(ctx); err != nil || st.Override != 0 || st.Limits[0].Limit.Rate != 10 {
+			t.Fatalf("after unset: %+v %v", st, err)
+		}
+
 		// watch: two screens
-		code, out, errs = cli(t, b, "", "watch", "-interval", "20ms", "-count", "2", "-limit", "10/1s", "vendor-api")
+		code, out, errs = cli(t, b, "", "watch", "-interval", "20ms", "-count", "2", "-limit", "10/1m", "vendor-api")
 		if code != 0 {
 			t.Fatal(errs)
 		}

@@ -42,6 +42,7 @@ type options struct {
 	interval time.Duration
 	count    int
 	yes      bool
+	forD     time.Duration // set: how long the override lasts; 0 until unset
 }
 
 // limitList is the repeatable -limit flag.
@@ -106,6 +107,7 @@ func parse(args []string, getenv func(string) string) (*options, error) {
 	fs.DurationVar(&o.interval, "interval", time.Second, "")
 	fs.IntVar(&o.count, "count", 0, "")
 	fs.BoolVar(&o.yes, "yes", false, "")
+	fs.DurationVar(&o.forD, "for", 0, "")
 	// flags may come before and after the command and between its arguments
 	var pos []string
 	for {
@@ -127,7 +129,7 @@ func parse(args []string, getenv func(string) string) (*options, error) {
 		return nil, usagef("no command")
 	}
 	o.cmd, o.args = pos[0], pos[1:]
-	want := map[string][2]int{"ls": {0, 1}, "show": {1, 1}, "watch": {1, 100}, "pause": {2, 2}, "resume": {1, 1}, "reset": {1, 1}, "help": {0, 100}}
+	want := map[string][2]int{"ls": {0, 1}, "show": {1, 1}, "watch": {1, 100}, "pause": {2, 2}, "resume": {1, 1}, "reset": {1, 1}, "set": {2, 17}, "unset": {1, 1}, "help": {0, 100}}
 	n, ok := want[o.cmd]
 	if !ok {
 		return nil, usagef("unknown command %q", o.cmd)
@@ -139,6 +141,9 @@ func parse(args []string, getenv func(string) string) (*options, error) {
 		if _, ok := algorithms[o.alg]; !ok {
 			return nil, usagef("-alg %q: want sw, sc, tb or fw", o.alg)
 		}
+	}
+	if o.forD < 0 {
+		return nil, usagef("-for %v is negative", o.forD)
 	}
 	if o.interval <= 0 {
 		return nil, usagef("-interval %v is not positive", o.interval)

@@ -51,6 +51,10 @@ func (t *tool) do(ctx context.Context) error {
 		return t.resume(ctx)
 	case "reset":
 		return t.reset(ctx)
+	case "set":
+		return t.set(ctx)
+	case "unset":
+		return t.unset(ctx)
 	}
 	return usagef("unknown command %q", t.o.cmd)
 }
@@ -321,7 +325,7 @@ func (t *tool) pause(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	lim, err := throttle.New(t.rdb, key, throttle.PerSecond(1), throttle.WithKeyPrefix(t.o.prefix))
+	lim, err := t.controller(key)
 	if err != nil {
 		return err
 	}
@@ -342,22 +346,87 @@ func (t *tool) pause(ctx context.Context) error {
 	return nil
 }
 
-// resume ends a pause.
+// controller returns a limiter on key for the control key's operations (pause,
+// resume, set, unset), which do not depend on its algorithm; limits, if given, are
+// those an override replaces.
+func (t *tool) controller(key string, limits ...throttle.Limit) (*throttle.Limiter, error) {
+	if len(limits) == 0 {
+		limits = []throttle.Limit{throttle.PerSecond(1)}
+	}
+	return throttle.New(t.rdb, key, limits[0], throttle.WithLimits(limits[1:]...), throttle.WithKeyPrefix(t.o.prefix))
+}
+
+// resume ends a pause; an override stays.
 func (t *tool) resume(ctx context.Context) error {
 	key := t.o.args[0]
-	tag, err := t.tag(key)
+	left, err := t.pausedFor(ctx, key)
 	if err != nil {
 		return err
 	}
-	n, err := t.rdb.Del(ctx, tag+":pause").Result()
+	lim, err := t.controller(key)
 	if err != nil {
 		return err
 	}
-	if n == 0 {
+	if err := lim.Resume(ctx); err != nil {
+		return err
+	}
+	if left == 0 {
 		fmt.Fprintf(t.out, "%s was not paused\n", key)
 	} else {
-		fmt.Fprintf(t.out, "resumed %s\n", key)
+		fmt.Fprintf(t.out, "resumed %s (%v of its pause were left)\n", key, round(left))
 	}
+	return nil
+}
+
+// set overrides the key's rates for every process.
+func (t *tool) set(ctx context.Context) error {
+	key := t.o.args[0]
+	var limits []throttle.Limit
+	for _, a := range t.o.args[1:] {
+		l, err := parseLimit(a)
+		if err != nil {
+			return usagef("set %s: %v", key, err)
+		}
+		limits = append(limits, l)
+	}
+	have, err := t.present(ctx, key)
+	if err != nil {
+		return err
+	}
+	lim, err := t.controller(key, limits...)
+	if err != nil {
+		return err
+	}
+	if err := lim.Override(ctx, t.o.forD, limits...); err != nil {
+		return err
+	}
+	until := "until unset"
+	if t.o.forD > 0 {
+		until = "for " + t.o.forD.String()
+	}
+	parts := make([]string, len(limits))
+	for i, l := range limits {
+		parts[i] = l.String()
+	}
+	fmt.Fprintf(t.out, "%s: every process now enforces %s, %s (rates only: the periods stay those the code passes)\n",
+		key, strings.Join(parts, ", "), until)
+	if kind(have) == "" {
+		fmt.Fprintf(t.out, "note: no state under %q now (idle, or misspelt? see jobthrottle ls)\n", key)
+	}
+	return nil
+}
+
+// unset removes an override.
+func (t *tool) unset(ctx context.Context) error {
+	key := t.o.args[0]
+	lim, err := t.controller(key)
+	if err != nil {
+		return err
+	}
+	if err := lim.ClearOverride(ctx); err != nil {
+		return err
+	}
+	fmt.Fprintf(t.out, "%s: override removed; the rates the code passes apply\n", key)
 	return nil
 }
 

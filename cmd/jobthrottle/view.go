@@ -104,6 +104,13 @@ func (v *view) render(w io.Writer, prev *view) {
 		paused = "yes, " + round(s.PausedFor).String() + " more"
 	}
 	fmt.Fprintf(w, "  %-11s %s\n", "paused", paused)
+	if s.Override > 0 {
+		left := round(s.Override).String() + " more"
+		if s.Override > 400*24*time.Hour {
+			left = "until unset"
+		}
+		fmt.Fprintf(w, "  %-11s the rates above, set by an operator, %s\n", "override", left)
+	}
 	rate := "-"
 	if prev != nil && prev.total >= 0 && v.total >= prev.total && v.at.After(prev.at) {
 		rate = fmt.Sprintf("%.1f", float64(v.total-prev.total)/v.at.Sub(prev.at).Seconds())
