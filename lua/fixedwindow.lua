@@ -8,6 +8,10 @@
 --                                 the rates (read only; see prelude.lua)
 -- KEYS[3]  {<prefix><key>}:bk:<task id>  ops 2 and 3 only: string "token n", the
 --                                 task's booking (see prelude.lua, jt_claim)
+-- KEYS[3..] (after the booking key for ops 2 and 3) optional: the other algorithms'
+--          state keys under the same tag (read only): a grant that would create
+--          KEYS[1] while one of them exists fails with JTALG <that key>, writing
+--          nothing (one algorithm per key)
 -- ARGV[1]  op          0 acquire, 1 cancel; 2 acquire for a task (uses the booking
 --                      in KEYS[3] when there is one), 3 cancel for a task
 -- ARGV[2]  n           permits, 0..min(rate); 0 reads the state and takes nothing
@@ -136,6 +140,9 @@ if n == 0 then
 end
 for i = 1, m do
   c[i] = counted(t, i) + n
+end
+if not v then
+  jt_one_algorithm() -- this grant makes the state key: no other algorithm's may be there
 end
 L = t
 v = true

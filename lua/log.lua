@@ -247,6 +247,9 @@ local function jt_log(key, pause_key, prec, op, n, x, limits)
   local granted = wait <= x
 
   if granted and n > 0 then
+    if lg_empty then
+      jt_one_algorithm() -- this grant makes the state key: no other algorithm's may be there
+    end
     local rt = t
     if prec > 0 then rt = (jt_fdiv(t, prec) + 1) * prec end
     if lg_E ~= 0 and rt < lg_Tlast then rt = lg_Tlast end

@@ -232,6 +232,19 @@ local function jt_booked(r, n)
   return r
 end
 
+-- jt_one_algorithm keeps one algorithm per key: a limiter script calls it, before its
+-- first write, when it is about to create its state key. The KEYS after the ones the
+-- script uses (KEYS[3..], or KEYS[4..] after a booking op's KEYS[3]) name the other
+-- algorithms' state keys of the same hash tag; if one exists it fails the call,
+-- writing nothing: "JTALG <that key>". (A call given no such KEYS checks nothing.)
+local function jt_one_algorithm()
+  for i = (jt_bk_op and 4 or 3), #KEYS do
+    if redis.call('EXISTS', KEYS[i]) == 1 then
+      error('JTALG ' .. KEYS[i])
+    end
+  end
+end
+
 -- jt_args reads the arguments every limiter script shares:
 --   ARGV[1] op  0 acquire, 1 cancel, 2 take for a task, 3 cancel for a task (see
 --               jt_claim and jt_booked: ops 2 and 3 need KEYS[3], the booking key;

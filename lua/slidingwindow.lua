@@ -5,6 +5,10 @@
 --                                 the rates (read only; see prelude.lua)
 -- KEYS[3]  {<prefix><key>}:bk:<task id>  ops 2 and 3 only: string "token n", the
 --                                 task's booking (see prelude.lua, jt_claim)
+-- KEYS[3..] (after the booking key for ops 2 and 3) optional: the other algorithms'
+--          state keys under the same tag (read only): a grant that would create
+--          KEYS[1] while one of them exists fails with JTALG <that key>, writing
+--          nothing (one algorithm per key)
 -- ARGV[1]  op          0 acquire, 1 cancel; 2 acquire for a task (uses the booking
 --                      in KEYS[3] when there is one), 3 cancel for a task
 -- ARGV[2]  n           permits, 0..min(rate); 0 reads the state and takes nothing

@@ -90,7 +90,8 @@ func (l *Limiter) ReserveFor(ctx context.Context, id string, n int, maxWait time
 func (l *Limiter) bookingKeys(id string) []string {
 	state := l.keys[0]
 	tag := state[:strings.LastIndexByte(state, ':')]
-	return []string{state, l.keys[1], tag + ":bk:" + id}
+	// then the other algorithms' state keys, which a grant creating the state checks
+	return append([]string{state, l.keys[1], tag + ":bk:" + id}, l.keys[2:]...)
 }
 
 // runFor runs a booking op once; fresh reports whether it granted anew (the sixth

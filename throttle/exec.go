@@ -101,6 +101,8 @@ func scriptError(ctx context.Context, key string, err error) error {
 		switch {
 		case strings.Contains(msg, "JTSTATE"), strings.Contains(msg, "WRONGTYPE"):
 			return fmt.Errorf("%w: key %q: %v", ErrCorruptState, key, err)
+		case strings.Contains(msg, "JTALG"):
+			return algorithmError(key, msg, err)
 		case strings.Contains(msg, "JTEXCEEDS"):
 			return fmt.Errorf("%w: key %q: %v", ErrExceedsLimit, key, err)
 		case strings.Contains(msg, "JTARG"):

@@ -106,7 +106,7 @@ func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*L
 			pin:        &shared.pin,
 			owner:      shared,
 		},
-		keys:    []string{tag + ":" + a.suffix, tag + ":pause"},
+		keys:    algorithmKeys(tag, a.suffix),
 		alg:     c.algorithm,
 		limits:  limits,
 		script:  script,
@@ -277,6 +277,9 @@ func (l *Limiter) run(ctx context.Context, op, n int, x int64) (reply, error) {
 	}
 	val, err := l.exec(ctx, l.script, l.keys, args)
 	if err != nil {
+		if ae, ok := err.(*AlgorithmError); ok {
+			ae.Want = l.alg
+		}
 		return reply{}, err
 	}
 	var v [5]int64 // {granted, remaining, wait_us, reset_us, token}
