@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand"
+	"slices"
 	"testing"
 	"time"
 
@@ -224,5 +225,85 @@ func TestOverride(t *testing.T) {
 		if err := l.Override(ctx, 0, Limit{Rate: 0, Period: time.Minute}); !errors.Is(err, ErrInvalidLimit) {
 			t.Fatalf("rate 0: %v, want ErrInvalidLimit", err)
 		}
+	})
+}
+
+// A fleet (four limiters on one key, as four processes, each looping on Wait) is
+// lowered mid-run from 20 to 5 per 300ms by an override set from a fifth: every grant
+// admitted after the override returned counts against 5, so no 300ms window holds
+// more than 5 of them, and none holds more than 5 grants at all once the bookings
+// made before it have taken effect. Grant times are the server's, from the script
+// replies, so the machine's load changes how many grants there are, not the check.
+func TestFleetOverrideMidRun(t *testing.T) {
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		grants := redistest.RecordGrants(b.Client)
+		const period = 300 * time.Millisecond
+		limit := Limit{Rate: 20, Period: period}
+		ctl, err := New(b.Client, "fleet-override", limit, WithKeyPrefix(b.Prefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := make(chan struct{})
+		done := make(chan error, 4)
+		for w := 0; w < 4; w++ {
+			l, err := New(b.Client, "fleet-override", limit, WithKeyPrefix(b.Prefix))
+			if err != nil {
+				t.Fatal(err)
+			}
+			go func() {
+				for {
+					select {
+					case <-stop:
+						done <- nil
+						return
+					default:
+					}
+					if err := l.Wait(ctx); err != nil {
+						done <- err
+						return
+					}
+				}
+			}()
+		}
+		time.Sleep(2 * period)
+		if err := ctl.Override(ctx, 0, Limit{Rate: 5}); err != nil {
+			t.Fatal(err)
+		}
+		changed := time.Now() // calls sent after this were decided under the override
+		time.Sleep(4 * period)
+		close(stop)
+		for w := 0; w < 4; w++ {
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+		}
+		var after, all []time.Time
+		var lastBefore time.Time // when the last grant decided before the change takes effect
+		for _, g := range grants.List() {
+			all = append(all, g.At)
+			if g.Sent.After(changed) {
+				after = append(after, g.At)
+			} else if g.At.After(lastBefore) {
+				lastBefore = g.At
+			}
+		}
+		slices.SortFunc(after, func(a, b time.Time) int { return a.Compare(b) })
+		if most := redistest.MaxTimesInWindow(after, period); most > 5 || len(after) == 0 {
+			t.Fatalf("%d grants decided under the override, %d in one window of %v: want 1..5", len(after), most, period)
+		}
+		var settled []time.Time
+		for _, at := range all {
+			if at.After(lastBefore) {
+				settled = append(settled, at)
+			}
+		}
+		slices.SortFunc(settled, func(a, b time.Time) int { return a.Compare(b) })
+		most := redistest.MaxTimesInWindow(settled, period)
+		if most > 5 {
+			t.Fatalf("after the last earlier booking: %d grants in one window of %v, want <= 5", most, period)
+		}
+		redistest.Figure(t, "fleet override mid-run (%s): %d grants in all, %d decided under the override, at most %d of them in any %v (override 5)",
+			b.Kind, len(all), len(after), redistest.MaxTimesInWindow(after, period), period)
 	})
 }
