@@ -6,10 +6,12 @@ import "strings"
 // those the client sends (scripts by SHA, by source after a SCRIPT FLUSH or restart,
 // inside MULTI/EXEC so that a lost reply cannot run one twice; the semaphore's wake-up
 // subscription) and those the scripts run, which Redis checks against the calling
-// user too (Inspect's scripts read the state key's TTL with PTTL). TestACLLeastPrivilege checks it is exactly what the library uses.
+// user too (Inspect's scripts read the state key's TTL with PTTL; a grant that creates
+// a state key checks with EXISTS that no other algorithm's is there).
+// TestACLLeastPrivilege checks it is exactly what the library uses.
 var aclCommands = []string{
 	"evalsha", "eval", "multi", "exec", "subscribe", "unsubscribe",
-	"time", "get", "set", "pexpire", "pttl", "del", "unlink",
+	"time", "get", "set", "pexpire", "pttl", "exists", "del", "unlink",
 	"lrange", "lindex", "llen", "ltrim", "rpush", "lset",
 	"zcard", "zcount", "zscore", "zrange", "zrangebyscore", "zremrangebyscore", "zrem", "zadd", "zrank", "publish",
 }
