@@ -168,7 +168,7 @@ func run(parent context.Context, cfg config, out io.Writer) error {
 
 	// One line of progress a second until the work is done or time is up.
 	start := time.Now()
-	progress(ctx, cfg, &st, api, start, out)
+	progress(ctx, cfg, &st, api, lim, start, out)
 	elapsed := time.Since(start)
 	stopped := ""
 	switch {
@@ -316,8 +316,10 @@ func work(ctx context.Context, wg *sync.WaitGroup, n int, tried, ok *atomic.Int6
 }
 
 // progress prints a line a second until every task ran (or was archived), every
-// call was made, or ctx ends.
-func progress(ctx context.Context, cfg config, st *stats, api *upstream, start time.Time, out io.Writer) {
+// call was made, or ctx ends. The limiter's figures come from lim.Inspect (the
+// server's count of its window, and the bookings waiting); the API's are the requests
+// it saw in its own window.
+func progress(ctx context.Context, cfg config, st *stats, api *upstream, lim *throttle.Limiter, start time.Time, out io.Writer) {
 	tick, poll := time.NewTicker(time.Second), time.NewTicker(20*time.Millisecond)
 	defer tick.Stop()
 	defer poll.Stop()
@@ -331,14 +333,18 @@ func progress(ctx context.Context, cfg config, st *stats, api *upstream, start t
 			return
 		case <-poll.C:
 		case <-tick.C:
-			// The sliding window grants a window's permits at once, so count over a
-			// few windows, not the last second alone.
-			elapsed := time.Since(start)
-			over := min(elapsed, 5*time.Second)
-			total, rejected, recent := api.counts(over)
-			fmt.Fprintf(out, "%3.0fs  tasks %d/%d  loop %d/%d  http %d/%d  API %4.1f req/s (last %.0fs), %d in all, %d × 429  handed back %d  slept %d\n",
-				elapsed.Seconds(), st.tasksDone(), cfg.tasks, st.loopDone.Load(), cfg.loop, st.httpDone.Load(), cfg.httpCalls,
-				float64(recent)/over.Seconds(), over.Seconds(), total, rejected, st.handedBack.Load(), st.slept.Load())
+			window := "?"
+			if s, err := lim.Inspect(ctx); err == nil {
+				l := s.Limits[0]
+				window = fmt.Sprintf("%d/%d in its %v window, %d booked", l.Used-s.Booked, l.Capacity, l.Limit.Period, s.Booked)
+				if s.Booked > 0 {
+					window += fmt.Sprintf(" (to %v ahead)", s.BookedAhead.Round(time.Millisecond))
+				}
+			}
+			total, rejected, recent := api.counts(cfg.period)
+			fmt.Fprintf(out, "%3.0fs  tasks %d/%d  loop %d/%d  http %d/%d  limiter %s  API %d in the last %v, %d in all, %d × 429  handed back %d  slept %d\n",
+				time.Since(start).Seconds(), st.tasksDone(), cfg.tasks, st.loopDone.Load(), cfg.loop, st.httpDone.Load(), cfg.httpCalls,
+				window, recent, cfg.period, total, rejected, st.handedBack.Load(), st.slept.Load())
 		}
 	}
 }
