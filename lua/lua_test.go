@@ -71,6 +71,12 @@ func scripts(prefix string) []script {
 		{"gcra", GCRA, []string{tag + ":tb", tag + ":pause"}, []any{0, 1, 0, 1, 5, 1000000, 5}},
 		{"fixedwindow", FixedWindow, []string{tag + ":fw", tag + ":pause"}, []any{0, 1, 0, 1, 5, 1000000}},
 		{"pause", Pause, []string{tag + ":pause"}, []any{1000}},
+		{"control", Control, []string{tag + ":pause"}, []any{0, 1000000, 1, 5, 0}},
+		{"inspect_sw", InspectSlidingWindow, []string{tag + ":sw", tag + ":pause"}, []any{0, 1, 0, 1, 5, 1000000}},
+		{"inspect_sc", InspectSlidingCounter, []string{tag + ":sc", tag + ":pause"}, []any{0, 1, 0, 1, 100000, 5, 1000000}},
+		{"inspect_tb", InspectGCRA, []string{tag + ":tb", tag + ":pause"}, []any{0, 1, 0, 1, 5, 1000000, 5}},
+		{"inspect_fw", InspectFixedWindow, []string{tag + ":fw", tag + ":pause"}, []any{0, 1, 0, 1, 5, 1000000}},
+		{"inspect_sem", InspectSemaphore, []string{tag + ":sem", tag + ":semq", tag + ":semx", tag + ":pause"}, []any{10}},
 	}
 }
 
