@@ -80,17 +80,12 @@ func (l *Limiter) Resume(ctx context.Context) error {
 	return l.control(ctx, 2, 0, 0)
 }
 
-// control runs control.lua on the key's control key. It writes only that key and
-// is idempotent, so it runs with Script.Run.
+// control runs control.lua on the key's control key, through the one call path of
+// every script that writes (at most once; errors mapped; RedisError called).
 func (l *Limiter) control(ctx context.Context, args ...any) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if err := lua.Control.Run(ctx, l.rdb, l.keys[1:2], args...).Err(); err != nil {
-		if l.hooks.RedisError != nil {
-			l.hooks.RedisError(l.key, err)
-		}
-		return scriptError(ctx, l.key, err)
-	}
-	return nil
+	_, err := l.exec(ctx, lua.Control, l.keys[1:2], args)
+	return err
 }

@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// SlogHooks returns hooks that log a Limiter's or Semaphore's decisions to logger:
+// SlogHooks returns hooks that log a Limiter's decisions to logger:
 // grants, denials, waits and cancels at Debug; pauses at Info; Redis errors and
 // decisions made without Redis at Warn; lost state at Error. Every record carries
 // key, and the figures of its event (n, wait, retry_after, waited, d, policy, err).
@@ -42,6 +42,43 @@ func SlogHooks(logger *slog.Logger) Hooks {
 		},
 		StateLost: func(key string) {
 			log(slog.LevelError, "jobthrottle: state lost (evicted, deleted or failed over): the limit starts afresh", slog.String("key", key))
+		},
+	}
+}
+
+// SlogSemaphoreHooks returns hooks that log a Semaphore's decisions to logger: leases
+// acquired, denied, given up and released at Debug; Redis errors, decisions made
+// without Redis and lost leases at Warn. Every record carries key and the figures of
+// its event (waited, retry_after, held, policy, err). Pass them with
+// WithSemaphoreHooks.
+func SlogSemaphoreHooks(logger *slog.Logger) SemaphoreHooks {
+	ctx := context.Background()
+	log := func(level slog.Level, msg string, attrs ...slog.Attr) {
+		if logger.Enabled(ctx, level) {
+			logger.LogAttrs(ctx, level, msg, attrs...)
+		}
+	}
+	return SemaphoreHooks{
+		Acquired: func(key string, waited time.Duration) {
+			log(slog.LevelDebug, "jobthrottle: lease acquired", slog.String("key", key), slog.Duration("waited", waited))
+		},
+		Denied: func(key string, retryAfter time.Duration) {
+			log(slog.LevelDebug, "jobthrottle: lease denied", slog.String("key", key), slog.Duration("retry_after", retryAfter))
+		},
+		GaveUp: func(key string) {
+			log(slog.LevelDebug, "jobthrottle: gave up waiting for a lease", slog.String("key", key))
+		},
+		Released: func(key string, held time.Duration) {
+			log(slog.LevelDebug, "jobthrottle: lease released", slog.String("key", key), slog.Duration("held", held))
+		},
+		LeaseLost: func(key string) {
+			log(slog.LevelWarn, "jobthrottle: lease lost", slog.String("key", key))
+		},
+		RedisError: func(key string, err error) {
+			log(slog.LevelWarn, "jobthrottle: redis call failed", slog.String("key", key), slog.Any("err", err))
+		},
+		Degraded: func(key string, p FailurePolicy, err error) {
+			log(slog.LevelWarn, "jobthrottle: decided without redis", slog.String("key", key), slog.String("policy", p.String()), slog.Any("err", err))
 		},
 	}
 }

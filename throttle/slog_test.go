@@ -59,3 +59,29 @@ func TestSlogHooks(t *testing.T) {
 		t.Errorf("JoinHooks of empty hooks set a hook")
 	}
 }
+
+func TestSlogSemaphoreHooks(t *testing.T) {
+	b := redistest.NewMiniRealTime(t)
+	ctx := context.Background()
+	var buf bytes.Buffer
+	logger := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	s, err := NewSemaphore(b.Client, "reports", 1, WithKeyPrefix(b.Prefix), WithSemaphoreHooks(SlogSemaphoreHooks(logger)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, _, err := s.TryAcquire(ctx)
+	if err != nil || l == nil {
+		t.Fatal(l, err)
+	}
+	s.TryAcquire(ctx)
+	l.Release(ctx)
+	for _, want := range []string{
+		`level=DEBUG msg="jobthrottle: lease acquired" key=reports waited=0s`,
+		`level=DEBUG msg="jobthrottle: lease denied" key=reports retry_after=`,
+		`level=DEBUG msg="jobthrottle: lease released" key=reports held=`,
+	} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("log lacks %q:\n%s", want, buf.String())
+		}
+	}
+}

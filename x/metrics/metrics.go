@@ -35,11 +35,12 @@ const OtherKey = "_other"
 // with them; at scrape time it reads the live state of the limiters and semaphores
 // given to Watch with one Inspect call each.
 //
-// Attach it with one line per limiter, and register it once:
+// Attach it with one line per limiter (or semaphore), and register it once:
 //
 //	m := metrics.New()
 //	prometheus.MustRegister(m)
 //	lim, err := throttle.New(rdb, "vendor-api", limit, throttle.WithHooks(m.Hooks()))
+//	sem, err := throttle.NewSemaphore(rdb, "reports", 5, throttle.WithSemaphoreHooks(m.SemaphoreHooks()))
 //	m.Watch(lim) // optional: live gauges at scrape time
 //
 // Metrics (every counter and the histograms carry the label key, the limiter's key
@@ -51,6 +52,7 @@ const OtherKey = "_other"
 //	jobthrottle_degraded_total{key,policy}           decisions made without Redis (FailOpen, FailLocal)
 //	jobthrottle_redis_errors_total{key}              failed Redis calls
 //	jobthrottle_state_lost_total{key}                state found lost (Hooks.StateLost)
+//	jobthrottle_leases_lost_total{key}               semaphore leases found lost
 //	jobthrottle_pauses_total{key}                    pauses set by this process
 //	jobthrottle_asynq_handed_back_total{task_type}   tasks the middleware handed back to asynq
 //	jobthrottle_asynq_inline_sleep_seconds{task_type} histogram: sleeps in the handler before a task ran
@@ -87,6 +89,7 @@ type Collector struct {
 	degraded          *prometheus.CounterVec
 	redisErrors       *prometheus.CounterVec
 	stateLost         *prometheus.CounterVec
+	leasesLost        *prometheus.CounterVec
 	pauses            *prometheus.CounterVec
 	handedBack        *prometheus.CounterVec
 	inlineSleep       *prometheus.HistogramVec
@@ -142,6 +145,7 @@ func New(opts ...Option) *Collector {
 	c.degraded = counter("degraded_total", "Decisions made without Redis by the failure policy.", "key", "policy")
 	c.redisErrors = counter("redis_errors_total", "Failed Redis calls.", "key")
 	c.stateLost = counter("state_lost_total", "Grants that found the key's state lost (evicted, deleted, failover).", "key")
+	c.leasesLost = counter("leases_lost_total", "Semaphore leases found lost (expired before Extend or Release, or Hold could not renew).", "key")
 	c.pauses = counter("pauses_total", "Pauses set on the key by this process.", "key")
 	c.handedBack = counter("asynq_handed_back_total", "Tasks the asynq middleware handed back to asynq to run at their slot.", "task_type")
 	c.inlineSleep = histogram("asynq_inline_sleep_seconds", "Sleeps of the asynq middleware in the handler before a task ran.", "task_type")
@@ -178,8 +182,8 @@ func (c *Collector) label(key string) string {
 	return key
 }
 
-// Hooks returns the hooks that count a Limiter's or Semaphore's decisions; pass them
-// with throttle.WithHooks.
+// Hooks returns the hooks that count a Limiter's decisions; pass them with
+// throttle.WithHooks.
 func (c *Collector) Hooks() throttle.Hooks {
 	return throttle.Hooks{
 		Allowed: func(key string, n int, _ time.Duration) {
@@ -211,6 +215,37 @@ func (c *Collector) Hooks() throttle.Hooks {
 		},
 		StateLost: func(key string) {
 			c.stateLost.WithLabelValues(c.label(key)).Inc()
+		},
+	}
+}
+
+// SemaphoreHooks returns the hooks that count a Semaphore's decisions (a lease is one
+// permit: acquired, limited when TryAcquire is denied, canceled when Acquire gives up;
+// the wait of Acquire in the queue-wait histogram); pass them with
+// throttle.WithSemaphoreHooks.
+func (c *Collector) SemaphoreHooks() throttle.SemaphoreHooks {
+	count := func(key, result string) {
+		k := c.label(key)
+		c.requests.WithLabelValues(k, result).Inc()
+		c.permits.WithLabelValues(k, result).Inc()
+	}
+	return throttle.SemaphoreHooks{
+		Acquired: func(key string, waited time.Duration) {
+			count(key, ResultAcquired)
+			if waited > 0 {
+				c.wait.WithLabelValues(c.label(key)).Observe(waited.Seconds())
+			}
+		},
+		Denied: func(key string, _ time.Duration) { count(key, ResultLimited) },
+		GaveUp: func(key string) { count(key, ResultCanceled) },
+		LeaseLost: func(key string) {
+			c.leasesLost.WithLabelValues(c.label(key)).Inc()
+		},
+		RedisError: func(key string, _ error) {
+			c.redisErrors.WithLabelValues(c.label(key)).Inc()
+		},
+		Degraded: func(key string, p throttle.FailurePolicy, _ error) {
+			c.degraded.WithLabelValues(c.label(key), p.String()).Inc()
 		},
 	}
 }
@@ -279,7 +314,7 @@ func (c *Collector) UnwatchSemaphore(sems ...*throttle.Semaphore) {
 }
 
 func (c *Collector) vecs() []prometheus.Collector {
-	return []prometheus.Collector{c.requests, c.permits, c.wait, c.degraded, c.redisErrors, c.stateLost, c.pauses,
+	return []prometheus.Collector{c.requests, c.permits, c.wait, c.degraded, c.redisErrors, c.stateLost, c.leasesLost, c.pauses,
 		c.handedBack, c.inlineSleep, c.transportPauses, c.notSent, c.inspectErrors}
 }
 

@@ -104,7 +104,7 @@ func TestSemaphoreGauges(t *testing.T) {
 	m := New()
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(m)
-	sem, err := throttle.NewSemaphore(b.Client, "reports", 3, throttle.WithKeyPrefix(b.Prefix), throttle.WithHooks(m.Hooks()))
+	sem, err := throttle.NewSemaphore(b.Client, "reports", 3, throttle.WithKeyPrefix(b.Prefix), throttle.WithSemaphoreHooks(m.SemaphoreHooks()))
 	if err != nil {
 		t.Fatal(err)
 	}
