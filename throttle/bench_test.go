@@ -73,7 +73,7 @@ func BenchmarkAllow(b *testing.B) {
 	for _, alg := range allAlgorithms {
 		for _, bl := range benchLimits {
 			b.Run(alg.String()+"/"+bl.path, func(b *testing.B) {
-				l, err := New(be.Client, "allow-"+bl.path, bl.limit, WithAlgorithm(alg), WithKeyPrefix(be.Prefix))
+				l, err := New(be.Client, "allow-"+bl.path+"-"+alg.String(), bl.limit, WithAlgorithm(alg), WithKeyPrefix(be.Prefix))
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -105,7 +105,7 @@ func BenchmarkAllowParallel(b *testing.B) {
 	ctx := context.Background()
 	for _, alg := range allAlgorithms {
 		b.Run(alg.String(), func(b *testing.B) {
-			l, err := New(be.Client, "parallel", benchLimits[0].limit, WithAlgorithm(alg), WithKeyPrefix(be.Prefix))
+			l, err := New(be.Client, "parallel-"+alg.String(), benchLimits[0].limit, WithAlgorithm(alg), WithKeyPrefix(be.Prefix))
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -130,7 +130,7 @@ func BenchmarkReserve(b *testing.B) {
 	ctx := context.Background()
 	for _, alg := range allAlgorithms {
 		b.Run(alg.String(), func(b *testing.B) {
-			l, err := New(be.Client, "reserve", Limit{Rate: 1, Period: time.Hour}, WithAlgorithm(alg), WithKeyPrefix(be.Prefix))
+			l, err := New(be.Client, "reserve-"+alg.String(), Limit{Rate: 1, Period: time.Hour}, WithAlgorithm(alg), WithKeyPrefix(be.Prefix))
 			if err != nil {
 				b.Fatal(err)
 			}

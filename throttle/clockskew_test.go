@@ -155,7 +155,7 @@ func TestServerClockStepBackAdmitsNothingExtra(t *testing.T) {
 		if alg == TokenBucket {
 			limit.Burst = 3
 		}
-		l, err := New(rdb, "stepback", limit, WithAlgorithm(alg))
+		l, err := New(rdb, "stepback-"+alg.String(), limit, WithAlgorithm(alg)) // one algorithm per key
 		if err != nil {
 			t.Fatal(err)
 		}

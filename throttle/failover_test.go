@@ -162,7 +162,8 @@ func TestClusterFailover(t *testing.T) {
 			hot = append(hot, mk(onMaster("hot-"+alg.String(), m), Limit{Rate: 20, Period: period}, alg))
 		}
 		for _, key := range append(append([]string(nil), oddKeys...), keyNames("cold", 16)...) {
-			cold = append(cold, mk(key, Limit{Rate: 10, Period: period}, alg))
+			// one algorithm per key: the algorithm goes after the odd characters
+			cold = append(cold, mk(key+"/"+alg.String(), Limit{Rate: 10, Period: period}, alg))
 		}
 		cold = append(cold, mk("{"+alg.String()+"}", Limit{Rate: 10, Period: period}, alg, WithKeyPrefix(""))) // tag "{{…"
 	}

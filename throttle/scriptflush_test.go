@@ -96,7 +96,7 @@ func TestScriptFlushUnderLoad(t *testing.T) {
 			if alg == TokenBucket {
 				limit.Burst = 3
 			}
-			l, err := New(b.Client, "flush", limit, WithAlgorithm(alg), WithKeyPrefix(b.Prefix), withScript(audited[alg]))
+			l, err := New(b.Client, "flush-"+alg.String(), limit, WithAlgorithm(alg), WithKeyPrefix(b.Prefix), withScript(audited[alg]))
 			if err != nil {
 				t.Fatal(err)
 			}
