@@ -268,7 +268,9 @@ local function jt_args(first, hi)
   local op, n, x, m = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
   if not op or op > 3 then return nil, 'op' end
   if op >= 2 then
-    if not KEYS[3] then return nil, 'op ' .. op .. ' without a booking key' end
+    if not KEYS[3] or not string.find(KEYS[3], '}:bk:', 1, true) then -- not another key
+      return nil, 'op ' .. op .. ' without a booking key'
+    end
     jt_bk_op = op
     op = op - 2 -- the algorithm acquires (2) or cancels (3); jt_booked does the rest
   end

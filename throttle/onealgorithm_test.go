@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 )
@@ -42,6 +43,9 @@ func TestOneAlgorithmPerKey(t *testing.T) {
 				}
 				if _, err := z.Reserve(ctx, 1, 0); !errors.Is(err, ErrAlgorithmMismatch) {
 					t.Fatalf("%v Reserve after %v: %v", second, first, err)
+				}
+				if _, _, err := z.ReserveFor(ctx, "task-1", 1, time.Minute); !errors.Is(err, ErrAlgorithmMismatch) {
+					t.Fatalf("%v ReserveFor after %v: %v", second, first, err)
 				}
 				if r, err := a.Allow(ctx); err != nil || !r.Allowed || r.Remaining != 8 {
 					t.Fatalf("%v goes on: %+v %v", first, r, err)
