@@ -138,29 +138,6 @@ func TestFailLocalEnforcesTheShare(t *testing.T) {
 	}
 }
 
-func TestLocalLogMatchesModel(t *testing.T) {
-	limits := []Limit{{Rate: 3, Period: 200 * ms}, {Rate: 5, Period: time.Second}}
-	g := newLocalLog(limits, SlidingWindow, 1)
-	m := newModel(SlidingWindow, limits, 1)
-	var now int64 = 1_000_000_000
-	for i := 0; i < 300; i++ {
-		now += int64((i * 7919) % 90_000)
-		n := i % 4
-		maxWait := int64((i % 3) * 300_000)
-		want, token := m.allow(now, n, maxWait)
-		got := g.acquire(now, n, maxWait)
-		if got.granted != want.Allowed {
-			t.Fatalf("step %d: granted %v, want %+v", i, got.granted, want)
-		}
-		if got.granted && got.token != token {
-			t.Fatalf("step %d: booked at %d, want %d", i, got.token, token)
-		}
-		if !got.granted && got.wait != want.RetryAfter {
-			t.Fatalf("step %d: wait %v, want %v", i, got.wait, want.RetryAfter)
-		}
-	}
-}
-
 // When Redis comes back, decisions go back to it within the breaker's longest quiet time.
 func TestFailLocalGoesBackToRedis(t *testing.T) {
 	s, err := redistest.StartServer()
