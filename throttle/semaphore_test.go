@@ -410,60 +410,6 @@ func TestSemaphoreHonoursPause(t *testing.T) {
 	})
 }
 
-// Hold extends the lease while fn runs, well past one TTL, and releases it after; a
-// lease lost meanwhile cancels fn's context with ErrLeaseLost.
-func TestLeaseHoldRenews(t *testing.T) {
-	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
-		ctx := context.Background()
-		const ttl = 150 * ms
-		s, err := NewSemaphore(b.Client, "hold", 1, WithKeyPrefix(b.Prefix), WithLeaseTTL(ttl))
-		if err != nil {
-			t.Fatal(err)
-		}
-		l := mustTry(t, s)
-		err = l.Hold(ctx, func(ctx context.Context) error {
-			time.Sleep(4 * ttl)
-			if ctx.Err() != nil {
-				return context.Cause(ctx)
-			}
-			if _, err := b.Client.ZScore(ctx, s.keys[0], l.ID()).Result(); err != nil {
-				return fmt.Errorf("lease gone after 4 TTLs of holding: %v", err)
-			}
-			if other, _, err := s.TryAcquire(ctx); other != nil || err != nil {
-				return fmt.Errorf("TryAcquire while held: %v, %v", other, err)
-			}
-			return errors.New("fn's error")
-		})
-		if err == nil || err.Error() != "fn's error" {
-			t.Fatalf("Hold = %v, want fn's error", err)
-		}
-		if n, _ := b.Client.ZCard(ctx, s.keys[0]).Result(); n != 0 {
-			t.Fatalf("%d leases after Hold returned, want 0", n)
-		}
-		if err := l.Hold(ctx, func(context.Context) error { return nil }); !errors.Is(err, ErrLeaseLost) {
-			t.Fatalf("Hold of a released lease: %v, want ErrLeaseLost", err)
-		}
-
-		// a lease lost while held: fn's context ends within about TTL/3
-		l = mustTry(t, s)
-		var cause error
-		err = l.Hold(ctx, func(ctx context.Context) error {
-			if err := b.Client.ZRem(ctx, s.keys[0], l.ID()).Err(); err != nil {
-				return err
-			}
-			select {
-			case <-ctx.Done():
-				cause = context.Cause(ctx)
-			case <-time.After(10 * ttl):
-			}
-			return nil
-		})
-		if err != nil || !errors.Is(cause, ErrLeaseLost) {
-			t.Fatalf("Hold after the lease was lost: %v, cause %v; want nil and ErrLeaseLost", err, cause)
-		}
-	})
-}
-
 // SemaphoreHooks see grants (with the wait), denials, a waiter giving up, releases
 // (with the time held) and a lost lease; with Redis down every call fails at once
 // with ErrUnavailable and the RedisError hook.
@@ -979,30 +925,4 @@ func (c *scriptCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 
 func (c *scriptCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
-}
-
-// A holder whose function panics still releases its lease: the panic goes on, the slot
-// comes back at once.
-func TestLeaseHoldReleasesOnPanic(t *testing.T) {
-	b := redistest.NewMiniRealTime(t)
-	ctx := context.Background()
-	sem, err := NewSemaphore(b.Client, "panicky", 1, WithKeyPrefix(b.Prefix))
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, _, err := sem.TryAcquire(ctx)
-	if err != nil || l == nil {
-		t.Fatalf("TryAcquire: %v %v", l, err)
-	}
-	func() {
-		defer func() {
-			if r := recover(); r != "boom" {
-				t.Fatalf("recovered %v, want the handler's panic", r)
-			}
-		}()
-		_ = l.Hold(ctx, func(context.Context) error { panic("boom") })
-	}()
-	if next, _, err := sem.TryAcquire(ctx); err != nil || next == nil {
-		t.Fatalf("slot after a panicking holder: %v %v; want it free", next, err)
-	}
 }
