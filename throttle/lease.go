@@ -18,6 +18,9 @@ type Lease struct {
 	granted time.Time // by the Semaphore's clock
 	renewed time.Time // when it was granted or last extended, by the Semaphore's clock
 	local   bool      // granted without Redis by the failure policy: kept in the process
+	// reported: the LeaseLost hook ran for this lease (Hold gave it up), so the final
+	// Release that finds it expired does not report it again
+	reported bool
 }
 
 type leaseState int
@@ -94,10 +97,16 @@ func (l *Lease) Release(ctx context.Context) error {
 // The caller holds l.mu.
 func (l *Lease) lost() error {
 	l.state = leaseLost
-	if h := l.s.hooks.LeaseLost; h != nil {
+	l.reportLost()
+	return fmt.Errorf("%w: lease %s of key %q had expired", ErrLeaseLost, l.id, l.s.key)
+}
+
+// reportLost calls the LeaseLost hook, once per lease; the caller holds l.mu.
+func (l *Lease) reportLost() {
+	if h := l.s.hooks.LeaseLost; h != nil && !l.reported {
 		h(l.s.key)
 	}
-	return fmt.Errorf("%w: lease %s of key %q had expired", ErrLeaseLost, l.id, l.s.key)
+	l.reported = true
 }
 
 // gone returns the error for a lease that is no longer held, or nil.
@@ -170,11 +179,11 @@ func (l *Lease) keepAlive(ctx context.Context, done <-chan struct{}, cancel cont
 		}
 		l.mu.Lock()
 		since := clock.Now().Sub(l.renewed)
+		if since >= ttl {
+			l.reportLost()
+		}
 		l.mu.Unlock()
 		if since >= ttl {
-			if h := l.s.hooks.LeaseLost; h != nil {
-				h(l.s.key)
-			}
 			cancel(fmt.Errorf("%w: lease %s of key %q not renewed for %v: %w", ErrLeaseLost, l.id, l.s.key, since, err))
 			return
 		}

@@ -197,6 +197,47 @@ func TestLeaseHoldRenews(t *testing.T) {
 	})
 }
 
+// When no extension succeeds for a whole TTL (Redis unreachable), Hold gives the
+// lease up: fn's context ends with a cause wrapping ErrLeaseLost, and the LeaseLost
+// hook runs, once (the final Release that finds the lease expired does not report it
+// again). The lease TTL is 150ms on the real clock; fn waits up
+// to 10s for the cancel, so a busy machine only makes the test slower.
+func TestLeaseHoldGivesUpWithoutRedis(t *testing.T) {
+	b := redistest.NewMiniRealTime(t)
+	ctx := context.Background()
+	var h leaseHooks
+	const ttl = 150 * ms
+	s, err := NewSemaphore(b.Client, "unreachable", 1, WithKeyPrefix(b.Prefix), WithLeaseTTL(ttl), WithSemaphoreHooks(h.hooks()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := mustTry(t, s)
+	var cause error
+	start := time.Now()
+	err = l.Hold(ctx, func(ctx context.Context) error {
+		b.Mini.SetError("LOADING Redis is loading the dataset in memory")
+		defer b.Mini.SetError("")
+		select {
+		case <-ctx.Done():
+			cause = context.Cause(ctx)
+		case <-time.After(10 * time.Second):
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("Hold = %v, want fn's nil", err)
+	}
+	if !errors.Is(cause, ErrLeaseLost) {
+		t.Fatalf("fn's context cause %v, want one wrapping ErrLeaseLost", cause)
+	}
+	if held := time.Since(start); held < ttl {
+		t.Fatalf("gave the lease up after %v, before a whole TTL (%v) without renewal", held, ttl)
+	}
+	if _, lost := h.counts(); lost != 1 {
+		t.Fatalf("LeaseLost %d times, want once", lost)
+	}
+}
+
 // A holder whose function panics still releases its lease: the panic goes on, the slot
 // comes back at once.
 func TestLeaseHoldReleasesOnPanic(t *testing.T) {
