@@ -37,10 +37,6 @@ import (
 //	END
 const fleetChildEnv = "JOBTHROTTLE_FLEET_CHILD"
 
-// longFaultTests reports whether the long fault campaigns run (JOBTHROTTLE_LONG set);
-// by default each fault test runs for seconds.
-func longFaultTests() bool { return os.Getenv("JOBTHROTTLE_LONG") != "" }
-
 // fleetOrders is what a child is told to do.
 type fleetOrders struct {
 	Addrs   []string
@@ -416,26 +412,6 @@ func jobStats(t *testing.T, res *fleetResult, prefix string, j fleetJob) keyStat
 	}
 	s.util /= float64(s.keys)
 	return s
-}
-
-// bound is the most permits that may take effect in one period: the rate, the rate and
-// the burst less one for the token bucket, two rates for the fixed window.
-func bound(alg Algorithm, l Limit) int {
-	switch alg {
-	case TokenBucket:
-		return l.Rate + l.Burst - 1
-	case FixedWindow:
-		return 2 * l.Rate
-	}
-	return l.Rate
-}
-
-func keyNames(base string, n int) []string {
-	keys := make([]string, n)
-	for i := range keys {
-		keys[i] = fmt.Sprintf("%s-%02d", base, i)
-	}
-	return keys
 }
 
 // 8 processes × 8 goroutines WaitN (n mixed 1–3) on one key, sliding window and token

@@ -3,7 +3,6 @@ package throttle
 import (
 	"context"
 	"fmt"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,24 +14,6 @@ import (
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
-
-// startOwnServer starts a redis-server for one test (its keyspace, memory and
-// configuration are the test's alone) and returns a client; the server stops with
-// the test. Without redis-server the test is skipped (or fails under
-// JOBTHROTTLE_REQUIRE_REAL).
-func startOwnServer(t *testing.T, args ...string) (*redistest.Server, *redis.Client) {
-	t.Helper()
-	s, err := redistest.StartServer(args...)
-	if err != nil {
-		if os.Getenv("JOBTHROTTLE_REQUIRE_REAL") != "" {
-			t.Fatalf("real Redis required: %v", err)
-		}
-		t.Skipf("no redis-server: %v", err)
-	}
-	c := redis.NewClient(&redis.Options{Addr: s.Addr, PoolSize: 64})
-	t.Cleanup(func() { c.Close(); s.Kill(); os.RemoveAll(s.Dir) })
-	return s, c
-}
 
 // keyspace returns the keys and the keys with a TTL that INFO keyspace reports for db0.
 func keyspace(ctx context.Context, c *redis.Client) (keys, expires int64, err error) {

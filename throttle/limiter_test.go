@@ -3,7 +3,6 @@ package throttle
 import (
 	"context"
 	"errors"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -132,47 +131,6 @@ func TestAllowZeroReadsOnly(t *testing.T) {
 	})
 }
 
-// keysUnder counts the backend's keys under its test prefix, fake-clock keys aside.
-func keysUnder(t *testing.T, b *redistest.Backend) int {
-	t.Helper()
-	n := 0
-	for _, k := range scanKeys(t, b) {
-		if !strings.HasSuffix(k, ":clock") {
-			n++
-		}
-	}
-	return n
-}
-
-func scanKeys(t *testing.T, b *redistest.Backend) []string {
-	t.Helper()
-	ctx := context.Background()
-	var keys []string
-	scan := func(ctx context.Context, c *redis.Client) error {
-		iter := c.Scan(ctx, 0, "{"+b.Prefix+"*", 1000).Iterator()
-		for iter.Next(ctx) {
-			keys = append(keys, iter.Val())
-		}
-		return iter.Err()
-	}
-	var err error
-	switch c := b.Client.(type) {
-	case *redis.ClusterClient:
-		var mu = make(chan struct{}, 1)
-		err = c.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
-			mu <- struct{}{}
-			defer func() { <-mu }()
-			return scan(ctx, c)
-		})
-	case *redis.Client:
-		err = scan(ctx, c)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	return keys
-}
-
 // Every key a limiter writes has a TTL no longer than its state needs, and an idle
 // limiter leaves nothing behind once it has passed.
 func TestKeysExpire(t *testing.T) {
@@ -296,8 +254,6 @@ func TestRedisDownIsAnError(t *testing.T) {
 		t.Fatalf("failing took %v", d)
 	}
 }
-
-func itoa(i int) string { return strconv.Itoa(i) }
 
 // On the real clock, with the production scripts, every key a limiter writes has a
 // TTL no longer than its state needs: at most 1ms more (rounded up to milliseconds),

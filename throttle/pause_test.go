@@ -12,8 +12,6 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-var fakePause = redistest.FakeClockScript(lua.PauseSource)
-
 // While a key is paused every algorithm denies with the time to the pause's end, books
 // only after it, and reports nothing remaining; after it, it grants again.
 func TestPauseDeniesUntilItEnds(t *testing.T) {

@@ -49,18 +49,6 @@ func TestUnavailableIsTyped(t *testing.T) {
 	}
 }
 
-// downClient is a client of a port nobody listens on: every call is refused at once.
-func downClient(t *testing.T) *redis.Client {
-	t.Helper()
-	port, err := redistest.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + itoa(port), MaxRetries: -1, DialTimeout: 100 * ms})
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
 func TestFailOpenGrantsAndCounts(t *testing.T) {
 	var degraded int
 	l, err := New(downClient(t), "open", PerSecond(1), WithFailurePolicy(FailOpen),

@@ -11,8 +11,6 @@ import (
 	"github.com/jobthrottle/jobthrottle/waiter"
 )
 
-var allAlgorithms = []Algorithm{SlidingWindow, TokenBucket, FixedWindow, SlidingCounter}
-
 func reserve(t *testing.T, l *Limiter, n int, maxWait time.Duration) *waiter.Reservation {
 	t.Helper()
 	r, err := l.Reserve(context.Background(), n, maxWait)

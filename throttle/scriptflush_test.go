@@ -8,19 +8,8 @@ import (
 	"time"
 
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
-	"github.com/jobthrottle/jobthrottle/lua"
 	"github.com/redis/go-redis/v9"
 )
-
-// audited holds each algorithm's production script with a server-side record of its
-// grants (redistest.AuditScript): what the server charged, to compare with what the
-// callers were told.
-var audited = map[Algorithm]*redis.Script{
-	SlidingWindow:  redistest.AuditScript(lua.SlidingWindowSource),
-	TokenBucket:    redistest.AuditScript(lua.GCRASource),
-	FixedWindow:    redistest.AuditScript(lua.FixedWindowSource),
-	SlidingCounter: redistest.AuditScript(lua.SlidingCounterSource),
-}
 
 // evalCount counts the script calls that reached the server as EVAL (the script text)
 // rather than EVALSHA: the fallbacks after the server lost the script.

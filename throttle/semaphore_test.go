@@ -22,41 +22,6 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// fakeSemaphore is the production semaphore script on the clock a test sets.
-var fakeSemaphore = redistest.FakeClockScript(lua.SemaphoreSource)
-
-// semaphore makes a semaphore under the backend's test prefix, on the fake-clock
-// script (Go code keeps the real clock: Acquire's waiters run beside the test).
-func (tl *timeline) semaphore(key string, max int, opts ...SemaphoreOption) *Semaphore {
-	tl.t.Helper()
-	opts = append([]SemaphoreOption{WithKeyPrefix(tl.b.Prefix), withScript(fakeSemaphore)}, opts...)
-	s, err := NewSemaphore(tl.b.Client, key, max, opts...)
-	if err != nil {
-		tl.t.Fatalf("NewSemaphore(%q, %d): %v", key, max, err)
-	}
-	tag := "{" + tl.b.Prefix + key + "}"
-	tl.tags = append(tl.tags, tag)
-	tl.b.SetTime(tl.t, tl.now, tag)
-	return s
-}
-
-func mustTry(t *testing.T, s *Semaphore) *Lease {
-	t.Helper()
-	l, wait, err := s.TryAcquire(context.Background())
-	if err != nil || l == nil {
-		t.Fatalf("TryAcquire: lease %v, wait %v, err %v; want a lease", l, wait, err)
-	}
-	return l
-}
-
-func wantDenied(t *testing.T, s *Semaphore, wait time.Duration) {
-	t.Helper()
-	l, got, err := s.TryAcquire(context.Background())
-	if err != nil || l != nil || got != wait {
-		t.Fatalf("TryAcquire: lease %v, wait %v, err %v; want no lease, wait %v", l, got, err, wait)
-	}
-}
-
 // eventually polls cond every millisecond for up to d.
 func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()

@@ -6,16 +6,7 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/jobthrottle/jobthrottle/waiter"
 )
-
-// stillClock is a waiter.Clock whose time stands still (timers are real; the tests
-// that use it do not sleep).
-type stillClock struct{ now time.Time }
-
-func (c stillClock) Now() time.Time                        { return c.now }
-func (c stillClock) NewTimer(d time.Duration) waiter.Timer { return waiter.SystemClock.NewTimer(d) }
 
 // entries counts the shared limiter states whose key's hash tag contains text.
 func entries(text string) int {

@@ -1,35 +1,10 @@
 package throttle
 
 import (
-	"context"
 	"testing"
-	"time"
 
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 )
-
-const ms = time.Millisecond
-
-// step is one call on a timeline: at t0+at, AllowN(n) must answer want.
-type step struct {
-	at   time.Duration
-	n    int
-	want Result
-}
-
-func runSteps(t *testing.T, tl *timeline, l *Limiter, steps []step) {
-	t.Helper()
-	for i, s := range steps {
-		tl.at(s.at)
-		got, err := l.AllowN(context.Background(), s.n)
-		if err != nil {
-			t.Fatalf("step %d (t0+%v, n=%d): %v", i, s.at, s.n, err)
-		}
-		if got != s.want {
-			t.Fatalf("step %d (t0+%v, n=%d): got %+v, want %+v", i, s.at, s.n, got, s.want)
-		}
-	}
-}
 
 // The seed's worked example (Redisson, 5 per second), with the wait Redisson gets wrong.
 func TestSlidingWindowSeedExample(t *testing.T) {

@@ -1,0 +1,277 @@
+package throttle
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/lua"
+	"github.com/jobthrottle/jobthrottle/waiter"
+	"github.com/redis/go-redis/v9"
+)
+
+// Helpers shared by the package's tests. A helper used by one test file stays in that
+// file; the larger harnesses stay beside the tests they were built for: the fleet of
+// child processes (runFleet) in fleet_test.go, the fuzz runner (fuzzRun, fuzzReader)
+// in fuzz_test.go. The reference models are refmodel_window_test.go (the sliding window,
+// sliding counter and fixed window) and refmodel_bucket_test.go (the token bucket).
+
+// ---- time, steps and the fake-clock scripts
+
+const ms = time.Millisecond
+
+// step is one call on a timeline: at t0+at, AllowN(n) must answer want.
+type step struct {
+	at   time.Duration
+	n    int
+	want Result
+}
+
+// runSteps runs the steps in order on tl and fails at the first answer that differs.
+func runSteps(t *testing.T, tl *timeline, l *Limiter, steps []step) {
+	t.Helper()
+	for i, s := range steps {
+		tl.at(s.at)
+		got, err := l.AllowN(context.Background(), s.n)
+		if err != nil {
+			t.Fatalf("step %d (t0+%v, n=%d): %v", i, s.at, s.n, err)
+		}
+		if got != s.want {
+			t.Fatalf("step %d (t0+%v, n=%d): got %+v, want %+v", i, s.at, s.n, got, s.want)
+		}
+	}
+}
+
+// allAlgorithms lists every Algorithm, for tests that run a scenario on each.
+var allAlgorithms = []Algorithm{SlidingWindow, TokenBucket, FixedWindow, SlidingCounter}
+
+// fakeClock holds each algorithm's script with the clock a test sets (see
+// redistest.FakeClockScript): the production Lua on a timeline the test controls, for
+// real servers. On miniredis timelines run the production scripts: its clock moves
+// TIME and TTLs together.
+var fakeClock = map[Algorithm]*redis.Script{
+	SlidingWindow:  redistest.FakeClockScript(lua.SlidingWindowSource),
+	TokenBucket:    redistest.FakeClockScript(lua.GCRASource),
+	FixedWindow:    redistest.FakeClockScript(lua.FixedWindowSource),
+	SlidingCounter: redistest.FakeClockScript(lua.SlidingCounterSource),
+}
+
+// fakeSemaphore is the production semaphore script on the clock a test sets.
+var fakeSemaphore = redistest.FakeClockScript(lua.SemaphoreSource)
+
+// fakePause is the production pause script on the clock a test sets.
+var fakePause = redistest.FakeClockScript(lua.PauseSource)
+
+// audited holds each algorithm's production script with a server-side record of its
+// grants (redistest.AuditScript): what the server charged, to compare with what the
+// callers were told.
+var audited = map[Algorithm]*redis.Script{
+	SlidingWindow:  redistest.AuditScript(lua.SlidingWindowSource),
+	TokenBucket:    redistest.AuditScript(lua.GCRASource),
+	FixedWindow:    redistest.AuditScript(lua.FixedWindowSource),
+	SlidingCounter: redistest.AuditScript(lua.SlidingCounterSource),
+}
+
+// ---- timelines: limiters and semaphores on a clock the test moves
+
+// timeline runs limiters on one backend with a clock the test moves: t0 is
+// redistest.Epoch, at(d) sets the clock to t0 + d for every limiter made so far.
+type timeline struct {
+	t    *testing.T
+	b    *redistest.Backend
+	now  time.Time
+	tags []string
+}
+
+func newTimeline(t *testing.T, b *redistest.Backend) *timeline {
+	tl := &timeline{t: t, b: b, now: redistest.Epoch}
+	b.SetTime(t, tl.now)
+	return tl
+}
+
+// limiter makes a limiter under the backend's test prefix, on the fake-clock script.
+func (tl *timeline) limiter(key string, limit Limit, opts ...Option) *Limiter {
+	tl.t.Helper()
+	c := newConfig()
+	for _, o := range opts {
+		o.applyLimiter(c)
+	}
+	opts = append([]Option{WithKeyPrefix(tl.b.Prefix), WithClock(goClock{tl})}, opts...)
+	if tl.b.Real() {
+		opts = append(opts, withScript(fakeClock[c.algorithm]))
+	}
+	l, err := New(tl.b.Client, key, limit, opts...)
+	if err != nil {
+		tl.t.Fatalf("New(%q, %v): %v", key, limit, err)
+	}
+	tag := "{" + tl.b.Prefix + key + "}"
+	tl.tags = append(tl.tags, tag)
+	tl.b.SetTime(tl.t, tl.now, tag)
+	return l
+}
+
+// semaphore makes a semaphore under the backend's test prefix, on the fake-clock
+// script (Go code keeps the real clock: Acquire's waiters run beside the test).
+func (tl *timeline) semaphore(key string, max int, opts ...SemaphoreOption) *Semaphore {
+	tl.t.Helper()
+	opts = append([]SemaphoreOption{WithKeyPrefix(tl.b.Prefix), withScript(fakeSemaphore)}, opts...)
+	s, err := NewSemaphore(tl.b.Client, key, max, opts...)
+	if err != nil {
+		tl.t.Fatalf("NewSemaphore(%q, %d): %v", key, max, err)
+	}
+	tag := "{" + tl.b.Prefix + key + "}"
+	tl.tags = append(tl.tags, tag)
+	tl.b.SetTime(tl.t, tl.now, tag)
+	return s
+}
+
+// at moves the clock to t0 + d.
+func (tl *timeline) at(d time.Duration) {
+	tl.t.Helper()
+	tl.now = redistest.Epoch.Add(d)
+	tl.b.SetTime(tl.t, tl.now, tl.tags...)
+}
+
+// goClock is a waiter.Clock standing at the timeline's time (timers are real; the
+// tests that use it do not sleep).
+type goClock struct{ tl *timeline }
+
+func (c goClock) Now() time.Time                        { return c.tl.now }
+func (c goClock) NewTimer(d time.Duration) waiter.Timer { return waiter.SystemClock.NewTimer(d) }
+
+// stillClock is a waiter.Clock whose time stands still (timers are real; the tests
+// that use it do not sleep).
+type stillClock struct{ now time.Time }
+
+func (c stillClock) Now() time.Time                        { return c.now }
+func (c stillClock) NewTimer(d time.Duration) waiter.Timer { return waiter.SystemClock.NewTimer(d) }
+
+// ---- semaphores
+
+// mustTry takes a lease with TryAcquire, or fails the test.
+func mustTry(t *testing.T, s *Semaphore) *Lease {
+	t.Helper()
+	l, wait, err := s.TryAcquire(context.Background())
+	if err != nil || l == nil {
+		t.Fatalf("TryAcquire: lease %v, wait %v, err %v; want a lease", l, wait, err)
+	}
+	return l
+}
+
+// wantDenied fails the test unless TryAcquire grants nothing and answers wait.
+func wantDenied(t *testing.T, s *Semaphore, wait time.Duration) {
+	t.Helper()
+	l, got, err := s.TryAcquire(context.Background())
+	if err != nil || l != nil || got != wait {
+		t.Fatalf("TryAcquire: lease %v, wait %v, err %v; want no lease, wait %v", l, got, err, wait)
+	}
+}
+
+// ---- servers and their keys
+
+// keysUnder counts the backend's keys under its test prefix, fake-clock keys aside.
+func keysUnder(t *testing.T, b *redistest.Backend) int {
+	t.Helper()
+	n := 0
+	for _, k := range scanKeys(t, b) {
+		if !strings.HasSuffix(k, ":clock") {
+			n++
+		}
+	}
+	return n
+}
+
+// scanKeys returns the backend's keys under its test prefix, from every master of a
+// cluster.
+func scanKeys(t *testing.T, b *redistest.Backend) []string {
+	t.Helper()
+	ctx := context.Background()
+	var keys []string
+	scan := func(ctx context.Context, c *redis.Client) error {
+		iter := c.Scan(ctx, 0, "{"+b.Prefix+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			keys = append(keys, iter.Val())
+		}
+		return iter.Err()
+	}
+	var err error
+	switch c := b.Client.(type) {
+	case *redis.ClusterClient:
+		var mu = make(chan struct{}, 1)
+		err = c.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			mu <- struct{}{}
+			defer func() { <-mu }()
+			return scan(ctx, c)
+		})
+	case *redis.Client:
+		err = scan(ctx, c)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return keys
+}
+
+// startOwnServer starts a redis-server for one test (its keyspace, memory and
+// configuration are the test's alone) and returns a client; the server stops with
+// the test. Without redis-server the test is skipped (or fails under
+// JOBTHROTTLE_REQUIRE_REAL).
+func startOwnServer(t *testing.T, args ...string) (*redistest.Server, *redis.Client) {
+	t.Helper()
+	s, err := redistest.StartServer(args...)
+	if err != nil {
+		if os.Getenv("JOBTHROTTLE_REQUIRE_REAL") != "" {
+			t.Fatalf("real Redis required: %v", err)
+		}
+		t.Skipf("no redis-server: %v", err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, PoolSize: 64})
+	t.Cleanup(func() { c.Close(); s.Kill(); os.RemoveAll(s.Dir) })
+	return s, c
+}
+
+// downClient is a client of a port nobody listens on: every call is refused at once.
+func downClient(t *testing.T) *redis.Client {
+	t.Helper()
+	port, err := redistest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + itoa(port), MaxRetries: -1, DialTimeout: 100 * ms})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// ---- small things
+
+// longFaultTests reports whether the long fault campaigns run (JOBTHROTTLE_LONG set);
+// by default each fault test runs for seconds.
+func longFaultTests() bool { return os.Getenv("JOBTHROTTLE_LONG") != "" }
+
+// bound is the most permits that may take effect in one period: the rate, the rate and
+// the burst less one for the token bucket, two rates for the fixed window.
+func bound(alg Algorithm, l Limit) int {
+	switch alg {
+	case TokenBucket:
+		return l.Rate + l.Burst - 1
+	case FixedWindow:
+		return 2 * l.Rate
+	}
+	return l.Rate
+}
+
+// keyNames returns n keys base-00, base-01, ...
+func keyNames(base string, n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("%s-%02d", base, i)
+	}
+	return keys
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
