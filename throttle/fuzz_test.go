@@ -31,9 +31,9 @@ import (
 //   - every key the call wrote has a TTL, the state's TTL lasts as long as the state
 //     is needed (ResetAfter) and, at the end, every key is gone once the longest of
 //     them has passed;
-//   - valid input gets the answer of the reference model (model_test.go for the log
-//     and window algorithms, bucketModel and, while it applies, x/time/rate for the
-//     token bucket).
+//   - valid input gets the answer of the reference model (model in
+//     refmodel_window_test.go for the log and window algorithms; bucketModel in
+//     refmodel_bucket_test.go and, while it applies, x/time/rate for the token bucket).
 // Seeds are in testdata/fuzz (written from fuzzseeds_test.go). CI runs each target
 // for a short while; see .ci/run.
 
