@@ -20,6 +20,7 @@ import (
 // as the limiter targets do (see fuzz_test.go) against semModel, the script's rules
 // in plain Go (refmodel_semaphore_test.go).
 func FuzzSemaphore(f *testing.F) {
+	noteMissingServers(f, "every input is skipped (each runs on miniredis and a real redis-server side by side)", redistest.Standalone)
 	f.Fuzz(func(t *testing.T, cfg []byte, key, junk string, ops []byte) {
 		runSemaphoreInput(t, cfg, key, junk, ops)
 	})

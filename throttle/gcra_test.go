@@ -28,6 +28,7 @@ func TestTokenBucketSeedExample(t *testing.T) {
 // Decisions and waits match golang.org/x/time/rate with the same rate and burst,
 // request for request, on random timelines.
 func TestTokenBucketMatchesXTimeRate(t *testing.T) {
+	noteMissingServers(t, "the property was checked on miniredis only", redistest.Standalone, redistest.Cluster)
 	cases := []Limit{
 		{Rate: 10, Period: time.Second, Burst: 1},
 		{Rate: 3, Period: time.Second, Burst: 5}, // 333333.3µs per token
@@ -84,6 +85,7 @@ func TestTokenBucketMatchesXTimeRate(t *testing.T) {
 // Several token-bucket limits on one key decide like x/time/rate limiters checked
 // together: granted only if every bucket has n tokens, and then taken from all.
 func TestTokenBucketLimitsMatchXTimeRate(t *testing.T) {
+	noteMissingServers(t, "the property was checked on miniredis only", redistest.Standalone, redistest.Cluster)
 	limits := []Limit{
 		{Rate: 5, Period: time.Second, Burst: 3},
 		{Rate: 12, Period: 10 * time.Second, Burst: 8},

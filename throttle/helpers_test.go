@@ -248,6 +248,33 @@ func downClient(t *testing.T) *redis.Client {
 	return c
 }
 
+// noteMissingServers says in the output when a test cannot reach a real server of
+// one of the kinds given, and what that costs (consequence). redistest.Each skips a
+// real-server subtest it cannot run, and go test prints nothing of a passing test, so
+// a property checked on miniredis alone, or a fuzz target whose every input was
+// skipped, would pass silently. The note goes through redistest.Figure: t.Log, and
+// under CI the figures file that .ci/run prints after the tests. (With
+// JOBTHROTTLE_REQUIRE_REAL set, as in CI, the missing server fails the test anyway.)
+func noteMissingServers(t testing.TB, consequence string, kinds ...redistest.Kind) {
+	t.Helper()
+	var missing []string
+	for _, k := range kinds {
+		var err error
+		switch k {
+		case redistest.Standalone:
+			_, err = redistest.StandaloneAddr()
+		case redistest.Cluster:
+			_, err = redistest.ClusterAddrs()
+		}
+		if err != nil {
+			missing = append(missing, fmt.Sprintf("no %s (%v)", k, err))
+		}
+	}
+	if len(missing) > 0 {
+		redistest.Figure(t, "NOT CHECKED on real Redis: %s; %s", strings.Join(missing, ", "), consequence)
+	}
+}
+
 // ---- small things
 
 // longFaultTests reports whether the long fault campaigns run (JOBTHROTTLE_LONG set);

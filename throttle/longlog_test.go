@@ -14,6 +14,7 @@ import (
 // head and the last entry, and searches the rest): many small grants, bookings far
 // ahead and expiring entries, answered like the reference model, reads included.
 func TestLongLogMatchesReferenceModel(t *testing.T) {
+	noteMissingServers(t, "the property was checked on miniredis only", redistest.Standalone, redistest.Cluster)
 	type tc struct {
 		alg     Algorithm
 		limits  []Limit

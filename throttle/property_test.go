@@ -14,6 +14,7 @@ import (
 // timelines (one to three limits, random n), and the grants never exceed a limit in
 // any window, checked from the times they take effect.
 func TestMatchesReferenceModel(t *testing.T) {
+	noteMissingServers(t, "the property was checked on miniredis only", redistest.Standalone, redistest.Cluster)
 	type tc struct {
 		alg    Algorithm
 		limits []Limit
