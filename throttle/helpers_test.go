@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -273,6 +274,49 @@ func noteMissingServers(t testing.TB, consequence string, kinds ...redistest.Kin
 	if len(missing) > 0 {
 		redistest.Figure(t, "NOT CHECKED on real Redis: %s; %s", strings.Join(missing, ", "), consequence)
 	}
+}
+
+// ---- scripts
+
+// evalCount counts the script calls that reached the server as EVAL (the script text)
+// rather than EVALSHA: the fallbacks after the server lost the script.
+type evalCount struct{ n atomic.Int64 }
+
+func (c *evalCount) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *evalCount) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		c.see(cmd)
+		return err
+	}
+}
+
+func (c *evalCount) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			c.see(cmd)
+		}
+		return err
+	}
+}
+
+func (c *evalCount) see(cmd redis.Cmder) {
+	if cmd.Name() == "eval" && cmd.Err() == nil {
+		c.n.Add(1)
+	}
+}
+
+// scriptFlush empties the script cache of every server behind c (every master of a
+// cluster).
+func scriptFlush(ctx context.Context, c redis.UniversalClient) error {
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+			return m.ScriptFlush(ctx).Err()
+		})
+	}
+	return c.ScriptFlush(ctx).Err()
 }
 
 // ---- small things

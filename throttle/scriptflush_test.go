@@ -8,49 +8,7 @@ import (
 	"time"
 
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
-	"github.com/redis/go-redis/v9"
 )
-
-// evalCount counts the script calls that reached the server as EVAL (the script text)
-// rather than EVALSHA: the fallbacks after the server lost the script.
-type evalCount struct{ n atomic.Int64 }
-
-func (c *evalCount) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (c *evalCount) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		err := next(ctx, cmd)
-		c.see(cmd)
-		return err
-	}
-}
-
-func (c *evalCount) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		err := next(ctx, cmds)
-		for _, cmd := range cmds {
-			c.see(cmd)
-		}
-		return err
-	}
-}
-
-func (c *evalCount) see(cmd redis.Cmder) {
-	if cmd.Name() == "eval" && cmd.Err() == nil {
-		c.n.Add(1)
-	}
-}
-
-// scriptFlush empties the script cache of every server behind c (every master of a
-// cluster).
-func scriptFlush(ctx context.Context, c redis.UniversalClient) error {
-	if cc, ok := c.(*redis.ClusterClient); ok {
-		return cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
-			return m.ScriptFlush(ctx).Err()
-		})
-	}
-	return c.ScriptFlush(ctx).Err()
-}
 
 // SCRIPT FLUSH every 200ms while every algorithm and a semaphore are in use: no caller
 // sees an error (a call whose EVALSHA meets NOSCRIPT sends the script with EVAL, once),
