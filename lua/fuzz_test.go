@@ -31,6 +31,11 @@ import (
 // The model-checked fuzz targets of each algorithm and of the semaphore are in
 // throttle/fuzz_test.go and throttle/fuzz_semaphore_test.go.
 func FuzzScriptArgs(f *testing.F) {
+	// Without a real server every input is skipped (NewPair), and go test prints
+	// nothing of it: say so (t.Log, and under CI the figures file .ci/run prints).
+	if _, err := redistest.StandaloneAddr(); err != nil {
+		redistest.Figure(f, "NOT CHECKED on real Redis: no redis (%v); every input is skipped (each runs on miniredis and a real redis-server side by side)", err)
+	}
 	f.Fuzz(func(t *testing.T, which uint8, key string, argv []byte, pre uint8, junk string) {
 		runScriptArgs(t, which, key, argv, pre, junk)
 	})
