@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/waiter"
 )
 
 // leaseHooks counts what a Semaphore's lease hooks report.
@@ -143,24 +144,92 @@ func TestLeaseRelease(t *testing.T) {
 	})
 }
 
+// stepClock is a waiter.Clock whose timers fire only when the test says: pending
+// waits until a timer is set, fire moves the clock (and the timeline's scripts) to its
+// deadline and fires it. Hold's renewals then run on the test's time, however busy the
+// machine is.
+type stepClock struct {
+	tl     *timeline
+	mu     sync.Mutex
+	now    time.Time
+	timers chan *stepTimer
+}
+
+type stepTimer struct {
+	at time.Time
+	c  chan time.Time
+}
+
+func newStepClock(tl *timeline) *stepClock {
+	return &stepClock{tl: tl, now: tl.now, timers: make(chan *stepTimer, 16)}
+}
+
+func (c *stepClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *stepClock) NewTimer(d time.Duration) waiter.Timer {
+	tm := &stepTimer{at: c.Now().Add(d), c: make(chan time.Time, 1)}
+	c.timers <- tm
+	return tm
+}
+
+func (tm *stepTimer) C() <-chan time.Time { return tm.c }
+func (tm *stepTimer) Stop() bool          { return true }
+
+// pending returns the next timer set, waiting for it.
+func (c *stepClock) pending(t *testing.T) *stepTimer {
+	t.Helper()
+	select {
+	case tm := <-c.timers:
+		return tm
+	case <-time.After(signalWait):
+		t.Fatalf("no timer set within %v", signalWait)
+		return nil
+	}
+}
+
+// fire moves the clock to tm's deadline and fires it.
+func (c *stepClock) fire(tm *stepTimer) {
+	c.mu.Lock()
+	c.now = tm.at
+	c.mu.Unlock()
+	c.tl.at(tm.at.Sub(redistest.Epoch))
+	tm.c <- tm.at
+}
+
 // Hold extends the lease while fn runs, well past one TTL, and releases it after; a
-// lease lost meanwhile cancels fn's context with ErrLeaseLost.
+// lease lost meanwhile cancels fn's context with ErrLeaseLost. The renewals run on a
+// clock the test steps (TTL 9s: one every 3s of the test's time).
 func TestLeaseHoldRenews(t *testing.T) {
-	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
-		const ttl = 150 * ms
-		s, err := NewSemaphore(b.Client, "hold", 1, WithKeyPrefix(b.Prefix), WithLeaseTTL(ttl))
-		if err != nil {
-			t.Fatal(err)
-		}
+		tl := newTimeline(t, b)
+		clock := newStepClock(tl)
+		const ttl = 9 * time.Second
+		s := tl.semaphore("hold", 1, WithLeaseTTL(ttl), WithClock(clock))
 		l := mustTry(t, s)
-		err = l.Hold(ctx, func(ctx context.Context) error {
-			time.Sleep(4 * ttl)
+		err := l.Hold(ctx, func(ctx context.Context) error {
+			for i := 1; i <= 12; i++ { // 4 TTLs
+				tm := clock.pending(t)
+				if want := redistest.Epoch.Add(time.Duration(i) * ttl / 3); tm.at != want {
+					return fmt.Errorf("renewal %d set for t0%+v, want every TTL/3", i, tm.at.Sub(redistest.Epoch))
+				}
+				clock.fire(tm)
+			}
+			clock.pending(t) // set once the 12th renewal is done; never fired
 			if ctx.Err() != nil {
 				return context.Cause(ctx)
 			}
-			if _, err := b.Client.ZScore(ctx, s.keys[0], l.ID()).Result(); err != nil {
+			score, err := b.Client.ZScore(ctx, s.keys[0], l.ID()).Result()
+			if err != nil {
 				return fmt.Errorf("lease gone after 4 TTLs of holding: %v", err)
+			}
+			if got, want := int64(score), redistest.Epoch.Add(4*ttl+ttl).UnixMicro(); got != want {
+				return fmt.Errorf("lease expires at t0%+v, want one TTL after the 12th renewal (t0+45s)",
+					time.Duration(got-redistest.Epoch.UnixMicro())*time.Microsecond)
 			}
 			if other, _, err := s.TryAcquire(ctx); other != nil || err != nil {
 				return fmt.Errorf("TryAcquire while held: %v, %v", other, err)
@@ -177,17 +246,19 @@ func TestLeaseHoldRenews(t *testing.T) {
 			t.Fatalf("Hold of a released lease: %v, want ErrLeaseLost", err)
 		}
 
-		// a lease lost while held: fn's context ends within about TTL/3
+		// a lease lost while held: fn's context ends at the next renewal
 		l = mustTry(t, s)
 		var cause error
 		err = l.Hold(ctx, func(ctx context.Context) error {
 			if err := b.Client.ZRem(ctx, s.keys[0], l.ID()).Err(); err != nil {
 				return err
 			}
+			tm := clock.pending(t)
+			clock.fire(tm)
 			select {
 			case <-ctx.Done():
 				cause = context.Cause(ctx)
-			case <-time.After(10 * ttl):
+			case <-time.After(signalWait):
 			}
 			return nil
 		})
