@@ -153,6 +153,11 @@ type stillClock struct{ now time.Time }
 func (c stillClock) Now() time.Time                        { return c.now }
 func (c stillClock) NewTimer(d time.Duration) waiter.Timer { return waiter.SystemClock.NewTimer(d) }
 
+// signalWait is how long a test waits for something that must happen after a round
+// trip or two to Redis (a wake, a timer being set): a busy machine only makes the test
+// slower.
+const signalWait = 10 * time.Second
+
 // ---- semaphores
 
 // mustTry takes a lease with TryAcquire, or fails the test.

@@ -26,10 +26,6 @@ func newTestHub(t *testing.T, c redis.UniversalClient) *wakeHub {
 	return h
 }
 
-// signalWait is how long a test waits for a wake the hub must send: it comes after one
-// round trip to Redis, so a busy machine only makes the test slower.
-const signalWait = 10 * time.Second
-
 func wantSignal(t *testing.T, ch <-chan struct{}, what string) {
 	t.Helper()
 	select {
