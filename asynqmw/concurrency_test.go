@@ -172,7 +172,7 @@ func TestConcurrencyRedisUnavailable(t *testing.T) {
 	ctx := context.Background()
 	task := asynq.NewTask("job", nil)
 
-	b.Mini.SetError("LOADING Redis is loading the dataset in memory")
+	b.SetError("LOADING Redis is loading the dataset in memory")
 	start := time.Now()
 	err := mw.ProcessTask(ctx, task)
 	took := time.Since(start)
@@ -187,7 +187,7 @@ func TestConcurrencyRedisUnavailable(t *testing.T) {
 		t.Errorf("handed back after %v; want it tried again for about MaxInlineWait (300ms)", took)
 	}
 
-	b.Mini.SetError("")
+	b.SetError("")
 	if err := mw.ProcessTask(ctx, task); err != nil || next.n != 1 {
 		t.Fatalf("Redis back: err %v, handler calls %d; want the task run", err, next.n)
 	}

@@ -333,7 +333,7 @@ func TestThrottleErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Redis unavailable (FailClosed): a throttle, tried again within MaxInlineWait.
-	b.Mini.SetError("LOADING Redis is loading the dataset in memory")
+	b.SetError("LOADING Redis is loading the dataset in memory")
 	start := time.Now()
 	err = asynqmw.Throttle(lim, asynqmw.MaxInlineWait(300*time.Millisecond))(next).ProcessTask(ctx, task)
 	took := time.Since(start)
@@ -347,7 +347,7 @@ func TestThrottleErrors(t *testing.T) {
 		t.Errorf("Redis unavailable: handed back after %v; want it tried again for about MaxInlineWait (300ms)", took)
 	}
 	// A refusal that is not unavailability stays a failure.
-	b.Mini.SetError("NOPERM this user has no permissions to run the 'evalsha' command")
+	b.SetError("NOPERM this user has no permissions to run the 'evalsha' command")
 	err = asynqmw.Throttle(lim)(next).ProcessTask(ctx, task)
 	if err == nil || asynqmw.IsThrottled(err) || !asynqmw.IsFailure(err) || next.n != 1 {
 		t.Errorf("Redis refusing: err %v, handler calls %d; want a failure, not a throttle, and no call", err, next.n)
@@ -407,8 +407,8 @@ func TestWaitForRedisHoldsResults(t *testing.T) {
 	task := asynq.NewTask("job", nil)
 	want := errors.New("handler result")
 	down := asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
-		b.Mini.SetError("LOADING Redis is loading the dataset in memory") // Redis goes away as the task ends
-		time.AfterFunc(300*time.Millisecond, func() { b.Mini.SetError("") })
+		b.SetError("LOADING Redis is loading the dataset in memory") // Redis goes away as the task ends
+		time.AfterFunc(300*time.Millisecond, func() { b.SetError("") })
 		return want
 	})
 	noLimit := func(context.Context, *asynq.Task) (*throttle.Limiter, error) { return nil, nil }

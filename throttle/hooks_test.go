@@ -68,11 +68,11 @@ func TestHooksReportWaitsPausesAndErrors(t *testing.T) {
 	if err := l.Pause(ctx, time.Second); err != nil {
 		t.Fatal(err)
 	}
-	b.Mini.SetError("LOADING Redis is loading the dataset in memory")
+	b.SetError("LOADING Redis is loading the dataset in memory")
 	if _, err := l.Allow(ctx); err == nil {
 		t.Fatal("Allow with a failing server returned nil")
 	}
-	b.Mini.SetError("")
+	b.SetError("")
 	want := []string{"allowed hooked 1 0s", "allowed hooked 1", "waited hooked 1", "paused hooked 1s", "error hooked"}
 	if len(h.events) != len(want) {
 		t.Fatalf("hooks: %q, want %q", h.events, want)

@@ -286,8 +286,8 @@ func TestLeaseHoldGivesUpWithoutRedis(t *testing.T) {
 	l := mustTry(t, s)
 	var cause error
 	err = l.Hold(ctx, func(ctx context.Context) error {
-		b.Mini.SetError("LOADING Redis is loading the dataset in memory")
-		defer b.Mini.SetError("")
+		b.SetError("LOADING Redis is loading the dataset in memory")
+		defer b.SetError("")
 		select {
 		case <-ctx.Done():
 			cause = context.Cause(ctx)

@@ -19,17 +19,17 @@ func TestUnavailableIsTyped(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, reply := range []string{"LOADING Redis is loading", "MASTERDOWN Link with MASTER is down", "CLUSTERDOWN The cluster is down", "TRYAGAIN Multiple keys", "READONLY You can't write against a read only replica."} {
-		b.Mini.SetError(reply)
+		b.SetError(reply)
 		_, err := l.Allow(ctx)
 		if !errors.Is(err, ErrUnavailable) {
 			t.Errorf("%q: %v, want ErrUnavailable", reply, err)
 		}
 	}
-	b.Mini.SetError("NOPERM this user has no permissions to run the 'evalsha' command")
+	b.SetError("NOPERM this user has no permissions to run the 'evalsha' command")
 	if _, err := l.Allow(ctx); err == nil || errors.Is(err, ErrUnavailable) {
 		t.Errorf("NOPERM: %v, want an error that is not ErrUnavailable", err)
 	}
-	b.Mini.SetError("")
+	b.SetError("")
 	gone, err := New(downClient(t), "typed", PerSecond(5))
 	if err != nil {
 		t.Fatal(err)

@@ -30,9 +30,9 @@ func TestSlogHooks(t *testing.T) {
 	if err := l.Pause(ctx, time.Second); err != nil {
 		t.Fatal(err)
 	}
-	b.Mini.SetError("LOADING")
+	b.SetError("LOADING")
 	l.Allow(ctx)
-	b.Mini.SetError("")
+	b.SetError("")
 	out := buf.String()
 	for _, want := range []string{
 		`level=DEBUG msg="jobthrottle: granted" key=mail n=1 wait=0s`,

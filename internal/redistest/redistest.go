@@ -48,6 +48,8 @@ type Backend struct {
 	// Prefix is a key prefix unique to this test; the test's keys under it are deleted
 	// when the test ends.
 	Prefix string
+
+	clock *commandClock // a real-time miniredis's clock; nil otherwise
 }
 
 // Real reports whether the backend is a real redis-server.
@@ -120,14 +122,19 @@ func NewMini(t testing.TB) *Backend {
 }
 
 // NewMiniRealTime returns a miniredis backend on the real clock, for tests that
-// sleep (briefly) and run the production scripts.
+// sleep (briefly) and run the production scripts. Its clock stands still while a
+// command runs, as Redis's does while a script runs (see commandClock); make it fail
+// with b.SetError.
 func NewMiniRealTime(t testing.TB) *Backend {
 	t.Helper()
 	m := miniredis.RunT(t)
+	clock := &commandClock{m: m, last: time.Now()}
+	m.SetTime(clock.last)
 	m.ClockTTL(true)
+	m.Server().SetPreHook(clock.hook)
 	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { c.Close() })
-	return &Backend{Kind: Mini, Client: c, Mini: m, Prefix: uniquePrefix(t)}
+	return &Backend{Kind: Mini, Client: c, Mini: m, Prefix: uniquePrefix(t), clock: clock}
 }
 
 // EachRealTime is Each with miniredis on the real clock.
