@@ -1,12 +1,17 @@
 package waiter
 
-import "errors"
+import (
+	"context"
+	"errors"
+)
 
 var (
 	// ErrWouldExceedDeadline: the permits would come after the context's deadline, so
 	// nothing was booked. Like golang.org/x/time/rate, Wait returns it at once instead
-	// of sleeping until the deadline.
-	ErrWouldExceedDeadline = errors.New("waiter: permits would come after the context's deadline")
+	// of sleeping until the deadline. It also matches context.DeadlineExceeded
+	// (errors.Is(err, context.DeadlineExceeded) is true), so a loop that stops at its
+	// deadline need not test for it separately.
+	ErrWouldExceedDeadline error = wouldExceedDeadline{}
 
 	// ErrNotReserved: Reservation.Wait was called on a reservation that booked nothing.
 	ErrNotReserved = errors.New("waiter: nothing was reserved")
@@ -41,3 +46,15 @@ var (
 	// cap (WithMaxPause); the pause was cut to the cap.
 	ErrRetryAfterTooLong = errors.New("waiter: Retry-After is longer than the transport's cap")
 )
+
+// wouldExceedDeadline is ErrWouldExceedDeadline: its own sentinel that also matches
+// context.DeadlineExceeded.
+type wouldExceedDeadline struct{}
+
+func (wouldExceedDeadline) Error() string {
+	return "waiter: permits would come after the context's deadline"
+}
+
+// Is reports whether target is context.DeadlineExceeded (errors.Is compares with
+// ErrWouldExceedDeadline itself first).
+func (wouldExceedDeadline) Is(target error) bool { return target == context.DeadlineExceeded }

@@ -211,6 +211,13 @@ func TestWaitDeadlines(t *testing.T) {
 	if !errors.Is(err, ErrWouldExceedDeadline) {
 		t.Fatalf("Wait past the deadline: %v", err)
 	}
+	// a loop that stops at its deadline tests for context.DeadlineExceeded alone
+	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		t.Fatalf("Wait past the deadline: %v; want it to match context.DeadlineExceeded only", err)
+	}
+	if errors.Is(context.DeadlineExceeded, ErrWouldExceedDeadline) {
+		t.Fatal("context.DeadlineExceeded matches ErrWouldExceedDeadline; want only the other way")
+	}
 	if mw := refused.maxWaits[0]; mw > 5*time.Second || mw < 4*time.Second {
 		t.Fatalf("maxWait %v, want the time to the deadline (about 5s)", mw)
 	}
