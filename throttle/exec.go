@@ -25,17 +25,24 @@ type runner struct {
 	owner      any                 // the shared state pin holds
 }
 
-// exec runs script once on keys with args and returns its reply. Under FailOpen and
+// exec runs script once on keys with args and returns its reply, by ctx's deadline
+// whatever the client's options (see awaitReply). Under FailOpen and
 // FailLocal it does not try Redis while the breaker says Redis was down moments ago,
 // returning an error wrapping ErrUnavailable; the caller decides without Redis then.
 // Errors are mapped by scriptError; a reply lost on the way back is ErrUnavailable,
 // and the script's effect, if it ran, stands once.
 func (r *runner) exec(ctx context.Context, script *redis.Script, keys []string, args []any) (any, error) {
+	return r.execLate(ctx, script, keys, args, nil)
+}
+
+// execLate is exec, and gives late (if not nil) a reply that came after ctx ended and
+// exec had returned without it (see awaitReply).
+func (r *runner) execLate(ctx context.Context, script *redis.Script, keys []string, args []any, late func(any)) (any, error) {
 	guarded := r.policy.mode != failClosed
 	if guarded && r.brk.skip(r.clock.Now()) {
 		return nil, fmt.Errorf("%w: key %q: %w", ErrUnavailable, r.key, errRecentlyDown)
 	}
-	val, err := evalOnce(ctx, r.rdb, script, keys, args)
+	val, err := r.evalOnTime(ctx, script, keys, args, late)
 	if err == nil {
 		if guarded {
 			r.brk.succeeded()

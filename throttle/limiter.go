@@ -275,7 +275,7 @@ func (l *Limiter) run(ctx context.Context, op, n int, x int64) (reply, error) {
 		args[0], args[1], args[2] = op, n, x
 		args = append(args, l.tail...)
 	}
-	val, err := l.exec(ctx, l.script, l.keys, args)
+	val, err := l.execLate(ctx, l.script, l.keys, args, l.lateReply(ctx, op, n))
 	if err != nil {
 		if ae, ok := err.(*AlgorithmError); ok {
 			ae.Want = l.alg

@@ -2,6 +2,7 @@ package redistest
 
 import (
 	"bytes"
+	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -13,14 +14,52 @@ import (
 // run it, and then closes the client's connection instead of passing the reply on, as a
 // network fault after the command ran would. Clients see EOF; go-redis then retries a
 // plain command.
+//
+// It can also play a hung server (Hang: connections are accepted, requests read and
+// never answered) and a slow one (Delay: requests containing a text reach the server
+// only after a delay).
 type Proxy struct {
 	Addr    string
 	target  string
 	ln      net.Listener
 	drop    atomic.Pointer[[]byte]
 	dropped atomic.Int64
+	hang    atomic.Bool
+	delay   atomic.Pointer[delayRule]
 	mu      sync.Mutex
 	conns   []net.Conn
+}
+
+// delayRule holds back requests containing text for d.
+type delayRule struct {
+	text []byte
+	d    time.Duration
+}
+
+// NewHungServer starts a proxy that plays a Redis which accepts connections and never
+// answers: it reads every request and sends nothing back.
+func NewHungServer() (*Proxy, error) {
+	p, err := NewProxy("")
+	if err != nil {
+		return nil, err
+	}
+	p.Hang(true)
+	return p, nil
+}
+
+// Hang makes the proxy, while on, swallow every request: nothing reaches the server
+// and nothing is answered, on new connections and on those already open.
+func (p *Proxy) Hang(on bool) { p.hang.Store(on) }
+
+// Delay holds back every request containing text (matched case-insensitively in the
+// raw RESP bytes) for d before passing it to the server, and the requests after it on
+// the same connection with it; d <= 0 ends it.
+func (p *Proxy) Delay(text string, d time.Duration) {
+	if d <= 0 {
+		p.delay.Store(nil)
+		return
+	}
+	p.delay.Store(&delayRule{text: bytes.ToLower([]byte(text)), d: d})
 }
 
 // NewProxy starts a proxy on a free 127.0.0.1 port in front of target.
@@ -59,6 +98,13 @@ func (p *Proxy) serve() {
 		c, err := p.ln.Accept()
 		if err != nil {
 			return
+		}
+		if p.hang.Load() {
+			p.mu.Lock()
+			p.conns = append(p.conns, c)
+			p.mu.Unlock()
+			go p.swallow(c)
+			continue
 		}
 		s, err := net.Dial("tcp", p.target)
 		if err != nil {
@@ -104,8 +150,14 @@ func (p *Proxy) pipe(c, s net.Conn) {
 	buf := make([]byte, 64<<10)
 	for {
 		n, err := c.Read(buf)
+		if n > 0 && p.hang.Load() {
+			continue // swallowed: a hung server reads and never answers
+		}
 		if n > 0 {
 			req := buf[:n]
+			if r := p.delay.Load(); r != nil && bytes.Contains(bytes.ToLower(req), r.text) {
+				time.Sleep(r.d)
+			}
 			if want := p.drop.Load(); want != nil && bytes.Contains(bytes.ToLower(req), *want) && p.drop.CompareAndSwap(want, nil) {
 				// stop passing replies on, let the server run the request, then cut
 				cut.Store(true)
@@ -120,6 +172,12 @@ func (p *Proxy) pipe(c, s net.Conn) {
 			return
 		}
 	}
+}
+
+// swallow reads c until it closes, answering nothing.
+func (p *Proxy) swallow(c net.Conn) {
+	defer c.Close()
+	_, _ = io.Copy(io.Discard, c)
 }
 
 // cutAfter sends req to the server, gives it time to run and answer, and closes the

@@ -1,0 +1,278 @@
+package throttle
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// lateBy is the scheduling delay the deadline tests tolerate between a context's
+// deadline (or the reply bound) and the call's return: the return itself is one
+// channel receive after the timer fires, but on the shared 2-core machine under -race
+// a goroutine can wait that long to run. The goal (deadline + 50ms) is reported as a
+// figure, not asserted.
+const lateBy = 250 * time.Millisecond
+
+// clientOptions are the go-redis option sets a new user might build a client with.
+var clientOptions = []struct {
+	name string
+	set  func(*redis.Options)
+}{
+	{"defaults", func(*redis.Options) {}},
+	{"ContextTimeoutEnabled", func(o *redis.Options) { o.ContextTimeoutEnabled = true }},
+	{"no read timeout", func(o *redis.Options) { o.ReadTimeout = -1 }},
+	{"no retries", func(o *redis.Options) { o.MaxRetries = -1 }},
+}
+
+// Against a Redis that accepts connections and never answers, Wait and Allow return
+// when their context's deadline passes, with an error wrapping ErrUnavailable, whatever
+// the client's options: go-redis alone, without ContextTimeoutEnabled, waits its
+// ReadTimeout (3s) per try and tries 4 times.
+//
+// Tolerance: each call returns within lateBy (250ms) of its 1s deadline.
+func TestDeadlineHoldsAgainstHungRedis(t *testing.T) {
+	hung, err := redistest.NewHungServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hung.Close()
+	const deadline = time.Second
+	var (
+		mu    sync.Mutex
+		worst time.Duration
+		wg    sync.WaitGroup
+	)
+	// every case at once, on goroutines rather than parallel subtests (-parallel is
+	// GOMAXPROCS, 2 here): the test takes one deadline, not sixteen
+	for _, o := range clientOptions {
+		for _, call := range []string{"Wait", "Allow", "Reserve", "Pause"} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				opts := &redis.Options{Addr: hung.Addr}
+				o.set(opts)
+				rdb := redis.NewClient(opts)
+				defer rdb.Close()
+				l, err := New(rdb, "hung", PerSecond(10))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), deadline)
+				defer cancel()
+				start := time.Now()
+				switch call {
+				case "Wait":
+					err = l.Wait(ctx)
+				case "Allow":
+					_, err = l.Allow(ctx)
+				case "Reserve":
+					_, err = l.Reserve(ctx, 1, time.Minute)
+				case "Pause":
+					err = l.Pause(ctx, time.Second)
+				}
+				took := time.Since(start)
+				mu.Lock()
+				worst = max(worst, took-deadline)
+				mu.Unlock()
+				if !errors.Is(err, ErrUnavailable) {
+					t.Errorf("%s/%s after %v: %v, want ErrUnavailable", o.name, call, took, err)
+				}
+				if errors.Is(err, context.DeadlineExceeded) {
+					t.Errorf("%s/%s: %v matches context.DeadlineExceeded; want only ErrUnavailable (Redis did not answer)", o.name, call, err)
+				}
+				if took > deadline+lateBy || took < deadline {
+					t.Errorf("%s/%s returned after %v, want %v (+ up to %v)", o.name, call, took, deadline, lateBy)
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	redistest.Figure(t, "hung Redis, 1s deadline, %d option sets × Wait/Allow/Reserve/Pause: latest return %v after the deadline (goal 50ms)",
+		len(clientOptions), worst.Round(time.Millisecond))
+}
+
+// A call whose context has no deadline but is cancelled returns ctx.Err() when it is,
+// even on a client that never times a read out.
+//
+// Tolerance: it returns within lateBy (250ms) of the cancellation.
+func TestCancelHoldsAgainstHungRedis(t *testing.T) {
+	hung, err := redistest.NewHungServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hung.Close()
+	const after = 300 * time.Millisecond
+	rdb := redis.NewClient(&redis.Options{Addr: hung.Addr, ReadTimeout: -1})
+	defer rdb.Close()
+	l, err := New(rdb, "hung", PerSecond(10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(after, cancel)
+	start := time.Now()
+	_, err = l.Allow(ctx)
+	took := time.Since(start)
+	if !errors.Is(err, context.Canceled) || errors.Is(err, ErrUnavailable) || took > after+lateBy {
+		t.Errorf("Allow cancelled after %v: %v after %v; want context.Canceled", after, err, took)
+	}
+}
+
+// A booking whose reply reaches the client after its caller left (the deadline passed
+// while Redis was slow) is given back: the next caller gets its slot.
+func TestLateGrantGivenBack(t *testing.T) {
+	b := redistest.NewStandalone(t)
+	addr := b.Client.(*redis.Client).Options().Addr
+	proxy, err := redistest.NewProxy(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr})
+	defer rdb.Close()
+	cancelled := make(chan int, 4)
+	l, err := New(rdb, "late", Every(time.Second), WithKeyPrefix(b.Prefix),
+		WithHooks(Hooks{Cancelled: func(_ string, n int) { cancelled <- n }}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if res, err := l.Allow(ctx); err != nil || !res.Allowed { // the permit of this second
+		t.Fatalf("Allow: %+v, %v", res, err)
+	}
+	proxy.Delay("exec", 400*time.Millisecond)
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	if _, err := l.Reserve(short, 1, time.Minute); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Reserve through a slow Redis with a 100ms deadline: %v, want ErrUnavailable", err)
+	}
+	proxy.Delay("", 0)
+	select {
+	case n := <-cancelled:
+		if n != 1 {
+			t.Fatalf("gave back %d permits, want 1", n)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the booking its caller never saw was not given back within 5s")
+	}
+	r, err := l.Reserve(ctx, 1, time.Minute)
+	if err != nil || !r.OK() || r.Delay() > time.Second {
+		t.Fatalf("Reserve after the give-back: %v, %v; want the slot within the second (not a second later)", r, err)
+	}
+}
+
+// What a call costs against a refused port and a hung server, with go-redis's defaults
+// and with the options the README recommends for limiters. Figures only: the
+// durations depend on go-redis's retry and backoff settings, not on jobthrottle. The
+// hung server with go-redis's defaults and no deadline (12s) runs with
+// JOBTHROTTLE_LONG set.
+func TestUnavailableCostFigures(t *testing.T) {
+	if testing.Short() {
+		t.Skip("figures only")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := ln.Addr().String()
+	ln.Close() // nothing listens there now: connections are refused
+	hung, err := redistest.NewHungServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hung.Close()
+	recommended := func(o *redis.Options) {
+		o.ContextTimeoutEnabled = true
+		o.DialTimeout = time.Second
+		o.ReadTimeout = 500 * time.Millisecond
+		o.WriteTimeout = 500 * time.Millisecond
+		o.DialerRetries = 1
+		o.MaxRetries = 1
+	}
+	type costCase struct {
+		name, addr string
+		set        func(*redis.Options)
+		deadline   time.Duration // 0: none
+	}
+	var long []costCase
+	if longFaultTests() { // 12s: go-redis's 4 tries of 3s each
+		long = append(long, costCase{"hung server, go-redis defaults, no deadline", hung.Addr, func(*redis.Options) {}, 0})
+	}
+	var wg sync.WaitGroup
+	for _, c := range append([]costCase{
+		{"refused port, go-redis defaults, no deadline", refused, func(*redis.Options) {}, 0},
+		{"refused port, recommended options, no deadline", refused, recommended, 0},
+		{"hung server, recommended options, no deadline", hung.Addr, recommended, 0},
+		{"hung server, go-redis defaults, 1s deadline", hung.Addr, func(*redis.Options) {}, time.Second},
+		{"refused port, recommended options and MaxRetries -1, no deadline", refused, func(o *redis.Options) {
+			recommended(o)
+			o.MaxRetries = -1
+		}, 0},
+	}, long...) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			opts := &redis.Options{Addr: c.addr}
+			c.set(opts)
+			rdb := redis.NewClient(opts)
+			defer rdb.Close()
+			l, err := New(rdb, "cost", PerSecond(10))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			ctx, cancel := context.Background(), context.CancelFunc(func() {})
+			if c.deadline > 0 {
+				ctx, cancel = context.WithTimeout(ctx, c.deadline)
+			}
+			defer cancel()
+			start := time.Now()
+			_, err = l.Allow(ctx)
+			took := time.Since(start)
+			if !errors.Is(err, ErrUnavailable) {
+				t.Errorf("%s: Allow: %v, want ErrUnavailable", c.name, err)
+			}
+			redistest.Figure(t, "%s: Allow took %v", c.name, took.Round(time.Millisecond))
+		}()
+	}
+	wg.Wait()
+}
+
+// BenchmarkAllowDeadline is Allow on the allowed path with a context that has a
+// deadline (a goroutine per call waits for the reply, see awaitReply) and with one
+// that never ends (a direct call), to show what returning on time costs.
+func BenchmarkAllowDeadline(b *testing.B) {
+	be := benchBackend(b)
+	for _, c := range []struct {
+		name string
+		ctx  func() (context.Context, context.CancelFunc)
+	}{
+		{"background", func() (context.Context, context.CancelFunc) { return context.Background(), func() {} }},
+		{"deadline", func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(context.Background(), time.Hour)
+		}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			l, err := New(be.Client, "deadline-"+c.name, PerSecond(1_000_000_000), WithKeyPrefix(be.Prefix))
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx, cancel := c.ctx()
+			defer cancel()
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if _, err := l.Allow(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
