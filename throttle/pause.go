@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 	"weak"
 
@@ -13,7 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-var _ waiter.Pauser = (*Limiter)(nil)
+var _ waiter.Gate = (*Limiter)(nil)
 
 // Pause stops all grants on the limiter's key, across every process and algorithm,
 // for d: until then every call is denied, and bookings start after the pause. A
@@ -30,12 +31,17 @@ var _ waiter.Pauser = (*Limiter)(nil)
 // only the latest booking: with them the other bookings the pause moved stay counted,
 // unused, and fewer permits come in the time they cover.)
 //
+// Before it calls Redis, Pause holds this process (see Hold): from the moment it is
+// called, Wait and the HTTP transport of this process send nothing on the key until
+// d has passed, even if the Redis call is slow or fails.
+//
 // The HTTP transport (waiter.NewTransport) calls Pause when a server answers 429 or
 // 503 with Retry-After. It returns an error wrapping ErrInvalidArgument for d <= 0.
 func (l *Limiter) Pause(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
 		return fmt.Errorf("%w: pause %v", ErrInvalidArgument, d)
 	}
+	l.Hold(d)
 	us := min(ceilMicros(d), maxPeriodUS)
 	l.moved.gate.Lock()
 	_, err := l.exec(ctx, lua.Pause, l.keys[1:2], []any{us})
@@ -52,13 +58,70 @@ func (l *Limiter) Pause(ctx context.Context, d time.Duration) error {
 	return nil
 }
 
+// Hold holds back this process's callers of the key for d from now, at once and
+// without calling Redis: until then Pass waits, so Wait (and WaitN) and the HTTP
+// transport send nothing, and a Wait whose permits take effect meanwhile leaves them
+// unused and books again after the hold. A longer hold already set is kept; d <= 0
+// does nothing. Other processes are not told: Pause holds and then tells them.
+//
+// The hold is shared by every Limiter of this process on the same client and key;
+// it counts by the Limiter's clock (WithClock).
+func (l *Limiter) Hold(d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	l.moved.hold(l.clock.Now().Add(d))
+}
+
+// Pass returns (false, nil) at once unless this process holds the key (see Hold and
+// Pause). While it does, Pass waits until the hold ends and returns (true, nil); it
+// returns ctx.Err() if ctx ends first, and at once an error wrapping
+// waiter.ErrWouldExceedDeadline if the hold ends after ctx's deadline. Wait calls it;
+// code that takes permits with Allow or Reserve may call it before acting on them.
+func (l *Limiter) Pass(ctx context.Context) (held bool, err error) {
+	return l.moved.pass(ctx, l.clock)
+}
+
+// hold sets the end of this process's hold to until, unless a later one is set.
+func (p *pauseSignal) hold(until time.Time) {
+	u := until.UnixNano()
+	for {
+		old := p.held.Load()
+		if old >= u || p.held.CompareAndSwap(old, u) {
+			return
+		}
+	}
+}
+
+// pass waits until no hold is set; see Limiter.Pass.
+func (p *pauseSignal) pass(ctx context.Context, clock waiter.Clock) (held bool, err error) {
+	for {
+		d := time.Duration(p.held.Load() - clock.Now().UnixNano())
+		if d <= 0 {
+			return held, nil
+		}
+		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d {
+			return held, fmt.Errorf("%w: held for %v more", waiter.ErrWouldExceedDeadline, d)
+		}
+		held = true
+		t := clock.NewTimer(d)
+		select {
+		case <-t.C():
+			// the hold may have been made longer meanwhile: look again
+		case <-ctx.Done():
+			t.Stop()
+			return held, ctx.Err()
+		}
+	}
+}
+
 // pauseSettle bounds how long Pause waits for the waiters it woke to give their
 // bookings back. Waiters take one Redis call; a Reservation held by code that does
 // not wait on it is never given back, and only this bound ends the wait for it.
 const pauseSettle = 100 * time.Millisecond
 
-// pauseSignal is what this process's Limiters on a key share about pauses: the
-// channel given to bookings as Moved (closed by fire, then replaced), the bookings
+// pauseSignal is what this process's Limiters on a key share about pauses: the hold
+// (see Hold), the channel given to bookings as Moved (closed by fire, then replaced), the bookings
 // made ahead that may not have taken effect yet, and a gate: Reserve holds it shared
 // from before its script call until its booking is tracked, Pause holds it alone
 // from before its script call until the bookings it woke are given back.
@@ -74,6 +137,7 @@ type pauseSignal struct {
 	live    map[*liveBooking]struct{}
 	sweepAt int           // sweep live when it grows to this size
 	gone    chan struct{} // receives (without blocking) when a tracked booking is given back
+	held    atomic.Int64  // until when (UnixNano, by the Limiters' clock) Pass waits; see Hold
 }
 
 // liveBooking is a booking made ahead, due at due by the Limiter's clock.

@@ -110,6 +110,9 @@ type sleepWatch struct {
 	slept bool
 }
 
+// Pass is the limiter's, so that Wait passes the gate through the watch too.
+func (w *sleepWatch) Pass(ctx context.Context) (bool, error) { return w.l.Pass(ctx) }
+
 func (w *sleepWatch) Reserve(ctx context.Context, n int, maxWait time.Duration) (*waiter.Reservation, error) {
 	r, err := w.l.Reserve(ctx, n, maxWait)
 	if err == nil && r.OK() && r.Delay() > 0 {

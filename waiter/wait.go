@@ -16,10 +16,20 @@ import (
 // would come after ctx's deadline. If ctx ends while it sleeps, it gives the booking
 // back and returns ctx.Err(). Errors from r (bad n, the store unreachable) are
 // returned as they are.
+//
+// If r is a Gate, Wait passes its gate before booking and again once the booking has
+// taken effect: permits that took effect while this process was held (a pause began
+// meanwhile, see Gate) are not used; Wait books again after the hold.
 func Wait(ctx context.Context, r Reserver, n int) error {
+	g, _ := r.(passer)
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
+		}
+		if g != nil {
+			if _, err := g.Pass(ctx); err != nil {
+				return err
+			}
 		}
 		maxWait := time.Duration(math.MaxInt64)
 		if dl, ok := ctx.Deadline(); ok {
@@ -36,8 +46,16 @@ func Wait(ctx context.Context, r Reserver, n int) error {
 			return fmt.Errorf("%w: n=%d would wait %v", ErrWouldExceedDeadline, n, res.Delay())
 		}
 		err = res.Wait(ctx)
-		if !errors.Is(err, ErrMoved) {
+		if errors.Is(err, ErrMoved) {
+			continue
+		}
+		if err != nil || g == nil {
 			return err
 		}
+		held, err := g.Pass(ctx)
+		if err != nil || !held {
+			return err
+		}
+		// the permits took effect inside a hold: they are spent, unused; book again
 	}
 }
