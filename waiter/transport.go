@@ -3,6 +3,7 @@ package waiter
 import (
 	"context"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"reflect"
@@ -40,22 +41,28 @@ const pauseTimeout = 2 * time.Second
 // requests are sent in arrival order at the limiter's rate, across every process
 // that shares it, and a request whose context ends first (or whose deadline comes
 // before its permits could) is not sent. RoundTrip then returns the error Wait
-// returned (ctx.Err(), or one wrapping ErrWouldExceedDeadline), the http.Client
-// wrapping it in a *url.Error. On every such early return the request's body is
-// closed and the request is left as it was, as http.RoundTripper requires.
+// returned (ctx.Err(), or one wrapping ErrWouldExceedDeadline, which also matches
+// context.DeadlineExceeded), the http.Client wrapping it in a *url.Error. On every
+// such early return the request's body is closed and the request is left as it was,
+// as http.RoundTripper requires.
 //
 // When the server answers 429 (Too Many Requests) or 503 (Service Unavailable) with a
-// Retry-After, and r is a Pauser, the transport pauses r for that long, so the whole
-// fleet backs off, not only this request. Retry-After is delay-seconds or an
+// Retry-After, the transport first holds this process (if r is a Gate: from that
+// moment no request of this process on r is sent, including those whose permits were
+// already granted, until the pause ends) and then pauses r (if r is a Pauser), so the
+// whole fleet backs off, not only this request. Retry-After is delay-seconds or an
 // HTTP-date (RFC 9110, section 10.2.3); a date counts from the response's Date header
 // when it has a valid one (so the server's and this host's clocks need not agree),
 // else from now. A Retry-After longer than the cap (DefaultMaxPause, or WithMaxPause)
 // is cut to the cap; one that is missing, unparsable, negative or in the past sets no
 // pause. Each of these is reported to TransportHooks.BadRetryAfter. Retry-After: 0
-// sets no pause and is not reported.
+// sets no pause and is not reported. WithRateLimitHeaders makes the transport pause
+// the same way, on any response, when the server's rate-limit headers say its quota
+// is spent.
 //
-// The transport never retries: it returns the server's response as it came, 429s
-// included, and leaves retrying to the caller. A failed Pause is reported to
+// By default the transport never retries: it returns the server's response as it
+// came, 429s included, and leaves retrying to the caller. WithRetries makes it send
+// a request answered 429 or 503 again, after the pause. A failed Pause is reported to
 // TransportHooks.PauseFailed and does not change the response.
 //
 // A nil r, or an option out of range, does not panic: every RoundTrip returns an
@@ -63,17 +70,41 @@ const pauseTimeout = 2 * time.Second
 //
 // The transport is safe for simultaneous use by multiple goroutines.
 func NewTransport(r Reserver, base http.RoundTripper, opts ...TransportOption) http.RoundTripper {
-	t := &transport{r: r, base: base, n: 1, maxPause: DefaultMaxPause, clock: SystemClock}
+	t := newTransport(base, opts)
+	if isNilReserver(r) && t.err == nil {
+		t.err = ErrNilReserver
+	}
+	t.r = r
+	return t
+}
+
+// NewTransportFunc is NewTransport with the Reserver and the permits chosen for each
+// request by choose: one limiter per host, or a vendor's search endpoint limited
+// apart from the rest of its API. Every guarantee of NewTransport holds for the
+// Reserver chosen: the request waits for its permits, a 429 or 503 holds and pauses
+// that Reserver, and a retry waits on it again.
+//
+// choose must be safe for simultaneous use; it must not modify the request nor read
+// its body. Permits n = 0 means the transport's (1, or WithPermits). If choose
+// returns an error, a nil Reserver or n < 0, RoundTrip returns an error wrapping it,
+// ErrNilReserver or ErrInvalidOption, sending nothing (the body is closed and
+// TransportHooks.NotSent is called, as for any early return). A nil choose is
+// ErrNilReserver on every request.
+func NewTransportFunc(choose func(req *http.Request) (r Reserver, n int, err error), base http.RoundTripper, opts ...TransportOption) http.RoundTripper {
+	t := newTransport(base, opts)
+	if choose == nil && t.err == nil {
+		t.err = ErrNilReserver
+	}
+	t.choose = choose
+	return t
+}
+
+func newTransport(base http.RoundTripper, opts []TransportOption) *transport {
+	t := &transport{base: base, n: 1, maxPause: DefaultMaxPause, clock: SystemClock, reserve: -1}
 	for _, o := range opts {
 		if o != nil {
 			o.apply(t)
 		}
-	}
-	if isNilReserver(r) {
-		t.err = ErrNilReserver
-	}
-	if p, ok := r.(Pauser); ok && t.err == nil {
-		t.pauser = p
 	}
 	return t
 }
@@ -100,10 +131,10 @@ func WithPermits(n int) TransportOption {
 	})
 }
 
-// WithMaxPause sets the longest pause a Retry-After makes the transport set; the
-// default is DefaultMaxPause (5 minutes). A longer Retry-After pauses for d and is
-// reported to TransportHooks.BadRetryAfter. d must be positive (an error wrapping
-// ErrInvalidOption otherwise).
+// WithMaxPause sets the longest pause a Retry-After (or rate-limit header) makes the
+// transport set; the default is DefaultMaxPause (5 minutes). A longer one pauses for
+// d and is reported to TransportHooks.BadRetryAfter (or BadRateLimit). d must be
+// positive (an error wrapping ErrInvalidOption otherwise).
 func WithMaxPause(d time.Duration) TransportOption {
 	return transportOption(func(t *transport) {
 		if d <= 0 {
@@ -114,14 +145,39 @@ func WithMaxPause(d time.Duration) TransportOption {
 	})
 }
 
+// WithRetries makes the transport send a request answered 429 or 503 again, up to
+// n times, after the pause the answer set (or, when it set none, after new permits):
+// each retry waits for its permits like the first send, within the request's
+// context. The default, 0, never retries. n must not be negative (an error wrapping
+// ErrInvalidOption otherwise).
+//
+// Only a request that can be replayed is retried: no body (nil or http.NoBody), or
+// GetBody set (http.NewRequest sets it for bytes, strings and bytes.Reader bodies);
+// any other is returned as received. When the retry cannot be sent before the
+// request's deadline, or the Reserver fails, the last response is returned as
+// received; when the request's context ends while the retry waits, its body is
+// closed and ctx.Err() returned. Each response discarded for a retry is drained (up
+// to 64KiB, so its connection can be reused) and closed, and TransportHooks.Retrying
+// is called.
+func WithRetries(n int) TransportOption {
+	return transportOption(func(t *transport) {
+		if n < 0 {
+			t.fail("%w: retries %d, want >= 0", ErrInvalidOption, n)
+			return
+		}
+		t.retries = n
+	})
+}
+
 // WithTransportHooks sets callbacks the transport calls (see TransportHooks).
 func WithTransportHooks(h TransportHooks) TransportOption {
 	return transportOption(func(t *transport) { t.hooks = h })
 }
 
-// WithTransportClock sets the clock an HTTP-date Retry-After counts from when the
-// response has no valid Date header; the default is SystemClock. Waiting uses the
-// Reserver's clock, not this one. A nil clock is an error wrapping ErrInvalidOption.
+// WithTransportClock sets the clock an HTTP-date Retry-After (and an epoch
+// X-RateLimit-Reset) counts from when the response has no valid Date header; the
+// default is SystemClock. Waiting uses the Reserver's clock, not this one. A nil clock
+// is an error wrapping ErrInvalidOption.
 func WithTransportClock(c Clock) TransportOption {
 	return transportOption(func(t *transport) {
 		if c == nil {
@@ -139,11 +195,13 @@ func WithTransportClock(c Clock) TransportOption {
 type TransportHooks struct {
 	// NotSent is called when RoundTrip returns err without sending req: waiting for
 	// its permits failed (the context ended, the permits would come after its
-	// deadline, the Reserver failed) or the transport is misconfigured.
+	// deadline, the Reserver failed), choosing its Reserver failed, or the transport
+	// is misconfigured.
 	NotSent func(req *http.Request, err error)
 
 	// Paused is called after the transport paused the Reserver for d because the
-	// server answered req with status (429 or 503) and a Retry-After.
+	// server answered req with status and a Retry-After (429 or 503) or rate-limit
+	// headers saying its quota is spent (any status; see WithRateLimitHeaders).
 	Paused func(req *http.Request, status int, d time.Duration)
 
 	// BadRetryAfter is called when the server answered req with status (429 or 503)
@@ -153,18 +211,30 @@ type TransportHooks struct {
 	// and quotes the header. It is called whether or not the Reserver is a Pauser.
 	BadRetryAfter func(req *http.Request, status int, err error)
 
+	// BadRateLimit is called when WithRateLimitHeaders is on and the server's
+	// rate-limit headers could not be used as they stood. err wraps
+	// ErrRateLimitInvalid or ErrRateLimitNoReset (they were ignored) or
+	// ErrRateLimitTooLong (the pause was cut to the cap), and quotes the header.
+	BadRateLimit func(req *http.Request, status int, err error)
+
 	// PauseFailed is called when pausing the Reserver for d failed with err; the
-	// response is returned all the same.
+	// response is returned all the same (and this process is held all the same).
 	PauseFailed func(req *http.Request, d time.Duration, err error)
+
+	// Retrying is called when the transport discarded a response with status to
+	// send req again (see WithRetries); retry counts from 1.
+	Retrying func(req *http.Request, status int, retry int)
 }
 
-// transport is what NewTransport returns.
+// transport is what NewTransport and NewTransportFunc return.
 type transport struct {
-	r        Reserver
-	pauser   Pauser // r, when it is one
+	r        Reserver // nil with choose
+	choose   func(*http.Request) (Reserver, int, error)
 	base     http.RoundTripper
 	n        int
 	maxPause time.Duration
+	retries  int
+	reserve  int // WithRateLimitHeaders; -1: off
 	clock    Clock
 	hooks    TransportHooks
 	err      error // the first bad option, or a nil Reserver
@@ -176,12 +246,12 @@ func (t *transport) fail(format string, args ...any) {
 	}
 }
 
-// RoundTrip waits for the request's permits, sends it, and pauses the Reserver if the
-// response asks the client to back off. See NewTransport.
+// RoundTrip waits for the request's permits, sends it, pauses the Reserver if the
+// response asks the client to back off, and retries if told to. See NewTransport.
 func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
-	err := t.err
+	r, n, err := t.pick(req)
 	if err == nil {
-		err = Wait(req.Context(), t.r, t.n)
+		err = Wait(req.Context(), r, n)
 	}
 	if err != nil {
 		if req.Body != nil {
@@ -196,12 +266,109 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if base == nil {
 		base = http.DefaultTransport
 	}
-	resp, err := base.RoundTrip(req)
-	if err == nil && resp != nil &&
-		(resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable) {
-		t.backOff(req, resp)
+	out := req
+	for retry := 1; ; retry++ {
+		resp, err := base.RoundTrip(out)
+		if err != nil || resp == nil {
+			return resp, err
+		}
+		d := t.backOff(req, r, resp)
+		status := resp.StatusCode
+		if retry > t.retries || (status != http.StatusTooManyRequests && status != http.StatusServiceUnavailable) ||
+			!replayable(req) {
+			return resp, nil
+		}
+		ctx := req.Context()
+		if _, ok := r.(Gate); !ok && d > 0 {
+			// nothing holds this process: sleep out the pause here
+			if err := sleep(ctx, d); err != nil {
+				if ctx.Err() == nil { // the deadline comes first
+					return resp, nil
+				}
+				discard(resp)
+				return nil, err
+			}
+		}
+		if err := Wait(ctx, r, n); err != nil {
+			if ctx.Err() == nil { // no retry before the deadline, or the Reserver failed
+				return resp, nil
+			}
+			discard(resp)
+			return nil, err
+		}
+		next, err := rewind(req)
+		if err != nil { // GetBody failed: the answer stands
+			return resp, nil
+		}
+		discard(resp)
+		if t.hooks.Retrying != nil {
+			t.hooks.Retrying(req, status, retry)
+		}
+		out = next
 	}
-	return resp, err
+}
+
+// pick returns the Reserver and permits for req.
+func (t *transport) pick(req *http.Request) (Reserver, int, error) {
+	if t.err != nil {
+		return nil, 0, t.err
+	}
+	if t.choose == nil {
+		return t.r, t.n, nil
+	}
+	r, n, err := t.choose(req)
+	switch {
+	case err != nil:
+		return nil, 0, fmt.Errorf("waiter: choosing the Reserver for %s %s: %w", req.Method, req.URL.Redacted(), err)
+	case isNilReserver(r):
+		return nil, 0, fmt.Errorf("%w: chosen for %s %s", ErrNilReserver, req.Method, req.URL.Redacted())
+	case n < 0:
+		return nil, 0, fmt.Errorf("%w: permits %d chosen for %s %s, want >= 0", ErrInvalidOption, n, req.Method, req.URL.Redacted())
+	case n == 0:
+		n = t.n
+	}
+	return r, n, nil
+}
+
+// replayable reports whether req can be sent again: it has no body, or GetBody.
+func replayable(req *http.Request) bool {
+	return req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
+}
+
+// rewind returns a copy of req to send again, with a fresh body.
+func rewind(req *http.Request) (*http.Request, error) {
+	next := req.Clone(req.Context())
+	if req.Body != nil && req.Body != http.NoBody {
+		body, err := req.GetBody()
+		if err != nil {
+			return nil, err
+		}
+		next.Body = body
+	}
+	return next, nil
+}
+
+// discard drains (a little, so the connection can be reused) and closes a response
+// the caller will not see.
+func discard(resp *http.Response) {
+	_, _ = io.CopyN(io.Discard, resp.Body, 64<<10)
+	_ = resp.Body.Close()
+}
+
+// sleep waits d, or until ctx ends (ctx.Err()); it returns an error wrapping
+// ErrWouldExceedDeadline at once if d ends after ctx's deadline.
+func sleep(ctx context.Context, d time.Duration) error {
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d {
+		return fmt.Errorf("%w: pause of %v", ErrWouldExceedDeadline, d)
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // CloseIdleConnections closes the idle connections of the base transport, if it
@@ -216,26 +383,47 @@ func (t *transport) CloseIdleConnections() {
 	}
 }
 
-// backOff pauses the Reserver for as long as the response's Retry-After asks.
-func (t *transport) backOff(req *http.Request, resp *http.Response) {
-	d, err := t.retryAfter(resp.Header)
-	if err != nil && t.hooks.BadRetryAfter != nil {
-		t.hooks.BadRetryAfter(req, resp.StatusCode, err)
+// backOff holds and pauses r for as long as the response asks: its Retry-After (429,
+// 503) or, with WithRateLimitHeaders, its rate-limit headers, whichever is longer. It
+// returns that pause (0: none).
+func (t *transport) backOff(req *http.Request, r Reserver, resp *http.Response) time.Duration {
+	var d time.Duration
+	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
+		var err error
+		d, err = t.retryAfter(resp.Header)
+		if err != nil && t.hooks.BadRetryAfter != nil {
+			t.hooks.BadRetryAfter(req, resp.StatusCode, err)
+		}
 	}
-	if d <= 0 || t.pauser == nil {
-		return
+	if t.reserve >= 0 {
+		q, err := t.quotaReset(resp.Header)
+		if err != nil && t.hooks.BadRateLimit != nil {
+			t.hooks.BadRateLimit(req, resp.StatusCode, err)
+		}
+		d = max(d, q)
+	}
+	if d <= 0 {
+		return 0
+	}
+	if g, ok := r.(Gate); ok {
+		g.Hold(d) // this process first, at once
+	}
+	p, ok := r.(Pauser)
+	if !ok {
+		return d
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(req.Context()), pauseTimeout)
 	defer cancel()
-	if err := t.pauser.Pause(ctx, d); err != nil {
+	if err := p.Pause(ctx, d); err != nil {
 		if t.hooks.PauseFailed != nil {
 			t.hooks.PauseFailed(req, d, err)
 		}
-		return
+		return d
 	}
 	if t.hooks.Paused != nil {
 		t.hooks.Paused(req, resp.StatusCode, d)
 	}
+	return d
 }
 
 // retryAfter returns the pause h's Retry-After asks for, cut to the cap, and why the
