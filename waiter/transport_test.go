@@ -717,3 +717,307 @@ type settableClock struct{ now atomic.Int64 }
 func (c *settableClock) set(t time.Time)                       { c.now.Store(t.UnixNano()) }
 func (c *settableClock) Now() time.Time                        { return time.Unix(0, c.now.Load()) }
 func (c *settableClock) NewTimer(d time.Duration) waiter.Timer { return waiter.SystemClock.NewTimer(d) }
+
+// fakeGate is a fakePauser that is also a Gate: it records the order of its calls,
+// and Pass reports held once after each Hold (the permits fell inside the hold), at
+// once: it does not sleep.
+type fakeGate struct {
+	fakePauser
+	gmu    sync.Mutex
+	events []string
+	held   []time.Duration
+	owed   int // Pass calls still to report held
+}
+
+func (g *fakeGate) note(e string) {
+	g.gmu.Lock()
+	defer g.gmu.Unlock()
+	g.events = append(g.events, e)
+}
+
+func (g *fakeGate) Reserve(ctx context.Context, n int, maxWait time.Duration) (*waiter.Reservation, error) {
+	g.note("reserve")
+	return g.fakePauser.Reserve(ctx, n, maxWait)
+}
+
+func (g *fakeGate) Pause(ctx context.Context, d time.Duration) error {
+	g.note("pause")
+	return g.fakePauser.Pause(ctx, d)
+}
+
+func (g *fakeGate) Hold(d time.Duration) {
+	g.note("hold")
+	g.gmu.Lock()
+	defer g.gmu.Unlock()
+	g.held = append(g.held, d)
+	g.owed++
+}
+
+func (g *fakeGate) Pass(ctx context.Context) (bool, error) {
+	g.gmu.Lock()
+	defer g.gmu.Unlock()
+	if g.owed > 0 {
+		g.owed--
+		g.events = append(g.events, "pass held")
+		return true, nil
+	}
+	return false, nil
+}
+
+func (g *fakeGate) holds() []time.Duration {
+	g.gmu.Lock()
+	defer g.gmu.Unlock()
+	return append([]time.Duration(nil), g.held...)
+}
+
+func (g *fakeGate) log() []string {
+	g.gmu.Lock()
+	defer g.gmu.Unlock()
+	return append([]string(nil), g.events...)
+}
+
+// script is a base transport that answers the i-th request (from 0) with
+// statuses[i] (the last one for every request after), each with headers; it records
+// the bodies it was sent and counts the closes of the bodies it answered with.
+type script struct {
+	statuses []int
+	headers  map[string]string
+	mu       sync.Mutex
+	bodies   []string
+	answered []*closeRecorder
+}
+
+func (s *script) RoundTrip(req *http.Request) (*http.Response, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var body string
+	if req.Body != nil {
+		b, _ := io.ReadAll(req.Body)
+		req.Body.Close()
+		body = string(b)
+	}
+	s.bodies = append(s.bodies, body)
+	status := s.statuses[min(len(s.bodies)-1, len(s.statuses)-1)]
+	h := http.Header{}
+	for k, v := range s.headers {
+		h.Set(k, v)
+	}
+	rb := &closeRecorder{Reader: strings.NewReader("answer")}
+	s.answered = append(s.answered, rb)
+	return &http.Response{StatusCode: status, Header: h, Body: rb, Request: req}, nil
+}
+
+func (s *script) sent() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.bodies...)
+}
+
+// closes returns how many times each answer's body was closed, in order.
+func (s *script) closes() []int32 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var c []int32
+	for _, b := range s.answered {
+		c = append(c, b.closed.Load())
+	}
+	return c
+}
+
+// WithRetries: a replayable request answered 429 or 503 is sent again after the pause,
+// at most n times; each discarded answer is closed; a body without GetBody, another
+// status, or no retries asked for returns the answer as received.
+func TestTransportRetries(t *testing.T) {
+	getBody := func(t *testing.T) *http.Request { // http.NewRequest sets GetBody for a strings.Reader
+		t.Helper()
+		return newRequest(t, context.Background(), strings.NewReader("payload"))
+	}
+	cases := []struct {
+		name     string
+		statuses []int
+		retries  int
+		req      func(t *testing.T) *http.Request
+		sends    int
+		status   int     // of the response returned
+		closes   []int32 // of each answer's body: discarded ones 1, the returned one 0
+	}{
+		{"off by default", []int{429, 200}, 0, getBody, 1, 429, []int32{0}},
+		{"429 then 200", []int{429, 200}, 3, getBody, 2, 200, []int32{1, 0}},
+		{"503 then 200", []int{503, 200}, 1, getBody, 2, 200, []int32{1, 0}},
+		{"no body", []int{429, 429, 200}, 3, func(t *testing.T) *http.Request {
+			return newRequest(t, context.Background(), nil)
+		}, 3, 200, []int32{1, 1, 0}},
+		{"at most n", []int{429}, 2, getBody, 3, 429, []int32{1, 1, 0}},
+		{"500 is not retried", []int{500, 200}, 3, getBody, 1, 500, []int32{0}},
+		{"body without GetBody: as received", []int{429, 200}, 3, func(t *testing.T) *http.Request {
+			return newRequest(t, context.Background(), &closeRecorder{Reader: strings.NewReader("payload")})
+		}, 1, 429, []int32{0}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			g := &fakeGate{}
+			base := &script{statuses: c.statuses, headers: map[string]string{"Retry-After": "1"}}
+			var retried []int
+			tr := waiter.NewTransport(g, base, waiter.WithRetries(c.retries),
+				waiter.WithTransportHooks(waiter.TransportHooks{
+					Retrying: func(_ *http.Request, _ int, retry int) { retried = append(retried, retry) },
+				}))
+			req := c.req(t)
+			before := snapshot(req)
+			resp, err := tr.RoundTrip(req)
+			if err != nil || resp.StatusCode != c.status {
+				t.Fatalf("RoundTrip: %v, %v; want a %d", resp, err, c.status)
+			}
+			sent := base.sent()
+			if len(sent) != c.sends {
+				t.Fatalf("sent %d times, want %d", len(sent), c.sends)
+			}
+			for i, b := range sent {
+				if req.Body != nil && b != "payload" {
+					t.Errorf("send %d carried %q, want the whole body", i, b)
+				}
+			}
+			if got := base.closes(); !reflect.DeepEqual(got, c.closes) {
+				t.Errorf("answer bodies closed %v times, want %v", got, c.closes)
+			}
+			if got, want := len(retried), c.sends-1; got != want {
+				t.Errorf("Retrying called %d times, want %d", got, want)
+			}
+			if got, want := g.reserves(), c.sends; got != want {
+				t.Errorf("%d reservations, want %d (each send waits for its permits)", got, want)
+			}
+			if after := snapshot(req); !reflect.DeepEqual(before, after) {
+				t.Errorf("request changed:\n got %+v\nwant %+v", after, before)
+			}
+		})
+	}
+	t.Run("context ends while the retry waits", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		base := &script{statuses: []int{429}, headers: map[string]string{"Retry-After": "5"}}
+		cancelling := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			resp, err := base.RoundTrip(req)
+			cancel() // the caller gives up as the answer arrives
+			return resp, err
+		})
+		r := &fakeReserver{} // not a Gate: the transport sleeps out the pause itself
+		resp, err := waiter.NewTransport(r, cancelling, waiter.WithRetries(3)).RoundTrip(newRequest(t, ctx, nil))
+		if !errors.Is(err, context.Canceled) || resp != nil {
+			t.Fatalf("RoundTrip: %v, %v; want context.Canceled", resp, err)
+		}
+		if got, want := base.closes(), []int32{1}; !reflect.DeepEqual(got, want) {
+			t.Errorf("answer bodies closed %v times, want %v", got, want)
+		}
+	})
+	t.Run("the pause ends after the deadline: as received", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		base := &script{statuses: []int{503, 200}, headers: map[string]string{"Retry-After": "120"}}
+		resp, err := waiter.NewTransport(&fakeReserver{}, base, waiter.WithRetries(3)).RoundTrip(newRequest(t, ctx, nil))
+		if err != nil || resp.StatusCode != 503 {
+			t.Fatalf("RoundTrip: %v, %v; want the 503 as received", resp, err)
+		}
+		if got, want := base.closes(), []int32{0}; !reflect.DeepEqual(got, want) {
+			t.Errorf("answer bodies closed %v times, want %v", got, want)
+		}
+	})
+	t.Run("negative", func(t *testing.T) {
+		tr := waiter.NewTransport(&fakeReserver{}, answer(200, nil), waiter.WithRetries(-1))
+		if _, err := tr.RoundTrip(newRequest(t, context.Background(), nil)); !errors.Is(err, waiter.ErrInvalidOption) {
+			t.Errorf("RoundTrip with WithRetries(-1): %v, want ErrInvalidOption", err)
+		}
+	})
+}
+
+// A 429 holds this process before it pauses the fleet; Wait leaves a permit that
+// took effect inside the hold unused and books again.
+func TestTransportHoldsBeforePause(t *testing.T) {
+	g := &fakeGate{}
+	tr := waiter.NewTransport(g, answer(429, map[string]string{"Retry-After": "3"}))
+	if _, err := tr.RoundTrip(newRequest(t, context.Background(), nil)); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := g.log(), []string{"reserve", "hold", "pause"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("calls %v, want %v", got, want)
+	}
+	// the hold is still owed: the next request's permit falls inside it
+	if err := waiter.Wait(context.Background(), g, 1); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := g.log()[3:], []string{"pass held", "reserve"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("Wait after the hold: calls %v, want %v", got, want)
+	}
+}
+
+// NewTransportFunc: each request waits on the Reserver chosen for it, with the permits
+// chosen (0: the transport's); a 429 pauses only that one; a failed choice sends
+// nothing.
+func TestTransportFunc(t *testing.T) {
+	search, rest := &fakeGate{}, &fakeGate{}
+	boom := errors.New("no limit for this host")
+	choose := func(req *http.Request) (waiter.Reserver, int, error) {
+		switch req.URL.Path {
+		case "/search":
+			return search, 2, nil
+		case "/items":
+			return rest, 0, nil
+		case "/nil":
+			return nil, 1, nil
+		case "/negative":
+			return rest, -1, nil
+		}
+		return nil, 0, boom
+	}
+	base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		if req.URL.Path == "/search" {
+			return answer(429, map[string]string{"Retry-After": "9"})(req)
+		}
+		return answer(200, nil)(req)
+	})
+	var notSent []error
+	tr := waiter.NewTransportFunc(choose, base, waiter.WithPermits(3),
+		waiter.WithTransportHooks(waiter.TransportHooks{NotSent: func(_ *http.Request, err error) { notSent = append(notSent, err) }}))
+	for _, c := range []struct {
+		path   string
+		status int
+		err    error
+	}{
+		{"/items", 200, nil},
+		{"/search", 429, nil},
+		{"/other", 0, boom},
+		{"/nil", 0, waiter.ErrNilReserver},
+		{"/negative", 0, waiter.ErrInvalidOption},
+	} {
+		body := &closeRecorder{Reader: strings.NewReader("payload")}
+		resp, err := tr.RoundTrip(newRequestTo(t, context.Background(), "http://127.0.0.1:1"+c.path, body))
+		if c.err != nil {
+			if !errors.Is(err, c.err) || resp != nil {
+				t.Errorf("%s: %v, %v; want %v", c.path, resp, err, c.err)
+			}
+			if body.closed.Load() != 1 {
+				t.Errorf("%s: body closed %d times, want 1", c.path, body.closed.Load())
+			}
+			continue
+		}
+		if err != nil || resp.StatusCode != c.status {
+			t.Errorf("%s: %v, %v; want %d", c.path, resp, err, c.status)
+		}
+	}
+	if got, want := search.ns(), []int{2}; !reflect.DeepEqual(got, want) {
+		t.Errorf("search reserved %v, want %v", got, want)
+	}
+	if got, want := rest.ns(), []int{3}; !reflect.DeepEqual(got, want) {
+		t.Errorf("rest reserved %v, want %v (0 chosen: WithPermits)", got, want)
+	}
+	if got, want := search.pauses(), []time.Duration{9 * time.Second}; !reflect.DeepEqual(got, want) {
+		t.Errorf("search paused %v, want %v", got, want)
+	}
+	if got := rest.pauses(); len(got) != 0 {
+		t.Errorf("rest paused %v, want none", got)
+	}
+	if len(notSent) != 3 {
+		t.Errorf("NotSent called %d times, want 3", len(notSent))
+	}
+	if _, err := waiter.NewTransportFunc(nil, base).RoundTrip(newRequest(t, context.Background(), nil)); !errors.Is(err, waiter.ErrNilReserver) {
+		t.Errorf("nil choose: %v, want ErrNilReserver", err)
+	}
+}
