@@ -303,100 +303,6 @@ func TestTransportStaysUnderServerLimit(t *testing.T) {
 	})
 }
 
-// The server answers one request with 429 and a Retry-After HTTP-date: the transport
-// pauses the shared limiter, no request reaches the server inside the paused window
-// (by the server's receive times), sending resumes within 50ms of its end, and a
-// limiter of the same key on another client sees the pause.
-//
-// The server leaves out its Date header and sets the transport's clock so that its
-// date (whole seconds) lies 300ms ahead: a short pause without sleeping seconds.
-// The limiter spaces permits 50ms apart, so when the 429 arrives no other request
-// has a permit that is already due: all of them sleep, and the pause moves them. Ten
-// workers book past the pause's end, so their bookings are given back and made again
-// in an order the test does not control.
-//
-// Tolerance: the first request after the pause reaches the server within 50ms of
-// the time its 429 asked for (the 429's time plus the pause), by the server's clock.
-func TestTransportHonoursRetryAfter(t *testing.T) {
-	const (
-		workers  = 10
-		requests = 20
-		pause    = 300 * ms
-		spacing  = 50 * ms
-		busyAt   = 4 // the request the server answers with 429
-	)
-	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
-		clock := &settableClock{}
-		var answered atomic.Int64 // UnixNano when the 429 was written
-		srv := newRecordingServer(t, func(i int, w http.ResponseWriter, s *recordingServer) {
-			if i != busyAt {
-				return
-			}
-			now := time.Now()
-			at := now.Truncate(time.Second).Add(2 * time.Second)
-			clock.set(at.Add(-pause))
-			w.Header()["Date"] = nil // so the date counts from the transport's clock
-			w.Header().Set("Retry-After", at.Format(http.TimeFormat))
-			w.WriteHeader(http.StatusTooManyRequests)
-			answered.Store(now.UnixNano())
-		})
-		lim := newLimiter(t, b, "retry-after", throttle.Every(spacing))
-		var (
-			mu       sync.Mutex
-			pausedAt time.Time
-			pauses   []time.Duration
-		)
-		other := otherClient(t, b, "retry-after", throttle.Every(spacing))
-		var otherWait, sinceAnswer time.Duration
-		tr := waiter.NewTransport(lim, nil, waiter.WithTransportClock(clock),
-			waiter.WithTransportHooks(waiter.TransportHooks{
-				Paused: func(_ *http.Request, status int, d time.Duration) {
-					mu.Lock()
-					defer mu.Unlock()
-					pausedAt = time.Now()
-					pauses = append(pauses, d)
-					// another process sees the pause
-					res, err := other.Allow(context.Background())
-					if err != nil || res.Allowed {
-						t.Errorf("other client's limiter during the pause: %+v, %v; want denied", res, err)
-					}
-					otherWait, sinceAnswer = res.RetryAfter, time.Since(time.Unix(0, answered.Load()))
-				},
-				BadRetryAfter: func(_ *http.Request, _ int, err error) { t.Errorf("BadRetryAfter: %v", err) },
-			}))
-		client := &http.Client{Transport: tr}
-
-		statuses := sendAll(t, client, srv.URL, workers, requests)
-		if got, want := statuses[http.StatusTooManyRequests], 1; got != want {
-			t.Fatalf("statuses %v, want exactly one 429", statuses)
-		}
-		if !reflect.DeepEqual(pauses, []time.Duration{pause}) {
-			t.Fatalf("paused %v, want once for %v", pauses, pause)
-		}
-		t429 := time.Unix(0, answered.Load())
-		var firstAfter time.Time
-		for _, at := range srv.times() {
-			if at.After(t429) && at.Before(t429.Add(pause)) {
-				t.Errorf("a request reached the server %v after the 429, inside the %v pause", at.Sub(t429), pause)
-			}
-			if at.After(t429) && firstAfter.IsZero() {
-				firstAfter = at
-			}
-		}
-		// the server's view: it asked for pause from t429; the transport's own delay
-		// (reading the answer, one Redis call) counts against the 50ms
-		late := firstAfter.Sub(t429.Add(pause))
-		t.Logf("%s: 429 at +0, Pause returned at +%v, first request after it at +%v (%v after the pause asked for)",
-			b.Kind, pausedAt.Sub(t429), firstAfter.Sub(t429), late)
-		if late > 50*ms {
-			t.Errorf("the first request after the pause came %v after its end, want within 50ms", late)
-		}
-		if otherWait < pause-sinceAnswer {
-			t.Errorf("other client's limiter would wait %v, %v after the 429; want at least the rest of the %v pause", otherWait, sinceAnswer, pause)
-		}
-	})
-}
-
 // A 503 asking for an hour is cut to the cap: the shared limiter is paused for the
 // cap (another client sees it), and BadRetryAfter says so.
 func TestTransportCapsRetryAfter(t *testing.T) {
@@ -431,13 +337,21 @@ func TestTransportCapsRetryAfter(t *testing.T) {
 // A request whose context ends while it waits for its permit returns promptly with
 // the context's error, is not sent, closes its body and leaves nothing booked.
 //
-// Tolerance: RoundTrip returns within 50ms of the cancellation (it makes one Redis
-// call to give the booking back).
+// The cancellation comes once the waiting request has booked (the limiter's Allowed
+// hook says so), not after a guessed sleep. Tolerance: RoundTrip returns within 1s of
+// the cancellation (one Redis call to give the booking back, on a busy machine); the
+// slot it booked is 2s away, so a RoundTrip that waited for it fails.
 func TestTransportCancelWhileWaiting(t *testing.T) {
+	const slot = 2 * time.Second
 	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
 		grants := redistest.RecordGrants(b.Client)
 		srv := newRecordingServer(t, func(int, http.ResponseWriter, *recordingServer) {})
-		lim := newLimiter(t, b, "cancel", throttle.Every(300*ms))
+		booked := make(chan time.Duration, 2)
+		lim, err := throttle.New(b.Client, "cancel", throttle.Every(slot), throttle.WithKeyPrefix(b.Prefix),
+			throttle.WithHooks(throttle.Hooks{Allowed: func(_ string, _ int, wait time.Duration) { booked <- wait }}))
+		if err != nil {
+			t.Fatal(err)
+		}
 		tr := waiter.NewTransport(lim, nil)
 		ctx := context.Background()
 		resp, err := tr.RoundTrip(newRequestTo(t, ctx, srv.URL, nil)) // takes the only permit
@@ -445,6 +359,7 @@ func TestTransportCancelWhileWaiting(t *testing.T) {
 			t.Fatal(err)
 		}
 		resp.Body.Close()
+		<-booked
 
 		waiting, cancel := context.WithCancel(ctx)
 		body := &closeRecorder{Reader: strings.NewReader("payload")}
@@ -454,12 +369,14 @@ func TestTransportCancelWhileWaiting(t *testing.T) {
 			_, err := tr.RoundTrip(req)
 			done <- err
 		}()
-		time.Sleep(30 * ms) // it has booked the next slot and sleeps
+		if wait := <-booked; wait <= 0 { // it has booked the next slot and sleeps
+			t.Fatalf("the second request was granted at once (wait %v), want a booking ahead", wait)
+		}
 		cancelled := time.Now()
 		cancel()
 		err = <-done
-		if took := time.Since(cancelled); took > 50*ms {
-			t.Errorf("RoundTrip returned %v after the cancellation, want within 50ms", took)
+		if took := time.Since(cancelled); took > time.Second {
+			t.Errorf("RoundTrip returned %v after the cancellation, want within 1s", took)
 		}
 		if !errors.Is(err, context.Canceled) {
 			t.Fatalf("RoundTrip: %v, want context.Canceled", err)
