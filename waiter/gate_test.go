@@ -38,10 +38,11 @@ type holdRecord struct {
 
 // tracked is what the test knows of one request; it rides in the request's context.
 type tracked struct {
-	id        int
-	passStart atomic.Int64 // seq when its last Pass began
-	held      atomic.Bool  // a Pass of it reported held
-	sentAt    atomic.Int64 // UnixNano when the base transport got it
+	id           int
+	passStart    atomic.Int64 // seq when its last Pass began
+	held         atomic.Bool  // a Pass of it reported held
+	reserveStart atomic.Int64 // UnixNano when its last Reserve began
+	sentAt       atomic.Int64 // UnixNano when the base transport got it
 }
 
 type trackedKey struct{}
@@ -53,6 +54,13 @@ func (g *gateRecorder) Hold(d time.Duration) {
 	defer g.mu.Unlock()
 	g.seq++
 	g.holds = append(g.holds, holdRecord{seq: g.seq, until: start.Add(d)})
+}
+
+func (g *gateRecorder) Reserve(ctx context.Context, n int, maxWait time.Duration) (*waiter.Reservation, error) {
+	if tr, ok := ctx.Value(trackedKey{}).(*tracked); ok {
+		tr.reserveStart.Store(time.Now().UnixNano())
+	}
+	return g.Limiter.Reserve(ctx, n, maxWait)
 }
 
 func (g *gateRecorder) Pass(ctx context.Context) (bool, error) {

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -936,5 +937,70 @@ func TestTransportFunc(t *testing.T) {
 	}
 	if _, err := waiter.NewTransportFunc(nil, base).RoundTrip(newRequest(t, context.Background(), nil)); !errors.Is(err, waiter.ErrNilReserver) {
 		t.Errorf("nil choose: %v, want ErrNilReserver", err)
+	}
+}
+
+// Through a local vendor that refuses each request's first send (429, Retry-After: 0):
+// with WithRetries(2), every replayable request comes back 200 after one retry, and
+// no request whose body cannot be replayed (no GetBody) is sent twice: it returns
+// the 429 as received.
+func TestTransportRetriesOverHTTP(t *testing.T) {
+	const each = 20
+	b := redistest.NewMiniRealTime(t)
+	var (
+		mu    sync.Mutex
+		sends = map[string]int{}
+	)
+	vendor := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		id := r.Header.Get("X-Req")
+		mu.Lock()
+		sends[id]++
+		first := sends[id] == 1
+		mu.Unlock()
+		if string(body) != "payload "+id {
+			t.Errorf("request %s carried %q", id, body)
+		}
+		if first {
+			w.Header().Set("Retry-After", "0")
+			w.WriteHeader(http.StatusTooManyRequests)
+		}
+	}))
+	defer vendor.Close()
+	lim := newLimiter(t, b, "retries", throttle.PerSecond(1000))
+	client := &http.Client{Transport: waiter.NewTransport(lim, nil, waiter.WithRetries(2))}
+	statuses := map[string]map[int]int{"replayable": {}, "not replayable": {}}
+	for i := 0; i < 2*each; i++ {
+		id := strconv.Itoa(i)
+		kind := "replayable"
+		var body io.Reader = strings.NewReader("payload " + id) // http.NewRequest sets GetBody
+		if i%2 == 1 {
+			kind, body = "not replayable", io.MultiReader(strings.NewReader("payload "+id)) // no GetBody
+		}
+		req, err := http.NewRequest(http.MethodPost, vendor.URL, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("X-Req", id)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		statuses[kind][resp.StatusCode]++
+	}
+	resentWithoutGetBody := 0
+	for id, n := range sends {
+		if i, _ := strconv.Atoi(id); i%2 == 1 && n > 1 {
+			resentWithoutGetBody++
+		}
+	}
+	redistest.Figure(t, "WithRetries(2), each request's first send refused 429: %d replayable requests ended %v; %d without GetBody ended %v, %d of them sent again",
+		each, statuses["replayable"], each, statuses["not replayable"], resentWithoutGetBody)
+	if got := statuses["replayable"][http.StatusOK]; got != each {
+		t.Errorf("%d replayable requests ended 200, want %d", got, each)
+	}
+	if got := statuses["not replayable"][http.StatusTooManyRequests]; got != each || resentWithoutGetBody != 0 {
+		t.Errorf("requests without GetBody: %d returned 429 as received, %d sent again; want %d and 0", got, resentWithoutGetBody, each)
 	}
 }

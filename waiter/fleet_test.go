@@ -1,0 +1,472 @@
+package waiter_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/throttle"
+	"github.com/jobthrottle/jobthrottle/waiter"
+	"github.com/redis/go-redis/v9"
+)
+
+// The fleet tests run transports in several OS processes: this test binary again,
+// told by transportChildEnv (a JSON childOrders) to run TestTransportFleetChild. A
+// child makes its client, limiter and transport, prints "READY", waits for a line on
+// stdin, sends from Workers goroutines until Run has passed, and prints "RESULT "
+// and its childReport as JSON.
+const transportChildEnv = "JOBTHROTTLE_TRANSPORT_CHILD"
+
+type childOrders struct {
+	Proc     int
+	Addrs    []string
+	Cluster  bool
+	Prefix   string
+	Key      string
+	Spacing  time.Duration // the fleet's limit: a permit every Spacing
+	URL      string
+	Workers  int
+	Run      time.Duration
+	Reserve  int // WithRateLimitHeaders(Reserve); -1: off
+	MaxPause time.Duration
+}
+
+type childReport struct {
+	Proc      int
+	Holds     []childHold
+	Reqs      []childReq
+	PausedAt  []int64 // UnixNano: when each Pause returned
+	FirstRead int64   // UnixNano: when the first response was read
+	Errors    []string
+}
+
+type childHold struct {
+	Seq   int64
+	Until int64 // UnixNano
+}
+
+type childReq struct {
+	ID           int
+	PassStart    int64 // gate order (see gateRecorder)
+	ReserveStart int64 // UnixNano: when its last Reserve began
+	SentAt       int64 // UnixNano
+	Status       int
+}
+
+// TestTransportFleetChild is the child's side; it does nothing in a normal run.
+func TestTransportFleetChild(t *testing.T) {
+	raw := os.Getenv(transportChildEnv)
+	if raw == "" {
+		t.Skip("run by the fleet tests in a child process")
+	}
+	var o childOrders
+	if err := json.Unmarshal([]byte(raw), &o); err != nil {
+		t.Fatal(err)
+	}
+	var rdb redis.UniversalClient
+	if o.Cluster {
+		rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: o.Addrs})
+	} else {
+		rdb = redis.NewClient(&redis.Options{Addr: o.Addrs[0]})
+	}
+	defer rdb.Close()
+	l, err := throttle.New(rdb, o.Key, throttle.Every(o.Spacing), throttle.WithKeyPrefix(o.Prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := &gateRecorder{Limiter: l}
+	rep := childReport{Proc: o.Proc}
+	var mu sync.Mutex
+	opts := []waiter.TransportOption{waiter.WithMaxPause(o.MaxPause), waiter.WithTransportHooks(waiter.TransportHooks{
+		Paused: func(*http.Request, int, time.Duration) {
+			mu.Lock()
+			rep.PausedAt = append(rep.PausedAt, time.Now().UnixNano())
+			mu.Unlock()
+		},
+		PauseFailed: func(_ *http.Request, _ time.Duration, err error) {
+			mu.Lock()
+			rep.Errors = append(rep.Errors, "pause: "+err.Error())
+			mu.Unlock()
+		},
+	})}
+	if o.Reserve >= 0 {
+		opts = append(opts, waiter.WithRateLimitHeaders(o.Reserve))
+	}
+	client := &http.Client{Transport: waiter.NewTransport(lim, stampSent(nil), opts...)}
+	fmt.Println("READY")
+	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	end := time.Now().Add(o.Run)
+	var (
+		next int
+		reqs []*tracked
+		wg   sync.WaitGroup
+	)
+	statuses := map[*tracked]int{}
+	for w := 0; w < o.Workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				mu.Lock()
+				tr := &tracked{id: o.Proc*1_000_000 + next}
+				next++
+				reqs = append(reqs, tr)
+				mu.Unlock()
+				ctx, cancel := context.WithDeadline(context.WithValue(context.Background(), trackedKey{}, tr), end)
+				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, o.URL, nil)
+				req.Header.Set("X-Req", strconv.Itoa(tr.id))
+				req.Header.Set("X-Proc", strconv.Itoa(o.Proc))
+				resp, err := client.Do(req)
+				if err != nil {
+					cancel()
+					if ctx.Err() == nil {
+						mu.Lock()
+						rep.Errors = append(rep.Errors, err.Error())
+						mu.Unlock()
+					}
+					return
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				cancel()
+				mu.Lock()
+				if rep.FirstRead == 0 {
+					rep.FirstRead = time.Now().UnixNano()
+				}
+				statuses[tr] = resp.StatusCode
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	lim.mu.Lock()
+	for _, h := range lim.holds {
+		rep.Holds = append(rep.Holds, childHold{h.seq, h.until.UnixNano()})
+	}
+	lim.mu.Unlock()
+	for _, tr := range reqs {
+		if tr.sentAt.Load() == 0 {
+			continue
+		}
+		rep.Reqs = append(rep.Reqs, childReq{tr.id, tr.passStart.Load(), tr.reserveStart.Load(), tr.sentAt.Load(), statuses[tr]})
+	}
+	b, _ := json.Marshal(rep)
+	fmt.Println("RESULT " + string(b))
+}
+
+// runFleet starts procs children with orders o (Proc set for each), starts them
+// together once all are ready, and returns their reports.
+func runFleet(t *testing.T, procs int, o childOrders) []childReport {
+	t.Helper()
+	type child struct {
+		cmd   *exec.Cmd
+		in    io.WriteCloser
+		out   *bufio.Reader
+		stdio strings.Builder
+	}
+	children := make([]*child, procs)
+	for p := range children {
+		o.Proc = p
+		raw, _ := json.Marshal(o)
+		cmd := exec.Command(os.Args[0], "-test.run=^TestTransportFleetChild$", "-test.v=false")
+		cmd.Env = append(os.Environ(), transportChildEnv+"="+string(raw))
+		in, err := cmd.StdinPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := &child{cmd: cmd, in: in, out: bufio.NewReader(out)}
+		cmd.Stderr = &c.stdio
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		children[p] = c
+	}
+	for p, c := range children {
+		for {
+			line, err := c.out.ReadString('\n')
+			if err != nil {
+				t.Fatalf("child %d: %v before READY (stderr: %s)", p, err, c.stdio.String())
+			}
+			if strings.TrimSpace(line) == "READY" {
+				break
+			}
+		}
+	}
+	for _, c := range children {
+		fmt.Fprintln(c.in, "GO")
+	}
+	reports := make([]childReport, procs)
+	for p, c := range children {
+		for {
+			line, err := c.out.ReadString('\n')
+			if err != nil {
+				t.Fatalf("child %d: %v before RESULT (stderr: %s)", p, err, c.stdio.String())
+			}
+			if rest, ok := strings.CutPrefix(line, "RESULT "); ok {
+				if err := json.Unmarshal([]byte(rest), &reports[p]); err != nil {
+					t.Fatal(err)
+				}
+				break
+			}
+		}
+		for _, e := range reports[p].Errors {
+			t.Errorf("child %d: %s", p, e)
+		}
+	}
+	return reports
+}
+
+// fleetOrders returns the orders shared by every child on backend b.
+func fleetOrders(t *testing.T, b *redistest.Backend, key, url string) childOrders {
+	o := childOrders{Prefix: b.Prefix, Key: key, URL: url, Workers: 8, Reserve: -1, MaxPause: 5 * time.Minute}
+	switch c := b.Client.(type) {
+	case *redis.Client:
+		o.Addrs = []string{c.Options().Addr}
+	case *redis.ClusterClient:
+		o.Addrs, o.Cluster = c.Options().Addrs, true
+	default:
+		t.Fatalf("unknown client %T", b.Client)
+	}
+	return o
+}
+
+// vendorLog is what the local vendor saw: each request's process, id and arrival.
+type vendorLog struct {
+	mu   sync.Mutex
+	hits []vendorHit
+}
+
+type vendorHit struct {
+	proc, id int
+	at       time.Time
+	status   int
+}
+
+func (v *vendorLog) add(r *http.Request, status int) {
+	proc, _ := strconv.Atoi(r.Header.Get("X-Proc"))
+	id, _ := strconv.Atoi(r.Header.Get("X-Req"))
+	v.mu.Lock()
+	v.hits = append(v.hits, vendorHit{proc, id, time.Now(), status})
+	v.mu.Unlock()
+}
+
+// 8 processes × 8 goroutines share a limiter of 100 requests a second; the vendor
+// announces a 1s pause (429, Retry-After: 1) on its 60th request, and answers 429
+// to everything inside it. In the process that read the announcement, no request
+// that passed the gate after it is sent inside the pause (checked exactly, by the
+// gate's order); requests of other processes that reach the vendor inside the pause
+// are counted, with how many of them booked their permits after the pause reached
+// Redis (none should: those book after it).
+func TestTransportFleetRetryAfter(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process figure")
+	}
+	const (
+		procs    = 8
+		announce = 60
+		pause    = time.Second
+	)
+	b := redistest.NewStandalone(t)
+	var (
+		log     vendorLog
+		mu      sync.Mutex
+		n       int
+		start   time.Time // of the announced pause
+		readBy  = -1      // the process it was announced to
+		readReq int
+	)
+	vendor := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		n++
+		now := time.Now()
+		status := http.StatusOK
+		switch {
+		case n == announce:
+			start, status = now, http.StatusTooManyRequests
+			readBy, _ = strconv.Atoi(r.Header.Get("X-Proc"))
+			readReq, _ = strconv.Atoi(r.Header.Get("X-Req"))
+			w.Header().Set("Retry-After", "1")
+		case !start.IsZero() && now.Before(start.Add(pause)):
+			status = http.StatusTooManyRequests
+			w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(start.Add(pause).Sub(now).Seconds()))))
+		}
+		mu.Unlock()
+		log.add(r, status)
+		w.WriteHeader(status)
+	}))
+	defer vendor.Close()
+	o := fleetOrders(t, b, "fleet-retry-after", vendor.URL)
+	o.Spacing, o.Run = 10*time.Millisecond, 2500*time.Millisecond
+	reports := runFleet(t, procs, o)
+	if readBy < 0 {
+		t.Fatalf("the vendor got %d requests, fewer than the %d it announces the pause on", n, announce)
+	}
+	reader := reports[readBy]
+	if len(reader.Holds) == 0 || len(reader.PausedAt) == 0 {
+		t.Fatalf("process %d read the 429 but held %d times and paused %d times", readBy, len(reader.Holds), len(reader.PausedAt))
+	}
+	firstHold := reader.Holds[0]
+	byID := map[int]childReq{}
+	for _, rep := range reports {
+		for _, r := range rep.Reqs {
+			byID[r.ID] = r
+		}
+	}
+	pausedInRedis := time.Unix(0, reader.PausedAt[0])
+	var sameOnWay, sameAfter, other, otherBookedAfter int
+	log.mu.Lock()
+	for _, h := range log.hits {
+		if h.id == readReq || h.at.Before(start) || !h.at.Before(start.Add(pause)) {
+			continue
+		}
+		r := byID[h.id]
+		switch {
+		case h.proc == readBy && r.PassStart < firstHold.Seq:
+			sameOnWay++
+		case h.proc == readBy:
+			sameAfter++
+			t.Errorf("request %d of process %d passed the gate after the 429 was read and reached the vendor %v inside the pause", h.id, h.proc, h.at.Sub(start))
+		default:
+			other++
+			if time.Unix(0, r.ReserveStart).After(pausedInRedis) {
+				otherBookedAfter++
+			}
+		}
+	}
+	total := len(log.hits)
+	log.mu.Unlock()
+	redistest.Figure(t, "%d processes × 8 goroutines, 100/s shared, 1s pause announced to process %d (Pause returned %v after the 429): inside the pause the vendor got %d requests from that process sent after it read the 429 (%d on their way before), %d from other processes (%d of them booked after the pause reached Redis); %d requests in all",
+		procs, readBy, pausedInRedis.Sub(start).Round(time.Millisecond), sameAfter, sameOnWay, other, otherBookedAfter, total)
+	if otherBookedAfter > 0 {
+		t.Errorf("%d requests of other processes booked after the pause reached Redis and reached the vendor inside it", otherBookedAfter)
+	}
+}
+
+// 8 processes × 8 goroutines share a limiter of 100 requests a second, above the
+// vendor's quota of 50 per wall-clock second, which an unthrottled client also uses
+// (20 a second). The vendor sends its quota in RateLimit headers on every answer;
+// with WithRateLimitHeaders(16) the fleet gets no 429 after each process read its
+// first answer. Without it, the figure shows what the headers save.
+func TestTransportFleetRateLimitHeaders(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process figure")
+	}
+	const (
+		procs   = 8
+		quota   = 50
+		reserve = 16
+	)
+	for _, withHeaders := range []bool{true, false} {
+		b := redistest.NewStandalone(t)
+		var (
+			mu     sync.Mutex
+			window int64
+			used   int
+			log    vendorLog
+		)
+		vendor := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			now := time.Now()
+			mu.Lock()
+			if s := now.Unix(); s != window {
+				window, used = s, 0
+			}
+			status := http.StatusOK
+			if used < quota {
+				used++
+			} else {
+				status = http.StatusTooManyRequests
+			}
+			left := quota - used
+			mu.Unlock()
+			reset := int(math.Ceil(time.Unix(window+1, 0).Sub(now).Seconds()))
+			w.Header().Set("RateLimit-Policy", fmt.Sprintf(`"default";q=%d;w=1`, quota))
+			w.Header().Set("RateLimit", fmt.Sprintf(`"default";r=%d;t=%d`, left, reset))
+			if status != http.StatusOK {
+				w.Header().Set("Retry-After", strconv.Itoa(reset))
+			}
+			if r.Header.Get("X-Proc") != "" {
+				log.add(r, status)
+			}
+			w.WriteHeader(status)
+		}))
+		stop := make(chan struct{})
+		var unthrottled sync.WaitGroup
+		unthrottled.Add(1)
+		go func() { // another client of the same quota, not throttled by the fleet
+			defer unthrottled.Done()
+			tick := time.NewTicker(50 * time.Millisecond)
+			defer tick.Stop()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-tick.C:
+					if resp, err := http.Get(vendor.URL); err == nil {
+						resp.Body.Close()
+					}
+				}
+			}
+		}()
+		o := fleetOrders(t, b, "fleet-headers", vendor.URL)
+		o.Spacing, o.Run = 10*time.Millisecond, 3*time.Second
+		if withHeaders {
+			o.Reserve = reserve
+		}
+		reports := runFleet(t, procs, o)
+		close(stop)
+		unthrottled.Wait()
+		vendor.Close()
+		firstRead := map[int]time.Time{}
+		for _, rep := range reports {
+			firstRead[rep.Proc] = time.Unix(0, rep.FirstRead)
+		}
+		refused, refusedAfter, ok := 0, 0, 0
+		byID := map[int]childReq{}
+		for _, rep := range reports {
+			for _, r := range rep.Reqs {
+				byID[r.ID] = r
+			}
+		}
+		log.mu.Lock()
+		for _, h := range log.hits {
+			if h.status == http.StatusOK {
+				ok++
+				continue
+			}
+			refused++
+			if time.Unix(0, byID[h.id].SentAt).After(firstRead[h.proc]) {
+				refusedAfter++
+			}
+		}
+		log.mu.Unlock()
+		if withHeaders {
+			redistest.Figure(t, "with WithRateLimitHeaders(%d): %d processes × 8 goroutines at 100/s, vendor quota %d/s shared with an unthrottled client at 20/s, 3s: %d answered 200, %d refused 429 (%d sent after the process read its first header)",
+				reserve, procs, quota, ok, refused, refusedAfter)
+			if refusedAfter > 0 {
+				t.Errorf("%d requests sent after their process read the vendor's headers were refused 429, want 0", refusedAfter)
+			}
+		} else {
+			redistest.Figure(t, "without WithRateLimitHeaders: the same fleet: %d answered 200, %d refused 429", ok, refused)
+		}
+	}
+}
