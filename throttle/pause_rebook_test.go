@@ -14,13 +14,15 @@ import (
 // it ends and the rest follow at the rate, with no gap: none books again behind a
 // booking another is about to give back.
 //
-// Twelve waiters book 20ms apart (+20ms … +240ms); the 100ms pause begins as soon
-// as they have, so most bookings lie after its end. Tolerances: the first grant
-// after the pause takes effect within 10ms of its end (server clock, against the
-// local times around the Pause call); the last within 15ms, less than a step (plus
-// a bucket a grant for SlidingCounter), of one step per grant after the first. A
-// booking that took effect while Pause was running is not counted: the pause had
-// not reached it.
+// Twelve waiters book 20ms apart (+20ms … +240ms); the 300ms pause begins as soon
+// as they have. The waiters book again once Pause returns, well before the pause
+// ends; the checks count only the grants booked again before it could have ended
+// (their call sent by then: a goroutine the busy machine ran later than that is not
+// the limiter's doing), and fail if there are none. Tolerances: the first of them
+// takes effect within 25ms of the pause's end (server clock, against the local times
+// around the Pause call); the last within 15ms, less than a step (plus a bucket a
+// grant for SlidingCounter), of one step per grant after the first. A booking that
+// took effect while Pause was running is not counted: the pause had not reached it.
 //
 // The log algorithms only: TokenBucket and FixedWindow give back only the latest
 // booking (see their scripts), so the moved bookings stay counted and the slots
@@ -29,7 +31,7 @@ func TestPauseRebooksFromItsEnd(t *testing.T) {
 	const (
 		waiters = 12
 		step    = 20 * ms
-		pause   = 100 * ms
+		pause   = 300 * ms
 	)
 	for _, alg := range []Algorithm{SlidingWindow, SlidingCounter} {
 		t.Run(alg.String(), func(t *testing.T) {
@@ -67,20 +69,23 @@ func TestPauseRebooksFromItsEnd(t *testing.T) {
 				wg.Wait()
 				end := from.Add(pause) // the earliest the pause can end
 				var after []redistest.Grant
+				late := 0
 				for _, g := range grants.List() {
 					switch {
-					case !g.At.Before(end):
+					case !g.At.Before(end) && g.Sent.Before(end):
 						after = append(after, g)
+					case !g.At.Before(end):
+						late++ // booked again only after the pause could have ended
 					case g.At.After(to):
 						t.Errorf("a grant took effect %v after Pause returned, inside the pause", g.At.Sub(to))
 					}
 				}
 				if len(after) == 0 {
-					t.Fatal("no grant after the pause")
+					t.Fatalf("no grant after the pause booked before its end (%d booked later)", late)
 				}
 				first, last := after[0].At, after[len(after)-1].At
-				t.Logf("%v on %s: Pause took %v; %d grants after it, the first %v after its end, the last %v after",
-					alg, b.Kind, to.Sub(from), len(after), first.Sub(end), last.Sub(end))
+				t.Logf("%v on %s: Pause took %v; %d grants after it booked before its end (%d later), the first %v after its end, the last %v after",
+					alg, b.Kind, to.Sub(from), len(after), late, first.Sub(end), last.Sub(end))
 				// tolerance 25ms: the waiters' goroutines must run to book again, and under
 				// -race on a loaded machine one can be scheduled that late
 				if late := first.Sub(to.Add(pause)); late > 25*ms {
@@ -100,18 +105,22 @@ func TestPauseRebooksFromItsEnd(t *testing.T) {
 
 // A Reservation held by code that does not wait on it is never given back: Pause
 // waits for it no longer than pauseSettle, and the booking stands.
+//
+// The booking is 10s ahead, so a Pause that waited for it instead of pauseSettle
+// takes 10s. Tolerance: 5s over pauseSettle for the Redis call and scheduling (a
+// cluster node on this shared machine took 1s to answer once under load).
 func TestPauseWaitsBoundedForHeldReservations(t *testing.T) {
 	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
 		grants := redistest.RecordGrants(b.Client)
-		l, err := New(b.Client, "held", Every(time.Second), WithKeyPrefix(b.Prefix))
+		l, err := New(b.Client, "held", Every(10*time.Second), WithKeyPrefix(b.Prefix))
 		if err != nil {
 			t.Fatal(err)
 		}
 		if _, err := l.Allow(ctx); err != nil {
 			t.Fatal(err)
 		}
-		r, err := l.Reserve(ctx, 1, 2*time.Second)
+		r, err := l.Reserve(ctx, 1, 20*time.Second)
 		if err != nil || !r.OK() {
 			t.Fatalf("Reserve: %v %v", r.OK(), err)
 		}
@@ -119,9 +128,8 @@ func TestPauseWaitsBoundedForHeldReservations(t *testing.T) {
 		if err := l.Pause(ctx, 50*ms); err != nil {
 			t.Fatal(err)
 		}
-		// tolerance: 50ms over pauseSettle for the Redis call and scheduling
-		if took := time.Since(start); took < pauseSettle || took > pauseSettle+50*ms {
-			t.Errorf("Pause took %v, want about %v", took, pauseSettle)
+		if took := time.Since(start); took < pauseSettle || took > pauseSettle+5*time.Second {
+			t.Errorf("Pause took %v, want %v (+ up to 5s), not until the held booking (10s)", took, pauseSettle)
 		}
 		if got, want := grants.Total(), 2; got != want {
 			t.Errorf("%d permits stand, want %d (the held booking stays)", got, want)

@@ -17,19 +17,16 @@ import (
 // back and returns ctx.Err(). Errors from r (bad n, the store unreachable) are
 // returned as they are.
 //
-// If r is a Gate, Wait passes its gate before booking and again once the booking has
-// taken effect: permits that took effect while this process was held (a pause began
-// meanwhile, see Gate) are not used; Wait books again after the hold.
+// If r is a Gate, Wait passes its gate once the booking has taken effect: permits
+// that took effect while this process was held (a pause began meanwhile, see Gate)
+// are not used; Wait books again after the hold. It books without waiting for a hold
+// to end: the store places the booking after the pause that came with the hold, so
+// the first permits after it take effect when it ends.
 func Wait(ctx context.Context, r Reserver, n int) error {
 	g, _ := r.(passer)
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
-		}
-		if g != nil {
-			if _, err := g.Pass(ctx); err != nil {
-				return err
-			}
 		}
 		maxWait := time.Duration(math.MaxInt64)
 		if dl, ok := ctx.Deadline(); ok {
