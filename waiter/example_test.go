@@ -6,6 +6,7 @@ import (
 	"log"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
@@ -67,4 +68,57 @@ func ExampleNewTransport() {
 	// 429: every process pauses for 30s
 	// /busy 429 Too Many Requests
 	// allowed: false, retry in 30s
+}
+
+// One limiter per endpoint: the vendor's search API has a limit of its own, and a
+// search costs two permits of it.
+func ExampleNewTransportFunc() {
+	mr, err := miniredis.Run() // stands in for your Redis
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "ok")
+	}))
+	defer api.Close()
+
+	search, err := throttle.New(rdb, "vendor-search", throttle.PerMinute(30))
+	if err != nil {
+		log.Fatal(err)
+	}
+	rest, err := throttle.New(rdb, "vendor-api", throttle.PerSecond(10))
+	if err != nil {
+		log.Fatal(err)
+	}
+	choose := func(req *http.Request) (waiter.Reserver, int, error) {
+		if strings.HasPrefix(req.URL.Path, "/search") {
+			return search, 2, nil
+		}
+		return rest, 1, nil
+	}
+	client := &http.Client{Transport: waiter.NewTransportFunc(choose, nil,
+		waiter.WithRateLimitHeaders(4), // pause when the vendor says at most 4 are left
+		waiter.WithRetries(1))}         // send a 429 again once, after the pause
+
+	for _, path := range []string{"/items", "/search?q=x"} {
+		resp, err := client.Get(api.URL + path)
+		if err != nil {
+			log.Fatal(err)
+		}
+		resp.Body.Close()
+		fmt.Println(path, resp.Status)
+	}
+	res, err := search.AllowN(context.Background(), 0)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("search permits left this minute:", res.Remaining)
+	// Output:
+	// /items 200 OK
+	// /search?q=x 200 OK
+	// search permits left this minute: 28
 }
