@@ -145,15 +145,23 @@ const idleLimit = 60 * time.Second
 
 // waitIdle waits until no task of the queue is pending, active, scheduled or due
 // for retry, and cond (if not nil) holds; it fails the test after limit.
+//
+// A failed GetQueueInfo is tried again until limit: after a Redis restart the
+// inspector's client may still fail at once for up to a second (go-redis, having
+// failed PoolSize dials, returns the last dial error without dialing until its
+// background dial, once a second, succeeds).
 func (f *fleet) waitIdle(limit time.Duration, cond func() bool) *asynq.QueueInfo {
 	f.t.Helper()
 	deadline := time.Now().Add(limit)
 	for {
-		qi := f.info()
-		if qi.Pending+qi.Active+qi.Scheduled+qi.Retry+qi.Aggregating == 0 && (cond == nil || cond()) {
+		qi, err := f.insp.GetQueueInfo(f.queue)
+		if err == nil && qi.Pending+qi.Active+qi.Scheduled+qi.Retry+qi.Aggregating == 0 && (cond == nil || cond()) {
 			return qi
 		}
 		if time.Now().After(deadline) {
+			if err != nil {
+				f.t.Fatalf("GetQueueInfo: %v", err)
+			}
 			f.t.Fatalf("queue not idle after %v: %+v", limit, qi)
 		}
 		time.Sleep(20 * time.Millisecond)
