@@ -30,9 +30,9 @@ var (
 
 	// ErrUnavailable: Redis could not be reached or cannot serve now (connection
 	// refused or reset, a timeout, LOADING, MASTERDOWN, CLUSTERDOWN, TRYAGAIN, READONLY
-	// during a failover…), or did not answer before the call's context's deadline (or,
-	// without one, within the client's ReadTimeout), whatever the client's options. The
-	// error wraps the cause as well; one for a missed deadline does not match
+	// during a failover…), or did not answer before the call's context's deadline,
+	// whatever the client's options. The error wraps the cause as well; one for a
+	// missed deadline does not match
 	// context.DeadlineExceeded. It is worth retrying after a moment; nothing was
 	// granted (see FailurePolicy for the alternatives).
 	ErrUnavailable = errors.New("jobthrottle: redis unavailable")
