@@ -216,9 +216,9 @@ func (a *arrivals) inside(from, to time.Time) []int {
 //
 // No timing is assumed for the first two checks: the gate's order is recorded
 // (gateRecorder). Tolerance: the first request after the pause reaches the server
-// within 250ms of the time its 429 asked for: reading the answer, one Redis call,
-// a timer and a send, on a 2-core machine other test binaries keep busy (measured
-// 0.2-24ms when idle).
+// within 250ms of the pause's end in Redis (no later than Pause's return plus the
+// pause, and no earlier than what the 429 asked for): a timer and a send, on a
+// 2-core machine other test binaries keep busy (measured 0.2-24ms when idle).
 func TestTransportHonoursRetryAfter(t *testing.T) {
 	const (
 		workers  = 10
@@ -290,11 +290,17 @@ func TestTransportHonoursRetryAfter(t *testing.T) {
 			}
 		}
 		firstAfter := srv.firstFrom(t429.Add(pause))
-		late := firstAfter.Sub(t429.Add(pause))
+		// Redis's pause ends pause after its script ran, which is no later than when
+		// Pause returned: on a loaded machine that call alone took 330ms once
+		end := t429.Add(pause)
+		if e := pausedAt.Add(pause); e.After(end) {
+			end = e
+		}
+		late := firstAfter.Sub(end)
 		t.Logf("%s: 429 at +0, Pause returned at +%v, %d requests on their way before it was read reached the server inside the pause, first request after it at +%v (%v after the pause asked for)",
-			b.Kind, pausedAt.Sub(t429), len(inside), firstAfter.Sub(t429), late)
+			b.Kind, pausedAt.Sub(t429), len(inside), firstAfter.Sub(t429), firstAfter.Sub(t429.Add(pause)))
 		if late > resumeBy {
-			t.Errorf("the first request after the pause came %v after its end, want within %v", late, resumeBy)
+			t.Errorf("the first request after the pause came %v after its end in Redis, want within %v", late, resumeBy)
 		}
 		if otherWait < pause-sinceAnswer {
 			t.Errorf("other client's limiter would wait %v, %v after the 429; want at least the rest of the %v pause", otherWait, sinceAnswer, pause)
