@@ -215,10 +215,12 @@ func (a *arrivals) inside(from, to time.Time) []int {
 // their bookings.
 //
 // No timing is assumed for the first two checks: the gate's order is recorded
-// (gateRecorder). Tolerance: the first request after the pause reaches the server
-// within 250ms of the pause's end in Redis (no later than Pause's return plus the
-// pause, and no earlier than what the 429 asked for): a timer and a send, on a
-// 2-core machine other test binaries keep busy (measured 0.2-24ms when idle).
+// (gateRecorder). Tolerance: the first grant after the pause takes effect within
+// 25ms of the pause's end in Redis (no later than Pause's return plus the pause),
+// by Redis's clock: the waiters booked again while Pause ran, so only the
+// microsecond rounding of the scripts and the gap between Pause's script and its
+// return count. When that request reaches the server is reported (0.2-24ms later
+// when idle).
 func TestTransportHonoursRetryAfter(t *testing.T) {
 	const (
 		workers  = 10
@@ -226,7 +228,7 @@ func TestTransportHonoursRetryAfter(t *testing.T) {
 		pause    = 300 * ms
 		spacing  = 50 * ms
 		busyAt   = 4 // the request the server answers with 429
-		resumeBy = 250 * ms
+		resumeBy = 25 * ms
 	)
 	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
 		clock := &settableClock{}
@@ -243,6 +245,7 @@ func TestTransportHonoursRetryAfter(t *testing.T) {
 			w.WriteHeader(http.StatusTooManyRequests)
 			answered.Store(now.UnixNano())
 		})
+		grants := redistest.RecordGrants(b.Client)
 		lim := &gateRecorder{Limiter: newLimiter(t, b, "retry-after", throttle.Every(spacing))}
 		var (
 			mu       sync.Mutex
@@ -291,16 +294,25 @@ func TestTransportHonoursRetryAfter(t *testing.T) {
 		}
 		firstAfter := srv.firstFrom(t429.Add(pause))
 		// Redis's pause ends pause after its script ran, which is no later than when
-		// Pause returned: on a loaded machine that call alone took 330ms once
+		// Pause returned (on a loaded machine that call alone took 330ms once). The
+		// waiters the pause moved booked again while it ran, so the first grant after
+		// it takes effect at its end by Redis's clock, whatever the scheduling; when
+		// the request then reaches the server is scheduling, reported, not asserted.
 		end := t429.Add(pause)
 		if e := pausedAt.Add(pause); e.After(end) {
 			end = e
 		}
-		late := firstAfter.Sub(end)
-		t.Logf("%s: 429 at +0, Pause returned at +%v, %d requests on their way before it was read reached the server inside the pause, first request after it at +%v (%v after the pause asked for)",
-			b.Kind, pausedAt.Sub(t429), len(inside), firstAfter.Sub(t429), firstAfter.Sub(t429.Add(pause)))
-		if late > resumeBy {
-			t.Errorf("the first request after the pause came %v after its end in Redis, want within %v", late, resumeBy)
+		var firstGrant time.Time
+		for _, g := range grants.List() {
+			if g.At.After(t429) {
+				firstGrant = g.At
+				break
+			}
+		}
+		t.Logf("%s: 429 at +0, Pause returned at +%v, %d requests on their way before it was read reached the server inside the pause, first grant after it at +%v, first request at +%v (%v after the pause asked for)",
+			b.Kind, pausedAt.Sub(t429), len(inside), firstGrant.Sub(t429), firstAfter.Sub(t429), firstAfter.Sub(t429.Add(pause)))
+		if late := firstGrant.Sub(end); late > resumeBy {
+			t.Errorf("the first grant after the pause took effect %v after its end in Redis, want within %v", late, resumeBy)
 		}
 		if otherWait < pause-sinceAnswer {
 			t.Errorf("other client's limiter would wait %v, %v after the 429; want at least the rest of the %v pause", otherWait, sinceAnswer, pause)
