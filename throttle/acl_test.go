@@ -32,7 +32,10 @@ func aclWorkload(ctx context.Context, c, admin *redis.Client, run string) []erro
 			failed = true
 		}
 	}
-	step := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, 3*time.Second) }
+	// a step's deadline only bounds a call that would hang; calls
+	// now return by their deadline (ErrUnavailable), so it must outlast a step on a
+	// machine other suites starve (3s did not, once: 10s for two steps)
+	step := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, 30*time.Second) }
 	for _, alg := range allAlgorithms {
 		// 40 per 200ms: grants spread over two halves of a period, so that a later
 		// grant trims some (LTRIM) and a denial searches the log (LINDEX, LLEN)
