@@ -17,9 +17,11 @@ var errNoReply = errors.New("no reply")
 // early, whatever rdb's options, once the caller cannot use the reply any more:
 //
 //   - when ctx's deadline passes, with an error wrapping ErrUnavailable (Redis did
-//     not answer in time), not context.DeadlineExceeded: a go-redis client built
-//     without ContextTimeoutEnabled waits for its own ReadTimeout, retries included,
-//     whatever the deadline (a 1s deadline returned after 3s, 10s after 12s);
+//     not answer in time) and context.DeadlineExceeded (so a caller that stops at
+//     its deadline, or hands work back when a budget ends, sees that too): a go-redis
+//     client built without ContextTimeoutEnabled waits for its own ReadTimeout,
+//     retries included, whatever the deadline (a 1s deadline returned after 3s, 10s
+//     after 12s);
 //   - when ctx is cancelled, with ctx.Err().
 //
 // A call whose context has no deadline waits as long as go-redis does: each try up
@@ -76,13 +78,14 @@ func awaitReply(ctx context.Context, call func(context.Context) (any, error), la
 	return val, err
 }
 
-// noReply is the error of a call whose context's deadline passed before Redis answered.
+// noReply is the error of a call whose context's deadline passed before Redis
+// answered: it wraps ErrUnavailable and context.DeadlineExceeded, both being true.
 func noReply(ctx context.Context, cause error) error {
 	dl, _ := ctx.Deadline()
 	if cause != nil {
-		return fmt.Errorf("%w: %w before the context's deadline (%s ago): %v", ErrUnavailable, errNoReply, time.Since(dl).Round(time.Millisecond), cause)
+		return fmt.Errorf("%w: %w before the context's deadline (%s ago, %w): %v", ErrUnavailable, errNoReply, time.Since(dl).Round(time.Millisecond), context.DeadlineExceeded, cause)
 	}
-	return fmt.Errorf("%w: %w before the context's deadline (%s ago)", ErrUnavailable, errNoReply, time.Since(dl).Round(time.Millisecond))
+	return fmt.Errorf("%w: %w before the context's deadline (%s ago, %w)", ErrUnavailable, errNoReply, time.Since(dl).Round(time.Millisecond), context.DeadlineExceeded)
 }
 
 // isServerError reports whether err is a reply of Redis's own (a script's error,
@@ -125,5 +128,21 @@ func (l *Limiter) lateReply(ctx context.Context, op, n int) func(any) {
 		ctx, cancel := context.WithTimeout(context.Background(), lateCancelTimeout)
 		defer cancel()
 		_ = l.cancel(ctx, n, v[4])
+	}
+}
+
+// lateAcquire returns what awaitReply does with the reply to a semaphore acquire for
+// lease id that came after its caller had left: the lease it may have granted, or the
+// place in the queue it may have taken, is given back (a release of id; one that
+// holds nothing frees nothing). Other operations, and a context that never ends,
+// need nothing (nil).
+func (s *Semaphore) lateAcquire(ctx context.Context, op int, id string) func(any) {
+	if op != semAcquire || ctx.Done() == nil {
+		return nil
+	}
+	return func(any) {
+		ctx, cancel := context.WithTimeout(context.Background(), lateCancelTimeout)
+		defer cancel()
+		_, _ = s.run(ctx, semRelease, id, false)
 	}
 }

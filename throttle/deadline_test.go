@@ -84,8 +84,8 @@ func TestDeadlineHoldsAgainstHungRedis(t *testing.T) {
 				if !errors.Is(err, ErrUnavailable) {
 					t.Errorf("%s/%s after %v: %v, want ErrUnavailable", o.name, call, took, err)
 				}
-				if errors.Is(err, context.DeadlineExceeded) {
-					t.Errorf("%s/%s: %v matches context.DeadlineExceeded; want only ErrUnavailable (Redis did not answer)", o.name, call, err)
+				if !errors.Is(err, context.DeadlineExceeded) {
+					t.Errorf("%s/%s: %v does not match context.DeadlineExceeded; want it to (the deadline passed too)", o.name, call, err)
 				}
 				if took > deadline+lateBy || took < deadline {
 					t.Errorf("%s/%s returned after %v, want %v (+ up to %v)", o.name, call, took, deadline, lateBy)
@@ -275,4 +275,50 @@ func BenchmarkAllowDeadline(b *testing.B) {
 			}
 		})
 	}
+}
+
+// A semaphore lease granted by a reply that reaches the client after its caller left
+// is released: the slot does not stay taken for a lease TTL.
+//
+// The proxy holds every transaction back 1s: the acquire runs 1s after the caller
+// left at 100ms, and the release its late reply brings runs 1s after that, so the
+// lease set is seen holding the lease (the acquire did run and grant) and then empty.
+func TestLateLeaseGivenBack(t *testing.T) {
+	const slow = time.Second
+	b := redistest.NewStandalone(t)
+	proxy, err := redistest.NewProxy(b.Client.(*redis.Client).Options().Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr})
+	defer rdb.Close()
+	s, err := NewSemaphore(rdb, "late-lease", 1, WithKeyPrefix(b.Prefix), WithLeaseTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := func() int64 { // leases in the lease set, read past the proxy
+		n, err := b.Client.ZCard(context.Background(), s.keys[0]).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	// one lease first, so the server has the script: the late call is one EVALSHA
+	// (a NOSCRIPT answer would come after the caller left, and no EVAL would follow)
+	if l, _, err := s.TryAcquire(context.Background()); err != nil || l == nil {
+		t.Fatalf("TryAcquire: %v, %v", l, err)
+	} else if err := l.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	proxy.Delay("exec", slow)
+	short, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if l, _, err := s.TryAcquire(short); l != nil || !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("TryAcquire through a slow Redis with a 100ms deadline: %v, %v; want ErrUnavailable", l, err)
+	}
+	eventually(t, 5*time.Second, "the late acquire took the slot", func() bool { return held() == 1 })
+	proxy.Delay("", 0)
+	// released by the late reply's handler: well within 10s, where the TTL is a minute
+	eventually(t, 10*time.Second, "the late lease released", func() bool { return held() == 0 })
 }

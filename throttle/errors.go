@@ -32,9 +32,8 @@ var (
 	// refused or reset, a timeout, LOADING, MASTERDOWN, CLUSTERDOWN, TRYAGAIN, READONLY
 	// during a failover…), or did not answer before the call's context's deadline,
 	// whatever the client's options. The error wraps the cause as well; one for a
-	// missed deadline does not match
-	// context.DeadlineExceeded. It is worth retrying after a moment; nothing was
-	// granted (see FailurePolicy for the alternatives).
+	// missed deadline also matches context.DeadlineExceeded. It is worth retrying
+	// after a moment; nothing was granted (see FailurePolicy for the alternatives).
 	ErrUnavailable = errors.New("jobthrottle: redis unavailable")
 
 	// ErrLeaseLost: a Semaphore lease is no longer held: it expired before Extend or
