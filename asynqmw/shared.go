@@ -109,7 +109,9 @@ func (sh *shared) handedBack(ctx context.Context) {
 }
 
 // returned checks a task that comes back: if asynq counted its hand-back as a retry,
-// the server's Config lacks IsFailure, and the middleware says so.
+// the server's Config lacks IsFailure, and the middleware says so. A Config built by
+// Setup.Config has it, so there the count can only be asynq's recoverer's (a dequeue
+// whose reply was lost as Redis died), and the middleware says nothing.
 func (sh *shared) returned(ctx context.Context) {
 	id, ok1 := asynq.GetTaskID(ctx)
 	retried, ok2 := asynq.GetRetryCount(ctx)
@@ -123,7 +125,7 @@ func (sh *shared) returned(ctx context.Context) {
 		sh.retried++
 	}
 	sh.mu.Unlock()
-	if ok && retried > was {
+	if ok && retried > was && !sh.configured.Load() {
 		sh.warn("retry", "asynqmw: MISCONFIGURED: a throttled task (id="+id+") came back counted as a retry: "+
 			"the asynq.Config lacks IsFailure: asynqmw.IsFailure, so throttling spends retries and archives tasks. "+
 			"Build the Config with asynqmw.New(rdb).Config(cfg).")
