@@ -29,13 +29,14 @@ local op, n, x, limits = jt_args(6, {JT_MAX_RATE, JT_MAX_PERIOD})
 if not op then
   return redis.error_reply('JTARG ' .. n)
 end
+-- every argument is checked before the control key is read (it may be foreign)
+local bucket = jt_int(5, 1, JT_MAX_PERIOD)
+if not bucket then
+  return redis.error_reply('JTARG bucket')
+end
 local over
 limits, over = jt_override(KEYS[2], limits, op, n)
 if not limits then
   return redis.error_reply(over)
-end
-local bucket = jt_int(5, 1, JT_MAX_PERIOD)
-if not bucket then
-  return redis.error_reply('JTARG bucket')
 end
 return jt_booked(jt_log(KEYS[1], KEYS[2], bucket, op, n, x, limits), n)
