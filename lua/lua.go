@@ -6,6 +6,7 @@
 // their inspect scripts (with inspectlog.lua), tbstate.lua and fwstate.lua (reading
 // the token bucket's and the fixed window's state) in front of theirs. The inspect_*
 // scripts read a key's live state and write nothing.
+// Every limiter script also takes a batch of requests in one call (batch.lua).
 // Package throttle runs the scripts that decide or write through one call
 // (throttle/exec.go): EVALSHA inside MULTI/EXEC, EVAL the same way when the server has
 // lost the script (after SCRIPT FLUSH or a restart), so a call whose reply is lost is
@@ -33,6 +34,8 @@ var (
 	gcraSrc string
 	//go:embed fixedwindow.lua
 	fixedWindowSrc string
+	//go:embed batch.lua
+	batchSrc string
 	//go:embed pause.lua
 	pauseSrc string
 	//go:embed control.lua
@@ -59,10 +62,10 @@ var (
 
 // The full text of each script as it is sent to Redis (helpers included).
 var (
-	SlidingWindowSource  = prelude + logEngine + slidingWindowSrc
-	SlidingCounterSource = prelude + logEngine + slidingCounterSrc
-	GCRASource           = prelude + tbState + gcraSrc
-	FixedWindowSource    = prelude + fwState + fixedWindowSrc
+	SlidingWindowSource  = batchable(prelude+logEngine, slidingWindowSrc)
+	SlidingCounterSource = batchable(prelude+logEngine, slidingCounterSrc)
+	GCRASource           = batchable(prelude+tbState, gcraSrc)
+	FixedWindowSource    = batchable(prelude+fwState, fixedWindowSrc)
 	PauseSource          = prelude + pauseSrc
 	ControlSource        = prelude + controlSrc
 	SemaphoreSource      = prelude + semaphoreSrc
@@ -73,6 +76,16 @@ var (
 	InspectFixedWindowSource    = prelude + fwState + inspectFWSrc
 	InspectSemaphoreSource      = prelude + inspectSemSrc
 )
+
+// batchable returns a limiter script that takes a batch of requests as well as a
+// single one: its body (src) becomes the function jt_one, which batch.lua's driver
+// runs once for a single call, or once per request of a batch.
+func batchable(helpers, src string) string {
+	return helpers + "local function jt_one()\n" + src + "\nend\n" + batchSrc
+}
+
+// Batch is ARGV[1] of a limiter script's batch form (see batch.lua).
+const Batch = 4
 
 var (
 	// SlidingWindow is the permit-log script; its contract is the header of slidingwindow.lua.

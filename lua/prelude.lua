@@ -21,11 +21,15 @@ local function jt_now()
   return jt_now_us
 end
 
+-- jt_argv is the ARGV a script's body reads: ARGV itself, or, for a request of a
+-- batch (batch.lua), that request's arguments laid out as a single call's.
+local jt_argv = ARGV
+
 -- jt_int returns ARGV[i] as an integer in [lo, hi], or nil when it is not a plain
 -- decimal integer in that range. (tonumber alone would take '1e3', 'inf' or '0x10'
 -- on Redis but not on every Lua, so the text is checked first.)
 local function jt_int(i, lo, hi)
-  local s = ARGV[i]
+  local s = jt_argv[i]
   if type(s) ~= 'string' or #s > 16 or not string.find(s, '^%-?%d+$') then
     return nil
   end
@@ -257,15 +261,16 @@ end
 -- must be plain decimal digits: one pattern checks them all at once, so that each is
 -- then read with a bare tonumber (the hot path of every script runs through here).
 local function jt_args(first, hi)
-  local nargs = #ARGV
-  if not string.find(table.concat(ARGV, ','), '^[0-9,]*$') then
+  local argv = jt_argv
+  local nargs = #argv
+  if not string.find(table.concat(argv, ','), '^[0-9,]*$') then
     for i = 1, nargs do
-      if not string.find(ARGV[i], '^[0-9]+$') then
+      if not string.find(argv[i], '^[0-9]+$') then
         return nil, 'argument ' .. i .. ' is not a plain decimal integer'
       end
     end
   end
-  local op, n, x, m = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+  local op, n, x, m = tonumber(argv[1]), tonumber(argv[2]), tonumber(argv[3]), tonumber(argv[4])
   if not op or op > 3 then return nil, 'op' end
   if op >= 2 then
     if not KEYS[3] or not string.find(KEYS[3], '}:bk:', 1, true) then -- not another key
@@ -283,7 +288,7 @@ local function jt_args(first, hi)
   for i = 1, m do
     local l = {}
     for j = 1, width do
-      local v = tonumber(ARGV[k])
+      local v = tonumber(argv[k])
       if not v or v < 1 or v > hi[j] then return nil, 'limit ' .. i .. ' field ' .. j end
       l[j] = v
       k = k + 1

@@ -38,28 +38,52 @@ func (r *runner) exec(ctx context.Context, script *redis.Script, keys []string, 
 // execLate is exec, and gives late (if not nil) a reply that came after ctx ended and
 // exec had returned without it (see awaitReply).
 func (r *runner) execLate(ctx context.Context, script *redis.Script, keys []string, args []any, late func(any)) (any, error) {
-	guarded := r.policy.mode != failClosed
-	if guarded && r.brk.skip(r.clock.Now()) {
-		return nil, fmt.Errorf("%w: key %q: %w", ErrUnavailable, r.key, errRecentlyDown)
+	if err := r.skip(); err != nil {
+		return nil, err
 	}
 	val, err := r.evalOnTime(ctx, script, keys, args, late)
 	if err == nil {
-		if guarded {
-			r.brk.succeeded()
-		}
+		r.succeeded()
 		return val, nil
 	}
+	err = r.failed(ctx, err)
+	if errors.Is(err, ErrUnavailable) {
+		r.down()
+	}
+	return nil, err
+}
+
+// skip returns an error wrapping ErrUnavailable when, under FailOpen and FailLocal,
+// the breaker says Redis was down moments ago: the call is not tried.
+func (r *runner) skip() error {
+	if r.policy.mode != failClosed && r.brk.skip(r.clock.Now()) {
+		return fmt.Errorf("%w: key %q: %w", ErrUnavailable, r.key, errRecentlyDown)
+	}
+	return nil
+}
+
+// succeeded tells the breaker a call got its reply.
+func (r *runner) succeeded() {
+	if r.policy.mode != failClosed {
+		r.brk.succeeded()
+	}
+}
+
+// down notes a call that found Redis unreachable: the cluster's slots are read anew,
+// and the breaker opens (FailOpen, FailLocal).
+func (r *runner) down() {
+	reloadSlots(r.rdb)
+	if r.policy.mode != failClosed {
+		r.keep(r.brk.failed(r.clock.Now()))
+	}
+}
+
+// failed calls the RedisError hook for a failed call and maps its error (scriptError).
+func (r *runner) failed(ctx context.Context, err error) error {
 	if r.redisError != nil {
 		r.redisError(r.key, err)
 	}
-	err = scriptError(ctx, r.key, err)
-	if errors.Is(err, ErrUnavailable) {
-		reloadSlots(r.rdb)
-		if guarded {
-			r.keep(r.brk.failed(r.clock.Now()))
-		}
-	}
-	return nil, err
+	return scriptError(ctx, r.key, err)
 }
 
 // keep pins the shared state for at least d.

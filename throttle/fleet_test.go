@@ -70,7 +70,8 @@ type grantSlot struct{ at atomic.Int64 }
 type grantSlotKey struct{}
 
 // grantTap is a go-redis hook that stores each limiter script's grant in the
-// grantSlot of the call's context, if it has one.
+// grantSlot of the call's context, if it has one; for a batch (coalesce.go), each
+// request's grant in the grantSlot of that request's context.
 type grantTap struct{}
 
 func (grantTap) DialHook(next redis.DialHook) redis.DialHook          { return next }
@@ -79,16 +80,35 @@ func (grantTap) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return n
 func (grantTap) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		err := next(ctx, cmds)
-		if slot, ok := ctx.Value(grantSlotKey{}).(*grantSlot); ok {
-			for _, c := range cmds {
-				if c, ok := c.(*redis.Cmd); ok && c.Err() == nil {
-					if v, err := c.Int64Slice(); err == nil && len(v) == 5 && v[0] == 1 && v[4] > 0 {
-						slot.at.Store(v[4])
+		for _, c := range cmds {
+			c, ok := c.(*redis.Cmd)
+			if !ok || c.Err() != nil {
+				continue
+			}
+			if batch, ok := ctx.Value(batchKey{}).([]*pending); ok && len(batch) > 1 {
+				replies, _ := c.Val().([]any)
+				for i, r := range replies {
+					if i < len(batch) {
+						tapGrant(batch[i].ctx, r)
 					}
 				}
+				continue
 			}
+			tapGrant(ctx, c.Val())
 		}
 		return err
+	}
+}
+
+// tapGrant stores the grant in reply v in ctx's grantSlot, if ctx has one.
+func tapGrant(ctx context.Context, v any) {
+	slot, ok := ctx.Value(grantSlotKey{}).(*grantSlot)
+	if !ok {
+		return
+	}
+	var r [5]int64
+	if int64s(v, r[:]) && r[0] == 1 && r[4] > 0 {
+		slot.at.Store(r[4])
 	}
 }
 

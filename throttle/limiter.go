@@ -43,6 +43,7 @@ type Limiter struct {
 	hooks   Hooks
 	moved   *pauseSignal  // closed when this process pauses the key
 	shared  *limiterState // shared with the Limiters built alike (see shared.go)
+	batch   *batcher      // &shared.batch, or nil without coalescing
 	local   *localLog     // shared.local: FailLocal's share
 	stats   *counters     // &shared.stats
 	lost    *stateWatch   // &shared.lost
@@ -120,6 +121,9 @@ func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*L
 		stats:   &shared.stats,
 		lost:    &shared.lost,
 		keepFor: grantMatters(limits, c.algorithm),
+	}
+	if !c.noCoalesce {
+		l.batch = &shared.batch
 	}
 	return l, nil
 }
@@ -275,7 +279,7 @@ func (l *Limiter) run(ctx context.Context, op, n int, x int64) (reply, error) {
 		args[0], args[1], args[2] = op, n, x
 		args = append(args, l.tail...)
 	}
-	val, err := l.execLate(ctx, l.script, l.keys, args, l.lateReply(ctx, op, n))
+	val, err := l.decide(ctx, op, n, x, args, l.lateReply(ctx, op, n))
 	if err != nil {
 		if ae, ok := err.(*AlgorithmError); ok {
 			ae.Want = l.alg

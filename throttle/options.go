@@ -44,17 +44,18 @@ func (f commonOption) applySemaphore(c *config) { f(c) }
 
 // config is what the options set; defaults live in newConfig.
 type config struct {
-	algorithm Algorithm
-	extra     []Limit
-	prefix    string
-	buckets   int
-	hooks     Hooks
-	semHooks  SemaphoreHooks
-	clock     waiter.Clock
-	policy    FailurePolicy
-	leaseTTL  time.Duration // 0 means defaultLeaseTTL
-	script    *redis.Script // tests swap the script for one with a controllable clock
-	err       error
+	algorithm  Algorithm
+	extra      []Limit
+	prefix     string
+	buckets    int
+	hooks      Hooks
+	semHooks   SemaphoreHooks
+	clock      waiter.Clock
+	policy     FailurePolicy
+	leaseTTL   time.Duration // 0 means defaultLeaseTTL
+	script     *redis.Script // tests swap the script for one with a controllable clock
+	noCoalesce bool          // WithCoalescing(false)
+	err        error
 }
 
 func newConfig() *config {
@@ -123,6 +124,19 @@ func WithBuckets(n int) Option {
 // whose clock the test sets).
 func withScript(s *redis.Script) CommonOption {
 	return commonOption(func(c *config) { c.script = s })
+}
+
+// WithCoalescing turns coalescing on or off; it is on by default. With it on, calls
+// on the key that arrive while one of this process's calls on it is in flight wait
+// for that call to return, and then go to Redis together in one script call that
+// decides each of them in arrival order, exactly as calls of their own would be
+// decided at that instant (each with its own n, max wait and context). A lone call
+// goes at once, as with coalescing off: nothing waits for a timer. Under load, one
+// Redis call serves many callers, so Redis does a fraction of the work per permit and
+// a process gets many times the permits per second a round trip per call allows.
+// Turn it off to make every call its own round trip (to compare the two).
+func WithCoalescing(on bool) Option {
+	return limiterOption(func(c *config) { c.noCoalesce = !on })
 }
 
 // WithHooks sets callbacks the Limiter calls after its decisions (see Hooks).

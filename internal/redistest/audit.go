@@ -12,15 +12,24 @@ import (
 
 // auditTail runs after a limiter script's own code (wrapped in jt_audited) and, when
 // the call was an acquire that granted n > 0 permits, appends "<token> <n>" to the list
-// "<KEYS[1]>:audit", which shares the state key's hash slot (and so its node, and its
-// replication).
+// "<KEYS[1]>:audit" (a batch's requests each, in order), which shares the state key's
+// hash slot (and so its node, and its replication).
 const auditTail = `
 end
 local r = jt_audited()
-if type(r) == 'table' and r.err == nil and ARGV[1] == '0' and r[1] == 1 and ARGV[2] ~= '0' then
-  local k = KEYS[1] .. ':audit'
-  redis.call('RPUSH', k, string.format('%d %s', r[5], ARGV[2]))
-  redis.call('PEXPIRE', k, 600000)
+local function jt_audit(r, op, n)
+  if type(r) == 'table' and r.err == nil and op == '0' and r[1] == 1 and n ~= '0' then
+    local k = KEYS[1] .. ':audit'
+    redis.call('RPUSH', k, string.format('%d %s', r[5], n))
+    redis.call('PEXPIRE', k, 600000)
+  end
+end
+if ARGV[1] == '4' and type(r) == 'table' and r.err == nil then -- a batch (lua/batch.lua)
+  for i = 1, #r do
+    jt_audit(r[i], ARGV[3 * i], ARGV[3 * i + 1])
+  end
+else
+  jt_audit(r, ARGV[1], ARGV[2])
 end
 return r
 `

@@ -66,7 +66,8 @@ func (g *Grants) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proce
 // observe reads an EVAL/EVALSHA of a limiter script: args are
 // [evalsha, sha, numkeys, keys..., op, n, x, ...], the reply
 // [granted, remaining, wait_us, reset_us, token], and for the booking ops 2 and 3 a
-// sixth integer, 1 when op 2 granted anew.
+// sixth integer, 1 when op 2 granted anew. A batch (op 4, see lua/batch.lua) is one
+// call whose requests are read each as a call of its own would be.
 func (g *Grants) observe(cmd redis.Cmder, sent time.Time) {
 	name := strings.ToLower(cmd.Name())
 	if (name != "evalsha" && name != "eval") || cmd.Err() != nil {
@@ -80,34 +81,78 @@ func (g *Grants) observe(cmd redis.Cmder, sent time.Time) {
 	if !ok || len(args) < 3+nkeys+3 {
 		return
 	}
-	op, _ := toInt(args[3+nkeys])
-	n, _ := toInt(args[4+nkeys])
-	x, _ := toInt(args[5+nkeys])
 	c, ok := cmd.(*redis.Cmd)
 	if !ok {
 		return
 	}
-	v, err := c.Int64Slice()
-	if err != nil || len(v) < 5 || len(v) > 6 {
+	key := ""
+	if nkeys > 0 {
+		key, _ = args[3].(string)
+	}
+	argv := args[3+nkeys:]
+	if op, _ := toInt(argv[0]); op == 4 {
+		k, _ := toInt(argv[1])
+		replies, ok := c.Val().([]any)
+		if !ok || int64(len(replies)) != k || len(argv) < 2+3*int(k) {
+			return
+		}
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		g.countCall(key)
+		for i, r := range replies {
+			v, ok := r.([]any)
+			if !ok {
+				continue // this request's error
+			}
+			g.record(key, argv[2+3*i:5+3*i], int64s(v), sent)
+		}
 		return
 	}
+	v, err := c.Int64Slice()
+	if err != nil {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.countCall(key)
+	g.record(key, argv[:3], v, sent)
+}
+
+func (g *Grants) countCall(key string) {
+	g.calls++
+	if g.keyCalls == nil {
+		g.keyCalls = map[string]int{}
+	}
+	g.keyCalls[key]++
+}
+
+// int64s reads a reply's integers; a non-integer element reads as -1.
+func int64s(s []any) []int64 {
+	v := make([]int64, len(s))
+	for i, e := range s {
+		x, ok := e.(int64)
+		if !ok {
+			x = -1
+		}
+		v[i] = x
+	}
+	return v
+}
+
+// record notes one request's grant or cancel: opnx holds its op, n and x, v its reply.
+func (g *Grants) record(key string, opnx []any, v []int64, sent time.Time) {
+	if len(v) < 5 || len(v) > 6 {
+		return
+	}
+	op, _ := toInt(opnx[0])
+	n, _ := toInt(opnx[1])
+	x, _ := toInt(opnx[2])
 	if len(v) == 6 { // a booking op for a task (2, 3): a new grant or a cancel
 		if op == 2 && v[5] == 0 {
 			v[0] = 0 // the task's own booking, counted when it was made
 		}
 		op -= 2
 	}
-	key := ""
-	if nkeys > 0 {
-		key, _ = args[3].(string)
-	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.calls++
-	if g.keyCalls == nil {
-		g.keyCalls = map[string]int{}
-	}
-	g.keyCalls[key]++
 	switch {
 	case op == 0 && v[0] == 1 && n > 0:
 		g.grants = append(g.grants, Grant{At: time.UnixMicro(v[4]), N: int(n), Key: key,

@@ -1,0 +1,57 @@
+-- batch.lua: the end of every limiter script; lua.go wraps the script's body (its own
+-- file) as the function jt_one and puts this after it. A call is either
+--   the single form  ARGV as the script's header says: jt_one decides it; or
+--   a batch          ARGV[1] '4', ARGV[2] k (1..1000), ARGV[3..2+3k] k triples
+--                    op n x (op 0 acquire or 1 cancel; n and x as in the single
+--                    form), ARGV[3+3k..] the rest of the single form's ARGV (m and the
+--                    limits, from its ARGV[4] on), shared by the k requests.
+-- A batch decides its requests in order, each exactly as a single call with ARGV
+-- {op, n, x, rest...} made at the same server instant would (one TIME per batch:
+-- jt_now), and returns k replies in that order: each the single form's reply, or a
+-- string, the error that call would have returned (JTARG, JTEXCEEDS, JTALG, JTSTATE,
+-- WRONGTYPE ...). The control key is read once per batch (jt_control caches it).
+-- Booking ops (2 and 3) are not batched: their KEYS[3] is the task's own.
+
+-- jt_errtext returns the text of an error a request raised or returned.
+local function jt_errtext(e)
+  if type(e) == 'table' then
+    e = e.err or e.message or 'ERR unknown error'
+  end
+  return tostring(e)
+end
+
+local function jt_batch()
+  local k = ARGV[2]
+  if type(k) ~= 'string' or not string.find(k, '^%d%d?%d?%d?$') then
+    return redis.error_reply('JTARG batch count')
+  end
+  k = tonumber(k)
+  local first = 3 + 3 * k -- the shared rest starts here
+  if k < 1 or k > 1000 or #ARGV < first then
+    return redis.error_reply('JTARG batch count')
+  end
+  local rest, nrest = {}, #ARGV - first + 1
+  for i = 1, nrest do
+    rest[i] = ARGV[first - 1 + i]
+  end
+  local out = {}
+  for r = 1, k do
+    local j = 3 * r
+    local argv = {ARGV[j], ARGV[j + 1], ARGV[j + 2]}
+    for i = 1, nrest do
+      argv[3 + i] = rest[i]
+    end
+    jt_argv, jt_bk_op, jt_bk_had = argv, nil, nil
+    local ok, res = pcall(jt_one)
+    if not ok or (type(res) == 'table' and res.err) then
+      res = jt_errtext(res)
+    end
+    out[r] = res
+  end
+  return out
+end
+
+if ARGV[1] == '4' then
+  return jt_batch()
+end
+return jt_one()

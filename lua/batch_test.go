@@ -1,0 +1,169 @@
+package lua
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// A batch decides its requests exactly as single calls made one after another at the
+// same server instant: random rounds of acquires (n within and above the limit, max
+// waits from 0 to past the next slots) and cancels of earlier grants, on every
+// limiter script with one and two limits, run as single calls on one key and as one
+// batch on another, must get the same replies (errors included) and leave the same
+// state. The clock stands still within a round (miniredis's clock, or the fake clock
+// on real servers) and moves between rounds.
+func TestBatchEqualsSingleCalls(t *testing.T) {
+	type algo struct {
+		name, suffix string
+		src          string
+		tail         func(two bool) []any
+	}
+	pairs := func(two bool) []any {
+		if two {
+			return []any{2, 5, 100000, 12, 1000000}
+		}
+		return []any{1, 5, 100000}
+	}
+	algos := []algo{
+		{"slidingwindow", "sw", SlidingWindowSource, pairs},
+		{"fixedwindow", "fw", FixedWindowSource, pairs},
+		{"slidingcounter", "sc", SlidingCounterSource, func(two bool) []any {
+			return append([]any{pairs(two)[0], 10000}, pairs(two)[1:]...)
+		}},
+		{"gcra", "tb", GCRASource, func(two bool) []any {
+			if two {
+				return []any{2, 5, 100000, 5, 12, 1000000, 8}
+			}
+			return []any{1, 5, 100000, 5}
+		}},
+	}
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		for _, a := range algos {
+			for _, two := range []bool{false, true} {
+				t.Run(fmt.Sprintf("%s/two=%v", a.name, two), func(t *testing.T) {
+					s := redis.NewScript(a.src)
+					if b.Real() {
+						s = redistest.FakeClockScript(a.src)
+					}
+					rng := rand.New(rand.NewPCG(uint64(len(a.name)), 7))
+					tagA, tagB := "{"+b.Prefix+a.name+"A}", "{"+b.Prefix+a.name+"B}"
+					keysA := []string{tagA + ":" + a.suffix, tagA + ":pause"}
+					keysB := []string{tagB + ":" + a.suffix, tagB + ":pause"}
+					tail := a.tail(two)
+					now := redistest.Epoch
+					var tokens []int64
+					for round := 0; round < 40; round++ {
+						now = now.Add(time.Duration(rng.IntN(60000)) * time.Microsecond)
+						b.SetTime(t, now, tagA, tagB)
+						k := 1 + rng.IntN(12)
+						batch := []any{Batch, k}
+						var singles [][]any
+						for range k {
+							op, n, x := 0, rng.IntN(7), int64(0)
+							switch r := rng.IntN(10); {
+							case r < 2 && len(tokens) > 0:
+								op, n, x = 1, 1+rng.IntN(2), tokens[rng.IntN(len(tokens))]
+							case r < 6:
+								x = int64(rng.IntN(300000))
+							}
+							batch = append(batch, op, n, x)
+							singles = append(singles, append([]any{op, n, x}, tail[:]...))
+						}
+						batch = append(batch, tail...)
+						var want []any
+						for _, args := range singles {
+							v, err := s.Run(ctx, b.Client, keysA, args...).Result()
+							if err != nil {
+								want = append(want, err.Error())
+								continue
+							}
+							want = append(want, v)
+							if r := v.([]any); args[0] == 0 && r[0] == int64(1) && r[4] != int64(0) {
+								tokens = append(tokens, r[4].(int64))
+							}
+						}
+						v, err := s.Run(ctx, b.Client, keysB, batch...).Result()
+						if err != nil {
+							t.Fatalf("round %d: batch %v: %v", round, batch, err)
+						}
+						got := v.([]any)
+						if len(got) != len(want) {
+							t.Fatalf("round %d: %d replies, want %d", round, len(got), len(want))
+						}
+						for i := range got {
+							if g, ok := got[i].(string); ok { // an error: the same code
+								w, _ := want[i].(string)
+								if errCode(g) != errCode(w) || errCode(g) == "" {
+									t.Fatalf("round %d request %d %v: batch says %q, single call %v", round, i, singles[i][:3], g, want[i])
+								}
+								continue
+							}
+							if !reflect.DeepEqual(got[i], want[i]) {
+								t.Fatalf("round %d request %d %v: batch %v, single call %v", round, i, singles[i][:3], got[i], want[i])
+							}
+						}
+						sa := b.Client.Dump(ctx, keysA[0]).Val()
+						sb := b.Client.Dump(ctx, keysB[0]).Val()
+						if sa != sb {
+							t.Fatalf("round %d: state differs after the batch", round)
+						}
+					}
+				})
+			}
+		}
+	})
+}
+
+// errCode returns the JT error code (or WRONGTYPE) in a script error's text.
+func errCode(msg string) string {
+	for _, c := range []string{"JTARG", "JTEXCEEDS", "JTALG", "JTSTATE", "WRONGTYPE"} {
+		if strings.Contains(msg, c) {
+			return c
+		}
+	}
+	return ""
+}
+
+// A batch's own arguments are checked: a bad count is JTARG and writes nothing; a
+// booking op (2, 3) in a batch is that request's JTARG (it has no booking key).
+func TestBatchArguments(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		tag := "{" + b.Prefix + "k}"
+		keys := []string{tag + ":sw", tag + ":pause"}
+		for _, args := range [][]any{
+			{Batch, 0, 1, 5, 1000000},
+			{Batch, "x", 0, 1, 0, 1, 5, 1000000},
+			{Batch, 3, 0, 1, 0, 1, 5, 1000000},
+			{Batch, 1001, 0, 1, 0, 1, 5, 1000000},
+		} {
+			err := SlidingWindow.Run(ctx, b.Client, keys, args...).Err()
+			if err == nil || !strings.Contains(err.Error(), "JTARG") {
+				t.Fatalf("%v: %v, want JTARG", args, err)
+			}
+			if n := b.Client.Exists(ctx, keys...).Val(); n != 0 {
+				t.Fatalf("%v: %d keys written", args, n)
+			}
+		}
+		v, err := SlidingWindow.Run(ctx, b.Client, keys, Batch, 2, 2, 1, 0, 0, 1, 0, 1, 5, 1000000).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := v.([]any)
+		if msg, ok := r[0].(string); !ok || !strings.Contains(msg, "JTARG") {
+			t.Fatalf("op 2 in a batch: %v, want a JTARG text", r[0])
+		}
+		if g, ok := r[1].([]any); !ok || g[0] != int64(1) {
+			t.Fatalf("the acquire after it: %v, want granted", r[1])
+		}
+	})
+}

@@ -1,0 +1,352 @@
+package throttle
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/waiter"
+	"github.com/redis/go-redis/v9"
+)
+
+// held makes the limiter's key look busy, as while a call is in flight: calls made
+// now queue up (forming one batch) until release.
+func held(t *testing.T, l *Limiter) (queued func(n int), release func()) {
+	t.Helper()
+	b := l.batch
+	if b == nil {
+		t.Fatal("limiter without coalescing")
+	}
+	b.mu.Lock()
+	if b.busy {
+		b.mu.Unlock()
+		t.Fatal("key already busy")
+	}
+	b.busy = true
+	b.mu.Unlock()
+	queued = func(n int) {
+		for deadline := time.Now().Add(10 * time.Second); ; {
+			b.mu.Lock()
+			q := len(b.queue)
+			b.mu.Unlock()
+			if q >= n {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d calls queued, want %d", q, n)
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+	}
+	return queued, b.next
+}
+
+// call is one request of a batch test: AllowN(n), or Reserve(n, maxWait) when reserve.
+type call struct {
+	reserve bool
+	n       int
+	maxWait time.Duration
+}
+
+// outcome is what a call got, comparable across limiters.
+type outcome struct {
+	res   Result
+	ok    bool
+	delay time.Duration
+	err   string
+	r     *waiter.Reservation
+}
+
+func (c call) run(ctx context.Context, l *Limiter) outcome {
+	if c.reserve {
+		r, err := l.Reserve(ctx, c.n, c.maxWait)
+		if err != nil {
+			return outcome{err: err.Error()}
+		}
+		return outcome{ok: r.OK(), delay: r.Delay(), r: r}
+	}
+	res, err := l.AllowN(ctx, c.n)
+	if err != nil {
+		return outcome{err: err.Error()}
+	}
+	return outcome{res: res}
+}
+
+// A batch decides its requests in arrival order, each as a call of its own made at
+// that instant: on a timeline (the clock stands still within a step), a forced batch
+// of AllowN and Reserve calls with their own n and max waits on one key gets what the
+// same calls made one by one get on another key; so do the cancels of the bookings,
+// batched too, and the state they leave.
+func TestCoalescedBatchDecidesAsSeparateCalls(t *testing.T) {
+	calls := []call{
+		{false, 1, 0}, {true, 2, 0}, {false, 3, 0}, {true, 1, time.Second},
+		{false, 1, 0}, {true, 2, 300 * ms}, {true, 3, 5 * time.Second}, {false, 0, 0},
+		{true, 1, 0}, {true, 2, 2 * time.Second}, {false, 2, 0}, {true, 1, time.Minute},
+	}
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		for _, alg := range allAlgorithms {
+			t.Run(alg.String(), func(t *testing.T) {
+				tl := newTimeline(t, b)
+				lim := Limit{Rate: 4, Period: time.Second, Burst: 4}
+				batched := tl.limiter("batched"+alg.String(), lim, WithAlgorithm(alg), WithLimits(Limit{Rate: 10, Period: 10 * time.Second}))
+				alone := tl.limiter("alone"+alg.String(), lim, WithAlgorithm(alg), WithLimits(Limit{Rate: 10, Period: 10 * time.Second}), WithCoalescing(false))
+				ctx := context.Background()
+				for step := range 3 {
+					tl.at(time.Duration(step) * 1700 * ms)
+					want := make([]outcome, len(calls))
+					for i, c := range calls {
+						want[i] = c.run(ctx, alone)
+					}
+					got := runBatch(t, batched, len(calls), func(i int) outcome { return calls[i].run(ctx, batched) })
+					for i := range calls {
+						g, w := got[i], want[i]
+						if g.res != w.res || g.ok != w.ok || g.delay != w.delay || g.err != w.err {
+							t.Fatalf("step %d call %d %+v: batched %+v, alone %+v", step, i, calls[i], g, w)
+						}
+					}
+					// give back every other booking: batched cancels against single ones
+					for i := range want {
+						if i%2 == 0 && want[i].r != nil {
+							if err := want[i].r.Cancel(ctx); err != nil {
+								t.Fatal(err)
+							}
+						}
+					}
+					cancels := runBatch(t, batched, len(got), func(i int) outcome {
+						if i%2 == 0 && got[i].r != nil {
+							if err := got[i].r.Cancel(ctx); err != nil {
+								return outcome{err: err.Error()}
+							}
+						}
+						return outcome{}
+					})
+					for i, c := range cancels {
+						if c.err != "" {
+							t.Fatalf("step %d: cancel %d: %s", step, i, c.err)
+						}
+					}
+					g, w := (call{false, 0, 0}).run(ctx, batched), (call{false, 0, 0}).run(ctx, alone)
+					if g.res != w.res {
+						t.Fatalf("step %d: state after the cancels: batched %+v, alone %+v", step, g.res, w.res)
+					}
+				}
+			})
+		}
+	})
+}
+
+// runBatch runs k calls (f(0) .. f(k-1)), each from its own goroutine, arriving in
+// that order while l's key is held busy, so that they form one batch; it returns what
+// each got. Calls that send nothing to Redis (a Reserve's Cancel of a booking that is
+// not there) do not queue, and are waited for as they are.
+func runBatch(t *testing.T, l *Limiter, k int, f func(i int) outcome) []outcome {
+	t.Helper()
+	queued, release := held(t, l)
+	out := make([]outcome, k)
+	var wg sync.WaitGroup
+	before := 0
+	for i := range k {
+		wg.Add(1)
+		done := make(chan struct{})
+		go func() {
+			defer wg.Done()
+			defer close(done)
+			out[i] = f(i)
+		}()
+		// wait until the call queued (or finished without Redis)
+		for {
+			l.batch.mu.Lock()
+			q := len(l.batch.queue)
+			l.batch.mu.Unlock()
+			if q > before {
+				before = q
+				break
+			}
+			select {
+			case <-done:
+			default:
+				time.Sleep(50 * time.Microsecond)
+				continue
+			}
+			break
+		}
+	}
+	queued(before)
+	release()
+	wg.Wait()
+	return out
+}
+
+// Under load, calls coalesce (fewer Redis calls than requests) and nothing is
+// over-admitted: 64 goroutines taking permits from one key get exactly the limit.
+func TestCoalescingUnderLoad(t *testing.T) {
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		for _, alg := range allAlgorithms {
+			t.Run(alg.String(), func(t *testing.T) {
+				grants := redistest.RecordGrants(b.Client)
+				l, err := New(b.Client, "load"+alg.String(), PerHour(300), WithAlgorithm(alg), WithKeyPrefix(b.Prefix))
+				if err != nil {
+					t.Fatal(err)
+				}
+				var allowed, requests atomic.Int64
+				var wg sync.WaitGroup
+				for range 64 {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for range 10 {
+							res, err := l.Allow(context.Background())
+							if err != nil {
+								t.Error(err)
+								return
+							}
+							requests.Add(1)
+							if res.Allowed {
+								allowed.Add(1)
+							}
+						}
+					}()
+				}
+				wg.Wait()
+				if allowed.Load() != 300 {
+					t.Fatalf("%d allowed of %d requests, want exactly the limit, 300", allowed.Load(), requests.Load())
+				}
+				if c := grants.Calls(); c >= int(requests.Load()) {
+					t.Fatalf("%d Redis calls for %d requests: nothing coalesced", c, requests.Load())
+				}
+				t.Logf("%d requests in %d Redis calls", requests.Load(), grants.Calls())
+			})
+		}
+	})
+}
+
+// A caller whose context ends while its request waits in the queue leaves it: it gets
+// ctx.Err(), and nothing is taken for it.
+func TestCoalescedCallerLeavesQueue(t *testing.T) {
+	b := redistest.NewMini(t)
+	tl := newTimeline(t, b)
+	l := tl.limiter("leave", PerSecond(5))
+	queued, release := held(t, l)
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := l.Reserve(ctx, 2, time.Second)
+		errc <- err
+	}()
+	queued(1)
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Reserve whose context ended in the queue: %v, want context.Canceled", err)
+	}
+	release()
+	res, err := l.AllowN(context.Background(), 0)
+	if err != nil || res.Remaining != 5 {
+		t.Fatalf("after the caller left: %+v, %v; want 5 remaining", res, err)
+	}
+}
+
+// A lost batch reply fails every caller in the batch with ErrUnavailable, and what
+// the batch granted stands once (it is not re-sent).
+func TestCoalescedLostReply(t *testing.T) {
+	addr, err := redistest.StandaloneAddr()
+	if err != nil {
+		t.Skipf("needs a real redis-server: %v", err)
+	}
+	proxy, err := redistest.NewProxy(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr})
+	defer rdb.Close()
+	direct := redistest.NewStandalone(t)
+	ctx := context.Background()
+	for _, alg := range allAlgorithms {
+		l, err := New(rdb, "lost"+alg.String(), PerHour(10), WithAlgorithm(alg), WithKeyPrefix(direct.Prefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.script.Load(ctx, rdb).Err(); err != nil {
+			t.Fatal(err)
+		}
+		proxy.DropReplyTo("exec")
+		got := runBatch(t, l, 3, func(int) outcome { return (call{false, 1, 0}).run(ctx, l) })
+		for i, g := range got {
+			if !strings.Contains(g.err, ErrUnavailable.Error()) {
+				t.Fatalf("%v: call %d of a batch whose reply was lost: %+v, want ErrUnavailable", alg, i, g)
+			}
+		}
+		res, err := l.AllowN(ctx, 0)
+		if err != nil || res.Remaining != 7 {
+			t.Fatalf("%v: after the lost batch: %+v, %v; want its 3 grants charged once (7 remaining)", alg, res, err)
+		}
+	}
+}
+
+// A caller whose context ends while its batch is in flight returns at once, and the
+// booking the batch made for it is given back when the reply comes (as for a call of
+// its own, see lateReply); the others in the batch keep theirs.
+func TestCoalescedCallerLeavesInFlight(t *testing.T) {
+	addr, err := redistest.StandaloneAddr()
+	if err != nil {
+		t.Skipf("needs a real redis-server: %v", err)
+	}
+	proxy, err := redistest.NewProxy(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr})
+	defer rdb.Close()
+	direct := redistest.NewStandalone(t)
+	grants := redistest.RecordGrants(rdb)
+	ctx := context.Background()
+	l, err := New(rdb, "inflight", PerHour(2), WithKeyPrefix(direct.Prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.AllowN(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	proxy.Delay("evalsha", 300*ms)
+	leave, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var sent atomic.Bool
+	got := runBatch(t, l, 2, func(i int) outcome {
+		if i == 0 {
+			go func() { // leave once the batch is in flight
+				for {
+					l.batch.mu.Lock()
+					q := len(l.batch.queue)
+					busy := l.batch.busy
+					l.batch.mu.Unlock()
+					if busy && q == 0 && sent.Load() {
+						cancel()
+						return
+					}
+					time.Sleep(time.Millisecond)
+				}
+			}()
+			return (call{true, 1, 2 * time.Hour}).run(leave, l)
+		}
+		sent.Store(true)
+		return (call{true, 1, 2 * time.Hour}).run(ctx, l)
+	})
+	if !strings.Contains(got[0].err, context.Canceled.Error()) {
+		t.Fatalf("the caller that left: %+v, want context.Canceled", got[0])
+	}
+	if !got[1].ok || got[1].delay <= 0 {
+		t.Fatalf("the caller that stayed: %+v, want a booking ahead", got[1])
+	}
+	for deadline := time.Now().Add(10 * time.Second); grants.Total() != 3; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d permits granted and not given back, want 3: the leaver's booking stays", grants.Total())
+		}
+		time.Sleep(5 * ms)
+	}
+}
