@@ -9,7 +9,9 @@
 -- {op, n, x, rest...} made at the same server instant would (one TIME per batch:
 -- jt_now), and returns k replies in that order: each the single form's reply, or a
 -- string, the error that call would have returned (JTARG, JTEXCEEDS, JTALG, JTSTATE,
--- WRONGTYPE ...). The control key is read once per batch (jt_control caches it).
+-- WRONGTYPE ...). The control key is read once per batch (jt_control caches it), the
+-- state once (jt_get; the log: lg_kept), and the state written once, at the end
+-- (jt_set, jt_expire, jt_flush); only the log's appends are made request by request.
 -- Booking ops (2 and 3) are not batched: their KEYS[3] is the task's own.
 
 -- jt_errtext returns the text of an error a request raised or returned.
@@ -35,19 +37,26 @@ local function jt_batch()
     rest[i] = ARGV[first - 1 + i]
   end
   local out = {}
+  jt_batching = true
   for r = 1, k do
     local j = 3 * r
-    local argv = {ARGV[j], ARGV[j + 1], ARGV[j + 2]}
-    for i = 1, nrest do
-      argv[3 + i] = rest[i]
+    if jt_lim then -- the limits are read: the request's op, n and x are enough
+      jt_req = {ARGV[j], ARGV[j + 1], ARGV[j + 2]}
+    else
+      local argv = {ARGV[j], ARGV[j + 1], ARGV[j + 2]}
+      for i = 1, nrest do
+        argv[3 + i] = rest[i]
+      end
+      jt_argv = argv
     end
-    jt_argv, jt_bk_op, jt_bk_had = argv, nil, nil
+    jt_bk_op, jt_bk_had = nil, nil
     local ok, res = pcall(jt_one)
     if not ok or (type(res) == 'table' and res.err) then
       res = jt_errtext(res)
     end
     out[r] = res
   end
+  jt_flush()
   return out
 end
 

@@ -56,7 +56,14 @@ local claimed = jt_claim(n, now, KEYS[2])
 if claimed then
   return claimed
 end
-local v, L, c = fw_state(key, m)
+local v, L, c
+if fw_kept == key then -- a batch's earlier request left it
+  v, L, c = fw_v, fw_L, fw_c
+else
+  v, L, c = fw_state(key, m)
+  fw_kept = nil
+  if jt_batching then fw_kept, fw_v, fw_L, fw_c = key, v, L, c end
+end
 
 local function window(t, i)
   return jt_fdiv(t, limits[i][2])
@@ -68,20 +75,16 @@ local function counted(t, i)
 end
 
 local function save()
-  local ttl, text = 1
+  local ttl = 1
   for i = 1, m do
     ttl = math.max(ttl, (window(L, i) + 1) * limits[i][2] - now)
   end
-  if m == 1 then
-    text = string.format('%d %d', L, c[1])
+  if jt_batching then -- written when the batch ends, as the last request left it
+    fw_kept, fw_v, fw_L, fw_c = key, true, L, c
+    jt_set(key, fw_pending, ttl)
   else
-    local parts = {string.format('%d', L)}
-    for i = 1, m do
-      parts[i + 1] = string.format('%d', c[i])
-    end
-    text = table.concat(parts, ' ')
+    jt_set(key, fw_text(L, c), ttl)
   end
-  redis.call('SET', key, text, 'PX', string.format('%d', math.max(1, jt_cdiv(ttl, 1000))))
 end
 
 local paused = jt_pause(KEYS[2])

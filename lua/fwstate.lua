@@ -7,7 +7,7 @@
 -- jobthrottle did not write fails the call (JTSTATE), a key of another type too.
 local function fw_state(key, m)
   local L, c = 0, {}
-  local v = redis.call('GET', key)
+  local v = jt_get(key)
   if v then
     -- one limit's state (the usual case) is read with one match, anything else word by word
     local nums
@@ -31,4 +31,25 @@ local function fw_state(key, m)
     for i = 1, m do c[i] = 0 end
   end
   return v, L, c
+end
+
+-- fw_text is the state's text: L and the counts c (see fixedwindow.lua's KEYS[1]).
+local function fw_text(L, c)
+  if #c == 1 then
+    return string.format('%d %d', L, c[1])
+  end
+  local parts = {string.format('%d', L)}
+  for i = 1, #c do
+    parts[i + 1] = string.format('%d', c[i])
+  end
+  return table.concat(parts, ' ')
+end
+
+-- In a batch (batch.lua), the state as the last request that wrote it left it
+-- (fw_kept is its key, nil: none; fw_v whether it exists), for the next request to take from here instead of
+-- reading the text again; the text is made once (fw_pending), when the batch ends.
+local fw_kept, fw_v, fw_L, fw_c
+
+local function fw_pending()
+  return fw_text(fw_L, fw_c)
 end

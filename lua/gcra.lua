@@ -70,36 +70,29 @@ if claimed then
   return claimed
 end
 
-local v, L, d = tb_state(key, limits, now)
+local v, L, d
+if tb_kept == key and tb_lim == limits then -- a batch's earlier request left it
+  v, L, d = tb_v, tb_L, tb_d
+else
+  v, L, d = tb_state(key, limits, now)
+  tb_kept = nil
+  if jt_batching then tb_kept, tb_v, tb_lim, tb_L, tb_d, tb_now = key, v, limits, L, d, now end
+end
 
 local function save()
   if not v then
     jt_one_algorithm() -- this makes the state key: no other algorithm's may be there
   end
-  local ttl, text = 0
+  local ttl = 0
   for i = 1, m do
-    local R = limits[i][1]
-    ttl = math.max(ttl, jt_cdiv(d[i], R))
+    ttl = math.max(ttl, jt_cdiv(d[i], limits[i][1]))
   end
-  -- grants keep every TAT at or after L; a cancel of more than was booked can leave
-  -- q1 below L, and L must survive that: the offset is then written negative
-  local R = limits[1][1]
-  local q1 = now + jt_fdiv(d[1], R)
-  local off = q1 - L
-  off = off >= 0 and string.format('%x', off) or string.format('-%x', -off)
-  if m == 1 then
-    text = string.format('%x:%x:', q1, d[1] - (q1 - now) * R) .. off
+  if jt_batching then -- written when the batch ends, as the last request left it
+    tb_kept, tb_v, tb_lim, tb_L, tb_d, tb_now = key, true, limits, L, d, now
+    jt_set(key, tb_pending, ttl)
   else
-    local parts = {}
-    for i = 1, m do
-      R = limits[i][1]
-      local q = now + jt_fdiv(d[i], R)
-      parts[i] = string.format('%x:%x:', q, d[i] - (q - now) * R)
-    end
-    parts[m + 1] = off
-    text = table.concat(parts)
+    jt_set(key, tb_text(limits, L, d, now), ttl)
   end
-  redis.call('SET', key, text, 'PX', string.format('%d', math.max(1, jt_cdiv(ttl, 1000))))
 end
 
 -- report returns what a call made now could still get and the time until every

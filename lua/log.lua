@@ -32,6 +32,10 @@ local LOG_TRIM = 2 -- expired entries that make a call trim (fewer wait for a la
 -- since; lg_E is the number of entries, nil until needed when the list is longer than
 -- the head; lg_P is SE (or base), lg_Tlast is TE.
 local lg_key, lg_head, lg_hE, lg_off, lg_E, lg_base, lg_P, lg_Tlast, lg_empty
+-- lg_kept: in a batch, the log as the previous request (an acquire) left it, which
+-- the next request uses instead of reading it again (every write of an acquire keeps
+-- the variables above in step with the list)
+local lg_kept
 
 local function lg_bad(what)
   error('JTSTATE ' .. lg_key .. ': ' .. what)
@@ -48,13 +52,22 @@ local function lg_check(v, what)
   end
 end
 
+-- lg_cT and lg_cS: in a batch, the entries read with LINDEX so far, by their place in
+-- the list as loaded (i + lg_off), so that later requests do not read them again
+local lg_cT, lg_cS = {}, {}
+
 -- lg_T and lg_S read entry i (1 <= i <= E): from the head when it holds it, else LINDEX.
 local function lg_T(i)
   local h = i + lg_off
   if h <= lg_hE then
     return tonumber(lg_head[2 * h]) or lg_bad('time ' .. i)
   end
-  return jt_num(redis.call('LINDEX', lg_key, 2 * i - 1)) or lg_bad('time ' .. i)
+  local v = lg_cT[h]
+  if not v then
+    v = jt_num(redis.call('LINDEX', lg_key, 2 * i - 1)) or lg_bad('time ' .. i)
+    if jt_batching then lg_cT[h] = v end
+  end
+  return v
 end
 local function lg_S(i)
   if i == 0 then return lg_base end
@@ -62,7 +75,12 @@ local function lg_S(i)
   if h <= lg_hE then
     return tonumber(lg_head[2 * h + 1]) or lg_bad('count ' .. i)
   end
-  return jt_num(redis.call('LINDEX', lg_key, 2 * i)) or lg_bad('count ' .. i)
+  local v = lg_cS[h]
+  if not v then
+    v = jt_num(redis.call('LINDEX', lg_key, 2 * i)) or lg_bad('count ' .. i)
+    if jt_batching then lg_cS[h] = v end
+  end
+  return v
 end
 
 -- lg_entries returns E, reading the list's length if it is not known yet.
@@ -78,6 +96,7 @@ end
 -- lg_load reads the log's head (base and the first LOG_HEAD entries) and last entry.
 local function lg_load(key)
   lg_key = key
+  lg_cT, lg_cS = {}, {}
   local v = redis.call('LRANGE', key, '0', LOG_HEAD_END)
   local len = #v
   lg_head, lg_off, lg_base, lg_P, lg_Tlast, lg_empty = v, 0, 0, 0, nil, len == 0
@@ -147,6 +166,7 @@ local function lg_trim(h, min)
   if lg_E == 0 or lg_T(1) > h then return end
   if lg_Tlast <= h then
     redis.call('UNLINK', lg_key) -- frees a long list off the main thread
+    lg_cT, lg_cS = {}, {}
     lg_head, lg_hE, lg_off, lg_E, lg_base, lg_P, lg_Tlast, lg_empty = {}, 0, 0, 0, 0, 0, nil, true
     return
   end
@@ -192,7 +212,8 @@ local function jt_log(key, pause_key, prec, op, n, x, limits)
   local now = jt_now()
   local claimed = jt_claim(n, now, pause_key)
   if claimed then return claimed end
-  lg_load(key)
+  if lg_kept ~= key then lg_load(key) end
+  lg_kept = nil
 
   if op == 1 then
     -- cancel: give back n permits of the entry recorded for the token's time, if that
@@ -259,6 +280,7 @@ local function jt_log(key, pause_key, prec, op, n, x, limits)
     if lg_E ~= 0 and rt == lg_Tlast then
       redis.call('LSET', key, '-1', string.format('%d', lg_P))
       if lg_E and lg_E + lg_off <= lg_hE then lg_head[2 * (lg_E + lg_off) + 1] = lg_P end
+      if lg_E then lg_cS[lg_E + lg_off] = nil else lg_cS = {} end
     elseif lg_empty then
       redis.call('RPUSH', key, string.format('%d', lg_base), string.format('%d', rt), string.format('%d', lg_P))
       lg_E, lg_empty = 1, false
@@ -284,6 +306,7 @@ local function jt_log(key, pause_key, prec, op, n, x, limits)
   end
   local reset = 0
   if lg_E ~= 0 then reset = math.max(0, lg_Tlast + pmax - now) end
+  if jt_batching then lg_kept = key end
   if granted then
     if n > 0 then
       -- the state matters until its last entry has left the longest window. Last, after

@@ -64,6 +64,82 @@ local function jt_cdiv(a, b)
   return -jt_fdiv(-a, b)
 end
 
+-- State keys are read and written through jt_get, jt_set and jt_expire. In a single
+-- call they are GET, SET … PX and PEXPIRE. In a batch (batch.lua; jt_batching) a key
+-- is read once: later requests see the text the earlier ones read or wrote; the writes
+-- wait in jt_dirty, and jt_flush makes each once, after the last request, with the
+-- last request's value and TTL, which is what the batch's requests made one by one
+-- would have left.
+local jt_batching = false
+local jt_cache = {} -- key -> text read or written in this batch (false: absent)
+local jt_dirty = {} -- keys to write when the batch ends, in order, each once
+local jt_queued = {} -- key -> true once in jt_dirty
+local jt_ttl = {}   -- key -> the TTL (ms, as text) to write it with
+local jt_exp = {}   -- key -> a TTL (ms, as text) to set with PEXPIRE when the batch ends
+
+-- jt_ms is a TTL of us microseconds as whole milliseconds (rounded up, at least 1),
+-- as text. (Numbers given to redis.call are sent as text made by a slow
+-- printf("%.17g"); format them.)
+local function jt_ms(us)
+  return string.format('%d', math.max(1, jt_cdiv(us, 1000)))
+end
+
+-- jt_get returns the string at key, or false when there is none.
+local function jt_get(key)
+  if not jt_batching then
+    return redis.call('GET', key)
+  end
+  local v = jt_cache[key]
+  if v == nil then
+    v = redis.call('GET', key)
+    jt_cache[key] = v
+  elseif type(v) == 'function' then -- the text of state kept decoded (see jt_set)
+    v = v()
+    jt_cache[key] = v
+  end
+  return v
+end
+
+-- jt_set sets key to text with a TTL of ttl_us microseconds (see jt_ms). In a batch
+-- text may be a function that returns the text: a script that keeps its state decoded
+-- between requests makes the text only when the batch ends or jt_get needs it.
+local function jt_set(key, text, ttl_us)
+  if not jt_batching then
+    redis.call('SET', key, text, 'PX', jt_ms(ttl_us))
+    return
+  end
+  if not jt_queued[key] then jt_dirty[#jt_dirty + 1], jt_queued[key] = key, true end
+  jt_cache[key], jt_ttl[key], jt_exp[key] = text, jt_ms(ttl_us), nil
+end
+
+-- jt_expire sets a TTL of us microseconds on key (see jt_ms).
+local function jt_expire(key, us)
+  if not jt_batching then
+    redis.call('PEXPIRE', key, jt_ms(us))
+    return
+  end
+  if not jt_queued[key] then jt_dirty[#jt_dirty + 1], jt_queued[key] = key, true end
+  jt_exp[key] = jt_ms(us)
+end
+
+-- jt_flush makes the writes a batch's requests left waiting, each key once.
+local function jt_flush()
+  for _, key in ipairs(jt_dirty) do
+    if jt_ttl[key] then
+      local text = jt_cache[key]
+      if type(text) == 'function' then text = text() end
+      redis.call('SET', key, text, 'PX', jt_ttl[key])
+      jt_ttl[key] = nil
+    end
+    if jt_exp[key] then
+      redis.call('PEXPIRE', key, jt_exp[key])
+      jt_exp[key] = nil
+    end
+    jt_queued[key] = nil
+  end
+  jt_dirty = {}
+end
+
 -- The control key, {<prefix><key>}:pause, is one short string every limiter script
 -- reads with one GET (nothing more when it is absent, the usual case):
 --   "<pause_end>"                                   a pause only
@@ -135,7 +211,7 @@ local function jt_control_write(key, pause, now)
     end
     text = table.concat(parts, ' ')
   end
-  redis.call('SET', key, text, 'PX', string.format('%d', math.max(1, jt_cdiv(till - now, 1000))))
+  redis.call('SET', key, text, 'PX', jt_ms(till - now))
 end
 
 -- jt_pause returns when a pause set on this key ends (µs), or 0.
@@ -158,9 +234,12 @@ local function jt_override(key, limits, op, n)
   if not over or over[1] <= jt_now() then
     return limits, 0
   end
-  for i = 1, #limits do -- limits are this call's own tables (jt_args): changed in place
+  local mine = {} -- the callers' limits stay as they are (a batch reads them again)
+  for i = 1, #limits do
     local l, o = limits[i], over[2][i]
     if o then
+      l = {l[1], l[2], l[3]}
+      mine[i] = l
       l[1] = o[1]
       if l[3] then
         l[3] = o[2] > 0 and o[2] or o[1]
@@ -171,15 +250,11 @@ local function jt_override(key, limits, op, n)
       if n > (l[3] or l[1]) then
         return nil, 'JTEXCEEDS n above the overridden limit ' .. i
       end
+    else
+      mine[i] = l
     end
   end
-  return limits, over[1]
-end
-
--- jt_expire sets a TTL of us microseconds, rounded up to whole milliseconds. (Numbers
--- given to redis.call are sent as text made by a slow printf("%.17g"); format them.)
-local function jt_expire(key, us)
-  redis.call('PEXPIRE', key, string.format('%d', math.max(1, jt_cdiv(us, 1000))))
+  return mine, over[1]
 end
 
 -- Bookings by task (ops 2 and 3). A task handed back to its queue keeps its place:
@@ -221,7 +296,7 @@ local function jt_booked(r, n)
     if r[1] == 1 and n > 0 then
       if r[3] > 0 then
         redis.call('SET', KEYS[3], string.format('%d %d', r[5], n),
-          'PX', string.format('%d', jt_cdiv(r[3], 1000) + 1000))
+          'PX', jt_ms(r[3] + 1000000))
       elseif jt_bk_had then
         redis.call('DEL', KEYS[3])
       end
@@ -260,17 +335,30 @@ end
 -- It returns op, n, x, limits (limits[i][j]), or nil and what was wrong. Every ARGV
 -- must be plain decimal digits: one pattern checks them all at once, so that each is
 -- then read with a bare tonumber (the hot path of every script runs through here).
+-- In a batch, the limits are read for the first request, and a later one checks only
+-- its op, n and x (jt_req): the limits are the same text. The limits returned are
+-- read only (jt_override copies what it changes).
+local jt_req         -- in a batch, once jt_lim is known: the request's {op, n, x} (text)
+local jt_lim         -- in a batch: the limits the first request's jt_args read
+
 local function jt_args(first, hi)
   local argv = jt_argv
-  local nargs = #argv
-  if not string.find(table.concat(argv, ','), '^[0-9,]*$') then
-    for i = 1, nargs do
-      if not string.find(argv[i], '^[0-9]+$') then
-        return nil, 'argument ' .. i .. ' is not a plain decimal integer'
+  if jt_req and jt_lim then -- a batch's later request: only op, n and x are its own
+    argv = jt_req
+    if not string.find(argv[1] .. ',' .. argv[2] .. ',' .. argv[3], '^[0-9]+,[0-9]+,[0-9]+$') then
+      return nil, 'op, n or x is not a plain decimal integer'
+    end
+  else
+    local nargs = #argv
+    if not string.find(table.concat(argv, ','), '^[0-9,]*$') then
+      for i = 1, nargs do
+        if not string.find(argv[i], '^[0-9]+$') then
+          return nil, 'argument ' .. i .. ' is not a plain decimal integer'
+        end
       end
     end
   end
-  local op, n, x, m = tonumber(argv[1]), tonumber(argv[2]), tonumber(argv[3]), tonumber(argv[4])
+  local op, n, x = tonumber(argv[1]), tonumber(argv[2]), tonumber(argv[3])
   if not op or op > 3 then return nil, 'op' end
   if op >= 2 then
     if not KEYS[3] or not string.find(KEYS[3], '}:bk:', 1, true) then -- not another key
@@ -281,6 +369,10 @@ local function jt_args(first, hi)
   end
   if not n or n > 1e15 then return nil, 'n' end
   if not x or x > 9007199254740991 then return nil, 'max_wait/token' end -- 2^53 - 1
+  if argv == jt_req then
+    return op, n, x, jt_lim
+  end
+  local nargs, m = #argv, tonumber(argv[4])
   if not m or m < 1 or m > 16 then return nil, 'm' end
   local width = #hi
   if nargs ~= first - 1 + m * width then return nil, 'argument count' end
@@ -295,6 +387,7 @@ local function jt_args(first, hi)
     end
     limits[i] = l
   end
+  if jt_batching then jt_lim = limits end
   return op, n, x, limits
 end
 

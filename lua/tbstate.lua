@@ -11,7 +11,7 @@ local function tb_state(key, limits, now)
   -- nums: the stored q1, r1, ..., qm, rm; L: when the latest grant takes effect. One
   -- limit's state (the usual case) is read with one match, anything else word by word.
   local nums, L
-  local v = redis.call('GET', key)
+  local v = jt_get(key)
   if v then
     local a, b, s, c = string.match(v, '^([0-9a-f]+):([0-9a-f]+):(%-?)([0-9a-f]+)$')
     if a and #a <= 13 and #b <= 13 and #c <= 13 then
@@ -66,4 +66,37 @@ local function tb_state(key, limits, now)
     for i = 1, m do d[i] = 0 end
   end
   return v, L, d
+end
+
+-- tb_text is the state's text for limits, L and d at now (see gcra.lua's KEYS[1]).
+local function tb_text(limits, L, d, now)
+  local m = #limits
+  -- grants keep every TAT at or after L; a cancel of more than was booked can leave
+  -- q1 below L, and L must survive that: the offset is then written negative
+  local R = limits[1][1]
+  local q1 = now + jt_fdiv(d[1], R)
+  local off = q1 - L
+  off = off >= 0 and string.format('%x', off) or string.format('-%x', -off)
+  if m == 1 then
+    return string.format('%x:%x:', q1, d[1] - (q1 - now) * R) .. off
+  end
+  local parts = {}
+  for i = 1, m do
+    R = limits[i][1]
+    local q = now + jt_fdiv(d[i], R)
+    parts[i] = string.format('%x:%x:', q, d[i] - (q - now) * R)
+  end
+  parts[m + 1] = off
+  return table.concat(parts)
+end
+
+-- In a batch (batch.lua), the state as the last request that wrote it left it:
+-- tb_kept is its key (nil: none), tb_v whether it exists, and the next request with the same limits takes it
+-- from here instead of reading the text again; the text is made once (tb_pending),
+-- when the batch ends or a request with other limits (a cancel while an override
+-- holds) reads the key.
+local tb_kept, tb_v, tb_lim, tb_L, tb_d, tb_now
+
+local function tb_pending()
+  return tb_text(tb_lim, tb_L, tb_d, tb_now)
 end

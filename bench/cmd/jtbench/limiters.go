@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-redis/redis_rate/v10"
@@ -31,15 +32,25 @@ type subject struct {
 	setup func(ctx context.Context) error
 }
 
-// jobthrottleSubject is a jobthrottle limiter of algorithm a with limit on key.
+// jobthrottleSubject is a jobthrottle limiter of algorithm a with limit on key,
+// coalescing concurrent calls (the default).
 func jobthrottleSubject(rdb redis.UniversalClient, a throttle.Algorithm, key string, limit throttle.Limit) (subject, *throttle.Limiter, error) {
-	l, err := throttle.New(rdb, key, limit, throttle.WithAlgorithm(a), throttle.WithKeyPrefix(keyPrefix))
+	return jobthrottleSubjectOpt(rdb, a, key, limit, true)
+}
+
+// jobthrottleSubjectOpt is jobthrottleSubject with coalescing on or off (its name
+// then says WithCoalescing(false)).
+func jobthrottleSubjectOpt(rdb redis.UniversalClient, a throttle.Algorithm, key string, limit throttle.Limit, coalesce bool) (subject, *throttle.Limiter, error) {
+	l, err := throttle.New(rdb, key, limit, throttle.WithAlgorithm(a), throttle.WithKeyPrefix(keyPrefix), throttle.WithCoalescing(coalesce))
 	if err != nil {
 		return subject{}, nil, err
 	}
 	name := "jobthrottle " + a.String()
 	if a == throttle.TokenBucket && limit.Burst != 0 {
 		name += fmt.Sprintf(" (burst %d)", limit.Burst)
+	}
+	if !coalesce {
+		name += soloSuffix
 	}
 	return subject{
 		name: name,
@@ -49,6 +60,26 @@ func jobthrottleSubject(rdb redis.UniversalClient, a throttle.Algorithm, key str
 		},
 		keys: []string{"{" + keyPrefix + key + "}:" + suffixes[a], "{" + keyPrefix + key + "}:pause"},
 	}, l, nil
+}
+
+// soloSuffix ends the name of a jobthrottle case without coalescing.
+const soloSuffix = ", WithCoalescing(false)"
+
+// manyKeys spreads a subject's calls over k subjects (keys): call i goes to subject
+// i mod k, so concurrent calls mostly land on different keys.
+func manyKeys(name string, subs []subject) subject {
+	var next atomic.Uint64
+	var keys []string
+	for _, s := range subs {
+		keys = append(keys, s.keys...)
+	}
+	return subject{
+		name: fmt.Sprintf("%s over %d keys", name, len(subs)),
+		allow: func(ctx context.Context) (bool, error) {
+			return subs[next.Add(1)%uint64(len(subs))].allow(ctx)
+		},
+		keys: keys,
+	}
 }
 
 // redisRateSubject is go-redis/redis_rate's GCRA limiter with limit on key.

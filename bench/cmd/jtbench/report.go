@@ -81,8 +81,8 @@ func (r *report) writeThroughput(w io.Writer) {
 		head += fmt.Sprintf(" ÷ no-op @%d |", g)
 		sep += "---:|"
 	}
-	head += fmt.Sprintf(" ÷ no-op by CPU @%d | ops/s @%d | p50 / p99 µs | Redis CPU µs/call | exec µs/call | client CPU µs/call | allocs/call |", top, top)
-	sep += "---:|---:|---:|---:|---:|---:|---:|"
+	head += fmt.Sprintf(" ÷ no-op by CPU @%d | ops/s @%d | permits/s @%d | permits per Redis CPU s @%d | p50 / p99 µs | Redis CPU µs/call | exec µs/script run | client CPU µs/call | allocs/call |", top, top, top, top)
+	sep += "---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 	fmt.Fprintln(w, head)
 	fmt.Fprintln(w, sep)
 	for i, c := range r.cases {
@@ -95,8 +95,8 @@ func (r *report) writeThroughput(w io.Writer) {
 		for _, g := range r.gs {
 			row += fmt.Sprintf(" %.2f |", median(r.tp[tpKey{i, g}].ratios()))
 		}
-		row += fmt.Sprintf(" %.2f | %.0f | %.0f / %.0f | %.1f | %.2f | %.1f | %.1f |",
-			cpuRatio(t), t.med(sample.opsPerSec), t.med(p50), t.med(p99), t.med(redisCPU), t.med(exec), t.med(clientCPU), t.med(func(s sample) float64 { return s.allocs }))
+		row += fmt.Sprintf(" %.2f | %.0f | %.0f | %.0f | %.0f / %.0f | %.1f | %.2f | %.1f | %.1f |",
+			cpuRatio(t), t.med(sample.opsPerSec), t.med(permitsPerSec), t.med(permitsPerRedisCPU), t.med(p50), t.med(p99), t.med(redisCPU), t.med(exec), t.med(clientCPU), t.med(func(s sample) float64 { return s.allocs }))
 		fmt.Fprintln(w, row)
 	}
 	fmt.Fprintln(w)
@@ -112,6 +112,19 @@ func cpuRatio(t *tpResult) float64 {
 		xs[i] = cpu(t.noop[i]) / cpu(t.samples[i])
 	}
 	return median(xs)
+}
+
+// permitsPerSec is the permits granted per second.
+func permitsPerSec(s sample) float64 { return float64(s.granted) / s.elapsed.Seconds() }
+
+// permitsPerRedisCPU is the permits granted per second of the Redis server's CPU
+// (main thread): how much of Redis a permit costs, whatever the client does.
+func permitsPerRedisCPU(s sample) float64 {
+	cpu := s.redisCPU.Seconds() * float64(s.ops)
+	if cpu <= 0 {
+		return math.NaN()
+	}
+	return float64(s.granted) / cpu
 }
 
 func p50(s sample) float64       { return float64(s.p50) / float64(time.Microsecond) }

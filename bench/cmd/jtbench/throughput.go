@@ -41,6 +41,9 @@ type tcase struct {
 	reset func(ctx context.Context) error
 }
 
+// manyKeyCount is how many keys the "over N keys" cases spread their calls over.
+const manyKeyCount = 64
+
 // Limits of the throughput cases: a limit the benchmark never reaches (every call is
 // allowed; a short period, so that log entries expire while a case runs, as they do
 // in a steady state) and one it always exceeds (almost every call is denied).
@@ -97,12 +100,38 @@ func throughputCases(ctx context.Context, rdb *redis.Client) ([]tcase, error) {
 		cases = append(cases,
 			tcase{rr.name, path, rr.allow, resetter(rdb, rr.keys, nil)},
 			tcase{rs.name, path, rs.allow, resetter(rdb, rs.keys, rs.setup)})
-		for _, a := range algorithms {
-			s, _, err := jobthrottleSubject(rdb, a, key+"-"+a.String(), throttle.Limit{Rate: rate, Period: period})
-			if err != nil {
-				return nil, err
+		for _, coalesce := range []bool{true, false} {
+			for _, a := range algorithms {
+				k := key + "-" + a.String()
+				if !coalesce {
+					k += "-solo"
+				}
+				s, _, err := jobthrottleSubjectOpt(rdb, a, k, throttle.Limit{Rate: rate, Period: period}, coalesce)
+				if err != nil {
+					return nil, err
+				}
+				cases = append(cases, tcase{s.name, path, s.allow, resetter(rdb, s.keys, nil)})
 			}
-			cases = append(cases, tcase{s.name, path, s.allow, resetter(rdb, s.keys, nil)})
+		}
+		if path == "allowed" { // many keys, each lightly used: the per-tenant case
+			var rrs []subject
+			for i := range manyKeyCount {
+				rrs = append(rrs, redisRateSubject(rdb, fmt.Sprintf("%s-k%d", key, i), redis_rate.Limit{Rate: rate, Burst: rate, Period: period}))
+			}
+			m := manyKeys(rr.name, rrs)
+			cases = append(cases, tcase{m.name, path, m.allow, resetter(rdb, m.keys, nil)})
+			for _, a := range algorithms {
+				var subs []subject
+				for i := range manyKeyCount {
+					s, _, err := jobthrottleSubject(rdb, a, fmt.Sprintf("%s-%s-k%d", key, a, i), throttle.Limit{Rate: rate, Period: period})
+					if err != nil {
+						return nil, err
+					}
+					subs = append(subs, s)
+				}
+				m := manyKeys("jobthrottle "+a.String(), subs)
+				cases = append(cases, tcase{m.name, path, m.allow, resetter(rdb, m.keys, nil)})
+			}
 		}
 		for _, a := range algorithms {
 			cases = append(cases, scriptCase(rdb, a, key+"-"+a.String()+"-script", rate, period, path))

@@ -64,8 +64,25 @@ func jobthrottleCases() []xcase {
 		tag := fmt.Sprintf("{jtbench:luaexec%d}", i)
 		out = append(out, xcase{c.name, c.script.Hash(), []string{tag + ":" + c.suffix, tag + ":pause"}, fixed(c.args...)})
 	}
+	// the same calls as batches of batchSize requests (lua/batch.lua): exec per request
+	for i, c := range cs {
+		if i == 0 || strings.HasSuffix(c.name, "override set") || strings.Contains(c.name, "expires") {
+			continue
+		}
+		tag := fmt.Sprintf("{jtbench:luaexecb%d}", i)
+		args := []any{lua.Batch, batchSize}
+		for range batchSize {
+			args = append(args, c.args[:3]...)
+		}
+		args = append(args, c.args[3:]...)
+		out = append(out, xcase{fmt.Sprintf("%s, batch of %d (per request)", c.name, batchSize), c.script.Hash(),
+			[]string{tag + ":" + c.suffix, tag + ":pause"}, fixed(args...)})
+	}
 	return out
 }
+
+// batchSize is the number of requests in the batch cases.
+const batchSize = 64
 
 // peerCases: redis_rate's script (not exported: its SHA and arguments are taken from
 // one call of its Allow) and the Redisson-style log's, with the same limits.
@@ -195,7 +212,11 @@ func main() {
 	}
 	fmt.Printf("| script, path | exec µs per call (fastest of %d rounds of %d) |\n|---|---:|\n", *rounds, *calls)
 	for i, c := range cs {
-		fmt.Printf("| %s | %.2f |\n", c.name, float64(best[i])/float64(time.Microsecond))
+		per := float64(best[i]) / float64(time.Microsecond)
+		if strings.Contains(c.name, "batch of") {
+			per /= batchSize
+		}
+		fmt.Printf("| %s | %.2f |\n", c.name, per)
 		rdb.Del(ctx, c.keys...)
 	}
 }
