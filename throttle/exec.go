@@ -95,15 +95,39 @@ func (r *runner) keep(d time.Duration) { r.pin.hold(r.owner, d) }
 // connection, which would run an acquire twice and charge twice; it never re-sends a
 // transaction it has written. A call whose reply is lost fails with ErrUnavailable
 // instead, and its effect, if it ran, stands once.
+//
+// A client that never re-sends (a go-redis Client whose options say MaxRetries < 0:
+// go-redis then tries each command once) needs no transaction: the script is sent as
+// a plain EVALSHA, which saves Redis the MULTI and EXEC.
 func evalOnce(ctx context.Context, rdb redis.UniversalClient, s *redis.Script, keys []string, args []any) (any, error) {
-	cmd, err := evalTx(ctx, rdb, s.EvalSha, keys, args)
+	eval := evalTx
+	if neverResends(rdb) {
+		eval = evalPlain
+	}
+	cmd, err := eval(ctx, rdb, s.EvalSha, keys, args)
 	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		cmd, err = evalTx(ctx, rdb, s.Eval, keys, args)
+		cmd, err = eval(ctx, rdb, s.Eval, keys, args)
 	}
 	if err != nil {
 		return nil, err
 	}
 	return cmd.Val(), nil
+}
+
+// neverResends reports whether rdb sends each command once whatever happens to its
+// reply: a go-redis Client built with MaxRetries < 0 (its options then hold 0; the
+// default, 0 when built, becomes 3). A cluster client re-sends on redirects and
+// connection errors alike, so it is never taken to be one.
+func neverResends(rdb redis.UniversalClient) bool {
+	c, ok := rdb.(*redis.Client)
+	return ok && c.Options().MaxRetries == 0
+}
+
+func evalPlain(ctx context.Context, rdb redis.UniversalClient,
+	eval func(context.Context, redis.Scripter, []string, ...any) *redis.Cmd, keys []string, args []any,
+) (*redis.Cmd, error) {
+	cmd := eval(ctx, rdb, keys, args...)
+	return cmd, cmd.Err()
 }
 
 func evalTx(ctx context.Context, rdb redis.UniversalClient,

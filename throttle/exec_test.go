@@ -113,3 +113,76 @@ func TestEvalOnceLoadsAMissingScript(t *testing.T) {
 		}
 	})
 }
+
+// countTx counts the script calls sent in a transaction (MULTI/EXEC) and as plain
+// commands.
+type countTx struct{ tx, plain int }
+
+func isEval(cmd redis.Cmder) bool { return cmd.Name() == "evalsha" || cmd.Name() == "eval" }
+
+func (c *countTx) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c *countTx) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if isEval(cmd) {
+			c.plain++
+		}
+		return next(ctx, cmd)
+	}
+}
+func (c *countTx) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			if isEval(cmd) {
+				c.tx++
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// A client that never re-sends (MaxRetries < 0) gets plain EVALSHA, no MULTI/EXEC, and
+// a reply it loses still charges once and fails with ErrUnavailable; a client with
+// go-redis's default retries keeps the transaction.
+func TestNeverResendingClientSkipsTheTransaction(t *testing.T) {
+	addr, err := redistest.StandaloneAddr()
+	if err != nil {
+		t.Skipf("needs a real redis-server: %v", err)
+	}
+	proxy, err := redistest.NewProxy(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	direct := redistest.NewStandalone(t)
+	ctx := context.Background()
+	for _, retries := range []int{-1, 0} {
+		rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr, MaxRetries: retries})
+		defer rdb.Close()
+		var c countTx
+		rdb.AddHook(&c)
+		l, err := New(rdb, fmt.Sprint("plain", retries), PerHour(10), WithKeyPrefix(direct.Prefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.script.Load(ctx, direct.Client).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.Allow(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if wantTx := retries >= 0; (c.tx == 1) != wantTx || (c.plain == 1) == wantTx {
+			t.Fatalf("MaxRetries %d: %d transactions, %d plain commands", retries, c.tx, c.plain)
+		}
+		if retries >= 0 {
+			continue
+		}
+		proxy.DropReplyTo("evalsha")
+		if _, err := l.Allow(ctx); !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("MaxRetries %d, reply lost: %v, want ErrUnavailable", retries, err)
+		}
+		res, err := l.AllowN(ctx, 0)
+		if err != nil || res.Remaining != 8 {
+			t.Fatalf("MaxRetries %d, after a lost reply: %+v, %v; want 8 remaining (charged once)", retries, res, err)
+		}
+	}
+}

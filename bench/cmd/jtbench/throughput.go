@@ -66,6 +66,9 @@ func resetter(rdb *redis.Client, keys []string, setup func(context.Context) erro
 }
 
 func throughputCases(ctx context.Context, rdb *redis.Client) ([]tcase, error) {
+	o := *rdb.Options()
+	o.MaxRetries = -1
+	noRetry := redis.NewClient(&o) // lives as long as the run
 	if err := noopScript.Load(ctx, rdb).Err(); err != nil {
 		return nil, err
 	}
@@ -132,6 +135,14 @@ func throughputCases(ctx context.Context, rdb *redis.Client) ([]tcase, error) {
 				m := manyKeys("jobthrottle "+a.String(), subs)
 				cases = append(cases, tcase{m.name, path, m.allow, resetter(rdb, m.keys, nil)})
 			}
+		}
+		// a client that never re-sends (MaxRetries -1) gets plain EVALSHA, no MULTI/EXEC
+		for _, a := range []throttle.Algorithm{throttle.SlidingWindow, throttle.TokenBucket} {
+			s, _, err := jobthrottleSubjectOpt(noRetry, a, key+"-"+a.String()+"-noretry", throttle.Limit{Rate: rate, Period: period}, false)
+			if err != nil {
+				return nil, err
+			}
+			cases = append(cases, tcase{s.name + ", client MaxRetries -1", path, s.allow, resetter(rdb, s.keys, nil)})
 		}
 		for _, a := range algorithms {
 			cases = append(cases, scriptCase(rdb, a, key+"-"+a.String()+"-script", rate, period, path))
