@@ -3,6 +3,7 @@ package throttle
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -349,4 +350,74 @@ func TestCoalescedCallerLeavesInFlight(t *testing.T) {
 		}
 		time.Sleep(5 * ms)
 	}
+}
+
+// pipes counts the pipelines that carry script calls, and the script calls in them.
+type pipes struct {
+	mu           sync.Mutex
+	pipes, calls int
+}
+
+func (c *pipes) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (c *pipes) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (c *pipes) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		n := 0
+		for _, cmd := range cmds {
+			if cmd.Name() == "evalsha" || cmd.Name() == "eval" {
+				n++
+			}
+		}
+		if n > 0 {
+			c.mu.Lock()
+			c.pipes++
+			c.calls += n
+			c.mu.Unlock()
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// Calls on different keys of one client that queue while a call is in flight go in one
+// round trip: one script call per key (each key's requests in one batch, decided as
+// calls of their own), all in one pipeline (on a cluster, one transaction per key,
+// sent at once). Each key keeps its own limit.
+func TestCoalescedKeysShareARoundTrip(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		var c pipes
+		b.Client.AddHook(&c)
+		var lims []*Limiter
+		for i, alg := range allAlgorithms {
+			l, err := New(b.Client, fmt.Sprintf("pipe%d", i), PerHour(2), WithAlgorithm(alg), WithKeyPrefix(b.Prefix))
+			if err != nil {
+				t.Fatal(err)
+			}
+			lims = append(lims, l)
+		}
+		ctx := context.Background()
+		for _, l := range lims { // the server loads the scripts (NOSCRIPT costs a second trip)
+			if _, err := l.AllowN(ctx, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c.mu.Lock()
+		c.pipes, c.calls = 0, 0
+		c.mu.Unlock()
+		got := runBatch(t, lims[0], 3*len(lims), func(i int) outcome {
+			return (call{false, 1, 0}).run(ctx, lims[i%len(lims)])
+		})
+		for i, g := range got {
+			want := i < 2*len(lims) // each key: 2 of its 3 requests allowed
+			if g.err != "" || g.res.Allowed != want {
+				t.Fatalf("request %d (key %d): %+v, want allowed %v", i, i%len(lims), g, want)
+			}
+		}
+		wantPipes := 1
+		if b.Kind == redistest.Cluster {
+			wantPipes = len(lims)
+		}
+		if c.pipes != wantPipes || c.calls != len(lims) {
+			t.Fatalf("%d requests on %d keys: %d pipelines of %d script calls, want %d of %d", len(got), len(lims), c.pipes, c.calls, wantPipes, len(lims))
+		}
+	})
 }

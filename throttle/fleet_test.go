@@ -70,8 +70,8 @@ type grantSlot struct{ at atomic.Int64 }
 type grantSlotKey struct{}
 
 // grantTap is a go-redis hook that stores each limiter script's grant in the
-// grantSlot of the call's context, if it has one; for a batch (coalesce.go), each
-// request's grant in the grantSlot of that request's context.
+// grantSlot of the call's context, if it has one; for a coalesced round trip
+// (coalesce.go), each request's grant in the grantSlot of that request's context.
 type grantTap struct{}
 
 func (grantTap) DialHook(next redis.DialHook) redis.DialHook          { return next }
@@ -85,11 +85,20 @@ func (grantTap) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proces
 			if !ok || c.Err() != nil {
 				continue
 			}
-			if batch, ok := ctx.Value(batchKey{}).([]*pending); ok && len(batch) > 1 {
-				replies, _ := c.Val().([]any)
-				for i, r := range replies {
-					if i < len(batch) {
-						tapGrant(batch[i].ctx, r)
+			if m, ok := ctx.Value(batchKey{}).(*sync.Map); ok {
+				v, _ := m.Load(c)
+				reqs, _ := v.([]*pending)
+				switch len(reqs) {
+				case 0: // a call of its own: ctx holds its request's values
+					tapGrant(ctx, c.Val())
+				case 1:
+					tapGrant(reqs[0].ctx, c.Val())
+				default:
+					replies, _ := c.Val().([]any)
+					for i, r := range replies {
+						if i < len(reqs) {
+							tapGrant(reqs[i].ctx, r)
+						}
 					}
 				}
 				continue

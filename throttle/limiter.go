@@ -43,7 +43,7 @@ type Limiter struct {
 	hooks   Hooks
 	moved   *pauseSignal  // closed when this process pauses the key
 	shared  *limiterState // shared with the Limiters built alike (see shared.go)
-	batch   *batcher      // &shared.batch, or nil without coalescing
+	batch   *batcher      // the client's (see coalesce.go), or nil without coalescing
 	local   *localLog     // shared.local: FailLocal's share
 	stats   *counters     // &shared.stats
 	lost    *stateWatch   // &shared.lost
@@ -123,7 +123,7 @@ func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*L
 		keepFor: grantMatters(limits, c.algorithm),
 	}
 	if !c.noCoalesce {
-		l.batch = &shared.batch
+		l.batch = batchers.get(rdb, func() *batcher { return &batcher{rdb: rdb} })
 	}
 	return l, nil
 }

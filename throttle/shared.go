@@ -110,7 +110,6 @@ func (p *pin) release(v any) {
 // limiterState is what every Limiter of this process on one client, key and
 // configuration shares.
 type limiterState struct {
-	batch batcher // coalesces concurrent calls (see coalesce.go)
 	brk   breaker
 	local *localLog // FailLocal's share; nil under other policies
 	stats counters
