@@ -21,106 +21,142 @@ import (
 // state. The clock stands still within a round (miniredis's clock, or the fake clock
 // on real servers) and moves between rounds.
 func TestBatchEqualsSingleCalls(t *testing.T) {
-	type algo struct {
-		name, suffix string
-		src          string
-		tail         func(two bool) []any
-	}
-	pairs := func(two bool) []any {
-		if two {
-			return []any{2, 5, 100000, 12, 1000000}
-		}
-		return []any{1, 5, 100000}
-	}
-	algos := []algo{
-		{"slidingwindow", "sw", SlidingWindowSource, pairs},
-		{"fixedwindow", "fw", FixedWindowSource, pairs},
-		{"slidingcounter", "sc", SlidingCounterSource, func(two bool) []any {
-			return append([]any{pairs(two)[0], 10000}, pairs(two)[1:]...)
-		}},
-		{"gcra", "tb", GCRASource, func(two bool) []any {
-			if two {
-				return []any{2, 5, 100000, 5, 12, 1000000, 8}
-			}
-			return []any{1, 5, 100000, 5}
-		}},
-	}
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
-		ctx := context.Background()
-		for _, a := range algos {
+		for i, a := range batchAlgos {
 			for _, two := range []bool{false, true} {
 				t.Run(fmt.Sprintf("%s/two=%v", a.name, two), func(t *testing.T) {
-					s := redis.NewScript(a.src)
-					if b.Real() {
-						s = redistest.FakeClockScript(a.src)
-					}
-					rng := rand.New(rand.NewPCG(uint64(len(a.name)), 7))
-					tagA, tagB := "{"+b.Prefix+a.name+"A}", "{"+b.Prefix+a.name+"B}"
-					keysA := []string{tagA + ":" + a.suffix, tagA + ":pause"}
-					keysB := []string{tagB + ":" + a.suffix, tagB + ":pause"}
-					tail := a.tail(two)
-					now := redistest.Epoch
-					var tokens []int64
-					for round := 0; round < 40; round++ {
-						now = now.Add(time.Duration(rng.IntN(60000)) * time.Microsecond)
-						b.SetTime(t, now, tagA, tagB)
-						k := 1 + rng.IntN(12)
-						batch := []any{Batch, k}
-						var singles [][]any
-						for range k {
-							op, n, x := 0, rng.IntN(7), int64(0)
-							switch r := rng.IntN(10); {
-							case r < 2 && len(tokens) > 0:
-								op, n, x = 1, 1+rng.IntN(2), tokens[rng.IntN(len(tokens))]
-							case r < 6:
-								x = int64(rng.IntN(300000))
-							}
-							batch = append(batch, op, n, x)
-							singles = append(singles, append([]any{op, n, x}, tail[:]...))
-						}
-						batch = append(batch, tail...)
-						var want []any
-						for _, args := range singles {
-							v, err := s.Run(ctx, b.Client, keysA, args...).Result()
-							if err != nil {
-								want = append(want, err.Error())
-								continue
-							}
-							want = append(want, v)
-							if r := v.([]any); args[0] == 0 && r[0] == int64(1) && r[4] != int64(0) {
-								tokens = append(tokens, r[4].(int64))
-							}
-						}
-						v, err := s.Run(ctx, b.Client, keysB, batch...).Result()
-						if err != nil {
-							t.Fatalf("round %d: batch %v: %v", round, batch, err)
-						}
-						got := v.([]any)
-						if len(got) != len(want) {
-							t.Fatalf("round %d: %d replies, want %d", round, len(got), len(want))
-						}
-						for i := range got {
-							if g, ok := got[i].(string); ok { // an error: the same code
-								w, _ := want[i].(string)
-								if errCode(g) != errCode(w) || errCode(g) == "" {
-									t.Fatalf("round %d request %d %v: batch says %q, single call %v", round, i, singles[i][:3], g, want[i])
-								}
-								continue
-							}
-							if !reflect.DeepEqual(got[i], want[i]) {
-								t.Fatalf("round %d request %d %v: batch %v, single call %v", round, i, singles[i][:3], got[i], want[i])
-							}
-						}
-						sa := b.Client.Dump(ctx, keysA[0]).Val()
-						sb := b.Client.Dump(ctx, keysB[0]).Val()
-						if sa != sb {
-							t.Fatalf("round %d: state differs after the batch", round)
-						}
-					}
+					rng := rand.New(rand.NewPCG(uint64(i), 7))
+					batchVsSingles(t, b, a, two, 40, func(n int) int { return rng.IntN(n) })
 				})
 			}
 		}
 	})
+}
+
+// FuzzBatch is TestBatchEqualsSingleCalls on miniredis with the rounds, requests and
+// clock steps the fuzzer picks: every batch must reply and leave the state as the
+// same requests made one by one at the same instant.
+func FuzzBatch(f *testing.F) {
+	f.Add(uint8(0), false, []byte{3, 1, 2, 3, 4, 5, 6, 7, 8, 9})
+	f.Add(uint8(3), true, []byte{9, 200, 17, 3, 3, 3, 0, 1, 250, 6, 6})
+	f.Fuzz(func(t *testing.T, which uint8, two bool, data []byte) {
+		b := redistest.NewMini(t)
+		a := batchAlgos[int(which)%len(batchAlgos)]
+		next := func(n int) int {
+			if len(data) == 0 {
+				return 0
+			}
+			v := int(data[0])
+			data = data[1:]
+			return v % n
+		}
+		batchVsSingles(t, b, a, two, 1+len(data)/8, next)
+	})
+}
+
+// batchAlgo is a limiter script with the ARGV tail of one or two limits.
+type batchAlgo struct {
+	name, suffix string
+	src          string
+	tail         func(two bool) []any
+}
+
+func ratePairs(two bool) []any {
+	if two {
+		return []any{2, 5, 100000, 12, 1000000}
+	}
+	return []any{1, 5, 100000}
+}
+
+var batchAlgos = []batchAlgo{
+	{"slidingwindow", "sw", SlidingWindowSource, ratePairs},
+	{"fixedwindow", "fw", FixedWindowSource, ratePairs},
+	{"slidingcounter", "sc", SlidingCounterSource, func(two bool) []any {
+		return append([]any{ratePairs(two)[0], 10000}, ratePairs(two)[1:]...)
+	}},
+	{"gcra", "tb", GCRASource, func(two bool) []any {
+		if two {
+			return []any{2, 5, 100000, 5, 12, 1000000, 8}
+		}
+		return []any{1, 5, 100000, 5}
+	}},
+}
+
+// batchVsSingles runs rounds of requests (acquires with n within and above the limit
+// and max waits from 0 past the next slots, cancels of earlier grants), each round as
+// single calls on one key and as one batch on another, at one instant per round
+// (miniredis's clock, or the fake clock on real servers), and fails unless the
+// replies (errors by their code) and the state left are the same. pick(n) returns a
+// number in [0, n).
+func batchVsSingles(t *testing.T, b *redistest.Backend, a batchAlgo, two bool, rounds int, pick func(n int) int) {
+	t.Helper()
+	ctx := context.Background()
+	s := redis.NewScript(a.src)
+	if b.Real() {
+		s = redistest.FakeClockScript(a.src)
+	}
+	tagA, tagB := "{"+b.Prefix+a.name+"A}", "{"+b.Prefix+a.name+"B}"
+	keysA := []string{tagA + ":" + a.suffix, tagA + ":pause"}
+	keysB := []string{tagB + ":" + a.suffix, tagB + ":pause"}
+	tail := a.tail(two)
+	now := redistest.Epoch
+	var tokens []int64
+	for round := 0; round < rounds; round++ {
+		now = now.Add(time.Duration(pick(60)*1000+pick(1000)) * time.Microsecond)
+		b.SetTime(t, now, tagA, tagB)
+		k := 1 + pick(12)
+		batch := []any{Batch, k}
+		var singles [][]any
+		for range k {
+			op, n, x := 0, pick(7), int64(0)
+			switch r := pick(10); {
+			case r < 2 && len(tokens) > 0:
+				op, n, x = 1, 1+pick(2), tokens[pick(len(tokens))]
+			case r < 6:
+				x = int64(pick(300) * 1000)
+			}
+			batch = append(batch, op, n, x)
+			singles = append(singles, append([]any{op, n, x}, tail...))
+		}
+		batch = append(batch, tail...)
+		var want []any
+		for _, args := range singles {
+			v, err := s.Run(ctx, b.Client, keysA, args...).Result()
+			if err != nil {
+				want = append(want, err.Error())
+				continue
+			}
+			want = append(want, v)
+			if r := v.([]any); args[0] == 0 && r[0] == int64(1) && r[4] != int64(0) {
+				tokens = append(tokens, r[4].(int64))
+			}
+		}
+		v, err := s.Run(ctx, b.Client, keysB, batch...).Result()
+		if err != nil {
+			t.Fatalf("round %d: batch %v: %v", round, batch, err)
+		}
+		got := v.([]any)
+		if len(got) != len(want) {
+			t.Fatalf("round %d: %d replies, want %d", round, len(got), len(want))
+		}
+		for i := range got {
+			if g, ok := got[i].(string); ok { // an error: the same code
+				w, _ := want[i].(string)
+				if errCode(g) != errCode(w) || errCode(g) == "" {
+					t.Fatalf("round %d request %d %v: batch says %q, single call %v", round, i, singles[i][:3], g, want[i])
+				}
+				continue
+			}
+			if !reflect.DeepEqual(got[i], want[i]) {
+				t.Fatalf("round %d request %d %v: batch %v, single call %v", round, i, singles[i][:3], got[i], want[i])
+			}
+		}
+		sa := b.Client.Dump(ctx, keysA[0]).Val()
+		sb := b.Client.Dump(ctx, keysB[0]).Val()
+		if sa != sb {
+			t.Fatalf("round %d: state differs after the batch", round)
+		}
+	}
 }
 
 // errCode returns the JT error code (or WRONGTYPE) in a script error's text.
