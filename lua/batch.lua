@@ -22,6 +22,24 @@ local function jt_errtext(e)
   return tostring(e)
 end
 
+-- jt_flush makes the writes a batch's requests left waiting, each key once.
+local function jt_flush()
+  for _, key in ipairs(jt_dirty) do
+    if jt_ttl[key] then
+      local text = jt_cache[key]
+      if type(text) == 'function' then text = text() end
+      redis.call('SET', key, text, 'PX', jt_ttl[key])
+      jt_ttl[key] = nil
+    end
+    if jt_exp[key] then
+      redis.call('PEXPIRE', key, jt_exp[key])
+      jt_exp[key] = nil
+    end
+    jt_queued[key] = nil
+  end
+  jt_dirty = {}
+end
+
 local function jt_batch()
   local k = ARGV[2]
   if type(k) ~= 'string' or not string.find(k, '^%d%d?%d?%d?$') then
@@ -37,7 +55,7 @@ local function jt_batch()
     rest[i] = ARGV[first - 1 + i]
   end
   local out = {}
-  jt_batching = true
+  jt_batching, jt_cache, jt_dirty, jt_queued, jt_ttl, jt_exp = true, {}, {}, {}, {}, {}
   for r = 1, k do
     local j = 3 * r
     if jt_lim then -- the limits are read: the request's op, n and x are enough

@@ -54,7 +54,8 @@ end
 
 -- lg_cT and lg_cS: in a batch, the entries read with LINDEX so far, by their place in
 -- the list as loaded (i + lg_off), so that later requests do not read them again
-local lg_cT, lg_cS = {}, {}
+-- (nil in a single call)
+local lg_cT, lg_cS
 
 -- lg_T and lg_S read entry i (1 <= i <= E): from the head when it holds it, else LINDEX.
 local function lg_T(i)
@@ -62,10 +63,10 @@ local function lg_T(i)
   if h <= lg_hE then
     return tonumber(lg_head[2 * h]) or lg_bad('time ' .. i)
   end
-  local v = lg_cT[h]
+  local v = lg_cT and lg_cT[h]
   if not v then
     v = jt_num(redis.call('LINDEX', lg_key, 2 * i - 1)) or lg_bad('time ' .. i)
-    if jt_batching then lg_cT[h] = v end
+    if lg_cT then lg_cT[h] = v end
   end
   return v
 end
@@ -75,10 +76,10 @@ local function lg_S(i)
   if h <= lg_hE then
     return tonumber(lg_head[2 * h + 1]) or lg_bad('count ' .. i)
   end
-  local v = lg_cS[h]
+  local v = lg_cS and lg_cS[h]
   if not v then
     v = jt_num(redis.call('LINDEX', lg_key, 2 * i)) or lg_bad('count ' .. i)
-    if jt_batching then lg_cS[h] = v end
+    if lg_cS then lg_cS[h] = v end
   end
   return v
 end
@@ -96,7 +97,7 @@ end
 -- lg_load reads the log's head (base and the first LOG_HEAD entries) and last entry.
 local function lg_load(key)
   lg_key = key
-  lg_cT, lg_cS = {}, {}
+  if jt_batching then lg_cT, lg_cS = {}, {} end
   local v = redis.call('LRANGE', key, '0', LOG_HEAD_END)
   local len = #v
   lg_head, lg_off, lg_base, lg_P, lg_Tlast, lg_empty = v, 0, 0, 0, nil, len == 0
@@ -166,7 +167,7 @@ local function lg_trim(h, min)
   if lg_E == 0 or lg_T(1) > h then return end
   if lg_Tlast <= h then
     redis.call('UNLINK', lg_key) -- frees a long list off the main thread
-    lg_cT, lg_cS = {}, {}
+    if jt_batching then lg_cT, lg_cS = {}, {} end
     lg_head, lg_hE, lg_off, lg_E, lg_base, lg_P, lg_Tlast, lg_empty = {}, 0, 0, 0, 0, 0, nil, true
     return
   end
@@ -280,7 +281,9 @@ local function jt_log(key, pause_key, prec, op, n, x, limits)
     if lg_E ~= 0 and rt == lg_Tlast then
       redis.call('LSET', key, '-1', string.format('%d', lg_P))
       if lg_E and lg_E + lg_off <= lg_hE then lg_head[2 * (lg_E + lg_off) + 1] = lg_P end
-      if lg_E then lg_cS[lg_E + lg_off] = nil else lg_cS = {} end
+      if lg_cS then
+        if lg_E then lg_cS[lg_E + lg_off] = nil else lg_cS = {} end
+      end
     elseif lg_empty then
       redis.call('RPUSH', key, string.format('%d', lg_base), string.format('%d', rt), string.format('%d', lg_P))
       lg_E, lg_empty = 1, false

@@ -70,12 +70,13 @@ end
 -- wait in jt_dirty, and jt_flush makes each once, after the last request, with the
 -- last request's value and TTL, which is what the batch's requests made one by one
 -- would have left.
+-- (batch.lua makes the tables when a batch starts: a single call makes none.)
 local jt_batching = false
-local jt_cache = {} -- key -> text read or written in this batch (false: absent)
-local jt_dirty = {} -- keys to write when the batch ends, in order, each once
-local jt_queued = {} -- key -> true once in jt_dirty
-local jt_ttl = {}   -- key -> the TTL (ms, as text) to write it with
-local jt_exp = {}   -- key -> a TTL (ms, as text) to set with PEXPIRE when the batch ends
+local jt_cache  -- key -> text read or written in this batch (false: absent)
+local jt_dirty  -- keys to write when the batch ends, in order, each once
+local jt_queued -- key -> true once in jt_dirty
+local jt_ttl    -- key -> the TTL (ms, as text) to write it with
+local jt_exp    -- key -> a TTL (ms, as text) to set with PEXPIRE when the batch ends
 
 -- jt_ms is a TTL of us microseconds as whole milliseconds (rounded up, at least 1),
 -- as text. (Numbers given to redis.call are sent as text made by a slow
@@ -120,24 +121,6 @@ local function jt_expire(key, us)
   end
   if not jt_queued[key] then jt_dirty[#jt_dirty + 1], jt_queued[key] = key, true end
   jt_exp[key] = jt_ms(us)
-end
-
--- jt_flush makes the writes a batch's requests left waiting, each key once.
-local function jt_flush()
-  for _, key in ipairs(jt_dirty) do
-    if jt_ttl[key] then
-      local text = jt_cache[key]
-      if type(text) == 'function' then text = text() end
-      redis.call('SET', key, text, 'PX', jt_ttl[key])
-      jt_ttl[key] = nil
-    end
-    if jt_exp[key] then
-      redis.call('PEXPIRE', key, jt_exp[key])
-      jt_exp[key] = nil
-    end
-    jt_queued[key] = nil
-  end
-  jt_dirty = {}
 end
 
 -- The control key, {<prefix><key>}:pause, is one short string every limiter script
