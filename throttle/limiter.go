@@ -17,7 +17,8 @@ import (
 // most once) that reads the clock of the Redis server, so clients' clocks do not
 // matter and no two processes can both take the last permit. A denial is a Result
 // with Allowed false and the exact RetryAfter, not an error; an error means bad input
-// or a failed Redis call, and then nothing was granted.
+// or a failed Redis call, and then nothing was granted. Concurrent calls share round
+// trips (see WithCoalescing): each is still decided on its own, as above.
 //
 // Use Allow or AllowN to take permits now or not at all (to drop or defer work); Wait
 // or WaitN to sleep until they come (a worker loop); Reserve to book them and decide

@@ -52,7 +52,9 @@ func logEntries(ctx context.Context, rdb *redis.Client, key string) int64 {
 // runBigKeys measures the sliding window with entries live entries: granted ones
 // (Allow at a rate that never denies, then denied and read calls on the full log), and
 // booked ones (entries reservations queued ahead, then a booking at the tail and the
-// cancel of the earliest booking, which renumbers every entry after it).
+// cancel of the earliest booking, which renumbers every entry after it). Its limiters
+// do not coalesce: each fill call makes an entry of its own, and each measured call is
+// one script run.
 func runBigKeys(ctx context.Context, rdb *redis.Client, entries int) ([]bigResult, error) {
 	var out []bigResult
 	add := func(what, key string, f func() error) error {
@@ -77,7 +79,7 @@ func runBigKeys(ctx context.Context, rdb *redis.Client, entries int) ([]bigResul
 
 	// granted entries: rate entries per minute, filled by one Allow each
 	key := "big-granted"
-	l, err := throttle.New(rdb, key, throttle.PerMinute(entries), throttle.WithKeyPrefix(keyPrefix))
+	l, err := throttle.New(rdb, key, throttle.PerMinute(entries), throttle.WithKeyPrefix(keyPrefix), throttle.WithCoalescing(false))
 	if err != nil {
 		return nil, err
 	}
@@ -102,7 +104,7 @@ func runBigKeys(ctx context.Context, rdb *redis.Client, entries int) ([]bigResul
 
 	// the whole log expires at once: a limit with a short period, filled, then left
 	key = "big-expiring"
-	short, err := throttle.New(rdb, key, throttle.Limit{Rate: entries, Period: 2 * time.Second}, throttle.WithKeyPrefix(keyPrefix))
+	short, err := throttle.New(rdb, key, throttle.Limit{Rate: entries, Period: 2 * time.Second}, throttle.WithKeyPrefix(keyPrefix), throttle.WithCoalescing(false))
 	if err != nil {
 		return nil, err
 	}
@@ -123,7 +125,7 @@ func runBigKeys(ctx context.Context, rdb *redis.Client, entries int) ([]bigResul
 
 	// booked entries: a queue of reservations, each its own entry
 	key = "big-booked"
-	booked, err := throttle.New(rdb, key, throttle.PerSecond(100), throttle.WithKeyPrefix(keyPrefix))
+	booked, err := throttle.New(rdb, key, throttle.PerSecond(100), throttle.WithKeyPrefix(keyPrefix), throttle.WithCoalescing(false))
 	if err != nil {
 		return nil, err
 	}
@@ -171,7 +173,7 @@ func runBigKeys(ctx context.Context, rdb *redis.Client, entries int) ([]bigResul
 	}
 	// the same with the queue of the contention runs: 64 bookings after the cancelled one
 	key = "big-booked-64"
-	small, err := throttle.New(rdb, key, throttle.PerSecond(100), throttle.WithKeyPrefix(keyPrefix))
+	small, err := throttle.New(rdb, key, throttle.PerSecond(100), throttle.WithKeyPrefix(keyPrefix), throttle.WithCoalescing(false))
 	if err != nil {
 		return nil, err
 	}
