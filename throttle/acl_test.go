@@ -242,7 +242,9 @@ func TestACLLeastPrivilege(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c := redis.NewClient(&redis.Options{Addr: s.Addr, Username: user, Password: "pw", MaxRetries: -1})
+			// go-redis's default retries: a client that never re-sends (MaxRetries -1)
+			// sends no MULTI/EXEC (see evalOnce), and +multi and +exec must be missed
+			c := redis.NewClient(&redis.Options{Addr: s.Addr, Username: user, Password: "pw"})
 			defer c.Close()
 			start := time.Now()
 			results[i].errs = aclWorkload(ctx, c, admin, fmt.Sprintf("missing%d", i))
