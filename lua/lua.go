@@ -5,8 +5,10 @@
 // of every script, log.lua (the permit log) in front of the two log-based ones and
 // their inspect scripts (with inspectlog.lua), tbstate.lua and fwstate.lua (reading
 // the token bucket's and the fixed window's state) in front of theirs. The inspect_*
-// scripts read a key's live state and write nothing.
-// Every limiter script also takes a batch of requests in one call (batch.lua).
+// scripts read a key's live state and write nothing. Every limiter script also takes
+// a batch of requests in one call (batch.lua goes after its body, which it runs once per
+// request).
+//
 // Package throttle runs the scripts that decide or write through one call
 // (throttle/exec.go): EVALSHA inside MULTI/EXEC, EVAL the same way when the server has
 // lost the script (after SCRIPT FLUSH or a restart), so a call whose reply is lost is
