@@ -23,14 +23,15 @@ import (
 // at most MaxInlineWait (at least a second): releases usually free slots sooner, and a
 // handed-back task holds no place in the queue, so it comes back to look again.
 //
-// The lease is held while the handler runs and released when it returns, whatever it
-// returns, and also when it panics (the panic goes on to asynq unchanged). While the
-// handler runs, the lease is extended every third of sem's lease TTL, so tasks longer
-// than the TTL keep their slot. Give sem a lease TTL (throttle.WithLeaseTTL) at least
-// as long as the tasks' Timeout: then even if extensions fail (Redis unreachable) the
-// lease cannot lapse while its task may still run; and the slot of a worker that dies
-// comes back within one TTL. The handler's context is not cancelled if the lease is
-// lost anyway: the task finishes, and for that while the slot may be given twice.
+// The handler runs under throttle.Lease.Hold: the lease is extended every third of
+// sem's lease TTL while the handler runs, so tasks longer than the TTL keep their
+// slot, and released when it returns, whatever it returns, and also when it panics
+// (the panic goes on to asynq unchanged). If the lease is lost meanwhile (an
+// extension finds it expired, or none succeeds for a whole TTL), the handler's
+// context is cancelled with a cause wrapping throttle.ErrLeaseLost: its slot may be
+// given to another task, so it should stop. Give sem a lease TTL
+// (throttle.WithLeaseTTL) well above a Redis outage you want tasks to ride out; the
+// slot of a worker that dies comes back within one TTL.
 //
 // Waiting for a slot counts as sleeping in the middleware: while MaxSleepingWorkers
 // tasks sleep, a task that finds sem full is handed back at once, so a full semaphore
@@ -56,10 +57,7 @@ func concurrencyWith(sh *shared, sem *throttle.Semaphore, opts []Option) asynq.M
 			if err != nil {
 				return err
 			}
-			stop := keepLease(ctx, lease, sem.LeaseTTL())
-			defer stop()
-			defer c.holdResult(ctx) // runs before the release, which needs Redis as well
-			return next.ProcessTask(ctx, t)
+			return lease.Hold(ctx, func(ctx context.Context) error { return next.ProcessTask(ctx, t) })
 		})
 	}
 }
@@ -119,40 +117,4 @@ func (c *config) sleepForSlot(a attempt) bool {
 		return true
 	}
 	return c.sh.trySleep()
-}
-
-// leaseCallTimeout bounds each extension and the final release of a lease.
-const leaseCallTimeout = 5 * time.Second
-
-// keepLease extends lease every ttl/3 until the returned stop is called; stop then
-// releases the lease (with a context of its own: the task's may be done) and returns
-// once the extending has ended. An extension that finds the lease lost ends the
-// extending; one that fails otherwise is tried again at the next tick.
-func keepLease(ctx context.Context, lease *throttle.Lease, ttl time.Duration) (stop func()) {
-	done, ended := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(ended)
-		tick := time.NewTicker(max(ttl/3, time.Millisecond))
-		defer tick.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-tick.C:
-			}
-			ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(leaseCallTimeout, ttl/3))
-			err := lease.Extend(ectx)
-			cancel()
-			if errors.Is(err, throttle.ErrLeaseLost) {
-				return
-			}
-		}
-	}()
-	return func() {
-		close(done)
-		<-ended
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseCallTimeout)
-		defer cancel()
-		_ = lease.Release(rctx)
-	}
 }

@@ -57,9 +57,9 @@ import (
 // one wrapping ErrInvalidOption for a bad option, as asynq's ServeMux.Handle panics
 // on a nil handler: the mistake shows when the server is built.
 //
-// If Redis goes down while a task runs, asynq v0.26 may lose the write of its
-// result and, a minute later, run it again or archive it; WaitForRedis prevents
-// that by holding the result until Redis answers.
+// If Redis goes down as a task ends, asynq v0.26 may lose the write of its result
+// and, a minute later, run it again or archive it; WaitForRedis prevents that by
+// sending the write again until Redis answers.
 //
 // Outside an asynq server (no task ID in ctx) nothing is recorded: a task that may
 // not sleep is handed back without a booking.
@@ -71,17 +71,7 @@ func throttleWith(sh *shared, lim *throttle.Limiter, opts []Option) asynq.Middle
 	if lim == nil {
 		panic(fmt.Errorf("%w: Throttle(nil)", ErrNilArgument))
 	}
-	c := newConfig(sh, opts)
-	return func(next asynq.Handler) asynq.Handler {
-		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
-			if err := c.throttle(ctx, t, lim); err != nil {
-				return err
-			}
-			err := next.ProcessTask(ctx, t)
-			c.holdResult(ctx)
-			return err
-		})
-	}
+	return throttleFuncWith(sh, func(context.Context, *asynq.Task) (*throttle.Limiter, error) { return lim, nil }, opts)
 }
 
 // ThrottleFunc is Throttle with the limiter chosen per task by pick: per tenant from
@@ -114,9 +104,7 @@ func throttleFuncWith(sh *shared, pick func(ctx context.Context, t *asynq.Task) 
 					return err
 				}
 			}
-			err = next.ProcessTask(ctx, t)
-			c.holdResult(ctx)
-			return err
+			return next.ProcessTask(ctx, t)
 		})
 	}
 }
@@ -368,7 +356,7 @@ func (o *outage) throttled(key, limit string, err error) *ThrottledError {
 func (c *config) reject(ctx context.Context, t *asynq.Task, a attempt, te *ThrottledError) error {
 	var err error = te
 	if a.final && c.requeue != nil {
-		err = c.requeue.requeue(ctx, t, te)
+		err = c.requeue.requeue(ctx, t, a, te)
 	} else {
 		c.sh.handedBack(ctx)
 	}

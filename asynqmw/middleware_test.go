@@ -399,41 +399,6 @@ func shutdownWhileWaiting(t *testing.T, b *redistest.Backend) {
 	}
 }
 
-// WaitForRedis holds a handler's result while its Redis does not answer, and returns
-// it once Redis does; without it, and with Redis up, the result comes back at once.
-func TestWaitForRedisHoldsResults(t *testing.T) {
-	b := redistest.NewMiniRealTime(t)
-	ctx := context.Background()
-	task := asynq.NewTask("job", nil)
-	want := errors.New("handler result")
-	down := asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
-		b.SetError("LOADING Redis is loading the dataset in memory") // Redis goes away as the task ends
-		time.AfterFunc(300*time.Millisecond, func() { b.SetError("") })
-		return want
-	})
-	noLimit := func(context.Context, *asynq.Task) (*throttle.Limiter, error) { return nil, nil }
-
-	start := time.Now()
-	err := asynqmw.ThrottleFunc(noLimit, asynqmw.WaitForRedis(b.Client))(down).ProcessTask(ctx, task)
-	if took := time.Since(start); !errors.Is(err, want) || took < 250*time.Millisecond || took > 3*time.Second {
-		t.Errorf("WaitForRedis with Redis down for 300ms: %v after %v; want the handler's result after about 300ms", err, took)
-	}
-
-	time.Sleep(400 * time.Millisecond) // Redis is back
-	start = time.Now()
-	err = asynqmw.ThrottleFunc(noLimit)(down).ProcessTask(ctx, task)
-	if took := time.Since(start); !errors.Is(err, want) || took > 250*time.Millisecond {
-		t.Errorf("without WaitForRedis: %v after %v; want the result at once", err, took)
-	}
-	time.Sleep(400 * time.Millisecond)
-	ok := asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return nil })
-	start = time.Now()
-	err = asynqmw.ThrottleFunc(noLimit, asynqmw.WaitForRedis(b.Client))(ok).ProcessTask(ctx, task)
-	if took := time.Since(start); err != nil || took > 250*time.Millisecond {
-		t.Errorf("WaitForRedis with Redis up: %v after %v; want nil at once", err, took)
-	}
-}
-
 // wantPanic checks that f panics with an error wrapping target.
 func wantPanic(t *testing.T, what string, target error, f func()) {
 	t.Helper()

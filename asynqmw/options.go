@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
-	"github.com/redis/go-redis/v9"
 )
 
 // DefaultMaxInlineWait is how long a task may sleep in its handler for a permit unless
@@ -54,7 +53,6 @@ type config struct {
 	interval    time.Duration // CheckInterval; 0: unset
 	sleeping    int           // MaxSleepingWorkers; -1: unset
 	requeue     *requeuer
-	hold        redis.UniversalClient // WaitForRedis; nil: off
 	hooks       Hooks
 	logger      asynq.Logger
 	err         error // the first bad option

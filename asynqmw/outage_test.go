@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
 	"runtime"
 	"runtime/pprof"
 	"strings"
@@ -92,141 +93,70 @@ func TestLimiterRedisDownReschedules(t *testing.T) {
 	})
 }
 
+// Redis fails for a second just as a task's handler returns. With WaitForRedis,
+// asynq's write of the result waits and the task is done once Redis is back; without
+// it, asynq loses the write and the task stays active, to be run again by asynq's
+// recoverer a minute later.
+func TestWaitForRedisAsynqResult(t *testing.T) {
+	for _, hold := range []bool{false, true} {
+		b := redistest.NewMiniRealTime(t)
+		f := newFleet(t, b)
+		var once sync.Once
+		h := f.handler(func(context.Context, string, int) error {
+			once.Do(func() {
+				b.SetError("LOADING Redis is loading the dataset in memory")
+				time.AfterFunc(time.Second, func() { b.SetError("") })
+			})
+			return nil
+		})
+		var opts []asynqmw.Option
+		if hold {
+			opts = append(opts, asynqmw.WaitForRedis(b.Client))
+		}
+		noLimit := func(context.Context, *asynq.Task) (*throttle.Limiter, error) { return nil, nil }
+		f.start(f.serverConfig(1), h, asynqmw.ThrottleFunc(noLimit, opts...))
+		f.enqueue("job")
+		for f.runs.total() == 0 {
+			time.Sleep(10 * time.Millisecond)
+		}
+		time.Sleep(1500 * time.Millisecond) // Redis is back for half a second
+		qi := f.info()
+		switch {
+		case hold && (qi.Active != 0 || qi.Processed != 1):
+			t.Errorf("with WaitForRedis: %d active, %d processed a second after Redis returned; want 0 and 1", qi.Active, qi.Processed)
+		case !hold && qi.Active != 1:
+			t.Errorf("without WaitForRedis: %d active; want 1 (asynq lost its write)", qi.Active)
+		}
+		f.stop()
+	}
+}
+
 // Issue 6, fault 3: the one Redis that asynq and the limiter share is killed -9 in the
 // middle of the load and restarted a second later (appendfsync always, as a Redis
-// that holds a job queue should run). Every task runs, none is archived or failed;
-// duplicates are counted (asynq's own redelivery is the only source); the limiter
-// grants again soon after Redis returns; no goroutine is left behind.
+// that holds a job queue should run), with the default setup's Requeue and
+// WaitForRedis. No task runs twice, none is archived or counted as failed but by
+// asynq's own redelivery of a lost dequeue reply (see killOutcome); the limiter grants
+// again soon after Redis returns; no goroutine is left behind.
 func TestRedisKilledMidLoad(t *testing.T) {
 	baseline := runtime.NumGoroutine()
-	s, err := redistest.StartServer("--appendonly", "yes", "--appendfsync", "always")
-	if err != nil {
-		t.Skipf("no redis-server: %v", err)
+	o := killMidLoad(t, true)
+	// asynq's own, without the middleware too (TestRedisKilledMidLoadAsynqAlone): a
+	// dequeue that ran in Redis as it died, whose reply was lost, leaves its task
+	// active with no worker on it; a minute later asynq's recoverer retries it
+	// (counting a failure; its first run shows a retry count of 1) or, with no
+	// retries left, archives it with "task lease expired" without its job having run.
+	// Nothing else may lose, duplicate, fail or archive a task.
+	if o.lost != 0 || o.dups != 0 || o.archivedRan != 0 || o.otherArchived != 0 || o.extraFailed != 0 {
+		t.Errorf("lost %d, run twice %d, archived after their job ran %d, archived otherwise %d, failures counted beyond asynq's lost dequeue replies %d; want 0 each",
+			o.lost, o.dups, o.archivedRan, o.otherArchived, o.extraFailed)
 	}
-	defer s.Kill()
-	rdb := redis.NewClient(&redis.Options{Addr: s.Addr, DialTimeout: 200 * time.Millisecond})
-	b := &redistest.Backend{Kind: redistest.Standalone, Client: rdb, Prefix: "jt-kill:"}
-	var granted struct {
-		sync.Mutex
-		times []time.Time
+	if o.recovery < 0 || o.recovery > 2*time.Second {
+		t.Errorf("first grant %v after Redis returned; want within 2s", o.recovery)
 	}
-	const (
-		rate     = 40
-		n        = 160 // 4 s of the limit
-		killFrom = 40  // tasks run before the kill
-		outage   = time.Second
-	)
-	lim, err := throttle.New(rdb, "kill", throttle.PerSecond(rate), throttle.WithKeyPrefix(b.Prefix),
-		throttle.WithHooks(throttle.Hooks{Allowed: func(string, int, time.Duration) {
-			granted.Lock()
-			granted.times = append(granted.times, time.Now())
-			granted.Unlock()
-		}}))
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	func() {
-		f := newFleet(t, b)
-		defer f.stop()
-		c := newCounters()
-		mw := asynqmw.Throttle(lim, append(fleetOpts(10), asynqmw.MaxInlineWait(time.Second), asynqmw.Requeue(rdb), asynqmw.WaitForRedis(rdb), asynqmw.WithHooks(c.hooks()))...)
-		cfg := f.serverConfig(10)
-		cfg.ErrorHandler = asynqmw.SkipThrottled(asynq.ErrorHandlerFunc(func(ctx context.Context, task *asynq.Task, err error) {
-			t.Logf("task %s: handler error %v", task.Payload(), err)
-		}))
-		for range 2 {
-			f.start(cfg, f.handler(nil), mw)
-		}
-		final, retrying := ids("final", n/2), ids("retrying", n/2)
-		for i := range final {
-			f.enqueue(final[i], asynq.MaxRetry(0))
-			f.enqueue(retrying[i], asynq.MaxRetry(3))
-		}
-		deadline := time.Now().Add(idleLimit)
-		for f.runs.total() < killFrom {
-			if time.Now().After(deadline) {
-				t.Fatalf("only %d runs before the kill", f.runs.total())
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-		s.Kill()
-		killed := time.Now()
-		time.Sleep(outage)
-		if err := s.Restart(); err != nil {
-			t.Fatal(err)
-		}
-		back := time.Now()
-		// A task asynq's recoverer archives (below) never runs: idle is all run or archived.
-		qi := f.waitIdle(2*idleLimit, func() bool { return len(ranIDs(f, final, retrying))+int(f.info().Archived) >= n })
-
-		// asynq's own redelivery: a dequeue that took effect in Redis just before the
-		// kill, whose reply was lost, leaves its task active with nobody running it; a
-		// minute later asynq's recoverer retries it (counting a failure, and the run
-		// shows a retry count of 1) or, with no retries left, archives it with "task
-		// lease expired". Nothing else may fail, archive, lose or duplicate a task.
-		var lost, dups, redelivered int
-		for _, id := range append(final, retrying...) {
-			runs := f.runs.get(id)
-			switch {
-			case len(runs) == 0:
-				lost++
-			case len(runs) > 1:
-				dups += len(runs) - 1
-			}
-			if len(runs) > 0 && runs[0] > 0 {
-				redelivered++ // its first run was already a retry: a recovered dequeue
-			}
-		}
-		// A second write asynq loses as Redis dies: the revoke of a last attempt that the
-		// middleware requeued as a copy (asynq's markAsDone after RevokeTask). The copy
-		// runs, once; the original stays active until the recoverer archives it, a
-		// minute later, with "task lease expired", though its job ran. Both kinds of
-		// archive count as a failure in asynq's stats, as a recovered dequeue does.
-		var archivedByRecoverer, revokesLost int
-		arch, err := f.insp.ListArchivedTasks(f.queue)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, a := range arch {
-			t.Logf("archived %s (retried %d of %d): %s", a.Payload, a.Retried, a.MaxRetry, a.LastErr)
-			if a.LastErr != asynq.ErrLeaseExpired.Error() {
-				continue
-			}
-			if len(f.runs.get(string(a.Payload))) == 0 {
-				archivedByRecoverer++
-				lost--
-			} else if a.MaxRetry == 0 {
-				revokesLost++
-			}
-		}
-		// Asserted: no job is lost, and nothing is archived but by asynq's recoverer.
-		// Reported, not asserted (a known regression of the booked hand-backs, issue
-		// 10: its many hand-backs and requeues put more of asynq's writes in flight at
-		// the kill, and asynq v0.26 loses those): tasks run twice and failures counted
-		// beyond the recovered dequeues and archives. Stop 8's design measured 0 and 0
-		// in 12 runs; this one 0-2 and 0-1 per run (README, "asynq workers").
-		if lost != 0 || len(arch) != archivedByRecoverer+revokesLost {
-			t.Errorf("lost %d, archived %d (%d by asynq's recoverer after a lost dequeue reply, %d after a lost revoke); want none but asynq's",
-				lost, len(arch), archivedByRecoverer, revokesLost)
-		}
-		granted.Lock()
-		recovery := time.Duration(-1)
-		for _, g := range granted.times {
-			if g.After(back) {
-				recovery = g.Sub(back)
-				break
-			}
-		}
-		granted.Unlock()
-		if recovery < 0 || recovery > 2*time.Second {
-			t.Errorf("first grant %v after Redis returned; want within 2s", recovery)
-		}
-		redistest.Figure(t, "asynqmw, redis-server killed -9 after %d of %d tasks, back %v later: lost %d, duplicated %d, archived %d and failed %d by throttling; asynq's recoverer: %d lost dequeue replies redelivered, %d archived, %d requeued originals archived after a lost revoke (their copies ran once); %d hand-backs (%d requeued); first grant %v after restart",
-			killFrom, n, back.Sub(killed).Round(time.Millisecond), lost, dups, len(arch)-archivedByRecoverer-revokesLost, int(qi.FailedTotal)-redelivered-len(arch),
-			redelivered, archivedByRecoverer, revokesLost, c.sum(c.throttled), c.sum(c.requeued), recovery.Round(time.Millisecond))
-	}()
-	rdb.Close()
+	redistest.Figure(t, "asynqmw, redis-server killed -9 after %d of %d tasks, back %v later: lost %d, run twice %d, archived after their job ran %d, failed beyond asynq's %d; "+
+		"asynq's recoverer after a lost dequeue reply: %d redelivered (a failure counted each), %d archived unrun; %d hand-backs (%d requeued); first grant %v after restart",
+		o.killFrom, o.n, o.outage.Round(time.Millisecond), o.lost, o.dups, o.archivedRan, o.extraFailed,
+		o.redelivered, o.archivedUnrun, o.handBacks, o.requeued, o.recovery.Round(time.Millisecond))
 
 	// Everything the middleware, the limiter and asynq started has ended.
 	var left int
@@ -240,6 +170,157 @@ func TestRedisKilledMidLoad(t *testing.T) {
 	if left != 0 || runtime.NumGoroutine() > baseline+2 {
 		t.Errorf("goroutines: %d before, %d after (%d in jobthrottle packages):\n%s", baseline, runtime.NumGoroutine(), left, stacks)
 	}
+}
+
+// The same kill with asynq alone (no middleware; handlers of 500ms keep 20 workers at
+// the same 40 tasks a second): what asynq v0.26 does by itself. It shows the
+// redeliveries TestRedisKilledMidLoad allows, next to the results asynq loses without
+// WaitForRedis (tasks run twice, archived after their job ran). It reports and
+// asserts nothing beyond what asynq guarantees (no task lost unless archived), and
+// runs only with JOBTHROTTLE_ASYNQ_ALONE=1: it takes a minute and tests asynq.
+func TestRedisKilledMidLoadAsynqAlone(t *testing.T) {
+	if os.Getenv("JOBTHROTTLE_ASYNQ_ALONE") == "" {
+		t.Skip("JOBTHROTTLE_ASYNQ_ALONE=1 runs it")
+	}
+	o := killMidLoad(t, false)
+	if o.lost != 0 {
+		t.Errorf("asynq alone lost %d tasks (never run, not archived)", o.lost)
+	}
+	redistest.Figure(t, "asynq alone, redis-server killed -9 after %d of %d tasks, back %v later: run twice %d, archived after their job ran %d, failed beyond lost dequeues %d; "+
+		"lost dequeue replies: %d redelivered, %d archived unrun",
+		o.killFrom, o.n, o.outage.Round(time.Millisecond), o.dups, o.archivedRan, o.extraFailed, o.redelivered, o.archivedUnrun)
+}
+
+// killOutcome is what a kill of Redis mid-load did to the tasks.
+type killOutcome struct {
+	n, killFrom   int
+	outage        time.Duration // killed → restarted
+	lost          int           // never ran, not archived
+	dups          int           // runs beyond the first
+	redelivered   int           // first run already a retry: a recovered dequeue whose reply was lost
+	archivedUnrun int           // archived by the recoverer ("task lease expired") without having run
+	archivedRan   int           // archived though their job ran
+	otherArchived int           // archived for any other reason
+	extraFailed   int           // failures in asynq's stats beyond the redelivered and archived unrun
+	handBacks     int
+	requeued      int
+	recovery      time.Duration // restart → first grant; -1: none
+}
+
+// killMidLoad runs 160 tasks (half MaxRetry(0)) on two servers of 10 workers sharing
+// one redis-server, kills it -9 after 40 have run and restarts it a second later.
+// With the middleware the tasks are limited to 40/s (asynqmw.New's Requeue and
+// WaitForRedis, MaxInlineWait 1s); without it each takes 500ms.
+func killMidLoad(t *testing.T, middleware bool) killOutcome {
+	s, err := redistest.StartServer("--appendonly", "yes", "--appendfsync", "always")
+	if err != nil {
+		t.Skipf("no redis-server: %v", err)
+	}
+	defer s.Kill()
+	rdb := redis.NewClient(&redis.Options{Addr: s.Addr, DialTimeout: 200 * time.Millisecond})
+	defer rdb.Close()
+	b := &redistest.Backend{Kind: redistest.Standalone, Client: rdb, Prefix: "jt-kill:"}
+	var granted struct {
+		sync.Mutex
+		times []time.Time
+	}
+	const (
+		rate     = 40
+		n        = 160 // 4 s of the limit
+		killFrom = 40  // tasks run before the kill
+		outage   = time.Second
+	)
+	o := killOutcome{n: n, killFrom: killFrom, recovery: -1}
+	lim, err := throttle.New(rdb, "kill", throttle.PerSecond(rate), throttle.WithKeyPrefix(b.Prefix),
+		throttle.WithHooks(throttle.Hooks{Allowed: func(string, int, time.Duration) {
+			granted.Lock()
+			granted.times = append(granted.times, time.Now())
+			granted.Unlock()
+		}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	f := newFleet(t, b)
+	defer f.stop()
+	c := newCounters()
+	var mws []asynq.MiddlewareFunc
+	work := func(context.Context, string, int) error { return nil }
+	if middleware {
+		mws = append(mws, asynqmw.Throttle(lim, append(fleetOpts(10), asynqmw.MaxInlineWait(time.Second), asynqmw.Requeue(rdb), asynqmw.WaitForRedis(rdb), asynqmw.WithHooks(c.hooks()))...))
+	} else {
+		work = func(context.Context, string, int) error { time.Sleep(500 * time.Millisecond); return nil }
+	}
+	cfg := f.serverConfig(10)
+	cfg.ErrorHandler = asynqmw.SkipThrottled(asynq.ErrorHandlerFunc(func(ctx context.Context, task *asynq.Task, err error) {
+		t.Logf("task %s: handler error %v", task.Payload(), err)
+	}))
+	for range 2 {
+		f.start(cfg, f.handler(work), mws...)
+	}
+	final, retrying := ids("final", n/2), ids("retrying", n/2)
+	for i := range final {
+		f.enqueue(final[i], asynq.MaxRetry(0))
+		f.enqueue(retrying[i], asynq.MaxRetry(3))
+	}
+	deadline := time.Now().Add(idleLimit)
+	for f.runs.total() < killFrom {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d runs before the kill", f.runs.total())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	s.Kill()
+	killed := time.Now()
+	time.Sleep(outage)
+	if err := s.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	back := time.Now()
+	o.outage = back.Sub(killed)
+	// A task asynq's recoverer archives never runs again: idle is all run or archived.
+	qi := f.waitIdle(2*idleLimit, func() bool { return len(ranIDs(f, final, retrying))+int(f.info().Archived) >= n })
+
+	for _, id := range append(final, retrying...) {
+		runs := f.runs.get(id)
+		switch {
+		case len(runs) == 0:
+			o.lost++
+		case len(runs) > 1:
+			o.dups += len(runs) - 1
+		}
+		if len(runs) > 0 && runs[0] > 0 {
+			o.redelivered++
+		}
+	}
+	arch, err := f.insp.ListArchivedTasks(f.queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range arch {
+		t.Logf("archived %s (retried %d of %d): %s", a.Payload, a.Retried, a.MaxRetry, a.LastErr)
+		switch {
+		case len(f.runs.get(string(a.Payload))) > 0:
+			o.archivedRan++
+		case a.LastErr == asynq.ErrLeaseExpired.Error():
+			o.archivedUnrun++
+			o.lost--
+		default:
+			o.otherArchived++
+			o.lost--
+		}
+	}
+	o.extraFailed = int(qi.FailedTotal) - o.redelivered - o.archivedUnrun
+	o.handBacks, o.requeued = c.sum(c.throttled), c.sum(c.requeued)
+	granted.Lock()
+	for _, g := range granted.times {
+		if g.After(back) {
+			o.recovery = g.Sub(back)
+			break
+		}
+	}
+	granted.Unlock()
+	return o
 }
 
 // ranIDs returns the payloads of final and retrying that ran at least once.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
@@ -29,8 +30,13 @@ import (
 // counts the revoked original as processed (not failed) in its queue stats and logs a
 // "revoke task" warning for it.
 //
-// If the copy cannot be enqueued the middleware returns that error, and asynq
-// archives the task as it would any error on a last attempt.
+// Enqueueing the copy is tried again while Redis does not answer (50ms, 100ms, ... up
+// to a second apart, within the task's deadline, see HandlerTime): its ID makes that
+// safe, and a copy whose enqueue ran in Redis though its reply was lost (Redis
+// killed) is found as asynq.ErrTaskIDConflict, so the original never runs next to
+// its copy. If the copy cannot be enqueued within that time, the task sleeps for its
+// booking in the handler instead (see Throttle); should Redis have stayed away for
+// all of it, an enqueue whose reply was lost may then leave a copy that runs too.
 func Requeue(rdb redis.UniversalClient) Option {
 	return optionFunc(func(c *config) {
 		if rdb == nil {
@@ -38,6 +44,7 @@ func Requeue(rdb redis.UniversalClient) Option {
 			return
 		}
 		c.requeue = &requeuer{
+			rdb:       rdb,
 			client:    asynq.NewClientFromRedisClient(rdb),
 			inspector: asynq.NewInspectorFromRedisClient(rdb),
 		}
@@ -45,21 +52,52 @@ func Requeue(rdb redis.UniversalClient) Option {
 }
 
 type requeuer struct {
+	rdb       redis.UniversalClient
 	client    *asynq.Client
 	inspector *asynq.Inspector
 }
 
 // requeue enqueues a copy of t to run after te's delay and returns the error that
-// makes asynq drop the original; or te when ctx is not an asynq task's.
-func (r *requeuer) requeue(ctx context.Context, t *asynq.Task, te *ThrottledError) error {
+// makes asynq drop the original; or te when ctx is not an asynq task's. While Redis
+// does not answer it tries again, within a's budget.
+func (r *requeuer) requeue(ctx context.Context, t *asynq.Task, a attempt, te *ThrottledError) error {
 	id, ok1 := asynq.GetTaskID(ctx)
 	queue, ok2 := asynq.GetQueueName(ctx)
 	if !ok1 || !ok2 {
 		return te
 	}
+	var down outage
+	for {
+		err := r.enqueueCopy(ctx, t, id, queue, te)
+		if err != nil && r.answers(ctx) {
+			// Redis is there: once more, which also finds a copy whose enqueue ran
+			// though its reply was lost.
+			if err = r.enqueueCopy(ctx, t, id, queue, te); err != nil {
+				return fmt.Errorf("asynqmw: requeueing throttled task %s: %w", id, err)
+			}
+		}
+		if err == nil {
+			te.Requeued = true
+			return fmt.Errorf("%w (%w)", te, asynq.RevokeTask)
+		}
+		if ctx.Err() != nil || !down.wait(ctx, a) { // tried again while Redis does not answer
+			return fmt.Errorf("asynqmw: requeueing throttled task %s: %w", id, err)
+		}
+	}
+}
+
+// answers reports whether Redis answers a PING.
+func (r *requeuer) answers(ctx context.Context) bool {
+	pctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	return r.rdb.Ping(pctx).Err() == nil
+}
+
+// enqueueCopy enqueues the copy of task id of queue; nil also when it is there.
+func (r *requeuer) enqueueCopy(ctx context.Context, t *asynq.Task, id, queue string, te *ThrottledError) error {
 	info, err := r.inspector.GetTaskInfo(queue, id)
 	if err != nil {
-		return fmt.Errorf("asynqmw: requeueing throttled task %s: %w", id, err)
+		return err
 	}
 	delay := retryDelay(te.RetryIn)
 	if te.Booked {
@@ -82,10 +120,9 @@ func (r *requeuer) requeue(ctx context.Context, t *asynq.Task, te *ThrottledErro
 	}
 	cp := asynq.NewTaskWithHeaders(t.Type(), t.Payload(), t.Headers(), opts...)
 	if _, err := r.client.EnqueueContext(ctx, cp); err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
-		return fmt.Errorf("asynqmw: requeueing throttled task %s: %w", id, err)
+		return err
 	}
-	te.Requeued = true
-	return fmt.Errorf("%w (%w)", te, asynq.RevokeTask)
+	return nil
 }
 
 // nextCopyID returns the ID of the copy of task id: "<id>~r1", or "<base>~r<n+1>"

@@ -1,0 +1,166 @@
+package asynqmw
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// resultWrite picks asynq v0.26's writes of a task's result by the shape of their
+// keys, and nothing else.
+func TestResultWrite(t *testing.T) {
+	eval := func(keys ...string) []any {
+		args := []any{"evalsha", "0123abcd", len(keys)}
+		for _, k := range keys {
+			args = append(args, k)
+		}
+		return append(args, "id", 1)
+	}
+	for _, c := range []struct {
+		name string
+		args []any
+		task string
+	}{
+		{"done", eval("asynq:{q}:active", "asynq:{q}:lease", "asynq:{q}:t:id", "asynq:{q}:processed:2026-01-01", "asynq:{q}:processed"), "asynq:{q}:t:id"},
+		{"requeue", eval("asynq:{q}:active", "asynq:{q}:lease", "asynq:{q}:pending", "asynq:{q}:t:id"), "asynq:{q}:t:id"},
+		{"retry", eval("asynq:{q}:t:id", "asynq:{q}:active", "asynq:{q}:lease", "asynq:{q}:retry"), "asynq:{q}:t:id"},
+		{"eval", append([]any{"eval"}, eval("asynq:{q}:t:id", "asynq:{q}:active", "asynq:{q}:lease", "asynq:{q}:archived")[1:]...), "asynq:{q}:t:id"},
+		{"dequeue", eval("asynq:{q}:pending", "asynq:{q}:paused", "asynq:{q}:active", "asynq:{q}:lease"), ""},
+		{"enqueue", eval("asynq:{q}:t:id", "asynq:{q}:pending"), ""},
+		{"other keys", eval("app:{q}:active", "app:{q}:lease", "app:{q}:t:id"), ""},
+		{"no task key", eval("asynq:{q}:active", "asynq:{q}:lease", "asynq:{q}:pending"), ""},
+		{"get", []any{"get", "asynq:{q}:active"}, ""},
+		{"short", eval("asynq:{q}:active"), ""},
+	} {
+		task, ok := resultWrite(c.args)
+		if task != c.task || ok != (c.task != "") {
+			t.Errorf("%s: resultWrite = %q, %v; want %q", c.name, task, ok, c.task)
+		}
+	}
+}
+
+// asynqDone is shaped like asynq's Done script: it takes the task out of the active
+// list and the lease set, or answers NOT FOUND.
+var asynqDone = redis.NewScript(`
+if redis.call("LREM", KEYS[1], 0, ARGV[1]) == 0 then
+  return redis.error_reply("NOT FOUND")
+end
+redis.call("ZREM", KEYS[2], ARGV[1])
+redis.call("DEL", KEYS[3])
+return redis.status_reply("OK")`)
+
+var doneKeys = []string{"asynq:{hold}:active", "asynq:{hold}:lease", "asynq:{hold}:t:id"}
+
+// seed makes task "id" active, as asynq's dequeue does.
+func seed(t *testing.T, rdb redis.UniversalClient) {
+	t.Helper()
+	ctx := context.Background()
+	if err := rdb.Del(ctx, doneKeys...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.LPush(ctx, doneKeys[0], "id").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.ZAdd(ctx, doneKeys[1], redis.Z{Score: 1, Member: "id"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// While Redis does not answer, a result write with a deadline waits for it and then
+// runs; one without a deadline (asynq's syncer and recoverer) and other commands fail
+// at once, as without the hook.
+func TestWaitForRedisHoldsWrites(t *testing.T) {
+	b := redistest.NewMiniRealTime(t)
+	rdb := redis.NewClient(&redis.Options{Addr: b.Mini.Addr(), MaxRetries: -1})
+	defer rdb.Close()
+	newConfig(nil, []Option{WaitForRedis(rdb)})
+	newConfig(nil, []Option{WaitForRedis(rdb)}) // a second Setup on the client adds no second hook
+
+	seed(t, rdb)
+	b.SetError("LOADING Redis is loading the dataset in memory")
+	time.AfterFunc(300*time.Millisecond, func() { b.SetError("") })
+	start := time.Now()
+	if err := rdb.Get(context.Background(), "other").Err(); !redis.HasErrorPrefix(err, "LOADING") {
+		t.Errorf("another command while Redis is loading: %v, want the LOADING error at once", err)
+	}
+	if err := asynqDone.Run(context.Background(), rdb, doneKeys, "id").Err(); err == nil {
+		t.Error("a result write without a deadline while Redis is loading: nil, want the error at once")
+	}
+	if took := time.Since(start); took > 200*time.Millisecond {
+		t.Errorf("commands that are not held took %v", took)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := asynqDone.Run(ctx, rdb, doneKeys, "id").Err()
+	if took := time.Since(start); err != nil || took < 250*time.Millisecond {
+		t.Errorf("a result write while Redis is loading for 300ms: %v after %v; want nil after about 300ms", err, took)
+	}
+	if n := rdb.LLen(context.Background(), doneKeys[0]).Val(); n != 0 {
+		t.Errorf("active list holds %d after the write, want 0", n)
+	}
+
+	// Past its deadline the write gives up with Redis's error.
+	seed(t, rdb)
+	b.SetError("LOADING Redis is loading the dataset in memory")
+	defer b.SetError("")
+	short, cancel2 := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel2()
+	if err := asynqDone.Run(short, rdb, doneKeys, "id").Err(); err == nil {
+		t.Error("a result write past its deadline: nil, want an error")
+	}
+}
+
+// A write that cannot even dial (a dial's "i/o timeout" reads as
+// context.DeadlineExceeded) is held until its own deadline.
+func TestWaitForRedisHoldsDials(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", DialTimeout: 100 * time.Millisecond, MaxRetries: -1})
+	defer rdb.Close()
+	WaitForRedis(rdb).apply(&config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 600*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err := asynqDone.Run(ctx, rdb, doneKeys, "id").Err()
+	if took := time.Since(start); err == nil || took < 550*time.Millisecond {
+		t.Errorf("a result write with nothing to dial: %v after %v; want an error after its 600ms deadline", err, took)
+	}
+}
+
+// A result write whose reply is lost (it ran; the connection broke before the reply)
+// is sent again, finds the task gone and reports success; without the hook the caller
+// sees the connection error, as asynq does when Redis dies under its write.
+func TestWaitForRedisLostReply(t *testing.T) {
+	b := redistest.NewStandalone(t)
+	proxy, err := redistest.NewProxy(b.Client.(*redis.Client).Options().Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, hold := range []bool{false, true} {
+		rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr, MaxRetries: -1}) // go-redis would send it again itself
+		if hold {
+			WaitForRedis(rdb).apply(&config{})
+		}
+		asynqDone.Load(ctx, rdb)
+		seed(t, rdb)
+		proxy.DropReplyTo(doneKeys[0])
+		err := asynqDone.Run(ctx, rdb, doneKeys, "id").Err()
+		switch {
+		case hold && err != nil:
+			t.Errorf("with WaitForRedis, a write whose reply was lost: %v, want nil", err)
+		case !hold && err == nil:
+			t.Error("without WaitForRedis, a write whose reply was lost: nil, want the connection's error")
+		}
+		if n := b.Client.LLen(ctx, doneKeys[0]).Val(); n != 0 {
+			t.Errorf("hold %v: active list holds %d, want 0 (the write ran)", hold, n)
+		}
+		rdb.Close()
+	}
+	if proxy.Dropped() != 2 {
+		t.Errorf("replies dropped: %d, want 2", proxy.Dropped())
+	}
+}
