@@ -53,8 +53,15 @@ func concurrencyWith(sh *shared, sem *throttle.Semaphore, opts []Option) asynq.M
 	c := newConfig(sh, opts)
 	return func(next asynq.Handler) asynq.Handler {
 		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+			ctx, slot, done := c.sh.enter(ctx)
+			defer done()
+			slot.leave() // an inner middleware: it may sleep
 			lease, err := c.acquire(ctx, t, sem)
 			if err != nil {
+				return err
+			}
+			if err := slot.take(ctx); err != nil {
+				_ = lease.Release(context.WithoutCancel(ctx))
 				return err
 			}
 			return lease.Hold(ctx, func(ctx context.Context) error { return next.ProcessTask(ctx, t) })

@@ -95,14 +95,20 @@ func throttleFuncWith(sh *shared, pick func(ctx context.Context, t *asynq.Task) 
 	c := newConfig(sh, opts)
 	return func(next asynq.Handler) asynq.Handler {
 		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+			ctx, slot, done := c.sh.enter(ctx)
+			defer done()
 			lim, err := pick(ctx, t)
 			if err != nil {
 				return fmt.Errorf("asynqmw: choosing the limiter for task %q: %w", t.Type(), err)
 			}
 			if lim != nil {
+				slot.leave() // an inner middleware: it may sleep
 				if err := c.throttle(ctx, t, lim); err != nil {
 					return err
 				}
+			}
+			if err := slot.take(ctx); err != nil {
+				return err
 			}
 			return next.ProcessTask(ctx, t)
 		})

@@ -117,6 +117,10 @@ func MaxInlineWait(d time.Duration) Option {
 // Setup, of runtime.NumCPU(), asynq's default), at least 1. n below 1 is refused (the
 // constructor panics, ErrInvalidOption): booked tasks come back early by up to about
 // a second and must sleep the rest somewhere.
+//
+// With Setup.Config the sleeping tasks take n worker goroutines added to the server's
+// Concurrency, not the workers other tasks run in (see Setup.Config); without it they
+// take the server's workers.
 func MaxSleepingWorkers(n int) Option {
 	return optionFunc(func(c *config) {
 		if n < 1 {

@@ -354,3 +354,52 @@ func ours() (string, int) {
 	}
 	return strings.Join(keep, "\n\n"), len(keep)
 }
+
+// The loss TestRedisKilledMidLoad allows, shown without the middleware: asynq v0.26
+// dequeues with a script that moves the task to the active list and leases it; when
+// the reply is lost (Redis killed after running it, or a broken connection), asynq
+// (go-redis sends the dequeue again, which takes the next task) never learns the task
+// was taken. It stays active with no worker on it until asynq's recoverer, once its
+// lease has been expired 30 s, retries it (counting a failure) or, on its last
+// attempt, archives it with "task lease expired" (recoverer.go,
+// recoverLeaseExpiredTasks). No middleware sees that task: it never reaches a handler.
+func TestAsynqLosesATaskWhoseDequeueReplyIsLost(t *testing.T) {
+	b := redistest.NewStandalone(t)
+	proxy, err := redistest.NewProxy(b.Client.(*redis.Client).Options().Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	via := redis.NewClient(&redis.Options{Addr: proxy.Addr})
+	defer via.Close()
+	f := newFleet(t, b)
+	// An idle server polls its queue every 2-6 s (half TaskCheckInterval plus a jitter
+	// of up to all of it): the first poll, at Start, loads asynq's script; the task
+	// enqueued half a second later is taken by the next, whose reply the proxy drops.
+	cfg := f.serverConfig(1)
+	cfg.TaskCheckInterval = 4 * time.Second
+	srv := asynq.NewServerFromRedisClient(via, cfg)
+	if err := srv.Start(f.handler(nil)); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	time.Sleep(500 * time.Millisecond)
+	proxy.DropReplyTo("}:paused") // a key only asynq's dequeue names
+	f.enqueue("first", asynq.MaxRetry(0))
+	for proxy.Dropped() == 0 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	f.enqueue("second", asynq.MaxRetry(0))
+	deadline := time.Now().Add(idleLimit)
+	for len(f.runs.get("second")) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the second task did not run")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(time.Second)
+	qi := f.info()
+	if len(f.runs.get("first")) != 0 || qi.Active != 1 {
+		t.Errorf("first task: runs %v, %d active; want no run and 1 active (taken, with no worker on it)", f.runs.get("first"), qi.Active)
+	}
+}

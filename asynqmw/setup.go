@@ -22,10 +22,15 @@ import (
 // Config fills in what the middleware needs from asynq (IsFailure, RetryDelayFunc,
 // ErrorHandler, DelayedTaskCheckInterval, see Config); the middlewares (Throttle,
 // ThrottleFunc, Concurrency) requeue last attempts with their booking (Requeue),
-// hold results while Redis is down (WaitForRedis), and share one bound on the
-// workers asleep in them (MaxSleepingWorkers, by default half the server's
-// Concurrency). If a Setup's middleware runs on a server whose Config did not go
+// keep asynq's writes of results while Redis is down (WaitForRedis), and share one
+// bound on the tasks asleep in them (MaxSleepingWorkers, by default half the
+// server's Concurrency). Sleeping tasks do not take the server's workers: Config
+// gives asynq that many more, and the middlewares let no more than Concurrency tasks
+// run at once. If a Setup's middleware runs on a server whose Config did not go
 // through Config, it says so once, at warn level, through the logger.
+//
+// Install the Setup's middlewares for every handler (mux.Use), as above: a handler
+// they do not wrap is not counted among the Concurrency tasks that run.
 //
 // A Setup is safe for simultaneous use by multiple goroutines.
 type Setup struct {
@@ -61,8 +66,16 @@ func New(rdb redis.UniversalClient, opts ...Option) *Setup {
 //     each, where cfg leaves them unset, so a handed-back task comes back at most
 //     about 1.2 s before its slot and sleeps the rest.
 //
-// It also tells the middleware the server's Concurrency and DelayedTaskCheckInterval
-// and, unless WithLogger was given, its Logger. Use one Setup per server.
+//   - Concurrency: cfg's (asynq's default, runtime.NumCPU(), if unset) plus the
+//     Setup's MaxSleepingWorkers bound. asynq keeps a task in a worker goroutine
+//     while the middleware sleeps for its permit; those goroutines are the extra
+//     ones. The Setup's middlewares let at most cfg's Concurrency tasks past them at
+//     once (in arrival order; a task waiting for its permit or a semaphore slot is not
+//     among them), so the handlers still run at most cfg.Concurrency at a time and a
+//     throttled backlog asleep for its slots leaves every one of them to other work.
+//
+// It also tells the middleware the server's DelayedTaskCheckInterval and, unless
+// WithLogger was given, its Logger. Use one Setup per server.
 func (s *Setup) Config(cfg asynq.Config) asynq.Config {
 	own := cfg.IsFailure
 	cfg.IsFailure = IsFailure
@@ -85,6 +98,9 @@ func (s *Setup) Config(cfg asynq.Config) asynq.Config {
 	if !s.sleepingSet() {
 		s.sh.bound.Store(int64(sleepBound(workers)))
 	}
+	g := make(gate, workers)
+	s.sh.gate.Store(&g)
+	cfg.Concurrency = workers + int(s.sh.bound.Load())
 	if cfg.Logger != nil && s.sh.logger.Load() == nil {
 		s.sh.setLogger(cfg.Logger)
 	}

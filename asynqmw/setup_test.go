@@ -40,6 +40,9 @@ func TestSetupConfig(t *testing.T) {
 	if len(handled) != 1 {
 		t.Errorf("error handler saw %v, want only the real failure", handled)
 	}
+	if cfg.Concurrency != 15 {
+		t.Errorf("Concurrency %d, want 15: 10 workers and 5 for sleeping tasks", cfg.Concurrency)
+	}
 	st := jt.Stats()
 	if st.SleepBound != 5 || st.CheckInterval != 2*asynqmw.DefaultCheckInterval {
 		t.Errorf("stats %+v, want SleepBound 5 (half of 10 workers), CheckInterval 200ms", st)
@@ -102,5 +105,89 @@ func TestHalfAppliedSetupIsReported(t *testing.T) {
 	}
 	if st := jt.Stats(); st.CountedAsRetry == 0 {
 		t.Errorf("stats %+v: no hand-back counted as a retry", st)
+	}
+}
+
+// With Setup.Config, a task asleep for its permit does not take one of the server's
+// workers: while it sleeps, the other tasks still run two at a time on a server of
+// Concurrency 2, and never three (the worker goroutine it sleeps in is the one
+// Config adds for MaxSleepingWorkers(1)).
+func TestSleepingTasksLeaveTheWorkers(t *testing.T) {
+	b := redistest.NewMiniRealTime(t)
+	f := newFleet(t, b)
+	lim := f.limiter("gate", throttle.PerMinute(1))
+	if r, err := lim.Allow(context.Background()); err != nil || !r.Allowed { // the next permit comes in a minute
+		t.Fatalf("Allow: %+v, %v", r, err)
+	}
+	jt := asynqmw.New(b.Client, asynqmw.MaxSleepingWorkers(1), asynqmw.MaxInlineWait(time.Hour))
+	var (
+		mu              sync.Mutex
+		running, most   int
+		freeRuns        int
+		throttledAsleep = make(chan struct{})
+	)
+	h := asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+		mu.Lock()
+		running++
+		most = max(most, running)
+		if task.Type() == "free" {
+			freeRuns++
+		}
+		mu.Unlock()
+		time.Sleep(50 * time.Millisecond)
+		mu.Lock()
+		running--
+		mu.Unlock()
+		return nil
+	})
+	pick := func(_ context.Context, task *asynq.Task) (*throttle.Limiter, error) {
+		if task.Type() == "throttled" {
+			close(throttledAsleep)
+			return lim, nil
+		}
+		return nil, nil
+	}
+	mux := asynq.NewServeMux()
+	mux.Use(jt.ThrottleFunc(pick))
+	mux.Handle("throttled", h)
+	mux.Handle("free", h)
+	cfg := f.serverConfig(2)
+	cfg.IsFailure, cfg.RetryDelayFunc = nil, nil
+	srv := asynq.NewServerFromRedisClient(b.Client, jt.Config(cfg))
+	if err := srv.Start(mux); err != nil {
+		t.Fatal(err)
+	}
+	f.servers = append(f.servers, srv)
+	if _, err := f.client.Enqueue(asynq.NewTask("throttled", nil), asynq.Queue(f.queue)); err != nil {
+		t.Fatal(err)
+	}
+	<-throttledAsleep
+	for jt.Stats().Sleeping != 1 {
+		time.Sleep(time.Millisecond)
+	}
+	const n = 20
+	for range n {
+		if _, err := f.client.Enqueue(asynq.NewTask("free", nil), asynq.Queue(f.queue)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for deadline := time.Now().Add(idleLimit); ; time.Sleep(10 * time.Millisecond) {
+		mu.Lock()
+		done := freeRuns == n && running == 0
+		mu.Unlock()
+		if done {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d of %d free tasks ran", freeRuns, n)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if most != 2 {
+		t.Errorf("most handlers running at once: %d, want 2 (Concurrency), with one task asleep", most)
+	}
+	if st := jt.Stats(); st.Sleeping != 1 {
+		t.Errorf("stats %+v: want the throttled task still asleep", st)
 	}
 }

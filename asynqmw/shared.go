@@ -25,6 +25,7 @@ type shared struct {
 
 	setup      bool        // made by New: Setup.Config must be applied
 	configured atomic.Bool // Setup.Config was called
+	gate       atomic.Pointer[gate]
 
 	mu      sync.Mutex
 	back    map[string]int // task ID → retry count when handed back
@@ -139,3 +140,57 @@ func (sh *shared) returned(ctx context.Context) {
 
 // checkInterval returns how late the server may bring a due task to a worker.
 func (sh *shared) checkInterval() time.Duration { return time.Duration(sh.interval.Load()) }
+
+// gate lets at most the server's Concurrency (as the user gave it to Setup.Config)
+// of its tasks run at once, awake: Setup.Config gives asynq MaxSleepingWorkers more
+// workers than that, for the tasks asleep in the middleware. Waiting tasks get in in
+// arrival order (a channel's senders queue first in, first out).
+type gate chan struct{}
+
+// runKey is the context key of a task's *runSlot.
+type runKey struct{}
+
+// runSlot is a task's place among those that run (held) or not; the task's own
+// goroutine is its only user.
+type runSlot struct {
+	g    gate
+	held bool
+}
+
+// enter returns ctx with the task's run slot, making one (not held) for a task the
+// first of the Setup's middlewares sees, and the function the first must defer to
+// give the slot back; nil without a gate.
+func (sh *shared) enter(ctx context.Context) (context.Context, *runSlot, func()) {
+	if rs, ok := ctx.Value(runKey{}).(*runSlot); ok {
+		return ctx, rs, func() {}
+	}
+	g := sh.gate.Load()
+	if g == nil {
+		return ctx, nil, func() {}
+	}
+	rs := &runSlot{g: *g}
+	return context.WithValue(ctx, runKey{}, rs), rs, rs.leave
+}
+
+// leave gives the slot back, if held: the task sleeps, or is done.
+func (rs *runSlot) leave() {
+	if rs != nil && rs.held {
+		<-rs.g
+		rs.held = false
+	}
+}
+
+// take gets the task a slot to run in, waiting for one if every one is taken; it
+// returns ctx.Err() if ctx ends first.
+func (rs *runSlot) take(ctx context.Context) error {
+	if rs == nil || rs.held {
+		return nil
+	}
+	select {
+	case rs.g <- struct{}{}:
+		rs.held = true
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
