@@ -57,11 +57,15 @@ func New(rdb redis.UniversalClient, opts ...Option) *Setup {
 }
 
 // Config returns cfg with what the Setup's middleware needs from the server:
+//
 //   - IsFailure: IsFailure, and cfg's own predicate if it has one (a throttled task
 //     is never a failure; for other errors both must agree);
+//
 //   - RetryDelayFunc: RetryDelay(cfg.RetryDelayFunc);
+//
 //   - ErrorHandler: SkipThrottled(cfg.ErrorHandler), so throttled tasks are not
 //     reported as errors;
+//
 //   - DelayedTaskCheckInterval and TaskCheckInterval: DefaultCheckInterval (100ms)
 //     each, where cfg leaves them unset, so a handed-back task comes back at most
 //     about 1.2 s before its slot and sleeps the rest.
