@@ -20,8 +20,15 @@ import (
 // exactly as Throttle hands back a throttled one (a *ThrottledError with Limit "<max>
 // in flight", or, on a last attempt, sleeping or Requeue), so the same asynq.Config
 // settings apply. RetryIn is the time until a slot would come by lease expiry alone,
-// at most MaxInlineWait (at least a second): releases usually free slots sooner, and a
-// handed-back task holds no place in the queue, so it comes back to look again.
+// at most MaxInlineWait (at least a second): releases usually free slots sooner.
+//
+// Waiting tasks are served in arrival order, handed-back ones too: a task waits in a
+// place in sem's queue recorded under its task ID (throttle.Semaphore.TryAcquireFor),
+// which it keeps while it is away; a slot freed meanwhile is handed to the oldest
+// place and kept for its task until it comes back (up to about RetryIn and the
+// server's check intervals; a place or slot nobody comes back for lapses after one
+// lease TTL). A task on its last attempt is requeued as a copy that keeps the
+// original's place.
 //
 // The handler runs under throttle.Lease.Hold: the lease is extended every third of
 // sem's lease TTL while the handler runs, so tasks longer than the TTL keep their
@@ -70,20 +77,28 @@ func concurrencyWith(sh *shared, sem *throttle.Semaphore, opts []Option) asynq.M
 }
 
 // acquire gets t a lease of sem, waiting for one within the attempt's budget and the
-// bound on sleeping workers.
+// bound on sleeping workers. An asynq task waits in its own place in sem's queue,
+// recorded under its ID (throttle.Semaphore.TryAcquireFor), which it keeps while it
+// is handed back.
 func (c *config) acquire(ctx context.Context, t *asynq.Task, sem *throttle.Semaphore) (*throttle.Lease, error) {
 	a := c.attempt(ctx)
 	limit := fmt.Sprintf("%d in flight", sem.Max())
+	id, inAsynq := asynq.GetTaskID(ctx)
+	try, wait := sem.TryAcquire, sem.Acquire
+	if inAsynq {
+		try = func(ctx context.Context) (*throttle.Lease, time.Duration, error) { return sem.TryAcquireFor(ctx, bookingID(id)) }
+		wait = func(ctx context.Context) (*throttle.Lease, error) { return sem.AcquireFor(ctx, bookingID(id)) }
+	}
 	var down outage
 	for {
-		lease, wait, err := sem.TryAcquire(ctx)
+		lease, left, err := try(ctx)
 		if err == nil && lease == nil && a.inlineLeft() > 0 && c.sleepForSlot(a) {
 			start := time.Now()
 			actx, cancel := ctx, context.CancelFunc(func() {})
 			if until := a.inlineUntil(); !until.IsZero() {
 				actx, cancel = context.WithDeadline(ctx, until)
 			}
-			lease, err = sem.Acquire(actx)
+			lease, err = wait(actx)
 			cancel()
 			c.sh.release()
 			switch {
@@ -108,7 +123,7 @@ func (c *config) acquire(ctx context.Context, t *asynq.Task, sem *throttle.Semap
 			return lease, nil
 		}
 		return nil, c.reject(ctx, t, a, &ThrottledError{
-			RetryIn: min(wait, max(c.maxInline, time.Second)),
+			RetryIn: min(left, max(c.maxInline, time.Second)),
 			Key:     sem.Key(),
 			Limit:   limit,
 		})

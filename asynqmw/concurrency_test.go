@@ -3,7 +3,9 @@ package asynqmw_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -237,4 +239,56 @@ func TestConcurrencyKeepsTheSleepingBound(t *testing.T) {
 	if st := jt.Stats(); st.PeakSleeping != 1 || st.Sleeping != 0 || st.HandedBack != 1 {
 		t.Errorf("stats %+v, want a peak of 1 asleep, none now, 1 hand-back", st)
 	}
+}
+
+// Handed-back tasks keep their place in the semaphore's queue: five tasks that find a
+// semaphore of 1 full are handed back, one after the other; when the slot frees, they
+// run in that order, whichever comes back first, each on the slot the one before
+// releases.
+func TestConcurrencyHandedBackInOrder(t *testing.T) {
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		f := newFleet(t, b)
+		sem := newSem(t, b, "order", 1, throttle.WithLeaseTTL(time.Minute))
+		holder, _, err := sem.TryAcquire(context.Background())
+		if err != nil || holder == nil {
+			t.Fatalf("TryAcquire: %v, %v", holder, err)
+		}
+		c := newCounters()
+		var mu sync.Mutex
+		var order []string
+		work := func(_ context.Context, id string, _ int) error {
+			mu.Lock()
+			order = append(order, id)
+			mu.Unlock()
+			time.Sleep(50 * time.Millisecond)
+			return nil
+		}
+		// One worker dequeues them in enqueue order; none may sleep for the slot.
+		f.start(f.serverConfig(1), f.handler(work),
+			asynqmw.Concurrency(sem, append(fleetOpts(1), asynqmw.MaxInlineWait(0), asynqmw.WithHooks(c.hooks()))...))
+		tasks := ids("t", 5)
+		for _, id := range tasks {
+			f.enqueue(id, asynq.MaxRetry(3))
+		}
+		deadline := time.Now().Add(idleLimit)
+		for _, id := range tasks { // every one has its place
+			for get(c, c.throttled, id) == 0 {
+				if time.Now().After(deadline) {
+					t.Fatalf("task %s never handed back", id)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+		if err := holder.Release(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		qi := f.waitIdle(idleLimit, func() bool { return f.runs.total() >= len(tasks) })
+		f.ranOnce(qi, tasks...)
+		mu.Lock()
+		defer mu.Unlock()
+		if !slices.Equal(order, tasks) {
+			t.Errorf("run order %v, want %v (the order they were handed back in)", order, tasks)
+		}
+		t.Logf("%d hand-backs for %d tasks", c.sum(c.throttled), len(tasks))
+	})
 }

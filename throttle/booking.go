@@ -2,6 +2,8 @@ package throttle
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -115,4 +117,63 @@ func (l *Limiter) runFor(ctx context.Context, keys []string, op, n int, x int64)
 		reset:     time.Duration(v[3]) * time.Microsecond,
 		token:     v[4],
 	}, v[5] == 1, nil
+}
+
+// TryAcquireFor is TryAcquire for work that goes away and comes back, such as a task
+// handed back to its queue: the lease and the caller's place in the semaphore's queue
+// are recorded under id, and a later TryAcquireFor or AcquireFor with the same id,
+// from any process, finds them, so the work keeps its place in line while it is
+// away.
+//
+// In one atomic script call it returns the lease if one is live under id (a slot the
+// semaphore handed to id's place while the work was away, or one it took earlier);
+// otherwise it takes a lease now if fewer than Max are live and nobody is queued;
+// otherwise it takes (or renews) id's place in the queue, at the end for a new one,
+// and returns a nil lease and the wait as TryAcquire does. Places are served in
+// arrival order: a slot freed while the work is away is handed to its place and kept
+// for it as a lease, which its next TryAcquireFor gets. That slot stays unused until
+// then; a place and a handed lease nobody comes back for lapse after one lease TTL.
+//
+// Errors are those of TryAcquire, and ErrInvalidArgument for an empty id or one longer
+// than 512 bytes.
+func (s *Semaphore) TryAcquireFor(ctx context.Context, id string) (*Lease, time.Duration, error) {
+	lid, err := leaseIDFor(id)
+	if err != nil {
+		return nil, 0, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, 0, err
+	}
+	r, err := s.call(ctx, semAcquire, lid, true)
+	if err != nil {
+		return nil, 0, err
+	}
+	if !r.ok {
+		if s.hooks.Denied != nil {
+			s.hooks.Denied(s.key, r.wait)
+		}
+		return nil, r.wait, nil
+	}
+	return s.granted(lid, 0, r.local), 0, nil
+}
+
+// AcquireFor is Acquire in id's place in the queue (see TryAcquireFor): it waits for
+// the lease the semaphore hands to that place. If ctx ends first, it returns ctx.Err()
+// and keeps the place (and a slot handed to it meanwhile) for the next TryAcquireFor
+// or AcquireFor with id, for one lease TTL.
+func (s *Semaphore) AcquireFor(ctx context.Context, id string) (*Lease, error) {
+	lid, err := leaseIDFor(id)
+	if err != nil {
+		return nil, err
+	}
+	return s.acquire(ctx, lid, true)
+}
+
+// leaseIDFor is the lease id recorded for id: 128 bits of its SHA-256, in hex.
+func leaseIDFor(id string) (string, error) {
+	if id == "" || len(id) > maxBookingID {
+		return "", fmt.Errorf("%w: booking id of %d bytes, want 1 to %d", ErrInvalidArgument, len(id), maxBookingID)
+	}
+	sum := sha256.Sum256([]byte(id))
+	return hex.EncodeToString(sum[:16]), nil
 }

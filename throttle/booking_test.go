@@ -143,3 +143,89 @@ func TestReserveForRecordExpires(t *testing.T) {
 		}
 	}
 }
+
+// Work that is away keeps its place in the semaphore's queue: places taken by
+// TryAcquireFor are served in arrival order, a slot freed while the work is away is
+// kept for it as a lease, which its next TryAcquireFor gets; a newcomer waits behind
+// them; AcquireFor waits in the place and keeps it when its context ends.
+func TestTryAcquireForKeepsThePlace(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		tl := newTimeline(t, b)
+		s := tl.semaphore("place", 1, WithLeaseTTL(time.Minute))
+		holder := mustTry(t, s)
+		for _, id := range []string{"task-a", "task-b", "task-c"} {
+			l, wait, err := s.TryAcquireFor(ctx, id)
+			if err != nil || l != nil || wait <= 0 {
+				t.Fatalf("TryAcquireFor(%s) on a full semaphore: %v, %v, %v; want a place and a wait", id, l, wait, err)
+			}
+		}
+		if n := queued(t, b, s); n != 3 {
+			t.Fatalf("%d places queued, want 3", n)
+		}
+		if _, _, err := s.TryAcquireFor(ctx, "task-b"); err != nil { // b back early: still 3 places, b's kept
+			t.Fatal(err)
+		}
+		if n := queued(t, b, s); n != 3 {
+			t.Fatalf("after b came back early: %d places queued, want 3", n)
+		}
+		wantDenied(t, s, time.Minute) // a newcomer goes behind them
+
+		// The holder leaves while a, b and c are away: the slot is kept for a.
+		if err := holder.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if l, _, err := s.TryAcquireFor(ctx, "task-b"); err != nil || l != nil {
+			t.Fatalf("b, back before a: %v, %v; want no lease (a's turn)", l, err)
+		}
+		a, _, err := s.TryAcquireFor(ctx, "task-a")
+		if err != nil || a == nil {
+			t.Fatalf("a, back after the release: %v, %v; want the slot kept for it", a, err)
+		}
+
+		// b waits in its place; c's AcquireFor gives up and keeps its place.
+		short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		if _, err := s.AcquireFor(short, "task-c"); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("AcquireFor(c) with the slot taken: %v, want DeadlineExceeded", err)
+		}
+		cancel()
+		if n := queued(t, b, s); n != 2 {
+			t.Fatalf("%d places queued after c gave up waiting, want 2 (b, c)", n)
+		}
+		got := make(chan *Lease, 1)
+		go func() {
+			l, err := s.AcquireFor(ctx, "task-b")
+			if err != nil {
+				t.Error(err)
+			}
+			got <- l
+		}()
+		if err := a.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		bl := <-got
+		if bl == nil {
+			t.Fatal("b got no lease")
+		}
+		if err := bl.Release(ctx); err != nil { // c's turn, c is away: kept for c
+			t.Fatal(err)
+		}
+		wantDenied(t, s, time.Minute)
+		cl, _, err := s.TryAcquireFor(ctx, "task-c")
+		if err != nil || cl == nil {
+			t.Fatalf("c, back: %v, %v; want the slot kept for it", cl, err)
+		}
+		if err := cl.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := s.TryAcquireFor(ctx, ""); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("TryAcquireFor(\"\"): %v, want ErrInvalidArgument", err)
+		}
+		if _, err := s.AcquireFor(ctx, strings.Repeat("x", 513)); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("AcquireFor(513 bytes): %v, want ErrInvalidArgument", err)
+		}
+		if n := keysUnder(t, b); n != 0 {
+			t.Fatalf("%d keys left after every lease was released", n)
+		}
+	})
+}

@@ -185,10 +185,15 @@ func (s *Semaphore) TryAcquire(ctx context.Context) (*Lease, time.Duration, erro
 // fail early when ctx's deadline is sooner than a slot is expected, since a release can
 // come at any time. Other errors are the Redis errors of the calls it makes.
 func (s *Semaphore) Acquire(ctx context.Context) (*Lease, error) {
+	return s.acquire(ctx, newLeaseID(), false)
+}
+
+// acquire is Acquire for lease id; keep leaves id's place in the queue (and a slot
+// handed to it) when ctx ends, for the next call with id (AcquireFor).
+func (s *Semaphore) acquire(ctx context.Context, id string, keep bool) (*Lease, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	id := newLeaseID()
 	start := s.clock.Now()
 	w, live := s.hub.watch(s.channel, id)
 	defer w.stop()
@@ -197,7 +202,7 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Lease, error) {
 	for {
 		r, err := s.call(ctx, semAcquire, id, join)
 		if err != nil {
-			if queued {
+			if queued && !keep {
 				s.giveUp(ctx, id)
 			}
 			return nil, err
@@ -223,7 +228,9 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Lease, error) {
 		case <-w.handed:
 			t.Stop()
 			if ctx.Err() != nil {
-				s.giveUp(ctx, id)
+				if !keep {
+					s.giveUp(ctx, id)
+				}
 				return nil, ctx.Err()
 			}
 			return s.granted(id, s.clock.Now().Sub(start), false), nil
@@ -231,7 +238,7 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Lease, error) {
 		case <-t.C():
 		case <-ctx.Done():
 			t.Stop()
-			if queued {
+			if queued && !keep {
 				s.giveUp(ctx, id)
 			}
 			return nil, ctx.Err()
