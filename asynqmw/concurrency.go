@@ -86,7 +86,9 @@ func (c *config) acquire(ctx context.Context, t *asynq.Task, sem *throttle.Semap
 	id, inAsynq := asynq.GetTaskID(ctx)
 	try, wait := sem.TryAcquire, sem.Acquire
 	if inAsynq {
-		try = func(ctx context.Context) (*throttle.Lease, time.Duration, error) { return sem.TryAcquireFor(ctx, bookingID(id)) }
+		try = func(ctx context.Context) (*throttle.Lease, time.Duration, error) {
+			return sem.TryAcquireFor(ctx, bookingID(id))
+		}
 		wait = func(ctx context.Context) (*throttle.Lease, error) { return sem.AcquireFor(ctx, bookingID(id)) }
 	}
 	var down outage

@@ -110,6 +110,11 @@ func throttleFuncWith(sh *shared, pick func(ctx context.Context, t *asynq.Task) 
 			if err := slot.take(ctx); err != nil {
 				return err
 			}
+			if lim != nil {
+				if err := c.sh.pacer.start(ctx, lim); err != nil {
+					return err
+				}
+			}
 			return next.ProcessTask(ctx, t)
 		})
 	}

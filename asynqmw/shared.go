@@ -26,6 +26,7 @@ type shared struct {
 	setup      bool        // made by New: Setup.Config must be applied
 	configured atomic.Bool // Setup.Config was called
 	gate       atomic.Pointer[gate]
+	pacer      pacer
 
 	mu      sync.Mutex
 	back    map[string]int // task ID → retry count when handed back

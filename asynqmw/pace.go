@@ -1,0 +1,121 @@
+package asynqmw
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/throttle"
+)
+
+// pacer keeps the handler starts of one process within each limit on its own clock.
+//
+// Redis never lets more than a limit's Rate permits take effect in any window of its
+// Period, but a handler starts when its task's sleep ends, measured from when the
+// script's reply arrived: a start lags its permit by the reply's way back plus timer
+// and scheduling delays (Δ, up to about 100ms on a busy 2-core host). Algorithms that
+// grant a period's permits at once (the sliding window, the fixed window) put whole
+// batches exactly a Period apart, so a batch that starts late by more than the next
+// one shares a window of one Period with it: up to twice the Rate. The pacer delays a
+// start, by at most about Δ, until it is at least a Period after the start Rate
+// places before it, so that a process's starts through one limiter never exceed Rate
+// in any window of Period, on its clock (it counts a start when it lets the task go
+// on to its handler). Across processes the bound is Redis's (the
+// starts of several processes may lag differently): Rate in any window of Period − Δ.
+type pacer struct {
+	mu   sync.Mutex
+	keys map[string]*startLog
+}
+
+// startLog is the last starts through one limiter, oldest first.
+type startLog struct {
+	times []time.Time
+}
+
+// maxPaced bounds what the pacer keeps: limiters (keys) and starts per limiter. A
+// limit of a higher Rate is not paced.
+const (
+	maxPacedKeys  = 10000
+	maxPacedRate  = 10000
+	maxPacedDelay = time.Second
+)
+
+// start returns when the task may start through lim (at once, mostly), having
+// counted its start; or ctx.Err() if ctx ends first.
+func (p *pacer) start(ctx context.Context, lim *throttle.Limiter) error {
+	for {
+		d := p.wait(lim, time.Now())
+		if d == 0 {
+			return nil
+		}
+		if err := sleep(ctx, d); err != nil {
+			return err
+		}
+	}
+}
+
+// wait counts a start now and returns 0 if it keeps this process's starts through
+// lim within each limit; otherwise it returns how long to wait before asking again.
+func (p *pacer) wait(lim *throttle.Limiter, now time.Time) time.Duration {
+	if lim.Algorithm() == throttle.TokenBucket {
+		return 0 // a bucket may grant Burst at once: more than Rate in a Period
+	}
+	limits := lim.Limits()
+	keep := 0
+	for _, l := range limits {
+		if l.Rate > maxPacedRate {
+			return 0
+		}
+		keep = max(keep, l.Rate)
+	}
+	k := lim.Key() + "\x00" + describe(limits)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.keys == nil || len(p.keys) >= maxPacedKeys {
+		p.keys = map[string]*startLog{}
+	}
+	s := p.keys[k]
+	if s == nil {
+		s = &startLog{}
+		p.keys[k] = s
+	}
+	at := now
+	for _, l := range limits {
+		if n := len(s.times); n >= l.Rate {
+			at = later(at, s.times[n-l.Rate].Add(l.Period))
+		}
+	}
+	if d := at.Sub(now); d > 0 && d <= maxPacedDelay {
+		return d
+	}
+	// now, or a wait too long to be a lag (a clock jump, permits from before a pause):
+	// never stall
+	s.times = append(s.times, now)
+	if len(s.times) > keep {
+		s.times = slices.Delete(s.times, 0, len(s.times)-keep)
+	}
+	return 0
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// sleep waits d or until ctx ends, and returns ctx.Err() if it ended first.
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
