@@ -18,11 +18,16 @@ import (
 const DefaultMaxInlineWait = 1500 * time.Millisecond
 
 // DefaultSleepingShare is the share of a server's workers that tasks sleeping in the
-// middleware may hold at once unless MaxSleepingWorkers says otherwise: half (at
-// least one), so that at least half of them stay free for every other task. Tasks
-// come back for their slots in whole-second batches (asynq's precision), so a limit
-// of r per second needs about r sleeping workers across the fleet at a slot; fewer
-// make tasks bounce.
+// middleware may hold at once, without Setup.Config, unless MaxSleepingWorkers says
+// otherwise: half (at least one), so that at least half of them stay free for every
+// other task. Tasks come back for their slots in whole-second batches (asynq's
+// precision), so a limit of r per second needs about r sleeping workers across the
+// fleet at a slot, and up to 2r where one second's batch comes back while the one
+// before still sleeps; fewer make tasks bounce.
+//
+// With Setup.Config the sleeping tasks do not take the server's workers but extra
+// goroutines, and the default bound is the server's Concurrency itself (see
+// Setup.Config).
 const DefaultSleepingShare = 0.5
 
 // DefaultCheckInterval is the DelayedTaskCheckInterval and TaskCheckInterval
@@ -113,8 +118,9 @@ func MaxInlineWait(d time.Duration) Option {
 // permit or a semaphore slot), across every middleware that shares it (those of one
 // Setup, or one Throttle, ThrottleFunc or Concurrency): a task that would sleep while
 // n others do is handed back, booked, instead. If unset, the bound is
-// DefaultSleepingShare of the server's Concurrency (Setup.Config reads it; without
-// Setup, of runtime.NumCPU(), asynq's default), at least 1. n below 1 is refused (the
+// the server's Concurrency with Setup.Config (which reads it), and without it
+// DefaultSleepingShare of runtime.NumCPU() (asynq's default), at least 1. n below 1
+// is refused (the
 // constructor panics, ErrInvalidOption): booked tasks come back early by up to about
 // a second and must sleep the rest somewhere.
 //

@@ -45,7 +45,7 @@ const (
 // counted its start; or ctx.Err() if ctx ends first.
 func (p *pacer) start(ctx context.Context, lim *throttle.Limiter) error {
 	for {
-		d := p.wait(lim, time.Now())
+		d := p.wait(lim, time.Now)
 		if d == 0 {
 			return nil
 		}
@@ -57,7 +57,9 @@ func (p *pacer) start(ctx context.Context, lim *throttle.Limiter) error {
 
 // wait counts a start now and returns 0 if it keeps this process's starts through
 // lim within each limit; otherwise it returns how long to wait before asking again.
-func (p *pacer) wait(lim *throttle.Limiter, now time.Time) time.Duration {
+//
+// clock is read under the pacer's lock, so that the starts are counted in order.
+func (p *pacer) wait(lim *throttle.Limiter, clock func() time.Time) time.Duration {
 	if lim.Algorithm() == throttle.TokenBucket {
 		return 0 // a bucket may grant Burst at once: more than Rate in a Period
 	}
@@ -80,6 +82,7 @@ func (p *pacer) wait(lim *throttle.Limiter, now time.Time) time.Duration {
 		s = &startLog{}
 		p.keys[k] = s
 	}
+	now := clock()
 	at := now
 	for _, l := range limits {
 		if n := len(s.times); n >= l.Rate {

@@ -19,7 +19,7 @@ func TestPacerKeepsStartsWithinTheLimit(t *testing.T) {
 	}
 	var p pacer
 	t0 := time.Now()
-	at := func(d time.Duration) time.Duration { return p.wait(lim, t0.Add(d)) }
+	at := func(d time.Duration) time.Duration { return p.wait(lim, func() time.Time { return t0.Add(d) }) }
 	for i := range 3 {
 		if w := at(time.Duration(i) * time.Millisecond); w != 0 {
 			t.Fatalf("start %d: wait %v, want 0", i, w)
@@ -41,7 +41,7 @@ func TestPacerKeepsStartsWithinTheLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 3 {
-		if w := p.wait(tb, t0); w != 0 {
+		if w := p.wait(tb, func() time.Time { return t0 }); w != 0 {
 			t.Fatalf("token bucket start %d: wait %v, want 0", i, w)
 		}
 	}

@@ -23,9 +23,9 @@ import (
 // ErrorHandler, DelayedTaskCheckInterval, see Config); the middlewares (Throttle,
 // ThrottleFunc, Concurrency) requeue last attempts with their booking (Requeue),
 // keep asynq's writes of results while Redis is down (WaitForRedis), and share one
-// bound on the tasks asleep in them (MaxSleepingWorkers, by default half the
-// server's Concurrency). Sleeping tasks do not take the server's workers: Config
-// gives asynq that many more, and the middlewares let no more than Concurrency tasks
+// bound on the tasks asleep in them (MaxSleepingWorkers, by default the server's
+// Concurrency). Sleeping tasks do not take the server's workers: Config gives asynq
+// that many more goroutines, and the middlewares let no more than Concurrency tasks
 // run at once. If a Setup's middleware runs on a server whose Config did not go
 // through Config, it says so once, at warn level, through the logger.
 //
@@ -100,7 +100,7 @@ func (s *Setup) Config(cfg asynq.Config) asynq.Config {
 		workers = runtime.NumCPU() // asynq's default
 	}
 	if !s.sleepingSet() {
-		s.sh.bound.Store(int64(sleepBound(workers)))
+		s.sh.bound.Store(int64(workers)) // goroutines of their own: as many as the workers
 	}
 	g := make(gate, workers)
 	s.sh.gate.Store(&g)

@@ -40,12 +40,12 @@ func TestSetupConfig(t *testing.T) {
 	if len(handled) != 1 {
 		t.Errorf("error handler saw %v, want only the real failure", handled)
 	}
-	if cfg.Concurrency != 15 {
-		t.Errorf("Concurrency %d, want 15: 10 workers and 5 for sleeping tasks", cfg.Concurrency)
+	if cfg.Concurrency != 20 {
+		t.Errorf("Concurrency %d, want 20: 10 workers and 10 for sleeping tasks", cfg.Concurrency)
 	}
 	st := jt.Stats()
-	if st.SleepBound != 5 || st.CheckInterval != 2*asynqmw.DefaultCheckInterval {
-		t.Errorf("stats %+v, want SleepBound 5 (half of 10 workers), CheckInterval 200ms", st)
+	if st.SleepBound != 10 || st.CheckInterval != 2*asynqmw.DefaultCheckInterval {
+		t.Errorf("stats %+v, want SleepBound 10 (as many as the workers), CheckInterval 200ms", st)
 	}
 	// an explicit bound stays
 	if st := asynqmw.New(b.Client, asynqmw.MaxSleepingWorkers(2)); st != nil {
