@@ -31,7 +31,8 @@ import (
 // write sent again finds the task gone ("NOT FOUND") after an earlier try failed on
 // the connection, the earlier try ran and only its reply was lost: the hook reports
 // success. Every other command of rdb passes through untouched; the worker is held
-// while it waits, as nothing can run without Redis anyway.
+// while it waits, as nothing can run without Redis anyway (a server shut down then
+// waits for it too, up to the lease's 30 s, past its ShutdownTimeout).
 //
 // A nil rdb turns it off.
 func WaitForRedis(rdb redis.UniversalClient) Option {

@@ -33,6 +33,11 @@ import (
 //     runs: one hand-back per task, no second booking, no place lost. A task that
 //     comes back after its slot has passed is moved to the earliest slot free then
 //     (see ReserveFor), so the limit holds when its handler starts.
+//   - A task goes on to its handler only once that keeps this process's handler starts
+//     through lim within each of its limits in any window of the limit's period (a
+//     delay of at most the lag of a late script reply, see pacer): one server's
+//     starts never exceed a limit in a window of its period; a fleet's, never in a
+//     window of the period less that lag.
 //   - asynq v0.26 archives a task whose retries are used up before it asks IsFailure
 //     (processor.handleFailedMessage checks Retried >= MaxRetry first), so a task on
 //     its last attempt (MaxRetry(0), or real failures used its retries), read from
