@@ -49,14 +49,16 @@ var held sync.Map // redis.UniversalClient → true
 // holdWrites adds the hook to rdb unless it has it.
 func holdWrites(rdb redis.UniversalClient) {
 	if _, loaded := held.LoadOrStore(rdb, true); !loaded {
-		rdb.AddHook(&writeHold{lost: map[string]bool{}})
+		rdb.AddHook(&writeHold{rdb: rdb, lost: map[string]bool{}, left: map[string][]string{}})
 	}
 }
 
 // writeHold is the hook of WaitForRedis.
 type writeHold struct {
+	rdb  redis.UniversalClient
 	mu   sync.Mutex
-	lost map[string]bool // task key → a write of it failed on the connection
+	lost map[string]bool     // task key → a write of it failed on the connection
+	left map[string][]string // pending key → tokens of dequeues that failed on the connection
 }
 
 func (h *writeHold) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -67,6 +69,9 @@ func (h *writeHold) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 
 func (h *writeHold) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
+		if keys, argv, ok := isDequeue(cmd.Args()); ok {
+			return h.dequeue(ctx, cmd, keys, argv)
+		}
 		task, ok := resultWrite(cmd.Args())
 		if _, dl := ctx.Deadline(); !ok || !dl {
 			return next(ctx, cmd)
