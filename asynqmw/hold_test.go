@@ -164,3 +164,76 @@ func TestWaitForRedisLostReply(t *testing.T) {
 		t.Errorf("replies dropped: %d, want 2", proxy.Dropped())
 	}
 }
+
+// isDequeue picks asynq v0.26's dequeue by its script, and nothing else.
+func TestIsDequeue(t *testing.T) {
+	keys := []any{"asynq:{q}:pending", "asynq:{q}:paused", "asynq:{q}:active", "asynq:{q}:lease"}
+	mk := func(name, script string, keys ...any) []any {
+		return append(append([]any{name, script, len(keys)}, keys...), int64(1), "asynq:{q}:t:")
+	}
+	if _, _, ok := isDequeue(mk("evalsha", asynqDequeueSHA, keys...)); !ok {
+		t.Error("evalsha of asynq's dequeue not recognised")
+	}
+	if _, _, ok := isDequeue(mk("eval", asynqDequeue, keys...)); !ok {
+		t.Error("eval of asynq's dequeue not recognised")
+	}
+	for name, args := range map[string][]any{
+		"another script": mk("evalsha", "0123", keys...),
+		"other keys":     mk("evalsha", asynqDequeueSHA, "app:{q}:pending", "app:{q}:paused", "app:{q}:active", "app:{q}:lease"),
+		"three keys":     mk("evalsha", asynqDequeueSHA, keys[:3]...),
+		"get":            {"get", "asynq:{q}:pending"},
+	} {
+		if _, _, ok := isDequeue(args); ok {
+			t.Errorf("%s taken for asynq's dequeue", name)
+		}
+	}
+}
+
+// A dequeue that failed on the connection after it ran hands the task it took to the
+// next dequeue of the queue, instead of leaving it active with nobody on it.
+func TestDequeueAfterLostReply(t *testing.T) {
+	b := redistest.NewStandalone(t)
+	proxy, err := redistest.NewProxy(b.Client.(*redis.Client).Options().Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	ctx := context.Background()
+	q := "asynq:{" + b.Prefix + "dq}:"
+	keys := []string{q + "pending", q + "paused", q + "active", q + "lease"}
+	dequeue := redis.NewScript(asynqDequeue)
+	for _, hold := range []bool{false, true} {
+		rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr, MaxRetries: -1}) // go-redis sends nothing again
+		if hold {
+			WaitForRedis(rdb).apply(&config{})
+		}
+		if err := b.Client.Del(ctx, append(keys, q+"t:a", q+"t:b")...).Err(); err != nil {
+			t.Fatal(err)
+		}
+		b.Client.LPush(ctx, keys[0], "a", "b") // "a" is dequeued first
+		b.Client.HSet(ctx, q+"t:a", "msg", "A")
+		b.Client.HSet(ctx, q+"t:b", "msg", "B")
+		dequeue.Load(ctx, b.Client)
+		dequeueOnce.Load(ctx, b.Client) // so that the dropped reply is of a dequeue that ran
+		proxy.DropReplyTo("}:paused")
+		if _, err := dequeue.Run(ctx, rdb, keys, int64(2000000000), q+"t:").Result(); err == nil {
+			t.Fatalf("hold %v: the dequeue whose reply was dropped returned no error", hold)
+		}
+		got, err := dequeue.Run(ctx, rdb, keys, int64(2000000000), q+"t:").Text()
+		want := "B" // asynq alone: "a" stays active with nobody on it
+		if hold {
+			want = "A"
+		}
+		if err != nil || got != want {
+			t.Errorf("hold %v: the next dequeue got %q, %v; want %q", hold, got, err, want)
+		}
+		active := int64(2) // "a" with nobody on it, and "b"
+		if hold {
+			active = 1
+		}
+		if n := b.Client.LLen(ctx, keys[2]).Val(); n != active {
+			t.Errorf("hold %v: %d tasks active, want %d", hold, n, active)
+		}
+		rdb.Close()
+	}
+}
