@@ -10,9 +10,9 @@ import (
 )
 
 // WaitForRedis makes asynq's writes of task results wait for Redis instead of being
-// lost when Redis is unreachable. rdb must be the client the asynq server uses (the
-// one given to asynq.NewServerFromRedisClient): WaitForRedis adds a hook to it
-// (redis.Client.AddHook, once per client).
+// lost when Redis is unreachable, and its dequeues safe to send again. rdb must be
+// the client the asynq server uses (the one given to asynq.NewServerFromRedisClient):
+// WaitForRedis adds a hook to it (redis.Client.AddHook, once per client).
 //
 // asynq v0.26 writes a task's result (done, retry, archive, or the revoke of a task
 // the middleware requeued) once; if Redis is down then, or dies while the write is
@@ -21,20 +21,30 @@ import (
 // and asynq's recoverer, a minute later, retries it (its handler runs twice and a
 // failure is counted) or, on its last attempt, archives it, though it succeeded.
 //
-// The hook acts on those writes only (asynq's scripts that move a task out of its
-// queue's active list) and only while the server's worker waits for them (a call
-// with a deadline: asynq gives each the task's lease): when one fails because Redis
-// cannot be reached (a connection error, LOADING, MASTERDOWN, CLUSTERDOWN, TRYAGAIN),
-// it sends it again after 50ms, 100ms, ... up to a second apart until Redis answers
-// or the lease's deadline passes. Sending again is safe: each of those scripts first
+// The hook acts on those writes (asynq's scripts that move a task out of its
+// queue's active list) only while the server's worker waits for them (a call with a
+// deadline: asynq gives each the task's lease): when one fails because Redis cannot
+// be reached (a connection error, LOADING, MASTERDOWN, CLUSTERDOWN, TRYAGAIN), it
+// sends it again after 50ms, 100ms, ... up to a second apart until Redis answers or
+// the lease's deadline passes. Sending again is safe: each of those scripts first
 // removes the task from the active list and does nothing if it is not there. When a
 // write sent again finds the task gone ("NOT FOUND") after an earlier try failed on
 // the connection, the earlier try ran and only its reply was lost: the hook reports
-// success. Every other command of rdb passes through untouched; the worker is held
-// while it waits, as nothing can run without Redis anyway (a server shut down then
-// waits for it too, up to the lease's 30 s, past its ShutdownTimeout).
+// success. The worker is held while it waits, as nothing can run without Redis
+// anyway (a server shut down then waits for it too, up to the lease's 30 s, past its
+// ShutdownTimeout).
 //
-// A nil rdb turns it off.
+// asynq's dequeue moves a task to the active list and leases it; if its reply is lost
+// (Redis killed as it answered), go-redis sends it again, which takes the next task,
+// and the first stays active with no worker on it until the recoverer retries it
+// (a failure counted) or archives it unrun. The hook runs asynq v0.26's dequeue
+// (recognised by its script's SHA-1; any other passes through untouched) as a copy
+// that records the task it takes under a token, for a minute: the same call sent
+// again, or the next dequeue of the queue after one that failed on the connection,
+// gets that task back as long as it is still active on the lease that dequeue gave
+// it. It costs a SET inside each dequeue that takes a task.
+//
+// Every other command of rdb passes through untouched. A nil rdb turns it off.
 func WaitForRedis(rdb redis.UniversalClient) Option {
 	return optionFunc(func(c *config) {
 		if rdb != nil {
