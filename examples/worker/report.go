@@ -170,8 +170,8 @@ func (s summary) print(out io.Writer) error {
 	fmt.Fprintf(out, "  asynq       %d archived, %d failed (Inspector), %d retries spent; %d hand-backs to asynq (%.2f per throttled task), %d sleeps in the handler\n",
 		q.Archived, q.FailedTotal, st.retriesSpent.Load(), st.handedBack.Load(),
 		float64(st.handedBack.Load())/float64(max(cfg.tasks, 1)), st.slept.Load())
-	fmt.Fprintf(out, "  workers     unthrottled %d/%d tasks of %v done %v after the first was enqueued, behind the throttled backlog; most workers asleep in one server's middleware at once: %d of %d (bound %d)\n",
-		st.freeDone(), cfg.free, cfg.freeWork, st.freeLatency().Round(time.Millisecond), s.peakSleeping, cfg.concurrency, s.sleepBound)
+	fmt.Fprintf(out, "  workers     unthrottled %d/%d tasks of %v done %v after the first was enqueued, behind the throttled backlog; most tasks asleep in one server's middleware at once: %d (bound %d), in goroutines jt.Config adds: all %d workers stay free for tasks that run\n",
+		st.freeDone(), cfg.free, cfg.freeWork, st.freeLatency().Round(time.Millisecond), s.peakSleeping, s.sleepBound, cfg.concurrency)
 
 	var broken []string
 	check := func(ok bool, format string, args ...any) {
@@ -182,7 +182,7 @@ func (s summary) print(out io.Writer) error {
 	check(s.stopped == "", "%s", s.stopped)
 	check(st.tasksDone() == cfg.tasks, "%d of %d tasks ran", st.tasksDone(), cfg.tasks)
 	check(st.freeDone() == cfg.free, "%d of %d unthrottled tasks ran", st.freeDone(), cfg.free)
-	check(s.peakSleeping <= s.sleepBound, "%d workers asleep in the middleware, above the bound %d", s.peakSleeping, s.sleepBound)
+	check(s.peakSleeping <= s.sleepBound, "%d tasks asleep in the middleware, above the bound %d", s.peakSleeping, s.sleepBound)
 	check(st.ranTwice() == 0, "%d tasks ran more than once", st.ranTwice())
 	check(int(st.loopDone.Load()) == cfg.loop && int(st.httpDone.Load()) == cfg.httpCalls, "loop or HTTP calls missing")
 	check(maxLimiter <= s.limit.Rate, "%d grants in one %v window", maxLimiter, s.limit.Period)
