@@ -21,18 +21,20 @@ import (
 // and asynq's recoverer, a minute later, retries it (its handler runs twice and a
 // failure is counted) or, on its last attempt, archives it, though it succeeded.
 //
-// The hook acts on those writes (asynq's scripts that move a task out of its
-// queue's active list) only while the server's worker waits for them (a call with a
-// deadline: asynq gives each the task's lease): when one fails because Redis cannot
-// be reached (a connection error, LOADING, MASTERDOWN, CLUSTERDOWN, TRYAGAIN), it
-// sends it again after 50ms, 100ms, ... up to a second apart until Redis answers or
-// the lease's deadline passes. Sending again is safe: each of those scripts first
-// removes the task from the active list and does nothing if it is not there. When a
-// write sent again finds the task gone ("NOT FOUND") after an earlier try failed on
-// the connection, the earlier try ran and only its reply was lost: the hook reports
-// success. The worker is held while it waits, as nothing can run without Redis
-// anyway (a server shut down then waits for it too, up to the lease's 30 s, past its
-// ShutdownTimeout).
+// The hook acts on those writes (asynq's Done, Retry, Archive and MarkAsComplete
+// scripts) only while the server's worker waits for them (a call with a deadline:
+// asynq gives each the task's lease): when one fails because Redis cannot be reached
+// (a connection error, LOADING, MASTERDOWN, CLUSTERDOWN, TRYAGAIN), it waits 50ms,
+// 100ms, ... up to a second, until Redis answers or the lease's deadline passes, and
+// then first asks Redis whether the failed try ran after all (Redis killed as it
+// answered): the task holds the message the write stores (each stores one of its own,
+// stamped with the time of the call) or, for Done, is gone. If it ran, the hook
+// reports success; if not, the task is still active under this worker's lease, so
+// nobody else can have moved it, and the hook sends the write again. (Sending it again
+// blindly would not do: a task a lost Retry put back may already be running again in
+// another worker.) The worker is held while it waits, as nothing can run without
+// Redis anyway (a server shut down then waits for it too, up to the lease's 30 s,
+// past its ShutdownTimeout).
 //
 // asynq's dequeue moves a task to the active list and leases it; if its reply is lost
 // (Redis killed as it answered), go-redis sends it again, which takes the next task,
@@ -59,7 +61,7 @@ var held sync.Map // redis.UniversalClient → true
 // holdWrites adds the hook to rdb unless it has it.
 func holdWrites(rdb redis.UniversalClient) {
 	if _, loaded := held.LoadOrStore(rdb, true); !loaded {
-		rdb.AddHook(&writeHold{rdb: rdb, lost: map[string]bool{}, left: map[string][]string{}})
+		rdb.AddHook(&writeHold{rdb: rdb, left: map[string][]string{}})
 	}
 }
 
@@ -67,7 +69,6 @@ func holdWrites(rdb redis.UniversalClient) {
 type writeHold struct {
 	rdb  redis.UniversalClient
 	mu   sync.Mutex
-	lost map[string]bool     // task key → a write of it failed on the connection
 	left map[string][]string // pending key → tokens of dequeues that failed on the connection
 }
 
@@ -82,88 +83,100 @@ func (h *writeHold) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		if keys, argv, ok := isDequeue(cmd.Args()); ok {
 			return h.dequeue(ctx, cmd, keys, argv)
 		}
-		task, ok := resultWrite(cmd.Args())
+		w, ok := resultWrite(cmd.Args())
 		if _, dl := ctx.Deadline(); !ok || !dl {
 			return next(ctx, cmd)
 		}
 		var o outage
-		for {
-			err := next(ctx, cmd)
-			if err == nil {
-				h.settle(task)
-				return nil
-			}
-			if notFound(err) && h.settle(task) {
-				cmd.SetErr(nil) // the try whose reply was lost did it
-				return nil
-			}
-			if !unreachable(err) || ctx.Err() != nil {
-				return err
-			}
-			h.mu.Lock()
-			if len(h.lost) >= maxRemembered {
-				clear(h.lost)
-			}
-			h.lost[task] = true
-			h.mu.Unlock()
+		err := next(ctx, cmd)
+		for err != nil && unreachable(err) && ctx.Err() == nil {
 			if !o.wait(ctx, attempt{}) {
 				return err
 			}
+			ran, cerr := w.ran(ctx, h.rdb)
+			switch {
+			case cerr != nil && unreachable(cerr):
+				continue // Redis is still away
+			case cerr != nil:
+				return err
+			case ran:
+				cmd.SetErr(nil) // the try whose reply was lost did it
+				return nil
+			}
+			err = next(ctx, cmd)
 		}
+		return err
 	}
 }
 
-// settle forgets task and reports whether a write of it had failed on the
-// connection.
-func (h *writeHold) settle(task string) bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	was := h.lost[task]
-	delete(h.lost, task)
-	return was
+// write is one of asynq's writes of a task's result: the task's key, and the message
+// the write stores in it (nil for Done, which deletes it).
+type write struct {
+	task string
+	msg  any
 }
 
-// resultWrite reports whether args are asynq's write of a task's result, and returns
-// the task's key. asynq v0.26's Done, MarkAsComplete and Requeue scripts take the
-// queue's active and lease keys first and the task's key later; Retry and Archive
-// take the task's key, then the active and lease keys. Dequeue (pending, paused,
-// active, lease) is not one: sending it again could take a second task.
-func resultWrite(args []any) (string, bool) {
-	if len(args) < 6 {
-		return "", false
+// ranScript reports whether a write already ran: the task's key holds the message it
+// stores (Retry, Archive, MarkAsComplete: each stores a message of its own, with the
+// time of the call), or is gone (Done).
+var ranScript = redis.NewScript(`
+if #ARGV == 0 then
+	if redis.call("EXISTS", KEYS[1]) == 0 then return 1 end
+	return 0
+end
+if redis.call("HGET", KEYS[1], "msg") == ARGV[1] then return 1 end
+return 0`)
+
+// ran reports whether w already ran in Redis.
+func (w write) ran(ctx context.Context, rdb redis.UniversalClient) (bool, error) {
+	var args []any
+	if w.msg != nil {
+		args = append(args, w.msg)
+	}
+	n, err := ranScript.Run(ctx, rdb, []string{w.task}, args...).Int()
+	return n == 1, err
+}
+
+// resultWrite reports whether args are asynq v0.26's write of a task's result that
+// the hook may send again, and returns it. The scripts, by their keys (KEYS) and
+// arguments (ARGV):
+//   - Done: active, lease, task, ...; it deletes the task;
+//   - MarkAsComplete: active, lease, completed, task, ...; ARGV[4] is the message;
+//   - Retry and Archive: task, active, lease, retry or archived, ...; ARGV[2] is the
+//     message.
+//
+// Requeue (active, lease, pending, task), which only changes the task's state, is not
+// one: whether it ran cannot be told, and a task it put back may be running again. Nor
+// is Dequeue (see dequeue).
+func resultWrite(args []any) (write, bool) {
+	if len(args) < 3 {
+		return write{}, false
 	}
 	if name, _ := args[0].(string); name != "evalsha" && name != "eval" {
-		return "", false
+		return write{}, false
 	}
 	n, ok := args[2].(int)
-	if !ok || n < 3 || len(args) < 3+n {
-		return "", false
+	if !ok || n < 4 || len(args) < 3+n {
+		return write{}, false
 	}
 	keys := make([]string, n)
 	for i := range keys {
 		if keys[i], ok = args[3+i].(string); !ok || !strings.HasPrefix(keys[i], "asynq:{") {
-			return "", false
+			return write{}, false
 		}
 	}
-	first := 0
-	if strings.Contains(keys[0], "}:t:") {
-		first = 1
+	argv := args[3+n:]
+	is := func(k, what string) bool { return strings.HasSuffix(k, "}:"+what) }
+	task := func(k string) bool { return strings.Contains(k, "}:t:") }
+	switch {
+	case is(keys[0], "active") && is(keys[1], "lease") && task(keys[2]): // Done
+		return write{task: keys[2]}, true
+	case is(keys[0], "active") && is(keys[1], "lease") && is(keys[2], "completed") && task(keys[3]) && len(argv) >= 4:
+		return write{task: keys[3], msg: argv[3]}, true // MarkAsComplete
+	case task(keys[0]) && is(keys[1], "active") && is(keys[2], "lease") && (is(keys[3], "retry") || is(keys[3], "archived")) && len(argv) >= 2:
+		return write{task: keys[0], msg: argv[1]}, true // Retry, Archive
 	}
-	if !strings.HasSuffix(keys[first], "}:active") || !strings.HasSuffix(keys[first+1], "}:lease") {
-		return "", false
-	}
-	for _, k := range keys {
-		if strings.Contains(k, "}:t:") {
-			return k, true
-		}
-	}
-	return "", false
-}
-
-// notFound reports whether err is the "NOT FOUND" of asynq's scripts.
-func notFound(err error) bool {
-	var re redis.Error
-	return errors.As(err, &re) && strings.HasPrefix(re.Error(), "NOT FOUND")
+	return write{}, false
 }
 
 // unreachable reports whether err means Redis could not be reached or could not serve

@@ -2,6 +2,7 @@ package asynqmw
 
 import (
 	"context"
+	"io"
 	"testing"
 	"time"
 
@@ -10,34 +11,35 @@ import (
 )
 
 // resultWrite picks asynq v0.26's writes of a task's result by the shape of their
-// keys, and nothing else.
+// keys, with the message each stores, and nothing else.
 func TestResultWrite(t *testing.T) {
 	eval := func(keys ...string) []any {
 		args := []any{"evalsha", "0123abcd", len(keys)}
 		for _, k := range keys {
 			args = append(args, k)
 		}
-		return append(args, "id", 1)
+		return append(args, "id", "msg2", 3, "msg4")
 	}
+	const tk = "asynq:{q}:t:id"
 	for _, c := range []struct {
 		name string
 		args []any
-		task string
+		want write
 	}{
-		{"done", eval("asynq:{q}:active", "asynq:{q}:lease", "asynq:{q}:t:id", "asynq:{q}:processed:2026-01-01", "asynq:{q}:processed"), "asynq:{q}:t:id"},
-		{"requeue", eval("asynq:{q}:active", "asynq:{q}:lease", "asynq:{q}:pending", "asynq:{q}:t:id"), "asynq:{q}:t:id"},
-		{"retry", eval("asynq:{q}:t:id", "asynq:{q}:active", "asynq:{q}:lease", "asynq:{q}:retry"), "asynq:{q}:t:id"},
-		{"eval", append([]any{"eval"}, eval("asynq:{q}:t:id", "asynq:{q}:active", "asynq:{q}:lease", "asynq:{q}:archived")[1:]...), "asynq:{q}:t:id"},
-		{"dequeue", eval("asynq:{q}:pending", "asynq:{q}:paused", "asynq:{q}:active", "asynq:{q}:lease"), ""},
-		{"enqueue", eval("asynq:{q}:t:id", "asynq:{q}:pending"), ""},
-		{"other keys", eval("app:{q}:active", "app:{q}:lease", "app:{q}:t:id"), ""},
-		{"no task key", eval("asynq:{q}:active", "asynq:{q}:lease", "asynq:{q}:pending"), ""},
-		{"get", []any{"get", "asynq:{q}:active"}, ""},
-		{"short", eval("asynq:{q}:active"), ""},
+		{"done", eval("asynq:{q}:active", "asynq:{q}:lease", tk, "asynq:{q}:processed:2026-01-01", "asynq:{q}:processed"), write{task: tk}},
+		{"complete", eval("asynq:{q}:active", "asynq:{q}:lease", "asynq:{q}:completed", tk, "asynq:{q}:processed:2026-01-01"), write{task: tk, msg: "msg4"}},
+		{"retry", eval(tk, "asynq:{q}:active", "asynq:{q}:lease", "asynq:{q}:retry", "asynq:{q}:processed:2026-01-01"), write{task: tk, msg: "msg2"}},
+		{"archive", append([]any{"eval"}, eval(tk, "asynq:{q}:active", "asynq:{q}:lease", "asynq:{q}:archived")[1:]...), write{task: tk, msg: "msg2"}},
+		{"requeue", eval("asynq:{q}:active", "asynq:{q}:lease", "asynq:{q}:pending", tk), write{}},
+		{"dequeue", eval("asynq:{q}:pending", "asynq:{q}:paused", "asynq:{q}:active", "asynq:{q}:lease"), write{}},
+		{"enqueue", eval(tk, "asynq:{q}:pending"), write{}},
+		{"other keys", eval("app:{q}:active", "app:{q}:lease", "app:{q}:t:id", "app:{q}:processed"), write{}},
+		{"get", []any{"get", "asynq:{q}:active"}, write{}},
+		{"short", eval("asynq:{q}:active", "asynq:{q}:lease"), write{}},
 	} {
-		task, ok := resultWrite(c.args)
-		if task != c.task || ok != (c.task != "") {
-			t.Errorf("%s: resultWrite = %q, %v; want %q", c.name, task, ok, c.task)
+		got, ok := resultWrite(c.args)
+		if got != c.want || ok != (c.want.task != "") {
+			t.Errorf("%s: resultWrite = %+v, %v; want %+v", c.name, got, ok, c.want)
 		}
 	}
 }
@@ -50,9 +52,10 @@ if redis.call("LREM", KEYS[1], 0, ARGV[1]) == 0 then
 end
 redis.call("ZREM", KEYS[2], ARGV[1])
 redis.call("DEL", KEYS[3])
+redis.call("INCR", KEYS[4])
 return redis.status_reply("OK")`)
 
-var doneKeys = []string{"asynq:{hold}:active", "asynq:{hold}:lease", "asynq:{hold}:t:id"}
+var doneKeys = []string{"asynq:{hold}:active", "asynq:{hold}:lease", "asynq:{hold}:t:id", "asynq:{hold}:processed"}
 
 // seed makes task "id" active, as asynq's dequeue does.
 func seed(t *testing.T, rdb redis.UniversalClient) {
@@ -65,6 +68,9 @@ func seed(t *testing.T, rdb redis.UniversalClient) {
 		t.Fatal(err)
 	}
 	if err := rdb.ZAdd(ctx, doneKeys[1], redis.Z{Score: 1, Member: "id"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.HSet(ctx, doneKeys[2], "msg", "m").Err(); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -235,5 +241,70 @@ func TestDequeueAfterLostReply(t *testing.T) {
 			t.Errorf("hold %v: %d tasks active, want %d", hold, n, active)
 		}
 		rdb.Close()
+	}
+}
+
+// asynqRetry is shaped like asynq's Retry script: it moves the task from the active
+// list to the retry set and stores its new message.
+var asynqRetry = redis.NewScript(`
+if redis.call("LREM", KEYS[2], 0, ARGV[1]) == 0 then
+  return redis.error_reply("NOT FOUND")
+end
+redis.call("ZREM", KEYS[3], ARGV[1])
+redis.call("ZADD", KEYS[4], 1, ARGV[1])
+redis.call("HSET", KEYS[1], "msg", ARGV[2], "state", "retry")
+return redis.status_reply("OK")`)
+
+// After a try of a result write fails on the connection, the hook sends it again only
+// if it did not run: a Retry whose reply was lost, whose task another worker already
+// runs again, is not sent again (it would take the task from that worker).
+func TestWaitForRedisSendsAgainOnlyWhatDidNotRun(t *testing.T) {
+	b := redistest.NewMiniRealTime(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	q := "asynq:{" + b.Prefix + "again}:"
+	keys := []string{q + "t:id", q + "active", q + "lease", q + "retry"}
+	h := &writeHold{rdb: b.Client, left: map[string][]string{}}
+	for _, ran := range []bool{true, false} {
+		b.Client.Del(ctx, keys...)
+		b.Client.LPush(ctx, keys[1], "id")
+		b.Client.ZAdd(ctx, keys[2], redis.Z{Score: 1, Member: "id"})
+		b.Client.HSet(ctx, keys[0], "msg", "old", "state", "active")
+		tries := 0
+		next := func(ctx context.Context, cmd redis.Cmder) error {
+			tries++
+			if tries == 1 {
+				if ran { // it runs, its reply is lost, and the task runs again elsewhere
+					if err := asynqRetry.Run(ctx, b.Client, keys, "id", "new").Err(); err != nil {
+						t.Fatal(err)
+					}
+					b.Client.ZRem(ctx, keys[3], "id")
+					b.Client.LPush(ctx, keys[1], "id")
+				}
+				cmd.SetErr(io.EOF)
+				return io.EOF
+			}
+			err := asynqRetry.Run(ctx, b.Client, keys, "id", "new").Err()
+			cmd.SetErr(err)
+			return err
+		}
+		args := []any{"evalsha", "0123", 4}
+		for _, k := range keys {
+			args = append(args, k)
+		}
+		cmd := redis.NewCmd(ctx, append(args, "id", "new")...)
+		err := h.ProcessHook(next)(ctx, cmd)
+		wantTries := 2
+		if ran {
+			wantTries = 1
+		}
+		if err != nil || tries != wantTries {
+			t.Errorf("ran %v: %v after %d tries, want nil after %d", ran, err, tries, wantTries)
+		}
+		if n := b.Client.LLen(ctx, keys[1]).Val(); ran && n != 1 {
+			t.Errorf("ran %v: %d active, want 1 (the task running again elsewhere)", ran, n)
+		} else if !ran && n != 0 {
+			t.Errorf("ran %v: %d active, want 0", ran, n)
+		}
 	}
 }
