@@ -282,6 +282,7 @@ func killMidLoad(t *testing.T, middleware bool) killOutcome {
 			o.lost++
 		case len(runs) > 1:
 			o.dups += len(runs) - 1
+			t.Logf("task %s ran %d times: task IDs %v, retry counts %v", id, len(runs), f.runs.getTaskIDs(id), runs)
 		}
 		if len(runs) > 0 && runs[0] > 0 {
 			o.redelivered++
