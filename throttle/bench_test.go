@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -184,4 +185,70 @@ func BenchmarkNew(b *testing.B) {
 		}
 	})
 	_ = keep.Key()
+}
+
+// BenchmarkReserveDuringPause is Reserve's latency while another goroutine of the
+// process pauses the key (1ms pauses, one begun every pauseEvery Reserves), as an
+// HTTP transport does on each 429: "idle" with no other booking in the process (every Reserve granted),
+// "booked" with 8 bookings hours ahead that nobody waits on, as asynqmw's handed-back
+// tasks are (every Reserve denied: the limit is 1 an hour). It
+// reports the median, the 99th percentile and the longest Reserve in µs.
+func BenchmarkReserveDuringPause(b *testing.B) {
+	const pauseEvery = 20
+	be := benchBackend(b)
+	ctx := context.Background()
+	for _, booked := range []int{0, 8} {
+		name := "idle"
+		if booked > 0 {
+			name = "booked"
+		}
+		b.Run(name, func(b *testing.B) {
+			limit := Limit{Rate: 1_000_000_000, Period: time.Second}
+			if booked > 0 { // the bookings lie ahead, and every Reserve below is denied
+				limit = Limit{Rate: 1, Period: time.Hour}
+			}
+			l, err := New(be.Client, "pausebench-"+name, limit, WithKeyPrefix(be.Prefix))
+			if err != nil {
+				b.Fatal(err)
+			}
+			for i := 0; i < booked; i++ {
+				if r, _, err := l.ReserveFor(ctx, "held-"+itoa(i), 1, 24*time.Hour); err != nil || !r.OK() {
+					b.Fatalf("booking %d: OK %v, %v", i, r != nil && r.OK(), err)
+				}
+			}
+			kick := make(chan struct{}, 1) // a pause to make
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				for range kick {
+					if err := l.Pause(ctx, time.Millisecond); err != nil {
+						b.Error(err)
+					}
+				}
+			}()
+			lat := make([]time.Duration, 0, b.N)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if i%pauseEvery == 0 {
+					select {
+					case kick <- struct{}{}:
+					default: // the last pause is still being made
+					}
+				}
+				start := time.Now()
+				if _, err := l.Reserve(ctx, 1, 0); err != nil {
+					b.Fatal(err)
+				}
+				lat = append(lat, time.Since(start))
+			}
+			b.StopTimer()
+			close(kick)
+			<-done
+			slices.Sort(lat)
+			b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+			b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+			b.ReportMetric(float64(lat[len(lat)-1].Microseconds()), "max-µs")
+		})
+	}
 }
