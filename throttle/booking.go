@@ -40,7 +40,11 @@ const maxBookingID = 512
 //
 // The record expires a second after its booking takes effect, so a booking nobody
 // comes back for leaves a permit that goes unused and nothing behind. The
-// reservation's Cancel gives the permits back and deletes the record.
+// reservation's Cancel gives the permits back and deletes the record. Its Wait does
+// not book again by itself: when this process pauses the key (see Pause) before the
+// booking takes effect, or the booking took effect inside the hold, Wait returns
+// waiter.ErrMoved (having given back what it could), and the work calls ReserveFor
+// again.
 //
 // Errors are those of Reserve, and ErrInvalidArgument for an empty id or one longer
 // than 512 bytes. Under the FailOpen and FailLocal policies, when Redis is
@@ -59,9 +63,8 @@ func (l *Limiter) ReserveFor(ctx context.Context, id string, n int, maxWait time
 		return nil, false, err
 	}
 	keys := l.bookingKeys(id)
-	moved := l.moved.enter()
+	moved := l.hold.signal()
 	rep, fresh, err := l.runFor(ctx, keys, opAcquireFor, n, min(int64(maxWait/time.Microsecond), maxWaitMicros))
-	live := l.moved.leave(err == nil && rep.granted && rep.wait > 0, l.clock.Now(), rep.wait)
 	if err != nil {
 		if errors.Is(err, ErrUnavailable) && l.policy.mode != failClosed && ctx.Err() == nil {
 			r, err := l.Reserve(ctx, n, maxWait)
@@ -72,17 +75,18 @@ func (l *Limiter) ReserveFor(ctx context.Context, id string, n int, maxWait time
 	if fresh {
 		l.report(n, rep)
 	}
-	b := waiter.Booking{OK: rep.granted, Delay: rep.wait, Clock: l.clock}
-	if live != nil {
+	// no Again: the work decides whether to wait for its booking, so Wait returns
+	// waiter.ErrMoved when a pause of this process moves it (see Pause)
+	b := waiter.Booking{OK: rep.granted, Delay: rep.wait, Clock: l.clock, Moved: moved, Pass: l.Pass}
+	if rep.granted && rep.wait > 0 {
 		token := rep.token
-		b.Moved = moved
-		b.Cancel = live.giveBack(func(ctx context.Context) error {
+		b.Cancel = func(ctx context.Context) error {
 			c, _, err := l.runFor(ctx, keys, opCancelFor, n, token)
 			if err == nil && c.granted && l.hooks.Cancelled != nil {
 				l.hooks.Cancelled(l.key, n)
 			}
 			return err
-		})
+		}
 	}
 	return waiter.NewReservation(b), rep.granted && !fresh, nil
 }

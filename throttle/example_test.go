@@ -80,13 +80,42 @@ func ExampleLimiter_Reserve() {
 		if err != nil {
 			log.Fatal(err)
 		}
-		fmt.Printf("booked=%v in %v\n", r.OK(), r.Delay())
+		// Delay counts from now (as golang.org/x/time/rate's): a few µs have passed
+		fmt.Printf("booked=%v in %v\n", r.OK(), r.Delay().Round(time.Millisecond))
 	}
 	// Output:
 	// booked=true in 0s
 	// booked=true in 1s
 	// booked=false in 2s
 }
+
+// Book a slot, decide, then wait for it or give it back. Wait needs no loop: if this
+// process pauses the key meanwhile, it books again by itself.
+func ExampleLimiter_Reserve_wait() {
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	ctx := context.Background()
+	lim, err := throttle.New(rdb, "reports", throttle.PerMinute(30))
+	if err != nil {
+		log.Fatal(err)
+	}
+	r, err := lim.Reserve(ctx, 1, time.Minute)
+	if err != nil || !r.OK() {
+		log.Printf("no slot within a minute: %v", err)
+		return
+	}
+	prepare() // work done meanwhile counts: Delay is what is left
+	if r.Delay() > 30*time.Second {
+		_ = r.Cancel(ctx) // too late for this report: give the slot back
+		return
+	}
+	if err := r.Wait(ctx); err != nil {
+		log.Print(err)
+		return
+	}
+	send(1)
+}
+
+func prepare() {}
 
 // "10 per second and 500 per hour" on one key: one atomic call checks both and takes
 // from both or from neither.

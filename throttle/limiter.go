@@ -28,9 +28,10 @@ import (
 // A Limiter is safe for simultaneous use by multiple goroutines, and cheap to build:
 // what the process knows of the key besides Redis (the breaker and the in-process
 // share of FailOpen and FailLocal, Stats, the latest grant Hooks.StateLost compares
-// with, pause signals) is shared by every Limiter of the process on the same client,
-// key and configuration. Two Limiters built alike are interchangeable, and one built
-// per call or per task behaves as one built once.
+// with) is shared by every Limiter of the process on the same client, key and
+// configuration, and the hold (see Hold) by every one on the same client and key.
+// Two Limiters built alike are interchangeable, and one built per call or per task
+// behaves as one built once.
 type Limiter struct {
 	runner
 	keys    []string // state key, pause key
@@ -42,7 +43,7 @@ type Limiter struct {
 	take1   []any         // the whole ARGV of the usual call, Allow: op acquire, n 1, x 0, tail
 	maxN    int
 	hooks   Hooks
-	moved   *pauseSignal  // closed when this process pauses the key
+	hold    *hold         // this process's hold on the key (see Hold)
 	shared  *limiterState // shared with the Limiters built alike (see shared.go)
 	batch   *batcher      // the client's (see coalesce.go), or nil without coalescing
 	local   *localLog     // shared.local: FailLocal's share
@@ -116,7 +117,7 @@ func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*L
 		take1:   append([]any{opAcquire, 1, int64(0)}, tail...),
 		maxN:    maxN,
 		hooks:   c.hooks,
-		moved:   pauseSignalFor(rdb, tag),
+		hold:    holdFor(sharedKey{rdb: rdb, tag: tag}),
 		shared:  shared,
 		local:   shared.local,
 		stats:   &shared.stats,

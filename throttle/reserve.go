@@ -16,17 +16,23 @@ const maxWaitMicros = 1<<53 - 1
 // Reserve books n permits at the earliest time they are available that is not earlier
 // than any booking already made on the key (first come, first served across every
 // process), if that time comes within maxWait. The reservation then reports OK, and
-// Delay says when the permits take effect; they count against the limit from then.
-// Otherwise nothing is booked, OK is false and Delay says when n permits would be
-// available.
+// Delay says how long until the permits take effect; they count against the limit
+// from then. Otherwise nothing is booked, OK is false and Delay says when n permits
+// would be available.
 //
 // Give back a booking you will not use with the reservation's Cancel; wait for it
-// with its Wait. Every algorithm supports booking ahead. The token bucket books at
+// with its Wait, which books again by itself if this process pauses the key first
+// (see Pause). Every algorithm supports booking ahead. The token bucket books at
 // most 2^50/Rate µs ahead (18 minutes at a million per period); a longer maxWait is
 // cut to that.
 //
 // Errors are those of AllowN, and ErrInvalidArgument for a negative maxWait.
 func (l *Limiter) Reserve(ctx context.Context, n int, maxWait time.Duration) (*waiter.Reservation, error) {
+	return l.reserve(ctx, n, maxWait, nil)
+}
+
+// reserve is Reserve; w, when not nil, is told when the booking makes its caller wait.
+func (l *Limiter) reserve(ctx context.Context, n int, maxWait time.Duration, w *sleepWatch) (*waiter.Reservation, error) {
 	if err := l.checkN(n); err != nil {
 		return nil, err
 	}
@@ -36,17 +42,22 @@ func (l *Limiter) Reserve(ctx context.Context, n int, maxWait time.Duration) (*w
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	moved := l.moved.enter()
+	moved := l.hold.signal() // before the call: a hold that begins during it moves the booking
 	r, err := l.call(ctx, opAcquire, n, min(int64(maxWait/time.Microsecond), maxWaitMicros))
-	live := l.moved.leave(err == nil && r.granted && r.wait > 0, l.clock.Now(), r.wait)
 	if err != nil {
 		return nil, err
 	}
 	l.report(n, r)
-	b := waiter.Booking{OK: r.granted, Delay: r.wait, Clock: l.clock}
-	if live != nil {
+	b := waiter.Booking{OK: r.granted, Delay: r.wait, Clock: l.clock, Moved: moved, Pass: l.Pass,
+		Again: func(ctx context.Context, maxWait time.Duration) (*waiter.Reservation, error) {
+			return l.reserve(ctx, n, maxWait, w)
+		}}
+	if w != nil {
+		b.Pass = w.pass
+		w.slept = w.slept || r.granted && r.wait > 0
+	}
+	if r.granted && r.wait > 0 {
 		token := r.token
-		b.Moved = moved
 		b.Cancel = func(ctx context.Context) error { return l.cancel(ctx, n, token) }
 		if r.local { // booked in FailLocal's share: give it back there
 			b.Cancel = func(context.Context) error {
@@ -54,7 +65,6 @@ func (l *Limiter) Reserve(ctx context.Context, n int, maxWait time.Duration) (*w
 				return nil
 			}
 		}
-		b.Cancel = live.giveBack(b.Cancel)
 	}
 	return waiter.NewReservation(b), nil
 }
@@ -83,8 +93,8 @@ func (l *Limiter) Wait(ctx context.Context) error {
 // what the limit can ever grant; ctx.Err() for a done context (without calling
 // Redis); and an error wrapping waiter.ErrWouldExceedDeadline when the permits would
 // come after ctx's deadline. If ctx ends while it sleeps it gives the booking back
-// and returns ctx.Err(). If the key is paused by this process while it sleeps, it
-// gives the booking back and books again after the pause.
+// and returns ctx.Err(). If this process pauses the key while it sleeps, it gives
+// the booking back and books again when the hold ends (see Pause).
 func (l *Limiter) WaitN(ctx context.Context, n int) error {
 	if err := l.checkN(n); err != nil {
 		return err
@@ -104,19 +114,19 @@ func (l *Limiter) WaitN(ctx context.Context, n int) error {
 	return err
 }
 
-// sleepWatch is the limiter as WaitN's Reserver, noting whether a booking had to wait.
+// sleepWatch is the limiter as WaitN's Reserver, noting whether the caller had to
+// wait: for a booking ahead, or for a hold. One WaitN uses it, from one goroutine.
 type sleepWatch struct {
 	l     *Limiter
 	slept bool
 }
 
-// Pass is the limiter's, so that Wait passes the gate through the watch too.
-func (w *sleepWatch) Pass(ctx context.Context) (bool, error) { return w.l.Pass(ctx) }
-
 func (w *sleepWatch) Reserve(ctx context.Context, n int, maxWait time.Duration) (*waiter.Reservation, error) {
-	r, err := w.l.Reserve(ctx, n, maxWait)
-	if err == nil && r.OK() && r.Delay() > 0 {
-		w.slept = true
-	}
-	return r, err
+	return w.l.reserve(ctx, n, maxWait, w)
+}
+
+func (w *sleepWatch) pass(ctx context.Context) (bool, error) {
+	held, err := w.l.Pass(ctx)
+	w.slept = w.slept || held
+	return held, err
 }

@@ -2,6 +2,8 @@ package waiter
 
 import (
 	"context"
+	"fmt"
+	"math"
 	"sync"
 	"time"
 )
@@ -30,23 +32,32 @@ type Booking struct {
 	// by Clock. Nil means there is nothing to give back.
 	Cancel func(ctx context.Context) error
 	// Moved, when not nil, is closed if the booking can no longer be trusted to take
-	// effect at its time (for example because the key was paused): a waiter then gives
-	// it back and books again.
+	// effect at its time (this process paused the Reserver, see Gate): Wait then gives
+	// it back and books again through Again once Pass lets it.
 	Moved <-chan struct{}
+	// Pass, when not nil, waits while this process holds the Reserver back and reports
+	// whether it did (see Gate.Pass). Wait calls it once the booking has taken effect:
+	// permits that took effect inside a hold are not used, Wait books again.
+	Pass func(ctx context.Context) (held bool, err error)
+	// Again books the same permits again, if they come within maxWait; Wait calls it
+	// after a move or a hold. Nil means the booking cannot be made again by itself:
+	// Wait returns ErrMoved instead.
+	Again func(ctx context.Context, maxWait time.Duration) (*Reservation, error)
 	// Clock is the clock Delay counts from; nil means SystemClock.
 	Clock Clock
 }
 
-// Reservation is a booking of permits that take effect after a delay. Create one
-// with NewReservation (Reservers do); wait for it with Wait or Reservation.Wait.
+// Reservation is a booking of permits that take effect at a time to come. Create
+// one with NewReservation (Reservers do); wait for it with Wait or Reservation.Wait.
 //
 // A Reservation is safe for simultaneous use by multiple goroutines.
 type Reservation struct {
 	ok     bool
-	delay  time.Duration
 	due    time.Time
 	clock  Clock
 	moved  <-chan struct{}
+	pass   func(ctx context.Context) (bool, error)
+	again  func(ctx context.Context, maxWait time.Duration) (*Reservation, error)
 	mu     sync.Mutex
 	cancel func(ctx context.Context) error // nil once used or given up
 }
@@ -57,7 +68,7 @@ func NewReservation(b Booking) *Reservation {
 	if c == nil {
 		c = SystemClock
 	}
-	r := &Reservation{ok: b.OK, delay: b.Delay, clock: c, moved: b.Moved, due: c.Now().Add(b.Delay)}
+	r := &Reservation{ok: b.OK, clock: c, moved: b.Moved, pass: b.Pass, again: b.Again, due: c.Now().Add(b.Delay)}
 	if b.OK {
 		r.cancel = b.Cancel
 	}
@@ -68,9 +79,13 @@ func NewReservation(b Booking) *Reservation {
 // Delay tells when the permits would have been available.
 func (r *Reservation) OK() bool { return r.ok }
 
-// Delay returns how long after the reservation was made the booking takes effect (or,
-// when OK is false, the permits would be available).
-func (r *Reservation) Delay() time.Duration { return r.delay }
+// Delay returns how long from now until the booking takes effect (or, when OK is
+// false, until the permits would have been available); 0 once that time has come.
+// Like golang.org/x/time/rate's, it counts from the time of the call:
+// time.Sleep(r.Delay()) after some work sleeps only the rest.
+func (r *Reservation) Delay() time.Duration {
+	return max(0, r.due.Sub(r.clock.Now()))
+}
 
 // Due returns the time, by the Reserver's clock, at which the booking takes effect.
 func (r *Reservation) Due() time.Time { return r.due }
@@ -90,37 +105,92 @@ func (r *Reservation) Cancel(ctx context.Context) error {
 }
 
 // Wait sleeps until the booking takes effect. If ctx ends first, it gives the booking
-// back and returns ctx.Err(). It returns ErrMoved, after giving the booking back, if
-// the Reserver moved the booking (book again); and ErrNotReserved at once for a
-// reservation that is not OK.
+// back and returns ctx.Err(); it returns ErrNotReserved at once for a reservation
+// that is not OK.
+//
+// If this process pauses the Reserver while Wait sleeps (see Gate), Wait gives the
+// booking back, waits for the hold to end and books the permits again, as often as it
+// takes; so does a booking that took effect inside a hold (its permits are not used).
+// Booking again, it returns an error wrapping ErrWouldExceedDeadline if the permits
+// would come after ctx's deadline, and the Reserver's errors. A Reserver that cannot
+// book again by itself (Booking.Again is nil) makes Wait return ErrMoved instead,
+// after giving the booking back.
 func (r *Reservation) Wait(ctx context.Context) error {
 	if !r.ok {
 		return ErrNotReserved
 	}
+	for {
+		moved, err := r.sleep(ctx)
+		if err != nil {
+			return err
+		}
+		held := false
+		if !moved && r.pass != nil {
+			if held, err = r.pass(ctx); err != nil {
+				return err
+			}
+		}
+		switch {
+		case !moved && !held:
+			return nil
+		case r.again == nil:
+			return ErrMoved
+		case moved && r.pass != nil:
+			// Book again only once the hold is over: by then every waiter of the
+			// process has given its booking back, so none books behind one about to go.
+			if _, err := r.pass(ctx); err != nil {
+				return err
+			}
+		}
+		next, err := r.again(ctx, maxWait(ctx))
+		if err != nil {
+			return err
+		}
+		if !next.OK() {
+			return fmt.Errorf("%w: would wait %v", ErrWouldExceedDeadline, next.Delay())
+		}
+		r = next
+	}
+}
+
+// sleep waits until the booking is due; it reports whether it was moved first (and
+// then given back).
+func (r *Reservation) sleep(ctx context.Context) (moved bool, err error) {
 	d := r.due.Sub(r.clock.Now())
 	if d <= 0 {
 		r.settle()
-		return nil
+		return false, nil
 	}
 	t := r.clock.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C():
 		r.settle()
-		return nil
+		return false, nil
 	case <-ctx.Done():
 		r.giveBack()
-		return ctx.Err()
+		return false, ctx.Err()
 	case <-r.moved:
-		if !r.clock.Now().Before(r.due) {
+		if r.wasDue() {
 			// the booking came due as the move arrived: it has taken effect, and
 			// giving it back would do nothing but leave its permit unused
 			r.settle()
-			return nil
+			return false, nil
 		}
 		r.giveBack()
-		return ErrMoved
+		return true, nil
 	}
+}
+
+// wasDue reports whether the booking has taken effect.
+func (r *Reservation) wasDue() bool { return !r.clock.Now().Before(r.due) }
+
+// maxWait is how long ctx lets a caller wait: until its deadline, or for ever.
+func maxWait(ctx context.Context) time.Duration {
+	if dl, ok := ctx.Deadline(); ok {
+		return max(0, time.Until(dl))
+	}
+	return time.Duration(math.MaxInt64)
 }
 
 // settle marks a booking as used: nothing is left to give back.

@@ -142,6 +142,91 @@ func TestReservationMoved(t *testing.T) {
 	}
 }
 
+// Delay counts from now, as golang.org/x/time/rate's does: after some work, sleeping
+// Delay sleeps only the rest.
+func TestReservationDelayCountsFromNow(t *testing.T) {
+	clk := newFakeClock()
+	r := NewReservation(Booking{OK: true, Delay: time.Second, Clock: clk})
+	if got, want := r.Delay(), time.Second; got != want {
+		t.Fatalf("Delay at booking %v, want %v", got, want)
+	}
+	clk.advance(300 * time.Millisecond)
+	if got, want := r.Delay(), 700*time.Millisecond; got != want {
+		t.Fatalf("Delay 300ms later %v, want %v", got, want)
+	}
+	clk.advance(time.Second)
+	if got := r.Delay(); got != 0 {
+		t.Fatalf("Delay after due %v, want 0", got)
+	}
+}
+
+// A moved booking is given back, and Wait books again through Again once Pass lets
+// it, then waits for the new booking: the caller does not loop.
+func TestReservationMovedBooksAgain(t *testing.T) {
+	clk := newFakeClock()
+	var cc cancelCount
+	moved := make(chan struct{})
+	var passes, agains int
+	var mu sync.Mutex
+	pass := func(context.Context) (bool, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		passes++
+		return false, nil
+	}
+	again := func(_ context.Context, maxWait time.Duration) (*Reservation, error) {
+		mu.Lock()
+		agains++
+		mu.Unlock()
+		return NewReservation(Booking{OK: true, Delay: 2 * time.Second, Clock: clk}), nil
+	}
+	r := NewReservation(Booking{OK: true, Delay: time.Second, Cancel: cc.cancel, Moved: moved, Pass: pass, Again: again, Clock: clk})
+	done := make(chan error, 1)
+	go func() { done <- r.Wait(context.Background()) }()
+	<-clk.made
+	close(moved)
+	<-clk.made // the new booking's timer
+	if cc.count() != 1 {
+		t.Fatalf("%d cancels of the moved booking, want 1", cc.count())
+	}
+	clk.advance(time.Second) // the old booking's time: nothing happens
+	select {
+	case err := <-done:
+		t.Fatalf("Wait returned %v at the moved booking's time", err)
+	case <-time.After(10 * time.Millisecond):
+	}
+	clk.advance(time.Second)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if passes != 1 || agains != 1 {
+		t.Fatalf("%d passes (the hold before booking again), %d bookings again; want 1, 1", passes, agains)
+	}
+}
+
+// Permits that took effect inside a hold (Pass reports held) are not used: Wait
+// books again.
+func TestReservationHeldBooksAgain(t *testing.T) {
+	clk := newFakeClock()
+	held := true
+	agains := 0
+	pass := func(context.Context) (bool, error) { h := held; held = false; return h, nil }
+	again := func(context.Context, time.Duration) (*Reservation, error) {
+		agains++
+		return NewReservation(Booking{OK: true, Clock: clk}), nil
+	}
+	r := NewReservation(Booking{OK: true, Pass: pass, Again: again, Clock: clk})
+	if err := r.Wait(context.Background()); err != nil || agains != 1 {
+		t.Fatalf("Wait: %v after %d bookings again; want nil after 1", err, agains)
+	}
+	notAgain := NewReservation(Booking{OK: true, Pass: func(context.Context) (bool, error) { return true, nil }, Clock: clk})
+	if err := notAgain.Wait(context.Background()); !errors.Is(err, ErrMoved) {
+		t.Fatalf("Wait without Again, held: %v, want ErrMoved", err)
+	}
+}
+
 func TestReservationCancel(t *testing.T) {
 	clk := newFakeClock()
 	var cc cancelCount
