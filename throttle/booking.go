@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -66,7 +65,7 @@ func (l *Limiter) ReserveFor(ctx context.Context, id string, n int, maxWait time
 	moved := l.hold.signal()
 	rep, fresh, err := l.runFor(ctx, keys, opAcquireFor, n, min(int64(maxWait/time.Microsecond), maxWaitMicros))
 	if err != nil {
-		if errors.Is(err, ErrUnavailable) && l.policy.mode != failClosed && ctx.Err() == nil {
+		if l.policy.degrades(err) && ctx.Err() == nil {
 			r, err := l.Reserve(ctx, n, maxWait)
 			return r, false, err
 		}

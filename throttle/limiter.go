@@ -2,7 +2,6 @@ package throttle
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -60,15 +59,13 @@ type Limiter struct {
 // range (see Limit), or ErrInvalidArgument for an option with a bad value. Options
 // that only fit a Semaphore do not compile here (see Option).
 func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*Limiter, error) {
-	if isNilClient(rdb) {
-		return nil, ErrNilClient
-	}
 	c := newConfig()
 	for _, o := range opts {
 		o.applyLimiter(c)
 	}
-	if c.err != nil {
-		return nil, c.err
+	tag, err := prepare(rdb, key, c)
+	if err != nil {
+		return nil, err
 	}
 	limits := append([]Limit{limit}, c.extra...)
 	if len(limits) > 16 {
@@ -81,10 +78,6 @@ func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*L
 			return nil, fmt.Errorf("%w (key %q, limit %s)", err, key, l)
 		}
 		maxN = min(maxN, a.maxN(l))
-	}
-	tag, err := hashTag(c.prefix, key)
-	if err != nil {
-		return nil, err
 	}
 	script := a.script
 	if c.script != nil {
@@ -99,16 +92,7 @@ func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*L
 		return s
 	})
 	l := &Limiter{
-		runner: runner{
-			rdb:        rdb,
-			key:        key,
-			clock:      c.clock,
-			policy:     c.policy,
-			brk:        &shared.brk,
-			redisError: c.hooks.RedisError,
-			pin:        &shared.pin,
-			owner:      shared,
-		},
+		runner:  newRunner(rdb, key, c, &shared.keyState, shared, c.hooks.RedisError),
 		keys:    algorithmKeys(tag, a.suffix),
 		alg:     c.algorithm,
 		limits:  limits,
@@ -263,7 +247,7 @@ func (r reply) result() Result {
 // Redis is unreachable, decides as the failure policy says.
 func (l *Limiter) call(ctx context.Context, op, n int, x int64) (reply, error) {
 	r, err := l.run(ctx, op, n, x)
-	if err != nil && l.policy.mode != failClosed && errors.Is(err, ErrUnavailable) {
+	if l.policy.degrades(err) {
 		return l.degraded(op, n, x, err)
 	}
 	return r, err

@@ -182,6 +182,12 @@ func (b *breaker) succeeded() {
 	b.mu.Unlock()
 }
 
+// degrades reports whether err leaves the call to the policy: Redis is unreachable
+// and the policy is FailOpen or FailLocal.
+func (p FailurePolicy) degrades(err error) bool {
+	return err != nil && p.mode != failClosed && errors.Is(err, ErrUnavailable)
+}
+
 // degraded decides a call without Redis under FailOpen or FailLocal; cause is why
 // Redis was not used. Cancels of Redis bookings cannot be made: they fail.
 func (l *Limiter) degraded(op, n int, x int64, cause error) (reply, error) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"time"
 
@@ -78,22 +77,16 @@ type Semaphore struct {
 //
 // Processes sharing a key should agree on max: each call enforces the max it is given.
 func NewSemaphore(rdb redis.UniversalClient, key string, max int, opts ...SemaphoreOption) (*Semaphore, error) {
-	if isNilClient(rdb) {
-		return nil, ErrNilClient
-	}
 	c := newConfig()
 	for _, o := range opts {
 		o.applySemaphore(c)
 	}
-	if c.err != nil {
-		return nil, c.err
+	tag, err := prepare(rdb, key, c)
+	if err != nil {
+		return nil, err
 	}
 	if max < 1 || max > maxRate {
 		return nil, fmt.Errorf("%w: semaphore max %d is not in 1..%d (key %q)", ErrInvalidLimit, max, maxRate, key)
-	}
-	tag, err := hashTag(c.prefix, key)
-	if err != nil {
-		return nil, err
 	}
 	ttl := c.leaseTTL
 	if ttl == 0 {
@@ -108,16 +101,7 @@ func NewSemaphore(rdb redis.UniversalClient, key string, max int, opts ...Semaph
 		return &semaphoreState{local: newLocalSem(max, c.policy)}
 	})
 	return &Semaphore{
-		runner: runner{
-			rdb:        rdb,
-			key:        key,
-			clock:      c.clock,
-			policy:     c.policy,
-			brk:        &shared.brk,
-			redisError: c.semHooks.RedisError,
-			pin:        &shared.pin,
-			owner:      shared,
-		},
+		runner:  newRunner(rdb, key, c, &shared.keyState, shared, c.semHooks.RedisError),
 		keys:    []string{sem, tag + ":semq", tag + ":semx", tag + ":pause"},
 		channel: sem + ":wake",
 		max:     max,
@@ -300,7 +284,7 @@ type semReply struct {
 // decides as the failure policy says (see Limiter.call).
 func (s *Semaphore) call(ctx context.Context, op int, id string, join bool) (semReply, error) {
 	r, err := s.run(ctx, op, id, join)
-	if err != nil && s.policy.mode != failClosed && errors.Is(err, ErrUnavailable) {
+	if s.policy.degrades(err) {
 		return s.degraded(op, id, err)
 	}
 	return r, err

@@ -107,14 +107,37 @@ func (p *pin) release(v any) {
 	runtime.KeepAlive(v)
 }
 
+// keyState is the part of the shared state a Limiter and a Semaphore both have.
+type keyState struct {
+	brk   breaker
+	stats counters
+	pin   pin
+}
+
+// newRunner returns the runner of a Limiter or Semaphore on key whose shared state
+// (owner) holds ks; redisError is its RedisError hook.
+func newRunner(rdb redis.UniversalClient, key string, c *config, ks *keyState, owner any, redisError func(string, error)) runner {
+	return runner{rdb: rdb, key: key, clock: c.clock, policy: c.policy, brk: &ks.brk, redisError: redisError, pin: &ks.pin, owner: owner}
+}
+
+// prepare is the start New and NewSemaphore share once their options are applied to
+// c: it refuses a nil client and a bad option, and returns the key's hash tag.
+func prepare(rdb redis.UniversalClient, key string, c *config) (tag string, err error) {
+	if isNilClient(rdb) {
+		return "", ErrNilClient
+	}
+	if c.err != nil {
+		return "", c.err
+	}
+	return hashTag(c.prefix, key)
+}
+
 // limiterState is what every Limiter of this process on one client, key and
 // configuration shares.
 type limiterState struct {
-	brk   breaker
-	local *localLog // FailLocal's share; nil under other policies
-	stats counters
+	keyState
+	local *localLog  // FailLocal's share; nil under other policies
 	lost  stateWatch // the latest grant, for Hooks.StateLost
-	pin   pin
 }
 
 var limiterStates registry[sharedKey, limiterState]
@@ -122,10 +145,8 @@ var limiterStates registry[sharedKey, limiterState]
 // semaphoreState is what every Semaphore of this process on one client, key and
 // configuration shares.
 type semaphoreState struct {
-	brk   breaker
+	keyState
 	local *localSem // stands in while Redis is unreachable (FailOpen, FailLocal)
-	stats counters
-	pin   pin
 }
 
 var semaphoreStates registry[sharedKey, semaphoreState]
