@@ -48,7 +48,7 @@ func (a Algorithm) String() string {
 }
 
 // algo is how a Limiter runs one algorithm: its script, the suffix of its state key, the
-// ARGV it sends after op, n and x, and the largest n it can grant.
+// ARGV it sends after op, n and waitOrToken, and the largest n it can grant.
 type algo struct {
 	suffix string
 	script *redis.Script

@@ -101,9 +101,9 @@ func (l *Limiter) bookingKeys(id string) []string {
 
 // runFor runs a booking op once; fresh reports whether it granted anew (the sixth
 // integer of the reply).
-func (l *Limiter) runFor(ctx context.Context, keys []string, op, n int, x int64) (r reply, fresh bool, err error) {
+func (l *Limiter) runFor(ctx context.Context, keys []string, op, n int, waitOrToken int64) (r reply, fresh bool, err error) {
 	args := make([]any, 3, 3+len(l.tail))
-	args[0], args[1], args[2] = op, n, x
+	args[0], args[1], args[2] = op, n, waitOrToken
 	args = append(args, l.tail...)
 	val, err := l.exec(ctx, l.script, keys, args)
 	if err != nil {

@@ -19,7 +19,7 @@ type runner struct {
 	key        string
 	clock      waiter.Clock
 	policy     FailurePolicy
-	brk        *breaker            // shared by the key's users in this process
+	breaker    *breaker            // shared by the key's users in this process
 	redisError func(string, error) // the RedisError hook, or nil
 	pin        *pin                // keeps the shared state alive while it matters
 	owner      any                 // the shared state pin holds
@@ -56,7 +56,7 @@ func (r *runner) execLate(ctx context.Context, script *redis.Script, keys []stri
 // skip returns an error wrapping ErrUnavailable when, under FailOpen and FailLocal,
 // the breaker says Redis was down moments ago: the call is not tried.
 func (r *runner) skip() error {
-	if r.policy.mode != failClosed && r.brk.skip(r.clock.Now()) {
+	if r.policy.mode != failClosed && r.breaker.skip(r.clock.Now()) {
 		return fmt.Errorf("%w: key %q: %w", ErrUnavailable, r.key, errRecentlyDown)
 	}
 	return nil
@@ -65,7 +65,7 @@ func (r *runner) skip() error {
 // succeeded tells the breaker a call got its reply.
 func (r *runner) succeeded() {
 	if r.policy.mode != failClosed {
-		r.brk.succeeded()
+		r.breaker.succeeded()
 	}
 }
 
@@ -74,7 +74,7 @@ func (r *runner) succeeded() {
 func (r *runner) down() {
 	reloadSlots(r.rdb)
 	if r.policy.mode != failClosed {
-		r.keep(r.brk.failed(r.clock.Now()))
+		r.keep(r.breaker.failed(r.clock.Now()))
 	}
 }
 

@@ -38,8 +38,8 @@ type Limiter struct {
 	limits  []Limit
 	script  *redis.Script
 	view    *redis.Script // Inspect's script; nil: the algorithm's (tests swap it)
-	tail    []any         // ARGV after op, n, x
-	take1   []any         // the whole ARGV of the usual call, Allow: op acquire, n 1, x 0, tail
+	tail    []any         // ARGV after op, n, waitOrToken
+	take1   []any         // the whole ARGV of the usual call, Allow: op acquire, n 1, waitOrToken 0, tail
 	maxN    int
 	hooks   Hooks
 	hold    *hold         // this process's hold on the key (see Hold)
@@ -47,7 +47,7 @@ type Limiter struct {
 	batch   *batcher      // the client's (see coalesce.go), or nil without coalescing
 	local   *localLog     // shared.local: FailLocal's share
 	stats   *counters     // &shared.stats
-	lost    *stateWatch   // &shared.lost
+	latest  *stateWatch   // &shared.latest
 	keepFor time.Duration // how long a grant matters to StateLost after it takes effect
 }
 
@@ -105,7 +105,7 @@ func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*L
 		shared:  shared,
 		local:   shared.local,
 		stats:   &shared.stats,
-		lost:    &shared.lost,
+		latest:  &shared.latest,
 		keepFor: grantMatters(limits, c.algorithm),
 	}
 	if !c.noCoalesce {
@@ -243,29 +243,30 @@ func (r reply) result() Result {
 	return res
 }
 
-// call runs the script once: op, n, x (max wait µs, or a token to cancel), or, while
+// call runs the script once: op, n, waitOrToken (for an acquire the longest wait
+// in µs, for a cancel the token of the booking to give back), or, while
 // Redis is unreachable, decides as the failure policy says.
-func (l *Limiter) call(ctx context.Context, op, n int, x int64) (reply, error) {
-	r, err := l.run(ctx, op, n, x)
+func (l *Limiter) call(ctx context.Context, op, n int, waitOrToken int64) (reply, error) {
+	r, err := l.run(ctx, op, n, waitOrToken)
 	if l.policy.degrades(err) {
-		return l.degraded(op, n, x, err)
+		return l.degraded(op, n, waitOrToken, err)
 	}
 	return r, err
 }
 
 // run runs the script once.
-func (l *Limiter) run(ctx context.Context, op, n int, x int64) (reply, error) {
+func (l *Limiter) run(ctx context.Context, op, n int, waitOrToken int64) (reply, error) {
 	var mark stateMark
 	if l.hooks.StateLost != nil {
-		mark = l.lost.get()
+		mark = l.latest.get()
 	}
 	args := l.take1 // go-redis copies the arguments; the shared slice is only read
-	if op != opAcquire || n != 1 || x != 0 {
+	if op != opAcquire || n != 1 || waitOrToken != 0 {
 		args = make([]any, 3, 3+len(l.tail))
-		args[0], args[1], args[2] = op, n, x
+		args[0], args[1], args[2] = op, n, waitOrToken
 		args = append(args, l.tail...)
 	}
-	val, err := l.decide(ctx, op, n, x, args, l.lateReply(ctx, op, n))
+	val, err := l.decide(ctx, op, n, waitOrToken, args, l.lateReply(ctx, op, n))
 	if err != nil {
 		if ae, ok := err.(*AlgorithmError); ok {
 			ae.Want = l.alg
@@ -284,7 +285,7 @@ func (l *Limiter) run(ctx context.Context, op, n int, x int64) (reply, error) {
 		token:     v[4],
 	}
 	if l.hooks.StateLost != nil {
-		l.observe(mark, op, n, x, r)
+		l.observe(mark, op, n, waitOrToken, r)
 	}
 	return r, nil
 }

@@ -190,9 +190,9 @@ func (p FailurePolicy) degrades(err error) bool {
 
 // degraded decides a call without Redis under FailOpen or FailLocal; cause is why
 // Redis was not used. Cancels of Redis bookings cannot be made: they fail.
-func (l *Limiter) degraded(op, n int, x int64, cause error) (reply, error) {
+func (l *Limiter) degraded(op, n int, waitOrToken int64, cause error) (reply, error) {
 	if op == opCancel {
-		if l.local != nil && l.local.cancel(l.clock.Now().UnixMicro(), x, n) {
+		if l.local != nil && l.local.cancel(l.clock.Now().UnixMicro(), waitOrToken, n) {
 			return reply{granted: true, local: true}, nil
 		}
 		return reply{}, cause
@@ -212,7 +212,7 @@ func (l *Limiter) degraded(op, n int, x int64, cause error) (reply, error) {
 		if l.hooks.Degraded != nil {
 			l.hooks.Degraded(l.key, l.policy, cause)
 		}
-		r := l.local.acquire(l.clock.Now().UnixMicro(), n, x)
+		r := l.local.acquire(l.clock.Now().UnixMicro(), n, waitOrToken)
 		if r.granted && n > 0 {
 			l.keep(r.wait + l.local.span()) // the grant counts in the share until then
 		}

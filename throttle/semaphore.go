@@ -181,32 +181,31 @@ func (s *Semaphore) acquire(ctx context.Context, id string, keep bool) (*Lease, 
 	start := s.clock.Now()
 	w, live := s.hub.watch(s.channel, id)
 	defer w.stop()
-	join := live // with the subscription live, take a place on the first call
-	queued, denied := false, false
-	for {
+	joined := false // a call took a place in the queue: give it back when leaving without a lease
+	for round := 0; ; round++ {
+		// Take a place in the queue once listening is confirmed, so that no notice
+		// naming id can come unheard: on the first call if the subscription is live,
+		// else once subscribe says it is, or from the second call (the confirmation,
+		// or the timer, wakes us before then).
+		join := live || round > 0
 		r, err := s.call(ctx, semAcquire, id, join)
 		if err != nil {
-			if queued && !keep {
+			if joined && !keep {
 				s.giveUp(ctx, id)
 			}
 			return nil, err
 		}
-		queued = queued || join
+		joined = joined || join
 		if r.ok {
 			var waited time.Duration // reported only if it had to wait
-			if denied {
+			if round > 0 {
 				waited = s.clock.Now().Sub(start)
 			}
 			return s.granted(id, waited, r.local), nil
 		}
-		denied = true
-		// Listen before taking a place, so that no notice naming id can come unheard;
-		// until the subscription is confirmed, the confirmation is what wakes us.
 		if w.subscribe(ctx) && !join {
-			join = true
-			continue
+			continue // confirmed already: take the place now
 		}
-		join = true
 		t := s.clock.NewTimer(min(r.wait, s.ttl/3)) // a place lapses after one TTL
 		select {
 		case <-w.handed:
@@ -222,7 +221,7 @@ func (s *Semaphore) acquire(ctx context.Context, id string, keep bool) (*Lease, 
 		case <-t.C():
 		case <-ctx.Done():
 			t.Stop()
-			if queued && !keep {
+			if joined && !keep {
 				s.giveUp(ctx, id)
 			}
 			return nil, ctx.Err()

@@ -109,15 +109,15 @@ func (p *pin) release(v any) {
 
 // keyState is the part of the shared state a Limiter and a Semaphore both have.
 type keyState struct {
-	brk   breaker
-	stats counters
-	pin   pin
+	breaker breaker
+	stats   counters
+	pin     pin
 }
 
 // newRunner returns the runner of a Limiter or Semaphore on key whose shared state
 // (owner) holds ks; redisError is its RedisError hook.
 func newRunner(rdb redis.UniversalClient, key string, c *config, ks *keyState, owner any, redisError func(string, error)) runner {
-	return runner{rdb: rdb, key: key, clock: c.clock, policy: c.policy, brk: &ks.brk, redisError: redisError, pin: &ks.pin, owner: owner}
+	return runner{rdb: rdb, key: key, clock: c.clock, policy: c.policy, breaker: &ks.breaker, redisError: redisError, pin: &ks.pin, owner: owner}
 }
 
 // prepare is the start New and NewSemaphore share once their options are applied to
@@ -136,8 +136,8 @@ func prepare(rdb redis.UniversalClient, key string, c *config) (tag string, err 
 // configuration shares.
 type limiterState struct {
 	keyState
-	local *localLog  // FailLocal's share; nil under other policies
-	lost  stateWatch // the latest grant, for Hooks.StateLost
+	local  *localLog  // FailLocal's share; nil under other policies
+	latest stateWatch // the latest grant, for Hooks.StateLost
 }
 
 var limiterStates registry[sharedKey, limiterState]

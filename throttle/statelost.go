@@ -28,6 +28,12 @@ type stateMark struct {
 	n     int
 }
 
+// before reports whether the mark is a grant made, and taken effect, before server
+// time at (µs).
+func (m stateMark) before(at int64) bool {
+	return m.token != 0 && m.at < at && m.token <= at
+}
+
 // get returns the mark as it is before a call (the call must run after its grant).
 func (w *stateWatch) get() stateMark {
 	w.mu.Lock()
@@ -35,14 +41,14 @@ func (w *stateWatch) get() stateMark {
 	return w.mark
 }
 
-// observe checks the reply r to a call (op, n, x) made after mark, reports a lost
-// state to the hook, and remembers a newer grant.
-func (l *Limiter) observe(mark stateMark, op, n int, x int64, r reply) {
-	w := l.lost
+// observe checks the reply r to a call (op, n, waitOrToken) made after mark, reports
+// a lost state to the hook, and remembers a newer grant.
+func (l *Limiter) observe(mark stateMark, op, n int, waitOrToken int64, r reply) {
+	w := l.latest
 	if op == opCancel {
 		if r.granted {
 			w.mu.Lock()
-			if w.mark.token == x { // our latest grant was (partly) given back
+			if w.mark.token == waitOrToken { // our latest grant was (partly) given back
 				w.mark = stateMark{}
 			}
 			w.mu.Unlock()
@@ -53,7 +59,8 @@ func (l *Limiter) observe(mark stateMark, op, n int, x int64, r reply) {
 		return
 	}
 	at := r.token - r.wait.Microseconds()
-	if mark.token != 0 && at > mark.at && r.wait == 0 && mark.token <= at && r.remaining > l.mostRemaining(mark, at, n) {
+	// only a grant taking effect at once is checked (see stateWatch)
+	if r.wait == 0 && mark.before(at) && r.remaining > l.mostRemaining(mark, at, n) {
 		l.hooks.StateLost(l.key)
 	}
 	w.mu.Lock()
