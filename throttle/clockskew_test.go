@@ -33,8 +33,8 @@ func needFaketime(t *testing.T) {
 //
 // Each skewed process runs under `faketime -f ±300s`, which shifts the clock of what
 // calls libc (the test logs what `date` reads in it), and with its limiters' clock
-// (WithClock) shifted as much. Go's own time.Now reads the kernel's vDSO, which
-// faketime cannot reach (the test logs that too), so WithClock is what moves the
+// (withClock, tests only) shifted as much. Go's own time.Now reads the kernel's vDSO, which
+// faketime cannot reach (the test logs that too), so withClock is what moves the
 // library's view of the time.
 //
 // Tolerances: none on the bound; 1ms on the early return (see TestFleetNeverOverAdmits).

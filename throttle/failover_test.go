@@ -139,10 +139,11 @@ func TestClusterFailover(t *testing.T) {
 		if alg == TokenBucket && limit.Burst == 0 {
 			limit.Burst = 3
 		}
-		l, err := New(rdb, key, limit, append([]Option{WithAlgorithm(alg), WithKeyPrefix(prefix), withScript(audited[alg])}, opts...)...)
+		l, err := New(rdb, key, limit, append([]Option{WithAlgorithm(alg), WithKeyPrefix(prefix)}, opts...)...)
 		if err != nil {
 			t.Fatalf("New(%q): %v", key, err)
 		}
+		l.script = audited[alg]
 		return l
 	}
 	onMaster := func(base string, m int) string { // a key whose slot is master m's

@@ -45,7 +45,7 @@ type fleetOrders struct {
 	Jobs    []fleetJob
 	Workers int           // goroutines per job
 	Run     time.Duration // how long they keep asking
-	Shift   time.Duration // the limiters' clock (WithClock) runs this far from the real one
+	Shift   time.Duration // the limiters' clock (withClock, tests only) runs this far from the real one
 }
 
 // fleetJob is one limit shared by the fleet on one or more keys; each WaitN picks one
@@ -142,7 +142,7 @@ func TestFleetChildProcess(t *testing.T) {
 	lims := make([][]*Limiter, len(o.Jobs))
 	for i, j := range o.Jobs {
 		for _, key := range j.Keys {
-			l, err := New(rdb, key, j.Limit, WithAlgorithm(j.Alg), WithKeyPrefix(o.Prefix), WithClock(shiftedClock{o.Shift}))
+			l, err := New(rdb, key, j.Limit, WithAlgorithm(j.Alg), WithKeyPrefix(o.Prefix), withClock(shiftedClock{o.Shift}))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -89,11 +89,10 @@ func runSemaphoreInput(t *testing.T, cfg []byte, key, junk string, ops []byte) {
 		}
 		sv := &semVariant{max: max}
 		for i, b := range []*redistest.Backend{pair.Mini, pair.Real} {
-			opts := []SemaphoreOption{WithKeyPrefix(b.Prefix), WithLeaseTTL(ttl)}
-			if b.Real() {
-				opts = append(opts, withScript(fakeSemaphore))
+			s, err := NewSemaphore(b.Client, key, max, WithKeyPrefix(b.Prefix), WithLeaseTTL(ttl))
+			if err == nil && b.Real() {
+				s.script = fakeSemaphore
 			}
-			s, err := NewSemaphore(b.Client, key, max, opts...)
 			if want != nil {
 				if !errors.Is(err, want) {
 					r.fail("NewSemaphore(max %d, TTL %v): %v, want %v", max, ttl, err, want)

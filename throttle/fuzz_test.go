@@ -293,15 +293,15 @@ func runLimiterInput(t *testing.T, alg Algorithm, cfg []byte, key, junk string, 
 			opts = append(opts, WithLimits(c.limits[1:]...))
 		}
 		opts = append(opts, WithAlgorithm(alg), WithBuckets(c.buckets), WithKeyPrefix(b.Prefix),
-			WithClock(fuzzClock{&r.now}), WithHooks(hooks))
-		if b.Real() {
-			opts = append(opts, withScript(fakeClock[alg]))
-		}
+			withClock(fuzzClock{&r.now}), WithHooks(hooks))
 		var first Limit
 		if len(c.limits) > 0 {
 			first = c.limits[0]
 		}
 		l, err := New(b.Client, key, first, opts...)
+		if err == nil && b.Real() {
+			l.script = fakeClock[alg]
+		}
 		want := c.wantErr
 		if want == nil && key == "" {
 			want, c.why = ErrInvalidKey, "empty key"

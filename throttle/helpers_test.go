@@ -99,17 +99,13 @@ func newTimeline(t *testing.T, b *redistest.Backend) *timeline {
 // limiter makes a limiter under the backend's test prefix, on the fake-clock script.
 func (tl *timeline) limiter(key string, limit Limit, opts ...Option) *Limiter {
 	tl.t.Helper()
-	c := newConfig()
-	for _, o := range opts {
-		o.applyLimiter(c)
-	}
-	opts = append([]Option{WithKeyPrefix(tl.b.Prefix), WithClock(goClock{tl})}, opts...)
-	if tl.b.Real() {
-		opts = append(opts, withScript(fakeClock[c.algorithm]))
-	}
+	opts = append([]Option{WithKeyPrefix(tl.b.Prefix), withClock(goClock{tl})}, opts...)
 	l, err := New(tl.b.Client, key, limit, opts...)
 	if err != nil {
 		tl.t.Fatalf("New(%q, %v): %v", key, limit, err)
+	}
+	if tl.b.Real() {
+		l.script = fakeClock[l.alg]
 	}
 	tag := "{" + tl.b.Prefix + key + "}"
 	tl.tags = append(tl.tags, tag)
@@ -121,11 +117,12 @@ func (tl *timeline) limiter(key string, limit Limit, opts ...Option) *Limiter {
 // script (Go code keeps the real clock: Acquire's waiters run beside the test).
 func (tl *timeline) semaphore(key string, max int, opts ...SemaphoreOption) *Semaphore {
 	tl.t.Helper()
-	opts = append([]SemaphoreOption{WithKeyPrefix(tl.b.Prefix), withScript(fakeSemaphore)}, opts...)
+	opts = append([]SemaphoreOption{WithKeyPrefix(tl.b.Prefix)}, opts...)
 	s, err := NewSemaphore(tl.b.Client, key, max, opts...)
 	if err != nil {
 		tl.t.Fatalf("NewSemaphore(%q, %d): %v", key, max, err)
 	}
+	s.script = fakeSemaphore
 	tag := "{" + tl.b.Prefix + key + "}"
 	tl.tags = append(tl.tags, tag)
 	tl.b.SetTime(tl.t, tl.now, tag)
@@ -352,3 +349,10 @@ func keyNames(base string, n int) []string {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// withClock sets the clock Go code waits by (Reserve's due times, WaitN's sleep, holds,
+// Acquire's timers), for tests that move it. It is not an option users have:
+// decisions use the Redis server's clock, and Go code waits by the system's.
+func withClock(clock waiter.Clock) CommonOption {
+	return commonOption(func(c *config) { c.clock = clock })
+}

@@ -63,7 +63,7 @@ func TestLeaseExtend(t *testing.T) {
 		tl := newTimeline(t, b)
 		var h leaseHooks
 		const ttl = 10 * time.Second
-		s := tl.semaphore("extend", 1, WithLeaseTTL(ttl), WithClock(goClock{tl}), WithSemaphoreHooks(h.hooks()))
+		s := tl.semaphore("extend", 1, WithLeaseTTL(ttl), withClock(goClock{tl}), WithSemaphoreHooks(h.hooks()))
 		l := mustTry(t, s)
 		tl.at(8 * time.Second)
 		if err := l.Extend(ctx); err != nil {
@@ -106,7 +106,7 @@ func TestLeaseRelease(t *testing.T) {
 		ctx := context.Background()
 		tl := newTimeline(t, b)
 		var h leaseHooks
-		s := tl.semaphore("release", 1, WithLeaseTTL(time.Minute), WithClock(goClock{tl}), WithSemaphoreHooks(h.hooks()))
+		s := tl.semaphore("release", 1, WithLeaseTTL(time.Minute), withClock(goClock{tl}), WithSemaphoreHooks(h.hooks()))
 		l := mustTry(t, s)
 		wantDenied(t, s, time.Minute)
 		tl.at(3 * time.Second)
@@ -209,7 +209,7 @@ func TestLeaseHoldRenews(t *testing.T) {
 		tl := newTimeline(t, b)
 		clock := newStepClock(tl)
 		const ttl = 9 * time.Second
-		s := tl.semaphore("hold", 1, WithLeaseTTL(ttl), WithClock(clock))
+		s := tl.semaphore("hold", 1, WithLeaseTTL(ttl), withClock(clock))
 		l := mustTry(t, s)
 		err := l.Hold(ctx, func(ctx context.Context) error {
 			for i := 1; i <= 12; i++ { // 4 TTLs

@@ -79,10 +79,6 @@ func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*L
 		}
 		maxN = min(maxN, a.maxN(l))
 	}
-	script := a.script
-	if c.script != nil {
-		script = c.script
-	}
 	tail := a.args(limits, c)
 	shared := limiterStates.get(sharedKey{rdb, tag, fmt.Sprint("limiter", c.algorithm, tail, c.policy)}, func() *limiterState {
 		s := &limiterState{}
@@ -96,7 +92,7 @@ func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*L
 		keys:    algorithmKeys(tag, a.suffix),
 		alg:     c.algorithm,
 		limits:  limits,
-		script:  script,
+		script:  a.script,
 		tail:    tail,
 		take1:   append([]any{opAcquire, 1, int64(0)}, tail...),
 		maxN:    maxN,

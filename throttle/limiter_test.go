@@ -41,7 +41,6 @@ func TestNewRejectsBadInput(t *testing.T) {
 		{"bad extra limit", rdb, "k", ok, []Option{WithLimits(Limit{Rate: 0, Period: time.Second})}, ErrInvalidLimit},
 		{"unknown algorithm", rdb, "k", ok, []Option{WithAlgorithm(Algorithm(9))}, ErrInvalidArgument},
 		{"zero buckets", rdb, "k", ok, []Option{WithBuckets(0)}, ErrInvalidArgument},
-		{"nil clock", rdb, "k", ok, []Option{WithClock(nil)}, ErrInvalidArgument},
 		{"17 limits", rdb, "k", ok, []Option{WithLimits(make17()...)}, ErrInvalidArgument},
 	}
 	for _, alg := range allAlgorithms {

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/jobthrottle/jobthrottle/waiter"
-	"github.com/redis/go-redis/v9"
 )
 
 // Option configures a Limiter; pass options to New. An option that only fits a
@@ -22,7 +21,7 @@ type SemaphoreOption interface {
 	applySemaphore(*config)
 }
 
-// CommonOption configures a Limiter or a Semaphore alike (WithKeyPrefix, WithClock,
+// CommonOption configures a Limiter or a Semaphore alike (WithKeyPrefix,
 // WithFailurePolicy): it is an Option and a SemaphoreOption.
 type CommonOption interface {
 	Option
@@ -50,10 +49,9 @@ type config struct {
 	buckets    int
 	hooks      Hooks
 	semHooks   SemaphoreHooks
-	clock      waiter.Clock
+	clock      waiter.Clock // the system's; tests set theirs (withClock)
 	policy     FailurePolicy
 	leaseTTL   time.Duration // 0 means defaultLeaseTTL
-	script     *redis.Script // tests swap the script for one with a controllable clock
 	noCoalesce bool          // WithCoalescing(false)
 	err        error
 }
@@ -120,12 +118,6 @@ func WithBuckets(n int) Option {
 	})
 }
 
-// withScript replaces the algorithm's or the semaphore's script (tests only: a script
-// whose clock the test sets).
-func withScript(s *redis.Script) CommonOption {
-	return commonOption(func(c *config) { c.script = s })
-}
-
 // WithCoalescing turns coalescing on or off; it is on by default. With it on, calls
 // on the key that arrive while one of this process's calls on it is in flight wait
 // for that call to return, and then go to Redis together in one script call that
@@ -148,18 +140,6 @@ func WithHooks(h Hooks) Option {
 // SemaphoreHooks).
 func WithSemaphoreHooks(h SemaphoreHooks) SemaphoreOption {
 	return semaphoreOption(func(c *config) { c.semHooks = h })
-}
-
-// WithClock sets the clock Go code waits by (Reserve's due times and WaitN's sleep);
-// the default is waiter.SystemClock. Decisions always use the Redis server's clock.
-func WithClock(clock waiter.Clock) CommonOption {
-	return commonOption(func(c *config) {
-		if clock == nil {
-			c.fail("%w: nil clock", ErrInvalidArgument)
-			return
-		}
-		c.clock = clock
-	})
 }
 
 // defaultLeaseTTL is how long a Semaphore lease lives unless extended (the lock

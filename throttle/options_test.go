@@ -20,7 +20,6 @@ func TestOptionsFitTheirConstructors(t *testing.T) {
 		{"WithLeaseTTL", WithLeaseTTL(time.Second), false, true},
 		{"WithSemaphoreHooks", WithSemaphoreHooks(SemaphoreHooks{}), false, true},
 		{"WithKeyPrefix", WithKeyPrefix("p:"), true, true},
-		{"WithClock", WithClock(stillClock{}), true, true},
 		{"WithFailurePolicy", WithFailurePolicy(FailOpen), true, true},
 	}
 	for _, c := range cases {

@@ -47,7 +47,7 @@ func (l *Limiter) Pause(ctx context.Context, d time.Duration) error {
 // does nothing. Other processes are not told: Pause holds and then tells them.
 //
 // The hold is shared by every Limiter of this process on the same client and key;
-// it counts by the Limiter's clock (WithClock).
+// it counts by the system clock.
 func (l *Limiter) Hold(d time.Duration) {
 	if d <= 0 {
 		return

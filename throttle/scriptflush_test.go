@@ -43,10 +43,11 @@ func TestScriptFlushUnderLoad(t *testing.T) {
 			if alg == TokenBucket {
 				limit.Burst = 3
 			}
-			l, err := New(b.Client, "flush-"+alg.String(), limit, WithAlgorithm(alg), WithKeyPrefix(b.Prefix), withScript(audited[alg]))
+			l, err := New(b.Client, "flush-"+alg.String(), limit, WithAlgorithm(alg), WithKeyPrefix(b.Prefix))
 			if err != nil {
 				t.Fatal(err)
 			}
+			l.script = audited[alg]
 			lims = append(lims, l)
 		}
 		sem, err := NewSemaphore(b.Client, "flush-sem", 4, WithKeyPrefix(b.Prefix), WithLeaseTTL(5*time.Second))

@@ -63,7 +63,7 @@ type Semaphore struct {
 // NewSemaphore returns a semaphore that lets at most max holders hold a lease on key
 // at once.
 //
-// Its options are WithKeyPrefix, WithClock, WithFailurePolicy (CommonOptions, which a
+// Its options are WithKeyPrefix, WithFailurePolicy (CommonOptions, which a
 // Limiter takes too), WithLeaseTTL and WithSemaphoreHooks; a Limiter's own options do
 // not compile here (see SemaphoreOption). With Redis unreachable a
 // Semaphore follows its FailurePolicy: FailClosed (the default) grants nothing and
@@ -92,10 +92,6 @@ func NewSemaphore(rdb redis.UniversalClient, key string, max int, opts ...Semaph
 	if ttl == 0 {
 		ttl = defaultLeaseTTL
 	}
-	script := lua.Semaphore
-	if c.script != nil {
-		script = c.script
-	}
 	sem := tag + ":sem"
 	shared := semaphoreStates.get(sharedKey{rdb, tag, fmt.Sprint("semaphore", max, ttl, c.policy)}, func() *semaphoreState {
 		return &semaphoreState{local: newLocalSem(max, c.policy)}
@@ -107,7 +103,7 @@ func NewSemaphore(rdb redis.UniversalClient, key string, max int, opts ...Semaph
 		max:     max,
 		ttl:     ttl,
 		ttlUS:   ceilMicros(ttl),
-		script:  script,
+		script:  lua.Semaphore,
 		hooks:   c.semHooks,
 		hub:     wakeHubFor(rdb),
 		shared:  shared,

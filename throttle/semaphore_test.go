@@ -67,7 +67,6 @@ func TestNewSemaphoreRejectsBadInput(t *testing.T) {
 		{"TTL negative", rdb, "k", 1, []SemaphoreOption{WithLeaseTTL(-time.Second)}, ErrInvalidArgument},
 		{"TTL below 1ms", rdb, "k", 1, []SemaphoreOption{WithLeaseTTL(999 * time.Microsecond)}, ErrInvalidArgument},
 		{"TTL above 2^45µs", rdb, "k", 1, []SemaphoreOption{WithLeaseTTL((1<<45 + 1) * time.Microsecond)}, ErrInvalidArgument},
-		{"nil clock", rdb, "k", 1, []SemaphoreOption{WithClock(nil)}, ErrInvalidArgument},
 	}
 	for _, c := range cases {
 		s, err := NewSemaphore(c.rdb, c.key, c.max, c.opts...)

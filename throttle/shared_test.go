@@ -47,7 +47,7 @@ func TestLimiterPerCallKeepsTheLocalShare(t *testing.T) {
 	ctx := context.Background()
 	granted := 0
 	for i := 0; i < 20; i++ {
-		l, err := New(rdb, "percall", PerMinute(5), WithFailurePolicy(FailLocal(1)), WithClock(clock))
+		l, err := New(rdb, "percall", PerMinute(5), WithFailurePolicy(FailLocal(1)), withClock(clock))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -63,7 +63,7 @@ func TestLimiterPerCallKeepsTheLocalShare(t *testing.T) {
 	if granted != 5 {
 		t.Fatalf("%d of 20 calls granted on Limiters built per call, want 5 (the share)", granted)
 	}
-	l, err := New(rdb, "percall", PerMinute(5), WithFailurePolicy(FailLocal(1)), WithClock(clock))
+	l, err := New(rdb, "percall", PerMinute(5), WithFailurePolicy(FailLocal(1)), withClock(clock))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +71,7 @@ func TestLimiterPerCallKeepsTheLocalShare(t *testing.T) {
 		t.Fatalf("Stats().Local = %d on a Limiter built after 20 local decisions, want 20", s.Local)
 	}
 	// a Limiter of another configuration on the same key has a share of its own
-	other, err := New(rdb, "percall", PerMinute(6), WithFailurePolicy(FailLocal(1)), WithClock(clock))
+	other, err := New(rdb, "percall", PerMinute(6), WithFailurePolicy(FailLocal(1)), withClock(clock))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +124,7 @@ func TestSharedStateIsReclaimed(t *testing.T) {
 	ctx := context.Background()
 	clock := stillClock{time.Unix(1_700_000_000, 0)}
 	newPinned := func() *Limiter {
-		l, err := New(rdb, "pinned", PerMinute(1), WithFailurePolicy(FailLocal(1)), WithClock(clock))
+		l, err := New(rdb, "pinned", PerMinute(1), WithFailurePolicy(FailLocal(1)), withClock(clock))
 		if err != nil {
 			t.Fatal(err)
 		}
