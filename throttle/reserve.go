@@ -26,8 +26,13 @@ const maxWaitMicros = 1<<53 - 1
 // most 2^50/Rate µs ahead (18 minutes at a million per period); a longer maxWait is
 // cut to that.
 //
-// Errors are those of AllowN, and ErrInvalidArgument for a negative maxWait.
+// Errors are those of AllowN, ErrInvalidArgument for a negative maxWait, and
+// waiter.ErrNilReserver for a nil *Limiter (so a waiter.Transport given one sends
+// nothing).
 func (l *Limiter) Reserve(ctx context.Context, n int, maxWait time.Duration) (*waiter.Reservation, error) {
+	if l == nil { // a nil *Limiter in a Reserver: the transport sends nothing
+		return nil, fmt.Errorf("%w: nil *throttle.Limiter", waiter.ErrNilReserver)
+	}
 	return l.reserve(ctx, n, maxWait, nil)
 }
 

@@ -23,7 +23,8 @@ var (
 	ErrMoved = errors.New("waiter: booking moved; reserve again")
 
 	// ErrNilReserver: NewTransport was given a nil Reserver. The transport's RoundTrip
-	// returns an error wrapping it, sending nothing.
+	// returns an error wrapping it, sending nothing. A nil *throttle.Limiter's Reserve
+	// returns it too.
 	ErrNilReserver = errors.New("waiter: nil Reserver")
 
 	// ErrInvalidOption: a TransportOption out of range (see each option). The

@@ -6,7 +6,6 @@ import (
 	"io"
 	"math"
 	"net/http"
-	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -485,16 +484,7 @@ func parseSeconds(v string) (secs uint64, neg, ok bool) {
 	return secs, neg, true
 }
 
-// isNilReserver reports whether r is nil, or a nil pointer (or map, func…) in a
-// non-nil interface, on which Reserve would panic.
-func isNilReserver(r Reserver) bool {
-	if r == nil {
-		return true
-	}
-	v := reflect.ValueOf(r)
-	switch v.Kind() {
-	case reflect.Pointer, reflect.Map, reflect.Func, reflect.Chan, reflect.Slice, reflect.Interface:
-		return v.IsNil()
-	}
-	return false
-}
+// isNilReserver reports whether r is a nil interface. A nil pointer in a non-nil
+// interface is the Reserver's to refuse: a nil *throttle.Limiter's Reserve returns
+// ErrNilReserver (no reflection here).
+func isNilReserver(r Reserver) bool { return r == nil }
