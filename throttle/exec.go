@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jobthrottle/jobthrottle/waiter"
+	"github.com/jobthrottle/jobthrottle/internal/clock"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -17,7 +17,7 @@ import (
 type runner struct {
 	rdb        redis.UniversalClient
 	key        string
-	clock      waiter.Clock
+	clock      clock.Clock
 	policy     FailurePolicy
 	breaker    *breaker            // shared by the key's users in this process
 	redisError func(string, error) // the RedisError hook, or nil

@@ -16,8 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/internal/clock"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
-	"github.com/jobthrottle/jobthrottle/waiter"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -56,12 +56,12 @@ type fleetJob struct {
 	Limit Limit
 }
 
-// shiftedClock is a waiter.Clock whose wall time is off by d, as on a machine whose
+// shiftedClock is a clock.Clock whose wall time is off by d, as on a machine whose
 // clock is wrong (Go's monotonic reading stays, as it does there).
 type shiftedClock struct{ d time.Duration }
 
-func (c shiftedClock) Now() time.Time                        { return time.Now().Add(c.d) }
-func (c shiftedClock) NewTimer(d time.Duration) waiter.Timer { return waiter.SystemClock.NewTimer(d) }
+func (c shiftedClock) Now() time.Time                       { return time.Now().Add(c.d) }
+func (c shiftedClock) NewTimer(d time.Duration) clock.Timer { return clock.System.NewTimer(d) }
 
 // grantSlot, put in a call's context under grantSlotKey, receives the effect time (µs,
 // server clock) of the grant the call's script replied with (grantTap records it).

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/internal/clock"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/lua"
 	"github.com/jobthrottle/jobthrottle/waiter"
@@ -169,8 +170,8 @@ var prestates = []string{"none", "hash in state", "set in state", "zset in state
 // fuzzClock is the Go clock of the fuzzed limiters: it stands at the input's time.
 type fuzzClock struct{ now *time.Time }
 
-func (c fuzzClock) Now() time.Time                        { return *c.now }
-func (c fuzzClock) NewTimer(d time.Duration) waiter.Timer { return waiter.SystemClock.NewTimer(d) }
+func (c fuzzClock) Now() time.Time                       { return *c.now }
+func (c fuzzClock) NewTimer(d time.Duration) clock.Timer { return clock.System.NewTimer(d) }
 
 // fuzzSide is one server's limiter and what its hooks saw.
 type fuzzSide struct {

@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/internal/clock"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/lua"
-	"github.com/jobthrottle/jobthrottle/waiter"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -136,19 +136,19 @@ func (tl *timeline) at(d time.Duration) {
 	tl.b.SetTime(tl.t, tl.now, tl.tags...)
 }
 
-// goClock is a waiter.Clock standing at the timeline's time (timers are real; the
+// goClock is a clock.Clock standing at the timeline's time (timers are real; the
 // tests that use it do not sleep).
 type goClock struct{ tl *timeline }
 
-func (c goClock) Now() time.Time                        { return c.tl.now }
-func (c goClock) NewTimer(d time.Duration) waiter.Timer { return waiter.SystemClock.NewTimer(d) }
+func (c goClock) Now() time.Time                       { return c.tl.now }
+func (c goClock) NewTimer(d time.Duration) clock.Timer { return clock.System.NewTimer(d) }
 
-// stillClock is a waiter.Clock whose time stands still (timers are real; the tests
+// stillClock is a clock.Clock whose time stands still (timers are real; the tests
 // that use it do not sleep).
 type stillClock struct{ now time.Time }
 
-func (c stillClock) Now() time.Time                        { return c.now }
-func (c stillClock) NewTimer(d time.Duration) waiter.Timer { return waiter.SystemClock.NewTimer(d) }
+func (c stillClock) Now() time.Time                       { return c.now }
+func (c stillClock) NewTimer(d time.Duration) clock.Timer { return clock.System.NewTimer(d) }
 
 // signalWait is how long a test waits for something that must happen after a round
 // trip or two to Redis (a wake, a timer being set): a busy machine only makes the test
@@ -353,6 +353,6 @@ func itoa(i int) string { return strconv.Itoa(i) }
 // withClock sets the clock Go code waits by (Reserve's due times, WaitN's sleep, holds,
 // Acquire's timers), for tests that move it. It is not an option users have:
 // decisions use the Redis server's clock, and Go code waits by the system's.
-func withClock(clock waiter.Clock) CommonOption {
-	return commonOption(func(c *config) { c.clock = clock })
+func withClock(clk clock.Clock) CommonOption {
+	return commonOption(func(c *config) { c.clock = clk })
 }

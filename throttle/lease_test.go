@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/internal/clock"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
-	"github.com/jobthrottle/jobthrottle/waiter"
 )
 
 // leaseHooks counts what a Semaphore's lease hooks report.
@@ -144,7 +144,7 @@ func TestLeaseRelease(t *testing.T) {
 	})
 }
 
-// stepClock is a waiter.Clock whose timers fire only when the test says: pending
+// stepClock is a clock.Clock whose timers fire only when the test says: pending
 // waits until a timer is set, fire moves the clock (and the timeline's scripts) to its
 // deadline and fires it. Hold's renewals then run on the test's time, however busy the
 // machine is.
@@ -170,7 +170,7 @@ func (c *stepClock) Now() time.Time {
 	return c.now
 }
 
-func (c *stepClock) NewTimer(d time.Duration) waiter.Timer {
+func (c *stepClock) NewTimer(d time.Duration) clock.Timer {
 	tm := &stepTimer{at: c.Now().Add(d), c: make(chan time.Time, 1)}
 	c.timers <- tm
 	return tm

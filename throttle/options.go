@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jobthrottle/jobthrottle/waiter"
+	"github.com/jobthrottle/jobthrottle/internal/clock"
 )
 
 // Option configures a Limiter; pass options to New. An option that only fits a
@@ -49,7 +49,7 @@ type config struct {
 	buckets    int
 	hooks      Hooks
 	semHooks   SemaphoreHooks
-	clock      waiter.Clock // the system's; tests set theirs (withClock)
+	clock      clock.Clock // the system's; tests set theirs (withClock)
 	policy     FailurePolicy
 	leaseTTL   time.Duration // 0 means defaultLeaseTTL
 	noCoalesce bool          // WithCoalescing(false)
@@ -61,7 +61,7 @@ func newConfig() *config {
 		algorithm: SlidingWindow,
 		prefix:    "jobthrottle:",
 		buckets:   defaultBuckets,
-		clock:     waiter.SystemClock,
+		clock:     clock.System,
 	}
 }
 

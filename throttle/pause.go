@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/internal/clock"
 	"github.com/jobthrottle/jobthrottle/lua"
 	"github.com/jobthrottle/jobthrottle/waiter"
 )
@@ -111,9 +112,9 @@ func (h *hold) extend(until time.Time) {
 }
 
 // pass waits until no hold is set; see Limiter.Pass.
-func (h *hold) pass(ctx context.Context, clock waiter.Clock) (held bool, err error) {
+func (h *hold) pass(ctx context.Context, clk clock.Clock) (held bool, err error) {
 	for {
-		d := time.Duration(h.until.Load() - clock.Now().UnixNano())
+		d := time.Duration(h.until.Load() - clk.Now().UnixNano())
 		if d <= 0 {
 			return held, nil
 		}
@@ -121,7 +122,7 @@ func (h *hold) pass(ctx context.Context, clock waiter.Clock) (held bool, err err
 			return held, fmt.Errorf("%w: held for %v more", waiter.ErrWouldExceedDeadline, d)
 		}
 		held = true
-		t := clock.NewTimer(d)
+		t := clk.NewTimer(d)
 		select {
 		case <-t.C():
 			// the hold may have been made longer meanwhile: look again

@@ -6,6 +6,8 @@ import (
 	"math"
 	"sync"
 	"time"
+
+	"github.com/jobthrottle/jobthrottle/internal/clock"
 )
 
 // Reserver books permits ahead. *throttle.Limiter is one.
@@ -43,8 +45,9 @@ type Booking struct {
 	// after a move or a hold. Nil means the booking cannot be made again by itself:
 	// Wait returns ErrMoved instead.
 	Again func(ctx context.Context, maxWait time.Duration) (*Reservation, error)
-	// Clock is the clock Delay counts from; nil means SystemClock.
-	Clock Clock
+	// Clock is the clock Delay counts from; nil, the only value outside this module,
+	// means the system's (throttle's tests set theirs).
+	Clock clock.Clock
 }
 
 // Reservation is a booking of permits that take effect at a time to come. Create
@@ -54,7 +57,7 @@ type Booking struct {
 type Reservation struct {
 	ok     bool
 	due    time.Time
-	clock  Clock
+	clock  clock.Clock
 	moved  <-chan struct{}
 	pass   func(ctx context.Context) (bool, error)
 	again  func(ctx context.Context, maxWait time.Duration) (*Reservation, error)
@@ -66,7 +69,7 @@ type Reservation struct {
 func NewReservation(b Booking) *Reservation {
 	c := b.Clock
 	if c == nil {
-		c = SystemClock
+		c = clock.System
 	}
 	r := &Reservation{ok: b.OK, clock: c, moved: b.Moved, pass: b.Pass, again: b.Again, due: c.Now().Add(b.Delay)}
 	if b.OK {

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jobthrottle/jobthrottle/internal/clock"
 )
 
 // fakeClock is a Clock whose time moves only when the test says; timers fire then.
@@ -33,7 +35,7 @@ func (c *fakeClock) Now() time.Time {
 	return c.now
 }
 
-func (c *fakeClock) NewTimer(d time.Duration) Timer {
+func (c *fakeClock) NewTimer(d time.Duration) clock.Timer {
 	c.mu.Lock()
 	t := &fakeTimer{clock: c, at: c.now.Add(d), c: make(chan time.Time, 1)}
 	c.timers = append(c.timers, t)

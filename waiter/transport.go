@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/jobthrottle/jobthrottle/internal/clock"
 )
 
 // Pauser is a Reserver that can stop granting for a while, across every process that
@@ -99,7 +101,7 @@ func NewTransportFunc(choose func(req *http.Request) (r Reserver, n int, err err
 }
 
 func newTransport(base http.RoundTripper, opts []TransportOption) *transport {
-	t := &transport{base: base, n: 1, maxPause: DefaultMaxPause, clock: SystemClock, reserve: -1}
+	t := &transport{base: base, n: 1, maxPause: DefaultMaxPause, clock: clock.System, reserve: -1}
 	for _, o := range opts {
 		if o != nil {
 			o.apply(t)
@@ -173,11 +175,11 @@ func WithTransportHooks(h TransportHooks) TransportOption {
 	return transportOption(func(t *transport) { t.hooks = h })
 }
 
-// WithTransportClock sets the clock an HTTP-date Retry-After (and an epoch
+// withTransportClock sets the clock an HTTP-date Retry-After (and an epoch
 // X-RateLimit-Reset) counts from when the response has no valid Date header; the
-// default is SystemClock. Waiting uses the Reserver's clock, not this one. A nil clock
-// is an error wrapping ErrInvalidOption.
-func WithTransportClock(c Clock) TransportOption {
+// default is the system's. Tests only (export_test.go): waiting uses the Reserver's
+// clock, not this one. A nil clock is an error wrapping ErrInvalidOption.
+func withTransportClock(c clock.Clock) TransportOption {
 	return transportOption(func(t *transport) {
 		if c == nil {
 			t.fail("%w: nil clock", ErrInvalidOption)
@@ -234,7 +236,7 @@ type transport struct {
 	maxPause time.Duration
 	retries  int
 	reserve  int // WithRateLimitHeaders; -1: off
-	clock    Clock
+	clock    clock.Clock
 	hooks    TransportHooks
 	err      error // the first bad option, or a nil Reserver
 }

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/internal/clock"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/waiter"
@@ -623,18 +624,18 @@ func (c *closeRecorder) Close() error {
 	return nil
 }
 
-// stoppedClock is a waiter.Clock whose Now stands still; its timers are real.
+// stoppedClock is a clock.Clock whose Now stands still; its timers are real.
 type stoppedClock time.Time
 
-func (c stoppedClock) Now() time.Time                        { return time.Time(c) }
-func (c stoppedClock) NewTimer(d time.Duration) waiter.Timer { return waiter.SystemClock.NewTimer(d) }
+func (c stoppedClock) Now() time.Time                       { return time.Time(c) }
+func (c stoppedClock) NewTimer(d time.Duration) clock.Timer { return clock.System.NewTimer(d) }
 
-// settableClock is a waiter.Clock whose Now the test sets; its timers are real.
+// settableClock is a clock.Clock whose Now the test sets; its timers are real.
 type settableClock struct{ now atomic.Int64 }
 
-func (c *settableClock) set(t time.Time)                       { c.now.Store(t.UnixNano()) }
-func (c *settableClock) Now() time.Time                        { return time.Unix(0, c.now.Load()) }
-func (c *settableClock) NewTimer(d time.Duration) waiter.Timer { return waiter.SystemClock.NewTimer(d) }
+func (c *settableClock) set(t time.Time)                      { c.now.Store(t.UnixNano()) }
+func (c *settableClock) Now() time.Time                       { return time.Unix(0, c.now.Load()) }
+func (c *settableClock) NewTimer(d time.Duration) clock.Timer { return clock.System.NewTimer(d) }
 
 // fakeGate is a fakePauser that is also a Gate: it records the order of its calls,
 // and Pass reports held once after each Hold not followed by a Pause (the permits
