@@ -61,7 +61,7 @@ func TestMaxmemoryFlood(t *testing.T) {
 			}()
 
 			var lost, calls, failed atomic.Int64
-			var firstErr atomic.Value
+			var firstErr atomic.Pointer[error] // errors of several types: a Value would panic
 			run, stop := context.WithCancel(ctx)
 			var wg sync.WaitGroup
 			for i := 0; i < active; i++ {
@@ -77,7 +77,7 @@ func TestMaxmemoryFlood(t *testing.T) {
 						calls.Add(1)
 						if _, err := l.Allow(ctx); err != nil {
 							failed.Add(1)
-							firstErr.CompareAndSwap(nil, err)
+							firstErr.CompareAndSwap(nil, &err)
 						}
 						time.Sleep(2 * time.Millisecond)
 					}
@@ -113,7 +113,8 @@ func TestMaxmemoryFlood(t *testing.T) {
 			kept, _ := c.DBSize(ctx).Result()
 			used := infoInt(ctx, c, "memory", "used_memory")
 			errText := ""
-			if err, _ := firstErr.Load().(error); err != nil {
+			if p := firstErr.Load(); p != nil {
+				err := *p
 				errText = err.Error()
 				if errors.Is(err, ErrUnavailable) {
 					t.Errorf("a full Redis reported as unavailable: %v", err)

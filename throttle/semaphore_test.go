@@ -541,11 +541,24 @@ func TestSemaphoreNeverExceedsMax(t *testing.T) {
 //     OVER <n>  n holders counted themselves at once, more than max
 //     ERR <e>   something failed
 //
-// A worker counts itself a holder in the set "{<prefix><key>}:holders" (SADD and
-// SCARD in one script, so the count is exact at the server) while it holds.
+// A worker counts itself a holder in the set "{<prefix><key>}:holders" while it holds
+// (SADD and SCARD in one script, so the count is exact at the server). The script
+// first drops the members whose lease is no longer live in the semaphore's lease set
+// by the server's clock: a worker whose renewal came late on a loaded machine has lost
+// its lease (Hold cancels its context) before it takes itself out of the set, and its
+// slot is rightly someone else's. What is counted is what the semaphore promises: at
+// most max live leases at once.
 const semChildEnv = "JOBTHROTTLE_SEM_CHILD"
 
-var addHolder = redis.NewScript(`redis.call('SADD', KEYS[1], ARGV[1])
+var addHolder = redis.NewScript(`local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+redis.call('SADD', KEYS[1], ARGV[1])
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  local exp = redis.call('ZSCORE', KEYS[2], id)
+  if not exp or tonumber(exp) <= now then
+    redis.call('SREM', KEYS[1], id)
+  end
+end
 redis.call('PEXPIRE', KEYS[1], 60000)
 return redis.call('SCARD', KEYS[1])`)
 
@@ -575,6 +588,7 @@ func TestSemaphoreChildProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	holders := "{" + prefix + key + "}:holders"
+	leases := s.keys[0] // the lease set: id -> expiry, µs
 	var mu sync.Mutex
 	say := func(format string, args ...any) {
 		mu.Lock()
@@ -600,7 +614,7 @@ func TestSemaphoreChildProcess(t *testing.T) {
 				say("+ %s", l.ID())
 				hold := time.Duration(5+rng.Intn(40)) * time.Millisecond
 				err = l.Hold(ctx, func(ctx context.Context) error {
-					n, err := addHolder.Run(ctx, rdb, []string{holders}, l.ID()).Int()
+					n, err := addHolder.Run(ctx, rdb, []string{holders, leases}, l.ID()).Int()
 					if err != nil {
 						return err
 					}
