@@ -464,7 +464,7 @@ func TestSemaphoreHooksAndRedisDown(t *testing.T) {
 }
 
 // Many goroutines through Do and TryAcquire: never more than max hold at once, and
-// max is reached.
+// max is reached (the first max holders wait for one another, holding: see work).
 func TestSemaphoreNeverExceedsMax(t *testing.T) {
 	const (
 		max     = 4
@@ -478,7 +478,15 @@ func TestSemaphoreNeverExceedsMax(t *testing.T) {
 		}
 		calls := &scriptCalls{}
 		b.Client.AddHook(calls)
-		var holders, peak, done atomic.Int64
+		var holders, peak, done, entered atomic.Int64
+		// The first max holders wait, holding, until max hold at once: so max is
+		// reached by mechanism, not by how the goroutines happen to be scheduled, and a
+		// semaphore that admits fewer than max keeps them waiting. fillBound only ends
+		// that wait when it would never end (a pass fills the slots in milliseconds);
+		// it is long beside any scheduling delay of the loaded machine.
+		const fillBound = 10 * time.Second
+		full := make(chan struct{})
+		var fillOnce sync.Once
 		work := func(ctx context.Context) error {
 			n := holders.Add(1)
 			defer holders.Add(-1)
@@ -486,6 +494,16 @@ func TestSemaphoreNeverExceedsMax(t *testing.T) {
 			}
 			if n > max {
 				return fmt.Errorf("%d holders at once, max %d", n, max)
+			}
+			if n == max {
+				fillOnce.Do(func() { close(full) })
+			}
+			if entered.Add(1) <= max {
+				select {
+				case <-full:
+				case <-time.After(fillBound):
+					return fmt.Errorf("%d holders at once for %v while the other slots were free, want max = %d", holders.Load(), fillBound, max)
+				}
 			}
 			time.Sleep(5 * time.Millisecond) // long beside a script call, so the slots fill
 			done.Add(1)
