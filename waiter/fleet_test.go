@@ -256,17 +256,24 @@ type vendorLog struct {
 	hits []vendorHit
 }
 
+// pauseSeen is a pause of the fleet test's process proc, reached Redis at at (UnixNano).
+type pauseSeen struct {
+	proc int
+	at   int64
+}
+
 type vendorHit struct {
 	proc, id int
 	at       time.Time
 	status   int
 }
 
-func (v *vendorLog) add(r *http.Request, status int) {
+// add records r, answered status by a vendor that decided at at.
+func (v *vendorLog) add(r *http.Request, status int, at time.Time) {
 	proc, _ := strconv.Atoi(r.Header.Get("X-Proc"))
 	id, _ := strconv.Atoi(r.Header.Get("X-Req"))
 	v.mu.Lock()
-	v.hits = append(v.hits, vendorHit{proc, id, time.Now(), status})
+	v.hits = append(v.hits, vendorHit{proc, id, at, status})
 	v.mu.Unlock()
 }
 
@@ -311,7 +318,7 @@ func TestTransportFleetRetryAfter(t *testing.T) {
 			w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(start.Add(pause).Sub(now).Seconds()))))
 		}
 		mu.Unlock()
-		log.add(r, status)
+		log.add(r, status, now)
 		w.WriteHeader(status)
 	}))
 	defer vendor.Close()
@@ -365,8 +372,11 @@ func TestTransportFleetRetryAfter(t *testing.T) {
 // 8 processes × 8 goroutines share a limiter of 100 requests a second, above the
 // vendor's quota of 50 per wall-clock second, which an unthrottled client also uses
 // (20 a second). The vendor sends its quota in RateLimit headers on every answer;
-// with WithRateLimitHeaders(24) the fleet gets no 429 after each process read its
-// first answer. Without it, the figure shows what the headers save.
+// with WithRateLimitHeaders(24) no request is refused that the fleet could have held
+// back: none booked after a pause reached Redis, none of the process that paused
+// (checked by mechanism, see below). How many were on their way while a pause spread
+// depends on the machine's speed: reported (none on an idle machine, where 24 cover
+// the requests in flight). Without the option, the figure shows what the headers save.
 func TestTransportFleetRateLimitHeaders(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-process figure")
@@ -405,7 +415,7 @@ func TestTransportFleetRateLimitHeaders(t *testing.T) {
 				w.Header().Set("Retry-After", strconv.Itoa(reset))
 			}
 			if r.Header.Get("X-Proc") != "" {
-				log.add(r, status)
+				log.add(r, status, now)
 			}
 			w.WriteHeader(status)
 		}))
@@ -436,11 +446,24 @@ func TestTransportFleetRateLimitHeaders(t *testing.T) {
 		close(stop)
 		unthrottled.Wait()
 		vendor.Close()
+		// A 429 is the transport's fault when it was sent in a vendor second (the
+		// vendor's quota window) after a pause announced in that second had reached
+		// Redis and the request was booked after it, or had held its own process: the
+		// headers' reset runs to the end of the second at least, so a pause announced
+		// in it keeps every later booking of the fleet, and every request of the
+		// process that read it, out of that second. Other 429s are of requests already
+		// on their way while the pause spread (between the vendor's answer and the
+		// Pause reaching Redis): how many depends on how fast the machine runs them
+		// (at 100/s, reserve 24 covers 240ms), a figure, not asserted.
 		firstRead := map[int]time.Time{}
+		paused := map[int64][]pauseSeen{} // by the vendor second of the pause
 		for _, rep := range reports {
 			firstRead[rep.Proc] = time.Unix(0, rep.FirstRead)
+			for _, at := range rep.PausedAt {
+				paused[time.Unix(0, at).Unix()] = append(paused[time.Unix(0, at).Unix()], pauseSeen{rep.Proc, at})
+			}
 		}
-		refused, refusedAfter, ok := 0, 0, 0
+		refused, refusedAfter, onTheirWay, ok := 0, 0, 0, 0
 		byID := map[int]childReq{}
 		for _, rep := range reports {
 			for _, r := range rep.Reqs {
@@ -454,17 +477,27 @@ func TestTransportFleetRateLimitHeaders(t *testing.T) {
 				continue
 			}
 			refused++
-			if time.Unix(0, byID[h.id].SentAt).After(firstRead[h.proc]) {
+			r := byID[h.id]
+			if time.Unix(0, r.SentAt).After(firstRead[h.proc]) {
 				refusedAfter++
+			}
+			held := false
+			for _, p := range paused[h.at.Unix()] {
+				if p.at < r.ReserveStart || (p.proc == h.proc && p.at < r.SentAt) {
+					held = true
+					t.Errorf("request %d of process %d, booked %v and sent %v after process %d's pause in the same vendor second reached Redis, was refused 429",
+						h.id, h.proc, time.Duration(r.ReserveStart-p.at), time.Duration(r.SentAt-p.at), p.proc)
+					break
+				}
+			}
+			if !held {
+				onTheirWay++
 			}
 		}
 		log.mu.Unlock()
 		if withHeaders {
-			redistest.Figure(t, "with WithRateLimitHeaders(%d): %d processes × 8 goroutines at 100/s, vendor quota %d/s shared with an unthrottled client at 20/s, 3s: %d answered 200, %d refused 429 (%d sent after the process read its first header)",
-				reserve, procs, quota, ok, refused, refusedAfter)
-			if refusedAfter > 0 {
-				t.Errorf("%d requests sent after their process read the vendor's headers were refused 429, want 0", refusedAfter)
-			}
+			redistest.Figure(t, "with WithRateLimitHeaders(%d): %d processes × 8 goroutines at 100/s, vendor quota %d/s shared with an unthrottled client at 20/s, 3s: %d answered 200, %d refused 429 (%d sent after the process read its first header; %d on their way while a pause spread)",
+				reserve, procs, quota, ok, refused, refusedAfter, onTheirWay)
 		} else {
 			redistest.Figure(t, "without WithRateLimitHeaders: the same fleet: %d answered 200, %d refused 429", ok, refused)
 		}
