@@ -22,12 +22,10 @@ var errNoReply = errors.New("no reply")
 //     client built without ContextTimeoutEnabled waits for its own ReadTimeout,
 //     retries included, whatever the deadline (a 1s deadline returned after 3s, 10s
 //     after 12s);
+//   - when ctx ends with errCallTimeout as its cause (the call's own bound, see
+//     evalOnTime), with an error wrapping ErrUnavailable only: the caller's own
+//     deadline has not passed;
 //   - when ctx is cancelled, with ctx.Err().
-//
-// A call whose context has no deadline waits as long as go-redis does: each try up
-// to the client's timeouts, MaxRetries more tries. (Cutting it at one ReadTimeout
-// failed healthy calls on a loaded machine: a fresh process's first call also dials,
-// and that is not part of ReadTimeout.)
 //
 // The call goes on in the background; if it then brings a reply, late is given it
 // (late may be nil), so that a grant its caller never saw can be given back. A
@@ -79,8 +77,16 @@ func awaitReply(ctx context.Context, call func(context.Context) (any, error), la
 }
 
 // noReply is the error of a call whose context's deadline passed before Redis
-// answered: it wraps ErrUnavailable and context.DeadlineExceeded, both being true.
+// answered: it wraps ErrUnavailable and context.DeadlineExceeded, both being true;
+// or, when the deadline was the call's own bound (errCallTimeout), ErrUnavailable
+// and errCallTimeout only.
 func noReply(ctx context.Context, cause error) error {
+	if cerr := context.Cause(ctx); errors.Is(cerr, errCallTimeout) {
+		if cause != nil {
+			return fmt.Errorf("%w: %w: %w: %v", ErrUnavailable, errNoReply, cerr, cause)
+		}
+		return fmt.Errorf("%w: %w: %w", ErrUnavailable, errNoReply, cerr)
+	}
 	dl, _ := ctx.Deadline()
 	if cause != nil {
 		return fmt.Errorf("%w: %w before the context's deadline (%s ago, %w): %v", ErrUnavailable, errNoReply, time.Since(dl).Round(time.Millisecond), context.DeadlineExceeded, cause)
@@ -95,16 +101,87 @@ func isServerError(err error) bool {
 	return errors.As(err, &rerr) && !errors.Is(err, context.DeadlineExceeded)
 }
 
-// evalOnTime is evalOnce, returning by ctx's deadline (see awaitReply); late, if not
-// nil, gets a reply that came after its caller left. A context that never ends costs
-// nothing extra: it calls evalOnce directly.
+// evalOnTime is evalOnce, returning by ctx's deadline or within r.callTimeout,
+// whichever comes first (see awaitReply); late, if not nil, gets a reply that came
+// after its caller left.
 func (r *runner) evalOnTime(ctx context.Context, script *redis.Script, keys []string, args []any, late func(any)) (any, error) {
+	if d := r.callTimeout; d > 0 {
+		if dl, ok := ctx.Deadline(); !ok || time.Until(dl) > d {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeoutCause(ctx, d, &callTimeoutError{d})
+			defer cancel()
+		}
+	}
 	if ctx.Done() == nil {
 		return evalOnce(ctx, r.rdb, script, keys, args)
 	}
 	return awaitReply(ctx, func(ctx context.Context) (any, error) {
 		return evalOnce(ctx, r.rdb, script, keys, args)
 	}, late)
+}
+
+// errCallTimeout is matched by the cause of a call's context that ended at the
+// call's own bound (WithCallTimeout), not at its caller's deadline.
+var errCallTimeout = errors.New("no reply within the call timeout")
+
+type callTimeoutError struct{ d time.Duration }
+
+func (e *callTimeoutError) Error() string {
+	return fmt.Sprintf("no reply within the call timeout (%v)", e.d)
+}
+func (e *callTimeoutError) Is(target error) bool { return target == errCallTimeout }
+
+// WithCallTimeout bounds each Redis call of a Limiter or Semaphore: one that has no
+// reply within d returns an error wrapping ErrUnavailable (not
+// context.DeadlineExceeded: the caller's own deadline has not passed), whatever the
+// client's timeouts and retries, and whether or not the context has a deadline (an
+// earlier deadline still ends the call first). A reply that comes later is handled
+// as one after a deadline: a grant or lease it brings is given back. d must be
+// positive (ErrInvalidArgument otherwise).
+//
+// Unset, the bound is one try of the client's own: DialTimeout + WriteTimeout +
+// ReadTimeout of its options (go-redis's defaults, 5s + 3s + 3s, for any it does
+// not set or disables), 11s with go-redis's defaults where go-redis alone, retrying,
+// takes 12s against a Redis that never answers, and never waits forever on a client
+// built without read timeouts. A healthy call takes a millisecond or so: set d to
+// what the caller can afford to wait for a decision (a second, say), above the
+// slowest reply a loaded Redis gives.
+func WithCallTimeout(d time.Duration) CommonOption {
+	return commonOption(func(c *config) {
+		if d <= 0 {
+			c.fail("%w: call timeout %v, want > 0", ErrInvalidArgument, d)
+			return
+		}
+		c.callTimeout = d
+	})
+}
+
+// callTimeout returns the bound of each Redis call: the one set (WithCallTimeout),
+// else one try of rdb's: DialTimeout + WriteTimeout + ReadTimeout, go-redis's
+// defaults standing in for any unset or disabled.
+func callTimeout(set time.Duration, rdb redis.UniversalClient) time.Duration {
+	if set > 0 {
+		return set
+	}
+	dial, write, read := 5*time.Second, 3*time.Second, 3*time.Second // go-redis's defaults
+	or := func(v, def time.Duration) time.Duration {
+		if v > 0 {
+			return v
+		}
+		return def
+	}
+	switch c := rdb.(type) {
+	case *redis.Client: // FailoverClient's too
+		o := c.Options()
+		dial, write, read = or(o.DialTimeout, dial), or(o.WriteTimeout, write), or(o.ReadTimeout, read)
+	case *redis.ClusterClient:
+		o := c.Options()
+		dial, write, read = or(o.DialTimeout, dial), or(o.WriteTimeout, write), or(o.ReadTimeout, read)
+	case *redis.Ring:
+		o := c.Options()
+		dial, write, read = or(o.DialTimeout, dial), or(o.WriteTimeout, write), or(o.ReadTimeout, read)
+	}
+	return dial + write + read
 }
 
 // lateCancelTimeout bounds the call that gives back a grant whose caller had left.
@@ -114,10 +191,9 @@ const lateCancelTimeout = 2 * time.Second
 // that came after its caller had left: a grant booked ahead is given back, as the
 // caller would have done had it seen it. A grant that took effect at once has been
 // used as far as the limit can tell (the scripts give back only bookings still
-// ahead), and counts. Other operations leave nothing to give back, and a context
-// that never ends never leaves early (nil for both).
-func (l *Limiter) lateReply(ctx context.Context, op, n int) func(any) {
-	if op != opAcquire || n == 0 || ctx.Done() == nil {
+// ahead), and counts. Other operations leave nothing to give back (nil).
+func (l *Limiter) lateReply(op, n int) func(any) {
+	if op != opAcquire || n == 0 {
 		return nil
 	}
 	return func(val any) {
@@ -134,10 +210,9 @@ func (l *Limiter) lateReply(ctx context.Context, op, n int) func(any) {
 // lateAcquire returns what awaitReply does with the reply to a semaphore acquire for
 // lease id that came after its caller had left: the lease it may have granted, or the
 // place in the queue it may have taken, is given back (a release of id; one that
-// holds nothing frees nothing). Other operations, and a context that never ends,
-// need nothing (nil).
-func (s *Semaphore) lateAcquire(ctx context.Context, op int, id string) func(any) {
-	if op != semAcquire || ctx.Done() == nil {
+// holds nothing frees nothing). Other operations need nothing (nil).
+func (s *Semaphore) lateAcquire(op int, id string) func(any) {
+	if op != semAcquire {
 		return nil
 	}
 	return func(any) {

@@ -324,3 +324,184 @@ func TestLateLeaseGivenBack(t *testing.T) {
 	// released by the late reply's handler: well within 10s, where the TTL is a minute
 	eventually(t, 10*time.Second, "the late lease released", func() bool { return held() == 0 })
 }
+
+// WithCallTimeout bounds every call, with a context that has no deadline too, whatever
+// the client's options (without read timeouts a call would otherwise wait forever):
+// each returns an error wrapping ErrUnavailable, not context.DeadlineExceeded (the
+// caller's context did not end).
+//
+// Tolerance: each call returns within lateBy (250ms) of its 300ms bound.
+func TestCallTimeoutHoldsAgainstHungRedis(t *testing.T) {
+	hung, err := redistest.NewHungServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hung.Close()
+	const bound = 300 * time.Millisecond
+	var (
+		mu    sync.Mutex
+		worst time.Duration
+		wg    sync.WaitGroup
+	)
+	for _, o := range clientOptions {
+		for _, call := range []string{"Wait", "Allow", "Reserve", "Pause", "TryAcquire", "Acquire"} {
+			for _, ctxKind := range []string{"Background", "1h deadline"} {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					opts := &redis.Options{Addr: hung.Addr}
+					o.set(opts)
+					rdb := redis.NewClient(opts)
+					defer rdb.Close()
+					l, err := New(rdb, "hung", PerSecond(10), WithCallTimeout(bound))
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					s, err := NewSemaphore(rdb, "hung", 1, WithCallTimeout(bound))
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					ctx, cancel := context.Background(), context.CancelFunc(func() {})
+					if ctxKind != "Background" {
+						ctx, cancel = context.WithTimeout(ctx, time.Hour)
+					}
+					defer cancel()
+					start := time.Now()
+					switch call {
+					case "Wait":
+						err = l.Wait(ctx)
+					case "Allow":
+						_, err = l.Allow(ctx)
+					case "Reserve":
+						_, err = l.Reserve(ctx, 1, time.Minute)
+					case "Pause":
+						err = l.Pause(ctx, time.Second)
+					case "TryAcquire":
+						_, _, err = s.TryAcquire(ctx)
+					case "Acquire":
+						_, err = s.Acquire(ctx)
+					}
+					took := time.Since(start)
+					mu.Lock()
+					worst = max(worst, took-bound)
+					mu.Unlock()
+					what := o.name + "/" + call + "/" + ctxKind
+					if !errors.Is(err, ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
+						t.Errorf("%s after %v: %v, want ErrUnavailable and not context.DeadlineExceeded", what, took, err)
+					}
+					if took < bound || took > bound+lateBy {
+						t.Errorf("%s returned after %v, want %v (+ up to %v)", what, took, bound, lateBy)
+					}
+				}()
+			}
+		}
+	}
+	wg.Wait()
+	redistest.Figure(t, "hung Redis, WithCallTimeout(%v), %d option sets × 6 calls × Background and a 1h deadline: latest return %v after the bound",
+		bound, len(clientOptions), worst.Round(time.Millisecond))
+}
+
+// Without WithCallTimeout, a call's bound is one try of the client's own timeouts:
+// DialTimeout + WriteTimeout + ReadTimeout, go-redis's defaults for those unset or
+// disabled.
+func TestDefaultCallTimeout(t *testing.T) {
+	ms100 := 100 * time.Millisecond
+	for _, c := range []struct {
+		name string
+		rdb  redis.UniversalClient
+		set  time.Duration
+		want time.Duration
+	}{
+		{"go-redis defaults", redis.NewClient(&redis.Options{}), 0, 11 * time.Second},
+		{"set", redis.NewClient(&redis.Options{}), time.Second, time.Second},
+		{"own timeouts", redis.NewClient(&redis.Options{DialTimeout: ms100, ReadTimeout: 2 * ms100, WriteTimeout: 3 * ms100}), 0, 6 * ms100},
+		{"write timeout from read's", redis.NewClient(&redis.Options{DialTimeout: ms100, ReadTimeout: 2 * ms100}), 0, 5 * ms100},
+		{"timeouts disabled", redis.NewClient(&redis.Options{DialTimeout: ms100, ReadTimeout: -1, WriteTimeout: -2}), 0, ms100 + 6*time.Second},
+		{"cluster", redis.NewClusterClient(&redis.ClusterOptions{DialTimeout: ms100, ReadTimeout: ms100, WriteTimeout: ms100}), 0, 3 * ms100},
+		{"ring", redis.NewRing(&redis.RingOptions{DialTimeout: ms100, ReadTimeout: ms100, WriteTimeout: ms100}), 0, 3 * ms100},
+		{"failover", redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "m", DialTimeout: ms100, ReadTimeout: ms100}), 0, 3 * ms100},
+	} {
+		if got := callTimeout(c.set, c.rdb); got != c.want {
+			t.Errorf("%s: call timeout %v, want %v", c.name, got, c.want)
+		}
+		c.rdb.Close()
+	}
+	rdb := redis.NewClient(&redis.Options{})
+	defer rdb.Close()
+	for _, d := range []time.Duration{0, -time.Second} {
+		if _, err := New(rdb, "k", PerSecond(1), WithCallTimeout(d)); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("New with WithCallTimeout(%v): %v, want ErrInvalidArgument", d, err)
+		}
+		if _, err := NewSemaphore(rdb, "k", 1, WithCallTimeout(d)); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("NewSemaphore with WithCallTimeout(%v): %v, want ErrInvalidArgument", d, err)
+		}
+	}
+}
+
+// The default bound holds against a hung Redis where go-redis alone would retry: a
+// client of 100ms timeouts and 10 retries returns by its 300ms bound (go-redis alone:
+// 11 tries of 100ms, and backoff).
+//
+// Tolerance: it returns within lateBy (250ms) of the bound.
+func TestDefaultCallTimeoutHoldsAgainstHungRedis(t *testing.T) {
+	hung, err := redistest.NewHungServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hung.Close()
+	const bound = 300 * time.Millisecond
+	rdb := redis.NewClient(&redis.Options{Addr: hung.Addr, DialTimeout: bound / 3, ReadTimeout: bound / 3, WriteTimeout: bound / 3, MaxRetries: 10})
+	defer rdb.Close()
+	l, err := New(rdb, "hung", PerSecond(10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err = l.Allow(context.Background())
+	took := time.Since(start)
+	if !errors.Is(err, ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) || took < bound || took > bound+lateBy {
+		t.Errorf("Allow without a deadline: %v after %v; want ErrUnavailable after %v (+ up to %v)", err, took, bound, lateBy)
+	}
+}
+
+// A booking whose reply comes after its call's own bound (WithCallTimeout) passed, the
+// caller's context having no deadline, is given back as after a deadline.
+func TestLateGrantGivenBackAfterCallTimeout(t *testing.T) {
+	b := redistest.NewStandalone(t)
+	proxy, err := redistest.NewProxy(b.Client.(*redis.Client).Options().Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr})
+	defer rdb.Close()
+	cancelled := make(chan int, 4)
+	l, err := New(rdb, "late-bound", Every(time.Second), WithKeyPrefix(b.Prefix), WithCallTimeout(100*time.Millisecond),
+		WithHooks(Hooks{Cancelled: func(_ string, n int) { cancelled <- n }}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if res, err := l.Allow(ctx); err != nil || !res.Allowed { // the permit of this second
+		t.Fatalf("Allow: %+v, %v", res, err)
+	}
+	proxy.Delay("exec", 400*time.Millisecond)
+	if _, err := l.Reserve(ctx, 1, time.Minute); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Reserve through a slow Redis with a 100ms call timeout: %v, want ErrUnavailable", err)
+	}
+	proxy.Delay("", 0)
+	select {
+	case n := <-cancelled:
+		if n != 1 {
+			t.Fatalf("gave back %d permits, want 1", n)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the booking its caller never saw was not given back within 5s")
+	}
+	r, err := l.Reserve(ctx, 1, time.Minute)
+	if err != nil || !r.OK() || r.Delay() > time.Second {
+		t.Fatalf("Reserve after the give-back: %v, %v; want the slot within the second (not a second later)", r, err)
+	}
+}

@@ -23,6 +23,8 @@ type runner struct {
 	redisError func(string, error) // the RedisError hook, or nil
 	pin        *pin                // keeps the shared state alive while it matters
 	owner      any                 // the shared state pin holds
+
+	callTimeout time.Duration // bounds each call (see evalOnTime, WithCallTimeout)
 }
 
 // exec runs script once on keys with args and returns its reply, by ctx's deadline

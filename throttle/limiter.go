@@ -262,7 +262,7 @@ func (l *Limiter) run(ctx context.Context, op, n int, waitOrToken int64) (reply,
 		args[0], args[1], args[2] = op, n, waitOrToken
 		args = append(args, l.tail...)
 	}
-	val, err := l.decide(ctx, op, n, waitOrToken, args, l.lateReply(ctx, op, n))
+	val, err := l.decide(ctx, op, n, waitOrToken, args, l.lateReply(op, n))
 	if err != nil {
 		if ae, ok := err.(*AlgorithmError); ok {
 			ae.Want = l.alg

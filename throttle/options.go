@@ -54,6 +54,8 @@ type config struct {
 	leaseTTL   time.Duration // 0 means defaultLeaseTTL
 	noCoalesce bool          // WithCoalescing(false)
 	err        error
+
+	callTimeout time.Duration // 0: one try of the client's (see WithCallTimeout)
 }
 
 func newConfig() *config {

@@ -313,7 +313,7 @@ func (s *Semaphore) run(ctx context.Context, op int, id string, join bool) (semR
 	if join {
 		q = 1
 	}
-	val, err := s.execLate(ctx, s.script, s.keys, []any{op, id, s.max, s.ttlUS, q}, s.lateAcquire(ctx, op, id))
+	val, err := s.execLate(ctx, s.script, s.keys, []any{op, id, s.max, s.ttlUS, q}, s.lateAcquire(op, id))
 	if err != nil {
 		return semReply{}, err
 	}
