@@ -22,37 +22,40 @@ var errNoReply = errors.New("no reply")
 //     client built without ContextTimeoutEnabled waits for its own ReadTimeout,
 //     retries included, whatever the deadline (a 1s deadline returned after 3s, 10s
 //     after 12s);
-//   - when ctx ends with errCallTimeout as its cause (the call's own bound, see
-//     evalOnTime), with an error wrapping ErrUnavailable only: the caller's own
-//     deadline has not passed;
+//   - when bound (if positive) has passed first, with an error wrapping
+//     ErrUnavailable only: the caller's own deadline has not passed (see
+//     WithCallTimeout);
 //   - when ctx is cancelled, with ctx.Err().
 //
 // The call goes on in the background; if it then brings a reply, late is given it
-// (late may be nil), so that a grant its caller never saw can be given back. A
-// context that can end costs a goroutine per call; one that cannot (Background)
-// calls directly.
+// (late may be nil), so that a grant its caller never saw can be given back. A call
+// that may return early costs a goroutine; one whose context never ends and has no
+// bound calls directly.
 //
 // A call that fails on its own, once ctx's deadline has passed, also reports
 // ErrUnavailable unless Redis answered with an error of its own, so a client that
 // honours deadlines (ContextTimeoutEnabled) yields the same error as one that does not.
-func awaitReply(ctx context.Context, call func(context.Context) (any, error), late func(any)) (any, error) {
-	if ctx.Done() == nil { // never ends (context.Background): nothing to return early for
+func awaitReply(ctx context.Context, bound time.Duration, call func(context.Context) (any, error), late func(any)) (any, error) {
+	var expired <-chan time.Time // nil: ctx's deadline comes first, or there is no bound
+	if bound > 0 {
+		if dl, ok := ctx.Deadline(); !ok || time.Until(dl) > bound {
+			t := time.NewTimer(bound)
+			defer t.Stop()
+			expired = t.C
+		}
+	}
+	if ctx.Done() == nil && expired == nil { // nothing to return early for
 		return call(ctx)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	var (
-		state atomic.Int32 // 0: the caller waits; 1: the reply was handed over; 2: the caller left
-		val   any
-		err   error
-		done  = make(chan struct{})
-	)
+	p := &pendingReply{done: make(chan struct{})} // one allocation for what the goroutine shares
 	go func() {
 		v, e := call(ctx)
-		if state.CompareAndSwap(0, 1) {
-			val, err = v, e
-			close(done)
+		if p.state.CompareAndSwap(0, 1) {
+			p.val, p.err = v, e
+			close(p.done)
 			return
 		}
 		if e == nil && late != nil { // the caller left without it
@@ -60,33 +63,42 @@ func awaitReply(ctx context.Context, call func(context.Context) (any, error), la
 		}
 	}()
 	select {
-	case <-done:
+	case <-p.done:
+	case <-expired:
+		if p.state.CompareAndSwap(0, 2) {
+			return nil, fmt.Errorf("%w: %w: %w (%v)", ErrUnavailable, errNoReply, errCallTimeout, bound)
+		}
+		<-p.done // the reply came as the bound passed: use it
 	case <-ctx.Done():
-		if state.CompareAndSwap(0, 2) {
+		if p.state.CompareAndSwap(0, 2) {
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 				return nil, noReply(ctx, nil)
 			}
 			return nil, ctx.Err()
 		}
-		<-done // the reply came as the context ended: use it
+		<-p.done // the reply came as the context ended: use it
 	}
+	val, err := p.val, p.err
 	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) && !isServerError(err) {
 		return nil, noReply(ctx, err)
 	}
 	return val, err
 }
 
+// pendingReply is a call's reply on its way to the caller who waits for it.
+type pendingReply struct {
+	state atomic.Int32 // 0: the caller waits; 1: the reply was handed over; 2: the caller left
+	val   any
+	err   error
+	done  chan struct{} // closed when the reply was handed over
+}
+
+// errCallTimeout is why a call returned at its own bound (WithCallTimeout).
+var errCallTimeout = errors.New("within the call timeout")
+
 // noReply is the error of a call whose context's deadline passed before Redis
-// answered: it wraps ErrUnavailable and context.DeadlineExceeded, both being true;
-// or, when the deadline was the call's own bound (errCallTimeout), ErrUnavailable
-// and errCallTimeout only.
+// answered: it wraps ErrUnavailable and context.DeadlineExceeded, both being true.
 func noReply(ctx context.Context, cause error) error {
-	if cerr := context.Cause(ctx); errors.Is(cerr, errCallTimeout) {
-		if cause != nil {
-			return fmt.Errorf("%w: %w: %w: %v", ErrUnavailable, errNoReply, cerr, cause)
-		}
-		return fmt.Errorf("%w: %w: %w", ErrUnavailable, errNoReply, cerr)
-	}
 	dl, _ := ctx.Deadline()
 	if cause != nil {
 		return fmt.Errorf("%w: %w before the context's deadline (%s ago, %w): %v", ErrUnavailable, errNoReply, time.Since(dl).Round(time.Millisecond), context.DeadlineExceeded, cause)
@@ -105,31 +117,10 @@ func isServerError(err error) bool {
 // whichever comes first (see awaitReply); late, if not nil, gets a reply that came
 // after its caller left.
 func (r *runner) evalOnTime(ctx context.Context, script *redis.Script, keys []string, args []any, late func(any)) (any, error) {
-	if d := r.callTimeout; d > 0 {
-		if dl, ok := ctx.Deadline(); !ok || time.Until(dl) > d {
-			var cancel context.CancelFunc
-			ctx, cancel = context.WithTimeoutCause(ctx, d, &callTimeoutError{d})
-			defer cancel()
-		}
-	}
-	if ctx.Done() == nil {
-		return evalOnce(ctx, r.rdb, script, keys, args)
-	}
-	return awaitReply(ctx, func(ctx context.Context) (any, error) {
+	return awaitReply(ctx, r.callTimeout, func(ctx context.Context) (any, error) {
 		return evalOnce(ctx, r.rdb, script, keys, args)
 	}, late)
 }
-
-// errCallTimeout is matched by the cause of a call's context that ended at the
-// call's own bound (WithCallTimeout), not at its caller's deadline.
-var errCallTimeout = errors.New("no reply within the call timeout")
-
-type callTimeoutError struct{ d time.Duration }
-
-func (e *callTimeoutError) Error() string {
-	return fmt.Sprintf("no reply within the call timeout (%v)", e.d)
-}
-func (e *callTimeoutError) Is(target error) bool { return target == errCallTimeout }
 
 // WithCallTimeout bounds each Redis call of a Limiter or Semaphore: one that has no
 // reply within d returns an error wrapping ErrUnavailable (not

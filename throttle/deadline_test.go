@@ -172,9 +172,9 @@ func TestLateGrantGivenBack(t *testing.T) {
 
 // What a call costs against a refused port and a hung server, with go-redis's defaults
 // and with the options the README recommends for limiters. Figures only: the
-// durations depend on go-redis's retry and backoff settings, not on jobthrottle. The
-// hung server with go-redis's defaults and no deadline (12s) runs with
-// JOBTHROTTLE_LONG set.
+// durations depend on go-redis's retry and backoff settings and on the call timeout
+// (WithCallTimeout). The hung server without a deadline or a call timeout set (11s,
+// the default call timeout) runs with JOBTHROTTLE_LONG set.
 func TestUnavailableCostFigures(t *testing.T) {
 	if testing.Short() {
 		t.Skip("figures only")
@@ -202,21 +202,25 @@ func TestUnavailableCostFigures(t *testing.T) {
 		name, addr string
 		set        func(*redis.Options)
 		deadline   time.Duration // 0: none
+		opts       []Option
 	}
 	var long []costCase
-	if longFaultTests() { // 12s: go-redis's 4 tries of 3s each
-		long = append(long, costCase{"hung server, go-redis defaults, no deadline", hung.Addr, func(*redis.Options) {}, 0})
+	if longFaultTests() { // 11s: the default call timeout, one try of go-redis's defaults (5s + 3s + 3s)
+		long = append(long,
+			costCase{"hung server, go-redis defaults, no deadline", hung.Addr, func(*redis.Options) {}, 0, nil},
+			costCase{"hung server, no read timeout, no deadline", hung.Addr, func(o *redis.Options) { o.ReadTimeout = -1 }, 0, nil})
 	}
 	var wg sync.WaitGroup
 	for _, c := range append([]costCase{
-		{"refused port, go-redis defaults, no deadline", refused, func(*redis.Options) {}, 0},
-		{"refused port, recommended options, no deadline", refused, recommended, 0},
-		{"hung server, recommended options, no deadline", hung.Addr, recommended, 0},
-		{"hung server, go-redis defaults, 1s deadline", hung.Addr, func(*redis.Options) {}, time.Second},
+		{"refused port, go-redis defaults, no deadline", refused, func(*redis.Options) {}, 0, nil},
+		{"refused port, recommended options, no deadline", refused, recommended, 0, nil},
+		{"hung server, recommended options, no deadline", hung.Addr, recommended, 0, nil},
+		{"hung server, go-redis defaults, 1s deadline", hung.Addr, func(*redis.Options) {}, time.Second, nil},
 		{"refused port, recommended options and MaxRetries -1, no deadline", refused, func(o *redis.Options) {
 			recommended(o)
 			o.MaxRetries = -1
-		}, 0},
+		}, 0, nil},
+		{"hung server, go-redis defaults, WithCallTimeout(1s), no deadline", hung.Addr, func(*redis.Options) {}, 0, []Option{WithCallTimeout(time.Second)}},
 	}, long...) {
 		wg.Add(1)
 		go func() {
@@ -225,7 +229,7 @@ func TestUnavailableCostFigures(t *testing.T) {
 			c.set(opts)
 			rdb := redis.NewClient(opts)
 			defer rdb.Close()
-			l, err := New(rdb, "cost", PerSecond(10))
+			l, err := New(rdb, "cost", PerSecond(10), c.opts...)
 			if err != nil {
 				t.Error(err)
 				return
