@@ -122,31 +122,6 @@ func (r *runner) evalOnTime(ctx context.Context, script *redis.Script, keys []st
 	}, late)
 }
 
-// WithCallTimeout bounds each Redis call of a Limiter or Semaphore: one that has no
-// reply within d returns an error wrapping ErrUnavailable (not
-// context.DeadlineExceeded: the caller's own deadline has not passed), whatever the
-// client's timeouts and retries, and whether or not the context has a deadline (an
-// earlier deadline still ends the call first). A reply that comes later is handled
-// as one after a deadline: a grant or lease it brings is given back. d must be
-// positive (ErrInvalidArgument otherwise).
-//
-// Unset, the bound is one try of the client's own: DialTimeout + WriteTimeout +
-// ReadTimeout of its options (go-redis's defaults, 5s + 3s + 3s, for any it does
-// not set or disables), 11s with go-redis's defaults where go-redis alone, retrying,
-// takes 12s against a Redis that never answers, and never waits forever on a client
-// built without read timeouts. A healthy call takes a millisecond or so: set d to
-// what the caller can afford to wait for a decision (a second, say), above the
-// slowest reply a loaded Redis gives.
-func WithCallTimeout(d time.Duration) CommonOption {
-	return commonOption(func(c *config) {
-		if d <= 0 {
-			c.fail("%w: call timeout %v, want > 0", ErrInvalidArgument, d)
-			return
-		}
-		c.callTimeout = d
-	})
-}
-
 // callTimeout returns the bound of each Redis call: the one set (WithCallTimeout),
 // else one try of rdb's: DialTimeout + WriteTimeout + ReadTimeout, go-redis's
 // defaults standing in for any unset or disabled.
