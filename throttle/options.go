@@ -168,7 +168,7 @@ func WithLeaseTTL(d time.Duration) SemaphoreOption {
 // context.DeadlineExceeded: the caller's own deadline has not passed), whatever the
 // client's timeouts and retries, and whether or not the context has a deadline (an
 // earlier deadline still ends the call first). A reply that comes later is handled
-// as one after a deadline: a grant or lease it brings is given back. d must be
+// as one after a deadline: a booking ahead or a lease it brings is given back. d must be
 // positive (ErrInvalidArgument otherwise).
 //
 // Unset, the bound is one try of the client's own: DialTimeout + WriteTimeout +
