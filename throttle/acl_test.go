@@ -56,10 +56,12 @@ func aclWorkload(ctx context.Context, c, admin *redis.Client, run string) []erro
 			_, err := l.AllowN(cctx, 1)
 			note(alg.String()+" AllowN", err)
 		}
-		_, err = l.AllowN(cctx, 1) // denied: the wait is searched for
+		// denied whatever the machine's speed (the last grant is in the window): the
+		// wait is searched for (LLEN, LINDEX)
+		_, err = l.AllowN(cctx, 40)
 		note(alg.String()+" denied AllowN", err)
 		var held []*waiter.Reservation
-		for i := 0; i < 3; i++ { // bookings ahead; two land on one time (LSET)
+		for i := 0; i < 3; i++ { // bookings ahead
 			r, err := l.Reserve(cctx, 1, time.Second)
 			note(alg.String()+" Reserve", err)
 			if err == nil {
@@ -71,10 +73,20 @@ func aclWorkload(ctx context.Context, c, admin *redis.Client, run string) []erro
 		for _, r := range held {
 			note(alg.String()+" Cancel", r.Cancel(cctx))
 		}
-		time.Sleep(110 * time.Millisecond) // the first half has left the window
-		_, err = l.AllowN(cctx, 1)         // trims it
-		note(alg.String()+" AllowN after a half", err)
-		note(alg.String()+" Pause", l.Pause(cctx, time.Millisecond))
+		// a booking at the end of a pause (20s: it outlasts any step) stays in the
+		// window; once every earlier grant has left it, the next booking trims them
+		// (LTRIM: not all of the log has expired) and lands on the same time (LSET)
+		note(alg.String()+" Pause", l.Pause(cctx, 20*time.Second))
+		ahead, err := l.Reserve(cctx, 1, time.Minute)
+		note(alg.String()+" Reserve after a pause", err)
+		time.Sleep(210 * time.Millisecond) // every grant before the pause has left the window
+		trims, err := l.Reserve(cctx, 1, time.Minute)
+		note(alg.String()+" Reserve that trims", err)
+		for _, r := range []*waiter.Reservation{ahead, trims} {
+			if r != nil {
+				note(alg.String()+" Cancel after a pause", r.Cancel(cctx))
+			}
+		}
 		note("SCRIPT FLUSH", admin.ScriptFlush(cctx).Err())
 		_, err = l.AllowN(cctx, 0) // EVAL, the script being gone
 		note(alg.String()+" AllowN after SCRIPT FLUSH", err)
@@ -97,10 +109,19 @@ func aclWorkload(ctx context.Context, c, admin *redis.Client, run string) []erro
 		if err != nil {
 			return append(errs, err)
 		}
-		note(alg.String()+" Pause", fresh.Pause(cctx, 50*time.Millisecond))
-		if r, err := fresh.Reserve(cctx, 1, time.Second); err != nil {
-			note(alg.String()+" Reserve after a pause", err)
-		} else {
+		// two bookings after a pause land on its end, one entry (LSET), whatever the
+		// machine's speed: the pause outlasts any step (20s); given back, the first
+		// leaves one permit in the entry, the second none: the log is empty (DEL)
+		note(alg.String()+" Pause", fresh.Pause(cctx, 20*time.Second))
+		var booked []*waiter.Reservation
+		for i := 0; i < 2; i++ {
+			if r, err := fresh.Reserve(cctx, 1, time.Minute); err != nil {
+				note(alg.String()+" Reserve after a pause", err)
+			} else {
+				booked = append(booked, r)
+			}
+		}
+		for _, r := range booked {
 			note(alg.String()+" Cancel after a pause", r.Cancel(cctx))
 		}
 		cancel()
