@@ -16,15 +16,19 @@ import (
 // grants take effect), the rate is used in full once the first window has passed, and
 // each permit costs about one script call.
 //
-// Tolerances: none on the bound; utilization is measured on server times over the
-// whole periods after the first, and must reach 99% (80% on miniredis, see below);
-// calls per permit must stay under
-// 1.05 (a call that books is the only call a waiter makes). The 48 waiters keep about
-// a second of bookings queued, so a waiter the scheduler runs late (a loaded machine,
-// -race) does not leave a gap in the queue.
+// Tolerances: none on the bound; calls per permit must stay under 1.05 (a call that
+// books is the only call a waiter makes). Utilization is measured on server times,
+// over the whole periods after the first whose every slot was booked before the
+// period began (a booking made before it takes effect after it; bookings are FIFO):
+// those are filled by the limiter alone, and must reach 99% (97% for the sliding
+// counter, 80% on miniredis). A period that began with no booking reaching past it had
+// its queue run dry because the waiters did not run (a machine starved by other
+// suites once left 62% of a period unused); it is counted, not judged. The 100 waiters
+// keep half a second of bookings queued, so a waiter the scheduler runs late rarely
+// leaves a period unjudged.
 func TestWaitSharesTheRate(t *testing.T) {
 	const (
-		workers = 48
+		workers = 100
 		period  = 200 * ms
 		rate    = 40
 		windows = 5
@@ -79,22 +83,24 @@ func TestWaitSharesTheRate(t *testing.T) {
 				if most > bound {
 					t.Fatalf("%d permits took effect within one %v window, limit %d", most, period, bound)
 				}
-				util := grants.Utilization(period, rate)
+				util, judged, windows := bookedUtilization(grants.List(), period, rate)
 				perPermit := float64(grants.Calls()) / float64(total)
-				redistest.Figure(t, "%v on %s: %d permits, most in any %v: %d, utilization after the first window %.4f, script calls per permit %.3f",
-					alg, b.Kind, total, period, most, util, perPermit)
+				redistest.Figure(t, "%v on %s: %d permits, most in any %v: %d, utilization of the %d of %d periods after the first booked before they began %.4f (all of them: %.4f), script calls per permit %.3f",
+					alg, b.Kind, total, period, most, judged, windows, util, grants.Utilization(period, rate), perPermit)
+				if judged == 0 && b.Real() { // miniredis, in this process, keeps a shorter queue (1 of 3 periods judged when idle)
+					t.Fatalf("no period after the first was booked before it began: the waiters never kept a queue")
+				}
 				minUtil := 0.99
 				if alg == SlidingCounter {
 					minUtil = 0.97 // a permit holds its place up to one bucket (1/50) longer
 				}
 				if b.Kind == redistest.Mini {
 					// miniredis runs inside this test process: when other suites starve
-					// the machine, its scripts themselves run late and leave gaps no
-					// limiter could fill (0.88 measured twice at load 10); the real
-					// servers, in processes of their own, hold the floor above
+					// the machine, its scripts themselves run late (0.88 measured twice
+					// at load 10, before unbooked periods were left out)
 					minUtil = 0.8
 				}
-				if util < minUtil {
+				if judged > 0 && util < minUtil {
 					t.Errorf("utilization %.4f, want >= %.2f", util, minUtil)
 				}
 				if perPermit > 1.05 {
@@ -155,4 +161,59 @@ func TestWaitDeadlinesAndCancellation(t *testing.T) {
 			t.Fatalf("slot after cancel: %v %v %v", r.OK(), r.Delay(), err)
 		}
 	})
+}
+
+// bookedUtilization returns the share of rate used in the whole periods after the
+// first whose every grant was booked before the period began: one booked before its
+// start (by the server's clock, At - Wait) takes effect at or after its end, and
+// bookings take effect in the order they are made. judged counts those periods,
+// windows all of them.
+func bookedUtilization(list []redistest.Grant, p time.Duration, rate int) (util float64, judged, windows int) {
+	if len(list) == 0 {
+		return 0, 0, 0
+	}
+	first, last := list[0].At, list[0].At
+	for _, g := range list {
+		first, last = minTime(first, g.At), maxTime(last, g.At)
+	}
+	k := int(last.Sub(first) / p)
+	n := 0
+	for i := 1; i < k; i++ {
+		from := first.Add(time.Duration(i) * p)
+		to := from.Add(p)
+		windows++
+		var reach time.Time // the latest effect of a booking made before from
+		in := 0
+		for _, g := range list {
+			if g.At.Add(-g.Wait).Before(from) && g.At.After(reach) {
+				reach = g.At
+			}
+			if !g.At.Before(from) && g.At.Before(to) {
+				in += g.N
+			}
+		}
+		if reach.Before(to) {
+			continue // the queue ran dry in it
+		}
+		judged++
+		n += in
+	}
+	if judged == 0 {
+		return 0, 0, windows
+	}
+	return float64(n) / float64(judged*rate), judged, windows
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
