@@ -52,10 +52,15 @@ func TestMaxmemoryFlood(t *testing.T) {
 				t.Fatal(err)
 			}
 			var busyEvicted atomic.Int64
+			const marker = "end of the test's writes"
+			allHeard := make(chan struct{})
 			go func() {
 				for m := range sub.Channel() {
 					if strings.HasPrefix(m.Payload, "{jobthrottle:busy-") {
 						busyEvicted.Add(1)
+					}
+					if m.Payload == marker {
+						close(allHeard)
 					}
 				}
 			}()
@@ -107,7 +112,17 @@ func TestMaxmemoryFlood(t *testing.T) {
 			time.Sleep(300 * time.Millisecond) // the busy limiters go on after the flood
 			stop()
 			wg.Wait()
-			time.Sleep(50 * time.Millisecond) // the last notices arrive
+			// every eviction notice has arrived once a message published after the
+			// last write has (a channel's messages come in order; nothing writes now,
+			// so nothing is evicted): waiting 50ms missed one on a loaded machine
+			if err := c.Publish(ctx, "__keyevent@0__:evicted", marker).Err(); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-allHeard:
+			case <-time.After(30 * time.Second):
+				t.Fatal("the message published after the last write did not come back within 30s")
+			}
 
 			evicted := infoInt(ctx, c, "stats", "evicted_keys")
 			kept, _ := c.DBSize(ctx).Result()
