@@ -140,10 +140,17 @@ func (b *batcher) take() []*pending {
 }
 
 // wait returns the request's reply, or what its caller gets when its context ends
-// first (as awaitReply does for a call of its own).
+// or its call timeout passes first (as awaitReply does for a call of its own).
 func (p *pending) wait() (any, error) {
+	expired, stop := boundTimer(p.ctx, p.l.callTimeout)
+	defer stop()
 	select {
 	case <-p.done:
+	case <-expired:
+		if p.state.CompareAndSwap(pendQueued, pendLeft) || p.state.CompareAndSwap(pendSent, pendLeft) {
+			return nil, callTimedOut(p.l.callTimeout)
+		}
+		<-p.done // answered as the bound passed: use it
 	case <-p.ctx.Done():
 		if p.state.CompareAndSwap(pendQueued, pendLeft) || p.state.CompareAndSwap(pendSent, pendLeft) {
 			if errors.Is(p.ctx.Err(), context.DeadlineExceeded) {

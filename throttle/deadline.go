@@ -36,14 +36,8 @@ var errNoReply = errors.New("no reply")
 // ErrUnavailable unless Redis answered with an error of its own, so a client that
 // honours deadlines (ContextTimeoutEnabled) yields the same error as one that does not.
 func awaitReply(ctx context.Context, bound time.Duration, call func(context.Context) (any, error), late func(any)) (any, error) {
-	var expired <-chan time.Time // nil: ctx's deadline comes first, or there is no bound
-	if bound > 0 {
-		if dl, ok := ctx.Deadline(); !ok || time.Until(dl) > bound {
-			t := time.NewTimer(bound)
-			defer t.Stop()
-			expired = t.C
-		}
-	}
+	expired, stop := boundTimer(ctx, bound)
+	defer stop()
 	if ctx.Done() == nil && expired == nil { // nothing to return early for
 		return call(ctx)
 	}
@@ -66,7 +60,7 @@ func awaitReply(ctx context.Context, bound time.Duration, call func(context.Cont
 	case <-p.done:
 	case <-expired:
 		if p.state.CompareAndSwap(0, 2) {
-			return nil, fmt.Errorf("%w: %w: %w (%v)", ErrUnavailable, errNoReply, errCallTimeout, bound)
+			return nil, callTimedOut(bound)
 		}
 		<-p.done // the reply came as the bound passed: use it
 	case <-ctx.Done():
@@ -95,6 +89,25 @@ type pendingReply struct {
 
 // errCallTimeout is why a call returned at its own bound (WithCallTimeout).
 var errCallTimeout = errors.New("within the call timeout")
+
+// callTimedOut is the error of a call that had no reply within its bound.
+func callTimedOut(bound time.Duration) error {
+	return fmt.Errorf("%w: %w: %w (%v)", ErrUnavailable, errNoReply, errCallTimeout, bound)
+}
+
+// boundTimer returns a channel that fires once bound has passed, unless ctx's
+// deadline comes first or bound is not positive (nil: never fires), and the func
+// that stops its timer.
+func boundTimer(ctx context.Context, bound time.Duration) (<-chan time.Time, func() bool) {
+	if bound <= 0 {
+		return nil, func() bool { return false }
+	}
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= bound {
+		return nil, func() bool { return false }
+	}
+	t := time.NewTimer(bound)
+	return t.C, t.Stop
+}
 
 // noReply is the error of a call whose context's deadline passed before Redis
 // answered: it wraps ErrUnavailable and context.DeadlineExceeded, both being true.

@@ -509,3 +509,36 @@ func TestLateGrantGivenBackAfterCallTimeout(t *testing.T) {
 		t.Fatalf("Reserve after the give-back: %v, %v; want the slot within the second (not a second later)", r, err)
 	}
 }
+
+// Calls queued behind another on one key (coalesced into the next round trip) are
+// bounded by the call timeout too, from when they were made.
+//
+// Tolerance: each returns within lateBy (250ms) of its 300ms bound.
+func TestCallTimeoutHoldsForCoalescedCalls(t *testing.T) {
+	hung, err := redistest.NewHungServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hung.Close()
+	const bound, callers = 300 * time.Millisecond, 8
+	rdb := redis.NewClient(&redis.Options{Addr: hung.Addr})
+	defer rdb.Close()
+	l, err := New(rdb, "hung", PerSecond(10), WithCallTimeout(bound))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for i := 0; i < callers; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			start := time.Now()
+			_, err := l.Allow(context.Background())
+			took := time.Since(start)
+			if !errors.Is(err, ErrUnavailable) || took < bound || took > bound+lateBy {
+				t.Errorf("Allow %d of %d at once: %v after %v; want ErrUnavailable after %v (+ up to %v)", i, callers, err, took, bound, lateBy)
+			}
+		}()
+	}
+	wg.Wait()
+}
