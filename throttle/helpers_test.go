@@ -234,7 +234,7 @@ func startOwnServer(t *testing.T, args ...string) (*redistest.Server, *redis.Cli
 		}
 		t.Skipf("no redis-server: %v", err)
 	}
-	c := redis.NewClient(&redis.Options{Addr: s.Addr, PoolSize: 64})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, PoolSize: 64, ReadTimeout: redistest.ClientTimeout, WriteTimeout: redistest.ClientTimeout})
 	t.Cleanup(func() { c.Close(); s.Kill(); os.RemoveAll(s.Dir) })
 	return s, c
 }

@@ -109,6 +109,12 @@ func unavailable(t testing.TB, err error) {
 // Epoch is where the miniredis clock starts: a fixed, recognisable time.
 var Epoch = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 
+// ClientTimeout is the read and write timeout of the backends' clients, in place of
+// go-redis's 3s: with two busy loops beside the suite on this 2-core machine, servers
+// and miniredis once went unanswered past 3s, and calls that test no timeout failed
+// with "i/o timeout". Tests of timeouts build clients of their own.
+const ClientTimeout = 30 * time.Second
+
 // NewMini returns a miniredis backend whose clock stands at Epoch; TTLs follow the
 // clock (ClockTTL), so moving it with SetTime expires keys as Redis would.
 func NewMini(t testing.TB) *Backend {
@@ -116,7 +122,7 @@ func NewMini(t testing.TB) *Backend {
 	m := miniredis.RunT(t)
 	m.SetTime(Epoch)
 	m.ClockTTL(true)
-	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	c := redis.NewClient(&redis.Options{Addr: m.Addr(), ReadTimeout: ClientTimeout, WriteTimeout: ClientTimeout})
 	t.Cleanup(func() { c.Close() })
 	return &Backend{Kind: Mini, Client: c, Mini: m, Prefix: uniquePrefix(t)}
 }
@@ -132,7 +138,7 @@ func NewMiniRealTime(t testing.TB) *Backend {
 	m.SetTime(clock.last)
 	m.ClockTTL(true)
 	m.Server().SetPreHook(clock.hook)
-	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	c := redis.NewClient(&redis.Options{Addr: m.Addr(), ReadTimeout: ClientTimeout, WriteTimeout: ClientTimeout})
 	t.Cleanup(func() { c.Close() })
 	return &Backend{Kind: Mini, Client: c, Mini: m, Prefix: uniquePrefix(t), clock: clock}
 }
@@ -158,7 +164,7 @@ func NewStandalone(t testing.TB) *Backend {
 	if err != nil {
 		unavailable(t, err)
 	}
-	c := redis.NewClient(&redis.Options{Addr: addr})
+	c := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: ClientTimeout, WriteTimeout: ClientTimeout})
 	b := &Backend{Kind: Standalone, Client: c, Prefix: uniquePrefix(t)}
 	t.Cleanup(func() { b.deleteKeys(); c.Close() })
 	return b
@@ -171,7 +177,7 @@ func NewCluster(t testing.TB) *Backend {
 	if err != nil {
 		unavailable(t, err)
 	}
-	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ReadTimeout: ClientTimeout, WriteTimeout: ClientTimeout})
 	b := &Backend{Kind: Cluster, Client: c, Prefix: uniquePrefix(t)}
 	t.Cleanup(func() { b.deleteKeys(); c.Close() })
 	return b
