@@ -17,9 +17,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/internal/clock"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/lua"
-	"github.com/jobthrottle/jobthrottle/waiter"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -381,11 +381,11 @@ func TestSemaphoreHonoursPause(t *testing.T) {
 type hookClock struct{ onLong atomic.Pointer[func()] }
 
 func (c *hookClock) Now() time.Time { return time.Now() }
-func (c *hookClock) NewTimer(d time.Duration) waiter.Timer {
+func (c *hookClock) NewTimer(d time.Duration) clock.Timer {
 	if f := c.onLong.Load(); f != nil && d >= 10*time.Second {
 		(*f)()
 	}
-	return waiter.SystemClock.NewTimer(d)
+	return clock.System.NewTimer(d)
 }
 
 // SemaphoreHooks see grants (with the wait), denials, a waiter giving up, releases
@@ -414,7 +414,7 @@ func TestSemaphoreHooksAndRedisDown(t *testing.T) {
 		}
 		tl := newTimeline(t, b)
 		clk := &hookClock{}
-		s := tl.semaphore("hooks", 1, WithLeaseTTL(time.Minute), WithSemaphoreHooks(hooks), WithClock(clk))
+		s := tl.semaphore("hooks", 1, WithLeaseTTL(time.Minute), WithSemaphoreHooks(hooks), withClock(clk))
 		ctx := context.Background()
 		a := mustTry(t, s)
 		wantDenied(t, s, time.Minute)
