@@ -278,17 +278,28 @@ func enqueue(ctx context.Context, cfg config, rdb redis.UniversalClient, queue s
 			opts = append(opts, asynq.MaxRetry(0)) // a throttle error would archive it: the middleware must not return one
 			nFinal++
 		}
-		if _, err := client.EnqueueContext(ctx, asynq.NewTask("vendor:call", fmt.Appendf(nil, "task-%d", i)), opts...); err != nil {
-			return nFinal, fmt.Errorf("enqueue: %w", err)
+		if err := enqueueOnce(ctx, client, asynq.NewTask("vendor:call", fmt.Appendf(nil, "task-%d", i)), opts...); err != nil {
+			return nFinal, err
 		}
 	}
 	st.freeStart(time.Now())
 	for i := range cfg.free {
-		if _, err := client.EnqueueContext(ctx, asynq.NewTask("report:build", fmt.Appendf(nil, "free-%d", i)), asynq.Queue(queue)); err != nil {
-			return nFinal, fmt.Errorf("enqueue: %w", err)
+		if err := enqueueOnce(ctx, client, asynq.NewTask("report:build", fmt.Appendf(nil, "free-%d", i)), asynq.Queue(queue)); err != nil {
+			return nFinal, err
 		}
 	}
 	return nFinal, nil
+}
+
+// enqueueOnce enqueues task. asynq gives each call a new task ID before it sends its
+// script, and go-redis sends the script again when a reply is slow to come (its read
+// timeout on a starved host): the second send then finds the task the first one
+// enqueued and fails with ErrTaskIDConflict. That task is this call's, enqueued once.
+func enqueueOnce(ctx context.Context, client *asynq.Client, task *asynq.Task, opts ...asynq.Option) error {
+	if _, err := client.EnqueueContext(ctx, task, opts...); err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
+		return fmt.Errorf("enqueue: %w", err)
+	}
+	return nil
 }
 
 // errNoMoreWork ends a worker goroutine whose shared supply of calls ran out.
