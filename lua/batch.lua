@@ -14,71 +14,76 @@
 -- (jt_set, jt_expire, jt_flush); only the log's appends are made request by request.
 -- Booking ops (2 and 3) are not batched: their KEYS[3] is the task's own.
 
--- jt_errtext returns the text of an error a request raised or returned.
-local function jt_errtext(e)
-  if type(e) == 'table' then
-    e = e.err or e.message or 'ERR unknown error'
-  end
-  return tostring(e)
+-- A single call runs jt_one at once; the batch's helpers are made only for a batch
+-- (every function a script defines is made anew on each run of it).
+if ARGV[1] ~= '4' then
+  return jt_one()
 end
 
--- jt_flush makes the writes a batch's requests left waiting, each key once.
-local function jt_flush()
-  for _, key in ipairs(jt_dirty) do
-    if jt_ttl[key] then
-      local text = jt_cache[key]
-      if type(text) == 'function' then text = text() end
-      redis.call('SET', key, text, 'PX', jt_ttl[key])
-      jt_ttl[key] = nil
+do
+  -- jt_errtext returns the text of an error a request raised or returned.
+  local function jt_errtext(e)
+    if type(e) == 'table' then
+      e = e.err or e.message or 'ERR unknown error'
     end
-    if jt_exp[key] then
-      redis.call('PEXPIRE', key, jt_exp[key])
-      jt_exp[key] = nil
-    end
-    jt_queued[key] = nil
+    return tostring(e)
   end
-  jt_dirty = {}
-end
 
-local function jt_batch()
-  local k = ARGV[2]
-  if type(k) ~= 'string' or not string.find(k, '^%d%d?%d?%d?$') then
-    return redis.error_reply('JTARG batch count')
-  end
-  k = tonumber(k)
-  local first = 3 + 3 * k -- the shared rest starts here
-  if k < 1 or k > 1000 or #ARGV < first then
-    return redis.error_reply('JTARG batch count')
-  end
-  local rest, nrest = {}, #ARGV - first + 1
-  for i = 1, nrest do
-    rest[i] = ARGV[first - 1 + i]
-  end
-  local out = {}
-  jt_batching, jt_cache, jt_dirty, jt_queued, jt_ttl, jt_exp = true, {}, {}, {}, {}, {}
-  for r = 1, k do
-    local j = 3 * r
-    if jt_lim then -- the limits are read: the request's op, n and x are enough
-      jt_req = {ARGV[j], ARGV[j + 1], ARGV[j + 2]}
-    else
-      local argv = {ARGV[j], ARGV[j + 1], ARGV[j + 2]}
-      for i = 1, nrest do
-        argv[3 + i] = rest[i]
+  -- jt_flush makes the writes a batch's requests left waiting, each key once.
+  local function jt_flush()
+    for _, key in ipairs(jt_dirty) do
+      if jt_ttl[key] then
+        local text = jt_cache[key]
+        if type(text) == 'function' then text = text() end
+        redis.call('SET', key, text, 'PX', jt_ttl[key])
+        jt_ttl[key] = nil
       end
-      jt_argv = argv
+      if jt_exp[key] then
+        redis.call('PEXPIRE', key, jt_exp[key])
+        jt_exp[key] = nil
+      end
+      jt_queued[key] = nil
     end
-    jt_bk_op, jt_bk_had = nil, nil
-    local ok, res = pcall(jt_one)
-    if not ok or (type(res) == 'table' and res.err) then
-      res = jt_errtext(res)
-    end
-    out[r] = res
+    jt_dirty = {}
   end
-  jt_flush()
-  return out
-end
 
-if ARGV[1] == '4' then
+  local function jt_batch()
+    local k = ARGV[2]
+    if type(k) ~= 'string' or not string.find(k, '^%d%d?%d?%d?$') then
+      return redis.error_reply('JTARG batch count')
+    end
+    k = tonumber(k)
+    local first = 3 + 3 * k -- the shared rest starts here
+    if k < 1 or k > 1000 or #ARGV < first then
+      return redis.error_reply('JTARG batch count')
+    end
+    local rest, nrest = {}, #ARGV - first + 1
+    for i = 1, nrest do
+      rest[i] = ARGV[first - 1 + i]
+    end
+    local out = {}
+    jt_batching, jt_cache, jt_dirty, jt_queued, jt_ttl, jt_exp = true, {}, {}, {}, {}, {}
+    for r = 1, k do
+      local j = 3 * r
+      if jt_lim then -- the limits are read: the request's op, n and x are enough
+        jt_req = {ARGV[j], ARGV[j + 1], ARGV[j + 2]}
+      else
+        local argv = {ARGV[j], ARGV[j + 1], ARGV[j + 2]}
+        for i = 1, nrest do
+          argv[3 + i] = rest[i]
+        end
+        jt_argv = argv
+      end
+      jt_bk_op, jt_bk_had = nil, nil
+      local ok, res = pcall(jt_one)
+      if not ok or (type(res) == 'table' and res.err) then
+        res = jt_errtext(res)
+      end
+      out[r] = res
+    end
+    jt_flush()
+    return out
+  end
+
   return jt_batch()
 end
-return jt_one()

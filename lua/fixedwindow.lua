@@ -65,54 +65,20 @@ else
   if jt_batching then fw_kept, fw_v, fw_L, fw_c = key, v, L, c end
 end
 
-local function window(t, i)
-  return jt_fdiv(t, limits[i][2])
-end
--- counted returns the permits limit i holds in its window containing t (t >= L's window)
-local function counted(t, i)
-  if v and window(t, i) == window(L, i) then return c[i] end
-  return 0
-end
-
-local function save()
-  local ttl = 1
-  for i = 1, m do
-    ttl = math.max(ttl, (window(L, i) + 1) * limits[i][2] - now)
-  end
-  if jt_batching then -- written when the batch ends, as the last request left it
-    fw_kept, fw_v, fw_L, fw_c = key, true, L, c
-    jt_set(key, fw_pending, ttl)
-  else
-    jt_set(key, fw_text(L, c), ttl)
-  end
-end
-
 local paused = jt_pause(KEYS[2])
-
-local function report()
-  local remaining, reset = JT_MAX_RATE, 0
-  for i = 1, m do
-    remaining = math.min(remaining, limits[i][1] - counted(now, i))
-    if v and c[i] > 0 then
-      reset = math.max(reset, (window(L, i) + 1) * limits[i][2] - now)
-    end
-  end
-  if paused > now or L > now then remaining = 0 end
-  return math.max(0, remaining), reset
-end
 
 if op == 1 then
   local freed = 0
   if v and x > now then
     for i = 1, m do
-      if n > 0 and window(x, i) == window(L, i) and c[i] > 0 then
+      if n > 0 and jt_fdiv(x, limits[i][2]) == jt_fdiv(L, limits[i][2]) and c[i] > 0 then
         c[i] = math.max(0, c[i] - n)
         freed = 1
       end
     end
-    if freed == 1 then save() end
+    if freed == 1 then fw_save(key, limits, L, c, now) end
   end
-  local _, reset = report()
+  local _, reset = fw_report(limits, v, L, c, now, paused)
   return jt_booked({freed, 0, 0, reset, 0}, n)
 end
 
@@ -123,8 +89,8 @@ if n > 0 then
   for _ = 0, m do
     local moved = false
     for i = 1, m do
-      if counted(t, i) + n > limits[i][1] then
-        t = (window(t, i) + 1) * limits[i][2]
+      if fw_counted(limits, v, L, c, t, i) + n > limits[i][1] then
+        t = (jt_fdiv(t, limits[i][2]) + 1) * limits[i][2]
         moved = true
       end
     end
@@ -134,21 +100,21 @@ end
 local wait = t - now
 if n == 0 then wait = 0 end
 if wait > x then
-  local remaining, reset = report()
+  local remaining, reset = fw_report(limits, v, L, c, now, paused)
   return jt_booked({0, remaining, wait, reset, 0}, n)
 end
 if n == 0 then
-  local remaining, reset = report()
+  local remaining, reset = fw_report(limits, v, L, c, now, paused)
   return jt_booked({1, remaining, 0, reset, 0}, n)
 end
 for i = 1, m do
-  c[i] = counted(t, i) + n
+  c[i] = fw_counted(limits, v, L, c, t, i) + n
 end
 if not v then
   jt_one_algorithm() -- this grant makes the state key: no other algorithm's may be there
 end
 L = t
 v = true
-save()
-local remaining, reset = report()
+fw_save(key, limits, L, c, now)
+local remaining, reset = fw_report(limits, v, L, c, now, paused)
 return jt_booked({1, remaining, wait, reset, t}, n)

@@ -53,3 +53,43 @@ local fw_kept, fw_v, fw_L, fw_c
 local function fw_pending()
   return fw_text(fw_L, fw_c)
 end
+
+-- fw_counted returns the permits limit i holds in its window containing t (t at or
+-- after L's window), for the state v, L, c read or left by fw_state.
+local function fw_counted(limits, v, L, c, t, i)
+  local P = limits[i][2]
+  if v and jt_fdiv(t, P) == jt_fdiv(L, P) then return c[i] end
+  return 0
+end
+
+-- fw_save writes key's state, L and c, with a TTL at the end of the longest window
+-- that holds L. In a batch it is written when the batch ends, as the last request
+-- left it.
+local function fw_save(key, limits, L, c, now)
+  local ttl = 1
+  for i = 1, #limits do
+    local P = limits[i][2]
+    ttl = math.max(ttl, (jt_fdiv(L, P) + 1) * P - now)
+  end
+  if jt_batching then
+    fw_kept, fw_v, fw_L, fw_c = key, true, L, c
+    jt_set(key, fw_pending, ttl)
+  else
+    jt_set(key, fw_text(L, c), ttl)
+  end
+end
+
+-- fw_report returns what a call made now could still get and the time until every
+-- window holding a grant has ended.
+local function fw_report(limits, v, L, c, now, paused)
+  local remaining, reset = JT_MAX_RATE, 0
+  for i = 1, #limits do
+    local R, P = limits[i][1], limits[i][2]
+    remaining = math.min(remaining, R - fw_counted(limits, v, L, c, now, i))
+    if v and c[i] > 0 then
+      reset = math.max(reset, (jt_fdiv(L, P) + 1) * P - now)
+    end
+  end
+  if paused > now or L > now then remaining = 0 end
+  return math.max(0, remaining), reset
+end

@@ -79,36 +79,6 @@ else
   if jt_batching then tb_kept, tb_v, tb_lim, tb_L, tb_d, tb_now = key, v, limits, L, d, now end
 end
 
-local function save()
-  if not v then
-    jt_one_algorithm() -- this makes the state key: no other algorithm's may be there
-  end
-  local ttl = 0
-  for i = 1, m do
-    ttl = math.max(ttl, jt_cdiv(d[i], limits[i][1]))
-  end
-  if jt_batching then -- written when the batch ends, as the last request left it
-    tb_kept, tb_v, tb_lim, tb_L, tb_d, tb_now = key, true, limits, L, d, now
-    jt_set(key, tb_pending, ttl)
-  else
-    jt_set(key, tb_text(limits, L, d, now), ttl)
-  end
-end
-
--- report returns what a call made now could still get and the time until every
--- bucket is full again.
-local function report(paused)
-  local remaining, reset = JT_MAX_RATE, 0
-  for i = 1, m do
-    local l = limits[i]
-    local P = l[2]
-    remaining = math.min(remaining, jt_fdiv(l[3] * P - d[i], P))
-    reset = math.max(reset, jt_cdiv(d[i], l[1]))
-  end
-  if paused > now or L > now then remaining = 0 end
-  return math.max(0, remaining), reset
-end
-
 local paused = jt_pause(KEYS[2])
 
 if op == 1 then
@@ -122,9 +92,9 @@ if op == 1 then
         freed = 1
       end
     end
-    if freed == 1 then save() end
+    if freed == 1 then tb_save(key, v, limits, L, d, now) end
   end
-  local _, reset = report(paused)
+  local _, reset = tb_report(limits, L, d, now, paused)
   return jt_booked({freed, 0, 0, reset, 0}, n)
 end
 
@@ -139,11 +109,11 @@ end
 local wait = t - now
 if n == 0 then wait = 0 end
 if wait > x then
-  local remaining, reset = report(paused)
+  local remaining, reset = tb_report(limits, L, d, now, paused)
   return jt_booked({0, remaining, wait, reset, 0}, n)
 end
 if n == 0 then
-  local remaining, reset = report(paused)
+  local remaining, reset = tb_report(limits, L, d, now, paused)
   return jt_booked({1, remaining, 0, reset, 0}, n)
 end
 for i = 1, m do
@@ -151,6 +121,6 @@ for i = 1, m do
   d[i] = math.max(d[i], wait * R) + n * P -- TAT = max(TAT, t) + n × period / rate
 end
 L = t
-save()
-local remaining, reset = report(paused)
+tb_save(key, v, limits, L, d, now)
+local remaining, reset = tb_report(limits, L, d, now, paused)
 return jt_booked({1, remaining, wait, reset, t}, n)

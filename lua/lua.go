@@ -2,10 +2,12 @@
 //
 // Each *.lua file opens with its contract: KEYS, ARGV, the reply and what it writes.
 // The scripts share helpers: prelude.lua (clock, argument checks, pause) goes in front
-// of every script, log.lua (the permit log) in front of the two log-based ones and
+// of every script, controlwrite.lua (writing the control key) after it in pause.lua's
+// and control.lua's, log.lua (the permit log) in front of the two log-based ones and
 // their inspect scripts (with inspectlog.lua), tbstate.lua and fwstate.lua (reading
-// the token bucket's and the fixed window's state) in front of theirs. The inspect_*
-// scripts read a key's live state and write nothing. Every limiter script also takes
+// the token bucket's and the fixed window's state) in front of theirs. A script makes
+// every function it defines anew on each run, so each takes only the helpers it uses.
+// The inspect_* scripts read a key's live state and write nothing. Every limiter script also takes
 // a batch of requests in one call (batch.lua goes after its body, which it runs once per
 // request).
 //
@@ -42,6 +44,8 @@ var (
 	pauseSrc string
 	//go:embed control.lua
 	controlSrc string
+	//go:embed controlwrite.lua
+	controlWrite string
 	//go:embed semaphore.lua
 	semaphoreSrc string
 	//go:embed tbstate.lua
@@ -68,8 +72,8 @@ var (
 	SlidingCounterSource = batchable(prelude+logEngine, slidingCounterSrc)
 	GCRASource           = batchable(prelude+tbState, gcraSrc)
 	FixedWindowSource    = batchable(prelude+fwState, fixedWindowSrc)
-	PauseSource          = prelude + pauseSrc
-	ControlSource        = prelude + controlSrc
+	PauseSource          = prelude + controlWrite + pauseSrc
+	ControlSource        = prelude + controlWrite + controlSrc
 	SemaphoreSource      = prelude + semaphoreSrc
 
 	InspectSlidingWindowSource  = prelude + logEngine + inspectLog + inspectSWSrc

@@ -14,9 +14,16 @@ local function tb_state(key, limits, now)
   local v = jt_get(key)
   if v then
     local a, b, s, c = string.match(v, '^([0-9a-f]+):([0-9a-f]+):(%-?)([0-9a-f]+)$')
-    if a and #a <= 13 and #b <= 13 and #c <= 13 then
-      nums = {tonumber(a, 16), tonumber(b, 16)}
-      L = nums[1] - (s == '' and tonumber(c, 16) or -tonumber(c, 16))
+    if a and #a <= 13 and #b <= 13 and #c <= 13 then -- (no table for the usual case)
+      local q, r, R = tonumber(a, 16), tonumber(b, 16), limits[1][1]
+      L = q - (s == '' and tonumber(c, 16) or -tonumber(c, 16))
+      if r >= R then -- the rate went down since this was written: round the TAT up
+        q, r = q + 1, 0
+      end
+      local d = {0}
+      if q >= now then d[1] = (q - now) * R + r end
+      for i = 2, m do d[i] = 0 end
+      return v, L, d
     else
       local hex = string.find(v, ':', 1, true)
       nums = {}
@@ -99,4 +106,38 @@ local tb_kept, tb_v, tb_lim, tb_L, tb_d, tb_now
 
 local function tb_pending()
   return tb_text(tb_lim, tb_L, tb_d, tb_now)
+end
+
+-- tb_save writes key's state: L and d at now for limits (v: the text read, nil when the
+-- key was absent), with a TTL at which every bucket is full again. In a batch it is
+-- written when the batch ends, as the last request left it.
+local function tb_save(key, v, limits, L, d, now)
+  if not v then
+    jt_one_algorithm() -- this makes the state key: no other algorithm's may be there
+  end
+  local ttl = 0
+  for i = 1, #limits do
+    local q = jt_cdiv(d[i], limits[i][1])
+    if q > ttl then ttl = q end
+  end
+  if jt_batching then
+    tb_kept, tb_v, tb_lim, tb_L, tb_d, tb_now = key, true, limits, L, d, now
+    jt_set(key, tb_pending, ttl)
+  else
+    jt_set(key, tb_text(limits, L, d, now), ttl)
+  end
+end
+
+-- tb_report returns what a call made now could still get and the time until every
+-- bucket is full again.
+local function tb_report(limits, L, d, now, paused)
+  local remaining, reset = JT_MAX_RATE, 0
+  for i = 1, #limits do
+    local l = limits[i]
+    local P = l[2]
+    remaining = math.min(remaining, jt_fdiv(l[3] * P - d[i], P))
+    reset = math.max(reset, jt_cdiv(d[i], l[1]))
+  end
+  if paused > now or L > now then remaining = 0 end
+  return math.max(0, remaining), reset
 end
