@@ -8,8 +8,7 @@
 --                                 leaves the TAT below the latest grant. (Hex and the
 --                                 offset keep one limit's state at
 --                                 20 characters when period/rate < 65ms: a 40-byte value
---                                 in Redis, as redis_rate's; the decimal
---                                 "q1 r1 ... qm rm L" of earlier versions is read too.)
+--                                 in Redis, as redis_rate's.)
 -- KEYS[2]  {<prefix><key>}:pause  the control key: a pause and an operator's override of
 --                                 the rates (read only; see prelude.lua)
 -- KEYS[3]  {<prefix><key>}:bk:<task id>  ops 2 and 3 only: string "token n", the

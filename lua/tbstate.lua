@@ -9,7 +9,7 @@
 local function tb_state(key, limits, now)
   local m = #limits
   -- nums: the stored q1, r1, ..., qm, rm; L: when the latest grant takes effect. One
-  -- limit's state (the usual case) is read with one match, anything else word by word.
+  -- limit's state (the usual case) is read with one match, anything else field by field.
   local nums, L
   local v = jt_get(key)
   if v then
@@ -25,30 +25,25 @@ local function tb_state(key, limits, now)
       for i = 2, m do d[i] = 0 end
       return v, L, d
     else
-      local hex = string.find(v, ':', 1, true)
+      if not string.find(v, ':', 1, true) then
+        error('JTSTATE ' .. key .. ': not a token bucket state')
+      end
       nums = {}
-      for w in string.gmatch(v, hex and '[^:]+' or '%S+') do
-        local x
-        if hex then
-          local s, h = string.match(w, '^(%-?)([0-9a-f]+)$')
-          x = h and #h <= 14 and tonumber(h, 16)
-          if x and s ~= '' then x = -x end
-        else
-          x = jt_num(w)
-        end
-        if not x or x > 9007199254740992 or x < -9007199254740992 then
+      for w in string.gmatch(v, '[^:]+') do
+        local sign, h = string.match(w, '^(%-?)([0-9a-f]+)$')
+        local x = h and #h <= 14 and tonumber(h, 16)
+        if not x or x > 9007199254740992 then
           error('JTSTATE ' .. key .. ': not a number')
         end
-        nums[#nums + 1] = x
+        nums[#nums + 1] = sign == '' and x or -x
       end
       if #nums % 2 ~= 1 then
         error('JTSTATE ' .. key .. ': length')
       end
-      for i = 1, hex and #nums - 1 or 0 do -- only the offset may be negative
+      for i = 1, #nums - 1 do -- only the offset may be negative
         if nums[i] < 0 then error('JTSTATE ' .. key .. ': negative') end
       end
-      L = nums[#nums]
-      if hex then L = nums[1] - L end
+      L = nums[1] - nums[#nums]
     end
   end
 

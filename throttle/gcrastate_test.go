@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"regexp"
 	"testing"
@@ -10,8 +11,8 @@ import (
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 )
 
-// The token bucket's state is "q1:r1:...:qm:rm:d" in hex (lua/gcra.lua); a key still
-// holding the decimal "q1 r1 ... qm rm L" of earlier versions is read as it was meant.
+// The token bucket's state is "q1:r1:...:qm:rm:d" in hex (lua/gcra.lua): written, read
+// back, for one limit and several; any other text is refused (ErrCorruptState).
 func TestTokenBucketStateFormats(t *testing.T) {
 	hex1 := regexp.MustCompile(`^[0-9a-f]+:[0-9a-f]+:[0-9a-f]+$`)
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
@@ -19,13 +20,9 @@ func TestTokenBucketStateFormats(t *testing.T) {
 		tl := newTimeline(t, b)
 		l := tl.limiter("format", Limit{Rate: 1, Period: time.Second, Burst: 1}, WithAlgorithm(TokenBucket))
 		now := tl.now.UnixMicro()
-		// earlier versions: TAT one second ahead, the latest grant now
-		if err := b.Client.Set(ctx, l.keys[0], fmt.Sprintf("%d 0 %d", now+1_000_000, now), time.Minute).Err(); err != nil {
-			t.Fatal(err)
-		}
 		runSteps(t, tl, l, []step{
-			{0, 1, Result{false, 0, time.Second, time.Second}},    // the decimal state is read
-			{time.Second, 1, Result{true, 0, 0, time.Second}},     // and rewritten in hex
+			{0, 1, Result{true, 0, 0, time.Second}},               // the state is written in hex
+			{time.Second, 1, Result{true, 0, 0, time.Second}},     //
 			{1500 * ms, 1, Result{false, 0, 500 * ms, 500 * ms}},  // which is read back
 			{2 * time.Second, 1, Result{true, 0, 0, time.Second}}, //
 			{2200 * ms, 0, Result{true, 0, 0, 800 * ms}},          // a read
@@ -35,6 +32,14 @@ func TestTokenBucketStateFormats(t *testing.T) {
 		v := b.Client.Get(ctx, l.keys[0]).Val()
 		if !hex1.MatchString(v) {
 			t.Fatalf("state %q, want hex q:r:d", v)
+		}
+		// a decimal "q r L" (no release ever wrote one) is not the token bucket's state
+		l3 := tl.limiter("format3", Limit{Rate: 1, Period: time.Second, Burst: 1}, WithAlgorithm(TokenBucket))
+		if err := b.Client.Set(ctx, l3.keys[0], fmt.Sprintf("%d 0 %d", now+1_000_000, now), time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l3.AllowN(ctx, 1); !errors.Is(err, ErrCorruptState) {
+			t.Fatalf("decimal state: %v, want ErrCorruptState", err)
 		}
 
 		// two limits: the hex state of several limits is read back too
