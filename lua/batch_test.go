@@ -69,12 +69,12 @@ func ratePairs(two bool) []any {
 }
 
 var batchAlgos = []batchAlgo{
-	{"slidingwindow", "sw", SlidingWindowSource, ratePairs},
-	{"fixedwindow", "fw", FixedWindowSource, ratePairs},
-	{"slidingcounter", "sc", SlidingCounterSource, func(two bool) []any {
+	{"slidingwindow", "sw", SlidingWindow.Source(), ratePairs},
+	{"fixedwindow", "fw", FixedWindow.Source(), ratePairs},
+	{"slidingcounter", "sc", SlidingCounter.Source(), func(two bool) []any {
 		return append([]any{ratePairs(two)[0], 10000}, ratePairs(two)[1:]...)
 	}},
-	{"gcra", "tb", GCRASource, func(two bool) []any {
+	{"gcra", "tb", GCRA.Source(), func(two bool) []any {
 		if two {
 			return []any{2, 5, 100000, 5, 12, 1000000, 8}
 		}
@@ -182,7 +182,7 @@ func TestBatchArguments(t *testing.T) {
 			{Batch, 3, 0, 1, 0, 1, 5, 1000000},
 			{Batch, 1001, 0, 1, 0, 1, 5, 1000000},
 		} {
-			err := SlidingWindow.Run(ctx, b.Client, keys, args...).Err()
+			err := SlidingWindow.Script().Run(ctx, b.Client, keys, args...).Err()
 			if err == nil || !strings.Contains(err.Error(), "JTARG") {
 				t.Fatalf("%v: %v, want JTARG", args, err)
 			}
@@ -190,7 +190,7 @@ func TestBatchArguments(t *testing.T) {
 				t.Fatalf("%v: %d keys written", args, n)
 			}
 		}
-		v, err := SlidingWindow.Run(ctx, b.Client, keys, Batch, 2, 2, 1, 0, 0, 1, 0, 1, 5, 1000000).Result()
+		v, err := SlidingWindow.Script().Run(ctx, b.Client, keys, Batch, 2, 2, 1, 0, 0, 1, 0, 1, 5, 1000000).Result()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -53,22 +53,22 @@ type fuzzScript struct {
 }
 
 var fuzzScripts = []fuzzScript{
-	{"slidingwindow", SlidingWindow, redistest.FakeClockScript(SlidingWindowSource), []string{":sw", ":pause"},
+	{"slidingwindow", SlidingWindow.Script(), redistest.FakeClockScript(SlidingWindow.Source()), []string{":sw", ":pause"},
 		[]string{"0", "2", "1000000", "1", "5", "1000000"}, limiterReply},
-	{"slidingcounter", SlidingCounter, redistest.FakeClockScript(SlidingCounterSource), []string{":sc", ":pause"},
+	{"slidingcounter", SlidingCounter.Script(), redistest.FakeClockScript(SlidingCounter.Source()), []string{":sc", ":pause"},
 		[]string{"0", "2", "1000000", "1", "100000", "5", "1000000"}, limiterReply},
-	{"gcra", GCRA, redistest.FakeClockScript(GCRASource), []string{":tb", ":pause"},
+	{"gcra", GCRA.Script(), redistest.FakeClockScript(GCRA.Source()), []string{":tb", ":pause"},
 		[]string{"0", "2", "1000000", "1", "5", "1000000", "5"}, limiterReply},
-	{"fixedwindow", FixedWindow, redistest.FakeClockScript(FixedWindowSource), []string{":fw", ":pause"},
+	{"fixedwindow", FixedWindow.Script(), redistest.FakeClockScript(FixedWindow.Source()), []string{":fw", ":pause"},
 		[]string{"0", "2", "1000000", "1", "5", "1000000"}, limiterReply},
-	{"pause", Pause, redistest.FakeClockScript(PauseSource), []string{":pause"}, []string{"1000000"},
+	{"pause", Pause.Script(), redistest.FakeClockScript(Pause.Source()), []string{":pause"}, []string{"1000000"},
 		func(argv []string, v []int64) error {
 			if len(v) != 1 || v[0] < mustInt(argv[0]) {
 				return fmt.Errorf("reply %v: want one integer >= d", v)
 			}
 			return nil
 		}},
-	{"semaphore", Semaphore, redistest.FakeClockScript(SemaphoreSource), []string{":sem", ":semq", ":semx", ":pause"},
+	{"semaphore", Semaphore.Script(), redistest.FakeClockScript(Semaphore.Source()), []string{":sem", ":semq", ":semx", ":pause"},
 		[]string{"0", "0123456789abcdef0123456789abcdef", "1", "1000000", "1"},
 		func(argv []string, v []int64) error {
 			if len(v) != 3 || v[0] < 0 || v[0] > 1 || v[1] < 0 || v[2] < 0 || (v[0] == 0 && mustInt(argv[0]) == 0 && v[1] < 1) {

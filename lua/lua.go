@@ -66,22 +66,72 @@ var (
 	inspectSemSrc string
 )
 
-// The full text of each script as it is sent to Redis (helpers included).
-var (
-	SlidingWindowSource  = batchable(prelude+logEngine, slidingWindowSrc)
-	SlidingCounterSource = batchable(prelude+logEngine, slidingCounterSrc)
-	GCRASource           = batchable(prelude+tbState, gcraSrc)
-	FixedWindowSource    = batchable(prelude+fwState, fixedWindowSrc)
-	PauseSource          = prelude + controlWrite + pauseSrc
-	ControlSource        = prelude + controlWrite + controlSrc
-	SemaphoreSource      = prelude + semaphoreSrc
+// Name names one of the scripts. It is all the package exports of them: a Name's
+// script and its text cannot be replaced by anyone who imports the package.
+type Name int
 
-	InspectSlidingWindowSource  = prelude + logEngine + inspectLog + inspectSWSrc
-	InspectSlidingCounterSource = prelude + logEngine + inspectLog + inspectSCSrc
-	InspectGCRASource           = prelude + tbState + inspectTBSrc
-	InspectFixedWindowSource    = prelude + fwState + inspectFWSrc
-	InspectSemaphoreSource      = prelude + inspectSemSrc
+// The scripts.
+const (
+	// SlidingWindow is the permit-log script; its contract is the header of slidingwindow.lua.
+	SlidingWindow Name = iota
+	// SlidingCounter is the sub-bucket counter script; see slidingcounter.lua.
+	SlidingCounter
+	// GCRA is the token-bucket script; see gcra.lua.
+	GCRA
+	// FixedWindow is the aligned-window counter script; see fixedwindow.lua.
+	FixedWindow
+	// Pause is the script that stops grants on a key for a while; see pause.lua.
+	Pause
+	// Control sets or clears an operator's override of a key's rates, or ends its
+	// pause; see control.lua.
+	Control
+	// Semaphore is the in-flight limit script (leases and their queue); see semaphore.lua.
+	Semaphore
+	// InspectSlidingWindow reads a sliding window's live state, writing nothing; see
+	// inspect_sw.lua.
+	InspectSlidingWindow
+	// InspectSlidingCounter reads a sliding counter's live state; see inspect_sc.lua.
+	InspectSlidingCounter
+	// InspectGCRA reads a token bucket's live state; see inspect_tb.lua.
+	InspectGCRA
+	// InspectFixedWindow reads a fixed window's live state; see inspect_fw.lua.
+	InspectFixedWindow
+	// InspectSemaphore reads a semaphore's live state; see inspect_sem.lua.
+	InspectSemaphore
+	numNames
 )
+
+// texts is the full text of each script as it is sent to Redis (helpers included).
+var texts = [numNames]string{
+	SlidingWindow:  batchable(prelude+logEngine, slidingWindowSrc),
+	SlidingCounter: batchable(prelude+logEngine, slidingCounterSrc),
+	GCRA:           batchable(prelude+tbState, gcraSrc),
+	FixedWindow:    batchable(prelude+fwState, fixedWindowSrc),
+	Pause:          prelude + controlWrite + pauseSrc,
+	Control:        prelude + controlWrite + controlSrc,
+	Semaphore:      prelude + semaphoreSrc,
+
+	InspectSlidingWindow:  prelude + logEngine + inspectLog + inspectSWSrc,
+	InspectSlidingCounter: prelude + logEngine + inspectLog + inspectSCSrc,
+	InspectGCRA:           prelude + tbState + inspectTBSrc,
+	InspectFixedWindow:    prelude + fwState + inspectFWSrc,
+	InspectSemaphore:      prelude + inspectSemSrc,
+}
+
+// byName holds each script made once from its source (its SHA computed once).
+var byName = func() (s [numNames]*redis.Script) {
+	for i, src := range texts {
+		s[i] = redis.NewScript(src)
+	}
+	return s
+}()
+
+// Script returns the script n names, to run (see the package doc for how).
+func (n Name) Script() *redis.Script { return byName[n] }
+
+// Source returns the full text of the script n names as it is sent to Redis, helpers
+// included.
+func (n Name) Source() string { return texts[n] }
 
 // batchable returns a limiter script that takes a batch of requests as well as a
 // single one: its body (src) becomes the function jt_one, which batch.lua's driver
@@ -92,33 +142,3 @@ func batchable(helpers, src string) string {
 
 // Batch is ARGV[1] of a limiter script's batch form (see batch.lua).
 const Batch = 4
-
-var (
-	// SlidingWindow is the permit-log script; its contract is the header of slidingwindow.lua.
-	SlidingWindow = redis.NewScript(SlidingWindowSource)
-	// SlidingCounter is the sub-bucket counter script; see slidingcounter.lua.
-	SlidingCounter = redis.NewScript(SlidingCounterSource)
-	// GCRA is the token-bucket script; see gcra.lua.
-	GCRA = redis.NewScript(GCRASource)
-	// FixedWindow is the aligned-window counter script; see fixedwindow.lua.
-	FixedWindow = redis.NewScript(FixedWindowSource)
-	// Pause is the script that stops grants on a key for a while; see pause.lua.
-	Pause = redis.NewScript(PauseSource)
-	// Control sets or clears an operator's override of a key's rates, or ends its
-	// pause; see control.lua.
-	Control = redis.NewScript(ControlSource)
-	// Semaphore is the in-flight limit script (leases and their queue); see semaphore.lua.
-	Semaphore = redis.NewScript(SemaphoreSource)
-
-	// InspectSlidingWindow reads a sliding window's live state, writing nothing; see
-	// inspect_sw.lua.
-	InspectSlidingWindow = redis.NewScript(InspectSlidingWindowSource)
-	// InspectSlidingCounter reads a sliding counter's live state; see inspect_sc.lua.
-	InspectSlidingCounter = redis.NewScript(InspectSlidingCounterSource)
-	// InspectGCRA reads a token bucket's live state; see inspect_tb.lua.
-	InspectGCRA = redis.NewScript(InspectGCRASource)
-	// InspectFixedWindow reads a fixed window's live state; see inspect_fw.lua.
-	InspectFixedWindow = redis.NewScript(InspectFixedWindowSource)
-	// InspectSemaphore reads a semaphore's live state; see inspect_sem.lua.
-	InspectSemaphore = redis.NewScript(InspectSemaphoreSource)
-)

@@ -66,17 +66,17 @@ type script struct {
 func scripts(prefix string) []script {
 	tag := "{" + prefix + "k}"
 	return []script{
-		{"slidingwindow", SlidingWindow, []string{tag + ":sw", tag + ":pause"}, []any{0, 1, 0, 1, 5, 1000000}},
-		{"slidingcounter", SlidingCounter, []string{tag + ":sc", tag + ":pause"}, []any{0, 1, 0, 1, 100000, 5, 1000000}},
-		{"gcra", GCRA, []string{tag + ":tb", tag + ":pause"}, []any{0, 1, 0, 1, 5, 1000000, 5}},
-		{"fixedwindow", FixedWindow, []string{tag + ":fw", tag + ":pause"}, []any{0, 1, 0, 1, 5, 1000000}},
-		{"pause", Pause, []string{tag + ":pause"}, []any{1000}},
-		{"control", Control, []string{tag + ":pause"}, []any{0, 1000000, 1, 5, 0}},
-		{"inspect_sw", InspectSlidingWindow, []string{tag + ":sw", tag + ":pause"}, []any{0, 1, 0, 1, 5, 1000000}},
-		{"inspect_sc", InspectSlidingCounter, []string{tag + ":sc", tag + ":pause"}, []any{0, 1, 0, 1, 100000, 5, 1000000}},
-		{"inspect_tb", InspectGCRA, []string{tag + ":tb", tag + ":pause"}, []any{0, 1, 0, 1, 5, 1000000, 5}},
-		{"inspect_fw", InspectFixedWindow, []string{tag + ":fw", tag + ":pause"}, []any{0, 1, 0, 1, 5, 1000000}},
-		{"inspect_sem", InspectSemaphore, []string{tag + ":sem", tag + ":semq", tag + ":semx", tag + ":pause"}, []any{10}},
+		{"slidingwindow", SlidingWindow.Script(), []string{tag + ":sw", tag + ":pause"}, []any{0, 1, 0, 1, 5, 1000000}},
+		{"slidingcounter", SlidingCounter.Script(), []string{tag + ":sc", tag + ":pause"}, []any{0, 1, 0, 1, 100000, 5, 1000000}},
+		{"gcra", GCRA.Script(), []string{tag + ":tb", tag + ":pause"}, []any{0, 1, 0, 1, 5, 1000000, 5}},
+		{"fixedwindow", FixedWindow.Script(), []string{tag + ":fw", tag + ":pause"}, []any{0, 1, 0, 1, 5, 1000000}},
+		{"pause", Pause.Script(), []string{tag + ":pause"}, []any{1000}},
+		{"control", Control.Script(), []string{tag + ":pause"}, []any{0, 1000000, 1, 5, 0}},
+		{"inspect_sw", InspectSlidingWindow.Script(), []string{tag + ":sw", tag + ":pause"}, []any{0, 1, 0, 1, 5, 1000000}},
+		{"inspect_sc", InspectSlidingCounter.Script(), []string{tag + ":sc", tag + ":pause"}, []any{0, 1, 0, 1, 100000, 5, 1000000}},
+		{"inspect_tb", InspectGCRA.Script(), []string{tag + ":tb", tag + ":pause"}, []any{0, 1, 0, 1, 5, 1000000, 5}},
+		{"inspect_fw", InspectFixedWindow.Script(), []string{tag + ":fw", tag + ":pause"}, []any{0, 1, 0, 1, 5, 1000000}},
+		{"inspect_sem", InspectSemaphore.Script(), []string{tag + ":sem", tag + ":semq", tag + ":semx", tag + ":pause"}, []any{10}},
 	}
 }
 

@@ -22,10 +22,10 @@ func TestStateOfAMillisecondOnRealRedis(t *testing.T) {
 		run  func(keys []string) error
 	}{
 		{"slidingwindow", func(keys []string) error {
-			return SlidingWindow.Run(ctx, b.Client, keys, 0, 1, 0, 1, 1, 1).Err()
+			return SlidingWindow.Script().Run(ctx, b.Client, keys, 0, 1, 0, 1, 1, 1).Err()
 		}},
 		{"slidingcounter", func(keys []string) error {
-			return SlidingCounter.Run(ctx, b.Client, keys, 0, 1, 0, 1, 1, 1, 1).Err()
+			return SlidingCounter.Script().Run(ctx, b.Client, keys, 0, 1, 0, 1, 1, 1, 1).Err()
 		}},
 	} {
 		tag := "{" + b.Prefix + sc.name + "}"

@@ -327,7 +327,7 @@ func (r *semRun) semPause(d int64) {
 	var got [2]int64
 	var errs [2]error
 	for i, b := range []*redistest.Backend{r.pair.Mini, r.pair.Real} {
-		script := lua.Pause
+		script := lua.Pause.Script()
 		if b.Real() {
 			script = fakePause
 		}

@@ -753,7 +753,7 @@ func (r *fuzzRun) pause(d int64) {
 	got, err := both(r, what, func(s *fuzzSide) (int64, error) {
 		ctx, cancel := fuzzCtx()
 		defer cancel()
-		script := lua.Pause
+		script := lua.Pause.Script()
 		if s.name != string(redistest.Mini) {
 			script = fakePause
 		}

@@ -57,26 +57,26 @@ var allAlgorithms = []Algorithm{SlidingWindow, TokenBucket, FixedWindow, Sliding
 // real servers. On miniredis timelines run the production scripts: its clock moves
 // TIME and TTLs together.
 var fakeClock = map[Algorithm]*redis.Script{
-	SlidingWindow:  redistest.FakeClockScript(lua.SlidingWindowSource),
-	TokenBucket:    redistest.FakeClockScript(lua.GCRASource),
-	FixedWindow:    redistest.FakeClockScript(lua.FixedWindowSource),
-	SlidingCounter: redistest.FakeClockScript(lua.SlidingCounterSource),
+	SlidingWindow:  redistest.FakeClockScript(lua.SlidingWindow.Source()),
+	TokenBucket:    redistest.FakeClockScript(lua.GCRA.Source()),
+	FixedWindow:    redistest.FakeClockScript(lua.FixedWindow.Source()),
+	SlidingCounter: redistest.FakeClockScript(lua.SlidingCounter.Source()),
 }
 
 // fakeSemaphore is the production semaphore script on the clock a test sets.
-var fakeSemaphore = redistest.FakeClockScript(lua.SemaphoreSource)
+var fakeSemaphore = redistest.FakeClockScript(lua.Semaphore.Source())
 
 // fakePause is the production pause script on the clock a test sets.
-var fakePause = redistest.FakeClockScript(lua.PauseSource)
+var fakePause = redistest.FakeClockScript(lua.Pause.Source())
 
 // audited holds each algorithm's production script with a server-side record of its
 // grants (redistest.AuditScript): what the server charged, to compare with what the
 // callers were told.
 var audited = map[Algorithm]*redis.Script{
-	SlidingWindow:  redistest.AuditScript(lua.SlidingWindowSource),
-	TokenBucket:    redistest.AuditScript(lua.GCRASource),
-	FixedWindow:    redistest.AuditScript(lua.FixedWindowSource),
-	SlidingCounter: redistest.AuditScript(lua.SlidingCounterSource),
+	SlidingWindow:  redistest.AuditScript(lua.SlidingWindow.Source()),
+	TokenBucket:    redistest.AuditScript(lua.GCRA.Source()),
+	FixedWindow:    redistest.AuditScript(lua.FixedWindow.Source()),
+	SlidingCounter: redistest.AuditScript(lua.SlidingCounter.Source()),
 }
 
 // ---- timelines: limiters and semaphores on a clock the test moves

@@ -125,10 +125,10 @@ const semInspectLimit = 100
 
 // inspectScripts holds each algorithm's read-only script.
 var inspectScripts = map[Algorithm]*redis.Script{
-	SlidingWindow:  lua.InspectSlidingWindow,
-	SlidingCounter: lua.InspectSlidingCounter,
-	TokenBucket:    lua.InspectGCRA,
-	FixedWindow:    lua.InspectFixedWindow,
+	SlidingWindow:  lua.InspectSlidingWindow.Script(),
+	SlidingCounter: lua.InspectSlidingCounter.Script(),
+	TokenBucket:    lua.InspectGCRA.Script(),
+	FixedWindow:    lua.InspectFixedWindow.Script(),
 }
 
 // Inspect reads the key's live state: per limit how much is used, what is booked
@@ -254,7 +254,7 @@ func (s *Semaphore) Inspect(ctx context.Context) (SemaphoreState, error) {
 	}
 	sc := s.view
 	if sc == nil {
-		sc = lua.InspectSemaphore
+		sc = lua.InspectSemaphore.Script()
 	}
 	v, err := sc.Run(ctx, s.rdb, s.keys, semInspectLimit).Int64Slice()
 	if err != nil {

@@ -17,13 +17,13 @@ import (
 
 // fakeInspect holds each algorithm's inspect script with the clock a test sets.
 var fakeInspect = map[Algorithm]*redis.Script{
-	SlidingWindow:  redistest.FakeClockScript(lua.InspectSlidingWindowSource),
-	TokenBucket:    redistest.FakeClockScript(lua.InspectGCRASource),
-	FixedWindow:    redistest.FakeClockScript(lua.InspectFixedWindowSource),
-	SlidingCounter: redistest.FakeClockScript(lua.InspectSlidingCounterSource),
+	SlidingWindow:  redistest.FakeClockScript(lua.InspectSlidingWindow.Source()),
+	TokenBucket:    redistest.FakeClockScript(lua.InspectGCRA.Source()),
+	FixedWindow:    redistest.FakeClockScript(lua.InspectFixedWindow.Source()),
+	SlidingCounter: redistest.FakeClockScript(lua.InspectSlidingCounter.Source()),
 }
 
-var fakeInspectSemaphore = redistest.FakeClockScript(lua.InspectSemaphoreSource)
+var fakeInspectSemaphore = redistest.FakeClockScript(lua.InspectSemaphore.Source())
 
 // inspected is what a reference model says Inspect must report (TTL aside: real
 // servers under a test clock stretch TTLs, see redistest.FakeTTL).
@@ -136,7 +136,7 @@ func TestInspectMatchesReferenceModel(t *testing.T) {
 			rng := rand.New(rand.NewSource(int64(1000 + ci)))
 			tl := newTimeline(t, b)
 			l := tl.limiter(fmt.Sprintf("inspect%d", ci), c.limits[0], WithAlgorithm(c.alg), WithLimits(c.limits[1:]...), WithBuckets(4))
-			pause := lua.Pause
+			pause := lua.Pause.Script()
 			if b.Real() {
 				l.view = fakeInspect[c.alg]
 				pause = fakePause
@@ -420,7 +420,7 @@ func TestSemaphoreInspectMatchesModel(t *testing.T) {
 		tag := "{" + b.Prefix + "seminspect}"
 		tl.tags = append(tl.tags, tag)
 		tl.at(0)
-		pause := lua.Pause
+		pause := lua.Pause.Script()
 		if b.Real() {
 			s.script, s.view, pause = fakeSemaphore, fakeInspectSemaphore, fakePause
 		}

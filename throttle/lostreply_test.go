@@ -34,9 +34,9 @@ func TestLostReplyChargesOnce(t *testing.T) {
 
 	// the fault, shown on a plain script call
 	keys := []string{"{" + direct.Prefix + "plain}:sw", "{" + direct.Prefix + "plain}:pause"}
-	lua.SlidingWindow.Load(ctx, rdb)
+	lua.SlidingWindow.Script().Load(ctx, rdb)
 	proxy.DropReplyTo("evalsha")
-	if err := lua.SlidingWindow.Run(ctx, rdb, keys, 0, 1, 0, 1, 10, 60_000_000).Err(); err != nil {
+	if err := lua.SlidingWindow.Script().Run(ctx, rdb, keys, 0, 1, 0, 1, 10, 60_000_000).Err(); err != nil {
 		t.Fatalf("plain call: %v", err)
 	}
 	charged := direct.Client.LRange(ctx, keys[0], -1, -1).Val()
@@ -118,11 +118,11 @@ func TestLostReplySemaphoreAndPauseOnce(t *testing.T) {
 	tag := "{" + direct.Prefix + "plainsem}"
 	keys := []string{tag + ":sem", tag + ":semq", tag + ":semx", tag + ":pause"}
 	id := strings.Repeat("ab", 16)
-	if err := lua.Semaphore.Run(ctx, rdb, keys, semAcquire, id, 1, 60_000_000, 0).Err(); err != nil {
+	if err := lua.Semaphore.Script().Run(ctx, rdb, keys, semAcquire, id, 1, 60_000_000, 0).Err(); err != nil {
 		t.Fatal(err)
 	}
 	proxy.DropReplyTo("evalsha")
-	v, err := lua.Semaphore.Run(ctx, rdb, keys, semRelease, id, 1, 60_000_000, 0).Int64Slice()
+	v, err := lua.Semaphore.Script().Run(ctx, rdb, keys, semRelease, id, 1, 60_000_000, 0).Int64Slice()
 	if err != nil || proxy.Dropped() != 1 || len(v) != 3 || v[0] != 0 {
 		t.Fatalf("plain EVALSHA release after a lost reply: %v, %v (dropped %d); want ok 0: the retry found the lease released", v, err, proxy.Dropped())
 	}
@@ -161,7 +161,7 @@ func TestLostReplySemaphoreAndPauseOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := lua.Pause.Load(ctx, rdb).Err(); err != nil {
+	if err := lua.Pause.Script().Load(ctx, rdb).Err(); err != nil {
 		t.Fatal(err)
 	}
 	proxy.DropReplyTo("exec")

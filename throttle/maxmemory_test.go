@@ -90,7 +90,7 @@ func TestMaxmemoryFlood(t *testing.T) {
 			}
 			time.Sleep(300 * time.Millisecond) // their windows fill
 
-			if err := lua.SlidingWindow.Load(ctx, c).Err(); err != nil {
+			if err := lua.SlidingWindow.Script().Load(ctx, c).Err(); err != nil {
 				t.Fatal(err)
 			}
 			var floodFailed int
@@ -99,7 +99,7 @@ func TestMaxmemoryFlood(t *testing.T) {
 				pipe := c.Pipeline()
 				for j := i; j < i+500; j++ {
 					tag := fmt.Sprintf("{jobthrottle:flood-%06d}", j)
-					lua.SlidingWindow.EvalSha(ctx, pipe, []string{tag + ":sw", tag + ":pause"}, 0, 1, 0, 1, 10, 60_000_000)
+					lua.SlidingWindow.Script().EvalSha(ctx, pipe, []string{tag + ":sw", tag + ":pause"}, 0, 1, 0, 1, 10, 60_000_000)
 				}
 				cmds, _ := pipe.Exec(ctx)
 				for _, cmd := range cmds {

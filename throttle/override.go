@@ -86,6 +86,6 @@ func (l *Limiter) control(ctx context.Context, args ...any) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	_, err := l.exec(ctx, lua.Control, l.keys[1:2], args)
+	_, err := l.exec(ctx, lua.Control.Script(), l.keys[1:2], args)
 	return err
 }

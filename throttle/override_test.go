@@ -13,7 +13,7 @@ import (
 	"github.com/jobthrottle/jobthrottle/lua"
 )
 
-var fakeControl = redistest.FakeClockScript(lua.ControlSource)
+var fakeControl = redistest.FakeClockScript(lua.Control.Source())
 
 // With overrides set and cleared at random moments, mid-window, every answer and every
 // Inspect matches the reference model enforcing the overridden rates from the change
@@ -41,7 +41,7 @@ func TestOverrideMatchesReferenceModel(t *testing.T) {
 			rng := rand.New(rand.NewSource(int64(2000 + ci)))
 			tl := newTimeline(t, b)
 			l := tl.limiter(fmt.Sprintf("override%d", ci), c.limits[0], WithAlgorithm(c.alg), WithLimits(c.limits[1:]...), WithBuckets(4))
-			control := lua.Control
+			control := lua.Control.Script()
 			if b.Real() {
 				l.view, control = fakeInspect[c.alg], fakeControl
 			}

@@ -32,7 +32,7 @@ func (l *Limiter) Pause(ctx context.Context, d time.Duration) error {
 		return fmt.Errorf("%w: pause %v", ErrInvalidArgument, d)
 	}
 	l.Hold(d)
-	if _, err := l.exec(ctx, lua.Pause, l.keys[1:2], []any{min(ceilMicros(d), maxPeriodUS)}); err != nil {
+	if _, err := l.exec(ctx, lua.Pause.Script(), l.keys[1:2], []any{min(ceilMicros(d), maxPeriodUS)}); err != nil {
 		return err
 	}
 	if l.hooks.Paused != nil {

@@ -52,7 +52,7 @@ type Semaphore struct {
 	ttl     time.Duration
 	ttlUS   int64
 	script  *redis.Script
-	view    *redis.Script // Inspect's script; nil: lua.InspectSemaphore (tests swap it)
+	view    *redis.Script // Inspect's script; nil: lua.InspectSemaphore.Script() (tests swap it)
 	hooks   SemaphoreHooks
 	hub     *wakeHub
 	shared  *semaphoreState // shared with the Semaphores built alike (see shared.go)
@@ -103,7 +103,7 @@ func NewSemaphore(rdb redis.UniversalClient, key string, max int, opts ...Semaph
 		max:     max,
 		ttl:     ttl,
 		ttlUS:   ceilMicros(ttl),
-		script:  lua.Semaphore,
+		script:  lua.Semaphore.Script(),
 		hooks:   c.semHooks,
 		hub:     wakeHubFor(rdb),
 		shared:  shared,

@@ -113,7 +113,7 @@ func TestSemaphoreScriptRejectsBadArguments(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, c := range cases {
-			err := lua.Semaphore.Run(context.Background(), b.Client, s.keys, c.args...).Err()
+			err := lua.Semaphore.Script().Run(context.Background(), b.Client, s.keys, c.args...).Err()
 			if err == nil || !strings.Contains(err.Error(), "JTARG") {
 				t.Errorf("%s: got %v, want a JTARG error", c.name, err)
 			}

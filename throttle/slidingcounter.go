@@ -7,7 +7,7 @@ import "github.com/jobthrottle/jobthrottle/lua"
 // limit.
 var slidingCounter = algo{
 	suffix: "sc",
-	script: lua.SlidingCounter,
+	script: lua.SlidingCounter.Script(),
 	args: func(limits []Limit, c *config) []any {
 		shortest := limits[0].periodMicros()
 		for _, l := range limits[1:] {

@@ -382,10 +382,10 @@ func TestTransportGateUnderSlowRedis(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr})
 	defer rdb.Close()
 	ctx := context.Background()
-	if err := lua.Pause.Load(ctx, rdb).Err(); err != nil { // so its calls are EVALSHA <hash>
+	if err := lua.Pause.Script().Load(ctx, rdb).Err(); err != nil { // so its calls are EVALSHA <hash>
 		t.Fatal(err)
 	}
-	proxy.Delay(lua.Pause.Hash(), slow)
+	proxy.Delay(lua.Pause.Script().Hash(), slow)
 
 	clock := &settableClock{}
 	var answered atomic.Int64

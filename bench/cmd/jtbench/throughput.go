@@ -161,16 +161,16 @@ func scriptCase(rdb *redis.Client, a throttle.Algorithm, key string, rate int, p
 	args := []any{0, 1, int64(0), 1}
 	switch a {
 	case throttle.SlidingWindow:
-		script = lua.SlidingWindow
+		script = lua.SlidingWindow.Script()
 		args = append(args, rate, us)
 	case throttle.TokenBucket:
-		script = lua.GCRA
+		script = lua.GCRA.Script()
 		args = append(args, rate, us, rate)
 	case throttle.FixedWindow:
-		script = lua.FixedWindow
+		script = lua.FixedWindow.Script()
 		args = append(args, rate, us)
 	case throttle.SlidingCounter:
-		script = lua.SlidingCounter
+		script = lua.SlidingCounter.Script()
 		args = append(args, us/50, rate, us) // 50 buckets, the default
 	}
 	return tcase{"jobthrottle " + a.String() + " script alone, plain EVALSHA", path, func(ctx context.Context) (bool, error) {

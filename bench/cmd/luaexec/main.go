@@ -47,17 +47,17 @@ func jobthrottleCases() []xcase {
 		args   []any
 	}{
 		{"no-op (return 1)", redis.NewScript("return 1"), "noop", []any{0, 1, 0, 1, never, 1000000}},
-		{"jobthrottle SlidingWindow allowed", lua.SlidingWindow, "sw", []any{0, 1, 0, 1, never, 1000000}},
-		{"jobthrottle SlidingWindow allowed, an entry expires every call", lua.SlidingWindow, "sw", []any{0, 1, 0, 1, never, 10000}},
-		{"jobthrottle SlidingWindow allowed, override set", lua.SlidingWindow, "sw", []any{0, 1, 0, 1, never, 1000000}},
-		{"jobthrottle SlidingWindow denied", lua.SlidingWindow, "sw", []any{0, 1, 0, 1, often, 1000000}},
-		{"jobthrottle SlidingCounter allowed", lua.SlidingCounter, "sc", []any{0, 1, 0, 1, 20000, never, 1000000}},
-		{"jobthrottle SlidingCounter denied", lua.SlidingCounter, "sc", []any{0, 1, 0, 1, 20000, often, 1000000}},
-		{"jobthrottle TokenBucket allowed", lua.GCRA, "tb", []any{0, 1, 0, 1, never, 1000000, never}},
-		{"jobthrottle TokenBucket allowed, override set", lua.GCRA, "tb", []any{0, 1, 0, 1, never, 1000000, never}},
-		{"jobthrottle TokenBucket denied", lua.GCRA, "tb", []any{0, 1, 0, 1, often, 1000000, often}},
-		{"jobthrottle FixedWindow allowed", lua.FixedWindow, "fw", []any{0, 1, 0, 1, never, 1000000}},
-		{"jobthrottle FixedWindow denied", lua.FixedWindow, "fw", []any{0, 1, 0, 1, often, 1000000}},
+		{"jobthrottle SlidingWindow allowed", lua.SlidingWindow.Script(), "sw", []any{0, 1, 0, 1, never, 1000000}},
+		{"jobthrottle SlidingWindow allowed, an entry expires every call", lua.SlidingWindow.Script(), "sw", []any{0, 1, 0, 1, never, 10000}},
+		{"jobthrottle SlidingWindow allowed, override set", lua.SlidingWindow.Script(), "sw", []any{0, 1, 0, 1, never, 1000000}},
+		{"jobthrottle SlidingWindow denied", lua.SlidingWindow.Script(), "sw", []any{0, 1, 0, 1, often, 1000000}},
+		{"jobthrottle SlidingCounter allowed", lua.SlidingCounter.Script(), "sc", []any{0, 1, 0, 1, 20000, never, 1000000}},
+		{"jobthrottle SlidingCounter denied", lua.SlidingCounter.Script(), "sc", []any{0, 1, 0, 1, 20000, often, 1000000}},
+		{"jobthrottle TokenBucket allowed", lua.GCRA.Script(), "tb", []any{0, 1, 0, 1, never, 1000000, never}},
+		{"jobthrottle TokenBucket allowed, override set", lua.GCRA.Script(), "tb", []any{0, 1, 0, 1, never, 1000000, never}},
+		{"jobthrottle TokenBucket denied", lua.GCRA.Script(), "tb", []any{0, 1, 0, 1, often, 1000000, often}},
+		{"jobthrottle FixedWindow allowed", lua.FixedWindow.Script(), "fw", []any{0, 1, 0, 1, never, 1000000}},
+		{"jobthrottle FixedWindow denied", lua.FixedWindow.Script(), "fw", []any{0, 1, 0, 1, often, 1000000}},
 	}
 	var out []xcase
 	for i, c := range cs {
@@ -161,7 +161,7 @@ func main() {
 	ctx := context.Background()
 	rdb := redis.NewClient(&redis.Options{Addr: *addr})
 	defer rdb.Close()
-	for _, s := range []*redis.Script{redis.NewScript("return 1"), lua.SlidingWindow, lua.SlidingCounter, lua.GCRA, lua.FixedWindow, lua.Control} {
+	for _, s := range []*redis.Script{redis.NewScript("return 1"), lua.SlidingWindow.Script(), lua.SlidingCounter.Script(), lua.GCRA.Script(), lua.FixedWindow.Script(), lua.Control.Script()} {
 		if err := s.Load(ctx, rdb).Err(); err != nil {
 			log.Fatal(err)
 		}
@@ -174,7 +174,7 @@ func main() {
 	cs = append(cs, peers...)
 	for _, c := range cs {
 		if strings.HasSuffix(c.name, "override set") { // an operator's override of the rate, for an hour
-			if err := lua.Control.Run(ctx, rdb, c.keys[1:2], 0, int64(time.Hour/time.Microsecond), 1, 1000000000, 0).Err(); err != nil {
+			if err := lua.Control.Script().Run(ctx, rdb, c.keys[1:2], 0, int64(time.Hour/time.Microsecond), 1, 1000000000, 0).Err(); err != nil {
 				log.Fatalf("%s: %v", c.name, err)
 			}
 		}
