@@ -66,7 +66,7 @@ do
     for r = 1, k do
       local j = 3 * r
       if jt_lim then -- the limits are read: the request's op, n and x are enough
-        jt_req = {ARGV[j], ARGV[j + 1], ARGV[j + 2]}
+        jt_req = j
       else
         local argv = {ARGV[j], ARGV[j + 1], ARGV[j + 2]}
         for i = 1, nrest do

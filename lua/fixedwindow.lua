@@ -34,7 +34,7 @@
 -- never needs more than that window's counts; a cancel gives its permits back when its
 -- window is still the latest one, and otherwise keeps them (never over the limit).
 --          Ops 2 and 3 also write KEYS[3] (SET PX a second past the token; DEL).
-local op, n, x, limits = jt_args(5, {JT_MAX_RATE, JT_MAX_PERIOD})
+local op, n, x, limits = jt_args(5, 2)
 if not op then
   return redis.error_reply('JTARG ' .. n)
 end

@@ -39,7 +39,7 @@
 -- Cancel gives back what x/time/rate gives back: n permits less those booked after
 -- the cancelled one, so nothing booked later can end up over the limit.
 --          Ops 2 and 3 also write KEYS[3] (SET PX a second past the token; DEL).
-local op, n, x, limits = jt_args(5, {JT_MAX_RATE, JT_MAX_PERIOD, JT_MAX_RATE})
+local op, n, x, limits = jt_args(5, 3)
 if not op then
   return redis.error_reply('JTARG ' .. n)
 end

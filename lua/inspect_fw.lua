@@ -22,7 +22,7 @@
 --          ahead_us   time until the latest grant takes effect (0: it has)
 --          reset_us   time until the windows holding grants have all ended
 -- Writes   nothing.
-local op, n, x, limits = jt_args(5, {JT_MAX_RATE, JT_MAX_PERIOD})
+local op, n, x, limits = jt_args(5, 2)
 if not op then
   return redis.error_reply('JTARG ' .. n)
 end

@@ -13,7 +13,7 @@
 --          the time until the latest of them starts, avail_i counts a permit while
 --          its sub-bucket's end is in the last period.
 -- Writes   nothing.
-local op, n, x, limits = jt_args(6, {JT_MAX_RATE, JT_MAX_PERIOD})
+local op, n, x, limits = jt_args(6, 2)
 if not op then
   return redis.error_reply('JTARG ' .. n)
 end

@@ -23,7 +23,7 @@
 --                     period or are booked ahead (negative when bookings reach
 --                     further than one period)
 -- Writes   nothing.
-local op, n, x, limits = jt_args(5, {JT_MAX_RATE, JT_MAX_PERIOD})
+local op, n, x, limits = jt_args(5, 2)
 if not op then
   return redis.error_reply('JTARG ' .. n)
 end

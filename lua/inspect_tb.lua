@@ -19,7 +19,7 @@
 --                     negative)
 --          ahead_us   time until the latest grant takes effect (0: it has)
 -- Writes   nothing.
-local op, n, x, limits = jt_args(5, {JT_MAX_RATE, JT_MAX_PERIOD, JT_MAX_RATE})
+local op, n, x, limits = jt_args(5, 3)
 if not op then
   return redis.error_reply('JTARG ' .. n)
 end

@@ -285,6 +285,11 @@ local function jt_one_algorithm()
   end
 end
 
+-- Bounds for limit fields: rates and bursts up to 10^9, periods up to 2^45 µs (about
+-- 1.1 years), so rate × period and burst × period stay below 2^53 when it matters.
+local JT_MAX_RATE = 1000000000
+local JT_MAX_PERIOD = 35184372088832
+
 -- jt_args reads the arguments every limiter script shares:
 --   ARGV[1] op  0 acquire, 1 cancel, 2 take for a task, 3 cancel for a task (see
 --               jt_claim and jt_booked: ops 2 and 3 need KEYS[3], the booking key;
@@ -292,21 +297,23 @@ end
 --   ARGV[2] n   permits, >= 0
 --   ARGV[3] x   acquire: max_wait_us >= 0; cancel: the token the acquire returned
 --   ARGV[4] m   number of limits, 1..16
---   ARGV[first ..] m groups of width integers, each in [1, hi[j]]
+--   ARGV[first ..] m groups of width (2 or 3) integers: rate (1..JT_MAX_RATE),
+--               period_us (1..JT_MAX_PERIOD)[, burst (1..JT_MAX_RATE)]
 -- It returns op, n, x, limits (limits[i][j]), or nil and what was wrong. Every ARGV
 -- must be plain decimal digits: one pattern checks them all at once, so that each is
 -- then read with a bare tonumber (the hot path of every script runs through here).
 -- In a batch, the limits are read for the first request, and a later one checks only
 -- its op, n and x (jt_req): the limits are the same text. The limits returned are
 -- read only (jt_override copies what it changes).
-local jt_req         -- in a batch, once jt_lim is known: the request's {op, n, x} (text)
+local jt_req         -- in a batch, once jt_lim is known: the index of the request's op in ARGV
 local jt_lim         -- in a batch: the limits the first request's jt_args read
 
-local function jt_args(first, hi)
+local function jt_args(first, width)
   local argv = jt_argv
+  local a1, a2, a3
   if jt_req and jt_lim then -- a batch's later request: only op, n and x are its own
-    argv = jt_req
-    if not string.find(argv[1] .. ',' .. argv[2] .. ',' .. argv[3], '^[0-9]+,[0-9]+,[0-9]+$') then
+    a1, a2, a3 = ARGV[jt_req], ARGV[jt_req + 1], ARGV[jt_req + 2]
+    if not string.find(a1 .. ',' .. a2 .. ',' .. a3, '^[0-9]+,[0-9]+,[0-9]+$') then
       return nil, 'op, n or x is not a plain decimal integer'
     end
   else
@@ -318,8 +325,9 @@ local function jt_args(first, hi)
         end
       end
     end
+    a1, a2, a3 = argv[1], argv[2], argv[3]
   end
-  local op, n, x = tonumber(argv[1]), tonumber(argv[2]), tonumber(argv[3])
+  local op, n, x = tonumber(a1), tonumber(a2), tonumber(a3)
   if not op or op > 3 then return nil, 'op' end
   if op >= 2 then
     if not KEYS[3] or not string.find(KEYS[3], '}:bk:', 1, true) then -- not another key
@@ -330,19 +338,20 @@ local function jt_args(first, hi)
   end
   if not n or n > 1e15 then return nil, 'n' end
   if not x or x > 9007199254740991 then return nil, 'max_wait/token' end -- 2^53 - 1
-  if argv == jt_req then
+  if jt_req and jt_lim then
     return op, n, x, jt_lim
   end
   local nargs, m = #argv, tonumber(argv[4])
   if not m or m < 1 or m > 16 then return nil, 'm' end
-  local width = #hi
   if nargs ~= first - 1 + m * width then return nil, 'argument count' end
   local limits, k = {}, first
   for i = 1, m do
     local l = {}
     for j = 1, width do
       local v = tonumber(argv[k])
-      if not v or v < 1 or v > hi[j] then return nil, 'limit ' .. i .. ' field ' .. j end
+      if not v or v < 1 or v > (j == 2 and JT_MAX_PERIOD or JT_MAX_RATE) then
+        return nil, 'limit ' .. i .. ' field ' .. j
+      end
       l[j] = v
       k = k + 1
     end
@@ -351,8 +360,3 @@ local function jt_args(first, hi)
   if jt_batching then jt_lim = limits end
   return op, n, x, limits
 end
-
--- Bounds for limit fields: rates and bursts up to 10^9, periods up to 2^45 µs (about
--- 1.1 years), so rate × period and burst × period stay below 2^53 when it matters.
-local JT_MAX_RATE = 1000000000
-local JT_MAX_PERIOD = 35184372088832

@@ -25,7 +25,7 @@
 --          bucket, trims buckets older than the longest period (in batches, see
 --          log.lua), PEXPIRE.
 --          Ops 2 and 3 also write KEYS[3] (SET PX a second past the token; DEL).
-local op, n, x, limits = jt_args(6, {JT_MAX_RATE, JT_MAX_PERIOD})
+local op, n, x, limits = jt_args(6, 2)
 if not op then
   return redis.error_reply('JTARG ' .. n)
 end

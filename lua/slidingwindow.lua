@@ -30,7 +30,7 @@
 --          trims entries older than the longest period (in batches, see log.lua),
 --          PEXPIRE until the last entry leaves the longest window.
 --          Ops 2 and 3 also write KEYS[3] (SET PX a second past the token; DEL).
-local op, n, x, limits = jt_args(5, {JT_MAX_RATE, JT_MAX_PERIOD})
+local op, n, x, limits = jt_args(5, 2)
 if not op then
   return redis.error_reply('JTARG ' .. n)
 end
