@@ -194,63 +194,47 @@ local function lg_push(rows)
   end
 end
 
--- jt_log runs an acquire or a cancel on the log.
---   prec      0 for an exact log; otherwise the sub-bucket width (µs): a grant at t is
---             recorded at the end of its bucket, (floor(t / prec) + 1) × prec, so a
---             permit may hold its place up to one bucket longer than period, never less.
---   op, n, x  as jt_args returns them; limits[i] = {rate, period_us}
--- Returns {granted, remaining, wait_us, reset_us, token}.
-local function jt_log(key, pause_key, prec, op, n, x, limits)
-  local m, pmax, rmin = #limits, 0, JT_MAX_RATE
-  for i = 1, m do
-    rmin = math.min(rmin, limits[i][1])
-    pmax = math.max(pmax, limits[i][2])
-  end
-  if n > rmin then
-    return redis.error_reply('JTARG n above rate')
-  end
-
-  local now = jt_now()
-  local claimed = jt_claim(n, now, pause_key)
-  if claimed then return claimed end
-  if lg_kept ~= key then lg_load(key) end
-  lg_kept = nil
-
-  if op == 1 then
-    -- cancel: give back n permits of the entry recorded for the token's time, if that
-    -- time is still in the future; renumber the entries after it.
-    lg_trim(now - pmax, 1)
-    local rt, freed = x, 0
-    if prec > 0 then rt = (jt_fdiv(x, prec) + 1) * prec end
-    if x > now and lg_E ~= 0 and rt <= lg_Tlast then
-      local e = lg_last_at_or_before(rt)
-      if e > 0 and lg_T(e) == rt then
-        local rows = redis.call('LRANGE', key, 2 * e - 1, -1)
-        local held = (jt_num(rows[2]) or lg_bad('count')) - lg_S(e - 1)
-        freed = math.min(n, held)
-        local out = {}
-        for i = 1, #rows, 2 do
-          if not (i == 1 and freed == held) then
-            out[#out + 1] = rows[i]
-            out[#out + 1] = (jt_num(rows[i + 1]) or lg_bad('count')) - freed
-          end
-        end
-        redis.call('LTRIM', key, 0, 2 * e - 2)
-        lg_push(out)
-        lg_load(key)
-        if lg_E == 0 then
-          redis.call('DEL', key)
-        else
-          jt_expire(key, lg_Tlast + pmax - now)
+-- lg_cancel gives back n permits of the entry recorded for the token x's time, if that
+-- time is still in the future, and renumbers the entries after it (the log is loaded;
+-- prec as jt_log's; pmax the longest period). Returns {freed, 0, 0, reset_us, 0}.
+local function lg_cancel(key, prec, n, x, now, pmax)
+  lg_trim(now - pmax, 1)
+  local rt, freed = x, 0
+  if prec > 0 then rt = (jt_fdiv(x, prec) + 1) * prec end
+  if x > now and lg_E ~= 0 and rt <= lg_Tlast then
+    local e = lg_last_at_or_before(rt)
+    if e > 0 and lg_T(e) == rt then
+      local rows = redis.call('LRANGE', key, 2 * e - 1, -1)
+      local held = (jt_num(rows[2]) or lg_bad('count')) - lg_S(e - 1)
+      freed = math.min(n, held)
+      local out = {}
+      for i = 1, #rows, 2 do
+        if not (i == 1 and freed == held) then
+          out[#out + 1] = rows[i]
+          out[#out + 1] = (jt_num(rows[i + 1]) or lg_bad('count')) - freed
         end
       end
+      redis.call('LTRIM', key, 0, 2 * e - 2)
+      lg_push(out)
+      lg_load(key)
+      if lg_E == 0 then
+        redis.call('DEL', key)
+      else
+        jt_expire(key, lg_Tlast + pmax - now)
+      end
     end
-    local reset = 0
-    if lg_E ~= 0 then reset = math.max(0, lg_Tlast + pmax - now) end
-    return {freed > 0 and 1 or 0, 0, 0, reset, 0}
   end
+  local reset = 0
+  if lg_E ~= 0 then reset = math.max(0, lg_Tlast + pmax - now) end
+  return {freed > 0 and 1 or 0, 0, 0, reset, 0}
+end
 
-  -- acquire: the earliest time n permits fit, at or after every earlier grant
+-- lg_acquire books n permits at the earliest time they fit within every limit, at or
+-- after every earlier grant, when that is at most x away (the log is loaded; rmin the
+-- lowest rate, pmax the longest period). Returns {granted, remaining, wait_us,
+-- reset_us, token}.
+local function lg_acquire(key, pause_key, prec, n, x, limits, now, rmin, pmax)
+  local m = #limits
   local paused = jt_pause(pause_key)
   local t = math.max(now, paused)
   if lg_E ~= 0 then
@@ -322,4 +306,32 @@ local function jt_log(key, pause_key, prec, op, n, x, limits)
     return {1, remaining, wait, reset, t}
   end
   return {0, remaining, wait, reset, 0}
+end
+
+-- jt_log runs an acquire or a cancel on the log.
+--   prec      0 for an exact log; otherwise the sub-bucket width (µs): a grant at t is
+--             recorded at the end of its bucket, (floor(t / prec) + 1) × prec, so a
+--             permit may hold its place up to one bucket longer than period, never less.
+--   op, n, x  as jt_args returns them; limits[i] = {rate, period_us}
+-- Returns {granted, remaining, wait_us, reset_us, token}.
+local function jt_log(key, pause_key, prec, op, n, x, limits)
+  local m, pmax, rmin = #limits, 0, JT_MAX_RATE
+  for i = 1, m do
+    rmin = math.min(rmin, limits[i][1])
+    pmax = math.max(pmax, limits[i][2])
+  end
+  if n > rmin then
+    return redis.error_reply('JTARG n above rate')
+  end
+
+  local now = jt_now()
+  local claimed = jt_claim(n, now, pause_key)
+  if claimed then return claimed end
+  if lg_kept ~= key then lg_load(key) end
+  lg_kept = nil
+
+  if op == 1 then
+    return lg_cancel(key, prec, n, x, now, pmax)
+  end
+  return lg_acquire(key, pause_key, prec, n, x, limits, now, rmin, pmax)
 end
