@@ -290,6 +290,25 @@ end
 local JT_MAX_RATE = 1000000000
 local JT_MAX_PERIOD = 35184372088832
 
+-- jt_unfit returns what does not fit in the callers' limits (width 3: n <= burst and
+-- burst × period <= 2^50, as gcra.lua requires; width 2: n <= rate), or nil. jt_args
+-- checks this before any key is read, so that bad arguments get JTARG even when the
+-- control key is foreign.
+local function jt_unfit(n, limits, width)
+  for i = 1, #limits do
+    local l = limits[i]
+    if width == 3 then
+      if l[3] * l[2] > 1125899906842624 then -- 2^50
+        return 'burst x period above 2^50'
+      end
+      if n > l[3] then return 'n above burst' end
+    elseif n > l[1] then
+      return 'n above rate'
+    end
+  end
+  return nil
+end
+
 -- jt_args reads the arguments every limiter script shares:
 --   ARGV[1] op  0 acquire, 1 cancel, 2 take for a task, 3 cancel for a task (see
 --               jt_claim and jt_booked: ops 2 and 3 need KEYS[3], the booking key;
@@ -339,6 +358,8 @@ local function jt_args(first, width)
   if not n or n > 1e15 then return nil, 'n' end
   if not x or x > 9007199254740991 then return nil, 'max_wait/token' end -- 2^53 - 1
   if jt_req and jt_lim then
+    local bad = jt_unfit(n, jt_lim, #jt_lim[1])
+    if bad then return nil, bad end
     return op, n, x, jt_lim
   end
   local nargs, m = #argv, tonumber(argv[4])
@@ -358,5 +379,7 @@ local function jt_args(first, width)
     limits[i] = l
   end
   if jt_batching then jt_lim = limits end
+  local bad = jt_unfit(n, limits, width)
+  if bad then return nil, bad end
   return op, n, x, limits
 end
