@@ -26,25 +26,22 @@ import (
 //     default) and fewer than MaxSleepingWorkers tasks are asleep in the middleware,
 //     the task sleeps until then and runs.
 //   - Otherwise the task is handed back to asynq with a *ThrottledError, booked:
-//     IsFailure reports it is no failure (asynq counts no retry) and RetryDelay makes
-//     it due early enough (asynq keeps whole seconds and forwards due tasks every
-//     DelayedTaskCheckInterval) to be in a worker by its slot. When it comes back it
-//     finds its own booking, sleeps the rest (up to a second and the interval) and
-//     runs: one hand-back per task, no second booking, no place lost. A task that
-//     comes back after its slot has passed is moved to the earliest slot free then
-//     (see ReserveFor), so the limit holds when its handler starts.
+//     IsFailure reports it is no failure (no retry is counted) and RetryDelay makes it
+//     due early enough to be in a worker by its slot. When it comes back it finds its
+//     own booking, sleeps the rest and runs: one hand-back per task, no second
+//     booking, no place lost. A task back after its slot has passed is moved to the
+//     earliest slot free then (see ReserveFor).
 //   - A task goes on to its handler only once that keeps this process's handler starts
-//     through lim within each of its limits in any window of the limit's period (a
-//     delay of at most the lag of a late script reply, see pacer): one server's
-//     starts never exceed a limit in a window of its period; a fleet's, never in a
-//     window of the period less that lag.
-//   - asynq v0.26 archives a task whose retries are used up before it asks IsFailure
-//     (processor.handleFailedMessage checks Retried >= MaxRetry first), so a task on
-//     its last attempt (MaxRetry(0), or real failures used its retries), read from
-//     asynq.GetRetryCount and asynq.GetMaxRetry, is handed back as a copy instead
-//     (Requeue; Setup always sets it): the copy, ID "<id>~r1", carries the booking.
-//     Without Requeue it sleeps in the handler as long as its deadline allows (see
-//     HandlerTime), and the middleware logs once that Requeue is missing.
+//     through lim within each of its limits in any window of the limit's period
+//     (see pacer).
+//   - A task on its last attempt (asynq.GetRetryCount >= asynq.GetMaxRetry) is handed
+//     back as a copy, ID "<id>~r1", that carries the booking (Requeue; Setup always
+//     sets it), since asynq would archive it. Without Requeue it sleeps in the handler
+//     as long as its deadline allows (see HandlerTime), and the middleware logs once
+//     that Requeue is missing.
+//
+// The README's asynq section tells why each step is needed (asynq's whole-second
+// retry times, its forwarder, its archiving of last attempts) with measured figures.
 //
 // A task whose sleep is cut short keeps nothing booked: if its context ends (asynq
 // cancels it, or the server shuts down and asynq puts the task back in its queue),
