@@ -144,20 +144,7 @@ func (s *Semaphore) TryAcquireFor(ctx context.Context, id string) (*Lease, time.
 	if err != nil {
 		return nil, 0, err
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, 0, err
-	}
-	r, err := s.call(ctx, semAcquire, lid, true)
-	if err != nil {
-		return nil, 0, err
-	}
-	if !r.ok {
-		if s.hooks.Denied != nil {
-			s.hooks.Denied(s.key, r.wait)
-		}
-		return nil, r.wait, nil
-	}
-	return s.granted(lid, 0, r.local), 0, nil
+	return s.tryAcquire(ctx, lid, true)
 }
 
 // AcquireFor is Acquire in id's place in the queue (see TryAcquireFor): it waits for

@@ -139,11 +139,16 @@ func (s *Semaphore) LeaseTTL() time.Duration { return s.ttl }
 // It returns ctx.Err() for a done context (without calling Redis) and the Redis
 // error when the call fails; the lease is nil with any error.
 func (s *Semaphore) TryAcquire(ctx context.Context) (*Lease, time.Duration, error) {
+	return s.tryAcquire(ctx, newLeaseID(), false)
+}
+
+// tryAcquire is TryAcquire for lease id; join takes (or renews) id's place in the
+// queue when denied (TryAcquireFor).
+func (s *Semaphore) tryAcquire(ctx context.Context, id string, join bool) (*Lease, time.Duration, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, 0, err
 	}
-	id := newLeaseID()
-	r, err := s.call(ctx, semAcquire, id, false)
+	r, err := s.call(ctx, semAcquire, id, join)
 	if err != nil {
 		return nil, 0, err
 	}
