@@ -34,14 +34,9 @@
 -- never needs more than that window's counts; a cancel gives its permits back when its
 -- window is still the latest one, and otherwise keeps them (never over the limit).
 --          Ops 2 and 3 also write KEYS[3] (SET PX a second past the token; DEL).
-local op, n, x, limits = jt_args(5, 2)
+local op, n, x, limits, over = jt_limiter(5, 2)
 if not op then
-  return redis.error_reply('JTARG ' .. n)
-end
-local over
-limits, over = jt_override(KEYS[2], limits, op, n)
-if not limits then
-  return redis.error_reply(over)
+  return redis.error_reply(n)
 end
 local m = #limits
 for i = 1, m do

@@ -39,14 +39,9 @@
 -- Cancel gives back what x/time/rate gives back: n permits less those booked after
 -- the cancelled one, so nothing booked later can end up over the limit.
 --          Ops 2 and 3 also write KEYS[3] (SET PX a second past the token; DEL).
-local op, n, x, limits = jt_args(5, 3)
+local op, n, x, limits, over = jt_limiter(5, 3)
 if not op then
-  return redis.error_reply('JTARG ' .. n)
-end
-local over
-limits, over = jt_override(KEYS[2], limits, op, n)
-if not limits then
-  return redis.error_reply(over)
+  return redis.error_reply(n)
 end
 local m = #limits
 for i = 1, m do

@@ -23,13 +23,8 @@
 --                     period or are booked ahead (negative when bookings reach
 --                     further than one period)
 -- Writes   nothing.
-local op, n, x, limits = jt_args(5, 2)
+local op, n, x, limits, over = jt_limiter(5, 2)
 if not op then
-  return redis.error_reply('JTARG ' .. n)
-end
-local over
-limits, over = jt_override(KEYS[2], limits, op, n)
-if not limits then
-  return redis.error_reply(over)
+  return redis.error_reply(n)
 end
 return jt_inspect_log(KEYS[1], KEYS[2], 0, limits, over)

@@ -19,14 +19,9 @@
 --                     negative)
 --          ahead_us   time until the latest grant takes effect (0: it has)
 -- Writes   nothing.
-local op, n, x, limits = jt_args(5, 3)
+local op, n, x, limits, over = jt_limiter(5, 3)
 if not op then
-  return redis.error_reply('JTARG ' .. n)
-end
-local over
-limits, over = jt_override(KEYS[2], limits, op, n)
-if not limits then
-  return redis.error_reply(over)
+  return redis.error_reply(n)
 end
 local m = #limits
 for i = 1, m do

@@ -383,3 +383,21 @@ local function jt_args(first, width)
   if bad then return nil, bad end
   return op, n, x, limits
 end
+
+-- jt_limiter reads a limiter script's arguments (jt_args(first, width)) and applies
+-- the operator's override in KEYS[2] (jt_override). It returns op, n, x, the limits
+-- to enforce and the override's end, or nil and the text of the error reply.
+-- A script's own arguments must be checked before it: the control key may hold a
+-- foreign value, and bad arguments are JTARG whatever the keys hold.
+local function jt_limiter(first, width)
+  local op, n, x, limits = jt_args(first, width)
+  if not op then
+    return nil, 'JTARG ' .. n
+  end
+  local over
+  limits, over = jt_override(KEYS[2], limits, op, n)
+  if not limits then
+    return nil, over
+  end
+  return op, n, x, limits, over
+end

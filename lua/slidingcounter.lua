@@ -25,18 +25,13 @@
 --          bucket, trims buckets older than the longest period (in batches, see
 --          log.lua), PEXPIRE.
 --          Ops 2 and 3 also write KEYS[3] (SET PX a second past the token; DEL).
-local op, n, x, limits = jt_args(6, 2)
-if not op then
-  return redis.error_reply('JTARG ' .. n)
-end
 -- every argument is checked before the control key is read (it may be foreign)
 local bucket = jt_int(5, 1, JT_MAX_PERIOD)
 if not bucket then
   return redis.error_reply('JTARG bucket')
 end
-local over
-limits, over = jt_override(KEYS[2], limits, op, n)
-if not limits then
-  return redis.error_reply(over)
+local op, n, x, limits, over = jt_limiter(6, 2)
+if not op then
+  return redis.error_reply(n)
 end
 return jt_booked(jt_log(KEYS[1], KEYS[2], bucket, op, n, x, limits), n)

@@ -30,13 +30,8 @@
 --          trims entries older than the longest period (in batches, see log.lua),
 --          PEXPIRE until the last entry leaves the longest window.
 --          Ops 2 and 3 also write KEYS[3] (SET PX a second past the token; DEL).
-local op, n, x, limits = jt_args(5, 2)
+local op, n, x, limits, over = jt_limiter(5, 2)
 if not op then
-  return redis.error_reply('JTARG ' .. n)
-end
-local over
-limits, over = jt_override(KEYS[2], limits, op, n)
-if not limits then
-  return redis.error_reply(over)
+  return redis.error_reply(n)
 end
 return jt_booked(jt_log(KEYS[1], KEYS[2], 0, op, n, x, limits), n)
