@@ -67,20 +67,22 @@ func newConfig() *config {
 	}
 }
 
-func (c *config) fail(format string, args ...any) {
-	if c.err == nil {
+// check returns ok. When ok is false it also records the error format and args
+// describe, unless one is recorded already: an option sets its value only if check
+// passes it, and the constructor returns the first bad option's error.
+func (c *config) check(ok bool, format string, args ...any) bool {
+	if !ok && c.err == nil {
 		c.err = fmt.Errorf(format, args...)
 	}
+	return ok
 }
 
 // WithAlgorithm selects the algorithm; the default is SlidingWindow.
 func WithAlgorithm(a Algorithm) Option {
 	return limiterOption(func(c *config) {
-		if a < SlidingWindow || a > SlidingCounter {
-			c.fail("%w: unknown algorithm %d", ErrInvalidArgument, int(a))
-			return
+		if c.check(a >= SlidingWindow && a <= SlidingCounter, "%w: unknown algorithm %d", ErrInvalidArgument, int(a)) {
+			c.algorithm = a
 		}
-		c.algorithm = a
 	})
 }
 
@@ -112,11 +114,9 @@ const defaultBuckets = 50
 // list of options can serve limiters of every algorithm).
 func WithBuckets(n int) Option {
 	return limiterOption(func(c *config) {
-		if n < 1 || n > 10000 {
-			c.fail("%w: buckets %d is not in 1..10000", ErrInvalidArgument, n)
-			return
+		if c.check(n >= 1 && n <= 10000, "%w: buckets %d is not in 1..10000", ErrInvalidArgument, n) {
+			c.buckets = n
 		}
-		c.buckets = n
 	})
 }
 
@@ -155,11 +155,9 @@ const defaultLeaseTTL = 30 * time.Second
 // Semaphore.Do, which extend every TTL/3.
 func WithLeaseTTL(d time.Duration) SemaphoreOption {
 	return semaphoreOption(func(c *config) {
-		if d < time.Millisecond || ceilMicros(d) > maxPeriodUS {
-			c.fail("%w: lease TTL %v is not in 1ms..2^45µs", ErrInvalidArgument, d)
-			return
+		if c.check(d >= time.Millisecond && ceilMicros(d) <= maxPeriodUS, "%w: lease TTL %v is not in 1ms..2^45µs", ErrInvalidArgument, d) {
+			c.leaseTTL = d
 		}
-		c.leaseTTL = d
 	})
 }
 
@@ -180,10 +178,8 @@ func WithLeaseTTL(d time.Duration) SemaphoreOption {
 // slowest reply a loaded Redis gives.
 func WithCallTimeout(d time.Duration) CommonOption {
 	return commonOption(func(c *config) {
-		if d <= 0 {
-			c.fail("%w: call timeout %v, want > 0", ErrInvalidArgument, d)
-			return
+		if c.check(d > 0, "%w: call timeout %v, want > 0", ErrInvalidArgument, d) {
+			c.callTimeout = d
 		}
-		c.callTimeout = d
 	})
 }

@@ -71,11 +71,9 @@ func (p FailurePolicy) String() string {
 // probes Redis and, when it answers, every decision goes back to it.
 func WithFailurePolicy(p FailurePolicy) CommonOption {
 	return commonOption(func(c *config) {
-		if p.mode == failLocal && p.fleet < 1 {
-			c.fail("%w: FailLocal fleet size %d, want >= 1", ErrInvalidArgument, p.fleet)
-			return
+		if c.check(p.mode != failLocal || p.fleet >= 1, "%w: FailLocal fleet size %d, want >= 1", ErrInvalidArgument, p.fleet) {
+			c.policy = p
 		}
-		c.policy = p
 	})
 }
 

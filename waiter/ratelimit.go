@@ -40,11 +40,9 @@ import (
 // X-Shopify-Shop-Api-Call-Limit and leaky-bucket headers are not understood.
 func WithRateLimitHeaders(reserve int) TransportOption {
 	return transportOption(func(t *transport) {
-		if reserve < 0 {
-			t.fail("%w: rate-limit reserve %d, want >= 0", ErrInvalidOption, reserve)
-			return
+		if t.check(reserve >= 0, "%w: rate-limit reserve %d, want >= 0", ErrInvalidOption, reserve) {
+			t.reserve = reserve
 		}
-		t.reserve = reserve
 	})
 }
 

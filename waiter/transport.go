@@ -124,11 +124,9 @@ func (f transportOption) apply(t *transport) { f(t) }
 // Reserver can ever grant at once (its error otherwise, on every request).
 func WithPermits(n int) TransportOption {
 	return transportOption(func(t *transport) {
-		if n < 1 {
-			t.fail("%w: permits %d, want at least 1", ErrInvalidOption, n)
-			return
+		if t.check(n >= 1, "%w: permits %d, want at least 1", ErrInvalidOption, n) {
+			t.n = n
 		}
-		t.n = n
 	})
 }
 
@@ -138,11 +136,9 @@ func WithPermits(n int) TransportOption {
 // positive (an error wrapping ErrInvalidOption otherwise).
 func WithMaxPause(d time.Duration) TransportOption {
 	return transportOption(func(t *transport) {
-		if d <= 0 {
-			t.fail("%w: max pause %v, want > 0", ErrInvalidOption, d)
-			return
+		if t.check(d > 0, "%w: max pause %v, want > 0", ErrInvalidOption, d) {
+			t.maxPause = d
 		}
-		t.maxPause = d
 	})
 }
 
@@ -162,11 +158,9 @@ func WithMaxPause(d time.Duration) TransportOption {
 // is called.
 func WithRetries(n int) TransportOption {
 	return transportOption(func(t *transport) {
-		if n < 0 {
-			t.fail("%w: retries %d, want >= 0", ErrInvalidOption, n)
-			return
+		if t.check(n >= 0, "%w: retries %d, want >= 0", ErrInvalidOption, n) {
+			t.retries = n
 		}
-		t.retries = n
 	})
 }
 
@@ -181,11 +175,9 @@ func WithTransportHooks(h TransportHooks) TransportOption {
 // clock, not this one. A nil clock is an error wrapping ErrInvalidOption.
 func withTransportClock(c clock.Clock) TransportOption {
 	return transportOption(func(t *transport) {
-		if c == nil {
-			t.fail("%w: nil clock", ErrInvalidOption)
-			return
+		if t.check(c != nil, "%w: nil clock", ErrInvalidOption) {
+			t.clock = c
 		}
-		t.clock = c
 	})
 }
 
@@ -241,10 +233,14 @@ type transport struct {
 	err      error // the first bad option, or a nil Reserver
 }
 
-func (t *transport) fail(format string, args ...any) {
-	if t.err == nil {
+// check returns ok. When ok is false it also records the error format and args
+// describe, unless one is recorded already: an option sets its value only if check
+// passes it, and every RoundTrip returns the first bad option's error.
+func (t *transport) check(ok bool, format string, args ...any) bool {
+	if !ok && t.err == nil {
 		t.err = fmt.Errorf(format, args...)
 	}
+	return ok
 }
 
 // RoundTrip waits for the request's permits, sends it, pauses the Reserver if the
