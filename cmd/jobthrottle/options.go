@@ -129,13 +129,12 @@ func parse(args []string, getenv func(string) string) (*options, error) {
 		return nil, usagef("no command")
 	}
 	o.cmd, o.args = pos[0], pos[1:]
-	want := map[string][2]int{"ls": {0, 1}, "show": {1, 1}, "watch": {1, 100}, "pause": {2, 2}, "resume": {1, 1}, "reset": {1, 1}, "set": {2, 17}, "unset": {1, 1}, "help": {0, 100}}
-	n, ok := want[o.cmd]
+	c, ok := commands[o.cmd]
 	if !ok {
 		return nil, usagef("unknown command %q", o.cmd)
 	}
-	if len(o.args) < n[0] || len(o.args) > n[1] {
-		return nil, usagef("%s takes %d to %d arguments, got %d", o.cmd, n[0], n[1], len(o.args))
+	if len(o.args) < c.min || len(o.args) > c.max {
+		return nil, usagef("%s takes %d to %d arguments, got %d", o.cmd, c.min, c.max, len(o.args))
 	}
 	if o.alg != "" {
 		if _, ok := algorithms[o.alg]; !ok {

@@ -37,26 +37,29 @@ type tool struct {
 	now func() time.Time // watch's clock for grants/s; nil: time.Now
 }
 
+// commands are the commands: the arguments each takes (fewest, most) and what runs
+// it (help is run's own).
+var commands = map[string]struct {
+	min, max int
+	run      func(*tool, context.Context) error
+}{
+	"ls":     {0, 1, (*tool).ls},
+	"show":   {1, 1, (*tool).show},
+	"watch":  {1, 100, (*tool).watch},
+	"pause":  {2, 2, (*tool).pause},
+	"resume": {1, 1, (*tool).resume},
+	"reset":  {1, 1, (*tool).reset},
+	"set":    {2, 17, (*tool).set},
+	"unset":  {1, 1, (*tool).unset},
+	"help":   {0, 100, nil},
+}
+
 func (t *tool) do(ctx context.Context) error {
-	switch t.o.cmd {
-	case "ls":
-		return t.ls(ctx)
-	case "show":
-		return t.show(ctx)
-	case "watch":
-		return t.watch(ctx)
-	case "pause":
-		return t.pause(ctx)
-	case "resume":
-		return t.resume(ctx)
-	case "reset":
-		return t.reset(ctx)
-	case "set":
-		return t.set(ctx)
-	case "unset":
-		return t.unset(ctx)
+	c, ok := commands[t.o.cmd]
+	if !ok || c.run == nil {
+		return usagef("unknown command %q", t.o.cmd)
 	}
-	return usagef("unknown command %q", t.o.cmd)
+	return c.run(t, ctx)
 }
 
 // tag is the hash tag of a key: "{<prefix><key>}".
@@ -325,11 +328,7 @@ func (t *tool) pause(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	lim, err := t.controller(key)
-	if err != nil {
-		return err
-	}
-	if err := lim.Pause(ctx, d); err != nil {
+	if err := t.control(key, func(lim *throttle.Limiter) error { return lim.Pause(ctx, d) }); err != nil {
 		return err
 	}
 	left, err := t.pausedFor(ctx, key)
@@ -340,20 +339,30 @@ func (t *tool) pause(ctx context.Context) error {
 	if left > d+time.Second {
 		fmt.Fprintf(t.out, "(a longer pause was already set; it is kept)\n")
 	}
-	if kind(have) == "" {
-		fmt.Fprintf(t.out, "note: no state under %q now (idle, or misspelt? see jobthrottle ls)\n", key)
-	}
+	t.noteIdle(key, have)
 	return nil
 }
 
-// controller returns a limiter on key for the control key's operations (pause,
+// control runs op on a limiter on key for the control key's operations (pause,
 // resume, set, unset), which do not depend on its algorithm; limits, if given, are
 // those an override replaces.
-func (t *tool) controller(key string, limits ...throttle.Limit) (*throttle.Limiter, error) {
+func (t *tool) control(key string, op func(*throttle.Limiter) error, limits ...throttle.Limit) error {
 	if len(limits) == 0 {
 		limits = []throttle.Limit{throttle.PerSecond(1)}
 	}
-	return throttle.New(t.rdb, key, limits[0], throttle.WithLimits(limits[1:]...), throttle.WithKeyPrefix(t.o.prefix))
+	lim, err := throttle.New(t.rdb, key, limits[0], throttle.WithLimits(limits[1:]...), throttle.WithKeyPrefix(t.o.prefix))
+	if err != nil {
+		return err
+	}
+	return op(lim)
+}
+
+// noteIdle says so when the key had no state (have: its suffixes): the key may be
+// misspelt, and the command changed nothing a process uses.
+func (t *tool) noteIdle(key string, have []string) {
+	if kind(have) == "" {
+		fmt.Fprintf(t.out, "note: no state under %q now (idle, or misspelt? see jobthrottle ls)\n", key)
+	}
 }
 
 // resume ends a pause; an override stays.
@@ -363,11 +372,7 @@ func (t *tool) resume(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	lim, err := t.controller(key)
-	if err != nil {
-		return err
-	}
-	if err := lim.Resume(ctx); err != nil {
+	if err := t.control(key, func(lim *throttle.Limiter) error { return lim.Resume(ctx) }); err != nil {
 		return err
 	}
 	if left == 0 {
@@ -393,11 +398,8 @@ func (t *tool) set(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	lim, err := t.controller(key, limits...)
-	if err != nil {
-		return err
-	}
-	if err := lim.Override(ctx, t.o.forD, limits...); err != nil {
+	override := func(lim *throttle.Limiter) error { return lim.Override(ctx, t.o.forD, limits...) }
+	if err := t.control(key, override, limits...); err != nil {
 		return err
 	}
 	until := "until unset"
@@ -410,20 +412,14 @@ func (t *tool) set(ctx context.Context) error {
 	}
 	fmt.Fprintf(t.out, "%s: every process now enforces %s, %s (rates only: the periods stay those the code passes)\n",
 		key, strings.Join(parts, ", "), until)
-	if kind(have) == "" {
-		fmt.Fprintf(t.out, "note: no state under %q now (idle, or misspelt? see jobthrottle ls)\n", key)
-	}
+	t.noteIdle(key, have)
 	return nil
 }
 
 // unset removes an override.
 func (t *tool) unset(ctx context.Context) error {
 	key := t.o.args[0]
-	lim, err := t.controller(key)
-	if err != nil {
-		return err
-	}
-	if err := lim.ClearOverride(ctx); err != nil {
+	if err := t.control(key, func(lim *throttle.Limiter) error { return lim.ClearOverride(ctx) }); err != nil {
 		return err
 	}
 	fmt.Fprintf(t.out, "%s: override removed; the rates the code passes apply\n", key)
