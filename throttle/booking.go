@@ -25,25 +25,15 @@ const maxBookingID = 512
 // ReserveFor with the same id and n, from any process, gets that same booking back
 // (kept is true) instead of booking again, so the work keeps its place in line.
 //
-// In one atomic script call it:
-//   - returns the booking recorded for id if its time has not passed and no pause
-//     has overtaken it: Delay is the time left until it takes effect, nothing is
-//     booked, kept is true;
-//   - otherwise books n permits as Reserve does (at the earliest time they fit, not
-//     earlier than any booking on the key) if that comes within maxWait, and records
-//     the booking for id when it takes effect in the future. A booking whose time
-//     has passed when id comes back (the work came back late) is therefore moved to
-//     the earliest slot free now, at once if the limit allows: the permits of the
-//     passed slot stay counted, and the work runs on new ones, so the limit holds at
-//     the time the work actually starts.
-//
-// The record expires a second after its booking takes effect, so a booking nobody
-// comes back for leaves a permit that goes unused and nothing behind. The
-// reservation's Cancel gives the permits back and deletes the record. Its Wait does
-// not book again by itself: when this process pauses the key (see Pause) before the
-// booking takes effect, or the booking took effect inside the hold, Wait returns
-// waiter.ErrMoved (having given back what it could), and the work calls ReserveFor
-// again.
+// A booking whose time has passed, or that a pause overtook, is not kept: ReserveFor
+// then books n permits as Reserve does, within maxWait, so work that came back late
+// runs on new permits (the passed ones stay counted) and the limit holds when it
+// actually starts. The record expires a second after its booking takes effect; one
+// nobody comes back for leaves a permit unused and nothing behind. The reservation's
+// Cancel gives the permits back and deletes the record. Its Wait does not book again
+// by itself: when this process pauses the key (see Pause) before the booking takes
+// effect, or it took effect inside the hold, Wait returns waiter.ErrMoved (having
+// given back what it could), and the work calls ReserveFor again.
 //
 // Errors are those of Reserve, and ErrInvalidArgument for an empty id or one longer
 // than 512 bytes. Under the FailOpen and FailLocal policies, when Redis is

@@ -135,11 +135,8 @@ var inspectScripts = map[Algorithm]*redis.Script{
 // ahead, the next free permit, the pause and the key's TTL (see LimiterState). It is
 // one script call that writes nothing, so it changes no decision and may run as often
 // as a dashboard likes; it does not call the hooks. The figures describe the state as
-// this limiter's algorithm and limits read it.
-//
-// The script writes nothing, so a call whose reply is lost may simply be repeated:
-// Inspect runs it with Script.Run (EVALSHA, EVAL on NOSCRIPT), which go-redis retries
-// on a network error, not through the at-most-once path of decisions.
+// this limiter's algorithm and limits read it. Since it writes nothing, go-redis may
+// repeat a call whose reply was lost.
 //
 // It returns ctx.Err() for a done context, an error wrapping ErrCorruptState when the
 // key holds data jobthrottle did not write (or a key of another type), ErrUnavailable
@@ -243,8 +240,7 @@ func InspectAll(ctx context.Context, limiters []*Limiter) (states []LimiterState
 
 // Inspect reads the semaphore's live state: leases held and their expiries, callers
 // waiting, the pause and the lease set's TTL (see SemaphoreState). It is one script
-// call that writes nothing (run with Script.Run, as Limiter.Inspect), and does not
-// call the hooks. Leases granted without Redis by a failure policy are not in Redis
+// call that writes nothing, and does not call the hooks. Leases granted without Redis by a failure policy are not in Redis
 // and not counted.
 //
 // Errors are those of Limiter.Inspect.

@@ -12,9 +12,9 @@ import (
 // Limiter enforces one or more rate limits on a key, shared by every process that
 // uses the same Redis, key, prefix and algorithm.
 //
-// Every decision is one atomic script call (EVALSHA inside MULTI/EXEC, so it runs at
-// most once) that reads the clock of the Redis server, so clients' clocks do not
-// matter and no two processes can both take the last permit. A denial is a Result
+// Every decision is one atomic script call, run at most once, that reads the clock of
+// the Redis server, so clients' clocks do not matter and no two processes can both
+// take the last permit. A denial is a Result
 // with Allowed false and the exact RetryAfter, not an error; an error means bad input
 // or a failed Redis call, and then nothing was granted. Concurrent calls share round
 // trips (see WithCoalescing): each is still decided on its own, as above.
@@ -25,12 +25,10 @@ import (
 // in arrival order across every process, at one Redis call per wait, without polling.
 //
 // A Limiter is safe for simultaneous use by multiple goroutines, and cheap to build:
-// what the process knows of the key besides Redis (the breaker and the in-process
-// share of FailOpen and FailLocal, Stats, the latest grant Hooks.StateLost compares
-// with) is shared by every Limiter of the process on the same client, key and
-// configuration, and the hold (see Hold) by every one on the same client and key.
-// Two Limiters built alike are interchangeable, and one built per call or per task
-// behaves as one built once.
+// Limiters of one process on the same client, key and configuration share what the
+// process knows of the key besides Redis (failure policy, Stats, StateLost; the hold
+// is shared per client and key), so one built per call or per task behaves as one
+// built once.
 type Limiter struct {
 	runner
 	keys    []string // state key, pause key

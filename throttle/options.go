@@ -169,13 +169,11 @@ func WithLeaseTTL(d time.Duration) SemaphoreOption {
 // as one after a deadline: a booking ahead or a lease it brings is given back. d must be
 // positive (ErrInvalidArgument otherwise).
 //
-// Unset, the bound is one try of the client's own: DialTimeout + WriteTimeout +
-// ReadTimeout of its options (go-redis's defaults, 5s + 3s + 3s, for any it does
-// not set or disables), 11s with go-redis's defaults where go-redis alone, retrying,
-// takes 12s against a Redis that never answers, and never waits forever on a client
-// built without read timeouts. A healthy call takes a millisecond or so: set d to
-// what the caller can afford to wait for a decision (a second, say), above the
-// slowest reply a loaded Redis gives.
+// Unset, the bound is one try of the client's: DialTimeout + WriteTimeout +
+// ReadTimeout of its options, with go-redis's defaults (5s, 3s, 3s) for any unset or
+// disabled, so 11s by default and never forever. A healthy call takes a millisecond
+// or so: set d to what the caller can afford to wait for a decision (a second, say),
+// above the slowest reply a loaded Redis gives.
 func WithCallTimeout(d time.Duration) CommonOption {
 	return commonOption(func(c *config) {
 		if c.check(d > 0, "%w: call timeout %v, want > 0", ErrInvalidArgument, d) {

@@ -15,20 +15,13 @@ import (
 // keeps the period the processes pass (a limit's Period here must be 0 or that
 // period); limits beyond those given keep their rates. A later Override replaces it.
 //
-// The override lives in the key's small control key, next to a pause, which every
-// limiter script reads already: enforcing it costs no extra round trip. What a change
-// in the middle of a window means:
-//   - SlidingWindow and SlidingCounter count the permits in the window as they always
-//     do, against the new rate: after lowering, no permit is granted until the last
-//     Period holds fewer than the new rate, so no window that ends after the change
-//     holds more than the new rate of permits granted after it; raising takes effect
-//     at once.
-//   - FixedWindow counts the window holding now against the new rate: lowering grants
-//     nothing more in the current window once its count reaches the new rate; raising
-//     lets it fill up to the new rate at once.
-//   - TokenBucket keeps each limit's theoretical arrival time and judges it by the
-//     new rate and burst: lowering the burst removes the tokens above it at once,
-//     lowering the rate slows the refill from now on; raising adds capacity at once.
+// Enforcing it costs no extra round trip. Raising a rate or burst takes effect at
+// once; lowering one, in the middle of a window:
+//   - SlidingWindow, SlidingCounter: the permits of the last Period count against the
+//     new rate, so nothing is granted until they are fewer than it;
+//   - FixedWindow: the current window's count counts against the new rate;
+//   - TokenBucket: a lower burst drops the tokens above it at once, a lower rate
+//     slows the refill from then on.
 //
 // Bookings already made (Reserve, waiting WaitN) keep their places: they were
 // admitted under the old rates, and take effect as booked. A caller asking for more

@@ -15,35 +15,21 @@ import (
 // same Redis, key and prefix: at most Max leases are live at any moment.
 //
 // A lease lives for the lease TTL (WithLeaseTTL, 30 seconds by default) unless its
-// holder extends it, so the slot of a holder that dies comes back by itself within one
-// TTL. Holders release their lease when done, which frees the slot at once. Use Do (or
-// Lease.Hold) to run a function under a lease that is renewed every TTL/3 and always
-// released; use TryAcquire to take a lease now or learn how long to wait (to hand a job
-// back to its queue); use Acquire to wait for one.
+// holder extends it, so the slot of a holder that dies comes back within one TTL;
+// Release frees it at once. Use Do (or Lease.Hold) to run a function under a lease
+// that is renewed every TTL/3 and always released; TryAcquire to take a lease now or
+// learn how long to wait (to hand a job back to its queue); Acquire to wait for one.
 //
-// Waiting is first come, first served across every process: a caller that cannot have
-// a lease takes a place in a queue kept in Redis, and the call that frees a slot (a
-// release, or any call that finds a lease expired) hands it to the oldest place at
-// once and names it on a Redis pub/sub channel. The waiter, listening on one
-// subscription its process shares among all its Semaphores on the same client, has its
-// lease without another round trip; a late caller never overtakes a queued one. A
-// place in the queue is itself a lease of one TTL that the waiter renews every TTL/3,
-// so the place of a waiter that dies lapses within one TTL (a slot handed to it in
-// that time comes back one TTL later). If a notice is lost (the subscription's
-// connection broke), the waiter learns of its lease at its next renewal.
+// Waiters are served first come, first served across every process: a freed slot
+// goes straight to the oldest waiter, which has it within about a pub/sub round trip,
+// without polling (the README's "In-flight limits: Semaphore" tells how). While the
+// key is paused (Limiter.Pause) no lease is granted; held leases can still be
+// extended and released. Keys: "{<prefix><key>}:sem", ":semq" and ":semx"; channel
+// "{<prefix><key>}:sem:wake".
 //
-// Every decision is one atomic script call that reads the Redis server's clock. The
-// Semaphore honours a pause on its key and prefix (Limiter.Pause on a Limiter with the
-// same key and prefix): no lease is granted or handed until the pause ends, while
-// held leases can still be extended and released.
-//
-// Keys: "{<prefix><key>}:sem" (the leases), ":semq" and ":semx" (the queue), each
-// with a TTL covering its latest expiry; channel "{<prefix><key>}:sem:wake".
-//
-// A Semaphore is safe for simultaneous use by multiple goroutines, and cheap to build:
-// like a Limiter's, what the process knows of the key besides Redis (the breaker, the
-// in-process stand-in of FailOpen and FailLocal, Stats) is shared by every Semaphore
-// of the process on the same client, key and configuration.
+// A Semaphore is safe for simultaneous use by multiple goroutines, and cheap to
+// build: Semaphores of one process built alike share what the process knows of the
+// key (see Limiter).
 type Semaphore struct {
 	runner
 	keys    []string // leases, queue, queue expiries, pause

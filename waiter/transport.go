@@ -38,38 +38,24 @@ const pauseTimeout = 2 * time.Second
 //
 //	client := &http.Client{Transport: waiter.NewTransport(lim, nil)}
 //
-// Waiting is Wait(req.Context(), r, n), n being 1 unless WithPermits says otherwise:
-// requests are sent in arrival order at the limiter's rate, across every process
-// that shares it, and a request whose context ends first (or whose deadline comes
-// before its permits could) is not sent. RoundTrip then returns the error Wait
-// returned (ctx.Err(), or one wrapping ErrWouldExceedDeadline, which also matches
-// context.DeadlineExceeded), the http.Client wrapping it in a *url.Error. On every
-// such early return the request's body is closed and the request is left as it was,
-// as http.RoundTripper requires.
+// Each request takes n permits (1, or WithPermits) through Wait(req.Context(), r, n):
+// requests are sent in arrival order at the limiter's rate, across every process that
+// shares it. A request whose context ends first, or whose deadline comes before its
+// permits could, is not sent: RoundTrip returns Wait's error, with the request's body
+// closed and the request left as it was, as http.RoundTripper requires.
 //
-// When the server answers 429 (Too Many Requests) or 503 (Service Unavailable) with a
-// Retry-After, the transport first holds this process (if r is a Gate: from that
-// moment no request of this process on r is sent, including those whose permits were
-// already granted, until the pause ends) and then pauses r (if r is a Pauser), so the
-// whole fleet backs off, not only this request. Retry-After is delay-seconds or an
-// HTTP-date (RFC 9110, section 10.2.3); a date counts from the response's Date header
-// when it has a valid one (so the server's and this host's clocks need not agree),
-// else from now. A Retry-After longer than the cap (DefaultMaxPause, or WithMaxPause)
-// is cut to the cap; one that is missing, unparsable, negative or in the past sets no
-// pause. Each of these is reported to TransportHooks.BadRetryAfter. Retry-After: 0
-// sets no pause and is not reported. WithRateLimitHeaders makes the transport pause
-// the same way, on any response, when the server's rate-limit headers say its quota
-// is spent.
-//
-// By default the transport never retries: it returns the server's response as it
-// came, 429s included, and leaves retrying to the caller. WithRetries makes it send
-// a request answered 429 or 503 again, after the pause. A failed Pause is reported to
-// TransportHooks.PauseFailed and does not change the response.
+// A 429 or 503 answer with a Retry-After (delay-seconds, or an HTTP-date counted from
+// the response's Date when valid) backs the whole fleet off: the transport holds this
+// process at once (if r is a Gate: even requests whose permits were granted wait)
+// and pauses r (if r is a Pauser), for at most DefaultMaxPause (or WithMaxPause).
+// A Retry-After that is missing, unreadable, in the past or over that cap is reported
+// to TransportHooks.BadRetryAfter; Retry-After: 0 sets no pause. WithRateLimitHeaders
+// backs off on a spent quota too. The response is returned as it came: the transport
+// retries only with WithRetries.
 //
 // A nil r, or an option out of range, does not panic: every RoundTrip returns an
-// error wrapping ErrNilReserver or ErrInvalidOption, sending nothing.
-//
-// The transport is safe for simultaneous use by multiple goroutines.
+// error wrapping ErrNilReserver or ErrInvalidOption, sending nothing. The transport
+// is safe for simultaneous use by multiple goroutines.
 func NewTransport(r Reserver, base http.RoundTripper, opts ...TransportOption) http.RoundTripper {
 	t := newTransport(base, opts)
 	if isNilReserver(r) && t.err == nil {
