@@ -19,11 +19,23 @@ import (
 // figure, not asserted.
 const lateBy = 250 * time.Millisecond
 
-// clientOptions are the go-redis option sets a new user might build a client with.
-var clientOptions = []struct {
+// clientOption is a go-redis option set a new user might build a client with.
+type clientOption struct {
 	name string
 	set  func(*redis.Options)
-}{
+}
+
+// client returns a client of addr with the option set; it closes with the test.
+func (o clientOption) client(t *testing.T, addr string) *redis.Client {
+	opts := &redis.Options{Addr: addr}
+	o.set(opts)
+	rdb := redis.NewClient(opts)
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
+}
+
+// clientOptions are the option sets the deadline tests run on.
+var clientOptions = []clientOption{
 	{"defaults", func(*redis.Options) {}},
 	{"ContextTimeoutEnabled", func(o *redis.Options) { o.ContextTimeoutEnabled = true }},
 	{"no read timeout", func(o *redis.Options) { o.ReadTimeout = -1 }},
@@ -37,11 +49,7 @@ var clientOptions = []struct {
 //
 // Tolerance: each call returns within lateBy (250ms) of its 1s deadline.
 func TestDeadlineHoldsAgainstHungRedis(t *testing.T) {
-	hung, err := redistest.NewHungServer()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hung.Close()
+	hung := hungServer(t)
 	const deadline = time.Second
 	var (
 		mu    sync.Mutex
@@ -53,12 +61,9 @@ func TestDeadlineHoldsAgainstHungRedis(t *testing.T) {
 	for _, o := range clientOptions {
 		for _, call := range []string{"Wait", "Allow", "Reserve", "Pause"} {
 			wg.Add(1)
+			rdb := o.client(t, hung.Addr)
 			go func() {
 				defer wg.Done()
-				opts := &redis.Options{Addr: hung.Addr}
-				o.set(opts)
-				rdb := redis.NewClient(opts)
-				defer rdb.Close()
 				l, err := New(rdb, "hung", PerSecond(10))
 				if err != nil {
 					t.Error(err)
@@ -67,16 +72,7 @@ func TestDeadlineHoldsAgainstHungRedis(t *testing.T) {
 				ctx, cancel := context.WithTimeout(context.Background(), deadline)
 				defer cancel()
 				start := time.Now()
-				switch call {
-				case "Wait":
-					err = l.Wait(ctx)
-				case "Allow":
-					_, err = l.Allow(ctx)
-				case "Reserve":
-					_, err = l.Reserve(ctx, 1, time.Minute)
-				case "Pause":
-					err = l.Pause(ctx, time.Second)
-				}
+				err = callNamed(ctx, call, l, nil)
 				took := time.Since(start)
 				dl, _ := ctx.Deadline()
 				late := time.Since(dl) // not took - deadline: the deadline was set before start
@@ -105,11 +101,7 @@ func TestDeadlineHoldsAgainstHungRedis(t *testing.T) {
 //
 // Tolerance: it returns within lateBy (250ms) of the cancellation.
 func TestCancelHoldsAgainstHungRedis(t *testing.T) {
-	hung, err := redistest.NewHungServer()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hung.Close()
+	hung := hungServer(t)
 	const after = 300 * time.Millisecond
 	rdb := redis.NewClient(&redis.Options{Addr: hung.Addr, ReadTimeout: -1})
 	defer rdb.Close()
@@ -130,18 +122,22 @@ func TestCancelHoldsAgainstHungRedis(t *testing.T) {
 // A booking whose reply reaches the client after its caller left (the deadline passed
 // while Redis was slow) is given back: the next caller gets its slot.
 func TestLateGrantGivenBack(t *testing.T) {
-	b := redistest.NewStandalone(t)
-	addr := b.Client.(*redis.Client).Options().Addr
-	proxy, err := redistest.NewProxy(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
-	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr})
-	defer rdb.Close()
+	checkLateGrantGivenBack(t, "late", "a 100ms deadline", 100*time.Millisecond)
+}
+
+// checkLateGrantGivenBack takes the permit of this second on a limiter of one a second
+// through a proxy, then books the next through it with the proxy holding transactions
+// back 400ms, on a call that gives up after 100ms: by its context's deadline (within,
+// when > 0) or by the limiter's options (WithCallTimeout). The booking the caller
+// never saw must be given back (the Cancelled hook, within 5s), so that the next
+// Reserve gets the slot within the second rather than a second later. bound names the
+// call's limit in messages.
+func checkLateGrantGivenBack(t *testing.T, key, bound string, within time.Duration, opts ...Option) {
+	t.Helper()
+	b, proxy, rdb := proxied(t)
 	cancelled := make(chan int, 4)
-	l, err := New(rdb, "late", Every(time.Second), WithKeyPrefix(b.Prefix),
-		WithHooks(Hooks{Cancelled: func(_ string, n int) { cancelled <- n }}))
+	opts = append([]Option{WithKeyPrefix(b.Prefix), WithHooks(Hooks{Cancelled: func(_ string, n int) { cancelled <- n }})}, opts...)
+	l, err := New(rdb, key, Every(time.Second), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,10 +146,13 @@ func TestLateGrantGivenBack(t *testing.T) {
 		t.Fatalf("Allow: %+v, %v", res, err)
 	}
 	proxy.Delay("exec", 400*time.Millisecond)
-	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	short, cancel := ctx, context.CancelFunc(func() {})
+	if within > 0 {
+		short, cancel = context.WithTimeout(ctx, within)
+	}
 	defer cancel()
 	if _, err := l.Reserve(short, 1, time.Minute); !errors.Is(err, ErrUnavailable) {
-		t.Fatalf("Reserve through a slow Redis with a 100ms deadline: %v, want ErrUnavailable", err)
+		t.Fatalf("Reserve through a slow Redis with %s: %v, want ErrUnavailable", bound, err)
 	}
 	proxy.Delay("", 0)
 	select {
@@ -168,6 +167,29 @@ func TestLateGrantGivenBack(t *testing.T) {
 	if err != nil || !r.OK() || r.Delay() > time.Second {
 		t.Fatalf("Reserve after the give-back: %v, %v; want the slot within the second (not a second later)", r, err)
 	}
+}
+
+// callNamed makes the call named, Wait, Allow, Reserve or Pause on l, TryAcquire or
+// Acquire on s, and returns its error.
+func callNamed(ctx context.Context, call string, l *Limiter, s *Semaphore) error {
+	var err error
+	switch call {
+	case "Wait":
+		err = l.Wait(ctx)
+	case "Allow":
+		_, err = l.Allow(ctx)
+	case "Reserve":
+		_, err = l.Reserve(ctx, 1, time.Minute)
+	case "Pause":
+		err = l.Pause(ctx, time.Second)
+	case "TryAcquire":
+		_, _, err = s.TryAcquire(ctx)
+	case "Acquire":
+		_, err = s.Acquire(ctx)
+	default:
+		panic("callNamed: unknown call " + call)
+	}
+	return err
 }
 
 // What a call costs against a refused port and a hung server, with go-redis's defaults
@@ -185,11 +207,7 @@ func TestUnavailableCostFigures(t *testing.T) {
 	}
 	refused := ln.Addr().String()
 	ln.Close() // nothing listens there now: connections are refused
-	hung, err := redistest.NewHungServer()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hung.Close()
+	hung := hungServer(t)
 	recommended := func(o *redis.Options) {
 		o.ContextTimeoutEnabled = true
 		o.DialTimeout = time.Second
@@ -291,14 +309,7 @@ func BenchmarkAllowDeadline(b *testing.B) {
 // lease set is seen holding the lease (the acquire did run and grant) and then empty.
 func TestLateLeaseGivenBack(t *testing.T) {
 	const slow = time.Second
-	b := redistest.NewStandalone(t)
-	proxy, err := redistest.NewProxy(b.Client.(*redis.Client).Options().Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
-	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr})
-	defer rdb.Close()
+	b, proxy, rdb := proxied(t)
 	s, err := NewSemaphore(rdb, "late-lease", 1, WithKeyPrefix(b.Prefix), WithLeaseTTL(time.Minute))
 	if err != nil {
 		t.Fatal(err)
@@ -336,11 +347,7 @@ func TestLateLeaseGivenBack(t *testing.T) {
 //
 // Tolerance: each call returns within lateBy (250ms) of its 300ms bound.
 func TestCallTimeoutHoldsAgainstHungRedis(t *testing.T) {
-	hung, err := redistest.NewHungServer()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hung.Close()
+	hung := hungServer(t)
 	const bound = 300 * time.Millisecond
 	var (
 		mu    sync.Mutex
@@ -351,12 +358,9 @@ func TestCallTimeoutHoldsAgainstHungRedis(t *testing.T) {
 		for _, call := range []string{"Wait", "Allow", "Reserve", "Pause", "TryAcquire", "Acquire"} {
 			for _, ctxKind := range []string{"Background", "1h deadline"} {
 				wg.Add(1)
+				rdb := o.client(t, hung.Addr)
 				go func() {
 					defer wg.Done()
-					opts := &redis.Options{Addr: hung.Addr}
-					o.set(opts)
-					rdb := redis.NewClient(opts)
-					defer rdb.Close()
 					l, err := New(rdb, "hung", PerSecond(10), WithCallTimeout(bound))
 					if err != nil {
 						t.Error(err)
@@ -373,20 +377,7 @@ func TestCallTimeoutHoldsAgainstHungRedis(t *testing.T) {
 					}
 					defer cancel()
 					start := time.Now()
-					switch call {
-					case "Wait":
-						err = l.Wait(ctx)
-					case "Allow":
-						_, err = l.Allow(ctx)
-					case "Reserve":
-						_, err = l.Reserve(ctx, 1, time.Minute)
-					case "Pause":
-						err = l.Pause(ctx, time.Second)
-					case "TryAcquire":
-						_, _, err = s.TryAcquire(ctx)
-					case "Acquire":
-						_, err = s.Acquire(ctx)
-					}
+					err = callNamed(ctx, call, l, s)
 					took := time.Since(start)
 					mu.Lock()
 					worst = max(worst, took-bound)
@@ -450,11 +441,7 @@ func TestDefaultCallTimeout(t *testing.T) {
 //
 // Tolerance: it returns within lateBy (250ms) of the bound.
 func TestDefaultCallTimeoutHoldsAgainstHungRedis(t *testing.T) {
-	hung, err := redistest.NewHungServer()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hung.Close()
+	hung := hungServer(t)
 	const bound = 300 * time.Millisecond
 	rdb := redis.NewClient(&redis.Options{Addr: hung.Addr, DialTimeout: bound / 3, ReadTimeout: bound / 3, WriteTimeout: bound / 3, MaxRetries: 10})
 	defer rdb.Close()
@@ -473,41 +460,7 @@ func TestDefaultCallTimeoutHoldsAgainstHungRedis(t *testing.T) {
 // A booking whose reply comes after its call's own bound (WithCallTimeout) passed, the
 // caller's context having no deadline, is given back as after a deadline.
 func TestLateGrantGivenBackAfterCallTimeout(t *testing.T) {
-	b := redistest.NewStandalone(t)
-	proxy, err := redistest.NewProxy(b.Client.(*redis.Client).Options().Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
-	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr})
-	defer rdb.Close()
-	cancelled := make(chan int, 4)
-	l, err := New(rdb, "late-bound", Every(time.Second), WithKeyPrefix(b.Prefix), WithCallTimeout(100*time.Millisecond),
-		WithHooks(Hooks{Cancelled: func(_ string, n int) { cancelled <- n }}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	if res, err := l.Allow(ctx); err != nil || !res.Allowed { // the permit of this second
-		t.Fatalf("Allow: %+v, %v", res, err)
-	}
-	proxy.Delay("exec", 400*time.Millisecond)
-	if _, err := l.Reserve(ctx, 1, time.Minute); !errors.Is(err, ErrUnavailable) {
-		t.Fatalf("Reserve through a slow Redis with a 100ms call timeout: %v, want ErrUnavailable", err)
-	}
-	proxy.Delay("", 0)
-	select {
-	case n := <-cancelled:
-		if n != 1 {
-			t.Fatalf("gave back %d permits, want 1", n)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the booking its caller never saw was not given back within 5s")
-	}
-	r, err := l.Reserve(ctx, 1, time.Minute)
-	if err != nil || !r.OK() || r.Delay() > time.Second {
-		t.Fatalf("Reserve after the give-back: %v, %v; want the slot within the second (not a second later)", r, err)
-	}
+	checkLateGrantGivenBack(t, "late-bound", "a 100ms call timeout", 0, WithCallTimeout(100*time.Millisecond))
 }
 
 // Calls queued behind another on one key (coalesced into the next round trip) are
@@ -515,11 +468,7 @@ func TestLateGrantGivenBackAfterCallTimeout(t *testing.T) {
 //
 // Tolerance: each returns within lateBy (250ms) of its 300ms bound.
 func TestCallTimeoutHoldsForCoalescedCalls(t *testing.T) {
-	hung, err := redistest.NewHungServer()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hung.Close()
+	hung := hungServer(t)
 	const bound, callers = 300 * time.Millisecond, 8
 	rdb := redis.NewClient(&redis.Options{Addr: hung.Addr})
 	defer rdb.Close()

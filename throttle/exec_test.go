@@ -144,16 +144,7 @@ func (c *countTx) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 // a reply it loses still charges once and fails with ErrUnavailable; a client with
 // go-redis's default retries keeps the transaction.
 func TestNeverResendingClientSkipsTheTransaction(t *testing.T) {
-	addr, err := redistest.StandaloneAddr()
-	if err != nil {
-		t.Skipf("needs a real redis-server: %v", err)
-	}
-	proxy, err := redistest.NewProxy(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
-	direct := redistest.NewStandalone(t)
+	direct, proxy, _ := proxied(t)
 	ctx := context.Background()
 	for _, retries := range []int{-1, 0} {
 		rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr, MaxRetries: retries})

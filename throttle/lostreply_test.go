@@ -9,7 +9,6 @@ import (
 
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/lua"
-	"github.com/redis/go-redis/v9"
 )
 
 // A reply lost after the script ran (the connection drops) must not charge twice.
@@ -18,18 +17,7 @@ import (
 // ErrUnavailable and the permit is charged once. The first half shows the fault is
 // real: the plain EVALSHA through the same proxy charges twice.
 func TestLostReplyChargesOnce(t *testing.T) {
-	addr, err := redistest.StandaloneAddr()
-	if err != nil {
-		t.Skipf("needs a real redis-server: %v", err)
-	}
-	proxy, err := redistest.NewProxy(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
-	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr}) // go-redis defaults: 3 retries
-	defer rdb.Close()
-	direct := redistest.NewStandalone(t)
+	direct, proxy, rdb := proxied(t) // rdb: go-redis defaults, 3 retries
 	ctx := context.Background()
 
 	// the fault, shown on a plain script call
@@ -100,18 +88,7 @@ func TestLostReplyChargesOnce(t *testing.T) {
 // and answered "not held": the lease reported lost although its release worked. A Pause
 // whose reply is lost fails with ErrUnavailable and the pause it set stands.
 func TestLostReplySemaphoreAndPauseOnce(t *testing.T) {
-	addr, err := redistest.StandaloneAddr()
-	if err != nil {
-		t.Skipf("needs a real redis-server: %v", err)
-	}
-	proxy, err := redistest.NewProxy(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
-	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr}) // go-redis defaults: 3 retries
-	defer rdb.Close()
-	direct := redistest.NewStandalone(t)
+	direct, proxy, rdb := proxied(t) // rdb: go-redis defaults, 3 retries
 	ctx := context.Background()
 
 	// the fault, shown on a plain script call: a release that worked answers "not held"
