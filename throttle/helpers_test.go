@@ -63,6 +63,14 @@ var fakeClock = map[Algorithm]*redis.Script{
 	SlidingCounter: redistest.FakeClockScript(lua.SlidingCounter.Source()),
 }
 
+// fakeInspect holds each algorithm's inspect script with the clock a test sets.
+var fakeInspect = map[Algorithm]*redis.Script{
+	SlidingWindow:  redistest.FakeClockScript(lua.InspectSlidingWindow.Source()),
+	TokenBucket:    redistest.FakeClockScript(lua.InspectGCRA.Source()),
+	FixedWindow:    redistest.FakeClockScript(lua.InspectFixedWindow.Source()),
+	SlidingCounter: redistest.FakeClockScript(lua.InspectSlidingCounter.Source()),
+}
+
 // fakeSemaphore is the production semaphore script on the clock a test sets.
 var fakeSemaphore = redistest.FakeClockScript(lua.Semaphore.Source())
 
@@ -96,7 +104,8 @@ func newTimeline(t *testing.T, b *redistest.Backend) *timeline {
 	return tl
 }
 
-// limiter makes a limiter under the backend's test prefix, on the fake-clock script.
+// limiter makes a limiter under the backend's test prefix, on the fake-clock scripts
+// (its decisions and Inspect).
 func (tl *timeline) limiter(key string, limit Limit, opts ...Option) *Limiter {
 	tl.t.Helper()
 	opts = append([]Option{WithKeyPrefix(tl.b.Prefix), withClock(goClock{tl})}, opts...)
@@ -105,7 +114,7 @@ func (tl *timeline) limiter(key string, limit Limit, opts ...Option) *Limiter {
 		tl.t.Fatalf("New(%q, %v): %v", key, limit, err)
 	}
 	if tl.b.Real() {
-		l.script = fakeClock[l.alg]
+		l.script, l.view = fakeClock[l.alg], fakeInspect[l.alg]
 	}
 	tag := "{" + tl.b.Prefix + key + "}"
 	tl.tags = append(tl.tags, tag)
@@ -127,6 +136,29 @@ func (tl *timeline) semaphore(key string, max int, opts ...SemaphoreOption) *Sem
 	tl.tags = append(tl.tags, tag)
 	tl.b.SetTime(tl.t, tl.now, tag)
 	return s
+}
+
+// script returns the script a test calls directly on the timeline: prod on miniredis
+// (its clock moves TIME and TTLs together), its fake-clock copy fake on a real server.
+func (tl *timeline) script(prod lua.Name, fake *redis.Script) *redis.Script {
+	if tl.b.Real() {
+		return fake
+	}
+	return prod.Script()
+}
+
+// modelCase is an algorithm and its limits, for the tests that run a limiter against
+// a reference model (newModel, newBucketModel) on a random timeline.
+type modelCase struct {
+	alg    Algorithm
+	limits []Limit
+}
+
+// limiter makes the case's limiter on tl, with the 4 buckets the tests' models of the
+// sliding counter are built with.
+func (c modelCase) limiter(tl *timeline, key string) *Limiter {
+	tl.t.Helper()
+	return tl.limiter(key, c.limits[0], WithAlgorithm(c.alg), WithLimits(c.limits[1:]...), WithBuckets(4))
 }
 
 // at moves the clock to t0 + d.
@@ -154,6 +186,25 @@ func (c stillClock) NewTimer(d time.Duration) clock.Timer { return clock.System.
 // trip or two to Redis (a wake, a timer being set): a busy machine only makes the test
 // slower.
 const signalWait = 10 * time.Second
+
+// wantInspected fails the test unless l.Inspect reports want (a reference model's
+// state), TTL aside: real servers under a test clock stretch TTLs (see
+// redistest.FakeTTL), but the state key must have one. format and args say where in
+// the run the state was read.
+func wantInspected(t *testing.T, l *Limiter, want LimiterState, format string, args ...any) {
+	t.Helper()
+	got, err := l.Inspect(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.TTL < 0 {
+		t.Fatalf("%s: TTL %v: the state key has no TTL", fmt.Sprintf(format, args...), got.TTL)
+	}
+	got.TTL = 0
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("%s:\n got %+v\nwant %+v", fmt.Sprintf(format, args...), got, want)
+	}
+}
 
 // ---- semaphores
 

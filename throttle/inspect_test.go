@@ -12,16 +12,7 @@ import (
 
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/lua"
-	"github.com/redis/go-redis/v9"
 )
-
-// fakeInspect holds each algorithm's inspect script with the clock a test sets.
-var fakeInspect = map[Algorithm]*redis.Script{
-	SlidingWindow:  redistest.FakeClockScript(lua.InspectSlidingWindow.Source()),
-	TokenBucket:    redistest.FakeClockScript(lua.InspectGCRA.Source()),
-	FixedWindow:    redistest.FakeClockScript(lua.InspectFixedWindow.Source()),
-	SlidingCounter: redistest.FakeClockScript(lua.InspectSlidingCounter.Source()),
-}
 
 var fakeInspectSemaphore = redistest.FakeClockScript(lua.InspectSemaphore.Source())
 
@@ -112,11 +103,7 @@ func (m *bucketModel) state(now int64) LimiterState {
 // Inspect reports what the reference models say on random timelines of grants,
 // bookings ahead, cancels and pauses, for every algorithm, with one to three limits.
 func TestInspectMatchesReferenceModel(t *testing.T) {
-	type tc struct {
-		alg    Algorithm
-		limits []Limit
-	}
-	cases := []tc{
+	cases := []modelCase{
 		{SlidingWindow, []Limit{PerSecond(5)}},
 		{SlidingWindow, []Limit{{Rate: 3, Period: 200 * ms}, {Rate: 10, Period: time.Second}}},
 		{SlidingCounter, []Limit{PerSecond(5)}},
@@ -135,12 +122,8 @@ func TestInspectMatchesReferenceModel(t *testing.T) {
 		for ci, c := range cases {
 			rng := rand.New(rand.NewSource(int64(1000 + ci)))
 			tl := newTimeline(t, b)
-			l := tl.limiter(fmt.Sprintf("inspect%d", ci), c.limits[0], WithAlgorithm(c.alg), WithLimits(c.limits[1:]...), WithBuckets(4))
-			pause := lua.Pause.Script()
-			if b.Real() {
-				l.view = fakeInspect[c.alg]
-				pause = fakePause
-			}
+			l := c.limiter(tl, fmt.Sprintf("inspect%d", ci))
+			pause := tl.script(lua.Pause, fakePause)
 			var logm *model
 			var tbm *bucketModel
 			if c.alg == TokenBucket {
@@ -233,17 +216,7 @@ func TestInspectMatchesReferenceModel(t *testing.T) {
 					} else {
 						want = logm.state(now)
 					}
-					got, err := l.Inspect(ctx)
-					if err != nil {
-						t.Fatal(err)
-					}
-					if got.TTL < 0 {
-						t.Fatalf("step %d: TTL %v: the state key has no TTL", i, got.TTL)
-					}
-					got.TTL = 0
-					if fmt.Sprint(got) != fmt.Sprint(want) {
-						t.Fatalf("%v %v step %d after %s, inspected at t0+%v:\n got %+v\nwant %+v", c.alg, c.limits, i, what, at, got, want)
-					}
+					wantInspected(t, l, want, "%v %v step %d after %s, inspected at t0+%v", c.alg, c.limits, i, what, at)
 				}
 			}
 		}

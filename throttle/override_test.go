@@ -21,11 +21,7 @@ var fakeControl = redistest.FakeClockScript(lua.Control.Source())
 // in force at each call), and a caller asking for more than an overridden limit can
 // grant gets ErrExceedsLimit.
 func TestOverrideMatchesReferenceModel(t *testing.T) {
-	type tc struct {
-		alg    Algorithm
-		limits []Limit
-	}
-	cases := []tc{
+	cases := []modelCase{
 		{SlidingWindow, []Limit{PerSecond(6)}},
 		{SlidingWindow, []Limit{{Rate: 3, Period: 200 * ms}, {Rate: 10, Period: time.Second}}},
 		{SlidingCounter, []Limit{{Rate: 4, Period: 250 * ms}, {Rate: 9, Period: time.Second}}},
@@ -40,11 +36,8 @@ func TestOverrideMatchesReferenceModel(t *testing.T) {
 		for ci, c := range cases {
 			rng := rand.New(rand.NewSource(int64(2000 + ci)))
 			tl := newTimeline(t, b)
-			l := tl.limiter(fmt.Sprintf("override%d", ci), c.limits[0], WithAlgorithm(c.alg), WithLimits(c.limits[1:]...), WithBuckets(4))
-			control := lua.Control.Script()
-			if b.Real() {
-				l.view, control = fakeInspect[c.alg], fakeControl
-			}
+			l := c.limiter(tl, fmt.Sprintf("override%d", ci))
+			control := tl.script(lua.Control, fakeControl)
 			m := newModel(c.alg, c.limits, 4)
 			var over []Limit // the override's limits, nil when none
 			var overEnd int64
@@ -118,14 +111,7 @@ func TestOverrideMatchesReferenceModel(t *testing.T) {
 				if over != nil && overEnd > now {
 					want.Override = micros(overEnd - now)
 				}
-				got, err := l.Inspect(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				got.TTL = 0
-				if fmt.Sprint(got) != fmt.Sprint(want) {
-					t.Fatalf("%v %v step %d after %s, at t0+%v:\n got %+v\nwant %+v", c.alg, c.limits, i, what, at, got, want)
-				}
+				wantInspected(t, l, want, "%v %v step %d after %s, at t0+%v", c.alg, c.limits, i, what, at)
 			}
 		}
 	})

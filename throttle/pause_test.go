@@ -21,10 +21,7 @@ func TestPauseDeniesUntilItEnds(t *testing.T) {
 			tl := newTimeline(t, b)
 			l := tl.limiter("paused"+alg.String(), PerSecond(5), WithAlgorithm(alg))
 			tl.at(10 * ms)
-			pause := lua.Pause.Script() // miniredis: the production script on its clock
-			if b.Real() {
-				pause = fakePause
-			}
+			pause := tl.script(lua.Pause, fakePause)
 			if err := pause.Run(ctx, b.Client, l.keys[1:2], 300_000).Err(); err != nil {
 				t.Fatal(err)
 			}

@@ -15,11 +15,7 @@ import (
 // any window, checked from the times they take effect.
 func TestMatchesReferenceModel(t *testing.T) {
 	noteMissingServers(t, "the property was checked on miniredis only", redistest.Standalone, redistest.Cluster)
-	type tc struct {
-		alg    Algorithm
-		limits []Limit
-	}
-	cases := []tc{
+	cases := []modelCase{
 		{SlidingWindow, []Limit{PerSecond(5)}},
 		{SlidingWindow, []Limit{{Rate: 3, Period: 200 * ms}, {Rate: 10, Period: time.Second}}},
 		{SlidingWindow, []Limit{{Rate: 7, Period: 300 * ms}, {Rate: 12, Period: 700 * ms}, {Rate: 20, Period: 2 * time.Second}}},
@@ -36,7 +32,7 @@ func TestMatchesReferenceModel(t *testing.T) {
 		for ci, c := range cases {
 			rng := rand.New(rand.NewSource(int64(ci)))
 			tl := newTimeline(t, b)
-			l := tl.limiter(fmt.Sprintf("model%d", ci), c.limits[0], WithAlgorithm(c.alg), WithLimits(c.limits[1:]...), WithBuckets(4))
+			l := c.limiter(tl, fmt.Sprintf("model%d", ci))
 			m := newModel(c.alg, c.limits, 4)
 			minRate := l.maxN
 			var at time.Duration
