@@ -130,12 +130,7 @@ func TestFleetChildProcess(t *testing.T) {
 	if err := json.Unmarshal([]byte(spec), &o); err != nil {
 		t.Fatal(err)
 	}
-	var rdb redis.UniversalClient
-	if o.Cluster {
-		rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: o.Addrs})
-	} else {
-		rdb = redis.NewClient(&redis.Options{Addr: o.Addrs[0]})
-	}
+	rdb := redistest.Dial(o.Addrs, o.Cluster)
 	defer rdb.Close()
 	grants := redistest.RecordGrants(rdb)
 	rdb.AddHook(grantTap{})
@@ -240,36 +235,16 @@ type fleetKid struct {
 	cmd   *exec.Cmd
 	stdin io.WriteCloser
 	ready chan struct{}
-	done  chan struct{}
-	lines []string // after READY
+	done  <-chan struct{} // closed when its stdout ends
+	lines []string        // after READY
 	sent  time.Time
-}
-
-// backendAddrs returns the addresses a child process dials to reach b.
-func backendAddrs(t *testing.T, b *redistest.Backend) (addrs []string, cluster bool) {
-	t.Helper()
-	switch b.Kind {
-	case redistest.Mini:
-		return []string{b.Mini.Addr()}, false
-	case redistest.Standalone:
-		a, err := redistest.StandaloneAddr()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return []string{a}, false
-	}
-	a, err := redistest.ClusterAddrs()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return a, true
 }
 
 // runFleet starts the groups' children on b with orders o, lets them go at once, waits
 // for their reports and merges them.
 func runFleet(t *testing.T, b *redistest.Backend, o fleetOrders, groups []fleetGroup) *fleetResult {
 	t.Helper()
-	o.Addrs, o.Cluster = backendAddrs(t, b)
+	o.Addrs, o.Cluster = b.Addrs()
 	o.Prefix = b.Prefix
 	var (
 		kids    []*fleetKid
@@ -367,36 +342,17 @@ func startFleetKid(t *testing.T, args, env []string) *fleetKid {
 	t.Helper()
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Env = env
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	k := &fleetKid{cmd: cmd, stdin: stdin, ready: make(chan struct{}), done: make(chan struct{})}
-	go func() {
-		defer close(k.done)
-		sc := bufio.NewScanner(stdout)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		ready := false
-		for sc.Scan() {
-			line := sc.Text()
-			switch {
-			case !ready && line == "READY":
-				ready = true
-				close(k.ready)
-			case ready && line != "" && !strings.HasPrefix(line, "PASS") && !strings.HasPrefix(line, "ok "):
-				k.lines = append(k.lines, line)
-			}
+	k := &fleetKid{cmd: cmd, ready: make(chan struct{})}
+	ready := false
+	k.stdin, k.done = startHelperProcess(t, cmd, func(line string) {
+		switch {
+		case !ready && line == "READY":
+			ready = true
+			close(k.ready)
+		case ready && line != "" && !strings.HasPrefix(line, "PASS") && !strings.HasPrefix(line, "ok "):
+			k.lines = append(k.lines, line)
 		}
-	}()
-	t.Cleanup(func() { _ = cmd.Process.Kill(); <-k.done; _ = cmd.Wait() })
+	})
 	return k
 }
 

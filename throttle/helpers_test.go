@@ -1,9 +1,12 @@
 package throttle
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -317,6 +320,37 @@ func hungServer(t *testing.T) *redistest.Proxy {
 	}
 	t.Cleanup(hung.Close)
 	return hung
+}
+
+// startHelperProcess starts cmd, this test binary run again as a helper process (the
+// fleet's and the semaphore holders' children), with the test's stderr, and calls line
+// with each line of its stdout, in order, on a goroutine of its own; eof is closed when
+// the stdout ends. The process is killed when the test ends.
+func startHelperProcess(t *testing.T, cmd *exec.Cmd, line func(string)) (stdin io.WriteCloser, eof <-chan struct{}) {
+	t.Helper()
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			line(sc.Text())
+		}
+	}()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-done; _ = cmd.Wait() })
+	return stdin, done
 }
 
 // downClient is a client of a port nobody listens on: every call is refused at once.

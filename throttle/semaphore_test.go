@@ -1,7 +1,6 @@
 package throttle
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -621,12 +620,7 @@ func TestSemaphoreChildProcess(t *testing.T) {
 		}
 		return n
 	}
-	var rdb redis.UniversalClient
-	if addrs := strings.Split(env("ADDRS"), ","); env("CLUSTER") != "" {
-		rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
-	} else {
-		rdb = redis.NewClient(&redis.Options{Addr: addrs[0]})
-	}
+	rdb := redistest.Dial(strings.Split(env("ADDRS"), ","), env("CLUSTER") != "")
 	defer rdb.Close()
 	prefix, key, max := env("PREFIX"), env("KEY"), atoi("MAX")
 	ttl := time.Duration(atoi("TTL_MS")) * time.Millisecond
@@ -688,7 +682,7 @@ func TestSemaphoreChildProcess(t *testing.T) {
 type child struct {
 	cmd   *exec.Cmd
 	stdin io.WriteCloser
-	eof   chan struct{} // closed when its stdout ends
+	eof   <-chan struct{} // closed when its stdout ends
 	mu    sync.Mutex
 	held  map[string]bool // lease ids it got and has not reported released
 	got   map[string]time.Time
@@ -700,38 +694,20 @@ func startChild(t *testing.T, env []string) *child {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestSemaphoreChildProcess$", "-test.count=1", "-test.timeout=60s")
 	// without the race detector's 1s pause at exit (a race still fails the child)
 	cmd.Env = append(os.Environ(), append(env, "GORACE="+os.Getenv("GORACE")+" atexit_sleep_ms=0")...)
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	c := &child{cmd: cmd, stdin: stdin, eof: make(chan struct{}), held: map[string]bool{}, got: map[string]time.Time{}}
-	go func() {
-		defer close(c.eof)
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			line := sc.Text()
-			c.mu.Lock()
-			switch {
-			case strings.HasPrefix(line, "+ "):
-				c.held[line[2:]] = true
-				c.got[line[2:]] = time.Now()
-			case strings.HasPrefix(line, "- "):
-				delete(c.held, line[2:])
-			case strings.HasPrefix(line, "OVER "), strings.HasPrefix(line, "ERR "):
-				c.bad = append(c.bad, line)
-			}
-			c.mu.Unlock()
+	c := &child{cmd: cmd, held: map[string]bool{}, got: map[string]time.Time{}}
+	c.stdin, c.eof = startHelperProcess(t, cmd, func(line string) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		switch {
+		case strings.HasPrefix(line, "+ "):
+			c.held[line[2:]] = true
+			c.got[line[2:]] = time.Now()
+		case strings.HasPrefix(line, "- "):
+			delete(c.held, line[2:])
+		case strings.HasPrefix(line, "OVER "), strings.HasPrefix(line, "ERR "):
+			c.bad = append(c.bad, line)
 		}
-	}()
-	t.Cleanup(func() { _ = cmd.Process.Kill(); <-c.eof; _ = cmd.Wait() })
+	})
 	return c
 }
 
@@ -754,23 +730,10 @@ func TestSemaphoreHoldersKilled(t *testing.T) {
 	)
 	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
-		var addrs []string
+		addrs, isCluster := b.Addrs()
 		cluster := ""
-		switch b.Kind {
-		case redistest.Mini:
-			addrs = []string{b.Mini.Addr()}
-		case redistest.Standalone:
-			a, err := redistest.StandaloneAddr()
-			if err != nil {
-				t.Fatal(err)
-			}
-			addrs = []string{a}
-		case redistest.Cluster:
-			a, err := redistest.ClusterAddrs()
-			if err != nil {
-				t.Fatal(err)
-			}
-			addrs, cluster = a, "1"
+		if isCluster {
+			cluster = "1"
 		}
 		key := "killed"
 		s, err := NewSemaphore(b.Client, key, max, WithKeyPrefix(b.Prefix), WithLeaseTTL(ttl))

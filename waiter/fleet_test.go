@@ -20,7 +20,6 @@ import (
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/waiter"
-	"github.com/redis/go-redis/v9"
 )
 
 // The fleet tests run transports in several OS processes: this test binary again,
@@ -76,12 +75,7 @@ func TestTransportFleetChild(t *testing.T) {
 	if err := json.Unmarshal([]byte(raw), &o); err != nil {
 		t.Fatal(err)
 	}
-	var rdb redis.UniversalClient
-	if o.Cluster {
-		rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: o.Addrs})
-	} else {
-		rdb = redis.NewClient(&redis.Options{Addr: o.Addrs[0]})
-	}
+	rdb := redistest.Dial(o.Addrs, o.Cluster)
 	defer rdb.Close()
 	l, err := throttle.New(rdb, o.Key, throttle.Every(o.Spacing), throttle.WithKeyPrefix(o.Prefix))
 	if err != nil {
@@ -239,14 +233,7 @@ func runFleet(t *testing.T, procs int, o childOrders) []childReport {
 // fleetOrders returns the orders shared by every child on backend b.
 func fleetOrders(t *testing.T, b *redistest.Backend, key, url string) childOrders {
 	o := childOrders{Prefix: b.Prefix, Key: key, URL: url, Workers: 8, Reserve: -1, MaxPause: 5 * time.Minute}
-	switch c := b.Client.(type) {
-	case *redis.Client:
-		o.Addrs = []string{c.Options().Addr}
-	case *redis.ClusterClient:
-		o.Addrs, o.Cluster = c.Options().Addrs, true
-	default:
-		t.Fatalf("unknown client %T", b.Client)
-	}
+	o.Addrs, o.Cluster = b.Addrs()
 	return o
 }
 

@@ -19,7 +19,6 @@ import (
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/waiter"
-	"github.com/redis/go-redis/v9"
 )
 
 const ms = time.Millisecond
@@ -411,15 +410,7 @@ func newLimiter(t *testing.T, b *redistest.Backend, key string, limit throttle.L
 // as far as Redis and this process's pause signals can tell).
 func otherClient(t *testing.T, b *redistest.Backend, key string, limit throttle.Limit) *throttle.Limiter {
 	t.Helper()
-	var c redis.UniversalClient
-	switch rc := b.Client.(type) {
-	case *redis.Client:
-		c = redis.NewClient(&redis.Options{Addr: rc.Options().Addr})
-	case *redis.ClusterClient:
-		c = redis.NewClusterClient(&redis.ClusterOptions{Addrs: rc.Options().Addrs})
-	default:
-		t.Fatalf("unknown client %T", b.Client)
-	}
+	c := redistest.Dial(b.Addrs())
 	t.Cleanup(func() { c.Close() })
 	l, err := throttle.New(c, key, limit, throttle.WithKeyPrefix(b.Prefix))
 	if err != nil {

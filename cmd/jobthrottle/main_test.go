@@ -23,13 +23,8 @@ func TestMain(m *testing.M) { redistest.Main(m) }
 // addrEnv is the environment the command sees for backend b: REDIS_ADDR naming its
 // server (the cluster's nodes, comma-separated).
 func addrEnv(b *redistest.Backend) func(string) string {
-	var addr string
-	switch c := b.Client.(type) {
-	case *redis.Client:
-		addr = c.Options().Addr
-	case *redis.ClusterClient:
-		addr = strings.Join(c.Options().Addrs, ",")
-	}
+	addrs, _ := b.Addrs()
+	addr := strings.Join(addrs, ",")
 	return func(k string) string {
 		if k == "REDIS_ADDR" {
 			return addr

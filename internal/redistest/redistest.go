@@ -55,6 +55,27 @@ type Backend struct {
 // Real reports whether the backend is a real redis-server.
 func (b *Backend) Real() bool { return b.Kind != Mini }
 
+// Addrs returns where another client or process reaches the backend's server: its
+// address, or the cluster's nodes (cluster true). Dial connects to them.
+func (b *Backend) Addrs() (addrs []string, cluster bool) {
+	switch c := b.Client.(type) {
+	case *redis.ClusterClient:
+		return c.Options().Addrs, true
+	case *redis.Client:
+		return []string{c.Options().Addr}, false
+	}
+	panic(fmt.Sprintf("redistest: backend client of unknown type %T", b.Client))
+}
+
+// Dial returns a new client of addrs (see Backend.Addrs), with go-redis's defaults:
+// a cluster client when cluster is set, else a client of addrs[0]. The caller closes it.
+func Dial(addrs []string, cluster bool) redis.UniversalClient {
+	if cluster {
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	}
+	return redis.NewClient(&redis.Options{Addr: addrs[0]})
+}
+
 var (
 	standaloneOnce sync.Once
 	standaloneAddr string
