@@ -2,8 +2,6 @@ package waiter_test
 
 import (
 	"context"
-	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -19,157 +17,6 @@ import (
 	"github.com/jobthrottle/jobthrottle/waiter"
 	"github.com/redis/go-redis/v9"
 )
-
-// gateRecorder is a *throttle.Limiter whose Hold and Pass calls are put in one order
-// (seq), so that a test can tell exactly, without timing, whether a request's last
-// Pass began after this process was held: such a request must not be sent before the
-// hold ends.
-type gateRecorder struct {
-	*throttle.Limiter
-	mu    sync.Mutex
-	seq   int64
-	holds []holdRecord
-}
-
-type holdRecord struct {
-	seq   int64     // when Hold returned
-	until time.Time // when the hold ends (at the earliest)
-}
-
-// tracked is what the test knows of one request; it rides in the request's context.
-type tracked struct {
-	id           int
-	passStart    atomic.Int64 // seq when its last Pass began
-	held         atomic.Bool  // a Pass of it reported held
-	reserveStart atomic.Int64 // UnixNano when its last Reserve began
-	sentAt       atomic.Int64 // UnixNano when the base transport got it
-}
-
-type trackedKey struct{}
-
-func (g *gateRecorder) Hold(d time.Duration) {
-	start := time.Now()
-	g.Limiter.Hold(d)
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.seq++
-	g.holds = append(g.holds, holdRecord{seq: g.seq, until: start.Add(d)})
-}
-
-func (g *gateRecorder) Reserve(ctx context.Context, n int, maxWait time.Duration) (*waiter.Reservation, error) {
-	if tr, ok := ctx.Value(trackedKey{}).(*tracked); ok {
-		tr.reserveStart.Store(time.Now().UnixNano())
-	}
-	return g.Limiter.Reserve(ctx, n, maxWait)
-}
-
-func (g *gateRecorder) Pass(ctx context.Context) (bool, error) {
-	if tr, ok := ctx.Value(trackedKey{}).(*tracked); ok {
-		g.mu.Lock()
-		g.seq++
-		tr.passStart.Store(g.seq)
-		g.mu.Unlock()
-		held, err := g.Limiter.Pass(ctx)
-		if held {
-			tr.held.Store(true)
-		}
-		return held, err
-	}
-	return g.Limiter.Pass(ctx)
-}
-
-// violations returns the requests whose last Pass began after a Hold returned and
-// that were sent before that hold ended.
-func (g *gateRecorder) violations(reqs []*tracked) []string {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	var bad []string
-	for _, r := range reqs {
-		sent := time.Unix(0, r.sentAt.Load())
-		for _, h := range g.holds {
-			if r.sentAt.Load() != 0 && r.passStart.Load() > h.seq && sent.Before(h.until) {
-				bad = append(bad, fmt.Sprintf("request %d sent %v before the end of a hold it passed after", r.id, h.until.Sub(sent)))
-			}
-		}
-	}
-	return bad
-}
-
-// holdCount returns how many times Hold was called.
-func (g *gateRecorder) holdCount() int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return len(g.holds)
-}
-
-// heldBefore reports whether request r's last Pass began before the first Hold
-// returned: it was on its way before this process read the answer that held it.
-func (g *gateRecorder) heldBefore(r *tracked) bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return len(g.holds) == 0 || r.passStart.Load() < g.holds[0].seq
-}
-
-// stampSent is a base transport that notes when each tracked request is sent.
-func stampSent(base http.RoundTripper) http.RoundTripper {
-	if base == nil {
-		base = http.DefaultTransport
-	}
-	return roundTripFunc(func(req *http.Request) (*http.Response, error) {
-		if tr, ok := req.Context().Value(trackedKey{}).(*tracked); ok {
-			tr.sentAt.Store(time.Now().UnixNano())
-		}
-		return base.RoundTrip(req)
-	})
-}
-
-// sendTracked sends requests GETs to url from workers goroutines, each request
-// carrying a *tracked in its context and its id in X-Req, and counts the statuses.
-func sendTracked(t *testing.T, client *http.Client, url string, workers, requests int) (map[int]int, []*tracked) {
-	t.Helper()
-	reqs := make([]*tracked, requests)
-	var (
-		mu       sync.Mutex
-		next     int
-		statuses = map[int]int{}
-		wg       sync.WaitGroup
-	)
-	for w := 0; w < workers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				mu.Lock()
-				if next == requests {
-					mu.Unlock()
-					return
-				}
-				tr := &tracked{id: next}
-				reqs[next] = tr
-				next++
-				mu.Unlock()
-				req, err := http.NewRequestWithContext(context.WithValue(context.Background(), trackedKey{}, tr), http.MethodGet, url, nil)
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				req.Header.Set("X-Req", strconv.Itoa(tr.id))
-				resp, err := client.Do(req)
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				mu.Lock()
-				statuses[resp.StatusCode]++
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	return statuses, reqs
-}
 
 // arrivals is what a test server saw: the receive time of each request by X-Req.
 type arrivals struct {
@@ -233,18 +80,7 @@ func TestTransportHonoursRetryAfter(t *testing.T) {
 	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
 		clock := &settableClock{}
 		var answered atomic.Int64 // UnixNano when the 429 was written
-		srv := newTrackingServer(t, func(i int, w http.ResponseWriter) {
-			if i != busyAt {
-				return
-			}
-			now := time.Now()
-			at := now.Truncate(time.Second).Add(2 * time.Second)
-			clock.set(at.Add(-pause))
-			w.Header()["Date"] = nil // so the date counts from the transport's clock
-			w.Header().Set("Retry-After", at.Format(http.TimeFormat))
-			w.WriteHeader(http.StatusTooManyRequests)
-			answered.Store(now.UnixNano())
-		})
+		srv := newTrackingServer(t, retryAfterAt(busyAt, pause, clock, &answered))
 		grants := redistest.RecordGrants(b.Client)
 		lim := &gateRecorder{Limiter: newLimiter(t, b, "retry-after", throttle.Every(spacing))}
 		var (
@@ -279,19 +115,8 @@ func TestTransportHonoursRetryAfter(t *testing.T) {
 		if !reflect.DeepEqual(pauses, []time.Duration{pause}) {
 			t.Fatalf("paused %v, want once for %v", pauses, pause)
 		}
-		if got := lim.holdCount(); got != 1 {
-			t.Fatalf("the transport held this process %d times, want once", got)
-		}
-		for _, v := range lim.violations(reqs) {
-			t.Error(v)
-		}
 		t429 := time.Unix(0, answered.Load())
-		inside := srv.inside(t429.Add(time.Nanosecond), t429.Add(pause))
-		for _, id := range inside {
-			if !lim.heldBefore(reqs[id]) {
-				t.Errorf("request %d reached the server inside the pause, having passed the gate after the 429 was read", id)
-			}
-		}
+		inside := lim.check(t, reqs, srv, t429, pause)
 		firstAfter := srv.firstFrom(t429.Add(pause))
 		// Redis's pause ends pause after its script ran, which is no later than when
 		// Pause returned (on a loaded machine that call alone took 330ms once). The
@@ -345,6 +170,46 @@ func newTrackingServer(t *testing.T, answer func(i int, w http.ResponseWriter)) 
 	return s
 }
 
+// retryAfterAt is a trackingServer's answer: request busyAt gets a 429 with a
+// Retry-After HTTP-date and no Date header, and clock (the transport's) is set pause
+// before that date, so the transport pauses for pause without the test sleeping
+// whole seconds; answered gets when the 429 was written (UnixNano).
+func retryAfterAt(busyAt int, pause time.Duration, clock *settableClock, answered *atomic.Int64) func(int, http.ResponseWriter) {
+	return func(i int, w http.ResponseWriter) {
+		if i != busyAt {
+			return
+		}
+		now := time.Now()
+		at := now.Truncate(time.Second).Add(2 * time.Second)
+		clock.set(at.Add(-pause))
+		w.Header()["Date"] = nil // so the date counts from the transport's clock
+		w.Header().Set("Retry-After", at.Format(http.TimeFormat))
+		w.WriteHeader(http.StatusTooManyRequests)
+		answered.Store(now.UnixNano())
+	}
+}
+
+// check fails the test unless the transport held this process once, no request that
+// passed the gate after the hold was sent before it ended, and every request srv
+// received inside the pause (after the 429 at t429) had passed the gate before the
+// 429 was read. It returns the ids of those requests.
+func (g *gateRecorder) check(t *testing.T, reqs []*tracked, srv *trackingServer, t429 time.Time, pause time.Duration) (inside []int) {
+	t.Helper()
+	if got := g.holdCount(); got != 1 {
+		t.Fatalf("the transport held this process %d times, want once", got)
+	}
+	for _, v := range g.violations(reqs) {
+		t.Error(v)
+	}
+	inside = srv.inside(t429.Add(time.Nanosecond), t429.Add(pause))
+	for _, id := range inside {
+		if !g.heldBefore(reqs[id]) {
+			t.Errorf("request %d reached the server inside the pause, having passed the gate after the 429 was read", id)
+		}
+	}
+	return inside
+}
+
 // firstFrom returns the earliest arrival at or after from.
 func (a *arrivals) firstFrom(from time.Time) time.Time {
 	a.mu.Lock()
@@ -389,18 +254,7 @@ func TestTransportGateUnderSlowRedis(t *testing.T) {
 
 	clock := &settableClock{}
 	var answered atomic.Int64
-	srv := newTrackingServer(t, func(i int, w http.ResponseWriter) {
-		if i != busyAt {
-			return
-		}
-		now := time.Now()
-		at := now.Truncate(time.Second).Add(2 * time.Second)
-		clock.set(at.Add(-pause))
-		w.Header()["Date"] = nil
-		w.Header().Set("Retry-After", at.Format(http.TimeFormat))
-		w.WriteHeader(http.StatusTooManyRequests)
-		answered.Store(now.UnixNano())
-	})
+	srv := newTrackingServer(t, retryAfterAt(busyAt, pause, clock, &answered))
 	l, err := throttle.New(rdb, "slow-pause", throttle.Every(spacing), throttle.WithKeyPrefix(b.Prefix))
 	if err != nil {
 		t.Fatal(err)
@@ -417,19 +271,8 @@ func TestTransportGateUnderSlowRedis(t *testing.T) {
 	if got, want := statuses[http.StatusTooManyRequests], 1; got != want {
 		t.Fatalf("statuses %v, want exactly one 429", statuses)
 	}
-	if got := lim.holdCount(); got != 1 {
-		t.Fatalf("the transport held this process %d times, want once", got)
-	}
-	for _, v := range lim.violations(reqs) {
-		t.Error(v)
-	}
 	t429 := time.Unix(0, answered.Load())
-	inside := srv.inside(t429.Add(time.Nanosecond), t429.Add(pause))
-	for _, id := range inside {
-		if !lim.heldBefore(reqs[id]) {
-			t.Errorf("request %d reached the server inside the pause, having passed the gate after the 429 was read", id)
-		}
-	}
+	inside := lim.check(t, reqs, srv, t429, pause)
 	held := 0
 	for _, r := range reqs {
 		if r.held.Load() {

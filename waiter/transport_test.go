@@ -3,7 +3,6 @@ package waiter_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -15,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jobthrottle/jobthrottle/internal/clock"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/waiter"
@@ -289,7 +287,7 @@ func TestTransportStaysUnderServerLimit(t *testing.T) {
 		srv := newRecordingServer(t, func(int, http.ResponseWriter, *recordingServer) {})
 		lim := newLimiter(t, b, "under", throttle.Limit{Rate: rate, Period: period})
 		client := &http.Client{Transport: waiter.NewTransport(lim, nil)}
-		statuses := sendAll(t, client, srv.URL, workers, requests)
+		statuses, _ := sendTracked(t, client, srv.URL, workers, requests)
 		if got := statuses[http.StatusOK]; got != requests {
 			t.Fatalf("statuses %v, want %d × 200", statuses, requests)
 		}
@@ -396,67 +394,6 @@ func TestTransportCancelWhileWaiting(t *testing.T) {
 
 // ---- helpers ----
 
-// newLimiter returns a sliding-window limiter under the backend's test prefix.
-func newLimiter(t *testing.T, b *redistest.Backend, key string, limit throttle.Limit) *throttle.Limiter {
-	t.Helper()
-	l, err := throttle.New(b.Client, key, limit, throttle.WithKeyPrefix(b.Prefix))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
-}
-
-// otherClient returns a limiter of key on a client of its own ("another process"
-// as far as Redis and this process's pause signals can tell).
-func otherClient(t *testing.T, b *redistest.Backend, key string, limit throttle.Limit) *throttle.Limiter {
-	t.Helper()
-	c := redistest.Dial(b.Addrs())
-	t.Cleanup(func() { c.Close() })
-	l, err := throttle.New(c, key, limit, throttle.WithKeyPrefix(b.Prefix))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
-}
-
-// sendAll sends requests GETs to url from workers goroutines and counts the statuses.
-func sendAll(t *testing.T, client *http.Client, url string, workers, requests int) map[int]int {
-	t.Helper()
-	var (
-		mu       sync.Mutex
-		left     = requests
-		statuses = map[int]int{}
-		wg       sync.WaitGroup
-	)
-	for w := 0; w < workers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				mu.Lock()
-				if left == 0 {
-					mu.Unlock()
-					return
-				}
-				left--
-				mu.Unlock()
-				resp, err := client.Get(url)
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				mu.Lock()
-				statuses[resp.StatusCode]++
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	return statuses
-}
-
 // recordingServer is a local HTTP server that records when each request arrived
 // and lets the test decide the answer (200 unless the handler writes another).
 type recordingServer struct {
@@ -558,29 +495,6 @@ func (r *fakePauser) pauses() []time.Duration {
 	return append([]time.Duration(nil), r.paused...)
 }
 
-type roundTripFunc func(*http.Request) (*http.Response, error)
-
-func (f roundTripFunc) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
-
-// answer is a base transport that answers every request with status and headers.
-func answer(status int, headers map[string]string) roundTripFunc {
-	return func(req *http.Request) (*http.Response, error) {
-		h := http.Header{}
-		for k, v := range headers {
-			h.Set(k, v)
-		}
-		return &http.Response{
-			Status: fmt.Sprintf("%d %s", status, http.StatusText(status)), StatusCode: status,
-			Header: h, Body: io.NopCloser(strings.NewReader("")), Request: req,
-		}, nil
-	}
-}
-
-func newRequest(t *testing.T, ctx context.Context, body io.Reader) *http.Request {
-	t.Helper()
-	return newRequestTo(t, ctx, "http://127.0.0.1:1/x?y=z", body)
-}
-
 func newRequestTo(t *testing.T, ctx context.Context, url string, body io.Reader) *http.Request {
 	t.Helper()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, body)
@@ -613,82 +527,6 @@ type closeRecorder struct {
 func (c *closeRecorder) Close() error {
 	c.closed.Add(1)
 	return nil
-}
-
-// stoppedClock is a clock.Clock whose Now stands still; its timers are real.
-type stoppedClock time.Time
-
-func (c stoppedClock) Now() time.Time                       { return time.Time(c) }
-func (c stoppedClock) NewTimer(d time.Duration) clock.Timer { return clock.System.NewTimer(d) }
-
-// settableClock is a clock.Clock whose Now the test sets; its timers are real.
-type settableClock struct{ now atomic.Int64 }
-
-func (c *settableClock) set(t time.Time)                      { c.now.Store(t.UnixNano()) }
-func (c *settableClock) Now() time.Time                       { return time.Unix(0, c.now.Load()) }
-func (c *settableClock) NewTimer(d time.Duration) clock.Timer { return clock.System.NewTimer(d) }
-
-// fakeGate is a fakePauser that is also a Gate: it records the order of its calls,
-// and Pass reports held once after each Hold not followed by a Pause (the permits
-// fell inside the hold), at once: it does not sleep.
-type fakeGate struct {
-	fakePauser
-	gmu    sync.Mutex
-	events []string
-	held   []time.Duration
-	owed   int // Pass calls still to report held
-}
-
-func (g *fakeGate) note(e string) {
-	g.gmu.Lock()
-	defer g.gmu.Unlock()
-	g.events = append(g.events, e)
-}
-
-func (g *fakeGate) Reserve(ctx context.Context, n int, maxWait time.Duration) (*waiter.Reservation, error) {
-	g.note("reserve")
-	return g.fakePauser.Reserve(ctx, n, maxWait)
-}
-
-// Pause settles what Hold owed: bookings made from now on lie after the pause, as a
-// store that took the pause places them.
-func (g *fakeGate) Pause(ctx context.Context, d time.Duration) error {
-	g.note("pause")
-	g.gmu.Lock()
-	g.owed = 0
-	g.gmu.Unlock()
-	return g.fakePauser.Pause(ctx, d)
-}
-
-func (g *fakeGate) Hold(d time.Duration) {
-	g.note("hold")
-	g.gmu.Lock()
-	defer g.gmu.Unlock()
-	g.held = append(g.held, d)
-	g.owed++
-}
-
-func (g *fakeGate) Pass(ctx context.Context) (bool, error) {
-	g.gmu.Lock()
-	defer g.gmu.Unlock()
-	if g.owed > 0 {
-		g.owed--
-		g.events = append(g.events, "pass held")
-		return true, nil
-	}
-	return false, nil
-}
-
-func (g *fakeGate) holds() []time.Duration {
-	g.gmu.Lock()
-	defer g.gmu.Unlock()
-	return append([]time.Duration(nil), g.held...)
-}
-
-func (g *fakeGate) log() []string {
-	g.gmu.Lock()
-	defer g.gmu.Unlock()
-	return append([]string(nil), g.events...)
 }
 
 // script is a base transport that answers the i-th request (from 0) with
