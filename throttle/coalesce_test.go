@@ -262,7 +262,7 @@ func TestCoalescedCallerLeavesQueue(t *testing.T) {
 // A lost batch reply fails every caller in the batch with ErrUnavailable, and what
 // the batch granted stands once (it is not re-sent).
 func TestCoalescedLostReply(t *testing.T) {
-	direct, proxy, rdb := proxied(t)
+	direct, proxy, rdb := redistest.NewProxied(t)
 	ctx := context.Background()
 	for _, alg := range allAlgorithms {
 		l, err := New(rdb, "lost"+alg.String(), PerHour(10), WithAlgorithm(alg), WithKeyPrefix(direct.Prefix))
@@ -290,7 +290,7 @@ func TestCoalescedLostReply(t *testing.T) {
 // booking the batch made for it is given back when the reply comes (as for a call of
 // its own, see lateReply); the others in the batch keep theirs.
 func TestCoalescedCallerLeavesInFlight(t *testing.T) {
-	direct, proxy, rdb := proxied(t)
+	direct, proxy, rdb := redistest.NewProxied(t)
 	grants := redistest.RecordGrants(rdb)
 	ctx := context.Background()
 	l, err := New(rdb, "inflight", PerHour(2), WithKeyPrefix(direct.Prefix))

@@ -134,7 +134,7 @@ func TestLateGrantGivenBack(t *testing.T) {
 // call's limit in messages.
 func checkLateGrantGivenBack(t *testing.T, key, bound string, within time.Duration, opts ...Option) {
 	t.Helper()
-	b, proxy, rdb := proxied(t)
+	b, proxy, rdb := redistest.NewProxied(t)
 	cancelled := make(chan int, 4)
 	opts = append([]Option{WithKeyPrefix(b.Prefix), WithHooks(Hooks{Cancelled: func(_ string, n int) { cancelled <- n }})}, opts...)
 	l, err := New(rdb, key, Every(time.Second), opts...)
@@ -309,7 +309,7 @@ func BenchmarkAllowDeadline(b *testing.B) {
 // lease set is seen holding the lease (the acquire did run and grant) and then empty.
 func TestLateLeaseGivenBack(t *testing.T) {
 	const slow = time.Second
-	b, proxy, rdb := proxied(t)
+	b, proxy, rdb := redistest.NewProxied(t)
 	s, err := NewSemaphore(rdb, "late-lease", 1, WithKeyPrefix(b.Prefix), WithLeaseTTL(time.Minute))
 	if err != nil {
 		t.Fatal(err)

@@ -144,7 +144,7 @@ func (c *countTx) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 // a reply it loses still charges once and fails with ErrUnavailable; a client with
 // go-redis's default retries keeps the transaction.
 func TestNeverResendingClientSkipsTheTransaction(t *testing.T) {
-	direct, proxy, _ := proxied(t)
+	direct, proxy, _ := redistest.NewProxied(t)
 	ctx := context.Background()
 	for _, retries := range []int{-1, 0} {
 		rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr, MaxRetries: retries})

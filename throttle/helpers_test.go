@@ -293,23 +293,6 @@ func startOwnServer(t *testing.T, args ...string) (*redistest.Server, *redis.Cli
 	return s, c
 }
 
-// proxied returns the real standalone server (direct: its test prefix, and a client
-// past the proxy), a proxy in front of it that can delay or lose replies, and a client
-// through the proxy with go-redis's defaults (3 retries); all close with the test.
-// Without a real server the test is skipped (or fails under JOBTHROTTLE_REQUIRE_REAL).
-func proxied(t *testing.T) (direct *redistest.Backend, proxy *redistest.Proxy, rdb *redis.Client) {
-	t.Helper()
-	direct = redistest.NewStandalone(t)
-	proxy, err := redistest.NewProxy(direct.Client.(*redis.Client).Options().Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(proxy.Close)
-	rdb = redis.NewClient(&redis.Options{Addr: proxy.Addr})
-	t.Cleanup(func() { rdb.Close() })
-	return direct, proxy, rdb
-}
-
 // hungServer starts a Redis that accepts connections and never answers; it stops with
 // the test.
 func hungServer(t *testing.T) *redistest.Proxy {

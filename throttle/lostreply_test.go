@@ -17,7 +17,7 @@ import (
 // ErrUnavailable and the permit is charged once. The first half shows the fault is
 // real: the plain EVALSHA through the same proxy charges twice.
 func TestLostReplyChargesOnce(t *testing.T) {
-	direct, proxy, rdb := proxied(t) // rdb: go-redis defaults, 3 retries
+	direct, proxy, rdb := redistest.NewProxied(t) // rdb: go-redis defaults, 3 retries
 	ctx := context.Background()
 
 	// the fault, shown on a plain script call
@@ -88,7 +88,7 @@ func TestLostReplyChargesOnce(t *testing.T) {
 // and answered "not held": the lease reported lost although its release worked. A Pause
 // whose reply is lost fails with ErrUnavailable and the pause it set stands.
 func TestLostReplySemaphoreAndPauseOnce(t *testing.T) {
-	direct, proxy, rdb := proxied(t) // rdb: go-redis defaults, 3 retries
+	direct, proxy, rdb := redistest.NewProxied(t) // rdb: go-redis defaults, 3 retries
 	ctx := context.Background()
 
 	// the fault, shown on a plain script call: a release that worked answers "not held"

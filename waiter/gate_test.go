@@ -15,7 +15,6 @@ import (
 	"github.com/jobthrottle/jobthrottle/lua"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/waiter"
-	"github.com/redis/go-redis/v9"
 )
 
 // arrivals is what a test server saw: the receive time of each request by X-Req.
@@ -238,14 +237,7 @@ func TestTransportGateUnderSlowRedis(t *testing.T) {
 		slow     = 250 * ms
 		busyAt   = 30
 	)
-	b := redistest.NewStandalone(t)
-	proxy, err := redistest.NewProxy(b.Client.(*redis.Client).Options().Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
-	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr})
-	defer rdb.Close()
+	b, proxy, rdb := redistest.NewProxied(t)
 	ctx := context.Background()
 	if err := lua.Pause.Script().Load(ctx, rdb).Err(); err != nil { // so its calls are EVALSHA <hash>
 		t.Fatal(err)

@@ -191,6 +191,23 @@ func NewStandalone(t testing.TB) *Backend {
 	return b
 }
 
+// NewProxied returns the real redis-server backend (direct: its test prefix, and a
+// client past the proxy), a Proxy in front of it that can delay or lose replies, and a
+// client through the proxy with go-redis's defaults (3 retries); all close with the
+// test. Without a real server it skips the test, as NewStandalone.
+func NewProxied(t testing.TB) (direct *Backend, proxy *Proxy, rdb *redis.Client) {
+	t.Helper()
+	direct = NewStandalone(t)
+	proxy, err := NewProxy(direct.Client.(*redis.Client).Options().Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	rdb = redis.NewClient(&redis.Options{Addr: proxy.Addr})
+	t.Cleanup(func() { rdb.Close() })
+	return direct, proxy, rdb
+}
+
 // NewCluster returns the real Redis Cluster backend, or skips the test.
 func NewCluster(t testing.TB) *Backend {
 	t.Helper()
