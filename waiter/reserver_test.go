@@ -66,6 +66,17 @@ func (c *fakeClock) advance(d time.Duration) {
 	}
 }
 
+// notReturned fails the test if Wait, whose result done delivers, returns within
+// 10ms; when says at what point of the test it must not have.
+func notReturned(t *testing.T, done <-chan error, when string) {
+	t.Helper()
+	select {
+	case err := <-done:
+		t.Fatalf("Wait returned %v %s", err, when)
+	case <-time.After(10 * time.Millisecond):
+	}
+}
+
 type cancelCount struct {
 	mu sync.Mutex
 	n  int
@@ -95,11 +106,7 @@ func TestReservationWaitsUntilDue(t *testing.T) {
 	go func() { done <- r.Wait(context.Background()) }()
 	<-clk.made
 	clk.advance(999 * time.Millisecond)
-	select {
-	case err := <-done:
-		t.Fatalf("Wait returned %v before the booking was due", err)
-	case <-time.After(10 * time.Millisecond):
-	}
+	notReturned(t, done, "before the booking was due")
 	clk.advance(time.Millisecond)
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -192,11 +199,7 @@ func TestReservationMovedBooksAgain(t *testing.T) {
 		t.Fatalf("%d cancels of the moved booking, want 1", cc.count())
 	}
 	clk.advance(time.Second) // the old booking's time: nothing happens
-	select {
-	case err := <-done:
-		t.Fatalf("Wait returned %v at the moved booking's time", err)
-	case <-time.After(10 * time.Millisecond):
-	}
+	notReturned(t, done, "at the moved booking's time")
 	clk.advance(time.Second)
 	if err := <-done; err != nil {
 		t.Fatal(err)
