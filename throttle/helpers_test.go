@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand"
 	"os"
 	"os/exec"
 	"strconv"
@@ -162,6 +163,25 @@ type modelCase struct {
 func (c modelCase) limiter(tl *timeline, key string) *Limiter {
 	tl.t.Helper()
 	return tl.limiter(key, c.limits[0], WithAlgorithm(c.alg), WithLimits(c.limits[1:]...), WithBuckets(4))
+}
+
+// eachModelCase runs check for each case on every backend (redistest.Each): on a fresh
+// timeline, with the case's limiter under key and the case's index, a random source
+// seeded with seed plus the index, and steps steps to take (clusterSteps on the
+// cluster, whose round trips are slower).
+func eachModelCase(t *testing.T, cases []modelCase, key string, seed int64, steps, clusterSteps int,
+	check func(t *testing.T, tl *timeline, l *Limiter, c modelCase, rng *rand.Rand, steps int)) {
+	t.Helper()
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		n := steps
+		if b.Kind == redistest.Cluster {
+			n = clusterSteps
+		}
+		for ci, c := range cases {
+			tl := newTimeline(t, b)
+			check(t, tl, c.limiter(tl, fmt.Sprintf("%s%d", key, ci)), c, rand.New(rand.NewSource(seed+int64(ci))), n)
+		}
+	})
 }
 
 // at moves the clock to t0 + d.

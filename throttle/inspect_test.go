@@ -113,111 +113,103 @@ func TestInspectMatchesReferenceModel(t *testing.T) {
 		{TokenBucket, []Limit{{Rate: 5, Period: time.Second, Burst: 3}}},
 		{TokenBucket, []Limit{{Rate: 3, Period: 200 * ms, Burst: 2}, {Rate: 7, Period: time.Second, Burst: 5}}},
 	}
-	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+	eachModelCase(t, cases, "inspect", 1000, 150, 60, func(t *testing.T, tl *timeline, l *Limiter, c modelCase, rng *rand.Rand, steps int) {
+		b := tl.b
 		ctx := context.Background()
-		steps := 150
-		if b.Kind == redistest.Cluster {
-			steps = 60
+		pause := tl.script(lua.Pause, fakePause)
+		var logm *model
+		var tbm *bucketModel
+		if c.alg == TokenBucket {
+			tbm = newBucketModel(c.limits)
+		} else {
+			logm = newModel(c.alg, c.limits, 4)
 		}
-		for ci, c := range cases {
-			rng := rand.New(rand.NewSource(int64(1000 + ci)))
-			tl := newTimeline(t, b)
-			l := c.limiter(tl, fmt.Sprintf("inspect%d", ci))
-			pause := tl.script(lua.Pause, fakePause)
-			var logm *model
-			var tbm *bucketModel
-			if c.alg == TokenBucket {
-				tbm = newBucketModel(c.limits)
-			} else {
-				logm = newModel(c.alg, c.limits, 4)
+		longest := time.Duration(maxPeriodOf(c.limits)) * time.Microsecond
+		type held struct {
+			n     int
+			token int64
+		}
+		var bookings []held
+		var at time.Duration
+		for i := 0; i < steps; i++ {
+			at += time.Duration(rng.Int63n(int64(longest / 4)))
+			tl.at(at)
+			now := tl.now.UnixMicro()
+			what := ""
+			switch op := rng.Intn(10); {
+			case op < 4: // AllowN
+				n := rng.Intn(l.maxN + 1)
+				what = fmt.Sprintf("AllowN(%d)", n)
+				r, err := l.call(ctx, opAcquire, n, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var want Result
+				if tbm != nil {
+					want, _, _ = tbm.allow(now, n, 0)
+				} else {
+					want, _ = logm.allow(now, n, 0)
+				}
+				if got := r.result(); got != want {
+					t.Fatalf("%v %v step %d %s: got %+v, model %+v", c.alg, c.limits, i, what, got, want)
+				}
+			case op < 8: // book ahead
+				n := 1 + rng.Intn(l.maxN)
+				maxWait := rng.Int63n(2 * int64(longest/time.Microsecond))
+				what = fmt.Sprintf("Reserve(%d, %dµs)", n, maxWait)
+				r, err := l.call(ctx, opAcquire, n, maxWait)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var token int64
+				if tbm != nil {
+					_, _, token = tbm.allow(now, n, maxWait)
+				} else {
+					_, token = logm.allow(now, n, maxWait)
+				}
+				if r.token != token {
+					t.Fatalf("%v %v step %d %s: token %d, model %d", c.alg, c.limits, i, what, r.token, token)
+				}
+				if r.granted && r.wait > 0 {
+					bookings = append(bookings, held{n, token})
+				}
+			case op < 9 && len(bookings) > 0: // cancel a booking
+				k := rng.Intn(len(bookings))
+				bk := bookings[k]
+				bookings = append(bookings[:k], bookings[k+1:]...)
+				what = fmt.Sprintf("cancel(%d at %d)", bk.n, bk.token)
+				if _, err := l.call(ctx, opCancel, bk.n, bk.token); err != nil {
+					t.Fatal(err)
+				}
+				if tbm != nil {
+					tbm.cancel(now, bk.token, bk.n)
+				} else {
+					logm.cancel(now, bk.token, bk.n)
+				}
+			default: // pause
+				d := 1 + rng.Int63n(int64(longest/time.Microsecond)/2)
+				what = fmt.Sprintf("pause(%dµs)", d)
+				if err := pause.Run(ctx, b.Client, l.keys[1:2], d).Err(); err != nil {
+					t.Fatal(err)
+				}
+				if tbm != nil {
+					tbm.pause(now, d)
+				} else {
+					logm.pause(now, d)
+				}
 			}
-			longest := time.Duration(maxPeriodOf(c.limits)) * time.Microsecond
-			type held struct {
-				n     int
-				token int64
-			}
-			var bookings []held
-			var at time.Duration
-			for i := 0; i < steps; i++ {
-				at += time.Duration(rng.Int63n(int64(longest / 4)))
+			// inspect now and a moment later (bookings due, windows moving)
+			for _, later := range []time.Duration{0, time.Duration(rng.Int63n(int64(longest / 2)))} {
+				at += later
 				tl.at(at)
 				now := tl.now.UnixMicro()
-				what := ""
-				switch op := rng.Intn(10); {
-				case op < 4: // AllowN
-					n := rng.Intn(l.maxN + 1)
-					what = fmt.Sprintf("AllowN(%d)", n)
-					r, err := l.call(ctx, opAcquire, n, 0)
-					if err != nil {
-						t.Fatal(err)
-					}
-					var want Result
-					if tbm != nil {
-						want, _, _ = tbm.allow(now, n, 0)
-					} else {
-						want, _ = logm.allow(now, n, 0)
-					}
-					if got := r.result(); got != want {
-						t.Fatalf("%v %v step %d %s: got %+v, model %+v", c.alg, c.limits, i, what, got, want)
-					}
-				case op < 8: // book ahead
-					n := 1 + rng.Intn(l.maxN)
-					maxWait := rng.Int63n(2 * int64(longest/time.Microsecond))
-					what = fmt.Sprintf("Reserve(%d, %dµs)", n, maxWait)
-					r, err := l.call(ctx, opAcquire, n, maxWait)
-					if err != nil {
-						t.Fatal(err)
-					}
-					var token int64
-					if tbm != nil {
-						_, _, token = tbm.allow(now, n, maxWait)
-					} else {
-						_, token = logm.allow(now, n, maxWait)
-					}
-					if r.token != token {
-						t.Fatalf("%v %v step %d %s: token %d, model %d", c.alg, c.limits, i, what, r.token, token)
-					}
-					if r.granted && r.wait > 0 {
-						bookings = append(bookings, held{n, token})
-					}
-				case op < 9 && len(bookings) > 0: // cancel a booking
-					k := rng.Intn(len(bookings))
-					bk := bookings[k]
-					bookings = append(bookings[:k], bookings[k+1:]...)
-					what = fmt.Sprintf("cancel(%d at %d)", bk.n, bk.token)
-					if _, err := l.call(ctx, opCancel, bk.n, bk.token); err != nil {
-						t.Fatal(err)
-					}
-					if tbm != nil {
-						tbm.cancel(now, bk.token, bk.n)
-					} else {
-						logm.cancel(now, bk.token, bk.n)
-					}
-				default: // pause
-					d := 1 + rng.Int63n(int64(longest/time.Microsecond)/2)
-					what = fmt.Sprintf("pause(%dµs)", d)
-					if err := pause.Run(ctx, b.Client, l.keys[1:2], d).Err(); err != nil {
-						t.Fatal(err)
-					}
-					if tbm != nil {
-						tbm.pause(now, d)
-					} else {
-						logm.pause(now, d)
-					}
+				var want LimiterState
+				if tbm != nil {
+					want = tbm.state(now)
+				} else {
+					want = logm.state(now)
 				}
-				// inspect now and a moment later (bookings due, windows moving)
-				for _, later := range []time.Duration{0, time.Duration(rng.Int63n(int64(longest / 2)))} {
-					at += later
-					tl.at(at)
-					now := tl.now.UnixMicro()
-					var want LimiterState
-					if tbm != nil {
-						want = tbm.state(now)
-					} else {
-						want = logm.state(now)
-					}
-					wantInspected(t, l, want, "%v %v step %d after %s, inspected at t0+%v", c.alg, c.limits, i, what, at)
-				}
+				wantInspected(t, l, want, "%v %v step %d after %s, inspected at t0+%v", c.alg, c.limits, i, what, at)
 			}
 		}
 	})

@@ -27,92 +27,84 @@ func TestOverrideMatchesReferenceModel(t *testing.T) {
 		{SlidingCounter, []Limit{{Rate: 4, Period: 250 * ms}, {Rate: 9, Period: time.Second}}},
 		{FixedWindow, []Limit{{Rate: 3, Period: 200 * ms}, {Rate: 8, Period: time.Second}}},
 	}
-	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+	eachModelCase(t, cases, "override", 2000, 200, 80, func(t *testing.T, tl *timeline, l *Limiter, c modelCase, rng *rand.Rand, steps int) {
+		b := tl.b
 		ctx := context.Background()
-		steps := 200
-		if b.Kind == redistest.Cluster {
-			steps = 80
+		control := tl.script(lua.Control, fakeControl)
+		m := newModel(c.alg, c.limits, 4)
+		var over []Limit // the override's limits, nil when none
+		var overEnd int64
+		effective := func(now int64) []Limit {
+			if over == nil || overEnd <= now {
+				return c.limits
+			}
+			return over
 		}
-		for ci, c := range cases {
-			rng := rand.New(rand.NewSource(int64(2000 + ci)))
-			tl := newTimeline(t, b)
-			l := c.limiter(tl, fmt.Sprintf("override%d", ci))
-			control := tl.script(lua.Control, fakeControl)
-			m := newModel(c.alg, c.limits, 4)
-			var over []Limit // the override's limits, nil when none
-			var overEnd int64
-			effective := func(now int64) []Limit {
-				if over == nil || overEnd <= now {
-					return c.limits
+		longest := time.Duration(maxPeriodOf(c.limits)) * time.Microsecond
+		var at time.Duration
+		for i := 0; i < steps; i++ {
+			at += time.Duration(rng.Int63n(int64(longest / 4)))
+			tl.at(at)
+			now := tl.now.UnixMicro()
+			m.limits = effective(now)
+			what := ""
+			switch op := rng.Intn(10); {
+			case op < 6: // acquire, maybe booking ahead
+				n := rng.Intn(l.maxN + 1)
+				var maxWait int64
+				if op >= 4 {
+					maxWait = rng.Int63n(2 * int64(longest/time.Microsecond))
 				}
-				return over
+				what = fmt.Sprintf("acquire(%d, %dµs)", n, maxWait)
+				r, err := l.call(ctx, opAcquire, n, maxWait)
+				most := maxRate
+				for _, lim := range m.limits {
+					most = min(most, lim.Rate)
+				}
+				if n > most {
+					if !errors.Is(err, ErrExceedsLimit) {
+						t.Fatalf("%v step %d %s above the override %v: %v, want ErrExceedsLimit", c.alg, i, what, m.limits, err)
+					}
+					break
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				want, _ := m.allow(now, n, maxWait)
+				if got := r.result(); got != want {
+					t.Fatalf("%v %v step %d %s under %v: got %+v, model %+v", c.alg, c.limits, i, what, m.limits, got, want)
+				}
+			case op < 8: // override: each limit's rate between a third and twice the code's
+				over = nil
+				args := []any{0, 0, len(c.limits)}
+				for _, lim := range c.limits {
+					r := max(1, lim.Rate/3+rng.Intn(2*lim.Rate))
+					over = append(over, Limit{Rate: r, Period: lim.Period})
+					args = append(args, r, 0)
+				}
+				d := 1 + rng.Int63n(2*int64(longest/time.Microsecond))
+				args[1] = d
+				overEnd = now + d
+				what = fmt.Sprintf("override %v for %dµs", over, d)
+				if err := control.Run(ctx, b.Client, l.keys[1:2], args...).Err(); err != nil {
+					t.Fatal(err)
+				}
+			default:
+				what = "clear"
+				over = nil
+				if err := control.Run(ctx, b.Client, l.keys[1:2], 1, 0, 0).Err(); err != nil {
+					t.Fatal(err)
+				}
 			}
-			longest := time.Duration(maxPeriodOf(c.limits)) * time.Microsecond
-			var at time.Duration
-			for i := 0; i < steps; i++ {
-				at += time.Duration(rng.Int63n(int64(longest / 4)))
-				tl.at(at)
-				now := tl.now.UnixMicro()
-				m.limits = effective(now)
-				what := ""
-				switch op := rng.Intn(10); {
-				case op < 6: // acquire, maybe booking ahead
-					n := rng.Intn(l.maxN + 1)
-					var maxWait int64
-					if op >= 4 {
-						maxWait = rng.Int63n(2 * int64(longest/time.Microsecond))
-					}
-					what = fmt.Sprintf("acquire(%d, %dµs)", n, maxWait)
-					r, err := l.call(ctx, opAcquire, n, maxWait)
-					most := maxRate
-					for _, lim := range m.limits {
-						most = min(most, lim.Rate)
-					}
-					if n > most {
-						if !errors.Is(err, ErrExceedsLimit) {
-							t.Fatalf("%v step %d %s above the override %v: %v, want ErrExceedsLimit", c.alg, i, what, m.limits, err)
-						}
-						break
-					}
-					if err != nil {
-						t.Fatal(err)
-					}
-					want, _ := m.allow(now, n, maxWait)
-					if got := r.result(); got != want {
-						t.Fatalf("%v %v step %d %s under %v: got %+v, model %+v", c.alg, c.limits, i, what, m.limits, got, want)
-					}
-				case op < 8: // override: each limit's rate between a third and twice the code's
-					over = nil
-					args := []any{0, 0, len(c.limits)}
-					for _, lim := range c.limits {
-						r := max(1, lim.Rate/3+rng.Intn(2*lim.Rate))
-						over = append(over, Limit{Rate: r, Period: lim.Period})
-						args = append(args, r, 0)
-					}
-					d := 1 + rng.Int63n(2*int64(longest/time.Microsecond))
-					args[1] = d
-					overEnd = now + d
-					what = fmt.Sprintf("override %v for %dµs", over, d)
-					if err := control.Run(ctx, b.Client, l.keys[1:2], args...).Err(); err != nil {
-						t.Fatal(err)
-					}
-				default:
-					what = "clear"
-					over = nil
-					if err := control.Run(ctx, b.Client, l.keys[1:2], 1, 0, 0).Err(); err != nil {
-						t.Fatal(err)
-					}
-				}
-				at += time.Duration(rng.Int63n(int64(longest / 3)))
-				tl.at(at)
-				now = tl.now.UnixMicro()
-				m.limits = effective(now)
-				want := m.state(now)
-				if over != nil && overEnd > now {
-					want.Override = micros(overEnd - now)
-				}
-				wantInspected(t, l, want, "%v %v step %d after %s, at t0+%v", c.alg, c.limits, i, what, at)
+			at += time.Duration(rng.Int63n(int64(longest / 3)))
+			tl.at(at)
+			now = tl.now.UnixMicro()
+			m.limits = effective(now)
+			want := m.state(now)
+			if over != nil && overEnd > now {
+				want.Override = micros(overEnd - now)
 			}
+			wantInspected(t, l, want, "%v %v step %d after %s, at t0+%v", c.alg, c.limits, i, what, at)
 		}
 	})
 }

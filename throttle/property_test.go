@@ -2,7 +2,6 @@ package throttle
 
 import (
 	"context"
-	"fmt"
 	"math/rand"
 	"testing"
 	"time"
@@ -24,38 +23,29 @@ func TestMatchesReferenceModel(t *testing.T) {
 		{FixedWindow, []Limit{PerSecond(5)}},
 		{FixedWindow, []Limit{{Rate: 3, Period: 200 * ms}, {Rate: 8, Period: time.Second}}},
 	}
-	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
-		steps := 200
-		if b.Kind == redistest.Cluster {
-			steps = 80
-		}
-		for ci, c := range cases {
-			rng := rand.New(rand.NewSource(int64(ci)))
-			tl := newTimeline(t, b)
-			l := c.limiter(tl, fmt.Sprintf("model%d", ci))
-			m := newModel(c.alg, c.limits, 4)
-			minRate := l.maxN
-			var at time.Duration
-			for i := 0; i < steps; i++ {
-				at += time.Duration(rng.Intn(120_000)) * time.Microsecond
-				n := rng.Intn(minRate + 1)
-				tl.at(at)
-				want, _ := m.allow(tl.now.UnixMicro(), n, 0)
-				got, err := l.AllowN(context.Background(), n)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if got != want {
-					t.Fatalf("%v %v step %d (t0+%v, n=%d): got %+v, want %+v", c.alg, c.limits, i, at, n, got, want)
-				}
+	eachModelCase(t, cases, "model", 0, 200, 80, func(t *testing.T, tl *timeline, l *Limiter, c modelCase, rng *rand.Rand, steps int) {
+		m := newModel(c.alg, c.limits, 4)
+		minRate := l.maxN
+		var at time.Duration
+		for i := 0; i < steps; i++ {
+			at += time.Duration(rng.Intn(120_000)) * time.Microsecond
+			n := rng.Intn(minRate + 1)
+			tl.at(at)
+			want, _ := m.allow(tl.now.UnixMicro(), n, 0)
+			got, err := l.AllowN(context.Background(), n)
+			if err != nil {
+				t.Fatal(err)
 			}
-			for _, lim := range c.limits {
-				if c.alg == FixedWindow {
-					continue // at most Rate per aligned window is what it promises; checked by the model
-				}
-				if most := maxInWindow(m.grants, lim.periodMicros()); most > lim.Rate {
-					t.Fatalf("%v: %d grants in one window of %v", c.alg, most, lim)
-				}
+			if got != want {
+				t.Fatalf("%v %v step %d (t0+%v, n=%d): got %+v, want %+v", c.alg, c.limits, i, at, n, got, want)
+			}
+		}
+		for _, lim := range c.limits {
+			if c.alg == FixedWindow {
+				continue // at most Rate per aligned window is what it promises; checked by the model
+			}
+			if most := maxInWindow(m.grants, lim.periodMicros()); most > lim.Rate {
+				t.Fatalf("%v: %d grants in one window of %v", c.alg, most, lim)
 			}
 		}
 	})
