@@ -50,30 +50,22 @@ import (
 // returned wrapped: they are failures. Concurrency panics with an error wrapping
 // ErrNilArgument when sem is nil.
 func Concurrency(sem *throttle.Semaphore, opts ...Option) asynq.MiddlewareFunc {
-	return concurrencyWith(nil, sem, opts)
-}
-
-func concurrencyWith(sh *shared, sem *throttle.Semaphore, opts []Option) asynq.MiddlewareFunc {
 	if sem == nil {
-		panic(fmt.Errorf("%w: Concurrency(nil)", ErrNilArgument))
+		panic(nilArgument("Concurrency"))
 	}
-	c := newConfig(sh, opts)
-	return func(next asynq.Handler) asynq.Handler {
-		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
-			ctx, slot, done := c.sh.enter(ctx)
-			defer done()
-			slot.leave() // an inner middleware: it may sleep
-			lease, err := c.acquire(ctx, t, sem)
-			if err != nil {
-				return err
-			}
-			if err := slot.take(ctx); err != nil {
-				_ = lease.Release(context.WithoutCancel(ctx))
-				return err
-			}
-			return lease.Hold(ctx, func(ctx context.Context) error { return next.ProcessTask(ctx, t) })
-		})
-	}
+	c := newConfig(opts)
+	return c.sh.middleware(func(ctx context.Context, t *asynq.Task, slot *runSlot, handle func(context.Context) error) error {
+		slot.leave() // an inner middleware: it may sleep
+		lease, err := c.acquire(ctx, t, sem)
+		if err != nil {
+			return err
+		}
+		if err := slot.take(ctx); err != nil {
+			_ = lease.Release(context.WithoutCancel(ctx))
+			return err
+		}
+		return lease.Hold(ctx, handle)
+	})
 }
 
 // acquire gets t a lease of sem, waiting for one within the attempt's budget and the

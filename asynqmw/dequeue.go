@@ -11,9 +11,13 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// asynqDequeue is asynq v0.26's dequeue script, byte for byte. The hook of
-// WaitForRedis takes over calls of exactly this script (by its SHA-1), and of no
-// other: a different asynq version's dequeue passes through untouched.
+// asynqDequeue is asynq v0.26's dequeue script (dequeueCmd in its internal/rdb/rdb.go),
+// byte for byte. It is a deliberate copy: the hook of WaitForRedis must recognise
+// asynq's dequeue among the commands of the server's client, and the only mark it
+// has is the script's text or SHA-1, which asynq keeps in a package Go does not let
+// us import (internal/rdb). So the hook takes over calls of exactly this script, and
+// of no other: a different asynq version's dequeue has another SHA-1 and passes
+// through untouched. Do not reformat it.
 const asynqDequeue = `
 if redis.call("EXISTS", KEYS[2]) == 0 then
 	local id = redis.call("RPOPLPUSH", KEYS[1], KEYS[3])
@@ -36,27 +40,26 @@ var asynqDequeueSHA = func() string {
 // takes under a token (KEYS[5], for a minute), and a call with the same token finds
 // that task and returns it again, as long as it is still active on the lease that
 // dequeue gave it (no worker has it: a worker's lease is extended, a recovered task's
-// is gone). KEYS and ARGV are asynq's, then the token's key.
-var dequeueOnce = redis.NewScript(`
+// is gone). KEYS and ARGV are asynq's, then the token's key. It is asynqDequeue
+// itself, with the lookup of the token before it and the record of the task taken
+// added where it returns the task's message.
+var dequeueOnce = redis.NewScript(dequeueOnceSrc())
+
+func dequeueOnceSrc() string {
+	const taken = "\t\treturn redis.call(\"HGET\", key, \"msg\")\n"
+	if strings.Count(asynqDequeue, taken) != 1 {
+		panic("asynqmw: asynqDequeue does not return the task's message where dequeueOnce records it")
+	}
+	return `
 local rec = redis.call("GET", KEYS[5])
 if rec then
 	local id, score = string.match(rec, "^(.*):(%d+)$")
 	if id and redis.call("ZSCORE", KEYS[4], id) == score then
 		return redis.call("HGET", ARGV[2] .. id, "msg")
 	end
-end
-if redis.call("EXISTS", KEYS[2]) == 0 then
-	local id = redis.call("RPOPLPUSH", KEYS[1], KEYS[3])
-	if id then
-		local key = ARGV[2] .. id
-		redis.call("HSET", key, "state", "active")
-		redis.call("HDEL", key, "pending_since")
-		redis.call("ZADD", KEYS[4], ARGV[1], id)
-		redis.call("SET", KEYS[5], id .. ":" .. ARGV[1], "EX", 60)
-		return redis.call("HGET", key, "msg")
-	end
-end
-return nil`)
+end` + strings.Replace(asynqDequeue, taken,
+		"\t\tredis.call(\"SET\", KEYS[5], id .. \":\" .. ARGV[1], \"EX\", 60)\n"+taken, 1)
+}
 
 // dequeue runs asynq's dequeue of cmd (keys: pending, paused, active, lease) as
 // dequeueOnce, under a token that stays the same for every time go-redis sends it,

@@ -12,6 +12,9 @@ import (
 // mistake shows when the server is built, not as failed tasks.
 var ErrNilArgument = errors.New("asynqmw: nil limiter, semaphore, client or pick function")
 
+// nilArgument is the error the constructor call panics with when given nil.
+func nilArgument(call string) error { return fmt.Errorf("%w: %s(nil)", ErrNilArgument, call) }
+
 // ErrInvalidOption: an option out of range, such as a negative MaxInlineWait. The
 // constructor that was given it panics with an error wrapping ErrInvalidOption.
 var ErrInvalidOption = errors.New("asynqmw: invalid option")

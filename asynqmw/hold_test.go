@@ -82,8 +82,8 @@ func TestWaitForRedisHoldsWrites(t *testing.T) {
 	b := redistest.NewMiniRealTime(t)
 	rdb := redis.NewClient(&redis.Options{Addr: b.Mini.Addr(), MaxRetries: -1})
 	defer rdb.Close()
-	newConfig(nil, []Option{WaitForRedis(rdb)})
-	newConfig(nil, []Option{WaitForRedis(rdb)}) // a second Setup on the client adds no second hook
+	newConfig([]Option{WaitForRedis(rdb)})
+	newConfig([]Option{WaitForRedis(rdb)}) // a second Setup on the client adds no second hook
 
 	seed(t, rdb)
 	b.SetError("LOADING Redis is loading the dataset in memory")

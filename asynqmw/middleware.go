@@ -66,14 +66,10 @@ import (
 // Outside an asynq server (no task ID in ctx) nothing is recorded: a task that may
 // not sleep is handed back without a booking.
 func Throttle(lim *throttle.Limiter, opts ...Option) asynq.MiddlewareFunc {
-	return throttleWith(nil, lim, opts)
-}
-
-func throttleWith(sh *shared, lim *throttle.Limiter, opts []Option) asynq.MiddlewareFunc {
 	if lim == nil {
-		panic(fmt.Errorf("%w: Throttle(nil)", ErrNilArgument))
+		panic(nilArgument("Throttle"))
 	}
-	return throttleFuncWith(sh, func(context.Context, *asynq.Task) (*throttle.Limiter, error) { return lim, nil }, opts)
+	return ThrottleFunc(func(context.Context, *asynq.Task) (*throttle.Limiter, error) { return lim, nil }, opts...)
 }
 
 // ThrottleFunc is Throttle with the limiter chosen per task by pick: per tenant from
@@ -87,39 +83,31 @@ func throttleWith(sh *shared, lim *throttle.Limiter, opts []Option) asynq.Middle
 // the error wrapped, so asynq retries or archives the task as for any handler error.
 // ThrottleFunc panics with an error wrapping ErrNilArgument when pick is nil.
 func ThrottleFunc(pick func(ctx context.Context, t *asynq.Task) (*throttle.Limiter, error), opts ...Option) asynq.MiddlewareFunc {
-	return throttleFuncWith(nil, pick, opts)
-}
-
-func throttleFuncWith(sh *shared, pick func(ctx context.Context, t *asynq.Task) (*throttle.Limiter, error), opts []Option) asynq.MiddlewareFunc {
 	if pick == nil {
-		panic(fmt.Errorf("%w: ThrottleFunc(nil)", ErrNilArgument))
+		panic(nilArgument("ThrottleFunc"))
 	}
-	c := newConfig(sh, opts)
-	return func(next asynq.Handler) asynq.Handler {
-		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
-			ctx, slot, done := c.sh.enter(ctx)
-			defer done()
-			lim, err := pick(ctx, t)
-			if err != nil {
-				return fmt.Errorf("asynqmw: choosing the limiter for task %q: %w", t.Type(), err)
-			}
-			if lim != nil {
-				slot.leave() // an inner middleware: it may sleep
-				if err := c.throttle(ctx, t, lim); err != nil {
-					return err
-				}
-			}
-			if err := slot.take(ctx); err != nil {
+	c := newConfig(opts)
+	return c.sh.middleware(func(ctx context.Context, t *asynq.Task, slot *runSlot, handle func(context.Context) error) error {
+		lim, err := pick(ctx, t)
+		if err != nil {
+			return fmt.Errorf("asynqmw: choosing the limiter for task %q: %w", t.Type(), err)
+		}
+		if lim != nil {
+			slot.leave() // an inner middleware: it may sleep
+			if err := c.throttle(ctx, t, lim); err != nil {
 				return err
 			}
-			if lim != nil {
-				if err := c.sh.pacer.start(ctx, lim); err != nil {
-					return err
-				}
+		}
+		if err := slot.take(ctx); err != nil {
+			return err
+		}
+		if lim != nil {
+			if err := c.sh.pacer.start(ctx, lim); err != nil {
+				return err
 			}
-			return next.ProcessTask(ctx, t)
-		})
-	}
+		}
+		return handle(ctx)
+	})
 }
 
 // bookAhead is how far ahead the middleware books: as far as it takes.

@@ -60,11 +60,11 @@ type config struct {
 	requeue     *requeuer
 	hooks       Hooks
 	logger      asynq.Logger
-	err         error // the first bad option
-	sh          *shared
+	err         error   // the first bad option
+	sh          *shared // a Setup's (sharedWith); nil: the middleware's own
 }
 
-func newConfig(sh *shared, opts []Option) *config {
+func newConfig(opts []Option) *config {
 	c := &config{maxInline: DefaultMaxInlineWait, sleeping: -1}
 	for _, o := range opts {
 		if o != nil {
@@ -74,10 +74,10 @@ func newConfig(sh *shared, opts []Option) *config {
 	if c.err != nil {
 		panic(c.err)
 	}
-	if sh == nil {
-		sh = newShared(c.logger)
+	if c.sh == nil {
+		c.sh = newShared(c.logger)
 	}
-	c.sh = sh
+	sh := c.sh
 	if c.logger != nil {
 		sh.setLogger(c.logger)
 	}
@@ -88,6 +88,12 @@ func newConfig(sh *shared, opts []Option) *config {
 		sh.interval.Store(int64(c.interval))
 	}
 	return c
+}
+
+// sharedWith makes the middleware share sh, a Setup's, with the Setup's other
+// middlewares.
+func sharedWith(sh *shared) Option {
+	return optionFunc(func(c *config) { c.sh = sh })
 }
 
 // bad records the first bad option; the constructor panics with it.

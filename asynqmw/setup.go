@@ -2,7 +2,6 @@ package asynqmw
 
 import (
 	"context"
-	"fmt"
 	"runtime"
 	"time"
 
@@ -47,12 +46,12 @@ type Setup struct {
 // wrapping ErrInvalidOption for a bad option.
 func New(rdb redis.UniversalClient, opts ...Option) *Setup {
 	if rdb == nil {
-		panic(fmt.Errorf("%w: New(nil)", ErrNilArgument))
+		panic(nilArgument("New"))
 	}
 	s := &Setup{rdb: rdb, sh: newShared(nil)}
 	s.sh.setup = true
 	s.opts = append([]Option{Requeue(rdb), WaitForRedis(rdb)}, opts...)
-	newConfig(s.sh, s.opts) // check the options now
+	newConfig(s.with(nil)) // check the options now
 	return s
 }
 
@@ -125,22 +124,24 @@ func (s *Setup) sleepingSet() bool {
 
 // Throttle is Throttle(lim, opts...) with the Setup's options and shared bound.
 func (s *Setup) Throttle(lim *throttle.Limiter, opts ...Option) asynq.MiddlewareFunc {
-	return throttleWith(s.sh, lim, s.with(opts))
+	return Throttle(lim, s.with(opts)...)
 }
 
 // ThrottleFunc is ThrottleFunc(pick, opts...) with the Setup's options and shared
 // bound.
 func (s *Setup) ThrottleFunc(pick func(ctx context.Context, t *asynq.Task) (*throttle.Limiter, error), opts ...Option) asynq.MiddlewareFunc {
-	return throttleFuncWith(s.sh, pick, s.with(opts))
+	return ThrottleFunc(pick, s.with(opts)...)
 }
 
 // Concurrency is Concurrency(sem, opts...) with the Setup's options and shared bound.
 func (s *Setup) Concurrency(sem *throttle.Semaphore, opts ...Option) asynq.MiddlewareFunc {
-	return concurrencyWith(s.sh, sem, s.with(opts))
+	return Concurrency(sem, s.with(opts)...)
 }
 
+// with returns the Setup's options, then opts, then the one that shares the Setup's
+// state.
 func (s *Setup) with(opts []Option) []Option {
-	return append(append([]Option(nil), s.opts...), opts...)
+	return append(append(append([]Option(nil), s.opts...), opts...), sharedWith(s.sh))
 }
 
 // Stats is what the middlewares of a Setup have done since it was made.

@@ -95,11 +95,17 @@ func (sh *shared) warn(kind, msg string) {
 // maxRemembered bounds the hand-backs remembered for noticing a half-applied setup.
 const maxRemembered = 100000
 
-// handedBack remembers the retry count of a task handed back on the retry path.
-func (sh *shared) handedBack(ctx context.Context) {
+// retryCount returns the ID and retry count of ctx's task; ok is false outside asynq.
+func retryCount(ctx context.Context) (id string, retried int, ok bool) {
 	id, ok1 := asynq.GetTaskID(ctx)
 	retried, ok2 := asynq.GetRetryCount(ctx)
-	if !ok1 || !ok2 {
+	return id, retried, ok1 && ok2
+}
+
+// handedBack remembers the retry count of a task handed back on the retry path.
+func (sh *shared) handedBack(ctx context.Context) {
+	id, retried, ok := retryCount(ctx)
+	if !ok {
 		return
 	}
 	sh.mu.Lock()
@@ -115,9 +121,8 @@ func (sh *shared) handedBack(ctx context.Context) {
 // Setup.Config has it, so there the count can only be asynq's recoverer's (a dequeue
 // whose reply was lost as Redis died), and the middleware says nothing.
 func (sh *shared) returned(ctx context.Context) {
-	id, ok1 := asynq.GetTaskID(ctx)
-	retried, ok2 := asynq.GetRetryCount(ctx)
-	if !ok1 || !ok2 {
+	id, retried, ok := retryCount(ctx)
+	if !ok {
 		return
 	}
 	sh.mu.Lock()
@@ -171,6 +176,20 @@ func (sh *shared) enter(ctx context.Context) (context.Context, *runSlot, func())
 	}
 	rs := &runSlot{g: *g}
 	return context.WithValue(ctx, runKey{}, rs), rs, rs.leave
+}
+
+// middleware returns the asynq middleware that runs step for each task, with the
+// task's run slot and its handler: step gets the task past its limit, gives the slot
+// up while it may sleep (leave), takes it back before the handler runs (take), and
+// runs handle. The slot is given back when the task is done.
+func (sh *shared) middleware(step func(ctx context.Context, t *asynq.Task, slot *runSlot, handle func(context.Context) error) error) asynq.MiddlewareFunc {
+	return func(next asynq.Handler) asynq.Handler {
+		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+			ctx, slot, done := sh.enter(ctx)
+			defer done()
+			return step(ctx, t, slot, func(ctx context.Context) error { return next.ProcessTask(ctx, t) })
+		})
+	}
 }
 
 // leave gives the slot back, if held: the task sleeps, or is done.
