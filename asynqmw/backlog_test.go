@@ -30,11 +30,15 @@ type backlog struct {
 type backlogResult struct {
 	freeLatency      time.Duration // first unthrottled enqueued → last one done
 	freeEnqueue      time.Duration // the time enqueueing them took
+	freeWait         time.Duration // the longest an unthrottled task took from its enqueue to done
 	handBacks        float64       // per throttled task
 	finished         time.Duration // first throttled enqueued → last one started
 	ideal            time.Duration // the limit's own pace for the backlog
-	maxStarts        int           // most throttled handler starts in any window of a second
+	maxStarts        int           // most throttled handler starts in any window of a second, read by the handler
 	maxStartsTol     int           // the same in any window of a second less startJitter
+	maxServerStarts  int           // the same, the most of one server
+	maxCounted       int           // most starts one server's middleware counted (Hooks.Started) in any second
+	maxLag           time.Duration // longest from a counted start to the handler's read of the clock
 	maxGrants        int           // most permits taking effect in any window of a second (Redis)
 	inverted         float64       // share of pairs of throttled tasks started out of enqueue order
 	peakSleeping     int           // most tasks asleep in one server's middleware
@@ -43,15 +47,20 @@ type backlogResult struct {
 	kept             int64   // returns that found their booking
 	countedRetry     int
 	archived, failed int
+	asynqErrors      int    // errors asynq logged (a Redis outage: a CLUSTERDOWN, a timeout)
+	firstAsynqError  string // " over <first to last> (first: <the first>)", if any
 }
 
 // TestBacklogDoesNotHoldWorkers runs the backlog on every backend, on one server of 10
 // workers and on two such servers sharing the limit. It asserts what must hold whatever the
 // load on the host: every task runs exactly once, with no retry spent, none failed or
 // archived (MaxRetry(0) included); Redis never lets more than the limit take effect in
-// a window; no more tasks sleep in the middleware than its bound. The rest (latency of
-// the unthrottled tasks, hand-backs, order, handler starts per window, calls per task)
-// it reports as figures. The CI size is 30 throttled tasks (6 s of the limit) and 100
+// a window; no server's middleware counts more handler starts than the limit in any
+// window of its period (Hooks.Started, the pacer's bound); no more tasks sleep in the
+// middleware than its bound. The rest (latency of the unthrottled tasks, hand-backs,
+// order, handler starts per window as the handler reads the clock and fleet-wide,
+// calls per task) it reports as figures, with the errors asynq logged (a stall with
+// errors is the backend's outage). The CI size is 30 throttled tasks (6 s of the limit) and 100
 // unthrottled; JOBTHROTTLE_FULL_BACKLOG=1 runs the issue's 150 and 200.
 func TestBacklogDoesNotHoldWorkers(t *testing.T) {
 	sc := backlog{rate: 5, throttled: 30, free: 100, freeWork: 20 * time.Millisecond}
@@ -65,14 +74,15 @@ func TestBacklogDoesNotHoldWorkers(t *testing.T) {
 			t.Run(fmt.Sprintf("%dx%d", sc.servers, sc.workers), func(t *testing.T) {
 				r := runBacklog(t, b, sc)
 				redistest.Figure(t, "%s, %d server(s) x %d workers, %d throttled at %d/s + %d unthrottled of %v: "+
-					"unthrottled done after %v (enqueueing them took %v); hand-backs per throttled task %.2f; backlog done after %v (ideal %v, +%v); "+
-					"most handler starts in any 1s %d (in any 1s-%v %d; Redis grants %d, limit %d); pairs out of order %.3f; "+
+					"unthrottled done after %v (enqueueing them took %v; the longest one took from its enqueue to done %v); hand-backs per throttled task %.2f; backlog done after %v (ideal %v, +%v); "+
+					"most handler starts in any 1s %d (in any 1s-%v %d; of one server %d, counted by its middleware %d, the handler's read of the clock up to %v later; Redis grants %d, limit %d); pairs out of order %.3f; "+
 					"peak asleep in middleware %d (bound %d); limiter script calls per task %.2f; "+
-					"lost/twice/failed/archived 0/0/%d/%d",
+					"lost/twice/failed/archived 0/0/%d/%d; asynq logged %d errors%s",
 					b.Kind, sc.servers, sc.workers, sc.throttled, sc.rate, sc.free, sc.freeWork,
-					r.freeLatency.Round(time.Millisecond), r.freeEnqueue.Round(time.Millisecond), r.handBacks, r.finished.Round(time.Millisecond), r.ideal,
-					(r.finished - r.ideal).Round(time.Millisecond), r.maxStarts, startJitter, r.maxStartsTol, r.maxGrants, sc.rate, r.inverted,
-					r.peakSleeping, r.sleepBound, r.callsPerTask, r.failed, r.archived)
+					r.freeLatency.Round(time.Millisecond), r.freeEnqueue.Round(time.Millisecond), r.freeWait.Round(time.Millisecond), r.handBacks, r.finished.Round(time.Millisecond), r.ideal,
+					(r.finished - r.ideal).Round(time.Millisecond), r.maxStarts, startJitter, r.maxStartsTol,
+					r.maxServerStarts, r.maxCounted, r.maxLag.Round(time.Microsecond), r.maxGrants, sc.rate, r.inverted,
+					r.peakSleeping, r.sleepBound, r.callsPerTask, r.failed, r.archived, r.asynqErrors, r.firstAsynqError)
 			})
 		}
 	})
@@ -96,8 +106,14 @@ func runBacklog(t *testing.T, b *redistest.Backend, sc backlog) backlogResult {
 	var (
 		mu     sync.Mutex
 		starts = map[int]time.Time{} // throttled task → handler start
-		runs   = map[string]int{}    // payload → runs
-		freeAt time.Time             // the last unthrottled task done
+		server = map[int]int{}       // throttled task → the server that ran it
+		// per server: throttled task → the start its middleware counted (Hooks.Started)
+		counted = make([]map[int]time.Time, sc.servers)
+		runs    = map[string]int{}       // payload → runs
+		freeAt  time.Time                // the last unthrottled task done
+		freeIn  = map[string]time.Time{} // unthrottled task → just before its enqueue
+		freeOut = map[string]time.Time{} // unthrottled task → done
+		logged  = &errorLog{t: t}
 	)
 	handler := asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 		now := time.Now()
@@ -113,6 +129,7 @@ func runBacklog(t *testing.T, b *redistest.Backend, sc backlog) backlogResult {
 			starts[i] = now
 		} else {
 			freeAt = time.Now()
+			freeOut[p] = freeAt
 		}
 		return nil
 	})
@@ -123,8 +140,17 @@ func runBacklog(t *testing.T, b *redistest.Backend, sc backlog) backlogResult {
 		return nil, nil
 	}
 	var setups []*asynqmw.Setup
-	for range sc.servers {
-		jt := asynqmw.New(b.Client, asynqmw.WithHooks(c.hooks()))
+	for s := range sc.servers {
+		counted[s] = map[int]time.Time{}
+		hooks := c.hooks()
+		hooks.Started = func(_ context.Context, t *asynq.Task, at time.Time) {
+			i, _ := strconv.Atoi(string(t.Payload()[1:]))
+			mu.Lock()
+			defer mu.Unlock()
+			counted[s][i] = at
+			server[i] = s
+		}
+		jt := asynqmw.New(b.Client, asynqmw.WithHooks(hooks))
 		setups = append(setups, jt)
 		mux := asynq.NewServeMux()
 		mux.Use(jt.ThrottleFunc(pick))
@@ -135,7 +161,7 @@ func runBacklog(t *testing.T, b *redistest.Backend, sc backlog) backlogResult {
 			Queues:          map[string]int{f.queue: 1},
 			ShutdownTimeout: 2 * time.Second,
 			LogLevel:        asynq.WarnLevel,
-			Logger:          testLogger{t},
+			Logger:          logged,
 		}))
 		if err := srv.Start(mux); err != nil {
 			t.Fatal(err)
@@ -155,6 +181,9 @@ func runBacklog(t *testing.T, b *redistest.Backend, sc backlog) backlogResult {
 	}
 	t1 := time.Now()
 	for i := range sc.free {
+		mu.Lock()
+		freeIn["f"+strconv.Itoa(i)] = time.Now()
+		mu.Unlock()
 		if _, err := f.client.Enqueue(asynq.NewTask("free", []byte("f"+strconv.Itoa(i))), asynq.Queue(f.queue)); err != nil {
 			t.Fatal(err)
 		}
@@ -185,6 +214,10 @@ func runBacklog(t *testing.T, b *redistest.Backend, sc backlog) backlogResult {
 	}
 	r.freeLatency = freeAt.Sub(t1)
 	r.freeEnqueue = t2.Sub(t1)
+	for p, in := range freeIn {
+		r.freeWait = max(r.freeWait, freeOut[p].Sub(in))
+	}
+	r.asynqErrors, r.firstAsynqError = logged.count()
 	r.handBacks = float64(c.sum(c.throttled)) / float64(sc.throttled)
 	var last time.Time
 	times := make([]time.Time, 0, len(starts))
@@ -203,6 +236,36 @@ func runBacklog(t *testing.T, b *redistest.Backend, sc backlog) backlogResult {
 	r.ideal = time.Duration((sc.throttled+sc.rate-1)/sc.rate-1) * time.Second
 	r.maxStarts = redistest.MaxTimesInWindow(times, time.Second)
 	r.maxStartsTol = redistest.MaxTimesInWindow(times, time.Second-startJitter)
+	for s := range sc.servers {
+		var own, cnt []time.Time
+		for _, i := range order {
+			if at, ok := counted[s][i]; ok {
+				own = append(own, starts[i])
+				cnt = append(cnt, at)
+				r.maxLag = max(r.maxLag, starts[i].Sub(at))
+			}
+		}
+		slices.SortFunc(cnt, time.Time.Compare)
+		r.maxServerStarts = max(r.maxServerStarts, redistest.MaxTimesInWindow(own, time.Second))
+		r.maxCounted = max(r.maxCounted, redistest.MaxTimesInWindow(cnt, time.Second))
+		if os.Getenv("JT_DEBUG") != "" {
+			for k := range own {
+				if k+sc.rate < len(own) && own[k+sc.rate].Sub(own[k]) < time.Second {
+					for _, i := range order {
+						if at, ok := counted[s][i]; ok && !starts[i].Before(own[k]) && !starts[i].After(own[k+sc.rate]) {
+							t.Logf("server %d: t%d counted at %v, handler read %v (+%v)", s, i, at.Sub(t0), starts[i].Sub(t0), starts[i].Sub(at))
+						}
+					}
+				}
+			}
+		}
+	}
+	if len(server) != sc.throttled {
+		t.Errorf("Hooks.Started reported %d throttled tasks' starts, want %d", len(server), sc.throttled)
+	}
+	if r.maxCounted > sc.rate {
+		t.Errorf("one server's middleware counted %d handler starts in a second, limit %d", r.maxCounted, sc.rate)
+	}
 	if os.Getenv("JT_DEBUG") != "" {
 		for k, i := range order {
 			if k+9 < len(order) && starts[order[k+9]].Sub(starts[i]) < time.Second-startJitter {
@@ -248,4 +311,41 @@ func runBacklog(t *testing.T, b *redistest.Backend, sc backlog) backlogResult {
 		t.Errorf("%d hand-backs came back counted as a retry", r.countedRetry)
 	}
 	return r
+}
+
+// errorLog is testLogger that also counts the errors asynq logs: a stall of the backlog
+// with errors logged is an outage of the backend (a cluster node silent past its
+// cluster-node-timeout answers CLUSTERDOWN for seconds), not the middleware's doing.
+type errorLog struct {
+	t           *testing.T
+	mu          sync.Mutex
+	n           int
+	first       string
+	from, until time.Time // the first and the last
+}
+
+func (l *errorLog) Debug(args ...any) { testLogger{l.t}.Debug(args...) }
+func (l *errorLog) Info(args ...any)  { testLogger{l.t}.Info(args...) }
+func (l *errorLog) Warn(args ...any)  { testLogger{l.t}.Warn(args...) }
+func (l *errorLog) Fatal(args ...any) { testLogger{l.t}.Fatal(args...) }
+func (l *errorLog) Error(args ...any) {
+	l.mu.Lock()
+	if l.n++; l.n == 1 {
+		l.first = fmt.Sprint(args...)
+		l.from = time.Now()
+	}
+	l.until = time.Now()
+	l.mu.Unlock()
+	testLogger{l.t}.Error(args...)
+}
+
+// count returns how many errors were logged and " over <first to last> (first:
+// <the first>)", or "".
+func (l *errorLog) count() (int, string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.n == 0 {
+		return 0, ""
+	}
+	return l.n, fmt.Sprintf(" over %v (first: %s)", l.until.Sub(l.from).Round(time.Millisecond), l.first)
 }

@@ -32,8 +32,15 @@ import (
 //     booking, no place lost. A task back after its slot has passed is moved to the
 //     earliest slot free then (see ReserveFor).
 //   - A task goes on to its handler only once that keeps this process's handler starts
-//     through lim within each of its limits in any window of the limit's period
-//     (see pacer).
+//     through lim within each of its limits: the middleware counts a start when it
+//     lets the task go on (Hooks.Started reports it, with the time, on this process's
+//     monotonic clock), and no window of a limit's Period holds more than its Rate of
+//     them. A token bucket (it may grant Burst at once) and a limit above 10000 per
+//     period are not paced, and a start that would have to wait more than a second
+//     for the window goes at once (a lag that long is no lag: Redis forgot its
+//     grants). A handler's own reading of the clock comes a function call later,
+//     longer if its goroutine is descheduled: a window of such readings can hold one
+//     more. Across processes the bound is Redis's (see the README).
 //   - A task on its last attempt (asynq.GetRetryCount >= asynq.GetMaxRetry) is handed
 //     back as a copy, ID "<id>~r1", that carries the booking (Requeue; Setup always
 //     sets it), since asynq would archive it. Without Requeue it sleeps in the handler
@@ -102,8 +109,12 @@ func ThrottleFunc(pick func(ctx context.Context, t *asynq.Task) (*throttle.Limit
 			return err
 		}
 		if lim != nil {
-			if err := c.sh.pacer.start(ctx, lim); err != nil {
+			at, err := c.sh.pacer.start(ctx, lim)
+			if err != nil {
 				return err
+			}
+			if c.hooks.Started != nil {
+				c.hooks.Started(ctx, t, at)
 			}
 		}
 		return handle(ctx)

@@ -189,6 +189,12 @@ type Hooks struct {
 	// Throttled is called when a task is handed back without running, with the error
 	// the middleware returns to asynq (Requeued is set when it was requeued as a copy).
 	Throttled func(ctx context.Context, t *asynq.Task, err *ThrottledError)
+
+	// Started is called when a task limited by Throttle or ThrottleFunc goes on to its
+	// handler, with the time the middleware counted as its start (this process's
+	// monotonic clock): the time whose spacing Throttle bounds (see Throttle). The
+	// handler runs as soon as Started returns.
+	Started func(ctx context.Context, t *asynq.Task, at time.Time)
 }
 
 // WithHooks sets callbacks the middleware calls after its decisions (see Hooks).

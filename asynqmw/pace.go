@@ -20,9 +20,20 @@ import (
 // one shares a window of one Period with it: up to twice the Rate. The pacer delays a
 // start, by at most about Δ, until it is at least a Period after the start Rate
 // places before it, so that a process's starts through one limiter never exceed Rate
-// in any window of Period, on its clock (it counts a start when it lets the task go
-// on to its handler). Across processes the bound is Redis's (the
-// starts of several processes may lag differently): Rate in any window of Period − Δ.
+// in any window of Period.
+//
+// What it bounds is the starts as it counts them: the time it reads, under its lock,
+// when it lets a task go on to its handler (Hooks.Started reports it), on this
+// process's monotonic clock. Anything later, a handler's own reading of the clock
+// among it, lags that by a function call, or by as long as the goroutine is
+// descheduled (2ms once, measured under load); an earlier start whose reading lagged
+// more than a later one's puts one more in that reading's window. Nothing in the
+// middleware can bound what a handler reads after it is called. Across processes the
+// bound is Redis's (the starts of several processes may lag differently): Rate in any
+// window of Period − Δ, Δ being how much more one process's starts lag their permits
+// than another's; a process whose starts lagged keeps its next batches at least as
+// late while they follow one another a Period apart (the pacer spaces them from its
+// own).
 type pacer struct {
 	mu   sync.Mutex
 	keys map[string]*startLog
@@ -41,33 +52,34 @@ const (
 	maxPacedDelay = time.Second
 )
 
-// start returns when the task may start through lim (at once, mostly), having
-// counted its start; or ctx.Err() if ctx ends first.
-func (p *pacer) start(ctx context.Context, lim *throttle.Limiter) error {
+// start returns when the task may start through lim (at once, mostly), with the
+// time it counted as the task's start; or ctx.Err() if ctx ends first.
+func (p *pacer) start(ctx context.Context, lim *throttle.Limiter) (time.Time, error) {
 	for {
-		d := p.wait(lim, time.Now)
+		d, at := p.wait(lim, time.Now)
 		if d == 0 {
-			return nil
+			return at, nil
 		}
 		if err := sleep(ctx, d); err != nil {
-			return err
+			return time.Time{}, err
 		}
 	}
 }
 
-// wait counts a start now and returns 0 if it keeps this process's starts through
-// lim within each limit; otherwise it returns how long to wait before asking again.
+// wait counts a start now and returns 0 and the time it counted if that keeps this
+// process's starts through lim within each limit; otherwise it returns how long to
+// wait before asking again.
 //
 // clock is read under the pacer's lock, so that the starts are counted in order.
-func (p *pacer) wait(lim *throttle.Limiter, clock func() time.Time) time.Duration {
+func (p *pacer) wait(lim *throttle.Limiter, clock func() time.Time) (time.Duration, time.Time) {
 	if lim.Algorithm() == throttle.TokenBucket {
-		return 0 // a bucket may grant Burst at once: more than Rate in a Period
+		return 0, clock() // a bucket may grant Burst at once: more than Rate in a Period
 	}
 	limits := lim.Limits()
 	keep := 0
 	for _, l := range limits {
 		if l.Rate > maxPacedRate {
-			return 0
+			return 0, clock()
 		}
 		keep = max(keep, l.Rate)
 	}
@@ -90,7 +102,7 @@ func (p *pacer) wait(lim *throttle.Limiter, clock func() time.Time) time.Duratio
 		}
 	}
 	if d := at.Sub(now); d > 0 && d <= maxPacedDelay {
-		return d
+		return d, time.Time{}
 	}
 	// now, or a wait too long to be a lag (a clock jump, permits from before a pause):
 	// never stall
@@ -98,7 +110,7 @@ func (p *pacer) wait(lim *throttle.Limiter, clock func() time.Time) time.Duratio
 	if len(s.times) > keep {
 		s.times = slices.Delete(s.times, 0, len(s.times)-keep)
 	}
-	return 0
+	return 0, now
 }
 
 func later(a, b time.Time) time.Time {
