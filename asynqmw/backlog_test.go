@@ -47,8 +47,11 @@ type backlogResult struct {
 	kept             int64   // returns that found their booking
 	countedRetry     int
 	archived, failed int
-	asynqErrors      int    // errors asynq logged (a Redis outage: a CLUSTERDOWN, a timeout)
-	firstAsynqError  string // " over <first to last> (first: <the first>)", if any
+	lateReturns      int           // booked hand-backs that came back after their slot (and were moved)
+	maxLate          time.Duration // the latest of them
+	earlyBounces     int           // booked hand-backs that came back in time and were handed back again
+	asynqErrors      int           // errors asynq logged (a Redis outage: a CLUSTERDOWN, a timeout)
+	firstAsynqError  string        // " over <first to last> (first: <the first>)", if any
 }
 
 // TestBacklogDoesNotHoldWorkers runs the backlog on every backend, on one server of 10
@@ -74,12 +77,13 @@ func TestBacklogDoesNotHoldWorkers(t *testing.T) {
 			t.Run(fmt.Sprintf("%dx%d", sc.servers, sc.workers), func(t *testing.T) {
 				r := runBacklog(t, b, sc)
 				redistest.Figure(t, "%s, %d server(s) x %d workers, %d throttled at %d/s + %d unthrottled of %v: "+
-					"unthrottled done after %v (enqueueing them took %v; the longest one took from its enqueue to done %v); hand-backs per throttled task %.2f; backlog done after %v (ideal %v, +%v); "+
+					"unthrottled done after %v (enqueueing them took %v; the longest one took from its enqueue to done %v); hand-backs per throttled task %.2f "+
+					"(came back after their slot %d, the latest by %v; handed back again in time %d); backlog done after %v (ideal %v, +%v); "+
 					"most handler starts in any 1s %d (in any 1s-%v %d; of one server %d, counted by its middleware %d, the handler's read of the clock up to %v later; Redis grants %d, limit %d); pairs out of order %.3f; "+
 					"peak asleep in middleware %d (bound %d); limiter script calls per task %.2f; "+
 					"lost/twice/failed/archived 0/0/%d/%d; asynq logged %d errors%s",
 					b.Kind, sc.servers, sc.workers, sc.throttled, sc.rate, sc.free, sc.freeWork,
-					r.freeLatency.Round(time.Millisecond), r.freeEnqueue.Round(time.Millisecond), r.freeWait.Round(time.Millisecond), r.handBacks, r.finished.Round(time.Millisecond), r.ideal,
+					r.freeLatency.Round(time.Millisecond), r.freeEnqueue.Round(time.Millisecond), r.freeWait.Round(time.Millisecond), r.handBacks, r.lateReturns, r.maxLate.Round(time.Millisecond), r.earlyBounces, r.finished.Round(time.Millisecond), r.ideal,
 					(r.finished - r.ideal).Round(time.Millisecond), r.maxStarts, startJitter, r.maxStartsTol,
 					r.maxServerStarts, r.maxCounted, r.maxLag.Round(time.Microsecond), r.maxGrants, sc.rate, r.inverted,
 					r.peakSleeping, r.sleepBound, r.callsPerTask, r.failed, r.archived, r.asynqErrors, r.firstAsynqError)
@@ -109,6 +113,7 @@ func runBacklog(t *testing.T, b *redistest.Backend, sc backlog) backlogResult {
 		server = map[int]int{}       // throttled task → the server that ran it
 		// per server: throttled task → the start its middleware counted (Hooks.Started)
 		counted = make([]map[int]time.Time, sc.servers)
+		backs   = map[int][]handBack{}   // throttled task → its hand-backs
 		runs    = map[string]int{}       // payload → runs
 		freeAt  time.Time                // the last unthrottled task done
 		freeIn  = map[string]time.Time{} // unthrottled task → just before its enqueue
@@ -143,6 +148,18 @@ func runBacklog(t *testing.T, b *redistest.Backend, sc backlog) backlogResult {
 	for s := range sc.servers {
 		counted[s] = map[int]time.Time{}
 		hooks := c.hooks()
+		throttled := hooks.Throttled
+		hooks.Throttled = func(ctx context.Context, t *asynq.Task, err *asynqmw.ThrottledError) {
+			throttled(ctx, t, err)
+			if t.Type() != "throttled" {
+				return
+			}
+			i, _ := strconv.Atoi(string(t.Payload()[1:]))
+			now := time.Now()
+			mu.Lock()
+			defer mu.Unlock()
+			backs[i] = append(backs[i], handBack{at: now, slot: now.Add(err.RetryIn), booked: err.Booked})
+		}
 		hooks.Started = func(_ context.Context, t *asynq.Task, at time.Time) {
 			i, _ := strconv.Atoi(string(t.Payload()[1:]))
 			mu.Lock()
@@ -279,6 +296,19 @@ func runBacklog(t *testing.T, b *redistest.Backend, sc backlog) backlogResult {
 			t.Logf("grant at %v (sent %v)", g.At.Sub(t0), g.Sent.Sub(t0))
 		}
 	}
+	for _, hb := range backs {
+		for k := 1; k < len(hb); k++ {
+			if !hb[k-1].booked {
+				continue
+			}
+			if late := hb[k].at.Sub(hb[k-1].slot); late > 0 {
+				r.lateReturns++
+				r.maxLate = max(r.maxLate, late)
+			} else {
+				r.earlyBounces++
+			}
+		}
+	}
 	r.maxGrants = grants.MaxInWindow(time.Second)
 	if r.maxGrants > sc.rate {
 		t.Errorf("most permits taking effect in any second: %d, limit %d", r.maxGrants, sc.rate)
@@ -348,4 +378,10 @@ func (l *errorLog) count() (int, string) {
 		return 0, ""
 	}
 	return l.n, fmt.Sprintf(" over %v (first: %s)", l.until.Sub(l.from).Round(time.Millisecond), l.first)
+}
+
+// handBack is one hand-back of a throttled task: when, and when its slot was (booked).
+type handBack struct {
+	at, slot time.Time
+	booked   bool
 }
