@@ -284,6 +284,7 @@ func enqueue(ctx context.Context, cfg config, rdb redis.UniversalClient, queue s
 	}
 	st.freeStart(time.Now())
 	for i := range cfg.free {
+		st.freeEnqueued(fmt.Sprintf("free-%d", i), time.Now())
 		if err := enqueueOnce(ctx, client, asynq.NewTask("report:build", fmt.Appendf(nil, "free-%d", i)), asynq.Queue(queue)); err != nil {
 			return nFinal, err
 		}

@@ -21,9 +21,11 @@ type stats struct {
 	runs map[string]int // task payload → successful runs
 
 	freeMu     sync.Mutex
-	freeRuns   map[string]int // unthrottled task payload → runs
-	freeFrom   time.Time      // the first unthrottled task enqueued
-	freeLatest time.Time      // the last unthrottled task done
+	freeRuns   map[string]int       // unthrottled task payload → runs
+	freeIn     map[string]time.Time // unthrottled task payload → just before its enqueue
+	freeWait   time.Duration        // the longest an unthrottled task took from its enqueue to done
+	freeFrom   time.Time            // the first unthrottled task enqueued
+	freeLatest time.Time            // the last unthrottled task done
 
 	loopDone, httpDone   atomic.Int64 // calls that got 200
 	loopTried, httpTried atomic.Int64 // calls made (or given up)
@@ -51,6 +53,16 @@ func (s *stats) freeStart(t time.Time) {
 	s.freeFrom = t
 }
 
+// freeEnqueued records when the enqueue of unthrottled task id began.
+func (s *stats) freeEnqueued(id string, t time.Time) {
+	s.freeMu.Lock()
+	defer s.freeMu.Unlock()
+	if s.freeIn == nil {
+		s.freeIn = map[string]time.Time{}
+	}
+	s.freeIn[id] = t
+}
+
 func (s *stats) freeRan(id string) {
 	s.freeMu.Lock()
 	defer s.freeMu.Unlock()
@@ -59,6 +71,17 @@ func (s *stats) freeRan(id string) {
 	}
 	s.freeRuns[id]++
 	s.freeLatest = time.Now()
+	if in, ok := s.freeIn[id]; ok {
+		s.freeWait = max(s.freeWait, s.freeLatest.Sub(in))
+	}
+}
+
+// freeLongest is the longest an unthrottled task took from its enqueue to done: how
+// long the throttled backlog held it, without the time the enqueueing loop took.
+func (s *stats) freeLongest() time.Duration {
+	s.freeMu.Lock()
+	defer s.freeMu.Unlock()
+	return s.freeWait
 }
 
 // freeDone returns how many distinct unthrottled tasks ran.
@@ -170,8 +193,8 @@ func (s summary) print(out io.Writer) error {
 	fmt.Fprintf(out, "  asynq       %d archived, %d failed (Inspector), %d retries spent; %d hand-backs to asynq (%.2f per throttled task), %d sleeps in the handler\n",
 		q.Archived, q.FailedTotal, st.retriesSpent.Load(), st.handedBack.Load(),
 		float64(st.handedBack.Load())/float64(max(cfg.tasks, 1)), st.slept.Load())
-	fmt.Fprintf(out, "  workers     unthrottled %d/%d tasks of %v done %v after the first was enqueued, behind the throttled backlog; most tasks asleep in one server's middleware at once: %d (bound %d), in goroutines jt.Config adds: all %d workers stay free for tasks that run\n",
-		st.freeDone(), cfg.free, cfg.freeWork, st.freeLatency().Round(time.Millisecond), s.peakSleeping, s.sleepBound, cfg.concurrency)
+	fmt.Fprintf(out, "  workers     unthrottled %d/%d tasks of %v done %v after the first was enqueued, behind the throttled backlog (the longest any one took from its enqueue to done: %v); most tasks asleep in one server's middleware at once: %d (bound %d), in goroutines jt.Config adds: all %d workers stay free for tasks that run\n",
+		st.freeDone(), cfg.free, cfg.freeWork, st.freeLatency().Round(time.Millisecond), st.freeLongest().Round(time.Millisecond), s.peakSleeping, s.sleepBound, cfg.concurrency)
 
 	var broken []string
 	check := func(ok bool, format string, args ...any) {
