@@ -37,8 +37,8 @@ import (
 //     monotonic clock), and no window of a limit's Period holds more than its Rate of
 //     them. A token bucket (it may grant Burst at once) and a limit above 10000 per
 //     period are not paced, and a start that would have to wait more than a second
-//     for the window goes at once (a lag that long is no lag: Redis forgot its
-//     grants). A handler's own reading of the clock comes a function call later,
+//     for the window goes at once (only a Period above a second can ask that: a
+//     stall, or Redis forgot its grants). A handler's own reading of the clock comes a function call later,
 //     longer if its goroutine is descheduled: a window of such readings can hold one
 //     more. Across processes the bound is Redis's (see the README).
 //   - A task on its last attempt (asynq.GetRetryCount >= asynq.GetMaxRetry) is handed
