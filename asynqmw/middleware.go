@@ -38,9 +38,10 @@ import (
 //     them. A token bucket (it may grant Burst at once) and a limit above 10000 per
 //     period are not paced, and a start that would have to wait more than a second
 //     for the window goes at once (only a Period above a second can ask that: a
-//     stall, or Redis forgot its grants). A handler's own reading of the clock comes a function call later,
-//     longer if its goroutine is descheduled: a window of such readings can hold one
-//     more. Across processes the bound is Redis's (see the README).
+//     stall, or Redis forgot its grants). A handler's own reading of the clock comes
+//     a function call later, longer if its goroutine is descheduled: a window of such
+//     readings can hold one more. Across processes the bound is Redis's (see the
+//     README).
 //   - A task on its last attempt (asynq.GetRetryCount >= asynq.GetMaxRetry) is handed
 //     back as a copy, ID "<id>~r1", that carries the booking (Requeue; Setup always
 //     sets it), since asynq would archive it. Without Requeue it sleeps in the handler
