@@ -48,6 +48,8 @@ var (
 	controlWrite string
 	//go:embed semaphore.lua
 	semaphoreSrc string
+	//go:embed semaphore_batch.lua
+	semaphoreBatchSrc string
 	//go:embed tbstate.lua
 	tbState string
 	//go:embed fwstate.lua
@@ -85,7 +87,8 @@ const (
 	// Control sets or clears an operator's override of a key's rates, or ends its
 	// pause; see control.lua.
 	Control
-	// Semaphore is the in-flight limit script (leases and their queue); see semaphore.lua.
+	// Semaphore is the in-flight limit script (leases and their queue); see semaphore.lua,
+	// and semaphore_batch.lua for its batch form.
 	Semaphore
 	// InspectSlidingWindow reads a sliding window's live state, writing nothing; see
 	// inspect_sw.lua.
@@ -109,7 +112,7 @@ var texts = [numNames]string{
 	FixedWindow:    batchable(prelude+fwState, fixedWindowSrc),
 	Pause:          prelude + controlWrite + pauseSrc,
 	Control:        prelude + controlWrite + controlSrc,
-	Semaphore:      prelude + semaphoreSrc,
+	Semaphore:      prelude + "local function jt_one()\n" + semaphoreSrc + "\nend\n" + semaphoreBatchSrc,
 
 	InspectSlidingWindow:  prelude + logEngine + inspectLog + inspectSWSrc,
 	InspectSlidingCounter: prelude + logEngine + inspectLog + inspectSCSrc,

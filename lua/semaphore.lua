@@ -26,7 +26,7 @@
 -- granted or handed; extend and release still work.
 local op = jt_int(1, 0, 2)
 if not op then return redis.error_reply('JTARG op') end
-local id = ARGV[2]
+local id = jt_argv[2]
 if type(id) ~= 'string' or #id ~= 32 or string.find(id, '[^0-9a-f]') then
   return redis.error_reply('JTARG id')
 end
@@ -36,7 +36,7 @@ local ttl = jt_int(4, 1000, JT_MAX_PERIOD)
 if not ttl then return redis.error_reply('JTARG ttl') end
 local queue = jt_int(5, 0, 1)
 if not queue then return redis.error_reply('JTARG queue') end
-if #ARGV ~= 5 then return redis.error_reply('JTARG argument count') end
+if #jt_argv ~= 5 then return redis.error_reply('JTARG argument count') end
 
 local sem, q, x = KEYS[1], KEYS[2], KEYS[3]
 local me = id .. ':' .. string.format('%d', ttl)

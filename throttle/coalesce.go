@@ -16,20 +16,22 @@ import (
 // Coalescing (group commit) and pipelining. Calls of one process on one client that
 // arrive while a call of that client is in flight queue up; when it returns,
 // everything queued (up to pipeCap requests) goes to Redis in ONE round trip: the
-// requests of each key in one script call, the batch form of the limiter scripts
-// (lua/batch.lua), which decides them in arrival order, each exactly as a call of its
-// own at that server instant would be; the calls of different keys in one pipeline
-// (MULTI/EXEC, as every call; on a cluster, one transaction per key, sent at once). No timer: a lone caller finds nothing in flight and calls at once, as
-// without coalescing; batches form only while Redis is busy answering, and grow with
-// the load.
+// requests of each key in one script call, the batch form of the script (the limiter
+// scripts' lua/batch.lua, the semaphore's lua/semaphore_batch.lua), which decides them
+// in arrival order, each exactly as a call of its own at that server instant would
+// be; the calls of different keys in one pipeline (MULTI/EXEC, as every call; on a
+// cluster, one transaction per key, sent at once). No timer: a lone caller finds
+// nothing in flight and calls at once, as without coalescing; batches form only while
+// Redis is busy answering, and grow with the load.
 //
-// Every request keeps its own semantics: its op, n and max wait; its own context (a
-// caller whose context ends before its batch is sent leaves the queue and takes
-// nothing; one whose context ends while the batch is in flight gets the error it would
-// get alone, and a grant booked ahead for it is given back, see lateReply); its
-// hooks, failure policy (each key's breaker) and StateLost check. A round trip runs
-// once (MULTI/EXEC, never re-sent): a lost reply fails each request in it with
-// ErrUnavailable, and what it granted stands once.
+// Every request keeps its own semantics: its op and arguments (a Limiter's n and max
+// wait, a Semaphore's lease id and queueing); its own context (a caller whose context
+// ends before its batch is sent leaves the queue and takes nothing; one whose context
+// ends, or whose call timeout passes, while the batch is in flight gets the error it
+// would get alone, and what the batch granted it is given back: see lateReply and
+// lateAcquire); its hooks, failure policy (each key's breaker) and StateLost check. A
+// round trip runs once (MULTI/EXEC, never re-sent): a lost reply fails each request
+// in it with ErrUnavailable, and what it granted stands once.
 
 // batchCap is the most requests one script call carries: a batch of 128
 // single-permit requests keeps Redis busy for well under a millisecond. pipeCap is the
@@ -39,16 +41,29 @@ const (
 	pipeCap  = 512
 )
 
-// batcher queues one client's calls while one is in flight. Every Limiter of the
-// process on the client (with coalescing on) feeds the same queue (batchers).
+// batcher queues one client's calls while one is in flight. Every Limiter and
+// Semaphore of the process on the client (with coalescing on) feeds the same queue
+// (batchers).
+//
+// A caller that queues waits for its answer on a channel of its own, and nothing
+// else: its call timeout (WithCallTimeout) is kept by the batcher's one watchdog
+// timer, not by a timer per call. The watchdog also lets go of a round trip that
+// nobody waits for any more (a Redis that stopped answering): the next round trip
+// goes on another connection, and the abandoned one, if its reply ever comes, still
+// gives back what it granted to callers who left (lateReply).
 type batcher struct {
 	rdb   redis.UniversalClient
 	mu    sync.Mutex
 	busy  bool       // a call of the client is in flight (or being sent)
 	queue []*pending // arrival order
+	sent  []*pending // the round trip the flusher of generation gen has in flight
+	gen   uint64     // the current flusher's generation (see expire)
+
+	watch   *time.Timer // the watchdog: runs expire at watchAt
+	watchAt time.Time   // zero: not armed
 }
 
-// batchers holds each client's batcher while a Limiter holds it.
+// batchers holds each client's batcher while a Limiter or Semaphore holds it.
 var batchers registry[redis.UniversalClient, batcher]
 
 // A pending request's states.
@@ -56,39 +71,68 @@ const (
 	pendQueued int32 = iota // in the queue
 	pendSent                // in a batch in flight
 	pendDone                // answered: val and err are set and done is closed
-	pendLeft                // its caller left (its context ended)
+	pendLeft                // its caller left (its context ended or its call timeout passed)
 )
 
 // pending is one queued request.
 type pending struct {
-	l     *Limiter
-	ctx   context.Context
-	op, n int
-	x     int64
-	late  func(any) // what a grant made after the caller left needs (lateReply)
-	state atomic.Int32
-	val   any
-	err   error
-	done  chan struct{}
+	src    *source
+	ctx    context.Context
+	script *redis.Script // its source's script when it was called
+	args   []any         // its ARGV in the single form (read only: it may be shared)
+	due    time.Time     // when its call timeout passes
+	state  atomic.Int32
+	val    any
+	err    error
+	done   chan struct{}
 }
 
-// decide runs one request through the client's batcher: at once when no call of the
-// client is in flight, else in the round trip sent when it returns. args is the request's ARGV
-// in the single form.
-func (l *Limiter) decide(ctx context.Context, op, n int, x int64, args []any, late func(any)) (any, error) {
-	b := l.batch
+// source is what a Limiter or a Semaphore brings to coalescing: its runner (breaker,
+// hooks, error mapping), its script and keys, and how its ARGV is laid out.
+type source struct {
+	run   *runner
+	batch *batcher // the client's, or nil without coalescing
+	group any      // the state shared by those built alike: their requests (of one script) go in one script call
+	keys  []string
+	own   [3]int8 // where a request's own arguments (the batch form's triple) are in its single ARGV
+	tail  []any   // the batch form's ARGV after the triples, shared by the requests
+	owner lateGiver
+}
+
+// clientBatcher returns the batcher of rdb, or nil when c turns coalescing off.
+func clientBatcher(rdb redis.UniversalClient, c *config) *batcher {
+	if c.noCoalesce {
+		return nil
+	}
+	return batchers.get(rdb, func() *batcher { return &batcher{rdb: rdb} })
+}
+
+// lateGiver gives back what a reply granted after its caller left: lateFor returns
+// what to do with such a reply to a call with ARGV args (see lateReply), or nil.
+type lateGiver interface {
+	lateFor(args []any) func(any)
+}
+
+// decide runs one call of script (ARGV args in the single form) through the client's
+// batcher: at once when no call of the client is in flight, else in the round trip
+// sent when it returns.
+func (s *source) decide(ctx context.Context, script *redis.Script, args []any) (any, error) {
+	b := s.batch
 	if b == nil {
-		return l.execLate(ctx, l.script, l.keys, args, late)
+		return s.run.execLate(ctx, script, s.keys, args, s.owner.lateFor(args))
 	}
 	b.mu.Lock()
 	if !b.busy {
 		b.busy = true
 		b.mu.Unlock()
 		defer b.next()
-		return l.execLate(ctx, l.script, l.keys, args, late)
+		return s.run.execLate(ctx, script, s.keys, args, s.owner.lateFor(args))
 	}
-	p := &pending{l: l, ctx: ctx, op: op, n: n, x: x, late: late, done: make(chan struct{})}
+	p := &pending{src: s, ctx: ctx, script: script, args: args, due: time.Now().Add(s.run.callTimeout), done: make(chan struct{})}
 	b.queue = append(b.queue, p)
+	if b.watchAt.IsZero() || p.due.Before(b.watchAt) {
+		b.arm(p.due)
+	}
 	b.mu.Unlock()
 	return p.wait()
 }
@@ -101,17 +145,23 @@ func (b *batcher) next() {
 	if batch == nil {
 		b.busy = false
 	}
+	gen := b.gen
 	b.mu.Unlock()
 	if batch != nil {
-		go b.flush(batch)
+		go b.flush(batch, gen)
 	}
 }
 
-// flush makes round trips until the queue is empty.
-func (b *batcher) flush(batch []*pending) {
+// flush makes round trips until the queue is empty, or until the watchdog gives the
+// queue to a flusher of a later generation (see expire).
+func (b *batcher) flush(batch []*pending, gen uint64) {
 	for batch != nil {
 		send(b.rdb, batch)
 		b.mu.Lock()
+		if b.gen != gen {
+			b.mu.Unlock()
+			return
+		}
 		batch = b.take()
 		if batch == nil {
 			b.busy = false
@@ -122,6 +172,7 @@ func (b *batcher) flush(batch []*pending) {
 
 // take removes the next round trip's requests from the queue (b.mu held): up to
 // pipeCap, in arrival order, skipping those whose callers left; nil when none is left.
+// They are the round trip in flight (b.sent) until the next take.
 func (b *batcher) take() []*pending {
 	var batch []*pending
 	i := 0
@@ -136,29 +187,78 @@ func (b *batcher) take() []*pending {
 	if len(b.queue) == 0 {
 		b.queue = b.queue[:0:0] // let the old array go
 	}
+	b.sent = batch
 	return batch
+}
+
+// arm sets the watchdog to run expire at at (b.mu held).
+func (b *batcher) arm(at time.Time) {
+	b.watchAt = at
+	if b.watch == nil {
+		b.watch = time.AfterFunc(time.Until(at), b.expire)
+		return
+	}
+	b.watch.Reset(time.Until(at))
+}
+
+// expire is the watchdog: it answers each queued or sent request whose call timeout
+// has passed with the error a call of its own gets then (callTimedOut), and sets
+// itself for the next one due. When nobody waits for the round trip in flight any
+// more, it lets it go: the queue goes on in a new flusher (a later generation), and
+// the old one ends when its round trip does.
+func (b *batcher) expire() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := time.Now()
+	var next time.Time
+	waiting := false // someone waits for the round trip in flight
+	for i, ps := range [2][]*pending{b.sent, b.queue} {
+		for _, p := range ps {
+			if st := p.state.Load(); st != pendQueued && st != pendSent {
+				continue
+			}
+			if p.due.After(now) {
+				if next.IsZero() || p.due.Before(next) {
+					next = p.due
+				}
+				waiting = waiting || i == 0
+				continue
+			}
+			p.timeout()
+		}
+	}
+	b.watchAt = time.Time{}
+	if !next.IsZero() {
+		b.arm(next)
+	}
+	if b.sent != nil && !waiting {
+		b.gen++
+		batch := b.take()
+		if batch == nil {
+			b.busy = false
+		} else {
+			go b.flush(batch, b.gen)
+		}
+	}
 }
 
 // wait returns the request's reply, or what its caller gets when its context ends
 // or its call timeout passes first (as awaitReply does for a call of its own).
 func (p *pending) wait() (any, error) {
-	expired, stop := boundTimer(p.ctx, p.l.callTimeout)
-	defer stop()
-	select {
-	case <-p.done:
-	case <-expired:
-		if p.state.CompareAndSwap(pendQueued, pendLeft) || p.state.CompareAndSwap(pendSent, pendLeft) {
-			return nil, callTimedOut(p.l.callTimeout)
-		}
-		<-p.done // answered as the bound passed: use it
-	case <-p.ctx.Done():
-		if p.state.CompareAndSwap(pendQueued, pendLeft) || p.state.CompareAndSwap(pendSent, pendLeft) {
-			if errors.Is(p.ctx.Err(), context.DeadlineExceeded) {
-				return nil, noReply(p.ctx, nil)
+	if done := p.ctx.Done(); done == nil {
+		<-p.done
+	} else {
+		select {
+		case <-p.done:
+		case <-done:
+			if p.state.CompareAndSwap(pendQueued, pendLeft) || p.state.CompareAndSwap(pendSent, pendLeft) {
+				if errors.Is(p.ctx.Err(), context.DeadlineExceeded) {
+					return nil, noReply(p.ctx, nil)
+				}
+				return nil, p.ctx.Err()
 			}
-			return nil, p.ctx.Err()
+			<-p.done // answered as the context ended: use it
 		}
-		<-p.done // answered as the context ended: use it
 	}
 	if p.err != nil && errors.Is(p.ctx.Err(), context.DeadlineExceeded) && errors.Is(p.err, ErrUnavailable) &&
 		!errors.Is(p.err, errRecentlyDown) {
@@ -167,42 +267,57 @@ func (p *pending) wait() (any, error) {
 	return p.val, p.err
 }
 
-// answer hands a request its reply, or, when its caller has left, gives late the
-// reply (a grant booked ahead goes back) in a goroutine of its own: late calls on
-// the key, which would queue behind the batch being answered.
+// timeout answers a request whose call timeout passed before its reply came; a
+// reply that comes later goes to answer's late path.
+func (p *pending) timeout() {
+	if p.state.CompareAndSwap(pendQueued, pendLeft) || p.state.CompareAndSwap(pendSent, pendLeft) {
+		p.err = callTimedOut(p.src.run.callTimeout)
+		close(p.done)
+	}
+}
+
+// answer hands a request its reply, or, when its caller has left, gives the reply to
+// what gives back a grant booked for it (lateFor) in a goroutine of its own: that
+// calls on the key, which would queue behind the batch being answered.
 func (p *pending) answer(val any, err error) {
 	if p.state.CompareAndSwap(pendSent, pendDone) {
 		p.val, p.err = val, err
 		close(p.done)
 		return
 	}
-	if err == nil && p.late != nil {
-		go p.late(val)
+	if err == nil {
+		if late := p.src.owner.lateFor(p.args); late != nil {
+			go late(val)
+		}
 	}
 }
 
 // group is the requests of one round trip that go in one script call: one key (one
 // shared state) and script, in arrival order, at most batchCap.
 type group struct {
-	l    *Limiter // the first request's: its script, keys, ARGV tail and breaker
-	reqs []*pending
-	cmd  *redis.Cmd
+	src    *source // the first request's: its keys, ARGV tail and breaker
+	script *redis.Script
+	reqs   []*pending
+	cmd    *redis.Cmd
 }
 
 // groups splits a round trip's requests into script calls, in the order each first
 // appears.
 func groups(batch []*pending) []*group {
+	if len(batch) == 1 {
+		return []*group{{src: batch[0].src, script: batch[0].script, reqs: batch}}
+	}
 	type gk struct {
-		shared *limiterState
+		shared any
 		script *redis.Script
 	}
 	open := map[gk]*group{}
 	var out []*group
 	for _, p := range batch {
-		k := gk{p.l.shared, p.l.script}
+		k := gk{p.src.group, p.script}
 		g := open[k]
 		if g == nil || len(g.reqs) == batchCap {
-			g = &group{l: p.l}
+			g = &group{src: p.src, script: p.script}
 			open[k] = g
 			out = append(out, g)
 		}
@@ -213,19 +328,16 @@ func groups(batch []*pending) []*group {
 
 // args is the group's ARGV: the single form for one request, else the batch form.
 func (g *group) args() []any {
-	l := g.l
 	if len(g.reqs) == 1 {
-		p := g.reqs[0]
-		args := make([]any, 3, 3+len(l.tail))
-		args[0], args[1], args[2] = p.op, p.n, p.x
-		return append(args, l.tail...)
+		return g.reqs[0].args
 	}
-	args := make([]any, 2, 2+3*len(g.reqs)+len(l.tail))
+	s := g.src
+	args := make([]any, 2, 2+3*len(g.reqs)+len(s.tail))
 	args[0], args[1] = lua.Batch, len(g.reqs)
 	for _, p := range g.reqs {
-		args = append(args, p.op, p.n, p.x)
+		args = append(args, p.args[s.own[0]], p.args[s.own[1]], p.args[s.own[2]])
 	}
-	return append(args, l.tail...)
+	return append(args, s.tail...)
 }
 
 // send makes one round trip for batch: each key's requests in one script call, the
@@ -235,7 +347,7 @@ func send(rdb redis.UniversalClient, batch []*pending) {
 	defer cancel()
 	var live []*group
 	for _, g := range groups(batch) {
-		if err := g.l.skip(); err != nil { // this key's breaker is open
+		if err := g.src.run.skip(); err != nil { // this key's breaker is open
 			for _, p := range g.reqs {
 				p.answer(nil, err)
 			}
@@ -244,12 +356,6 @@ func send(rdb redis.UniversalClient, batch []*pending) {
 		live = append(live, g)
 	}
 	if len(live) == 0 {
-		return
-	}
-	if len(live) == 1 && len(live[0].reqs) == 1 { // one call: as a call of its own
-		g := live[0]
-		val, err := g.l.execLate(ctx, g.l.script, g.l.keys, g.args(), nil)
-		g.reqs[0].answer(val, err)
 		return
 	}
 	pipeline(ctx, rdb, live, false)
@@ -293,36 +399,45 @@ func pipeline(ctx context.Context, rdb redis.UniversalClient, gs []*group, eval 
 	cmds := ctx.Value(batchKey{}).(*sync.Map)
 	for _, g := range gs {
 		if eval {
-			g.cmd = g.l.script.Eval(ctx, pipe, g.l.keys, g.args()...)
+			g.cmd = g.script.Eval(ctx, pipe, g.src.keys, g.args()...)
 		} else {
-			g.cmd = g.l.script.EvalSha(ctx, pipe, g.l.keys, g.args()...)
+			g.cmd = g.script.EvalSha(ctx, pipe, g.src.keys, g.args()...)
 		}
 		cmds.Store(g.cmd, g.reqs)
 	}
-	_, _ = pipe.Exec(ctx) // each command holds its own reply or error
+	if _, err := pipe.Exec(ctx); err != nil {
+		// A failure go-redis would have retried (a refused dial, a read timeout) but
+		// may not (MaxRetries) leaves the commands without a reply or an error of
+		// their own: the round trip's is theirs.
+		for _, g := range gs {
+			if g.cmd.Err() == nil && g.cmd.Val() == nil {
+				g.cmd.SetErr(err)
+			}
+		}
+	}
 }
 
 // deliver answers the group's requests from its command's reply.
 func (g *group) deliver(ctx context.Context) {
-	l := g.l
+	r := g.src.run
 	val, err := g.cmd.Val(), g.cmd.Err()
 	if err != nil {
 		for _, p := range g.reqs {
-			p.answer(nil, p.l.failed(p.ctx, err))
+			p.answer(nil, p.src.run.failed(p.ctx, err))
 		}
 		if isUnavailable(ctx, err) {
-			l.down()
+			r.down()
 		}
 		return
 	}
-	l.succeeded()
+	r.succeeded()
 	if len(g.reqs) == 1 {
 		g.reqs[0].answer(val, nil)
 		return
 	}
 	replies, ok := val.([]any)
 	if !ok || len(replies) != len(g.reqs) {
-		err := fmt.Errorf("%w: key %q: batch of %d: %v", ErrUnexpectedReply, l.key, len(g.reqs), val)
+		err := fmt.Errorf("%w: key %q: batch of %d: %v", ErrUnexpectedReply, r.key, len(g.reqs), val)
 		for _, p := range g.reqs {
 			p.answer(nil, err)
 		}
@@ -330,7 +445,7 @@ func (g *group) deliver(ctx context.Context) {
 	}
 	for i, p := range g.reqs {
 		if msg, ok := replies[i].(string); ok {
-			p.answer(nil, p.l.failed(p.ctx, batchError(msg)))
+			p.answer(nil, p.src.run.failed(p.ctx, batchError(msg)))
 			continue
 		}
 		p.answer(replies[i], nil)

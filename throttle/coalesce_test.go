@@ -17,11 +17,10 @@ import (
 
 // held makes the limiter's client look busy, as while a call is in flight: calls made
 // now queue up (forming one round trip) until release.
-func held(t *testing.T, l *Limiter) (queued func(n int), release func()) {
+func held(t *testing.T, b *batcher) (queued func(n int), release func()) {
 	t.Helper()
-	b := l.batch
 	if b == nil {
-		t.Fatal("limiter without coalescing")
+		t.Fatal("no coalescing")
 	}
 	// the round trip of a previous test may still be finishing (its callers have their
 	// answers before its flusher marks the client idle): wait for it
@@ -68,6 +67,7 @@ type outcome struct {
 	ok    bool
 	delay time.Duration
 	err   string
+	errv  error // the error itself (err is its text, comparable)
 	r     *waiter.Reservation
 }
 
@@ -75,13 +75,13 @@ func (c call) run(ctx context.Context, l *Limiter) outcome {
 	if c.reserve {
 		r, err := l.Reserve(ctx, c.n, c.maxWait)
 		if err != nil {
-			return outcome{err: err.Error()}
+			return outcome{err: err.Error(), errv: err}
 		}
 		return outcome{ok: r.OK(), delay: r.Delay(), r: r}
 	}
 	res, err := l.AllowN(ctx, c.n)
 	if err != nil {
-		return outcome{err: err.Error()}
+		return outcome{err: err.Error(), errv: err}
 	}
 	return outcome{res: res}
 }
@@ -111,7 +111,7 @@ func TestCoalescedBatchDecidesAsSeparateCalls(t *testing.T) {
 					for i, c := range calls {
 						want[i] = c.run(ctx, alone)
 					}
-					got := runBatch(t, batched, len(calls), func(i int) outcome { return calls[i].run(ctx, batched) })
+					got := runBatch(t, batched.src.batch, len(calls), func(i int) outcome { return calls[i].run(ctx, batched) })
 					for i := range calls {
 						g, w := got[i], want[i]
 						if g.res != w.res || g.ok != w.ok || g.delay != w.delay || g.err != w.err {
@@ -126,7 +126,7 @@ func TestCoalescedBatchDecidesAsSeparateCalls(t *testing.T) {
 							}
 						}
 					}
-					cancels := runBatch(t, batched, len(got), func(i int) outcome {
+					cancels := runBatch(t, batched.src.batch, len(got), func(i int) outcome {
 						if i%2 == 0 && got[i].r != nil {
 							if err := got[i].r.Cancel(ctx); err != nil {
 								return outcome{err: err.Error()}
@@ -150,12 +150,12 @@ func TestCoalescedBatchDecidesAsSeparateCalls(t *testing.T) {
 }
 
 // runBatch runs k calls (f(0) .. f(k-1)), each from its own goroutine, arriving in
-// that order while l's key is held busy, so that they form one batch; it returns what
-// each got. Calls that send nothing to Redis (a Reserve's Cancel of a booking that is
+// that order while b (the client's batcher) is held busy, so that they form one
+// round trip; it returns what each got. Calls that send nothing to Redis (a Reserve's Cancel of a booking that is
 // not there) do not queue, and are waited for as they are.
-func runBatch(t *testing.T, l *Limiter, k int, f func(i int) outcome) []outcome {
+func runBatch(t *testing.T, b *batcher, k int, f func(i int) outcome) []outcome {
 	t.Helper()
-	queued, release := held(t, l)
+	queued, release := held(t, b)
 	out := make([]outcome, k)
 	var wg sync.WaitGroup
 	before := 0
@@ -169,9 +169,9 @@ func runBatch(t *testing.T, l *Limiter, k int, f func(i int) outcome) []outcome 
 		}()
 		// wait until the call queued (or finished without Redis)
 		for {
-			l.batch.mu.Lock()
-			q := len(l.batch.queue)
-			l.batch.mu.Unlock()
+			b.mu.Lock()
+			q := len(b.queue)
+			b.mu.Unlock()
 			if q > before {
 				before = q
 				break
@@ -240,7 +240,7 @@ func TestCoalescedCallerLeavesQueue(t *testing.T) {
 	b := redistest.NewMini(t)
 	tl := newTimeline(t, b)
 	l := tl.limiter("leave", PerSecond(5))
-	queued, release := held(t, l)
+	queued, release := held(t, l.src.batch)
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() {
@@ -273,7 +273,7 @@ func TestCoalescedLostReply(t *testing.T) {
 			t.Fatal(err)
 		}
 		proxy.DropReplyTo("exec")
-		got := runBatch(t, l, 3, func(int) outcome { return (call{false, 1, 0}).run(ctx, l) })
+		got := runBatch(t, l.src.batch, 3, func(int) outcome { return (call{false, 1, 0}).run(ctx, l) })
 		for i, g := range got {
 			if !strings.Contains(g.err, ErrUnavailable.Error()) {
 				t.Fatalf("%v: call %d of a batch whose reply was lost: %+v, want ErrUnavailable", alg, i, g)
@@ -304,14 +304,14 @@ func TestCoalescedCallerLeavesInFlight(t *testing.T) {
 	leave, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var sent atomic.Bool
-	got := runBatch(t, l, 2, func(i int) outcome {
+	got := runBatch(t, l.src.batch, 2, func(i int) outcome {
 		if i == 0 {
 			go func() { // leave once the batch is in flight
 				for {
-					l.batch.mu.Lock()
-					q := len(l.batch.queue)
-					busy := l.batch.busy
-					l.batch.mu.Unlock()
+					l.src.batch.mu.Lock()
+					q := len(l.src.batch.queue)
+					busy := l.src.batch.busy
+					l.src.batch.mu.Unlock()
 					if busy && q == 0 && sent.Load() {
 						cancel()
 						return
@@ -389,7 +389,7 @@ func TestCoalescedKeysShareARoundTrip(t *testing.T) {
 		c.mu.Lock()
 		c.pipes, c.calls = 0, 0
 		c.mu.Unlock()
-		got := runBatch(t, lims[0], 3*len(lims), func(i int) outcome {
+		got := runBatch(t, lims[0].src.batch, 3*len(lims), func(i int) outcome {
 			return (call{false, 1, 0}).run(ctx, lims[i%len(lims)])
 		})
 		for i, g := range got {

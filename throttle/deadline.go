@@ -186,6 +186,20 @@ func (l *Limiter) lateReply(op, n int) func(any) {
 	}
 }
 
+// lateFor is lateReply for a call with ARGV args ({op, n, ...}).
+func (l *Limiter) lateFor(args []any) func(any) {
+	op, _ := args[0].(int)
+	n, _ := args[1].(int)
+	return l.lateReply(op, n)
+}
+
+// lateFor is lateAcquire for a call with ARGV args ({op, id, ...}).
+func (s *Semaphore) lateFor(args []any) func(any) {
+	op, _ := args[0].(int)
+	id, _ := args[1].(string)
+	return s.lateAcquire(op, id)
+}
+
 // lateAcquire returns what awaitReply does with the reply to a semaphore acquire for
 // lease id that came after its caller had left: the lease it may have granted, or the
 // place in the queue it may have taken, is given back (a release of id; one that

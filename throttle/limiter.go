@@ -42,7 +42,7 @@ type Limiter struct {
 	hooks   Hooks
 	hold    *hold         // this process's hold on the key (see Hold)
 	shared  *limiterState // shared with the Limiters built alike (see shared.go)
-	batch   *batcher      // the client's (see coalesce.go), or nil without coalescing
+	src     source        // its side of coalescing (see coalesce.go)
 	local   *localLog     // shared.local: FailLocal's share
 	stats   *counters     // &shared.stats
 	latest  *stateWatch   // &shared.latest
@@ -102,9 +102,8 @@ func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*L
 		latest:  &shared.latest,
 		keepFor: grantMatters(limits, c.algorithm),
 	}
-	if !c.noCoalesce {
-		l.batch = batchers.get(rdb, func() *batcher { return &batcher{rdb: rdb} })
-	}
+	l.src = source{run: &l.runner, batch: clientBatcher(rdb, c), group: shared, keys: l.keys,
+		own: [3]int8{0, 1, 2}, tail: tail, owner: l}
 	return l, nil
 }
 
@@ -260,7 +259,7 @@ func (l *Limiter) run(ctx context.Context, op, n int, waitOrToken int64) (reply,
 		args[0], args[1], args[2] = op, n, waitOrToken
 		args = append(args, l.tail...)
 	}
-	val, err := l.decide(ctx, op, n, waitOrToken, args, l.lateReply(op, n))
+	val, err := l.src.decide(ctx, l.script, args)
 	if err != nil {
 		if ae, ok := err.(*AlgorithmError); ok {
 			ae.Want = l.alg

@@ -128,9 +128,11 @@ func WithBuckets(n int) Option {
 // goes at once, as with coalescing off: nothing waits for a timer. Under load, one
 // Redis call serves many callers, so Redis does a fraction of the work per permit and
 // a process gets many times the permits per second a round trip per call allows.
-// Turn it off to make every call its own round trip (to compare the two).
-func WithCoalescing(on bool) Option {
-	return limiterOption(func(c *config) { c.noCoalesce = !on })
+// A Semaphore's acquires, extensions and releases coalesce the same way, in arrival
+// order, so its queue stays first come, first served. Turn it off to make every call
+// its own round trip (to compare the two).
+func WithCoalescing(on bool) CommonOption {
+	return commonOption(func(c *config) { c.noCoalesce = !on })
 }
 
 // WithHooks sets callbacks the Limiter calls after its decisions (see Hooks).

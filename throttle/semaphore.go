@@ -44,6 +44,7 @@ type Semaphore struct {
 	shared  *semaphoreState // shared with the Semaphores built alike (see shared.go)
 	local   *localSem       // shared.local: stands in while Redis is unreachable
 	stats   *counters       // &shared.stats
+	src     source          // its side of coalescing (see coalesce.go)
 }
 
 // NewSemaphore returns a semaphore that lets at most max holders hold a lease on key
@@ -82,7 +83,7 @@ func NewSemaphore(rdb redis.UniversalClient, key string, max int, opts ...Semaph
 	shared := semaphoreStates.get(sharedKey{rdb, tag, fmt.Sprint("semaphore", max, ttl, c.policy)}, func() *semaphoreState {
 		return &semaphoreState{local: newLocalSem(max, c.policy)}
 	})
-	return &Semaphore{
+	s := &Semaphore{
 		runner:  newRunner(rdb, key, c, &shared.keyState, shared, c.semHooks.RedisError),
 		keys:    []string{sem, tag + ":semq", tag + ":semx", tag + ":pause"},
 		channel: sem + ":wake",
@@ -95,7 +96,10 @@ func NewSemaphore(rdb redis.UniversalClient, key string, max int, opts ...Semaph
 		shared:  shared,
 		local:   shared.local,
 		stats:   &shared.stats,
-	}, nil
+	}
+	s.src = source{run: &s.runner, batch: clientBatcher(rdb, c), group: shared, keys: s.keys,
+		own: [3]int8{0, 1, 4}, tail: []any{s.max, s.ttlUS}, owner: s}
+	return s, nil
 }
 
 // Stats returns the counters of leases granted without Redis by the Semaphores of this
@@ -304,7 +308,7 @@ func (s *Semaphore) run(ctx context.Context, op int, id string, join bool) (semR
 	if join {
 		q = 1
 	}
-	val, err := s.execLate(ctx, s.script, s.keys, []any{op, id, s.max, s.ttlUS, q}, s.lateAcquire(op, id))
+	val, err := s.src.decide(ctx, s.script, []any{op, id, s.max, s.ttlUS, q})
 	if err != nil {
 		return semReply{}, err
 	}
