@@ -19,11 +19,7 @@ import (
 //
 // Tolerance: each call returns within lateBy (250ms) of the earlier of the two bounds.
 func TestCoalescedHungRedis(t *testing.T) {
-	hung, err := redistest.NewHungServer()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hung.Close()
+	hung := hungServer(t)
 	port, err := redistest.FreePort()
 	if err != nil {
 		t.Fatal(err)

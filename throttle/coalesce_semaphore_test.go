@@ -107,18 +107,7 @@ func zsetOf(t *testing.T, b *redistest.Backend, key string) string {
 // A lost batch reply fails every semaphore call in the batch with ErrUnavailable, and
 // the leases it granted stand once (the batch is not re-sent).
 func TestCoalescedSemaphoreLostReply(t *testing.T) {
-	addr, err := redistest.StandaloneAddr()
-	if err != nil {
-		t.Skipf("needs a real redis-server: %v", err)
-	}
-	proxy, err := redistest.NewProxy(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
-	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr})
-	defer rdb.Close()
-	direct := redistest.NewStandalone(t)
+	direct, proxy, rdb := redistest.NewProxied(t)
 	ctx := context.Background()
 	s, err := NewSemaphore(rdb, "sem-lost", 5, WithKeyPrefix(direct.Prefix))
 	if err != nil {
