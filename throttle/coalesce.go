@@ -88,7 +88,7 @@ type pending struct {
 }
 
 // source is what a Limiter or a Semaphore brings to coalescing: its runner (breaker,
-// hooks, error mapping), its script and keys, and how its ARGV is laid out.
+// hooks, error mapping), its keys, and how its ARGV is laid out.
 type source struct {
 	run   *runner
 	batch *batcher // the client's, or nil without coalescing
