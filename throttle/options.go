@@ -22,7 +22,8 @@ type SemaphoreOption interface {
 }
 
 // CommonOption configures a Limiter or a Semaphore alike (WithKeyPrefix,
-// WithFailurePolicy): it is an Option and a SemaphoreOption.
+// WithFailurePolicy, WithCallTimeout, WithCoalescing): it is an Option and a
+// SemaphoreOption.
 type CommonOption interface {
 	Option
 	SemaphoreOption

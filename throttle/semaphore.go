@@ -50,8 +50,8 @@ type Semaphore struct {
 // NewSemaphore returns a semaphore that lets at most max holders hold a lease on key
 // at once.
 //
-// Its options are WithKeyPrefix, WithFailurePolicy (CommonOptions, which a
-// Limiter takes too), WithLeaseTTL and WithSemaphoreHooks; a Limiter's own options do
+// Its options are WithKeyPrefix, WithFailurePolicy, WithCallTimeout, WithCoalescing
+// (CommonOptions, which a Limiter takes too), WithLeaseTTL and WithSemaphoreHooks; a Limiter's own options do
 // not compile here (see SemaphoreOption). With Redis unreachable a
 // Semaphore follows its FailurePolicy: FailClosed (the default) grants nothing and
 // returns an error wrapping ErrUnavailable; FailOpen grants every lease; FailLocal(n)
