@@ -7,6 +7,9 @@
 // their inspect scripts (with inspectlog.lua), tbstate.lua and fwstate.lua (reading
 // the token bucket's and the fixed window's state) in front of theirs. A script makes
 // every function it defines anew on each run, so each takes only the helpers it uses.
+// A limiter script may start with a fast path (*_fast.lua): its usual call decided
+// straight through, before the helpers are made, exactly as the full script after it
+// would decide it; anything else runs on into the full script.
 // The inspect_* scripts read a key's live state and write nothing. Every limiter script also takes
 // a batch of requests in one call (batch.lua goes after its body, which it runs once per
 // request).
@@ -36,6 +39,8 @@ var (
 	slidingCounterSrc string
 	//go:embed gcra.lua
 	gcraSrc string
+	//go:embed gcra_fast.lua
+	gcraFast string
 	//go:embed fixedwindow.lua
 	fixedWindowSrc string
 	//go:embed batch.lua
@@ -104,8 +109,23 @@ const (
 	numNames
 )
 
-// texts is the full text of each script as it is sent to Redis (helpers included).
-var texts = [numNames]string{
+// texts is the full text of each script as it is sent to Redis (helpers included):
+// its fast path, if it has one, then the full script.
+var texts = func() (t [numNames]string) {
+	for i, src := range full {
+		t[i] = fast[i] + src
+	}
+	return t
+}()
+
+// fast holds the scripts' fast paths (*_fast.lua): the usual call decided before the
+// full script's helpers are made; anything else runs on into the full script.
+var fast = [numNames]string{
+	GCRA: gcraFast,
+}
+
+// full is each script without its fast path.
+var full = [numNames]string{
 	SlidingWindow:  batchable(prelude+logEngine, slidingWindowSrc),
 	SlidingCounter: batchable(prelude+logEngine, slidingCounterSrc),
 	GCRA:           batchable(prelude+tbState, gcraSrc),

@@ -1,0 +1,107 @@
+-- gcra_fast.lua: the token bucket's usual call, decided before any helper is made
+-- (lua.go puts this first in the GCRA script): acquires (op 0) of n >= 1 under one
+-- limit, arguments plain decimal integers within gcra.lua's bounds, no control key
+-- (no pause, no override), state absent or in its one-limit form. A single call or a
+-- batch (batch.lua's layout) whose every request is such an acquire is decided here,
+-- a batch's requests in order at one instant: one TIME, one MGET of the state and the
+-- control key, at most one SET. Anything else runs on into the full script, which
+-- decides it alike (TestFastPathEqualsFullScript); nothing is written before that.
+-- This repeats gcra.lua's arithmetic for this one case, on purpose: the full script
+-- makes its helper functions on every run, which costs more than all of this (see
+-- bench/RESULTS.md, "Lean scripts").
+do
+  local A, K = ARGV, KEYS
+  local floor, find = math.floor, string.find
+  -- Every value here is an integer below 2^53, so floor(a / b) is exact as Lua
+  -- computes it (no correction as prelude.lua's jt_fdiv makes for any a).
+
+  -- k requests; request r's op, n and x are A[o + 3r - 2 ..]; lim: m, rate, period, burst
+  local nA, k, o = #A, nil, 0
+  if A[1] == '4' then
+    k, o = tonumber(A[2]), 2
+    if not k or #A[2] > 4 or k < 1 or k > 1000 or nA ~= 6 + 3 * k then k = nil end
+  elseif nA == 7 then
+    k = 1
+  end
+  local lim = nA - 3
+  local R, P, B
+  -- plain digits only (tonumber takes '1e3', ' 5' or '0x10', which are JTARG): then
+  -- each is read with arithmetic (+ 0), cheaper than a call of tonumber
+  if not k or A[lim] ~= '1' then
+    k = nil
+  elseif o == 0 then
+    if A[1] ~= '0' or not find(A[2] .. ',' .. A[3] .. ',' .. A[5] .. ',' .. A[6] .. ',' .. A[7],
+      '^%d+,%d+,%d+,%d+,%d+$') then k = nil end
+  elseif not find(A[lim + 1] .. ',' .. A[lim + 2] .. ',' .. A[lim + 3], '^%d+,%d+,%d+$')
+    or find(table.concat(A, ',', 2, lim - 1), '[^0-9,]') then -- the batch's k, ops, n, x
+    k = nil
+  end
+  if k then
+    R, P, B = A[lim + 1] + 0, A[lim + 2] + 0, A[lim + 3] + 0
+    if R < 1 or R > 1000000000 or P < 1 or P > 35184372088832
+      or B < 1 or B > 1000000000 or B * P > 1125899906842624 then
+      k = nil
+    end
+  end
+  if k then
+    for r = 1, k do
+      local j = o + 3 * r - 2
+      local n, x = A[j + 1], A[j + 2]
+      if A[j] ~= '0' or n == '' or x == '' then k = nil break end
+      n, x = n + 0, x + 0
+      if n < 1 or n > B or x > 9007199254740991 then k = nil break end
+    end
+  end
+  local key, s = K[1], nil
+  if k then s = redis.call('MGET', key, K[2]) end
+  if s and not s[2] then
+    local t = redis.call('TIME')
+    local now = t[1] * 1000000 + t[2]
+    local v = s[1]
+    local L, d -- when the latest grant takes effect; the TAT minus now, in 1/R µs
+    if v then
+      local a, b, sg, c = string.match(v, '^([0-9a-f]+):([0-9a-f]+):(%-?)([0-9a-f]+)$')
+      if a and #a <= 13 and #b <= 13 and #c <= 13 then
+        local q, rr = tonumber(a, 16), tonumber(b, 16)
+        L = sg == '' and q - tonumber(c, 16) or q + tonumber(c, 16)
+        if rr >= R then q, rr = q + 1, 0 end -- the rate went down: round the TAT up
+        d = q >= now and (q - now) * R + rr or 0
+      end
+    elseif redis.call('EXISTS', key, unpack(K, 3)) == 0 then
+      L, d = 0, 0 -- no state (a full bucket), and no other algorithm's state on the key
+    end
+    if L then
+      local out, one, granted, BP, xmax = o == 2 and {}, nil, false, B * P, floor(1125899906842624 / R)
+      for r = 1, k do
+        local j = o + 3 * r - 2
+        local n, x = A[j + 1] + 0, A[j + 2] + 0
+        if x > xmax then x = xmax end -- gcra.lua books at most 2^50 / R ahead
+        -- the earliest time the bucket holds n permits, at or after the latest grant
+        local tt = now - floor(((B - n) * P - d) / R) -- now + ceil((d - (B - n) P) / R)
+        if tt < now then tt = now end
+        if tt < L then tt = L end
+        local wait, g = tt - now, 0
+        if wait <= x then
+          if wait * R > d then d = wait * R end
+          d, L, g, granted = d + n * P, tt, 1, true
+        else
+          tt = 0
+        end
+        local f = floor((BP - d) / P) -- what a call made now could still get
+        if f > 1000000000 then f = 1000000000 end
+        if L > now or f < 0 then f = 0 end
+        one = {g, f, wait, -floor(-d / R), tt}
+        if out then out[r] = one end
+      end
+      if granted then -- the state as gcra.lua writes it; TTL: until the bucket is full
+        local q = floor(d / R)
+        local off = now + q - L
+        redis.call('SET', key, off >= 0 and string.format('%x:%x:%x', now + q, d - q * R, off)
+          or string.format('%x:%x:-%x', now + q, d - q * R, -off),
+          'PX', string.format('%d', -floor(-d / (R * 1000))))
+      end
+      if o == 2 then return out end
+      return one
+    end
+  end
+end
