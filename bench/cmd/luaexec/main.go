@@ -8,6 +8,7 @@
 //
 //	go run ./cmd/luaexec                        # starts its own redis-server
 //	go run ./cmd/luaexec -addr 127.0.0.1:6379 -rounds 20
+//	go run ./cmd/luaexec -only TokenBucket,redis_rate   # the no-op and the cases named so
 package main
 
 import (
@@ -148,6 +149,7 @@ func main() {
 	addr := flag.String("addr", "", "redis-server to use, host:port; empty starts one on a free 127.0.0.1 port")
 	rounds := flag.Int("rounds", 20, "rounds per case")
 	calls := flag.Int("calls", 2000, "calls per case per round")
+	only := flag.String("only", "", "run only the cases whose name contains one of these comma-separated texts (and the no-op)")
 	flag.Parse()
 	log.SetFlags(0)
 	if *addr == "" {
@@ -172,6 +174,18 @@ func main() {
 		log.Fatal(err)
 	}
 	cs = append(cs, peers...)
+	if *only != "" {
+		var keep []xcase
+		for i, c := range cs {
+			for _, o := range strings.Split(*only, ",") {
+				if i == 0 || strings.Contains(c.name, o) {
+					keep = append(keep, c)
+					break
+				}
+			}
+		}
+		cs = keep
+	}
 	for _, c := range cs {
 		if strings.HasSuffix(c.name, "override set") { // an operator's override of the rate, for an hour
 			if err := lua.Control.Script().Run(ctx, rdb, c.keys[1:2], 0, int64(time.Hour/time.Microsecond), 1, 1000000000, 0).Err(); err != nil {
