@@ -26,6 +26,7 @@ type fastAlgo struct {
 
 var fastAlgos = []fastAlgo{
 	{GCRA, "tb", []any{1, 5, 100000, 5}, []any{2, 5, 100000, 5, 12, 1000000, 8}, 5},
+	{FixedWindow, "fw", []any{1, 5, 100000}, []any{2, 5, 100000, 12, 1000000}, 5},
 }
 
 // A script's fast path decides exactly as the full script: random calls (acquires

@@ -1,7 +1,7 @@
 -- gcra_fast.lua: the token bucket's usual call, decided before any helper is made
--- (lua.go puts this first in the GCRA script): acquires (op 0) of n >= 1 under one
--- limit, arguments plain decimal integers within gcra.lua's bounds, no control key
--- (no pause, no override), state absent or in its one-limit form. A single call or a
+-- (lua.go puts fast.lua and this first in the GCRA script): acquires as fast.lua
+-- takes them, under one limit within gcra.lua's bounds, no control key (no pause, no
+-- override), state absent or in its one-limit form. A single call or a
 -- batch (batch.lua's layout) whose every request is such an acquire is decided here,
 -- a batch's requests in order at one instant: one TIME, one MGET of the state and the
 -- control key, at most one SET. Anything else runs on into the full script, which
@@ -10,47 +10,20 @@
 -- makes its helper functions on every run, which costs more than all of this (see
 -- bench/RESULTS.md, "Lean scripts").
 do
-  local A, K = ARGV, KEYS
-  local floor, find = math.floor, string.find
+  local A, K, k, o, lim = jf_A, jf_K, jf_k, jf_o, jf_m
+  local floor = math.floor
   -- Every value here is an integer below 2^53, so floor(a / b) is exact as Lua
   -- computes it (no correction as prelude.lua's jt_fdiv makes for any a).
-
-  -- k requests; request r's op, n and x are A[o + 3r - 2 ..]; lim: m, rate, period, burst
-  local nA, k, o = #A, nil, 0
-  if A[1] == '4' then
-    k, o = tonumber(A[2]), 2
-    if not k or #A[2] > 4 or k < 1 or k > 1000 or nA ~= 6 + 3 * k then k = nil end
-  elseif nA == 7 then
-    k = 1
-  end
-  local lim = nA - 3
-  local R, P, B
-  -- plain digits only (tonumber takes '1e3', ' 5' or '0x10', which are JTARG): then
-  -- each is read with arithmetic (+ 0), cheaper than a call of tonumber
-  if not k or A[lim] ~= '1' then
-    k = nil
-  elseif o == 0 then
-    if A[1] ~= '0' or not find(A[2] .. ',' .. A[3] .. ',' .. A[5] .. ',' .. A[6] .. ',' .. A[7],
-      '^%d+,%d+,%d+,%d+,%d+$') then k = nil end
-  elseif not find(A[lim + 1] .. ',' .. A[lim + 2] .. ',' .. A[lim + 3], '^%d+,%d+,%d+$')
-    or find(table.concat(A, ',', 2, lim - 1), '[^0-9,]') then -- the batch's k, ops, n, x
-    k = nil
-  end
-  if k then
+  local R, P, B -- the limit, after m = 1
+  if k and #A == lim + 3 and A[lim] == '1'
+    and string.find(A[lim + 1] .. ',' .. A[lim + 2] .. ',' .. A[lim + 3], '^%d+,%d+,%d+$') then
     R, P, B = A[lim + 1] + 0, A[lim + 2] + 0, A[lim + 3] + 0
-    if R < 1 or R > 1000000000 or P < 1 or P > 35184372088832
-      or B < 1 or B > 1000000000 or B * P > 1125899906842624 then
+    if R < 1 or R > 1000000000 or P < 1 or P > 35184372088832 or B < 1 or B > 1000000000
+      or B * P > 1125899906842624 or jf_nmax > B then
       k = nil
     end
-  end
-  if k then
-    for r = 1, k do
-      local j = o + 3 * r - 2
-      local n, x = A[j + 1], A[j + 2]
-      if A[j] ~= '0' or n == '' or x == '' then k = nil break end
-      n, x = n + 0, x + 0
-      if n < 1 or n > B or x > 9007199254740991 then k = nil break end
-    end
+  else
+    k = nil
   end
   local key, s = K[1], nil
   if k then s = redis.call('MGET', key, K[2]) end

@@ -7,7 +7,7 @@
 // their inspect scripts (with inspectlog.lua), tbstate.lua and fwstate.lua (reading
 // the token bucket's and the fixed window's state) in front of theirs. A script makes
 // every function it defines anew on each run, so each takes only the helpers it uses.
-// A limiter script may start with a fast path (*_fast.lua): its usual call decided
+// A limiter script may start with a fast path (fast.lua and *_fast.lua): its usual call decided
 // straight through, before the helpers are made, exactly as the full script after it
 // would decide it; anything else runs on into the full script.
 // The inspect_* scripts read a key's live state and write nothing. Every limiter script also takes
@@ -41,6 +41,10 @@ var (
 	gcraSrc string
 	//go:embed gcra_fast.lua
 	gcraFast string
+	//go:embed fixedwindow_fast.lua
+	fixedWindowFast string
+	//go:embed fast.lua
+	fastArgs string
 	//go:embed fixedwindow.lua
 	fixedWindowSrc string
 	//go:embed batch.lua
@@ -121,7 +125,8 @@ var texts = func() (t [numNames]string) {
 // fast holds the scripts' fast paths (*_fast.lua): the usual call decided before the
 // full script's helpers are made; anything else runs on into the full script.
 var fast = [numNames]string{
-	GCRA: gcraFast,
+	GCRA:        fastArgs + gcraFast,
+	FixedWindow: fastArgs + fixedWindowFast,
 }
 
 // full is each script without its fast path.

@@ -1,0 +1,35 @@
+-- fast.lua: the start of every limiter script's fast path (lua.go puts it in front of
+-- the algorithm's *_fast.lua, which decides the call or leaves it to the full script).
+-- It reads the shape of the call, a single call or a batch (batch.lua's layout), and
+-- finds whether every request in it is an acquire the fast path takes: op 0, n >= 1,
+-- 0 <= x < 2^53, each plain decimal digits (tonumber alone takes '1e3', ' 5' or
+-- '0x10', which are JTARG). Nothing here makes a function or reads a key.
+--   jf_k     the number of requests, or nil: leave the call to the full script
+--   jf_o     request r's op, n and x are ARGV[jf_o + 3r - 2 ..] (0 single, 2 batch)
+--   jf_m     where the shared rest (m and the limits) starts in ARGV
+--   jf_nmax  the largest n of the requests
+local jf_A, jf_K = ARGV, KEYS
+local jf_k, jf_o, jf_m, jf_nmax
+do
+  local A, find = jf_A, string.find
+  local nA = #A
+  if A[1] == '4' then
+    local k = tonumber(A[2])
+    if k and #A[2] <= 4 and k >= 1 and k <= 1000 and nA > 2 + 3 * k
+      and not find(table.concat(A, ',', 2, 2 + 3 * k), '[^0-9,]') then
+      jf_k, jf_o = k, 2
+    end
+  elseif A[1] == '0' and nA > 3 and find(A[2] .. ',' .. A[3], '^%d+,%d+$') then
+    jf_k, jf_o = 1, 0
+  end
+  if jf_k then
+    jf_m, jf_nmax = jf_o + 3 * jf_k + 1, 0
+    for j = jf_o + 1, jf_o + 3 * jf_k - 2, 3 do
+      local n, x = A[j + 1], A[j + 2]
+      if A[j] ~= '0' or n == '' or x == '' then jf_k = nil break end
+      n, x = n + 0, x + 0 -- plain digits (above): arithmetic reads them, cheaper than tonumber
+      if n < 1 or x > 9007199254740991 then jf_k = nil break end
+      if n > jf_nmax then jf_nmax = n end
+    end
+  end
+end

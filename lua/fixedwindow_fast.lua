@@ -1,0 +1,76 @@
+-- fixedwindow_fast.lua: the fixed window's usual call, decided before any helper is
+-- made (lua.go puts fast.lua and this first in the FixedWindow script): acquires as
+-- fast.lua takes them, under one limit within fixedwindow.lua's bounds, no control
+-- key (no pause, no override), state absent or in its one-limit form. A single call or
+-- a batch whose every request is such an acquire is decided here, a batch's requests
+-- in order at one instant: one TIME, one MGET of the state and the control key, at
+-- most one SET. Anything else runs on into the full script, which decides it alike
+-- (TestFastPathEqualsFullScript); nothing is written before that. This repeats
+-- fixedwindow.lua's arithmetic for this one case, on purpose: the full script makes
+-- its helper functions on every run, which costs more than all of this.
+do
+  local A, K, k, o, lim = jf_A, jf_K, jf_k, jf_o, jf_m
+  local floor = math.floor -- exact: every value is an integer below 2^53
+  local R, P -- the limit, after m = 1
+  if k and #A == lim + 2 and A[lim] == '1'
+    and string.find(A[lim + 1] .. ',' .. A[lim + 2], '^%d+,%d+$') then
+    R, P = A[lim + 1] + 0, A[lim + 2] + 0
+    if R < 1 or R > 1000000000 or P < 1 or P > 35184372088832 or jf_nmax > R then
+      k = nil
+    end
+  else
+    k = nil
+  end
+  local key, s = K[1], nil
+  if k then s = redis.call('MGET', key, K[2]) end
+  if s and not s[2] then
+    local t = redis.call('TIME')
+    local now = t[1] * 1000000 + t[2]
+    local v = s[1]
+    local L, c -- when the latest grant takes effect, the permits of its window
+    if v then
+      local a, b = string.match(v, '^([0-9]+) ([0-9]+)$')
+      if a and #a <= 17 and #b <= 17 then
+        L, c = a + 0, b + 0
+      end
+    elseif redis.call('EXISTS', key, unpack(K, 3)) == 0 then
+      L, c = 0, 0 -- no state, and no other algorithm's state on the key
+    end
+    if L then
+      local out, one, granted = o == 2 and {}, nil, false
+      local w = floor(L / P) -- L's window
+      for r = 1, k do
+        local j = o + 3 * r - 2
+        local n, x = A[j + 1] + 0, A[j + 2] + 0
+        -- the earliest time at or after the latest grant whose window has room for n
+        local tt = now > L and now or L
+        local tw = floor(tt / P)
+        local held = tw == w and c or 0
+        if held + n > R then
+          tw, held = tw + 1, 0
+          tt = tw * P
+        end
+        local wait, g = tt - now, 0
+        if wait <= x then
+          L, w, c, g, granted = tt, tw, held + n, 1, true
+        else
+          tt = 0
+        end
+        -- what a call made now could still get; until L's window has ended
+        local f = R - (floor(now / P) == w and c or 0)
+        if L > now or f < 0 then f = 0 end
+        local reset = 0 -- until L's window ends, when it holds permits
+        if c > 0 and (w + 1) * P > now then reset = (w + 1) * P - now end
+        one = {g, f, wait, reset, tt}
+        if out then out[r] = one end
+      end
+      if granted then -- the state as fixedwindow.lua writes it, until L's window ends
+        local ttl = (w + 1) * P - now
+        redis.call('SET', key, string.format('%d %d', L, c),
+          'PX', string.format('%d', -floor(-ttl / 1000))) -- ttl >= 1: L >= now
+      end
+      if o == 2 then return out end
+      return one
+    end
+  end
+end
