@@ -42,16 +42,21 @@ func FuzzBatch(f *testing.F) {
 	f.Fuzz(func(t *testing.T, which uint8, two bool, data []byte) {
 		b := redistest.NewMini(t)
 		a := batchAlgos[int(which)%len(batchAlgos)]
-		next := func(n int) int {
-			if len(data) == 0 {
-				return 0
-			}
-			v := int(data[0])
-			data = data[1:]
-			return v % n
-		}
-		batchVsSingles(t, b, a, two, 1+len(data)/8, next)
+		batchVsSingles(t, b, a, two, 1+len(data)/8, picker(data))
 	})
+}
+
+// picker returns a pick(n) that takes the fuzzer's bytes one by one, each modulo n,
+// and 0 when they run out.
+func picker(data []byte) func(n int) int {
+	return func(n int) int {
+		if len(data) == 0 {
+			return 0
+		}
+		v := int(data[0])
+		data = data[1:]
+		return v % n
+	}
 }
 
 // batchAlgo is a limiter script with the ARGV tail of one or two limits.

@@ -56,15 +56,7 @@ func FuzzFastPath(f *testing.F) {
 	f.Fuzz(func(t *testing.T, which uint8, data []byte) {
 		b := redistest.NewMini(t)
 		a := fastAlgos[int(which)%len(fastAlgos)]
-		next := func(n int) int {
-			if len(data) == 0 {
-				return 0
-			}
-			v := int(data[0])
-			data = data[1:]
-			return v % n
-		}
-		fastVsFull(t, b, a, 1+len(data)/6, next)
+		fastVsFull(t, b, a, 1+len(data)/6, picker(data))
 	})
 }
 

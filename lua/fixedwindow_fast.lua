@@ -9,32 +9,19 @@
 -- fixedwindow.lua's arithmetic for this one case, on purpose: the full script makes
 -- its helper functions on every run, which costs more than all of this.
 do
-  local A, K, k, o, lim = jf_A, jf_K, jf_k, jf_o, jf_m
+  local A, K, k, o = jf_A, jf_K, jf_k, jf_o
   local floor = math.floor -- exact: every value is an integer below 2^53
-  local R, P -- the limit, after m = 1
-  if k and #A == lim + 2 and A[lim] == '1'
-    and string.find(A[lim + 1] .. ',' .. A[lim + 2], '^%d+,%d+$') then
-    R, P = A[lim + 1] + 0, A[lim + 2] + 0
-    if R < 1 or R > 1000000000 or P < 1 or P > 35184372088832 or jf_nmax > R then
-      k = nil
-    end
-  else
-    k = nil
-  end
-  local key, s = K[1], nil
-  if k then s = redis.call('MGET', key, K[2]) end
-  if s and not s[2] then
-    local t = redis.call('TIME')
-    local now = t[1] * 1000000 + t[2]
-    local v = s[1]
+  local R, P = jf_R, jf_P
+  local key, now, v = K[1], jf_now, jf_v
+  if v ~= nil and not jf_B and jf_nmax <= R then
     local L, c -- when the latest grant takes effect, the permits of its window
     if v then
       local a, b = string.match(v, '^([0-9]+) ([0-9]+)$')
       if a and #a <= 17 and #b <= 17 then
         L, c = a + 0, b + 0
       end
-    elseif redis.call('EXISTS', key, unpack(K, 3)) == 0 then
-      L, c = 0, 0 -- no state, and no other algorithm's state on the key
+    else
+      L, c = 0, 0 -- no state
     end
     if L then
       local out, one, granted = o == 2 and {}, nil, false
@@ -69,8 +56,7 @@ do
         redis.call('SET', key, string.format('%d %d', L, c),
           'PX', string.format('%d', -floor(-ttl / 1000))) -- ttl >= 1: L >= now
       end
-      if o == 2 then return out end
-      return one
+      return out or one -- a batch's replies, or a single call's
     end
   end
 end

@@ -43,17 +43,10 @@ local op, n, x, limits, over = jt_limiter(5, 3)
 if not op then
   return redis.error_reply(n)
 end
-local m = #limits
-for i = 1, m do
-  local l = limits[i]
-  if l[3] * l[2] > 1125899906842624 then -- 2^50
-    return redis.error_reply('JTARG burst x period above 2^50')
-  end
-  if n > l[3] then
-    return redis.error_reply('JTARG n above burst')
-  end
-  if op == 0 then
-    x = math.min(x, math.floor(1125899906842624 / l[1]))
+local m = #limits -- n <= burst and burst x period <= 2^50: jt_limiter checked them
+if op == 0 then
+  for i = 1, m do
+    x = math.min(x, math.floor(1125899906842624 / limits[i][1]))
   end
 end
 

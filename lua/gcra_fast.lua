@@ -10,27 +10,14 @@
 -- makes its helper functions on every run, which costs more than all of this (see
 -- bench/RESULTS.md, "Lean scripts").
 do
-  local A, K, k, o, lim = jf_A, jf_K, jf_k, jf_o, jf_m
+  local A, K, k, o = jf_A, jf_K, jf_k, jf_o
   local floor = math.floor
   -- Every value here is an integer below 2^53, so floor(a / b) is exact as Lua
   -- computes it (no correction as prelude.lua's jt_fdiv makes for any a).
-  local R, P, B -- the limit, after m = 1
-  if k and #A == lim + 3 and A[lim] == '1'
-    and string.find(A[lim + 1] .. ',' .. A[lim + 2] .. ',' .. A[lim + 3], '^%d+,%d+,%d+$') then
-    R, P, B = A[lim + 1] + 0, A[lim + 2] + 0, A[lim + 3] + 0
-    if R < 1 or R > 1000000000 or P < 1 or P > 35184372088832 or B < 1 or B > 1000000000
-      or B * P > 1125899906842624 or jf_nmax > B then
-      k = nil
-    end
-  else
-    k = nil
-  end
-  local key, s = K[1], nil
-  if k then s = redis.call('MGET', key, K[2]) end
-  if s and not s[2] then
-    local t = redis.call('TIME')
-    local now = t[1] * 1000000 + t[2]
-    local v = s[1]
+  local R, P, B = jf_R, jf_P, jf_B
+  local key, now, v = K[1], jf_now, jf_v
+  if v ~= nil and B and B >= 1 and B <= 1000000000 and B * P <= 1125899906842624
+    and jf_nmax <= B then
     local L, d -- when the latest grant takes effect; the TAT minus now, in 1/R µs
     if v then
       local a, b, sg, c = string.match(v, '^([0-9a-f]+):([0-9a-f]+):(%-?)([0-9a-f]+)$')
@@ -40,8 +27,8 @@ do
         if rr >= R then q, rr = q + 1, 0 end -- the rate went down: round the TAT up
         d = q >= now and (q - now) * R + rr or 0
       end
-    elseif redis.call('EXISTS', key, unpack(K, 3)) == 0 then
-      L, d = 0, 0 -- no state (a full bucket), and no other algorithm's state on the key
+    else
+      L, d = 0, 0 -- no state: a full bucket
     end
     if L then
       local out, one, granted, BP, xmax = o == 2 and {}, nil, false, B * P, floor(1125899906842624 / R)
@@ -73,8 +60,7 @@ do
           or string.format('%x:%x:-%x', now + q, d - q * R, -off),
           'PX', string.format('%d', -floor(-d / (R * 1000))))
       end
-      if o == 2 then return out end
-      return one
+      return out or one -- a batch's replies, or a single call's
     end
   end
 end

@@ -66,11 +66,5 @@ for i = 1, m do
   end
 end
 if paused > now or L > now then remaining = 0 end
-local reply = {math.max(0, remaining), t - now, reset, booked, math.max(0, L - now),
-  math.max(0, paused - now), redis.call('PTTL', KEYS[1]), math.max(0, over - now)}
-for i = 1, m do
-  reply[6 + 3 * i] = limits[i][1]
-  reply[7 + 3 * i] = limits[i][1]
-  reply[8 + 3 * i] = avail[i]
-end
-return reply
+return jt_inspect_reply(KEYS[1], now, remaining, t, reset, booked, math.max(0, L - now),
+  paused, over, limits, 1, avail)

@@ -13,12 +13,7 @@
 --          the time until the latest of them starts, avail_i counts a permit while
 --          its sub-bucket's end is in the last period.
 -- Writes   nothing.
--- every argument is checked before the control key is read (it may be foreign)
-local bucket = jt_int(5, 1, JT_MAX_PERIOD)
-if not bucket then
-  return redis.error_reply('JTARG bucket')
-end
-local op, n, x, limits, over = jt_limiter(6, 2)
+local op, n, x, limits, over, bucket = jt_limiter(6, 2)
 if not op then
   return redis.error_reply(n)
 end

@@ -23,12 +23,7 @@ local op, n, x, limits, over = jt_limiter(5, 3)
 if not op then
   return redis.error_reply(n)
 end
-local m = #limits
-for i = 1, m do
-  if limits[i][3] * limits[i][2] > 1125899906842624 then -- 2^50, as gcra.lua
-    return redis.error_reply('JTARG burst x period above 2^50')
-  end
-end
+local m = #limits -- burst x period <= 2^50: jt_limiter checked it
 local now = jt_now()
 local _, L, d = tb_state(KEYS[1], limits, now)
 local paused = jt_pause(KEYS[2])
@@ -45,11 +40,5 @@ for i = 1, m do
   booked = math.max(booked, -avail[i])
 end
 if paused > now or L > now then remaining = 0 end
-local reply = {math.max(0, remaining), t - now, reset, booked, math.max(0, L - now),
-  math.max(0, paused - now), redis.call('PTTL', KEYS[1]), math.max(0, over - now)}
-for i = 1, m do
-  reply[6 + 3 * i] = limits[i][1]
-  reply[7 + 3 * i] = limits[i][3]
-  reply[8 + 3 * i] = avail[i]
-end
-return reply
+return jt_inspect_reply(KEYS[1], now, remaining, t, reset, booked, math.max(0, L - now),
+  paused, over, limits, 3, avail)

@@ -7,11 +7,7 @@
 -- when an override of the limits ends (0: none). It returns the reply inspect_sw.lua's
 -- header describes.
 local function jt_inspect_log(key, pause_key, prec, limits, over)
-  local m, pmax, rmin = #limits, 0, JT_MAX_RATE
-  for i = 1, m do
-    rmin = math.min(rmin, limits[i][1])
-    pmax = math.max(pmax, limits[i][2])
-  end
+  local m, rmin, pmax = #limits, lg_span(limits)
   local now = jt_now()
   lg_load(key)
   local paused = jt_pause(pause_key)
@@ -34,18 +30,7 @@ local function jt_inspect_log(key, pause_key, prec, limits, over)
   for i = 1, m do
     avail[i] = limits[i][1] - lg_in_window(now - limits[i][2])
   end
-  local remaining = 0
-  if paused > now then
-    remaining = 0
-  elseif lg_E == 0 then
-    remaining = rmin
-  elseif lg_Tlast - prec <= now then
-    remaining = rmin
-    for i = 1, m do
-      remaining = math.min(remaining, avail[i])
-    end
-    remaining = math.max(0, remaining)
-  end
+  local remaining = lg_remaining(limits, rmin, prec, paused, now)
   local reset, booked, ahead = 0, 0, 0
   if lg_E ~= 0 then
     reset = math.max(0, lg_Tlast + pmax - now)
@@ -55,12 +40,5 @@ local function jt_inspect_log(key, pause_key, prec, limits, over)
       ahead = lg_Tlast - prec - now
     end
   end
-  local reply = {remaining, t - now, reset, booked, ahead, math.max(0, paused - now),
-    redis.call('PTTL', key), math.max(0, over - now)}
-  for i = 1, m do
-    reply[6 + 3 * i] = limits[i][1]
-    reply[7 + 3 * i] = limits[i][1]
-    reply[8 + 3 * i] = avail[i]
-  end
-  return reply
+  return jt_inspect_reply(key, now, remaining, t, reset, booked, ahead, paused, over, limits, 1, avail)
 end

@@ -184,6 +184,33 @@ local function lg_in_window(h)
   return lg_P - lg_S(lg_last_at_or_before(h))
 end
 
+-- lg_span returns the lowest rate and the longest period of limits.
+local function lg_span(limits)
+  local rmin, pmax = JT_MAX_RATE, 0
+  for i = 1, #limits do
+    rmin = math.min(rmin, limits[i][1])
+    pmax = math.max(pmax, limits[i][2])
+  end
+  return rmin, pmax
+end
+
+-- lg_remaining returns what an acquire made now could still get (rmin: the lowest
+-- rate; prec as jt_log's; paused: when a pause ends): nothing while bookings wait.
+local function lg_remaining(limits, rmin, prec, paused, now)
+  if paused > now then
+    return 0
+  elseif lg_E == 0 then
+    return rmin
+  elseif lg_Tlast - prec > now then
+    return 0
+  end
+  local remaining = rmin
+  for i = 1, #limits do
+    remaining = math.min(remaining, limits[i][1] - lg_in_window(now - limits[i][2]))
+  end
+  return math.max(0, remaining)
+end
+
 -- lg_push appends rows (a flat list of T, S values) in bounded batches.
 local function lg_push(rows)
   local i = 1
@@ -278,19 +305,7 @@ local function lg_acquire(key, pause_key, prec, n, x, limits, now, rmin, pmax)
     lg_Tlast = rt
   end
 
-  -- remaining: what a call made now could still get; nothing while bookings wait
-  local remaining = 0
-  if paused > now then
-    remaining = 0
-  elseif lg_E == 0 then
-    remaining = rmin
-  elseif lg_Tlast - prec <= now then
-    remaining = rmin
-    for i = 1, m do
-      remaining = math.min(remaining, limits[i][1] - lg_in_window(now - limits[i][2]))
-    end
-    remaining = math.max(0, remaining)
-  end
+  local remaining = lg_remaining(limits, rmin, prec, paused, now)
   local reset = 0
   if lg_E ~= 0 then reset = math.max(0, lg_Tlast + pmax - now) end
   if jt_batching then lg_kept = key end
@@ -315,15 +330,8 @@ end
 --   op, n, x  as jt_args returns them; limits[i] = {rate, period_us}
 -- Returns {granted, remaining, wait_us, reset_us, token}.
 local function jt_log(key, pause_key, prec, op, n, x, limits)
-  local m, pmax, rmin = #limits, 0, JT_MAX_RATE
-  for i = 1, m do
-    rmin = math.min(rmin, limits[i][1])
-    pmax = math.max(pmax, limits[i][2])
-  end
-  if n > rmin then
-    return redis.error_reply('JTARG n above rate')
-  end
-
+  local rmin, pmax = lg_span(limits)
+  -- n <= rmin: jt_limiter checked it
   local now = jt_now()
   local claimed = jt_claim(n, now, pause_key)
   if claimed then return claimed end

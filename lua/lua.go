@@ -5,7 +5,8 @@
 // of every script, controlwrite.lua (writing the control key) after it in pause.lua's
 // and control.lua's, log.lua (the permit log) in front of the two log-based ones and
 // their inspect scripts (with inspectlog.lua), tbstate.lua and fwstate.lua (reading
-// the token bucket's and the fixed window's state) in front of theirs. A script makes
+// the token bucket's and the fixed window's state) in front of theirs, inspect.lua
+// (the inspect scripts' reply) in front of the four limiters' inspect scripts. A script makes
 // every function it defines anew on each run, so each takes only the helpers it uses.
 // A limiter script may start with a fast path (fast.lua and *_fast.lua): its usual call decided
 // straight through, before the helpers are made, exactly as the full script after it
@@ -63,6 +64,8 @@ var (
 	tbState string
 	//go:embed fwstate.lua
 	fwState string
+	//go:embed inspect.lua
+	inspectReply string
 	//go:embed inspectlog.lua
 	inspectLog string
 	//go:embed inspect_sw.lua
@@ -139,10 +142,10 @@ var full = [numNames]string{
 	Control:        prelude + controlWrite + controlSrc,
 	Semaphore:      prelude + "local function jt_one()\n" + semaphoreSrc + "\nend\n" + semaphoreBatchSrc,
 
-	InspectSlidingWindow:  prelude + logEngine + inspectLog + inspectSWSrc,
-	InspectSlidingCounter: prelude + logEngine + inspectLog + inspectSCSrc,
-	InspectGCRA:           prelude + tbState + inspectTBSrc,
-	InspectFixedWindow:    prelude + fwState + inspectFWSrc,
+	InspectSlidingWindow:  prelude + logEngine + inspectReply + inspectLog + inspectSWSrc,
+	InspectSlidingCounter: prelude + logEngine + inspectReply + inspectLog + inspectSCSrc,
+	InspectGCRA:           prelude + tbState + inspectReply + inspectTBSrc,
+	InspectFixedWindow:    prelude + fwState + inspectReply + inspectFWSrc,
 	InspectSemaphore:      prelude + inspectSemSrc,
 }
 

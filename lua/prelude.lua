@@ -386,10 +386,18 @@ end
 
 -- jt_limiter reads a limiter script's arguments (jt_args(first, width)) and applies
 -- the operator's override in KEYS[2] (jt_override). It returns op, n, x, the limits
--- to enforce and the override's end, or nil and the text of the error reply.
--- A script's own arguments must be checked before it: the control key may hold a
--- foreign value, and bad arguments are JTARG whatever the keys hold.
+-- to enforce, the override's end and, when the limits start at ARGV[6], ARGV[5]
+-- (the sliding counter's bucket_us, 1..JT_MAX_PERIOD), or nil and the text of the
+-- error reply. Every argument is checked before the control key is read: it may
+-- hold a foreign value, and bad arguments are JTARG whatever the keys hold.
 local function jt_limiter(first, width)
+  local bucket
+  if first == 6 then
+    bucket = jt_int(5, 1, JT_MAX_PERIOD)
+    if not bucket then
+      return nil, 'JTARG bucket'
+    end
+  end
   local op, n, x, limits = jt_args(first, width)
   if not op then
     return nil, 'JTARG ' .. n
@@ -399,5 +407,5 @@ local function jt_limiter(first, width)
   if not limits then
     return nil, over
   end
-  return op, n, x, limits, over
+  return op, n, x, limits, over, bucket
 end

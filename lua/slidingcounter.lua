@@ -25,12 +25,7 @@
 --          bucket, trims buckets older than the longest period (in batches, see
 --          log.lua), PEXPIRE.
 --          Ops 2 and 3 also write KEYS[3] (SET PX a second past the token; DEL).
--- every argument is checked before the control key is read (it may be foreign)
-local bucket = jt_int(5, 1, JT_MAX_PERIOD)
-if not bucket then
-  return redis.error_reply('JTARG bucket')
-end
-local op, n, x, limits, over = jt_limiter(6, 2)
+local op, n, x, limits, over, bucket = jt_limiter(6, 2)
 if not op then
   return redis.error_reply(n)
 end
