@@ -3,22 +3,17 @@
 -- It reads the shape of the call, a single call or a batch (batch.lua's layout), and
 -- finds whether every request in it is an acquire the fast path takes: op 0, n >= 1,
 -- 0 <= x < 2^53, each plain decimal digits (tonumber alone takes '1e3', ' 5' or
--- '0x10', which are JTARG). If so it reads the state key (a string: the token bucket
--- and the fixed window) and the control key with one MGET, and the clock. Nothing
--- here makes a function or writes.
+-- '0x10', which are JTARG), under one limit (m = 1) of plain digits. Nothing here
+-- makes a function or reads a key.
 --   jf_k     the number of requests, or nil: leave the call to the full script
 --   jf_o     request r's op, n and x are ARGV[jf_o + 3r - 2 ..] (0 single, 2 batch)
 --   jf_m     where the shared rest (m and the limits) starts in ARGV
 --   jf_nmax  the largest n of the requests
---   jf_R, jf_P, jf_B  the one limit (m = 1): rate (1..10^9) and period_us (1..2^45),
---            and the field after them (the token bucket's burst; nil: none)
---   jf_v     the state key's text, or false: there is none, and no other algorithm's
---            state key (KEYS[3..]) exists; nil: leave the call to the full script
---            (the control key exists: a pause or an override; or another
---            algorithm's state, or a key of another type, is there)
---   jf_now   the server time (µs), when jf_v is not nil
+--   jf_l1, jf_l2, jf_l3  the limit's fields after m, each >= 1 (jf_l3 nil: two):
+--            rate, period_us (and burst) for the token bucket and the windows;
+--            bucket_us, rate, period_us for the sliding counter
 local jf_A, jf_K = ARGV, KEYS
-local jf_k, jf_o, jf_m, jf_nmax, jf_R, jf_P, jf_B, jf_v, jf_now
+local jf_k, jf_o, jf_m, jf_nmax, jf_l1, jf_l2, jf_l3
 do
   local A, find = jf_A, string.find
   local nA = #A
@@ -38,8 +33,8 @@ do
       or not find(table.concat(A, ',', l + 1, nA), '^%d+,%d+,?%d*$') or A[nA] == '' then
       jf_k = nil
     else
-      jf_R, jf_P, jf_B = A[l + 1] + 0, A[l + 2] + 0, nA == l + 3 and A[nA] + 0 or nil
-      if jf_R < 1 or jf_R > 1000000000 or jf_P < 1 or jf_P > 35184372088832 then jf_k = nil end
+      jf_l1, jf_l2, jf_l3 = A[l + 1] + 0, A[l + 2] + 0, nA == l + 3 and A[nA] + 0 or nil
+      if jf_l1 < 1 or jf_l2 < 1 or jf_l3 == 0 then jf_k = nil end
     end
   end
   if jf_k then
@@ -49,15 +44,6 @@ do
       n, x = n + 0, x + 0 -- plain digits (above): arithmetic reads them, cheaper than tonumber
       if n < 1 or x > 9007199254740991 then jf_k = nil break end
       if n > jf_nmax then jf_nmax = n end
-    end
-  end
-  local s = jf_k and redis.call('MGET', jf_K[1], jf_K[2])
-  if s and not s[2] then
-    jf_v = s[1]
-    if not jf_v and redis.call('EXISTS', jf_K[1], unpack(jf_K, 3)) ~= 0 then jf_v = nil end
-    if jf_v ~= nil then
-      local t = redis.call('TIME')
-      jf_now = t[1] * 1000000 + t[2]
     end
   end
 end

@@ -11,9 +11,9 @@
 do
   local A, K, k, o = jf_A, jf_K, jf_k, jf_o
   local floor = math.floor -- exact: every value is an integer below 2^53
-  local R, P = jf_R, jf_P
+  local R, P = jf_l1, jf_l2
   local key, now, v = K[1], jf_now, jf_v
-  if v ~= nil and not jf_B and jf_nmax <= R then
+  if v ~= nil and not jf_l3 and R <= 1000000000 and P <= 35184372088832 and jf_nmax <= R then
     local L, c -- when the latest grant takes effect, the permits of its window
     if v then
       local a, b = string.match(v, '^([0-9]+) ([0-9]+)$')

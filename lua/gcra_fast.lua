@@ -14,10 +14,10 @@ do
   local floor = math.floor
   -- Every value here is an integer below 2^53, so floor(a / b) is exact as Lua
   -- computes it (no correction as prelude.lua's jt_fdiv makes for any a).
-  local R, P, B = jf_R, jf_P, jf_B
+  local R, P, B = jf_l1, jf_l2, jf_l3
   local key, now, v = K[1], jf_now, jf_v
-  if v ~= nil and B and B >= 1 and B <= 1000000000 and B * P <= 1125899906842624
-    and jf_nmax <= B then
+  if v ~= nil and B and R <= 1000000000 and P <= 35184372088832 and B <= 1000000000
+    and B * P <= 1125899906842624 and jf_nmax <= B then
     local L, d -- when the latest grant takes effect; the TAT minus now, in 1/R µs
     if v then
       local a, b, sg, c = string.match(v, '^([0-9a-f]+):([0-9a-f]+):(%-?)([0-9a-f]+)$')

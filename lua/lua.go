@@ -46,6 +46,14 @@ var (
 	fixedWindowFast string
 	//go:embed fast.lua
 	fastArgs string
+	//go:embed faststring.lua
+	fastString string
+	//go:embed log_fast.lua
+	logFast string
+	//go:embed slidingwindow_fast.lua
+	slidingWindowFast string
+	//go:embed slidingcounter_fast.lua
+	slidingCounterFast string
 	//go:embed fixedwindow.lua
 	fixedWindowSrc string
 	//go:embed batch.lua
@@ -128,8 +136,10 @@ var texts = func() (t [numNames]string) {
 // fast holds the scripts' fast paths (*_fast.lua): the usual call decided before the
 // full script's helpers are made; anything else runs on into the full script.
 var fast = [numNames]string{
-	GCRA:        fastArgs + gcraFast,
-	FixedWindow: fastArgs + fixedWindowFast,
+	SlidingWindow:  fastArgs + slidingWindowFast + logFast,
+	SlidingCounter: fastArgs + slidingCounterFast + logFast,
+	GCRA:           fastArgs + fastString + gcraFast,
+	FixedWindow:    fastArgs + fastString + fixedWindowFast,
 }
 
 // full is each script without its fast path.
