@@ -7,11 +7,13 @@ import "strings"
 // inside MULTI/EXEC so that a lost reply cannot run one twice; the semaphore's wake-up
 // subscription) and those the scripts run, which Redis checks against the calling
 // user too (Inspect's scripts read the state key's TTL with PTTL; a grant that creates
-// a state key checks with EXISTS that no other algorithm's is there).
+// a state key checks with EXISTS that no other algorithm's is there; the token
+// bucket's and the fixed window's fast paths read the state and the control key
+// with one MGET).
 // TestACLLeastPrivilege checks it is exactly what the library uses.
 var aclCommands = []string{
 	"evalsha", "eval", "multi", "exec", "subscribe", "unsubscribe",
-	"time", "get", "set", "pexpire", "pttl", "exists", "del", "unlink",
+	"time", "get", "mget", "set", "pexpire", "pttl", "exists", "del", "unlink",
 	"lrange", "lindex", "llen", "ltrim", "rpush", "lset",
 	"zcard", "zcount", "zscore", "zrange", "zrangebyscore", "zremrangebyscore", "zrem", "zadd", "zrank", "publish",
 }
