@@ -6,7 +6,7 @@
 -- (TestFastPathEqualsFullScript); anything else runs on into the full script, and
 -- nothing is written before that. A batch is left to the full script. This repeats
 -- log.lua's lookups and acquire for this one case, on purpose: the full script makes
--- its helper functions on every run (about forty), which costs more than all of this.
+-- its 35 helper functions on every run, which costs more than all of this.
 do
   local K, floor = jf_K, math.floor -- floor(a / b) is exact: every value is below 2^53
   local prec, R, P
