@@ -104,6 +104,7 @@ func TestTransportHonoursRetryAfter(t *testing.T) {
 					otherWait, sinceAnswer = res.RetryAfter, time.Since(time.Unix(0, answered.Load()))
 				},
 				BadRetryAfter: func(_ *http.Request, _ int, err error) { t.Errorf("BadRetryAfter: %v", err) },
+				PauseFailed:   func(_ *http.Request, d time.Duration, err error) { t.Errorf("Pause(%v) failed: %v", d, err) },
 			}))
 		client := &http.Client{Transport: tr}
 
