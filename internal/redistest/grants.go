@@ -14,10 +14,25 @@ import (
 // effect (the token in the script's reply), and how many script calls were made. Add
 // it to a client with RecordGrants; it reads replies, it changes nothing.
 type Grants struct {
-	mu       sync.Mutex
-	grants   []Grant
-	calls    int
-	keyCalls map[string]int
+	mu        sync.Mutex
+	grants    []Grant
+	giveBacks []GiveBack
+	calls     int
+	keyCalls  map[string]int
+}
+
+// GiveBack is a call that gave back (cancelled) the booking taking effect at At, or
+// tried to: the script refuses once the booking has taken effect by the server's
+// clock.
+type GiveBack struct {
+	Key string
+	At  time.Time
+	N   int
+	// OK reports whether the script gave the permits back.
+	OK bool
+	// Sent and Replied are when the call was sent and its reply read, by this
+	// process's clock: the script ran in between.
+	Sent, Replied time.Time
 }
 
 // Grant is n permits taking effect at At (server clock).
@@ -47,7 +62,7 @@ func (g *Grants) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		sent := time.Now()
 		err := next(ctx, cmd)
-		g.observe(cmd, sent)
+		g.observe(cmd, sent, time.Now())
 		return err
 	}
 }
@@ -56,8 +71,9 @@ func (g *Grants) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proce
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		sent := time.Now()
 		err := next(ctx, cmds)
+		replied := time.Now()
 		for _, c := range cmds {
-			g.observe(c, sent)
+			g.observe(c, sent, replied)
 		}
 		return err
 	}
@@ -68,7 +84,7 @@ func (g *Grants) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proce
 // [granted, remaining, wait_us, reset_us, token], and for the booking ops 2 and 3 a
 // sixth integer, 1 when op 2 granted anew. A batch (op 4, see lua/batch.lua) is one
 // call whose requests are read each as a call of its own would be.
-func (g *Grants) observe(cmd redis.Cmder, sent time.Time) {
+func (g *Grants) observe(cmd redis.Cmder, sent, replied time.Time) {
 	name := strings.ToLower(cmd.Name())
 	if (name != "evalsha" && name != "eval") || cmd.Err() != nil {
 		return
@@ -104,7 +120,7 @@ func (g *Grants) observe(cmd redis.Cmder, sent time.Time) {
 			if !ok {
 				continue // this request's error
 			}
-			g.record(key, argv[2+3*i:5+3*i], int64s(v), sent)
+			g.record(key, argv[2+3*i:5+3*i], int64s(v), sent, replied)
 		}
 		return
 	}
@@ -115,7 +131,7 @@ func (g *Grants) observe(cmd redis.Cmder, sent time.Time) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.countCall(key)
-	g.record(key, argv[:3], v, sent)
+	g.record(key, argv[:3], v, sent, replied)
 }
 
 func (g *Grants) countCall(key string) {
@@ -140,7 +156,7 @@ func int64s(s []any) []int64 {
 }
 
 // record notes one request's grant or cancel: opnx holds its op, n and x, v its reply.
-func (g *Grants) record(key string, opnx []any, v []int64, sent time.Time) {
+func (g *Grants) record(key string, opnx []any, v []int64, sent, replied time.Time) {
 	if len(v) < 5 || len(v) > 6 {
 		return
 	}
@@ -157,8 +173,11 @@ func (g *Grants) record(key string, opnx []any, v []int64, sent time.Time) {
 	case op == 0 && v[0] == 1 && n > 0:
 		g.grants = append(g.grants, Grant{At: time.UnixMicro(v[4]), N: int(n), Key: key,
 			Wait: time.Duration(v[2]) * time.Microsecond, Sent: sent})
-	case op == 1 && v[0] == 1:
-		g.cancel(key, time.UnixMicro(x), int(n))
+	case op == 1:
+		g.giveBacks = append(g.giveBacks, GiveBack{Key: key, At: time.UnixMicro(x), N: int(n), OK: v[0] == 1, Sent: sent, Replied: replied})
+		if v[0] == 1 {
+			g.cancel(key, time.UnixMicro(x), int(n))
+		}
 	}
 }
 
@@ -243,6 +262,14 @@ func (g *Grants) List() []Grant {
 	g.mu.Unlock()
 	sort.SliceStable(list, func(i, j int) bool { return list[i].At.Before(list[j].At) })
 	return list
+}
+
+// GiveBacks returns the calls that gave back a booking or tried to, in the order
+// their replies were read.
+func (g *Grants) GiveBacks() []GiveBack {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]GiveBack(nil), g.giveBacks...)
 }
 
 // Total returns the permits granted.
