@@ -141,8 +141,8 @@ func aclWorkload(ctx context.Context, c, admin *redis.Client, run string) []erro
 	}
 	_, err = sem.Inspect(cctx)
 	note("Semaphore Inspect", err)
-	queued := newLeaseID()                            // takes a place in the queue (its own call, whether or not
-	_, err = sem.call(cctx, semAcquire, queued, true) // the wake-up subscription works)
+	queued := newLeaseID()                                   // takes a place in the queue (its own call, whether or not
+	_, err = sem.call(cctx, semAcquire, queued, true, false) // the wake-up subscription works)
 	note("queued acquire", err)
 	var wg sync.WaitGroup
 	var waited error
@@ -159,7 +159,7 @@ func aclWorkload(ctx context.Context, c, admin *redis.Client, run string) []erro
 	if lease != nil {
 		note("Lease Release", lease.Release(cctx)) // hands the slot to queued (PUBLISH)
 	}
-	_, err = sem.call(cctx, semRelease, queued, false) // and on to the waiter
+	_, err = sem.call(cctx, semRelease, queued, false, false) // and on to the waiter
 	note("queued release", err)
 	wg.Wait()
 	note("Semaphore Acquire", waited)

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/waiter"
+	"github.com/redis/go-redis/v9"
 )
 
 func reserveFor(t *testing.T, l *Limiter, id string, n int) (*waiter.Reservation, bool) {
@@ -229,3 +231,126 @@ func TestTryAcquireForKeepsThePlace(t *testing.T) {
 		}
 	})
 }
+
+// A kept place outlives a call whose reply comes after its caller left: AcquireFor
+// with a deadline shorter than Redis's answer returns DeadlineExceeded and the place
+// stays for the next call with the id (a late reply to a plain Acquire gives its place
+// back; to AcquireFor it must not). Seen under load in TestTryAcquireForKeepsThePlace,
+// where the 100ms deadline passed while the queuing call was in flight.
+//
+// The call's reply is held back 300ms by the proxy; the test waits until the client
+// has read it (a hook says so) and then up to 1s for a release of the id, which
+// correct code never sends: a starved machine can only make a wrong release come too
+// late to be seen, not make the test fail.
+func TestAcquireForKeepsThePlaceOnALateReply(t *testing.T) {
+	b := redistest.NewStandalone(t)
+	proxy, err := redistest.NewProxy(b.Client.(*redis.Client).Options().Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr})
+	defer rdb.Close()
+	lid, err := leaseIDFor("task-c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := &idCalls{id: lid}
+	rdb.AddHook(calls)
+	ctx := context.Background()
+	s, err := NewSemaphore(rdb, "late-place", 1, WithKeyPrefix(b.Prefix), WithLeaseTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder := mustTry(t, s)
+	defer holder.Release(ctx)
+	if l, wait, err := s.TryAcquireFor(ctx, "task-c"); err != nil || l != nil || wait <= 0 {
+		t.Fatalf("TryAcquireFor(c) on a full semaphore: %v, %v, %v; want a place", l, wait, err)
+	}
+	proxy.Delay(lid, 300*ms)
+	short, cancel := context.WithTimeout(ctx, 50*ms)
+	_, err = s.AcquireFor(short, "task-c")
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("AcquireFor(c) through a slow Redis: %v, want DeadlineExceeded", err)
+	}
+	proxy.Delay("", 0)
+	eventually(t, signalWait, "the held-back reply read", func() bool { return calls.done(semAcquire) >= 2 })
+	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(5 * ms) {
+		if n := calls.sent(semRelease); n > 0 {
+			t.Fatalf("the late reply to AcquireFor gave the kept place back (%d releases of the id)", n)
+		}
+	}
+	if n := queued(t, b, s); n != 1 {
+		t.Fatalf("%d places queued after the late reply, want 1 (c's)", n)
+	}
+}
+
+// idCalls counts the semaphore script calls for one lease id, by operation: sent,
+// and done (reply read).
+type idCalls struct {
+	id             string
+	mu             sync.Mutex
+	sentBy, doneBy map[int]int
+}
+
+func (c *idCalls) op(cmd redis.Cmder) (int, bool) {
+	args := cmd.Args()
+	if len(args) < 3 {
+		return 0, false
+	}
+	nkeys, ok := args[2].(int)
+	if !ok || len(args) < 3+nkeys+2 || args[3+nkeys+1] != c.id {
+		return 0, false
+	}
+	op, ok := args[3+nkeys].(int)
+	return op, ok
+}
+
+func (c *idCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *idCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		var ops []int
+		if op, ok := c.op(cmd); ok {
+			ops = append(ops, op)
+		}
+		c.count(ops, true)
+		err := next(ctx, cmd)
+		c.count(ops, false)
+		return err
+	}
+}
+
+func (c *idCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { // a script call runs in MULTI/EXEC
+		var ops []int
+		for _, cmd := range cmds {
+			if op, ok := c.op(cmd); ok {
+				ops = append(ops, op)
+			}
+		}
+		c.count(ops, true)
+		err := next(ctx, cmds)
+		c.count(ops, false)
+		return err
+	}
+}
+
+func (c *idCalls) count(ops []int, sent bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.sentBy == nil {
+		c.sentBy, c.doneBy = map[int]int{}, map[int]int{}
+	}
+	for _, op := range ops {
+		if sent {
+			c.sentBy[op]++
+		} else {
+			c.doneBy[op]++
+		}
+	}
+}
+
+func (c *idCalls) sent(op int) int { c.mu.Lock(); defer c.mu.Unlock(); return c.sentBy[op] }
+func (c *idCalls) done(op int) int { c.mu.Lock(); defer c.mu.Unlock(); return c.doneBy[op] }

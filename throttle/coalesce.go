@@ -108,9 +108,10 @@ func clientBatcher(rdb redis.UniversalClient, c *config) *batcher {
 }
 
 // lateGiver gives back what a reply granted after its caller left: lateFor returns
-// what to do with such a reply to a call with ARGV args (see lateReply), or nil.
+// what to do with such a reply to a call with ARGV args made with ctx (see lateReply),
+// or nil.
 type lateGiver interface {
-	lateFor(args []any) func(any)
+	lateFor(ctx context.Context, args []any) func(any)
 }
 
 // decide runs one call of script (ARGV args in the single form) through the client's
@@ -119,14 +120,14 @@ type lateGiver interface {
 func (s *source) decide(ctx context.Context, script *redis.Script, args []any) (any, error) {
 	b := s.batch
 	if b == nil {
-		return s.run.execLate(ctx, script, s.keys, args, s.owner.lateFor(args))
+		return s.run.execLate(ctx, script, s.keys, args, s.owner.lateFor(ctx, args))
 	}
 	b.mu.Lock()
 	if !b.busy {
 		b.busy = true
 		b.mu.Unlock()
 		defer b.next()
-		return s.run.execLate(ctx, script, s.keys, args, s.owner.lateFor(args))
+		return s.run.execLate(ctx, script, s.keys, args, s.owner.lateFor(ctx, args))
 	}
 	p := &pending{src: s, ctx: ctx, script: script, args: args, due: time.Now().Add(s.run.callTimeout), done: make(chan struct{})}
 	b.queue = append(b.queue, p)
@@ -286,7 +287,7 @@ func (p *pending) answer(val any, err error) {
 		return
 	}
 	if err == nil {
-		if late := p.src.owner.lateFor(p.args); late != nil {
+		if late := p.src.owner.lateFor(p.ctx, p.args); late != nil {
 			go late(val)
 		}
 	}

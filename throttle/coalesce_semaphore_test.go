@@ -29,7 +29,7 @@ type semOutcome struct {
 }
 
 func (c semCall) run(ctx context.Context, s *Semaphore) semOutcome {
-	r, err := s.run(ctx, c.op, c.id, c.join)
+	r, err := s.run(ctx, c.op, c.id, c.join, false)
 	if err != nil {
 		return semOutcome{err: err.Error()}
 	}

@@ -187,30 +187,37 @@ func (l *Limiter) lateReply(op, n int) func(any) {
 }
 
 // lateFor is lateReply for a call with ARGV args ({op, n, ...}).
-func (l *Limiter) lateFor(args []any) func(any) {
+func (l *Limiter) lateFor(_ context.Context, args []any) func(any) {
 	op, _ := args[0].(int)
 	n, _ := args[1].(int)
 	return l.lateReply(op, n)
 }
 
-// lateFor is lateAcquire for a call with ARGV args ({op, id, ...}).
-func (s *Semaphore) lateFor(args []any) func(any) {
+// lateFor is lateAcquire for a call with ARGV args ({op, id, ...}); a call made for a
+// place that is kept (ctx has keepPlace: TryAcquireFor, AcquireFor) keeps it.
+func (s *Semaphore) lateFor(ctx context.Context, args []any) func(any) {
 	op, _ := args[0].(int)
 	id, _ := args[1].(string)
-	return s.lateAcquire(op, id)
+	return s.lateAcquire(op, id, ctx.Value(keepPlace{}) != nil)
 }
+
+// keepPlace marks the context of a semaphore call whose id keeps its place in the
+// queue when its caller leaves (see Semaphore.call).
+type keepPlace struct{}
 
 // lateAcquire returns what awaitReply does with the reply to a semaphore acquire for
 // lease id that came after its caller had left: the lease it may have granted, or the
 // place in the queue it may have taken, is given back (a release of id; one that
-// holds nothing frees nothing). Other operations need nothing (nil).
-func (s *Semaphore) lateAcquire(op int, id string) func(any) {
-	if op != semAcquire {
+// holds nothing frees nothing). Other operations, and an id whose place is kept when
+// its caller leaves (keep: TryAcquireFor, AcquireFor), need nothing (nil): the place,
+// and a slot handed to it, wait for the next call with the id.
+func (s *Semaphore) lateAcquire(op int, id string, keep bool) func(any) {
+	if op != semAcquire || keep {
 		return nil
 	}
 	return func(any) {
 		ctx, cancel := context.WithTimeout(context.Background(), lateCancelTimeout)
 		defer cancel()
-		_, _ = s.run(ctx, semRelease, id, false)
+		_, _ = s.run(ctx, semRelease, id, false, false)
 	}
 }

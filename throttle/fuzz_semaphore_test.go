@@ -262,7 +262,7 @@ func (r *semRun) semCall(v *semVariant, op int, id string, queue bool) {
 	var errs [2]error
 	for i, s := range v.sems {
 		ctx, cancel := fuzzCtx()
-		got[i], errs[i] = s.call(ctx, op, id, queue)
+		got[i], errs[i] = s.call(ctx, op, id, queue, false)
 		cancel()
 	}
 	if errClass(errs[0]) != errClass(errs[1]) || got[0] != got[1] {

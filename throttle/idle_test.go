@@ -104,7 +104,7 @@ func TestIdleKeysExpire(t *testing.T) {
 				_, _, err = s.TryAcquire(ctx)
 			}
 			if err == nil {
-				_, err = s.call(ctx, semAcquire, newLeaseID(), true)
+				_, err = s.call(ctx, semAcquire, newLeaseID(), true, false)
 			}
 			return err
 		}},

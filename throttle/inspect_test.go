@@ -406,7 +406,7 @@ func TestSemaphoreInspectMatchesModel(t *testing.T) {
 			case op < 9:
 				sop := []int{semAcquire, semAcquire, semExtend, semRelease}[op%4]
 				queue := sop == semAcquire && rng.Intn(2) == 0
-				r, err := s.run(ctx, sop, id, queue)
+				r, err := s.run(ctx, sop, id, queue, false)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -51,7 +51,7 @@ func (l *Lease) Extend(ctx context.Context) error {
 	var err error
 	if l.local {
 		r.ok = l.s.local.extend(l.s.clock.Now(), l.id, l.s.ttl)
-	} else if r, err = l.s.call(ctx, semExtend, l.id, false); err != nil {
+	} else if r, err = l.s.call(ctx, semExtend, l.id, false, false); err != nil {
 		return err
 	}
 	if !r.ok {
@@ -80,7 +80,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	var err error
 	if l.local {
 		r.ok = l.s.local.release(l.s.clock.Now(), l.id)
-	} else if r, err = l.s.call(ctx, semRelease, l.id, false); err != nil {
+	} else if r, err = l.s.call(ctx, semRelease, l.id, false, false); err != nil {
 		return err
 	}
 	if !r.ok {

@@ -138,7 +138,7 @@ func (s *Semaphore) tryAcquire(ctx context.Context, id string, join bool) (*Leas
 	if err := ctx.Err(); err != nil {
 		return nil, 0, err
 	}
-	r, err := s.call(ctx, semAcquire, id, join)
+	r, err := s.call(ctx, semAcquire, id, join, join)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -179,7 +179,7 @@ func (s *Semaphore) acquire(ctx context.Context, id string, keep bool) (*Lease, 
 		// else once subscribe says it is, or from the second call (the confirmation,
 		// or the timer, wakes us before then).
 		join := live || round > 0
-		r, err := s.call(ctx, semAcquire, id, join)
+		r, err := s.call(ctx, semAcquire, id, join, keep)
 		if err != nil {
 			if joined && !keep {
 				s.giveUp(ctx, id)
@@ -247,7 +247,7 @@ func (s *Semaphore) granted(id string, waited time.Duration, local bool) *Lease 
 // a waiter that stops waiting. It runs even when ctx is done; if it fails, the place
 // lapses by itself within one TTL.
 func (s *Semaphore) giveUp(ctx context.Context, id string) {
-	if _, err := s.call(context.WithoutCancel(ctx), semRelease, id, false); err != nil {
+	if _, err := s.call(context.WithoutCancel(ctx), semRelease, id, false, false); err != nil {
 		return
 	}
 	if s.hooks.GaveUp != nil {
@@ -271,9 +271,11 @@ type semReply struct {
 }
 
 // call runs the semaphore script once for lease id, or, while Redis is unreachable,
-// decides as the failure policy says (see Limiter.call).
-func (s *Semaphore) call(ctx context.Context, op int, id string, join bool) (semReply, error) {
-	r, err := s.run(ctx, op, id, join)
+// decides as the failure policy says (see Limiter.call). keep marks id's place as
+// kept when its caller leaves (TryAcquireFor, AcquireFor): a reply that comes after
+// the caller left gives nothing back.
+func (s *Semaphore) call(ctx context.Context, op int, id string, join, keep bool) (semReply, error) {
+	r, err := s.run(ctx, op, id, join, keep)
 	if s.policy.degrades(err) {
 		return s.degraded(op, id, err)
 	}
@@ -302,11 +304,14 @@ func (s *Semaphore) degraded(op int, id string, cause error) (semReply, error) {
 }
 
 // run runs the semaphore script once for lease id; join asks a denied acquire to
-// take (or renew) a place in the queue.
-func (s *Semaphore) run(ctx context.Context, op int, id string, join bool) (semReply, error) {
+// take (or renew) a place in the queue; keep, see call.
+func (s *Semaphore) run(ctx context.Context, op int, id string, join, keep bool) (semReply, error) {
 	q := 0
 	if join {
 		q = 1
+	}
+	if keep {
+		ctx = context.WithValue(ctx, keepPlace{}, true) // for lateFor
 	}
 	val, err := s.src.decide(ctx, s.script, []any{op, id, s.max, s.ttlUS, q})
 	if err != nil {
