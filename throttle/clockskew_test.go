@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"os"
 	"os/exec"
@@ -135,17 +136,23 @@ func TestServerClockStepBackAdmitsNothingExtra(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: s.Addr})
 	defer rdb.Close()
 	ctx := context.Background()
-	offset := func() time.Duration {
+	// offsetIs reports whether the server's clock is want off this process's: its
+	// TIME lies between the times the call was sent and answered, shifted by want. A
+	// bracket, not a rounded difference: a reply the starved machine read 100ms late
+	// read as -900ms for -1s.
+	offsetIs := func(want time.Duration) (bool, string) {
 		t.Helper()
 		before := time.Now()
 		now, err := rdb.Time(ctx).Result()
+		after := time.Now()
 		if err != nil {
 			t.Fatal(err)
 		}
-		return now.Sub(before).Round(100 * ms)
+		lo, hi := now.Sub(after), now.Sub(before)
+		return lo <= want && want <= hi, fmt.Sprintf("between %v and %v", lo, hi)
 	}
-	if d := offset(); d != 0 {
-		t.Fatalf("the server's clock is %v off before the step, want 0", d)
+	if ok, d := offsetIs(0); !ok {
+		t.Fatalf("the server's clock is %s off before the step, want 0", d)
 	}
 
 	grants := redistest.RecordGrants(rdb)
@@ -205,8 +212,8 @@ func TestServerClockStepBackAdmitsNothingExtra(t *testing.T) {
 		t.Fatal(err)
 	}
 	stepped := time.Now()
-	if d := offset(); d != -step {
-		t.Fatalf("the server's clock is %v off after the step, want %v", d, -step)
+	if ok, d := offsetIs(-step); !ok {
+		t.Fatalf("the server's clock is %s off after the step, want %v", d, -step)
 	}
 	time.Sleep(step + 700*ms)
 	close(stop)
