@@ -279,10 +279,11 @@ func TestACLLeastPrivilege(t *testing.T) {
 	wg.Wait()
 	logging.Enable()
 	for i, missing := range names {
+		// No wall-clock bound on took: a hang is a call that runs into its step's 30s
+		// deadline, and fails below as an error that does not wrap ErrNoPermission (or
+		// as any error without SUBSCRIBE). The ~40 workloads run at once; under load 24
+		// they took 21s, CPU-bound, not hung.
 		errs, took := results[i].errs, results[i].took
-		if took > 20*time.Second {
-			t.Errorf("without %s: the workload took %v", missing, took)
-		}
 		if missing == "+subscribe" || missing == "+unsubscribe" {
 			if len(errs) > 0 {
 				t.Errorf("without %s: %v", missing, errs)

@@ -114,11 +114,13 @@ func TestWaitSharesTheRate(t *testing.T) {
 // A deadline that comes before the permits could: WaitN returns at once, books
 // nothing. A context cancelled while sleeping gives the booking back.
 //
-// Mechanisms, not timing: "at once" is "before the context's deadline" (1s; the
-// permit is 2s away), and the cancellation comes once the limiter's Allowed hook
-// says the sleeping waiter has booked.
+// Mechanisms, not timing: "at once" is "before the context's deadline" (30s; the
+// permit is a minute away), and the cancellation comes once the limiter's Allowed hook
+// says the sleeping waiter has booked. Nothing waits for the period: it is long so
+// that a starved machine cannot run the test's next call after the permit came due
+// (with 2s and a 1s deadline, a Wait at load 24 got its permit).
 func TestWaitDeadlinesAndCancellation(t *testing.T) {
-	const period = 2 * time.Second
+	const period = time.Minute
 	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
 		grants := redistest.RecordGrants(b.Client)
 		booked := make(chan time.Duration, 16)
