@@ -87,15 +87,24 @@ func TestLastAttemptCarriesItsBooking(t *testing.T) {
 		if len(ran) != 1 || ran[0] != orig.ID+"~r1" {
 			t.Errorf("ran as %v, want the copy %s~r1", ran, orig.ID)
 		}
+		if el := time.Since(start); el < 2500*time.Millisecond {
+			t.Errorf("ran after %v, before its slot about 3s on", el)
+		}
+		// A copy that comes back after its slot has passed books anew, by design (the
+		// slot is gone; its permit is not used): a starved machine can bring it back
+		// that late (asynq forwards it, a worker dequeues it, the handler starts).
+		// That is judged by the claim call's send time against the slot, both on this
+		// machine's clock; the checks below are for a copy back in time.
+		if list := grants.List(); len(list) == booked+2 && !list[booked+1].Sent.Before(list[booked].At) {
+			t.Logf("the copy came back %v after its slot and booked anew", list[booked+1].Sent.Sub(list[booked].At))
+			return
+		}
 		if got := grants.Total() - booked; got != 1 {
 			t.Errorf("permits granted for the task: %d, want 1 (the copy used the original's booking)", got)
 		}
 		key := "{" + b.Prefix + "carry}:sw"
 		if got := grants.ByKey()[key].Calls() - 3; got != 2 {
 			t.Errorf("limiter calls for the task: %d, want 2 (book, then claim)", got)
-		}
-		if el := time.Since(start); el < 2500*time.Millisecond {
-			t.Errorf("ran after %v, before its slot about 3s on", el)
 		}
 		if st := jt.Stats(); st.HandedBack != 1 || st.Kept != 1 {
 			t.Errorf("stats %+v, want 1 hand-back and 1 return that kept its booking", st)
