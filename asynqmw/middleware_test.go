@@ -267,9 +267,14 @@ func TestThrottleDecisions(t *testing.T) {
 			if err := h.ProcessTask(dctx, task); !asynqmw.IsThrottled(err) {
 				t.Errorf("with 1s to the deadline: err %v, want throttled", err)
 			}
-			// HandlerTime(50ms) lets it sleep up to the last 50ms: enough.
+			// HandlerTime(50ms) lets it sleep up to the last 50ms: enough. A deadline
+			// of its own, set after the permit was taken: the wait (at most 800ms) and
+			// the time left (1s) then shrink together, however late this runs (on dctx,
+			// the throttled call above had to take under 150ms: 2 failures at load 17).
+			dctx2, cancel2 := context.WithTimeout(ctx, time.Second)
+			defer cancel2()
 			h = asynqmw.Throttle(lim, asynqmw.MaxInlineWait(2*time.Second), asynqmw.HandlerTime(50*time.Millisecond))(next)
-			if err := h.ProcessTask(dctx, task); err != nil || next.n != 2 {
+			if err := h.ProcessTask(dctx2, task); err != nil || next.n != 2 {
 				t.Errorf("with HandlerTime(50ms): err %v, handler calls %d; want nil, 2", err, next.n)
 			}
 		})
@@ -408,9 +413,22 @@ func shutdownWhileWaiting(t *testing.T, b *redistest.Backend) {
 		qi := f.waitIdle(idleLimit, func() bool { return f.runs.total() >= n })
 
 		f.ranOnce(qi, tasks...)
-		// The bookings of the aborted sleepers were given back: one permit per task.
-		if got := grants.Total(); got != n {
-			t.Errorf("permits granted (net of cancels): got %d, want %d", got, n)
+		// The bookings of the aborted sleepers were given back: one permit per task,
+		// and one more for each give-back Redis refused because its booking had
+		// already taken effect when the script ran (a sleeper the starved machine
+		// woke late: 15 permits for 12 tasks were seen at load 17). A give-back
+		// refused before its booking's time, or never sent, still fails.
+		late := 0
+		for _, gb := range grants.GiveBacks() {
+			if !gb.OK && !gb.Replied.Before(gb.At) {
+				late += gb.N
+			}
+		}
+		if late > 0 {
+			t.Logf("%d give-backs came after their booking took effect", late)
+		}
+		if got := grants.Total(); got != n+late {
+			t.Errorf("permits granted (net of cancels): got %d, want %d (+%d given back too late)", got, n, late)
 		}
 		if got := grants.MaxInWindow(time.Second); got > 4 {
 			t.Errorf("most grants in any second: got %d, want <= 4", got)
