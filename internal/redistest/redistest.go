@@ -67,13 +67,15 @@ func (b *Backend) Addrs() (addrs []string, cluster bool) {
 	panic(fmt.Sprintf("redistest: backend client of unknown type %T", b.Client))
 }
 
-// Dial returns a new client of addrs (see Backend.Addrs), with go-redis's defaults:
-// a cluster client when cluster is set, else a client of addrs[0]. The caller closes it.
+// Dial returns a new client of addrs (see Backend.Addrs), with the backends' clients'
+// ClientTimeout and go-redis's other defaults: a cluster client when cluster is set,
+// else a client of addrs[0]. The caller closes it. (With go-redis's 3s read timeout, a
+// fleet test's child processes got "i/o timeout" from miniredis at load 17.)
 func Dial(addrs []string, cluster bool) redis.UniversalClient {
 	if cluster {
-		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ReadTimeout: ClientTimeout, WriteTimeout: ClientTimeout})
 	}
-	return redis.NewClient(&redis.Options{Addr: addrs[0]})
+	return redis.NewClient(&redis.Options{Addr: addrs[0], ReadTimeout: ClientTimeout, WriteTimeout: ClientTimeout})
 }
 
 var (
