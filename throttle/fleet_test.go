@@ -210,8 +210,8 @@ func TestFleetChildProcess(t *testing.T) {
 	fmt.Fprintln(out, "END")
 }
 
-// fleetGroup is a set of children started alike: under `faketime -f <Faketime>` when
-// set, with their limiters' clock shifted by Shift.
+// fleetGroup is a set of children started alike: under libfaketime with
+// FAKETIME=<Faketime> when set, with their limiters' clock shifted by Shift.
 type fleetGroup struct {
 	Children int
 	Faketime string
@@ -259,11 +259,19 @@ func runFleet(t *testing.T, b *redistest.Backend, o fleetOrders, groups []fleetG
 		}
 		for i := 0; i < g.Children; i++ {
 			args := []string{os.Args[0], "-test.run=^TestFleetChildProcess$", "-test.count=1", "-test.timeout=120s"}
+			env := append(os.Environ(), fleetChildEnv+"="+string(spec), "GORACE="+os.Getenv("GORACE")+" atexit_sleep_ms=0")
 			if g.Faketime != "" {
-				args = append([]string{"faketime", "-f", g.Faketime}, args...)
+				// libfaketime preloaded as the faketime wrapper does, without the
+				// wrapper's shared memory: the wrapper creates /dev/shm/faketime_*_<pid>
+				// exclusively, and names a killed run left behind make a later child
+				// whose pid matches exit at once ("sem_open: File exists")
+				lib, err := redistest.FaketimeLib()
+				if err != nil {
+					t.Fatal(err)
+				}
+				env = append(env, "LD_PRELOAD="+lib, "FAKETIME="+g.Faketime)
 			}
-			k := startFleetKid(t, args, append(os.Environ(), fleetChildEnv+"="+string(spec),
-				"GORACE="+os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+			k := startFleetKid(t, args, env)
 			kids = append(kids, k)
 			groupOf = append(groupOf, gi)
 		}

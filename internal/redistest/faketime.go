@@ -40,7 +40,14 @@ func FaketimeLib() (string, error) {
 			fakeLibErr = fmt.Errorf("faketime is not installed (Debian package faketime): %w", err)
 			return
 		}
-		out, err := exec.Command(bin, "-f", "+0", "/bin/sh", "-c", `printf %s "$LD_PRELOAD"`).Output()
+		// the wrapper fails at once ("sem_open: File exists") when a killed run left
+		// /dev/shm names for the pid it got: another try gets another pid
+		var out []byte
+		for try := 0; try < 3; try++ {
+			if out, err = exec.Command(bin, "-f", "+0", "/bin/sh", "-c", `printf %s "$LD_PRELOAD"`).Output(); err == nil && len(out) > 0 {
+				break
+			}
+		}
 		if err != nil || len(out) == 0 {
 			fakeLibErr = fmt.Errorf("faketime did not say where libfaketime is: %q %v", out, err)
 			return
