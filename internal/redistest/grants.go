@@ -164,8 +164,12 @@ func (g *Grants) record(key string, opnx []any, v []int64, sent, replied time.Ti
 	n, _ := toInt(opnx[1])
 	x, _ := toInt(opnx[2])
 	if len(v) == 6 { // a booking op for a task (2, 3): a new grant or a cancel
-		if op == 2 && v[5] == 0 {
-			v[0] = 0 // the task's own booking, counted when it was made
+		if op == 2 && v[5] == 0 && g.seen(key, time.UnixMicro(v[4])) {
+			// The task's own booking, counted when it was made. One this recorder
+			// never saw made (the call that made it ran in Redis but its caller had
+			// left: an error here, e.g. the handler's context cancelled at shutdown)
+			// is counted now, when the task uses it.
+			v[0] = 0
 		}
 		op -= 2
 	}
@@ -179,6 +183,16 @@ func (g *Grants) record(key string, opnx []any, v []int64, sent, replied time.Ti
 			g.cancel(key, time.UnixMicro(x), int(n))
 		}
 	}
+}
+
+// seen reports whether a grant on key at t was recorded (given back since or not).
+func (g *Grants) seen(key string, t time.Time) bool {
+	for _, r := range g.grants {
+		if r.Key == key && r.At.Equal(t) {
+			return true
+		}
+	}
+	return false
 }
 
 // cancel removes n permits recorded on key at t (a booking that was given back).
