@@ -229,8 +229,11 @@ func killMidLoad(t *testing.T, middleware bool) killOutcome {
 	defer s.Kill()
 	// go-redis's dial timeout (5s): a dial while the server is down is refused at
 	// once, and a 200ms one timed out against the live server on a starved machine
-	// (an enqueue failed with "dial tcp: i/o timeout" at load 17).
-	rdb := redis.NewClient(&redis.Options{Addr: s.Addr})
+	// (an enqueue failed with "dial tcp: i/o timeout" at load 17). Reads and writes
+	// get the backends' ClientTimeout, not go-redis's 3s: this server fsyncs every
+	// write, and an enqueue before the kill timed out at load 9. A kill resets the
+	// connections, so calls during the outage still fail at once.
+	rdb := redis.NewClient(&redis.Options{Addr: s.Addr, ReadTimeout: redistest.ClientTimeout, WriteTimeout: redistest.ClientTimeout})
 	defer rdb.Close()
 	b := &redistest.Backend{Kind: redistest.Standalone, Client: rdb, Prefix: "jt-kill:"}
 	var granted struct {
