@@ -343,9 +343,11 @@ func TestSemaphoreKeysExpire(t *testing.T) {
 		if err := holder.Release(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		if n := keysUnder(t, b); n != 0 {
-			t.Fatalf("%d keys left with nothing held or queued", n)
-		}
+		// The waiter may have left while the reply to the call that queued it was on
+		// its way (the test saw the place before the waiter did): that place is given
+		// back by the late reply's release, which can run after Acquire returned (seen
+		// under load: 1 key left when checked at once). Wait for it, up to 10s.
+		eventually(t, 10*time.Second, "keys left with nothing held or queued", func() bool { return keysUnder(t, b) == 0 })
 	})
 }
 
