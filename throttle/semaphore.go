@@ -181,7 +181,10 @@ func (s *Semaphore) acquire(ctx context.Context, id string, keep bool) (*Lease, 
 		join := live || round > 0
 		r, err := s.call(ctx, semAcquire, id, join, keep)
 		if err != nil {
-			if joined && !keep {
+			// A joining call that ctx cut short has most likely taken its place
+			// already (its reply was on the way): give it back before returning. If
+			// it had not run yet, the late reply's release gives it back (lateAcquire).
+			if (joined || (join && ctx.Err() != nil)) && !keep {
 				s.giveUp(ctx, id)
 			}
 			return nil, err
