@@ -14,41 +14,20 @@ import (
 // that at most sem.Max() of them run at once across every worker process that shares
 // sem's Redis and key.
 //
-// A task that finds sem full waits for a slot in the handler for as long as
-// MaxInlineWait (and its deadline, see HandlerTime) allow, in arrival order across the
-// fleet; a release hands the slot over at once. If none comes, the task is handed back
-// exactly as Throttle hands back a throttled one (a *ThrottledError with Limit "<max>
-// in flight", or, on a last attempt, sleeping or Requeue), so the same asynq.Config
-// settings apply. RetryIn is the time until a slot would come by lease expiry alone,
-// at most MaxInlineWait (at least a second): releases usually free slots sooner.
+// A task that finds sem full waits for a slot, in arrival order across the fleet, as
+// long as MaxInlineWait, MaxSleepingWorkers and its deadline allow. If none comes, it is
+// handed back as Throttle hands back a throttled task (a *ThrottledError with Limit
+// "<max> in flight"; the same asynq.Config applies) and keeps its place in sem's queue
+// under its task ID (throttle.Semaphore.TryAcquireFor) until it returns. RetryIn is the
+// time until a slot would free by lease expiry alone, at most MaxInlineWait (at least a
+// second).
 //
-// Waiting tasks are served in arrival order, handed-back ones too: a task waits in a
-// place in sem's queue recorded under its task ID (throttle.Semaphore.TryAcquireFor),
-// which it keeps while it is away; a slot freed meanwhile is handed to the oldest
-// place and kept for its task until it comes back (up to about RetryIn and the
-// server's check intervals; a place or slot nobody comes back for lapses after one
-// lease TTL). A task on its last attempt is requeued as a copy that keeps the
-// original's place.
-//
-// The handler runs under throttle.Lease.Hold: the lease is extended every third of
-// sem's lease TTL while the handler runs, so tasks longer than the TTL keep their
-// slot, and released when it returns, whatever it returns, and also when it panics
-// (the panic goes on to asynq unchanged). If the lease is lost meanwhile (an
-// extension finds it expired, or none succeeds for a whole TTL), the handler's
-// context is cancelled with a cause wrapping throttle.ErrLeaseLost: its slot may be
-// given to another task, so it should stop. Give sem a lease TTL
-// (throttle.WithLeaseTTL) well above a Redis outage you want tasks to ride out; the
-// slot of a worker that dies comes back within one TTL.
-//
-// Waiting for a slot counts as sleeping in the middleware: while MaxSleepingWorkers
-// tasks sleep, a task that finds sem full is handed back at once, so a full semaphore
-// never parks more than that bound of the server's workers.
-//
-// When Redis is unavailable (sem returns throttle.ErrUnavailable: its default
-// FailClosed policy) the task is treated as throttled, as Throttle treats it: tried
-// again within its budget, then handed back, never failed. Other errors from sem are
-// returned wrapped: they are failures. Concurrency panics with an error wrapping
-// ErrNilArgument when sem is nil.
+// The handler runs under throttle.Lease.Hold: the lease is renewed while it runs and
+// released when it returns or panics. If the lease is lost, the handler's context is
+// cancelled with a cause wrapping throttle.ErrLeaseLost, and the handler should stop;
+// give sem a lease TTL (throttle.WithLeaseTTL) above the Redis outages tasks should
+// ride out. Errors are treated as by Throttle. Concurrency panics with an error
+// wrapping ErrNilArgument when sem is nil.
 func Concurrency(sem *throttle.Semaphore, opts ...Option) asynq.MiddlewareFunc {
 	if sem == nil {
 		panic(nilArgument("Concurrency"))

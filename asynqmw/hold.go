@@ -10,43 +10,19 @@ import (
 )
 
 // WaitForRedis makes asynq's writes of task results wait for Redis instead of being
-// lost when Redis is unreachable, and its dequeues safe to send again. rdb must be
-// the client the asynq server uses (the one given to asynq.NewServerFromRedisClient):
-// WaitForRedis adds a hook to it (redis.Client.AddHook, once per client).
+// lost when Redis is unreachable, and its dequeues safe to send again, so that Redis
+// going down under a task neither runs it twice nor archives it. rdb must be the client
+// the asynq server uses (the one given to asynq.NewServerFromRedisClient): WaitForRedis
+// adds a hook to it (redis.Client.AddHook, once per client). New sets it.
 //
-// asynq v0.26 writes a task's result (done, retry, archive, or the revoke of a task
-// the middleware requeued) once; if Redis is down then, or dies while the write is
-// on its way, it queues the write for retry with a context that is already
-// cancelled, so the retries fail too. The task stays active until its lease expires
-// and asynq's recoverer, a minute later, retries it (its handler runs twice and a
-// failure is counted) or, on its last attempt, archives it, though it succeeded.
-//
-// The hook acts on those writes (asynq's Done, Retry, Archive and MarkAsComplete
-// scripts) only while the server's worker waits for them (a call with a deadline:
-// asynq gives each the task's lease): when one fails because Redis cannot be reached
-// (a connection error, LOADING, MASTERDOWN, CLUSTERDOWN, TRYAGAIN), it waits 50ms,
-// 100ms, ... up to a second, until Redis answers or the lease's deadline passes, and
-// then first asks Redis whether the failed try ran after all (Redis killed as it
-// answered): the task holds the message the write stores (each stores one of its own,
-// stamped with the time of the call) or, for Done, is gone. If it ran, the hook
-// reports success; if not, the task is still active under this worker's lease, so
-// nobody else can have moved it, and the hook sends the write again. (Sending it again
-// blindly would not do: a task a lost Retry put back may already be running again in
-// another worker.) The worker is held while it waits, as nothing can run without
-// Redis anyway (a server shut down then waits for it too, up to the lease's 30 s,
-// past its ShutdownTimeout).
-//
-// asynq's dequeue moves a task to the active list and leases it; if its reply is lost
-// (Redis killed as it answered), go-redis sends it again, which takes the next task,
-// and the first stays active with no worker on it until the recoverer retries it
-// (a failure counted) or archives it unrun. The hook runs asynq v0.26's dequeue
-// (recognised by its script's SHA-1; any other passes through untouched) as a copy
-// that records the task it takes under a token, for a minute: the same call sent
-// again, or the next dequeue of the queue after one that failed on the connection,
-// gets that task back as long as it is still active on the lease that dequeue gave
-// it. It costs a SET inside each dequeue that takes a task.
-//
-// Every other command of rdb passes through untouched. A nil rdb turns it off.
+// The hook acts only on asynq v0.26's result writes (its Done, Retry, Archive and
+// MarkAsComplete scripts) and its dequeue, recognised by their scripts' SHA-1s. A
+// result write that fails because Redis cannot be reached is held, within the task's
+// lease, until Redis answers, and sent again only if the failed try did not run; the
+// worker waits meanwhile. A dequeue records the task it takes under a token, so one
+// sent again hands that task on instead of stranding it. It costs one SET inside each
+// dequeue that takes a task; every other command passes through untouched. A nil rdb
+// turns it off. The README's asynq section ("Redis killed under the load") tells why.
 func WaitForRedis(rdb redis.UniversalClient) Option {
 	return optionFunc(func(c *config) {
 		if rdb != nil {

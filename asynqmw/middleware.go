@@ -14,65 +14,25 @@ import (
 	"github.com/jobthrottle/jobthrottle/waiter"
 )
 
-// Throttle returns middleware that takes one permit from lim before each task runs,
-// so every task it wraps, in every worker process that shares lim's Redis and key,
-// stays inside lim's limits. New(rdb).Throttle is the same middleware with the
-// server's Config filled in to match (see Setup); this form needs IsFailure,
-// RetryDelay(nil), CheckInterval and Requeue set by hand.
+// Throttle returns middleware that takes one permit from lim before each task runs, so
+// the tasks it wraps, in every worker process sharing lim's Redis and key, stay inside
+// lim's limits. New(rdb).Throttle is the same middleware with the server's Config set
+// to match (see Setup); used alone it needs IsFailure, RetryDelay, CheckInterval,
+// Requeue and WaitForRedis wired by hand.
 //
-//   - The middleware books the task's permit in one Redis call, in arrival order
-//     across the fleet, and records the booking under the task's ID
-//     (throttle.Limiter.ReserveFor). If it is due within MaxInlineWait (1.5 s by
-//     default) and fewer than MaxSleepingWorkers tasks are asleep in the middleware,
-//     the task sleeps until then and runs.
-//   - Otherwise the task is handed back to asynq with a *ThrottledError, booked:
-//     IsFailure reports it is no failure (no retry is counted) and RetryDelay makes it
-//     due early enough to be in a worker by its slot. When it comes back it finds its
-//     own booking, sleeps the rest and runs: one hand-back per task, no second
-//     booking, no place lost. A task back after its slot has passed is moved to the
-//     earliest slot free then (see ReserveFor).
-//   - A task goes on to its handler only once that keeps this process's handler starts
-//     through lim within each of its limits: the middleware counts a start when it
-//     lets the task go on (Hooks.Started reports it, with the time, on this process's
-//     monotonic clock), and no window of a limit's Period holds more than its Rate of
-//     them. A token bucket (it may grant Burst at once) and a limit above 10000 per
-//     period are not paced, and a start that would have to wait more than a second
-//     for the window goes at once (only a Period above a second can ask that: a
-//     stall, or Redis forgot its grants). A handler's own reading of the clock comes
-//     a function call later, longer if its goroutine is descheduled: a window of such
-//     readings can hold one more. Across processes the bound is Redis's (see the
-//     README).
-//   - A task on its last attempt (asynq.GetRetryCount >= asynq.GetMaxRetry) is handed
-//     back as a copy, ID "<id>~r1", that carries the booking (Requeue; Setup always
-//     sets it), since asynq would archive it. Without Requeue it sleeps in the handler
-//     as long as its deadline allows (see HandlerTime), and the middleware logs once
-//     that Requeue is missing.
+// Each task books its permit under its task ID (throttle.Limiter.ReserveFor), first
+// come first served across the fleet. If it is due within MaxInlineWait and fewer than
+// MaxSleepingWorkers tasks sleep, the task sleeps and runs; else it is handed back,
+// booked, with a *ThrottledError (no retry spent; a last attempt as a copy, see
+// Requeue) and runs at its slot when it returns. In each process, the handler starts
+// let through lim never exceed a limit in any window of its Period (Hooks.Started;
+// token buckets and limits above 10000 per period are not paced). The README's asynq
+// section gives the bound across processes and why each step is needed.
 //
-// The README's asynq section tells why each step is needed (asynq's whole-second
-// retry times, its forwarder, its archiving of last attempts) with measured figures.
-//
-// A task whose sleep is cut short keeps nothing booked: if its context ends (asynq
-// cancels it, or the server shuts down and asynq puts the task back in its queue),
-// the permit is given back and the middleware returns ctx.Err(). If this process
-// pauses lim meanwhile (waiter.NewTransport does on a 429), the task books again.
-//
-// When Redis is unavailable (lim returns throttle.ErrUnavailable: its default
-// FailClosed policy), the task is treated as throttled, never as failed: the
-// middleware tries again after 50ms, 100ms, ... up to a second apart for as long as
-// the task may sleep, and then hands it back with a *ThrottledError whose Err is the
-// cause and RetryIn a second. Other errors from lim (bad configuration, a Redis user
-// without permission, corrupt state) are returned wrapped: they are failures.
-//
-// Throttle panics with an error wrapping ErrNilArgument when lim is nil, and with
-// one wrapping ErrInvalidOption for a bad option, as asynq's ServeMux.Handle panics
-// on a nil handler: the mistake shows when the server is built.
-//
-// If Redis goes down as a task ends, asynq v0.26 may lose the write of its result
-// and, a minute later, run it again or archive it; WaitForRedis prevents that by
-// sending the write again until Redis answers.
-//
-// Outside an asynq server (no task ID in ctx) nothing is recorded: a task that may
-// not sleep is handed back without a booking.
+// A task whose ctx ends while it sleeps gives its permit back and returns ctx.Err().
+// Redis unreachable (throttle.ErrUnavailable) throttles a task, never fails it; other
+// errors from lim are returned wrapped: they are failures. Throttle panics with an
+// error wrapping ErrNilArgument for a nil lim, ErrInvalidOption for a bad option.
 func Throttle(lim *throttle.Limiter, opts ...Option) asynq.MiddlewareFunc {
 	if lim == nil {
 		panic(nilArgument("Throttle"))
