@@ -12,31 +12,21 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Requeue lets the middleware hand a task on its last attempt back to its queue when
-// its deadline comes too soon for it to sleep until its permit (see Throttle). rdb
-// must be the Redis client the asynq server uses (the one given to
-// asynq.NewServerFromRedisClient, or one to the same Redis).
+// Requeue lets the middleware hand a task on its last attempt back to its queue, rather
+// than have asynq archive it, when its deadline comes too soon for it to sleep until its
+// permit (see Throttle). rdb must be the Redis client the asynq server uses (the one
+// given to asynq.NewServerFromRedisClient, or one to the same Redis). New sets it.
 //
-// asynq v0.26 offers a handler no way to reschedule its own task on a last attempt:
-// any error archives it, and only asynq.RevokeTask leaves it alone, by deleting it.
-// So the middleware enqueues a copy to run after the throttle's delay and then
-// returns an error wrapping both the *ThrottledError (Requeued set) and
-// asynq.RevokeTask, which removes the original. The copy has the original's type,
-// payload, headers, queue, Timeout, Deadline and Retention, and its remaining
-// retries (none, as this was the last attempt); it has a new ID, the original's
-// with "~r1" appended (or its count raised), so a repeated requeue of the same
-// attempt adds no second copy, and it runs on the original's booking (bookings are
-// recorded under the original's ID). It does not keep a Unique lock or a Group; asynq
-// counts the revoked original as processed (not failed) in its queue stats and logs a
-// "revoke task" warning for it.
-//
-// Enqueueing the copy is tried again while Redis does not answer (50ms, 100ms, ... up
-// to a second apart, within the task's deadline, see HandlerTime): its ID makes that
-// safe, and a copy whose enqueue ran in Redis though its reply was lost (Redis
-// killed) is found as asynq.ErrTaskIDConflict, so the original never runs next to
-// its copy. If the copy cannot be enqueued within that time, the task sleeps for its
-// booking in the handler instead (see Throttle); should Redis have stayed away for
-// all of it, an enqueue whose reply was lost may then leave a copy that runs too.
+// The middleware enqueues a copy to run after the throttle's delay, then returns an
+// error wrapping both the *ThrottledError (Requeued set) and asynq.RevokeTask, which
+// removes the original. The copy has the original's type, payload, headers, queue,
+// Timeout, Deadline, Retention and remaining retries (none), its booking, and the ID
+// "<id>~r1" (or its count raised), so a repeated requeue adds no second copy; it does
+// not keep a Unique lock or a Group. asynq counts the original as processed (not
+// failed) and logs a "revoke task" warning for it. The enqueue is tried again while
+// Redis does not answer, within the task's deadline (see HandlerTime); if it cannot be
+// made, the task sleeps for its booking in the handler instead (a copy enqueued unseen,
+// its reply lost, may then run too: see the README's asynq section).
 func Requeue(rdb redis.UniversalClient) Option {
 	return optionFunc(func(c *config) {
 		if rdb == nil {
