@@ -34,48 +34,43 @@
 -- never needs more than that window's counts; a cancel gives its permits back when its
 -- window is still the latest one, and otherwise keeps them (never over the limit).
 --          Ops 2 and 3 also write KEYS[3] (SET PX a second past the token; DEL).
-local op, n, x, limits, over = jt_limiter(5, 2)
-if not op then
-  return redis.error_reply(n)
-end
-local m = #limits -- n <= every rate: jt_limiter checked it
 
-local key = KEYS[1]
-local now = jt_now()
-local claimed = jt_claim(n, now, KEYS[2])
-if claimed then
-  return claimed
+-- What follows is what the fixed window does in decide.lua's steps (its body).
+local AL_WIDTH = 2 -- rate, period_us (n <= every rate: jt_limiter checks it)
+
+-- al_maxwait: any wait within max_wait may be booked.
+local function al_maxwait(limits, x)
+  return x
 end
-local v, L, c
-if fw_kept == key then -- a batch's earlier request left it
-  v, L, c = fw_v, fw_L, fw_c
-else
-  v, L, c = fw_state(key, m)
+
+-- al_load: s is c (c[i]: the permits limit i counted in its window holding L; fw_state).
+local function al_load(key, limits, now)
+  if fw_kept == key then -- a batch's earlier request left it
+    return fw_v, fw_L, fw_c
+  end
+  local v, L, c = fw_state(key, #limits)
   fw_kept = nil
   if jt_batching then fw_kept, fw_v, fw_L, fw_c = key, v, L, c end
+  return v, L, c
 end
 
-local paused = jt_pause(KEYS[2])
-
-if op == 1 then
+-- al_cancel: see "Bookings" in the header.
+local function al_cancel(key, limits, v, L, c, x, n, now)
   local freed = 0
-  if v and x > now then
-    for i = 1, m do
-      if n > 0 and jt_fdiv(x, limits[i][2]) == jt_fdiv(L, limits[i][2]) and c[i] > 0 then
-        c[i] = math.max(0, c[i] - n)
-        freed = 1
-      end
+  for i = 1, #limits do
+    if n > 0 and jt_fdiv(x, limits[i][2]) == jt_fdiv(L, limits[i][2]) and c[i] > 0 then
+      c[i] = math.max(0, c[i] - n)
+      freed = 1
     end
-    if freed == 1 then fw_save(key, limits, L, c, now) end
   end
-  local _, reset = fw_report(limits, v, L, c, now, paused)
-  return jt_booked({freed, 0, 0, reset, 0}, n)
+  if freed == 1 then fw_save(key, limits, L, c, now) end
+  return freed
 end
 
--- acquire: the earliest time, at or after the latest grant, when every limit's window
--- has room for n; moving to a limit's next window empties it, so m + 1 passes settle it
-local t = math.max(now, paused, L)
-if n > 0 then
+-- al_earliest: the earliest time every limit's window has room for n; moving to a
+-- limit's next window empties it, so m + 1 passes settle it
+local function al_earliest(limits, v, L, c, t, n, now)
+  local m = #limits
   for _ = 0, m do
     local moved = false
     for i = 1, m do
@@ -86,25 +81,17 @@ if n > 0 then
     end
     if not moved then break end
   end
+  return t
 end
-local wait = t - now
-if n == 0 then wait = 0 end
-if wait > x then
-  local remaining, reset = fw_report(limits, v, L, c, now, paused)
-  return jt_booked({0, remaining, wait, reset, 0}, n)
+
+local function al_take(key, limits, v, L, c, t, wait, n, now)
+  for i = 1, #limits do
+    c[i] = fw_counted(limits, v, L, c, t, i) + n
+  end
+  if not v then
+    jt_one_algorithm() -- this grant makes the state key: no other algorithm's may be there
+  end
+  fw_save(key, limits, t, c, now)
 end
-if n == 0 then
-  local remaining, reset = fw_report(limits, v, L, c, now, paused)
-  return jt_booked({1, remaining, 0, reset, 0}, n)
-end
-for i = 1, m do
-  c[i] = fw_counted(limits, v, L, c, t, i) + n
-end
-if not v then
-  jt_one_algorithm() -- this grant makes the state key: no other algorithm's may be there
-end
-L = t
-v = true
-fw_save(key, limits, L, c, now)
-local remaining, reset = fw_report(limits, v, L, c, now, paused)
-return jt_booked({1, remaining, wait, reset, t}, n)
+
+local al_report = fw_report

@@ -39,75 +39,62 @@
 -- Cancel gives back what x/time/rate gives back: n permits less those booked after
 -- the cancelled one, so nothing booked later can end up over the limit.
 --          Ops 2 and 3 also write KEYS[3] (SET PX a second past the token; DEL).
-local op, n, x, limits, over = jt_limiter(5, 3)
-if not op then
-  return redis.error_reply(n)
-end
-local m = #limits -- n <= burst and burst x period <= 2^50: jt_limiter checked them
-if op == 0 then
-  for i = 1, m do
+
+-- What follows is what the token bucket does in decide.lua's steps (its body).
+local AL_WIDTH = 3 -- rate, period_us, burst
+
+-- al_maxwait: an acquire books at most 2^50 / rate ahead, so every TAT stays below 2^53
+-- (n <= burst and burst x period <= 2^50: jt_limiter checked them).
+local function al_maxwait(limits, x)
+  for i = 1, #limits do
     x = math.min(x, math.floor(1125899906842624 / limits[i][1]))
   end
+  return x
 end
 
-local key = KEYS[1]
-local now = jt_now()
-local claimed = jt_claim(n, now, KEYS[2])
-if claimed then
-  return claimed
-end
-
-local v, L, d
-if tb_kept == key and tb_lim == limits then -- a batch's earlier request left it
-  v, L, d = tb_v, tb_L, tb_d
-else
-  v, L, d = tb_state(key, limits, now)
+-- al_load: s is d (d[i]: limit i's TAT minus now, in units of 1/rate µs; tb_state).
+local function al_load(key, limits, now)
+  if tb_kept == key and tb_lim == limits then -- a batch's earlier request left it
+    return tb_v, tb_L, tb_d
+  end
+  local v, L, d = tb_state(key, limits, now)
   tb_kept = nil
   if jt_batching then tb_kept, tb_v, tb_lim, tb_L, tb_d, tb_now = key, v, limits, L, d, now end
+  return v, L, d
 end
 
-local paused = jt_pause(KEYS[2])
-
-if op == 1 then
+-- al_cancel: see "Cancel" in the header.
+local function al_cancel(key, limits, v, L, d, x, n, now)
   local freed = 0
-  if v and x > now then
-    for i = 1, m do
-      local R, P = limits[i][1], limits[i][2]
-      local back = math.min(n * P, n * P - (L - x) * R)
-      if back > 0 then
-        d[i] = math.max(0, d[i] - back)
-        freed = 1
-      end
+  for i = 1, #limits do
+    local R, P = limits[i][1], limits[i][2]
+    local back = math.min(n * P, n * P - (L - x) * R)
+    if back > 0 then
+      d[i] = math.max(0, d[i] - back)
+      freed = 1
     end
-    if freed == 1 then tb_save(key, v, limits, L, d, now) end
   end
-  local _, reset = tb_report(limits, L, d, now, paused)
-  return jt_booked({freed, 0, 0, reset, 0}, n)
+  if freed == 1 then tb_save(key, v, limits, L, d, now) end
+  return freed
 end
 
--- acquire: the earliest time every bucket has n permits, at or after the latest grant
-local t = math.max(now, paused, L)
-if n > 0 then
-  for i = 1, m do
+-- al_earliest: the earliest time every bucket has n permits
+local function al_earliest(limits, v, L, d, t, n, now)
+  for i = 1, #limits do
     local R, P, B = limits[i][1], limits[i][2], limits[i][3]
     t = math.max(t, now + jt_cdiv(d[i] + (n - B) * P, R))
   end
+  return t
 end
-local wait = t - now
-if n == 0 then wait = 0 end
-if wait > x then
-  local remaining, reset = tb_report(limits, L, d, now, paused)
-  return jt_booked({0, remaining, wait, reset, 0}, n)
+
+local function al_take(key, limits, v, L, d, t, wait, n, now)
+  for i = 1, #limits do
+    local R, P = limits[i][1], limits[i][2]
+    d[i] = math.max(d[i], wait * R) + n * P -- TAT = max(TAT, t) + n × period / rate
+  end
+  tb_save(key, v, limits, t, d, now)
 end
-if n == 0 then
-  local remaining, reset = tb_report(limits, L, d, now, paused)
-  return jt_booked({1, remaining, 0, reset, 0}, n)
+
+local function al_report(limits, v, L, d, now, paused)
+  return tb_report(limits, L, d, now, paused)
 end
-for i = 1, m do
-  local R, P = limits[i][1], limits[i][2]
-  d[i] = math.max(d[i], wait * R) + n * P -- TAT = max(TAT, t) + n × period / rate
-end
-L = t
-tb_save(key, v, limits, L, d, now)
-local remaining, reset = tb_report(limits, L, d, now, paused)
-return jt_booked({1, remaining, wait, reset, t}, n)

@@ -6,8 +6,10 @@
 // and control.lua's, log.lua (the permit log) in front of the two log-based ones and
 // their inspect scripts (with inspectlog.lua), tbstate.lua and fwstate.lua (reading
 // the token bucket's and the fixed window's state) in front of theirs, inspect.lua
-// (the inspect scripts' reply) in front of the four limiters' inspect scripts. A script makes
-// every function it defines anew on each run, so each takes only the helpers it uses.
+// (the inspect scripts' reply) in front of the four limiters' inspect scripts.
+// gcra.lua and fixedwindow.lua hold only what their algorithms do differently;
+// decide.lua, after each, is the body they share. A script makes every function it
+// defines anew on each run, so each takes only the helpers it uses.
 // A limiter script may start with a fast path (fast.lua and *_fast.lua): its usual call decided
 // straight through, before the helpers are made, exactly as the full script after it
 // would decide it; anything else runs on into the full script.
@@ -56,6 +58,8 @@ var (
 	slidingCounterFast string
 	//go:embed fixedwindow.lua
 	fixedWindowSrc string
+	//go:embed decide.lua
+	decideSrc string
 	//go:embed batch.lua
 	batchSrc string
 	//go:embed pause.lua
@@ -146,8 +150,8 @@ var fast = [numNames]string{
 var full = [numNames]string{
 	SlidingWindow:  batchable(prelude+logEngine, slidingWindowSrc),
 	SlidingCounter: batchable(prelude+logEngine, slidingCounterSrc),
-	GCRA:           batchable(prelude+tbState, gcraSrc),
-	FixedWindow:    batchable(prelude+fwState, fixedWindowSrc),
+	GCRA:           batchable(prelude+tbState+gcraSrc, decideSrc),
+	FixedWindow:    batchable(prelude+fwState+fixedWindowSrc, decideSrc),
 	Pause:          prelude + controlWrite + pauseSrc,
 	Control:        prelude + controlWrite + controlSrc,
 	Semaphore:      prelude + "local function jt_one()\n" + semaphoreSrc + "\nend\n" + semaphoreBatchSrc,

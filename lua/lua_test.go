@@ -22,7 +22,7 @@ func TestHeaders(t *testing.T) {
 	}
 	for _, f := range files {
 		switch f {
-		case "prelude.lua", "controlwrite.lua", "log.lua", "tbstate.lua", "fwstate.lua", "inspectlog.lua", "batch.lua", "fast.lua", "faststring.lua", "inspect.lua":
+		case "prelude.lua", "controlwrite.lua", "log.lua", "tbstate.lua", "fwstate.lua", "inspectlog.lua", "batch.lua", "decide.lua", "fast.lua", "faststring.lua", "inspect.lua":
 			continue // helpers, not scripts: they open with what they provide
 		}
 		if strings.HasSuffix(f, "_fast.lua") {
