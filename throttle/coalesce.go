@@ -61,6 +61,8 @@ type batcher struct {
 
 	watch   *time.Timer // the watchdog: runs expire at watchAt
 	watchAt time.Time   // zero: not armed
+
+	pipes pipePool // the round trips' pipelines, kept for reuse
 }
 
 // batchers holds each client's batcher while a Limiter or Semaphore holds it.
@@ -76,15 +78,14 @@ const (
 
 // pending is one queued request.
 type pending struct {
-	src    *source
-	ctx    context.Context
-	script *redis.Script // its source's script when it was called
-	args   []any         // its ARGV in the single form (read only: it may be shared)
-	due    time.Time     // when its call timeout passes
-	state  atomic.Int32
-	val    any
-	err    error
-	done   chan struct{}
+	src   *source
+	ctx   context.Context
+	cmd   command   // its call in the single form (read only: it may be shared)
+	due   time.Time // when its call timeout passes
+	state atomic.Int32
+	val   any
+	err   error
+	done  chan struct{}
 }
 
 // source is what a Limiter or a Semaphore brings to coalescing: its runner (breaker,
@@ -97,6 +98,23 @@ type source struct {
 	own   [3]int8 // where a request's own arguments (the batch form's triple) are in its single ARGV
 	tail  []any   // the batch form's ARGV after the triples, shared by the requests
 	owner lateGiver
+
+	script *redis.Script // the script head is for
+	head   []any         // evalHead(script, keys)
+}
+
+// newSource returns the source of a Limiter or Semaphore whose calls run script.
+func newSource(run *runner, batch *batcher, group any, keys []string, own [3]int8, tail []any, owner lateGiver, script *redis.Script) source {
+	return source{run: run, batch: batch, group: group, keys: keys, own: own, tail: tail, owner: owner,
+		script: script, head: evalHead(script, keys)}
+}
+
+// command returns the call of script on the source's keys with ARGV args.
+func (s *source) command(script *redis.Script, args []any) command {
+	if script != s.script { // swapped since (tests)
+		return newCommand(script, s.keys, args)
+	}
+	return withHead(s.head, script, s.keys, args)
 }
 
 // clientBatcher returns the batcher of rdb, or nil when c turns coalescing off.
@@ -114,22 +132,22 @@ type lateGiver interface {
 	lateFor(ctx context.Context, args []any) func(any)
 }
 
-// decide runs one call of script (ARGV args in the single form) through the client's
-// batcher: at once when no call of the client is in flight, else in the round trip
-// sent when it returns.
-func (s *source) decide(ctx context.Context, script *redis.Script, args []any) (any, error) {
+// decide runs c, one call of the source's (its ARGV in the single form), through the
+// client's batcher: at once when no call of the client is in flight, else in the
+// round trip sent when it returns.
+func (s *source) decide(ctx context.Context, c command) (any, error) {
 	b := s.batch
 	if b == nil {
-		return s.run.execLate(ctx, script, s.keys, args, s.owner.lateFor(ctx, args))
+		return s.run.execLate(ctx, c, s.owner.lateFor(ctx, c.args))
 	}
 	b.mu.Lock()
 	if !b.busy {
 		b.busy = true
 		b.mu.Unlock()
 		defer b.next()
-		return s.run.execLate(ctx, script, s.keys, args, s.owner.lateFor(ctx, args))
+		return s.run.execLate(ctx, c, s.owner.lateFor(ctx, c.args))
 	}
-	p := &pending{src: s, ctx: ctx, script: script, args: args, due: time.Now().Add(s.run.callTimeout), done: make(chan struct{})}
+	p := &pending{src: s, ctx: ctx, cmd: c, due: time.Now().Add(s.run.callTimeout), done: make(chan struct{})}
 	b.queue = append(b.queue, p)
 	if b.watchAt.IsZero() || p.due.Before(b.watchAt) {
 		b.arm(p.due)
@@ -157,7 +175,7 @@ func (b *batcher) next() {
 // queue to a flusher of a later generation (see expire).
 func (b *batcher) flush(batch []*pending, gen uint64) {
 	for batch != nil {
-		send(b.rdb, batch)
+		b.send(batch)
 		b.mu.Lock()
 		if b.gen != gen {
 			b.mu.Unlock()
@@ -287,7 +305,7 @@ func (p *pending) answer(val any, err error) {
 		return
 	}
 	if err == nil {
-		if late := p.src.owner.lateFor(p.ctx, p.args); late != nil {
+		if late := p.src.owner.lateFor(p.ctx, p.cmd.args); late != nil {
 			go late(val)
 		}
 	}
@@ -306,7 +324,7 @@ type group struct {
 // appears.
 func groups(batch []*pending) []*group {
 	if len(batch) == 1 {
-		return []*group{{src: batch[0].src, script: batch[0].script, reqs: batch}}
+		return []*group{{src: batch[0].src, script: batch[0].cmd.script, reqs: batch}}
 	}
 	type gk struct {
 		shared any
@@ -315,10 +333,10 @@ func groups(batch []*pending) []*group {
 	open := map[gk]*group{}
 	var out []*group
 	for _, p := range batch {
-		k := gk{p.src.group, p.script}
+		k := gk{p.src.group, p.cmd.script}
 		g := open[k]
 		if g == nil || len(g.reqs) == batchCap {
-			g = &group{src: p.src, script: p.script}
+			g = &group{src: p.src, script: p.cmd.script}
 			open[k] = g
 			out = append(out, g)
 		}
@@ -327,23 +345,30 @@ func groups(batch []*pending) []*group {
 	return out
 }
 
-// args is the group's ARGV: the single form for one request, else the batch form.
-func (g *group) args() []any {
+// command is the group's call: the single form for one request, else the batch form.
+func (g *group) command() command {
 	if len(g.reqs) == 1 {
-		return g.reqs[0].args
+		return g.reqs[0].cmd
 	}
 	s := g.src
-	args := make([]any, 2, 2+3*len(g.reqs)+len(s.tail))
-	args[0], args[1] = lua.Batch, len(g.reqs)
-	for _, p := range g.reqs {
-		args = append(args, p.args[s.own[0]], p.args[s.own[1]], p.args[s.own[2]])
+	head := s.head
+	if g.script != s.script { // swapped since (tests)
+		head = evalHead(g.script, s.keys)
 	}
-	return append(args, s.tail...)
+	sha := make([]any, len(head)+2, len(head)+2+3*len(g.reqs)+len(s.tail))
+	copy(sha, head)
+	sha[len(head)], sha[len(head)+1] = lua.Batch, len(g.reqs)
+	for _, p := range g.reqs {
+		a := p.cmd.args
+		sha = append(sha, a[s.own[0]], a[s.own[1]], a[s.own[2]])
+	}
+	sha = append(sha, s.tail...)
+	return command{script: g.script, keys: s.keys, args: sha[len(head):], sha: sha}
 }
 
 // send makes one round trip for batch: each key's requests in one script call, the
 // calls in one pipeline.
-func send(rdb redis.UniversalClient, batch []*pending) {
+func (b *batcher) send(batch []*pending) {
 	ctx, cancel := batchContext(batch)
 	defer cancel()
 	var live []*group
@@ -359,7 +384,7 @@ func send(rdb redis.UniversalClient, batch []*pending) {
 	if len(live) == 0 {
 		return
 	}
-	pipeline(ctx, rdb, live, false)
+	pipeline(ctx, b.rdb, &b.pipes, live, false)
 	var again []*group // the server did not have the script: send it (EVAL)
 	for _, g := range live {
 		if err := g.cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
@@ -367,7 +392,7 @@ func send(rdb redis.UniversalClient, batch []*pending) {
 		}
 	}
 	if again != nil {
-		pipeline(ctx, rdb, again, true)
+		pipeline(ctx, b.rdb, &b.pipes, again, true)
 	}
 	for _, g := range live {
 		g.deliver(ctx)
@@ -378,32 +403,25 @@ func send(rdb redis.UniversalClient, batch []*pending) {
 // unless the client never re-sends), by EVALSHA or, when eval, EVAL. On a cluster a
 // transaction must keep to one hash slot: each group (one key) goes in a transaction
 // of its own, all at once.
-func pipeline(ctx context.Context, rdb redis.UniversalClient, gs []*group, eval bool) {
+func pipeline(ctx context.Context, rdb redis.UniversalClient, ps *pipePool, gs []*group, eval bool) {
 	if _, ok := rdb.(*redis.ClusterClient); ok && len(gs) > 1 {
 		var wg sync.WaitGroup
 		for _, g := range gs {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				pipeline(ctx, rdb, []*group{g}, eval)
+				pipeline(ctx, rdb, ps, []*group{g}, eval)
 			}()
 		}
 		wg.Wait()
 		return
 	}
-	var pipe redis.Pipeliner
-	if neverResends(rdb) {
-		pipe = rdb.Pipeline()
-	} else {
-		pipe = rdb.TxPipeline()
-	}
+	pipe := ps.get(rdb)
+	defer ps.put(pipe)
 	cmds := ctx.Value(batchKey{}).(*sync.Map)
 	for _, g := range gs {
-		if eval {
-			g.cmd = g.script.Eval(ctx, pipe, g.src.keys, g.args()...)
-		} else {
-			g.cmd = g.script.EvalSha(ctx, pipe, g.src.keys, g.args()...)
-		}
+		c := g.command()
+		g.cmd = c.queue(ctx, pipe, eval)
 		cmds.Store(g.cmd, g.reqs)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {

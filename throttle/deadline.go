@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -13,8 +14,9 @@ import (
 // errNoReply is why a call returned without Redis's reply.
 var errNoReply = errors.New("no reply")
 
-// awaitReply runs call, one script call on rdb, and returns its reply, or returns
-// early, whatever rdb's options, once the caller cannot use the reply any more:
+// awaitReply runs c, one script call on rdb (evalOnce, with a pipeline from ps), and
+// returns its reply, or returns early, whatever rdb's options, once the caller cannot
+// use the reply any more:
 //
 //   - when ctx's deadline passes, with an error wrapping ErrUnavailable (Redis did
 //     not answer in time) and context.DeadlineExceeded (so a caller that stops at
@@ -29,33 +31,28 @@ var errNoReply = errors.New("no reply")
 //
 // The call goes on in the background; if it then brings a reply, late is given it
 // (late may be nil), so that a grant its caller never saw can be given back. A call
-// that may return early costs a goroutine; one whose context never ends and has no
-// bound calls directly.
+// that may return early costs a goroutine (and a timer, kept for reuse); one whose
+// context never ends and has no bound calls directly.
 //
 // A call that fails on its own, once ctx's deadline has passed, also reports
 // ErrUnavailable unless Redis answered with an error of its own, so a client that
 // honours deadlines (ContextTimeoutEnabled) yields the same error as one that does not.
-func awaitReply(ctx context.Context, bound time.Duration, call func(context.Context) (any, error), late func(any)) (any, error) {
-	expired, stop := boundTimer(ctx, bound)
-	defer stop()
-	if ctx.Done() == nil && expired == nil { // nothing to return early for
-		return call(ctx)
+func awaitReply(ctx context.Context, bound time.Duration, rdb redis.UniversalClient, ps *pipePool, c command, late func(any)) (any, error) {
+	t := boundTimer(ctx, bound)
+	if ctx.Done() == nil && t == nil { // nothing to return early for
+		return c.once(ctx, rdb, ps)
+	}
+	var expired <-chan time.Time
+	if t != nil {
+		expired = t.C
+		defer stopTimer(t)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	p := &pendingReply{done: make(chan struct{})} // one allocation for what the goroutine shares
-	go func() {
-		v, e := call(ctx)
-		if p.state.CompareAndSwap(0, 1) {
-			p.val, p.err = v, e
-			close(p.done)
-			return
-		}
-		if e == nil && late != nil { // the caller left without it
-			late(v)
-		}
-	}()
+	// One allocation for what the goroutine shares, one for its channel.
+	p := &pendingReply{done: make(chan struct{}), ctx: ctx, rdb: rdb, ps: ps, c: c, late: late}
+	go p.call()
 	select {
 	case <-p.done:
 	case <-expired:
@@ -79,12 +76,32 @@ func awaitReply(ctx context.Context, bound time.Duration, call func(context.Cont
 	return val, err
 }
 
-// pendingReply is a call's reply on its way to the caller who waits for it.
+// pendingReply is a call made in the background and its reply on its way to the
+// caller who waits for it.
 type pendingReply struct {
 	state atomic.Int32 // 0: the caller waits; 1: the reply was handed over; 2: the caller left
 	val   any
 	err   error
 	done  chan struct{} // closed when the reply was handed over
+
+	ctx  context.Context
+	rdb  redis.UniversalClient
+	ps   *pipePool
+	c    command
+	late func(any) // gets a reply that came after the caller left, or nil
+}
+
+// call makes the call and hands its reply to the caller, or to late if the caller left.
+func (p *pendingReply) call() {
+	v, e := p.c.once(p.ctx, p.rdb, p.ps)
+	if p.state.CompareAndSwap(0, 1) {
+		p.val, p.err = v, e
+		close(p.done)
+		return
+	}
+	if e == nil && p.late != nil { // the caller left without it
+		p.late(v)
+	}
 }
 
 // errCallTimeout is why a call returned at its own bound (WithCallTimeout).
@@ -95,19 +112,32 @@ func callTimedOut(bound time.Duration) error {
 	return fmt.Errorf("%w: %w: %w (%v)", ErrUnavailable, errNoReply, errCallTimeout, bound)
 }
 
-// boundTimer returns a channel that fires once bound has passed, unless ctx's
-// deadline comes first or bound is not positive (nil: never fires), and the func
-// that stops its timer.
-func boundTimer(ctx context.Context, bound time.Duration) (<-chan time.Time, func() bool) {
+// boundTimer returns a timer that fires once bound has passed, unless ctx's deadline
+// comes first or bound is not positive (nil: no timer). Give it back with stopTimer.
+func boundTimer(ctx context.Context, bound time.Duration) *time.Timer {
 	if bound <= 0 {
-		return nil, func() bool { return false }
+		return nil
 	}
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= bound {
-		return nil, func() bool { return false }
+		return nil
 	}
-	t := time.NewTimer(bound)
-	return t.C, t.Stop
+	if t, ok := timers.Get().(*time.Timer); ok {
+		t.Reset(bound)
+		return t
+	}
+	return time.NewTimer(bound)
 }
+
+// stopTimer stops t and keeps it for the next call: since Go 1.23 (this module's
+// go line is later) a stopped timer's channel holds no stale tick, so a reused one
+// fires only for its new bound.
+func stopTimer(t *time.Timer) {
+	t.Stop()
+	timers.Put(t)
+}
+
+// timers holds stopped bound timers for reuse (a timer costs two allocations).
+var timers sync.Pool
 
 // noReply is the error of a call whose context's deadline passed before Redis
 // answered: it wraps ErrUnavailable and context.DeadlineExceeded, both being true.
@@ -126,13 +156,11 @@ func isServerError(err error) bool {
 	return errors.As(err, &rerr) && !errors.Is(err, context.DeadlineExceeded)
 }
 
-// evalOnTime is evalOnce, returning by ctx's deadline or within r.callTimeout,
+// evalOnTime is evalOnce of c, returning by ctx's deadline or within r.callTimeout,
 // whichever comes first (see awaitReply); late, if not nil, gets a reply that came
 // after its caller left.
-func (r *runner) evalOnTime(ctx context.Context, script *redis.Script, keys []string, args []any, late func(any)) (any, error) {
-	return awaitReply(ctx, r.callTimeout, func(ctx context.Context) (any, error) {
-		return evalOnce(ctx, r.rdb, script, keys, args)
-	}, late)
+func (r *runner) evalOnTime(ctx context.Context, c command, late func(any)) (any, error) {
+	return awaitReply(ctx, r.callTimeout, r.rdb, r.pipes, c, late)
 }
 
 // callTimeout returns the bound of each Redis call: the one set (WithCallTimeout),
@@ -190,6 +218,9 @@ func (l *Limiter) lateReply(op, n int) func(any) {
 func (l *Limiter) lateFor(_ context.Context, args []any) func(any) {
 	op, _ := args[0].(int)
 	n, _ := args[1].(int)
+	if op == opAcquire && n == 1 {
+		return l.late1
+	}
 	return l.lateReply(op, n)
 }
 

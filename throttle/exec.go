@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jobthrottle/jobthrottle/internal/clock"
@@ -25,6 +26,7 @@ type runner struct {
 	owner      any                 // the shared state pin holds
 
 	callTimeout time.Duration // bounds each call (see evalOnTime, WithCallTimeout)
+	pipes       *pipePool     // the key's pipelines, kept for reuse
 }
 
 // exec runs script once on keys with args and returns its reply, by ctx's deadline
@@ -34,16 +36,16 @@ type runner struct {
 // Errors are mapped by scriptError; a reply lost on the way back is ErrUnavailable,
 // and the script's effect, if it ran, stands once.
 func (r *runner) exec(ctx context.Context, script *redis.Script, keys []string, args []any) (any, error) {
-	return r.execLate(ctx, script, keys, args, nil)
+	return r.execLate(ctx, newCommand(script, keys, args), nil)
 }
 
-// execLate is exec, and gives late (if not nil) a reply that came after ctx ended and
-// exec had returned without it (see awaitReply).
-func (r *runner) execLate(ctx context.Context, script *redis.Script, keys []string, args []any, late func(any)) (any, error) {
+// execLate is exec of c, and gives late (if not nil) a reply that came after ctx
+// ended and exec had returned without it (see awaitReply).
+func (r *runner) execLate(ctx context.Context, c command, late func(any)) (any, error) {
 	if err := r.skip(); err != nil {
 		return nil, err
 	}
-	val, err := r.evalOnTime(ctx, script, keys, args, late)
+	val, err := r.evalOnTime(ctx, c, late)
 	if err == nil {
 		r.succeeded()
 		return val, nil
@@ -91,6 +93,85 @@ func (r *runner) failed(ctx context.Context, err error) error {
 // keep pins the shared state for at least d.
 func (r *runner) keep(d time.Duration) { r.pin.hold(r.owner, d) }
 
+// command is one script call, ready to send: the script, its KEYS and ARGV, and the
+// arguments of its EVALSHA ("evalsha", sha, numkeys, KEYS…, ARGV…), built once where
+// a call repeats (a Limiter's Allow, see Limiter.take1) so that a call boxes and
+// copies nothing. sha is only read: one slice may go in many calls at once.
+type command struct {
+	script *redis.Script
+	keys   []string
+	args   []any
+	sha    []any
+}
+
+// newCommand returns the command that runs s on keys with args.
+func newCommand(s *redis.Script, keys []string, args []any) command {
+	return withHead(evalHead(s, keys), s, keys, args)
+}
+
+// evalHead returns EVALSHA's arguments before ARGV for s on keys.
+func evalHead(s *redis.Script, keys []string) []any {
+	head := make([]any, 0, 3+len(keys))
+	head = append(head, "evalsha", s.Hash(), len(keys))
+	for _, k := range keys {
+		head = append(head, k)
+	}
+	return head
+}
+
+// withHead returns the command that runs s on keys with args, whose EVALSHA
+// arguments before ARGV are head (evalHead(s, keys)).
+func withHead(head []any, s *redis.Script, keys []string, args []any) command {
+	sha := make([]any, len(head)+len(args))
+	copy(sha, head)
+	copy(sha[len(head):], args)
+	return command{script: s, keys: keys, args: args, sha: sha}
+}
+
+// queue adds the command to pipe (or sends it, when pipe is a client): by EVALSHA or,
+// when eval, EVAL (the script's source; the server did not have it).
+func (c command) queue(ctx context.Context, pipe redis.Scripter, eval bool) *redis.Cmd {
+	if eval {
+		return c.script.Eval(ctx, pipe, c.keys, c.args...)
+	}
+	cmd := redis.NewCmd(ctx, c.sha...)
+	if len(c.keys) > 0 {
+		cmd.SetFirstKeyPos(3)
+	}
+	_ = pipe.(processor).Process(ctx, cmd)
+	return cmd
+}
+
+// processor is what runs a command: every go-redis client and pipeline.
+type processor interface {
+	Process(ctx context.Context, cmd redis.Cmder) error
+}
+
+// pipePool keeps the pipelines (MULTI/EXEC, see evalOnce) of one client for reuse: a
+// go-redis pipeline is empty again once it has run, and building one costs four
+// allocations. The zero value is ready; a nil *pipePool builds a pipeline per call.
+type pipePool struct{ pool sync.Pool }
+
+// get returns a pipeline for rdb, a transaction unless rdb never re-sends.
+func (ps *pipePool) get(rdb redis.UniversalClient) redis.Pipeliner {
+	if ps != nil {
+		if p, ok := ps.pool.Get().(redis.Pipeliner); ok {
+			return p
+		}
+	}
+	if neverResends(rdb) {
+		return rdb.Pipeline()
+	}
+	return rdb.TxPipeline()
+}
+
+// put keeps p, which has run, for the next call.
+func (ps *pipePool) put(p redis.Pipeliner) {
+	if ps != nil {
+		ps.pool.Put(p)
+	}
+}
+
 // evalOnce runs a script at most once: EVALSHA inside MULTI/EXEC and, when the server
 // does not have the script (after a restart or SCRIPT FLUSH), EVAL the same way.
 // go-redis re-sends a plain command whose reply was lost to a read timeout or a dropped
@@ -102,13 +183,19 @@ func (r *runner) keep(d time.Duration) { r.pin.hold(r.owner, d) }
 // go-redis then tries each command once) needs no transaction: the script is sent as
 // a plain EVALSHA, which saves Redis the MULTI and EXEC.
 func evalOnce(ctx context.Context, rdb redis.UniversalClient, s *redis.Script, keys []string, args []any) (any, error) {
+	c := newCommand(s, keys, args)
+	return c.once(ctx, rdb, nil)
+}
+
+// once is evalOnce of c, with a pipeline from ps.
+func (c command) once(ctx context.Context, rdb redis.UniversalClient, ps *pipePool) (any, error) {
 	eval := evalTx
 	if neverResends(rdb) {
 		eval = evalPlain
 	}
-	cmd, err := eval(ctx, rdb, s.EvalSha, keys, args)
+	cmd, err := eval(ctx, rdb, ps, c, false)
 	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		cmd, err = eval(ctx, rdb, s.Eval, keys, args)
+		cmd, err = eval(ctx, rdb, ps, c, true)
 	}
 	if err != nil {
 		return nil, err
@@ -125,19 +212,16 @@ func neverResends(rdb redis.UniversalClient) bool {
 	return ok && c.Options().MaxRetries == 0
 }
 
-func evalPlain(ctx context.Context, rdb redis.UniversalClient,
-	eval func(context.Context, redis.Scripter, []string, ...any) *redis.Cmd, keys []string, args []any,
-) (*redis.Cmd, error) {
-	cmd := eval(ctx, rdb, keys, args...)
+func evalPlain(ctx context.Context, rdb redis.UniversalClient, _ *pipePool, c command, eval bool) (*redis.Cmd, error) {
+	cmd := c.queue(ctx, rdb, eval)
 	return cmd, cmd.Err()
 }
 
-func evalTx(ctx context.Context, rdb redis.UniversalClient,
-	eval func(context.Context, redis.Scripter, []string, ...any) *redis.Cmd, keys []string, args []any,
-) (*redis.Cmd, error) {
-	pipe := rdb.TxPipeline()
-	cmd := eval(ctx, pipe, keys, args...)
+func evalTx(ctx context.Context, rdb redis.UniversalClient, ps *pipePool, c command, eval bool) (*redis.Cmd, error) {
+	pipe := ps.get(rdb)
+	cmd := c.queue(ctx, pipe, eval)
 	_, err := pipe.Exec(ctx)
+	ps.put(pipe)
 	if cmd.Err() != nil {
 		return cmd, cmd.Err() // the script's own error, or the connection's
 	}

@@ -37,7 +37,8 @@ type Limiter struct {
 	script  *redis.Script
 	view    *redis.Script // Inspect's script; nil: the algorithm's (tests swap it)
 	tail    []any         // ARGV after op, n, waitOrToken
-	take1   []any         // the whole ARGV of the usual call, Allow: op acquire, n 1, waitOrToken 0, tail
+	take1   command       // the usual call, Allow: op acquire, n 1, waitOrToken 0, tail
+	late1   func(any)     // lateReply(opAcquire, 1)
 	maxN    int
 	hooks   Hooks
 	hold    *hold         // this process's hold on the key (see Hold)
@@ -92,7 +93,6 @@ func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*L
 		limits:  limits,
 		script:  a.script,
 		tail:    tail,
-		take1:   append([]any{opAcquire, 1, int64(0)}, tail...),
 		maxN:    maxN,
 		hooks:   c.hooks,
 		hold:    holdFor(sharedKey{rdb: rdb, tag: tag}),
@@ -102,8 +102,9 @@ func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*L
 		latest:  &shared.latest,
 		keepFor: grantMatters(limits, c.algorithm),
 	}
-	l.src = source{run: &l.runner, batch: clientBatcher(rdb, c), group: shared, keys: l.keys,
-		own: [3]int8{0, 1, 2}, tail: tail, owner: l}
+	l.src = newSource(&l.runner, clientBatcher(rdb, c), shared, l.keys, [3]int8{0, 1, 2}, tail, l, l.script)
+	l.take1 = l.src.command(l.script, append([]any{opAcquire, 1, int64(0)}, tail...))
+	l.late1 = l.lateReply(opAcquire, 1)
 	return l, nil
 }
 
@@ -253,13 +254,13 @@ func (l *Limiter) run(ctx context.Context, op, n int, waitOrToken int64) (reply,
 	if l.hooks.StateLost != nil {
 		mark = l.latest.get()
 	}
-	args := l.take1 // go-redis copies the arguments; the shared slice is only read
-	if op != opAcquire || n != 1 || waitOrToken != 0 {
-		args = make([]any, 3, 3+len(l.tail))
+	c := l.take1 // built once; go-redis only reads it
+	if op != opAcquire || n != 1 || waitOrToken != 0 || c.script != l.script {
+		args := make([]any, 3, 3+len(l.tail))
 		args[0], args[1], args[2] = op, n, waitOrToken
-		args = append(args, l.tail...)
+		c = l.src.command(l.script, append(args, l.tail...))
 	}
-	val, err := l.src.decide(ctx, l.script, args)
+	val, err := l.src.decide(ctx, c)
 	if err != nil {
 		if ae, ok := err.(*AlgorithmError); ok {
 			ae.Want = l.alg

@@ -112,13 +112,14 @@ type keyState struct {
 	breaker breaker
 	stats   counters
 	pin     pin
+	pipes   pipePool // the pipelines of the key's calls (see evalOnce)
 }
 
 // newRunner returns the runner of a Limiter or Semaphore on key whose shared state
 // (owner) holds ks; redisError is its RedisError hook.
 func newRunner(rdb redis.UniversalClient, key string, c *config, ks *keyState, owner any, redisError func(string, error)) runner {
 	return runner{rdb: rdb, key: key, clock: c.clock, policy: c.policy, breaker: &ks.breaker, redisError: redisError, pin: &ks.pin, owner: owner,
-		callTimeout: callTimeout(c.callTimeout, rdb)}
+		callTimeout: callTimeout(c.callTimeout, rdb), pipes: &ks.pipes}
 }
 
 // prepare is the start New and NewSemaphore share once their options are applied to
