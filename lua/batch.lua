@@ -7,9 +7,12 @@
 --                    limits, from its ARGV[4] on), shared by the k requests.
 -- A batch decides its requests in order, each exactly as a single call with ARGV
 -- {op, n, x, rest...} made at the same server instant would (one TIME per batch:
--- jt_now), and returns k replies in that order: each the single form's reply, or a
--- string, the error that call would have returned (JTARG, JTEXCEEDS, JTALG, JTSTATE,
--- WRONGTYPE ...). The control key is read once per batch (jt_control caches it), the
+-- jt_now), and returns one flat array of integers, so that a client reads it without
+-- an object per request: five per request, in order, the single form's reply
+-- {granted, remaining, wait_us, reset_us, token}, or, for a request whose single call
+-- would have failed, {-1, i, len, 0, 0}: the error it would have returned (JTARG,
+-- JTEXCEEDS, JTALG, JTSTATE, WRONGTYPE ...) is the text of len bytes, one byte per
+-- integer, at elements i .. i+len-1 of the reply (1-based), after the 5k replies. The control key is read once per batch (jt_control caches it), the
 -- state once (jt_get; the log: lg_kept), and the state written once, at the end
 -- (jt_set, jt_expire, jt_flush); only the log's appends are made request by request.
 -- Booking ops (2 and 3) are not batched: their KEYS[3] is the task's own.
@@ -61,7 +64,7 @@ do
     for i = 1, nrest do
       rest[i] = ARGV[first - 1 + i]
     end
-    local out = {}
+    local out, texts = {}, {}
     jt_batching, jt_cache, jt_dirty, jt_queued, jt_ttl, jt_exp = true, {}, {}, {}, {}, {}
     for r = 1, k do
       local j = 3 * r
@@ -76,12 +79,32 @@ do
       end
       jt_bk_op, jt_bk_had = nil, nil
       local ok, res = pcall(jt_one)
+      local b = 5 * r
+      local text
       if not ok or (type(res) == 'table' and res.err) then
-        res = jt_errtext(res)
+        text = jt_errtext(res)
+      elseif type(res) ~= 'table' or #res ~= 5 then
+        text = 'JTSTATE unexpected reply'
       end
-      out[r] = res
+      if not text then
+        out[b - 4], out[b - 3], out[b - 2], out[b - 1], out[b] = res[1], res[2], res[3], res[4], res[5]
+      else
+        texts[#texts + 1] = text
+        out[b - 4], out[b - 3], out[b - 2], out[b - 1], out[b] = -1, 0, #text, 0, 0
+      end
     end
     jt_flush()
+    local at = 5 * k -- the texts go after the replies, in order
+    for r = 1, k do
+      if out[5 * r - 4] == -1 then
+        local text = table.remove(texts, 1)
+        out[5 * r - 3] = at + 1
+        for i = 1, #text do
+          out[at + i] = string.byte(text, i)
+        end
+        at = at + #text
+      end
+    end
     return out
   end
 

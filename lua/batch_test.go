@@ -140,7 +140,10 @@ func batchVsSingles(t *testing.T, b *redistest.Backend, a batchAlgo, two bool, r
 		if err != nil {
 			t.Fatalf("round %d: batch %v: %v", round, batch, err)
 		}
-		got := v.([]any)
+		got, err := splitBatch(v, k)
+		if err != nil {
+			t.Fatalf("round %d: batch %v: %v", round, batch, err)
+		}
 		if len(got) != len(want) {
 			t.Fatalf("round %d: %d replies, want %d", round, len(got), len(want))
 		}
@@ -162,6 +165,36 @@ func batchVsSingles(t *testing.T, b *redistest.Backend, a batchAlgo, two bool, r
 			t.Fatalf("round %d: state differs after the batch", round)
 		}
 	}
+}
+
+// splitBatch reads a batch's flat reply (see batch.lua) of k requests into one element
+// per request, as a single call's reply reads: five integers ([]any of int64), or the
+// text of its error (string).
+func splitBatch(v any, k int) ([]any, error) {
+	flat, ok := v.([]any)
+	if !ok || len(flat) < 5*k {
+		return nil, fmt.Errorf("batch reply %v: want at least %d integers", v, 5*k)
+	}
+	out := make([]any, k)
+	for r := range k {
+		five := flat[5*r : 5*r+5]
+		if five[0] != int64(-1) {
+			out[r] = five
+			continue
+		}
+		at, _ := five[1].(int64)
+		n, _ := five[2].(int64)
+		if at < int64(5*k+1) || n < 0 || int(at-1+n) > len(flat) {
+			return nil, fmt.Errorf("batch reply %v: request %d's error text at %d, %d bytes", v, r, at, n)
+		}
+		text := make([]byte, n)
+		for i := range text {
+			b, _ := flat[int(at)-1+i].(int64)
+			text[i] = byte(b)
+		}
+		out[r] = string(text)
+	}
+	return out, nil
 }
 
 // errCode returns the JT error code (or WRONGTYPE) in a script error's text.
@@ -199,7 +232,10 @@ func TestBatchArguments(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r := v.([]any)
+		r, err := splitBatch(v, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
 		if msg, ok := r[0].(string); !ok || !strings.Contains(msg, "JTARG") {
 			t.Fatalf("op 2 in a batch: %v, want a JTARG text", r[0])
 		}

@@ -187,6 +187,12 @@ func fastVsFull(t *testing.T, b *redistest.Backend, a fastAlgo, steps int, pick 
 				got[i] = "error " + err.Error()
 			} else {
 				got[i] = fmt.Sprint(v)
+				if args[0] == Batch { // the errors' texts, to compare as text
+					k, _ := args[1].(int)
+					if rs, err := splitBatch(v, k); err == nil {
+						got[i] = fmt.Sprint(rs)
+					}
+				}
 			}
 			got[i] = strings.ReplaceAll(got[i], tags[i], "{tag}")
 			if j := strings.Index(got[i], " stack traceback"); j >= 0 {
@@ -243,7 +249,8 @@ func grantedTokens(args []any, v any) []int64 {
 	}
 	var out []int64
 	if args[0] == Batch {
-		rs, _ := v.([]any)
+		k, _ := args[1].(int)
+		rs, _ := splitBatch(v, k)
 		for _, r := range rs {
 			if tok := reply(r); tok != 0 {
 				out = append(out, tok)

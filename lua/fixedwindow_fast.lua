@@ -48,8 +48,12 @@ do
         if L > now or f < 0 then f = 0 end
         local reset = 0 -- until L's window ends, when it holds permits
         if c > 0 and (w + 1) * P > now then reset = (w + 1) * P - now end
-        one = {g, f, wait, reset, tt}
-        if out then out[r] = one end
+        if out then -- batch.lua's flat reply: five integers per request
+          local b = 5 * r
+          out[b - 4], out[b - 3], out[b - 2], out[b - 1], out[b] = g, f, wait, reset, tt
+        else
+          one = {g, f, wait, reset, tt}
+        end
       end
       if granted then -- the state as fixedwindow.lua writes it, until L's window ends
         local ttl = (w + 1) * P - now

@@ -50,8 +50,12 @@ do
         local f = floor((BP - d) / P) -- what a call made now could still get
         if f > 1000000000 then f = 1000000000 end
         if L > now or f < 0 then f = 0 end
-        one = {g, f, wait, -floor(-d / R), tt}
-        if out then out[r] = one end
+        if out then -- batch.lua's flat reply: five integers per request
+          local b = 5 * r
+          out[b - 4], out[b - 3], out[b - 2], out[b - 1], out[b] = g, f, wait, -floor(-d / R), tt
+        else
+          one = {g, f, wait, -floor(-d / R), tt}
+        end
       end
       if granted then -- the state as gcra.lua writes it; TTL: until the bucket is full
         local q = floor(d / R)

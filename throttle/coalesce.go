@@ -84,6 +84,7 @@ type pending struct {
 	due   time.Time // when its call timeout passes
 	state atomic.Int32
 	val   any
+	ints  []int64 // its reply within a batch's flat reply (val nil), read only
 	err   error
 	done  chan struct{}
 }
@@ -101,20 +102,25 @@ type source struct {
 
 	script *redis.Script // the script head is for
 	head   []any         // evalHead(script, keys)
+	flat   bool          // a Limiter's: its replies are integers, a batch's one flat array (lua/batch.lua)
 }
 
-// newSource returns the source of a Limiter or Semaphore whose calls run script.
-func newSource(run *runner, batch *batcher, group any, keys []string, own [3]int8, tail []any, owner lateGiver, script *redis.Script) source {
+// newSource returns the source of a Limiter or Semaphore whose calls run script; flat
+// says the script replies with integers only, a batch with one flat array of them.
+func newSource(run *runner, batch *batcher, group any, keys []string, own [3]int8, tail []any, owner lateGiver, script *redis.Script, flat bool) source {
 	return source{run: run, batch: batch, group: group, keys: keys, own: own, tail: tail, owner: owner,
-		script: script, head: evalHead(script, keys)}
+		script: script, head: evalHead(script, keys), flat: flat}
 }
 
 // command returns the call of script on the source's keys with ARGV args.
 func (s *source) command(script *redis.Script, args []any) command {
+	head := s.head
 	if script != s.script { // swapped since (tests)
-		return newCommand(script, s.keys, args)
+		head = evalHead(script, s.keys)
 	}
-	return withHead(s.head, script, s.keys, args)
+	c := withHead(head, script, s.keys, args)
+	c.ints = s.flat
+	return c
 }
 
 // clientBatcher returns the batcher of rdb, or nil when c turns coalescing off.
@@ -134,18 +140,21 @@ type lateGiver interface {
 
 // decide runs c, one call of the source's (its ARGV in the single form), through the
 // client's batcher: at once when no call of the client is in flight, else in the
-// round trip sent when it returns.
-func (s *source) decide(ctx context.Context, c command) (any, error) {
+// round trip sent when it returns. The reply is val, or, for a request answered from
+// a batch's flat reply, ints (val nil; read only).
+func (s *source) decide(ctx context.Context, c command) (val any, ints []int64, err error) {
 	b := s.batch
 	if b == nil {
-		return s.run.execLate(ctx, c, s.owner.lateFor(ctx, c.args))
+		val, err = s.run.execLate(ctx, c, s.owner.lateFor(ctx, c.args))
+		return val, nil, err
 	}
 	b.mu.Lock()
 	if !b.busy {
 		b.busy = true
 		b.mu.Unlock()
 		defer b.next()
-		return s.run.execLate(ctx, c, s.owner.lateFor(ctx, c.args))
+		val, err = s.run.execLate(ctx, c, s.owner.lateFor(ctx, c.args))
+		return val, nil, err
 	}
 	p := &pending{src: s, ctx: ctx, cmd: c, due: time.Now().Add(s.run.callTimeout), done: make(chan struct{})}
 	b.queue = append(b.queue, p)
@@ -261,9 +270,10 @@ func (b *batcher) expire() {
 	}
 }
 
-// wait returns the request's reply, or what its caller gets when its context ends
-// or its call timeout passes first (as awaitReply does for a call of its own).
-func (p *pending) wait() (any, error) {
+// wait returns the request's reply (val, or ints: see decide), or what its caller
+// gets when its context ends or its call timeout passes first (as awaitReply does for
+// a call of its own).
+func (p *pending) wait() (any, []int64, error) {
 	if done := p.ctx.Done(); done == nil {
 		<-p.done
 	} else {
@@ -272,18 +282,18 @@ func (p *pending) wait() (any, error) {
 		case <-done:
 			if p.state.CompareAndSwap(pendQueued, pendLeft) || p.state.CompareAndSwap(pendSent, pendLeft) {
 				if errors.Is(p.ctx.Err(), context.DeadlineExceeded) {
-					return nil, noReply(p.ctx, nil)
+					return nil, nil, noReply(p.ctx, nil)
 				}
-				return nil, p.ctx.Err()
+				return nil, nil, p.ctx.Err()
 			}
 			<-p.done // answered as the context ended: use it
 		}
 	}
 	if p.err != nil && errors.Is(p.ctx.Err(), context.DeadlineExceeded) && errors.Is(p.err, ErrUnavailable) &&
 		!errors.Is(p.err, errRecentlyDown) {
-		return nil, noReply(p.ctx, p.err)
+		return nil, nil, noReply(p.ctx, p.err)
 	}
-	return p.val, p.err
+	return p.val, p.ints, p.err
 }
 
 // timeout answers a request whose call timeout passed before its reply came; a
@@ -311,13 +321,23 @@ func (p *pending) answer(val any, err error) {
 	}
 }
 
+// answerInts is answer of ints, the request's part of a batch's flat reply.
+func (p *pending) answerInts(ints []int64) {
+	if p.state.CompareAndSwap(pendSent, pendDone) {
+		p.ints = ints
+		close(p.done)
+		return
+	}
+	p.answer(ints, nil) // its caller left: the late path
+}
+
 // group is the requests of one round trip that go in one script call: one key (one
 // shared state) and script, in arrival order, at most batchCap.
 type group struct {
 	src    *source // the first request's: its keys, ARGV tail and breaker
 	script *redis.Script
 	reqs   []*pending
-	cmd    *redis.Cmd
+	cmd    redis.Cmder
 }
 
 // groups splits a round trip's requests into script calls, in the order each first
@@ -363,7 +383,7 @@ func (g *group) command() command {
 		sha = append(sha, a[s.own[0]], a[s.own[1]], a[s.own[2]])
 	}
 	sha = append(sha, s.tail...)
-	return command{script: g.script, keys: s.keys, args: sha[len(head):], sha: sha}
+	return command{script: g.script, keys: s.keys, args: sha[len(head):], sha: sha, ints: s.flat}
 }
 
 // send makes one round trip for batch: each key's requests in one script call, the
@@ -429,7 +449,7 @@ func pipeline(ctx context.Context, rdb redis.UniversalClient, ps *pipePool, gs [
 		// may not (MaxRetries) leaves the commands without a reply or an error of
 		// their own: the round trip's is theirs.
 		for _, g := range gs {
-			if g.cmd.Err() == nil && g.cmd.Val() == nil {
+			if g.cmd.Err() == nil && replyOf(g.cmd) == nil {
 				g.cmd.SetErr(err)
 			}
 		}
@@ -439,7 +459,7 @@ func pipeline(ctx context.Context, rdb redis.UniversalClient, ps *pipePool, gs [
 // deliver answers the group's requests from its command's reply.
 func (g *group) deliver(ctx context.Context) {
 	r := g.src.run
-	val, err := g.cmd.Val(), g.cmd.Err()
+	val, err := replyOf(g.cmd), g.cmd.Err()
 	if err != nil {
 		for _, p := range g.reqs {
 			p.answer(nil, p.src.run.failed(p.ctx, err))
@@ -454,12 +474,13 @@ func (g *group) deliver(ctx context.Context) {
 		g.reqs[0].answer(val, nil)
 		return
 	}
+	if g.src.flat {
+		g.deliverFlat(val)
+		return
+	}
 	replies, ok := val.([]any)
 	if !ok || len(replies) != len(g.reqs) {
-		err := fmt.Errorf("%w: key %q: batch of %d: %v", ErrUnexpectedReply, r.key, len(g.reqs), val)
-		for _, p := range g.reqs {
-			p.answer(nil, err)
-		}
+		g.unexpected(val)
 		return
 	}
 	for i, p := range g.reqs {
@@ -468,6 +489,50 @@ func (g *group) deliver(ctx context.Context) {
 			continue
 		}
 		p.answer(replies[i], nil)
+	}
+}
+
+// unexpected fails the group's requests with ErrUnexpectedReply for the reply val.
+func (g *group) unexpected(val any) {
+	err := fmt.Errorf("%w: key %q: batch of %d: %v", ErrUnexpectedReply, g.src.run.key, len(g.reqs), val)
+	for _, p := range g.reqs {
+		p.answer(nil, err)
+	}
+}
+
+// deliverFlat answers the group's requests from a limiter batch's flat reply (see
+// lua/batch.lua): request r's five integers at 5r, or the text of its error. Each
+// request reads its own five in place: nothing is made per request.
+func (g *group) deliverFlat(val any) {
+	flat, ok := val.([]int64)
+	if !ok { // EVAL's reply, read the generic way
+		s, _ := val.([]any)
+		flat = make([]int64, len(s))
+		if !int64s(val, flat) {
+			flat = nil
+		}
+	}
+	k := len(g.reqs)
+	if len(flat) < 5*k {
+		g.unexpected(val)
+		return
+	}
+	for i, p := range g.reqs {
+		five := flat[5*i : 5*i+5 : 5*i+5]
+		if five[0] != -1 {
+			p.answerInts(five)
+			continue
+		}
+		at, n := five[1]-1, five[2]
+		if at < int64(5*k) || n < 0 || at+n > int64(len(flat)) {
+			p.answer(nil, fmt.Errorf("%w: key %q: request %d of a batch of %d: error text at %d (%d bytes) in a reply of %d", ErrUnexpectedReply, g.src.run.key, i, k, at+1, n, len(flat)))
+			continue
+		}
+		text := make([]byte, n)
+		for j := range text {
+			text[j] = byte(flat[at+int64(j)])
+		}
+		p.answer(nil, p.src.run.failed(p.ctx, batchError(text)))
 	}
 }
 

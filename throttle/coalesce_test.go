@@ -407,3 +407,34 @@ func TestCoalescedKeysShareARoundTrip(t *testing.T) {
 		}
 	})
 }
+
+// A batch's flat reply carries each failed request's own error (its text, see
+// lua/batch.lua): on a key that holds another algorithm's state, the grants of a
+// forced batch fail with an *AlgorithmError naming that algorithm (read from the
+// text), while the batch's reads (AllowN 0, which create nothing) are answered.
+func TestCoalescedBatchRequestErrors(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		tl := newTimeline(t, b)
+		ctx := context.Background()
+		other := tl.limiter("mixed", PerSecond(5), WithAlgorithm(FixedWindow), WithCoalescing(false))
+		if _, err := other.Allow(ctx); err != nil {
+			t.Fatal(err)
+		}
+		l := tl.limiter("mixed", PerSecond(5), WithAlgorithm(TokenBucket))
+		ns := []int{1, 0, 2, 0, 1}
+		got := runBatch(t, l.src.batch, len(ns), func(i int) outcome { return (call{false, ns[i], 0}).run(ctx, l) })
+		for i, n := range ns {
+			g := got[i]
+			if n == 0 {
+				if g.err != "" || !g.res.Allowed {
+					t.Fatalf("request %d, AllowN(0): %+v, want allowed", i, g)
+				}
+				continue
+			}
+			var ae *AlgorithmError
+			if !errors.As(g.errv, &ae) || ae.Found != FixedWindow || ae.Want != TokenBucket {
+				t.Fatalf("request %d, AllowN(%d): %v, want an *AlgorithmError naming FixedWindow", i, n, g.errv)
+			}
+		}
+	})
+}

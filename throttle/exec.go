@@ -102,6 +102,7 @@ type command struct {
 	keys   []string
 	args   []any
 	sha    []any
+	ints   bool // the reply is an array of integers: read it as []int64 (see replyOf)
 }
 
 // newCommand returns the command that runs s on keys with args.
@@ -130,16 +131,39 @@ func withHead(head []any, s *redis.Script, keys []string, args []any) command {
 
 // queue adds the command to pipe (or sends it, when pipe is a client): by EVALSHA or,
 // when eval, EVAL (the script's source; the server did not have it).
-func (c command) queue(ctx context.Context, pipe redis.Scripter, eval bool) *redis.Cmd {
+//
+// A command whose reply is all integers (ints) is read as such (redis.IntSliceCmd):
+// one []int64, where a generic reply costs an object per array and per integer
+// above 255. EVAL, the rare path, reads it the generic way.
+func (c command) queue(ctx context.Context, pipe redis.Scripter, eval bool) redis.Cmder {
 	if eval {
 		return c.script.Eval(ctx, pipe, c.keys, c.args...)
 	}
-	cmd := redis.NewCmd(ctx, c.sha...)
+	var cmd redis.Cmder
+	if c.ints {
+		cmd = redis.NewIntSliceCmd(ctx, c.sha...)
+	} else {
+		cmd = redis.NewCmd(ctx, c.sha...)
+	}
 	if len(c.keys) > 0 {
 		cmd.SetFirstKeyPos(3)
 	}
 	_ = pipe.(processor).Process(ctx, cmd)
 	return cmd
+}
+
+// replyOf returns cmd's reply: []int64 for a command read as integers, else the
+// generic reply (nil: none).
+func replyOf(cmd redis.Cmder) any {
+	switch c := cmd.(type) {
+	case *redis.IntSliceCmd:
+		if v := c.Val(); v != nil {
+			return v
+		}
+	case *redis.Cmd:
+		return c.Val()
+	}
+	return nil
 }
 
 // processor is what runs a command: every go-redis client and pipeline.
@@ -200,7 +224,7 @@ func (c command) once(ctx context.Context, rdb redis.UniversalClient, ps *pipePo
 	if err != nil {
 		return nil, err
 	}
-	return cmd.Val(), nil
+	return replyOf(cmd), nil
 }
 
 // neverResends reports whether rdb sends each command once whatever happens to its
@@ -212,12 +236,12 @@ func neverResends(rdb redis.UniversalClient) bool {
 	return ok && c.Options().MaxRetries == 0
 }
 
-func evalPlain(ctx context.Context, rdb redis.UniversalClient, _ *pipePool, c command, eval bool) (*redis.Cmd, error) {
+func evalPlain(ctx context.Context, rdb redis.UniversalClient, _ *pipePool, c command, eval bool) (redis.Cmder, error) {
 	cmd := c.queue(ctx, rdb, eval)
 	return cmd, cmd.Err()
 }
 
-func evalTx(ctx context.Context, rdb redis.UniversalClient, ps *pipePool, c command, eval bool) (*redis.Cmd, error) {
+func evalTx(ctx context.Context, rdb redis.UniversalClient, ps *pipePool, c command, eval bool) (redis.Cmder, error) {
 	pipe := ps.get(rdb)
 	cmd := c.queue(ctx, pipe, eval)
 	_, err := pipe.Exec(ctx)
@@ -255,9 +279,12 @@ func scriptError(ctx context.Context, key string, err error) error {
 	return fmt.Errorf("jobthrottle: key %q: %w", key, err)
 }
 
-// int64s reads a script's reply of k integers into v without allocating; it reports
-// whether the reply was k integers.
+// int64s reads a script's reply of k integers (generic, or read as []int64) into v
+// without allocating; it reports whether the reply was k integers.
 func int64s(val any, v []int64) bool {
+	if s, ok := val.([]int64); ok {
+		return len(s) == len(v) && copy(v, s) == len(v)
+	}
 	s, ok := val.([]any)
 	if !ok || len(s) != len(v) {
 		return false

@@ -81,29 +81,33 @@ func (grantTap) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proces
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		err := next(ctx, cmds)
 		for _, c := range cmds {
-			c, ok := c.(*redis.Cmd)
-			if !ok || c.Err() != nil {
+			if !isEval(c) || c.Err() != nil {
 				continue
 			}
+			val := replyOf(c)
 			if m, ok := ctx.Value(batchKey{}).(*sync.Map); ok {
 				v, _ := m.Load(c)
 				reqs, _ := v.([]*pending)
 				switch len(reqs) {
 				case 0: // a call of its own: ctx holds its request's values
-					tapGrant(ctx, c.Val())
+					tapGrant(ctx, val)
 				case 1:
-					tapGrant(reqs[0].ctx, c.Val())
-				default:
-					replies, _ := c.Val().([]any)
-					for i, r := range replies {
-						if i < len(reqs) {
-							tapGrant(reqs[i].ctx, r)
+					tapGrant(reqs[0].ctx, val)
+				default: // a flat reply, five integers per request (lua/batch.lua)
+					flat, ok := val.([]int64)
+					if s, isAny := val.([]any); !ok && isAny { // EVAL's, read the generic way
+						flat = make([]int64, len(s))
+						int64s(val, flat)
+					}
+					for i, p := range reqs {
+						if len(flat) >= 5*i+5 {
+							tapGrant(p.ctx, flat[5*i:5*i+5])
 						}
 					}
 				}
 				continue
 			}
-			tapGrant(ctx, c.Val())
+			tapGrant(ctx, val)
 		}
 		return err
 	}

@@ -102,7 +102,7 @@ func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*L
 		latest:  &shared.latest,
 		keepFor: grantMatters(limits, c.algorithm),
 	}
-	l.src = newSource(&l.runner, clientBatcher(rdb, c), shared, l.keys, [3]int8{0, 1, 2}, tail, l, l.script)
+	l.src = newSource(&l.runner, clientBatcher(rdb, c), shared, l.keys, [3]int8{0, 1, 2}, tail, l, l.script, true)
 	l.take1 = l.src.command(l.script, append([]any{opAcquire, 1, int64(0)}, tail...))
 	l.late1 = l.lateReply(opAcquire, 1)
 	return l, nil
@@ -260,7 +260,7 @@ func (l *Limiter) run(ctx context.Context, op, n int, waitOrToken int64) (reply,
 		args[0], args[1], args[2] = op, n, waitOrToken
 		c = l.src.command(l.script, append(args, l.tail...))
 	}
-	val, err := l.src.decide(ctx, c)
+	val, ints, err := l.src.decide(ctx, c)
 	if err != nil {
 		if ae, ok := err.(*AlgorithmError); ok {
 			ae.Want = l.alg
@@ -268,7 +268,9 @@ func (l *Limiter) run(ctx context.Context, op, n int, waitOrToken int64) (reply,
 		return reply{}, err
 	}
 	var v [5]int64 // {granted, remaining, wait_us, reset_us, token}
-	if !int64s(val, v[:]) {
+	if ints != nil {
+		copy(v[:], ints) // five: see group.deliverFlat
+	} else if !int64s(val, v[:]) {
 		return reply{}, fmt.Errorf("%w: key %q: %v", ErrUnexpectedReply, l.key, val)
 	}
 	r := reply{

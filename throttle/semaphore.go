@@ -97,7 +97,7 @@ func NewSemaphore(rdb redis.UniversalClient, key string, max int, opts ...Semaph
 		local:   shared.local,
 		stats:   &shared.stats,
 	}
-	s.src = newSource(&s.runner, clientBatcher(rdb, c), shared, s.keys, [3]int8{0, 1, 4}, []any{s.max, s.ttlUS}, s, s.script)
+	s.src = newSource(&s.runner, clientBatcher(rdb, c), shared, s.keys, [3]int8{0, 1, 4}, []any{s.max, s.ttlUS}, s, s.script, false)
 	return s, nil
 }
 
@@ -315,7 +315,7 @@ func (s *Semaphore) run(ctx context.Context, op int, id string, join, keep bool)
 	if keep {
 		ctx = context.WithValue(ctx, keepPlace{}, true) // for lateFor
 	}
-	val, err := s.src.decide(ctx, s.src.command(s.script, []any{op, id, s.max, s.ttlUS, q}))
+	val, _, err := s.src.decide(ctx, s.src.command(s.script, []any{op, id, s.max, s.ttlUS, q}))
 	if err != nil {
 		return semReply{}, err
 	}

@@ -24,9 +24,10 @@ local function jt_audit(r, op, n)
     redis.call('PEXPIRE', k, 600000)
   end
 end
-if ARGV[1] == '4' and type(r) == 'table' and r.err == nil then -- a batch (lua/batch.lua)
-  for i = 1, #r do
-    jt_audit(r[i], ARGV[3 * i], ARGV[3 * i + 1])
+if ARGV[1] == '4' and type(r) == 'table' and r.err == nil then -- a batch: five integers per request (lua/batch.lua)
+  for i = 1, math.floor(#r / 5) < tonumber(ARGV[2]) and 0 or tonumber(ARGV[2]) do
+    local b = 5 * i
+    jt_audit({r[b - 4], r[b - 3], r[b - 2], r[b - 1], r[b]}, ARGV[3 * i], ARGV[3 * i + 1])
   end
 else
   jt_audit(r, ARGV[1], ARGV[2])

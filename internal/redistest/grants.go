@@ -83,7 +83,8 @@ func (g *Grants) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proce
 // [evalsha, sha, numkeys, keys..., op, n, x, ...], the reply
 // [granted, remaining, wait_us, reset_us, token], and for the booking ops 2 and 3 a
 // sixth integer, 1 when op 2 granted anew. A batch (op 4, see lua/batch.lua) is one
-// call whose requests are read each as a call of its own would be.
+// call whose flat reply holds five integers per request, each read as a call of its
+// own would be.
 func (g *Grants) observe(cmd redis.Cmder, sent, replied time.Time) {
 	name := strings.ToLower(cmd.Name())
 	if (name != "evalsha" && name != "eval") || cmd.Err() != nil {
@@ -97,8 +98,17 @@ func (g *Grants) observe(cmd redis.Cmder, sent, replied time.Time) {
 	if !ok || len(args) < 3+nkeys+3 {
 		return
 	}
-	c, ok := cmd.(*redis.Cmd)
-	if !ok {
+	var reply []int64 // the reply's integers; -1 for any other element
+	switch c := cmd.(type) {
+	case *redis.Cmd:
+		s, ok := c.Val().([]any)
+		if !ok {
+			return
+		}
+		reply = int64s(s)
+	case *redis.IntSliceCmd: // how package throttle reads a limiter script's reply
+		reply = c.Val()
+	default:
 		return
 	}
 	key := ""
@@ -106,32 +116,27 @@ func (g *Grants) observe(cmd redis.Cmder, sent, replied time.Time) {
 		key, _ = args[3].(string)
 	}
 	argv := args[3+nkeys:]
-	if op, _ := toInt(argv[0]); op == 4 {
+	if op, _ := toInt(argv[0]); op == 4 { // five integers per request, flat
 		k, _ := toInt(argv[1])
-		replies, ok := c.Val().([]any)
-		if !ok || int64(len(replies)) != k || len(argv) < 2+3*int(k) {
+		if int64(len(reply)) < 5*k || len(argv) < 2+3*int(k) {
 			return
 		}
 		g.mu.Lock()
 		defer g.mu.Unlock()
 		g.countCall(key)
-		for i, r := range replies {
-			v, ok := r.([]any)
-			if !ok {
+		for i := range int(k) {
+			v := reply[5*i : 5*i+5]
+			if v[0] == -1 {
 				continue // this request's error
 			}
-			g.record(key, argv[2+3*i:5+3*i], int64s(v), sent, replied)
+			g.record(key, argv[2+3*i:5+3*i], v, sent, replied)
 		}
-		return
-	}
-	v, err := c.Int64Slice()
-	if err != nil {
 		return
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.countCall(key)
-	g.record(key, argv[:3], v, sent, replied)
+	g.record(key, argv[:3], reply, sent, replied)
 }
 
 func (g *Grants) countCall(key string) {
