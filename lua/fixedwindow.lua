@@ -13,7 +13,8 @@
 --          KEYS[1] while one of them exists fails with JTALG <that key>, writing
 --          nothing (one algorithm per key)
 -- ARGV[1]  op          0 acquire, 1 cancel; 2 acquire for a task (uses the booking
---                      in KEYS[3] when there is one), 3 cancel for a task
+--                      in KEYS[3] when there is one), 3 cancel for a task, 5 is 2
+--                      that also uses a booking passed <= x µs ago (see prelude.lua)
 -- ARGV[2]  n           permits, 0..min(rate); 0 reads the state and takes nothing
 -- ARGV[3]  x           acquire: max_wait_us >= 0, book a slot in a later window if it
 --                      comes within this; cancel: the token an acquire returned

@@ -226,14 +226,17 @@ end
 -- late) or that a pause has overtaken is not used: op 2 books anew, at the earliest
 -- slot free now, and records that. Op 3 cancels like op 1 and deletes the record. A
 -- task that never comes back leaves a permit that is simply not used, and a record
--- that expires by itself.
+-- that expires by itself. Op 5 is op 2 that books as far ahead as it takes and uses
+-- a record whose token passed at most x µs ago (jt_bk_late): the caller starts late on
+-- a permit Redis counted at its token, and bounds its own starts.
 local jt_bk_op -- 2 or 3 while running a booking op, else nil
 local jt_bk_had -- op 2 found a record it could not use (late, paused, other n)
+local jt_bk_late = 0 -- op 5: how long past its token a record may still be used, µs
 
 -- jt_claim returns, for op 2, the reply for the booking recorded for the task when it
--- is for n permits, not yet due-and-passed (token >= now) and not inside a pause:
--- {1, 0, wait_us, 0, token, 0}, the last 0 saying nothing new was granted. Else nil:
--- the script books as for an acquire.
+-- is for n permits, not passed (token >= now; for op 5, token >= now - jt_bk_late)
+-- and not inside a pause: {1, 0, wait_us, 0, token, 0} (wait_us 0 when passed), the
+-- last 0 saying nothing new was granted. Else nil: the script books as for an acquire.
 local function jt_claim(n, now, pause_key)
   if jt_bk_op ~= 2 then return nil end
   local v = redis.call('GET', KEYS[3])
@@ -241,10 +244,10 @@ local function jt_claim(n, now, pause_key)
   jt_bk_had = true
   local a, b = string.match(v, '^(%d+) (%d+)$')
   local token, k = jt_num(a), jt_num(b)
-  if not token or k ~= n or token < now or jt_pause(pause_key) > token then
+  if not token or k ~= n or token < now - jt_bk_late or jt_pause(pause_key) > token then
     return nil
   end
-  return {1, 0, token - now, 0, token, 0}
+  return {1, 0, math.max(token - now, 0), 0, token, 0}
 end
 
 -- jt_booked finishes a reply {granted, remaining, wait_us, reset_us, token} of the
@@ -310,11 +313,13 @@ local function jt_unfit(n, limits, width)
 end
 
 -- jt_args reads the arguments every limiter script shares:
---   ARGV[1] op  0 acquire, 1 cancel, 2 take for a task, 3 cancel for a task (see
---               jt_claim and jt_booked: ops 2 and 3 need KEYS[3], the booking key;
---               jt_args returns them as 0 and 1 and notes them in jt_bk_op)
+--   ARGV[1] op  0 acquire, 1 cancel, 2 take for a task, 3 cancel for a task, 5 take
+--               for a task, late (see jt_claim and jt_booked: ops 2, 3 and 5 need
+--               KEYS[3], the booking key; jt_args returns them as 0, 1 and 0 and notes
+--               them in jt_bk_op, op 5 as 2 with jt_bk_late; 4 marks a batch)
 --   ARGV[2] n   permits, >= 0
---   ARGV[3] x   acquire: max_wait_us >= 0; cancel: the token the acquire returned
+--   ARGV[3] x   acquire: max_wait_us >= 0; cancel: the token the acquire returned;
+--               op 5: late_us >= 0 (its max_wait is 2^53 - 1)
 --   ARGV[4] m   number of limits, 1..16
 --   ARGV[first ..] m groups of width (2 or 3) integers: rate (1..JT_MAX_RATE),
 --               period_us (1..JT_MAX_PERIOD)[, burst (1..JT_MAX_RATE)]
@@ -347,10 +352,16 @@ local function jt_args(first, width)
     a1, a2, a3 = argv[1], argv[2], argv[3]
   end
   local op, n, x = tonumber(a1), tonumber(a2), tonumber(a3)
-  if not op or op > 3 then return nil, 'op' end
+  if not op or op > 5 or op == 4 then return nil, 'op' end -- ARGV[1] 4 marks a batch
   if op >= 2 then
     if not KEYS[3] or not string.find(KEYS[3], '}:bk:', 1, true) then -- not another key
       return nil, 'op ' .. op .. ' without a booking key'
+    end
+    if op == 5 then -- op 2, late
+      op = 2
+      if x and x <= 9007199254740991 then
+        jt_bk_late, x = x, 9007199254740991
+      end
     end
     jt_bk_op = op
     op = op - 2 -- the algorithm acquires (2) or cancels (3); jt_booked does the rest

@@ -13,8 +13,9 @@ import (
 
 // Booking ops of the limiter scripts (ARGV[1]); see prelude.lua.
 const (
-	opAcquireFor = 2
-	opCancelFor  = 3
+	opAcquireFor     = 2
+	opCancelFor      = 3
+	opAcquireForLate = 5
 )
 
 // maxBookingID is the longest id ReserveFor takes, in bytes.
@@ -39,21 +40,41 @@ const maxBookingID = 512
 // than 512 bytes. Under the FailOpen and FailLocal policies, when Redis is
 // unavailable it books as Reserve does, without a record.
 func (l *Limiter) ReserveFor(ctx context.Context, id string, n int, maxWait time.Duration) (r *waiter.Reservation, kept bool, err error) {
+	if maxWait < 0 {
+		return nil, false, fmt.Errorf("%w: maxWait %v", ErrInvalidArgument, maxWait)
+	}
+	return l.reserveFor(ctx, id, n, maxWait, opAcquireFor, min(int64(maxWait/time.Microsecond), maxWaitMicros))
+}
+
+// ReserveForLate is ReserveFor with no bound on how far ahead it books, that also
+// keeps a booking whose time passed at most late ago: the reservation is then due at
+// once (Delay 0) and kept is true. Redis counted those permits when they took effect,
+// so the work starts up to late after its permits: use it where the caller bounds its
+// own starts, as asynqmw's middleware does (it paces the starts of each process), and
+// late is small next to the limit's period. Errors are those of ReserveFor, and
+// ErrInvalidArgument for a negative late.
+func (l *Limiter) ReserveForLate(ctx context.Context, id string, n int, late time.Duration) (r *waiter.Reservation, kept bool, err error) {
+	if late < 0 {
+		return nil, false, fmt.Errorf("%w: late %v", ErrInvalidArgument, late)
+	}
+	return l.reserveFor(ctx, id, n, time.Duration(maxWaitMicros)*time.Microsecond, opAcquireForLate, min(int64(late/time.Microsecond), maxWaitMicros))
+}
+
+// reserveFor runs booking op (opAcquireFor with x its maxWait in µs, or
+// opAcquireForLate with x its late in µs) for ReserveFor and ReserveForLate.
+func (l *Limiter) reserveFor(ctx context.Context, id string, n int, maxWait time.Duration, op int, x int64) (r *waiter.Reservation, kept bool, err error) {
 	if id == "" || len(id) > maxBookingID {
 		return nil, false, fmt.Errorf("%w: booking id of %d bytes, want 1 to %d", ErrInvalidArgument, len(id), maxBookingID)
 	}
 	if err := l.checkN(n); err != nil {
 		return nil, false, err
 	}
-	if maxWait < 0 {
-		return nil, false, fmt.Errorf("%w: maxWait %v", ErrInvalidArgument, maxWait)
-	}
 	if err := ctx.Err(); err != nil {
 		return nil, false, err
 	}
 	keys := l.bookingKeys(id)
 	moved := l.hold.signal()
-	rep, fresh, err := l.runFor(ctx, keys, opAcquireFor, n, min(int64(maxWait/time.Microsecond), maxWaitMicros))
+	rep, fresh, err := l.runFor(ctx, keys, op, n, x)
 	if err != nil {
 		if l.policy.degrades(err) && ctx.Err() == nil {
 			r, err := l.Reserve(ctx, n, maxWait)

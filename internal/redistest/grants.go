@@ -168,7 +168,10 @@ func (g *Grants) record(key string, opnx []any, v []int64, sent, replied time.Ti
 	op, _ := toInt(opnx[0])
 	n, _ := toInt(opnx[1])
 	x, _ := toInt(opnx[2])
-	if len(v) == 6 { // a booking op for a task (2, 3): a new grant or a cancel
+	if len(v) == 6 { // a booking op for a task (2, 3, 5: 2 late): a new grant or a cancel
+		if op == 5 {
+			op = 2
+		}
 		if op == 2 && v[5] == 0 && g.seen(key, time.UnixMicro(v[4])) {
 			// The task's own booking, counted when it was made. One this recorder
 			// never saw made (the call that made it ran in Redis but its caller had
