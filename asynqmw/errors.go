@@ -28,8 +28,9 @@ var ErrInvalidOption = errors.New("asynqmw: invalid option")
 // For a limiter of 20 per second whose bookings already reach 7.3 s ahead, with the
 // default MaxInlineWait of 1.5 s, a task gets RetryIn 7.3s, Booked, Key the limiter's
 // key and Limit "20 per 1s"; with Setup.Config's intervals RetryDelay then makes it
-// due in 7.08 s, which asynq rounds down to whole seconds: it is back in a worker
-// 0.2 to 1.2 s before its slot, and sleeps the rest.
+// due in 7.08 s (earlier on a server whose returns have come late), which asynq
+// rounds down to whole seconds: it is back in a worker 0.2 to 1.2 s before its slot,
+// and sleeps the rest.
 type ThrottledError struct {
 	// RetryIn is when the permit (or, for Concurrency, a slot) would be available if
 	// nobody else took it first: the limiter's wait, or the time until the earliest

@@ -24,8 +24,12 @@ import (
 // come first served across the fleet. If it is due within MaxInlineWait and fewer than
 // MaxSleepingWorkers tasks sleep, the task sleeps and runs; else it is handed back,
 // booked, with a *ThrottledError (no retry spent; a last attempt as a copy, see
-// Requeue) and runs at its slot when it returns. In each process, the handler starts
-// let through lim never exceed a limit in any window of its Period (Hooks.Started;
+// Requeue), made due early by how late this server's returns have come (learned, up
+// to half a second more than the check intervals), and runs at its slot when it
+// returns; one back at most 250ms late (a quarter period if less) still runs on its
+// slot (throttle.Limiter.ReserveForLate), a later one is moved to the first free slot.
+// In each process, the handler starts let through lim never exceed a limit in any
+// window of its Period (Hooks.Started;
 // token buckets and limits above 10000 per period are not paced). The README's asynq
 // section gives the bound across processes and why each step is needed.
 //
@@ -82,9 +86,6 @@ func ThrottleFunc(pick func(ctx context.Context, t *asynq.Task) (*throttle.Limit
 	})
 }
 
-// bookAhead is how far ahead the middleware books: as far as it takes.
-const bookAhead = time.Duration(1<<53-1) * time.Microsecond
-
 // throttle gets t its permit from lim, sleeping for it within the attempt's budget;
 // it returns nil when the task may run.
 func (c *config) throttle(ctx context.Context, t *asynq.Task, lim *throttle.Limiter) error {
@@ -101,7 +102,10 @@ func (c *config) throttle(ctx context.Context, t *asynq.Task, lim *throttle.Limi
 			err  error
 		)
 		if inAsynq {
-			res, kept, err = lim.ReserveFor(ctx, bookingID(id), 1, bookAhead)
+			res, kept, err = lim.ReserveForLate(ctx, bookingID(id), 1, graceFor(lim))
+			if err == nil {
+				c.sh.cb.returned(bookingID(id), time.Now())
+			}
 		} else {
 			res, err = lim.Reserve(ctx, 1, a.inlineLeft())
 		}
@@ -182,18 +186,26 @@ func (c *config) maySleep(a attempt, wait time.Duration, kept bool) bool {
 	return wait <= limit && c.sh.trySleep()
 }
 
-// comeBackMargin is how much earlier still a handed-back task is made due, for the
-// Redis calls of the forward and the dequeue.
-const comeBackMargin = 20 * time.Millisecond
-
 // comeBack is the delay after which a task booked wait ahead should be made due:
 // early enough that, rounded down to whole seconds by asynq, forwarded within one
 // DelayedTaskCheckInterval and dequeued within one TaskCheckInterval, it is in a
-// worker by its slot. A task that could not sleep only because too many others did
-// comes back as soon as that allows too: the sleepers wake at their slots, within
-// about a second, and a task that came back after its own slot would lose its place.
+// worker by its slot, that is, the check intervals, 20ms for the calls in between, or
+// the lateness this server has seen of late, earlier (see comeBack.early). A task that
+// could not sleep only because too many others did comes back as soon as that allows
+// too: the sleepers wake at their slots, within about a second.
 func (c *config) comeBack(wait time.Duration) time.Duration {
-	return max(wait-c.sh.checkInterval()-comeBackMargin, 0)
+	return max(wait-c.sh.cb.early(c.sh.checkInterval()), 0)
+}
+
+// graceFor is how long after its slot a task that comes back may still run on it:
+// lateGrace, at most a quarter of lim's shortest period. A later task is moved to the
+// earliest slot free then.
+func graceFor(lim *throttle.Limiter) time.Duration {
+	g := lateGrace
+	for _, l := range lim.Limits() {
+		g = min(g, l.Period/4)
+	}
+	return g
 }
 
 // bookingID is the ID a task's booking is recorded under: a requeued copy's
@@ -285,9 +297,9 @@ func (a attempt) outageLeft() time.Duration {
 }
 
 // keptLimit is how long a task that found its booking may sleep: as early as asynq's
-// precision may bring it back (a second, the forwarding interval and the margin).
+// precision may bring it back (a second and how early it was made due).
 func (c *config) keptLimit() time.Duration {
-	return time.Second + c.sh.checkInterval() + comeBackMargin
+	return time.Second + c.sh.cb.early(c.sh.checkInterval())
 }
 
 // outage paces the middleware's tries while its limiter or semaphore finds Redis
@@ -335,6 +347,9 @@ func (c *config) reject(ctx context.Context, t *asynq.Task, a attempt, te *Throt
 	}
 	if IsThrottled(err) {
 		c.sh.handed.Add(1)
+		if id, ok := asynq.GetTaskID(ctx); ok && te.Booked {
+			c.sh.cb.handedBack(bookingID(id), time.Now(), te.back)
+		}
 	}
 	if c.hooks.Throttled != nil && IsThrottled(err) {
 		c.hooks.Throttled(ctx, t, te)

@@ -110,7 +110,8 @@ func (c *config) bad(format string, args ...any) {
 // middleware's constructor panics with an error wrapping ErrInvalidOption.
 //
 // A task that comes back for its booking may sleep longer than d when asynq's
-// precision demands it: up to a second plus the DelayedTaskCheckInterval.
+// precision demands it: up to a second plus how early it was made due (the check
+// intervals and 20ms, more on a server whose returns have come late: Stats.ComeBackEarly).
 func MaxInlineWait(d time.Duration) Option {
 	return optionFunc(func(c *config) {
 		if d < 0 {

@@ -17,8 +17,10 @@ import (
 // and scheduling delays (Δ, up to about 100ms on a busy 2-core host). Algorithms that
 // grant a period's permits at once (the sliding window, the fixed window) put whole
 // batches exactly a Period apart, so a batch that starts late by more than the next
-// one shares a window of one Period with it: up to twice the Rate. The pacer delays a
-// start, by at most about Δ, until it is at least a Period after the start Rate
+// one shares a window of one Period with it: up to twice the Rate. A task back after
+// its slot that runs on its passed permit (within lateGrace, see Throttle) lags it
+// more still. The pacer delays a start, by at most about Δ (and that lateness), until
+// it is at least a Period after the start Rate
 // places before it, so that a process's starts through one limiter never exceed Rate
 // in any window of Period.
 //

@@ -158,6 +158,10 @@ type Stats struct {
 	// CheckInterval is how late the middleware expects the server to bring a due
 	// task to a worker (see CheckInterval).
 	CheckInterval time.Duration
+	// ComeBackEarly is how long before its slot a handed-back task is made due now:
+	// CheckInterval and 20ms, or more on a server whose returns have come late (see
+	// Throttle).
+	ComeBackEarly time.Duration
 }
 
 // Stats returns what the Setup's middlewares have done so far.
@@ -173,5 +177,6 @@ func (s *Setup) Stats() Stats {
 		Kept:           s.sh.kept.Load(),
 		CountedAsRetry: retried,
 		CheckInterval:  s.sh.checkInterval(),
+		ComeBackEarly:  s.sh.cb.early(s.sh.checkInterval()),
 	}
 }

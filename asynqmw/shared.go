@@ -27,6 +27,7 @@ type shared struct {
 	configured atomic.Bool // Setup.Config was called
 	gate       atomic.Pointer[gate]
 	pacer      pacer
+	cb         comeBack // how early to make handed-back tasks due
 
 	mu      sync.Mutex
 	back    map[string]int // task ID → retry count when handed back

@@ -1,0 +1,102 @@
+package asynqmw
+
+import (
+	"slices"
+	"sync"
+	"time"
+)
+
+// comeBack learns how late the server brings a handed-back task to the middleware
+// after asynq made it due, and from that how much earlier than its slot to make it due.
+//
+// asynq makes a retried (or requeued) task due at its retry time truncated to whole
+// seconds; the forwarder moves it to its queue within DelayedTaskCheckInterval, a
+// worker dequeues it within TaskCheckInterval, and the middleware's script call
+// follows. On an idle host that is the check intervals and a few ms; on a busy one
+// (the shared 2-core VM at a load average of 10 to 20) the forwarder, the dequeue and
+// the call each wait for a CPU, and returns came up to 2 s after they were due. A task
+// back after its slot used to lose it (and its place in line). So the middleware
+// records, for each task it hands back, when asynq makes it due, and when the task
+// comes back to it, how late that was; it makes the next tasks due earlier by a high
+// percentile of the recent lateness (comeBackPercentile of the last comeBackSamples),
+// never less than the check intervals and 20ms (the fixed margin it had before), nor
+// more than a second above that, so that a stall does not send every task back to
+// sleep for seconds. A task returning to another server of the fleet is not seen:
+// each server learns from its own.
+type comeBack struct {
+	mu      sync.Mutex
+	due     map[string]time.Time // booking ID → when asynq makes it due (wall clock)
+	samples []time.Duration      // the last lateness values, a ring
+	next    int
+	margin  time.Duration // 0: not learned yet
+}
+
+const (
+	// comeBackMargin is the least extra time a handed-back task is made due before its
+	// slot, beyond the check intervals: for the Redis calls of the forward and the
+	// dequeue.
+	comeBackMargin = 20 * time.Millisecond
+	// comeBackMaxExtra bounds how much the learned margin may exceed the least one.
+	comeBackMaxExtra = time.Second
+	// comeBackSamples is how many recent returns the margin is learned from, and
+	// comeBackMinSamples how many it needs before it moves from the least margin.
+	comeBackSamples    = 32
+	comeBackMinSamples = 5
+	// comeBackPercentile is the share of recent returns the margin would have
+	// brought back in time.
+	comeBackPercentile = 0.9
+	// lateGrace bounds how long after its slot a task that comes back may still run on
+	// it (see Throttle): at most a quarter of the limit's shortest period. The pacer
+	// keeps each process's starts within the limit; across processes it widens the
+	// lag of one server's starts behind another's (the Δ of the README's fleet-wide
+	// bound) by up to this much.
+	lateGrace = 250 * time.Millisecond
+)
+
+// handedBack records that the task booked under id is due again after back, from now.
+func (cb *comeBack) handedBack(id string, now time.Time, back time.Duration) {
+	cb.mu.Lock()
+	defer cb.mu.Unlock()
+	if cb.due == nil || len(cb.due) >= maxRemembered {
+		cb.due = map[string]time.Time{}
+	}
+	// asynq stores the retry time in whole seconds, truncated
+	cb.due[id] = time.Unix(now.Add(back).Unix(), 0)
+}
+
+// returned notes that the task booked under id came back now, if this process handed
+// it back, and learns from how late that was.
+func (cb *comeBack) returned(id string, now time.Time) {
+	cb.mu.Lock()
+	defer cb.mu.Unlock()
+	due, ok := cb.due[id]
+	if !ok {
+		return
+	}
+	delete(cb.due, id)
+	late := now.Round(0).Sub(due) // wall clock: due has no monotonic reading
+	if len(cb.samples) < comeBackSamples {
+		cb.samples = append(cb.samples, late)
+	} else {
+		cb.samples[cb.next] = late
+		cb.next = (cb.next + 1) % comeBackSamples
+	}
+	if len(cb.samples) < comeBackMinSamples {
+		return
+	}
+	s := slices.Clone(cb.samples)
+	slices.Sort(s)
+	cb.margin = s[int(comeBackPercentile*float64(len(s)-1)+0.5)]
+}
+
+// early returns how much before its slot a handed-back task is made due, given how
+// late the server may bring a due task (the check intervals): the learned lateness
+// and comeBackMargin, between the check intervals and comeBackMargin and a second
+// more.
+func (cb *comeBack) early(interval time.Duration) time.Duration {
+	cb.mu.Lock()
+	learned := cb.margin
+	cb.mu.Unlock()
+	least := interval + comeBackMargin
+	return min(max(learned+comeBackMargin, least), least+comeBackMaxExtra)
+}

@@ -1,0 +1,55 @@
+package asynqmw
+
+import (
+	"strconv"
+	"testing"
+	"time"
+)
+
+// The come-back margin starts at the check intervals and 20ms, follows the 90th
+// percentile of how late this server's handed-back tasks came back after asynq made
+// them due, and stays within a second above where it started. No timing: the
+// returns are given their times.
+func TestComeBackLearnsLateness(t *testing.T) {
+	const interval = 200 * time.Millisecond
+	var cb comeBack
+	if got, want := cb.early(interval), 220*time.Millisecond; got != want {
+		t.Fatalf("margin before any return: %v, want %v", got, want)
+	}
+	t0 := time.Unix(1_000_000, 0)
+	back := func(id string, late time.Duration) {
+		t.Helper()
+		// handed back at t0 + 0.3s, made due 2.5s later: asynq truncates to t0 + 2s
+		cb.handedBack(id, t0.Add(300*time.Millisecond), 2500*time.Millisecond)
+		cb.returned(id, t0.Add(2*time.Second+late))
+	}
+	for i := range comeBackMinSamples - 1 {
+		back("a"+strconv.Itoa(i), 900*time.Millisecond)
+	}
+	if got, want := cb.early(interval), 220*time.Millisecond; got != want {
+		t.Fatalf("margin after %d returns: %v, want %v (too few to learn from)", comeBackMinSamples-1, got, want)
+	}
+	cb.returned("never-handed-back", t0.Add(time.Hour)) // not this server's: ignored
+	for i := range 40 {
+		back("b"+strconv.Itoa(i), 100*time.Millisecond) // within the check intervals
+	}
+	if got, want := cb.early(interval), 220*time.Millisecond; got != want {
+		t.Fatalf("margin with 40 of 44 returns 100ms late: %v, want %v (never below the least)", got, want)
+	}
+	for i := range comeBackSamples {
+		late := 400 * time.Millisecond
+		if i%16 == 0 { // 2 of 32
+			late = 3 * time.Second // a stall now and then
+		}
+		back("c"+strconv.Itoa(i), late)
+	}
+	if got, want := cb.early(interval), 420*time.Millisecond; got != want {
+		t.Fatalf("margin with 90%% of returns 400ms late: %v, want %v", got, want)
+	}
+	for i := range comeBackSamples {
+		back("d"+strconv.Itoa(i), 5*time.Second)
+	}
+	if got, want := cb.early(interval), 1220*time.Millisecond; got != want {
+		t.Fatalf("margin with every return 5s late: %v, want %v (the bound)", got, want)
+	}
+}
