@@ -60,8 +60,10 @@ func (cb *comeBack) handedBack(id string, now time.Time, back time.Duration) {
 	if cb.due == nil || len(cb.due) >= maxRemembered {
 		cb.due = map[string]time.Time{}
 	}
-	// asynq stores the retry time in whole seconds, truncated
-	cb.due[id] = time.Unix(now.Add(back).Unix(), 0)
+	// asynq stores the retry time in whole seconds, truncated; one truncated into the
+	// past is due at once, not then (else a short hand-back would read as late by up to
+	// a second, and a longer margin would make more tasks bounce: a feedback loop)
+	cb.due[id] = later(time.Unix(now.Add(back).Unix(), 0), now.Round(0))
 }
 
 // returned notes that the task booked under id came back now, if this process handed

@@ -31,6 +31,16 @@ func TestComeBackLearnsLateness(t *testing.T) {
 	}
 	cb.returned("never-handed-back", t0.Add(time.Hour)) // not this server's: ignored
 	for i := range 40 {
+		// handed back at t0 + 0.3s, due 0.2s later: asynq truncates to t0, in the
+		// past, so it is due at once; back 100ms after that
+		id := "s" + strconv.Itoa(i)
+		cb.handedBack(id, t0.Add(300*time.Millisecond), 200*time.Millisecond)
+		cb.returned(id, t0.Add(400*time.Millisecond))
+	}
+	if got, want := cb.early(interval), 220*time.Millisecond; got != want {
+		t.Fatalf("margin with 40 of 44 returns 100ms after a hand-back due at once: %v, want %v", got, want)
+	}
+	for i := range 40 {
 		back("b"+strconv.Itoa(i), 100*time.Millisecond) // within the check intervals
 	}
 	if got, want := cb.early(interval), 220*time.Millisecond; got != want {
