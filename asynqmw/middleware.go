@@ -29,9 +29,9 @@ import (
 // returns; one back at most 250ms late (a quarter period if less) still runs on its
 // slot (throttle.Limiter.ReserveForLate), a later one is moved to the first free slot.
 // In each process, the handler starts let through lim never exceed a limit in any
-// window of its Period (Hooks.Started;
-// token buckets and limits above 10000 per period are not paced). The README's asynq
-// section gives the bound across processes and why each step is needed.
+// window of its Period (Hooks.Started; token buckets and limits above 10000 per
+// period are not paced). The README's asynq section gives the bound across processes
+// and why each step is needed.
 //
 // A task whose ctx ends while it sleeps gives its permit back and returns ctx.Err().
 // Redis unreachable (throttle.ErrUnavailable) throttles a task, never fails it; other

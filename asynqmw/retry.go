@@ -24,7 +24,7 @@ func IsFailure(err error) bool {
 // *ThrottledError with a booking (Booked), the delay that has the task in a worker
 // by its slot: RetryIn less how late the server may bring a due task to a worker (as
 // the middleware knows it, see CheckInterval) and 20ms, or less how late this
-// server's returns have been of late when that is more (up to a second more), at
+// server's returns have been of late when that is more (up to half a second more), at
 // least 0; for one without, RetryIn rounded
 // up to whole seconds (at least one) plus a random jitter of up to a tenth of
 // RetryIn, at least a second; for any other error, fallback's answer. A nil fallback
