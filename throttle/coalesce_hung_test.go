@@ -3,7 +3,6 @@ package throttle
 import (
 	"context"
 	"errors"
-	"fmt"
 	"testing"
 	"time"
 
@@ -20,11 +19,7 @@ import (
 // Tolerance: each call returns within lateBy (250ms) of the earlier of the two bounds.
 func TestCoalescedHungRedis(t *testing.T) {
 	hung := hungServer(t)
-	port, err := redistest.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	refused := fmt.Sprintf("127.0.0.1:%d", port)
+	refused := redistest.RefusedAddr
 	const short = 200 * time.Millisecond
 	for _, c := range []struct {
 		name  string

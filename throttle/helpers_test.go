@@ -359,11 +359,7 @@ func startHelperProcess(t *testing.T, cmd *exec.Cmd, line func(string)) (stdin i
 // downClient is a client of a port nobody listens on: every call is refused at once.
 func downClient(t *testing.T) *redis.Client {
 	t.Helper()
-	port, err := redistest.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + itoa(port), MaxRetries: -1, DialTimeout: 100 * ms})
+	c := redis.NewClient(&redis.Options{Addr: redistest.RefusedAddr, MaxRetries: -1, DialTimeout: 100 * ms})
 	t.Cleanup(func() { c.Close() })
 	return c
 }

@@ -224,11 +224,7 @@ func TestCorruptStateIsReported(t *testing.T) {
 // With Redis unreachable the call fails fast with the network error: not allowed,
 // no hang, no panic.
 func TestRedisDownIsAnError(t *testing.T) {
-	port, err := redistest.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + itoa(port), MaxRetries: -1, DialTimeout: 200 * ms})
+	rdb := redis.NewClient(&redis.Options{Addr: redistest.RefusedAddr, MaxRetries: -1, DialTimeout: 200 * ms})
 	defer rdb.Close()
 	var hookErr error
 	l, err := New(rdb, "down", PerSecond(1), WithHooks(Hooks{RedisError: func(_ string, err error) { hookErr = err }}))

@@ -40,6 +40,12 @@ func FreePort() (int, error) {
 	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
+// RefusedAddr is an address whose every dial is refused at once: port 1 (tcpmux),
+// which nothing on a test machine serves and no test server can be given. A port
+// FreePort found free is not: a redis-server another suite started a moment later can
+// take it (TestCoalescedHungRedis/refused got answers from one, under a parallel suite).
+const RefusedAddr = "127.0.0.1:1"
+
 // StartServer starts redis-server on a free 127.0.0.1 port with no persistence and the
 // extra arguments given ("--cluster-enabled", "yes", ...), and waits until it answers.
 // StopAll (called by Main) stops it; so does the end of the test process.
