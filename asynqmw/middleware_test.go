@@ -290,7 +290,22 @@ func TestThrottleDecisions(t *testing.T) {
 		})
 
 		t.Run("a done context gives the booking back", func(t *testing.T) {
-			lim := newLim("cancel", throttle.Limit{Rate: 1, Period: 10 * time.Second})
+			// The booking is given back by the sleeper's Cancel, or, when the cancel
+			// came while Reserve's reply was on its way (a Redis call slower than 50ms
+			// on a starved machine), by the late reply's give-back, which may run
+			// after ProcessTask returned (seen: a booking still held 20s ahead, load
+			// 20). Either calls the Cancelled hook: the test waits for it.
+			gaveBack := make(chan struct{}, 1)
+			lim, err := throttle.New(b.Client, "cancel", throttle.Limit{Rate: 1, Period: 10 * time.Second},
+				throttle.WithKeyPrefix(b.Prefix), throttle.WithHooks(throttle.Hooks{Cancelled: func(string, int) {
+					select {
+					case gaveBack <- struct{}{}:
+					default:
+					}
+				}}))
+			if err != nil {
+				t.Fatal(err)
+			}
 			next := &handlerCalls{}
 			h := asynqmw.Throttle(lim, asynqmw.MaxInlineWait(time.Minute))(next)
 			_ = h.ProcessTask(ctx, task)
@@ -304,6 +319,11 @@ func TestThrottleDecisions(t *testing.T) {
 			go func() { time.Sleep(50 * time.Millisecond); cancel() }()
 			if err := h.ProcessTask(cctx, task); !errors.Is(err, context.Canceled) || next.n != 1 {
 				t.Fatalf("cancelled while asleep: err %v, handler calls %d; want context.Canceled, 1", err, next.n)
+			}
+			select {
+			case <-gaveBack:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the cancelled booking was not given back within 10s")
 			}
 			// The cancelled booking was given back: the next one is due when the first
 			// permit leaves the window, not a period after that.
