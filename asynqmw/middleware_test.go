@@ -280,7 +280,9 @@ func TestThrottleDecisions(t *testing.T) {
 		})
 
 		t.Run("MaxInlineWait(0) never sleeps", func(t *testing.T) {
-			lim := newLim("zero", throttle.Limit{Rate: 1, Period: 100 * time.Millisecond})
+			// A period of 10s: the second call must find the permit taken however late
+			// it runs (with 100ms, a starved machine let the second through: load 6).
+			lim := newLim("zero", throttle.Limit{Rate: 1, Period: 10 * time.Second})
 			next := &handlerCalls{}
 			h := asynqmw.Throttle(lim, asynqmw.MaxInlineWait(0))(next)
 			_ = h.ProcessTask(ctx, task)
