@@ -254,26 +254,30 @@ func TestThrottleDecisions(t *testing.T) {
 		})
 
 		t.Run("never sleeps into the deadline's second half", func(t *testing.T) {
-			lim := newLim("deadline", throttle.Limit{Rate: 1, Period: 800 * time.Millisecond})
+			lim := newLim("deadline", throttle.Limit{Rate: 1, Period: 1500 * time.Millisecond})
 			next := &handlerCalls{}
-			h := asynqmw.Throttle(lim, asynqmw.MaxInlineWait(2*time.Second))(next)
+			h := asynqmw.Throttle(lim, asynqmw.MaxInlineWait(4*time.Second))(next)
 			if err := h.ProcessTask(ctx, task); err != nil {
 				t.Fatal(err)
 			}
-			// 1s left: the default leaves half to the handler, 500ms < the 800ms wait
-			// (as long as this test stalls for less than 600ms).
-			dctx, cancel := context.WithTimeout(ctx, time.Second)
+			// 2s left: the default leaves half to the handler, 1s < the 1.5s wait (as
+			// long as this test stalls for less than 500ms).
+			dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			defer cancel()
 			if err := h.ProcessTask(dctx, task); !asynqmw.IsThrottled(err) {
-				t.Errorf("with 1s to the deadline: err %v, want throttled", err)
+				t.Errorf("with 2s to the deadline: err %v, want throttled", err)
 			}
 			// HandlerTime(50ms) lets it sleep up to the last 50ms: enough. A deadline
-			// of its own, set after the permit was taken: the wait (at most 800ms) and
-			// the time left (1s) then shrink together, however late this runs (on dctx,
+			// of its own, set after the permit was taken: the wait (at most 1.5s) and
+			// the time left (2s) then shrink together, however late this runs (on dctx,
 			// the throttled call above had to take under 150ms: 2 failures at load 17).
-			dctx2, cancel2 := context.WithTimeout(ctx, time.Second)
+			// The permit is due at least 500ms before that deadline: the sleeper's
+			// wake-up (and the pacer's, which spaces this start a Period after the
+			// first) may be that late. With 800ms of a 1s deadline (200ms to spare),
+			// the deadline won the wake-up at load 6.
+			dctx2, cancel2 := context.WithTimeout(ctx, 2*time.Second)
 			defer cancel2()
-			h = asynqmw.Throttle(lim, asynqmw.MaxInlineWait(2*time.Second), asynqmw.HandlerTime(50*time.Millisecond))(next)
+			h = asynqmw.Throttle(lim, asynqmw.MaxInlineWait(4*time.Second), asynqmw.HandlerTime(50*time.Millisecond))(next)
 			if err := h.ProcessTask(dctx2, task); err != nil || next.n != 2 {
 				t.Errorf("with HandlerTime(50ms): err %v, handler calls %d; want nil, 2", err, next.n)
 			}
