@@ -442,19 +442,34 @@ func shutdownWhileWaiting(t *testing.T, b *redistest.Backend) {
 		// The bookings of the aborted sleepers were given back: one permit per task,
 		// and one more for each give-back Redis refused because its booking had
 		// already taken effect when the script ran (a sleeper the starved machine
-		// woke late: 15 permits for 12 tasks were seen at load 17). A give-back
-		// refused before its booking's time, or never sent, still fails.
+		// woke late: 15 permits for 12 tasks were seen at load 17), and for each
+		// booking whose task came back to it only after it had taken effect, so
+		// that the task booked anew (a booking made while the first server shut
+		// down, whose caller had left, or a task the second server dequeued late:
+		// 13 and 14 for 12 were seen at load 6–20). A give-back refused before its
+		// booking's time, or never sent, and a booking nobody came back to in time
+		// without being booked anew, still fail.
 		late := 0
 		for _, gb := range grants.GiveBacks() {
 			if !gb.OK && !gb.Replied.Before(gb.At) {
 				late += gb.N
 			}
 		}
-		if late > 0 {
-			t.Logf("%d give-backs came after their booking took effect", late)
+		overtaken := 0
+		for _, gr := range grants.Overtaken() {
+			overtaken += gr.N
 		}
-		if got := grants.Total(); got != n+late {
-			t.Errorf("permits granted (net of cancels): got %d, want %d (+%d given back too late)", got, n, late)
+		if late > 0 || overtaken > 0 {
+			t.Logf("%d give-backs came after their booking took effect; %d bookings were booked anew after they took effect", late, overtaken)
+		}
+		if got := grants.Total(); got != n+late+overtaken {
+			for _, gr := range grants.List() {
+				t.Logf("grant %+v", gr)
+			}
+			for _, gb := range grants.GiveBacks() {
+				t.Logf("give-back %+v", gb)
+			}
+			t.Errorf("permits granted (net of cancels): got %d, want %d (+%d given back too late, +%d booked anew after they took effect)", got, n, late, overtaken)
 		}
 		if got := grants.MaxInWindow(time.Second); got > 4 {
 			t.Errorf("most grants in any second: got %d, want <= 4", got)

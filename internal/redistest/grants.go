@@ -46,6 +46,9 @@ type Grant struct {
 	Wait time.Duration
 	// Sent is when the call was sent, by this process's clock.
 	Sent time.Time
+	// Booking is the task's booking key (KEYS[3]) of a grant booked for a task
+	// (op 2), else "".
+	Booking string
 }
 
 // RecordGrants adds a hook to c that records every grant and cancel of the limiter
@@ -116,6 +119,10 @@ func (g *Grants) observe(cmd redis.Cmder, sent, replied time.Time) {
 		key, _ = args[3].(string)
 	}
 	argv := args[3+nkeys:]
+	booking := ""
+	if op, _ := toInt(argv[0]); (op == 2 || op == 3) && nkeys >= 3 {
+		booking, _ = args[5].(string)
+	}
 	if op, _ := toInt(argv[0]); op == 4 { // five integers per request, flat
 		k, _ := toInt(argv[1])
 		if int64(len(reply)) < 5*k || len(argv) < 2+3*int(k) {
@@ -129,14 +136,14 @@ func (g *Grants) observe(cmd redis.Cmder, sent, replied time.Time) {
 			if v[0] == -1 {
 				continue // this request's error
 			}
-			g.record(key, argv[2+3*i:5+3*i], v, sent, replied)
+			g.record(key, "", argv[2+3*i:5+3*i], v, sent, replied)
 		}
 		return
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.countCall(key)
-	g.record(key, argv[:3], reply, sent, replied)
+	g.record(key, booking, argv[:3], reply, sent, replied)
 }
 
 func (g *Grants) countCall(key string) {
@@ -160,8 +167,9 @@ func int64s(s []any) []int64 {
 	return v
 }
 
-// record notes one request's grant or cancel: opnx holds its op, n and x, v its reply.
-func (g *Grants) record(key string, opnx []any, v []int64, sent, replied time.Time) {
+// record notes one request's grant or cancel: opnx holds its op, n and x, v its
+// reply; booking is the task's booking key of ops 2 and 3.
+func (g *Grants) record(key, booking string, opnx []any, v []int64, sent, replied time.Time) {
 	if len(v) < 5 || len(v) > 6 {
 		return
 	}
@@ -184,7 +192,7 @@ func (g *Grants) record(key string, opnx []any, v []int64, sent, replied time.Ti
 	switch {
 	case op == 0 && v[0] == 1 && n > 0:
 		g.grants = append(g.grants, Grant{At: time.UnixMicro(v[4]), N: int(n), Key: key,
-			Wait: time.Duration(v[2]) * time.Microsecond, Sent: sent})
+			Wait: time.Duration(v[2]) * time.Microsecond, Sent: sent, Booking: booking})
 	case op == 1:
 		g.giveBacks = append(g.giveBacks, GiveBack{Key: key, At: time.UnixMicro(x), N: int(n), OK: v[0] == 1, Sent: sent, Replied: replied})
 		if v[0] == 1 {
@@ -284,6 +292,28 @@ func (g *Grants) List() []Grant {
 	g.mu.Unlock()
 	sort.SliceStable(list, func(i, j int) bool { return list[i].At.Before(list[j].At) })
 	return list
+}
+
+// Overtaken returns the standing grants booked for a task that the same task booked
+// anew after they had taken effect: the task came back to its booking too late to
+// use it (the script books anew when the recorded token has passed, by the server's
+// clock), so each is a permit that took effect unused. Whether one was overtaken is
+// read from the server's clock alone: the later call ran at At - Wait.
+func (g *Grants) Overtaken() []Grant {
+	var out []Grant
+	list := g.List()
+	for i, a := range list {
+		if a.Booking == "" {
+			continue
+		}
+		for _, b := range list[i+1:] {
+			if b.Key == a.Key && b.Booking == a.Booking && b.At.Add(-b.Wait).After(a.At) {
+				out = append(out, a)
+				break
+			}
+		}
+	}
+	return out
 }
 
 // GiveBacks returns the calls that gave back a booking or tried to, in the order
