@@ -47,7 +47,7 @@ type Grant struct {
 	// Sent is when the call was sent, by this process's clock.
 	Sent time.Time
 	// Booking is the task's booking key (KEYS[3]) of a grant booked for a task
-	// (op 2), else "".
+	// (op 2 or 5), else "".
 	Booking string
 }
 
@@ -120,7 +120,7 @@ func (g *Grants) observe(cmd redis.Cmder, sent, replied time.Time) {
 	}
 	argv := args[3+nkeys:]
 	booking := ""
-	if op, _ := toInt(argv[0]); (op == 2 || op == 3) && nkeys >= 3 {
+	if op, _ := toInt(argv[0]); (op == 2 || op == 3 || op == 5) && nkeys >= 3 {
 		booking, _ = args[5].(string)
 	}
 	if op, _ := toInt(argv[0]); op == 4 { // five integers per request, flat
@@ -168,7 +168,7 @@ func int64s(s []any) []int64 {
 }
 
 // record notes one request's grant or cancel: opnx holds its op, n and x, v its
-// reply; booking is the task's booking key of ops 2 and 3.
+// reply; booking is the task's booking key of ops 2, 3 and 5.
 func (g *Grants) record(key, booking string, opnx []any, v []int64, sent, replied time.Time) {
 	if len(v) < 5 || len(v) > 6 {
 		return
