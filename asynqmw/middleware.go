@@ -73,14 +73,21 @@ func ThrottleFunc(pick func(ctx context.Context, t *asynq.Task) (*throttle.Limit
 		if err := slot.take(ctx); err != nil {
 			return err
 		}
+		var at time.Time
 		if lim != nil {
-			at, err := c.sh.pacer.start(ctx, lim)
-			if err != nil {
+			if at, err = c.sh.pacer.start(ctx, lim); err != nil {
 				return err
 			}
-			if c.hooks.Started != nil {
-				c.hooks.Started(ctx, t, at)
-			}
+		}
+		// A task whose context ended while it waited does not start: asynq has put it
+		// back in the queue (shutdown) or counts it failed (deadline) already. A
+		// sleeper woken late, after both its permit's time and the context's end, saw
+		// either first; started anyway, it ran twice (once here after the requeue).
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if lim != nil && c.hooks.Started != nil {
+			c.hooks.Started(ctx, t, at)
 		}
 		return handle(ctx)
 	})
