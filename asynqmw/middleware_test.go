@@ -315,9 +315,11 @@ func TestThrottleDecisions(t *testing.T) {
 			next := &handlerCalls{}
 			h := asynqmw.Throttle(lim, asynqmw.MaxInlineWait(time.Minute))(next)
 			_ = h.ProcessTask(ctx, task)
-			cctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+			// The deadline leaves 1s to sleep, under the ~10s wait: throttled, nothing
+			// booked. (A 50ms deadline failed when the Reserve call itself took longer,
+			// at load 8: ErrUnavailable. This tolerates a 2s call.)
+			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			defer cancel()
-			// The deadline leaves 25ms to sleep: throttled, nothing booked.
 			if err := h.ProcessTask(cctx, task); !asynqmw.IsThrottled(err) {
 				t.Fatalf("err %v, want throttled", err)
 			}
