@@ -268,14 +268,13 @@ func TestThrottleDecisions(t *testing.T) {
 				t.Errorf("with 2s to the deadline: err %v, want throttled", err)
 			}
 			// HandlerTime(50ms) lets it sleep up to the last 50ms: enough. A deadline
-			// of its own, set after the permit was taken: the wait (at most 1.5s) and
-			// the time left (2s) then shrink together, however late this runs (on dctx,
-			// the throttled call above had to take under 150ms: 2 failures at load 17).
-			// The permit is due at least 500ms before that deadline: the sleeper's
-			// wake-up (and the pacer's, which spaces this start a Period after the
-			// first) may be that late. With 800ms of a 1s deadline (200ms to spare),
-			// the deadline won the wake-up at load 6.
-			dctx2, cancel2 := context.WithTimeout(ctx, 2*time.Second)
+			// of its own, set after the permit was taken, of 2.9s: the default would
+			// leave it 1.45s, under the 1.5s wait; the permit is due at least 1.4s
+			// before the deadline, which the Reserve call and the sleeper's wake-up
+			// may take together. (On miniredis the server clock stands still here, so
+			// the wait is a full 1.5s however late this runs: with a 1s deadline and
+			// 800ms, then 2s and 1.5s, the deadline won at load 6 and 10.)
+			dctx2, cancel2 := context.WithTimeout(ctx, 2900*time.Millisecond)
 			defer cancel2()
 			h = asynqmw.Throttle(lim, asynqmw.MaxInlineWait(4*time.Second), asynqmw.HandlerTime(50*time.Millisecond))(next)
 			if err := h.ProcessTask(dctx2, task); err != nil || next.n != 2 {
