@@ -254,31 +254,37 @@ func TestThrottleDecisions(t *testing.T) {
 		})
 
 		t.Run("never sleeps into the deadline's second half", func(t *testing.T) {
-			lim := newLim("deadline", throttle.Limit{Rate: 1, Period: 1500 * time.Millisecond})
 			next := &handlerCalls{}
-			h := asynqmw.Throttle(lim, asynqmw.MaxInlineWait(4*time.Second))(next)
+			// 2s left: the default leaves half to the handler, 1s < the wait of a
+			// limiter of 1 per 10s (as long as this test stalls for less than 9s).
+			long := newLim("deadline-10s", throttle.Limit{Rate: 1, Period: 10 * time.Second})
+			h := asynqmw.Throttle(long, asynqmw.MaxInlineWait(20*time.Second))(next)
 			if err := h.ProcessTask(ctx, task); err != nil {
 				t.Fatal(err)
 			}
-			// 2s left: the default leaves half to the handler, 1s < the 1.5s wait (as
-			// long as this test stalls for less than 500ms).
 			dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			defer cancel()
 			if err := h.ProcessTask(dctx, task); !asynqmw.IsThrottled(err) {
 				t.Errorf("with 2s to the deadline: err %v, want throttled", err)
 			}
 			// HandlerTime(50ms) lets it sleep up to the last 50ms: enough. A deadline
-			// of its own, set after the permit was taken, of 2.9s: the default would
-			// leave it 1.45s, under the 1.5s wait; the permit is due at least 1.4s
-			// before the deadline, which the Reserve call and the sleeper's wake-up
-			// may take together. (On miniredis the server clock stands still here, so
-			// the wait is a full 1.5s however late this runs: with a 1s deadline and
-			// 800ms, then 2s and 1.5s, the deadline won at load 6 and 10.)
+			// of 2.9s, set after the permit of a limiter of 1 per 1.5s was taken: the
+			// default would leave it 1.45s, under the wait (up to 1.5s); the permit is
+			// due at least 1.4s before the deadline, which the Reserve call and the
+			// sleeper's wake-up may take together. (On miniredis the server clock
+			// stands still here, so the wait is a full 1.5s however late this runs:
+			// with a 1s deadline and 800ms, then 2s and 1.5s, the deadline won at load
+			// 6 and 10; the throttled call above shared the limiter and failed after a
+			// 500ms stall, load 10.)
+			lim := newLim("deadline", throttle.Limit{Rate: 1, Period: 1500 * time.Millisecond})
+			if err := asynqmw.Throttle(lim)(next).ProcessTask(ctx, task); err != nil {
+				t.Fatal(err)
+			}
 			dctx2, cancel2 := context.WithTimeout(ctx, 2900*time.Millisecond)
 			defer cancel2()
 			h = asynqmw.Throttle(lim, asynqmw.MaxInlineWait(4*time.Second), asynqmw.HandlerTime(50*time.Millisecond))(next)
-			if err := h.ProcessTask(dctx2, task); err != nil || next.n != 2 {
-				t.Errorf("with HandlerTime(50ms): err %v, handler calls %d; want nil, 2", err, next.n)
+			if err := h.ProcessTask(dctx2, task); err != nil || next.n != 3 {
+				t.Errorf("with HandlerTime(50ms): err %v, handler calls %d; want nil, 3", err, next.n)
 			}
 		})
 
