@@ -127,47 +127,43 @@ func TestReserveForArguments(t *testing.T) {
 // ReserveForLate uses a booking whose time passed within late, at once and without a
 // new grant; one passed by more is booked anew, as ReserveFor does.
 func TestReserveForLate(t *testing.T) {
-	for _, alg := range allAlgorithms {
-		t.Run(alg.String(), func(t *testing.T) {
-			redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
-				tl := newTimeline(t, b)
-				l := tl.limiter("late", PerSecond(2), WithAlgorithm(alg), WithBuckets(10))
-				ctx := context.Background()
-				for range 2 { // use up the first second
-					if res, err := l.Allow(ctx); err != nil || !res.Allowed {
-						t.Fatalf("Allow: %+v, %v", res, err)
-					}
-				}
-				late := func(id string, within time.Duration) (*waiter.Reservation, bool) {
-					t.Helper()
-					r, kept, err := l.ReserveForLate(ctx, id, 1, within)
-					if err != nil || !r.OK() {
-						t.Fatalf("ReserveForLate(%q): %v, %v", id, r, err)
-					}
-					return r, kept
-				}
-				a, kept := late("task-a", 500*ms)
-				if kept || a.Delay() <= 0 {
-					t.Fatalf("first booking of a: kept %v delay %v, want a new booking ahead", kept, a.Delay())
-				}
-				bb, _ := late("task-b", 500*ms)
-				dA, dB := a.Delay(), bb.Delay() // from t0
-				// a comes back 300ms after its slot: its booking, due at once
-				tl.at(dA + 300*ms)
-				if a2, kept := late("task-a", 500*ms); !kept || a2.Delay() != 0 {
-					t.Fatalf("a back 300ms late within 500ms: kept %v delay %v, want its booking, now", kept, a2.Delay())
-				}
-				// b comes back 600ms after its slot: a new booking
-				tl.at(dB + 600*ms)
-				if _, kept := late("task-b", 500*ms); kept {
-					t.Fatal("b back 600ms late kept a booking passed by more than 500ms")
-				}
-				if _, _, err := l.ReserveForLate(ctx, "task-c", 1, -1); !errors.Is(err, ErrInvalidArgument) {
-					t.Errorf("ReserveForLate(late -1): %v, want ErrInvalidArgument", err)
-				}
-			})
-		})
-	}
+	eachAlgorithm(t, redistest.Each, func(t *testing.T, alg Algorithm, b *redistest.Backend) {
+		tl := newTimeline(t, b)
+		l := tl.limiter("late", PerSecond(2), WithAlgorithm(alg), WithBuckets(10))
+		ctx := context.Background()
+		for range 2 { // use up the first second
+			if res, err := l.Allow(ctx); err != nil || !res.Allowed {
+				t.Fatalf("Allow: %+v, %v", res, err)
+			}
+		}
+		late := func(id string, within time.Duration) (*waiter.Reservation, bool) {
+			t.Helper()
+			r, kept, err := l.ReserveForLate(ctx, id, 1, within)
+			if err != nil || !r.OK() {
+				t.Fatalf("ReserveForLate(%q): %v, %v", id, r, err)
+			}
+			return r, kept
+		}
+		a, kept := late("task-a", 500*ms)
+		if kept || a.Delay() <= 0 {
+			t.Fatalf("first booking of a: kept %v delay %v, want a new booking ahead", kept, a.Delay())
+		}
+		bb, _ := late("task-b", 500*ms)
+		dA, dB := a.Delay(), bb.Delay() // from t0
+		// a comes back 300ms after its slot: its booking, due at once
+		tl.at(dA + 300*ms)
+		if a2, kept := late("task-a", 500*ms); !kept || a2.Delay() != 0 {
+			t.Fatalf("a back 300ms late within 500ms: kept %v delay %v, want its booking, now", kept, a2.Delay())
+		}
+		// b comes back 600ms after its slot: a new booking
+		tl.at(dB + 600*ms)
+		if _, kept := late("task-b", 500*ms); kept {
+			t.Fatal("b back 600ms late kept a booking passed by more than 500ms")
+		}
+		if _, _, err := l.ReserveForLate(ctx, "task-c", 1, -1); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("ReserveForLate(late -1): %v, want ErrInvalidArgument", err)
+		}
+	})
 }
 
 // A booking nobody comes back for leaves nothing behind once its time has passed.

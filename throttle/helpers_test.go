@@ -56,6 +56,18 @@ func runSteps(t *testing.T, tl *timeline, l *Limiter, steps []step) {
 // allAlgorithms lists every Algorithm, for tests that run a scenario on each.
 var allAlgorithms = []Algorithm{SlidingWindow, TokenBucket, FixedWindow, SlidingCounter}
 
+// eachAlgorithm runs f for every Algorithm (a subtest named after it) on every backend
+// (each, redistest.Each or redistest.EachRealTime, a subtest named after the backend).
+func eachAlgorithm(t *testing.T, each func(*testing.T, func(*testing.T, *redistest.Backend)),
+	f func(t *testing.T, alg Algorithm, b *redistest.Backend)) {
+	t.Helper()
+	for _, alg := range allAlgorithms {
+		t.Run(alg.String(), func(t *testing.T) {
+			each(t, func(t *testing.T, b *redistest.Backend) { f(t, alg, b) })
+		})
+	}
+}
+
 // fakeClock holds each algorithm's script with the clock a test sets (see
 // redistest.FakeClockScript): the production Lua on a timeline the test controls, for
 // real servers. On miniredis timelines run the production scripts: its clock moves

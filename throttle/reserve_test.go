@@ -85,40 +85,36 @@ func TestReserveBooksInArrivalOrder(t *testing.T) {
 // A booking that has taken effect cannot be given back: cancelling it, or cancelling
 // twice, changes nothing.
 func TestCancelAfterEffectIsNoOp(t *testing.T) {
-	for _, alg := range allAlgorithms {
-		t.Run(alg.String(), func(t *testing.T) {
-			redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
-				tl := newTimeline(t, b)
-				l := tl.limiter("late", PerSecond(1), WithAlgorithm(alg), WithBuckets(10))
-				runSteps(t, tl, l, []step{{0, 1, Result{true, 0, 0, l.fullReset()}}})
-				r := reserve(t, l, 1, 5*time.Second)
-				if !r.OK() || r.Delay() <= 0 {
-					t.Fatalf("booking: OK %v Delay %v", r.OK(), r.Delay())
-				}
-				tl.at(r.Delay()) // it takes effect now
-				before, err := l.AllowN(context.Background(), 0)
-				if err != nil {
-					t.Fatal(err)
-				}
-				for i := 0; i < 2; i++ {
-					if err := r.Cancel(context.Background()); err != nil {
-						t.Fatal(err)
-					}
-				}
-				after, err := l.AllowN(context.Background(), 0)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if after != before {
-					t.Fatalf("cancel after effect changed the state: %+v -> %+v", before, after)
-				}
-				// and the cancel went to Redis only if the clock said it was still due
-				if before.Remaining != 0 {
-					t.Fatalf("booked permit not counted: %+v", before)
-				}
-			})
-		})
-	}
+	eachAlgorithm(t, redistest.Each, func(t *testing.T, alg Algorithm, b *redistest.Backend) {
+		tl := newTimeline(t, b)
+		l := tl.limiter("late", PerSecond(1), WithAlgorithm(alg), WithBuckets(10))
+		runSteps(t, tl, l, []step{{0, 1, Result{true, 0, 0, l.fullReset()}}})
+		r := reserve(t, l, 1, 5*time.Second)
+		if !r.OK() || r.Delay() <= 0 {
+			t.Fatalf("booking: OK %v Delay %v", r.OK(), r.Delay())
+		}
+		tl.at(r.Delay()) // it takes effect now
+		before, err := l.AllowN(context.Background(), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < 2; i++ {
+			if err := r.Cancel(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		after, err := l.AllowN(context.Background(), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if after != before {
+			t.Fatalf("cancel after effect changed the state: %+v -> %+v", before, after)
+		}
+		// and the cancel went to Redis only if the clock said it was still due
+		if before.Remaining != 0 {
+			t.Fatalf("booked permit not counted: %+v", before)
+		}
+	})
 }
 
 // fullReset is the ResetAfter right after taking the whole first limit at t0.

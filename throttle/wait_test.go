@@ -33,82 +33,78 @@ func TestWaitSharesTheRate(t *testing.T) {
 		rate    = 40
 		windows = 5
 	)
-	for _, alg := range allAlgorithms {
-		t.Run(alg.String(), func(t *testing.T) {
-			redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
-				grants := redistest.RecordGrants(b.Client)
-				limit := Limit{Rate: rate, Period: period}
-				if alg == TokenBucket {
-					limit.Burst = 1 // evenly spaced
+	eachAlgorithm(t, redistest.EachRealTime, func(t *testing.T, alg Algorithm, b *redistest.Backend) {
+		grants := redistest.RecordGrants(b.Client)
+		limit := Limit{Rate: rate, Period: period}
+		if alg == TokenBucket {
+			limit.Burst = 1 // evenly spaced
+		}
+		l, err := New(b.Client, "share", limit, WithAlgorithm(alg), WithKeyPrefix(b.Prefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		total := rate * windows
+		var (
+			mu    sync.Mutex
+			taken int
+			wg    sync.WaitGroup
+		)
+		for w := 0; w < workers; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					mu.Lock()
+					if taken >= total {
+						mu.Unlock()
+						return
+					}
+					taken++
+					mu.Unlock()
+					if err := l.Wait(ctx); err != nil {
+						t.Error(err)
+						return
+					}
 				}
-				l, err := New(b.Client, "share", limit, WithAlgorithm(alg), WithKeyPrefix(b.Prefix))
-				if err != nil {
-					t.Fatal(err)
-				}
-				ctx := context.Background()
-				total := rate * windows
-				var (
-					mu    sync.Mutex
-					taken int
-					wg    sync.WaitGroup
-				)
-				for w := 0; w < workers; w++ {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						for {
-							mu.Lock()
-							if taken >= total {
-								mu.Unlock()
-								return
-							}
-							taken++
-							mu.Unlock()
-							if err := l.Wait(ctx); err != nil {
-								t.Error(err)
-								return
-							}
-						}
-					}()
-				}
-				wg.Wait()
-				if got := grants.Total(); got != total {
-					t.Fatalf("granted %d permits, want %d", got, total)
-				}
-				most := grants.MaxInWindow(period)
-				bound := rate
-				if alg == FixedWindow {
-					bound = 2 * rate // two aligned windows can meet inside one period
-				}
-				if most > bound {
-					t.Fatalf("%d permits took effect within one %v window, limit %d", most, period, bound)
-				}
-				util, judged, windows := bookedUtilization(grants.List(), period, rate)
-				perPermit := float64(grants.Calls()) / float64(total)
-				redistest.Figure(t, "%v on %s: %d permits, most in any %v: %d, utilization of the %d of %d periods after the first booked before they began %.4f (all of them: %.4f), script calls per permit %.3f",
-					alg, b.Kind, total, period, most, judged, windows, util, grants.Utilization(period, rate), perPermit)
-				if judged == 0 && b.Real() { // miniredis, in this process, keeps a shorter queue (1 of 3 periods judged when idle)
-					t.Fatalf("no period after the first was booked before it began: the waiters never kept a queue")
-				}
-				minUtil := 0.99
-				if alg == SlidingCounter {
-					minUtil = 0.97 // a permit holds its place up to one bucket (1/50) longer
-				}
-				if b.Kind == redistest.Mini {
-					// miniredis runs inside this test process: when other suites starve
-					// the machine, its scripts themselves run late (0.88 measured twice
-					// at load 10, before unbooked periods were left out)
-					minUtil = 0.8
-				}
-				if judged > 0 && util < minUtil {
-					t.Errorf("utilization %.4f, want >= %.2f", util, minUtil)
-				}
-				if perPermit > 1.05 {
-					t.Errorf("%.3f script calls per permit, want <= 1.05", perPermit)
-				}
-			})
-		})
-	}
+			}()
+		}
+		wg.Wait()
+		if got := grants.Total(); got != total {
+			t.Fatalf("granted %d permits, want %d", got, total)
+		}
+		most := grants.MaxInWindow(period)
+		bound := rate
+		if alg == FixedWindow {
+			bound = 2 * rate // two aligned windows can meet inside one period
+		}
+		if most > bound {
+			t.Fatalf("%d permits took effect within one %v window, limit %d", most, period, bound)
+		}
+		util, judged, windows := bookedUtilization(grants.List(), period, rate)
+		perPermit := float64(grants.Calls()) / float64(total)
+		redistest.Figure(t, "%v on %s: %d permits, most in any %v: %d, utilization of the %d of %d periods after the first booked before they began %.4f (all of them: %.4f), script calls per permit %.3f",
+			alg, b.Kind, total, period, most, judged, windows, util, grants.Utilization(period, rate), perPermit)
+		if judged == 0 && b.Real() { // miniredis, in this process, keeps a shorter queue (1 of 3 periods judged when idle)
+			t.Fatalf("no period after the first was booked before it began: the waiters never kept a queue")
+		}
+		minUtil := 0.99
+		if alg == SlidingCounter {
+			minUtil = 0.97 // a permit holds its place up to one bucket (1/50) longer
+		}
+		if b.Kind == redistest.Mini {
+			// miniredis runs inside this test process: when other suites starve
+			// the machine, its scripts themselves run late (0.88 measured twice
+			// at load 10, before unbooked periods were left out)
+			minUtil = 0.8
+		}
+		if judged > 0 && util < minUtil {
+			t.Errorf("utilization %.4f, want >= %.2f", util, minUtil)
+		}
+		if perPermit > 1.05 {
+			t.Errorf("%.3f script calls per permit, want <= 1.05", perPermit)
+		}
+	})
 }
 
 // A deadline that comes before the permits could: WaitN returns at once, books
