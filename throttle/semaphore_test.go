@@ -419,7 +419,9 @@ func TestSemaphoreHooksAndRedisDown(t *testing.T) {
 		ctx := context.Background()
 		a := mustTry(t, s)
 		wantDenied(t, s, time.Minute)
+		released := make(chan struct{}) // a's Release has returned, its hook called
 		go func() {
+			defer close(released)
 			eventually(t, 5*time.Second, "waiter queued", func() bool { return queued(t, b, s) == 1 })
 			if err := a.Release(ctx); err != nil {
 				t.Error(err)
@@ -460,6 +462,9 @@ func TestSemaphoreHooksAndRedisDown(t *testing.T) {
 		if err := lost.Extend(ctx); !errors.Is(err, ErrLeaseLost) {
 			t.Fatalf("Extend of an expired lease: %v, want ErrLeaseLost", err)
 		}
+		// the waiter can get a's place (a wake-up) before a's Release returns to its
+		// goroutine and calls the Released hook: wait for that goroutine
+		<-released
 		mu.Lock()
 		slices.Sort(seen) // the first release (another goroutine) and the handed lease race
 		got := strings.Join(seen, "; ")
