@@ -29,7 +29,8 @@ end
 
 local key = KEYS[1]
 local now = jt_now()
-local claimed = jt_claim(n, now, KEYS[2])
+local claimed
+claimed, x = jt_claim(n, now, KEYS[2], x)
 if claimed then
   return claimed
 end

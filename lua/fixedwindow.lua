@@ -6,7 +6,7 @@
 --                                 counted in its window holding L
 -- KEYS[2]  {<prefix><key>}:pause  the control key: a pause and an operator's override of
 --                                 the rates (read only; see prelude.lua)
--- KEYS[3]  {<prefix><key>}:bk:<task id>  ops 2 and 3 only: string "token n", the
+-- KEYS[3]  {<prefix><key>}:bk:<task id>  ops 2 and 3 only: string "token n stamp", the
 --                                 task's booking (see prelude.lua, jt_claim)
 -- KEYS[3..] (after the booking key for ops 2 and 3) optional: the other algorithms'
 --          state keys under the same tag (read only): a grant that would create
@@ -17,7 +17,8 @@
 --                      that also uses a booking passed <= x µs ago (see prelude.lua)
 -- ARGV[2]  n           permits, 0..min(rate); 0 reads the state and takes nothing
 -- ARGV[3]  x           acquire: max_wait_us >= 0, book a slot in a later window if it
---                      comes within this; cancel: the token an acquire returned
+--                      comes within this; cancel: the token an acquire returned;
+--                      op 3: the stamp op 2 returned
 -- ARGV[4]  m           number of limits, 1..16
 -- ARGV[5..] m pairs    rate (1..10^9), period_us (1..2^45)
 -- Returns  {granted 0|1, remaining, wait_us, reset_us, token}, all integers:
@@ -27,8 +28,11 @@
 --          reset_us   time until the windows holding grants have all ended
 --          token      when granted, the server time the grant takes effect; else 0
 --          cancel returns {freed 0|1, 0, 0, reset_us, 0}
---          ops 2 and 3 append a sixth integer: 1 when op 2 granted anew, else 0;
---          op 2 answering with a booking returns {1, 0, wait_us, 0, token, 0}
+--          ops 2 and 3 append two integers: 1 when op 2 granted anew, else 0,
+--          and the stamp of op 2's record (0: none); op 2 answering with a booking
+--          returns {1, 0, wait_us, 0, token, 0, stamp}; op 3 returns {freed 0|1, 0,
+--          0, reset_us, token, 0, 0}, token the booking's when x was its stamp, else
+--          0 (nothing given back: the booking is another caller's; see prelude.lua)
 -- Writes   KEYS[1] only when granting or cancelling, with a PEXPIRE at the end of the
 --          longest window that holds the latest grant.
 -- Bookings go to the window of the latest grant or a later one (FIFO), so the state

@@ -11,7 +11,7 @@
 --                                 in Redis, as redis_rate's.)
 -- KEYS[2]  {<prefix><key>}:pause  the control key: a pause and an operator's override of
 --                                 the rates (read only; see prelude.lua)
--- KEYS[3]  {<prefix><key>}:bk:<task id>  ops 2 and 3 only: string "token n", the
+-- KEYS[3]  {<prefix><key>}:bk:<task id>  ops 2 and 3 only: string "token n stamp", the
 --                                 task's booking (see prelude.lua, jt_claim)
 -- KEYS[3..] (after the booking key for ops 2 and 3) optional: the other algorithms'
 --          state keys under the same tag (read only): a grant that would create
@@ -22,7 +22,8 @@
 --                      that also uses a booking passed <= x µs ago (see prelude.lua)
 -- ARGV[2]  n           permits, 0..min(burst); 0 reads the state and takes nothing
 -- ARGV[3]  x           acquire: max_wait_us >= 0 (at most 2^50/rate is booked ahead);
---                      cancel: the token an acquire returned
+--                      cancel: the token an acquire returned;
+--                      op 3: the stamp op 2 returned
 -- ARGV[4]  m           number of limits, 1..16
 -- ARGV[5..] m triples  rate (1..10^9), period_us (1..2^45), burst (1..10^9),
 --                      burst × period_us <= 2^50
@@ -33,8 +34,11 @@
 --          reset_us   time until every bucket is full again
 --          token      when granted, the server time the grant takes effect; else 0
 --          cancel returns {freed 0|1, 0, 0, reset_us, 0}
---          ops 2 and 3 append a sixth integer: 1 when op 2 granted anew, else 0;
---          op 2 answering with a booking returns {1, 0, wait_us, 0, token, 0}
+--          ops 2 and 3 append two integers: 1 when op 2 granted anew, else 0,
+--          and the stamp of op 2's record (0: none); op 2 answering with a booking
+--          returns {1, 0, wait_us, 0, token, 0, stamp}; op 3 returns {freed 0|1, 0,
+--          0, reset_us, token, 0, 0}, token the booking's when x was its stamp, else
+--          0 (nothing given back: the booking is another caller's; see prelude.lua)
 -- Writes   KEYS[1] only when granting or cancelling, with a PEXPIRE at which every
 --          bucket is full again (so an absent key means full buckets).
 -- Cancel gives back what x/time/rate gives back: n permits less those booked after

@@ -333,7 +333,8 @@ local function jt_log(key, pause_key, prec, op, n, x, limits)
   local rmin, pmax = lg_span(limits)
   -- n <= rmin: jt_limiter checked it
   local now = jt_now()
-  local claimed = jt_claim(n, now, pause_key)
+  local claimed
+  claimed, x = jt_claim(n, now, pause_key, x)
   if claimed then return claimed end
   if lg_kept ~= key then lg_load(key) end
   lg_kept = nil

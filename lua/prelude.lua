@@ -220,47 +220,92 @@ end
 
 -- Bookings by task (ops 2 and 3). A task handed back to its queue keeps its place:
 -- op 2 books like an acquire and records the grant under KEYS[3]
--- ("{<prefix><key>}:bk:<task id>", a string "token n" whose TTL ends a second after
--- the token), and when the task comes back, op 2 finds that record and answers with
--- it instead of booking again. A record whose token has passed (the task came back
--- late) or that a pause has overtaken is not used: op 2 books anew, at the earliest
--- slot free now, and records that. Op 3 cancels like op 1 and deletes the record. A
--- task that never comes back leaves a permit that is simply not used, and a record
--- that expires by itself. Op 5 is op 2 that books as far ahead as it takes and uses
--- a record whose token passed at most x µs ago (jt_bk_late): the caller starts late on
--- a permit Redis counted at its token, and bounds its own starts.
+-- ("{<prefix><key>}:bk:<task id>", a string "token n stamp" whose TTL ends a second
+-- after the token), and when the task comes back, op 2 finds that record and answers
+-- with it instead of booking again. A record whose token has passed (the task came
+-- back late) or that a pause has overtaken is not used: op 2 books anew, at the
+-- earliest slot free now, and records that. A task that never comes back leaves a
+-- permit that is simply not used, and a record that expires by itself. Op 5 is op 2
+-- that books as far ahead as it takes and uses a record whose token passed at most x
+-- µs ago (jt_bk_late): the caller starts late on a permit Redis counted at its token,
+-- and bounds its own starts.
+--
+-- The stamp says who holds the booking: op 2 writes a new one each time it books or
+-- answers with the record (the server time, above the record's last stamp), and
+-- returns it; op 3 names it (x) and cancels only the booking as that caller holds it:
+-- when the stamp still matches, it gives the permits at the record's token back and
+-- deletes the record; else it does nothing. So a give-back that reaches Redis after
+-- the task's copy took the booking over (a server stopped while the task slept on
+-- its slot, its task requeued and run elsewhere) cannot cancel a booking in use.
+-- A record "token n" (no stamp: an older version wrote it) reads as stamp 0.
 local jt_bk_op -- 2 or 3 while running a booking op, else nil
 local jt_bk_had -- op 2 found a record it could not use (late, paused, other n)
 local jt_bk_late = 0 -- op 5: how long past its token a record may still be used, µs
+local jt_bk_now -- the call's server time, µs (jt_claim notes it)
+local jt_bk_prev = 0 -- op 2: the stamp of the record it found, or 0
+local jt_bk_token -- op 3: the token of the record the caller holds, or nil
 
--- jt_claim returns, for op 2, the reply for the booking recorded for the task when it
--- is for n permits, not passed (token >= now; for op 5, token >= now - jt_bk_late)
--- and not inside a pause: {1, 0, wait_us, 0, token, 0} (wait_us 0 when passed), the
--- last 0 saying nothing new was granted. Else nil: the script books as for an acquire.
-local function jt_claim(n, now, pause_key)
-  if jt_bk_op ~= 2 then return nil end
+-- jt_bk_read returns the token, n and stamp of the task's record, or nil.
+local function jt_bk_read()
   local v = redis.call('GET', KEYS[3])
   if not v then return nil end
-  jt_bk_had = true
-  local a, b = string.match(v, '^(%d+) (%d+)$')
-  local token, k = jt_num(a), jt_num(b)
-  if not token or k ~= n or token < now - jt_bk_late or jt_pause(pause_key) > token then
-    return nil
+  local a, b, c = string.match(v, '^(%d+) (%d+) (%d+)$')
+  if not a then
+    a, b = string.match(v, '^(%d+) (%d+)$')
+    c = '0'
   end
-  return {1, 0, math.max(token - now, 0), 0, token, 0}
+  return jt_num(a) or false, jt_num(b), jt_num(c) or 0
+end
+
+-- jt_bk_write records a booking of n permits at token for the task with a new stamp
+-- (now, above the last one), and returns the stamp.
+local function jt_bk_write(token, n, now)
+  local stamp = math.max(now, jt_bk_prev + 1)
+  redis.call('SET', KEYS[3], string.format('%d %d %d', token, n, stamp),
+    'PX', jt_ms(math.max(token - now, 0) + 1000000))
+  return stamp
+end
+
+-- jt_claim notes now and returns the reply and x to go on with. For op 2, when the
+-- booking recorded for the task is for n permits, not passed (token >= now; for op 5,
+-- token >= now - jt_bk_late) and not inside a pause, the reply is
+-- {1, 0, wait_us, 0, token, 0, stamp} (wait_us 0 when passed; the 0 says nothing new
+-- was granted; the record gets the new stamp). For op 3, x becomes the record's
+-- token when x is its stamp, else 0 (a token that cancels nothing). Otherwise the
+-- reply is nil and x unchanged: the script books or cancels as for ops 0 and 1.
+local function jt_claim(n, now, pause_key, x)
+  jt_bk_now = now
+  if jt_bk_op == 3 then
+    local token, k, stamp = jt_bk_read()
+    if token and k == n and x > 0 and stamp == x then
+      jt_bk_token = token
+      return nil, token
+    end
+    return nil, 0
+  end
+  if jt_bk_op ~= 2 then return nil, x end
+  local token, k, stamp = jt_bk_read()
+  if token == nil then return nil, x end
+  jt_bk_had, jt_bk_prev = true, stamp
+  if not token or k ~= n or token < now - jt_bk_late or jt_pause(pause_key) > token then
+    return nil, x
+  end
+  return {1, 0, math.max(token - now, 0), 0, token, 0, jt_bk_write(token, n, now)}, x
 end
 
 -- jt_booked finishes a reply {granted, remaining, wait_us, reset_us, token} of the
 -- algorithm: for op 2 it records a grant booked ahead (wait > 0) under KEYS[3] and
--- appends 1 (a new grant) or 0 (denied); for op 3 it deletes the record and appends 0;
--- for ops 0 and 1, and for a reply of jt_claim, it returns the reply as it is.
+-- appends 1 (a new grant) or 0 (denied) and the record's stamp (0: none); for op 3
+-- it deletes the record if the caller held it and returns
+-- {freed, 0, 0, reset_us, token, 0, 0}, token the booking's when the caller held it,
+-- else 0; for ops 0 and 1, and for a reply of jt_claim, it returns the reply as it is.
 local function jt_booked(r, n)
-  if #r == 6 then return r end
+  if #r == 7 then return r end
   if jt_bk_op == 2 then
+    local stamp = 0
     if r[1] == 1 and n > 0 then
       if r[3] > 0 then
-        redis.call('SET', KEYS[3], string.format('%d %d', r[5], n),
-          'PX', jt_ms(r[3] + 1000000))
+        stamp = jt_bk_write(r[5], n, jt_bk_now)
       elseif jt_bk_had then
         redis.call('DEL', KEYS[3])
       end
@@ -268,9 +313,12 @@ local function jt_booked(r, n)
     else
       r[6] = 0
     end
+    r[7] = stamp
   elseif jt_bk_op == 3 then
-    redis.call('DEL', KEYS[3])
-    r[6] = 0
+    if jt_bk_token then
+      redis.call('DEL', KEYS[3])
+    end
+    r[5], r[6], r[7] = jt_bk_token or 0, 0, 0
   end
   return r
 end
@@ -319,7 +367,7 @@ end
 --               them in jt_bk_op, op 5 as 2 with jt_bk_late; 4 marks a batch)
 --   ARGV[2] n   permits, >= 0
 --   ARGV[3] x   acquire: max_wait_us >= 0; cancel: the token the acquire returned;
---               op 5: late_us >= 0 (its max_wait is 2^53 - 1)
+--               op 3: the stamp op 2 returned (see jt_claim); op 5: late_us >= 0 (its max_wait is 2^53 - 1)
 --   ARGV[4] m   number of limits, 1..16
 --   ARGV[first ..] m groups of width (2 or 3) integers: rate (1..JT_MAX_RATE),
 --               period_us (1..JT_MAX_PERIOD)[, burst (1..JT_MAX_RATE)]

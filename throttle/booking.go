@@ -31,7 +31,11 @@ const maxBookingID = 512
 // runs on new permits (the passed ones stay counted) and the limit holds when it
 // actually starts. The record expires a second after its booking takes effect; one
 // nobody comes back for leaves a permit unused and nothing behind. The reservation's
-// Cancel gives the permits back and deletes the record. Its Wait does not book again
+// Cancel gives the permits back and deletes the record, as long as the booking is
+// still this reservation's: once a later ReserveFor with id has got it back (the
+// work's copy, run elsewhere), it is that one's, and Cancel leaves it alone. So a
+// process that gives up (shut down while its work slept) cannot cancel a booking the
+// work's copy runs on, whichever call reaches Redis first. Its Wait does not book again
 // by itself: when this process pauses the key (see Pause) before the booking takes
 // effect, or it took effect inside the hold, Wait returns waiter.ErrMoved (having
 // given back what it could), and the work calls ReserveFor again.
@@ -74,7 +78,7 @@ func (l *Limiter) reserveFor(ctx context.Context, id string, n int, maxWait time
 	}
 	keys := l.bookingKeys(id)
 	moved := l.hold.signal()
-	rep, fresh, err := l.runFor(ctx, keys, op, n, x)
+	rep, fresh, stamp, err := l.runFor(ctx, keys, op, n, x)
 	if err != nil {
 		if l.policy.degrades(err) && ctx.Err() == nil {
 			r, err := l.Reserve(ctx, n, maxWait)
@@ -89,9 +93,10 @@ func (l *Limiter) reserveFor(ctx context.Context, id string, n int, maxWait time
 	// waiter.ErrMoved when a pause of this process moves it (see Pause)
 	b := waiter.Booking{OK: rep.granted, Delay: rep.wait, Clock: l.clock, Moved: moved, Pass: l.Pass}
 	if rep.granted && rep.wait > 0 {
-		token := rep.token
+		// the give-back names the stamp: it cancels the booking only as this caller
+		// holds it, not once another (the task's copy) has taken it over
 		b.Cancel = func(ctx context.Context) error {
-			c, _, err := l.runFor(ctx, keys, opCancelFor, n, token)
+			c, _, _, err := l.runFor(ctx, keys, opCancelFor, n, stamp)
 			if err == nil && c.granted && l.hooks.Cancelled != nil {
 				l.hooks.Cancelled(l.key, n)
 			}
@@ -110,19 +115,20 @@ func (l *Limiter) bookingKeys(id string) []string {
 	return append([]string{state, l.keys[1], tag + ":bk:" + id}, l.keys[2:]...)
 }
 
-// runFor runs a booking op once; fresh reports whether it granted anew (the sixth
-// integer of the reply).
-func (l *Limiter) runFor(ctx context.Context, keys []string, op, n int, waitOrToken int64) (r reply, fresh bool, err error) {
+// runFor runs a booking op once (x: op 2's maxWait or op 5's late, in µs, or op 3's
+// stamp); fresh reports whether it granted anew, stamp is the stamp of the record op
+// 2 wrote (the sixth and seventh integers of the reply; see prelude.lua, jt_claim).
+func (l *Limiter) runFor(ctx context.Context, keys []string, op, n int, x int64) (r reply, fresh bool, stamp int64, err error) {
 	args := make([]any, 3, 3+len(l.tail))
-	args[0], args[1], args[2] = op, n, waitOrToken
+	args[0], args[1], args[2] = op, n, x
 	args = append(args, l.tail...)
 	val, err := l.exec(ctx, l.script, keys, args)
 	if err != nil {
-		return reply{}, false, err
+		return reply{}, false, 0, err
 	}
-	var v [6]int64 // {granted, remaining, wait_us, reset_us, token, fresh}
+	var v [7]int64 // {granted, remaining, wait_us, reset_us, token, fresh, stamp}
 	if !int64s(val, v[:]) {
-		return reply{}, false, fmt.Errorf("%w: key %q: %v", ErrUnexpectedReply, l.key, val)
+		return reply{}, false, 0, fmt.Errorf("%w: key %q: %v", ErrUnexpectedReply, l.key, val)
 	}
 	return reply{
 		granted:   v[0] == 1,
@@ -130,7 +136,7 @@ func (l *Limiter) runFor(ctx context.Context, keys []string, op, n int, waitOrTo
 		wait:      time.Duration(v[2]) * time.Microsecond,
 		reset:     time.Duration(v[3]) * time.Microsecond,
 		token:     v[4],
-	}, v[5] == 1, nil
+	}, v[5] == 1, v[6], nil
 }
 
 // TryAcquireFor is TryAcquire for work that goes away and comes back, such as a task

@@ -23,7 +23,8 @@ type Grants struct {
 
 // GiveBack is a call that gave back (cancelled) the booking taking effect at At, or
 // tried to: the script refuses once the booking has taken effect by the server's
-// clock.
+// clock. At is zero for a task's give-back (op 3) refused because the booking was no
+// longer the caller's (its task's copy had taken it over) or was gone.
 type GiveBack struct {
 	Key string
 	At  time.Time
@@ -85,7 +86,8 @@ func (g *Grants) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proce
 // observe reads an EVAL/EVALSHA of a limiter script: args are
 // [evalsha, sha, numkeys, keys..., op, n, x, ...], the reply
 // [granted, remaining, wait_us, reset_us, token], and for the booking ops 2 and 3 a
-// sixth integer, 1 when op 2 granted anew. A batch (op 4, see lua/batch.lua) is one
+// sixth integer, 1 when op 2 granted anew, and a seventh, op 2's stamp (op 3's x is
+// the stamp and its reply's token the booking's). A batch (op 4, see lua/batch.lua) is one
 // call whose flat reply holds five integers per request, each read as a call of its
 // own would be.
 func (g *Grants) observe(cmd redis.Cmder, sent, replied time.Time) {
@@ -170,15 +172,18 @@ func int64s(s []any) []int64 {
 // record notes one request's grant or cancel: opnx holds its op, n and x, v its
 // reply; booking is the task's booking key of ops 2, 3 and 5.
 func (g *Grants) record(key, booking string, opnx []any, v []int64, sent, replied time.Time) {
-	if len(v) < 5 || len(v) > 6 {
+	if len(v) < 5 || len(v) > 7 || len(v) == 6 {
 		return
 	}
 	op, _ := toInt(opnx[0])
 	n, _ := toInt(opnx[1])
 	x, _ := toInt(opnx[2])
-	if len(v) == 6 { // a booking op for a task (2, 3, 5: 2 late): a new grant or a cancel
+	if len(v) == 7 { // a booking op for a task (2, 3, 5: 2 late): a new grant or a cancel
 		if op == 5 {
 			op = 2
+		}
+		if op == 3 { // x is the caller's stamp; the reply names the booking's token
+			x = v[4]
 		}
 		if op == 2 && v[5] == 0 && g.seen(key, time.UnixMicro(v[4])) {
 			// The task's own booking, counted when it was made. One this recorder
@@ -194,7 +199,11 @@ func (g *Grants) record(key, booking string, opnx []any, v []int64, sent, replie
 		g.grants = append(g.grants, Grant{At: time.UnixMicro(v[4]), N: int(n), Key: key,
 			Wait: time.Duration(v[2]) * time.Microsecond, Sent: sent, Booking: booking})
 	case op == 1:
-		g.giveBacks = append(g.giveBacks, GiveBack{Key: key, At: time.UnixMicro(x), N: int(n), OK: v[0] == 1, Sent: sent, Replied: replied})
+		at := time.UnixMicro(x)
+		if x == 0 {
+			at = time.Time{}
+		}
+		g.giveBacks = append(g.giveBacks, GiveBack{Key: key, At: at, N: int(n), OK: v[0] == 1, Sent: sent, Replied: replied})
 		if v[0] == 1 {
 			g.cancel(key, time.UnixMicro(x), int(n))
 		}
