@@ -305,6 +305,10 @@ func runBacklog(t *testing.T, b *redistest.Backend, sc backlog) backlogResult {
 			if late := hb[k].at.Sub(hb[k-1].slot); late > 0 {
 				r.lateReturns++
 				r.maxLate = max(r.maxLate, late)
+				if os.Getenv("JT_DEBUG") != "" {
+					t.Logf("late return: slot %v after the first enqueue, handed back at %v, back %v after its slot",
+						hb[k-1].slot.Sub(t0).Round(time.Millisecond), hb[k-1].at.Sub(t0).Round(time.Millisecond), late.Round(time.Millisecond))
+				}
 			} else {
 				r.earlyBounces++
 			}
