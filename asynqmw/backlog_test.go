@@ -50,6 +50,7 @@ type backlogResult struct {
 	lateReturns      int           // booked hand-backs that came back after their slot (and were moved)
 	maxLate          time.Duration // the latest of them
 	earlyBounces     int           // booked hand-backs that came back in time and were handed back again
+	bounced          int64         // of them, those handed back again without a script call (Stats.Bounced)
 	comeBackEarly    time.Duration // the most a server made its tasks due before their slots at the end (Stats.ComeBackEarly)
 	asynqErrors      int           // errors asynq logged (a Redis outage: a CLUSTERDOWN, a timeout)
 	firstAsynqError  string        // " over <first to last> (first: <the first>)", if any
@@ -79,12 +80,12 @@ func TestBacklogDoesNotHoldWorkers(t *testing.T) {
 				r := runBacklog(t, b, sc)
 				redistest.Figure(t, "%s, %d server(s) x %d workers, %d throttled at %d/s + %d unthrottled of %v: "+
 					"unthrottled done after %v (enqueueing them took %v; the longest one took from its enqueue to done %v); hand-backs per throttled task %.2f "+
-					"(came back after their slot %d, the latest by %v; handed back again in time %d; made due %v before the slot at the end); backlog done after %v (ideal %v, +%v); "+
+					"(came back after their slot %d, the latest by %v; handed back again in time %d, %d of them without a script call; made due %v before the slot at the end); backlog done after %v (ideal %v, +%v); "+
 					"most handler starts in any 1s %d (in any 1s-%v %d; of one server %d, counted by its middleware %d, the handler's read of the clock up to %v later; Redis grants %d, limit %d); pairs out of order %.3f; "+
 					"peak asleep in middleware %d (bound %d); limiter script calls per task %.2f; "+
 					"lost/twice/failed/archived 0/0/%d/%d; asynq logged %d errors%s",
 					b.Kind, sc.servers, sc.workers, sc.throttled, sc.rate, sc.free, sc.freeWork,
-					r.freeLatency.Round(time.Millisecond), r.freeEnqueue.Round(time.Millisecond), r.freeWait.Round(time.Millisecond), r.handBacks, r.lateReturns, r.maxLate.Round(time.Millisecond), r.earlyBounces, r.comeBackEarly.Round(time.Millisecond), r.finished.Round(time.Millisecond), r.ideal,
+					r.freeLatency.Round(time.Millisecond), r.freeEnqueue.Round(time.Millisecond), r.freeWait.Round(time.Millisecond), r.handBacks, r.lateReturns, r.maxLate.Round(time.Millisecond), r.earlyBounces, r.bounced, r.comeBackEarly.Round(time.Millisecond), r.finished.Round(time.Millisecond), r.ideal,
 					(r.finished - r.ideal).Round(time.Millisecond), r.maxStarts, startJitter, r.maxStartsTol,
 					r.maxServerStarts, r.maxCounted, r.maxLag.Round(time.Microsecond), r.maxGrants, sc.rate, r.inverted,
 					r.peakSleeping, r.sleepBound, r.callsPerTask, r.failed, r.archived, r.asynqErrors, r.firstAsynqError)
@@ -340,6 +341,7 @@ func runBacklog(t *testing.T, b *redistest.Backend, sc backlog) backlogResult {
 		r.peakSleeping = max(r.peakSleeping, st.PeakSleeping)
 		r.sleepBound = st.SleepBound
 		r.kept += st.Kept
+		r.bounced += st.Bounced
 		r.comeBackEarly = max(r.comeBackEarly, st.ComeBackEarly)
 		r.countedRetry += st.CountedAsRetry
 	}

@@ -28,6 +28,7 @@ import (
 type comeBack struct {
 	mu      sync.Mutex
 	due     map[string]time.Time // booking ID → when asynq makes it due (wall clock)
+	slot    map[string]booked    // booking ID → its booking (this process's clock)
 	samples []time.Duration      // the last lateness values, a ring
 	next    int
 	margin  time.Duration // 0: not learned yet
@@ -55,13 +56,22 @@ const (
 	lateGrace = 250 * time.Millisecond
 )
 
-// handedBack records that the task booked under id is due again after back, from now.
-func (cb *comeBack) handedBack(id string, now time.Time, back time.Duration) {
+// booked is a booking of a handed-back task: its limiter's key, and its slot.
+type booked struct {
+	key  string
+	slot time.Time
+}
+
+// handedBack records that the task booked under id on key, its slot wait from now, is
+// due again after back.
+func (cb *comeBack) handedBack(id, key string, now time.Time, back, wait time.Duration) {
 	cb.mu.Lock()
 	defer cb.mu.Unlock()
 	if cb.due == nil || len(cb.due) >= maxRemembered {
 		cb.due = map[string]time.Time{}
+		cb.slot = map[string]booked{}
 	}
+	cb.slot[id] = booked{key, now.Add(wait)}
 	// asynq stores the retry time in whole seconds, truncated; one truncated into the
 	// past is due at once, not then (else a short hand-back would read as late by up to
 	// a second, and a longer margin would make more tasks bounce: a feedback loop)
@@ -78,6 +88,7 @@ func (cb *comeBack) returned(id string, now time.Time) {
 		return
 	}
 	delete(cb.due, id)
+	delete(cb.slot, id)
 	late := now.Round(0).Sub(due) // wall clock: due has no monotonic reading
 	if len(cb.samples) < comeBackSamples {
 		cb.samples = append(cb.samples, late)
@@ -91,6 +102,16 @@ func (cb *comeBack) returned(id string, now time.Time) {
 	s := slices.Clone(cb.samples)
 	slices.Sort(s)
 	cb.margin = s[int(comeBackPercentile*float64(len(s)-1)+0.5)]
+}
+
+// slotIn returns how long from now until the slot of the booking on key this process
+// handed the task booked under id back with, if it did (and the task has not
+// returned since).
+func (cb *comeBack) slotIn(id, key string, now time.Time) (time.Duration, bool) {
+	cb.mu.Lock()
+	defer cb.mu.Unlock()
+	b, ok := cb.slot[id]
+	return b.slot.Sub(now), ok && b.key == key
 }
 
 // early returns how much before its slot a handed-back task is made due, given how

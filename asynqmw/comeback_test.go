@@ -20,9 +20,22 @@ func TestComeBackLearnsLateness(t *testing.T) {
 	back := func(id string, late time.Duration) {
 		t.Helper()
 		// handed back at t0 + 0.3s, made due 2.5s later: asynq truncates to t0 + 2s
-		cb.handedBack(id, t0.Add(300*time.Millisecond), 2500*time.Millisecond)
+		cb.handedBack(id, "k", t0.Add(300*time.Millisecond), 2500*time.Millisecond, 2720*time.Millisecond)
 		cb.returned(id, t0.Add(2*time.Second+late))
 	}
+	// the slot of a handed-back task is remembered until it returns, for its key only
+	cb.handedBack("x", "k", t0, 2*time.Second, 2500*time.Millisecond)
+	if wait, ok := cb.slotIn("x", "k", t0.Add(time.Second)); !ok || wait != 1500*time.Millisecond {
+		t.Fatalf("slot 1s after the hand-back: %v, %v; want 1.5s, true", wait, ok)
+	}
+	if _, ok := cb.slotIn("x", "other", t0); ok {
+		t.Fatal("slot known for another limiter's key")
+	}
+	cb.returned("x", t0.Add(2*time.Second))
+	if _, ok := cb.slotIn("x", "k", t0); ok {
+		t.Fatal("slot still known after the task returned")
+	}
+	cb = comeBack{} // that return was a sample: start again
 	for i := range comeBackMinSamples - 1 {
 		back("a"+strconv.Itoa(i), 900*time.Millisecond)
 	}
@@ -34,7 +47,7 @@ func TestComeBackLearnsLateness(t *testing.T) {
 		// handed back at t0 + 0.3s, due 0.2s later: asynq truncates to t0, in the
 		// past, so it is due at once; back 100ms after that
 		id := "s" + strconv.Itoa(i)
-		cb.handedBack(id, t0.Add(300*time.Millisecond), 200*time.Millisecond)
+		cb.handedBack(id, "k", t0.Add(300*time.Millisecond), 200*time.Millisecond, 420*time.Millisecond)
 		cb.returned(id, t0.Add(400*time.Millisecond))
 	}
 	if got, want := cb.early(interval), 220*time.Millisecond; got != want {

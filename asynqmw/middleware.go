@@ -28,6 +28,9 @@ import (
 // to half a second more than the check intervals), and runs at its slot when it
 // returns; one back at most 250ms late (a quarter period if less) still runs on its
 // slot (throttle.Limiter.ReserveForLate), a later one is moved to the first free slot.
+// One back before its slot that may not sleep yet (MaxSleepingWorkers asleep, or too
+// early) is handed back again, booked, without a Redis call if this process handed it
+// back (it knows the slot).
 // In each process, the handler starts let through lim never exceed a limit in any
 // window of its Period (Hooks.Started; token buckets and limits above 10000 per
 // period are not paced). The README's asynq section gives the bound across processes
@@ -100,6 +103,9 @@ func (c *config) throttle(ctx context.Context, t *asynq.Task, lim *throttle.Limi
 	id, inAsynq := asynq.GetTaskID(ctx)
 	if inAsynq {
 		c.sh.returned(ctx)
+		if te := c.bounce(lim, bookingID(id), a); te != nil {
+			return c.reject(ctx, t, a, te)
+		}
 	}
 	var down outage
 	for {
@@ -164,6 +170,42 @@ func (c *config) throttle(ctx context.Context, t *asynq.Task, lim *throttle.Limi
 			c.waited(ctx, t, wait, start)
 		}
 		return nil
+	}
+}
+
+// bounceMin is how far ahead a task's slot, as this process remembers it, must be for
+// bounce to hand the task back without asking Redis: far enough that a script call
+// could not answer that it is due (the process's and the server's clocks measure the
+// wait alike; this covers a reply's way back).
+const bounceMin = 50 * time.Millisecond
+
+// bounce returns the *ThrottledError that hands a returning task back again, booked,
+// without a script call, when this process handed it back from lim (so knows its
+// slot, under id), it is not on its last attempt, and it could not sleep for it now anyway: its slot is more than bounceMin ahead
+// and MaxSleepingWorkers tasks sleep, or it is further ahead than a returning task
+// may sleep. Else nil: the task asks Redis for its booking. The booking stays as
+// recorded; the task's next return uses it (a pause or a move that overtook it is
+// found then). This saves the script call of a bounce (the returned task would get
+// its booking back, find the bound full and be handed back). The slot remembered can
+// be stale only when the task came back to another server meanwhile, which can only
+// have moved the booking later: the task comes back no later than it should.
+func (c *config) bounce(lim *throttle.Limiter, id string, a attempt) *ThrottledError {
+	if !a.handBack || a.final { // a last attempt's copy may fail to enqueue: ask Redis
+		return nil
+	}
+	now := time.Now()
+	wait, ok := c.sh.cb.slotIn(id, lim.Key(), now)
+	if !ok || wait <= bounceMin || (wait <= a.keptLeft() && !c.sh.full()) {
+		return nil
+	}
+	c.sh.cb.returned(id, now)
+	c.sh.bounced.Add(1)
+	return &ThrottledError{
+		RetryIn: wait,
+		Key:     lim.Key(),
+		Limit:   describe(lim.Limits()),
+		Booked:  true,
+		back:    c.comeBack(wait),
 	}
 }
 
@@ -355,7 +397,7 @@ func (c *config) reject(ctx context.Context, t *asynq.Task, a attempt, te *Throt
 	if IsThrottled(err) {
 		c.sh.handed.Add(1)
 		if id, ok := asynq.GetTaskID(ctx); ok && te.Booked {
-			c.sh.cb.handedBack(bookingID(id), time.Now(), te.back)
+			c.sh.cb.handedBack(bookingID(id), te.Key, time.Now(), te.back, te.RetryIn)
 		}
 	}
 	if c.hooks.Throttled != nil && IsThrottled(err) {

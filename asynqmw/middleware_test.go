@@ -508,3 +508,65 @@ func wantPanic(t *testing.T, what string, target error, f func()) {
 	}()
 	f()
 }
+
+// A task that comes back before its slot while MaxSleepingWorkers tasks sleep is
+// handed back again, booked, without a script call: the middleware handed it back, so
+// it knows the slot. The returns served so are the script calls saved: on the task's
+// limiter, the calls are the first booking and one per return that asked Redis, so
+// fewer than one per return. Timing: the task is made due about 2 s (CheckInterval)
+// before its slot, so its first return finds it more than 50ms ahead unless it comes
+// back about 2 s late; the task that fills the bound sleeps a minute.
+func TestBounceWithoutAScriptCall(t *testing.T) {
+	b := redistest.NewMiniRealTime(t)
+	grants := redistest.RecordGrants(b.Client)
+	f := newFleet(t, b)
+	hold := f.limiter("hold", throttle.PerMinute(1))
+	lim := f.limiter("bounce", throttle.Limit{Rate: 1, Period: 4 * time.Second})
+	ctx := context.Background()
+	for _, l := range []*throttle.Limiter{hold, lim} { // the next permits: in a minute, in 4s
+		if r, err := l.Allow(ctx); err != nil || !r.Allowed {
+			t.Fatalf("Allow: %+v, %v", r, err)
+		}
+	}
+	c := newCounters()
+	asleep := make(chan struct{})
+	pick := func(_ context.Context, task *asynq.Task) (*throttle.Limiter, error) {
+		if string(task.Payload()) == "sleeper" {
+			close(asleep)
+			return hold, nil
+		}
+		return lim, nil
+	}
+	mw := asynqmw.ThrottleFunc(pick, asynqmw.WithHooks(c.hooks()), asynqmw.MaxInlineWait(time.Hour),
+		asynqmw.MaxSleepingWorkers(1), asynqmw.CheckInterval(2*time.Second))
+	f.start(f.serverConfig(3), f.handler(nil), mw)
+	f.enqueue("sleeper")
+	<-asleep
+	time.Sleep(100 * time.Millisecond) // the sleeper's call and its place among the sleepers
+	f.enqueue("bounced")
+	for deadline := time.Now().Add(idleLimit); len(f.runs.get("bounced")) == 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the bounced task did not run within %v (came back %d times)", idleLimit, get(c, c.throttled, "bounced"))
+		}
+	}
+	time.Sleep(200 * time.Millisecond) // a second run, if any, shows
+	if got := f.runs.get("bounced"); len(got) != 1 {
+		t.Fatalf("runs of the bounced task: %v, want one", got)
+	}
+	if got := f.runs.get("sleeper"); len(got) != 0 {
+		t.Fatalf("the sleeper ran (%v): it was not asleep for its minute", got)
+	}
+	returns := get(c, c.throttled, "bounced")
+	k := grants.ByKey()["{"+b.Prefix+"bounce}:sw"]
+	calls := 0
+	if k != nil {
+		calls = k.Calls() - 1 // the test's Allow
+	}
+	t.Logf("the task came back %d times; its limiter saw %d script calls", returns, calls)
+	if returns < 1 || calls < 2 {
+		t.Fatalf("came back %d times with %d script calls: want it handed back, booked, and back for its booking", returns, calls)
+	}
+	if calls >= 1+returns {
+		t.Errorf("script calls on the task's limiter: %d for its booking and %d returns, want fewer: a return while the bound was full asked Redis", calls, returns)
+	}
+}

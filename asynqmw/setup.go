@@ -150,8 +150,11 @@ type Stats struct {
 	// most at any moment, and SleepBound the bound on them (MaxSleepingWorkers).
 	Sleeping, PeakSleeping, SleepBound int
 	// HandedBack counts hand-backs (to asynq's retry or as a requeued copy), Kept the
-	// returns that found their booking.
-	HandedBack, Kept int64
+	// returns that found their booking, and Bounced the returns handed back again,
+	// booked, without a Redis call: they came back before their slot while
+	// MaxSleepingWorkers tasks slept (or too early to sleep), and the middleware knew
+	// their slot from handing them back.
+	HandedBack, Kept, Bounced int64
 	// CountedAsRetry counts handed-back tasks that came back with their retry count
 	// raised: the server's Config lacks IsFailure (see Setup).
 	CountedAsRetry int
@@ -175,6 +178,7 @@ func (s *Setup) Stats() Stats {
 		SleepBound:     int(s.sh.bound.Load()),
 		HandedBack:     s.sh.handed.Load(),
 		Kept:           s.sh.kept.Load(),
+		Bounced:        s.sh.bounced.Load(),
 		CountedAsRetry: retried,
 		CheckInterval:  s.sh.checkInterval(),
 		ComeBackEarly:  s.sh.cb.early(s.sh.checkInterval()),

@@ -21,6 +21,7 @@ type shared struct {
 	peak     atomic.Int64
 	handed   atomic.Int64 // hand-backs
 	kept     atomic.Int64 // returns that found their booking
+	bounced  atomic.Int64 // returns handed back again without a script call (see bounce)
 	logger   atomic.Pointer[asynq.Logger]
 
 	setup      bool        // made by New: Setup.Config must be applied
@@ -69,6 +70,9 @@ func (sh *shared) trySleep() bool {
 }
 
 func (sh *shared) release() { sh.sleeping.Add(-1) }
+
+// full reports whether as many tasks as the bound allows sleep now.
+func (sh *shared) full() bool { return sh.sleeping.Load() >= sh.bound.Load() }
 
 // sleepAnyway counts a task asleep past the bound (one that cannot be handed back).
 func (sh *shared) sleepAnyway() {
