@@ -108,95 +108,91 @@ func TestReserveForKeepsThePlace(t *testing.T) {
 // comes first leaves nothing for the copy to take over. Every algorithm, every
 // backend, both orders.
 func TestReserveForGiveBackAfterTakeOver(t *testing.T) {
-	for _, alg := range allAlgorithms {
-		t.Run(alg.String(), func(t *testing.T) {
-			redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
-				tl := newTimeline(t, b)
-				var mu sync.Mutex
-				cancelled := 0
-				l := tl.limiter("takeover", PerSecond(1), WithAlgorithm(alg), WithBuckets(10),
-					WithHooks(Hooks{Cancelled: func(string, int) { mu.Lock(); cancelled++; mu.Unlock() }}))
-				cancels := func() int { mu.Lock(); defer mu.Unlock(); return cancelled }
-				ctx := context.Background()
-				if res, err := l.Allow(ctx); err != nil || !res.Allowed { // use up the first second
-					t.Fatalf("Allow: %+v, %v", res, err)
-				}
-				// the stopped server's booking, and its task's copy taking it over
-				stopped, kept := reserveFor(t, l, "task-a", 1)
-				if kept || stopped.Delay() <= 0 {
-					t.Fatalf("booking: kept %v delay %v, want a new booking ahead", kept, stopped.Delay())
-				}
-				cp, kept := reserveFor(t, l, "task-a", 1)
-				if !kept || cp.Delay() != stopped.Delay() {
-					t.Fatalf("copy: kept %v delay %v, want the booking at %v", kept, cp.Delay(), stopped.Delay())
-				}
-				// the stopped server's give-back arrives late: nothing given back
-				if err := stopped.Cancel(ctx); err != nil {
-					t.Fatal(err)
-				}
-				if got := cancels(); got != 0 {
-					t.Fatalf("give-back after the take-over: %d cancelled, want 0", got)
-				}
-				// the copy's permit still counts: the next booking comes after it
-				c, _ := reserveFor(t, l, "task-c", 1)
-				if c.Delay() <= cp.Delay() {
-					t.Fatalf("next booking at %v, not after the copy's at %v: its permit was given back", c.Delay(), cp.Delay())
-				}
-				if err := c.Cancel(ctx); err != nil { // the last booking: given back by every algorithm
-					t.Fatal(err)
-				}
-				if got := cancels(); got != 1 {
-					t.Fatalf("the next booking's give-back: %d cancelled, want 1", got)
-				}
-				// the copy gives its booking back: that works, and the record is gone
-				// (a key of its own: the token bucket and the fixed window give back
-				// only the latest booking)
-				l2 := tl.limiter("takeover2", PerSecond(1), WithAlgorithm(alg), WithBuckets(10),
-					WithHooks(Hooks{Cancelled: func(string, int) { mu.Lock(); cancelled++; mu.Unlock() }}))
-				l = l2
-				if res, err := l.Allow(ctx); err != nil || !res.Allowed {
-					t.Fatalf("Allow: %+v, %v", res, err)
-				}
-				if _, kept := reserveFor(t, l, "task-f", 1); kept {
-					t.Fatal("task-f: kept a booking it never made")
-				}
-				cp, kept = reserveFor(t, l, "task-f", 1)
-				if !kept {
-					t.Fatal("task-f's copy: not kept")
-				}
-				if err := cp.Cancel(ctx); err != nil {
-					t.Fatal(err)
-				}
-				if got := cancels(); got != 2 {
-					t.Fatalf("the copy's give-back: %d cancelled in all, want 2", got)
-				}
-				if _, kept := reserveFor(t, l, "task-f", 1); kept {
-					t.Fatal("task-f kept a booking its holder gave back")
-				}
-				// the other order: the give-back first, then the copy books anew
-				d, _ := reserveFor(t, l, "task-d", 1)
-				if err := d.Cancel(ctx); err != nil {
-					t.Fatal(err)
-				}
-				if got := cancels(); got != 3 {
-					t.Fatalf("give-back before the take-over: %d cancelled in all, want 3", got)
-				}
-				if _, kept := reserveFor(t, l, "task-d", 1); kept {
-					t.Fatal("task-d's copy kept a booking given back")
-				}
-				// a give-back that comes twice (the first one's caller left) counts once
-				e, _ := reserveFor(t, l, "task-e", 1)
-				for range 2 {
-					if err := e.Cancel(ctx); err != nil {
-						t.Fatal(err)
-					}
-				}
-				if got := cancels(); got != 4 {
-					t.Fatalf("a give-back twice: %d cancelled in all, want 4", got)
-				}
-			})
-		})
-	}
+	eachAlgorithm(t, redistest.Each, func(t *testing.T, alg Algorithm, b *redistest.Backend) {
+		tl := newTimeline(t, b)
+		var mu sync.Mutex
+		cancelled := 0
+		l := tl.limiter("takeover", PerSecond(1), WithAlgorithm(alg), WithBuckets(10),
+			WithHooks(Hooks{Cancelled: func(string, int) { mu.Lock(); cancelled++; mu.Unlock() }}))
+		cancels := func() int { mu.Lock(); defer mu.Unlock(); return cancelled }
+		ctx := context.Background()
+		if res, err := l.Allow(ctx); err != nil || !res.Allowed { // use up the first second
+			t.Fatalf("Allow: %+v, %v", res, err)
+		}
+		// the stopped server's booking, and its task's copy taking it over
+		stopped, kept := reserveFor(t, l, "task-a", 1)
+		if kept || stopped.Delay() <= 0 {
+			t.Fatalf("booking: kept %v delay %v, want a new booking ahead", kept, stopped.Delay())
+		}
+		cp, kept := reserveFor(t, l, "task-a", 1)
+		if !kept || cp.Delay() != stopped.Delay() {
+			t.Fatalf("copy: kept %v delay %v, want the booking at %v", kept, cp.Delay(), stopped.Delay())
+		}
+		// the stopped server's give-back arrives late: nothing given back
+		if err := stopped.Cancel(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got := cancels(); got != 0 {
+			t.Fatalf("give-back after the take-over: %d cancelled, want 0", got)
+		}
+		// the copy's permit still counts: the next booking comes after it
+		c, _ := reserveFor(t, l, "task-c", 1)
+		if c.Delay() <= cp.Delay() {
+			t.Fatalf("next booking at %v, not after the copy's at %v: its permit was given back", c.Delay(), cp.Delay())
+		}
+		if err := c.Cancel(ctx); err != nil { // the last booking: given back by every algorithm
+			t.Fatal(err)
+		}
+		if got := cancels(); got != 1 {
+			t.Fatalf("the next booking's give-back: %d cancelled, want 1", got)
+		}
+		// the copy gives its booking back: that works, and the record is gone
+		// (a key of its own: the token bucket and the fixed window give back
+		// only the latest booking)
+		l2 := tl.limiter("takeover2", PerSecond(1), WithAlgorithm(alg), WithBuckets(10),
+			WithHooks(Hooks{Cancelled: func(string, int) { mu.Lock(); cancelled++; mu.Unlock() }}))
+		l = l2
+		if res, err := l.Allow(ctx); err != nil || !res.Allowed {
+			t.Fatalf("Allow: %+v, %v", res, err)
+		}
+		if _, kept := reserveFor(t, l, "task-f", 1); kept {
+			t.Fatal("task-f: kept a booking it never made")
+		}
+		cp, kept = reserveFor(t, l, "task-f", 1)
+		if !kept {
+			t.Fatal("task-f's copy: not kept")
+		}
+		if err := cp.Cancel(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got := cancels(); got != 2 {
+			t.Fatalf("the copy's give-back: %d cancelled in all, want 2", got)
+		}
+		if _, kept := reserveFor(t, l, "task-f", 1); kept {
+			t.Fatal("task-f kept a booking its holder gave back")
+		}
+		// the other order: the give-back first, then the copy books anew
+		d, _ := reserveFor(t, l, "task-d", 1)
+		if err := d.Cancel(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got := cancels(); got != 3 {
+			t.Fatalf("give-back before the take-over: %d cancelled in all, want 3", got)
+		}
+		if _, kept := reserveFor(t, l, "task-d", 1); kept {
+			t.Fatal("task-d's copy kept a booking given back")
+		}
+		// a give-back that comes twice (the first one's caller left) counts once
+		e, _ := reserveFor(t, l, "task-e", 1)
+		for range 2 {
+			if err := e.Cancel(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := cancels(); got != 4 {
+			t.Fatalf("a give-back twice: %d cancelled in all, want 4", got)
+		}
+	})
 }
 
 // The booking op's argument checks: ids, and ops 2 and 3 without their key.
