@@ -195,6 +195,7 @@ func run(parent context.Context, cfg config, out io.Writer) error {
 	for _, jt := range setups {
 		ms := jt.Stats()
 		s.peakSleeping = max(s.peakSleeping, ms.PeakSleeping)
+		s.bounced += ms.Bounced
 		s.sleepBound = ms.SleepBound
 	}
 	return s.print(out)

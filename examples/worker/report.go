@@ -154,7 +154,8 @@ type summary struct {
 	api     *upstream
 	queue   *asynq.QueueInfo
 
-	peakSleeping, sleepBound int // tasks asleep in one server's middleware
+	peakSleeping, sleepBound int   // tasks asleep in one server's middleware
+	bounced                  int64 // returns handed back again without a script call (Stats.Bounced)
 }
 
 // print writes the summary and returns an error naming every promise that was broken.
@@ -190,9 +191,9 @@ func (s summary) print(out io.Writer) error {
 		s.limit.Period, maxLimiter, s.limit.Rate, cfg.period, maxVendor)
 	fmt.Fprintf(out, "  vendor API  %d requests, %d × 429, most arrivals in any %v: %d (limit %d); %d permits went unused (slots passed before their task came back)\n",
 		apiTotal, api429, cfg.period, apiMax, cfg.rate, max(permits-apiTotal, 0))
-	fmt.Fprintf(out, "  asynq       %d archived, %d failed (Inspector), %d retries spent; %d hand-backs to asynq (%.2f per throttled task), %d sleeps in the handler\n",
+	fmt.Fprintf(out, "  asynq       %d archived, %d failed (Inspector), %d retries spent; %d hand-backs to asynq (%.2f per throttled task; %d of them back before their slot with the sleeping bound full, without a script call), %d sleeps in the handler\n",
 		q.Archived, q.FailedTotal, st.retriesSpent.Load(), st.handedBack.Load(),
-		float64(st.handedBack.Load())/float64(max(cfg.tasks, 1)), st.slept.Load())
+		float64(st.handedBack.Load())/float64(max(cfg.tasks, 1)), s.bounced, st.slept.Load())
 	fmt.Fprintf(out, "  workers     unthrottled %d/%d tasks of %v done %v after the first was enqueued, behind the throttled backlog (the longest any one took from its enqueue to done: %v); most tasks asleep in one server's middleware at once: %d (bound %d), in goroutines jt.Config adds: all %d workers stay free for tasks that run\n",
 		st.freeDone(), cfg.free, cfg.freeWork, st.freeLatency().Round(time.Millisecond), st.freeLongest().Round(time.Millisecond), s.peakSleeping, s.sleepBound, cfg.concurrency)
 
