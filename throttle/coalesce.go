@@ -338,6 +338,8 @@ type group struct {
 	script *redis.Script
 	reqs   []*pending
 	cmd    redis.Cmder
+
+	noRecord bool // send no record's write (see pipeline)
 }
 
 // groups splits a round trip's requests into script calls, in the order each first
@@ -378,12 +380,16 @@ func (g *group) command() command {
 	sha := make([]any, len(head)+2, len(head)+2+3*len(g.reqs)+len(s.tail))
 	copy(sha, head)
 	sha[len(head)], sha[len(head)+1] = lua.Batch, len(g.reqs)
+	var rec *record // a request's record write rides along (record.go)
 	for _, p := range g.reqs {
 		a := p.cmd.args
 		sha = append(sha, a[s.own[0]], a[s.own[1]], a[s.own[2]])
+		if p.cmd.rec != nil {
+			rec = p.cmd.rec
+		}
 	}
 	sha = append(sha, s.tail...)
-	return command{script: g.script, keys: s.keys, args: sha[len(head):], sha: sha, ints: s.flat}
+	return command{script: g.script, keys: s.keys, args: sha[len(head):], sha: sha, ints: s.flat, rec: rec}
 }
 
 // send makes one round trip for batch: each key's requests in one script call, the
@@ -408,6 +414,7 @@ func (b *batcher) send(batch []*pending) {
 	var again []*group // the server did not have the script: send it (EVAL)
 	for _, g := range live {
 		if err := g.cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			g.noRecord = true // written with the EVALSHA
 			again = append(again, g)
 		}
 	}
@@ -439,12 +446,26 @@ func pipeline(ctx context.Context, rdb redis.UniversalClient, ps *pipePool, gs [
 	pipe := ps.get(rdb)
 	defer ps.put(pipe)
 	cmds := ctx.Value(batchKey{}).(*sync.Map)
+	var sets []*redis.StatusCmd // the keys' records riding along (record.go)
 	for _, g := range gs {
 		c := g.command()
+		if c.rec != nil && !g.noRecord {
+			sets = append(sets, c.rec.queue(ctx, pipe))
+		}
 		g.cmd = c.queue(ctx, pipe, eval)
 		cmds.Store(g.cmd, g.reqs)
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	_, err := pipe.Exec(ctx)
+	for _, set := range sets {
+		if execAborted(set, gs[0].cmd) { // nothing ran: again without the records
+			for _, g := range gs {
+				g.noRecord = true
+			}
+			pipeline(ctx, rdb, ps, gs, eval)
+			return
+		}
+	}
+	if err != nil {
 		// A failure go-redis would have retried (a refused dial, a read timeout) but
 		// may not (MaxRetries) leaves the commands without a reply or an error of
 		// their own: the round trip's is theirs.

@@ -102,7 +102,8 @@ type command struct {
 	keys   []string
 	args   []any
 	sha    []any
-	ints   bool // the reply is an array of integers: read it as []int64 (see replyOf)
+	ints   bool    // the reply is an array of integers: read it as []int64 (see replyOf)
+	rec    *record // if not nil, the key's record is written in the same round trip (see record.go)
 }
 
 // newCommand returns the command that runs s on keys with args.
@@ -219,6 +220,7 @@ func (c command) once(ctx context.Context, rdb redis.UniversalClient, ps *pipePo
 	}
 	cmd, err := eval(ctx, rdb, ps, c, false)
 	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		c.rec = nil // written with the EVALSHA
 		cmd, err = eval(ctx, rdb, ps, c, true)
 	}
 	if err != nil {
@@ -237,17 +239,38 @@ func neverResends(rdb redis.UniversalClient) bool {
 }
 
 func evalPlain(ctx context.Context, rdb redis.UniversalClient, _ *pipePool, c command, eval bool) (redis.Cmder, error) {
+	if c.rec != nil { // the record rides along: a pipeline, still one round trip
+		pipe := rdb.Pipeline()
+		c.rec.queue(ctx, pipe)
+		cmd := c.queue(ctx, pipe, eval)
+		_, err := pipe.Exec(ctx)
+		if cmd.Err() == nil && replyOf(cmd) == nil {
+			return cmd, err
+		}
+		return cmd, cmd.Err()
+	}
 	cmd := c.queue(ctx, rdb, eval)
 	return cmd, cmd.Err()
 }
 
 func evalTx(ctx context.Context, rdb redis.UniversalClient, ps *pipePool, c command, eval bool) (redis.Cmder, error) {
 	pipe := ps.get(rdb)
+	var set *redis.StatusCmd
+	if c.rec != nil {
+		set = c.rec.queue(ctx, pipe)
+	}
 	cmd := c.queue(ctx, pipe, eval)
 	_, err := pipe.Exec(ctx)
 	ps.put(pipe)
+	if execAborted(set, cmd) { // nothing ran: again without the record
+		c.rec = nil
+		return evalTx(ctx, rdb, ps, c, eval)
+	}
 	if cmd.Err() != nil {
 		return cmd, cmd.Err() // the script's own error, or the connection's
+	}
+	if replyOf(cmd) != nil {
+		return cmd, nil // the script's reply (the record's write, if it failed, does not matter)
 	}
 	return cmd, err // the transaction failed before the script got a reply of its own
 }

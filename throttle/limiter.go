@@ -84,6 +84,7 @@ func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*L
 		if c.policy.mode == failLocal {
 			s.local = newLocalLog(limits, c.algorithm, c.policy.fleet)
 		}
+		s.rec = newRecord(rdb, tag, c.algorithm, limits, c.buckets)
 		return s
 	})
 	l := &Limiter{
@@ -260,7 +261,11 @@ func (l *Limiter) run(ctx context.Context, op, n int, waitOrToken int64) (reply,
 		args[0], args[1], args[2] = op, n, waitOrToken
 		c = l.src.command(l.script, append(args, l.tail...))
 	}
+	c.rec = l.shared.rec.take(l.clock.Now()) // nil but once per record interval
 	val, ints, err := l.src.decide(ctx, c)
+	if err != nil && c.rec != nil {
+		c.rec.failed()
+	}
 	if err != nil {
 		if ae, ok := err.(*AlgorithmError); ok {
 			ae.Want = l.alg

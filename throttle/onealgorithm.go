@@ -69,13 +69,17 @@ func algorithmError(key, msg string, err error) error {
 // TakeOver makes the key this Limiter's: it deletes the state the other algorithms
 // keep under it (see AlgorithmError), so this Limiter's next grant starts its own.
 // The limits start afresh: up to one window's worth more can pass than if the state
-// had carried over. The pause and any override stay. Limiters of the other
+// had carried over. The pause and any override stay; the key's record (see
+// ReadRecord) names this Limiter's algorithm and limits. Limiters of the other
 // algorithms on the key get an *AlgorithmError from their next grant on.
 func (l *Limiter) TakeOver(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if err := l.rdb.Del(ctx, l.keys[2:]...).Err(); err != nil { // one hash slot: one command
+	pipe := l.rdb.TxPipeline() // one hash slot: one transaction
+	pipe.Del(ctx, l.keys[2:]...)
+	l.shared.rec.queue(ctx, pipe) // the key's record names this Limiter's algorithm from now on
+	if _, err := pipe.Exec(ctx); err != nil {
 		return scriptError(ctx, l.key, err)
 	}
 	return nil

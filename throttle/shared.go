@@ -140,6 +140,7 @@ type limiterState struct {
 	keyState
 	local  *localLog  // FailLocal's share; nil under other policies
 	latest stateWatch // the latest grant, for Hooks.StateLost
+	rec    *record    // the key's record (see record.go)
 }
 
 var limiterStates registry[sharedKey, limiterState]
