@@ -122,7 +122,7 @@ func (l *Limiter) runFor(ctx context.Context, keys []string, op, n int, x int64)
 	args := make([]any, 3, 3+len(l.tail))
 	args[0], args[1], args[2] = op, n, x
 	args = append(args, l.tail...)
-	val, err := l.exec(ctx, l.script, keys, args)
+	val, err := l.execRecorded(ctx, keys, args) // the key's record rides along when due
 	if err != nil {
 		return reply{}, false, 0, err
 	}

@@ -197,3 +197,15 @@ func (r *record) queue(ctx context.Context, pipe redis.Pipeliner) *redis.StatusC
 func execAborted(set *redis.StatusCmd, cmd redis.Cmder) bool {
 	return set != nil && set.Err() != nil && cmd.Err() != nil && redis.HasErrorPrefix(cmd.Err(), "EXECABORT")
 }
+
+// execRecorded is exec of one of the Limiter's own decisions (a booking: see
+// runFor), carrying the key's record's write when it is due, as run does.
+func (l *Limiter) execRecorded(ctx context.Context, keys []string, args []any) (any, error) {
+	c := newCommand(l.script, keys, args)
+	c.rec = l.shared.rec.take(l.clock.Now())
+	val, err := l.execLate(ctx, c, nil)
+	if err != nil && c.rec != nil {
+		c.rec.failed()
+	}
+	return val, err
+}

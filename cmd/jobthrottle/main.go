@@ -1,9 +1,9 @@
 // Command jobthrottle shows and steers the limits a fleet shares through Redis: list
 // the keys, show or watch their live state, pause, resume or reset them.
 //
-//	jobthrottle ls                                   # keys under the prefix, with their algorithm
-//	jobthrottle show -limit 20/1.1s vendor-api       # the live state, once
-//	jobthrottle watch -limit 20/1.1s vendor-api      # refreshed every second (Ctrl-C ends)
+//	jobthrottle ls                                   # keys under the prefix, with their algorithm and limits
+//	jobthrottle show vendor-api                      # the live state, once
+//	jobthrottle watch vendor-api                     # refreshed every second (Ctrl-C ends)
 //	jobthrottle pause vendor-api 30s                 # no grants anywhere for 30s
 //	jobthrottle resume vendor-api                    # end a pause now
 //	jobthrottle set -for 1h vendor-api 10/1.1s       # lower the rate fleet-wide for an hour
@@ -15,9 +15,12 @@
 // 127.0.0.1:6379. Keys are given as the code gives them to throttle.New, without the
 // prefix (-prefix, "jobthrottle:" by default, as throttle.WithKeyPrefix).
 //
-// A key's state in Redis does not record its limits, so show and watch take them with
-// -limit RATE/PERIOD (repeat it for several limits; RATE/PERIOD:BURST for a token
-// bucket's burst), as the code passes them to throttle.New.
+// Show and watch read a key's algorithm and limits from its record ({…}:conf), which
+// the processes that use the key write (see throttle.ReadRecord; the last writer's
+// when processes differ); set checks an override against it. -limit RATE/PERIOD
+// (repeat it for several limits; RATE/PERIOD:BURST for a token bucket's burst) shows
+// the state as those limits read it instead, and stands in for a record that is
+// missing (a key no process used for an hour, or processes of an older jobthrottle).
 package main
 
 import (
@@ -77,8 +80,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 const usage = `usage: jobthrottle [flags] COMMAND [flags] [ARGS]
 
 commands:
-  ls [PATTERN]             keys under the prefix (SCAN), with their algorithm
-  show KEY                 the key's live state
+  ls [PATTERN]             keys under the prefix (SCAN), with their algorithm and limits
+  show KEY                 the key's live state (its limits from the key's record, or -limit)
   watch KEY...             the live state, refreshed every -interval (Ctrl-C ends)
   pause KEY DURATION       no grants on the key, fleet-wide, for DURATION (e.g. 30s)
   resume KEY               end a pause on the key now (an override stays)
@@ -94,9 +97,11 @@ flags:
   -u URL                   redis://[user:pass@]host:port/db (or REDIS_URL)
   -c                       Redis Cluster (REDIS_ADDR may list several nodes, comma-separated)
   -prefix P                key prefix, as throttle.WithKeyPrefix (default "jobthrottle:")
-  -limit RATE/PERIOD[:BURST]  a limit of the key, as given to throttle.New; repeat for several
-  -alg NAME                sw, sc, tb or fw (default: found from the key's state)
-  -buckets N               the sliding counter's buckets, as throttle.WithBuckets (default 50)
+  -limit RATE/PERIOD[:BURST]  show/watch: a limit of the key, as given to throttle.New, instead
+                           of the key's record's; repeat for several
+  -alg NAME                sw, sc, tb or fw (default: found from the key's state, or its record)
+  -buckets N               the sliding counter's buckets, as throttle.WithBuckets (default: the
+                           record's, else 50)
   -max N                   a semaphore's max (shown as the bar's full width)
   -interval D              watch's refresh interval (default 1s)
   -count N                 watch: stop after N screens (default 0: until Ctrl-C)

@@ -87,9 +87,11 @@ func TestCommands(t *testing.T) {
 		if code != 0 {
 			t.Fatalf("ls: %d %s", code, errs)
 		}
-		mustContain(t, "ls", out, "vendor-api", "SlidingWindow", "mail", "TokenBucket", "reports", "Semaphore")
+		mustContain(t, "ls", out, "vendor-api", "SlidingWindow", "mail", "TokenBucket", "reports", "Semaphore",
+			"10/1m0s", "5/1m0s:8")
 
-		code, out, errs = cli(t, b, "", "show", "-limit", "10/1m", "vendor-api")
+		// show needs no -limit: the key's record gives its algorithm and limits
+		code, out, errs = cli(t, b, "", "show", "vendor-api")
 		if code != 0 {
 			t.Fatalf("show: %d %s", code, errs)
 		}
@@ -100,7 +102,7 @@ func TestCommands(t *testing.T) {
 		mustContain(t, "show vendor-api", out, "vendor-api  SlidingWindow", "10 per 1m0s",
 			fmt.Sprintf("%d/10 used + %d booked", st.Limits[0].Used-st.Booked, st.Booked), "next free", "paused      no")
 
-		code, out, _ = cli(t, b, "", "show", "-limit", "5/1m:8", "mail")
+		code, out, _ = cli(t, b, "", "show", "mail")
 		if code != 0 {
 			t.Fatal(out)
 		}
@@ -125,7 +127,7 @@ func TestCommands(t *testing.T) {
 		if st, err := sw.Inspect(ctx); err != nil || st.PausedFor < 29*time.Second {
 			t.Fatalf("after pause: %+v %v", st, err)
 		}
-		_, out, _ = cli(t, b, "", "show", "-limit", "10/1m", "vendor-api")
+		_, out, _ = cli(t, b, "", "show", "vendor-api")
 		mustContain(t, "show paused", out, "paused      yes, ")
 		_, out, _ = cli(t, b, "", "resume", "vendor-api")
 		mustContain(t, "resume", out, "resumed vendor-api")
@@ -144,16 +146,46 @@ func TestCommands(t *testing.T) {
 		if r, err := sw.Allow(ctx); err != nil || r.Allowed {
 			t.Fatalf("Allow under an override of 2/s with 3 taken: %+v %v, want denied", r, err)
 		}
-		_, out, _ = cli(t, b, "", "show", "-limit", "10/1m", "vendor-api")
+		_, out, _ = cli(t, b, "", "show", "vendor-api")
 		mustContain(t, "show overridden", out, "2 per 1m0s", "/2 used", "override    the rates above, set by an operator, ")
+		// set is checked against the record: the periods, the number of limits, a burst
+		code, _, errs = cli(t, b, "", "set", "vendor-api", "2/1s")
+		if code != 1 {
+			t.Fatalf("set with another period: status %d", code)
+		}
+		mustContain(t, "set 2/1s", errs, "an override changes rates, not periods", "the key's limits (its record) are 10/1m0s")
+		code, _, errs = cli(t, b, "", "set", "vendor-api", "2/1m", "5/1h")
+		if code != 1 {
+			t.Fatalf("set of two limits on a key of one: status %d", code)
+		}
+		mustContain(t, "set of two", errs, "2 limits to override, the limiter has 1")
+		code, _, errs = cli(t, b, "", "set", "vendor-api", "2/1m:4")
+		if code != 1 {
+			t.Fatalf("set with a burst on a sliding window: status %d", code)
+		}
+		mustContain(t, "set burst", errs, "a burst is a TokenBucket's")
+		code, out, errs = cli(t, b, "", "set", "-for", "1m", "mail", "3/1m:6")
+		if code != 0 {
+			t.Fatal(errs)
+		}
+		mustContain(t, "set mail", out, "3 per 1m0s (burst 6)")
+		_, out, _ = cli(t, b, "", "show", "mail")
+		mustContain(t, "show mail overridden", out, "3 per 1m0s (burst 6)", "/6 used")
+		if _, _, errs = cli(t, b, "", "unset", "mail"); errs != "" {
+			t.Fatal(errs)
+		}
+
 		_, out, _ = cli(t, b, "", "unset", "vendor-api")
 		mustContain(t, "unset", out, "vendor-api: override removed")
 		if st, err := sw.Inspect(ctx); err != nil || st.Override != 0 || st.Limits[0].Limit.Rate != 10 {
 			t.Fatalf("after unset: %+v %v", st, err)
 		}
+		// -limit shows the state as other limits read it
+		_, out, _ = cli(t, b, "", "show", "-limit", "20/1m", "vendor-api")
+		mustContain(t, "show -limit", out, "20 per 1m0s", "/20 used")
 
 		// watch: two screens
-		code, out, errs = cli(t, b, "", "watch", "-interval", "20ms", "-count", "2", "-limit", "10/1m", "vendor-api")
+		code, out, errs = cli(t, b, "", "watch", "-interval", "20ms", "-count", "2", "vendor-api")
 		if code != 0 {
 			t.Fatal(errs)
 		}
@@ -175,6 +207,14 @@ func TestCommands(t *testing.T) {
 		if st, err := sw.Inspect(ctx); err != nil || st.Limits[0].Used != 0 || st.TTL != 0 {
 			t.Fatalf("after reset: %+v %v", st, err)
 		}
+		// the record stays: the idle key is still shown, with its limits
+		code, out, errs = cli(t, b, "", "show", "vendor-api")
+		if code != 0 {
+			t.Fatalf("show after reset: %d %s", code, errs)
+		}
+		mustContain(t, "show idle", out, "vendor-api  SlidingWindow", "10 per 1m0s", "0/10 used")
+		_, out, _ = cli(t, b, "", "ls")
+		mustContain(t, "ls idle", out, "SlidingWindow (idle)")
 	})
 }
 
@@ -202,11 +242,33 @@ func TestErrors(t *testing.T) {
 		if _, err := sw.Allow(ctx); err != nil {
 			t.Fatal(err)
 		}
+		code, out, errs := cli(t, b, "", "show", "nolimits")
+		if code != 0 {
+			t.Fatalf("show with the key's record: status %d: %s", code, errs)
+		}
+		mustContain(t, "show by record", out, "10 per 1s")
+		// no record (a key of an older jobthrottle's processes): -limit is asked for
+		if err := b.Client.Del(ctx, "{"+b.Prefix+"nolimits}:conf").Err(); err != nil {
+			t.Fatal(err)
+		}
 		code, _, errs = cli(t, b, "", "show", "nolimits")
 		if code != 1 {
-			t.Fatalf("no -limit: status %d", code)
+			t.Fatalf("no record, no -limit: status %d", code)
 		}
-		mustContain(t, "no -limit", errs, "SlidingWindow limiter", "-limit RATE/PERIOD")
+		mustContain(t, "no record", errs, "SlidingWindow limiter with no record of its limits", "-limit RATE/PERIOD")
+		code, _, errs = cli(t, b, "", "set", "nolimits", "5/1s")
+		if code != 0 {
+			t.Fatalf("set without a record: status %d: %s", code, errs)
+		}
+		// a record of another type
+		if err := b.Client.HSet(ctx, "{"+b.Prefix+"nolimits}:conf", "a", "b").Err(); err != nil {
+			t.Fatal(err)
+		}
+		code, _, errs = cli(t, b, "", "show", "nolimits")
+		if code != 1 {
+			t.Fatalf("record of another type: status %d", code)
+		}
+		mustContain(t, "record of another type", errs, "reading its record", "did not write")
 
 		code, _, errs = cli(t, b, "", "show", "-limit", "ten/1s", "nolimits")
 		if code != 2 {
@@ -300,7 +362,7 @@ func TestWatchInTmux(t *testing.T) {
 
 	session := fmt.Sprintf("jt-test-%d", os.Getpid())
 	env := "REDIS_ADDR=" + b.Client.(*redis.Client).Options().Addr
-	cmd := fmt.Sprintf("env %s %s -prefix %s watch -limit 20/1s vendor-api", env, bin, b.Prefix)
+	cmd := fmt.Sprintf("env %s %s -prefix %s watch vendor-api", env, bin, b.Prefix) // the limits: the key's record
 	if out, err := exec.Command("tmux", "new-session", "-d", "-s", session, "-x", "100", "-y", "20", cmd).CombinedOutput(); err != nil {
 		t.Fatalf("tmux new-session: %v\n%s", err, out)
 	}
@@ -332,6 +394,21 @@ func TestWatchInTmux(t *testing.T) {
 		t.Fatalf("the screen was not redrawn in 10s:\n%s", second)
 	}
 	t.Logf("tmux screen:\n%s", second)
+
+	// an operator lowers the rate in another terminal: the watch screen shows it
+	// at its next redraw (up to 10s allowed, for a busy machine)
+	set := exec.Command(bin, "-prefix", b.Prefix, "set", "-for", "1m", "vendor-api", "5/1s")
+	set.Env = append(os.Environ(), env)
+	if out, err := set.CombinedOutput(); err != nil {
+		t.Fatalf("set: %v\n%s", err, out)
+	}
+	var third string
+	for i := 0; i < 100 && !strings.Contains(third, "override"); i++ {
+		time.Sleep(100 * time.Millisecond)
+		third = capture()
+	}
+	mustContain(t, "tmux screen after set", third, "5 per 1s", "override    the rates above, set by an operator")
+	t.Logf("tmux screen after set:\n%s", third)
 }
 
 func firstLine(s string) string {

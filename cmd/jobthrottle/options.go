@@ -102,7 +102,7 @@ func parse(args []string, getenv func(string) string) (*options, error) {
 	fs.StringVar(&o.prefix, "prefix", "jobthrottle:", "")
 	fs.Var(limitList{&o.limits}, "limit", "")
 	fs.StringVar(&o.alg, "alg", "", "")
-	fs.IntVar(&o.buckets, "buckets", 50, "")
+	fs.IntVar(&o.buckets, "buckets", 0, "")
 	fs.IntVar(&o.max, "max", 0, "")
 	fs.DurationVar(&o.interval, "interval", time.Second, "")
 	fs.IntVar(&o.count, "count", 0, "")

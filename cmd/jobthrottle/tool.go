@@ -26,7 +26,7 @@ var algorithms = map[string]throttle.Algorithm{
 
 // suffixes are every key jobthrottle keeps under a hash tag (see the README's key
 // layout), in the order ls and reset name them.
-var suffixes = []string{"sw", "sc", "tb", "fw", "sem", "semq", "semx", "pause"}
+var suffixes = []string{"sw", "sc", "tb", "fw", "sem", "semq", "semx", "pause", "conf"}
 
 // tool runs one command.
 type tool struct {
@@ -159,7 +159,7 @@ func (t *tool) ls(ctx context.Context) error {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
-	fmt.Fprintf(t.out, "%-40s %-28s %s\n", "KEY", "KIND", "PAUSED")
+	fmt.Fprintf(t.out, "%-32s %-24s %-8s %s\n", "KEY", "KIND", "PAUSED", "LIMITS (the key's record)")
 	for _, k := range keys {
 		have := found[k]
 		slices.SortFunc(have, func(a, b string) int { return slices.Index(suffixes, a) - slices.Index(suffixes, b) })
@@ -169,13 +169,38 @@ func (t *tool) ls(ctx context.Context) error {
 				paused = round(d).String()
 			}
 		}
+		limits := "-"
 		kd := kind(have)
+		if slices.Contains(have, "conf") {
+			rec, err := throttle.ReadRecord(ctx, t.rdb, k, throttle.WithKeyPrefix(t.o.prefix))
+			switch {
+			case err != nil:
+				limits = "(unreadable record)"
+			default:
+				limits = limitsText(rec.Limits)
+				if kd == "" {
+					kd = rec.Algorithm.String() + " (idle)"
+				}
+			}
+		}
 		if kd == "" {
 			kd = "(pause only)"
 		}
-		fmt.Fprintf(t.out, "%-40s %-28s %s\n", k, kd, paused)
+		fmt.Fprintf(t.out, "%-32s %-24s %-8s %s\n", k, kd, paused, limits)
 	}
 	return nil
+}
+
+// limitsText is limits as the command line takes them: RATE/PERIOD[:BURST], comma-separated.
+func limitsText(limits []throttle.Limit) string {
+	parts := make([]string, len(limits))
+	for i, l := range limits {
+		parts[i] = fmt.Sprintf("%d/%v", l.Rate, l.Period)
+		if l.Burst != 0 {
+			parts[i] += fmt.Sprintf(":%d", l.Burst)
+		}
+	}
+	return strings.Join(parts, ",")
 }
 
 // escapeGlob quotes the glob characters of s for SCAN MATCH.
@@ -212,14 +237,21 @@ type target struct {
 	sem  *throttle.Semaphore
 }
 
-// resolve finds what key is: the algorithm given with -alg or found from its state,
-// or a semaphore. An unknown key (no state, no -alg) is an error.
+// resolve finds what key is: the algorithm given with -alg, else found from its
+// state, else from its record; or a semaphore. The limits are those given with
+// -limit, else the key's record's (see throttle.ReadRecord). An unknown key (no
+// state, no record, no -alg) is an error.
 func (t *tool) resolve(ctx context.Context, key string) (*target, error) {
 	have, err := t.present(ctx, key)
 	if err != nil {
 		return nil, err
 	}
 	tg := &target{key: key, have: have}
+	var rec throttle.Record
+	recErr := throttle.ErrNoRecord
+	if slices.Contains(have, "conf") {
+		rec, recErr = throttle.ReadRecord(ctx, t.rdb, key, throttle.WithKeyPrefix(t.o.prefix))
+	}
 	suffix := t.o.alg
 	if suffix == "" {
 		var algs []string
@@ -240,20 +272,48 @@ func (t *tool) resolve(ctx context.Context, key string) (*target, error) {
 			}
 			tg.sem, err = throttle.NewSemaphore(t.rdb, key, max, throttle.WithKeyPrefix(t.o.prefix))
 			return tg, err
+		case recErr == nil: // idle: no state, but its processes' record
+			suffix = suffixOf(rec.Algorithm)
 		case slices.Contains(have, "pause"):
-			return nil, fmt.Errorf("key %q has a pause set but no state (idle): give -alg and -limit to show it", key)
+			return nil, fmt.Errorf("key %q has a pause set but no state (idle) and no record of its limits: give -alg and -limit to show it", key)
 		default:
 			return nil, fmt.Errorf("unknown key %q: nothing under %s (prefix %q); the key is idle or misspelt: see jobthrottle ls",
 				key, "{"+t.o.prefix+key+"}:*", t.o.prefix)
 		}
 	}
-	if len(t.o.limits) == 0 {
-		return nil, fmt.Errorf("key %q is a %v limiter; Redis does not record its limits: give them with -limit RATE/PERIOD as the code does (e.g. -limit 20/1.1s)",
-			key, algorithms[suffix])
+	limits, buckets := t.o.limits, t.o.buckets
+	if len(limits) == 0 {
+		switch {
+		case errors.Is(recErr, throttle.ErrNoRecord):
+			return nil, fmt.Errorf("key %q is a %v limiter with no record of its limits (none of its processes wrote one in the last hour: an older jobthrottle?): give them with -limit RATE/PERIOD as the code does (e.g. -limit 20/1.1s)",
+				key, algorithms[suffix])
+		case recErr != nil:
+			return nil, fmt.Errorf("key %q: reading its record: %w (give -limit RATE/PERIOD to show it anyway)", key, recErr)
+		case rec.Algorithm != algorithms[suffix]:
+			return nil, fmt.Errorf("key %q holds %v state, but its record says %v (written by the last process to use it): a rollout between algorithms? give -alg and -limit",
+				key, algorithms[suffix], rec.Algorithm)
+		}
+		limits = rec.Limits
+		if buckets == 0 {
+			buckets = rec.Buckets
+		}
 	}
-	tg.lim, err = throttle.New(t.rdb, key, t.o.limits[0], throttle.WithLimits(t.o.limits[1:]...),
-		throttle.WithAlgorithm(algorithms[suffix]), throttle.WithKeyPrefix(t.o.prefix), throttle.WithBuckets(t.o.buckets))
+	if buckets == 0 {
+		buckets = 50 // throttle's default
+	}
+	tg.lim, err = throttle.New(t.rdb, key, limits[0], throttle.WithLimits(limits[1:]...),
+		throttle.WithAlgorithm(algorithms[suffix]), throttle.WithKeyPrefix(t.o.prefix), throttle.WithBuckets(buckets))
 	return tg, err
+}
+
+// suffixOf is the state key's suffix of algorithm a.
+func suffixOf(a throttle.Algorithm) string {
+	for s, b := range algorithms {
+		if a == b {
+			return s
+		}
+	}
+	return ""
 }
 
 // show prints a key's state once.
@@ -360,7 +420,11 @@ func (t *tool) control(key string, op func(*throttle.Limiter) error, limits ...t
 // noteIdle says so when the key had no state (have: its suffixes): the key may be
 // misspelt, and the command changed nothing a process uses.
 func (t *tool) noteIdle(key string, have []string) {
-	if kind(have) == "" {
+	switch {
+	case kind(have) != "":
+	case slices.Contains(have, "conf"):
+		fmt.Fprintf(t.out, "note: %q is idle now (no state, but its processes' record): they apply it from their next call\n", key)
+	default:
 		fmt.Fprintf(t.out, "note: no state under %q now (idle, or misspelt? see jobthrottle ls)\n", key)
 	}
 }
@@ -398,8 +462,35 @@ func (t *tool) set(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	override := func(lim *throttle.Limiter) error { return lim.Override(ctx, t.o.forD, limits...) }
-	if err := t.control(key, override, limits...); err != nil {
+	// the key's record gives its algorithm and limits: the override is checked
+	// against them (how many, which periods, a burst only for a token bucket), as
+	// Override checks it in a process
+	var rec throttle.Record
+	checked := slices.Contains(have, "conf")
+	if checked {
+		if rec, err = throttle.ReadRecord(ctx, t.rdb, key, throttle.WithKeyPrefix(t.o.prefix)); err != nil {
+			return err
+		}
+		for _, l := range limits {
+			if rec.Algorithm != throttle.TokenBucket && l.Burst != 0 {
+				return usagef("set %s: a burst is a TokenBucket's; the key is a %v limiter (%s)", key, rec.Algorithm, limitsText(rec.Limits))
+			}
+		}
+	}
+	code := limits
+	opts := []throttle.Option{throttle.WithKeyPrefix(t.o.prefix)}
+	if checked {
+		code = rec.Limits
+		opts = append(opts, throttle.WithAlgorithm(rec.Algorithm), throttle.WithBuckets(rec.Buckets))
+	}
+	lim, err := throttle.New(t.rdb, key, code[0], append(opts, throttle.WithLimits(code[1:]...))...)
+	if err != nil {
+		return err
+	}
+	if err := lim.Override(ctx, t.o.forD, limits...); err != nil {
+		if checked {
+			return fmt.Errorf("%w; the key's limits (its record) are %s", err, limitsText(code))
+		}
 		return err
 	}
 	until := "until unset"
@@ -412,6 +503,11 @@ func (t *tool) set(ctx context.Context) error {
 	}
 	fmt.Fprintf(t.out, "%s: every process now enforces %s, %s (rates only: the periods stay those the code passes)\n",
 		key, strings.Join(parts, ", "), until)
+	if !checked {
+		fmt.Fprintf(t.out, "note: %s has no record of its limits: the number of limits and their periods were not checked\n", key)
+	} else if len(limits) < len(code) {
+		fmt.Fprintf(t.out, "(its other limits keep their rates: %s)\n", limitsText(code[len(limits):]))
+	}
 	t.noteIdle(key, have)
 	return nil
 }
@@ -437,8 +533,9 @@ func (t *tool) reset(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	have = slices.DeleteFunc(have, func(s string) bool { return s == "conf" }) // the record stays: it is not state
 	if len(have) == 0 {
-		return fmt.Errorf("unknown key %q: nothing under %s:* to reset", key, tag)
+		return fmt.Errorf("unknown key %q: no state under %s:* to reset", key, tag)
 	}
 	names := make([]string, len(have))
 	for i, s := range have {
