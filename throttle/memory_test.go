@@ -28,9 +28,9 @@ func usedMemory(ctx context.Context, c *redis.Client) (int64, error) {
 
 // Memory per key, measured on a real redis-server of the test's own (redis 7, default
 // encodings) with keys named as in production ("{jobthrottle:tenant-000001}:sw"):
-//   - after one grant: MEMORY USAGE of the state key (key, value and its overhead), and
-//     used_memory's growth per key over 10k keys (adds the keyspace's and the
-//     expires table's entries);
+//   - after one grant: MEMORY USAGE of the state key (key, value and its overhead) and
+//     of the key's record ({…}:conf, record.go), and used_memory's growth per key
+//     over 10k keys, both keys (adds the keyspace's and the expires table's entries);
 //   - at steady state, a key used at its full rate, 10, 100 and 1000 per second, for
 //     three periods on a clock the test moves (FakeClockScript);
 //   - a semaphore with 10, 100 and 1000 live leases.
@@ -60,7 +60,7 @@ func TestMemoryPerKey(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var one int64
+		var one, rec int64
 		for i := 0; i < n; i++ {
 			// a long period, so that no state expires while they are counted (the
 			// numbers a state holds are as long whatever the period)
@@ -73,20 +73,21 @@ func TestMemoryPerKey(t *testing.T) {
 			}
 			if i < 1000 {
 				one += usage(l.keys[0])
+				rec += usage(l.shared.rec.id.key)
 			}
 		}
 		after, err := usedMemory(ctx, c)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if keys, _ := c.DBSize(ctx).Result(); keys != n {
-			t.Fatalf("%v: %d keys, want %d", alg, keys, n)
+		if keys, _ := c.DBSize(ctx).Result(); keys != 2*n { // the state and the record
+			t.Fatalf("%v: %d keys, want %d", alg, keys, 2*n)
 		}
-		one /= 1000
+		one, rec = one/1000, rec/1000
 		if one > 200 {
 			t.Errorf("%v: %d bytes for one grant's state", alg, one)
 		}
-		row := fmt.Sprintf("%-14v one grant: MEMORY USAGE %4d B, used_memory +%4d B/key", alg, one, (after-before)/n)
+		row := fmt.Sprintf("%-14v one grant: MEMORY USAGE %4d B (+ record %3d B), used_memory +%4d B/key", alg, one, rec, (after-before)/n)
 
 		// steady state: rate r per second used to the full for three periods
 		for _, r := range []int{10, 100, 1000} {

@@ -21,13 +21,15 @@ import (
 // It costs the hot path nothing: no script reads it, and a Limiter writes it (SET …
 // PX) inside the transaction (or, for a client that never re-sends, the pipeline) of
 // a call it makes anyway, once per recordEvery per process (the first call of a
-// process writes it), never as a round trip of its own. It lives recordTTL, so it
-// outlasts the state keys of a key in use, and an idle key's record goes by itself.
+// process writes it), never as a round trip of its own. Only calls that may grant
+// carry it (acquires of n >= 1, bookings): AllowN(0) and cancels write nothing. It
+// lives recordMinTTL or more (see there).
 // Processes with different limits on one key write each their own: the record shows
 // the last writer's.
 
 // ErrNoRecord: the key has no record of its algorithm and limits (no process used it
-// in the last hour, or its Limiters predate records). ReadRecord returns it.
+// in the last 10 seconds, or 3 of its periods; or its Limiters predate records).
+// ReadRecord returns it.
 var ErrNoRecord = errors.New("jobthrottle: the key has no record of its limits")
 
 // Record is what a key's record says: the algorithm and limits of the Limiters that
@@ -71,8 +73,14 @@ func ReadRecord(ctx context.Context, rdb redis.UniversalClient, key string, opts
 	return r, nil
 }
 
-// recordMinTTL is the shortest life of a record; tests shorten it.
-var recordMinTTL = time.Hour
+// recordMinTTL is the shortest life of a record; tests shorten it. A record lives
+// max(recordMinTTL, 3 × the longest time a grant counts) and is written anew every
+// quarter of that (at least 2.5s apart) while the key is in use: it outlasts the
+// key's state then, and goes soon after it when the key is idle. A longer life would
+// cost memory where it hurts: per-tenant keys used once each would leave a record
+// (about 200 B of used_memory) for each tenant of the whole life, where their states
+// go after a period.
+var recordMinTTL = 10 * time.Second
 
 // recordText is the record of a Limiter: "1 <suffix> <buckets> <limit>...", each
 // limit as RATE/PERIOD or RATE/PERIOD:BURST (the period as time.Duration prints it),
@@ -198,11 +206,14 @@ func execAborted(set *redis.StatusCmd, cmd redis.Cmder) bool {
 	return set != nil && set.Err() != nil && cmd.Err() != nil && redis.HasErrorPrefix(cmd.Err(), "EXECABORT")
 }
 
-// execRecorded is exec of one of the Limiter's own decisions (a booking: see
-// runFor), carrying the key's record's write when it is due, as run does.
+// execRecorded is exec of one of the Limiter's own booking ops (see runFor): a
+// booking that may grant carries the key's record's write when it is due, as run's
+// acquires do.
 func (l *Limiter) execRecorded(ctx context.Context, keys []string, args []any) (any, error) {
 	c := newCommand(l.script, keys, args)
-	c.rec = l.shared.rec.take(l.clock.Now())
+	if op, n := args[0], args[1]; (op == opAcquireFor || op == opAcquireForLate) && n != 0 {
+		c.rec = l.shared.rec.take(l.clock.Now())
+	}
 	val, err := l.execLate(ctx, c, nil)
 	if err != nil && c.rec != nil {
 		c.rec.failed()

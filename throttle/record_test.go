@@ -55,7 +55,8 @@ func (c *movingClock) NewTimer(d time.Duration) clock.Timer { return clock.Syste
 
 // The key records the algorithm and limits its Limiters use: every algorithm, on
 // every backend, several limits, a burst and the sliding counter's buckets read back
-// as given; the record has a TTL (at least an hour: it outlasts the state) and
+// as given; the record has a TTL (3 × the longest period, at least 10s: it
+// outlasts the state), AllowN(0) writes none, and
 // ReadRecord of a key nobody used is ErrNoRecord.
 func TestRecordNamesAlgorithmAndLimits(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
@@ -88,8 +89,16 @@ func TestRecordNamesAlgorithmAndLimits(t *testing.T) {
 		if _, err := short.Allow(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if r, err := ReadRecord(ctx, b.Client, "rec-short", WithKeyPrefix(b.Prefix)); err != nil || r.TTL <= 59*time.Minute || r.TTL > time.Hour {
-			t.Fatalf("record of 5/s: %+v %v, want a TTL of an hour", r, err)
+		if r, err := ReadRecord(ctx, b.Client, "rec-short", WithKeyPrefix(b.Prefix)); err != nil || r.TTL <= 9*time.Second || r.TTL > 10*time.Second {
+			t.Fatalf("record of 5/s: %+v %v, want a TTL of 10s", r, err)
+		}
+		// AllowN(0) and a cancel write no record
+		zero, _ := New(b.Client, "rec-zero", PerSecond(5), WithKeyPrefix(b.Prefix))
+		if _, err := zero.AllowN(ctx, 0); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ReadRecord(ctx, b.Client, "rec-zero", WithKeyPrefix(b.Prefix)); !errors.Is(err, ErrNoRecord) {
+			t.Fatalf("ReadRecord after AllowN(0): %v, want ErrNoRecord", err)
 		}
 		if _, err := ReadRecord(ctx, b.Client, "rec-nobody", WithKeyPrefix(b.Prefix)); !errors.Is(err, ErrNoRecord) {
 			t.Fatalf("ReadRecord of an unused key: %v, want ErrNoRecord", err)
@@ -104,7 +113,7 @@ func TestRecordNamesAlgorithmAndLimits(t *testing.T) {
 }
 
 // The record costs no round trip and is written once per interval (a quarter of its
-// TTL) per process, whatever path the calls take: a transaction, a plain pipeline (a
+// TTL, 2.5s here) per process, whatever path the calls take: a transaction, a plain pipeline (a
 // client that never re-sends), coalesced batches, Limiters built per call (their
 // shared state collected between calls), and a first call the server has no script
 // for (EVALSHA refused, then EVAL). The last process to write it is the one
@@ -154,14 +163,14 @@ func TestRecordWrittenOncePerInterval(t *testing.T) {
 			if got := w.n.Load(); got != 1 {
 				t.Fatalf("400 calls wrote the record %d times, want 1", got)
 			}
-			clk.ns.Add(int64(16 * time.Minute)) // past a quarter of the hour
+			clk.ns.Add(int64(3 * time.Second)) // past a quarter of the record's 10s
 			for i := 0; i < 10; i++ {
 				if _, err := l.Allow(ctx); err != nil {
 					t.Fatal(err)
 				}
 			}
 			if got := w.n.Load(); got != 2 {
-				t.Fatalf("after 16 minutes: %d writes, want 2", got)
+				t.Fatalf("after 3s: %d writes, want 2", got)
 			}
 			// built per call, the shared state collected in between: still no more
 			for i := 0; i < 20; i++ {

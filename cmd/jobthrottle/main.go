@@ -20,7 +20,8 @@
 // when processes differ); set checks an override against it. -limit RATE/PERIOD
 // (repeat it for several limits; RATE/PERIOD:BURST for a token bucket's burst) shows
 // the state as those limits read it instead, and stands in for a record that is
-// missing (a key no process used for an hour, or processes of an older jobthrottle).
+// missing (a key idle for 10 seconds or 3 of its periods, or processes of an older
+// jobthrottle).
 package main
 
 import (

@@ -285,7 +285,7 @@ func (t *tool) resolve(ctx context.Context, key string) (*target, error) {
 	if len(limits) == 0 {
 		switch {
 		case errors.Is(recErr, throttle.ErrNoRecord):
-			return nil, fmt.Errorf("key %q is a %v limiter with no record of its limits (none of its processes wrote one in the last hour: an older jobthrottle?): give them with -limit RATE/PERIOD as the code does (e.g. -limit 20/1.1s)",
+			return nil, fmt.Errorf("key %q is a %v limiter with no record of its limits (none of its processes wrote one lately: idle, or an older jobthrottle?): give them with -limit RATE/PERIOD as the code does (e.g. -limit 20/1.1s)",
 				key, algorithms[suffix])
 		case recErr != nil:
 			return nil, fmt.Errorf("key %q: reading its record: %w (give -limit RATE/PERIOD to show it anyway)", key, recErr)
