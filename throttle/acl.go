@@ -4,8 +4,9 @@ import "strings"
 
 // aclCommands are the commands a Redis user needs to use Limiters and Semaphores:
 // those the client sends (scripts by SHA, by source after a SCRIPT FLUSH or restart,
-// inside MULTI/EXEC so that a lost reply cannot run one twice; the semaphore's wake-up
-// subscription) and those the scripts run, which Redis checks against the calling
+// inside MULTI/EXEC so that a lost reply cannot run one twice; SET of the key's
+// record, sent along with a call now and then, and GET and PTTL to read it
+// (ReadRecord); the semaphore's wake-up subscription) and those the scripts run, which Redis checks against the calling
 // user too (Inspect's scripts read the state key's TTL with PTTL; a grant that creates
 // a state key checks with EXISTS that no other algorithm's is there; the token
 // bucket's and the fixed window's fast paths read the state and the control key
