@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -415,4 +416,99 @@ func firstLine(s string) string {
 	s = strings.TrimLeft(s, "\n")
 	l, _, _ := strings.Cut(s, "\n")
 	return l
+}
+
+// An override set by the command is enforced by a running fleet from each process's
+// next call: four workers (each its own client, as four processes) call Allow every
+// 30ms on a key of 100 per 300ms, well under it (about 40 per 300ms in all), when
+// `jobthrottle set KEY 5/300ms` runs. The first call each worker sends after the
+// command returned is decided under 5 per 300ms (Remaining at most 4, where the old
+// limit would leave about 60), and no 300ms window holds more than 5 of the grants
+// decided after it. Grant times are the server's (script replies), so the machine's
+// load changes how many calls there are, not the checks.
+func TestFleetOverrideByCLI(t *testing.T) {
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		const period = 300 * time.Millisecond
+		addrs, cluster := b.Addrs()
+		type call struct {
+			sent time.Time
+			res  throttle.Result
+		}
+		var calls [4][]call
+		var grants [4]*redistest.Grants
+		stop := make(chan struct{})
+		done := make(chan error, 4)
+		for w := range calls {
+			c := redistest.Dial(addrs, cluster)
+			defer c.Close()
+			grants[w] = redistest.RecordGrants(c)
+			l, err := throttle.New(c, "fleet-cli", throttle.Limit{Rate: 100, Period: period}, throttle.WithKeyPrefix(b.Prefix))
+			if err != nil {
+				t.Fatal(err)
+			}
+			go func() {
+				tick := time.NewTicker(30 * time.Millisecond)
+				defer tick.Stop()
+				for {
+					select {
+					case <-stop:
+						done <- nil
+						return
+					case <-tick.C:
+					}
+					sent := time.Now()
+					res, err := l.Allow(ctx)
+					if err != nil {
+						done <- err
+						return
+					}
+					calls[w] = append(calls[w], call{sent, res})
+				}
+			}()
+		}
+		time.Sleep(2 * period)
+		before := time.Now() // calls sent before this were decided under the old limit
+		code, out, errs := cli(t, b, "", "set", "-for", "1m", "fleet-cli", "5/300ms")
+		changed := time.Now() // calls sent after this are decided under the override
+		if code != 0 {
+			t.Fatalf("set: %d %s", code, errs)
+		}
+		mustContain(t, "set", out, "every process now enforces 5 per 300ms")
+		time.Sleep(6 * period) // each worker calls again unless stalled for 1.7s
+		close(stop)
+		for range calls {
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+		}
+		for w, cs := range calls {
+			i := slices.IndexFunc(cs, func(c call) bool { return c.sent.After(changed) })
+			if i < 0 {
+				t.Fatalf("worker %d made no call after the override", w)
+			}
+			if r := cs[i].res; r.Remaining > 4 {
+				t.Fatalf("worker %d's first call after the override: %+v, want Remaining <= 4 (decided under 5 per %v)", w, r, period)
+			}
+			j := slices.IndexFunc(cs, func(c call) bool { return !c.sent.Before(before) }) - 1
+			if j < 0 || cs[j].res.Remaining < 10 {
+				t.Fatalf("worker %d's last call before the override: %v: the old limit was not far from full, the check proves nothing", w, cs[max(j, 0)])
+			}
+		}
+		var after []time.Time
+		for _, g := range grants {
+			for _, gr := range g.List() {
+				if gr.Sent.After(changed) {
+					after = append(after, gr.At)
+				}
+			}
+		}
+		slices.SortFunc(after, func(a, b time.Time) int { return a.Compare(b) })
+		most := redistest.MaxTimesInWindow(after, period)
+		if most > 5 || len(after) == 0 {
+			t.Fatalf("%d grants decided under the override, %d in one window of %v: want 1..5", len(after), most, period)
+		}
+		redistest.Figure(t, "fleet override by the CLI (%s): 4 workers; first call after `set` of each decided under it; %d grants after it, at most %d in any %v (override 5)",
+			b.Kind, len(after), most, period)
+	})
 }
