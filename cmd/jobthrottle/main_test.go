@@ -238,6 +238,11 @@ func TestErrors(t *testing.T) {
 			t.Fatalf("key of another type: status %d", code)
 		}
 		mustContain(t, "another type", errs, "did not write", "WRONGTYPE")
+		code, _, errs = cli(t, b, "", "show", "wrong") // no record, no -limit: still said plainly
+		if code != 1 {
+			t.Fatalf("key of another type, no -limit: status %d", code)
+		}
+		mustContain(t, "another type, no -limit", errs, "did not write", "WRONGTYPE")
 
 		sw, _ := throttle.New(b.Client, "nolimits", throttle.PerSecond(10), throttle.WithKeyPrefix(b.Prefix))
 		if _, err := sw.Allow(ctx); err != nil {
@@ -511,4 +516,32 @@ func TestFleetOverrideByCLI(t *testing.T) {
 		redistest.Figure(t, "fleet override by the CLI (%s): 4 workers; first call after `set` of each decided under it; %d grants after it, at most %d in any %v (override 5)",
 			b.Kind, len(after), most, period)
 	})
+}
+
+// watch's rate line: permits that took effect between two screens (granted at once,
+// or booked earlier and come due), and the grants made (bookings included). A
+// backlog booked ahead before the first screen takes effect at the limit's pace
+// while no new grant is made.
+func TestRenderRate(t *testing.T) {
+	at := time.Unix(1_700_000_000, 0)
+	st := func(booked int) *throttle.LimiterState {
+		return &throttle.LimiterState{Algorithm: throttle.SlidingWindow, Booked: booked,
+			Limits: []throttle.LimitState{{Limit: throttle.PerSecond(10), Capacity: 10, Used: 10 + booked}}}
+	}
+	for _, c := range []struct {
+		prevTotal, total int64
+		prevBooked       int
+		booked           int
+		want             string
+	}{
+		{100, 100, 50, 40, "granted/s   10.0 took effect, 0.0 new grants"}, // the backlog comes due
+		{100, 110, 0, 0, "granted/s   10.0 took effect, 10.0 new grants"},  // granted at once
+		{100, 120, 0, 20, "granted/s   0.0 took effect, 20.0 new grants"},  // booked ahead
+	} {
+		prev := &view{key: "k", lim: st(c.prevBooked), total: c.prevTotal, at: at}
+		v := &view{key: "k", lim: st(c.booked), total: c.total, at: at.Add(time.Second)}
+		var b strings.Builder
+		v.render(&b, prev)
+		mustContain(t, "render", b.String(), c.want)
+	}
 }

@@ -285,6 +285,14 @@ func (t *tool) resolve(ctx context.Context, key string) (*target, error) {
 	if len(limits) == 0 {
 		switch {
 		case errors.Is(recErr, throttle.ErrNoRecord):
+			// a state key jobthrottle did not write says so first: its limits do not matter
+			probe, err := throttle.New(t.rdb, key, throttle.PerSecond(1), throttle.WithAlgorithm(algorithms[suffix]), throttle.WithKeyPrefix(t.o.prefix))
+			if err != nil {
+				return nil, err
+			}
+			if _, err := probe.Inspect(ctx); errors.Is(err, throttle.ErrCorruptState) {
+				return nil, err
+			}
 			return nil, fmt.Errorf("key %q is a %v limiter with no record of its limits (none of its processes wrote one lately: idle, or an older jobthrottle?): give them with -limit RATE/PERIOD as the code does (e.g. -limit 20/1.1s)",
 				key, algorithms[suffix])
 		case recErr != nil:

@@ -113,7 +113,11 @@ func (v *view) render(w io.Writer, prev *view) {
 	}
 	rate := "-"
 	if prev != nil && prev.total >= 0 && v.total >= prev.total && v.at.After(prev.at) {
-		rate = fmt.Sprintf("%.1f", float64(v.total-prev.total)/v.at.Sub(prev.at).Seconds())
+		// permits that took effect: those granted since the last screen, less the
+		// growth of the queue booked ahead (bookings made long before take effect now)
+		secs := v.at.Sub(prev.at).Seconds()
+		took := (v.total - prev.total) - int64(s.Booked-prev.lim.Booked)
+		rate = fmt.Sprintf("%.1f took effect, %.1f new grants", max(0, float64(took))/secs, float64(v.total-prev.total)/secs)
 	} else if v.total < 0 || (prev != nil && prev.total >= 0 && v.total < prev.total) {
 		rate = "-"
 	} else if prev == nil && v.total >= 0 {
