@@ -178,6 +178,8 @@ func TestCommands(t *testing.T) {
 
 		_, out, _ = cli(t, b, "", "unset", "vendor-api")
 		mustContain(t, "unset", out, "vendor-api: override removed")
+		_, out, _ = cli(t, b, "", "unset", "vendor-api")
+		mustContain(t, "unset again", out, "vendor-api had no override")
 		if st, err := sw.Inspect(ctx); err != nil || st.Override != 0 || st.Limits[0].Limit.Rate != 10 {
 			t.Fatalf("after unset: %+v %v", st, err)
 		}

@@ -523,8 +523,22 @@ func (t *tool) set(ctx context.Context) error {
 // unset removes an override.
 func (t *tool) unset(ctx context.Context) error {
 	key := t.o.args[0]
+	tag, err := t.tag(key)
+	if err != nil {
+		return err
+	}
+	// the control key holds "<pause end>" and, while an override is set, its parts
+	// after it (lua/controlwrite.lua)
+	text, err := t.rdb.Get(ctx, tag+":pause").Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return err
+	}
 	if err := t.control(key, func(lim *throttle.Limiter) error { return lim.ClearOverride(ctx) }); err != nil {
 		return err
+	}
+	if len(strings.Fields(text)) <= 1 {
+		fmt.Fprintf(t.out, "%s had no override; the rates the code passes apply\n", key)
+		return nil
 	}
 	fmt.Fprintf(t.out, "%s: override removed; the rates the code passes apply\n", key)
 	return nil
