@@ -284,6 +284,12 @@ func TestErrors(t *testing.T) {
 		}
 		mustContain(t, "bad -limit", errs, `rate "ten"`)
 
+		code, out, _ = cli(t, b, "", "-prefix", "nothing-here:", "ls") // the later -prefix wins
+		if code != 0 {
+			t.Fatalf("ls of an empty prefix: status %d", code)
+		}
+		mustContain(t, "ls of an empty prefix", out, "no jobthrottle keys match {nothing-here:*}:*", "give it with -prefix")
+
 		code, _, errs = cli(t, b, "", "frobnicate")
 		if code != 2 {
 			t.Fatalf("unknown command: status %d", code)

@@ -151,7 +151,7 @@ func (t *tool) ls(ctx context.Context) error {
 		return err
 	}
 	if len(found) == 0 {
-		fmt.Fprintf(t.out, "no jobthrottle keys match %s\n", match)
+		fmt.Fprintf(t.out, "no jobthrottle keys match %s (keys under another prefix? give it with -prefix, as the code gives throttle.WithKeyPrefix)\n", match)
 		return nil
 	}
 	keys := make([]string, 0, len(found))
