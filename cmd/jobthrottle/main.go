@@ -30,6 +30,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -72,7 +73,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	defer c.Close()
 	t := &tool{o: o, rdb: c, in: stdin, out: stdout}
 	if err := t.do(ctx); err != nil {
-		fmt.Fprintln(stderr, "jobthrottle:", err)
+		// the library's errors start with "jobthrottle: " too: say it once
+		fmt.Fprintln(stderr, "jobthrottle:", strings.TrimPrefix(err.Error(), "jobthrottle: "))
 		return 1
 	}
 	return 0

@@ -155,6 +155,9 @@ func TestCommands(t *testing.T) {
 			t.Fatalf("set with another period: status %d", code)
 		}
 		mustContain(t, "set 2/1s", errs, "an override changes rates, not periods", "the key's limits (its record) are 10/1m0s")
+		if strings.Contains(errs, "jobthrottle: jobthrottle:") {
+			t.Fatalf("set 2/1s: %q says jobthrottle twice", errs)
+		}
 		code, _, errs = cli(t, b, "", "set", "vendor-api", "2/1m", "5/1h")
 		if code != 1 {
 			t.Fatalf("set of two limits on a key of one: status %d", code)
