@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // BenchmarkRecordWrite is Allow (sliding window, allowed path, a transaction per
@@ -66,4 +67,24 @@ func BenchmarkRecordWrite(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkRecordTake is what every call that may grant pays for the key's record
+// when no write is due: reading the clock and one atomic load (see record.take).
+//
+//	go test -run '^$' -bench BenchmarkRecordTake ./throttle/
+func BenchmarkRecordTake(b *testing.B) {
+	r := newRecord(nil, "{bench-"+strconv.Itoa(b.N)+"}", SlidingWindow, []Limit{PerSecond(10)}, 50)
+	r.every = time.Hour
+	r.take(time.Now()) // the first is due
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if r.take(time.Now()) != nil {
+				b.Error("a write was due again within the interval")
+				return
+			}
+		}
+	})
 }
