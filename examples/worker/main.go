@@ -148,12 +148,14 @@ func run(parent context.Context, cfg config, out io.Writer) error {
 		if err := lim.Wait(ctx); err != nil {
 			return err
 		}
-		return call(ctx, plain, api.URL+"/call?src=loop")
+		return callAgainOn429(ctx, plain, api.URL+"/call?src=loop", lim.Wait)
 	})
 
 	// An HTTP client whose transport waits for a permit before each request, used by
-	// a few goroutines.
-	throttled := &http.Client{Transport: waiter.NewTransport(lim, plain.Transport)}
+	// a few goroutines. Should the vendor answer 429 (a request that reached it later
+	// than the margin allows: a starved host), the transport pauses the fleet for its
+	// Retry-After and sends the request again, with a new permit.
+	throttled := &http.Client{Transport: waiter.NewTransport(lim, plain.Transport, waiter.WithRetries(2))}
 	var httpLeft atomic.Int64
 	httpLeft.Store(int64(cfg.httpCalls))
 	for range cfg.httpWorkers {
@@ -248,7 +250,7 @@ func startServers(cfg config, rdb redis.UniversalClient, lim *throttle.Limiter, 
 			if n, _ := asynq.GetRetryCount(ctx); n > 0 {
 				st.retriesSpent.Add(1)
 			}
-			if err := call(ctx, plain, url+"/call?src=asynq"); err != nil {
+			if err := callAgainOn429(ctx, plain, url+"/call?src=asynq", lim.Wait); err != nil {
 				return err
 			}
 			st.taskRan(string(t.Payload()))
@@ -394,11 +396,32 @@ func call(ctx context.Context, c *http.Client, url string) error {
 	}
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
+	if resp.StatusCode == http.StatusTooManyRequests {
+		return errTooMany
+	}
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("vendor API answered %s", resp.Status)
 	}
 	return nil
 }
+
+// callAgainOn429 calls url with c, holding a permit already. When the vendor answers
+// 429 (the request reached it later than the margin allows, on a starved host: the
+// grants themselves keep the limit), it waits for a new permit with wait and calls
+// again, as a client of a real vendor would, up to twice.
+func callAgainOn429(ctx context.Context, c *http.Client, url string, wait func(context.Context) error) error {
+	err := call(ctx, c, url)
+	for try := 0; try < 2 && errors.Is(err, errTooMany); try++ {
+		if err := wait(ctx); err != nil {
+			return err
+		}
+		err = call(ctx, c, url)
+	}
+	return err
+}
+
+// errTooMany is the vendor's 429 Too Many Requests.
+var errTooMany = errors.New("vendor API answered 429 Too Many Requests")
 
 // forget deletes the queue and what asynq keeps of it beyond DeleteQueue (its
 // processed and failed counters), so runs on a real Redis leave nothing behind; the

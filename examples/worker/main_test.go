@@ -3,7 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -77,6 +81,37 @@ func TestExampleRejectsBadNumbers(t *testing.T) {
 		var out bytes.Buffer
 		if err := run(context.Background(), cfg, &out); err == nil || out.Len() != 0 {
 			t.Errorf("%s: err %v, output %q; want an error and no output", tc.name, err, out.String())
+		}
+	}
+}
+
+// A call the vendor refuses with 429 is sent again with a new permit, twice at most.
+func TestCallAgainOn429(t *testing.T) {
+	for _, tc := range []struct {
+		refuse, wantCalls, wantWaits int
+		waitErr, wantErr             error
+	}{
+		{refuse: 0, wantCalls: 1, wantWaits: 0},
+		{refuse: 1, wantCalls: 2, wantWaits: 1},
+		{refuse: 2, wantCalls: 3, wantWaits: 2},
+		{refuse: 3, wantCalls: 3, wantWaits: 2, wantErr: errTooMany},
+		{refuse: 1, wantCalls: 1, wantWaits: 1, waitErr: context.Canceled, wantErr: context.Canceled},
+	} {
+		var calls atomic.Int64
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if int(calls.Add(1)) <= tc.refuse {
+				http.Error(w, "slow down", http.StatusTooManyRequests)
+			}
+		}))
+		waits := 0
+		err := callAgainOn429(context.Background(), srv.Client(), srv.URL, func(context.Context) error {
+			waits++
+			return tc.waitErr
+		})
+		srv.Close()
+		if !errors.Is(err, tc.wantErr) || (tc.wantErr == nil && err != nil) || int(calls.Load()) != tc.wantCalls || waits != tc.wantWaits {
+			t.Errorf("refused %d times (wait error %v): err %v, %d calls, %d waits; want %v, %d calls, %d waits",
+				tc.refuse, tc.waitErr, err, calls.Load(), waits, tc.wantErr, tc.wantCalls, tc.wantWaits)
 		}
 	}
 }
