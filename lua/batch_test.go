@@ -244,3 +244,60 @@ func TestBatchArguments(t *testing.T) {
 		}
 	})
 }
+
+// A batch whose grant merges into the log's last entry, when the head the script read
+// holds that entry (a list of exactly 4 entries), sees the merged count in later
+// requests: a request after it whose permit is that entry's must wait for that entry,
+// not for the next one (the full script kept the count it had read in its head).
+func TestBatchMergeIntoTheHeadsLastEntry(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		now := redistest.Epoch
+		us := func(d time.Duration) string { return fmt.Sprint(now.Add(d).UnixMicro()) }
+		// rate 5 per 100ms; 3 permits in the window, a fourth booked 10ms ahead
+		log := []any{"0", us(-50 * time.Millisecond), "1", us(-40 * time.Millisecond), "2",
+			us(-30 * time.Millisecond), "3", us(10 * time.Millisecond), "4"}
+		reqs := [][]any{{0, 1, 1000000}, {0, 1, 1000000}, {0, 4, 1000000}}
+		tail := []any{1, 5, 100000}
+		for name, src := range map[string]string{"full": full[SlidingWindow], "production": SlidingWindow.Source()} {
+			t.Run(name, func(t *testing.T) {
+				s := redis.NewScript(src)
+				if b.Real() {
+					s = redistest.FakeClockScript(src)
+				}
+				tagA, tagB := "{"+b.Prefix+name+"mergeA}", "{"+b.Prefix+name+"mergeB}"
+				keysA, keysB := []string{tagA + ":sw", tagA + ":pause"}, []string{tagB + ":sw", tagB + ":pause"}
+				b.SetTime(t, now, tagA, tagB)
+				for _, k := range []string{keysA[0], keysB[0]} {
+					if err := b.Client.RPush(ctx, k, log...).Err(); err != nil {
+						t.Fatal(err)
+					}
+				}
+				var want []any
+				batch := []any{Batch, len(reqs)}
+				for _, r := range reqs {
+					v, err := s.Run(ctx, b.Client, keysA, append(append([]any{}, r...), tail...)...).Result()
+					if err != nil {
+						t.Fatal(err)
+					}
+					want = append(want, v)
+					batch = append(batch, r...)
+				}
+				v, err := s.Run(ctx, b.Client, keysB, append(batch, tail...)...).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, err := splitBatch(v, len(reqs))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !reflect.DeepEqual(got, want) {
+					t.Fatalf("batch %v, single calls %v", got, want)
+				}
+				if w := int64(110000); want[2].([]any)[2] != w {
+					t.Fatalf("the third request waits %v, want %dµs (the 4th entry's permit leaves)", want[2].([]any)[2], w)
+				}
+			})
+		}
+	})
+}

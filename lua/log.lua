@@ -291,6 +291,9 @@ local function lg_acquire(key, pause_key, prec, n, x, limits, now, rmin, pmax)
     lg_P = lg_P + n
     if lg_E ~= 0 and rt == lg_Tlast then
       redis.call('LSET', key, '-1', string.format('%d', lg_P))
+      -- a batch's later requests read the head: when it holds this entry, it gets the
+      -- new count (whether it does needs E; a single call reads no more)
+      if jt_batching then lg_entries() end
       if lg_E and lg_E + lg_off <= lg_hE then lg_head[2 * (lg_E + lg_off) + 1] = lg_P end
       if lg_cS then
         if lg_E then lg_cS[lg_E + lg_off] = nil else lg_cS = {} end

@@ -1,24 +1,30 @@
 -- log_fast.lua: the permit log's usual call (slidingwindow.lua's and
--- slidingcounter.lua's), decided before any helper is made: a single acquire as
--- fast.lua takes it, under one limit within the script's bounds, no control key (no
--- pause, no override), the log's head and last entry plain numbers. It makes the
--- same reads, writes and errors, in the same order, as log.lua's jt_log would
--- (TestFastPathEqualsFullScript); anything else runs on into the full script, and
--- nothing is written before that. A batch is left to the full script. This repeats
+-- slidingcounter.lua's), decided before any helper is made: acquires as fast.lua
+-- takes them, a single call or a batch (batch.lua's layout), under one limit within
+-- the script's bounds, no control key (no pause, no override), the log's head and
+-- last entry plain numbers. A batch's requests are decided in order at one instant
+-- in one loop: one TIME, one read of the log's head and last entry, the entries
+-- appended and merged in memory, and at the end at most one trim (LTRIM or UNLINK),
+-- one LSET of the last entry, one RPUSH of every new entry and one PEXPIRE. The
+-- replies and the list and TTL left are those of log.lua's jt_log run request by
+-- request (TestFastPathEqualsFullScript). The fast path makes every read of the list
+-- the full script would make (and perhaps more); anything unusual (a number that is
+-- not one, a list of the wrong length, anything else) sends the call, of which
+-- nothing has been written, on into the full script, which decides it. This repeats
 -- log.lua's lookups and acquire for this one case, on purpose: the full script makes
 -- its 35 helper functions on every run, which costs more than all of this.
 do
-  local K, floor = jf_K, math.floor -- floor(a / b) is exact: every value is below 2^53
+  local K, A, floor = jf_K, jf_A, math.floor -- floor(a / b) is exact: values are below 2^53
   local prec, R, P
   if lf_counter then
-    if jf_k and #jf_A[jf_m + 1] <= 16 then prec, R, P = jf_l1, jf_l2, jf_l3 end -- as jt_int
+    if jf_k and #A[jf_m + 1] <= 16 then prec, R, P = jf_l1, jf_l2, jf_l3 end -- as jt_int
   elseif not jf_l3 then
     prec, R, P = 0, jf_l1, jf_l2
   end
   local key = K[1]
   local head -- the log's first 9 elements: base and 4 entries (log.lua's LOG_HEAD)
-  if jf_k == 1 and jf_o == 0 and P and prec <= 35184372088832 and R <= 1000000000
-    and P <= 35184372088832 and jf_nmax <= R and redis.call('EXISTS', K[2]) == 0 then
+  if jf_k and P and prec <= 35184372088832 and R <= 1000000000 and P <= 35184372088832
+    and jf_nmax <= R and redis.call('EXISTS', K[2]) == 0 then
     head = redis.pcall('LRANGE', key, '0', '8')
     if head.err or not string.find(table.concat(head, ','), '^[0-9,]*$') then
       head = nil
@@ -35,136 +41,186 @@ do
     if not string.find(last[1] .. ',' .. last[2], '^%d+,%d+$') or #last[1] > 17 or #last[2] > 17 then
       len = nil
     end
-  elseif len and (len % 2 == 0 or len == 1) then
+  elseif len and len > 0 and len % 2 == 0 or len == 1 then
     len = nil -- JTSTATE, or a log of no entries: the full script's
   elseif len == 0 and #K >= 3 and redis.call('EXISTS', unpack(K, 3)) ~= 0 then
     len = nil -- another algorithm's state: JTALG
   end
   if len then
-    local n, x = jf_A[2] + 0, jf_A[3] + 0
+    local k, o = jf_k, jf_o
     local t = redis.call('TIME')
     local now = t[1] * 1000000 + t[2]
-    -- log.lua's state: hE entries in head, off trimmed since, E entries (nil:
-    -- unknown), base, the last count Pn and time Tlast
+    -- The log as log.lua sees it, written or not: hE entries in head, off trimmed
+    -- since, E entries (nil: unknown), base, the last count Pn and time Tlast. The
+    -- list in Redis is the original one until the end: E0 of its entries (nil:
+    -- unknown) are original, and after them na entries appended in memory (aT, aS);
+    -- lastS is the original last entry's count when a grant has merged into it.
     local hE, off, E, base, Pn, Tlast, empty = 0, 0, 0, 0, 0, nil, len == 0
+    local E0, na, aT, aS, lastS, cT, cS = 0, 0, {}, {}, nil, {}, {}
     if len > 0 then
       base = head[1] + 0
       if len < 9 then
         hE = (len - 1) / 2
-        E, Tlast, Pn = hE, head[len - 1] + 0, head[len] + 0
+        E, E0, Tlast, Pn = hE, hE, head[len - 1] + 0, head[len] + 0
       else
-        hE, E, Tlast, Pn = 4, nil, last[1] + 0, last[2] + 0
+        hE, E, E0, Tlast, Pn = 4, nil, nil, last[1] + 0, last[2] + 0
       end
     end
-    local function bad(what) error('JTSTATE ' .. key .. ': ' .. what) end
-    local function num(s) -- prelude.lua's jt_num
-      if type(s) ~= 'string' or #s > 17 or not string.find(s, '^%-?%d+$') then return nil end
+    -- what the writes at the end make of the original list: a grant was made, the
+    -- entries trimmed from its front (cut), or all of it dropped (unlinked)
+    local granted, cut, unlinked
+    local function orig() -- E0, read with LLEN when unknown
+      if not E0 then
+        local l = redis.call('LLEN', key)
+        if l % 2 == 0 then error('jf_leave', 0) end -- JTSTATE: the full script's
+        E0 = (l - 1) / 2
+      end
+      return E0
+    end
+    local function lindex(i) -- element i of the original list, a number
+      local s = redis.call('LINDEX', key, i)
+      if type(s) ~= 'string' or #s > 17 or not string.find(s, '^%-?%d+$') then error('jf_leave', 0) end
       return tonumber(s)
     end
     local function T(i)
       local h = i + off
       if h <= hE then return head[2 * h] + 0 end
-      return num(redis.call('LINDEX', key, 2 * i - 1)) or bad('time ' .. i)
+      if na > 0 and h > orig() then return aT[h - E0] end
+      local v = cT[h]
+      if not v then v = lindex(2 * h - 1) cT[h] = v end
+      return v
     end
     local function S(i)
       if i == 0 then return base end
       local h = i + off
+      if lastS and h == E0 then return lastS end -- lastS set: E0 is known
       if h <= hE then return head[2 * h + 1] + 0 end
-      return num(redis.call('LINDEX', key, 2 * i)) or bad('count ' .. i)
+      if na > 0 and h > orig() then return aS[h - E0] end
+      local v = cS[h]
+      if not v then v = lindex(2 * h) cS[h] = v end
+      return v
     end
     local function entries()
-      if not E then
-        local l = redis.call('LLEN', key)
-        if l % 2 == 0 then bad('length') end
-        E = (l - 1) / 2
-      end
+      if not E then E = orig() - off + na end
       return E
     end
     local function at_or_before(h) -- log.lua's lg_last_at_or_before
       if E == 0 or T(1) > h then return 0 end
       if Tlast <= h then return entries() end
-      local k = 1
-      while k + off < hE and (not E or k < E) do
-        if T(k + 1) > h then return k end
-        k = k + 1
+      local j = 1
+      while j + off < hE and (not E or j < E) do
+        if T(j + 1) > h then return j end
+        j = j + 1
       end
-      local lo, hi = k, entries()
+      local lo, hi = j, entries()
       while hi - lo > 1 do
         local mid = floor((lo + hi) / 2)
         if T(mid) <= h then lo = mid else hi = mid end
       end
       return lo
     end
-
-    -- the acquire (log.lua's lg_acquire; no pause)
-    local tt = now
-    if E ~= 0 and Tlast - prec > tt then tt = Tlast - prec end
-    local q = Pn + n - R -- this permit must have left the window
-    if q > base then -- log.lua's lg_first_count_at_least(q)
+    local function first_count_at_least(q) -- log.lua's lg_first_count_at_least
       local e = 1
-      while e + off <= hE and S(e) < q do e = e + 1 end
-      if e + off > hE then
-        local lo, hi = e - 1, math.min(entries(), q - base)
-        while hi - lo > 1 do
-          local mid = floor((lo + hi) / 2)
-          if S(mid) >= q then hi = mid else lo = mid end
-        end
-        e = hi
+      while e + off <= hE do
+        if S(e) >= q then return e end
+        e = e + 1
       end
-      local at = T(e) + P
-      if at > tt then tt = at end
+      local lo, hi = e - 1, math.min(entries(), q - base)
+      while hi - lo > 1 do
+        local mid = floor((lo + hi) / 2)
+        if S(mid) >= q then hi = mid else lo = mid end
+      end
+      return hi
     end
-    local wait = tt - now
-    local granted = wait <= x
-    if granted then
-      local rt = tt
-      if prec > 0 then rt = (floor(tt / prec) + 1) * prec end
-      if E ~= 0 and rt < Tlast then rt = Tlast end
-      -- trim what has left the window, once 2 entries have (log.lua's LOG_TRIM)
-      local h = now - P
-      if E ~= 0 and T(1) <= h then
-        if Tlast <= h then
-          redis.call('UNLINK', key)
-          head, hE, off, E, base, Pn, Tlast, empty = {}, 0, 0, 0, 0, 0, nil, true
+
+    local out = {}
+    local function decide() -- log.lua's lg_acquire (no pause) for each request
+      local h = now - P -- what took effect at or before h has left the window
+      local inw -- the count S at the window's start, once known (it changes only when the log is emptied)
+      local mq, mt -- the last lookup since the last grant: q and when its permit leaves
+      for r = 1, k do
+        local j = o + 3 * r - 2
+        local n, x = A[j + 1] + 0, A[j + 2] + 0
+        local tt = now
+        if E ~= 0 and Tlast - prec > tt then tt = Tlast - prec end
+        local q = Pn + n - R -- this permit must have left the window
+        if q > base then
+          if q ~= mq then mq, mt = q, T(first_count_at_least(q)) + P end
+          if mt > tt then tt = mt end
+        end
+        local wait = tt - now
+        local g = wait <= x and 1 or 0
+        if g == 1 then
+          local rt = tt
+          if prec > 0 then rt = (floor(tt / prec) + 1) * prec end
+          if E ~= 0 and rt < Tlast then rt = Tlast end
+          -- trim what has left the window, once 2 entries have (log.lua's LOG_TRIM);
+          -- later grants of the batch, at the same instant, find nothing more to trim
+          if not granted and E ~= 0 and T(1) <= h then
+            if Tlast <= h then
+              unlinked, off, E, E0, na, aT, aS, lastS = true, 0, 0, 0, 0, {}, {}, nil
+              head, hE, base, Pn, Tlast, empty, inw = {}, 0, 0, 0, nil, true, nil
+            else
+              local j = at_or_before(h)
+              if j >= 2 then
+                base = S(j)
+                cut, off = j, off + j
+                if E then E = E - j end
+              end
+            end
+          end
+          granted = true
+          Pn = Pn + n
+          if E ~= 0 and rt == Tlast then
+            if na > 0 then aS[na] = Pn else orig() lastS = Pn end
+          else
+            na = na + 1
+            aT[na], aS[na] = rt, Pn
+            if empty then E, empty = 1, false elseif E then E = E + 1 end
+          end
+          Tlast, mq = rt, nil
         else
-          local j = at_or_before(h)
-          if j >= 2 then
-            base = S(j)
-            redis.call('LTRIM', key, string.format('%d', 2 * j), '-1')
-            off = off + j
-            if E then E = E - j end
+          tt = 0
+        end
+        local remaining = R -- log.lua's lg_remaining
+        if E ~= 0 then
+          if Tlast - prec > now then
+            remaining = 0
+          else
+            if not inw then inw = S(at_or_before(h)) end
+            remaining = math.min(R, R - (Pn - inw))
+            if remaining < 0 then remaining = 0 end
           end
         end
-      end
-      Pn = Pn + n
-      if E ~= 0 and rt == Tlast then
-        redis.call('LSET', key, '-1', string.format('%d', Pn))
-        if E and E + off <= hE then head[2 * (E + off) + 1] = Pn end
-      elseif empty then
-        redis.call('RPUSH', key, string.format('%d', base), string.format('%d', rt), string.format('%d', Pn))
-        E, empty = 1, false
-      else
-        redis.call('RPUSH', key, string.format('%d', rt), string.format('%d', Pn))
-        if E then E = E + 1 end
-      end
-      Tlast = rt
-    end
-    local remaining = R -- log.lua's lg_remaining
-    if E ~= 0 then
-      if Tlast - prec > now then
-        remaining = 0
-      else
-        remaining = math.min(R, R - (Pn - S(at_or_before(now - P))))
-        if remaining < 0 then remaining = 0 end
+        local reset = 0
+        if E ~= 0 and Tlast + P > now then reset = Tlast + P - now end
+        local b = 5 * r
+        out[b - 4], out[b - 3], out[b - 2], out[b - 1], out[b] = g, remaining, wait, reset, tt
       end
     end
-    local reset = 0
-    if E ~= 0 and Tlast + P > now then reset = Tlast + P - now end
-    if not granted then
-      return {0, remaining, wait, reset, 0}
+    local ok, e = pcall(decide)
+    if not ok and e ~= 'jf_leave' then error(e, 0) end -- not a case for the full script: a fault here
+    if ok then
+      if granted then -- the writes log.lua's requests would have made, merged
+        if unlinked then
+          redis.call('UNLINK', key)
+        elseif cut then
+          redis.call('LTRIM', key, string.format('%d', 2 * cut), '-1')
+        end
+        if lastS then redis.call('LSET', key, '-1', string.format('%d', lastS)) end
+        if na > 0 then
+          local rows, i = {}, 0
+          if unlinked or len == 0 then rows[1], i = '0', 1 end -- the base of a new list
+          for e = 1, na do
+            rows[i + 1], rows[i + 2], i = string.format('%d', aT[e]), string.format('%d', aS[e]), i + 2
+          end
+          redis.call('RPUSH', key, unpack(rows))
+        end
+        local ttl = Tlast + P - now
+        redis.call('PEXPIRE', key, string.format('%d', ttl > 1000 and -floor(-ttl / 1000) or 1))
+      end
+      if o == 2 then return out end -- batch.lua's flat reply
+      return {out[1], out[2], out[3], out[4], out[5]}
     end
-    local ttl = Tlast + P - now
-    redis.call('PEXPIRE', key, string.format('%d', ttl > 1000 and -floor(-ttl / 1000) or 1))
-    return {1, remaining, wait, reset, tt}
   end
 end
