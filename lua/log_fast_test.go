@@ -83,7 +83,7 @@ func logBatchVsFull(t *testing.T, b *redistest.Backend, a logAlgo, steps int, pi
 	}
 	now := redistest.Epoch
 	b.SetTime(t, now, tags...)
-	corrupt := false // the log holds a value that is not a number, past its head
+	corrupt := false  // the log holds a value that is not a number, past its head
 	restored := false // the third key's list was copied, its TTL to the millisecond
 	for step := 0; step < steps; step++ {
 		switch pick(4) {
