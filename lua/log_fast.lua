@@ -53,10 +53,10 @@ do
     -- The log as log.lua sees it, written or not: hE entries in head, off trimmed
     -- since, E entries (nil: unknown), base, the last count Pn and time Tlast. The
     -- list in Redis is the original one until the end: E0 of its entries (nil:
-    -- unknown) are original, and after them na entries appended in memory (aT, aS);
-    -- lastS is the original last entry's count when a grant has merged into it.
+    -- unknown) are original, and after them na entries appended in memory (ap: T, S,
+    -- T, S ...); lastS is the original last entry's count once a grant merged into it.
     local hE, off, E, base, Pn, Tlast, empty = 0, 0, 0, 0, 0, nil, len == 0
-    local E0, na, aT, aS, lastS, cT, cS = 0, 0, {}, {}, nil, {}, {}
+    local E0, na, ap, lastS, cT, cS = 0, 0, nil, nil, nil, nil
     if len > 0 then
       base = head[1] + 0
       if len < 9 then
@@ -66,38 +66,51 @@ do
         hE, E, E0, Tlast, Pn = 4, nil, nil, last[1] + 0, last[2] + 0
       end
     end
-    -- what the writes at the end make of the original list: a grant was made, the
-    -- entries trimmed from its front (cut), or all of it dropped (unlinked)
-    local granted, cut, unlinked
+    -- leave: something unusual was read; the call goes on to the full script, which
+    -- decides it (nothing is written before the loop ends). Once it is set, T and S
+    -- answer at once with a harmless number, and the loop stops after the request.
+    local leave = false
     local function orig() -- E0, read with LLEN when unknown
       if not E0 then
         local l = redis.call('LLEN', key)
-        if l % 2 == 0 then error('jf_leave', 0) end -- JTSTATE: the full script's
+        if l % 2 == 0 then -- JTSTATE: the full script's; lookups stop (T and S)
+          leave, E0 = true, 1099511627776
+          return E0
+        end
         E0 = (l - 1) / 2
       end
       return E0
     end
-    local function lindex(i) -- element i of the original list, a number
-      local s = redis.call('LINDEX', key, i)
-      if type(s) ~= 'string' or #s > 17 or not string.find(s, '^%-?%d+$') then error('jf_leave', 0) end
-      return tonumber(s)
-    end
     local function T(i)
+      if leave then return 0 end
       local h = i + off
       if h <= hE then return head[2 * h] + 0 end
-      if na > 0 and h > orig() then return aT[h - E0] end
-      local v = cT[h]
-      if not v then v = lindex(2 * h - 1) cT[h] = v end
+      if na > 0 and h > orig() then return ap[2 * (h - E0) - 1] end
+      local v = cT and cT[h]
+      if not v then
+        local s = redis.call('LINDEX', key, 2 * h - 1)
+        if type(s) ~= 'string' or #s > 17 or not string.find(s, '^%-?%d+$') then leave = true return 0 end
+        v = tonumber(s)
+        if not cT then cT = {} end
+        cT[h] = v
+      end
       return v
     end
     local function S(i)
-      if i == 0 then return base end
+      if i == 0 or leave then return base end
       local h = i + off
-      if lastS and h == E0 then return lastS end -- lastS set: E0 is known
+      -- lastS: E0 is known in a batch; a single call reads no S of its last entry after it
+      if lastS and h == E0 then return lastS end
       if h <= hE then return head[2 * h + 1] + 0 end
-      if na > 0 and h > orig() then return aS[h - E0] end
-      local v = cS[h]
-      if not v then v = lindex(2 * h) cS[h] = v end
+      if na > 0 and h > orig() then return ap[2 * (h - E0)] end
+      local v = cS and cS[h]
+      if not v then
+        local s = redis.call('LINDEX', key, 2 * h)
+        if type(s) ~= 'string' or #s > 17 or not string.find(s, '^%-?%d+$') then leave = true return 0 end
+        v = tonumber(s)
+        if not cS then cS = {} end
+        cS[h] = v
+      end
       return v
     end
     local function entries()
@@ -119,88 +132,95 @@ do
       end
       return lo
     end
-    local function first_count_at_least(q) -- log.lua's lg_first_count_at_least
-      local e = 1
-      while e + off <= hE do
-        if S(e) >= q then return e end
-        e = e + 1
-      end
-      local lo, hi = e - 1, math.min(entries(), q - base)
-      while hi - lo > 1 do
-        local mid = floor((lo + hi) / 2)
-        if S(mid) >= q then hi = mid else lo = mid end
-      end
-      return hi
-    end
 
-    local out = {}
-    local function decide() -- log.lua's lg_acquire (no pause) for each request
-      local h = now - P -- what took effect at or before h has left the window
-      local inw -- the count S at the window's start, once known (it changes only when the log is emptied)
-      local mq, mt -- the last lookup since the last grant: q and when its permit leaves
-      for r = 1, k do
-        local j = o + 3 * r - 2
-        local n, x = A[j + 1] + 0, A[j + 2] + 0
-        local tt = now
-        if E ~= 0 and Tlast - prec > tt then tt = Tlast - prec end
-        local q = Pn + n - R -- this permit must have left the window
-        if q > base then
-          if q ~= mq then mq, mt = q, T(first_count_at_least(q)) + P end
-          if mt > tt then tt = mt end
+    -- log.lua's lg_acquire (no pause) for each request, in order
+    local out = o == 2 and {} -- a batch's flat reply; a single call's is r1 .. r5
+    local r1, r2, r3, r4, r5
+    -- what the writes at the end make of the original list: a grant was made, the
+    -- entries trimmed from its front (cut), or all of it dropped (unlinked)
+    local granted, cut, unlinked
+    local h = now - P -- what took effect at or before h has left the window
+    local inw -- the count S at the window's start, once known (it changes only when the log is emptied)
+    local mq, mt -- the last lookup: q and when its permit leaves the window
+    for r = 1, k do
+      local j = o + 3 * r - 2
+      local n, x = A[j + 1] + 0, A[j + 2] + 0
+      local tt = now
+      if E ~= 0 and Tlast - prec > tt then tt = Tlast - prec end
+      local q = Pn + n - R -- this permit must have left the window
+      if q > base and q ~= mq then -- log.lua's lg_first_count_at_least(q)
+        local e = 1
+        while e + off <= hE and S(e) < q do e = e + 1 end
+        if e + off > hE then
+          local lo, hi = e - 1, math.min(entries(), q - base)
+          while hi - lo > 1 do
+            local mid = floor((lo + hi) / 2)
+            if S(mid) >= q then hi = mid else lo = mid end
+          end
+          e = hi
         end
-        local wait = tt - now
-        local g = wait <= x and 1 or 0
-        if g == 1 then
-          local rt = tt
-          if prec > 0 then rt = (floor(tt / prec) + 1) * prec end
-          if E ~= 0 and rt < Tlast then rt = Tlast end
-          -- trim what has left the window, once 2 entries have (log.lua's LOG_TRIM);
-          -- later grants of the batch, at the same instant, find nothing more to trim
-          if not granted and E ~= 0 and T(1) <= h then
-            if Tlast <= h then
-              unlinked, off, E, E0, na, aT, aS, lastS = true, 0, 0, 0, 0, {}, {}, nil
-              head, hE, base, Pn, Tlast, empty, inw = {}, 0, 0, 0, nil, true, nil
-            else
-              local j = at_or_before(h)
-              if j >= 2 then
-                base = S(j)
-                cut, off = j, off + j
-                if E then E = E - j end
-              end
+        mq, mt = q, T(e) + P
+      end
+      if q > base and mt > tt then tt = mt end
+      local wait = tt - now
+      local g = wait <= x and 1 or 0
+      if g == 1 then
+        local rt = tt
+        if prec > 0 then rt = (floor(tt / prec) + 1) * prec end
+        if E ~= 0 and rt < Tlast then rt = Tlast end
+        -- trim what has left the window, once 2 entries have (log.lua's LOG_TRIM);
+        -- later grants of the batch, at the same instant, find nothing more to trim
+        if not granted and E ~= 0 and T(1) <= h then
+          if Tlast <= h then
+            unlinked, off, E, E0, na, ap, lastS = true, 0, 0, 0, 0, nil, nil
+            head, hE, base, Pn, Tlast, empty, inw, mq = {}, 0, 0, 0, nil, true, nil, nil
+          else
+            local c = at_or_before(h)
+            if c >= 2 then
+              base = S(c)
+              cut, off = c, off + c
+              if E then E = E - c end
             end
           end
-          granted = true
-          Pn = Pn + n
-          if E ~= 0 and rt == Tlast then
-            if na > 0 then aS[na] = Pn else orig() lastS = Pn end
-          else
-            na = na + 1
-            aT[na], aS[na] = rt, Pn
-            if empty then E, empty = 1, false elseif E then E = E + 1 end
-          end
-          Tlast, mq = rt, nil
+        end
+        granted = true
+        Pn = Pn + n
+        if E ~= 0 and rt == Tlast then
+          -- a batch's full script reads E here (log.lua: whether its head holds the
+          -- last entry), so this does too; a single call's reads no more
+          if o == 2 then entries() end
+          if na > 0 then ap[2 * na] = Pn else lastS = Pn end
         else
-          tt = 0
+          if not ap then ap = {} end
+          na = na + 1
+          ap[2 * na - 1], ap[2 * na] = rt, Pn
+          if empty then E, empty = 1, false elseif E then E = E + 1 end
         end
-        local remaining = R -- log.lua's lg_remaining
-        if E ~= 0 then
-          if Tlast - prec > now then
-            remaining = 0
-          else
-            if not inw then inw = S(at_or_before(h)) end
-            remaining = math.min(R, R - (Pn - inw))
-            if remaining < 0 then remaining = 0 end
-          end
+        Tlast = rt
+      else
+        tt = 0
+      end
+      local remaining = R -- log.lua's lg_remaining
+      if E ~= 0 then
+        if Tlast - prec > now then
+          remaining = 0
+        else
+          if not inw then inw = S(at_or_before(h)) end
+          remaining = math.min(R, R - (Pn - inw))
+          if remaining < 0 then remaining = 0 end
         end
-        local reset = 0
-        if E ~= 0 and Tlast + P > now then reset = Tlast + P - now end
+      end
+      local reset = 0
+      if E ~= 0 and Tlast + P > now then reset = Tlast + P - now end
+      if leave then break end
+      if out then
         local b = 5 * r
         out[b - 4], out[b - 3], out[b - 2], out[b - 1], out[b] = g, remaining, wait, reset, tt
+      else
+        r1, r2, r3, r4, r5 = g, remaining, wait, reset, tt
       end
     end
-    local ok, e = pcall(decide)
-    if not ok and e ~= 'jf_leave' then error(e, 0) end -- not a case for the full script: a fault here
-    if ok then
+    if not leave then
       if granted then -- the writes log.lua's requests would have made, merged
         if unlinked then
           redis.call('UNLINK', key)
@@ -208,19 +228,18 @@ do
           redis.call('LTRIM', key, string.format('%d', 2 * cut), '-1')
         end
         if lastS then redis.call('LSET', key, '-1', string.format('%d', lastS)) end
-        if na > 0 then
+        if na == 1 and not unlinked and len > 0 then
+          redis.call('RPUSH', key, string.format('%d', ap[1]), string.format('%d', ap[2]))
+        elseif na > 0 then
           local rows, i = {}, 0
           if unlinked or len == 0 then rows[1], i = '0', 1 end -- the base of a new list
-          for e = 1, na do
-            rows[i + 1], rows[i + 2], i = string.format('%d', aT[e]), string.format('%d', aS[e]), i + 2
-          end
+          for e = 1, 2 * na do rows[i + e] = string.format('%d', ap[e]) end
           redis.call('RPUSH', key, unpack(rows))
         end
         local ttl = Tlast + P - now
         redis.call('PEXPIRE', key, string.format('%d', ttl > 1000 and -floor(-ttl / 1000) or 1))
       end
-      if o == 2 then return out end -- batch.lua's flat reply
-      return {out[1], out[2], out[3], out[4], out[5]}
+      return out or {r1, r2, r3, r4, r5} -- a batch's replies, or a single call's
     end
   end
 end

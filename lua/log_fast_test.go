@@ -85,6 +85,8 @@ func logBatchVsFull(t *testing.T, b *redistest.Backend, a logAlgo, steps int, pi
 	b.SetTime(t, now, tags...)
 	corrupt := false  // the log holds a value that is not a number, past its head
 	restored := false // the third key's list was copied, its TTL to the millisecond
+	left := 0
+	defer func() { t.Logf("left to the full script: %d of %d", left, steps) }()
 	for step := 0; step < steps; step++ {
 		switch pick(4) {
 		case 0:
@@ -94,7 +96,7 @@ func logBatchVsFull(t *testing.T, b *redistest.Backend, a logAlgo, steps int, pi
 		}
 		b.SetTime(t, now, tags...)
 		switch pick(40) {
-		case 0: // a fresh log
+		case 0, 3, 4: // a fresh log
 			for _, k := range keys {
 				b.Client.Del(ctx, k[0])
 			}
@@ -104,6 +106,13 @@ func logBatchVsFull(t *testing.T, b *redistest.Backend, a logAlgo, steps int, pi
 			for _, k := range keys {
 				if b.Client.LLen(ctx, k[0]).Val() > i+2 {
 					b.Client.LSet(ctx, k[0], i, "x")
+					corrupt = true
+				}
+			}
+		case 2: // an element too many: a list of even length
+			for _, k := range keys {
+				if b.Client.LLen(ctx, k[0]).Val() > 0 {
+					b.Client.RPush(ctx, k[0], "1")
 					corrupt = true
 				}
 			}
@@ -161,6 +170,7 @@ func logBatchVsFull(t *testing.T, b *redistest.Backend, a logAlgo, steps int, pi
 			t.Fatalf("%s:\n  fast path %s\n  full      %s", trace, got[0], got[1])
 		}
 		if strings.Contains(got[2], errNotFast) {
+			left++
 			if !corrupt {
 				t.Fatalf("%s: the fast path left the call to the full script (%s)", trace, got[1])
 			}
