@@ -102,14 +102,17 @@ type source struct {
 
 	script *redis.Script // the script head is for
 	head   []any         // evalHead(script, keys)
-	flat   bool          // a Limiter's: its replies are integers, a batch's one flat array (lua/batch.lua)
+	// width is how many integers one reply is (5 a Limiter's, 3 a Semaphore's): the
+	// script replies with integers only, a batch with one flat array of width per
+	// request (lua/batch.lua, lua/semaphore_batch.lua)
+	width int
 }
 
-// newSource returns the source of a Limiter or Semaphore whose calls run script; flat
-// says the script replies with integers only, a batch with one flat array of them.
-func newSource(run *runner, batch *batcher, group any, keys []string, own [3]int8, tail []any, owner lateGiver, script *redis.Script, flat bool) source {
+// newSource returns the source of a Limiter or Semaphore whose calls run script, whose
+// replies are width integers each (see source.width).
+func newSource(run *runner, batch *batcher, group any, keys []string, own [3]int8, tail []any, owner lateGiver, script *redis.Script, width int) source {
 	return source{run: run, batch: batch, group: group, keys: keys, own: own, tail: tail, owner: owner,
-		script: script, head: evalHead(script, keys), flat: flat}
+		script: script, head: evalHead(script, keys), width: width}
 }
 
 // command returns the call of script on the source's keys with ARGV args.
@@ -119,7 +122,7 @@ func (s *source) command(script *redis.Script, args []any) command {
 		head = evalHead(script, s.keys)
 	}
 	c := withHead(head, script, s.keys, args)
-	c.ints = s.flat
+	c.ints = true
 	return c
 }
 
@@ -389,7 +392,7 @@ func (g *group) command() command {
 		}
 	}
 	sha = append(sha, s.tail...)
-	return command{script: g.script, keys: s.keys, args: sha[len(head):], sha: sha, ints: s.flat, rec: rec}
+	return command{script: g.script, keys: s.keys, args: sha[len(head):], sha: sha, ints: true, rec: rec}
 }
 
 // send makes one round trip for batch: each key's requests in one script call, the
@@ -495,22 +498,7 @@ func (g *group) deliver(ctx context.Context) {
 		g.reqs[0].answer(val, nil)
 		return
 	}
-	if g.src.flat {
-		g.deliverFlat(val)
-		return
-	}
-	replies, ok := val.([]any)
-	if !ok || len(replies) != len(g.reqs) {
-		g.unexpected(val)
-		return
-	}
-	for i, p := range g.reqs {
-		if msg, ok := replies[i].(string); ok {
-			p.answer(nil, p.src.run.failed(p.ctx, batchError(msg)))
-			continue
-		}
-		p.answer(replies[i], nil)
-	}
+	g.deliverFlat(val)
 }
 
 // unexpected fails the group's requests with ErrUnexpectedReply for the reply val.
@@ -521,9 +509,10 @@ func (g *group) unexpected(val any) {
 	}
 }
 
-// deliverFlat answers the group's requests from a limiter batch's flat reply (see
-// lua/batch.lua): request r's five integers at 5r, or the text of its error. Each
-// request reads its own five in place: nothing is made per request.
+// deliverFlat answers the group's requests from a batch's flat reply (see lua/batch.lua
+// and lua/semaphore_batch.lua): request r's w integers (the source's width) at w·r, or
+// the text of its error. Each request reads its own in place: nothing is made per
+// request.
 func (g *group) deliverFlat(val any) {
 	flat, ok := val.([]int64)
 	if !ok { // EVAL's reply, read the generic way
@@ -533,19 +522,19 @@ func (g *group) deliverFlat(val any) {
 			flat = nil
 		}
 	}
-	k := len(g.reqs)
-	if len(flat) < 5*k {
+	k, w := len(g.reqs), g.src.width
+	if len(flat) < w*k || w < 3 {
 		g.unexpected(val)
 		return
 	}
 	for i, p := range g.reqs {
-		five := flat[5*i : 5*i+5 : 5*i+5]
-		if five[0] != -1 {
-			p.answerInts(five)
+		mine := flat[w*i : w*i+w : w*i+w]
+		if mine[0] != -1 {
+			p.answerInts(mine)
 			continue
 		}
-		at, n := five[1]-1, five[2]
-		if at < int64(5*k) || n < 0 || at+n > int64(len(flat)) {
+		at, n := mine[1]-1, mine[2]
+		if at < int64(w*k) || n < 0 || at+n > int64(len(flat)) {
 			p.answer(nil, fmt.Errorf("%w: key %q: request %d of a batch of %d: error text at %d (%d bytes) in a reply of %d", ErrUnexpectedReply, g.src.run.key, i, k, at+1, n, len(flat)))
 			continue
 		}

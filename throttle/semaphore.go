@@ -97,7 +97,7 @@ func NewSemaphore(rdb redis.UniversalClient, key string, max int, opts ...Semaph
 		local:   shared.local,
 		stats:   &shared.stats,
 	}
-	s.src = newSource(&s.runner, clientBatcher(rdb, c), shared, s.keys, [3]int8{0, 1, 4}, []any{s.max, s.ttlUS}, s, s.script, false)
+	s.src = newSource(&s.runner, clientBatcher(rdb, c), shared, s.keys, [3]int8{0, 1, 4}, []any{s.max, s.ttlUS}, s, s.script, 3)
 	return s, nil
 }
 
@@ -315,12 +315,14 @@ func (s *Semaphore) run(ctx context.Context, op int, id string, join, keep bool)
 	if keep {
 		ctx = context.WithValue(ctx, keepPlace{}, true) // for lateFor
 	}
-	val, _, err := s.src.decide(ctx, s.src.command(s.script, []any{op, id, s.max, s.ttlUS, q}))
+	val, ints, err := s.src.decide(ctx, s.src.command(s.script, []any{op, id, s.max, s.ttlUS, q}))
 	if err != nil {
 		return semReply{}, err
 	}
 	var v [3]int64 // {ok, wait_us, held}
-	if !int64s(val, v[:]) {
+	if ints != nil {
+		copy(v[:], ints) // three: see group.deliverFlat
+	} else if !int64s(val, v[:]) {
 		return semReply{}, fmt.Errorf("%w: key %q: %v", ErrUnexpectedReply, s.key, val)
 	}
 	return semReply{ok: v[0] == 1, wait: time.Duration(v[1]) * time.Microsecond, held: int(v[2])}, nil
