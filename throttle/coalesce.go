@@ -115,13 +115,15 @@ func newSource(run *runner, batch *batcher, group any, keys []string, own [3]int
 		script: script, head: evalHead(script, keys), width: width}
 }
 
-// command returns the call of script on the source's keys with ARGV args.
+// command returns the call of script on the source's keys with ARGV args. Its EVALSHA
+// arguments are made when it is sent alone (command.queue): a call that goes in a
+// batch needs only args.
 func (s *source) command(script *redis.Script, args []any) command {
 	head := s.head
 	if script != s.script { // swapped since (tests)
 		head = evalHead(script, s.keys)
 	}
-	c := withHead(head, script, s.keys, args)
+	c := command{script: script, keys: s.keys, args: args, sha: head, headOnly: true}
 	c.ints = true
 	return c
 }

@@ -102,8 +102,11 @@ type command struct {
 	keys   []string
 	args   []any
 	sha    []any
-	ints   bool    // the reply is an array of integers: read it as []int64 (see replyOf)
-	rec    *record // if not nil, the key's record is written in the same round trip (see record.go)
+	ints   bool // the reply is an array of integers: read it as []int64 (see replyOf)
+	// headOnly: sha holds only the arguments before ARGV (evalHead), for a call that may
+	// go in a batch, which needs only args; withSHA makes the whole when it is sent alone
+	headOnly bool
+	rec      *record // if not nil, the key's record is written in the same round trip (see record.go)
 }
 
 // newCommand returns the command that runs s on keys with args.
@@ -130,21 +133,36 @@ func withHead(head []any, s *redis.Script, keys []string, args []any) command {
 	return command{script: s, keys: keys, args: args, sha: sha}
 }
 
+// withSHA returns c with its EVALSHA arguments made, for a command built once and
+// sent many times (Limiter.take1).
+func (c command) withSHA() command {
+	if c.headOnly {
+		head := c.sha
+		c.sha = make([]any, len(head)+len(c.args))
+		copy(c.sha, head)
+		copy(c.sha[len(head):], c.args)
+		c.headOnly = false
+	}
+	return c
+}
+
 // queue adds the command to pipe (or sends it, when pipe is a client): by EVALSHA or,
 // when eval, EVAL (the script's source; the server did not have it).
 //
 // A command whose reply is all integers (ints) is read as such (redis.IntSliceCmd):
 // one []int64, where a generic reply costs an object per array and per integer
-// above 255. EVAL, the rare path, reads it the generic way.
+// above 255. EVAL, the rare path, reads it the generic way. A command of headOnly (see
+// source.command) gets its whole EVALSHA arguments here.
 func (c command) queue(ctx context.Context, pipe redis.Scripter, eval bool) redis.Cmder {
 	if eval {
 		return c.script.Eval(ctx, pipe, c.keys, c.args...)
 	}
+	sha := c.withSHA().sha
 	var cmd redis.Cmder
 	if c.ints {
-		cmd = redis.NewIntSliceCmd(ctx, c.sha...)
+		cmd = redis.NewIntSliceCmd(ctx, sha...)
 	} else {
-		cmd = redis.NewCmd(ctx, c.sha...)
+		cmd = redis.NewCmd(ctx, sha...)
 	}
 	if len(c.keys) > 0 {
 		cmd.SetFirstKeyPos(3)

@@ -104,7 +104,7 @@ func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*L
 		keepFor: grantMatters(limits, c.algorithm),
 	}
 	l.src = newSource(&l.runner, clientBatcher(rdb, c), shared, l.keys, [3]int8{0, 1, 2}, tail, l, l.script, 5)
-	l.take1 = l.src.command(l.script, append([]any{opAcquire, 1, int64(0)}, tail...))
+	l.take1 = l.src.command(l.script, append([]any{opAcquire, 1, int64(0)}, tail...)).withSHA()
 	l.late1 = l.lateReply(opAcquire, 1)
 	return l, nil
 }
