@@ -7,10 +7,11 @@
 -- appended and merged in memory, and at the end at most one trim (LTRIM or UNLINK),
 -- one LSET of the last entry, one RPUSH of every new entry and one PEXPIRE. The
 -- replies and the list and TTL left are those of log.lua's jt_log run request by
--- request (TestFastPathEqualsFullScript). The fast path makes every read of the list
--- the full script would make (and perhaps more); anything unusual (a number that is
--- not one, a list of the wrong length, anything else) sends the call, of which
--- nothing has been written, on into the full script, which decides it. This repeats
+-- request (TestFastPathEqualsFullScript, TestLogBatchFastPath). The fast path makes
+-- every read of the list the full script would make (and perhaps more); anything
+-- unusual (a number that is not one, a list of the wrong length, anything else) sends
+-- the call, of which nothing has been written, on into the full script, which decides
+-- it. This repeats
 -- log.lua's lookups and acquire for this one case, on purpose: the full script makes
 -- its 35 helper functions on every run, which costs more than all of this.
 do
