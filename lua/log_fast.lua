@@ -11,9 +11,9 @@
 -- every read of the list the full script would make (and perhaps more); anything
 -- unusual (a number that is not one, a list of the wrong length, anything else) sends
 -- the call, of which nothing has been written, on into the full script, which decides
--- it. This repeats
--- log.lua's lookups and acquire for this one case, on purpose: the full script makes
--- its 35 helper functions on every run, which costs more than all of this.
+-- it. This repeats log.lua's lookups and acquire for this one case, on purpose: the
+-- full script makes its 35 helper functions on every run, which costs more than all
+-- of this.
 do
   local K, A, floor = jf_K, jf_A, math.floor -- floor(a / b) is exact: values are below 2^53
   local prec, R, P
