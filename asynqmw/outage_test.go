@@ -400,17 +400,20 @@ func TestDequeueReplyLost(t *testing.T) {
 			f := newFleet(t, b)
 			// An idle server polls its queue every 2-6 s (half TaskCheckInterval plus a
 			// jitter of up to all of it): the first poll, at Start, loads asynq's script;
-			// the task enqueued half a second later is taken by the next, whose reply the
-			// proxy drops.
+			// the task enqueued once it is loaded is taken by the next, whose reply the
+			// proxy drops. (Armed before the script was loaded, the drop could lose the
+			// reply of a first poll that came late on a busy host: a NOSCRIPT, after
+			// which go-redis loads the script and takes the task, which then runs.)
 			cfg := f.serverConfig(1)
 			cfg.TaskCheckInterval = 4 * time.Second
 			srv := asynq.NewServerFromRedisClient(via, cfg)
+			proxy.Watch("}:paused") // a key only asynq's dequeue names
 			if err := srv.Start(f.handler(nil)); err != nil {
 				t.Fatal(err)
 			}
 			defer srv.Shutdown()
-			time.Sleep(500 * time.Millisecond)
-			proxy.DropReplyTo("}:paused") // a key only asynq's dequeue names
+			waitScriptLoaded(t, b.Client, proxy)
+			proxy.DropReplyTo("}:paused")
 			f.enqueue("first", asynq.MaxRetry(0))
 			for proxy.Dropped() == 0 {
 				time.Sleep(10 * time.Millisecond)
@@ -432,5 +435,29 @@ func TestDequeueReplyLost(t *testing.T) {
 				t.Errorf("first task: runs %v, %d active; want one run and none active", f.runs.get("first"), qi.Active)
 			}
 		})
+	}
+}
+
+// waitScriptLoaded waits until a script the proxy saw called by EVALSHA (see
+// Proxy.Watch) is in rdb's script cache: the next call of it runs at once.
+func waitScriptLoaded(t *testing.T, rdb redis.UniversalClient, proxy *redistest.Proxy) {
+	t.Helper()
+	deadline := time.Now().Add(idleLimit)
+	for {
+		for _, req := range proxy.Seen() {
+			marker := []byte("evalsha\r\n$40\r\n")
+			i := bytes.Index(bytes.ToLower(req), marker)
+			if i < 0 || len(req) < i+len(marker)+40 {
+				continue
+			}
+			sha := string(req[i+len(marker) : i+len(marker)+40])
+			if ok, err := rdb.ScriptExists(context.Background(), sha).Result(); err == nil && len(ok) == 1 && ok[0] {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("asynq's dequeue script was not loaded within %v", idleLimit)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -26,8 +26,10 @@ type Proxy struct {
 	dropped atomic.Int64
 	hang    atomic.Bool
 	delay   atomic.Pointer[delayRule]
+	watch   atomic.Pointer[[]byte]
 	mu      sync.Mutex
 	conns   []net.Conn
+	seen    [][]byte // requests containing watch's text
 }
 
 // delayRule holds back requests containing text for d.
@@ -78,6 +80,20 @@ func NewProxy(target string) (*Proxy, error) {
 func (p *Proxy) DropReplyTo(text string) {
 	b := bytes.ToLower([]byte(text))
 	p.drop.Store(&b)
+}
+
+// Watch makes the proxy keep, from now on, a copy of every request containing text
+// (matched case-insensitively in the raw RESP bytes), for Seen.
+func (p *Proxy) Watch(text string) {
+	b := bytes.ToLower([]byte(text))
+	p.watch.Store(&b)
+}
+
+// Seen returns the requests Watch kept, in the order they reached the proxy.
+func (p *Proxy) Seen() [][]byte {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([][]byte(nil), p.seen...)
 }
 
 // Dropped returns how many replies were lost.
@@ -155,6 +171,11 @@ func (p *Proxy) pipe(c, s net.Conn) {
 		}
 		if n > 0 {
 			req := buf[:n]
+			if w := p.watch.Load(); w != nil && bytes.Contains(bytes.ToLower(req), *w) {
+				p.mu.Lock()
+				p.seen = append(p.seen, append([]byte(nil), req...))
+				p.mu.Unlock()
+			}
 			if r := p.delay.Load(); r != nil && bytes.Contains(bytes.ToLower(req), r.text) {
 				time.Sleep(r.d)
 			}
