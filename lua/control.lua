@@ -26,7 +26,7 @@ if op == 0 then
     if not r or not b then return redis.error_reply('JTARG limit ' .. i) end
     rates[i] = {r, b}
   end
-  over = {now + d, rates}
+  over = {now + d, rates, now} -- set now: bookings recorded before it are re-placed
 elseif op == 1 then
   over = nil
 else

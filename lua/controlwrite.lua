@@ -4,7 +4,7 @@
 -- defines anew on each run).
 
 -- jt_control_write writes the control key: the pause's end and the override read or
--- set in this call (jt_ctl_over), with PX until the later of the two ends, or deletes
+-- set in this call (jt_ctl_over, with its set time when it has one), with PX until the later of the two ends, or deletes
 -- the key when neither lies ahead.
 local function jt_control_write(key, pause, now)
   local over = jt_ctl_over
@@ -20,6 +20,7 @@ local function jt_control_write(key, pause, now)
     for i, o in ipairs(over[2]) do
       parts[#parts + 1] = string.format('%d %d', o[1], o[2])
     end
+    if over[3] then parts[#parts + 1] = string.format('%d', over[3]) end
     text = table.concat(parts, ' ')
   end
   redis.call('SET', key, text, 'PX', jt_ms(till - now))

@@ -3,7 +3,7 @@
 -- contract; lua.go puts this after the algorithm's file, which defines what differs
 -- between them (the al_* functions below), and wraps it as jt_one (see batch.lua).
 -- The steps are the same for both: check the arguments; answer a task's booking
--- (jt_claim); read the state; cancel, or find the earliest time n permits fit, at or
+-- (jt_claim; first giving back one an override overtook); read the state; cancel, or find the earliest time n permits fit, at or
 -- after the latest grant and any pause; deny when that is further than max_wait; else
 -- book and write. The algorithm's file defines
 --   AL_WIDTH                  the integers per limit in ARGV (see jt_args)
@@ -33,6 +33,11 @@ local claimed
 claimed, x = jt_claim(n, now, KEYS[2], x)
 if claimed then
   return claimed
+end
+if jt_bk_give and jt_bk_give > now then -- an override overtook the booking: give it back
+  local g = jt_ov_given
+  local gv, gL, gs = al_load(key, g, now)
+  if gv then al_cancel(key, g, gv, gL, gs, jt_bk_give, n, now) end
 end
 local v, L, s = al_load(key, limits, now)
 local paused = jt_pause(KEYS[2])

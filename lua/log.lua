@@ -341,6 +341,10 @@ local function jt_log(key, pause_key, prec, op, n, x, limits)
   if claimed then return claimed end
   if lg_kept ~= key then lg_load(key) end
   lg_kept = nil
+  if jt_bk_give then -- an override overtook the booking: give it back first (jt_claim)
+    lg_cancel(key, prec, n, jt_bk_give, now, pmax)
+    lg_load(key)
+  end
 
   if op == 1 then
     return lg_cancel(key, prec, n, x, now, pmax)

@@ -126,15 +126,19 @@ end
 -- The control key, {<prefix><key>}:pause, is one short string every limiter script
 -- reads with one GET (nothing more when it is absent, the usual case):
 --   "<pause_end>"                                   a pause only
---   "<pause_end> <override_end> <m> <r1> <b1> ... <rm> <bm>"
+--   "<pause_end> <override_end> <m> <r1> <b1> ... <rm> <bm> <set>"
 -- pause_end: when a pause ends, µs (0: none). override_end: until when (µs) the
 -- operator's rates override those the callers pass for limits 1..m, in order (bi is
--- limit i's burst, 0 for its rate; periods stay the callers'). Anything else in the
--- key reads as no pause and no override. Scripts cache what they read (jt_control).
+-- limit i's burst, 0 for its rate; periods stay the callers'). set: when the override
+-- was set, server µs (jt_claim re-places bookings recorded before it); a key written
+-- before set was added ends at bm and reads as an override with no set time. Anything
+-- else in the key reads as no pause and no override. Scripts cache what they read
+-- (jt_control).
 local jt_ctl_key, jt_ctl_pause, jt_ctl_over
 
 -- jt_control returns the pause's end (µs, or 0) and the override in key ({end,
--- {{r1, b1}, ...}}, or nil), reading the key once per call.
+-- {{r1, b1}, ...}, set}, set nil when the key has none; or nil), reading the key once
+-- per call.
 local function jt_control(key)
   if jt_ctl_key == key then
     return jt_ctl_pause, jt_ctl_over
@@ -149,11 +153,12 @@ local function jt_control(key)
     return jt_ctl_pause, nil
   end
   -- one overridden limit (the usual case) is read with one match
-  local p1, e1, r1, b1 = string.match(v, '^(%d+) (%d+) 1 (%d+) (%d+)$')
-  if p1 and #p1 <= 16 and #e1 <= 16 and #r1 <= 10 and #b1 <= 10 then
+  local p1, e1, r1, b1, sp, s1 = string.match(v, '^(%d+) (%d+) 1 (%d+) (%d+)( ?)(%d*)$')
+  if p1 and #p1 <= 16 and #e1 <= 16 and #r1 <= 10 and #b1 <= 10 and #s1 <= 16
+    and (sp == '') == (s1 == '') then -- no set time, or ' <set>'
     local r, b = tonumber(r1), tonumber(b1)
     if r < 1 or r > 1000000000 or b > 1000000000 then return 0, nil end
-    jt_ctl_pause, jt_ctl_over = tonumber(p1), {tonumber(e1), {{r, b}}}
+    jt_ctl_pause, jt_ctl_over = tonumber(p1), {tonumber(e1), {{r, b}}, tonumber(s1)}
     return jt_ctl_pause, jt_ctl_over
   end
   local w = {}
@@ -162,10 +167,10 @@ local function jt_control(key)
     if not w[#w] or w[#w] < 0 then return 0, nil end
   end
   local m = w[3]
-  if #w < 3 or m < 1 or m > 16 or #w ~= 3 + 2 * m then
+  if #w < 3 or m < 1 or m > 16 or (#w ~= 3 + 2 * m and #w ~= 4 + 2 * m) then
     return 0, nil
   end
-  local over = {w[2], {}}
+  local over = {w[2], {}, w[4 + 2 * m]}
   for i = 1, m do
     local r, b = w[2 + 2 * i], w[3 + 2 * i]
     if r < 1 or r > 1000000000 or b > 1000000000 then return 0, nil end
@@ -187,6 +192,11 @@ end
 -- override's. It returns the limits to enforce and the override's end (0: none), or
 -- nil and a JTEXCEEDS error when n is above what the overridden limits can ever grant.
 -- Other operations (a cancel) keep the callers' limits and do not read the key here.
+-- While an override is in force it notes the callers' limits (jt_ov_given) and
+-- whether the override lowers any of them, a rate or a burst (jt_ov_lower), for
+-- jt_claim.
+local jt_ov_given, jt_ov_lower
+
 local function jt_override(key, limits, op, n)
   if op ~= 0 then
     return limits, 0
@@ -195,6 +205,7 @@ local function jt_override(key, limits, op, n)
   if not over or over[1] <= jt_now() then
     return limits, 0
   end
+  jt_ov_given, jt_ov_lower = limits, false
   local mine = {} -- the callers' limits stay as they are (a batch reads them again)
   for i = 1, #limits do
     local l, o = limits[i], over[2][i]
@@ -207,7 +218,9 @@ local function jt_override(key, limits, op, n)
         if l[3] * l[2] > 1125899906842624 then -- 2^50, as gcra.lua requires
           l[3] = math.floor(1125899906842624 / l[2])
         end
+        if l[3] < limits[i][3] then jt_ov_lower = true end
       end
+      if l[1] < limits[i][1] then jt_ov_lower = true end
       if n > (l[3] or l[1]) then
         return nil, 'JTEXCEEDS n above the overridden limit ' .. i
       end
@@ -238,12 +251,27 @@ end
 -- the task's copy took the booking over (a server stopped while the task slept on
 -- its slot, its task requeued and run elsewhere) cannot cancel a booking in use.
 -- A record "token n" (no stamp: an older version wrote it) reads as stamp 0.
+--
+-- An override that lowers a limit re-places the bookings recorded before it: when op
+-- 2 finds a record it would use, but an override in force now lowers a rate or a
+-- burst below the callers' (jt_ov_lower) and was set after the record's stamp (the
+-- control key's set time; a script runs for more than the microsecond both count in), it gives the record's permits back at its token, as
+-- op 3 would with the callers' limits (jt_bk_give: the script does it before it
+-- books), and books anew under the overridden limits at the earliest slot free now,
+-- recording that with a stamp above the set time (so a retry after a lost reply finds
+-- it and uses it). Denied (beyond max_wait), it deletes the record: its permits are
+-- given back. The reply is an ordinary booking. An override that lowers nothing
+-- (a raise) leaves bookings as they are: the slot free now is after every booking
+-- (bookings stay in order), so re-placing would only move them later, and a booking
+-- made at lower rates fits higher ones. A booking made before an override since
+-- cleared or ended keeps its place too (it fits the callers' limits it was made under).
 local jt_bk_op -- 2 or 3 while running a booking op, else nil
 local jt_bk_had -- op 2 found a record it could not use (late, paused, other n)
 local jt_bk_late = 0 -- op 5: how long past its token a record may still be used, µs
 local jt_bk_now -- the call's server time, µs (jt_claim notes it)
 local jt_bk_prev = 0 -- op 2: the stamp of the record it found, or 0
 local jt_bk_token -- op 3: the token of the record the caller holds, or nil
+local jt_bk_give -- op 2: the token of a record an override overtook, to give back, or nil
 
 -- jt_bk_read returns the token, n and stamp of the task's record, or nil.
 local function jt_bk_read()
@@ -272,7 +300,10 @@ end
 -- {1, 0, wait_us, 0, token, 0, stamp} (wait_us 0 when passed; the 0 says nothing new
 -- was granted; the record gets the new stamp). For op 3, x becomes the record's
 -- token when x is its stamp, else 0 (a token that cancels nothing). Otherwise the
--- reply is nil and x unchanged: the script books or cancels as for ops 0 and 1.
+-- reply is nil and x unchanged: the script books or cancels as for ops 0 and 1; when
+-- a lowering override overtook the record, jt_bk_give is its token: the script first
+-- gives its n permits back there with the callers' limits (jt_ov_given), as op 3.
+
 local function jt_claim(n, now, pause_key, x)
   jt_bk_now = now
   if jt_bk_op == 3 then
@@ -289,6 +320,13 @@ local function jt_claim(n, now, pause_key, x)
   jt_bk_had, jt_bk_prev = true, stamp
   if not token or k ~= n or token < now - jt_bk_late or jt_pause(pause_key) > token then
     return nil, x
+  end
+  if jt_ov_lower then
+    local _, over = jt_control(pause_key)
+    if over[3] and over[3] > stamp then
+      jt_bk_give, jt_bk_prev = token, math.max(stamp, over[3])
+      return nil, x
+    end
   end
   return {1, 0, math.max(token - now, 0), 0, token, 0, jt_bk_write(token, n, now)}, x
 end
@@ -311,6 +349,9 @@ local function jt_booked(r, n)
       end
       r[6] = 1
     else
+      if jt_bk_give then -- its permits were given back: so is the booking
+        redis.call('DEL', KEYS[3])
+      end
       r[6] = 0
     end
     r[7] = stamp

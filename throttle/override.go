@@ -23,10 +23,30 @@ import (
 //   - TokenBucket: a lower burst drops the tokens above it at once, a lower rate
 //     slows the refill from then on.
 //
-// Bookings already made (Reserve, waiting WaitN) keep their places: they were
-// admitted under the old rates, and take effect as booked. A caller asking for more
-// permits than an overridden limit can ever grant gets an error wrapping
-// ErrExceedsLimit. Inspect reports the override and the rates enforced.
+// Bookings already made by Reserve and waiting WaitN calls keep their places: they
+// were admitted under the old rates, and take effect as booked. A task's booking
+// (ReserveFor, ReserveForLate: the asynq middleware's) made before an override that
+// lowers a rate or a burst below the limiter's own is re-placed when the task comes
+// back for it: in the same script call, its permits are given back at its slot (as
+// its Cancel would) and it books anew under the overridden limits, at the earliest
+// slot free then, after the bookings still held (kept is false; a retry after a lost
+// reply finds the new booking), so from the override on those tasks too run no faster
+// than the new rates. Tasks keep their order as far as they come back in order. A
+// booking whose slot has already passed (ReserveForLate) is booked anew the same
+// way; its permits stay counted where they were. Giving back frees what a Cancel
+// would: TokenBucket frees only what its latest grants hold, FixedWindow only permits
+// of its latest grant's window; where it frees nothing the re-placed task waits for a
+// slot after them: slower, never faster than the new rates. A booking made before an override that
+// raises the rates keeps its place (the slot free after the bookings held would be
+// later, and what fits the lower rates fits the higher), and so does one made before
+// an override that has since been cleared or ended. Known gap: which overrides
+// re-place is judged against the limiter's own limits, so after an override that
+// raised the rates, bookings made under it keep their places when a second override
+// lowers the rates but not below the limiter's own.
+//
+// A caller asking for more permits than an overridden limit can ever grant gets an
+// error wrapping ErrExceedsLimit. Inspect reports the override and the rates
+// enforced.
 //
 // It returns an error wrapping ErrInvalidLimit for a limit out of range or with
 // another period, ErrInvalidArgument for d < 0, no limits or more than the limiter
