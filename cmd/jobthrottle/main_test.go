@@ -149,6 +149,21 @@ func TestCommands(t *testing.T) {
 		}
 		_, out, _ = cli(t, b, "", "show", "vendor-api")
 		mustContain(t, "show overridden", out, "2 per 1m0s", "/2 used", "override    the rates above, set by an operator, ")
+		// pause and resume read the pause from a control key that holds an override too
+		code, out, errs = cli(t, b, "", "pause", "vendor-api", "30s")
+		if code != 0 {
+			t.Fatalf("pause under an override: %d %s", code, errs)
+		}
+		mustContain(t, "pause under an override", out, "paused vendor-api: no grants for ")
+		_, out, _ = cli(t, b, "", "ls")
+		mustContain(t, "ls paused under an override", out, "vendor-api")
+		if !regexp.MustCompile(`vendor-api\s.*\b(30s|29(\.\d+)?s)`).MatchString(out) {
+			t.Fatalf("ls does not show vendor-api's pause under an override:\n%s", out)
+		}
+		_, out, _ = cli(t, b, "", "resume", "vendor-api")
+		mustContain(t, "resume under an override", out, "resumed vendor-api")
+		_, out, _ = cli(t, b, "", "show", "vendor-api")
+		mustContain(t, "override kept by resume", out, "paused      no", "override    the rates above, set by an operator, ")
 		// set is checked against the record: the periods, the number of limits, a burst
 		code, _, errs = cli(t, b, "", "set", "vendor-api", "2/1s")
 		if code != 1 {

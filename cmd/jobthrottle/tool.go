@@ -8,6 +8,7 @@ import (
 	"io"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -215,12 +216,18 @@ func (t *tool) pausedFor(ctx context.Context, key string) (time.Duration, error)
 	if err != nil {
 		return 0, err
 	}
-	end, err := t.rdb.Get(ctx, tag+":pause").Int64()
+	// the control key: the pause's end (µs), then an override if one is set
+	text, err := t.rdb.Get(ctx, tag+":pause").Result()
 	if errors.Is(err, redis.Nil) {
 		return 0, nil
 	}
 	if err != nil {
 		return 0, err
+	}
+	first, _, _ := strings.Cut(text, " ")
+	end, err := strconv.ParseInt(first, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("key %q: unreadable control key %q", key, text)
 	}
 	now, err := t.rdb.Time(ctx).Result()
 	if err != nil {
