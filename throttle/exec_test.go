@@ -92,7 +92,7 @@ func TestEvalOnceLoadsAMissingScript(t *testing.T) {
 		if err := scriptFlush(ctx, b.Client); err != nil {
 			t.Fatal(err)
 		}
-		evals := &evalCount{}
+		evals := evalCount()
 		b.Client.AddHook(evals)
 		for want := int64(1); want <= 2; want++ { // the first by EVAL, the second by EVALSHA
 			val, err := evalOnce(ctx, b.Client, incr, []string{key}, nil)

@@ -405,13 +405,16 @@ func noteMissingServers(t testing.TB, consequence string, kinds ...redistest.Kin
 
 // ---- scripts
 
-// evalCount counts the script calls that reached the server as EVAL (the script text)
-// rather than EVALSHA: the fallbacks after the server lost the script.
-type evalCount struct{ n atomic.Int64 }
+// cmdCount is a go-redis hook that counts the commands that reached the server
+// without an error and match, sent alone or in a pipeline.
+type cmdCount struct {
+	match func(cmd redis.Cmder) bool
+	n     atomic.Int64
+}
 
-func (c *evalCount) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c *cmdCount) DialHook(next redis.DialHook) redis.DialHook { return next }
 
-func (c *evalCount) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (c *cmdCount) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
 		c.see(cmd)
@@ -419,7 +422,7 @@ func (c *evalCount) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-func (c *evalCount) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (c *cmdCount) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		err := next(ctx, cmds)
 		for _, cmd := range cmds {
@@ -429,10 +432,16 @@ func (c *evalCount) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 	}
 }
 
-func (c *evalCount) see(cmd redis.Cmder) {
-	if cmd.Name() == "eval" && cmd.Err() == nil {
+func (c *cmdCount) see(cmd redis.Cmder) {
+	if cmd.Err() == nil && c.match(cmd) {
 		c.n.Add(1)
 	}
+}
+
+// evalCount counts the script calls that reached the server as EVAL (the script text)
+// rather than EVALSHA: the fallbacks after the server lost the script.
+func evalCount() *cmdCount {
+	return &cmdCount{match: func(cmd redis.Cmder) bool { return cmd.Name() == "eval" }}
 }
 
 // scriptFlush empties the script cache of every server behind c (every master of a

@@ -17,34 +17,15 @@ import (
 
 // recordWrites counts the writes of records (SET …:conf) that reached the server
 // without an error, in single commands and pipelines alike.
-type recordWrites struct{ n atomic.Int64 }
-
-func (c *recordWrites) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (c *recordWrites) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		err := next(ctx, cmd)
-		c.see(cmd)
-		return err
-	}
-}
-
-func (c *recordWrites) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		err := next(ctx, cmds)
-		for _, cmd := range cmds {
-			c.see(cmd)
+func recordWrites() *cmdCount {
+	return &cmdCount{match: func(cmd redis.Cmder) bool {
+		a := cmd.Args()
+		if cmd.Name() != "set" || len(a) < 2 {
+			return false
 		}
-		return err
-	}
-}
-
-func (c *recordWrites) see(cmd redis.Cmder) {
-	if a := cmd.Args(); cmd.Name() == "set" && len(a) > 1 && cmd.Err() == nil {
-		if k, _ := a[1].(string); strings.HasSuffix(k, ":conf") {
-			c.n.Add(1)
-		}
-	}
+		k, _ := a[1].(string)
+		return strings.HasSuffix(k, ":conf")
+	}}
 }
 
 // movingClock is a clock the test moves.
@@ -134,7 +115,7 @@ func TestRecordWrittenOncePerInterval(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			rdb := redis.NewClient(&c.opts)
 			defer rdb.Close()
-			w := &recordWrites{}
+			w := recordWrites()
 			rdb.AddHook(w)
 			clk := &movingClock{}
 			clk.ns.Store(time.Unix(1_700_000_000, 0).UnixNano())

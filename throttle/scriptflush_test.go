@@ -31,7 +31,7 @@ func TestScriptFlushUnderLoad(t *testing.T) {
 	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
 		grants := redistest.RecordGrants(b.Client)
-		evals := &evalCount{}
+		evals := evalCount()
 		b.Client.AddHook(evals)
 		rate := 50
 		if b.Kind == redistest.Mini {
