@@ -3,7 +3,9 @@
 -- It reads the shape of the call, a single call or a batch (batch.lua's layout), and
 -- finds whether every request in it is an acquire the fast path takes: op 0, n >= 1,
 -- 0 <= x < 2^53, each plain decimal digits (tonumber alone takes '1e3', ' 5' or
--- '0x10', which are JTARG), under one limit (m = 1) of plain digits. Nothing here
+-- '0x10', which are JTARG), under one limit (m = 1) of plain digits. A number with a
+-- leading zero goes to the full script: miniredis's Lua reads '010' + 0 as octal (8),
+-- Redis's as 10, and the full script reads it with tonumber, 10 in both. Nothing here
 -- makes a function or reads a key.
 --   jf_k     the number of requests, or nil: leave the call to the full script
 --   jf_o     request r's op, n and x are ARGV[jf_o + 3r - 2 ..] (0 single, 2 batch)
@@ -19,18 +21,24 @@ do
   local nA = #A
   if A[1] == '4' then
     local k = tonumber(A[2])
-    if k and #A[2] <= 4 and k >= 1 and k <= 1000 and nA > 2 + 3 * k
-      and not find(table.concat(A, ',', 2, 2 + 3 * k), '[^0-9,]') then
-      jf_k, jf_o = k, 2
+    if k and #A[2] <= 4 and k >= 1 and k <= 1000 and nA > 2 + 3 * k then
+      local s = ',' .. table.concat(A, ',', 2, 2 + 3 * k)
+      if not find(s, '[^0-9,]') and not find(s, ',0%d') then
+        jf_k, jf_o = k, 2
+      end
     end
-  elseif A[1] == '0' and nA > 3 and find(A[2] .. ',' .. A[3], '^%d+,%d+$') then
-    jf_k, jf_o = 1, 0
+  elseif A[1] == '0' and nA > 3 then
+    local s = ',' .. A[2] .. ',' .. A[3]
+    if find(s, '^,%d+,%d+$') and not find(s, ',0%d') then
+      jf_k, jf_o = 1, 0
+    end
   end
   if jf_k then
     jf_m, jf_nmax = jf_o + 3 * jf_k + 1, 0
     local l = jf_m
-    if A[l] ~= '1' or nA < l + 2 or nA > l + 3
-      or not find(table.concat(A, ',', l + 1, nA), '^%d+,%d+,?%d*$') or A[nA] == '' then
+    local s = nA >= l + 2 and ',' .. table.concat(A, ',', l + 1, nA)
+    if A[l] ~= '1' or not s or nA > l + 3
+      or not find(s, '^,%d+,%d+,?%d*$') or A[nA] == '' or find(s, ',0%d') then
       jf_k = nil
     else
       jf_l1, jf_l2, jf_l3 = A[l + 1] + 0, A[l + 2] + 0, nA == l + 3 and A[nA] + 0 or nil

@@ -17,7 +17,7 @@ do
     local L, c -- when the latest grant takes effect, the permits of its window
     if v then
       local a, b = string.match(v, '^([0-9]+) ([0-9]+)$')
-      if a and #a <= 17 and #b <= 17 then
+      if a and #a <= 17 and #b <= 17 and not string.find(v, '^0%d') and not string.find(v, ' 0%d') then -- leading 0: see fast.lua
         L, c = a + 0, b + 0
       end
     else

@@ -27,7 +27,8 @@ do
   if jf_k and P and prec <= 35184372088832 and R <= 1000000000 and P <= 35184372088832
     and jf_nmax <= R and redis.call('EXISTS', K[2]) == 0 then
     head = redis.pcall('LRANGE', key, '0', '8')
-    if head.err or not string.find(table.concat(head, ','), '^[0-9,]*$') then
+    local s = not head.err and ',' .. table.concat(head, ',')
+    if not s or not string.find(s, '^[0-9,]*$') or string.find(s, ',0%d') then -- leading 0: see fast.lua
       head = nil
     else
       for i = 1, #head do
@@ -39,7 +40,8 @@ do
   local last -- the last entry, when the head does not hold it
   if len == 9 then
     last = redis.call('LRANGE', key, '-2', '-1')
-    if not string.find(last[1] .. ',' .. last[2], '^%d+,%d+$') or #last[1] > 17 or #last[2] > 17 then
+    local s = last[1] .. ',' .. last[2]
+    if not string.find(s, '^%d+,%d+$') or string.find(',' .. s, ',0%d') or #last[1] > 17 or #last[2] > 17 then
       len = nil
     end
   elseif len and len > 0 and len % 2 == 0 or len == 1 then
