@@ -261,13 +261,9 @@ func (l *Limiter) run(ctx context.Context, op, n int, waitOrToken int64) (reply,
 		args[0], args[1], args[2] = op, n, waitOrToken
 		c = l.src.command(l.script, append(args, l.tail...))
 	}
-	if op == opAcquire && n > 0 { // a call that may grant carries the key's record when due
-		c.rec = l.shared.rec.take(l.clock.Now())
-	}
+	c.rec = l.recordIf(op == opAcquire && n > 0) // a call that may grant carries the key's record when due
 	val, ints, err := l.src.decide(ctx, c)
-	if err != nil && c.rec != nil {
-		c.rec.failed()
-	}
+	c.rec.failedIf(err)
 	if err != nil {
 		if ae, ok := err.(*AlgorithmError); ok {
 			ae.Want = l.alg

@@ -185,12 +185,25 @@ func (r *record) take(now time.Time) *record {
 	return r
 }
 
-// failed notes that the call carrying the write failed: the next call writes it.
-func (r *record) failed() {
+// failedIf notes, when err is not nil, that the call carrying the write failed: the
+// next call writes it. r may be nil (the call carried no write).
+func (r *record) failedIf(err error) {
+	if r == nil || err == nil {
+		return
+	}
 	r.due.Store(0)
 	written.mu.Lock()
 	delete(written.m, r.id)
 	written.mu.Unlock()
+}
+
+// recordIf returns the key's record for a call that may grant, when its write is due
+// (see record.take), for command.rec; else nil.
+func (l *Limiter) recordIf(mayGrant bool) *record {
+	if !mayGrant {
+		return nil
+	}
+	return l.shared.rec.take(l.clock.Now())
 }
 
 // queue adds the write to pipe.
@@ -211,12 +224,9 @@ func execAborted(set *redis.StatusCmd, cmd redis.Cmder) bool {
 // acquires do.
 func (l *Limiter) execRecorded(ctx context.Context, keys []string, args []any) (any, error) {
 	c := newCommand(l.script, keys, args)
-	if op, n := args[0], args[1]; (op == opAcquireFor || op == opAcquireForLate) && n != 0 {
-		c.rec = l.shared.rec.take(l.clock.Now())
-	}
+	op, n := args[0], args[1]
+	c.rec = l.recordIf((op == opAcquireFor || op == opAcquireForLate) && n != 0)
 	val, err := l.execLate(ctx, c, nil)
-	if err != nil && c.rec != nil {
-		c.rec.failed()
-	}
+	c.rec.failedIf(err)
 	return val, err
 }
