@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,15 +15,33 @@ import (
 )
 
 // Coalescing (group commit) and pipelining. Calls of one process on one client that
-// arrive while a call of that client is in flight queue up; when it returns,
-// everything queued (up to pipeCap requests) goes to Redis in ONE round trip: the
-// requests of each key in one script call, the batch form of the script (the limiter
-// scripts' lua/batch.lua, the semaphore's lua/semaphore_batch.lua), which decides them
-// in arrival order, each exactly as a call of its own at that server instant would
-// be; the calls of different keys in one pipeline (MULTI/EXEC, as every call; on a
+// arrive while its round trips are in flight queue up; when one returns, everything
+// queued (up to pipeCap requests) goes to Redis in ONE round trip: the requests of
+// each key in one script call, the batch form of the script (the limiter scripts'
+// lua/batch.lua, the semaphore's lua/semaphore_batch.lua), which decides them in
+// arrival order, each exactly as a call of its own at that server instant would be;
+// the calls of different keys in one pipeline (MULTI/EXEC, as every call; on a
 // cluster, one transaction per key, sent at once). No timer: a lone caller finds
 // nothing in flight and calls at once, as without coalescing; batches form only while
 // Redis is busy answering, and grow with the load.
+//
+// Up to maxFlights (2) round trips of a client are in flight at once, so that the
+// client (waking the callers of one, decoding its reply, building the next) and Redis
+// (running the other) work at the same time instead of by turns. The queue goes in a
+// second round trip once it holds half the calls under way (see ready): the two then
+// carry about half each, and of two concurrent calls the second goes at once beside
+// the first, as it would with coalescing off.
+//
+// A key's requests may be in both round trips, and the later one may run first (it
+// may be written first, on another connection): requests of two round trips in flight
+// at once are concurrent calls (neither's caller had its answer when the other's
+// called), which two goroutines calling without coalescing, each on a connection of
+// its own, are as well, and whose order at Redis nothing decides either. What the
+// package promises holds: within a round trip a key's requests are decided in arrival
+// order, one script call at one server instant; a call made after another returned
+// goes to Redis after it (in a later round trip), so it is booked after it, as
+// Redis's FIFO booking orders every call that reaches it (across processes as
+// within one).
 //
 // Every request keeps its own semantics: its op and arguments (a Limiter's n and max
 // wait, a Semaphore's lease id and queueing); its own context (a caller whose context
@@ -41,28 +60,45 @@ const (
 	pipeCap  = 512
 )
 
-// batcher queues one client's calls while one is in flight. Every Limiter and
-// Semaphore of the process on the client (with coalescing on) feeds the same queue
-// (batchers).
+// maxFlights is the most round trips one client's batcher has in flight at once. Two
+// keep both sides busy: Redis runs one script at a time, so a third would only split
+// the same requests into smaller round trips, each paying its MULTI/EXEC and its
+// round trip's share of Redis's CPU (12–14 µs, as much as 5–6 requests' scripts in a
+// batch), without more of the work overlapping. The go-redis pool (10 connections per
+// CPU by default) has room for them beside the lone calls of limiters with coalescing
+// off.
+const maxFlights = 2
+
+// batcher queues one client's calls while its round trips are in flight. Every
+// Limiter and Semaphore of the process on the client (with coalescing on) feeds the
+// same queue (batchers).
 //
 // A caller that queues waits for its answer on a channel of its own, and nothing
 // else: its call timeout (WithCallTimeout) is kept by the batcher's one watchdog
 // timer, not by a timer per call. The watchdog also lets go of a round trip that
-// nobody waits for any more (a Redis that stopped answering): the next round trip
-// goes on another connection, and the abandoned one, if its reply ever comes, still
-// gives back what it granted to callers who left (lateReply).
+// nobody waits for any more (a Redis that stopped answering): it no longer counts as
+// in flight, the queue goes on in another (on another connection), and the abandoned
+// one, if its reply ever comes, still gives back what it granted to callers who left
+// (lateReply).
 type batcher struct {
-	rdb   redis.UniversalClient
-	mu    sync.Mutex
-	busy  bool       // a call of the client is in flight (or being sent)
-	queue []*pending // arrival order
-	sent  []*pending // the round trip the flusher of generation gen has in flight
-	gen   uint64     // the current flusher's generation (see expire)
+	rdb     redis.UniversalClient
+	mu      sync.Mutex
+	flying  int          // round trips in flight (lone calls and flights), at most maxFlights
+	calls   atomic.Int32 // calls under way: in flight, queued, or answered and not yet returned
+	queue   []*pending   // arrival order
+	flights []*flight    // the flushers' round trips in flight, those let go excepted
 
 	watch   *time.Timer // the watchdog: runs expire at watchAt
 	watchAt time.Time   // zero: not armed
 
 	pipes pipePool // the round trips' pipelines, kept for reuse
+}
+
+// flight is one flusher's round trip in flight: its requests, and whether the watchdog
+// let it go (see expire).
+type flight struct {
+	sent []*pending
+	gone bool
 }
 
 // batchers holds each client's batcher while a Limiter or Semaphore holds it.
@@ -144,18 +180,19 @@ type lateGiver interface {
 }
 
 // decide runs c, one call of the source's (its ARGV in the single form), through the
-// client's batcher: at once when no call of the client is in flight, else in the
-// round trip sent when it returns. The reply is val, or, for a request answered from
-// a batch's flat reply, ints (val nil; read only).
+// client's batcher: at once when no round trip of the client is in flight, else in a
+// round trip of queued requests (see maxFlights). The reply is val, or, for a request
+// answered from a batch's flat reply, ints (val nil; read only).
 func (s *source) decide(ctx context.Context, c command) (val any, ints []int64, err error) {
 	b := s.batch
 	if b == nil {
 		val, err = s.run.execLate(ctx, c, s.owner.lateFor(ctx, c.args))
 		return val, nil, err
 	}
+	b.calls.Add(1)
 	b.mu.Lock()
-	if !b.busy {
-		b.busy = true
+	if b.flying == 0 {
+		b.flying = 1
 		b.mu.Unlock()
 		defer b.next()
 		val, err = s.run.execLate(ctx, c, s.owner.lateFor(ctx, c.args))
@@ -166,46 +203,94 @@ func (s *source) decide(ctx context.Context, c command) (val any, ints []int64, 
 	if b.watchAt.IsZero() || p.due.Before(b.watchAt) {
 		b.arm(p.due)
 	}
+	if b.ready() {
+		b.launch()
+	}
 	b.mu.Unlock()
-	return p.wait()
+	val, ints, err = p.wait()
+	b.calls.Add(-1)
+	return val, ints, err
 }
 
-// next sends what queued while a call was in flight, in the background, or marks the
-// client idle when nothing did.
+// ready reports whether what is queued should go now, in a round trip of its own
+// (b.mu held): when nothing else is in flight to take it when it returns, or when a
+// round trip more may fly and the queue holds its share (1/maxFlights) of the calls
+// under way, so that the round trips in flight carry about as many requests each. A
+// queue smaller than that waits for a round trip to return (as calls queue behind a
+// single one in flight), or for more calls: round trips of a few requests would make
+// Redis pay a round trip's cost for each few.
+func (b *batcher) ready() bool {
+	if len(b.queue) == 0 || b.flying >= maxFlights {
+		return false
+	}
+	return b.flying == 0 || len(b.queue)*maxFlights >= int(b.calls.Load())
+}
+
+// next ends a lone call's round trip: what queued meanwhile goes in a round trip of
+// its own, in the background, when ready.
 func (b *batcher) next() {
+	b.calls.Add(-1)
 	b.mu.Lock()
+	b.flying--
+	if b.ready() {
+		b.launch()
+	}
+	b.mu.Unlock()
+}
+
+// launch sends what is queued in a new round trip, in the background (b.mu held, fewer
+// than maxFlights in flight); nothing when no caller waits in the queue.
+func (b *batcher) launch() {
 	batch := b.take()
 	if batch == nil {
-		b.busy = false
+		return
 	}
-	gen := b.gen
-	b.mu.Unlock()
-	if batch != nil {
-		go b.flush(batch, gen)
-	}
+	f := &flight{sent: batch}
+	b.flights = append(b.flights, f)
+	b.flying++
+	go b.flush(f)
 }
 
-// flush makes round trips until the queue is empty, or until the watchdog gives the
-// queue to a flusher of a later generation (see expire).
-func (b *batcher) flush(batch []*pending, gen uint64) {
-	for batch != nil {
+// flush makes f's round trip, then, while ready, another of what queued meanwhile;
+// it ends when its round trip does once the watchdog let f go (see expire).
+func (b *batcher) flush(f *flight) {
+	batch := f.sent // only this goroutine sets f.sent (b.mu held)
+	for {
 		b.send(batch)
 		b.mu.Lock()
-		if b.gen != gen {
+		if f.gone {
 			b.mu.Unlock()
 			return
 		}
-		batch = b.take()
-		if batch == nil {
-			b.busy = false
+		b.flying--
+		if b.ready() {
+			batch = b.take()
+		} else {
+			batch = nil
 		}
+		if batch == nil {
+			b.land(f)
+			b.mu.Unlock()
+			return
+		}
+		b.flying++
+		f.sent = batch
 		b.mu.Unlock()
+	}
+}
+
+// land takes f out of the flights (b.mu held).
+func (b *batcher) land(f *flight) {
+	for i, g := range b.flights {
+		if g == f {
+			b.flights = slices.Delete(b.flights, i, i+1)
+			return
+		}
 	}
 }
 
 // take removes the next round trip's requests from the queue (b.mu held): up to
 // pipeCap, in arrival order, skipping those whose callers left; nil when none is left.
-// They are the round trip in flight (b.sent) until the next take.
 func (b *batcher) take() []*pending {
 	var batch []*pending
 	i := 0
@@ -220,7 +305,6 @@ func (b *batcher) take() []*pending {
 	if len(b.queue) == 0 {
 		b.queue = b.queue[:0:0] // let the old array go
 	}
-	b.sent = batch
 	return batch
 }
 
@@ -236,16 +320,15 @@ func (b *batcher) arm(at time.Time) {
 
 // expire is the watchdog: it answers each queued or sent request whose call timeout
 // has passed with the error a call of its own gets then (callTimedOut), and sets
-// itself for the next one due. When nobody waits for the round trip in flight any
-// more, it lets it go: the queue goes on in a new flusher (a later generation), and
-// the old one ends when its round trip does.
+// itself for the next one due. A flight nobody waits for any more it lets go: it no
+// longer counts as in flight, the queue goes on in a new round trip, and the flight's
+// flusher ends when its round trip does.
 func (b *batcher) expire() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	now := time.Now()
 	var next time.Time
-	waiting := false // someone waits for the round trip in flight
-	for i, ps := range [2][]*pending{b.sent, b.queue} {
+	check := func(ps []*pending) (waiting bool) {
 		for _, p := range ps {
 			if st := p.state.Load(); st != pendQueued && st != pendSent {
 				continue
@@ -254,24 +337,31 @@ func (b *batcher) expire() {
 				if next.IsZero() || p.due.Before(next) {
 					next = p.due
 				}
-				waiting = waiting || i == 0
+				waiting = true
 				continue
 			}
 			p.timeout()
 		}
+		return waiting
 	}
+	var gone []*flight
+	for _, f := range b.flights {
+		if !check(f.sent) {
+			gone = append(gone, f)
+		}
+	}
+	check(b.queue)
 	b.watchAt = time.Time{}
 	if !next.IsZero() {
 		b.arm(next)
 	}
-	if b.sent != nil && !waiting {
-		b.gen++
-		batch := b.take()
-		if batch == nil {
-			b.busy = false
-		} else {
-			go b.flush(batch, b.gen)
-		}
+	for _, f := range gone {
+		f.gone = true
+		b.land(f)
+		b.flying--
+	}
+	if gone != nil && b.ready() {
+		b.launch()
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -11,12 +12,13 @@ import (
 	"time"
 
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/lua"
 	"github.com/jobthrottle/jobthrottle/waiter"
 	"github.com/redis/go-redis/v9"
 )
 
-// held makes the limiter's client look busy, as while a call is in flight: calls made
-// now queue up (forming one round trip) until release.
+// held makes the limiter's client look busy, as while maxFlights round trips are in
+// flight: calls made now queue up (forming one round trip) until release.
 func held(t *testing.T, b *batcher) (queued func(n int), release func()) {
 	t.Helper()
 	if b == nil {
@@ -26,8 +28,8 @@ func held(t *testing.T, b *batcher) (queued func(n int), release func()) {
 	// answers before its flusher marks the client idle): wait for it
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		b.mu.Lock()
-		if !b.busy {
-			b.busy = true
+		if b.flying == 0 {
+			b.flying = maxFlights
 			b.mu.Unlock()
 			break
 		}
@@ -51,7 +53,13 @@ func held(t *testing.T, b *batcher) (queued func(n int), release func()) {
 			time.Sleep(100 * time.Microsecond)
 		}
 	}
-	return queued, b.next
+	release = func() { // the held round trips end at once: what queued goes in one
+		b.mu.Lock()
+		b.flying = 0
+		b.launch()
+		b.mu.Unlock()
+	}
+	return queued, release
 }
 
 // call is one request of a batch test: AllowN(n), or Reserve(n, maxWait) when reserve.
@@ -310,7 +318,7 @@ func TestCoalescedCallerLeavesInFlight(t *testing.T) {
 				for {
 					l.src.batch.mu.Lock()
 					q := len(l.src.batch.queue)
-					busy := l.src.batch.busy
+					busy := l.src.batch.flying > 0
 					l.src.batch.mu.Unlock()
 					if busy && q == 0 && sent.Load() {
 						cancel()
@@ -435,6 +443,122 @@ func TestCoalescedBatchRequestErrors(t *testing.T) {
 			if !errors.As(g.errv, &ae) || ae.Found != FixedWindow || ae.Want != TokenBucket {
 				t.Fatalf("request %d, AllowN(%d): %v, want an *AlgorithmError naming FixedWindow", i, n, g.errv)
 			}
+		}
+	})
+}
+
+// gate holds each pipeline that carries a script call until the test lets it go,
+// and tells the test how many requests each one carries (a batch's count, or 1).
+type gate struct {
+	on      atomic.Bool
+	entered chan int           // a held pipeline's requests
+	release chan chan struct{} // let one held pipeline go; closed when it returned
+}
+
+func newGate() *gate {
+	return &gate{entered: make(chan int, 16), release: make(chan chan struct{})}
+}
+
+func (g *gate) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (g *gate) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (g *gate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		reqs := 0
+		for _, cmd := range cmds {
+			if n := cmd.Name(); n != "evalsha" && n != "eval" {
+				continue
+			}
+			a := cmd.Args() // evalsha sha numkeys keys… ARGV…: a batch's ARGV[1] is lua.Batch, ARGV[2] its count
+			nk, _ := strconv.Atoi(fmt.Sprint(a[2]))
+			if len(a) > 4+nk && fmt.Sprint(a[3+nk]) == fmt.Sprint(lua.Batch) {
+				n, _ := strconv.Atoi(fmt.Sprint(a[4+nk]))
+				reqs += n
+			} else {
+				reqs++
+			}
+		}
+		if reqs == 0 || !g.on.Load() {
+			return next(ctx, cmds)
+		}
+		g.entered <- reqs
+		done := <-g.release
+		defer close(done)
+		return next(ctx, cmds)
+	}
+}
+
+// Two round trips of a client may be in flight at once, never three: of two
+// concurrent calls the second goes beside the first at once; calls that come while two
+// are in flight queue, and go together in one round trip (one batch) when one returns.
+// Each is decided once, by its own request.
+func TestCoalescedTwoRoundTripsInFlight(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		g := newGate()
+		b.Client.AddHook(g)
+		ctx := context.Background()
+		l, err := New(b.Client, "flights", PerHour(100), WithKeyPrefix(b.Prefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.AllowN(ctx, 0); err != nil { // the script loaded, the client idle
+			t.Fatal(err)
+		}
+		g.on.Store(true)
+		bt := l.src.batch
+		results := make(chan outcome, 6)
+		call := func() { results <- (call{false, 1, 0}).run(ctx, l) }
+		entered := func(what string, want int) {
+			t.Helper()
+			select {
+			case n := <-g.entered:
+				if n != want {
+					t.Fatalf("%s: a round trip of %d requests, want %d", what, n, want)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("%s: no round trip sent", what)
+			}
+		}
+		go call()
+		entered("the first call", 1)
+		go call() // the first is still in flight
+		entered("the second call", 1)
+		for range 4 {
+			go call()
+		}
+		eventually(t, 10*time.Second, "4 calls queued", func() bool {
+			bt.mu.Lock()
+			defer bt.mu.Unlock()
+			return len(bt.queue) == 4
+		})
+		bt.mu.Lock()
+		flying := bt.flying
+		bt.mu.Unlock()
+		if flying != 2 {
+			t.Fatalf("%d round trips in flight, want 2", flying)
+		}
+		select {
+		case n := <-g.entered:
+			t.Fatalf("a third round trip (%d requests) while two are in flight", n)
+		default:
+		}
+		done := make(chan struct{})
+		g.release <- done // the first returns: the queue goes
+		<-done
+		entered("the queued calls", 4)
+		for range 2 {
+			done := make(chan struct{})
+			g.release <- done
+			<-done
+		}
+		g.on.Store(false)
+		for i := range 6 {
+			if o := <-results; o.err != "" || !o.res.Allowed {
+				t.Fatalf("call %d: %+v, want allowed", i, o)
+			}
+		}
+		res, err := l.AllowN(ctx, 0)
+		if err != nil || res.Remaining != 94 {
+			t.Fatalf("after 6 calls: %+v, %v; want 94 remaining (each decided once)", res, err)
 		}
 	})
 }

@@ -122,11 +122,12 @@ func WithBuckets(n int) Option {
 }
 
 // WithCoalescing turns coalescing on or off; it is on by default. With it on, calls
-// on the key that arrive while one of this process's calls on it is in flight wait
-// for that call to return, and then go to Redis together in one script call that
-// decides each of them in arrival order, exactly as calls of their own would be
-// decided at that instant (each with its own n, max wait and context). A lone call
-// goes at once, as with coalescing off: nothing waits for a timer. Under load, one
+// on the key that arrive while this process's calls on its client are in flight (up
+// to two round trips at once) wait for one to return, and then go to Redis together
+// in one script call that decides each of them in arrival order, exactly as calls of
+// their own would be decided at that instant (each with its own n, max wait and
+// context). A lone call goes at once, as with coalescing off: nothing waits for a
+// timer. Under load, one
 // Redis call serves many callers, so Redis does a fraction of the work per permit and
 // a process gets many times the permits per second a round trip per call allows.
 // A Semaphore's acquires, extensions and releases coalesce the same way, in arrival
