@@ -81,6 +81,8 @@ func (r *report) writeThroughput(w io.Writer) {
 		head += fmt.Sprintf(" ÷ no-op @%d |", g)
 		sep += "---:|"
 	}
+	head += fmt.Sprintf(" p50 µs @%d |", r.gs[0])
+	sep += "---:|"
 	head += fmt.Sprintf(" ÷ no-op by CPU @%d | ops/s @%d | permits/s @%d | permits per Redis CPU s @%d | p50 / p99 µs | Redis CPU µs/call | exec µs/script run | client CPU µs/call | allocs/call |", top, top, top, top)
 	sep += "---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 	fmt.Fprintln(w, head)
@@ -95,6 +97,7 @@ func (r *report) writeThroughput(w io.Writer) {
 		for _, g := range r.gs {
 			row += fmt.Sprintf(" %.2f |", median(r.tp[tpKey{i, g}].ratios()))
 		}
+		row += fmt.Sprintf(" %.0f |", r.tp[tpKey{i, r.gs[0]}].med(p50))
 		row += fmt.Sprintf(" %.2f | %.0f | %.0f | %.0f | %.0f / %.0f | %.1f | %.2f | %.1f | %.1f |",
 			cpuRatio(t), t.med(sample.opsPerSec), t.med(permitsPerSec), t.med(permitsPerRedisCPU), t.med(p50), t.med(p99), t.med(redisCPU), t.med(exec), t.med(clientCPU), t.med(func(s sample) float64 { return s.allocs }))
 		fmt.Fprintln(w, row)
