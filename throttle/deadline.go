@@ -159,9 +159,64 @@ func isServerError(err error) bool {
 // evalOnTime is evalOnce of c, returning by ctx's deadline or within r.callTimeout,
 // whichever comes first (see awaitReply); late, if not nil, gets a reply that came
 // after its caller left.
+//
+// A call whose context can never end (ctx.Done() is nil: Background, TODO, WithoutCancel)
+// on a client that honours deadlines (r.direct, see honoursDeadlines) runs on the
+// caller's goroutine (callDirect): go-redis itself then returns by the call timeout,
+// and no goroutine is handed the call. Any other goes through awaitReply.
 func (r *runner) evalOnTime(ctx context.Context, c command, late func(any)) (any, error) {
+	if r.direct && ctx.Done() == nil {
+		if r.onPath != nil {
+			r.onPath(true)
+		}
+		return callDirect(ctx, r.callTimeout, r.rdb, r.pipes, c)
+	}
+	if r.onPath != nil {
+		r.onPath(false)
+	}
 	return awaitReply(ctx, r.callTimeout, r.rdb, r.pipes, c, late)
 }
+
+// callDirect runs c on the caller's goroutine under a context whose deadline is bound
+// from now: on a client that honours deadlines (see honoursDeadlines) every wait of
+// the call ends by it, so the call returns within bound as awaitReply's would, with
+// the same error (callTimedOut, which does not match context.DeadlineExceeded: the
+// caller's context has none). ctx must never end (ctx.Done() nil): nothing but the
+// bound can cut the call short, and the caller always gets the reply, so no grant
+// can come after its caller left.
+func callDirect(ctx context.Context, bound time.Duration, rdb redis.UniversalClient, ps *pipePool, c command) (any, error) {
+	bctx := newBoundCtx(ctx, bound)
+	val, err := c.once(bctx, rdb, ps)
+	expired := bctx.release()
+	if err != nil && expired && !isServerError(err) {
+		return nil, fmt.Errorf("%w: %v", callTimedOut(bound), err)
+	}
+	return val, err
+}
+
+// honoursDeadlines reports whether every wait of a call on rdb ends by its context's
+// deadline, so that a call made directly under a deadline returns by it (callDirect):
+// a plain go-redis Client built with ContextTimeoutEnabled. Such a client waits for a
+// connection from its pool, for a dial, and between retries only until the context is
+// done (go-redis does so whatever its options), and sets each read and write deadline
+// of the connection, those of a new connection's handshake included, no later than
+// the context's (only with ContextTimeoutEnabled: without it a read waits its
+// ReadTimeout whatever the context, and a new connection's handshake that hangs is
+// retried MaxRetries times, so that a call can take several times its bound).
+// A FailoverClient (its dialer asks the sentinels), a ClusterClient and a Ring are not
+// taken to be one: their redirects, slot reloads and sentinel lookups are not read
+// here, and their calls keep a goroutine of their own.
+func honoursDeadlines(rdb redis.UniversalClient) bool {
+	c, ok := rdb.(*redis.Client)
+	if !ok {
+		return false
+	}
+	o := c.Options()
+	return o.ContextTimeoutEnabled && o.Addr != failoverAddr
+}
+
+// failoverAddr is the address a go-redis FailoverClient's options hold (sentinel.go).
+const failoverAddr = "FailoverClient"
 
 // callTimeout returns the bound of each Redis call: the one set (WithCallTimeout),
 // else one try of rdb's: DialTimeout + WriteTimeout + ReadTimeout, go-redis's
@@ -251,4 +306,63 @@ func (s *Semaphore) lateAcquire(op int, id string, keep bool) func(any) {
 		defer cancel()
 		_, _ = s.run(ctx, semRelease, id, false, false)
 	}
+}
+
+// boundCtx is the context of a direct call (callDirect): its parent's values, and a
+// deadline bound from when it was made, its Done channel closed by a timer then. The
+// parent never ends (its Done is nil). One that was released before its timer fired
+// is kept for the next call (boundCtxs), channel and timer included: a call made this
+// way allocates nothing for its deadline. go-redis keeps no context past the call's
+// return (its background dials use their own).
+type boundCtx struct {
+	context.Context // the parent
+	deadline        time.Time
+	done            chan struct{}
+	timer           *time.Timer
+	fired           atomic.Bool
+}
+
+// boundCtxs holds released boundCtxs whose timers never fired.
+var boundCtxs sync.Pool
+
+// newBoundCtx returns a boundCtx of parent (whose Done is nil) with a deadline bound
+// from now. Release it with release once the call returned.
+func newBoundCtx(parent context.Context, bound time.Duration) *boundCtx {
+	b, ok := boundCtxs.Get().(*boundCtx)
+	if !ok {
+		b = &boundCtx{done: make(chan struct{})}
+		b.timer = time.AfterFunc(time.Hour, b.expire)
+		b.timer.Stop()
+	}
+	b.Context = parent
+	b.deadline = time.Now().Add(bound)
+	b.timer.Reset(bound)
+	return b
+}
+
+// expire ends b at its deadline.
+func (b *boundCtx) expire() {
+	b.fired.Store(true)
+	close(b.done)
+}
+
+// release stops b's timer and reports whether its deadline had passed (its timer
+// fired, or is firing); b must not be used after. One whose timer never fired is kept
+// for reuse.
+func (b *boundCtx) release() (expired bool) {
+	if b.timer.Stop() {
+		b.Context = nil
+		boundCtxs.Put(b)
+		return false
+	}
+	return true // fired: its channel is closed, or about to be; it is not reused
+}
+
+func (b *boundCtx) Deadline() (time.Time, bool) { return b.deadline, true }
+func (b *boundCtx) Done() <-chan struct{}       { return b.done }
+func (b *boundCtx) Err() error {
+	if b.fired.Load() {
+		return context.DeadlineExceeded
+	}
+	return nil
 }

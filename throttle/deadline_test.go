@@ -3,12 +3,15 @@ package throttle
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/lua"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -97,7 +100,10 @@ func TestDeadlineHoldsAgainstHungRedis(t *testing.T) {
 }
 
 // A call whose context has no deadline but is cancelled returns ctx.Err() when it is,
-// even on a client that never times a read out.
+// even on a client that never times a read out, and on one that honours deadlines
+// (whose calls with a context that cannot end go on the caller's goroutine: a
+// cancellable one must not, go-redis does not stop a read when its context is
+// cancelled).
 //
 // Tolerance: it returns within lateBy (250ms) of the cancellation, measured from when
 // cancel ran, not from when its timer was due: the timer's goroutine itself can run
@@ -105,9 +111,15 @@ func TestDeadlineHoldsAgainstHungRedis(t *testing.T) {
 // and that delay is not the call's. The call has never returned before it was
 // cancelled: the hung server never answers.
 func TestCancelHoldsAgainstHungRedis(t *testing.T) {
+	for _, cte := range []bool{false, true} {
+		t.Run(fmt.Sprint("ContextTimeoutEnabled=", cte), func(t *testing.T) { testCancelHoldsAgainstHungRedis(t, cte) })
+	}
+}
+
+func testCancelHoldsAgainstHungRedis(t *testing.T, cte bool) {
 	hung := hungServer(t)
 	const after = 300 * time.Millisecond
-	rdb := redis.NewClient(&redis.Options{Addr: hung.Addr, ReadTimeout: -1})
+	rdb := redis.NewClient(&redis.Options{Addr: hung.Addr, ReadTimeout: -1, ContextTimeoutEnabled: cte})
 	defer rdb.Close()
 	l, err := New(rdb, "hung", PerSecond(10))
 	if err != nil {
@@ -515,4 +527,241 @@ func TestCallTimeoutHoldsForCoalescedCalls(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+}
+
+// BenchmarkAllowContextTimeout is BenchmarkAllow on a client built with
+// ContextTimeoutEnabled, whose calls with a context that never ends go on the caller's
+// goroutine (see evalOnTime); BenchmarkAllow's client keeps a goroutine per call.
+func BenchmarkAllowContextTimeout(b *testing.B) {
+	be := benchBackend(b)
+	o := be.Client.(*redis.Client).Options()
+	rdb := redis.NewClient(&redis.Options{Addr: o.Addr, ReadTimeout: o.ReadTimeout, WriteTimeout: o.WriteTimeout, ContextTimeoutEnabled: true})
+	defer rdb.Close()
+	ctx := context.Background()
+	for _, alg := range allAlgorithms {
+		for _, bl := range benchLimits {
+			b.Run(alg.String()+"/"+bl.path, func(b *testing.B) {
+				l, err := New(rdb, "allowcte-"+bl.path+"-"+alg.String(), bl.limit, WithAlgorithm(alg), WithKeyPrefix(be.Prefix))
+				if err != nil {
+					b.Fatal(err)
+				}
+				granted := 0
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					res, err := l.Allow(ctx)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if res.Allowed {
+						granted++
+					}
+				}
+				b.StopTimer()
+				if bl.path == "allowed" && granted != b.N {
+					b.Fatalf("%d of %d allowed on the allowed path", granted, b.N)
+				}
+				b.ReportMetric(float64(granted)/float64(b.N), "granted/op")
+			})
+		}
+	}
+}
+
+// contextTimeoutClient returns a client of b's server(s) built with
+// ContextTimeoutEnabled (a cluster client for the cluster); it closes with the test.
+func contextTimeoutClient(t *testing.T, b *redistest.Backend) redis.UniversalClient {
+	t.Helper()
+	var rdb redis.UniversalClient
+	switch c := b.Client.(type) {
+	case *redis.Client:
+		o := c.Options()
+		rdb = redis.NewClient(&redis.Options{Addr: o.Addr, ReadTimeout: o.ReadTimeout, WriteTimeout: o.WriteTimeout, ContextTimeoutEnabled: true})
+	case *redis.ClusterClient:
+		o := c.Options()
+		rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: o.Addrs, ReadTimeout: o.ReadTimeout, WriteTimeout: o.WriteTimeout, ContextTimeoutEnabled: true})
+	default:
+		t.Fatalf("client %T", b.Client)
+	}
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
+}
+
+// pathCount counts the calls of a Limiter or Semaphore by the way they went (see
+// evalOnTime): on the caller's goroutine (direct) or through awaitReply's goroutine.
+type pathCount struct{ direct, handed atomic.Int64 }
+
+func (p *pathCount) see(direct bool) {
+	if direct {
+		p.direct.Add(1)
+	} else {
+		p.handed.Add(1)
+	}
+}
+
+// A call goes on its caller's goroutine exactly when its context can never end and the
+// client honours deadlines (a plain Client with ContextTimeoutEnabled): a context that
+// can be cancelled or has a deadline, a client without ContextTimeoutEnabled, a cluster
+// client, a failover client or a ring keeps the goroutine, which returns when the
+// context ends whatever go-redis is waiting for. Each call is counted by the way it
+// went (and is answered: the path changes nothing else).
+func TestCallPath(t *testing.T) {
+	for _, k := range []redistest.Kind{redistest.Mini, redistest.Standalone, redistest.Cluster} {
+		t.Run(string(k), func(t *testing.T) {
+			b := redistest.New(t, k)
+			cte := contextTimeoutClient(t, b)
+			cancelled, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			withDeadline, cancel2 := context.WithTimeout(context.Background(), time.Hour)
+			defer cancel2()
+			for _, c := range []struct {
+				name   string
+				rdb    redis.UniversalClient
+				ctx    context.Context
+				direct bool
+			}{
+				{"ContextTimeoutEnabled/Background", cte, context.Background(), k != redistest.Cluster},
+				{"ContextTimeoutEnabled/WithoutCancel", cte, context.WithoutCancel(cancelled), k != redistest.Cluster},
+				{"ContextTimeoutEnabled/cancellable", cte, cancelled, false},
+				{"ContextTimeoutEnabled/1h deadline", cte, withDeadline, false},
+				{"own client/Background", b.Client, context.Background(), false},
+			} {
+				for _, coalesce := range []bool{true, false} {
+					var seen pathCount
+					l, err := New(c.rdb, "path", PerSecond(1000), WithKeyPrefix(b.Prefix), WithCoalescing(coalesce))
+					if err != nil {
+						t.Fatal(err)
+					}
+					s, err := NewSemaphore(c.rdb, "path", 2, WithKeyPrefix(b.Prefix), WithCoalescing(coalesce))
+					if err != nil {
+						t.Fatal(err)
+					}
+					l.onPath, s.onPath = seen.see, seen.see
+					for _, call := range []string{"Allow", "Wait", "Reserve", "TryAcquire"} {
+						if err := callNamed(c.ctx, call, l, s); err != nil {
+							t.Fatalf("%s/%s: %v", c.name, call, err)
+						}
+					}
+					direct, handed := seen.direct.Load(), seen.handed.Load()
+					if direct+handed < 4 || (c.direct && handed != 0) || (!c.direct && direct != 0) {
+						t.Errorf("%s (coalescing %v): %d calls direct, %d through a goroutine; want all %s",
+							c.name, coalesce, direct, handed, map[bool]string{true: "direct", false: "through a goroutine"}[c.direct])
+					}
+				}
+			}
+		})
+	}
+	for _, c := range []struct {
+		name string
+		rdb  redis.UniversalClient
+		want bool
+	}{
+		{"Client", redis.NewClient(&redis.Options{}), false},
+		{"Client, ContextTimeoutEnabled", redis.NewClient(&redis.Options{ContextTimeoutEnabled: true}), true},
+		{"FailoverClient, ContextTimeoutEnabled", redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "m", ContextTimeoutEnabled: true}), false},
+		{"ClusterClient, ContextTimeoutEnabled", redis.NewClusterClient(&redis.ClusterOptions{ContextTimeoutEnabled: true}), false},
+		{"Ring, ContextTimeoutEnabled", redis.NewRing(&redis.RingOptions{ContextTimeoutEnabled: true}), false},
+	} {
+		if got := honoursDeadlines(c.rdb); got != c.want {
+			t.Errorf("honoursDeadlines(%s) = %v, want %v", c.name, got, c.want)
+		}
+		c.rdb.Close()
+	}
+}
+
+// Why a direct call needs a client that honours deadlines: against a hung Redis, with
+// a call timeout (300ms) below the client's ReadTimeout (1s), a call made on the
+// caller's goroutine by a client without ContextTimeoutEnabled returns only when its
+// read times out, past the bound, although go-redis gets a context with the bound as
+// its deadline; with ContextTimeoutEnabled it returns by the bound, with the error of
+// a call timeout (ErrUnavailable, not context.DeadlineExceeded). Limiters on either
+// client return by the bound (the first through a goroutine, see TestCallPath).
+//
+// Tolerance: a call that should return by the bound does so within lateBy (250ms) of
+// it; the one that should not takes at least the 1s ReadTimeout, which a busy machine
+// only lengthens.
+func TestDirectCallNeedsContextTimeout(t *testing.T) {
+	hung := hungServer(t)
+	const bound, read = 300 * time.Millisecond, time.Second
+	client := func(cte bool) *redis.Client {
+		rdb := redis.NewClient(&redis.Options{Addr: hung.Addr, ReadTimeout: read, WriteTimeout: read, MaxRetries: -1, ContextTimeoutEnabled: cte})
+		t.Cleanup(func() { rdb.Close() })
+		return rdb
+	}
+	c := newCommand(lua.GCRA.Script(), []string{"{direct}:tb", "{direct}:pause"}, []any{opAcquire, 1, int64(0)})
+	var wg sync.WaitGroup
+	for _, cte := range []bool{false, true} {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			start := time.Now()
+			_, err := callDirect(context.Background(), bound, client(cte), nil, c)
+			took := time.Since(start)
+			switch {
+			case !errors.Is(err, ErrUnavailable) && cte:
+				t.Errorf("direct call, ContextTimeoutEnabled: %v, want ErrUnavailable", err)
+			case errors.Is(err, context.DeadlineExceeded):
+				t.Errorf("direct call, ContextTimeoutEnabled %v: %v matches context.DeadlineExceeded; the caller's context has no deadline", cte, err)
+			case cte && (took < bound || took > bound+lateBy):
+				t.Errorf("direct call, ContextTimeoutEnabled: returned after %v, want %v (+ up to %v)", took, bound, lateBy)
+			case !cte && took < read:
+				t.Errorf("direct call without ContextTimeoutEnabled returned after %v: %v; the premise (a read waits its ReadTimeout, %v) is gone", took, err, read)
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			l, err := New(client(cte), "direct", PerSecond(10), WithCallTimeout(bound))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			var seen pathCount
+			l.onPath = seen.see
+			start := time.Now()
+			_, err = l.Allow(context.Background())
+			took := time.Since(start)
+			if !errors.Is(err, ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) || took < bound || took > bound+lateBy {
+				t.Errorf("Allow, ContextTimeoutEnabled %v: %v after %v; want ErrUnavailable after %v (+ up to %v)", cte, err, took, bound, lateBy)
+			}
+			if seen.direct.Load() == 1 != cte {
+				t.Errorf("Allow, ContextTimeoutEnabled %v: %d calls direct, %d through a goroutine", cte, seen.direct.Load(), seen.handed.Load())
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// A direct call runs at most once too: its reply lost after the script ran (the proxy
+// drops the connection), Allow fails with ErrUnavailable and the permit is charged
+// once, for every algorithm (TestLostReplyChargesOnce on a client that honours
+// deadlines, whose calls go on the caller's goroutine).
+func TestDirectCallLostReplyChargesOnce(t *testing.T) {
+	direct, proxy, _ := redistest.NewProxied(t)
+	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true}) // 3 retries
+	defer rdb.Close()
+	ctx := context.Background()
+	for _, alg := range allAlgorithms {
+		l, err := New(rdb, "direct-once"+alg.String(), PerMinute(10), WithAlgorithm(alg), WithKeyPrefix(direct.Prefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var seen pathCount
+		l.onPath = seen.see
+		if err := l.script.Load(ctx, rdb).Err(); err != nil { // so the lost reply is the script's
+			t.Fatal(err)
+		}
+		proxy.DropReplyTo("exec")
+		if _, err := l.Allow(ctx); !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("%v: Allow with its reply lost: %v, want ErrUnavailable", alg, err)
+		}
+		res, err := l.AllowN(ctx, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Remaining != 9 {
+			t.Errorf("%v: %d permits remain after one lost call, want 9 (charged once)", alg, res.Remaining)
+		}
+		if seen.handed.Load() != 0 || seen.direct.Load() != 2 {
+			t.Errorf("%v: %d calls direct, %d through a goroutine; want 2 direct", alg, seen.direct.Load(), seen.handed.Load())
+		}
+	}
 }

@@ -25,8 +25,10 @@ type runner struct {
 	pin        *pin                // keeps the shared state alive while it matters
 	owner      any                 // the shared state pin holds
 
-	callTimeout time.Duration // bounds each call (see evalOnTime, WithCallTimeout)
-	pipes       *pipePool     // the key's pipelines, kept for reuse
+	callTimeout time.Duration     // bounds each call (see evalOnTime, WithCallTimeout)
+	pipes       *pipePool         // the key's pipelines, kept for reuse
+	direct      bool              // rdb honours deadlines: a call that cannot end otherwise runs on its caller's goroutine (see evalOnTime)
+	onPath      func(direct bool) // tests: told which way each call goes (see evalOnTime), or nil
 }
 
 // exec runs script once on keys with args and returns its reply, by ctx's deadline

@@ -119,7 +119,7 @@ type keyState struct {
 // (owner) holds ks; redisError is its RedisError hook.
 func newRunner(rdb redis.UniversalClient, key string, c *config, ks *keyState, owner any, redisError func(string, error)) runner {
 	return runner{rdb: rdb, key: key, clock: c.clock, policy: c.policy, breaker: &ks.breaker, redisError: redisError, pin: &ks.pin, owner: owner,
-		callTimeout: callTimeout(c.callTimeout, rdb), pipes: &ks.pipes}
+		callTimeout: callTimeout(c.callTimeout, rdb), pipes: &ks.pipes, direct: honoursDeadlines(rdb)}
 }
 
 // prepare is the start New and NewSemaphore share once their options are applied to
