@@ -50,18 +50,17 @@ func awaitReply(ctx context.Context, bound time.Duration, rdb redis.UniversalCli
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	// One allocation for what the goroutine shares, one for its channel.
-	p := &pendingReply{done: make(chan struct{}), ctx: ctx, rdb: rdb, ps: ps, c: c, late: late}
-	go p.call()
+	p := newPendingReply(ctx, rdb, ps, c, late)
+	handOver(p)
 	select {
 	case <-p.done:
 	case <-expired:
 		if p.state.CompareAndSwap(0, 2) {
-			return nil, callTimedOut(bound)
+			return nil, callTimedOut(bound) // p is the worker's now
 		}
 		<-p.done // the reply came as the bound passed: use it
 	case <-ctx.Done():
-		if p.state.CompareAndSwap(0, 2) {
+		if p.state.CompareAndSwap(0, 2) { // p is the worker's now
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 				return nil, noReply(ctx, nil)
 			}
@@ -70,6 +69,7 @@ func awaitReply(ctx context.Context, bound time.Duration, rdb redis.UniversalCli
 		<-p.done // the reply came as the context ended: use it
 	}
 	val, err := p.val, p.err
+	p.free()
 	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) && !isServerError(err) {
 		return nil, noReply(ctx, err)
 	}
@@ -77,12 +77,13 @@ func awaitReply(ctx context.Context, bound time.Duration, rdb redis.UniversalCli
 }
 
 // pendingReply is a call made in the background and its reply on its way to the
-// caller who waits for it.
+// caller who waits for it. Whoever is last to use it (the caller who got the reply,
+// or the worker whose caller left) keeps it for the next call (pendingReplies).
 type pendingReply struct {
 	state atomic.Int32 // 0: the caller waits; 1: the reply was handed over; 2: the caller left
 	val   any
 	err   error
-	done  chan struct{} // closed when the reply was handed over
+	done  chan struct{} // gets one value when the reply was handed over (buffered: kept for reuse)
 
 	ctx  context.Context
 	rdb  redis.UniversalClient
@@ -91,16 +92,74 @@ type pendingReply struct {
 	late func(any) // gets a reply that came after the caller left, or nil
 }
 
+// pendingReplies holds pendingReplies for reuse: one with its channel costs two
+// allocations.
+var pendingReplies sync.Pool
+
+// newPendingReply returns a pendingReply for the call c (see awaitReply).
+func newPendingReply(ctx context.Context, rdb redis.UniversalClient, ps *pipePool, c command, late func(any)) *pendingReply {
+	p, ok := pendingReplies.Get().(*pendingReply)
+	if !ok {
+		p = &pendingReply{done: make(chan struct{}, 1)}
+	}
+	p.ctx, p.rdb, p.ps, p.c, p.late = ctx, rdb, ps, c, late
+	return p
+}
+
+// free clears p, which nobody uses any more, and keeps it for reuse. Its channel is
+// empty: its one value, if sent, was received.
+func (p *pendingReply) free() {
+	*p = pendingReply{done: p.done}
+	pendingReplies.Put(p)
+}
+
 // call makes the call and hands its reply to the caller, or to late if the caller left.
 func (p *pendingReply) call() {
 	v, e := p.c.once(p.ctx, p.rdb, p.ps)
 	if p.state.CompareAndSwap(0, 1) {
 		p.val, p.err = v, e
-		close(p.done)
+		p.done <- struct{}{} // the caller frees p
 		return
 	}
 	if e == nil && p.late != nil { // the caller left without it
 		p.late(v)
+	}
+	p.free()
+}
+
+// Calls handed over (awaitReply) run on call workers: goroutines that, once a call is
+// done, wait up to workerIdle for the next one (on calls) before they end. A new
+// goroutine per call would start on a small stack and grow it on each call (go-redis's
+// call path is deep): that copy, the goroutine's start and its end were a sixth of a
+// lone Allow's CPU. A worker is handed a call only while it waits for one, so a call
+// never waits for another's; when none waits, a new one starts.
+var calls = make(chan *pendingReply)
+
+// workerIdle is how long a call worker waits for its next call before it ends. Short:
+// a process whose calls stop is left with no worker within a second or so.
+const workerIdle = time.Second
+
+// handOver runs p.call on a call worker: one waiting for a call, else a new one.
+func handOver(p *pendingReply) {
+	select {
+	case calls <- p:
+	default:
+		go callWorker(p)
+	}
+}
+
+// callWorker runs p.call, then each call it is handed while it waits for one, until
+// none comes within workerIdle.
+func callWorker(p *pendingReply) {
+	idle := time.NewTimer(workerIdle)
+	for {
+		p.call()
+		idle.Reset(workerIdle)
+		select {
+		case p = <-calls:
+		case <-idle.C:
+			return
+		}
 	}
 }
 
