@@ -220,11 +220,15 @@ func isServerError(err error) bool {
 // after its caller left.
 //
 // A call whose context can never end (ctx.Done() is nil: Background, TODO, WithoutCancel)
-// on a client that honours deadlines (r.direct, see honoursDeadlines) runs on the
-// caller's goroutine (callDirect): go-redis itself then returns by the call timeout,
-// and no goroutine is handed the call. Any other goes through awaitReply.
+// on a client that honours deadlines (r.direct, see honoursDeadlines), and that has
+// nothing to give back should its reply come after the bound (late nil: an Allow, a
+// cancel, a Pause; not a booking ahead or a semaphore acquire), runs on the caller's
+// goroutine (callDirect): go-redis itself then returns by the call timeout, and no
+// goroutine is handed the call. Any other goes through awaitReply, whose goroutine
+// still reads a reply that comes after the bound (on a client without a read timeout
+// shorter than it) and gives back what it granted.
 func (r *runner) evalOnTime(ctx context.Context, c command, late func(any)) (any, error) {
-	if r.direct && ctx.Done() == nil {
+	if r.direct && ctx.Done() == nil && late == nil {
 		if r.onPath != nil {
 			r.onPath(true)
 		}
@@ -328,10 +332,15 @@ func (l *Limiter) lateReply(op, n int) func(any) {
 	}
 }
 
-// lateFor is lateReply for a call with ARGV args ({op, n, ...}).
+// lateFor is lateReply for a call with ARGV args ({op, n, waitOrToken, ...}). An
+// acquire whose longest wait is 0 (Allow, AllowN) cannot book ahead: what it grants
+// takes effect at once, so it has nothing to give back (nil).
 func (l *Limiter) lateFor(_ context.Context, args []any) func(any) {
 	op, _ := args[0].(int)
 	n, _ := args[1].(int)
+	if x, _ := args[2].(int64); op == opAcquire && x == 0 {
+		return nil
+	}
 	if op == opAcquire && n == 1 {
 		return l.late1
 	}

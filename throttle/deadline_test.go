@@ -598,12 +598,14 @@ func (p *pathCount) see(direct bool) {
 	}
 }
 
-// A call goes on its caller's goroutine exactly when its context can never end and the
-// client honours deadlines (a plain Client with ContextTimeoutEnabled): a context that
-// can be cancelled or has a deadline, a client without ContextTimeoutEnabled, a cluster
+// A call goes on its caller's goroutine exactly when its context can never end, the
+// client honours deadlines (a plain Client with ContextTimeoutEnabled) and the call has
+// nothing to give back should its reply come late (Allow, Pause): a context that can
+// be cancelled or has a deadline, a client without ContextTimeoutEnabled, a cluster
 // client, a failover client or a ring keeps the goroutine, which returns when the
-// context ends whatever go-redis is waiting for. Each call is counted by the way it
-// went (and is answered: the path changes nothing else).
+// context ends whatever go-redis is waiting for, and so do a booking (Wait, Reserve)
+// and a semaphore acquire, whose late reply the goroutine reads and gives back. Each
+// call is counted by the way it went (and is answered: the path changes nothing else).
 func TestCallPath(t *testing.T) {
 	for _, k := range []redistest.Kind{redistest.Mini, redistest.Standalone, redistest.Cluster} {
 		t.Run(string(k), func(t *testing.T) {
@@ -627,24 +629,32 @@ func TestCallPath(t *testing.T) {
 			} {
 				for _, coalesce := range []bool{true, false} {
 					var seen pathCount
-					l, err := New(c.rdb, "path", PerSecond(1000), WithKeyPrefix(b.Prefix), WithCoalescing(coalesce))
+					key := fmt.Sprint("path-", c.name, coalesce) // a key of its own: the pause below holds its key a while
+					l, err := New(c.rdb, key, PerSecond(1000), WithKeyPrefix(b.Prefix), WithCoalescing(coalesce))
 					if err != nil {
 						t.Fatal(err)
 					}
-					s, err := NewSemaphore(c.rdb, "path", 2, WithKeyPrefix(b.Prefix), WithCoalescing(coalesce))
+					s, err := NewSemaphore(c.rdb, key, 2, WithKeyPrefix(b.Prefix), WithCoalescing(coalesce))
 					if err != nil {
 						t.Fatal(err)
 					}
 					l.onPath, s.onPath = seen.see, seen.see
-					for _, call := range []string{"Allow", "Wait", "Reserve", "TryAcquire"} {
-						if err := callNamed(c.ctx, call, l, s); err != nil {
+					for _, call := range []string{"Allow", "Wait", "Reserve", "TryAcquire", "Pause"} {
+						seen.direct.Store(0)
+						seen.handed.Store(0)
+						err := callNamed(c.ctx, call, l, s)
+						if call == "Pause" && err == nil {
+							err = l.Resume(c.ctx)
+						}
+						if err != nil {
 							t.Fatalf("%s/%s: %v", c.name, call, err)
 						}
-					}
-					direct, handed := seen.direct.Load(), seen.handed.Load()
-					if direct+handed < 4 || (c.direct && handed != 0) || (!c.direct && direct != 0) {
-						t.Errorf("%s (coalescing %v): %d calls direct, %d through a goroutine; want all %s",
-							c.name, coalesce, direct, handed, map[bool]string{true: "direct", false: "through a goroutine"}[c.direct])
+						want := c.direct && (call == "Allow" || call == "Pause")
+						direct, handed := seen.direct.Load(), seen.handed.Load()
+						if direct+handed == 0 || (want && handed != 0) || (!want && direct != 0) {
+							t.Errorf("%s/%s (coalescing %v): %d calls direct, %d through a goroutine; want all %s",
+								c.name, call, coalesce, direct, handed, map[bool]string{true: "direct", false: "through a goroutine"}[want])
+						}
 					}
 				}
 			}

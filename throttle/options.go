@@ -181,14 +181,16 @@ func WithLeaseTTL(d time.Duration) SemaphoreOption {
 //
 // How the bound is kept: a call whose context can never end (its Done is nil:
 // context.Background, TODO, WithoutCancel) on a plain go-redis Client built with
-// ContextTimeoutEnabled runs on the caller's goroutine, under a context whose
-// deadline is the bound: such a client ends every wait (for a pooled connection, a
-// dial, a retry's backoff, each read and write) by the context's deadline. Any other
-// call (a context that can be cancelled or has a deadline, a client without
-// ContextTimeoutEnabled, whose reads wait their ReadTimeout whatever the context, a
-// ClusterClient, FailoverClient or Ring) is handed to a goroutine of its own while
-// the caller waits for its reply, the bound and the context, which costs a lone call
-// some CPU and latency.
+// ContextTimeoutEnabled, and that grants nothing to give back (Allow and AllowN,
+// whose grants take effect at once; Pause; a cancel), runs on the caller's goroutine
+// under a context whose deadline is the bound: such a client ends every wait (for a
+// pooled connection, a dial, a retry's backoff, each read and write) by the
+// context's deadline. Any other call (a context that can be cancelled or has a
+// deadline, a client without ContextTimeoutEnabled, whose reads wait their
+// ReadTimeout whatever the context, a ClusterClient, FailoverClient or Ring, a
+// booking ahead or a semaphore acquire) is handed to a goroutine while the caller
+// waits for its reply, the bound and the context, which costs a lone call some CPU
+// and latency.
 func WithCallTimeout(d time.Duration) CommonOption {
 	return commonOption(func(c *config) {
 		if c.check(d > 0, "%w: call timeout %v, want > 0", ErrInvalidArgument, d) {

@@ -69,6 +69,9 @@ func throughputCases(ctx context.Context, rdb *redis.Client) ([]tcase, error) {
 	o := *rdb.Options()
 	o.MaxRetries = -1
 	noRetry := redis.NewClient(&o) // lives as long as the run
+	o = *rdb.Options()
+	o.ContextTimeoutEnabled = true
+	ctxTimeout := redis.NewClient(&o) // lives as long as the run
 	if err := noopScript.Load(ctx, rdb).Err(); err != nil {
 		return nil, err
 	}
@@ -143,6 +146,15 @@ func throughputCases(ctx context.Context, rdb *redis.Client) ([]tcase, error) {
 				return nil, err
 			}
 			cases = append(cases, tcase{s.name + ", client MaxRetries -1", path, s.allow, resetter(rdb, s.keys, nil)})
+		}
+		// a client that honours deadlines: a lone call with a context that cannot end goes
+		// on its caller's goroutine (throttle.WithCallTimeout)
+		for _, a := range algorithms {
+			s, _, err := jobthrottleSubjectOpt(ctxTimeout, a, key+"-"+a.String()+"-ctxtimeout", throttle.Limit{Rate: rate, Period: period}, true)
+			if err != nil {
+				return nil, err
+			}
+			cases = append(cases, tcase{s.name + ", client ContextTimeoutEnabled", path, s.allow, resetter(rdb, s.keys, nil)})
 		}
 		for _, a := range algorithms {
 			cases = append(cases, scriptCase(rdb, a, key+"-"+a.String()+"-script", rate, period, path))
