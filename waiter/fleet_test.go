@@ -393,9 +393,9 @@ func TestTransportFleetRateLimitHeaders(t *testing.T) {
 			} else {
 				status = http.StatusTooManyRequests
 			}
-			left := quota - used
+			left, win := quota-used, window
 			mu.Unlock()
-			reset := int(math.Ceil(time.Unix(window+1, 0).Sub(now).Seconds()))
+			reset := int(math.Ceil(time.Unix(win+1, 0).Sub(now).Seconds()))
 			w.Header().Set("RateLimit-Policy", fmt.Sprintf(`"default";q=%d;w=1`, quota))
 			w.Header().Set("RateLimit", fmt.Sprintf(`"default";r=%d;t=%d`, left, reset))
 			if status != http.StatusOK {
