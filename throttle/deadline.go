@@ -31,8 +31,9 @@ var errNoReply = errors.New("no reply")
 //
 // The call goes on in the background; if it then brings a reply, late is given it
 // (late may be nil), so that a grant its caller never saw can be given back. A call
-// that may return early costs a goroutine (and a timer, kept for reuse); one whose
-// context never ends and has no bound calls directly.
+// that may return early runs on a call worker (see handOver) while the caller waits,
+// with a timer kept for reuse; one whose context never ends and has no bound calls
+// directly (and see evalOnTime: so does one that go-redis itself bounds).
 //
 // A call that fails on its own, once ctx's deadline has passed, also reports
 // ErrUnavailable unless Redis answered with an error of its own, so a client that
