@@ -9,6 +9,10 @@
 //	go run ./cmd/luaexec                        # starts its own redis-server
 //	go run ./cmd/luaexec -addr 127.0.0.1:6379 -rounds 20
 //	go run ./cmd/luaexec -only TokenBucket,redis_rate   # the no-op and the cases named so
+//
+// To compare two versions of the scripts in one run (interleaved, same server), dump
+// one version's texts with -dump DIR (from that version's checkout) and pass -base DIR
+// to the other: every jobthrottle case then runs twice, "base" with DIR's text.
 package main
 
 import (
@@ -16,6 +20,8 @@ import (
 	"flag"
 	"fmt"
 	"log"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -39,7 +45,7 @@ func fixed(args ...any) func(int) []any { return func(int) []any { return args }
 
 // jobthrottleCases: one limit per second, never reached (allowed) or always exceeded
 // (denied); the limit of 1e9 per 10 ms makes one entry of the log expire on every call.
-func jobthrottleCases() []xcase {
+func jobthrottleCases(base map[lua.Name]string) []xcase {
 	const never, often = 1000000000, 100
 	cs := []struct {
 		name   string
@@ -59,6 +65,25 @@ func jobthrottleCases() []xcase {
 		{"jobthrottle TokenBucket denied", lua.GCRA.Script(), "tb", []any{0, 1, 0, 1, often, 1000000, often}},
 		{"jobthrottle FixedWindow allowed", lua.FixedWindow.Script(), "fw", []any{0, 1, 0, 1, never, 1000000}},
 		{"jobthrottle FixedWindow denied", lua.FixedWindow.Script(), "fw", []any{0, 1, 0, 1, often, 1000000}},
+	}
+	if len(base) > 0 { // each case twice: base's text, then this one's
+		var two []struct {
+			name   string
+			script *redis.Script
+			suffix string
+			args   []any
+		}
+		for _, c := range cs {
+			for n, src := range base {
+				if c.script.Hash() == n.Script().Hash() {
+					b := c
+					b.name, b.script = "base "+c.name, redis.NewScript(src)
+					two = append(two, b)
+				}
+			}
+			two = append(two, c)
+		}
+		cs = two
 	}
 	var out []xcase
 	for i, c := range cs {
@@ -81,6 +106,9 @@ func jobthrottleCases() []xcase {
 	}
 	return out
 }
+
+// limiterNames names the limiter scripts' files for -dump and -base.
+var limiterNames = map[lua.Name]string{lua.SlidingWindow: "SlidingWindow", lua.SlidingCounter: "SlidingCounter", lua.GCRA: "GCRA", lua.FixedWindow: "FixedWindow"}
 
 // batchSize is the number of requests in the batch cases.
 const batchSize = 64
@@ -150,8 +178,28 @@ func main() {
 	rounds := flag.Int("rounds", 20, "rounds per case")
 	calls := flag.Int("calls", 2000, "calls per case per round")
 	only := flag.String("only", "", "run only the cases whose name contains one of these comma-separated texts (and the no-op)")
+	dump := flag.String("dump", "", "write the limiter scripts' texts to this directory (for another version's -base) and exit")
+	baseDir := flag.String("base", "", "a directory -dump wrote: run each jobthrottle case with its text too, as \"base ...\"")
 	flag.Parse()
 	log.SetFlags(0)
+	if *dump != "" {
+		for n, name := range limiterNames {
+			if err := os.WriteFile(filepath.Join(*dump, name+".lua"), []byte(n.Source()), 0o644); err != nil {
+				log.Fatal(err)
+			}
+		}
+		return
+	}
+	base := map[lua.Name]string{}
+	if *baseDir != "" {
+		for n, name := range limiterNames {
+			b, err := os.ReadFile(filepath.Join(*baseDir, name+".lua"))
+			if err != nil {
+				log.Fatal(err)
+			}
+			base[n] = string(b)
+		}
+	}
 	if *addr == "" {
 		s, err := redistest.StartServer()
 		if err != nil {
@@ -168,7 +216,12 @@ func main() {
 			log.Fatal(err)
 		}
 	}
-	cs := jobthrottleCases()
+	for _, src := range base {
+		if err := redis.NewScript(src).Load(ctx, rdb).Err(); err != nil {
+			log.Fatal(err)
+		}
+	}
+	cs := jobthrottleCases(base)
 	peers, err := peerCases(ctx, rdb)
 	if err != nil {
 		log.Fatal(err)
