@@ -27,24 +27,28 @@ do
   if jf_k and P and prec <= 35184372088832 and R <= 1000000000 and P <= 35184372088832
     and jf_nmax <= R and redis.call('EXISTS', K[2]) == 0 then
     head = redis.pcall('LRANGE', key, '0', '8')
-    local s = not head.err and ',' .. table.concat(head, ',')
-    if not s or not string.find(s, '^[0-9,]*$') or string.find(s, ',0%d') then -- leading 0: see fast.lua
-      head = nil
+    if head.err then head = nil end
+  end
+  local len = head and #head
+  if len == 9 then -- the last entry, as elements 10 and 11 of head, checked with it
+    local last = redis.call('LRANGE', key, '-2', '-1')
+    head[10], head[11] = last[1], last[2]
+  end
+  -- every element plain digits, at most 17, no leading 0 (see fast.lua); after the base
+  -- no element is 0 either (every time and count is >= 1), so a plain ',0' is the check
+  -- for all of them. Anchored or plain, each find is one pass in C: an unanchored
+  -- pattern would cost a match per character.
+  if len and len > 0 then
+    local s = table.concat(head, ',')
+    if not string.find(s, '^[%d,]*$') or string.find(s, ',0', 1, true) or string.find(s, '^0%d') then
+      len = nil
     else
       for i = 1, #head do
-        if #head[i] > 17 or head[i] == '' then head = nil break end
+        if #head[i] > 17 or head[i] == '' then len = nil break end
       end
     end
   end
-  local len = head and #head
-  local last -- the last entry, when the head does not hold it
-  if len == 9 then
-    last = redis.call('LRANGE', key, '-2', '-1')
-    local s = last[1] .. ',' .. last[2]
-    if not string.find(s, '^%d+,%d+$') or string.find(',' .. s, ',0%d') or #last[1] > 17 or #last[2] > 17 then
-      len = nil
-    end
-  elseif len and len > 0 and len % 2 == 0 or len == 1 then
+  if len and len > 0 and len % 2 == 0 or len == 1 then
     len = nil -- JTSTATE, or a log of no entries: the full script's
   elseif len == 0 and #K >= 3 and redis.call('EXISTS', unpack(K, 3)) ~= 0 then
     len = nil -- another algorithm's state: JTALG
@@ -66,9 +70,113 @@ do
         hE = (len - 1) / 2
         E, E0, Tlast, Pn = hE, hE, head[len - 1] + 0, head[len] + 0
       else
-        hE, E, E0, Tlast, Pn = 4, nil, nil, last[1] + 0, last[2] + 0
+        hE, E, E0, Tlast, Pn = 4, nil, nil, head[10] + 0, head[11] + 0
       end
     end
+    -- A single call whose lookups all fall in the head (the usual one) is decided
+    -- here straight through, making no function (the helpers below capture a dozen
+    -- upvalues each, which costs more than this whole decision). It is the loop below
+    -- for one request, with its lookups written out: at_or_before(h) in the list as
+    -- read (c), lg_first_count_at_least(q) by the head. Anything else (a lookup past
+    -- the head) runs on into the loop below, which decides every case: nothing has
+    -- been written. Its locals shadow the log's, which the loop starts from.
+    if o == 0 then
+      local base, Pn, E, Tlast = base, Pn, E, Tlast
+      local n, x, h = jf_nmax, A[3] + 0, now - P
+      local T1 = E ~= 0 and head[2] + 0 -- E ~= 0: the head holds entry 1
+      local c -- at_or_before(h) in the list as read; false: past the head
+      if E == 0 or T1 > h then
+        c = 0
+      elseif Tlast <= h then
+        c = E or false
+      else
+        c = false
+        for j = 1, hE - 1 do
+          if head[2 * j + 2] + 0 > h then c = j break end
+        end
+      end
+      local tt, ok = now, true
+      if E ~= 0 and Tlast - prec > tt then tt = Tlast - prec end
+      local q = Pn + n - R -- this permit must have left the window
+      if q > base then
+        local e = 1
+        while e <= hE and head[2 * e + 1] + 0 < q do e = e + 1 end
+        if e > hE then
+          ok = false
+        elseif head[2 * e] + P > tt then
+          tt = head[2 * e] + P
+        end
+      end
+      local wait = tt - now
+      local granted = ok and wait <= x
+      local inw, cut, unlinked, lastS, rt -- inw: the count S at the window's start
+      if granted then
+        rt = tt
+        if prec > 0 then rt = (floor(tt / prec) + 1) * prec end
+        if E ~= 0 and rt < Tlast then rt = Tlast end
+        if E == 0 or T1 > h then
+          inw = base -- nothing has left the window
+        elseif Tlast <= h then -- all of it has: the log starts anew
+          unlinked, E, base, Pn, Tlast, inw = true, 0, 0, 0, nil, 0
+        elseif not c then
+          ok = false
+        elseif c >= 2 then -- trimmed: entry c + 1, in the head, is the first left
+          base, cut = head[2 * c + 1] + 0, c
+          if E then E = E - c end
+          inw = base
+        else
+          inw = head[3] + 0 -- c == 1: entry 2, in the head, took effect after h
+        end
+        Pn = Pn + n
+        if E ~= 0 and rt == Tlast then
+          lastS = Pn -- merged into the last entry
+        elseif E then
+          E = E + 1
+        end
+        Tlast = rt
+      else
+        tt = 0
+        if c == 0 then
+          inw = base
+        elseif c and c <= hE then
+          inw = head[2 * c + 1] + 0
+        end
+      end
+      local remaining = R -- log.lua's lg_remaining
+      if E ~= 0 then
+        if Tlast - prec > now then
+          remaining = 0
+        elseif inw then
+          remaining = math.min(R, R - (Pn - inw))
+          if remaining < 0 then remaining = 0 end
+        else
+          ok = false
+        end
+      end
+      if ok then
+        local reset = 0
+        if E ~= 0 and Tlast + P > now then reset = Tlast + P - now end
+        if not granted then
+          return {0, remaining, wait, reset, 0}
+        end
+        if unlinked then
+          redis.call('UNLINK', key)
+        elseif cut then
+          redis.call('LTRIM', key, string.format('%d', 2 * cut), '-1')
+        end
+        if lastS then
+          redis.call('LSET', key, '-1', string.format('%d', lastS))
+        elseif unlinked or len == 0 then
+          redis.call('RPUSH', key, '0', string.format('%d', rt), string.format('%d', Pn))
+        else
+          redis.call('RPUSH', key, string.format('%d', rt), string.format('%d', Pn))
+        end
+        local ttl = Tlast + P - now
+        redis.call('PEXPIRE', key, string.format('%d', ttl > 1000 and -floor(-ttl / 1000) or 1))
+        return {1, remaining, wait, reset, tt}
+      end
+    end
+
     -- leave: something unusual was read; the call goes on to the full script, which
     -- decides it (nothing is written before the loop ends). Once it is set, T and S
     -- answer at once with a harmless number, and the loop stops after the request.
