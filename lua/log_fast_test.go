@@ -41,7 +41,22 @@ func TestLogBatchFastPath(t *testing.T) {
 		for i, a := range logAlgos {
 			t.Run(a.suffix, func(t *testing.T) {
 				rng := rand.New(rand.NewPCG(uint64(i), 19))
-				logBatchVsFull(t, b, a, 150, func(n int) int { return rng.IntN(n) })
+				logBatchVsFull(t, b, a, 150, false, func(n int) int { return rng.IntN(n) })
+			})
+		}
+	})
+}
+
+// A single call is decided straight through (no helper made) when its lookups fall in
+// the log's head, by the loop otherwise: TestLogBatchFastPath with mostly single
+// calls, so that the straight path meets logs of every shape (entries expiring from
+// the head one, two or more at a time, all of them, none; logs past the head).
+func TestLogSingleFastPath(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		for i, a := range logAlgos {
+			t.Run(a.suffix, func(t *testing.T) {
+				rng := rand.New(rand.NewPCG(uint64(i), 23))
+				logBatchVsFull(t, b, a, 400, true, func(n int) int { return rng.IntN(n) })
 			})
 		}
 	})
@@ -54,7 +69,7 @@ func FuzzLogBatch(f *testing.F) {
 	f.Fuzz(func(t *testing.T, which uint8, data []byte) {
 		b := redistest.NewMini(t)
 		a := logAlgos[int(which)%len(logAlgos)]
-		logBatchVsFull(t, b, a, 1+len(data)/8, picker(data))
+		logBatchVsFull(t, b, a, 1+len(data)/8, false, picker(data))
 	})
 }
 
@@ -62,7 +77,9 @@ func FuzzLogBatch(f *testing.F) {
 // script.
 const errNotFast = "JTNOTFAST"
 
-func logBatchVsFull(t *testing.T, b *redistest.Backend, a logAlgo, steps int, pick func(n int) int) {
+// logBatchVsFull runs steps random calls, one in 6 a single call and the others
+// batches, or the other way round (singles).
+func logBatchVsFull(t *testing.T, b *redistest.Backend, a logAlgo, steps int, singles bool, pick func(n int) int) {
 	t.Helper()
 	ctx := context.Background()
 	fastOnly := fast[a.name] + "\nreturn redis.error_reply('" + errNotFast + "')\n"
@@ -136,7 +153,7 @@ func logBatchVsFull(t *testing.T, b *redistest.Backend, a logAlgo, steps int, pi
 		}
 		var args []any
 		k := 0
-		if pick(6) == 0 {
+		if (pick(6) == 0) != singles {
 			args = append(request(), tail...)
 		} else {
 			k = 1 + pick(64)
