@@ -25,7 +25,7 @@ do
     if k and #A[2] <= 4 and k >= 1 and k <= 1000 and nA > 2 + 3 * k then
       -- digits and commas (anchored: one pass in C), no leading 0
       local s = ',' .. table.concat(A, ',', 2, 2 + 3 * k)
-      if find(s, '^[%d,]*$') and not find(s, ',0%d') then
+      if find(s, '^[0-9,]*$') and not find(s, ',0%d') then
         jf_k, jf_o = k, 2
       end
     end

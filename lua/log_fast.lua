@@ -36,15 +36,16 @@ do
   end
   -- every element plain digits, at most 17, no leading 0 (see fast.lua); after the base
   -- no element is 0 either (every time and count is >= 1), so a plain ',0' is the check
-  -- for all of them. Anchored or plain, each find is one pass in C: an unanchored
-  -- pattern would cost a match per character.
+  -- for all of them. Anchored or plain, each find is one pass in C (an unanchored
+  -- pattern costs a match per character; a range, 0-9, is cheaper than %d).
   if len and len > 0 then
     local s = table.concat(head, ',')
-    if not string.find(s, '^[%d,]*$') or string.find(s, ',0', 1, true) or string.find(s, '^0%d') then
+    if not string.find(s, '^[0-9,]*$') or string.find(s, ',0', 1, true) or string.find(s, '^0%d') then
       len = nil
     else
       for i = 1, #head do
-        if #head[i] > 17 or head[i] == '' then len = nil break end
+        local e = head[i]
+        if #e > 17 or e == '' then len = nil break end
       end
     end
   end

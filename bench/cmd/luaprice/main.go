@@ -45,6 +45,31 @@ var cases = []struct{ name, src string }{
 	{"LRANGE 0 8 + concat + 2 find", "local h = redis.call('LRANGE', KEYS[1], '0', '8') local s = ',' .. table.concat(h, ',') if not string.find(s, '^[0-9,]*$') or string.find(s, ',0%d') then return 0 end return 1"},
 	{"3 closures", "local a = 1 local function f() return a end local function g() return a end local function h() return a end return 1"},
 	{"arg check as fast.lua (single)", fastSingle},
+	{"log reads, no check", "local h = redis.call('LRANGE', KEYS[1], '0', '8') local l = redis.call('LRANGE', KEYS[1], '-2', '-1') h[10], h[11] = l[1], l[2] return 1"},
+	{"log reads + check as log_fast.lua", "local h = redis.call('LRANGE', KEYS[1], '0', '8') local l = redis.call('LRANGE', KEYS[1], '-2', '-1') h[10], h[11] = l[1], l[2] " +
+		"local s = table.concat(h, ',') if not string.find(s, '^[%d,]*$') or string.find(s, ',0', 1, true) or string.find(s, '^0%d') then return 0 end for i = 1, #h do if #h[i] > 17 or h[i] == '' then return 0 end end return 1"},
+	{"log reads + concat only", "local h = redis.call('LRANGE', KEYS[1], '0', '8') local l = redis.call('LRANGE', KEYS[1], '-2', '-1') h[10], h[11] = l[1], l[2] " +
+		"local s = table.concat(h, ',') return 1"},
+	{"log reads + loop only", "local h = redis.call('LRANGE', KEYS[1], '0', '8') local l = redis.call('LRANGE', KEYS[1], '-2', '-1') h[10], h[11] = l[1], l[2] " +
+		"for i = 1, #h do if #h[i] > 17 or h[i] == '' then return 0 end end return 1"},
+	{"log reads + 11 anchored finds", "local h = redis.call('LRANGE', KEYS[1], '0', '8') local l = redis.call('LRANGE', KEYS[1], '-2', '-1') h[10], h[11] = l[1], l[2] " +
+		"local find = string.find for i = 2, #h do local e = h[i] if #e > 17 or not find(e, '^[1-9]%d*$') then return 0 end end return 1"},
+	{"log reads + concat + [%d,] find", "local h = redis.call('LRANGE', KEYS[1], '0', '8') local l = redis.call('LRANGE', KEYS[1], '-2', '-1') h[10], h[11] = l[1], l[2] " +
+		"local s = table.concat(h, ',') if not string.find(s, '^[%d,]*$') then return 0 end return 1"},
+	{"log reads + concat + [,-9] find", "local h = redis.call('LRANGE', KEYS[1], '0', '8') local l = redis.call('LRANGE', KEYS[1], '-2', '-1') h[10], h[11] = l[1], l[2] " +
+		"local s = table.concat(h, ',') if not string.find(s, '^[,-9]*$') then return 0 end return 1"},
+	{"log reads + concat '' + %d find", "local h = redis.call('LRANGE', KEYS[1], '0', '8') local l = redis.call('LRANGE', KEYS[1], '-2', '-1') h[10], h[11] = l[1], l[2] " +
+		"local s = table.concat(h) if not string.find(s, '^%d*$') then return 0 end return 1"},
+	{"log reads + concat + 3 plain finds", "local h = redis.call('LRANGE', KEYS[1], '0', '8') local l = redis.call('LRANGE', KEYS[1], '-2', '-1') h[10], h[11] = l[1], l[2] " +
+		"local s = table.concat(h, ',') if string.find(s, ',0', 1, true) or string.find(s, '-', 1, true) or string.find(s, '.', 1, true) then return 0 end return 1"},
+	{"log reads + check v2", "local h = redis.call('LRANGE', KEYS[1], '0', '8') local l = redis.call('LRANGE', KEYS[1], '-2', '-1') h[10], h[11] = l[1], l[2] " +
+		"local s = table.concat(h, ',') if not string.find(s, '^[0-9,]*$') or string.find(s, ',0', 1, true) or string.find(s, '^0%d') then return 0 end for i = 1, #h do local e = h[i] if #e > 17 or e == '' then return 0 end end return 1"},
+	{"format %x:%x:%x + %d", "local a = string.format('%x:%x:%x', 1764067000000000, 123456, 1000) local b = string.format('%d', 100000) return 1"},
+	{"SET PX of a formatted state", "redis.call('SET', KEYS[3], string.format('%x:%x:%x', 1764067000000000, 123456, 1000), 'PX', string.format('%d', 100000)) return 1"},
+	{"SET PX of a state, new each call", "local t = redis.call('TIME') redis.call('SET', KEYS[3], string.format('%x:%x:%x', t[1] * 1000000 + t[2], 123456, 1000), 'PX', string.format('%d', 100000)) return 1"},
+	{"TIME + SET PX of a fixed state", "local t = redis.call('TIME') redis.call('SET', KEYS[3], '123 456', 'PX', '100000') return 1"},
+	{"SET PX of a fixed state (no TIME)", "redis.call('SET', KEYS[3], '123 456', 'PX', '100000') return 1"},
+	{"MGET + TIME + SET PX", "local s = redis.call('MGET', KEYS[3], KEYS[2]) local t = redis.call('TIME') redis.call('SET', KEYS[3], '123 456', 'PX', '100000') return 1"},
 }
 
 const fastSingle = `local A = ARGV local find = string.find
