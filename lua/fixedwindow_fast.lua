@@ -17,7 +17,10 @@ do
     local L, c -- when the latest grant takes effect, the permits of its window
     if v then
       local a, b = string.match(v, '^([0-9]+) ([0-9]+)$')
-      if a and #a <= 17 and #b <= 17 and not string.find(v, '^0%d') and not string.find(v, ' 0%d') then -- leading 0: see fast.lua
+      -- no leading 0 (see fast.lua); neither field is 0 in a state a grant wrote (its
+      -- time and count are >= 1), so plain finds do (an unanchored pattern would cost a
+      -- match per character)
+      if a and #a <= 17 and #b <= 17 and string.byte(v) ~= 48 and not string.find(v, ' 0', 1, true) then
         L, c = a + 0, b + 0
       end
     else

@@ -64,6 +64,8 @@ var cases = []struct{ name, src string }{
 		"local s = table.concat(h, ',') if string.find(s, ',0', 1, true) or string.find(s, '-', 1, true) or string.find(s, '.', 1, true) then return 0 end return 1"},
 	{"log reads + check v2", "local h = redis.call('LRANGE', KEYS[1], '0', '8') local l = redis.call('LRANGE', KEYS[1], '-2', '-1') h[10], h[11] = l[1], l[2] " +
 		"local s = table.concat(h, ',') if not string.find(s, '^[0-9,]*$') or string.find(s, ',0', 1, true) or string.find(s, '^0%d') then return 0 end for i = 1, #h do local e = h[i] if #e > 17 or e == '' then return 0 end end return 1"},
+	{"args: concat + %d pattern", "local A = ARGV local s = table.concat(A, ',', 2) if string.find(s, #A == 6 and '^[1-9]%d*,%d+,1,[1-9]%d*,[1-9]%d*$' or '^[1-9]%d*,%d+,1,[1-9]%d*,[1-9]%d*,[1-9]%d*$') then return 1 end return 0"},
+	{"args: concat + [0-9] pattern", "local A = ARGV local s = table.concat(A, ',', 2) if string.find(s, #A == 6 and '^[1-9][0-9]*,[0-9]+,1,[1-9][0-9]*,[1-9][0-9]*$' or '^[1-9][0-9]*,[0-9]+,1,[1-9][0-9]*,[1-9][0-9]*,[1-9][0-9]*$') then return 1 end return 0"},
 	{"format %x:%x:%x + %d", "local a = string.format('%x:%x:%x', 1764067000000000, 123456, 1000) local b = string.format('%d', 100000) return 1"},
 	{"SET PX of a formatted state", "redis.call('SET', KEYS[3], string.format('%x:%x:%x', 1764067000000000, 123456, 1000), 'PX', string.format('%d', 100000)) return 1"},
 	{"SET PX of a state, new each call", "local t = redis.call('TIME') redis.call('SET', KEYS[3], string.format('%x:%x:%x', t[1] * 1000000 + t[2], 123456, 1000), 'PX', string.format('%d', 100000)) return 1"},
