@@ -315,3 +315,43 @@ func TestFastPathCorruptLog(t *testing.T) {
 		}
 	})
 }
+
+// An argument holding a comma (digits otherwise) is left to the full script, which
+// answers it (JTARG), by the fast path of every algorithm: in a single call's limit,
+// and in a batch request's n or x. (The fast path joins the arguments with commas to
+// check them in one pattern: such a field once passed that check, and reading it as a
+// number raised a Lua error in place of the full script's answer.)
+func TestFastPathCommaInArgument(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		for _, a := range fastAlgos {
+			comma := append([]any(nil), a.one...)
+			comma[1] = "5,6"
+			calls := map[string][]any{
+				"single limit": append([]any{0, 1, 0}, comma...),
+				"single n":     append([]any{0, "1,2", 0}, a.one...),
+				"batch n":      append([]any{Batch, 2, 0, "1,2", 0, 0, 1, 0}, a.one...),
+				"batch x":      append([]any{Batch, 2, 0, 1, "0,1", 0, 1, 0}, a.one...),
+				"batch limit":  append([]any{Batch, 1, 0, 1, 0}, comma...),
+			}
+			for name, args := range calls {
+				t.Run(a.suffix+" "+name, func(t *testing.T) {
+					var got [2]string
+					for i, src := range []string{a.name.Source(), full[a.name]} {
+						tag := fmt.Sprintf("{%scomma%s-%d}", b.Prefix, a.suffix, i)
+						s := redis.NewScript(src)
+						if b.Real() {
+							s = redistest.FakeClockScript(src)
+						}
+						b.SetTime(t, redistest.Epoch, tag)
+						v, err := s.Run(ctx, b.Client, []string{tag + ":" + a.suffix, tag + ":pause"}, args...).Result()
+						got[i] = fmt.Sprint(v, err)
+					}
+					if got[0] != got[1] || strings.Contains(got[0], "arithmetic") {
+						t.Fatalf("ARGV %v: fast path %s, full script %s", args, got[0], got[1])
+					}
+				})
+			}
+		}
+	})
+}
