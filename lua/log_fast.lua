@@ -1,8 +1,8 @@
 -- log_fast.lua: the permit log's usual call (slidingwindow.lua's and
 -- slidingcounter.lua's), decided before any helper is made: acquires as fast.lua
 -- takes them, a single call or a batch (batch.lua's layout), under one limit within
--- the script's bounds, no control key (no pause, no override), the log's head and
--- last entry plain numbers. A batch's requests are decided in order at one instant
+-- the script's bounds, no control key (no pause, no override) and no other
+-- algorithm's state key, the log's head and last entry plain numbers. A batch's requests are decided in order at one instant
 -- in one loop: one TIME, one read of the log's head and last entry, the entries
 -- appended and merged in memory, and at the end at most one trim (LTRIM or UNLINK),
 -- one LSET of the last entry, one RPUSH of every new entry and one PEXPIRE. The
@@ -13,7 +13,7 @@
 -- the call, of which nothing has been written, on into the full script, which decides
 -- it. This repeats log.lua's lookups and acquire for this one case, on purpose: the
 -- full script makes its 35 helper functions on every run, which costs more than all
--- of this.
+-- of this. A single call whose lookups fall in the head makes no function at all.
 do
   local K, A, floor = jf_K, jf_A, math.floor -- floor(a / b) is exact: values are below 2^53
   local prec, R, P
@@ -24,8 +24,12 @@ do
   end
   local key = K[1]
   local head -- the log's first 9 elements: base and 4 entries (log.lua's LOG_HEAD)
+  -- One EXISTS of the control key and the other algorithms' state keys (KEYS[3..]): any
+  -- of them there leaves the call to the full script (a pause or an override; or, for
+  -- a log about to be made, JTALG; with a log already there, the full script decides
+  -- it as this would, only slower: two algorithms on one key are not the usual case).
   if jf_k and P and prec <= 35184372088832 and R <= 1000000000 and P <= 35184372088832
-    and jf_nmax <= R and redis.call('EXISTS', K[2]) == 0 then
+    and jf_nmax <= R and redis.call('EXISTS', unpack(K, 2)) == 0 then
     head = redis.pcall('LRANGE', key, '0', '8')
     if head.err then head = nil end
   end
@@ -51,8 +55,6 @@ do
   end
   if len and len > 0 and len % 2 == 0 or len == 1 then
     len = nil -- JTSTATE, or a log of no entries: the full script's
-  elseif len == 0 and #K >= 3 and redis.call('EXISTS', unpack(K, 3)) ~= 0 then
-    len = nil -- another algorithm's state: JTALG
   end
   if len then
     local k, o = jf_k, jf_o

@@ -39,6 +39,9 @@ type xcase struct {
 	sha  string
 	keys []string
 	args func(i int) []any
+	// fresh: each call on keys of its own (tag and the call's number), the limiter's
+	// five (state, control, the other algorithms' state): a state that is not there
+	fresh bool
 }
 
 func fixed(args ...any) func(int) []any { return func(int) []any { return args } }
@@ -58,6 +61,8 @@ func jobthrottleCases(base map[lua.Name]string) []xcase {
 		{"jobthrottle SlidingWindow allowed, an entry expires every call", lua.SlidingWindow.Script(), "sw", []any{0, 1, 0, 1, never, 10000}},
 		{"jobthrottle SlidingWindow allowed, override set", lua.SlidingWindow.Script(), "sw", []any{0, 1, 0, 1, never, 1000000}},
 		{"jobthrottle SlidingWindow denied", lua.SlidingWindow.Script(), "sw", []any{0, 1, 0, 1, often, 1000000}},
+		{"jobthrottle SlidingWindow allowed, no log yet (5 keys)", lua.SlidingWindow.Script(), "sw", []any{0, 1, 0, 1, never, 1000000}},
+		{"jobthrottle TokenBucket allowed, no state yet (5 keys)", lua.GCRA.Script(), "tb", []any{0, 1, 0, 1, never, 1000000, never}},
 		{"jobthrottle SlidingCounter allowed", lua.SlidingCounter.Script(), "sc", []any{0, 1, 0, 1, 20000, never, 1000000}},
 		{"jobthrottle SlidingCounter denied", lua.SlidingCounter.Script(), "sc", []any{0, 1, 0, 1, 20000, often, 1000000}},
 		{"jobthrottle TokenBucket allowed", lua.GCRA.Script(), "tb", []any{0, 1, 0, 1, never, 1000000, never}},
@@ -88,11 +93,11 @@ func jobthrottleCases(base map[lua.Name]string) []xcase {
 	var out []xcase
 	for i, c := range cs {
 		tag := fmt.Sprintf("{jtbench:luaexec%d}", i)
-		out = append(out, xcase{c.name, c.script.Hash(), []string{tag + ":" + c.suffix, tag + ":pause"}, fixed(c.args...)})
+		out = append(out, xcase{c.name, c.script.Hash(), []string{tag + ":" + c.suffix, tag + ":pause"}, fixed(c.args...), strings.Contains(c.name, " yet (")})
 	}
 	// the same calls as batches of batchSize requests (lua/batch.lua): exec per request
 	for i, c := range cs {
-		if i == 0 || strings.HasSuffix(c.name, "override set") || strings.Contains(c.name, "expires") {
+		if i == 0 || strings.HasSuffix(c.name, "override set") || strings.Contains(c.name, "expires") || strings.Contains(c.name, " yet (") {
 			continue
 		}
 		tag := fmt.Sprintf("{jtbench:luaexecb%d}", i)
@@ -102,9 +107,23 @@ func jobthrottleCases(base map[lua.Name]string) []xcase {
 		}
 		args = append(args, c.args[3:]...)
 		out = append(out, xcase{fmt.Sprintf("%s, batch of %d (per request)", c.name, batchSize), c.script.Hash(),
-			[]string{tag + ":" + c.suffix, tag + ":pause"}, fixed(args...)})
+			[]string{tag + ":" + c.suffix, tag + ":pause"}, fixed(args...), false})
 	}
 	return out
+}
+
+// freshKeys returns a limiter's five keys on a tag of call n's own, its state key's
+// suffix that of key.
+func freshKeys(key string, n int) []string {
+	suffix := key[strings.LastIndex(key, ":")+1:]
+	tag := fmt.Sprintf("{jtbench:fresh%d}", n)
+	keys := []string{tag + ":" + suffix, tag + ":pause"}
+	for _, s := range []string{"sw", "sc", "tb", "fw"} {
+		if s != suffix {
+			keys = append(keys, tag+":"+s)
+		}
+	}
+	return keys
 }
 
 // limiterNames names the limiter scripts' files for -dump and -base.
@@ -133,7 +152,7 @@ func peerCases(ctx context.Context, rdb *redis.Client) ([]xcase, error) {
 		if c.sha == "" {
 			return nil, fmt.Errorf("redis_rate's script call was not seen")
 		}
-		out = append(out, xcase{"redis_rate " + p.path, c.sha, []string{"rate:" + key}, fixed(c.args...)})
+		out = append(out, xcase{"redis_rate " + p.path, c.sha, []string{"rate:" + key}, fixed(c.args...), false})
 
 		rl := redisson.New(rdb, "jtbench:luaexec-redisson-"+p.path, p.rate, time.Second)
 		rdb.Del(ctx, rl.Keys()...)
@@ -146,7 +165,7 @@ func peerCases(ctx context.Context, rdb *redis.Client) ([]xcase, error) {
 		out = append(out, xcase{"Redisson-style log " + p.path, redisson.Script.Hash(), rl.Keys(), func(i int) []any {
 			// the client's clock and a fresh 16-byte id per call, as Redisson sends them
 			return []any{1, time.Now().UnixMilli(), fmt.Sprintf("%016x", i)}
-		}})
+		}, false})
 	}
 	return out, nil
 }
@@ -261,7 +280,11 @@ func main() {
 				p := rdb.Pipeline()
 				for j := 0; j < 100; j++ {
 					n++
-					p.EvalSha(ctx, c.sha, c.keys, c.args(n)...)
+					keys := c.keys
+					if c.fresh {
+						keys = freshKeys(c.keys[0], n)
+					}
+					p.EvalSha(ctx, c.sha, keys, c.args(n)...)
 				}
 				if _, err := p.Exec(ctx); err != nil && err != redis.Nil {
 					log.Fatalf("%s: %v", c.name, err)
