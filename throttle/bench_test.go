@@ -70,11 +70,17 @@ func BenchmarkNoopScript(b *testing.B) {
 // BenchmarkAllow is Allow on every algorithm, on the allowed and the denied path.
 func BenchmarkAllow(b *testing.B) {
 	be := benchBackend(b)
+	benchAllow(b, be.Client, be.Prefix, "allow-")
+}
+
+// benchAllow runs Allow on rdb on every algorithm, on the allowed and the denied
+// path, each on a key of its own named from name.
+func benchAllow(b *testing.B, rdb redis.UniversalClient, prefix, name string) {
 	ctx := context.Background()
 	for _, alg := range allAlgorithms {
 		for _, bl := range benchLimits {
 			b.Run(alg.String()+"/"+bl.path, func(b *testing.B) {
-				l, err := New(be.Client, "allow-"+bl.path+"-"+alg.String(), bl.limit, WithAlgorithm(alg), WithKeyPrefix(be.Prefix))
+				l, err := New(rdb, name+bl.path+"-"+alg.String(), bl.limit, WithAlgorithm(alg), WithKeyPrefix(prefix))
 				if err != nil {
 					b.Fatal(err)
 				}

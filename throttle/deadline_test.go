@@ -531,40 +531,13 @@ func TestCallTimeoutHoldsForCoalescedCalls(t *testing.T) {
 
 // BenchmarkAllowContextTimeout is BenchmarkAllow on a client built with
 // ContextTimeoutEnabled, whose calls with a context that never ends go on the caller's
-// goroutine (see evalOnTime); BenchmarkAllow's client keeps a goroutine per call.
+// goroutine (see evalOnTime); BenchmarkAllow's client hands each call to a call worker.
 func BenchmarkAllowContextTimeout(b *testing.B) {
 	be := benchBackend(b)
 	o := be.Client.(*redis.Client).Options()
 	rdb := redis.NewClient(&redis.Options{Addr: o.Addr, ReadTimeout: o.ReadTimeout, WriteTimeout: o.WriteTimeout, ContextTimeoutEnabled: true})
 	defer rdb.Close()
-	ctx := context.Background()
-	for _, alg := range allAlgorithms {
-		for _, bl := range benchLimits {
-			b.Run(alg.String()+"/"+bl.path, func(b *testing.B) {
-				l, err := New(rdb, "allowcte-"+bl.path+"-"+alg.String(), bl.limit, WithAlgorithm(alg), WithKeyPrefix(be.Prefix))
-				if err != nil {
-					b.Fatal(err)
-				}
-				granted := 0
-				b.ReportAllocs()
-				b.ResetTimer()
-				for i := 0; i < b.N; i++ {
-					res, err := l.Allow(ctx)
-					if err != nil {
-						b.Fatal(err)
-					}
-					if res.Allowed {
-						granted++
-					}
-				}
-				b.StopTimer()
-				if bl.path == "allowed" && granted != b.N {
-					b.Fatalf("%d of %d allowed on the allowed path", granted, b.N)
-				}
-				b.ReportMetric(float64(granted)/float64(b.N), "granted/op")
-			})
-		}
-	}
+	benchAllow(b, rdb, be.Prefix, "allowcte-")
 }
 
 // contextTimeoutClient returns a client of b's server(s) built with

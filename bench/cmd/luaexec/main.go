@@ -272,29 +272,17 @@ func main() {
 	n := 0
 	for r := 0; r < *rounds; r++ {
 		for i, c := range cs {
-			c0, u0, err := redisinfo.EvalStats(ctx, rdb)
-			if err != nil {
-				log.Fatal(err)
-			}
-			for sent := 0; sent < *calls; sent += 100 {
-				p := rdb.Pipeline()
-				for j := 0; j < 100; j++ {
-					n++
-					keys := c.keys
-					if c.fresh {
-						keys = freshKeys(c.keys[0], n)
-					}
-					p.EvalSha(ctx, c.sha, keys, c.args(n)...)
+			d, err := redisinfo.ExecPerCall(ctx, rdb, *calls, func(p redis.Pipeliner) {
+				n++
+				keys := c.keys
+				if c.fresh {
+					keys = freshKeys(c.keys[0], n)
 				}
-				if _, err := p.Exec(ctx); err != nil && err != redis.Nil {
-					log.Fatalf("%s: %v", c.name, err)
-				}
-			}
-			c1, u1, err := redisinfo.EvalStats(ctx, rdb)
+				p.EvalSha(ctx, c.sha, keys, c.args(n)...)
+			})
 			if err != nil {
-				log.Fatal(err)
+				log.Fatalf("%s: %v", c.name, err)
 			}
-			d := time.Duration(u1-u0) * time.Microsecond / time.Duration(c1-c0)
 			if r == 0 || d < best[i] {
 				best[i] = d
 			}

@@ -182,24 +182,10 @@ func main() {
 	best := make([]time.Duration, len(cs))
 	for r := 0; r < *rounds; r++ {
 		for i, x := range cs {
-			c0, u0, err := redisinfo.EvalStats(ctx, rdb)
+			d, err := redisinfo.ExecPerCall(ctx, rdb, *calls, func(p redis.Pipeliner) { p.EvalSha(ctx, x.sha, keys, args...) })
 			if err != nil {
-				log.Fatal(err)
+				log.Fatalf("%s: %v", x.name, err)
 			}
-			for sent := 0; sent < *calls; sent += 100 {
-				p := rdb.Pipeline()
-				for j := 0; j < 100; j++ {
-					p.EvalSha(ctx, x.sha, keys, args...)
-				}
-				if _, err := p.Exec(ctx); err != nil && err != redis.Nil {
-					log.Fatalf("%s: %v", x.name, err)
-				}
-			}
-			c1, u1, err := redisinfo.EvalStats(ctx, rdb)
-			if err != nil {
-				log.Fatal(err)
-			}
-			d := time.Duration(u1-u0) * time.Microsecond / time.Duration(c1-c0)
 			if r == 0 || d < best[i] {
 				best[i] = d
 			}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -51,4 +52,27 @@ func EvalStats(ctx context.Context, rdb *redis.Client) (calls, usec int64, err e
 		usec += u
 	}
 	return calls, usec, nil
+}
+
+// ExecPerCall sends calls script calls in pipelines of 100 (queue adds one to p) and
+// returns the script execution time per call, as the server counts it (EvalStats).
+func ExecPerCall(ctx context.Context, rdb *redis.Client, calls int, queue func(p redis.Pipeliner)) (time.Duration, error) {
+	c0, u0, err := EvalStats(ctx, rdb)
+	if err != nil {
+		return 0, err
+	}
+	for sent := 0; sent < calls; sent += 100 {
+		p := rdb.Pipeline()
+		for j := 0; j < 100; j++ {
+			queue(p)
+		}
+		if _, err := p.Exec(ctx); err != nil && err != redis.Nil {
+			return 0, err
+		}
+	}
+	c1, u1, err := EvalStats(ctx, rdb)
+	if err != nil {
+		return 0, err
+	}
+	return time.Duration(u1-u0) * time.Microsecond / time.Duration(c1-c0), nil
 }
