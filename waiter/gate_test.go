@@ -62,10 +62,10 @@ func (a *arrivals) inside(from, to time.Time) []int {
 //
 // No timing is assumed for the first two checks: the gate's order is recorded
 // (gateRecorder). Tolerance: the first grant after the pause takes effect within
-// 25ms of the pause's end in Redis (no later than Pause's return plus the pause),
-// by Redis's clock: the waiters booked again while Pause ran, so only the
-// microsecond rounding of the scripts and the gap between Pause's script and its
-// return count. When that request reaches the server is reported (0.2-24ms later
+// 25ms of the pause's end in Redis (no later than Pause's return plus the pause), or
+// of its script's run if that came later (a waiter woken late), by Redis's clock:
+// only the microsecond rounding of the scripts and the gap between Pause's script
+// and its return count. When that request reaches the server is reported (0.2-24ms later
 // when idle).
 func TestTransportHonoursRetryAfter(t *testing.T) {
 	const (
@@ -136,17 +136,26 @@ func TestTransportHonoursRetryAfter(t *testing.T) {
 		if e := pausedAt.Add(pause); e.After(end) {
 			end = e
 		}
-		var firstGrant time.Time
+		var firstGrant, ran time.Time // ran: when its script ran, by Redis's clock
 		for _, g := range grants.List() {
 			if g.At.After(t429) {
-				firstGrant = g.At
+				firstGrant, ran = g.At, g.At.Add(-g.Wait)
 				break
 			}
 		}
-		t.Logf("%s: 429 at +0, Pause returned at +%v, %d requests on their way before it was read reached the server inside the pause, first grant after it at +%v, first request at +%v (%v after the pause asked for)",
-			b.Kind, pausedAt.Sub(t429), len(inside), firstGrant.Sub(t429), firstAfter.Sub(t429), firstAfter.Sub(t429.Add(pause)))
-		if late := firstGrant.Sub(end); late > resumeBy {
-			t.Errorf("the first grant after the pause took effect %v after its end in Redis, want within %v", late, resumeBy)
+		t.Logf("%s: 429 at +0, Pause returned at +%v, %d requests on their way before it was read reached the server inside the pause, first grant after it at +%v (its script ran at +%v), first request at +%v (%v after the pause asked for)",
+			b.Kind, pausedAt.Sub(t429), len(inside), firstGrant.Sub(t429), ran.Sub(t429), firstAfter.Sub(t429), firstAfter.Sub(t429.Add(pause)))
+		// The limiter's part: the grant takes effect at the pause's end, or, when the
+		// waiter's call to book again came after it (its wake-up at the hold's end and
+		// its call were late: a starved machine's scheduling, 147ms once with two
+		// suites running), when that call's script ran. How late the call came is
+		// reported, not asserted.
+		from := end
+		if ran.After(from) {
+			from = ran
+		}
+		if late := firstGrant.Sub(from); late > resumeBy {
+			t.Errorf("the first grant after the pause took effect %v after its end in Redis or its script's run, whichever was later (script ran %v after the end), want within %v", late, ran.Sub(end), resumeBy)
 		}
 		if otherWait < pause-sinceAnswer {
 			t.Errorf("other client's limiter would wait %v, %v after the 429; want at least the rest of the %v pause", otherWait, sinceAnswer, pause)
