@@ -416,13 +416,15 @@ func (b *boundCtx) expire() {
 }
 
 // release stops b's timer and reports whether its deadline had passed (its timer
-// fired, or is firing); b must not be used after. One whose timer never fired is kept
-// for reuse.
+// fired, or is firing, or the deadline is behind us: the connection's read deadline,
+// set to the same instant, may end the call before a late timer runs); b must not be
+// used after. One whose timer never fired is kept for reuse.
 func (b *boundCtx) release() (expired bool) {
 	if b.timer.Stop() {
+		expired = !time.Now().Before(b.deadline)
 		b.Context = nil
 		boundCtxs.Put(b)
-		return false
+		return expired
 	}
 	return true // fired: its channel is closed, or about to be; it is not reused
 }

@@ -748,3 +748,19 @@ func TestDirectCallLostReplyChargesOnce(t *testing.T) {
 		}
 	}
 }
+
+// A direct call's bound counts as passed when its deadline is behind us even if the
+// bound's timer has not run yet: the connection's read deadline, the same instant,
+// can end the call first (a CI run at load ~5: "i/o timeout, want ErrUnavailable").
+// The late timer is stood in for by a deadline set back while the timer still waits.
+func TestBoundCtxExpiredBeforeItsTimer(t *testing.T) {
+	b := newBoundCtx(context.Background(), time.Hour)
+	if b.release() {
+		t.Fatal("release right after newBoundCtx reported the bound passed")
+	}
+	b = newBoundCtx(context.Background(), time.Hour)
+	b.deadline = time.Now().Add(-time.Millisecond) // passed; the timer has not run
+	if !b.release() {
+		t.Error("release with the deadline passed and the timer not run reported the bound not passed")
+	}
+}
