@@ -197,7 +197,7 @@ type pipedScriptCalls struct{ n atomic.Int64 }
 func (c *pipedScriptCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (c *pipedScriptCalls) count(cmd redis.Cmder) {
-	if name := cmd.Name(); name == "evalsha" || name == "eval" {
+	if isEval(cmd) {
 		c.n.Add(1)
 	}
 }

@@ -358,7 +358,7 @@ func (c *pipes) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proces
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		n := 0
 		for _, cmd := range cmds {
-			if cmd.Name() == "evalsha" || cmd.Name() == "eval" {
+			if isEval(cmd) {
 				n++
 			}
 		}
@@ -465,7 +465,7 @@ func (g *gate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Process
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		reqs := 0
 		for _, cmd := range cmds {
-			if n := cmd.Name(); n != "evalsha" && n != "eval" {
+			if !isEval(cmd) {
 				continue
 			}
 			a := cmd.Args() // evalsha sha numkeys keys… ARGV…: a batch's ARGV[1] is lua.Batch, ARGV[2] its count

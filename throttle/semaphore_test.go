@@ -942,7 +942,7 @@ func (c *scriptCalls) DialHook(next redis.DialHook) redis.DialHook { return next
 
 func (c *scriptCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+		if isEval(cmd) {
 			c.n.Add(1)
 		}
 		return next(ctx, cmd)
