@@ -136,7 +136,7 @@ func TestTransportHonoursRetryAfter(t *testing.T) {
 		if e := pausedAt.Add(pause); e.After(end) {
 			end = e
 		}
-		var firstGrant, ran time.Time // ran: when its script ran, by Redis's clock
+		var firstGrant, ran time.Time     // ran: when its script ran, by Redis's clock
 		for _, g := range grants.List() { // in the order replies were read, not by At: two round trips may fly
 			if g.At.After(t429) && (firstGrant.IsZero() || g.At.Before(firstGrant)) {
 				firstGrant, ran = g.At, g.At.Add(-g.Wait)
