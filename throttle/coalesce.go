@@ -163,15 +163,15 @@ func (p *pending) release() {
 // free clears p, which nobody reads any more, and keeps it for reuse. Its channel is
 // empty: its one value, if sent, was received.
 func (p *pending) free() {
-	if onFree != nil {
-		onFree(p)
+	if f := onFree.Load(); f != nil {
+		(*f)(p)
 	}
 	p.src, p.ctx, p.cmd, p.val, p.ints, p.err = nil, nil, command{}, nil, nil, nil
 	pendings.Put(p)
 }
 
 // onFree, when set (tests), is called with each pending before it is kept for reuse.
-var onFree func(*pending)
+var onFree atomic.Pointer[func(*pending)]
 
 // source is what a Limiter or a Semaphore brings to coalescing: its runner (breaker,
 // hooks, error mapping), its keys, and how its ARGV is laid out.
@@ -367,10 +367,13 @@ func (b *batcher) take() []*pending {
 		}
 		batch = append(batch, p)
 	}
-	clear(b.queue[:i])
-	b.queue = b.queue[i:]
-	if len(b.queue) == 0 {
-		b.queue = b.queue[:0:0] // let the old array go
+	// the rest moves to the front: the queue keeps its array, which the next calls
+	// fill, unless a burst made it much larger than a round trip
+	n := copy(b.queue, b.queue[i:])
+	clear(b.queue[n:])
+	b.queue = b.queue[:n]
+	if n == 0 && cap(b.queue) > 4*pipeCap {
+		b.queue = nil
 	}
 	return batch
 }
@@ -507,8 +510,14 @@ type group struct {
 // groups splits a round trip's requests into script calls, in the order each first
 // appears.
 func groups(batch []*pending) []*group {
-	if len(batch) == 1 {
-		return []*group{{src: batch[0].src, script: batch[0].cmd.script, reqs: batch}}
+	if oneKey(batch) { // the usual case: the batch in order, batchCap at a time
+		out := make([]*group, 0, (len(batch)+batchCap-1)/batchCap)
+		for len(batch) > 0 {
+			k := min(len(batch), batchCap)
+			out = append(out, &group{src: batch[0].src, script: batch[0].cmd.script, reqs: batch[:k:k]})
+			batch = batch[k:]
+		}
+		return out
 	}
 	type gk struct {
 		shared any
@@ -527,6 +536,18 @@ func groups(batch []*pending) []*group {
 		g.reqs = append(g.reqs, p)
 	}
 	return out
+}
+
+// oneKey reports whether every request of batch goes in one script call of the same
+// key (but for batchCap).
+func oneKey(batch []*pending) bool {
+	g, script := batch[0].src.group, batch[0].cmd.script
+	for _, p := range batch[1:] {
+		if p.src.group != g || p.cmd.script != script {
+			return false
+		}
+	}
+	return true
 }
 
 // command is the group's call: the single form for one request, else the batch form.

@@ -562,3 +562,179 @@ func TestCoalescedTwoRoundTripsInFlight(t *testing.T) {
 		}
 	})
 }
+
+// A request is kept for reuse (pendings) only once nothing may read it: a caller
+// that leaves while its round trip is in flight lets go of it, but the round trip
+// still holds it (its reply goes to the late path through it) until it is over. The
+// hook checks, inside the round trip after its reply came, that none of its requests
+// was freed since it began; then that each was freed once after it (none is lost).
+func TestCoalescedPendingFreedOnlyWhenUnused(t *testing.T) {
+	be := redistest.NewMini(t)
+	var mu sync.Mutex
+	freed := map[*pending]int{}
+	free := func(p *pending) {
+		mu.Lock()
+		freed[p]++
+		mu.Unlock()
+	}
+	onFree.Store(&free)
+	defer onFree.Store(nil)
+	h := &freeCheck{entered: make(chan struct{}, 1), proceed: make(chan struct{}), freed: func(p *pending) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return freed[p] // a pending is reused: count how often
+	}}
+	be.Client.AddHook(h)
+	l, err := New(be.Client, "pooled", PerHour(10), WithKeyPrefix(be.Prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := l.AllowN(ctx, 0); err != nil { // the script loaded
+		t.Fatal(err)
+	}
+	h.on.Store(true)
+	leave, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var left, stayed outcome
+	leftDone, stayedDone := make(chan struct{}), make(chan struct{})
+	queued, release := held(t, l.src.batch)
+	go func() { defer close(leftDone); left = (call{true, 1, time.Hour}).run(leave, l) }()
+	queued(1)
+	go func() { defer close(stayedDone); stayed = (call{true, 1, time.Hour}).run(ctx, l) }()
+	queued(2)
+	release()
+	<-h.entered // the round trip is in flight: the first caller leaves, and returns
+	cancel()
+	<-leftDone
+	close(h.proceed)
+	<-stayedDone
+	if !errors.Is(left.errv, context.Canceled) {
+		t.Fatalf("the caller that left: %+v, want context.Canceled", left)
+	}
+	if !stayed.ok {
+		t.Fatalf("the caller that stayed: %+v, want its booking", stayed)
+	}
+	if bad := h.bad.Load(); bad != 0 {
+		t.Fatalf("%d requests of a round trip in flight were freed before it was over", bad)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		mu.Lock()
+		n, twice := 0, 0
+		for i, p := range h.reqs {
+			if freed[p] > h.before[i] {
+				n++
+			}
+			if freed[p] > h.before[i]+1 {
+				twice++
+			}
+		}
+		mu.Unlock()
+		if twice > 0 {
+			t.Fatalf("%d requests freed twice", twice)
+		}
+		if n == len(h.reqs) && n == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of the round trip's %d requests freed after it", n, len(h.reqs))
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// freeCheck holds the first coalesced round trip (on) until proceed, signalling
+// entered, and counts in bad its requests that were freed by the time its reply came.
+type freeCheck struct {
+	on               atomic.Bool
+	entered, proceed chan struct{}
+	freed            func(*pending) int // how often it was freed
+	reqs             []*pending
+	before           []int // freed(reqs[i]) when the round trip began
+	bad              atomic.Int32
+}
+
+func (h *freeCheck) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *freeCheck) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *freeCheck) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		m, ok := ctx.Value(batchKey{}).(*sync.Map)
+		if !ok || !h.on.CompareAndSwap(true, false) {
+			return next(ctx, cmds)
+		}
+		m.Range(func(_, v any) bool {
+			h.reqs = append(h.reqs, v.([]*pending)...)
+			return true
+		})
+		for _, p := range h.reqs {
+			h.before = append(h.before, h.freed(p))
+		}
+		h.entered <- struct{}{}
+		<-h.proceed
+		err := next(ctx, cmds)
+		for i, p := range h.reqs {
+			if h.freed(p) != h.before[i] {
+				h.bad.Add(1)
+			}
+		}
+		return err
+	}
+}
+
+// A coalesced Allow allocates nothing of its own: what a round trip allocates (its
+// slices, go-redis's commands, the reply) is per round trip, not per request, so a
+// round trip of 64 Allows allocates about as much as one of 8. Against a real
+// redis-server (miniredis runs in the process: its allocations would count).
+func TestCoalescedAllowAllocations(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts mean nothing with -race")
+	}
+	if _, err := redistest.StandaloneAddr(); err != nil {
+		t.Skipf("no real redis-server: %v", err)
+	}
+	be := redistest.NewStandalone(t)
+	l, err := New(be.Client, "allocs", Limit{Rate: 1_000_000_000, Period: time.Second}, WithKeyPrefix(be.Prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	b := l.src.batch
+	// workers, started before counting: worker i calls Allow on start[i], answers on done
+	const most = 64
+	start := make([]chan struct{}, most)
+	done := make(chan error, most)
+	for i := range start {
+		start[i] = make(chan struct{})
+		go func() {
+			for range start[i] {
+				_, err := l.Allow(ctx)
+				done <- err
+			}
+		}()
+	}
+	defer func() {
+		for _, c := range start {
+			close(c)
+		}
+	}()
+	roundTrip := func(k int) { // k Allows queued while the client is held, then sent in one
+		queued, release := held(t, b)
+		for i := range k {
+			start[i] <- struct{}{}
+			queued(i + 1)
+		}
+		release()
+		for range k {
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	roundTrip(most) // the script loaded, the pools filled
+	a8 := testing.AllocsPerRun(20, func() { roundTrip(8) })
+	a64 := testing.AllocsPerRun(20, func() { roundTrip(most) })
+	t.Logf("allocations per round trip: %.1f with 8 Allows, %.1f with 64", a8, a64)
+	if per := (a64 - a8) / (most - 8); per > 0.1 {
+		t.Fatalf("%.2f allocations per coalesced Allow (%.1f per round trip of 8, %.1f of 64), want none", per, a8, a64)
+	}
+}
