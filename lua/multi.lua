@@ -1,0 +1,95 @@
+-- multi.lua: the driver of a script's multi form (lua.go: Name.Multi), which runs the
+-- calls of several keys in one script call. lua.go makes the script's whole text (its
+-- fast path, helpers, body and batch.lua) the function jt_key(KEYS, ARGV) and puts
+-- this after it: the parameters shadow the globals, so each call runs the script
+-- unchanged on its own KEYS and ARGV, its functions and locals made anew as in a call
+-- of its own (and its own TIME).
+--   KEYS   the calls' KEYS, one after the other
+--   ARGV   ARGV[1] g (1..1000), the number of calls; ARGV[2 .. 1+2g] each call's
+--          number of keys and of arguments (a pair per call, in order); then the
+--          calls' ARGV, one after the other
+-- The calls run in order, each in a pcall: one whose script raises an error (a
+-- WRONGTYPE key, a Lua error) or returns one (JTARG, JTALG ...) fails alone, and what
+-- the calls before it wrote stands, as it would had each been a call of its own; the
+-- calls after it run. Writes cannot be undone, so the layout is checked before any
+-- call runs: a bad one fails the whole call (JTARG multi) and nothing runs.
+-- The reply is one flat array of integers (no object per call for the client to
+-- read): per call, in order, a kind, a length l, then l integers:
+--   kind 0  the call's reply, an array of l integers
+--   kind 1  the error the call would have returned: its text, one byte per integer
+--   kind 2  the call returned something that is not an array of integers (l = 0)
+-- What a call's reply holds (a batch's flat reply, with its own errors inside) is the
+-- script's: the client reads it as that script's reply.
+do
+  local function jt_multi()
+    local g = ARGV[1]
+    if type(g) ~= 'string' or not string.find(g, '^[1-9]%d?%d?%d?$') then
+      return redis.error_reply('JTARG multi count')
+    end
+    g = tonumber(g)
+    local nk, na = #KEYS, #ARGV
+    if g > 1000 or na < 1 + 2 * g then
+      return redis.error_reply('JTARG multi count')
+    end
+    local counts, sk, sa = {}, 0, 1 + 2 * g
+    for i = 2, 1 + 2 * g do
+      local c = ARGV[i]
+      if type(c) ~= 'string' or not string.find(c, '^%d%d?%d?%d?%d?$') then
+        return redis.error_reply('JTARG multi layout')
+      end
+      c = tonumber(c)
+      counts[i] = c
+      if i % 2 == 0 then sk = sk + c else sa = sa + c end
+    end
+    if sk ~= nk or sa ~= na then
+      return redis.error_reply('JTARG multi layout')
+    end
+    local out, o, ki, ai = {}, 0, 0, 1 + 2 * g
+    local byte = string.byte
+    for c = 1, g do
+      local ck, ca = counts[2 * c], counts[2 * c + 1]
+      local keys, argv = {}, {}
+      for i = 1, ck do keys[i] = KEYS[ki + i] end
+      for i = 1, ca do argv[i] = ARGV[ai + i] end
+      ki, ai = ki + ck, ai + ca
+      local ok, res = pcall(jt_key, keys, argv)
+      local text
+      if not ok then
+        if type(res) == 'table' then
+          res = res.err or res.message or 'ERR unknown error'
+        end
+        text = tostring(res)
+      elseif type(res) == 'table' and res.err then
+        text = tostring(res.err)
+      end
+      if text then
+        out[o + 1], out[o + 2] = 1, #text
+        for i = 1, #text do
+          out[o + 2 + i] = byte(text, i)
+        end
+        o = o + 2 + #text
+      else
+        local n = type(res) == 'table' and #res or -1
+        for i = 1, n do
+          if type(res[i]) ~= 'number' then
+            n = -1
+            break
+          end
+        end
+        if n < 0 then
+          out[o + 1], out[o + 2] = 2, 0
+          o = o + 2
+        else
+          out[o + 1], out[o + 2] = 0, n
+          for i = 1, n do
+            out[o + 2 + i] = res[i]
+          end
+          o = o + 2 + n
+        end
+      end
+    end
+    return out
+  end
+
+  return jt_multi()
+end
