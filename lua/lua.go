@@ -232,3 +232,6 @@ func batchable(helpers, src string) string {
 
 // Batch is ARGV[1] of a limiter script's batch form (see batch.lua).
 const Batch = 4
+
+// MultiForm is ARGV[1] of a script's multi form (see multi.lua).
+const MultiForm = 9

@@ -5,9 +5,10 @@
 -- unchanged on its own KEYS and ARGV, its functions and locals made anew as in a call
 -- of its own (and its own TIME).
 --   KEYS   the calls' KEYS, one after the other
---   ARGV   ARGV[1] g (1..1000), the number of calls; ARGV[2 .. 1+2g] each call's
---          number of keys and of arguments (a pair per call, in order); then the
---          calls' ARGV, one after the other
+--   ARGV   ARGV[1] '9' (marks the form, as '4' a batch: lua.MultiForm), ARGV[2] g
+--          (1..1000), the number of calls; ARGV[3 .. 2+2g] each call's number of
+--          keys and of arguments (a pair per call, in order); then the calls' ARGV,
+--          one after the other
 -- The calls run in order, each in a pcall: one whose script raises an error (a
 -- WRONGTYPE key, a Lua error) or returns one (JTARG, JTALG ...) fails alone, and what
 -- the calls before it wrote stands, as it would had each been a call of its own; the
@@ -22,32 +23,33 @@
 -- script's: the client reads it as that script's reply.
 do
   local function jt_multi()
-    local g = ARGV[1]
-    if type(g) ~= 'string' or not string.find(g, '^[1-9]%d?%d?%d?$') then
+    local g = ARGV[2]
+    if ARGV[1] ~= '9' or type(g) ~= 'string' or not string.find(g, '^[1-9]%d?%d?%d?$') then
       return redis.error_reply('JTARG multi count')
     end
     g = tonumber(g)
     local nk, na = #KEYS, #ARGV
-    if g > 1000 or na < 1 + 2 * g then
+    local first = 2 + 2 * g -- the calls' ARGV start after it
+    if g > 1000 or na < first then
       return redis.error_reply('JTARG multi count')
     end
-    local counts, sk, sa = {}, 0, 1 + 2 * g
-    for i = 2, 1 + 2 * g do
+    local counts, sk, sa = {}, 0, first
+    for i = 3, first do
       local c = ARGV[i]
       if type(c) ~= 'string' or not string.find(c, '^%d%d?%d?%d?%d?$') then
         return redis.error_reply('JTARG multi layout')
       end
       c = tonumber(c)
-      counts[i] = c
-      if i % 2 == 0 then sk = sk + c else sa = sa + c end
+      counts[i - 2] = c
+      if i % 2 == 1 then sk = sk + c else sa = sa + c end
     end
     if sk ~= nk or sa ~= na then
       return redis.error_reply('JTARG multi layout')
     end
-    local out, o, ki, ai = {}, 0, 0, 1 + 2 * g
+    local out, o, ki, ai = {}, 0, 0, first
     local byte = string.byte
     for c = 1, g do
-      local ck, ca = counts[2 * c], counts[2 * c + 1]
+      local ck, ca = counts[2 * c - 1], counts[2 * c]
       local keys, argv = {}, {}
       for i = 1, ck do keys[i] = KEYS[ki + i] end
       for i = 1, ca do argv[i] = ARGV[ai + i] end

@@ -113,7 +113,7 @@ func multiVsSeparate(t *testing.T, b *redistest.Backend, a batchAlgo, two bool, 
 			calls = append(calls, call{key, args})
 		}
 		var want []any
-		margs := []any{g}
+		margs := []any{MultiForm, g}
 		var mkeys []string
 		for _, c := range calls {
 			v, err := s.Run(ctx, b.Client, keysOf("A", c.key), c.args...).Result()
@@ -207,14 +207,15 @@ func TestMultiArguments(t *testing.T) {
 		keys := []string{tag + ":sw", tag + ":pause"}
 		call := []any{0, 1, 0, 1, 5, 1000000}
 		for _, args := range [][]any{
-			append([]any{0, 2, 6}, call...),
-			append([]any{"x", 2, 6}, call...),
-			append([]any{1001, 2, 6}, call...),
-			append([]any{1, 2, 5}, call...),
-			append([]any{1, 1, 6}, call...),
-			append([]any{2, 2, 6}, call...),
-			append([]any{1, "-2", 6}, call...),
-			{1, 2, 6},
+			append([]any{MultiForm, 0, 2, 6}, call...),
+			append([]any{MultiForm, "x", 2, 6}, call...),
+			append([]any{MultiForm, 1001, 2, 6}, call...),
+			append([]any{MultiForm, 1, 2, 5}, call...),
+			append([]any{MultiForm, 1, 1, 6}, call...),
+			append([]any{MultiForm, 2, 2, 6}, call...),
+			append([]any{MultiForm, 1, "-2", 6}, call...),
+			append([]any{Batch, 1, 2, 6}, call...),
+			{MultiForm, 1, 2, 6},
 		} {
 			err := SlidingWindow.Multi().Run(ctx, b.Client, keys, args...).Err()
 			if err == nil || !strings.Contains(err.Error(), "JTARG") {
@@ -224,7 +225,7 @@ func TestMultiArguments(t *testing.T) {
 				t.Fatalf("%v: %d keys written", args, n)
 			}
 		}
-		v, err := SlidingWindow.Multi().Run(ctx, b.Client, keys, append([]any{1, 2, 6}, call...)...).Result()
+		v, err := SlidingWindow.Multi().Run(ctx, b.Client, keys, append([]any{MultiForm, 1, 2, 6}, call...)...).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
