@@ -4,23 +4,29 @@
 -- this after it: the parameters shadow the globals, so each call runs the script
 -- unchanged on its own KEYS and ARGV, its functions and locals made anew as in a call
 -- of its own (and its own TIME).
---   KEYS   the calls' KEYS, one after the other
---   ARGV   ARGV[1] '9' (marks the form, as '4' a batch: lua.MultiForm), ARGV[2] g
---          (1..1000), the number of calls; ARGV[3 .. 2+2g] each call's number of
---          keys and of arguments (a pair per call, in order); then the calls' ARGV,
---          one after the other
--- The calls run in order, each in a pcall: one whose script raises an error (a
--- WRONGTYPE key, a Lua error) or returns one (JTARG, JTALG ...) fails alone, and what
--- the calls before it wrote stands, as it would had each been a call of its own; the
--- calls after it run. Writes cannot be undone, so the layout is checked before any
--- call runs: a bad one fails the whole call (JTARG multi) and nothing runs.
--- The reply is one flat array of integers (no object per call for the client to
--- read): per call, in order, a kind, a length l, then l integers:
---   kind 0  the call's reply, an array of l integers
---   kind 1  the error the call would have returned: its text, one byte per integer
---   kind 2  the call returned something that is not an array of integers (l = 0)
--- What a call's reply holds (a batch's flat reply, with its own errors inside) is the
--- script's: the client reads it as that script's reply.
+-- KEYS[1]..  the calls' KEYS, one after the other
+-- ARGV[1]    '9' (marks the form, as '4' a batch: lua.MultiForm)
+-- ARGV[2]    g (1..1000), the number of calls
+-- ARGV[3..2+2g]  each call's number of keys and of arguments (a pair per call, in
+--            order); then the calls' ARGV, one after the other
+-- Returns    one flat array of integers (no object per call for the client to read):
+--            per call, in order, a kind, a length l, then l integers:
+--              kind 0  the call's reply, an array of l integers
+--              kind 1  the error the call would have returned: its text, one byte
+--                      per integer
+--              kind 2  the call returned something that is not an array of integers
+--                      (l = 0)
+--            What a call's reply holds (a batch's flat reply, with its own errors
+--            inside) is the script's: the client reads it as that script's reply.
+-- Writes     what the calls made one after another would: they run in order, each in
+--            a pcall, so one whose script raises an error (a WRONGTYPE key, a Lua
+--            error) or returns one (JTARG, JTALG ...) fails alone, what the calls
+--            before it wrote stands, as it would had each been a call of its own, and
+--            the calls after it run. Writes cannot be undone, so the layout is checked
+--            before any call runs: a bad one fails the whole call (JTARG multi) and
+--            nothing runs. (Under maxmemory, Redis lets a script write once it has
+--            written: a call after one that wrote may write where, as a call of its
+--            own, it would have got OOM.)
 do
   local function jt_multi()
     local g = ARGV[2]

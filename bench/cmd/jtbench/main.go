@@ -16,6 +16,7 @@ import (
 	"io"
 	"log"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -42,6 +43,7 @@ func main() {
 		bigEntries = flag.Int("big-entries", 10000, "big keys: live entries in the log")
 		pool       = flag.Int("pool", 0, "go-redis PoolSize; 0 keeps go-redis's default (10 per GOMAXPROCS)")
 		out        = flag.String("out", "", "also write the markdown report to this file")
+		only       = flag.String("cases", "", "throughput: only the cases whose names contain one of these comma-separated texts (and the no-op yardsticks)")
 	)
 	flag.Parse()
 	set := map[string]bool{}
@@ -54,7 +56,7 @@ func main() {
 		}
 	}
 	log.SetFlags(log.Ltime)
-	if err := run(*addr, *sections, *rounds, *slice, ints(*goroutines), ints(*workers), *rate, *duration, ints(*memRates), *bigEntries, *pool, *out); err != nil {
+	if err := run(*addr, *sections, *rounds, *slice, ints(*goroutines), ints(*workers), *rate, *duration, ints(*memRates), *bigEntries, *pool, *out, *only); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -71,7 +73,7 @@ func ints(s string) []int {
 	return out
 }
 
-func run(addr, sections string, rounds int, slice time.Duration, gs, ws []int, rate int, duration time.Duration, memRates []int, bigEntries, pool int, out string) error {
+func run(addr, sections string, rounds int, slice time.Duration, gs, ws []int, rate int, duration time.Duration, memRates []int, bigEntries, pool int, out, only string) error {
 	ctx := context.Background()
 	if addr == "" {
 		s, err := redistest.StartServer()
@@ -128,6 +130,16 @@ func run(addr, sections string, rounds int, slice time.Duration, gs, ws []int, r
 		cases, err := throughputCases(ctx, rdb)
 		if err != nil {
 			return err
+		}
+		if only != "" {
+			cases = slices.DeleteFunc(cases, func(c tcase) bool {
+				for _, t := range strings.Split(only, ",") {
+					if c.path == "" || strings.Contains(c.name, strings.TrimSpace(t)) {
+						return false
+					}
+				}
+				return true
+			})
 		}
 		rep.cases = cases
 		rep.tp, err = runThroughput(ctx, rdb, cases, gs, rounds, slice, log.Printf)
