@@ -39,13 +39,14 @@ do
     if g > 1000 or na < first then
       return redis.error_reply('JTARG multi count')
     end
+    -- counts are checked by value (tonumber, cheaper than a pattern): what matters is
+    -- that they are whole, in range, and add up to KEYS and ARGV exactly
     local counts, sk, sa = {}, 0, first
     for i = 3, first do
-      local c = ARGV[i]
-      if type(c) ~= 'string' or not string.find(c, '^%d%d?%d?%d?%d?$') then
+      local c = tonumber(ARGV[i])
+      if not c or c < 0 or c > 7000 or c % 1 ~= 0 then -- 7000: what unpack takes
         return redis.error_reply('JTARG multi layout')
       end
-      c = tonumber(c)
       counts[i - 2] = c
       if i % 2 == 1 then sk = sk + c else sa = sa + c end
     end
@@ -56,9 +57,8 @@ do
     local byte = string.byte
     for c = 1, g do
       local ck, ca = counts[2 * c - 1], counts[2 * c]
-      local keys, argv = {}, {}
-      for i = 1, ck do keys[i] = KEYS[ki + i] end
-      for i = 1, ca do argv[i] = ARGV[ai + i] end
+      -- each call's own KEYS and ARGV, made at their size at once
+      local keys, argv = {unpack(KEYS, ki + 1, ki + ck)}, {unpack(ARGV, ai + 1, ai + ca)}
       ki, ai = ki + ck, ai + ca
       local ok, res = pcall(jt_key, keys, argv)
       local text
@@ -77,23 +77,21 @@ do
         end
         o = o + 2 + #text
       else
-        local n = type(res) == 'table' and #res or -1
+        -- copied as it is checked: all integers, or kind 2 and nothing copied
+        local n, kind = type(res) == 'table' and #res or -1, 0
         for i = 1, n do
-          if type(res[i]) ~= 'number' then
-            n = -1
+          local v = res[i]
+          if type(v) ~= 'number' then
+            for j = o + 3, o + 1 + i do out[j] = nil end
+            kind = 2
             break
           end
+          out[o + 2 + i] = v
         end
-        if n < 0 then
-          out[o + 1], out[o + 2] = 2, 0
-          o = o + 2
-        else
-          out[o + 1], out[o + 2] = 0, n
-          for i = 1, n do
-            out[o + 2 + i] = res[i]
-          end
-          o = o + 2 + n
-        end
+        if n < 0 then kind = 2 end
+        if kind == 2 then n = 0 end
+        out[o + 1], out[o + 2] = kind, n
+        o = o + 2 + n
       end
     end
     return out

@@ -257,3 +257,38 @@ func TestMultiForms(t *testing.T) {
 		}
 	})
 }
+
+// multi.lua reports a call whose reply is not an array of integers as kind 2 (nothing
+// of it copied), an error a call returns or raises as kind 1, and refuses counts
+// unpack cannot take before any call runs.
+func TestMultiReplyKinds(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		s := redis.NewScript(`local function jt_key(KEYS, ARGV)
+  if ARGV[1] == 'str' then return {1, 'x', 3} end
+  if ARGV[1] == 'err' then return redis.error_reply('JTARG mine') end
+  if ARGV[1] == 'raise' then error('JTSTATE raised') end
+  if ARGV[1] == 'empty' then return {} end
+  return {7, 8}
+end
+` + multiSrc)
+		tag := "{" + b.Prefix + "kinds}"
+		v, err := s.Run(ctx, b.Client, []string{tag + ":a"}, MultiForm, 5, 0, 1, 0, 1, 0, 1, 1, 1, 0, 1,
+			"str", "err", "raise", "ok", "empty").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		flat := v.([]any)
+		if fmt.Sprint(flat[:2]) != "[2 0]" || fmt.Sprint(flat[len(flat)-6:]) != "[0 2 7 8 0 0]" {
+			t.Fatalf("reply %v: want kind 2 first, then {7, 8} and an empty reply last", flat)
+		}
+		got, err := splitMulti(append([]any{}, flat[2:]...))
+		if err != nil || len(got) != 4 || !strings.Contains(fmt.Sprint(got[0]), "JTARG mine") || !strings.Contains(fmt.Sprint(got[1]), "JTSTATE raised") {
+			t.Fatalf("the errors: %v %v", got, err)
+		}
+		err = s.Run(ctx, b.Client, []string{tag + ":a"}, MultiForm, 1, 1, 7001).Err()
+		if err == nil || !strings.Contains(err.Error(), "JTARG") {
+			t.Fatalf("a call of 7001 arguments: %v, want JTARG", err)
+		}
+	})
+}
