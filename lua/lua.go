@@ -15,8 +15,7 @@
 // would decide it; anything else runs on into the full script.
 // The inspect_* scripts read a key's live state and write nothing. Every limiter script also takes
 // a batch of requests in one call (batch.lua goes after its body, which it runs once per
-// request), and the limiter scripts and the semaphore's have a multi form (multi.lua):
-// the calls of several keys in one script call.
+// request).
 //
 // Package throttle runs the scripts that decide or write through one call
 // (throttle/exec.go): EVALSHA inside MULTI/EXEC, EVAL the same way when the server has
@@ -63,8 +62,6 @@ var (
 	decideSrc string
 	//go:embed batch.lua
 	batchSrc string
-	//go:embed multi.lua
-	multiSrc string
 	//go:embed pause.lua
 	pauseSrc string
 	//go:embed control.lua
@@ -174,48 +171,6 @@ var byName = func() (s [numNames]*redis.Script) {
 	return s
 }()
 
-// multi holds each batchable script's multi form (see Multi), made once.
-var multi = func() (s [numNames]*redis.Script) {
-	for _, n := range []Name{SlidingWindow, SlidingCounter, GCRA, FixedWindow, Semaphore} {
-		s[n] = redis.NewScript(multiText(n))
-	}
-	return s
-}()
-
-// multiText is the text of n's multi form: the whole script as the function jt_key,
-// whose parameters KEYS and ARGV shadow the globals, then multi.lua's driver. The
-// function starts on the script's first line, so that an error's line number is the
-// one its own call reports.
-func multiText(n Name) string {
-	return "local function jt_key(KEYS, ARGV) " + texts[n] + "\nend\n" + multiSrc
-}
-
-// Multi returns the multi form of the script n names: one call of it runs several
-// calls of the script, each on its own KEYS and ARGV, in order, each deciding and
-// writing exactly as a call of its own would, and replies to each (see multi.lua for
-// its KEYS, ARGV and reply). Only the limiter scripts and Semaphore have one; Multi
-// returns nil for the others.
-func (n Name) Multi() *redis.Script { return multi[n] }
-
-// MultiSource returns the full text of n's multi form ("" when it has none).
-func (n Name) MultiSource() string {
-	if multi[n] == nil {
-		return ""
-	}
-	return multiText(n)
-}
-
-// MultiOf returns the multi form of s when s is one of the scripts that have one
-// (the same *redis.Script Name.Script returns), else nil.
-func MultiOf(s *redis.Script) *redis.Script {
-	for i, t := range byName {
-		if t == s {
-			return multi[i]
-		}
-	}
-	return nil
-}
-
 // Script returns the script n names, to run (see the package doc for how).
 func (n Name) Script() *redis.Script { return byName[n] }
 
@@ -232,6 +187,3 @@ func batchable(helpers, src string) string {
 
 // Batch is ARGV[1] of a limiter script's batch form (see batch.lua).
 const Batch = 4
-
-// MultiForm is ARGV[1] of a script's multi form (see multi.lua).
-const MultiForm = 9

@@ -538,14 +538,6 @@ type group struct {
 	cmd    redis.Cmder
 
 	noRecord bool // send no record's write (see pipeline)
-
-	// Several keys in one script call (multikey.go): the groups whose requests go in
-	// this group's call of its script's multi form, itself first (nil: a call of its
-	// own); and, set on each of them when the round trip is back, its share of the reply.
-	riders   []*group
-	shared   bool
-	share    any
-	shareErr error
 }
 
 // groups splits a round trip's requests into script calls, in the order each first
@@ -617,8 +609,7 @@ func (g *group) command() command {
 }
 
 // send makes one round trip for batch: each key's requests in one script call, the
-// calls in one pipeline; on a client of one server, the calls of one script in one
-// call of its multi form (multikey.go).
+// calls in one pipeline.
 func (b *batcher) send(batch []*pending) {
 	ctx, cancel := batchContext(batch)
 	defer cancel()
@@ -635,10 +626,9 @@ func (b *batcher) send(batch []*pending) {
 	if len(live) == 0 {
 		return
 	}
-	calls := combine(b.rdb, live) // several keys' groups in one script call (multikey.go)
-	pipeline(ctx, b.rdb, &b.pipes, calls, false)
+	pipeline(ctx, b.rdb, &b.pipes, live, false)
 	var again []*group // the server did not have the script: send it (EVAL)
-	for _, g := range calls {
+	for _, g := range live {
 		if err := g.cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 			g.noRecord = true // written with the EVALSHA
 			again = append(again, g)
@@ -646,9 +636,6 @@ func (b *batcher) send(batch []*pending) {
 	}
 	if again != nil {
 		pipeline(ctx, b.rdb, &b.pipes, again, true)
-	}
-	for _, g := range calls {
-		g.split()
 	}
 	for _, g := range live {
 		g.deliver(ctx)
@@ -677,14 +664,12 @@ func pipeline(ctx context.Context, rdb redis.UniversalClient, ps *pipePool, gs [
 	cmds := ctx.Value(batchKey{}).(*sync.Map)
 	var sets []*redis.StatusCmd // the keys' records riding along (record.go)
 	for _, g := range gs {
-		c, recs := g.call()
-		if !g.noRecord {
-			for _, rec := range recs {
-				sets = append(sets, rec.queue(ctx, pipe))
-			}
+		c := g.command()
+		if c.rec != nil && !g.noRecord {
+			sets = append(sets, c.rec.queue(ctx, pipe))
 		}
 		g.cmd = c.queue(ctx, pipe, eval)
-		cmds.Store(g.cmd, g.sent())
+		cmds.Store(g.cmd, g.reqs)
 	}
 	_, err := pipe.Exec(ctx)
 	for _, set := range sets {
@@ -711,7 +696,7 @@ func pipeline(ctx context.Context, rdb redis.UniversalClient, ps *pipePool, gs [
 // deliver answers the group's requests from its command's reply.
 func (g *group) deliver(ctx context.Context) {
 	r := g.src.run
-	val, err := g.reply()
+	val, err := replyOf(g.cmd), g.cmd.Err()
 	if err != nil {
 		for _, p := range g.reqs {
 			p.answer(nil, p.src.run.failed(p.ctx, err))
@@ -775,9 +760,8 @@ func (g *group) deliverFlat(val any) {
 }
 
 // batchKey is the context key under which a round trip's context maps each script
-// call (*redis.Cmd) to its requests (a *sync.Map of []*pending; of [][]*pending, one
-// per call, for a multi form's: see group.sent), so that a go-redis hook (the
-// package's tests) can find each request's own context.
+// call (*redis.Cmd) to its requests (a *sync.Map of []*pending), so that a go-redis
+// hook (the package's tests) can find each request's own context.
 type batchKey struct{}
 
 // batchContext is the context a round trip runs under: the first request's values and

@@ -87,50 +87,29 @@ func (grantTap) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proces
 			val := replyOf(c)
 			if m, ok := ctx.Value(batchKey{}).(*sync.Map); ok {
 				v, _ := m.Load(c)
-				if calls, ok := v.([][]*pending); ok { // a multi form's (multikey.go)
-					g := &group{riders: make([]*group, len(calls))}
-					for i, reqs := range calls {
-						g.riders[i] = &group{reqs: reqs, src: reqs[0].src}
+				reqs, _ := v.([]*pending)
+				switch len(reqs) {
+				case 0: // a call of its own: ctx holds its request's values
+					tapGrant(ctx, val)
+				case 1:
+					tapGrant(reqs[0].ctx, val)
+				default: // a flat reply, five integers per request (lua/batch.lua)
+					flat, ok := val.([]int64)
+					if s, isAny := val.([]any); !ok && isAny { // EVAL's, read the generic way
+						flat = make([]int64, len(s))
+						int64s(val, flat)
 					}
-					g.cmd = c
-					g.split()
-					for _, r := range g.riders {
-						if r.shareErr == nil {
-							tapReqs(ctx, r.reqs, r.share)
+					for i, p := range reqs {
+						if len(flat) >= 5*i+5 {
+							tapGrant(p.ctx, flat[5*i:5*i+5])
 						}
 					}
-					continue
 				}
-				reqs, _ := v.([]*pending)
-				tapReqs(ctx, reqs, val)
 				continue
 			}
 			tapGrant(ctx, val)
 		}
 		return err
-	}
-}
-
-// tapReqs stores the grants of one script call's reply val in its requests' grantSlots:
-// none, a call of its own (ctx holds its request's values); one, its reply; more, a
-// batch's flat reply, five integers per request (lua/batch.lua).
-func tapReqs(ctx context.Context, reqs []*pending, val any) {
-	switch len(reqs) {
-	case 0:
-		tapGrant(ctx, val)
-	case 1:
-		tapGrant(reqs[0].ctx, val)
-	default:
-		flat, ok := val.([]int64)
-		if s, isAny := val.([]any); !ok && isAny { // EVAL's, read the generic way
-			flat = make([]int64, len(s))
-			int64s(val, flat)
-		}
-		for i, p := range reqs {
-			if len(flat) >= 5*i+5 {
-				tapGrant(p.ctx, flat[5*i:5*i+5])
-			}
-		}
 	}
 }
 

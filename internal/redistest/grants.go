@@ -89,8 +89,7 @@ func (g *Grants) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proce
 // sixth integer, 1 when op 2 granted anew, and a seventh, op 2's stamp (op 3's x is
 // the stamp and its reply's token the booking's). A batch (op 4, see lua/batch.lua) is one
 // call whose flat reply holds five integers per request, each read as a call of its
-// own would be. A multi form (ARGV[1] 9, see lua/multi.lua) is several calls, each
-// read (and counted) as a call of its own.
+// own would be.
 func (g *Grants) observe(cmd redis.Cmder, sent, replied time.Time) {
 	name := strings.ToLower(cmd.Name())
 	if (name != "evalsha" && name != "eval") || cmd.Err() != nil {
@@ -117,64 +116,22 @@ func (g *Grants) observe(cmd redis.Cmder, sent, replied time.Time) {
 	default:
 		return
 	}
-	keys := args[3 : 3+nkeys]
-	argv := args[3+nkeys:]
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if op, _ := toInt(argv[0]); op == 9 { // a multi form (lua/multi.lua): several calls
-		g.observeMulti(keys, argv, reply, sent, replied)
-		return
-	}
-	g.observeCall(keys, argv, reply, sent, replied)
-}
-
-// observeMulti reads a multi form's calls (see lua/multi.lua), each as a call of its
-// own (g.mu held).
-func (g *Grants) observeMulti(keys, argv []any, reply []int64, sent, replied time.Time) {
-	if len(argv) < 2 {
-		return
-	}
-	k, _ := toInt(argv[1])
-	if k < 1 || len(argv) < 2+2*int(k) {
-		return
-	}
-	ki, ai, o := 0, 2+2*int(k), 0
-	for c := range int(k) {
-		nk, _ := toInt(argv[2+2*c])
-		na, _ := toInt(argv[3+2*c])
-		if ki+int(nk) > len(keys) || ai+int(na) > len(argv) || o+2 > len(reply) {
-			return
-		}
-		ck, ca := keys[ki:ki+int(nk)], argv[ai:ai+int(na)]
-		ki, ai = ki+int(nk), ai+int(na)
-		kind, n := reply[o], reply[o+1]
-		if n < 0 || o+2+int(n) > len(reply) {
-			return
-		}
-		part := reply[o+2 : o+2+int(n)]
-		o += 2 + int(n)
-		if kind == 0 && len(ca) >= 3 {
-			g.observeCall(ck, ca, part, sent, replied)
-		}
-	}
-}
-
-// observeCall reads one call of a limiter script on keys with ARGV argv and its reply
-// (g.mu held).
-func (g *Grants) observeCall(keys, argv []any, reply []int64, sent, replied time.Time) {
 	key := ""
-	if len(keys) > 0 {
-		key, _ = keys[0].(string)
+	if nkeys > 0 {
+		key, _ = args[3].(string)
 	}
+	argv := args[3+nkeys:]
 	booking := ""
-	if op, _ := toInt(argv[0]); (op == 2 || op == 3 || op == 5) && len(keys) >= 3 {
-		booking, _ = keys[2].(string)
+	if op, _ := toInt(argv[0]); (op == 2 || op == 3 || op == 5) && nkeys >= 3 {
+		booking, _ = args[5].(string)
 	}
 	if op, _ := toInt(argv[0]); op == 4 { // five integers per request, flat
 		k, _ := toInt(argv[1])
 		if int64(len(reply)) < 5*k || len(argv) < 2+3*int(k) {
 			return
 		}
+		g.mu.Lock()
+		defer g.mu.Unlock()
 		g.countCall(key)
 		for i := range int(k) {
 			v := reply[5*i : 5*i+5]
@@ -185,6 +142,8 @@ func (g *Grants) observeCall(keys, argv []any, reply []int64, sent, replied time
 		}
 		return
 	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	g.countCall(key)
 	g.record(key, booking, argv[:3], reply, sent, replied)
 }

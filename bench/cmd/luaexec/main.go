@@ -109,43 +109,7 @@ func jobthrottleCases(base map[lua.Name]string) []xcase {
 		out = append(out, xcase{fmt.Sprintf("%s, batch of %d (per request)", c.name, batchSize), c.script.Hash(),
 			[]string{tag + ":" + c.suffix, tag + ":pause"}, fixed(args...), false})
 	}
-	// the same single calls on multiKeys keys, in one call of the script's multi form
-	// (lua/multi.lua): exec per key's call
-	for i, c := range cs {
-		if i == 0 || strings.HasPrefix(c.name, "base ") || strings.HasSuffix(c.name, "override set") || strings.Contains(c.name, "expires") || strings.Contains(c.name, " yet (") {
-			continue
-		}
-		m := multiOf(c.script)
-		if m == nil {
-			continue
-		}
-		var keys []string
-		args := []any{lua.MultiForm, multiKeys}
-		for k := range multiKeys {
-			tag := fmt.Sprintf("{jtbench:luaexecm%d-%d}", i, k)
-			keys = append(keys, tag+":"+c.suffix, tag+":pause")
-			args = append(args, 2, len(c.args))
-		}
-		for range multiKeys {
-			args = append(args, c.args...)
-		}
-		out = append(out, xcase{fmt.Sprintf("%s, %d keys in one multi-form call (per key)", c.name, multiKeys), m.Hash(), keys, fixed(args...), false})
-	}
 	return out
-}
-
-// multiKeys is the number of keys in the multi-form cases: about what a round trip of
-// 64 goroutines over 64 keys carries.
-const multiKeys = 32
-
-// multiOf returns the multi form of a limiter script, or nil.
-func multiOf(s *redis.Script) *redis.Script {
-	for n := range limiterNames {
-		if n.Script().Hash() == s.Hash() {
-			return n.Multi()
-		}
-	}
-	return nil
 }
 
 // freshKeys returns a limiter's five keys on a tag of call n's own, its state key's
@@ -266,8 +230,7 @@ func main() {
 	ctx := context.Background()
 	rdb := redis.NewClient(&redis.Options{Addr: *addr})
 	defer rdb.Close()
-	for _, s := range []*redis.Script{redis.NewScript("return 1"), lua.SlidingWindow.Script(), lua.SlidingCounter.Script(), lua.GCRA.Script(), lua.FixedWindow.Script(), lua.Control.Script(),
-		lua.SlidingWindow.Multi(), lua.SlidingCounter.Multi(), lua.GCRA.Multi(), lua.FixedWindow.Multi()} {
+	for _, s := range []*redis.Script{redis.NewScript("return 1"), lua.SlidingWindow.Script(), lua.SlidingCounter.Script(), lua.GCRA.Script(), lua.FixedWindow.Script(), lua.Control.Script()} {
 		if err := s.Load(ctx, rdb).Err(); err != nil {
 			log.Fatal(err)
 		}
@@ -330,9 +293,6 @@ func main() {
 		per := float64(best[i]) / float64(time.Microsecond)
 		if strings.Contains(c.name, "batch of") {
 			per /= batchSize
-		}
-		if strings.Contains(c.name, "multi-form call") {
-			per /= multiKeys
 		}
 		fmt.Printf("| %s | %.2f |\n", c.name, per)
 		rdb.Del(ctx, c.keys...)
