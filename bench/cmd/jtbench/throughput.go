@@ -72,6 +72,8 @@ func throughputCases(ctx context.Context, rdb *redis.Client) ([]tcase, error) {
 	o = *rdb.Options()
 	o.ContextTimeoutEnabled = true
 	ctxTimeout := redis.NewClient(&o) // lives as long as the run
+	o.MaxRetries = -1
+	leanest := redis.NewClient(&o) // both: lives as long as the run
 	if err := noopScript.Load(ctx, rdb).Err(); err != nil {
 		return nil, err
 	}
@@ -155,6 +157,14 @@ func throughputCases(ctx context.Context, rdb *redis.Client) ([]tcase, error) {
 				return nil, err
 			}
 			cases = append(cases, tcase{s.name + ", client ContextTimeoutEnabled", path, s.allow, resetter(rdb, s.keys, nil)})
+		}
+		// both: a lone call goes on its caller's goroutine as a plain EVALSHA, no MULTI/EXEC
+		for _, a := range []throttle.Algorithm{throttle.SlidingWindow, throttle.TokenBucket} {
+			s, _, err := jobthrottleSubjectOpt(leanest, a, key+"-"+a.String()+"-lean", throttle.Limit{Rate: rate, Period: period}, true)
+			if err != nil {
+				return nil, err
+			}
+			cases = append(cases, tcase{s.name + ", client MaxRetries -1 + ContextTimeoutEnabled", path, s.allow, resetter(rdb, s.keys, nil)})
 		}
 		for _, a := range algorithms {
 			cases = append(cases, scriptCase(rdb, a, key+"-"+a.String()+"-script", rate, period, path))
