@@ -32,11 +32,16 @@ build() {
 build base "$work/base-tree"
 build this "$top"
 
-port=$((20000 + RANDOM % 40000))
+# a port nobody listens on, and a server that answers there (or the script stops)
+while :; do
+  port=$((20000 + RANDOM % 40000))
+  (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null || break
+done
 redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" \
   --daemonize no --loglevel warning >/dev/null &
 pid=$!
 for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.05; done
+redis-cli -p "$port" ping >/dev/null 2>&1 || { echo "redis-server on $port did not start" >&2; exit 1; }
 
 echo "base $(git -C "$top" rev-parse --short "$base"), this tree $(git -C "$top" rev-parse --short HEAD)$([[ -n $(git -C "$top" status --porcelain) ]] && echo ' (with changes)'); load average $(cut -d' ' -f1-3 /proc/loadavg)"
 for alg in $algs; do
