@@ -22,7 +22,7 @@ var _ waiter.Gate = (*Limiter)(nil)
 // called, Wait, Reservation.Wait and the HTTP transport of this process send nothing
 // on the key until d has passed, even if the Redis call is slow or fails. Their
 // bookings that had not taken effect are given back at once, and they book again
-// when the hold ends. Pause does not wait for them, and no other call of the process
+// when the hold ends; so does a Wait called during the hold. Pause does not wait for them, and no other call of the process
 // waits for Pause.
 //
 // The HTTP transport (waiter.NewTransport) calls Pause when a server answers 429 or
@@ -62,6 +62,9 @@ func (l *Limiter) Hold(d time.Duration) {
 // waiter.ErrWouldExceedDeadline if the hold ends after ctx's deadline. Wait calls it;
 // code that takes permits with Allow or Reserve may call it before acting on them.
 func (l *Limiter) Pass(ctx context.Context) (held bool, err error) {
+	if l == nil { // a nil *Limiter holds nothing; its Reserve says what is wrong
+		return false, nil
+	}
 	return l.hold.pass(ctx, l.clock)
 }
 

@@ -58,7 +58,7 @@ func (l *Limiter) reserve(ctx context.Context, n int, maxWait time.Duration, w *
 			return l.reserve(ctx, n, maxWait, w)
 		}}
 	if w != nil {
-		b.Pass = w.pass
+		b.Pass = w.Pass
 		w.slept = w.slept || r.granted && r.wait > 0
 	}
 	if r.granted && r.wait > 0 {
@@ -99,7 +99,8 @@ func (l *Limiter) Wait(ctx context.Context) error {
 // Redis); and an error wrapping waiter.ErrWouldExceedDeadline when the permits would
 // come after ctx's deadline. If ctx ends while it sleeps it gives the booking back
 // and returns ctx.Err(). If this process pauses the key while it sleeps, it gives
-// the booking back and books again when the hold ends (see Pause).
+// the booking back and books again when the hold ends; called while this process
+// holds the key, it books when the hold ends (see Pause).
 func (l *Limiter) WaitN(ctx context.Context, n int) error {
 	if err := l.checkN(n); err != nil {
 		return err
@@ -130,7 +131,8 @@ func (w *sleepWatch) Reserve(ctx context.Context, n int, maxWait time.Duration) 
 	return w.l.reserve(ctx, n, maxWait, w)
 }
 
-func (w *sleepWatch) pass(ctx context.Context) (bool, error) {
+// Pass is the limiter's Pass, noting a hold the caller waited for.
+func (w *sleepWatch) Pass(ctx context.Context) (bool, error) {
 	held, err := w.l.Pass(ctx)
 	w.slept = w.slept || held
 	return held, err

@@ -243,6 +243,9 @@ type fakeGate struct {
 	events []string
 	held   []time.Duration
 	owed   int // Pass calls still to report held
+	// holdOnReserve makes the next Reserve set a hold once it has booked: a hold
+	// that begins between a booking and its use.
+	holdOnReserve time.Duration
 }
 
 func (g *fakeGate) note(e string) {
@@ -253,7 +256,15 @@ func (g *fakeGate) note(e string) {
 
 func (g *fakeGate) Reserve(ctx context.Context, n int, maxWait time.Duration) (*waiter.Reservation, error) {
 	g.note("reserve")
-	return g.fakePauser.Reserve(ctx, n, maxWait)
+	r, err := g.fakePauser.Reserve(ctx, n, maxWait)
+	g.gmu.Lock()
+	d := g.holdOnReserve
+	g.holdOnReserve = 0
+	g.gmu.Unlock()
+	if d > 0 {
+		g.Hold(d)
+	}
+	return r, err
 }
 
 // Pause settles what Hold owed: bookings made from now on lie after the pause, as a

@@ -681,8 +681,9 @@ func TestTransportRetries(t *testing.T) {
 	})
 }
 
-// A 429 holds this process before it pauses the fleet; Wait leaves a permit that
-// took effect inside the hold unused and books again.
+// A 429 holds this process before it pauses the fleet. A Wait that comes during the
+// hold waits it out before it books; one whose permit took effect inside a hold that
+// began after its booking leaves the permit unused and books again.
 func TestTransportHoldsBeforePause(t *testing.T) {
 	g := &fakeGate{}
 	tr := waiter.NewTransport(g, answer(429, map[string]string{"Retry-After": "3"}))
@@ -692,14 +693,22 @@ func TestTransportHoldsBeforePause(t *testing.T) {
 	if got, want := g.log(), []string{"reserve", "hold", "pause"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("calls %v, want %v", got, want)
 	}
-	// a hold the store has not taken yet: the next permit falls inside it, is left
-	// unused, and Wait books again
+	// a hold the store has not taken yet, set before Wait: Wait passes it, then books
 	g.Hold(time.Second)
 	if err := waiter.Wait(context.Background(), g, 1); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := g.log()[3:], []string{"hold", "reserve", "pass held", "reserve"}; !reflect.DeepEqual(got, want) {
-		t.Errorf("Wait after a hold: calls %v, want %v", got, want)
+	if got, want := g.log()[3:], []string{"hold", "pass held", "reserve"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("Wait during a hold: calls %v, want %v", got, want)
+	}
+	// a hold that begins after the booking: the permit falls inside it, is left
+	// unused, and Wait books again
+	g.holdOnReserve = time.Second
+	if err := waiter.Wait(context.Background(), g, 1); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := g.log()[6:], []string{"reserve", "hold", "pass held", "reserve"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("Wait whose permit fell in a hold: calls %v, want %v", got, want)
 	}
 }
 

@@ -15,9 +15,20 @@ import (
 // ctx ends while it sleeps, it gives the booking back and returns ctx.Err(); if r is
 // a Gate and holds this process back, it books again after the hold. Errors from r
 // (bad n, the store unreachable) are returned as they are.
+//
+// If r is a Gate that holds this process back when Wait is called, Wait first waits
+// for the hold to end (Pass) and books then, as the waiters the hold moved do: a
+// booking made inside the hold could land behind a slot another waiter is about to
+// give back, and that slot, at the pause's end, would go unused.
 func Wait(ctx context.Context, r Reserver, n int) error {
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	g, _ := r.(passer)
+	if g != nil {
+		if _, err := g.Pass(ctx); err != nil {
+			return err
+		}
 	}
 	res, err := r.Reserve(ctx, n, maxWait(ctx))
 	if err != nil {
@@ -33,7 +44,7 @@ func Wait(ctx context.Context, r Reserver, n int) error {
 			return r.Reserve(ctx, n, maxWait)
 		}
 	}
-	if g, ok := r.(passer); ok && res.pass == nil {
+	if g != nil && res.pass == nil {
 		res.pass = g.Pass
 	}
 	return res.Wait(ctx)
