@@ -30,6 +30,7 @@ type Proxy struct {
 	mu      sync.Mutex
 	conns   []net.Conn
 	seen    [][]byte // requests containing watch's text
+	lost    [][]byte // the replies lost, one per drop
 }
 
 // delayRule holds back requests containing text for d.
@@ -99,6 +100,14 @@ func (p *Proxy) Seen() [][]byte {
 // Dropped returns how many replies were lost.
 func (p *Proxy) Dropped() int { return int(p.dropped.Load()) }
 
+// Lost returns the replies lost, one per drop in the order they happened, as the
+// server sent them (what it had sent when the client's connection was closed).
+func (p *Proxy) Lost() [][]byte {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([][]byte(nil), p.lost...)
+}
+
 // Close stops the proxy and its connections.
 func (p *Proxy) Close() {
 	p.ln.Close()
@@ -139,6 +148,11 @@ func (p *Proxy) pipe(c, s net.Conn) {
 	defer c.Close()
 	defer s.Close()
 	var cut atomic.Bool // set: replies are no longer passed on
+	var (
+		lostMu   sync.Mutex
+		lost     []byte                // what the server answered after the cut
+		answered = make(chan struct{}) // closed when it first answered after the cut
+	)
 	replies := make(chan []byte, 64)
 	go func() {
 		defer close(replies)
@@ -156,6 +170,12 @@ func (p *Proxy) pipe(c, s net.Conn) {
 	go func() {
 		for r := range replies {
 			if cut.Load() {
+				lostMu.Lock()
+				if lost == nil {
+					close(answered)
+				}
+				lost = append(lost, r...)
+				lostMu.Unlock()
 				continue
 			}
 			if _, err := c.Write(r); err != nil {
@@ -182,8 +202,15 @@ func (p *Proxy) pipe(c, s net.Conn) {
 			if want := p.drop.Load(); want != nil && bytes.Contains(bytes.ToLower(req), *want) && p.drop.CompareAndSwap(want, nil) {
 				// stop passing replies on, let the server run the request, then cut
 				cut.Store(true)
-				p.cutAfter(c, s, req)
-				return
+				p.runUnanswered(s, req, answered)
+				lostMu.Lock()
+				reply := append([]byte(nil), lost...)
+				lostMu.Unlock()
+				p.mu.Lock()
+				p.lost = append(p.lost, reply)
+				p.mu.Unlock()
+				p.dropped.Add(1)
+				return // closing c: the client sees EOF, the drop counted
 			}
 			if _, err := s.Write(req); err != nil {
 				return
@@ -201,11 +228,24 @@ func (p *Proxy) swallow(c net.Conn) {
 	_, _ = io.Copy(io.Discard, c)
 }
 
-// cutAfter sends req to the server, gives it time to run and answer, and closes the
-// client's connection without the answer.
-func (p *Proxy) cutAfter(c, s net.Conn, req []byte) {
+// runUnanswered sends req to the server and waits until the server answers, so that
+// it has run req when the client's connection is closed without the answer: a
+// client that sends it again on EOF finds its effects. It waits for the answer up to
+// cutWait (a server that never answers), and after its first bytes a little while
+// (cutSettle) so that all of it is counted lost.
+func (p *Proxy) runUnanswered(s net.Conn, req []byte, answered <-chan struct{}) {
 	s.Write(req)
-	time.Sleep(50 * time.Millisecond)
-	p.dropped.Add(1)
-	c.Close()
+	select {
+	case <-answered:
+		time.Sleep(cutSettle)
+	case <-time.After(cutWait):
+	}
 }
+
+// cutWait bounds how long a drop waits for the server's answer; cutSettle is how long
+// it waits after the answer's first bytes for the rest of it. A fixed 50ms before was
+// too short on a loaded host: the client's retry ran before the request it lost.
+const (
+	cutWait   = 10 * time.Second
+	cutSettle = 5 * time.Millisecond
+)
