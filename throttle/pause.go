@@ -22,8 +22,8 @@ var _ waiter.Gate = (*Limiter)(nil)
 // called, Wait, Reservation.Wait and the HTTP transport of this process send nothing
 // on the key until d has passed, even if the Redis call is slow or fails. Their
 // bookings that had not taken effect are given back at once, and they book again
-// when the hold ends; so does a Wait called during the hold. Pause does not wait for them, and no other call of the process
-// waits for Pause.
+// when the hold ends; so does a Wait called during the hold. Pause does not wait for
+// them, and no other call of the process waits for Pause.
 //
 // The HTTP transport (waiter.NewTransport) calls Pause when a server answers 429 or
 // 503 with Retry-After. It returns an error wrapping ErrInvalidArgument for d <= 0.
