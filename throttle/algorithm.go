@@ -2,8 +2,10 @@ package throttle
 
 import (
 	"fmt"
+	"math/bits"
+	"time"
 
-	"github.com/redis/go-redis/v9"
+	"github.com/jobthrottle/jobthrottle/internal/keys"
 )
 
 // Algorithm selects how a Limiter counts.
@@ -13,12 +15,12 @@ const (
 	// SlidingWindow is the default: a log of grants (Redisson's RRateLimiter, done
 	// right). At most Rate permits take effect in any window of Period, exactly; a
 	// denied caller is told the exact time until enough permits have left the window.
-	// Memory: one list entry (about 16 bytes) per grant in the longest period.
+	// Memory: one list entry per grant time in the longest period.
 	SlidingWindow Algorithm = iota
 
-	// TokenBucket is GCRA: Burst permits at once after an idle spell, then Rate per
-	// Period, evenly spaced. O(1) state (one short string). Decisions match
-	// golang.org/x/time/rate with the same rate and burst.
+	// TokenBucket: Burst permits at once after an idle spell, then Rate per Period.
+	// O(1) state. Its decisions are golang.org/x/time/rate's with the same rate and
+	// burst, rate and burst changes (Override) and cancels included.
 	TokenBucket
 
 	// FixedWindow counts permits per aligned window (windows start at multiples of
@@ -34,49 +36,124 @@ const (
 
 // String returns the algorithm's name, as in "SlidingWindow".
 func (a Algorithm) String() string {
-	switch a {
-	case SlidingWindow:
-		return "SlidingWindow"
-	case TokenBucket:
-		return "TokenBucket"
-	case FixedWindow:
-		return "FixedWindow"
-	case SlidingCounter:
-		return "SlidingCounter"
+	if a >= SlidingWindow && a <= SlidingCounter {
+		return algorithms[a].name
 	}
 	return fmt.Sprintf("Algorithm(%d)", int(a))
 }
 
-// algo is how a Limiter runs one algorithm: its script, the suffix of its state key, the
-// ARGV it sends after op, n and waitOrToken, and the largest n it can grant.
-type algo struct {
-	suffix string
-	script *redis.Script
-	args   func(limits []Limit, c *config) []any
-	maxN   func(l Limit) int
+// algorithm is everything the Go side knows of one algorithm: the rest is its script.
+type algorithm struct {
+	name   string
+	suffix string        // its state key's (internal/keys)
+	script *script // lua/gen/<script>.lua
+	bursts bool          // a limit's ARGV holds its burst (rate, period_us, burst), else (rate, period_us)
+	// params are the ARGV after the limits: the log's sub-bucket width (0: exact)
+	params func(limits []Limit, buckets int) []any
+	// maxN is the most permits l can grant at once.
+	maxN func(l Limit) int
+	// counted is how long after a grant takes effect its permits still count against
+	// l: the key's state (and this process's, for StateLost and FailLocal) matters that long.
+	counted func(l Limit) time.Duration
+	// share is l cut to one process's share of a fleet of n, as a sliding window
+	// (FailLocal's in-process log).
+	share func(l Limit, n int) Limit
+	// lack is, for StateLost, how many permits the key's state still lacks at server
+	// time now (µs) from mark, n of ours granted at token under l, if it is intact;
+	// ok is false when mark no longer counts.
+	lack func(l Limit, token int64, n int, now int64) (lack int, ok bool)
 }
 
-func (a Algorithm) algo() algo {
-	switch a {
-	case TokenBucket:
-		return tokenBucket
-	case FixedWindow:
-		return fixedWindow
-	case SlidingCounter:
-		return slidingCounter
+var (
+	logScript    = newScript("log")
+	bucketScript = newScript("bucket")
+	windowScript = newScript("window")
+)
+
+var algorithms = [...]algorithm{
+	SlidingWindow: {
+		name: "SlidingWindow", suffix: keys.SlidingWindow, script: logScript,
+		params: func([]Limit, int) []any { return []any{0} },
+		maxN:   rateN, counted: period, share: rateShare, lack: windowLack,
+	},
+	TokenBucket: {
+		name: "TokenBucket", suffix: keys.TokenBucket, script: bucketScript, bursts: true,
+		maxN: func(l Limit) int { return l.burst() },
+		// a full burst takes burst/rate periods to come back
+		counted: func(l Limit) time.Duration { return l.Period * time.Duration(max(1, (l.burst()+l.Rate-1)/l.Rate)) },
+		// burst permits per the time the share of the rate takes to refill them
+		share: func(l Limit, n int) Limit {
+			b := max(1, l.burst()/n)
+			return Limit{Rate: b, Period: time.Duration(float64(l.Period) * float64(b) * float64(n) / float64(l.Rate))}
+		},
+		lack: bucketLack,
+	},
+	FixedWindow: {
+		name: "FixedWindow", suffix: keys.FixedWindow, script: windowScript,
+		maxN: rateN, counted: period, share: rateShare,
+		lack: func(l Limit, token int64, n int, now int64) (int, bool) {
+			p := l.periodMicros()
+			return n, token/p == now/p // counted while in the same aligned window
+		},
+	},
+	SlidingCounter: {
+		name: "SlidingCounter", suffix: keys.SlidingCounter, script: logScript,
+		params: func(limits []Limit, buckets int) []any {
+			shortest := limits[0].periodMicros()
+			for _, l := range limits {
+				shortest = min(shortest, l.periodMicros())
+			}
+			return []any{(shortest + int64(buckets) - 1) / int64(buckets)}
+		},
+		maxN: rateN, counted: period, share: rateShare, lack: windowLack,
+	},
+}
+
+func (a Algorithm) algo() *algorithm { return &algorithms[a] }
+
+func rateN(l Limit) int              { return l.Rate }
+func period(l Limit) time.Duration   { return l.Period }
+func rateShare(l Limit, n int) Limit { return Limit{Rate: max(1, l.Rate/n), Period: l.Period} }
+func windowLack(l Limit, token int64, n int, now int64) (int, bool) {
+	return n, token+l.periodMicros() > now // counted while in the window
+}
+
+// bucketLack: the bucket gets a token back every period/rate, so n permits taken at
+// token are still missing ceil(n - (now - token) × rate / period) at now.
+func bucketLack(l Limit, token int64, n int, now int64) (int, bool) {
+	p := uint64(l.periodMicros())
+	hi, lo := bits.Mul64(uint64(now-token), uint64(l.Rate))
+	owed := uint64(n) * p // <= 2^50: burst × period is bounded
+	if hi != 0 || lo >= owed {
+		return 0, false
 	}
-	return slidingWindow
+	return int((owed - lo + p - 1) / p), true
 }
 
-// rateArgs is the ARGV tail shared by the log and window scripts: m, then rate and
-// period_us per limit.
-func rateArgs(limits []Limit) []any {
-	args := make([]any, 0, 1+2*len(limits))
+// args is the ARGV of limits for a: m, each limit's fields, then a's parameters.
+func (a *algorithm) args(limits []Limit, buckets int) []any {
+	args := make([]any, 0, 2+3*len(limits))
 	args = append(args, len(limits))
 	for _, l := range limits {
 		args = append(args, l.Rate, l.periodMicros())
+		if a.bursts {
+			args = append(args, l.burst())
+		}
+	}
+	if a.params != nil {
+		args = append(args, a.params(limits, buckets)...)
 	}
 	return args
 }
 
-func maxRateN(l Limit) int { return l.Rate }
+// otherStates returns the state keys of the other algorithms under tag: a grant that
+// creates a's state checks none of them exists (one algorithm per key).
+func (a *algorithm) otherStates(tag string) []string {
+	var out []string
+	for _, s := range keys.States() {
+		if s != a.suffix {
+			out = append(out, keys.Name(tag, s))
+		}
+	}
+	return out
+}

@@ -1,9 +1,14 @@
 package throttle
 
-import "errors"
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+)
 
 // Errors returned by this package. Test for them with errors.Is: the errors returned
-// wrap them with details (which key, which value).
+// wrap them with details (which key, which value, the cause).
 var (
 	// ErrInvalidLimit: a Limit that cannot be enforced (rate, period or burst out of
 	// range; see Limit). New and NewSemaphore return it.
@@ -11,29 +16,30 @@ var (
 
 	// ErrExceedsLimit: n is larger than the limit can ever grant at once (Rate for the
 	// sliding window, fixed window and sliding counter, Burst for the token bucket; the
-	// smallest over all limits). Returned before Redis is called; nothing is taken.
+	// smallest over all limits, or an operator's override of them). Nothing is taken.
 	ErrExceedsLimit = errors.New("jobthrottle: n exceeds what the limit can ever grant at once")
 
 	// ErrInvalidArgument: a negative n, a negative wait, an option that does not fit.
 	ErrInvalidArgument = errors.New("jobthrottle: invalid argument")
 
-	// ErrInvalidKey: an empty key, or a key and prefix whose hash tag would be empty.
+	// ErrInvalidKey: an empty key, a key and prefix whose hash tag would be empty, or
+	// longer than 512 bytes together.
 	ErrInvalidKey = errors.New("jobthrottle: invalid key")
 
 	// ErrNilClient: New or NewSemaphore was given a nil Redis client.
 	ErrNilClient = errors.New("jobthrottle: nil redis client")
 
-	// ErrCorruptState: the limiter's Redis key holds data jobthrottle did not write (a
-	// value of another type, or text it cannot read). The script changed nothing; delete
-	// the key to start over.
+	// ErrCorruptState: a Redis key of the limiter's holds data jobthrottle did not write
+	// (a value of another type, or text it cannot read). Nothing was changed, the key
+	// included; delete it to start over.
 	ErrCorruptState = errors.New("jobthrottle: redis key holds data jobthrottle did not write")
 
 	// ErrUnavailable: Redis could not be reached or cannot serve now (connection
 	// refused or reset, a timeout, LOADING, MASTERDOWN, CLUSTERDOWN, TRYAGAIN, READONLY
-	// during a failover…), or did not answer before the call's context's deadline,
-	// whatever the client's options. The error wraps the cause as well; one for a
-	// missed deadline also matches context.DeadlineExceeded. It is worth retrying
-	// after a moment; nothing was granted (see FailurePolicy for the alternatives).
+	// during a failover…), or did not answer before the call's deadline or call
+	// timeout, whatever the client's options. The error wraps the cause as well, when
+	// known; one for a missed deadline also matches context.DeadlineExceeded. Nothing
+	// was granted (see FailurePolicy for the alternatives).
 	ErrUnavailable = errors.New("jobthrottle: redis unavailable")
 
 	// ErrLeaseLost: a Semaphore lease is no longer held: it expired before Extend or
@@ -42,14 +48,77 @@ var (
 	ErrLeaseLost = errors.New("jobthrottle: semaphore lease lost")
 
 	// ErrNoPermission: the Redis user lacks a permission jobthrottle needs (see
-	// ACLRules): a command it sends or one its scripts run, or access to the keys or
-	// channels under the prefix. The error wraps Redis's refusal, which names the
-	// command, key or channel (Redis 7.0 does not name a command a script was refused).
-	// A call refused part-way may have taken effect: a user without MULTI runs the
-	// script outside the transaction before the refusal reaches the caller.
+	// ACLRules). The error wraps Redis's refusal, which names the command, key or
+	// channel.
 	ErrNoPermission = errors.New("jobthrottle: redis user lacks a permission (see throttle.ACLRules)")
 
 	// ErrUnexpectedReply: Redis answered a script with something it does not return,
 	// e.g. a proxy in between that rewrote the reply.
 	ErrUnexpectedReply = errors.New("jobthrottle: unexpected reply from redis script")
+
+	// ErrAlgorithmMismatch: the key's state was written by a Limiter of another
+	// algorithm. Two algorithms on one key would each keep their own state and each
+	// admit up to the limit, so the second is refused. The error is an *AlgorithmError.
+	ErrAlgorithmMismatch = errors.New("jobthrottle: the key is used by a limiter of another algorithm")
 )
+
+// AlgorithmError is the error of a Limiter whose key holds another algorithm's state
+// (see ErrAlgorithmMismatch, which it wraps). A grant that would create the Limiter's
+// own state checks the other algorithms' keys first, in the same atomic script call.
+// To move a key to another algorithm (a rollout), delete its state (`jobthrottle reset
+// KEY`): the new algorithm starts from a full limit.
+type AlgorithmError struct {
+	Key   string    // the key, without prefix
+	Want  Algorithm // the Limiter's algorithm
+	Found Algorithm // the algorithm whose state the key holds
+}
+
+func (e *AlgorithmError) Error() string {
+	return fmt.Sprintf("jobthrottle: key %q holds %v state; this limiter is %v (use one algorithm per key)", e.Key, e.Found, e.Want)
+}
+
+func (e *AlgorithmError) Unwrap() error { return ErrAlgorithmMismatch }
+
+// scriptError maps a failed call to this package's errors: what a script reports
+// (JTARG, JTSTATE, JTALG, JTEXCEEDS), a wrong-type key and an ACL refusal become
+// sentinels, an unreachable Redis ErrUnavailable (wrapping the cause too); anything
+// else is wrapped as it is.
+func scriptError(ctx context.Context, key string, err error) error {
+	if isUnavailable(ctx, err) {
+		return fmt.Errorf("%w: key %q: %w", ErrUnavailable, key, err)
+	}
+	msg := err.Error()
+	switch {
+	case strings.Contains(msg, "JTSTATE"), strings.Contains(msg, "WRONGTYPE"):
+		return fmt.Errorf("%w: key %q: %v", ErrCorruptState, key, err)
+	case strings.Contains(msg, "JTALG"):
+		return algorithmError(key, msg)
+	case strings.Contains(msg, "JTEXCEEDS"):
+		return fmt.Errorf("%w: key %q: %v", ErrExceedsLimit, key, err)
+	case strings.Contains(msg, "JTARG"):
+		return fmt.Errorf("%w: key %q: %v", ErrInvalidArgument, key, err)
+	case strings.Contains(msg, "NOPERM"), strings.Contains(msg, "The user executing the script can't"):
+		return fmt.Errorf("%w: key %q: %w", ErrNoPermission, key, err)
+	}
+	return fmt.Errorf("jobthrottle: key %q: %w", key, err)
+}
+
+// algorithmError maps a script's "JTALG <key>" failure, the key being the state key
+// of the algorithm found.
+func algorithmError(key, msg string) error {
+	e := &AlgorithmError{Key: key, Found: -1}
+	if _, rest, ok := strings.Cut(msg, "JTALG "); ok {
+		if _, suffix, ok := strings.Cut(rest, "}:"); ok {
+			suffix, _, _ = strings.Cut(suffix, " ")
+			for i, a := range algorithms {
+				if a.suffix == suffix {
+					e.Found = Algorithm(i)
+				}
+			}
+		}
+	}
+	if e.Found < 0 {
+		return fmt.Errorf("%w: key %q: %s", ErrAlgorithmMismatch, key, msg)
+	}
+	return e
+}

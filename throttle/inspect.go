@@ -2,12 +2,8 @@ package throttle
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
-
-	"github.com/jobthrottle/jobthrottle/lua"
-	"github.com/redis/go-redis/v9"
 )
 
 // LimiterState is a rate-limited key's live state as Inspect reads it: one read-only
@@ -120,170 +116,87 @@ type SemaphoreState struct {
 	TTL time.Duration
 }
 
-// semInspectLimit is how many lease expiries Semaphore.Inspect lists.
-const semInspectLimit = 100
-
-// inspectScripts holds each algorithm's read-only script.
-var inspectScripts = map[Algorithm]*redis.Script{
-	SlidingWindow:  lua.InspectSlidingWindow.Script(),
-	SlidingCounter: lua.InspectSlidingCounter.Script(),
-	TokenBucket:    lua.InspectGCRA.Script(),
-	FixedWindow:    lua.InspectFixedWindow.Script(),
-}
-
 // Inspect reads the key's live state: per limit how much is used, what is booked
-// ahead, the next free permit, the pause and the key's TTL (see LimiterState). It is
-// one script call that writes nothing, so it changes no decision and may run as often
-// as a dashboard likes; it does not call the hooks. The figures describe the state as
-// this limiter's algorithm and limits read it. Since it writes nothing, go-redis may
-// repeat a call whose reply was lost.
+// ahead, the next free permit, the pause, the override and the key's TTL (see
+// LimiterState). It asks the algorithm the same question as an acquire of one permit
+// and writes nothing, so it changes no decision and may run as often as a dashboard
+// likes; it does not call the hooks. Calls made at once share round trips.
 //
 // It returns ctx.Err() for a done context, an error wrapping ErrCorruptState when the
-// key holds data jobthrottle did not write (or a key of another type), ErrUnavailable
-// when Redis cannot be reached, and other Redis errors wrapped.
+// key holds data jobthrottle did not write, ErrUnavailable when Redis cannot be
+// reached, and other Redis errors wrapped.
 func (l *Limiter) Inspect(ctx context.Context) (LimiterState, error) {
 	if err := ctx.Err(); err != nil {
 		return LimiterState{}, err
 	}
-	v, err := l.viewScript().Run(ctx, l.rdb, l.keys, l.viewArgs()...).Int64Slice()
+	rep, err := l.c.do(&request{ctx: ctx, t: l.t, ks: l.c.key(l.t.tag), fields: []any{opInspect, 1, 0, 0, 0},
+		timeout: l.timeout, detail: true})
 	if err != nil {
-		return LimiterState{}, inspectError(ctx, l.key, err)
+		return LimiterState{}, err
 	}
-	return l.decodeView(v)
-}
-
-func (l *Limiter) viewScript() *redis.Script {
-	if l.view != nil {
-		return l.view
-	}
-	return inspectScripts[l.alg]
-}
-
-func (l *Limiter) viewArgs() []any {
-	args := make([]any, 3, 3+len(l.tail))
-	args[0], args[1], args[2] = opAcquire, 1, 0
-	return append(args, l.tail...)
-}
-
-// decodeView reads an inspect script's reply.
-func (l *Limiter) decodeView(v []int64) (LimiterState, error) {
-	if len(v) != 8+3*len(l.limits) {
-		return LimiterState{}, fmt.Errorf("%w: key %q: inspect returned %d values", ErrUnexpectedReply, l.key, len(v))
+	v, x := rep.v, rep.extra
+	if len(x) != 5+3*len(l.limits) {
+		return LimiterState{}, fmt.Errorf("%w: key %q: inspect's detail holds %d values", ErrUnexpectedReply, l.key, len(x))
 	}
 	st := LimiterState{
 		Algorithm:   l.alg,
-		Remaining:   int(v[0]),
-		NextFree:    micros(v[1]),
-		ResetAfter:  micros(v[2]),
-		Booked:      int(v[3]),
-		BookedAhead: micros(v[4]),
-		PausedFor:   micros(v[5]),
-		TTL:         pttl(v[6]),
-		Override:    micros(v[7]),
+		Remaining:   int(v[1]),
+		NextFree:    micros(v[2]),
+		ResetAfter:  micros(v[3]),
+		Booked:      int(x[0]),
+		BookedAhead: micros(x[1]),
+		PausedFor:   micros(x[2]),
+		TTL:         pttl(x[3]),
+		Override:    micros(x[4]),
 		Limits:      make([]LimitState, len(l.limits)),
 	}
 	for i, lim := range l.limits {
-		c := int(v[9+3*i])
+		rate, capacity, avail := x[5+3*i], x[6+3*i], x[7+3*i]
 		if st.Override > 0 { // the rates enforced now
-			lim.Rate = int(v[8+3*i])
-			if l.alg == TokenBucket {
-				lim.Burst = c
+			lim.Rate = int(rate)
+			if l.a.bursts {
+				lim.Burst = int(capacity)
 			}
 		}
-		st.Limits[i] = LimitState{Limit: lim, Capacity: c, Used: c - int(v[10+3*i])}
+		st.Limits[i] = LimitState{Limit: lim, Capacity: int(capacity), Used: int(capacity - avail)}
 	}
 	return st, nil
 }
 
-// InspectAll is Inspect for many limiters at once: the calls to one client go out
-// in one pipeline (one round trip per node), so a dashboard or a metrics scrape of a
-// thousand keys costs about one round trip, not a thousand. states[i] and errs[i] are
-// limiters[i]'s; a script the server does not have yet is loaded and run again on its
-// own.
-func InspectAll(ctx context.Context, limiters []*Limiter) (states []LimiterState, errs []error) {
-	states = make([]LimiterState, len(limiters))
-	errs = make([]error, len(limiters))
-	if err := ctx.Err(); err != nil {
-		for i := range errs {
-			errs[i] = err
-		}
-		return states, errs
-	}
-	byClient := map[redis.UniversalClient][]int{}
-	for i, l := range limiters {
-		byClient[l.rdb] = append(byClient[l.rdb], i)
-	}
-	for rdb, idx := range byClient {
-		pipe := rdb.Pipeline()
-		cmds := make([]*redis.Cmd, len(idx))
-		for j, i := range idx {
-			l := limiters[i]
-			cmds[j] = l.viewScript().EvalSha(ctx, pipe, l.keys, l.viewArgs()...)
-		}
-		_, _ = pipe.Exec(ctx) // each command's error is its own
-		for j, i := range idx {
-			l := limiters[i]
-			v, err := cmds[j].Int64Slice()
-			if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-				states[i], errs[i] = l.Inspect(ctx)
-				continue
-			}
-			if err != nil {
-				errs[i] = inspectError(ctx, l.key, err)
-				continue
-			}
-			states[i], errs[i] = l.decodeView(v)
-		}
-	}
-	return states, errs
-}
+// semInspectLimit is how many lease expiries Semaphore.Inspect lists.
+const semInspectLimit = 100
 
 // Inspect reads the semaphore's live state: leases held and their expiries, callers
-// waiting, the pause and the lease set's TTL (see SemaphoreState). It is one script
-// call that writes nothing, and does not call the hooks. Leases granted without Redis by a failure policy are not in Redis
-// and not counted.
-//
-// Errors are those of Limiter.Inspect.
+// waiting, the pause and the lease set's TTL (see SemaphoreState). It writes nothing
+// and does not call the hooks. Leases granted without Redis by a failure policy are not
+// in Redis and not counted. Errors are those of Limiter.Inspect.
 func (s *Semaphore) Inspect(ctx context.Context) (SemaphoreState, error) {
 	if err := ctx.Err(); err != nil {
 		return SemaphoreState{}, err
 	}
-	sc := s.view
-	if sc == nil {
-		sc = lua.InspectSemaphore.Script()
-	}
-	v, err := sc.Run(ctx, s.rdb, s.keys, semInspectLimit).Int64Slice()
+	r := &request{ctx: ctx, t: s.t, ks: s.c.key(s.t.tag), fields: []any{semInspect, "", "", semInspectLimit},
+		timeout: s.timeout, detail: true}
+	rep, err := s.c.do(r)
 	if err != nil {
-		return SemaphoreState{}, inspectError(ctx, s.key, err)
+		return SemaphoreState{}, err
 	}
-	if len(v) < 5 || int64(len(v)) != 5+v[4] {
-		return SemaphoreState{}, fmt.Errorf("%w: key %q: inspect returned %v", ErrUnexpectedReply, s.key, v)
+	v, x := rep.v, rep.extra
+	if len(x) < 2 || int64(len(x)) != 2+v[3] {
+		return SemaphoreState{}, fmt.Errorf("%w: key %q: inspect returned %v %v", ErrUnexpectedReply, s.key, v, x)
 	}
 	st := SemaphoreState{
 		Max:       s.max,
-		Held:      int(v[0]),
-		Waiting:   int(v[1]),
-		PausedFor: micros(v[2]),
-		TTL:       pttl(v[3]),
-		Expiries:  make([]time.Duration, v[4]),
+		Held:      int(v[1]),
+		Waiting:   int(v[2]),
+		PausedFor: micros(x[0]),
+		TTL:       pttl(x[1]),
+		Expiries:  make([]time.Duration, v[3]),
 	}
 	for i := range st.Expiries {
-		st.Expiries[i] = micros(v[5+i])
+		st.Expiries[i] = micros(x[2+i])
 	}
 	return st, nil
 }
-
-// inspectError maps a failed inspect call as scriptError does; a reply that is not a
-// list of integers is ErrUnexpectedReply.
-func inspectError(ctx context.Context, key string, err error) error {
-	var rerr redis.Error
-	if !errors.As(err, &rerr) && !isUnavailable(ctx, err) && ctx.Err() == nil {
-		return fmt.Errorf("%w: key %q: %v", ErrUnexpectedReply, key, err)
-	}
-	return scriptError(ctx, key, err)
-}
-
-func micros(us int64) time.Duration { return time.Duration(us) * time.Microsecond }
 
 // pttl maps a PTTL reply: -2 (absent) is 0, -1 (no TTL) stays negative.
 func pttl(ms int64) time.Duration {

@@ -31,8 +31,10 @@ const (
 	leaseLost
 )
 
-// ID returns the lease's id: 128 random bits as 32 hex digits, its member in the
-// Redis sorted set of leases.
+// ID returns the lease's holder token: 128 random bits as 32 hex digits, unique to
+// this holder, its member in the Redis sorted set of leases. Only this holder's calls
+// renew or release it; downstream systems may use it to fence writes by an earlier
+// holder of the slot.
 func (l *Lease) ID() string { return l.id }
 
 // Extend renews the lease: it expires one lease TTL from now (server clock).
@@ -50,8 +52,8 @@ func (l *Lease) Extend(ctx context.Context) error {
 	var r semReply
 	var err error
 	if l.local {
-		r.ok = l.s.local.extend(l.s.clock.Now(), l.id, l.s.ttl)
-	} else if r, err = l.s.call(ctx, semExtend, l.id, false, false); err != nil {
+		r.ok = l.s.local().extend(l.s.clock.Now(), l.id, l.s.ttl)
+	} else if r, err = l.s.call(ctx, semExtend, l.id, "", false, false); err != nil {
 		return err
 	}
 	if !r.ok {
@@ -79,8 +81,8 @@ func (l *Lease) Release(ctx context.Context) error {
 	var r semReply
 	var err error
 	if l.local {
-		r.ok = l.s.local.release(l.s.clock.Now(), l.id)
-	} else if r, err = l.s.call(ctx, semRelease, l.id, false, false); err != nil {
+		r.ok = l.s.local().release(l.s.clock.Now(), l.id)
+	} else if r, err = l.s.call(ctx, semRelease, l.id, "", false, false); err != nil {
 		return err
 	}
 	if !r.ok {

@@ -3,9 +3,12 @@ package throttle
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/internal/booking"
+	"github.com/jobthrottle/jobthrottle/internal/clock"
+	"github.com/jobthrottle/jobthrottle/internal/keys"
+	"github.com/jobthrottle/jobthrottle/waiter"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -13,50 +16,54 @@ import (
 // uses the same Redis, key, prefix and algorithm.
 //
 // Every decision is one atomic script call, run at most once, that reads the clock of
-// the Redis server, so clients' clocks do not matter and no two processes can both
-// take the last permit. A denial is a Result
-// with Allowed false and the exact RetryAfter, not an error; an error means bad input
-// or a failed Redis call, and then nothing was granted. Concurrent calls share round
-// trips (see WithCoalescing): each is still decided on its own, as above.
-//
-// Use Allow or AllowN to take permits now or not at all (to drop or defer work); Wait
-// or WaitN to sleep until they come (a worker loop); Reserve to book them and decide
-// yourself (see waiter.Reservation). Waiting callers book their place: they are served
-// in arrival order across every process, at one Redis call per wait, without polling.
-//
-// A Limiter is safe for simultaneous use by multiple goroutines, and cheap to build:
-// Limiters of one process on the same client, key and configuration share what the
-// process knows of the key besides Redis (failure policy, Stats, StateLost; the hold
-// is shared per client and key), so one built per call or per task behaves as one
-// built once.
+// the Redis server. A denial is a Result with Allowed false and the exact RetryAfter,
+// not an error; an error means bad input or a failed Redis call, and then nothing was
+// granted. Calls made at once from many goroutines share round trips, each still
+// decided on its own. A Limiter is safe for simultaneous use and cheap to build: those
+// of a process on the same Redis client and key share what the process knows of the
+// key (its hold, failure policy, StateLost), so one built per task behaves as one built
+// once.
 type Limiter struct {
-	runner
-	keys    []string // state key, pause key
+	c       *client
+	t       *target
+	key     string
 	alg     Algorithm
+	a       *algorithm
 	limits  []Limit
-	script  *redis.Script
-	view    *redis.Script // Inspect's script; nil: the algorithm's (tests swap it)
-	tail    []any         // ARGV after op, n, waitOrToken
-	take1   command       // the usual call, Allow: op acquire, n 1, waitOrToken 0, tail
-	late1   func(any)     // lateReply(opAcquire, 1)
 	maxN    int
 	hooks   Hooks
-	hold    *hold         // this process's hold on the key (see Hold)
-	shared  *limiterState // shared with the Limiters built alike (see shared.go)
-	src     source        // its side of coalescing (see coalesce.go)
-	local   *localLog     // shared.local: FailLocal's share
-	stats   *counters     // &shared.stats
-	latest  *stateWatch   // &shared.latest
-	keepFor time.Duration // how long a grant matters to StateLost after it takes effect
+	policy  FailurePolicy
+	timeout time.Duration
+	clock   clock.Clock
+	config  string        // the configuration's id on the key: target and policy
+	counted time.Duration // how long a grant counts against the limits
+	record  []any         // the key's record: text and TTL (ms)
+	every   time.Duration // how often this process writes the record
 }
+
+// Ops of the limiter scripts (lua/limiter.lua), and the fields of one request.
+const (
+	opAcquire  = 0
+	opCancel   = 1
+	opInspect  = 2
+	opPause    = 3
+	opResume   = 4
+	opOverride = 5
+	opClear    = 6
+
+	limiterFields = 5 // op, n, x, y, key
+)
+
+// maxWaitMicros is the longest wait a script takes (2^53 - 1 µs, about 285 years).
+const maxWaitMicros = 1<<53 - 1
 
 // New returns a limiter enforcing limit, and any limits added with WithLimits, on key.
 //
-// rdb may be any go-redis client: a plain Client, a Sentinel-backed FailoverClient or a
+// rdb may be any go-redis client: a Client, a Sentinel-backed FailoverClient or a
 // ClusterClient. New does not contact Redis. It returns an error wrapping ErrNilClient
-// for a nil client, ErrInvalidKey for an empty key, ErrInvalidLimit for a limit out of
-// range (see Limit), or ErrInvalidArgument for an option with a bad value. Options
-// that only fit a Semaphore do not compile here (see Option).
+// for a nil client, ErrInvalidKey for an empty key or one longer than 512 bytes with
+// its prefix, ErrInvalidLimit for a limit out of range (see Limit), or
+// ErrInvalidArgument for an option with a bad value.
 func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*Limiter, error) {
 	c := newConfig()
 	for _, o := range opts {
@@ -71,87 +78,32 @@ func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*L
 		return nil, fmt.Errorf("%w: %d limits, at most 16", ErrInvalidArgument, len(limits))
 	}
 	a := c.algorithm.algo()
-	maxN := maxRate
-	for _, l := range limits {
-		if err := l.validate(c.algorithm); err != nil {
-			return nil, fmt.Errorf("%w (key %q, limit %s)", err, key, l)
+	l := &Limiter{key: key, alg: c.algorithm, a: a, limits: limits, maxN: maxRate, hooks: c.hooks,
+		policy: c.policy, clock: c.clock}
+	rec := keys.Record{State: a.suffix, Buckets: c.buckets}
+	for _, lim := range limits {
+		if err := lim.validate(c.algorithm); err != nil {
+			return nil, fmt.Errorf("%w (key %q, limit %s)", err, key, lim)
 		}
-		maxN = min(maxN, a.maxN(l))
+		l.maxN = min(l.maxN, a.maxN(lim))
+		l.counted = max(l.counted, a.counted(lim))
+		rec.Limits = append(rec.Limits, keys.Limit{Rate: lim.Rate, Period: lim.Period, Burst: lim.Burst})
 	}
-	tail := a.args(limits, c)
-	shared := limiterStates.get(sharedKey{rdb, tag, fmt.Sprint("limiter", c.algorithm, tail, c.policy)}, func() *limiterState {
-		s := &limiterState{}
-		if c.policy.mode == failLocal {
-			s.local = newLocalLog(limits, c.algorithm, c.policy.fleet)
-		}
-		s.rec = newRecord(rdb, tag, c.algorithm, limits, c.buckets)
-		return s
-	})
-	l := &Limiter{
-		runner:  newRunner(rdb, key, c, &shared.keyState, shared, c.hooks.RedisError),
-		keys:    algorithmKeys(tag, a.suffix),
-		alg:     c.algorithm,
-		limits:  limits,
-		script:  a.script,
-		tail:    tail,
-		maxN:    maxN,
-		hooks:   c.hooks,
-		hold:    holdFor(sharedKey{rdb: rdb, tag: tag}),
-		shared:  shared,
-		local:   shared.local,
-		stats:   &shared.stats,
-		latest:  &shared.latest,
-		keepFor: grantMatters(limits, c.algorithm),
-	}
-	l.src = newSource(&l.runner, clientBatcher(rdb, c), shared, l.keys, [3]int8{0, 1, 2}, tail, l, l.script, 5)
-	l.take1 = l.src.command(l.script, append([]any{opAcquire, 1, int64(0)}, tail...)).withSHA()
-	l.late1 = l.lateReply(opAcquire, 1)
+	// the record outlives the state while the key is in use, and goes soon after it
+	ttl := max(recordMinTTL, 3*l.counted)
+	l.record, l.every = []any{rec.String(), ttl.Milliseconds()}, ttl/4
+	others := a.otherStates(tag)
+	base := append([]string{keys.Name(tag, a.suffix), keys.Name(tag, keys.ControlKey), keys.Name(tag, keys.RecordKey)}, others...)
+	tail := append(a.args(limits, c.buckets), len(others))
+	l.c = clientFor(rdb)
+	l.t = newTarget(key, tag, a.script, base, tail, limiterFields)
+	l.timeout = callTimeout(c.callTimeout, rdb)
+	l.config = l.t.id + " " + c.policy.String()
 	return l, nil
 }
 
-// grantMatters is how long after a grant takes effect its permits still count
-// somewhere: the longest period, or for a token bucket whose burst is above its rate
-// the time the bucket takes to refill the burst.
-func grantMatters(limits []Limit, alg Algorithm) time.Duration {
-	var d time.Duration
-	for _, l := range limits {
-		refills := 1 // burst × period <= 2^50µs for a token bucket: no overflow
-		if alg == TokenBucket {
-			refills = max(1, (l.burst()+l.Rate-1)/l.Rate)
-		}
-		d = max(d, l.Period*time.Duration(refills))
-	}
-	return d
-}
-
-// hashTag returns "{<prefix><key>}", the part every Redis key of a limiter starts with,
-// so Redis Cluster hashes only it and all of them land in one slot whatever braces the
-// key holds: the tag ends at the first "}" after the opening brace, the same place in
-// every key of the limiter. The tag must not be empty, which a key starting with "}"
-// and no prefix would make.
-func hashTag(prefix, key string) (string, error) {
-	if key == "" {
-		return "", fmt.Errorf("%w: empty key", ErrInvalidKey)
-	}
-	if strings.HasPrefix(prefix+key, "}") {
-		return "", fmt.Errorf("%w: %q: prefix and key must not start with '}'", ErrInvalidKey, prefix+key)
-	}
-	return "{" + prefix + key + "}", nil
-}
-
-func isNilClient(rdb redis.UniversalClient) bool {
-	switch c := rdb.(type) {
-	case nil:
-		return true
-	case *redis.Client:
-		return c == nil
-	case *redis.ClusterClient:
-		return c == nil
-	case *redis.Ring:
-		return c == nil
-	}
-	return false
-}
+// recordMinTTL is the shortest life of a key's record (see ReadRecord).
+const recordMinTTL = 10 * time.Second
 
 // Key returns the key the limiter was made for (without prefix).
 func (l *Limiter) Key() string { return l.key }
@@ -170,121 +122,281 @@ func (l *Limiter) Allow(ctx context.Context) (Result, error) {
 // AllowN takes n permits now if every limit has room for them, and otherwise takes
 // nothing and reports in RetryAfter when they would fit. Queued reservations come
 // first: while any wait, AllowN is denied. AllowN(ctx, 0) takes nothing and reports
-// the state (Allowed is true).
-//
-// Use AllowN when a denied caller drops or defers its work; use Wait or Reserve to
-// wait for the permits instead.
+// the state. Use it when a denied caller drops or defers its work; use Wait or
+// Reserve to wait for the permits instead.
 //
 // It returns an error wrapping ErrInvalidArgument for n < 0, ErrExceedsLimit for n
 // above what the limit can ever grant (without calling Redis), ctx.Err() for a done
 // context, and the Redis error when the call fails; Allowed is false with any error.
 func (l *Limiter) AllowN(ctx context.Context, n int) (Result, error) {
-	if err := l.checkN(n); err != nil {
+	if err := l.check(ctx, n); err != nil {
 		return Result{}, err
 	}
-	if err := ctx.Err(); err != nil {
-		return Result{}, err
-	}
-	r, err := l.call(ctx, opAcquire, n, 0)
+	g, err := l.acquire(ctx, n, 0, nil)
 	if err != nil {
 		return Result{}, err
 	}
-	l.report(n, r)
-	return r.result(), nil
+	return g.result(), nil
 }
 
-// report calls the Allowed or Denied hook for a decision.
-func (l *Limiter) report(n int, r reply) {
-	if r.granted {
-		if l.hooks.Allowed != nil {
-			l.hooks.Allowed(l.key, n, r.wait)
-		}
-	} else if l.hooks.Denied != nil {
-		l.hooks.Denied(l.key, n, r.wait)
+// Reserve books n permits at the earliest time they are available that is not
+// earlier than any booking already made on the key (first come, first served across
+// every process), if that time comes within maxWait: the reservation is OK and its
+// Delay says when they take effect; they count against the limit from then. Otherwise
+// nothing is booked and Delay says when n permits would be available. Give back a
+// booking you will not use with its Cancel. The token bucket books at most 2^50/Rate
+// µs ahead.
+//
+// A reservation keeps its booking: its Wait does not follow a Pause or Resume of the
+// key; WaitN does. Errors are those of AllowN, ErrInvalidArgument for a negative
+// maxWait, and waiter.ErrNilReserver for a nil *Limiter.
+func (l *Limiter) Reserve(ctx context.Context, n int, maxWait time.Duration) (*waiter.Reservation, error) {
+	if l == nil {
+		return nil, fmt.Errorf("%w: nil *throttle.Limiter", waiter.ErrNilReserver)
 	}
+	if err := l.check(ctx, n); err != nil {
+		return nil, err
+	}
+	if maxWait < 0 {
+		return nil, fmt.Errorf("%w: maxWait %v", ErrInvalidArgument, maxWait)
+	}
+	task := booking.From(ctx)
+	g, err := l.acquire(ctx, n, maxWait, task)
+	if err != nil {
+		return nil, err
+	}
+	var cancel func(context.Context) error
+	if g.granted && g.wait > 0 {
+		cancel = func(ctx context.Context) error { return l.giveBack(ctx, n, g) }
+	}
+	return waiter.NewReservation(g.granted, g.wait, cancel), nil
 }
 
-func (l *Limiter) checkN(n int) error {
+func (l *Limiter) check(ctx context.Context, n int) error {
 	if n < 0 {
 		return fmt.Errorf("%w: n = %d", ErrInvalidArgument, n)
 	}
 	if n > l.maxN {
 		return fmt.Errorf("%w: n = %d, at most %d (key %q)", ErrExceedsLimit, n, l.maxN, l.key)
 	}
-	return nil
+	return ctx.Err()
 }
 
-// Script operations (ARGV[1]).
-const (
-	opAcquire = 0
-	opCancel  = 1
-)
-
-// reply is a script's answer: {granted, remaining, wait_us, reset_us, token}.
-type reply struct {
+// grant is a script's answer to an acquire.
+type grant struct {
 	granted   bool
+	kept      bool // a task's booking was found (booking.Task)
 	remaining int
 	wait      time.Duration
 	reset     time.Duration
-	token     int64 // when the grant takes effect (µs); what a cancel sends back
-	local     bool  // decided without Redis (FailOpen, FailLocal): token is local time
+	token     int64 // when the grant takes effect, server µs: what a cancel sends back
+	stamp     int64 // a task's booking's stamp: what its cancel sends back
+	task      string
+	local     bool // decided without Redis (FailOpen, FailLocal)
 }
 
-func (r reply) result() Result {
-	res := Result{Allowed: r.granted, Remaining: r.remaining, ResetAfter: r.reset}
-	if !r.granted {
-		res.RetryAfter = r.wait
+func (g grant) result() Result {
+	r := Result{Allowed: g.granted, Remaining: g.remaining, ResetAfter: g.reset}
+	if !g.granted {
+		r.RetryAfter = g.wait
 	}
-	return res
+	return r
 }
 
-// call runs the script once: op, n, waitOrToken (for an acquire the longest wait
-// in µs, for a cancel the token of the booking to give back), or, while
-// Redis is unreachable, decides as the failure policy says.
-func (l *Limiter) call(ctx context.Context, op, n int, waitOrToken int64) (reply, error) {
-	r, err := l.run(ctx, op, n, waitOrToken)
-	if l.policy.degrades(err) {
-		return l.degraded(op, n, waitOrToken, err)
+// acquire asks for n permits within maxWait, for task's booking if task is not nil,
+// decided by Redis or, while it is unreachable, by the failure policy.
+func (l *Limiter) acquire(ctx context.Context, n int, maxWait time.Duration, task *booking.Task) (grant, error) {
+	x := min(int64(maxWait/time.Microsecond), maxWaitMicros)
+	var key string
+	var late int64
+	if task != nil {
+		if err := task.Check(); err != nil {
+			return grant{}, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+		}
+		key, late = keys.Name(l.t.tag, keys.Booking+task.ID), int64(task.Late/time.Microsecond)
 	}
-	return r, err
-}
-
-// run runs the script once.
-func (l *Limiter) run(ctx context.Context, op, n int, waitOrToken int64) (reply, error) {
+	var giveBack func(reply)
+	if x > 0 && task == nil { // a grant booked ahead whose caller left is given back
+		giveBack = func(rep reply) {
+			if g := decodeGrant(rep); g.granted && g.wait > 0 {
+				l.lateGiveBack(n, g)
+			}
+		}
+	}
+	ks := l.c.key(l.t.tag)
 	var mark stateMark
+	var cs *configState
+	if l.hooks.StateLost != nil || l.policy.mode == failLocal {
+		cs = l.configState(ks)
+		mark = cs.watch.get()
+	}
+	rep, err := l.send(ctx, ks, []any{opAcquire, n, x, late, 0}, key, nil, giveBack, n > 0)
+	if err != nil {
+		if l.policy.degrades(err) {
+			return l.degraded(ks, n, x, err)
+		}
+		return grant{}, err
+	}
+	g := decodeGrant(rep)
+	if task != nil {
+		g.task, task.Kept = key, g.kept
+	}
 	if l.hooks.StateLost != nil {
-		mark = l.latest.get()
+		l.observe(ks, cs, mark, n, g)
 	}
-	c := l.take1 // built once; go-redis only reads it
-	if op != opAcquire || n != 1 || waitOrToken != 0 || c.script != l.script {
-		args := make([]any, 3, 3+len(l.tail))
-		args[0], args[1], args[2] = op, n, waitOrToken
-		c = l.src.command(l.script, append(args, l.tail...))
+	if !g.kept {
+		l.report(n, g)
 	}
-	c.rec = l.recordIf(op == opAcquire && n > 0) // a call that may grant carries the key's record when due
-	val, ints, err := l.src.decide(ctx, c)
-	c.rec.failedIf(err)
+	return g, nil
+}
+
+func decodeGrant(rep reply) grant {
+	v := rep.v
+	return grant{granted: v[0] >= 1, kept: v[0] == 2, remaining: int(v[1]), wait: micros(v[2]),
+		reset: micros(v[3]), token: v[4], stamp: v[5]}
+}
+
+// send makes one request of the limiter's script through the client. A request that
+// may grant carries the key's record when it is due.
+func (l *Limiter) send(ctx context.Context, ks *keyState, fields []any, key string, extra []any, late func(reply), mayGrant bool) (reply, error) {
+	if l.policy.mode != failClosed && ks.breaker.skip(time.Now()) {
+		return reply{}, fmt.Errorf("%w: key %q: %w", ErrUnavailable, l.key, errRecentlyDown)
+	}
+	r := &request{ctx: ctx, t: l.t, ks: ks, fields: fields, key: key, extra: extra, late: late, timeout: l.timeout}
+	if mayGrant && ks.recordDue(l.every) {
+		r.record = l.record
+	}
+	rep, err := l.c.do(r)
 	if err != nil {
 		if ae, ok := err.(*AlgorithmError); ok {
 			ae.Want = l.alg
 		}
-		return reply{}, err
+		if r.record != nil {
+			ks.recordFailed()
+		}
+		if l.hooks.RedisError != nil && ctx.Err() == nil {
+			l.hooks.RedisError(l.key, err)
+		}
 	}
-	var v [5]int64 // {granted, remaining, wait_us, reset_us, token}
-	if ints != nil {
-		copy(v[:], ints) // five: see group.deliverFlat
-	} else if !int64s(val, v[:]) {
-		return reply{}, fmt.Errorf("%w: key %q: %v", ErrUnexpectedReply, l.key, val)
-	}
-	r := reply{
-		granted:   v[0] == 1,
-		remaining: int(v[1]),
-		wait:      time.Duration(v[2]) * time.Microsecond,
-		reset:     time.Duration(v[3]) * time.Microsecond,
-		token:     v[4],
-	}
-	if l.hooks.StateLost != nil {
-		l.observe(mark, op, n, waitOrToken, r)
-	}
-	return r, nil
+	return rep, err
 }
+
+// report calls the Allowed or Denied hook for a decision.
+func (l *Limiter) report(n int, g grant) {
+	if g.granted {
+		if l.hooks.Allowed != nil {
+			l.hooks.Allowed(l.key, n, g.wait)
+		}
+	} else if l.hooks.Denied != nil {
+		l.hooks.Denied(l.key, n, g.wait)
+	}
+}
+
+// giveBack cancels g, a booking of n permits ahead, so that a later caller can use
+// them; a task's booking is cancelled only while it is still the caller's (its stamp).
+func (l *Limiter) giveBack(ctx context.Context, n int, g grant) error {
+	if g.local {
+		l.configState(l.c.key(l.t.tag)).local.cancel(l.clock.Now().UnixMicro(), g.token, n)
+		return nil
+	}
+	x := g.token
+	if g.task != "" {
+		x = g.stamp
+	}
+	ks := l.c.key(l.t.tag)
+	rep, err := l.send(ctx, ks, []any{opCancel, n, x, 0, 0}, g.task, nil, nil, false)
+	if err != nil || rep.v[0] != 1 {
+		return err
+	}
+	if l.hooks.StateLost != nil { // the latest grant StateLost compares with is no more
+		w := &l.configState(ks).watch
+		w.mu.Lock()
+		if w.mark.token == g.token {
+			w.mark = stateMark{}
+		}
+		w.mu.Unlock()
+	}
+	if l.hooks.Cancelled != nil {
+		l.hooks.Cancelled(l.key, n)
+	}
+	return nil
+}
+
+// lateGiveBack gives g back for a caller that has left: in the background, once,
+// bounded by the call timeout; a failure goes to the RedisError hook.
+func (l *Limiter) lateGiveBack(n int, g grant) {
+	ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
+	defer cancel()
+	_ = l.giveBack(ctx, n, g)
+}
+
+// configState returns the state this Limiter's configuration shares on ks.
+func (l *Limiter) configState(ks *keyState) *configState {
+	return ks.config(l.config, func() *configState {
+		cs := &configState{}
+		if l.policy.mode == failLocal {
+			cs.local = newLocalLog(l.limits, l.a, l.policy.fleet)
+		}
+		return cs
+	})
+}
+
+// prepare is the start New and NewSemaphore share once their options are applied to
+// c: it refuses a nil client and a bad option, and returns the key's hash tag.
+func prepare(rdb redis.UniversalClient, key string, c *config) (string, error) {
+	if isNilClient(rdb) {
+		return "", ErrNilClient
+	}
+	if c.err != nil {
+		return "", c.err
+	}
+	tag, err := keys.Tag(c.prefix, key)
+	if err != nil {
+		return "", fmt.Errorf("%w: %v", ErrInvalidKey, err)
+	}
+	return tag, nil
+}
+
+func isNilClient(rdb redis.UniversalClient) bool {
+	switch c := rdb.(type) {
+	case nil:
+		return true
+	case *redis.Client:
+		return c == nil
+	case *redis.ClusterClient:
+		return c == nil
+	case *redis.Ring:
+		return c == nil
+	}
+	return false
+}
+
+// callTimeout returns the bound of each Redis call: the one set (WithCallTimeout), else
+// one try of rdb's: DialTimeout + WriteTimeout + ReadTimeout, go-redis's defaults (5s,
+// 3s, 3s) standing in for any unset or disabled.
+func callTimeout(set time.Duration, rdb redis.UniversalClient) time.Duration {
+	if set > 0 {
+		return set
+	}
+	dial, write, read := 5*time.Second, 3*time.Second, 3*time.Second
+	or := func(v, def time.Duration) time.Duration {
+		if v > 0 {
+			return v
+		}
+		return def
+	}
+	switch c := rdb.(type) {
+	case *redis.Client:
+		o := c.Options()
+		dial, write, read = or(o.DialTimeout, dial), or(o.WriteTimeout, write), or(o.ReadTimeout, read)
+	case *redis.ClusterClient:
+		o := c.Options()
+		dial, write, read = or(o.DialTimeout, dial), or(o.WriteTimeout, write), or(o.ReadTimeout, read)
+	case *redis.Ring:
+		o := c.Options()
+		dial, write, read = or(o.DialTimeout, dial), or(o.WriteTimeout, write), or(o.ReadTimeout, read)
+	}
+	return dial + write + read
+}
+
+func micros(us int64) time.Duration { return time.Duration(us) * time.Microsecond }

@@ -19,21 +19,13 @@ type localEntry struct {
 	n  int
 }
 
-// newLocalLog cuts each limit to 1/fleet of it, rounding down but never below 1. A
-// token bucket's share is a log of its burst's share per the time the bucket takes to
-// refill that share, which keeps both its burst and its rate.
-func newLocalLog(limits []Limit, alg Algorithm, fleet int) *localLog {
+// newLocalLog cuts each limit to the process's share of a fleet of fleet processes
+// (the algorithm's share: a window's rate, or a token bucket's burst per the time the
+// share of its rate takes to refill it).
+func newLocalLog(limits []Limit, a *algorithm, fleet int) *localLog {
 	share := make([]Limit, len(limits))
 	for i, l := range limits {
-		rate := max(1, l.Rate/fleet)
-		period := l.Period
-		if alg == TokenBucket {
-			burst := max(1, l.burst()/fleet)
-			// burst permits per the time the fleet's share takes to refill them
-			period = time.Duration(float64(l.Period) * float64(burst) * float64(fleet) / float64(l.Rate))
-			rate = burst
-		}
-		share[i] = Limit{Rate: rate, Period: period}
+		share[i] = a.share(l, fleet)
 	}
 	return &localLog{limits: share}
 }
@@ -56,8 +48,8 @@ func (g *localLog) span() time.Duration {
 	return d
 }
 
-// acquire is the script's acquire on the local log (see lua/log.lua).
-func (g *localLog) acquire(now int64, n int, maxWait int64) reply {
+// acquire is the log script's acquire (lua/log.lua's fit and take) on the local log.
+func (g *localLog) acquire(now int64, n int, maxWait int64) grant {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	var pmax int64
@@ -89,7 +81,7 @@ func (g *localLog) acquire(now int64, n int, maxWait int64) reply {
 			}
 		}
 	}
-	r := reply{local: true}
+	r := grant{local: true}
 	wait := t - now
 	if n == 0 {
 		wait = 0

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/jobthrottle/jobthrottle/internal/clock"
+	"github.com/jobthrottle/jobthrottle/internal/keys"
 )
 
 // Option configures a Limiter; pass options to New. An option that only fits a
@@ -22,8 +23,7 @@ type SemaphoreOption interface {
 }
 
 // CommonOption configures a Limiter or a Semaphore alike (WithKeyPrefix,
-// WithFailurePolicy, WithCallTimeout, WithCoalescing): it is an Option and a
-// SemaphoreOption.
+// WithFailurePolicy, WithCallTimeout): it is an Option and a SemaphoreOption.
 type CommonOption interface {
 	Option
 	SemaphoreOption
@@ -53,7 +53,6 @@ type config struct {
 	clock      clock.Clock // the system's; tests set theirs (withClock)
 	policy     FailurePolicy
 	leaseTTL   time.Duration // 0 means defaultLeaseTTL
-	noCoalesce bool          // WithCoalescing(false)
 	err        error
 
 	callTimeout time.Duration // 0: one try of the client's (see WithCallTimeout)
@@ -62,7 +61,7 @@ type config struct {
 func newConfig() *config {
 	return &config{
 		algorithm: SlidingWindow,
-		prefix:    "jobthrottle:",
+		prefix:    keys.DefaultPrefix,
 		buckets:   defaultBuckets,
 		clock:     clock.System,
 	}
@@ -121,22 +120,6 @@ func WithBuckets(n int) Option {
 	})
 }
 
-// WithCoalescing turns coalescing on or off; it is on by default. With it on, calls
-// on the key that arrive while this process's calls on its client are in flight (up
-// to two round trips at once) wait for one to return, and then go to Redis together
-// in one script call that decides each of them in arrival order, exactly as calls of
-// their own would be decided at that instant (each with its own n, max wait and
-// context). A lone call goes at once, as with coalescing off: nothing waits for a
-// timer. Under load, one
-// Redis call serves many callers, so Redis does a fraction of the work per permit and
-// a process gets many times the permits per second a round trip per call allows.
-// A Semaphore's acquires, extensions and releases coalesce the same way, in arrival
-// order, so its queue stays first come, first served. Turn it off to make every call
-// its own round trip (to compare the two).
-func WithCoalescing(on bool) CommonOption {
-	return commonOption(func(c *config) { c.noCoalesce = !on })
-}
-
 // WithHooks sets callbacks the Limiter calls after its decisions (see Hooks).
 func WithHooks(h Hooks) Option {
 	return limiterOption(func(c *config) { c.hooks = h })
@@ -165,32 +148,17 @@ func WithLeaseTTL(d time.Duration) SemaphoreOption {
 	})
 }
 
-// WithCallTimeout bounds each Redis call of a Limiter or Semaphore: one that has no
+// WithCallTimeout bounds each Redis call of a Limiter or Semaphore: a call with no
 // reply within d returns an error wrapping ErrUnavailable (not
 // context.DeadlineExceeded: the caller's own deadline has not passed), whatever the
-// client's timeouts and retries, and whether or not the context has a deadline (an
-// earlier deadline still ends the call first). A reply that comes later is handled
-// as one after a deadline: a booking ahead or a lease it brings is given back. d must be
-// positive (ErrInvalidArgument otherwise).
+// client's timeouts and retries; an earlier context deadline ends it first. A reply
+// that comes later is handled as one after a deadline: a booking ahead or a lease it
+// brings is given back. d must be positive (ErrInvalidArgument otherwise).
 //
 // Unset, the bound is one try of the client's: DialTimeout + WriteTimeout +
 // ReadTimeout of its options, with go-redis's defaults (5s, 3s, 3s) for any unset or
-// disabled, so 11s by default and never forever. A healthy call takes a millisecond
-// or so: set d to what the caller can afford to wait for a decision (a second, say),
-// above the slowest reply a loaded Redis gives.
-//
-// How the bound is kept: a call whose context can never end (its Done is nil:
-// context.Background, TODO, WithoutCancel) on a plain go-redis Client built with
-// ContextTimeoutEnabled, and that grants nothing to give back (Allow and AllowN,
-// whose grants take effect at once; Pause; a cancel), runs on the caller's goroutine
-// under a context whose deadline is the bound: such a client ends every wait (for a
-// pooled connection, a dial, a retry's backoff, each read and write) by the
-// context's deadline. Any other call (a context that can be cancelled or has a
-// deadline, a client without ContextTimeoutEnabled, whose reads wait their
-// ReadTimeout whatever the context, a ClusterClient, FailoverClient or Ring, a
-// booking ahead or a semaphore acquire) is handed to a goroutine while the caller
-// waits for its reply, the bound and the context, which costs a lone call some CPU
-// and latency.
+// disabled, so 11s by default. Set it to what a caller can afford to wait for a
+// decision, above the slowest reply a loaded Redis gives.
 func WithCallTimeout(d time.Duration) CommonOption {
 	return commonOption(func(c *config) {
 		if c.check(d > 0, "%w: call timeout %v, want > 0", ErrInvalidArgument, d) {

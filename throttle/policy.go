@@ -77,19 +77,7 @@ func WithFailurePolicy(p FailurePolicy) CommonOption {
 	})
 }
 
-// Stats counts decisions made without Redis by the Limiters (or Semaphores) of this
-// process that share a client, key and configuration; counting starts afresh when
-// none of them has been used for a while (see Limiter).
-type Stats struct {
-	FailedOpen uint64 // requests granted by FailOpen
-	Local      uint64 // decisions made by FailLocal's in-process limiter
-}
-
-// Stats returns the counters of the Limiters of this process built alike.
-func (l *Limiter) Stats() Stats {
-	return Stats{FailedOpen: l.stats.failedOpen.Load(), Local: l.stats.local.Load()}
-}
-
+// counters count the decisions made without Redis on a key by this process.
 type counters struct {
 	failedOpen atomic.Uint64
 	local      atomic.Uint64
@@ -146,8 +134,9 @@ const (
 	breakerMax   = time.Second
 )
 
-// skip reports whether the call should not try Redis now. When the quiet time is over
-// it lets one caller through to probe, and keeps the others local meanwhile.
+// skip reports whether a call under FailOpen or FailLocal should not try Redis now.
+// When the quiet time is over it lets one caller through to probe, and keeps the
+// others local meanwhile.
 func (b *breaker) skip(now time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -180,44 +169,42 @@ func (b *breaker) succeeded() {
 	b.mu.Unlock()
 }
 
+// idle reports whether the breaker is closed, or its quiet time over, at now.
+func (b *breaker) idle(now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.downUntil.Before(now)
+}
+
 // degrades reports whether err leaves the call to the policy: Redis is unreachable
 // and the policy is FailOpen or FailLocal.
 func (p FailurePolicy) degrades(err error) bool {
 	return err != nil && p.mode != failClosed && errors.Is(err, ErrUnavailable)
 }
 
-// degraded decides a call without Redis under FailOpen or FailLocal; cause is why
-// Redis was not used. Cancels of Redis bookings cannot be made: they fail.
-func (l *Limiter) degraded(op, n int, waitOrToken int64, cause error) (reply, error) {
-	if op == opCancel {
-		if l.local != nil && l.local.cancel(l.clock.Now().UnixMicro(), waitOrToken, n) {
-			return reply{granted: true, local: true}, nil
-		}
-		return reply{}, cause
-	}
+// degraded decides an acquire of n permits within maxWait µs without Redis, under
+// FailOpen or FailLocal; cause is why Redis was not used.
+func (l *Limiter) degraded(ks *keyState, n int, maxWait int64, cause error) (grant, error) {
 	switch l.policy.mode {
 	case failOpen:
-		l.stats.failedOpen.Add(1)
-		if l.hooks.Degraded != nil {
-			l.hooks.Degraded(l.key, l.policy, cause)
-		}
-		return reply{granted: true, local: true}, nil
+		ks.stats.failedOpen.Add(1)
 	case failLocal:
-		if n > l.local.maxN() {
-			return reply{}, fmt.Errorf("%w (n=%d is above this process's share %d)", cause, n, l.local.maxN())
+		local := l.configState(ks).local
+		if n > local.maxN() {
+			return grant{}, fmt.Errorf("%w (n=%d is above this process's share %d)", cause, n, local.maxN())
 		}
-		l.stats.local.Add(1)
+		ks.stats.local.Add(1)
+		g := local.acquire(l.clock.Now().UnixMicro(), n, maxWait)
+		if g.granted && n > 0 {
+			ks.keepFor(g.wait + local.span()) // the grant counts in the share until then
+		}
 		if l.hooks.Degraded != nil {
 			l.hooks.Degraded(l.key, l.policy, cause)
 		}
-		r := l.local.acquire(l.clock.Now().UnixMicro(), n, waitOrToken)
-		if r.granted && n > 0 {
-			l.keep(r.wait + l.local.span()) // the grant counts in the share until then
-		}
-		return r, nil
+		return g, nil
 	}
-	return reply{}, cause
+	if l.hooks.Degraded != nil {
+		l.hooks.Degraded(l.key, l.policy, cause)
+	}
+	return grant{granted: true, local: true}, nil
 }
-
-// errRecentlyDown is the cause given for a decision made locally without trying Redis.
-var errRecentlyDown = errors.New("redis was unreachable moments ago")

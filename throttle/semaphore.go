@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jobthrottle/jobthrottle/lua"
+	"github.com/jobthrottle/jobthrottle/internal/booking"
+	"github.com/jobthrottle/jobthrottle/internal/clock"
+	"github.com/jobthrottle/jobthrottle/internal/keys"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -18,51 +20,45 @@ import (
 // holder extends it, so the slot of a holder that dies comes back within one TTL;
 // Release frees it at once. Use Do (or Lease.Hold) to run a function under a lease
 // that is renewed every TTL/3 and always released; TryAcquire to take a lease now or
-// learn how long to wait (to hand a job back to its queue); Acquire to wait for one.
-//
-// Waiters are served first come, first served across every process: a freed slot
-// goes straight to the oldest waiter, which has it within about a pub/sub round trip,
-// without polling (the README's "In-flight limits: Semaphore" tells how). While the
-// key is paused (Limiter.Pause) no lease is granted; held leases can still be
-// extended and released. Keys: "{<prefix><key>}:sem", ":semq" and ":semx"; channel
-// "{<prefix><key>}:sem:wake".
-//
-// A Semaphore is safe for simultaneous use by multiple goroutines, and cheap to
-// build: Semaphores of one process built alike share what the process knows of the
-// key (see Limiter).
+// learn how long to wait; Acquire to wait for one. Waiters are served first come,
+// first served across every process: a freed slot goes straight to the oldest, which
+// has it within about a pub/sub round trip. While the key is paused (Limiter.Pause) no
+// lease is granted; held leases can still be extended and released. A Semaphore is
+// safe for simultaneous use and cheap to build.
 type Semaphore struct {
-	runner
-	keys    []string // leases, queue, queue expiries, pause
-	channel string
+	c       *client
+	t       *target
+	key     string
 	max     int
 	ttl     time.Duration
-	ttlUS   int64
-	script  *redis.Script
-	view    *redis.Script // Inspect's script; nil: lua.InspectSemaphore.Script() (tests swap it)
 	hooks   SemaphoreHooks
-	hub     *wakeHub
-	shared  *semaphoreState // shared with the Semaphores built alike (see shared.go)
-	local   *localSem       // shared.local: stands in while Redis is unreachable
-	stats   *counters       // &shared.stats
-	src     source          // its side of coalescing (see coalesce.go)
+	policy  FailurePolicy
+	timeout time.Duration
+	clock   clock.Clock
+	config  string
+	channel string
 }
+
+// Ops of the semaphore script (lua/semaphore.lua), and the fields of one request.
+const (
+	semAcquire = 0
+	semExtend  = 1
+	semRelease = 2
+	semInspect = 3
+
+	semaphoreFields = 4 // op, token, place, join
+)
 
 // NewSemaphore returns a semaphore that lets at most max holders hold a lease on key
 // at once.
 //
-// Its options are WithKeyPrefix, WithFailurePolicy, WithCallTimeout, WithCoalescing
-// (CommonOptions, which a Limiter takes too), WithLeaseTTL and WithSemaphoreHooks; a Limiter's own options do
-// not compile here (see SemaphoreOption). With Redis unreachable a
-// Semaphore follows its FailurePolicy: FailClosed (the default) grants nothing and
-// returns an error wrapping ErrUnavailable; FailOpen grants every lease; FailLocal(n)
-// grants this process's share of the slots, max/n (at least 1). Leases granted without
-// Redis are kept in the process (Extend and Release act on them there) and are not
-// known to Redis when it returns. NewSemaphore does not contact Redis. It returns an error
-// wrapping ErrNilClient for a nil client, ErrInvalidKey for an empty key,
-// ErrInvalidLimit for max outside 1..10^9, or ErrInvalidArgument for an option that
-// does not fit.
-//
-// Processes sharing a key should agree on max: each call enforces the max it is given.
+// Its options are WithKeyPrefix, WithFailurePolicy, WithCallTimeout, WithLeaseTTL and
+// WithSemaphoreHooks. With Redis unreachable a Semaphore follows its FailurePolicy:
+// FailClosed (the default) grants nothing and returns an error wrapping
+// ErrUnavailable; FailOpen grants every lease; FailLocal(n) grants this process's
+// share of the slots, max/n (at least 1); leases granted without Redis are kept in the
+// process. NewSemaphore does not contact Redis. Its errors are New's, and
+// ErrInvalidLimit for max outside 1..10^9. Processes sharing a key should agree on max.
 func NewSemaphore(rdb redis.UniversalClient, key string, max int, opts ...SemaphoreOption) (*Semaphore, error) {
 	c := newConfig()
 	for _, o := range opts {
@@ -79,33 +75,16 @@ func NewSemaphore(rdb redis.UniversalClient, key string, max int, opts ...Semaph
 	if ttl == 0 {
 		ttl = defaultLeaseTTL
 	}
-	sem := tag + ":sem"
-	shared := semaphoreStates.get(sharedKey{rdb, tag, fmt.Sprint("semaphore", max, ttl, c.policy)}, func() *semaphoreState {
-		return &semaphoreState{local: newLocalSem(max, c.policy)}
-	})
-	s := &Semaphore{
-		runner:  newRunner(rdb, key, c, &shared.keyState, shared, c.semHooks.RedisError),
-		keys:    []string{sem, tag + ":semq", tag + ":semx", tag + ":pause"},
-		channel: sem + ":wake",
-		max:     max,
-		ttl:     ttl,
-		ttlUS:   ceilMicros(ttl),
-		script:  lua.Semaphore.Script(),
-		hooks:   c.semHooks,
-		hub:     wakeHubFor(rdb),
-		shared:  shared,
-		local:   shared.local,
-		stats:   &shared.stats,
-	}
-	s.src = newSource(&s.runner, clientBatcher(rdb, c), shared, s.keys, [3]int8{0, 1, 4}, []any{s.max, s.ttlUS}, s, s.script, 3)
+	base := []string{keys.Name(tag, keys.Leases), keys.Name(tag, keys.Queue), keys.Name(tag, keys.QueueExpiry),
+		keys.Name(tag, keys.ControlKey)}
+	s := &Semaphore{c: clientFor(rdb), key: key, max: max, ttl: ttl, hooks: c.semHooks, policy: c.policy,
+		timeout: callTimeout(c.callTimeout, rdb), clock: c.clock, channel: wakeChannel(tag)}
+	s.t = newTarget(key, tag, semaphoreScript, base, []any{max, ceilMicros(ttl)}, semaphoreFields)
+	s.config = s.t.id + " " + c.policy.String()
 	return s, nil
 }
 
-// Stats returns the counters of leases granted without Redis by the Semaphores of this
-// process built alike.
-func (s *Semaphore) Stats() Stats {
-	return Stats{FailedOpen: s.stats.failedOpen.Load(), Local: s.stats.local.Load()}
-}
+var semaphoreScript = newScript("semaphore")
 
 // Key returns the key the semaphore was made for (without prefix).
 func (s *Semaphore) Key() string { return s.key }
@@ -113,31 +92,24 @@ func (s *Semaphore) Key() string { return s.key }
 // Max returns how many leases may be live at once.
 func (s *Semaphore) Max() int { return s.max }
 
-// LeaseTTL returns how long a lease lives unless extended.
-func (s *Semaphore) LeaseTTL() time.Duration { return s.ttl }
-
 // TryAcquire takes a lease now if fewer than Max are live and nobody is queued for
-// one; otherwise it takes nothing and returns a nil lease and the time until, by expiry
-// alone, a slot would come to a caller asking now: the time until the earliest live
-// lease expires when nobody is queued, later when others are (a release can free a
-// slot earlier; an extension can push it later).
-//
-// Use TryAcquire when a caller that cannot run now defers its work (an asynq task
-// coming back after the wait); use Acquire or Do to wait instead.
-//
-// It returns ctx.Err() for a done context (without calling Redis) and the Redis
-// error when the call fails; the lease is nil with any error.
+// one; otherwise it takes nothing and returns a nil lease and the time until, by
+// expiry alone, a slot would come to a caller asking now (a release can free one
+// earlier). Use it when a caller that cannot run now defers its work; use Acquire or
+// Do to wait instead. It returns ctx.Err() for a done context and the Redis error
+// when the call fails; the lease is nil with any error.
 func (s *Semaphore) TryAcquire(ctx context.Context) (*Lease, time.Duration, error) {
-	return s.tryAcquire(ctx, newLeaseID(), false)
-}
-
-// tryAcquire is TryAcquire for lease id; join takes (or renews) id's place in the
-// queue when denied (TryAcquireFor).
-func (s *Semaphore) tryAcquire(ctx context.Context, id string, join bool) (*Lease, time.Duration, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, 0, err
 	}
-	r, err := s.call(ctx, semAcquire, id, join, join)
+	token, place, join := newToken(), "", false
+	if task := booking.From(ctx); task != nil { // a task's own place in the queue (asynqmw)
+		if err := task.Check(); err != nil {
+			return nil, 0, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+		}
+		place, join = task.Place(), true
+	}
+	r, err := s.call(ctx, semAcquire, token, place, join, place == "")
 	if err != nil {
 		return nil, 0, err
 	}
@@ -147,75 +119,73 @@ func (s *Semaphore) tryAcquire(ctx context.Context, id string, join bool) (*Leas
 		}
 		return nil, r.wait, nil
 	}
-	return s.granted(id, 0, r.local), 0, nil
+	return s.granted(token, 0, r.local), 0, nil
 }
 
 // Acquire waits for a lease and returns it. Callers are served in arrival order
 // across every process; a release hands its slot to the oldest waiter at once, which
-// returns within about a pub/sub round trip.
-//
-// If ctx ends first, Acquire gives its place in the queue back (and releases a lease
-// handed to it in the meantime) and returns ctx.Err(); unlike Limiter.Wait it does not
-// fail early when ctx's deadline is sooner than a slot is expected, since a release can
-// come at any time. Other errors are the Redis errors of the calls it makes.
+// returns within about a pub/sub round trip. If ctx ends first, Acquire gives its
+// place in the queue back (and a lease handed to it meanwhile) and returns ctx.Err().
+// Other errors are the Redis errors of the calls it makes.
 func (s *Semaphore) Acquire(ctx context.Context) (*Lease, error) {
-	return s.acquire(ctx, newLeaseID(), false)
-}
-
-// acquire is Acquire for lease id; keep leaves id's place in the queue (and a slot
-// handed to it) when ctx ends, for the next call with id (AcquireFor).
-func (s *Semaphore) acquire(ctx context.Context, id string, keep bool) (*Lease, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	token := newToken()
+	place, keep := token, false
+	if task := booking.From(ctx); task != nil { // the task keeps its place when it leaves
+		if err := task.Check(); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+		}
+		place, keep = task.Place(), true
+	}
 	start := s.clock.Now()
-	w, live := s.hub.watch(s.channel, id)
-	defer w.stop()
+	l := &listener{channel: s.channel, place: place, handed: make(chan struct{}, 1), check: make(chan struct{}, 1)}
+	h := s.c.hub
+	live := h.listen(l)
+	defer h.unlisten(l)
 	joined := false // a call took a place in the queue: give it back when leaving without a lease
 	for round := 0; ; round++ {
 		// Take a place in the queue once listening is confirmed, so that no notice
-		// naming id can come unheard: on the first call if the subscription is live,
-		// else once subscribe says it is, or from the second call (the confirmation,
-		// or the timer, wakes us before then).
+		// naming it can come unheard: on the first call if the subscription is live,
+		// else once subscribe says it is, or from the second call.
 		join := live || round > 0
-		r, err := s.call(ctx, semAcquire, id, join, keep)
+		r, err := s.call(ctx, semAcquire, token, place, join, !keep)
 		if err != nil {
-			// A joining call that ctx cut short has most likely taken its place
-			// already (its reply was on the way): give it back before returning. If
-			// it had not run yet, the late reply's release gives it back (lateAcquire).
-			if (joined || (join && ctx.Err() != nil)) && !keep {
-				s.giveUp(ctx, id)
+			if (joined || join && ctx.Err() != nil) && !keep {
+				s.giveUp(ctx, token, place)
 			}
 			return nil, err
 		}
 		joined = joined || join
 		if r.ok {
-			var waited time.Duration // reported only if it had to wait
+			var waited time.Duration
 			if round > 0 {
 				waited = s.clock.Now().Sub(start)
 			}
-			return s.granted(id, waited, r.local), nil
+			return s.granted(token, waited, r.local), nil
 		}
-		if w.subscribe(ctx) && !join {
+		if h.subscribe(ctx, l) && !join {
 			continue // confirmed already: take the place now
 		}
 		t := s.clock.NewTimer(min(r.wait, s.ttl/3)) // a place lapses after one TTL
 		select {
-		case <-w.handed:
-			t.Stop()
-			if ctx.Err() != nil {
-				if !keep {
-					s.giveUp(ctx, id)
+		case <-l.handed:
+			if place == token { // handed to its own place: the lease is its own already
+				t.Stop()
+				if ctx.Err() != nil {
+					s.giveUp(ctx, token, place)
+					return nil, ctx.Err()
 				}
-				return nil, ctx.Err()
+				return s.granted(token, s.clock.Now().Sub(start), false), nil
 			}
-			return s.granted(id, s.clock.Now().Sub(start), false), nil
-		case <-w.check:
+			// a task's place: the next call claims the lease under the token
+		case <-l.check:
 		case <-t.C():
 		case <-ctx.Done():
 			t.Stop()
 			if joined && !keep {
-				s.giveUp(ctx, id)
+				s.giveUp(ctx, token, place)
 			}
 			return nil, ctx.Err()
 		}
@@ -235,34 +205,26 @@ func (s *Semaphore) Do(ctx context.Context, fn func(ctx context.Context) error) 
 	return l.Hold(ctx, fn)
 }
 
-// granted makes the lease for id and reports it to the hooks; local leases were
+// granted makes the lease of token and reports it to the hooks; local leases were
 // granted without Redis.
-func (s *Semaphore) granted(id string, waited time.Duration, local bool) *Lease {
+func (s *Semaphore) granted(token string, waited time.Duration, local bool) *Lease {
 	if s.hooks.Acquired != nil {
 		s.hooks.Acquired(s.key, waited)
 	}
 	now := s.clock.Now()
-	return &Lease{s: s, id: id, granted: now, renewed: now, local: local}
+	return &Lease{s: s, id: token, granted: now, renewed: now, local: local}
 }
 
-// giveUp takes id out of the queue, releasing the lease if one was handed to it, for
-// a waiter that stops waiting. It runs even when ctx is done; if it fails, the place
+// giveUp takes the waiter out of the queue, releasing a lease handed to it, for a
+// waiter that stops waiting. It runs even when ctx is done; if it fails, the place
 // lapses by itself within one TTL.
-func (s *Semaphore) giveUp(ctx context.Context, id string) {
-	if _, err := s.call(context.WithoutCancel(ctx), semRelease, id, false, false); err != nil {
-		return
-	}
-	if s.hooks.GaveUp != nil {
+func (s *Semaphore) giveUp(ctx context.Context, token, place string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
+	defer cancel()
+	if _, err := s.call(ctx, semRelease, token, place, false, false); err == nil && s.hooks.GaveUp != nil {
 		s.hooks.GaveUp(s.key)
 	}
 }
-
-// Semaphore script operations (ARGV[1]).
-const (
-	semAcquire = 0
-	semExtend  = 1
-	semRelease = 2
-)
 
 // semReply is the semaphore script's answer: {ok, wait_us, held}.
 type semReply struct {
@@ -272,31 +234,52 @@ type semReply struct {
 	local bool // granted without Redis, by the failure policy
 }
 
-// call runs the semaphore script once for lease id, or, while Redis is unreachable,
-// decides as the failure policy says (see Limiter.call). keep marks id's place as
-// kept when its caller leaves (TryAcquireFor, AcquireFor): a reply that comes after
-// the caller left gives nothing back.
-func (s *Semaphore) call(ctx context.Context, op int, id string, join, keep bool) (semReply, error) {
-	r, err := s.run(ctx, op, id, join, keep)
-	if s.policy.degrades(err) {
-		return s.degraded(op, id, err)
+// call makes one request of the semaphore script for the lease token (and place, to
+// queue in when join is set), or, while Redis is unreachable, decides as the failure
+// policy says. A lease granted after its caller left is released when giveBack is set.
+func (s *Semaphore) call(ctx context.Context, op int, token, place string, join, giveBack bool) (semReply, error) {
+	ks := s.c.key(s.t.tag)
+	if s.policy.mode != failClosed && ks.breaker.skip(time.Now()) {
+		return s.degraded(ks, op, token, fmt.Errorf("%w: key %q: %w", ErrUnavailable, s.key, errRecentlyDown))
 	}
-	return r, err
+	j := 0
+	if join {
+		j = 1
+	}
+	r := &request{ctx: ctx, t: s.t, ks: ks, fields: []any{op, token, place, j}, timeout: s.timeout}
+	if op == semAcquire && giveBack {
+		r.late = func(rep reply) { // the lease (or place) its caller never saw goes back
+			ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+			defer cancel()
+			_, _ = s.call(ctx, semRelease, token, place, false, false)
+		}
+	}
+	rep, err := s.c.do(r)
+	if err != nil {
+		if s.hooks.RedisError != nil && ctx.Err() == nil {
+			s.hooks.RedisError(s.key, err)
+		}
+		if s.policy.degrades(err) {
+			return s.degraded(ks, op, token, err)
+		}
+		return semReply{}, err
+	}
+	return semReply{ok: rep.v[0] == 1, wait: micros(rep.v[1]), held: int(rep.v[2])}, nil
 }
 
 // degraded answers an acquire without Redis under FailOpen or FailLocal. Extending or
 // releasing a lease Redis granted needs Redis: those return cause.
-func (s *Semaphore) degraded(op int, id string, cause error) (semReply, error) {
+func (s *Semaphore) degraded(ks *keyState, op int, token string, cause error) (semReply, error) {
 	if op != semAcquire {
 		return semReply{}, cause
 	}
-	ok, wait := s.local.acquire(s.clock.Now(), id, s.ttl)
+	ok, wait := s.local().acquire(s.clock.Now(), token, s.ttl)
 	if ok {
-		s.keep(s.ttl) // the local lease holds its slot until then
+		ks.keepFor(s.ttl) // the local lease holds its slot until then
 		if s.policy.mode == failOpen {
-			s.stats.failedOpen.Add(1)
+			ks.stats.failedOpen.Add(1)
 		} else {
-			s.stats.local.Add(1)
+			ks.stats.local.Add(1)
 		}
 		if s.hooks.Degraded != nil {
 			s.hooks.Degraded(s.key, s.policy, cause)
@@ -305,31 +288,13 @@ func (s *Semaphore) degraded(op int, id string, cause error) (semReply, error) {
 	return semReply{ok: ok, wait: wait, local: true}, nil
 }
 
-// run runs the semaphore script once for lease id; join asks a denied acquire to
-// take (or renew) a place in the queue; keep, see call.
-func (s *Semaphore) run(ctx context.Context, op int, id string, join, keep bool) (semReply, error) {
-	q := 0
-	if join {
-		q = 1
-	}
-	if keep {
-		ctx = context.WithValue(ctx, keepPlace{}, true) // for lateFor
-	}
-	val, ints, err := s.src.decide(ctx, s.src.command(s.script, []any{op, id, s.max, s.ttlUS, q}))
-	if err != nil {
-		return semReply{}, err
-	}
-	var v [3]int64 // {ok, wait_us, held}
-	if ints != nil {
-		copy(v[:], ints) // three: see group.deliverFlat
-	} else if !int64s(val, v[:]) {
-		return semReply{}, fmt.Errorf("%w: key %q: %v", ErrUnexpectedReply, s.key, val)
-	}
-	return semReply{ok: v[0] == 1, wait: time.Duration(v[1]) * time.Microsecond, held: int(v[2])}, nil
+// local returns the stand-in this configuration shares while Redis is unreachable.
+func (s *Semaphore) local() *localSem {
+	return s.c.key(s.t.tag).config(s.config, func() *configState { return &configState{sem: newLocalSem(s.max, s.policy)} }).sem
 }
 
-// newLeaseID returns 128 random bits in hex.
-func newLeaseID() string {
+// newToken returns 128 random bits in hex: a lease's holder token.
+func newToken() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand crashes the program instead)
 	return hex.EncodeToString(b[:])

@@ -16,12 +16,6 @@ var (
 	// ErrNotReserved: Reservation.Wait was called on a reservation that booked nothing.
 	ErrNotReserved = errors.New("waiter: nothing was reserved")
 
-	// ErrMoved: the booking was moved (this process paused the Reserver) and given back,
-	// or it took effect inside the hold, and the Reserver cannot book again by itself
-	// (Booking.Again is nil, as for throttle's Limiter.ReserveFor): reserve again.
-	// Other reservations' Wait books again by itself and never returns it.
-	ErrMoved = errors.New("waiter: booking moved; reserve again")
-
 	// ErrNilReserver: NewTransport was given a nil Reserver. The transport's RoundTrip
 	// returns an error wrapping it, sending nothing. A nil *throttle.Limiter's Reserve
 	// returns it too.

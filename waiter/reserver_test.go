@@ -98,10 +98,7 @@ func (c *cancelCount) count() int {
 func TestReservationWaitsUntilDue(t *testing.T) {
 	clk := newFakeClock()
 	var cc cancelCount
-	r := NewReservation(Booking{OK: true, Delay: time.Second, Cancel: cc.cancel, Clock: clk})
-	if got, want := r.Due(), clk.Now().Add(time.Second); !got.Equal(want) {
-		t.Fatalf("Due %v, want %v", got, want)
-	}
+	r := newReservation(clk, true, time.Second, cc.cancel)
 	done := make(chan error, 1)
 	go func() { done <- r.Wait(context.Background()) }()
 	<-clk.made
@@ -117,37 +114,36 @@ func TestReservationWaitsUntilDue(t *testing.T) {
 	}
 }
 
+// A Wait whose context ends returns at once, however long giving the booking back
+// takes, and gives it back once, in the background.
 func TestReservationGivesBackWhenCtxEnds(t *testing.T) {
 	clk := newFakeClock()
-	var cc cancelCount
-	r := NewReservation(Booking{OK: true, Delay: time.Second, Cancel: cc.cancel, Clock: clk})
+	release := make(chan struct{})
+	gave := make(chan struct{}, 2)
+	slow := func(context.Context) error { <-release; gave <- struct{}{}; return nil }
+	r := newReservation(clk, true, time.Second, slow)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Wait(ctx) }()
 	<-clk.made
 	cancel()
-	if err := <-done; !errors.Is(err, context.Canceled) {
-		t.Fatalf("Wait: %v, want context.Canceled", err)
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Wait: %v, want context.Canceled", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Wait did not return while its give-back hung")
 	}
-	if cc.count() != 1 {
-		t.Fatalf("%d cancels, want 1", cc.count())
+	if err := r.Cancel(context.Background()); err != nil {
+		t.Fatalf("second Cancel: %v; want a no-op", err)
 	}
-	if err := r.Cancel(context.Background()); err != nil || cc.count() != 1 {
-		t.Fatalf("second Cancel: %v, %d cancels; want a no-op", err, cc.count())
-	}
-}
-
-func TestReservationMoved(t *testing.T) {
-	clk := newFakeClock()
-	var cc cancelCount
-	moved := make(chan struct{})
-	r := NewReservation(Booking{OK: true, Delay: time.Second, Cancel: cc.cancel, Moved: moved, Clock: clk})
-	done := make(chan error, 1)
-	go func() { done <- r.Wait(context.Background()) }()
-	<-clk.made
-	close(moved)
-	if err := <-done; !errors.Is(err, ErrMoved) || cc.count() != 1 {
-		t.Fatalf("Wait after a move: %v, %d cancels; want ErrMoved, 1", err, cc.count())
+	close(release)
+	<-gave
+	select {
+	case <-gave:
+		t.Fatal("the booking was given back twice")
+	case <-time.After(10 * time.Millisecond):
 	}
 }
 
@@ -155,7 +151,7 @@ func TestReservationMoved(t *testing.T) {
 // Delay sleeps only the rest.
 func TestReservationDelayCountsFromNow(t *testing.T) {
 	clk := newFakeClock()
-	r := NewReservation(Booking{OK: true, Delay: time.Second, Clock: clk})
+	r := newReservation(clk, true, time.Second, nil)
 	if got, want := r.Delay(), time.Second; got != want {
 		t.Fatalf("Delay at booking %v, want %v", got, want)
 	}
@@ -169,87 +165,31 @@ func TestReservationDelayCountsFromNow(t *testing.T) {
 	}
 }
 
-// A moved booking is given back, and Wait books again through Again once Pass lets
-// it, then waits for the new booking: the caller does not loop.
-func TestReservationMovedBooksAgain(t *testing.T) {
-	clk := newFakeClock()
-	var cc cancelCount
-	moved := make(chan struct{})
-	var passes, agains int
-	var mu sync.Mutex
-	pass := func(context.Context) (bool, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		passes++
-		return false, nil
-	}
-	again := func(_ context.Context, maxWait time.Duration) (*Reservation, error) {
-		mu.Lock()
-		agains++
-		mu.Unlock()
-		return NewReservation(Booking{OK: true, Delay: 2 * time.Second, Clock: clk}), nil
-	}
-	r := NewReservation(Booking{OK: true, Delay: time.Second, Cancel: cc.cancel, Moved: moved, Pass: pass, Again: again, Clock: clk})
-	done := make(chan error, 1)
-	go func() { done <- r.Wait(context.Background()) }()
-	<-clk.made
-	close(moved)
-	<-clk.made // the new booking's timer
-	if cc.count() != 1 {
-		t.Fatalf("%d cancels of the moved booking, want 1", cc.count())
-	}
-	clk.advance(time.Second) // the old booking's time: nothing happens
-	notReturned(t, done, "at the moved booking's time")
-	clk.advance(time.Second)
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	if passes != 1 || agains != 1 {
-		t.Fatalf("%d passes (the hold before booking again), %d bookings again; want 1, 1", passes, agains)
-	}
-}
-
-// Permits that took effect inside a hold (Pass reports held) are not used: Wait
-// books again.
-func TestReservationHeldBooksAgain(t *testing.T) {
-	clk := newFakeClock()
-	held := true
-	agains := 0
-	pass := func(context.Context) (bool, error) { h := held; held = false; return h, nil }
-	again := func(context.Context, time.Duration) (*Reservation, error) {
-		agains++
-		return NewReservation(Booking{OK: true, Clock: clk}), nil
-	}
-	r := NewReservation(Booking{OK: true, Pass: pass, Again: again, Clock: clk})
-	if err := r.Wait(context.Background()); err != nil || agains != 1 {
-		t.Fatalf("Wait: %v after %d bookings again; want nil after 1", err, agains)
-	}
-	notAgain := NewReservation(Booking{OK: true, Pass: func(context.Context) (bool, error) { return true, nil }, Clock: clk})
-	if err := notAgain.Wait(context.Background()); !errors.Is(err, ErrMoved) {
-		t.Fatalf("Wait without Again, held: %v, want ErrMoved", err)
-	}
-}
-
 func TestReservationCancel(t *testing.T) {
 	clk := newFakeClock()
 	var cc cancelCount
-	r := NewReservation(Booking{OK: true, Delay: time.Second, Cancel: cc.cancel, Clock: clk})
+	r := newReservation(clk, true, time.Second, cc.cancel)
 	clk.advance(time.Second) // took effect: nothing to give back
 	if err := r.Cancel(context.Background()); err != nil || cc.count() != 0 {
 		t.Fatalf("Cancel after due: %v, %d cancels", err, cc.count())
 	}
-	notOK := NewReservation(Booking{OK: false, Delay: time.Second, Cancel: cc.cancel, Clock: clk})
+	notOK := newReservation(clk, false, time.Second, cc.cancel)
 	if err := notOK.Cancel(context.Background()); err != nil || cc.count() != 0 {
 		t.Fatalf("Cancel of a refused booking: %v, %d cancels", err, cc.count())
 	}
 	if err := notOK.Wait(context.Background()); !errors.Is(err, ErrNotReserved) {
 		t.Fatalf("Wait of a refused booking: %v", err)
 	}
-	now := NewReservation(Booking{OK: true, Clock: clk})
+	now := newReservation(clk, true, 0, nil)
 	if err := now.Wait(context.Background()); err != nil {
 		t.Fatalf("Wait of an immediate grant: %v", err)
+	}
+	ahead := newReservation(clk, true, time.Second, cc.cancel)
+	if err := ahead.Cancel(context.Background()); err != nil || cc.count() != 1 {
+		t.Fatalf("Cancel ahead: %v, %d cancels; want 1", err, cc.count())
+	}
+	if err := ahead.Cancel(context.Background()); err != nil || cc.count() != 1 {
+		t.Fatalf("Cancel twice: %v, %d cancels; want 1", err, cc.count())
 	}
 }
 
@@ -273,7 +213,7 @@ func (r *reserver) Reserve(_ context.Context, n int, maxWait time.Duration) (*Re
 func TestWaitBooksOnceAndSleeps(t *testing.T) {
 	clk := newFakeClock()
 	r := &reserver{answer: func(int) (*Reservation, error) {
-		return NewReservation(Booking{OK: true, Delay: 300 * time.Millisecond, Clock: clk}), nil
+		return newReservation(clk, true, 300*time.Millisecond, nil), nil
 	}}
 	done := make(chan error, 1)
 	go func() { done <- Wait(context.Background(), r, 2) }()
@@ -293,7 +233,7 @@ func TestWaitBooksOnceAndSleeps(t *testing.T) {
 func TestWaitDeadlines(t *testing.T) {
 	clk := newFakeClock()
 	refused := &reserver{answer: func(int) (*Reservation, error) {
-		return NewReservation(Booking{OK: false, Delay: time.Minute, Clock: clk}), nil
+		return newReservation(clk, false, time.Minute, nil), nil
 	}}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -323,46 +263,25 @@ func TestWaitDeadlines(t *testing.T) {
 	}
 }
 
-// A moved booking is given back and booked again.
-func TestWaitRebooksWhenMoved(t *testing.T) {
-	clk := newFakeClock()
-	var cc cancelCount
-	moved := make(chan struct{})
-	r := &reserver{answer: func(call int) (*Reservation, error) {
-		if call == 1 {
-			return NewReservation(Booking{OK: true, Delay: time.Second, Cancel: cc.cancel, Moved: moved, Clock: clk}), nil
-		}
-		return NewReservation(Booking{OK: true, Delay: 2 * time.Second, Clock: clk}), nil
-	}}
-	done := make(chan error, 1)
-	go func() { done <- Wait(context.Background(), r, 1) }()
-	<-clk.made
-	close(moved)
-	<-clk.made // the second booking's timer
-	clk.advance(2 * time.Second)
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	if r.calls != 2 || cc.count() != 1 {
-		t.Fatalf("%d bookings, %d cancels; want 2, 1", r.calls, cc.count())
-	}
+// waitingReserver is a Reserver with a WaitN of its own.
+type waitingReserver struct {
+	reserver
+	waited []int
 }
 
-// A move that arrives once the booking is due changes nothing: the permit has taken
-// effect and is used, not given back and booked again.
-func TestReservationMovedWhenDue(t *testing.T) {
-	clk := newFakeClock()
-	var cc cancelCount
-	moved := make(chan struct{})
-	r := NewReservation(Booking{OK: true, Delay: time.Second, Cancel: cc.cancel, Moved: moved, Clock: clk})
-	done := make(chan error, 1)
-	go func() { done <- r.Wait(context.Background()) }()
-	<-clk.made
-	clk.mu.Lock()
-	clk.now = clk.now.Add(time.Second) // due, but the timer has not fired yet
-	clk.mu.Unlock()
-	close(moved)
-	if err := <-done; err != nil || cc.count() != 0 {
-		t.Fatalf("Wait: %v with %d cancels; want nil, none", err, cc.count())
+func (w *waitingReserver) WaitN(_ context.Context, n int) error {
+	w.waited = append(w.waited, n)
+	return nil
+}
+
+// A Reserver that waits for its permits itself (a *throttle.Limiter: it follows the
+// pauses and resumes of its key) is left to do so.
+func TestWaitUsesWaitN(t *testing.T) {
+	w := &waitingReserver{}
+	if err := Wait(context.Background(), w, 3); err != nil {
+		t.Fatal(err)
+	}
+	if len(w.waited) != 1 || w.waited[0] != 3 || w.calls != 0 {
+		t.Fatalf("WaitN calls %v and %d Reserve calls; want [3] and none", w.waited, w.calls)
 	}
 }

@@ -13,11 +13,11 @@ import (
 	"github.com/jobthrottle/jobthrottle/internal/clock"
 )
 
-// Pauser is a Reserver that can stop granting for a while, across every process that
-// shares it: *throttle.Limiter is one. Pause must make every Reserve of the same
-// limiter, in any process, book nothing earlier than d from now; a longer pause
-// already set must be kept. It must be safe for simultaneous use.
-type Pauser interface {
+// pauser is a Reserver that can stop granting for a while, across every process that
+// shares it: *throttle.Limiter is one. Pause makes every Reserve of the same limiter, in
+// any process, book nothing earlier than d from now, and holds this process's waiters
+// at once.
+type pauser interface {
 	Pause(ctx context.Context, d time.Duration) error
 }
 
@@ -262,7 +262,7 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return resp, nil
 		}
 		ctx := req.Context()
-		if _, ok := r.(Gate); !ok && d > 0 {
+		if _, ok := r.(pauser); !ok && d > 0 {
 			// nothing holds this process: sleep out the pause here
 			if err := sleep(ctx, d); err != nil {
 				if ctx.Err() == nil { // the deadline comes first
@@ -388,10 +388,7 @@ func (t *transport) backOff(req *http.Request, r Reserver, resp *http.Response) 
 	if d <= 0 {
 		return 0
 	}
-	if g, ok := r.(Gate); ok {
-		g.Hold(d) // this process first, at once
-	}
-	p, ok := r.(Pauser)
+	p, ok := r.(pauser)
 	if !ok {
 		return d
 	}

@@ -3,32 +3,24 @@ package waiter
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 )
 
 // Wait books n permits from r and sleeps until they take effect: one call to r per
-// permit batch, no polling.
+// permit batch, no polling. A Reserver that has its own WaitN (*throttle.Limiter, which
+// also follows pauses and resumes of its key) waits with it.
 //
-// It returns ctx.Err() at once, booking nothing, if ctx is already done; and
-// an error wrapping ErrWouldExceedDeadline at once, booking nothing, if the permits
-// would come after ctx's deadline. Otherwise it waits as Reservation.Wait does: if
-// ctx ends while it sleeps, it gives the booking back and returns ctx.Err(); if r is
-// a Gate and holds this process back, it books again after the hold. Errors from r
-// (bad n, the store unreachable) are returned as they are.
-//
-// If r is a Gate that holds this process back when Wait is called, Wait first waits
-// for the hold to end (Pass) and books then, as the waiters the hold moved do: a
-// booking made inside the hold could land behind a slot another waiter is about to
-// give back, and that slot, at the pause's end, would go unused.
+// It returns ctx.Err() at once, booking nothing, if ctx is already done; an error
+// wrapping ErrWouldExceedDeadline at once, booking nothing, if the permits would come
+// after ctx's deadline; ctx.Err() at once if ctx ends while it sleeps, the booking
+// being given back in the background. Errors from r are returned as they are.
 func Wait(ctx context.Context, r Reserver, n int) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	g, _ := r.(passer)
-	if g != nil {
-		if _, err := g.Pass(ctx); err != nil {
-			return err
-		}
+	if w, ok := r.(waitN); ok {
+		return w.WaitN(ctx, n)
 	}
 	res, err := r.Reserve(ctx, n, maxWait(ctx))
 	if err != nil {
@@ -37,15 +29,18 @@ func Wait(ctx context.Context, r Reserver, n int) error {
 	if !res.OK() {
 		return fmt.Errorf("%w: n=%d would wait %v", ErrWouldExceedDeadline, n, res.Delay())
 	}
-	// A Reserver that does not say how to book again (Booking.Again) books again the
-	// way it booked first; a Gate's hold is passed (Booking.Pass).
-	if res.again == nil {
-		res.again = func(ctx context.Context, maxWait time.Duration) (*Reservation, error) {
-			return r.Reserve(ctx, n, maxWait)
-		}
-	}
-	if g != nil && res.pass == nil {
-		res.pass = g.Pass
-	}
 	return res.Wait(ctx)
+}
+
+// waitN is a Reserver that waits for its permits itself.
+type waitN interface {
+	WaitN(ctx context.Context, n int) error
+}
+
+// maxWait is how long ctx lets a caller wait: until its deadline, or for ever.
+func maxWait(ctx context.Context) time.Duration {
+	if dl, ok := ctx.Deadline(); ok {
+		return max(0, time.Until(dl))
+	}
+	return time.Duration(math.MaxInt64)
 }

@@ -1,0 +1,217 @@
+package throttle
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// client is what this process keeps for one Redis client: the queue and round trips of
+// every call made through it (send.go), the subscription that carries wake-ups
+// (wake.go), and the state of each key in use (keyState). Every Limiter and Semaphore
+// built on the Redis client uses it; they are handles, and one built per task finds
+// the same client and keyState as one built once.
+type client struct {
+	rdb        redis.UniversalClient
+	atMostOnce bool // the client never re-sends a command: no MULTI/EXEC needed (see pipeline)
+	hub        *hub
+
+	mu      sync.Mutex
+	queue   []*request // arrival order
+	flights []*flight  // round trips in flight, those the watchdog let go excepted
+	flying  int
+	calls   int         // requests under way: queued, in flight, or answered and not yet returned
+	watch   *time.Timer // the watchdog: runs expire at watchAt
+	watchAt time.Time
+	lastErr atomic.Pointer[failure] // the last error that made Redis count as unreachable
+
+	keys  sync.Map // hash tag → *keyState
+	sweep *time.Timer
+}
+
+// clients holds the client of every Redis client in use: the only state of this
+// package that is not a constant. A client is dropped by its sweep once it has no key
+// in use and nothing in flight.
+var clients struct {
+	mu sync.Mutex
+	m  map[redis.UniversalClient]*client
+}
+
+// clientFor returns the client of rdb.
+func clientFor(rdb redis.UniversalClient) *client {
+	clients.mu.Lock()
+	defer clients.mu.Unlock()
+	if c := clients.m[rdb]; c != nil {
+		return c
+	}
+	if clients.m == nil {
+		clients.m = map[redis.UniversalClient]*client{}
+	}
+	c := &client{rdb: rdb, atMostOnce: neverResends(rdb)}
+	c.hub = &hub{rdb: rdb, chans: map[string]*channel{}}
+	clients.m[rdb] = c
+	return c
+}
+
+// neverResends reports whether rdb sends each command once whatever happens to its
+// reply: a go-redis Client built with MaxRetries < 0 (its options then hold 0; the
+// default becomes 3). A cluster client re-sends on redirects and connection errors.
+func neverResends(rdb redis.UniversalClient) bool {
+	c, ok := rdb.(*redis.Client)
+	return ok && c.Options().MaxRetries == 0
+}
+
+// sweepEvery is how often a client looks for keys idle since its last look.
+const sweepEvery = time.Minute
+
+// key returns the state of the key whose hash tag is tag, and marks it in use.
+func (c *client) key(tag string) *keyState {
+	v, ok := c.keys.Load(tag)
+	if !ok {
+		c.mu.Lock()
+		v, ok = c.keys.Load(tag)
+		if !ok {
+			v = &keyState{client: c, tag: tag, moved: make(chan struct{})}
+			c.keys.Store(tag, v)
+			if c.sweep == nil {
+				c.sweep = time.AfterFunc(sweepEvery, c.sweepIdle)
+			}
+		}
+		c.mu.Unlock()
+	}
+	ks := v.(*keyState)
+	if !ks.used.Load() {
+		ks.used.Store(true)
+	}
+	return ks
+}
+
+// sweepIdle drops the keys not used since the last sweep whose state no longer
+// matters, and the client itself once it has none and nothing in flight.
+func (c *client) sweepIdle() {
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	c.keys.Range(func(k, v any) bool {
+		ks := v.(*keyState)
+		if !ks.used.Swap(false) && ks.idle(now) {
+			c.keys.Delete(k)
+		} else {
+			n++
+		}
+		return true
+	})
+	if n > 0 || c.calls > 0 {
+		c.sweep.Reset(sweepEvery)
+		return
+	}
+	c.sweep = nil
+	clients.mu.Lock()
+	if clients.m[c.rdb] == c {
+		delete(clients.m, c.rdb)
+	}
+	clients.mu.Unlock()
+}
+
+// failure is an error that made Redis count as unreachable, and when it came.
+type failure struct {
+	err error
+	at  time.Time
+}
+
+// noteError remembers err, which made Redis count as unreachable, for the error of a
+// call that then gets no reply (lastError).
+func (c *client) noteError(err error) { c.lastErr.Store(&failure{err, time.Now()}) }
+
+// lastError describes the last error that made Redis count as unreachable, if it came
+// within the last minute, for a call that got no reply: "; the last call that failed
+// did 1.2s ago: dial tcp …: connection refused".
+func (c *client) lastError() string {
+	f := c.lastErr.Load()
+	if f == nil || time.Since(f.at) > time.Minute {
+		return ""
+	}
+	return "; the last call that failed did " + time.Since(f.at).Round(time.Millisecond).String() + " ago: " + f.err.Error()
+}
+
+// keyState is what this process knows of one key besides Redis: its hold (Pause), the
+// failure policy's breaker, FailLocal's share and the counters, the StateLost watch,
+// when the key's record is next written, and the callers sleeping on a booking.
+type keyState struct {
+	client *client
+	tag    string
+	used   atomic.Bool // used since the last sweep
+
+	breaker breaker
+	stats   counters
+	hold    atomic.Int64 // until when this process holds the key (UnixNano)
+	record  atomic.Int64 // when the record is next written (UnixNano)
+	// keep is until when something of this state matters (a local grant in its
+	// window, a grant StateLost compares with, an open breaker): UnixNano
+	keep atomic.Int64
+
+	mu       sync.Mutex
+	moved    chan struct{}           // closed (and replaced) when a hold begins: bookings move
+	configs  map[string]*configState // by target id and policy
+	sleepers map[*sleeper]struct{}
+	listen   *listener // while sleepers wait: resumes published on the key's channel
+}
+
+// configState is what the Limiters (or Semaphores) of one configuration (target and
+// failure policy) share on a key: the failure policy's share and the StateLost watch.
+type configState struct {
+	local *localLog // a Limiter's, under FailLocal
+	sem   *localSem // a Semaphore's, under FailOpen and FailLocal
+	watch stateWatch
+}
+
+// config returns the state of the configuration id, made by fresh the first time.
+func (ks *keyState) config(id string, fresh func() *configState) *configState {
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	if cs := ks.configs[id]; cs != nil {
+		return cs
+	}
+	if ks.configs == nil {
+		ks.configs = map[string]*configState{}
+	}
+	cs := fresh()
+	ks.configs[id] = cs
+	return cs
+}
+
+// keepFor notes that something of the state matters until d from now.
+func (ks *keyState) keepFor(d time.Duration) {
+	until := time.Now().Add(d).UnixNano()
+	for {
+		k := ks.keep.Load()
+		if k >= until || ks.keep.CompareAndSwap(k, until) {
+			return
+		}
+	}
+}
+
+// idle reports whether nothing of the state matters at now.
+func (ks *keyState) idle(now time.Time) bool {
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	t := now.UnixNano()
+	return len(ks.sleepers) == 0 && ks.keep.Load() < t && ks.hold.Load() < t && ks.breaker.idle(now)
+}
+
+// recordDue reports whether a call made now should write the key's record, and if
+// so takes the turn: once per every, per process and key.
+func (ks *keyState) recordDue(every time.Duration) bool {
+	now := time.Now().UnixNano()
+	due := ks.record.Load()
+	return now >= due && ks.record.CompareAndSwap(due, now+int64(every))
+}
+
+// recordFailed gives the record's turn back after a call that carried it failed.
+func (ks *keyState) recordFailed() { ks.record.Store(0) }
+
+var errRecentlyDown = errors.New("redis was unreachable moments ago")

@@ -1,0 +1,516 @@
+package throttle
+
+import (
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/lua"
+	"github.com/redis/go-redis/v9"
+)
+
+// The one way to Redis (see docs/design.md). Every call of this package is a request to
+// its Redis client's *client: it goes at once when nothing of the client's is in flight
+// (a batch of one), else with the requests queued meanwhile in the next round trip. A
+// round trip makes one script call per target (script, keys, limits), which decides its
+// requests in arrival order, and sends the calls in one pipeline. Callers wait for
+// their own reply, context and call timeout: never for go-redis.
+
+// A target is what the requests of a Limiter or Semaphore share: the script, the KEYS
+// before the requests' own, and the ARGV after the requests. Requests of targets with
+// the same id go in one script call.
+type target struct {
+	id     string // the script's SHA, the keys and the ARGV tail
+	key    string // the key, without prefix, for errors
+	tag    string
+	script *script
+	keys   []string
+	tail   []any
+	fields int // a request's fields in ARGV: 5 for a limiter, 4 for a semaphore
+}
+
+func newTarget(key, tag string, s *script, keys []string, tail []any, fields int) *target {
+	id := s.sha + " " + strings.Join(keys, " ") + " " + fmt.Sprint(tail...)
+	return &target{id: id, key: key, tag: tag, script: s, keys: keys, tail: tail, fields: fields}
+}
+
+// replyWidth is how many integers answer one request (lua/common.lua).
+const replyWidth = 6
+
+// reply is one request's answer: its six integers, and its part of the reply's extra
+// region (an Inspect's detail).
+type reply struct {
+	v     [replyWidth]int64
+	extra []int64
+}
+
+// request is one call of a script, on its way to Redis and back.
+type request struct {
+	ctx    context.Context
+	t      *target
+	ks     *keyState
+	fields []any  // the request's fields; a limiter's fifth, its key's place in KEYS, is set when sent
+	key    string // the request's own key (a task's booking), or ""
+	extra  []any  // ARGV the request points at with its fourth field (an override's rates)
+	record []any  // the key's record, text and TTL, when this call writes it
+	detail bool   // the reply has a part of the extra region (Inspect)
+	// late is given the reply of a request whose caller left before it came, to give
+	// back what it granted; nil when there is nothing to give back.
+	late func(reply)
+
+	timeout time.Duration // its call timeout (WithCallTimeout)
+	due     time.Time
+	state atomic.Int32
+	reply reply
+	err   error
+	done  chan struct{} // one value when answered (buffered)
+}
+
+// The states of a request.
+const (
+	queued int32 = iota
+	sent
+	answered
+	left // its caller left: its context ended or its call timeout passed
+)
+
+// batchCap is the most requests one script call carries, pipeCap one round trip.
+const (
+	batchCap = 128
+	pipeCap  = 512
+)
+
+// maxFlights is the most round trips of one client in flight at once: two keep the
+// client (waking the callers of one, building the next) and Redis (running the other)
+// busy together; a third only splits the same requests into smaller round trips.
+const maxFlights = 2
+
+// do sends r and returns its reply, or the error the caller gets when its context
+// ends or its call timeout passes first.
+func (c *client) do(r *request) (reply, error) {
+	c.enqueue(r)
+	rep, err := c.wait(r)
+	c.mu.Lock()
+	c.calls--
+	c.mu.Unlock()
+	return rep, err
+}
+
+// result is one request's answer.
+type result struct {
+	rep reply
+	err error
+}
+
+// doAll is do of every request of reqs, queued together in their order: those of one
+// target go in one script call, in that order (pipeCap at most).
+func (c *client) doAll(reqs []*request) []result {
+	c.enqueue(reqs...)
+	out := make([]result, len(reqs))
+	for i, r := range reqs {
+		out[i].rep, out[i].err = c.wait(r)
+	}
+	c.mu.Lock()
+	c.calls -= len(reqs)
+	c.mu.Unlock()
+	return out
+}
+
+// enqueue queues reqs, in their order, and sends them at once if nothing is in flight.
+func (c *client) enqueue(reqs ...*request) {
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, r := range reqs {
+		r.done = make(chan struct{}, 1)
+		r.due = now.Add(r.timeout)
+		c.calls++
+		c.queue = append(c.queue, r)
+		if c.watchAt.IsZero() || r.due.Before(c.watchAt) {
+			c.arm(r.due)
+		}
+	}
+	if c.ready() {
+		c.launch()
+	}
+}
+
+// ready reports whether what is queued goes now (c.mu held): when nothing is in
+// flight, or when a round trip more may fly and the queue holds its share of the calls
+// under way, so that the round trips in flight carry about as many requests each.
+func (c *client) ready() bool {
+	if len(c.queue) == 0 || c.flying >= maxFlights {
+		return false
+	}
+	return c.flying == 0 || len(c.queue)*maxFlights >= c.calls
+}
+
+// flight is a round trip in flight: its requests, and whether the watchdog let it go
+// (see expire).
+type flight struct {
+	reqs []*request
+	gone bool
+}
+
+// launch sends what is queued in a round trip of its own (c.mu held).
+func (c *client) launch() {
+	batch := c.take()
+	if batch == nil {
+		return
+	}
+	f := &flight{reqs: batch}
+	c.flights = append(c.flights, f)
+	c.flying++
+	go c.flush(f)
+}
+
+// flush makes f's round trip, then, while ready, another of what queued meanwhile; it
+// stops once the watchdog has let f go.
+func (c *client) flush(f *flight) {
+	for {
+		c.send(f.reqs)
+		c.mu.Lock()
+		if f.gone {
+			c.mu.Unlock()
+			return
+		}
+		c.flying--
+		c.land(f)
+		if !c.ready() {
+			c.mu.Unlock()
+			return
+		}
+		f = &flight{reqs: c.take()}
+		c.flights = append(c.flights, f)
+		c.flying++
+		c.mu.Unlock()
+	}
+}
+
+// land takes f out of the flights (c.mu held).
+func (c *client) land(f *flight) {
+	if i := slices.Index(c.flights, f); i >= 0 {
+		c.flights = slices.Delete(c.flights, i, i+1)
+	}
+}
+
+// take removes the next round trip's requests from the queue (c.mu held): up to
+// pipeCap, in arrival order, skipping those whose callers left; nil when none is left.
+func (c *client) take() []*request {
+	var batch []*request
+	i := 0
+	for ; i < len(c.queue) && len(batch) < pipeCap; i++ {
+		if r := c.queue[i]; r.state.CompareAndSwap(queued, sent) {
+			batch = append(batch, r)
+		}
+	}
+	n := copy(c.queue, c.queue[i:])
+	clear(c.queue[n:])
+	c.queue = c.queue[:n]
+	return batch
+}
+
+// arm sets the watchdog to run at at (c.mu held).
+func (c *client) arm(at time.Time) {
+	c.watchAt = at
+	if c.watch == nil {
+		c.watch = time.AfterFunc(time.Until(at), c.expire)
+		return
+	}
+	c.watch.Reset(time.Until(at))
+}
+
+// expire is the watchdog: one timer per client keeps every request's call timeout.
+// It answers each request queued or in flight whose timeout has passed, and sets
+// itself for the next. A round trip nobody waits for any more (a Redis that stopped
+// answering) it lets go: it no longer counts as in flight, so the queue goes on in
+// another; its replies, if they ever come, still go to the late path.
+func (c *client) expire() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	var next time.Time
+	check := func(reqs []*request) (waiting bool) {
+		for _, r := range reqs {
+			if st := r.state.Load(); st != queued && st != sent {
+				continue
+			}
+			if r.due.After(now) {
+				if next.IsZero() || r.due.Before(next) {
+					next = r.due
+				}
+				waiting = true
+				continue
+			}
+			if r.state.CompareAndSwap(queued, left) || r.state.CompareAndSwap(sent, left) {
+				r.err = fmt.Errorf("%w: key %q: no reply within the call timeout (%v)%s", ErrUnavailable, r.t.key, r.timeout, c.lastError())
+				r.done <- struct{}{}
+			}
+		}
+		return waiting
+	}
+	check(c.queue)
+	for _, f := range slices.Clone(c.flights) {
+		if !check(f.reqs) {
+			f.gone = true
+			c.land(f)
+			c.flying--
+		}
+	}
+	c.watchAt = time.Time{}
+	if !next.IsZero() {
+		c.arm(next)
+	}
+	if c.ready() {
+		c.launch()
+	}
+}
+
+// wait returns r's reply, or what its caller gets when its context ends or its call
+// timeout (the watchdog) passes first.
+func (c *client) wait(r *request) (reply, error) {
+	select {
+	case <-r.done:
+	case <-r.ctx.Done():
+		if r.state.CompareAndSwap(queued, left) || r.state.CompareAndSwap(sent, left) {
+			if errors.Is(r.ctx.Err(), context.DeadlineExceeded) {
+				return reply{}, fmt.Errorf("%w: key %q: no reply before the context's deadline (%w)%s", ErrUnavailable,
+					r.t.key, context.DeadlineExceeded, c.lastError())
+			}
+			return reply{}, r.ctx.Err()
+		}
+		<-r.done // answered as the context ended: use it
+	}
+	return r.reply, r.err
+}
+
+// answer hands r its reply or error; a reply whose caller left goes to r.late.
+func (r *request) answer(rep reply, err error) {
+	if r.state.CompareAndSwap(sent, answered) {
+		r.reply, r.err = rep, err
+		r.done <- struct{}{}
+		return
+	}
+	if err == nil && r.late != nil {
+		go r.late(rep)
+	}
+}
+
+// group is the requests of one round trip that go in one script call.
+type group struct {
+	t    *target
+	reqs []*request
+	cmd  *redis.IntSliceCmd
+}
+
+// groups splits a round trip's requests into script calls, in the order each target
+// first appears, each at most batchCap requests.
+func groups(batch []*request) []*group {
+	var out []*group
+	open := map[string]*group{}
+	for _, r := range batch {
+		g := open[r.t.id]
+		if g == nil || len(g.reqs) == batchCap {
+			g = &group{t: r.t}
+			open[r.t.id] = g
+			out = append(out, g)
+		}
+		g.reqs = append(g.reqs, r)
+	}
+	return out
+}
+
+// command returns the group's script call: EVALSHA, or EVAL with the script's text.
+func (g *group) command(ctx context.Context, eval bool) *redis.IntSliceCmd {
+	keys := g.t.keys
+	var args []any
+	args = append(args, len(g.reqs))
+	var record []any
+	var extra []any
+	nbase := len(keys)
+	for _, r := range g.reqs {
+		args = append(args, r.fields...)
+		if r.key != "" { // the request's own key, in KEYS once
+			i := slices.Index(keys[nbase:], r.key)
+			if i < 0 {
+				keys = append(keys[:len(keys):len(keys)], r.key)
+				i = len(keys) - nbase - 1
+			}
+			args[len(args)-1] = nbase + i + 1
+		}
+		if r.record != nil {
+			record = r.record
+		}
+	}
+	args = append(args, g.t.tail...)
+	if g.t.fields == limiterFields {
+		if record == nil {
+			record = []any{"", 0}
+		}
+		args = append(args, record...)
+		at := len(args) + 1 // ARGV index of the next extra argument
+		for i, r := range g.reqs {
+			if r.extra != nil {
+				args[1+i*limiterFields+3] = at // the request's fourth field points at its extra ARGV
+				extra = append(extra, r.extra...)
+				at += len(r.extra)
+			}
+		}
+		args = append(args, extra...)
+	}
+	head := []any{"evalsha", g.t.script.sha}
+	if eval {
+		head[0], head[1] = "eval", g.t.script.src
+	}
+	head = append(head, len(keys))
+	for _, k := range keys {
+		head = append(head, k)
+	}
+	cmd := redis.NewIntSliceCmd(ctx, append(head, args...)...)
+	cmd.SetFirstKeyPos(3)
+	return cmd
+}
+
+// send makes one round trip for batch: a script call per group, the calls in one
+// pipeline, and EVAL for those the server did not have the script of.
+func (c *client) send(batch []*request) {
+	ctx, cancel := batchContext(batch)
+	defer cancel()
+	live := groups(batch)
+	c.pipeline(ctx, live, false)
+	var again []*group
+	for _, g := range live {
+		if err := g.cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			again = append(again, g)
+		}
+	}
+	if again != nil {
+		c.pipeline(ctx, again, true)
+	}
+	for _, g := range live {
+		c.deliver(ctx, g)
+	}
+}
+
+// pipeline runs the groups' script calls in one round trip. A round trip goes in
+// MULTI/EXEC unless the client never re-sends a command (atMostOnce): go-redis re-sends
+// a plain command whose reply was lost, which would run a script twice, and never
+// re-sends a transaction it has written. A cluster client runs one transaction per hash
+// slot.
+func (c *client) pipeline(ctx context.Context, gs []*group, eval bool) {
+	var pipe redis.Pipeliner
+	if c.atMostOnce {
+		pipe = c.rdb.Pipeline()
+	} else {
+		pipe = c.rdb.TxPipeline()
+	}
+	for _, g := range gs {
+		g.cmd = g.command(ctx, eval)
+		_ = pipe.Process(ctx, g.cmd)
+	}
+	_, err := pipe.Exec(ctx)
+	if err == nil {
+		return
+	}
+	// A failure before the calls had replies of their own (a refused dial, a read
+	// timeout) leaves them without one: the round trip's error is theirs.
+	for _, g := range gs {
+		if g.cmd.Err() == nil && g.cmd.Val() == nil {
+			g.cmd.SetErr(err)
+		}
+	}
+}
+
+// deliver answers the group's requests from its call's reply.
+func (c *client) deliver(ctx context.Context, g *group) {
+	flat, err := g.cmd.Result()
+	ks := g.reqs[0].ks
+	if err != nil {
+		if isUnavailable(ctx, err) {
+			c.noteError(err)
+			ks.breaker.failed(time.Now())
+			reloadSlots(c.rdb)
+		}
+		for _, r := range g.reqs {
+			r.answer(reply{}, scriptError(r.ctx, g.t.key, err))
+		}
+		return
+	}
+	ks.breaker.succeeded()
+	k := len(g.reqs)
+	if len(flat) < replyWidth*k {
+		err := fmt.Errorf("%w: key %q: %d integers for %d requests", ErrUnexpectedReply, g.t.key, len(flat), k)
+		for _, r := range g.reqs {
+			r.answer(reply{}, err)
+		}
+		return
+	}
+	for i, r := range g.reqs {
+		var rep reply
+		copy(rep.v[:], flat[replyWidth*i:])
+		at, n := rep.v[1]-1, rep.v[2] // an error's text
+		switch {
+		case rep.v[0] == -1:
+		case r.detail:
+			at, n = rep.v[4]-1, rep.v[5]
+		default:
+			at, n = 0, 0
+		}
+		if n > 0 && (at < int64(replyWidth*k) || at+n > int64(len(flat))) {
+			r.answer(reply{}, fmt.Errorf("%w: key %q: request %d of %d: extra at %d (%d) in a reply of %d",
+				ErrUnexpectedReply, g.t.key, i+1, k, at+1, n, len(flat)))
+			continue
+		}
+		if rep.v[0] == -1 {
+			text := make([]byte, n)
+			for j := range text {
+				text[j] = byte(flat[at+int64(j)])
+			}
+			r.answer(reply{}, scriptError(r.ctx, g.t.key, batchError(text)))
+			continue
+		}
+		rep.extra = flat[at : at+n : at+n]
+		r.answer(rep, nil)
+	}
+}
+
+// batchContext is the context a round trip runs under: no cancellation (a caller that
+// leaves does not take the others' call with it), and the latest of the requests'
+// deadlines and call timeouts, so that go-redis gives up by then.
+func batchContext(batch []*request) (context.Context, context.CancelFunc) {
+	var last time.Time
+	for _, r := range batch {
+		dl := r.due
+		if d, ok := r.ctx.Deadline(); ok && d.Before(dl) {
+			dl = d
+		}
+		if dl.After(last) {
+			last = dl
+		}
+	}
+	return context.WithDeadline(context.WithoutCancel(batch[0].ctx), last)
+}
+
+// batchError is one request's error in a script call: what Redis would have answered
+// to that request alone, as a Redis error.
+type batchError string
+
+func (e batchError) Error() string { return strings.TrimSpace(string(e)) }
+
+// RedisError marks it as a reply of Redis's own (go-redis's redis.Error).
+func (batchError) RedisError() {}
+
+// script is one of lua/gen's scripts: its text and SHA-1.
+type script struct{ src, sha string }
+
+func newScript(name string) *script {
+	src := lua.Source(name)
+	sum := sha1.Sum([]byte(src))
+	return &script{src: src, sha: hex.EncodeToString(sum[:])}
+}

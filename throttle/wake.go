@@ -1,0 +1,211 @@
+package throttle
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/internal/keys"
+	"github.com/redis/go-redis/v9"
+)
+
+// hub is the one pub/sub subscription of a client: it listens on a key's channel,
+// {…}:wake, while something of this process waits on the key, and tells the listeners
+// what the scripts publish there: "h <place> ..." when a semaphore hands slots to
+// places in its queue, "r <pause_end>" when a limiter's pause was resumed. It also
+// tells them when the subscription is (re)confirmed, since a notice may have been
+// missed before. Listeners cost no connection of their own; the subscription uses one
+// of go-redis's pub/sub connections, closed after hubLinger without listeners.
+type hub struct {
+	rdb   redis.UniversalClient
+	mu    sync.Mutex
+	ps    *redis.PubSub // nil while closed
+	chans map[string]*channel
+	idle  *time.Timer // closes ps once no channel is left
+}
+
+// hubLinger is how long the hub keeps its connection open without listeners.
+const hubLinger = 30 * time.Second
+
+// channel is the hub's state for one key's channel.
+type channel struct {
+	listeners  map[*listener]struct{}
+	subscribed bool // SUBSCRIBE sent, no UNSUBSCRIBE since
+	pending    int  // SUBSCRIBEs sent whose confirmation has not come
+	live       bool // confirmed: every notice published from now on arrives
+}
+
+// listener is one waiter on a key's channel.
+type listener struct {
+	channel string
+	place   string        // a semaphore waiter's place in the queue, or ""
+	handed  chan struct{} // a notice named place: a slot was handed to it
+	check   chan struct{} // the subscription was (re)confirmed: ask Redis again
+	resumed func(pauseEnd int64)
+}
+
+func wakeChannel(tag string) string { return keys.Name(tag, keys.Wake) }
+
+// listen registers l on its channel and reports whether the subscription is live
+// already; subscribe makes it so. Call unlisten when done.
+func (h *hub) listen(l *listener) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ch := h.chans[l.channel]
+	if ch == nil {
+		ch = &channel{listeners: map[*listener]struct{}{}}
+		h.chans[l.channel] = ch
+	}
+	ch.listeners[l] = struct{}{}
+	if h.idle != nil {
+		h.idle.Stop()
+		h.idle = nil
+	}
+	return ch.live
+}
+
+// subscribe makes sure the hub listens on l's channel and reports whether that is
+// confirmed; if not, l.check is signalled once it is.
+func (h *hub) subscribe(ctx context.Context, l *listener) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ch := h.chans[l.channel]
+	if ch.subscribed {
+		return ch.live
+	}
+	if h.ps == nil {
+		h.ps = h.rdb.Subscribe(context.WithoutCancel(ctx))
+		go h.receive(h.ps, h.ps.ChannelWithSubscriptions())
+	}
+	ch.subscribed, ch.pending, ch.live = true, ch.pending+1, false
+	// on failure go-redis subscribes again when it reconnects; listeners fall back on
+	// their timers meanwhile
+	_ = h.ps.Subscribe(ctx, l.channel)
+	return false
+}
+
+// unlisten unregisters l; the last listener of a channel unsubscribes it.
+func (h *hub) unlisten(l *listener) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ch := h.chans[l.channel]
+	delete(ch.listeners, l)
+	if len(ch.listeners) == 0 && ch.pending == 0 {
+		h.drop(l.channel, ch)
+	}
+}
+
+// drop forgets a channel without listeners (h.mu held).
+func (h *hub) drop(name string, ch *channel) {
+	if ch.subscribed && h.ps != nil {
+		_ = h.ps.Unsubscribe(context.Background(), name)
+	}
+	delete(h.chans, name)
+	if len(h.chans) == 0 && h.ps != nil && h.idle == nil {
+		h.idle = time.AfterFunc(hubLinger, h.closeIdle)
+	}
+}
+
+// closeIdle closes the subscription if no channel came back meanwhile.
+func (h *hub) closeIdle() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.idle = nil
+	if len(h.chans) == 0 && h.ps != nil {
+		_ = h.ps.Close()
+		h.ps = nil
+	}
+}
+
+// receive dispatches what ps delivers until it is closed.
+func (h *hub) receive(ps *redis.PubSub, in <-chan any) {
+	for m := range in {
+		var resumes []func(int64)
+		var at int64
+		h.mu.Lock()
+		switch m := m.(type) {
+		case *redis.Subscription:
+			if m.Kind == "subscribe" {
+				h.confirmed(m.Channel)
+			}
+		case *redis.Message:
+			ch := h.chans[m.Channel]
+			kind, rest, _ := strings.Cut(m.Payload, " ")
+			if ch == nil {
+				break
+			}
+			switch kind {
+			case "h":
+				for _, place := range strings.Fields(rest) {
+					for l := range ch.listeners {
+						if l.place == place {
+							signal(l.handed)
+						}
+					}
+				}
+			case "r":
+				at, _ = strconv.ParseInt(rest, 10, 64)
+				for l := range ch.listeners {
+					if l.resumed != nil {
+						resumes = append(resumes, l.resumed)
+					}
+				}
+			}
+		}
+		h.mu.Unlock()
+		for _, f := range resumes { // outside the lock: they book again
+			f(at)
+		}
+	}
+	// ps was closed: by closeIdle, or with the client. Listeners fall back on their
+	// timers and subscribe again on their next round.
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.ps != ps {
+		return
+	}
+	h.ps = nil
+	for name, ch := range h.chans {
+		ch.subscribed, ch.pending, ch.live = false, 0, false
+		if len(ch.listeners) == 0 {
+			delete(h.chans, name)
+		}
+		for l := range ch.listeners {
+			signal(l.check)
+		}
+	}
+}
+
+// confirmed handles a subscribe confirmation: one asked for, or go-redis subscribing
+// again after a reconnect (notices published in between are lost, so every listener
+// asks Redis again). h.mu held.
+func (h *hub) confirmed(name string) {
+	ch := h.chans[name]
+	if ch == nil || !ch.subscribed {
+		return
+	}
+	if ch.pending > 0 {
+		ch.pending--
+	}
+	if ch.pending > 0 {
+		return
+	}
+	if len(ch.listeners) == 0 {
+		h.drop(name, ch)
+		return
+	}
+	ch.live = true
+	for l := range ch.listeners {
+		signal(l.check)
+	}
+}
+
+// signal wakes a listener without blocking; a wake already pending is enough.
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
