@@ -700,23 +700,31 @@ for r = 1, k do
   ext[r] = bad
 end
 
-local pause, over = control_read(KEYS[2])
-if not pause then -- every request needs the control key
-  local e = 'JTSTATE ' .. KEYS[2] .. ': ' .. over
+-- What the requests change and the code after them reads is kept in one table, call:
+-- gopher-lua (which miniredis runs) detaches a closure's upvalues from the chunk's locals
+-- once an error has passed through pcall.
+--   pause, over  the control key (common.lua), as the requests so far left it
+--   lim, lower, oend, limit  the limits in force (in_force)
+--   st           the state, once a request needed it; failed: the text of a JTSTATE on it
+--   alg          nil until checked: the JTALG error, or false
+--   changed      whether a control op ran
+local call = {changed = false}
+call.pause, call.over = control_read(KEYS[2])
+if not call.pause then -- every request needs the control key
+  local e = 'JTSTATE ' .. KEYS[2] .. ': ' .. call.over
   for r = 1, k do
     ext[r] = ext[r] or e
   end
   return reply({}, k, ext)
 end
 
--- The limits in force: the callers', with an override's rates until it ends. lower says
--- whether it lowers a rate or a burst below the callers', oend when it ends (0: none),
--- limit the largest n they allow.
-local lim, lower, oend, limit
+-- in_force sets the limits in force: the callers', with an override's rates until it
+-- ends; lower says whether it lowers a rate or a burst below the callers', oend when it
+-- ends (0: none), limit the largest n they allow.
 local function in_force()
-  lim, lower, oend, limit = given, false, 0, cap
+  local over, lim, lower, limit = call.over, given, false, cap
   if over and over[1] > now then
-    lim, oend = {}, over[1]
+    lim = {}
     for i = 1, m do
       local l, o = given[i], over[2][i]
       if o then
@@ -728,31 +736,30 @@ local function in_force()
       lim[i] = l
     end
   end
+  call.lim, call.lower, call.oend, call.limit = lim, lower, lim == given and 0 or over[1], limit
 end
 in_force()
 
-local out, st, state_error, used = {}, nil, nil, {}
-local alg -- nil until checked: the JTALG error, or false
+local out, used, wakes = {}, {}, {}
 local books, booked = {}, {} -- booking records by KEYS index (false: none), those to write
-local control_changed, wakes = false, {}
 
 -- creating fails (raises JTALG) when KEYS[1] is absent and another algorithm's state
 -- exists; it reads those keys once per call.
 local function creating()
-  if not st.absent then
+  if not call.st.absent then
     return
   end
-  if alg == nil then
-    alg = false
+  if call.alg == nil then
+    call.alg = false
     for i = 4, 3 + A do
       if redis.call('EXISTS', KEYS[i]) == 1 then
-        alg = 'JTALG ' .. KEYS[i]
+        call.alg = 'JTALG ' .. KEYS[i]
         break
       end
     end
   end
-  if alg then
-    error(alg, 0)
+  if call.alg then
+    error(call.alg, 0)
   end
 end
 
@@ -761,45 +768,46 @@ local function run(r, op, n, x, y, key)
   local b = 6 * r - 6
   if op >= OP_PAUSE and not (RATED and op >= OP_OVERRIDE) then
     -- control ops that do not touch the state
-  elseif state_error then
-    error(state_error, 0)
+  elseif call.failed then
+    error(call.failed, 0)
   else
     used[r] = true
-    st = st or load(KEYS[1], lim, now, param, given, oend)
+    call.st = call.st or load(KEYS[1], call.lim, now, param, given, call.oend)
   end
+  local st, lim = call.st, call.lim
   if op >= OP_PAUSE then
     if op == OP_PAUSE then
-      pause = math.max(pause, now + x)
+      call.pause = math.max(call.pause, now + x)
     elseif op == OP_RESUME then
-      if pause > now then
-        wakes[#wakes + 1] = string.format('r %d', pause)
+      if call.pause > now then
+        wakes[#wakes + 1] = string.format('r %d', call.pause)
       end
-      pause = 0
+      call.pause = 0
     else
       if RATED then -- the state is settled at the change, and may be created
         creating()
       end
-      local old = lim
       if op == OP_OVERRIDE then
         local rates = {}
         for i = 1, n do
           rates[i] = {tonumber(ARGV[y + 2 * i - 2]), tonumber(ARGV[y + 2 * i - 1])}
         end
-        over = {now + (x > 0 and x or MAX_PERIOD), rates, now}
+        call.over = {now + (x > 0 and x or MAX_PERIOD), rates, now}
       else
-        over = nil
+        call.over = nil
       end
       in_force()
       if st then
-        rates(st, old, lim, now, now)
+        rates(st, lim, call.lim, now, now)
       end
     end
-    control_changed = true
+    call.changed = true
     out[b + 1], out[b + 2], out[b + 3], out[b + 4], out[b + 5], out[b + 6] =
-      1, 0, math.max(0, pause - now), math.max(0, oend - now), 0, 0
+      1, 0, math.max(0, call.pause - now), math.max(0, call.oend - now), 0, 0
     return
   end
 
+  local pause = call.pause
   local t0 = math.max(now, pause)
   if op == OP_INSPECT then
     local t = fit(st, lim, 1, t0, now)
@@ -811,7 +819,7 @@ local function run(r, op, n, x, y, key)
     elseif keep > 0 then
       pttl = -fdiv(-keep, 1000)
     end
-    local d = {booked_n, ahead, math.max(0, pause - now), pttl, math.max(0, oend - now)}
+    local d = {booked_n, ahead, math.max(0, pause - now), pttl, math.max(0, call.oend - now)}
     for i = 1, m do
       d[3 * i + 3], d[3 * i + 4], d[3 * i + 5] = lim[i][1], lim[i][CAP], avail[i]
     end
@@ -848,14 +856,15 @@ local function run(r, op, n, x, y, key)
     return
   end
 
-  if n > limit then
+  if n > call.limit then
     error('JTEXCEEDS n above the overridden limits', 0)
   end
   local last, replace = 0, false -- the stamp a new record must be above; re-place rec
   if rec then
     last = rec[3]
     if rec[2] == n and rec[1] >= now - y and pause <= rec[1] then
-      replace = lower and over[3] and over[3] > rec[3]
+      local over = call.over
+      replace = call.lower and over[3] and over[3] > rec[3]
       if not replace then
         local stamp = math.max(now, last + 1)
         books[key], booked[#booked + 1] = {rec[1], n, stamp}, key
@@ -879,7 +888,7 @@ local function run(r, op, n, x, y, key)
   end
   local stamp = 0
   if replace then
-    last, books[key], booked[#booked + 1] = math.max(last, over[3]), false, key
+    last, books[key], booked[#booked + 1] = math.max(last, call.over[3]), false, key
   end
   if granted and n > 0 and key > 0 then
     if t > now then
@@ -904,7 +913,7 @@ for r = 1, k do
       e = tostring(type(e) == 'table' and (e.err or e.message) or e)
       ext[r] = e
       if used[r] and string.find(e, 'JTSTATE ' .. KEYS[1] .. ':', 1, true) == 1 then
-        state_error = e
+        call.failed = e
       end
     end
   end
@@ -912,13 +921,13 @@ end
 
 -- Writes, after every read and check. A state found foreign fails every request that used
 -- it; their bookings are not written either.
-if state_error then
+if call.failed then
   for r in pairs(used) do
-    ext[r] = state_error
+    ext[r] = call.failed
   end
 else
-  if st then
-    save(st, KEYS[1], lim, now, oend)
+  if call.st then
+    save(call.st, KEYS[1], call.lim, now, call.oend)
   end
   for _, i in ipairs(booked) do
     if books[i] ~= nil then
@@ -927,13 +936,13 @@ else
     end
   end
 end
-if control_changed then
-  control_write(KEYS[2], pause, over)
+if call.changed then
+  control_write(KEYS[2], call.pause, call.over)
 end
 for _, text in ipairs(wakes) do
   redis.call('PUBLISH', prefix_of(KEYS[1]) .. ':wake', text)
 end
-if record_ttl > 0 and not state_error then
+if record_ttl > 0 and not call.failed then
   local v = redis.pcall('GET', KEYS[3])
   local alg_of = type(v) == 'string' and string.match(v, '^1 (%l%l) %d+ ')
   if not v or (alg_of and string.find(' sw sc tb fw ', ' ' .. alg_of .. ' ', 1, true)) then
