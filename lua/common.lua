@@ -4,7 +4,8 @@
 -- Numbers: times are integer µs of the server's clock, read once per call (TIME), so
 -- every request of a call sees the same instant; counts are integers. Every value a
 -- script computes stays below 2^53, where Lua's doubles are exact. An integer argument
--- is plain decimal digits (leading zeros allowed) with its value in range.
+-- is 1 to 16 plain decimal digits (leading zeros allowed: 2^53 has 16) with its value in
+-- range (a longer one reads differently in Redis's Lua and gopher-lua).
 --
 -- Errors start with a code the Go side maps to a sentinel:
 --   JTARG      an argument is missing or out of range
@@ -45,7 +46,7 @@ do
 end
 
 local function int(s, lo, hi)
-  if type(s) ~= 'string' or not string.find(s, '^%d+$') then
+  if type(s) ~= 'string' or #s > 16 or not string.find(s, '^%d+$') then
     return nil
   end
   local v = tonumber(s)

@@ -33,7 +33,8 @@
 --          period_us (1..2^45)[, burst (1..10^9), burst × period_us <= 2^50]
 -- then     PARAMS integers, 0..2^45: the algorithm's parameters (the log's bucket_us)
 -- then     A, the number of other algorithms' state keys in KEYS
--- then     the record's text and TTL in ms, 1..2^45/1000 ("" and 0: not due)
+-- then     the record's text ("1 <sw|sc|tb|fw> <buckets> <limit> ...", internal/keys) and
+--          its TTL in ms, 1..2^45/1000 ("" and 0: not due)
 -- then     extra arguments that requests point at (an override's pairs)
 -- An error in the arguments shared by all (k, the limits, the parameters, A, the record)
 -- fails the call: its error reply. Any other error fails its request only.
@@ -69,9 +70,9 @@
 --   deletes it; so a stale give-back does nothing.
 -- Writes   after every read and check, once per call: the state (save; its file says when
 --   and its TTL), the control key (control ops; PX covering what it holds, DEL when
---   nothing), booking records (PX a second past their token), the record when due (PX its
---   TTL; only when absent or one of ours, a foreign one left alone). A request that fails
---   writes nothing. A key of another type or with text that is not ours is foreign: the
+--   nothing), booking records (PX a second past their token), the record when due and a
+--   request was decided (PX its TTL; only over nothing or one of ours: a foreign one is left
+--   alone). A request that fails writes nothing. A key of another type or with text that is not ours is foreign: the
 --   requests that need it fail with JTSTATE (the control key: every request) and it is not
 --   written; nor is the record, then.
 
@@ -105,23 +106,30 @@ if param == nil then
   return redis.error_reply('JTARG parameter')
 end
 p = p + PARAMS
+-- is_record reports whether v is a record's text: "1 <sw|sc|tb|fw> <buckets> <limit> ..."
+-- (internal/keys writes and reads it; a stored text that is not one is foreign).
+local function is_record(v)
+  local alg = type(v) == 'string' and string.match(v, '^1 (%l%l) %d+ %S')
+  return alg and string.find(' sw sc tb fw ', ' ' .. alg .. ' ', 1, true) ~= nil or false
+end
 local A, record_ttl = int(ARGV[p], 0, nkeys - 3), int(ARGV[p + 2], 0, MAX_PERIOD / 1000)
 if not A then
   return redis.error_reply('JTARG A')
-elseif not record_ttl or (record_ttl == 0) ~= (ARGV[p + 1] == '') then
+elseif not record_ttl or (record_ttl > 0) ~= is_record(ARGV[p + 1]) or (record_ttl == 0 and ARGV[p + 1] ~= '') then
   return redis.error_reply('JTARG record')
 end
 local extra = p + 3 -- the first extra argument
 
--- Each request's arguments: one pattern checks that all are plain integers (the usual
--- case); then each is checked against its op's bounds.
+-- Each request's arguments: one pattern checks that all are plain integers of at most 16
+-- digits (the usual case); then each is checked against its op's bounds.
 local ext, reqs = {}, table.concat(ARGV, ',', 2, 1 + 5 * k)
 local plain = string.find(reqs, '^%d[%d,]*$') and not string.find(reqs .. ',', ',,', 1, true)
+  and not string.find(reqs, '%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d') -- 17 digits
 local booking_prefix = prefix_of(KEYS[1]) .. ':bk:'
 for r = 1, k do
   local j, bad = 5 * r - 3, nil
   for i = j, plain and 0 or j + 4 do
-    if not string.find(ARGV[i], '^%d+$') then
+    if #ARGV[i] > 16 or not string.find(ARGV[i], '^%d+$') then
       bad = 'JTARG request ' .. r .. ': argument ' .. i .. ' is not a plain integer'
     end
   end
@@ -402,10 +410,13 @@ end
 for _, text in ipairs(wakes) do
   redis.call('PUBLISH', prefix_of(KEYS[1]) .. ':wake', text)
 end
-if record_ttl > 0 and not call.failed then
+local decided = false
+for r = 1, k do
+  decided = decided or type(ext[r]) ~= 'string'
+end
+if record_ttl > 0 and decided and not call.failed then
   local v = redis.pcall('GET', KEYS[3])
-  local alg_of = type(v) == 'string' and string.match(v, '^1 (%l%l) %d+ ')
-  if not v or (alg_of and string.find(' sw sc tb fw ', ' ' .. alg_of .. ' ', 1, true)) then
+  if not v or is_record(v) then
     redis.call('SET', KEYS[3], ARGV[p + 1], 'PX', string.format('%d', record_ttl))
   end
 end
