@@ -24,7 +24,7 @@ func TestRedistestReadsTheProtocol(t *testing.T) {
 	clk.add(t, time.Millisecond)
 	c.run(t, b, tag, req{op: opCancel, n: 1, x: out[3].v[5], booking: "t"}, cancel(1, out[1].v[4]))
 	list := grants.List()
-	if len(list) != 3 || list[2].Booking != tag+":bk:t" || list[2].At != time.UnixMicro(out[3].v[4]) || grants.Calls() != 3 {
+	if len(list) != 3 || list[2].Booking != tag+":bk:t" || !list[2].At.Equal(time.UnixMicro(out[3].v[4])) || grants.Calls() != 3 {
 		t.Fatalf("grants %+v, %d calls", list, grants.Calls())
 	}
 	if g := grants.GiveBacks(); len(g) != 2 || g[0].OK || !g[0].At.IsZero() || g[1].OK {
@@ -38,7 +38,7 @@ func TestRedistestReadsTheProtocol(t *testing.T) {
 		t.Fatal(err)
 	}
 	rows, err := redistest.ReadAudit(ctx, b.Client, tag+":tb")
-	if err != nil || len(rows) != 2 || rows[0].N != 1 || rows[1].N != 1 || rows[0].At != clk.now {
+	if err != nil || len(rows) != 2 || rows[0].N != 1 || rows[1].N != 1 || !rows[0].At.Equal(clk.now) {
 		t.Fatalf("audit %+v %v", rows, err)
 	}
 }
