@@ -17,22 +17,19 @@ import (
 )
 
 // FuzzScriptArgs calls one script with any ARGV at all (bytes split at 0x1f), on
-// miniredis and a real redis-server side by side (redistest.Pair; the production
-// script on miniredis, its fake-clock copy on the real server), after an optional
-// good call that leaves state and optional foreign content in one of its keys, at a
-// time the input picks. Properties:
-//   - ARGV outside the header's contract (checked here by argsOK, independently of
-//     the script) gets an error starting with JTARG, and no key changes;
-//   - ARGV inside it gets a reply of the header's shape, all integers, or, only when
-//     a key holds foreign content, a JTSTATE or WRONGTYPE error and no key changes;
-//   - both servers answer alike and hold the same state after; every key a call
-//     changed has a TTL.
-//
-// The model-checked fuzz targets of each algorithm and of the semaphore are in
-// throttle/fuzz_test.go and throttle/fuzz_semaphore_test.go.
+// miniredis and a real redis-server side by side (redistest.Pair; the production script
+// on miniredis, its fake-clock copy on the real server), after an optional good call that
+// leaves state and optional foreign content in one of its keys, at a time the input picks.
+// No argument can make a script crash, hang, or write when it fails:
+//   - ARGV whose shared arguments are outside the header's contract (argsOK, written here
+//     apart from the script) gets a JTARG error, and no key changes;
+//   - otherwise the reply is six integers per request and the extras; a request outside
+//     its op's contract gets JTARG, any other a reply of its op's shape or, only when a key
+//     holds foreign content (or another algorithm's, or an override bounds n), JTSTATE,
+//     JTALG or JTEXCEEDS; when every request failed, no key changes;
+//   - both servers answer alike and hold the same keys after; every key a call changed has
+//     a TTL.
 func FuzzScriptArgs(f *testing.F) {
-	// Without a real server every input is skipped (NewPair), and go test prints
-	// nothing of it: say so (t.Log, and under CI the figures file .ci/run prints).
 	if _, err := redistest.StandaloneAddr(); err != nil {
 		redistest.Figure(f, "NOT CHECKED on real Redis: no redis (%v); every input is skipped (each runs on miniredis and a real redis-server side by side)", err)
 	}
@@ -43,172 +40,149 @@ func FuzzScriptArgs(f *testing.F) {
 
 // fuzzScript is a script as FuzzScriptArgs calls it.
 type fuzzScript struct {
-	name string
-	prod *redis.Script
-	fake *redis.Script
-	keys []string // suffixes after the hash tag
-	good []string // arguments that work, for the call before the fuzzed one
-	// reply checks a successful reply to argv
-	reply func(argv []string, v []int64) error
+	name   string // the script
+	keys   []string
+	good   []string // arguments that work, for the call before the fuzzed one
+	width  int      // a limiter's integers per limit; 0: the semaphore
+	params int
 }
 
 var fuzzScripts = []fuzzScript{
-	{"slidingwindow", SlidingWindow.Script(), redistest.FakeClockScript(SlidingWindow.Source()), []string{":sw", ":pause"},
-		[]string{"0", "2", "1000000", "1", "5", "1000000"}, limiterReply},
-	{"slidingcounter", SlidingCounter.Script(), redistest.FakeClockScript(SlidingCounter.Source()), []string{":sc", ":pause"},
-		[]string{"0", "2", "1000000", "1", "100000", "5", "1000000"}, limiterReply},
-	{"gcra", GCRA.Script(), redistest.FakeClockScript(GCRA.Source()), []string{":tb", ":pause"},
-		[]string{"0", "2", "1000000", "1", "5", "1000000", "5"}, limiterReply},
-	{"fixedwindow", FixedWindow.Script(), redistest.FakeClockScript(FixedWindow.Source()), []string{":fw", ":pause"},
-		[]string{"0", "2", "1000000", "1", "5", "1000000"}, limiterReply},
-	{"pause", Pause.Script(), redistest.FakeClockScript(Pause.Source()), []string{":pause"}, []string{"1000000"},
-		func(argv []string, v []int64) error {
-			if len(v) != 1 || v[0] < mustInt(argv[0]) {
-				return fmt.Errorf("reply %v: want one integer >= d", v)
-			}
-			return nil
-		}},
-	{"semaphore", Semaphore.Script(), redistest.FakeClockScript(Semaphore.Source()), []string{":sem", ":semq", ":semx", ":pause"},
-		[]string{"0", "0123456789abcdef0123456789abcdef", "1", "1000000", "1"},
-		func(argv []string, v []int64) error {
-			if len(v) != 3 || v[0] < 0 || v[0] > 1 || v[1] < 0 || v[2] < 0 || (v[0] == 0 && mustInt(argv[0]) == 0 && v[1] < 1) {
-				return fmt.Errorf("reply %v: want {ok 0|1, wait >= 0 (>= 1 when denied), held >= 0}", v)
-			}
-			return nil
-		}},
-}
-
-// limiterReply checks {granted, remaining, wait_us, reset_us, token}.
-func limiterReply(argv []string, v []int64) error {
-	if len(v) != 5 {
-		return fmt.Errorf("reply %v: want 5 integers", v)
-	}
-	for _, x := range v {
-		if x < 0 {
-			return fmt.Errorf("reply %v: a negative number", v)
-		}
-	}
-	switch {
-	case v[0] > 1:
-		return fmt.Errorf("reply %v: granted is not 0 or 1", v)
-	case mustInt(argv[0]) == 1 && (v[1] != 0 || v[2] != 0 || v[4] != 0):
-		return fmt.Errorf("cancel reply %v: want {freed, 0, 0, reset, 0}", v)
-	case mustInt(argv[0]) == 0 && v[0] == 0 && (v[2] < 1 || v[4] != 0):
-		return fmt.Errorf("denied reply %v: want wait >= 1 and no token", v)
-	case mustInt(argv[0]) == 0 && v[0] == 1 && mustInt(argv[1]) > 0 && v[4] == 0:
-		return fmt.Errorf("grant %v: no token", v)
-	}
-	return nil
-}
-
-// bigInt parses a decimal integer (sign allowed) of any length.
-func bigInt(s string) (*big.Int, bool) {
-	return new(big.Int).SetString(s, 10)
-}
-
-func mustInt(s string) int64 {
-	v, _ := bigInt(s)
-	return v.Int64()
+	{"log", []string{":sw", ":pause", ":conf", ":bk:1"}, []string{"1", "0", "2", "1000000", "0", "0", "1", "5", "1000000", "0", "0", "", "0"}, 2, 1},
+	{"log", []string{":sc", ":pause", ":conf", ":bk:1"}, []string{"1", "0", "2", "1000000", "0", "0", "1", "5", "1000000", "100000", "0", "1 sc 10 5/1s", "1000"}, 2, 1},
+	{"bucket", []string{":tb", ":pause", ":conf", ":bk:1"}, []string{"1", "0", "2", "1000000", "0", "4", "1", "5", "1000000", "5", "0", "", "0"}, 3, 0},
+	{"window", []string{":fw", ":pause", ":conf", ":bk:1"}, []string{"2", "3", "0", "3000000", "0", "0", "0", "2", "1000000", "0", "0", "1", "5", "1000000", "0", "", "0"}, 2, 0},
+	{"semaphore", []string{":sem", ":semq", ":semx", ":pause"}, []string{"1", "0", "0123456789abcdef0123456789abcdef", "task", "1", "1", "1000000"}, 0, 0},
 }
 
 var (
 	digits     = regexp.MustCompile(`^[0-9]+$`)
-	signedInt  = regexp.MustCompile(`^-?[0-9]+$`)
-	lowerHex32 = regexp.MustCompile(`^[0-9a-f]{32}$`)
+	lowerHex   = regexp.MustCompile(`^[0-9a-f]{32}$`)
+	placeText  = regexp.MustCompile(`^[!-~]*$`)
+	recordText = regexp.MustCompile(`^1 (sw|sc|tb|fw) [0-9]+ [^ \t\n\r\f\v]`)
 )
 
-// inRange reports whether s is a plain decimal integer in [lo, hi]; short means it
-// must also be at most 16 characters, a sign allowed (the prelude's jt_int).
-func inRange(s string, lo, hi int64, short bool) bool {
-	if short && (len(s) > 16 || !signedInt.MatchString(s)) {
+// inRange reports whether s is 1 to 16 plain decimal digits with a value in [lo, hi].
+func inRange(s string, lo, hi int64) bool {
+	if !digits.MatchString(s) || len(s) > 16 {
 		return false
 	}
-	v, ok := bigInt(s)
-	return ok && v.Cmp(big.NewInt(lo)) >= 0 && v.Cmp(big.NewInt(hi)) <= 0
+	v, _ := new(big.Int).SetString(s, 10)
+	return v.Cmp(big.NewInt(lo)) >= 0 && v.Cmp(big.NewInt(hi)) <= 0
 }
 
-// argsOK is each header's ARGV contract, written out again: whether argv is valid
-// for the script, and if not, what is wrong.
-func argsOK(name string, argv []string) (bool, string) {
+func num(s string) int64 {
+	v, _ := new(big.Int).SetString(s, 10)
+	return v.Int64()
+}
+
+// argsOK is the headers' ARGV contract, written out again: whether the shared arguments
+// are valid (else what is wrong), and for each request whether its own are.
+func argsOK(sc fuzzScript, argv []string, nkeys int) (bool, string, []bool) {
 	const maxRate, maxPeriod, maxWait = 1_000_000_000, 1 << 45, 1<<53 - 1
-	switch name {
-	case "pause":
-		if len(argv) == 0 || !inRange(argv[0], 1, maxPeriod, true) {
-			return false, "d"
+	at := func(i int) string { // ARGV[i], "" past the end
+		if i <= len(argv) {
+			return argv[i-1]
 		}
-		return true, ""
-	case "semaphore":
+		return "\x00"
+	}
+	if len(argv) == 0 || !inRange(argv[0], 1, 1000) {
+		return false, "k", nil
+	}
+	k := int(num(argv[0]))
+	if sc.width == 0 { // the semaphore
+		if len(argv) != 3+4*k {
+			return false, "argument count", nil
+		}
+		if !inRange(at(2+4*k), 1, maxRate) || !inRange(at(3+4*k), 1000, maxPeriod) {
+			return false, "max or ttl", nil
+		}
+		ok := make([]bool, k)
+		for r := range k {
+			j := 2 + 4*r
+			op, token, place, join := at(j), at(j+1), at(j+2), at(j+3)
+			if !inRange(op, 0, 3) {
+				continue
+			}
+			o := num(op)
+			ok[r] = (lowerHex.MatchString(token) || (o == 3 && token == "")) &&
+				len(place) <= 200 && placeText.MatchString(place) && (o != 0 || place != "") &&
+				inRange(join, 0, map[int64]int64{0: 1, 1: 0, 2: 0, 3: 1000}[o])
+		}
+		return true, "", ok
+	}
+	p := 2 + 5*k
+	if len(argv) < p || nkeys < 3 {
+		return false, "k", nil
+	}
+	if !inRange(at(p), 1, 16) {
+		return false, "m", nil
+	}
+	m := int(num(at(p)))
+	if len(argv) < p+sc.width*m+sc.params+3 {
+		return false, "argument count", nil
+	}
+	capN := int64(maxRate)
+	for i := range m {
+		b := p + sc.width*i
+		rate, period := at(b+1), at(b+2)
+		if !inRange(rate, 1, maxRate) || !inRange(period, 1, maxPeriod) {
+			return false, "limit", nil
+		}
+		c := num(rate)
+		if sc.width == 3 {
+			if !inRange(at(b+3), 1, maxRate) || num(at(b+3))*num(period) > 1<<50 {
+				return false, "burst", nil
+			}
+			c = num(at(b + 3))
+		}
+		capN = min(capN, c)
+	}
+	p += sc.width*m + 1
+	if sc.params > 0 && !inRange(at(p), 0, maxPeriod) {
+		return false, "parameter", nil
+	}
+	p += sc.params
+	if !inRange(at(p), 0, int64(nkeys-3)) {
+		return false, "A", nil
+	}
+	A := int(num(at(p)))
+	if !inRange(at(p+2), 0, maxPeriod/1000) || (num(at(p+2)) > 0) != recordText.MatchString(at(p+1)) || (num(at(p+2)) == 0 && at(p+1) != "") {
+		return false, "record", nil
+	}
+	extra := int64(p + 3)
+	ok := make([]bool, k)
+	for r := range k {
+		f := argv[1+5*r : 6+5*r]
+		good := true
+		for _, s := range f {
+			good = good && digits.MatchString(s) && len(s) <= 16
+		}
+		if !good {
+			continue
+		}
+		op, n, x, y, key := num(f[0]), num(f[1]), num(f[2]), num(f[3]), num(f[4])
+		big := func(s string, hi int64) bool { return !inRange(s, 0, hi) }
 		switch {
-		case len(argv) < 1 || !inRange(argv[0], 0, 2, true):
-			return false, "op"
-		case len(argv) < 2 || !lowerHex32.MatchString(argv[1]):
-			return false, "id"
-		case len(argv) < 3 || !inRange(argv[2], 1, maxRate, true):
-			return false, "max"
-		case len(argv) < 4 || !inRange(argv[3], 1000, maxPeriod, true):
-			return false, "ttl"
-		case len(argv) < 5 || !inRange(argv[4], 0, 1, true):
-			return false, "queue"
-		case len(argv) != 5:
-			return false, "argument count"
-		}
-		return true, ""
-	}
-	// the limiter scripts: op, n, x, m, [bucket], m groups
-	for i, a := range argv {
-		if !digits.MatchString(a) {
-			return false, fmt.Sprintf("argument %d is not plain digits", i+1)
-		}
-	}
-	first, width := 5, 2
-	hi := []int64{maxRate, maxPeriod, maxRate}
-	switch name {
-	case "slidingcounter":
-		first = 6
-	case "gcra":
-		width = 3
-	}
-	switch {
-	case len(argv) < 1 || !inRange(argv[0], 0, 1, false):
-		return false, "op"
-	case len(argv) < 2 || !inRange(argv[1], 0, 1e15, false):
-		return false, "n"
-	case len(argv) < 3 || !inRange(argv[2], 0, maxWait, false):
-		return false, "max_wait/token"
-	case len(argv) < 4 || !inRange(argv[3], 1, 16, false):
-		return false, "m"
-	}
-	m := int(mustInt(argv[3]))
-	if len(argv) != first-1+m*width {
-		return false, "argument count"
-	}
-	n := mustInt(argv[1])
-	for i := 0; i < m; i++ {
-		for j := 0; j < width; j++ {
-			if !inRange(argv[first-1+i*width+j], 1, hi[j], false) {
-				return false, fmt.Sprintf("limit %d field %d", i+1, j+1)
-			}
-		}
-		rate, period := mustInt(argv[first-1+i*width]), mustInt(argv[first+i*width])
-		switch name {
-		case "gcra":
-			burst := mustInt(argv[first+1+i*width])
-			if burst*period > 1<<50 {
-				return false, "burst x period"
-			}
-			if n > burst {
-				return false, "n above burst"
+		case big(f[0], 6):
+		case op <= 1:
+			ok[r] = !big(f[1], capN) && !big(f[2], maxWait) && !big(f[3], maxWait) &&
+				(y == 0 || (key != 0 && op == 0)) &&
+				(key == 0 || (!big(f[4], 1<<30) && key >= int64(4+A) && key <= int64(nkeys)))
+		case op == 5:
+			ok[r] = !big(f[1], int64(m)) && n >= 1 && !big(f[2], maxPeriod) && key == 0 && !big(f[3], 1<<30) &&
+				y >= extra && y+2*n-1 <= int64(len(argv))
+			for i := y; ok[r] && i < y+2*n; i += 2 {
+				ok[r] = inRange(at(int(i)), 1, maxRate) && inRange(at(int(i+1)), 0, maxRate)
 			}
 		default:
-			if n > rate {
-				return false, "n above rate"
-			}
+			wantN := map[bool]int64{true: 1, false: 0}[op == 2]
+			ok[r] = !big(f[1], 1) && n == wantN && !big(f[3], 0) && !big(f[4], 0) &&
+				((op == 3 && !big(f[2], maxPeriod) && x >= 1) || (op != 3 && !big(f[2], 0)))
 		}
+		_ = x
 	}
-	if name == "slidingcounter" && !inRange(argv[4], 1, maxPeriod, true) {
-		return false, "bucket"
-	}
-	return true, ""
+	return true, "", ok
 }
 
 // Foreign content runScriptArgs can put in a key before the calls (pre / 8 % len).
@@ -236,18 +210,14 @@ func runScriptArgs(t *testing.T, which uint8, key string, argvRaw []byte, pre ui
 	now := redistest.Epoch
 	pair.SetTime(t, now, clock)
 	ctx := context.Background()
-	trace := fmt.Sprintf("%s ARGV %q, key %q, pre %d, junk %q", sc.name, argv, key, pre, junk)
+	trace := fmt.Sprintf("%s%s ARGV %q, key %q, pre %d, junk %q", sc.name, sc.keys[0], argv, key, pre, junk)
 
 	run := func(args []string) ([]int64, error) {
 		var out [2][]int64
 		var errs [2]error
 		for i, b := range []*redistest.Backend{pair.Mini, pair.Real} {
-			s := sc.prod
-			if b.Real() {
-				s = sc.fake
-			}
 			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			out[i], errs[i] = ints(s.Run(cctx, b.Client, keys, toAny(args)...))
+			out[i], errs[i] = script(b, sc.name).Run(cctx, b.Client, keys, toAny(args)...).Int64Slice()
 			cancel()
 		}
 		if code(errs[0]) != code(errs[1]) || fmt.Sprint(out[0]) != fmt.Sprint(out[1]) {
@@ -256,55 +226,52 @@ func runScriptArgs(t *testing.T, which uint8, key string, argvRaw []byte, pre ui
 		return out[0], errs[0]
 	}
 
-	// a good call first (pre & 1), leaving state the fuzzed call meets
-	if pre&1 == 1 {
+	if pre&1 == 1 { // a good call first, leaving state the fuzzed call meets
 		if _, err := run(sc.good); err != nil {
 			t.Fatalf("%s: the good call failed: %v", trace, err)
 		}
 	}
-	// foreign content in one key
-	foreign := ""
+	foreignKey := ""
 	if p := int(pre/8) % len(argPrestates); p != 0 {
-		foreign = keys[int(pre/2)%4%len(keys)]
+		foreignKey = keys[int(pre/2)%4%len(keys)]
 		words := strings.Fields(junk)
 		if len(words) == 0 {
 			words = []string{junk}
 		}
 		for _, b := range []*redistest.Backend{pair.Mini, pair.Real} {
 			c := b.Client
-			c.Del(ctx, foreign)
+			c.Del(ctx, foreignKey)
 			var err error
 			switch argPrestates[p] {
 			case "string":
-				err = c.Set(ctx, foreign, junk, 0).Err()
+				err = c.Set(ctx, foreignKey, junk, 0).Err()
 			case "list":
-				err = c.RPush(ctx, foreign, toAny(words)...).Err()
+				err = c.RPush(ctx, foreignKey, toAny(words)...).Err()
 			case "zset":
 				for i, w := range words {
-					err = c.ZAdd(ctx, foreign, redis.Z{Member: w, Score: float64(now.UnixMicro() + int64(i-1)*1000)}).Err()
+					err = c.ZAdd(ctx, foreignKey, redis.Z{Member: w, Score: float64(now.UnixMicro() + int64(i-1)*1000)}).Err()
 				}
 			case "hash":
-				err = c.HSet(ctx, foreign, "f", junk).Err()
+				err = c.HSet(ctx, foreignKey, "f", junk).Err()
 			case "set":
-				err = c.SAdd(ctx, foreign, toAny(words)...).Err()
+				err = c.SAdd(ctx, foreignKey, toAny(words)...).Err()
 			case "numbers string":
-				err = c.Set(ctx, foreign, fmt.Sprint(now.UnixMicro()+int64(len(junk))), 0).Err()
+				err = c.Set(ctx, foreignKey, fmt.Sprint(now.UnixMicro()+int64(len(junk))), 0).Err()
 			case "numbers list":
-				err = c.RPush(ctx, foreign, "0", fmt.Sprint(now.UnixMicro()+int64(len(junk))), "1").Err()
+				err = c.RPush(ctx, foreignKey, "0", fmt.Sprint(now.UnixMicro()+int64(len(junk))), "1").Err()
 			}
 			if err != nil {
 				t.Fatalf("%s: foreign content: %v", trace, err)
 			}
 		}
 	}
-	// time passes (pre & 6: 0, 1ms, 1s, 1h)
 	now = now.Add([]time.Duration{0, time.Millisecond, time.Second, time.Hour}[int(pre/2)%4])
 	pair.SetTime(t, now, clock)
 
 	before := pair.Sync(t)
 	v, err := run(argv)
 	after := pair.Compare(t, trace)
-	ok, why := argsOK(sc.name, argv)
+	ok, why, reqOK := argsOK(sc, argv, len(keys))
 	unchanged := func() {
 		for k, s := range after {
 			if b := before[k]; !s.Same(b) || s.TTL != b.TTL {
@@ -312,63 +279,98 @@ func runScriptArgs(t *testing.T, which uint8, key string, argvRaw []byte, pre ui
 			}
 		}
 	}
-	switch {
-	case !ok:
+	if !ok {
 		if code(err) != "JTARG" {
 			t.Fatalf("%s: %v, want a JTARG error (%s)", trace, err, why)
 		}
 		unchanged()
-	case err != nil:
-		if c := code(err); foreign == "" || (c != "JTSTATE" && c != "WRONGTYPE") {
-			t.Fatalf("%s: %v, want a reply (valid arguments)", trace, err)
-		}
-		unchanged()
-	default:
-		if err := sc.reply(argv, v); err != nil {
-			t.Fatalf("%s: %v", trace, err)
-		}
-		for k, s := range after {
-			if s.Type == "none" || s.TTL >= 0 {
-				continue
-			}
-			if b := before[k]; k == foreign && s.Same(b) {
-				continue // foreign content the call left alone
-			}
-			t.Fatalf("%s: key %q has no TTL: %v", trace, k, s)
-		}
+		return
 	}
-}
-
-// ints reads a script's reply: one integer, or a list of integers.
-func ints(cmd *redis.Cmd) ([]int64, error) {
-	v, err := cmd.Result()
 	if err != nil {
-		return nil, err
+		t.Fatalf("%s: %v, want a reply (valid shared arguments)", trace, err)
 	}
-	switch v := v.(type) {
-	case int64:
-		return []int64{v}, nil
-	case []any:
-		out := make([]int64, len(v))
-		for i, e := range v {
-			n, ok := e.(int64)
-			if !ok {
-				return nil, fmt.Errorf("reply %v: element %d is not an integer", v, i+1)
+	detail := make([]bool, len(reqOK))
+	for r := range detail {
+		op := argv[1+(map[bool]int{true: 4, false: 5}[sc.width == 0])*r]
+		detail[r] = reqOK[r] && (op == "2" && sc.width > 0 || op == "3" && sc.width == 0)
+	}
+	out, perr := parseReply(v, detail)
+	if perr != nil {
+		t.Fatalf("%s: %v", trace, perr)
+	}
+	failed := 0
+	for r, res := range out {
+		switch c := code(fmt.Errorf("%s", res.err)); {
+		case !reqOK[r]:
+			if !strings.HasPrefix(res.err, fmt.Sprintf("JTARG request %d: ", r+1)) {
+				t.Fatalf("%s: request %d: %v, want JTARG", trace, r+1, res)
 			}
-			out[i] = n
+		case res.err == "":
+			if err := replyShape(sc, argv, r, res); err != nil {
+				t.Fatalf("%s: request %d: %v", trace, r+1, err)
+			}
+			continue
+		case c == "JTSTATE" && foreignKey != "", c == "JTALG", c == "JTEXCEEDS":
+		default:
+			t.Fatalf("%s: request %d: %v, want a reply", trace, r+1, res)
 		}
-		return out, nil
+		failed++
 	}
-	return nil, fmt.Errorf("reply of the wrong type: %v", v)
+	if failed == len(out) {
+		unchanged()
+	}
+	for k, s := range after {
+		if s.Type == "none" || s.TTL >= 0 {
+			continue
+		}
+		if b := before[k]; k == foreignKey && s.Same(b) {
+			continue // foreign content the call left alone
+		}
+		t.Fatalf("%s: key %q has no TTL: %v", trace, k, s)
+	}
 }
 
-// code is the kind of error a script call returned: JTARG, JTSTATE, WRONGTYPE, or
-// its text (miniredis wraps a script's error in its own "ERR ..."), "" for nil.
+// replyShape checks a request's successful reply against its op's shape.
+func replyShape(sc fuzzScript, argv []string, r int, res res) error {
+	v := res.v
+	if sc.width == 0 {
+		op := num(argv[1+4*r])
+		switch {
+		case op == 3 && (v[0] != 1 || v[1] != 0 || len(res.extra) < 5 || res.extra[0] != v[2]):
+			return fmt.Errorf("inspect %v", res)
+		case op < 3 && (v[0] < 0 || v[0] > 1 || v[1] < 0 || v[2] < 0 || (op == 0 && v[0] == 0 && v[1] < 1)):
+			return fmt.Errorf("reply %v: want ok 0|1, wait >= 0 (>= 1 when denied), held >= 0", res)
+		}
+		return nil
+	}
+	op, n := num(argv[1+5*r]), num(argv[2+5*r])
+	m := int(num(argv[1+5*int(num(argv[0]))]))
+	for _, x := range v[1:4] {
+		if x < 0 {
+			return fmt.Errorf("reply %v: a negative number", res)
+		}
+	}
+	switch {
+	case op == 0 && (v[0] < 0 || v[0] > 2 || (v[0] == 0 && (v[2] < 1 || v[4] != 0)) || (v[0] == 1 && n > 0 && v[4] == 0)):
+		return fmt.Errorf("acquire %v", res)
+	case op == 1 && (v[0] < 0 || v[0] > 1 || v[1] != 0 || v[2] != 0 || v[5] != 0):
+		return fmt.Errorf("cancel %v", res)
+	case op == 2 && (v[0] != 1 || len(res.extra) != 5+3*m):
+		return fmt.Errorf("inspect %v", res)
+	case op >= 3 && (v[0] != 1 || v[1] != 0 || v[4] != 0 || v[5] != 0):
+		return fmt.Errorf("control %v", res)
+	}
+	return nil
+}
+
+// code is the kind of error a script call returned: JTARG, JTSTATE, JTALG, JTEXCEEDS,
+// WRONGTYPE, or its text (miniredis wraps a script's error in its own "ERR ..."), "" for
+// nil.
 func code(err error) string {
-	if err == nil {
+	if err == nil || err.Error() == "" {
 		return ""
 	}
-	for _, c := range []string{"JTARG", "JTSTATE", "WRONGTYPE"} {
+	for _, c := range []string{"JTARG", "JTSTATE", "JTALG", "JTEXCEEDS", "WRONGTYPE"} {
 		if strings.Contains(err.Error(), c) {
 			return c
 		}
@@ -386,8 +388,8 @@ func toAny(v []string) []any {
 
 // argSeeds are the seed corpus (testdata/fuzz/FuzzScriptArgs, written by
 // TestFuzzScriptArgsSeeds): each script with good arguments, before and after state
-// exists; each argument made bad the ways the header forbids; foreign content in its
-// keys; an argument too many and too few.
+// exists; each argument made bad; foreign content in its keys; an argument too many and
+// too few.
 func argSeeds() map[string][]any {
 	join := func(a ...string) []byte { return []byte(strings.Join(a, "\x1f")) }
 	out := map[string][]any{}
@@ -395,44 +397,59 @@ func argSeeds() map[string][]any {
 		out[name] = []any{uint8(which), key, argv, uint8(pre), junk}
 	}
 	for i, sc := range fuzzScripts {
-		add(sc.name+"-good", i, "k", join(sc.good...), 0, "")
-		add(sc.name+"-good-on-state", i, "k", join(sc.good...), 1, "")
-		add(sc.name+"-good-an-hour-later", i, "k", join(sc.good...), 1+6, "")
+		name := sc.name + strings.ReplaceAll(sc.keys[0], ":", "-")
+		add(name+"-good", i, "k", join(sc.good...), 0, "")
+		add(name+"-good-on-state", i, "k", join(sc.good...), 1, "")
+		add(name+"-good-an-hour-later", i, "k", join(sc.good...), 1+6, "")
 		for j := range sc.good {
 			args := append([]string(nil), sc.good...)
 			args[j] = "-" + sc.good[j]
-			add(fmt.Sprintf("%s-arg%d-negative", sc.name, j+1), i, "k", join(args...), 1, "")
+			add(fmt.Sprintf("%s-arg%d-negative", name, j+1), i, "k", join(args...), 1, "")
 		}
 		for _, bad := range []struct{ name, v string }{{"empty", ""}, {"fraction", "1.5"}, {"exponent", "1e3"},
 			{"hex", "0x10"}, {"space", " 1"}, {"20-digits", "99999999999999999999"},
 			{"leading-zeros", "00000000000000000001"}, {"minus-zero", "-0"}} {
-			args := append([]string(nil), sc.good...)
-			j := map[string]int{"slidingcounter": 4, "semaphore": 0}[sc.name] // SC's bucket, the semaphore's op
-			args[j] = bad.v
-			add(fmt.Sprintf("%s-arg%d-%s", sc.name, j+1, bad.name), i, "k", join(args...), 1, "")
+			for _, j := range []int{0, 2} { // k, and the first request's op or n
+				args := append([]string(nil), sc.good...)
+				args[j] = bad.v
+				add(fmt.Sprintf("%s-arg%d-%s", name, j+1, bad.name), i, "k", join(args...), 1, "")
+			}
 		}
-		add(sc.name+"-argument-too-many", i, "k", join(append(sc.good, "1")...), 0, "")
-		add(sc.name+"-argument-too-few", i, "k", join(sc.good[:len(sc.good)-1]...), 0, "")
-		add(sc.name+"-no-arguments", i, "k", nil, 0, "")
-		add(sc.name+"-string-in-first-key-braces-in-key", i, "a}{b", join(sc.good...), 1+8*1, "junk")
-		add(sc.name+"-zset-in-first-key-binary-key", i, "\x00\xff", join(sc.good...), 1+8*3, "x y")
-		add(sc.name+"-hash-in-second-key", i, "k", join(sc.good...), 2+8*4, "v")
-		add(sc.name+"-numbers-list-in-first-key", i, "k", join(sc.good...), 8*7, "7")
+		add(name+"-argument-too-many", i, "k", join(append(sc.good, "1")...), 0, "")
+		add(name+"-argument-too-few", i, "k", join(sc.good[:len(sc.good)-1]...), 0, "")
+		add(name+"-no-arguments", i, "k", nil, 0, "")
+		add(name+"-string-in-first-key-braces-in-key", i, "a}{b", join(sc.good...), 1+8*1, "junk")
+		add(name+"-zset-in-first-key-binary-key", i, "\x00\xff", join(sc.good...), 1+8*3, "x y")
+		add(name+"-hash-in-second-key", i, "k", join(sc.good...), 2+8*4, "v")
+		add(name+"-string-in-fourth-key", i, "k", join(sc.good...), 6+8*1, "1 2 x")
+		add(name+"-numbers-list-in-first-key", i, "k", join(sc.good...), 8*7, "7")
 	}
 	return out
 }
 
-// The seed files say what argSeeds writes (JOBTHROTTLE_WRITE_SEEDS=1 writes them).
+// The seed files say what argSeeds writes (JOBTHROTTLE_WRITE_SEEDS=1 writes them); the
+// others are inputs the fuzzer found.
 func TestFuzzScriptArgsSeeds(t *testing.T) {
 	write := os.Getenv("JOBTHROTTLE_WRITE_SEEDS") != ""
-	for name, values := range argSeeds() {
+	dir := filepath.Join("testdata", "fuzz", "FuzzScriptArgs")
+	seeds := argSeeds()
+	found := regexp.MustCompile(`^[0-9a-f]{16}$`) // inputs the fuzzer found, kept as regressions
+	if write {
+		files, _ := os.ReadDir(dir)
+		for _, f := range files {
+			if !found.MatchString(f.Name()) {
+				os.Remove(filepath.Join(dir, f.Name()))
+			}
+		}
+	}
+	for name, values := range seeds {
 		var b strings.Builder
 		b.WriteString("go test fuzz v1\n")
 		fmt.Fprintf(&b, "byte(%q)\nstring(%q)\n[]byte(%q)\nbyte(%q)\nstring(%q)\n",
 			values[0], values[1], values[2], values[3], values[4])
-		path := filepath.Join("testdata", "fuzz", "FuzzScriptArgs", name)
+		path := filepath.Join(dir, name)
 		if write {
-			if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			if err := os.MkdirAll(dir, 0o755); err != nil {
 				t.Fatal(err)
 			}
 			if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
@@ -442,6 +459,12 @@ func TestFuzzScriptArgsSeeds(t *testing.T) {
 		}
 		if got, err := os.ReadFile(path); err != nil || string(got) != b.String() {
 			t.Errorf("%s is not what argSeeds says (%v); run JOBTHROTTLE_WRITE_SEEDS=1 go test -run TestFuzzScriptArgsSeeds ./lua", path, err)
+		}
+	}
+	files, _ := os.ReadDir(dir)
+	for _, f := range files {
+		if _, ok := seeds[f.Name()]; !ok && !found.MatchString(f.Name()) {
+			t.Errorf("%s/%s is neither a seed argSeeds writes nor an input the fuzzer found", dir, f.Name())
 		}
 	}
 }

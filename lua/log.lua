@@ -1,353 +1,330 @@
--- log.lua: the permit log behind slidingwindow.lua and slidingcounter.lua; lua.go puts
--- it after prelude.lua in front of both.
+-- log.lua: SlidingWindow and SlidingCounter, a log of numbered permits: at most rate
+-- permits take effect in any window of period, for every limit, exactly (the counter:
+-- counted at the end of their sub-bucket). The generator puts it between common.lua and
+-- limiter.lua (the driver, which calls the functions below as its header says).
 --
--- The log is one list:  [base, T1, S1, T2, S2, ..., TE, SE]
---   Ti    when entry i takes effect (µs, server clock); strictly rising
---   Si    permits granted up to and including entry i (cumulative); strictly rising,
---         so entry i holds Si - S(i-1) permits and grants at one time share an entry
---   base  S0: the count before T1, left by the entries already trimmed
--- Numbering the permits makes the exact wait one lookup: granting n permits at time T
--- keeps every window (T - period, T] at or under rate exactly when permit number
--- SE + n - rate took effect at or before T - period. So the wait is "until the permit
--- that must leave has left" (Redisson waits for the oldest grant instead, which is too
--- early whenever more than one permit is missing).
+-- State  KEYS[1], list [base, T1, S1, T2, S2, ..., TE, SE]:
+--   Ti    when entry i takes effect, µs; strictly rising
+--   Si    permits granted up to and including entry i; strictly rising, so entry i holds
+--         Si - S(i-1) permits and grants at one time share an entry
+--   base  S0, the count left by the entries already trimmed
+-- Its TTL lasts until the last entry has left the longest window; an absent key is an
+-- empty log. The parameter bucket_us is 0 for the exact log (SlidingWindow); otherwise a
+-- grant at t is recorded at the end of its sub-bucket, (floor(t / bucket_us) + 1) ×
+-- bucket_us, so the list keeps one entry per sub-bucket and a permit holds its place
+-- between period and period + bucket_us (SlidingCounter).
+-- Rules: granting n at t keeps every window (t - period, t] at or under rate exactly when
+--   permit number SE + n - rate took effect at or before t - period, so an acquire books
+--   at the earliest t >= t0, at or after the last entry (FIFO; the counter: its sub-bucket's
+--   start), where that holds for every limit: one lookup per limit.
+-- Cancel of n booked at token (token > now) removes min(n, held) permits from the entry
+--   recorded for token's time (held: the permits it holds) and renumbers the entries after
+--   it: exactly what the booking took, when it is the entry's only booking. freed is 1 when
+--   there was such an entry.
+-- Remaining: min over limits of rate - permits in (now - period, now], 0 while a booking
+--   waits or paused; reset_us: until the last entry has left the longest window.
 --
--- Entries are appended at or after the last one (FIFO), so a grant can take effect
--- in the future: a reservation is an entry with T > now, and a later caller books after
--- it. Entries older than the longest period no longer count; they are trimmed once
--- LOG_TRIM of them have gathered (or all of them have), so most calls write nothing
--- but the grant.
---
--- Cost: a call reads the head of the log (LOG_HEAD entries) and its last entry, two
--- LRANGEs, which answer the usual questions; anything further in is found by binary
--- search with LINDEX, O(log E) calls.
+-- Reading: a call reads the head (base and LOG_HEAD entries) and the last entry, which
+-- answer the usual lookups; one further in is a binary search, one LRANGE per probe. Writes
+-- wait in the state (st) until save: the entries trimmed from the front (off), those
+-- replaced at the back (drop, by a cancel), the stored last entry's new count (lset) and the
+-- entries appended (tail), so a batch's requests write the list once.
 
-local LOG_HEAD = 4 -- entries read with the base in one LRANGE
-local LOG_HEAD_END = '8' -- its last list index, 2 × LOG_HEAD, as text: redis.call
-                          -- turns a number argument into text with a slow printf
-local LOG_TRIM = 2 -- expired entries that make a call trim (fewer wait for a later one)
+local WIDTH, CAP, PARAMS, RATED = 2, 1, 1, false -- ARGV per limit; n's bound; bucket_us;
+                                                 -- its state does not count at rates
+local LOG_HEAD_END = '8' -- the head's last list index: base and 4 entries
+local LOG_TRIM = 2       -- expired entries that make an acquire trim (fewer wait for a later one)
 
--- The log as the script sees it: lg_head holds the first elements of the list as read
--- (base and entries 1..lg_hE), lg_off how many entries were trimmed from the front
--- since; lg_E is the number of entries, nil until needed when the list is longer than
--- the head; lg_P is SE (or base), lg_Tlast is TE.
-local lg_key, lg_head, lg_hE, lg_off, lg_E, lg_base, lg_P, lg_Tlast, lg_empty
--- lg_kept: in a batch, the log as the previous request (an acquire) left it, which
--- the next request uses instead of reading it again (every write of an acquire keeps
--- the variables above in step with the list)
-local lg_kept
-
-local function lg_bad(what)
-  error('JTSTATE ' .. lg_key .. ': ' .. what)
+-- at returns the time and count of entry i (1 <= i <= E; entry 0: -1 and base). An
+-- entry of the stored list is read from the head, the cache or one LRANGE; the stored
+-- last entry's count is its new one (lset); entries past the stored ones are the tail.
+local function at(st, i)
+  if i == 0 then
+    return -1, st.base
+  end
+  local s = st.off + i
+  if st.send and s > st.send then
+    local k = 2 * (s - st.send)
+    return st.tail[k - 1], st.tail[k]
+  end
+  local T, S
+  if s <= st.hn then
+    T, S = st.head[2 * s], st.head[2 * s + 1]
+  else
+    T, S = st.cT[s], st.cS[s]
+    if not T then
+      local v = redis.call('LRANGE', st.key, string.format('%d', 2 * s - 1), string.format('%d', 2 * s))
+      T, S = tonumber(v[1]), tonumber(v[2])
+      if #v ~= 2 or not string.find(v[1] .. ',' .. v[2], '^%d+,%d+$') or #v[1] > 17 or #v[2] > 17 then
+        error('JTSTATE ' .. st.key .. ': entry ' .. s, 0)
+      end
+      st.cT[s], st.cS[s] = T, S
+    end
+  end
+  if T == st.slastT then
+    S = st.slastS
+  end
+  return T, S
 end
 
--- lg_check fails unless every string of v is plain decimal digits, at most 17 of them
--- as jt_num wants (one pattern for all, one length per string; then each is read with
--- a bare tonumber). A longer number is not one this script wrote, and Luas disagree on
--- reading it.
-local function lg_check(v, what)
-  if not string.find(table.concat(v, ','), '^[0-9,]*$') then lg_bad(what) end
-  for i = 1, #v do
-    if #v[i] > 17 then lg_bad(what) end
+-- entries returns E, reading the list's length once if the head did not hold it all.
+local function entries(st)
+  if not st.send then
+    local len = redis.call('LLEN', st.key)
+    if len % 2 == 0 then
+      error('JTSTATE ' .. st.key .. ': length', 0)
+    end
+    st.send = (len - 1) / 2 - st.drop
   end
+  return st.send - st.off + #st.tail / 2
 end
 
--- lg_cT and lg_cS: in a batch, the entries read with LINDEX so far, by their place in
--- the list as loaded (i + lg_off), so that later requests do not read them again
--- (nil in a single call)
-local lg_cT, lg_cS
-
--- lg_T and lg_S read entry i (1 <= i <= E): from the head when it holds it, else LINDEX.
-local function lg_T(i)
-  local h = i + lg_off
-  if h <= lg_hE then
-    return tonumber(lg_head[2 * h]) or lg_bad('time ' .. i)
+-- search returns the largest j in [0, E] whose time (f = 1) or count (f = 2) is below v,
+-- for v at most that of entry E (so j < E) and above that of entry 0.
+local function search(st, f, v)
+  local j = 0
+  while st.off + j < st.hn and (not st.send or st.off + j < st.send) do
+    local T, S = at(st, j + 1)
+    if (f == 1 and T or S) >= v then
+      return j
+    end
+    j = j + 1
   end
-  local v = lg_cT and lg_cT[h]
-  if not v then
-    v = jt_num(redis.call('LINDEX', lg_key, 2 * i - 1)) or lg_bad('time ' .. i)
-    if lg_cT then lg_cT[h] = v end
+  local hi = entries(st)
+  while hi - j > 1 do
+    local mid = math.floor((j + hi) / 2)
+    local T, S = at(st, mid)
+    if (f == 1 and T or S) < v then
+      j = mid
+    else
+      hi = mid
+    end
   end
-  return v
-end
-local function lg_S(i)
-  if i == 0 then return lg_base end
-  local h = i + lg_off
-  if h <= lg_hE then
-    return tonumber(lg_head[2 * h + 1]) or lg_bad('count ' .. i)
-  end
-  local v = lg_cS and lg_cS[h]
-  if not v then
-    v = jt_num(redis.call('LINDEX', lg_key, 2 * i)) or lg_bad('count ' .. i)
-    if lg_cS then lg_cS[h] = v end
-  end
-  return v
+  return j
 end
 
--- lg_entries returns E, reading the list's length if it is not known yet.
-local function lg_entries()
-  if not lg_E then
-    local len = redis.call('LLEN', lg_key)
-    if len % 2 == 0 then lg_bad('length') end
-    lg_E = (len - 1) / 2
+local function load(key, lim, now, prec)
+  local v = redis.pcall('LRANGE', key, '0', LOG_HEAD_END)
+  if v.err then
+    error('JTSTATE ' .. key .. ': not a list', 0)
   end
-  return lg_E
-end
-
--- lg_load reads the log's head (base and the first LOG_HEAD entries) and last entry.
-local function lg_load(key)
-  lg_key = key
-  if jt_batching then lg_cT, lg_cS = {}, {} end
-  local v = redis.call('LRANGE', key, '0', LOG_HEAD_END)
-  local len = #v
-  lg_head, lg_off, lg_base, lg_P, lg_Tlast, lg_empty = v, 0, 0, 0, nil, len == 0
+  local len, pmax = #v, 0
+  for i = 1, #lim do
+    pmax = math.max(pmax, lim[i][2])
+  end
+  local st = {key = key, prec = prec, pmax = pmax, head = v, hn = 0, off = 0, drop = 0,
+    tail = {}, cT = {}, cS = {}, base = 0, P = 0, absent = len == 0, dirty = false}
   if len == 0 then
-    lg_hE, lg_E = 0, 0
-    return
+    st.send = 0
+    return st
   end
-  lg_check(v, 'not a number')
-  lg_base = tonumber(v[1]) or lg_bad('base')
-  if len < 2 * LOG_HEAD + 1 then -- the whole list
-    if len % 2 == 0 then lg_bad('length') end
-    lg_hE = (len - 1) / 2
-    lg_E = lg_hE
-    lg_P = lg_base
-    if lg_E > 0 then
-      lg_Tlast = tonumber(v[len - 1]) or lg_bad('last time')
-      lg_P = tonumber(v[len]) or lg_bad('last count')
+  if not string.find(table.concat(v, ','), '^[%d,]*$') then
+    error('JTSTATE ' .. key .. ': not a permit log', 0)
+  end
+  for i = 1, len do
+    if #v[i] > 17 then
+      error('JTSTATE ' .. key .. ': not a permit log', 0)
     end
-    return
+    v[i] = tonumber(v[i])
   end
-  lg_hE, lg_E = LOG_HEAD, nil
-  local last = redis.call('LRANGE', key, '-2', '-1')
-  lg_check(last, 'not a number')
-  lg_Tlast = tonumber(last[1]) or lg_bad('last time')
-  lg_P = tonumber(last[2]) or lg_bad('last count')
+  st.base = v[1]
+  if len < 2 * 4 + 1 then -- the whole list
+    if len % 2 == 0 then
+      error('JTSTATE ' .. key .. ': length', 0)
+    end
+    st.hn = (len - 1) / 2
+    st.send = st.hn
+    st.slastT, st.slastS = v[len - 1], v[len]
+  else
+    st.hn = 4
+    local last = redis.call('LRANGE', key, '-2', '-1')
+    st.slastT, st.slastS = tonumber(last[1]), tonumber(last[2])
+    if not string.find(last[1] .. ',' .. last[2], '^%d+,%d+$') or #last[1] > 17 or #last[2] > 17 then
+      error('JTSTATE ' .. key .. ': not a permit log', 0)
+    end
+  end
+  st.lastT, st.P = st.slastT, st.slastS or st.base
+  return st
 end
 
--- lg_last_at_or_before returns the largest j in [0, E] with Tj <= h (T0 counts as -inf).
-local function lg_last_at_or_before(h)
-  if lg_E == 0 or lg_T(1) > h then return 0 end
-  if lg_Tlast <= h then return lg_entries() end
-  -- the head covers the common case: a handful expired since the last call
-  local k = 1
-  while k + lg_off < lg_hE and (not lg_E or k < lg_E) do
-    if lg_T(k + 1) > h then return k end
-    k = k + 1
+local function fit(st, lim, n, t, now)
+  if st.lastT then
+    t = math.max(t, st.lastT - st.prec)
   end
-  -- T(k) <= h < T(E): binary search
-  local lo, hi = k, lg_entries()
-  while hi - lo > 1 do
-    local mid = math.floor((lo + hi) / 2)
-    if lg_T(mid) <= h then lo = mid else hi = mid end
+  for i = 1, #lim do
+    local q = st.P + n - lim[i][1] -- this permit must have left the window
+    if q > st.base then
+      local T = at(st, search(st, 2, q) + 1)
+      t = math.max(t, T + lim[i][2])
+    end
   end
-  return lo
+  return t
 end
 
--- lg_first_count_at_least returns the smallest e in [1, E] with Se >= q, for
--- base < q <= P. Every entry holds at least one permit, so e <= q - base.
-local function lg_first_count_at_least(q)
-  local e = 1
-  while e + lg_off <= lg_hE do
-    if lg_S(e) >= q then return e end
-    e = e + 1
+local function take(st, lim, n, t, now)
+  local rt = t
+  if st.prec > 0 then
+    rt = (fdiv(t, st.prec) + 1) * st.prec
   end
-  -- S(e - 1) < q: binary search
-  local lo, hi = e - 1, math.min(lg_entries(), q - lg_base)
-  while hi - lo > 1 do
-    local mid = math.floor((lo + hi) / 2)
-    if lg_S(mid) >= q then hi = mid else lo = mid end
+  if st.lastT and rt < st.lastT then
+    rt = st.lastT
   end
-  return hi
+  -- entries that left the longest window go: all at once, or LOG_TRIM of them or more
+  local h = now - st.pmax
+  if st.lastT and st.lastT <= h then
+    st.gone, st.off, st.send, st.hn, st.base, st.P = true, 0, 0, 0, 0, 0
+    st.lastT, st.slastT, st.lset, st.drop = nil, nil, false, 0
+  elseif st.lastT and at(st, 1) <= h then
+    local j = search(st, 1, h + 1)
+    if j >= LOG_TRIM then
+      local _, S = at(st, j)
+      st.base, st.off = S, st.off + j
+    end
+  end
+  st.P = st.P + n
+  local tail = st.tail
+  if rt == st.lastT and #tail == 0 and st.slastT ~= rt then
+    -- the last entry is stored before those a cancel dropped: it moves to the tail
+    tail[1], tail[2] = at(st, entries(st))
+    st.drop, st.send = st.drop + 1, st.send - 1
+  end
+  if rt == st.lastT and #tail > 0 then
+    tail[#tail] = st.P
+  elseif rt == st.lastT then
+    st.slastS, st.lset = st.P, true
+  else
+    tail[#tail + 1], tail[#tail + 2] = rt, st.P
+  end
+  st.lastT, st.dirty = rt, true
 end
 
--- lg_trim drops the entries at or before h, keeping the count they leave as base,
--- once at least min of them have expired (or all of them have).
-local function lg_trim(h, min)
-  if lg_E == 0 or lg_T(1) > h then return end
-  if lg_Tlast <= h then
-    redis.call('UNLINK', lg_key) -- frees a long list off the main thread
-    if jt_batching then lg_cT, lg_cS = {}, {} end
-    lg_head, lg_hE, lg_off, lg_E, lg_base, lg_P, lg_Tlast, lg_empty = {}, 0, 0, 0, 0, 0, nil, true
-    return
-  end
-  local j = lg_last_at_or_before(h)
-  if j < min then return end
-  lg_base = lg_S(j)
-  redis.call('LTRIM', lg_key, string.format('%d', 2 * j), '-1') -- S(j) becomes the new base
-  lg_off = lg_off + j
-  if lg_E then lg_E = lg_E - j end
-end
-
--- lg_in_window counts the permits of the log that took effect after h.
-local function lg_in_window(h)
-  return lg_P - lg_S(lg_last_at_or_before(h))
-end
-
--- lg_span returns the lowest rate and the longest period of limits.
-local function lg_span(limits)
-  local rmin, pmax = JT_MAX_RATE, 0
-  for i = 1, #limits do
-    rmin = math.min(rmin, limits[i][1])
-    pmax = math.max(pmax, limits[i][2])
-  end
-  return rmin, pmax
-end
-
--- lg_remaining returns what an acquire made now could still get (rmin: the lowest
--- rate; prec as jt_log's; paused: when a pause ends): nothing while bookings wait.
-local function lg_remaining(limits, rmin, prec, paused, now)
-  if paused > now then
-    return 0
-  elseif lg_E == 0 then
-    return rmin
-  elseif lg_Tlast - prec > now then
+local function give(st, lim, n, token, now)
+  if token <= now or n == 0 or not st.lastT then
     return 0
   end
-  local remaining = rmin
-  for i = 1, #limits do
-    remaining = math.min(remaining, limits[i][1] - lg_in_window(now - limits[i][2]))
+  local rt = token
+  if st.prec > 0 then
+    rt = (fdiv(token, st.prec) + 1) * st.prec
   end
-  return math.max(0, remaining)
+  if rt > st.lastT then
+    return 0
+  end
+  local e = rt == st.lastT and entries(st) or search(st, 1, rt + 1)
+  local T, S = at(st, e)
+  if e == 0 or T ~= rt then
+    return 0
+  end
+  local _, S0 = at(st, e - 1)
+  local held = S - S0
+  local freed = math.min(n, held)
+  -- entries e..E move to the tail, to be renumbered there
+  local E, tail = entries(st), st.tail
+  local s = st.off + e
+  if s <= st.send then
+    local moved = redis.call('LRANGE', st.key, string.format('%d', 2 * s - 1), string.format('%d', 2 * st.send))
+    if #moved ~= 2 * (st.send - s + 1) or not string.find(table.concat(moved, ','), '^[%d,]*$') then
+      error('JTSTATE ' .. st.key .. ': not a permit log', 0)
+    end
+    for i = 1, #moved do
+      moved[i] = tonumber(moved[i])
+    end
+    if st.lset then -- the stored last entry's new count
+      moved[#moved] = st.slastS
+    end
+    for i = 1, #tail do
+      moved[#moved + 1] = tail[i]
+    end
+    st.drop, st.send, st.tail, st.lset, st.slastT = st.drop + st.send - s + 1, s - 1, moved, false, nil
+    tail = moved
+  end
+  local k = 2 * (s - st.send) -- entry e's count in the tail
+  for i = k, #tail, 2 do
+    tail[i] = tail[i] - freed
+  end
+  if freed == held then
+    table.remove(tail, k)
+    table.remove(tail, k - 1)
+  end
+  st.P = st.P - freed
+  if E == e and freed == held then
+    st.lastT = E > 1 and (at(st, E - 1)) or nil
+  end
+  st.dirty = true
+  return 1
 end
 
--- lg_push appends rows (a flat list of T, S values) in bounded batches.
-local function lg_push(rows)
-  local i = 1
-  while i <= #rows do
-    local j = math.min(#rows, i + 199)
-    redis.call('RPUSH', lg_key, unpack(rows, i, j))
-    i = j + 1
+-- window returns the permits of the log that take effect after h.
+local function window(st, h)
+  if not st.lastT or st.lastT <= h then
+    return 0
   end
+  local _, S = at(st, search(st, 1, h + 1))
+  return st.P - S
 end
 
--- lg_cancel gives back n permits of the entry recorded for the token x's time, if that
--- time is still in the future, and renumbers the entries after it (the log is loaded;
--- prec as jt_log's; pmax the longest period). Returns {freed, 0, 0, reset_us, 0}.
-local function lg_cancel(key, prec, n, x, now, pmax)
-  lg_trim(now - pmax, 1)
-  local rt, freed = x, 0
-  if prec > 0 then rt = (jt_fdiv(x, prec) + 1) * prec end
-  if x > now and lg_E ~= 0 and rt <= lg_Tlast then
-    local e = lg_last_at_or_before(rt)
-    if e > 0 and lg_T(e) == rt then
-      local rows = redis.call('LRANGE', key, 2 * e - 1, -1)
-      local held = (jt_num(rows[2]) or lg_bad('count')) - lg_S(e - 1)
-      freed = math.min(n, held)
-      local out = {}
-      for i = 1, #rows, 2 do
-        if not (i == 1 and freed == held) then
-          out[#out + 1] = rows[i]
-          out[#out + 1] = (jt_num(rows[i + 1]) or lg_bad('count')) - freed
-        end
-      end
-      redis.call('LTRIM', key, 0, 2 * e - 2)
-      lg_push(out)
-      lg_load(key)
-      if lg_E == 0 then
-        redis.call('DEL', key)
-      else
-        jt_expire(key, lg_Tlast + pmax - now)
-      end
-    end
+-- report returns remaining, reset_us and how long the state must be kept (µs; <= 0: not
+-- at all): until the last entry has left the longest window.
+local function report(st, lim, now)
+  local remaining, reset = MAX_RATE, 0
+  if st.lastT then
+    reset = math.max(0, st.lastT + st.pmax - now)
   end
-  local reset = 0
-  if lg_E ~= 0 then reset = math.max(0, lg_Tlast + pmax - now) end
-  return {freed > 0 and 1 or 0, 0, 0, reset, 0}
+  for i = 1, #lim do
+    remaining = math.min(remaining, lim[i][1] - window(st, now - lim[i][2]))
+  end
+  if st.lastT and st.lastT - st.prec > now then
+    remaining = 0
+  end
+  return math.max(0, remaining), reset, reset
 end
 
--- lg_acquire books n permits at the earliest time they fit within every limit, at or
--- after every earlier grant, when that is at most x away (the log is loaded; rmin the
--- lowest rate, pmax the longest period). Returns {granted, remaining, wait_us,
--- reset_us, token}.
-local function lg_acquire(key, pause_key, prec, n, x, limits, now, rmin, pmax)
-  local m = #limits
-  local paused = jt_pause(pause_key)
-  local t = math.max(now, paused)
-  if lg_E ~= 0 then
-    t = math.max(t, lg_Tlast - prec) -- prec > 0: the start of the last entry's bucket
+-- detail: avail_i is limit i's rate less the permits holding a place in the window that
+-- ends now, bookings included (negative when bookings reach further than one window);
+-- booked the permits whose (sub-bucket) time starts after now; ahead_us until the latest
+-- of them starts.
+local function detail(st, lim, now)
+  local avail = {}
+  for i = 1, #lim do
+    avail[i] = lim[i][1] - window(st, now - lim[i][2])
   end
-  if n > 0 then
-    for i = 1, m do
-      local q = lg_P + n - limits[i][1] -- this permit must have left the window
-      if q > lg_base then
-        t = math.max(t, lg_T(lg_first_count_at_least(q)) + limits[i][2])
-      end
-    end
-  end
-  local wait = t - now
-  if n == 0 then wait = 0 end -- n = 0 only reads: it is granted and takes nothing
-  local granted = wait <= x
-
-  if granted and n > 0 then
-    if lg_empty then
-      jt_one_algorithm() -- this grant makes the state key: no other algorithm's may be there
-    end
-    local rt = t
-    if prec > 0 then rt = (jt_fdiv(t, prec) + 1) * prec end
-    if lg_E ~= 0 and rt < lg_Tlast then rt = lg_Tlast end
-    -- expired entries go in the same call as the grant, in batches
-    lg_trim(now - pmax, LOG_TRIM)
-    lg_P = lg_P + n
-    if lg_E ~= 0 and rt == lg_Tlast then
-      redis.call('LSET', key, '-1', string.format('%d', lg_P))
-      -- a batch's later requests read the head: when it holds this entry, it gets the
-      -- new count (whether it does needs E; a single call reads no more)
-      if jt_batching then lg_entries() end
-      if lg_E and lg_E + lg_off <= lg_hE then lg_head[2 * (lg_E + lg_off) + 1] = lg_P end
-      if lg_cS then
-        if lg_E then lg_cS[lg_E + lg_off] = nil else lg_cS = {} end
-      end
-    elseif lg_empty then
-      redis.call('RPUSH', key, string.format('%d', lg_base), string.format('%d', rt), string.format('%d', lg_P))
-      lg_E, lg_empty = 1, false
-    else
-      redis.call('RPUSH', key, string.format('%d', rt), string.format('%d', lg_P))
-      if lg_E then lg_E = lg_E + 1 end
-    end
-    lg_Tlast = rt
-  end
-
-  local remaining = lg_remaining(limits, rmin, prec, paused, now)
-  local reset = 0
-  if lg_E ~= 0 then reset = math.max(0, lg_Tlast + pmax - now) end
-  if jt_batching then lg_kept = key end
-  if granted then
-    if n > 0 then
-      -- the state matters until its last entry has left the longest window. Last, after
-      -- every read: Redis can count a TTL of a millisecond or two as already over (its
-      -- clock for PEXPIRE lags the script's), and the key is then gone at once.
-      jt_expire(key, lg_Tlast + pmax - now)
-    else
-      t = 0
-    end
-    return {1, remaining, wait, reset, t}
-  end
-  return {0, remaining, wait, reset, 0}
+  local booked = window(st, now + st.prec)
+  return booked, booked > 0 and st.lastT - st.prec - now or 0, avail
 end
 
--- jt_log runs an acquire or a cancel on the log.
---   prec      0 for an exact log; otherwise the sub-bucket width (µs): a grant at t is
---             recorded at the end of its bucket, (floor(t / prec) + 1) × prec, so a
---             permit may hold its place up to one bucket longer than period, never less.
---   op, n, x  as jt_args returns them; limits[i] = {rate, period_us}
--- Returns {granted, remaining, wait_us, reset_us, token}.
-local function jt_log(key, pause_key, prec, op, n, x, limits)
-  local rmin, pmax = lg_span(limits)
-  -- n <= rmin: jt_limiter checked it
-  local now = jt_now()
-  local claimed
-  claimed, x = jt_claim(n, now, pause_key, x)
-  if claimed then return claimed end
-  if lg_kept ~= key then lg_load(key) end
-  lg_kept = nil
-  if jt_bk_give then -- an override overtook the booking: give it back first (jt_claim)
-    lg_cancel(key, prec, n, jt_bk_give, now, pmax)
-    lg_load(key)
-  end
+local function rates(st, old, new, at, now)
+end
 
-  if op == 1 then
-    return lg_cancel(key, prec, n, x, now, pmax)
+local function save(st, key, lim, now)
+  if not st.dirty then
+    return
   end
-  return lg_acquire(key, pause_key, prec, n, x, limits, now, rmin, pmax)
+  local _, _, keep = report(st, lim, now)
+  local tail = st.tail
+  if keep <= 0 or not st.lastT then
+    if not st.absent then
+      redis.call('UNLINK', key) -- frees a long list off the main thread
+    end
+    return
+  end
+  if st.absent or st.gone then
+    if st.gone and not st.absent then
+      redis.call('UNLINK', key)
+    end
+    redis.call('RPUSH', key, string.format('%d', st.base))
+  else
+    if st.lset then
+      redis.call('LSET', key, '-1', string.format('%d', st.slastS))
+    end
+    if st.off > 0 or st.drop > 0 then
+      redis.call('LTRIM', key, string.format('%d', 2 * st.off), string.format('%d', -1 - 2 * st.drop))
+    end
+  end
+  for i = 1, #tail, 200 do
+    local row = {}
+    for j = i, math.min(#tail, i + 199) do
+      row[j - i + 1] = string.format('%d', tail[j])
+    end
+    redis.call('RPUSH', key, unpack(row))
+  end
+  redis.call('PEXPIRE', key, ms(keep))
 end

@@ -1,205 +1,268 @@
 -- semaphore.lua: at most max leases live at once; callers that wait queue in arrival
--- order and are handed freed slots by whichever call frees them.
--- KEYS[1]  {<prefix><key>}:sem    zset: lease id -> when it expires, µs (server clock)
--- KEYS[2]  {<prefix><key>}:semq   zset: place "id:ttl_us" -> arrival (µs, unique, rising)
--- KEYS[3]  {<prefix><key>}:semx   zset: place "id:ttl_us" -> when it lapses, µs
--- KEYS[4]  {<prefix><key>}:pause  string: when a pause ends, µs (read only)
--- ARGV[1]  op      0 acquire, 1 extend, 2 release (also gives up a place in the queue)
--- ARGV[2]  id      the lease id, 32 lowercase hex digits
--- ARGV[3]  max     leases live at once, 1..10^9
--- ARGV[4]  ttl_us  how long a lease (and a place in the queue) lives, 1000..2^45
--- ARGV[5]  queue   acquire: 1 takes or renews a place in the queue when denied; else 0
--- Returns  {ok 0|1, wait_us, held}, all integers:
---          ok       acquire: the lease is granted (or was handed to id while it
---                   queued); extend: the lease was live and now expires in ttl_us;
---                   release: the lease was live and is gone
---          wait_us  denied acquire: the time until, by expiry alone, a slot comes to
---                   this caller (the (held - max + place + 1)th earliest expiry, or
---                   the end of a pause if later), >= 1; else 0
---          held     live leases after the call
--- Writes   every call first drops expired leases and lapsed places, then hands free
---          slots to the places at the head of the queue (unless paused): each gets a
---          lease of its own ttl_us under its id, and one PUBLISH on channel
---          "<KEYS[1]>:wake" names them, space-separated. KEYS[1..3] get a PEXPIRE
---          covering their latest expiry; empty sets disappear.
--- A lease is live while its expiry is after now. While paused (KEYS[4]) nothing is
--- granted or handed; extend and release still work.
-local op = jt_int(1, 0, 2)
-if not op then return redis.error_reply('JTARG op') end
-local id = jt_argv[2]
-if type(id) ~= 'string' or #id ~= 32 or string.find(id, '[^0-9a-f]') then
-  return redis.error_reply('JTARG id')
+-- order and are handed freed slots by whichever call frees them. The generator puts it
+-- after common.lua.
+--
+-- KEYS[1]  {<prefix><key>}:sem    zset: lease -> when it expires, µs. A lease's member is
+--          its holder's token, or a place's id for a slot handed to that place
+-- KEYS[2]  {<prefix><key>}:semq   zset: place "<id>:<ttl_us>" -> arrival, µs (unique, rising)
+-- KEYS[3]  {<prefix><key>}:semx   zset: place -> when it lapses, µs
+-- KEYS[4]  {<prefix><key>}:pause  the control key (common.lua); read only: its pause
+-- ARGV[1]  k, the number of requests, 1..1000
+-- ARGV[2 .. 1+4k]  k requests of four fields: op, token, place, join
+--   op  name     token                        place                   join
+--   0   acquire  the caller's, 32 lowercase hex   its place's id      1: take or keep a place
+--                                                                      in the queue when denied; 0
+--   1   extend   the holder's                 "" or an id (not used)  0
+--   2   release  the holder's                 its place's id, or ""   0
+--   3   inspect  "" or a token (not used)     "" or an id (not used)  expiries to list, 0..1000
+--   an id: 1..200 printable bytes without spaces (Acquire: the token; asynq: the task's id)
+-- ARGV[2+4k]  max, leases live at once, 1..10^9
+-- ARGV[3+4k]  ttl_us, how long a lease (and a place in the queue) lives, 1000..2^45
+-- An error in k, max or ttl_us fails the call; any other fails its request only.
+-- Returns  six integers per request, then the extras (common.lua, reply):
+--   acquire  ok 0|1, wait_us, held, 0, 0, 0
+--   extend   ok (the lease was live and now expires in ttl_us), 0, held, 0, 0, 0
+--   release  ok (the lease was live and is gone), 0, held, 0, 0, 0
+--   inspect  1, 0, held, 0, at, len; extra: held, waiting, paused_us, pttl_ms (the lease
+--            set's: -2 absent, -1 none), k', then until each of the k' earliest live leases
+--            expires, µs
+--   error    -1, at, len, 0, 0, 0; extra: the error's text, one byte per integer
+--   held: live leases after the request; wait_us (denied): until, by expiry alone, a slot
+--   comes to this caller (the (held - max + place + 1)th earliest expiry, or the end of a
+--   pause if later), >= 1.
+-- Acquire: granted when the token holds a lease (renewed), when a slot was handed to its
+--   place (the lease passes to the token), or when a slot is free and nothing is paused;
+--   each takes the place out of the queue. A stale holder's extend or release names its own
+--   token, so it never acts on another's lease, and a task's retry (a new token, the same
+--   place) never shares a lease an abandoned handler still holds.
+-- Writes   only when a request is not an inspect, after every read and check: expired
+--   leases and lapsed places go; before each request free slots are handed to the places
+--   at the head of the queue (unless paused), each a lease of its place's ttl_us under its
+--   id, and the call publishes "h <id> <id> ..." once on {<prefix><key>}:wake; a release
+--   also drops its place and a slot handed to it. KEYS[1..3] get a PEXPIRE at their latest
+--   expiry; empty sets disappear. A key of another type, a control key not ours, or a place
+--   not ours that a hand-off could reach fails the requests that need it (JTSTATE).
+
+local k = int(ARGV[1], 1, MAX_REQUESTS)
+if not k or #ARGV ~= 3 + 4 * k or #KEYS ~= 4 then
+  return redis.error_reply('JTARG k')
 end
-local max = jt_int(3, 1, JT_MAX_RATE)
-if not max then return redis.error_reply('JTARG max') end
-local ttl = jt_int(4, 1000, JT_MAX_PERIOD)
-if not ttl then return redis.error_reply('JTARG ttl') end
-local queue = jt_int(5, 0, 1)
-if not queue then return redis.error_reply('JTARG queue') end
-if #jt_argv ~= 5 then return redis.error_reply('JTARG argument count') end
-
+local max, ttl = int(ARGV[2 + 4 * k], 1, MAX_RATE), int(ARGV[3 + 4 * k], 1000, MAX_PERIOD)
+if not max or not ttl then
+  return redis.error_reply('JTARG max or ttl_us')
+end
 local sem, q, x = KEYS[1], KEYS[2], KEYS[3]
-local me = id .. ':' .. string.format('%d', ttl)
-local now = jt_now()
+local now_text, ttl_text = string.format('%d', now), string.format('%d', ttl)
 
--- reads first: a key of another type fails here (WRONGTYPE), before any write
-redis.call('ZCARD', sem)
-local queued_n = redis.call('ZCARD', q)
-redis.call('ZCARD', x)
-local pause_end = jt_pause(KEYS[4])
+-- id returns a place's id and TTL from its member "<id>:<ttl_us>", or nil.
+local function id(member)
+  local place, t = string.match(member, '^(.+):(%d+)$')
+  t = place and #place <= 200 and not string.find(place, '[^!-~]') and int(t, 1, MAX_PERIOD)
+  return t and place, t
+end
+
+local ext, writers, frees = {}, 0, 0
+for r = 1, k do
+  local j, bad = 4 * r - 2, nil
+  local op, token, place = int(ARGV[j], 0, 3), ARGV[j + 1], ARGV[j + 2]
+  if not op then
+    bad = 'op'
+  elseif not ((#token == 32 and not string.find(token, '[^0-9a-f]')) or (op == 3 and token == '')) then
+    bad = 'token'
+  elseif #place > 200 or string.find(place, '[^!-~]') or (op == 0 and place == '') then
+    bad = 'place'
+  elseif not int(ARGV[j + 3], 0, op == 3 and 1000 or op == 0 and 1 or 0) then
+    bad = 'join'
+  end
+  if bad then
+    ext[r] = 'JTARG request ' .. r .. ': ' .. bad
+  elseif op ~= 3 then
+    writers = writers + 1
+    frees = frees + (op == 2 and 1 or 0)
+  end
+end
+
+-- Reads first: a foreign key fails the requests before anything is written.
+local foreign
+for i = 1, 3 do
+  if type(redis.pcall('ZCARD', KEYS[i])) ~= 'number' then
+    foreign = 'JTSTATE ' .. KEYS[i] .. ': not a sorted set'
+    break
+  end
+end
+local pause_end, why = control_read(KEYS[4])
+if not foreign and not pause_end then
+  foreign = 'JTSTATE ' .. KEYS[4] .. ': ' .. why
+end
+if foreign then
+  for r = 1, k do
+    ext[r] = ext[r] or foreign
+  end
+  return reply({}, k, ext)
+end
 local paused = pause_end > now
 
-local function bad(key, what)
-  error('JTSTATE ' .. key .. ': ' .. what)
-end
-
--- score returns the score of member m of key, or nil when m is absent.
-local function score(key, m)
-  local v = redis.call('ZSCORE', key, m)
-  if not v then return nil end
-  return jt_num(v) or bad(key, 'score')
-end
-
--- us reads a score as whole µs: rounded up, and no further ahead than the longest
--- TTL. Scores this script wrote are whole µs already; a foreign member's may be
--- anything Redis takes (a fraction, inf), and since these reads also come after the
--- call's writes, they must not fail on one (Redis does not roll scripts back).
-local function us(key, v)
-  local n = tonumber(v)
-  if not n or n ~= n then bad(key, 'score') end
-  return math.ceil(math.min(n, now + JT_MAX_PERIOD))
-end
-
--- latest returns the highest score in key, or nil when it is empty.
-local function latest(key)
-  local v = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  if #v == 0 then return nil end
-  return us(key, v[2])
-end
-
--- place returns the lease id and TTL of place m, or fails (JTSTATE) for a place this
--- script did not write.
-local function place(m)
-  local hid, hs = string.match(m, '^(%x+):(%d+)$')
-  local httl = jt_num(hs)
-  if not hid or #hid ~= 32 or not httl or httl < 1 then bad(q, 'place ' .. m) end
-  return hid, httl
-end
-
--- Before the first write, read the places a hand-off of this call can reach (the
--- head of the queue, lapsed places skipped as they go), so that a foreign one fails
--- the call with nothing changed. A release frees one slot more.
-if not paused and queued_n > 0 then
-  local free = max - redis.call('ZCOUNT', sem, '(' .. string.format('%d', now), '+inf')
-  if op == 2 then free = free + 1 end
+-- The places a hand-off of this call can reach (the head of the queue, lapsed places
+-- skipped; each release frees one slot more) must be ours.
+if writers > 0 and not paused and redis.call('ZCARD', q) > 0 then
+  local free = max - redis.call('ZCOUNT', sem, '(' .. now_text, '+inf') + frees
   local from = 0
-  while free > 0 do
+  while free > 0 and not foreign do
     local head = redis.call('ZRANGE', q, from, from + math.min(free, 100) - 1)
-    if #head == 0 then break end
-    for _, m in ipairs(head) do
-      local lapse = score(x, m)
-      if free > 0 and (not lapse or lapse > now) then
-        place(m)
+    if #head == 0 then
+      break
+    end
+    for _, member in ipairs(head) do
+      local lapse = redis.call('ZSCORE', x, member)
+      if free > 0 and (not lapse or (tonumber(lapse) or math.huge) > now) then
+        if not id(member) then
+          foreign = 'JTSTATE ' .. q .. ': a place not ours'
+        end
         free = free - 1
       end
     end
     from = from + #head
   end
-end
-
--- drop expired leases and lapsed places
-redis.call('ZREMRANGEBYSCORE', sem, '-inf', now)
-while true do
-  local gone = redis.call('ZRANGEBYSCORE', x, '-inf', now, 'LIMIT', 0, 100)
-  if #gone == 0 then break end
-  for _, m in ipairs(gone) do
-    redis.call('ZREM', q, m)
-    redis.call('ZREM', x, m)
+  if foreign then
+    for r = 1, k do
+      if not ext[r] and ARGV[4 * r - 2] ~= '3' then
+        ext[r], writers = foreign, writers - 1
+      end
+    end
   end
 end
+
+-- latest returns the highest score in key as whole µs (at most 2^45 ahead), or nil.
+local function latest(key)
+  local v = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  return v[2] and math.ceil(math.min(tonumber(v[2]) or math.huge, now + MAX_PERIOD))
+end
+
+if writers > 0 then -- expired leases and lapsed places go
+  redis.call('ZREMRANGEBYSCORE', sem, '-inf', now_text)
+  while true do
+    local gone = redis.call('ZRANGEBYSCORE', x, '-inf', now_text, 'LIMIT', '0', '100')
+    if #gone == 0 then
+      break
+    end
+    redis.call('ZREM', q, unpack(gone))
+    redis.call('ZREM', x, unpack(gone))
+  end
+end
+
+local out, handed, wrote = {}, {}, false
 
 -- handoff gives free slots to the places at the head of the queue, oldest first.
 local function handoff()
-  if paused then return end
+  if paused then
+    return
+  end
   local free = max - redis.call('ZCARD', sem)
-  local handed = {}
   while free > 0 do
-    local head = redis.call('ZRANGE', q, 0, math.min(free, 100) - 1)
-    if #head == 0 then break end
-    for _, m in ipairs(head) do
-      local hid, httl = place(m)
-      redis.call('ZREM', q, m)
-      redis.call('ZREM', x, m)
-      redis.call('ZADD', sem, now + httl, hid)
-      handed[#handed + 1] = hid
-      free = free - 1
+    local head = redis.call('ZRANGE', q, '0', string.format('%d', math.min(free, 100) - 1))
+    if #head == 0 then
+      break
+    end
+    for _, member in ipairs(head) do
+      local place, t = id(member)
+      redis.call('ZREM', q, member)
+      redis.call('ZREM', x, member)
+      redis.call('ZADD', sem, string.format('%d', now + t), place)
+      handed[#handed + 1], free = place, free - 1
     end
   end
-  if #handed > 0 then
-    redis.call('PUBLISH', sem .. ':wake', table.concat(handed, ' '))
+end
+
+for r = 1, k do
+  if not ext[r] then
+    local j, b = 4 * r - 2, 6 * r - 6
+    local op, token, place, join = tonumber(ARGV[j]), ARGV[j + 1], ARGV[j + 2], tonumber(ARGV[j + 3])
+    local ok, wait = 0, 0
+    if op == 3 then
+      local after = '(' .. now_text
+      local held = redis.call('ZCOUNT', sem, after, '+inf')
+      local pttl = redis.call('PTTL', sem)
+      if wrote then
+        local last = latest(sem)
+        pttl = last and -fdiv(now - last, 1000) or -2
+      end
+      local d = {held, redis.call('ZCOUNT', x, after, '+inf'), math.max(0, pause_end - now), pttl, 0}
+      if join > 0 and held > 0 then
+        local v = redis.call('ZRANGEBYSCORE', sem, after, '+inf', 'WITHSCORES', 'LIMIT', '0', string.format('%d', join))
+        for i = 2, #v, 2 do
+          d[#d + 1] = math.ceil(math.min(tonumber(v[i]) or math.huge, now + MAX_PERIOD)) - now
+        end
+        d[5] = #v / 2
+      end
+      ext[r] = d
+      out[b + 1], out[b + 2], out[b + 3], out[b + 4] = 1, 0, held, 0
+    else
+      wrote = true
+      handoff() -- the queue goes before the caller
+      local me, expiry = place .. ':' .. ttl_text, string.format('%d', now + ttl)
+      if op == 2 then
+        ok = redis.call('ZREM', sem, token)
+        if place ~= '' then
+          redis.call('ZREM', q, me)
+          redis.call('ZREM', x, me)
+          redis.call('ZREM', sem, place)
+        end
+        handoff()
+      elseif op == 1 then
+        if redis.call('ZSCORE', sem, token) then
+          redis.call('ZADD', sem, expiry, token)
+          ok = 1
+        end
+      else
+        if redis.call('ZSCORE', sem, token) or redis.call('ZREM', sem, place) == 1
+          or (not paused and redis.call('ZCARD', sem) < max) then
+          redis.call('ZADD', sem, expiry, token)
+          redis.call('ZREM', q, me)
+          redis.call('ZREM', x, me)
+          ok = 1
+        else
+          local held = redis.call('ZCARD', sem)
+          local rank = redis.call('ZRANK', q, me)
+          local queued = rank ~= false and rank ~= nil
+          if not queued then
+            rank = redis.call('ZCARD', q)
+          end
+          local e = math.min(held - max + rank, held - 1) -- the lease to wait for
+          if e >= 0 then
+            local v = redis.call('ZRANGE', sem, e, e, 'WITHSCORES')
+            wait = math.ceil(math.min(tonumber(v[2]) or math.huge, now + MAX_PERIOD)) - now
+          end
+          if paused then
+            wait = math.max(wait, pause_end - now)
+          end
+          wait = math.max(wait, 1)
+          if join == 1 then
+            if not queued then
+              local arrival = math.max(now, (latest(q) or 0) + 1)
+              redis.call('ZADD', q, string.format('%d', arrival), me)
+            end
+            redis.call('ZADD', x, expiry, me)
+          end
+        end
+      end
+      out[b + 1], out[b + 2], out[b + 3], out[b + 4], out[b + 5], out[b + 6] =
+        ok, wait, redis.call('ZCARD', sem), 0, 0, 0
+    end
   end
 end
 
--- finish sets each key's TTL to cover its latest expiry and builds the reply.
-local function finish(ok, wait)
+if wrote then -- each set lives until its latest expiry
   local last = latest(sem)
-  if last then jt_expire(sem, last - now) end
+  if last then
+    redis.call('PEXPIRE', sem, ms(last - now))
+  end
   last = latest(x)
   if last then
-    jt_expire(q, last - now)
-    jt_expire(x, last - now)
+    redis.call('PEXPIRE', q, ms(last - now))
+    redis.call('PEXPIRE', x, ms(last - now))
   end
-  return {ok, wait, redis.call('ZCARD', sem)}
-end
-
-handoff() -- the queue goes before the caller
-
-if op == 2 then
-  local was = redis.call('ZREM', sem, id)
-  redis.call('ZREM', q, me)
-  redis.call('ZREM', x, me)
-  handoff()
-  return finish(was, 0)
-end
-
-if op == 1 then
-  if score(sem, id) then
-    redis.call('ZADD', sem, now + ttl, id)
-    return finish(1, 0)
+  if #handed > 0 then
+    redis.call('PUBLISH', prefix_of(sem) .. ':wake', 'h ' .. table.concat(handed, ' '))
   end
-  return finish(0, 0)
 end
-
--- acquire
-if score(sem, id) then -- handed to id while it queued, or asked again
-  redis.call('ZADD', sem, now + ttl, id)
-  redis.call('ZREM', q, me)
-  redis.call('ZREM', x, me)
-  return finish(1, 0)
-end
-local held = redis.call('ZCARD', sem)
-if not paused and held < max then -- handoff left the queue empty
-  redis.call('ZADD', sem, now + ttl, id)
-  return finish(1, 0)
-end
-local place = redis.call('ZRANK', q, me)
-local queued = place ~= false and place ~= nil
-if not queued then place = redis.call('ZCARD', q) end
-local wait = 0
-local k = math.min(held - max + place, held - 1) -- 0-based rank of the lease to wait for
-if k >= 0 then
-  local v = redis.call('ZRANGE', sem, k, k, 'WITHSCORES')
-  wait = us(sem, v[2]) - now
-end
-if paused then wait = math.max(wait, pause_end - now) end
-wait = math.max(wait, 1)
-if queue == 1 then
-  if not queued then
-    local arrival = now
-    local last = latest(q)
-    if last and last >= arrival then arrival = last + 1 end
-    redis.call('ZADD', q, arrival, me)
-  end
-  redis.call('ZADD', x, now + ttl, me)
-end
-return finish(0, wait)
+return reply(out, k, ext)

@@ -10,27 +10,23 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// auditTail runs after a limiter script's own code (wrapped in jt_audited) and, when
-// the call was an acquire that granted n > 0 permits, appends "<token> <n>" to the list
-// "<KEYS[1]>:audit" (a batch's requests each, in order), which shares the state key's
-// hash slot (and so its node, and its replication).
+// auditTail runs after a limiter script's own code (wrapped in jt_audited) and appends
+// "<token> <n>" to the list "<KEYS[1]>:audit" for each request of the call that was an
+// acquire granting n > 0 permits anew (lua/limiter.lua: six integers per request, granted
+// 1; a task's booking found, 2, was counted when it was made). The list shares the state
+// key's hash slot (and so its node, and its replication).
 const auditTail = `
 end
 local r = jt_audited()
-local function jt_audit(r, op, n)
-  if type(r) == 'table' and r.err == nil and op == '0' and r[1] == 1 and n ~= '0' then
-    local k = KEYS[1] .. ':audit'
-    redis.call('RPUSH', k, string.format('%d %s', r[5], n))
-    redis.call('PEXPIRE', k, 600000)
+if type(r) == 'table' and r.err == nil then
+  for i = 1, tonumber(ARGV[1]) or 0 do
+    local j = 5 * i - 3
+    if tonumber(ARGV[j]) == 0 and r[6 * i - 5] == 1 and (tonumber(ARGV[j + 1]) or 0) > 0 then
+      local k = KEYS[1] .. ':audit'
+      redis.call('RPUSH', k, string.format('%d %d', r[6 * i - 1], tonumber(ARGV[j + 1])))
+      redis.call('PEXPIRE', k, 600000)
+    end
   end
-end
-if ARGV[1] == '4' and type(r) == 'table' and r.err == nil then -- a batch: five integers per request (lua/batch.lua)
-  for i = 1, math.floor(#r / 5) < tonumber(ARGV[2]) and 0 or tonumber(ARGV[2]) do
-    local b = 5 * i
-    jt_audit({r[b - 4], r[b - 3], r[b - 2], r[b - 1], r[b]}, ARGV[3 * i], ARGV[3 * i + 1])
-  end
-else
-  jt_audit(r, ARGV[1], ARGV[2])
 end
 return r
 `

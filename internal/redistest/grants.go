@@ -21,9 +21,9 @@ type Grants struct {
 	keyCalls  map[string]int
 }
 
-// GiveBack is a call that gave back (cancelled) the booking taking effect at At, or
-// tried to: the script refuses once the booking has taken effect by the server's
-// clock. At is zero for a task's give-back (op 3) refused because the booking was no
+// GiveBack is a cancel that gave back the booking taking effect at At, or tried to: the
+// script refuses once the booking has taken effect by the server's clock. At is zero for
+// a task's give-back (a cancel with a booking key) refused because the booking was no
 // longer the caller's (its task's copy had taken it over) or was gone.
 type GiveBack struct {
 	Key string
@@ -47,8 +47,7 @@ type Grant struct {
 	Wait time.Duration
 	// Sent is when the call was sent, by this process's clock.
 	Sent time.Time
-	// Booking is the task's booking key (KEYS[3]) of a grant booked for a task
-	// (op 2 or 5), else "".
+	// Booking is the task's booking key of a grant booked for a task, else "".
 	Booking string
 }
 
@@ -83,26 +82,30 @@ func (g *Grants) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proce
 	}
 }
 
-// observe reads an EVAL/EVALSHA of a limiter script: args are
-// [evalsha, sha, numkeys, keys..., op, n, x, ...], the reply
-// [granted, remaining, wait_us, reset_us, token], and for the booking ops 2 and 3 a
-// sixth integer, 1 when op 2 granted anew, and a seventh, op 2's stamp (op 3's x is
-// the stamp and its reply's token the booking's). A batch (op 4, see lua/batch.lua) is one
-// call whose flat reply holds five integers per request, each read as a call of its
-// own would be.
+// observe reads an EVAL/EVALSHA of a limiter script (lua/limiter.lua; its KEYS[1] is a
+// state key, ":sw", ":sc", ":tb" or ":fw"): args are
+// [evalsha, sha, numkeys, keys..., k, k × (op, n, x, y, key), ...] and the reply six
+// integers per request, each read as a call of its own would be.
 func (g *Grants) observe(cmd redis.Cmder, sent, replied time.Time) {
 	name := strings.ToLower(cmd.Name())
 	if (name != "evalsha" && name != "eval") || cmd.Err() != nil {
 		return
 	}
 	args := cmd.Args()
-	if len(args) < 3 {
+	if len(args) < 4 {
 		return
 	}
 	nkeys, ok := args[2].(int)
-	if !ok || len(args) < 3+nkeys+3 {
+	if !ok || nkeys < 1 || len(args) < 3+nkeys+1 {
 		return
 	}
+	key, _ := args[3].(string)
+	switch key[strings.LastIndex(key, ":")+1:] {
+	case "sw", "sc", "tb", "fw":
+	default:
+		return // the semaphore, or another script
+	}
+	keys, argv := args[3:3+nkeys], args[3+nkeys:]
 	var reply []int64 // the reply's integers; -1 for any other element
 	switch c := cmd.(type) {
 	case *redis.Cmd:
@@ -111,41 +114,30 @@ func (g *Grants) observe(cmd redis.Cmder, sent, replied time.Time) {
 			return
 		}
 		reply = int64s(s)
-	case *redis.IntSliceCmd: // how package throttle reads a limiter script's reply
+	case *redis.IntSliceCmd: // how package throttle reads a script's reply
 		reply = c.Val()
 	default:
 		return
 	}
-	key := ""
-	if nkeys > 0 {
-		key, _ = args[3].(string)
-	}
-	argv := args[3+nkeys:]
-	booking := ""
-	if op, _ := toInt(argv[0]); (op == 2 || op == 3 || op == 5) && nkeys >= 3 {
-		booking, _ = args[5].(string)
-	}
-	if op, _ := toInt(argv[0]); op == 4 { // five integers per request, flat
-		k, _ := toInt(argv[1])
-		if int64(len(reply)) < 5*k || len(argv) < 2+3*int(k) {
-			return
-		}
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		g.countCall(key)
-		for i := range int(k) {
-			v := reply[5*i : 5*i+5]
-			if v[0] == -1 {
-				continue // this request's error
-			}
-			g.record(key, "", argv[2+3*i:5+3*i], v, sent, replied)
-		}
+	k, _ := toInt(argv[0])
+	if k < 1 || int64(len(reply)) < 6*k || int64(len(argv)) < 1+5*k {
 		return
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.countCall(key)
-	g.record(key, booking, argv[:3], reply, sent, replied)
+	for i := range int(k) {
+		v := reply[6*i : 6*i+6]
+		if v[0] == -1 {
+			continue // this request's error
+		}
+		req := argv[1+5*i : 6+5*i]
+		booking := ""
+		if idx, _ := toInt(req[4]); idx > 0 && int(idx) <= len(keys) {
+			booking, _ = keys[idx-1].(string)
+		}
+		g.record(key, booking, req, v, sent, replied)
+	}
 }
 
 func (g *Grants) countCall(key string) {
@@ -169,36 +161,24 @@ func int64s(s []any) []int64 {
 	return v
 }
 
-// record notes one request's grant or cancel: opnx holds its op, n and x, v its
-// reply; booking is the task's booking key of ops 2, 3 and 5.
-func (g *Grants) record(key, booking string, opnx []any, v []int64, sent, replied time.Time) {
-	if len(v) < 5 || len(v) > 7 || len(v) == 6 {
-		return
-	}
-	op, _ := toInt(opnx[0])
-	n, _ := toInt(opnx[1])
-	x, _ := toInt(opnx[2])
-	if len(v) == 7 { // a booking op for a task (2, 3, 5: 2 late): a new grant or a cancel
-		if op == 5 {
-			op = 2
-		}
-		if op == 3 { // x is the caller's stamp; the reply names the booking's token
-			x = v[4]
-		}
-		if op == 2 && v[5] == 0 && g.seen(key, time.UnixMicro(v[4])) {
-			// The task's own booking, counted when it was made. One this recorder
-			// never saw made (the call that made it ran in Redis but its caller had
-			// left: an error here, e.g. the handler's context cancelled at shutdown)
-			// is counted now, when the task uses it.
-			v[0] = 0
-		}
-		op -= 2
-	}
+// record notes one request's grant or cancel: req holds its op, n, x, y and key, v its
+// reply; booking is the task's booking key, or "".
+func (g *Grants) record(key, booking string, req []any, v []int64, sent, replied time.Time) {
+	op, _ := toInt(req[0])
+	n, _ := toInt(req[1])
+	x, _ := toInt(req[2])
 	switch {
-	case op == 0 && v[0] == 1 && n > 0:
+	case op == 0 && n > 0 && (v[0] == 1 || (v[0] == 2 && !g.seen(key, time.UnixMicro(v[4])))):
+		// A booking found (2) was counted when it was made. One this recorder never saw
+		// made (the call that made it ran in Redis but its caller had left: an error here,
+		// e.g. the handler's context cancelled at shutdown) is counted now, when the task
+		// uses it.
 		g.grants = append(g.grants, Grant{At: time.UnixMicro(v[4]), N: int(n), Key: key,
 			Wait: time.Duration(v[2]) * time.Microsecond, Sent: sent, Booking: booking})
 	case op == 1:
+		if booking != "" { // x is the caller's stamp; the reply names the booking's token
+			x = v[4]
+		}
 		at := time.UnixMicro(x)
 		if x == 0 {
 			at = time.Time{}

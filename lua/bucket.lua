@@ -1,0 +1,209 @@
+-- bucket.lua: TokenBucket, with golang.org/x/time/rate's semantics decision for decision;
+-- the generator puts it between common.lua and limiter.lua (the driver, which calls the
+-- functions below as its header says).
+--
+-- State  KEYS[1], string "<last> <oend> <u1> <r1> <p1> <b1> <e1> ... <um> <rm> <pm> <bm> <em>":
+--   last   when the tokens were counted, µs (the time of the write)
+--   oend   when the override whose rates these are ends, µs (0: the callers' rates)
+--   ui     limit i's tokens at last, in ticks: a token is pi ticks and the bucket refills
+--          ri ticks per µs, so everything is an exact integer; negative when booked ahead
+--   ri pi bi  the rate, period (µs) and burst the tokens were counted with
+--   ei     the time of limit i's latest booking, µs (x/time/rate's lastEvent; 0: none)
+-- An absent key is full buckets. The key's TTL is the time until every bucket is full.
+--
+-- Rules (x/time/rate's advance, reserveN, CancelAt, SetLimitAt, SetBurstAt), per limit:
+--   tokens at t >= last: min(b·p, u + (t - last)·r)
+--   acquire n at now, earliest start t0 (now, or a pause's end): limit i's own time
+--     ti = now + ceil(max(0, n·p - u(now)) / r); t = max(t0, max ti), booked only when
+--     t - now <= max wait and <= 2^50/r (else wait_us = t - now); then each limit takes n
+--     at t: u <- min(u(now), b·p - (t - now)·r + s) - n·p and e <- t, where s < r is the
+--     rounding of ti up to the µs. With t = ti that is x/time/rate's tokens -= n; a booking
+--     a pause or another limit put later also spends the refill the burst would have cut.
+--   a change of rate, period or burst keeps the tokens held at the change and counts from
+--     then on with the new limits (a lower burst cuts the tokens above it at once, a higher
+--     one fills at the rate): an override or a clear settles at the call's time, an
+--     override that has expired at its end (oend), any other difference (a deploy with new
+--     limits) at the call that finds it. A new period converts the whole tokens held.
+-- Cancel (x/time/rate's CancelAt at now) of n booked at token: nothing when token < now;
+--   else each limit gets back restore = min(n·p, n·p - r·(e - token)) ticks (the n less what
+--   was booked after it), up to its burst, when restore > 0; and when token = e, e moves back
+--   to token - floor(n·p/r) if that is not before now, so that cancelling the booking before
+--   it gives its tokens back too. freed is 1 when any limit got tokens back.
+-- Rounding, the only differences from x/time/rate: times are whole µs and a booking's time
+--   is rounded up to the µs (waits are x/time/rate's, rounded up: the same grants for whole-µs
+--   max waits); a cancel counts the time between its token and e in those rounded times and
+--   with the rate in force at the cancel (x/time/rate: the reservation's rate).
+-- Remaining: floor(min u(now)/p) (0 while paused); reset_us: until every bucket is full.
+
+local WIDTH, CAP, PARAMS, RATED = 3, 3, 0, true -- ARGV per limit; n's bound; parameters;
+                                                -- its state counts at the rates in force
+
+-- rates settles st, counted at st.at, at `at` (>= st.at) with the limits it holds, then
+-- counts with new (the bucket keeps its own limits: old is not needed) up to now.
+local function rates(st, old, new, at, now)
+  local horizon = MAX_WAIT
+  for i = 1, #new do
+    local j, l = 5 * i - 5, new[i]
+    local u, r, p, b = st[j + 1], st[j + 2], st[j + 3], st[j + 4]
+    if r then
+      if at > st.at then
+        u = math.min(b * p, u + (at - st.at) * r)
+      end
+      if r ~= l[1] or p ~= l[2] or b ~= l[3] then
+        if p ~= l[2] then
+          local whole = math.min(fdiv(u, p), l[3])
+          u = math.max(whole * l[2] + math.floor((u - whole * p) / p * l[2]), -MAX_TICKS)
+        end
+        r, p, b = l[1], l[2], l[3]
+        st.dirty = true
+      end
+      if now > at then
+        u = u + (now - at) * r
+      end
+      st[j + 1], st[j + 2], st[j + 3], st[j + 4] = math.min(b * p, u), r, p, b
+      horizon = math.min(horizon, math.floor(MAX_TICKS / r))
+    end
+  end
+  st.at, st.horizon = now, horizon
+end
+
+-- load reads the state at now for the limits in force (lim; oend: the override's end, 0:
+-- none); given are the callers' limits, in force after a stored override's end.
+local function load(key, lim, now, _, given, oend)
+  local v = redis.pcall('GET', key)
+  if v and type(v) ~= 'string' then
+    error('JTSTATE ' .. key .. ': not a string', 0)
+  end
+  local st = {at = now, absent = not v, dirty = false}
+  if v then
+    local w = {}
+    for f in string.gmatch(v, '%S+') do
+      if #f > 17 or not string.find(f, '^%-?%d+$') then
+        error('JTSTATE ' .. key .. ': not a token bucket', 0)
+      end
+      w[#w + 1] = tonumber(f)
+    end
+    local nw = #w
+    if nw < 7 or (nw - 2) % 5 ~= 0 or w[1] < 0 or w[2] < 0 then
+      error('JTSTATE ' .. key .. ': not a token bucket', 0)
+    end
+    for j = 3, nw, 5 do
+      local u, r, p, b, e = w[j], w[j + 1], w[j + 2], w[j + 3], w[j + 4]
+      if r < 1 or r > MAX_RATE or p < 1 or p > MAX_PERIOD or b < 1 or b > MAX_RATE
+        or b * p > MAX_TICKS or u > b * p or u < -2 * MAX_TICKS or e < 0 then
+        error('JTSTATE ' .. key .. ': not a token bucket', 0)
+      end
+      if j - 3 < 5 * #lim then
+        st[j - 2], st[j - 1], st[j], st[j + 1], st[j + 2] = u, r, p, b, e
+      end
+    end
+    st.at = w[1]
+    local soe = w[2]
+    if soe > 0 and soe <= now then -- the override ended: its rates until then, the callers' after
+      local at = math.max(soe, st.at)
+      rates(st, nil, given, at, at)
+    end
+    st.dirty = st.dirty or soe ~= oend
+  end
+  for i = 1, #lim do -- limits the state does not hold yet are full
+    local j, l = 5 * i - 5, lim[i]
+    if not st[j + 2] then
+      st[j + 1], st[j + 2], st[j + 3], st[j + 4], st[j + 5] = l[3] * l[2], l[1], l[2], l[3], 0
+    end
+  end
+  rates(st, nil, lim, now, now)
+  return st
+end
+
+local function fit(st, lim, n, t, now)
+  for j = 0, 5 * #lim - 5, 5 do
+    local d = n * st[j + 3] - st[j + 1]
+    if d > 0 then
+      local ti = now + math.ceil(d / st[j + 2])
+      if ti > t then
+        t = ti
+      end
+    end
+  end
+  return t
+end
+
+local function take(st, lim, n, t, now)
+  for j = 0, 5 * #lim - 5, 5 do
+    local u, r, p, b = st[j + 1], st[j + 2], st[j + 3], st[j + 4]
+    local d, s = n * p - u, 0
+    if d > 0 then
+      s = math.ceil(d / r) * r - d
+    end
+    st[j + 1] = math.min(u, b * p - (t - now) * r + s) - n * p
+    st[j + 5] = t
+  end
+  st.dirty = true
+end
+
+local function give(st, lim, n, token, now)
+  if token < now or n == 0 then
+    return 0
+  end
+  local freed = 0
+  for j = 0, 5 * #lim - 5, 5 do
+    local u, r, p, b, e = st[j + 1], st[j + 2], st[j + 3], st[j + 4], st[j + 5]
+    local restore = math.min(n * p, n * p - (e - token) * r)
+    if restore > 0 then
+      st[j + 1], freed = math.min(b * p, u + restore), 1
+      if token == e and token - fdiv(n * p, r) >= now then
+        st[j + 5] = token - fdiv(n * p, r)
+      end
+    end
+  end
+  if freed == 1 then
+    st.dirty = true
+  end
+  return freed
+end
+
+-- report returns remaining, reset_us and how long the state must be kept (µs; <= 0: not
+-- at all): until every bucket is full.
+local function report(st, lim, now)
+  local remaining, reset = MAX_RATE, 0
+  for j = 0, 5 * #lim - 5, 5 do
+    local u, r, p, b = st[j + 1], st[j + 2], st[j + 3], st[j + 4]
+    remaining = math.min(remaining, fdiv(u, p))
+    reset = math.max(reset, math.ceil((b * p - u) / r))
+  end
+  return math.max(0, remaining), reset, reset
+end
+
+-- detail: booked is the most permits any bucket owes (its negative tokens), ahead_us the
+-- time until the latest booking, avail_i limit i's whole tokens (negative when it owes).
+local function detail(st, lim, now)
+  local booked, ahead, avail = 0, 0, {}
+  for i = 1, #lim do
+    local j = 5 * i - 5
+    avail[i] = fdiv(st[j + 1], st[j + 3])
+    booked = math.max(booked, -avail[i])
+    ahead = math.max(ahead, st[j + 5] - now)
+  end
+  return booked, ahead, avail
+end
+
+-- save writes the state when it changed (oend: the override's end under which lim are in
+-- force, 0: none), or deletes it when every bucket is full.
+local function save(st, key, lim, now, oend)
+  if not st.dirty then
+    return
+  end
+  local _, _, keep = report(st, lim, now)
+  if keep <= 0 then
+    if not st.absent then
+      redis.call('DEL', key)
+    end
+    return
+  end
+  local parts = {string.format('%d %d', now, oend)}
+  for i = 1, #lim do
+    local j = 5 * i - 5
+    parts[i + 1] = string.format('%d %d %d %d %d', st[j + 1], st[j + 2], st[j + 3], st[j + 4], st[j + 5])
+  end
+  redis.call('SET', key, table.concat(parts, ' '), 'PX', ms(keep))
+end

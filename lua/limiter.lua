@@ -1,0 +1,423 @@
+-- limiter.lua: the driver every limiter script ends with; the generator puts it after
+-- common.lua and the algorithm's file, which defines WIDTH, CAP, PARAMS, RATED and
+--   load(key, lim, now, param, given, oend) -> st   the state at now (absent: empty)
+--   fit(st, lim, n, t, now) -> t'    the earliest time >= t at which n fit every limit
+--   take(st, lim, n, t, now)         book n at t
+--   give(st, lim, n, token, now) -> freed 0|1   give back n booked at token (Cancel)
+--   report(st, lim, now) -> remaining, reset_us, keep_us (how long the state matters)
+--   detail(st, lim, now) -> booked, ahead_us, avail (per limit)   (Inspect)
+--   rates(st, old, new, at, now)     the limits in force change at `at`
+--   save(st, key, lim, now, oend)    write the state if it changed, with its TTL
+-- Each takes the state as an argument; st.dirty says it changed, st.absent that the key
+-- was absent. lim[i] = {rate, period_us, burst (bucket only)}: the limits in force.
+--
+-- KEYS[1]  {<prefix><key>}:<sw|sc|tb|fw>  the algorithm's state (its file's header)
+-- KEYS[2]  {<prefix><key>}:pause  the control key: a pause and an override (common.lua)
+-- KEYS[3]  {<prefix><key>}:conf   the record: the algorithm and limits, for the operator
+-- KEYS[4 .. 3+A]  the other algorithms' state keys under the tag (read only): a grant
+--          that would create KEYS[1] while one of them exists fails with "JTALG <key>"
+-- KEYS[4+A ..]    the requests' booking keys, {<prefix><key>}:bk:<task id>, any order
+-- ARGV[1]  k, the number of requests, 1..1000
+-- ARGV[2 .. 1+5k]  k requests of five integers: op, n, x, y, key
+--   op  name      n          x                       y                   key
+--   0   acquire   0..cap     max wait µs, < 2^53     late µs, < 2^53     booking's index in KEYS, or 0
+--   1   cancel    0..cap     token, or the booking's stamp   0           booking's index in KEYS, or 0
+--   2   inspect   1          0                       0                   0
+--   3   pause     0          length µs, 1..2^45      0                   0
+--   4   resume    0          0                       0                   0
+--   5   override  m', 1..m   length µs, 0..2^45      index in ARGV of m' pairs     0
+--                            (0: 2^45)               rate (1..10^9), burst (0..10^9, 0: the rate)
+--   6   clear     0          0                       0                   0
+--   cap: every limit's rate (the bucket: burst); y only with a booking key (late use)
+-- then     m, the number of limits (1..16), and m limits of WIDTH integers: rate (1..10^9),
+--          period_us (1..2^45)[, burst (1..10^9), burst × period_us <= 2^50]
+-- then     PARAMS integers, 0..2^45: the algorithm's parameters (the log's bucket_us)
+-- then     A, the number of other algorithms' state keys in KEYS
+-- then     the record's text ("1 <sw|sc|tb|fw> <buckets> <limit> ...", internal/keys) and
+--          its TTL in ms, 1..2^45/1000 ("" and 0: not due)
+-- then     extra arguments that requests point at (an override's pairs)
+-- An error in the arguments shared by all (k, the limits, the parameters, A, the record)
+-- fails the call: its error reply. Any other error fails its request only.
+-- Returns  one flat array: six integers per request, then the extras (common.lua, reply)
+--   acquire  granted (0 denied, 1 granted, 2 the task's booking found), remaining,
+--            wait_us, reset_us, token, stamp
+--   cancel   freed 0|1, 0, 0, reset_us, token of the booking cancelled (booking only), 0
+--   inspect  1, remaining, next_us, reset_us, at, len; extra: booked, ahead_us, paused_us,
+--            pttl_ms, override_us, then rate, capacity, available per limit
+--   control  1, 0, paused_us, override_us, 0, 0     (pause, resume, override, clear)
+--   error    -1, at, len, 0, 0, 0; extra: the error's text, one byte per integer
+--   remaining: permits an acquire made now could still get (after this request), 0 while
+--   paused; wait_us: granted, until the grant takes effect (0: now); denied, until n would
+--   fit (>= 1); token: when a grant takes effect, µs (a plain Cancel passes it back);
+--   next_us: the wait of an acquire of 1 now; stamp: see Bookings.
+-- Requests are decided in order at one instant, each as a call of its own at that instant
+-- would be: a pause or an override earlier in a call applies to the requests after it.
+-- An acquire of n = 0 is granted at once and takes nothing.
+-- Pause: nothing is booked before its end (an acquire's t0); a longer pause set is kept.
+-- Resume ends the pause and publishes "r <pause_end_us>" on {<prefix><key>}:wake.
+-- Override: until it ends, limit i (i <= m') runs at the rate and burst given (periods stay
+-- the callers'); an acquire above what it can ever grant fails with JTEXCEEDS.
+-- Bookings (acquire with a booking key): a task's booking survives the task handed back to
+--   its queue. The record "token n stamp" (common.lua) is found again by the task's next
+--   acquire of the same n when its token is at most y µs past and no pause lies after it:
+--   granted 2, wait_us until token, and a new stamp (above the last; the server time).
+--   Otherwise the acquire books anew (a grant booked ahead is recorded; one taking effect
+--   now deletes a record it did not use). A record found that an override set after its
+--   stamp overtakes, lowering a rate or a burst below the callers', is re-placed: its
+--   permits are given back at its token, and the acquire books anew, with a stamp above the
+--   override's set time (denied, the record is deleted). A cancel with a booking key gives
+--   the booking back only when x is its stamp (the caller still holds it) and n its n, and
+--   deletes it; so a stale give-back does nothing.
+-- Writes   after every read and check, once per call: the state (save; its file says when
+--   and its TTL), the control key (control ops; PX covering what it holds, DEL when
+--   nothing), booking records (PX a second past their token), the record when due and a
+--   request was decided (PX its TTL; only over nothing or one of ours: a foreign one is left
+--   alone). A request that fails writes nothing. A key of another type or with text that is not ours is foreign: the
+--   requests that need it fail with JTSTATE (the control key: every request) and it is not
+--   written; nor is the record, then.
+
+local nargv, nkeys = #ARGV, #KEYS
+local k = int(ARGV[1], 1, MAX_REQUESTS)
+if not k or nargv < 2 + 5 * k or nkeys < 3 then
+  return redis.error_reply('JTARG k')
+end
+local p = 2 + 5 * k -- the shared arguments
+local m = int(ARGV[p], 1, MAX_LIMITS)
+if not m then
+  return redis.error_reply('JTARG m')
+elseif nargv < p + WIDTH * m + PARAMS + 3 then
+  return redis.error_reply('JTARG argument count')
+end
+local given, cap = {}, MAX_RATE -- the callers' limits, and the largest n they allow
+for i = 1, m do
+  local b = p + WIDTH * (i - 1)
+  local l = {int(ARGV[b + 1], 1, MAX_RATE), int(ARGV[b + 2], 1, MAX_PERIOD)}
+  if WIDTH == 3 then
+    l[3] = int(ARGV[b + 3], 1, MAX_RATE)
+  end
+  if not l[1] or not l[2] or (WIDTH == 3 and (not l[3] or l[3] * l[2] > MAX_TICKS)) then
+    return redis.error_reply('JTARG limit ' .. i)
+  end
+  given[i], cap = l, math.min(cap, l[CAP])
+end
+p = p + WIDTH * m + 1
+local param = PARAMS > 0 and int(ARGV[p], 0, MAX_PERIOD)
+if param == nil then
+  return redis.error_reply('JTARG parameter')
+end
+p = p + PARAMS
+-- is_record reports whether v is a record's text: "1 <sw|sc|tb|fw> <buckets> <limit> ..."
+-- (internal/keys writes and reads it; a stored text that is not one is foreign).
+local function is_record(v)
+  local alg = type(v) == 'string' and string.match(v, '^1 (%l%l) %d+ %S')
+  return alg and string.find(' sw sc tb fw ', ' ' .. alg .. ' ', 1, true) ~= nil or false
+end
+local A, record_ttl = int(ARGV[p], 0, nkeys - 3), int(ARGV[p + 2], 0, MAX_PERIOD / 1000)
+if not A then
+  return redis.error_reply('JTARG A')
+elseif not record_ttl or (record_ttl > 0) ~= is_record(ARGV[p + 1]) or (record_ttl == 0 and ARGV[p + 1] ~= '') then
+  return redis.error_reply('JTARG record')
+end
+local extra = p + 3 -- the first extra argument
+
+-- Each request's arguments: one pattern checks that all are plain integers of at most 16
+-- digits (the usual case); then each is checked against its op's bounds.
+local ext, reqs = {}, table.concat(ARGV, ',', 2, 1 + 5 * k)
+local plain = string.find(reqs, '^%d[%d,]*$') and not string.find(reqs .. ',', ',,', 1, true)
+  and not string.find(reqs, '%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d') -- 17 digits
+local booking_prefix = prefix_of(KEYS[1]) .. ':bk:'
+for r = 1, k do
+  local j, bad = 5 * r - 3, nil
+  for i = j, plain and 0 or j + 4 do
+    if #ARGV[i] > 16 or not string.find(ARGV[i], '^%d+$') then
+      bad = 'JTARG request ' .. r .. ': argument ' .. i .. ' is not a plain integer'
+    end
+  end
+  if not bad then
+    local op, n, x, y, key = tonumber(ARGV[j]), tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]),
+      tonumber(ARGV[j + 3]), tonumber(ARGV[j + 4])
+    if op > OP_CLEAR then
+      bad = 'op'
+    elseif op <= OP_CANCEL then
+      if n > cap then
+        bad = CAP == 3 and 'n above burst' or 'n above rate'
+      elseif x > MAX_WAIT or y > MAX_WAIT or (y > 0 and (key == 0 or op == OP_CANCEL)) then
+        bad = 'x or y'
+      elseif key ~= 0 and (key < 4 + A or key > nkeys or #KEYS[key] <= #booking_prefix
+        or string.sub(KEYS[key], 1, #booking_prefix) ~= booking_prefix) then
+        bad = 'key: not a booking key of this limiter'
+      end
+    elseif op == OP_OVERRIDE then
+      if n < 1 or n > m or x > MAX_PERIOD or key ~= 0 or y < extra or y + 2 * n - 1 > nargv then
+        bad = 'override'
+      else
+        for i = y, y + 2 * n - 1, 2 do
+          if not int(ARGV[i], 1, MAX_RATE) or not int(ARGV[i + 1], 0, MAX_RATE) then
+            bad = 'override rates'
+          end
+        end
+      end
+    elseif n ~= (op == OP_INSPECT and 1 or 0) or y ~= 0 or key ~= 0
+      or (op == OP_PAUSE and (x < 1 or x > MAX_PERIOD)) or (op ~= OP_PAUSE and x ~= 0) then
+      bad = 'arguments of op ' .. op
+    end
+    if bad then
+      bad = 'JTARG request ' .. r .. ': ' .. bad
+    end
+  end
+  ext[r] = bad
+end
+
+-- What the requests change and the code after them reads is kept in one table, call:
+-- gopher-lua (which miniredis runs) detaches a closure's upvalues from the chunk's locals
+-- once an error has passed through pcall.
+--   pause, over  the control key (common.lua), as the requests so far left it
+--   lim, lower, oend, limit  the limits in force (in_force)
+--   st           the state, once a request needed it; failed: the text of a JTSTATE on it
+--   alg          nil until checked: the JTALG error, or false
+--   changed      whether a control op ran
+local call = {changed = false}
+call.pause, call.over = control_read(KEYS[2])
+if not call.pause then -- every request needs the control key
+  local e = 'JTSTATE ' .. KEYS[2] .. ': ' .. call.over
+  for r = 1, k do
+    ext[r] = ext[r] or e
+  end
+  return reply({}, k, ext)
+end
+
+-- in_force sets the limits in force: the callers', with an override's rates until it
+-- ends; lower says whether it lowers a rate or a burst below the callers', oend when it
+-- ends (0: none), limit the largest n they allow.
+local function in_force()
+  local over, lim, lower, limit = call.over, given, false, cap
+  if over and over[1] > now then
+    lim = {}
+    for i = 1, m do
+      local l, o = given[i], over[2][i]
+      if o then
+        local burst = l[3] and math.min(o[2] > 0 and o[2] or o[1], math.floor(MAX_TICKS / l[2]))
+        lower = lower or o[1] < l[1] or (burst and burst < l[3])
+        l = {o[1], l[2], burst}
+        limit = math.min(limit, l[CAP])
+      end
+      lim[i] = l
+    end
+  end
+  call.lim, call.lower, call.oend, call.limit = lim, lower, lim == given and 0 or over[1], limit
+end
+in_force()
+
+local out, used, wakes = {}, {}, {}
+local books, booked = {}, {} -- booking records by KEYS index (false: none), those to write
+
+-- creating fails (raises JTALG) when KEYS[1] is absent and another algorithm's state
+-- exists; it reads those keys once per call.
+local function creating()
+  if not call.st.absent then
+    return
+  end
+  if call.alg == nil then
+    call.alg = false
+    for i = 4, 3 + A do
+      if redis.call('EXISTS', KEYS[i]) == 1 then
+        call.alg = 'JTALG ' .. KEYS[i]
+        break
+      end
+    end
+  end
+  if call.alg then
+    error(call.alg, 0)
+  end
+end
+
+-- run decides request r into out (an error is raised: pcall catches it).
+local function run(r, op, n, x, y, key)
+  local b = 6 * r - 6
+  if op >= OP_PAUSE and not (RATED and op >= OP_OVERRIDE) then
+    -- control ops that do not touch the state
+  elseif call.failed then
+    error(call.failed, 0)
+  else
+    used[r] = true
+    call.st = call.st or load(KEYS[1], call.lim, now, param, given, call.oend)
+  end
+  local st, lim = call.st, call.lim
+  if op >= OP_PAUSE then
+    if op == OP_PAUSE then
+      call.pause = math.max(call.pause, now + x)
+    elseif op == OP_RESUME then
+      if call.pause > now then
+        wakes[#wakes + 1] = string.format('r %d', call.pause)
+      end
+      call.pause = 0
+    else
+      if RATED then -- the state is settled at the change, and may be created
+        creating()
+      end
+      if op == OP_OVERRIDE then
+        local rates = {}
+        for i = 1, n do
+          rates[i] = {tonumber(ARGV[y + 2 * i - 2]), tonumber(ARGV[y + 2 * i - 1])}
+        end
+        call.over = {now + (x > 0 and x or MAX_PERIOD), rates, now}
+      else
+        call.over = nil
+      end
+      in_force()
+      if st then
+        rates(st, lim, call.lim, now, now)
+      end
+    end
+    call.changed = true
+    out[b + 1], out[b + 2], out[b + 3], out[b + 4], out[b + 5], out[b + 6] =
+      1, 0, math.max(0, call.pause - now), math.max(0, call.oend - now), 0, 0
+    return
+  end
+
+  local pause = call.pause
+  local t0 = math.max(now, pause)
+  if op == OP_INSPECT then
+    local t = fit(st, lim, 1, t0, now)
+    local remaining, reset, keep = report(st, lim, now)
+    local booked_n, ahead, avail = detail(st, lim, now)
+    local pttl = -2
+    if not st.dirty then
+      pttl = redis.call('PTTL', KEYS[1])
+    elseif keep > 0 then
+      pttl = -fdiv(-keep, 1000)
+    end
+    local d = {booked_n, ahead, math.max(0, pause - now), pttl, math.max(0, call.oend - now)}
+    for i = 1, m do
+      d[3 * i + 3], d[3 * i + 4], d[3 * i + 5] = lim[i][1], lim[i][CAP], avail[i]
+    end
+    ext[r] = d
+    out[b + 1], out[b + 2], out[b + 3], out[b + 4] = 1, pause > now and 0 or remaining, t - now, reset
+    return
+  end
+
+  local rec = false
+  if key > 0 then
+    rec = books[key]
+    if rec == nil then
+      local why
+      rec, why = booking_read(KEYS[key])
+      if rec == nil then
+        error('JTSTATE ' .. KEYS[key] .. ': ' .. why, 0)
+      end
+      books[key] = rec
+    end
+  end
+
+  if op == OP_CANCEL then
+    local token = x
+    if key > 0 then
+      token = 0
+      if rec and rec[2] == n and x > 0 and rec[3] == x then
+        token, books[key], booked[#booked + 1] = rec[1], false, key
+      end
+    end
+    local freed = token > 0 and give(st, lim, n, token, now) or 0
+    local _, reset = report(st, lim, now)
+    out[b + 1], out[b + 2], out[b + 3], out[b + 4], out[b + 5], out[b + 6] =
+      freed, 0, 0, reset, key > 0 and token or 0, 0
+    return
+  end
+
+  if n > call.limit then
+    error('JTEXCEEDS n above the overridden limits', 0)
+  end
+  local last, replace = 0, false -- the stamp a new record must be above; re-place rec
+  if rec then
+    last = rec[3]
+    if rec[2] == n and rec[1] >= now - y and pause <= rec[1] then
+      local over = call.over
+      replace = call.lower and over[3] and over[3] > rec[3]
+      if not replace then
+        local stamp = math.max(now, last + 1)
+        books[key], booked[#booked + 1] = {rec[1], n, stamp}, key
+        local remaining, reset = report(st, lim, now)
+        out[b + 1], out[b + 2], out[b + 3], out[b + 4], out[b + 5], out[b + 6] =
+          2, pause > now and 0 or remaining, math.max(0, rec[1] - now), reset, rec[1], stamp
+        return
+      end
+      -- an override set since lowers the limits: the booking goes back, and books anew
+      give(st, lim, n, rec[1], now)
+    end
+  end
+  local t, granted = now, true
+  if n > 0 then
+    t = fit(st, lim, n, t0, now)
+    granted = t - now <= x and t - now <= (st.horizon or MAX_WAIT)
+  end
+  if granted and n > 0 then
+    creating() -- (an absent state has given nothing back above)
+    take(st, lim, n, t, now)
+  end
+  local stamp = 0
+  if replace then
+    last, books[key], booked[#booked + 1] = math.max(last, call.over[3]), false, key
+  end
+  if granted and n > 0 and key > 0 then
+    if t > now then
+      stamp = math.max(now, last + 1)
+      books[key], booked[#booked + 1] = {t, n, stamp}, key
+    elseif rec then
+      books[key], booked[#booked + 1] = false, key
+    end
+  end
+  local remaining, reset = report(st, lim, now)
+  out[b + 1], out[b + 2], out[b + 3], out[b + 4], out[b + 5], out[b + 6] =
+    granted and 1 or 0, pause > now and 0 or remaining, t - now, reset,
+    granted and n > 0 and t or 0, stamp
+end
+
+for r = 1, k do
+  if not ext[r] then
+    local j = 5 * r - 3
+    local ok, e = pcall(run, r, tonumber(ARGV[j]), tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]),
+      tonumber(ARGV[j + 3]), tonumber(ARGV[j + 4]))
+    if not ok then
+      e = tostring(type(e) == 'table' and (e.err or e.message) or e)
+      ext[r] = e
+      if used[r] and string.find(e, 'JTSTATE ' .. KEYS[1] .. ':', 1, true) == 1 then
+        call.failed = e
+      end
+    end
+  end
+end
+
+-- Writes, after every read and check. A state found foreign fails every request that used
+-- it; their bookings are not written either.
+if call.failed then
+  for r in pairs(used) do
+    ext[r] = call.failed
+  end
+else
+  if call.st then
+    save(call.st, KEYS[1], call.lim, now, call.oend)
+  end
+  for _, i in ipairs(booked) do
+    if books[i] ~= nil then
+      booking_write(KEYS[i], books[i])
+      books[i] = nil
+    end
+  end
+end
+if call.changed then
+  control_write(KEYS[2], call.pause, call.over)
+end
+for _, text in ipairs(wakes) do
+  redis.call('PUBLISH', prefix_of(KEYS[1]) .. ':wake', text)
+end
+local decided = false
+for r = 1, k do
+  decided = decided or type(ext[r]) ~= 'string'
+end
+if record_ttl > 0 and decided and not call.failed then
+  local v = redis.pcall('GET', KEYS[3])
+  if not v or is_record(v) then
+    redis.call('SET', KEYS[3], ARGV[p + 1], 'PX', string.format('%d', record_ttl))
+  end
+end
+return reply(out, k, ext)

@@ -1,0 +1,153 @@
+-- window.lua: FixedWindow, a counter per aligned window (windows start at multiples of the
+-- period since the Unix epoch) for every limit: at most rate permits take effect in each
+-- window; two windows' worth can meet at a boundary, the known cost of O(1) state. The
+-- generator puts it between common.lua and limiter.lua (the driver, which calls the
+-- functions below as its header says).
+--
+-- State  KEYS[1], string "<L> <c1> ... <cm>": L when the latest grant took or takes effect,
+--   µs; ci the permits limit i counted in its window holding L. Its TTL lasts to the end of
+--   the longest window holding L. An absent key is empty windows.
+-- Rules: an acquire books n at the earliest t >= max(t0, L) at which every limit's window
+--   holding t has room for n (a window after L's starts empty); bookings are FIFO, so the
+--   state never needs more than the latest window's counts.
+-- Cancel of n booked at token (token > now): each limit whose window holding token is the
+--   one holding L gives back min(n, ci); a booking in an earlier window is kept (never over
+--   the limit). freed is 1 when any limit gave permits back.
+-- Remaining: min over limits of rate - count in the window holding now, 0 while a booking
+--   waits (L > now) or paused; reset_us: until the windows holding grants have all ended.
+
+local WIDTH, CAP, PARAMS, RATED = 2, 1, 0, false -- ARGV per limit; n's bound; parameters;
+                                                 -- its state does not count at rates
+
+local function load(key, lim, now)
+  local v = redis.pcall('GET', key)
+  if v and type(v) ~= 'string' then
+    error('JTSTATE ' .. key .. ': not a string', 0)
+  end
+  local st, i = {L = 0, absent = not v, dirty = false}, -1
+  if v then
+    for f in string.gmatch(v, '%S+') do
+      if #f > 17 or not string.find(f, '^%d+$') then
+        error('JTSTATE ' .. key .. ': not a fixed window', 0)
+      end
+      if i < 0 then
+        st.L = tonumber(f)
+      elseif i < #lim then
+        st[i + 1] = tonumber(f)
+      end
+      i = i + 1
+    end
+    if i < 0 then
+      error('JTSTATE ' .. key .. ': not a fixed window', 0)
+    end
+  end
+  for j = 1, #lim do
+    st[j] = st[j] or 0
+  end
+  return st
+end
+
+-- fit moves t to the next window of any limit that has no room; a move can fill no
+-- window it leaves, so #lim + 1 passes settle it.
+local function fit(st, lim, n, t, now)
+  t = math.max(t, st.L)
+  local lw = {}
+  for i = 1, #lim do
+    lw[i] = fdiv(st.L, lim[i][2])
+  end
+  for _ = 0, #lim do
+    local moved = false
+    for i = 1, #lim do
+      local R, P = lim[i][1], lim[i][2]
+      local w = fdiv(t, P)
+      if (w == lw[i] and st[i] or 0) + n > R then
+        t, moved = (w + 1) * P, true
+      end
+    end
+    if not moved then
+      break
+    end
+  end
+  return t
+end
+
+local function take(st, lim, n, t, now)
+  for i = 1, #lim do
+    local P = lim[i][2]
+    st[i] = (fdiv(t, P) == fdiv(st.L, P) and st[i] or 0) + n
+  end
+  st.L, st.dirty = t, true
+end
+
+local function give(st, lim, n, token, now)
+  local freed = 0
+  if token > now and n > 0 then
+    for i = 1, #lim do
+      local P = lim[i][2]
+      if st[i] > 0 and fdiv(token, P) == fdiv(st.L, P) then
+        st[i], freed = math.max(0, st[i] - n), 1
+      end
+    end
+  end
+  if freed == 1 then
+    st.dirty = true
+  end
+  return freed
+end
+
+-- report returns remaining, reset_us and how long the state must be kept (µs; <= 0: not
+-- at all): to the end of the longest window holding L.
+local function report(st, lim, now)
+  local remaining, reset, keep = MAX_RATE, 0, 0
+  for i = 1, #lim do
+    local R, P = lim[i][1], lim[i][2]
+    local lw = fdiv(st.L, P)
+    local ends = (lw + 1) * P - now
+    remaining = math.min(remaining, R - (lw == fdiv(now, P) and st[i] or 0))
+    if st[i] > 0 then
+      reset = math.max(reset, ends)
+    end
+    keep = math.max(keep, ends)
+  end
+  if st.L > now then
+    remaining = 0
+  end
+  return math.max(0, remaining), reset, keep
+end
+
+-- detail: avail_i is limit i's rate less its count in the window holding now (0 when the
+-- latest grant lies in a later window: bookings go there); booked the permits counted in
+-- the latest grant's window when that starts after now; ahead_us until the latest grant.
+local function detail(st, lim, now)
+  local booked, avail = 0, {}
+  for i = 1, #lim do
+    local R, P = lim[i][1], lim[i][2]
+    local lw, nw = fdiv(st.L, P), fdiv(now, P)
+    avail[i] = R - (lw == nw and st[i] or 0)
+    if lw > nw then
+      avail[i], booked = 0, math.max(booked, st[i])
+    end
+  end
+  return booked, math.max(0, st.L - now), avail
+end
+
+local function rates(st, old, new, at, now)
+end
+
+local function save(st, key, lim, now)
+  if not st.dirty then
+    return
+  end
+  local _, _, keep = report(st, lim, now)
+  if keep <= 0 then
+    if not st.absent then
+      redis.call('DEL', key)
+    end
+    return
+  end
+  local parts = {string.format('%d', st.L)}
+  for i = 1, #lim do
+    parts[i + 1] = string.format('%d', st[i])
+  end
+  redis.call('SET', key, table.concat(parts, ' '), 'PX', ms(keep))
+end
