@@ -180,20 +180,20 @@ func (s *Semaphore) Inspect(ctx context.Context) (SemaphoreState, error) {
 	if err != nil {
 		return SemaphoreState{}, err
 	}
-	v, x := rep.v, rep.extra
-	if len(x) < 2 || int64(len(x)) != 2+v[3] {
-		return SemaphoreState{}, fmt.Errorf("%w: key %q: inspect returned %v %v", ErrUnexpectedReply, s.key, v, x)
+	x := rep.extra // held, waiting, paused_us, pttl_ms, k, then k expiries
+	if len(x) < 5 || int64(len(x)) != 5+x[4] {
+		return SemaphoreState{}, fmt.Errorf("%w: key %q: inspect returned %v", ErrUnexpectedReply, s.key, x)
 	}
 	st := SemaphoreState{
 		Max:       s.max,
-		Held:      int(v[1]),
-		Waiting:   int(v[2]),
-		PausedFor: micros(x[0]),
-		TTL:       pttl(x[1]),
-		Expiries:  make([]time.Duration, v[3]),
+		Held:      int(x[0]),
+		Waiting:   int(x[1]),
+		PausedFor: micros(x[2]),
+		TTL:       pttl(x[3]),
+		Expiries:  make([]time.Duration, x[4]),
 	}
 	for i := range st.Expiries {
-		st.Expiries[i] = micros(x[2+i])
+		st.Expiries[i] = micros(x[5+i])
 	}
 	return st, nil
 }

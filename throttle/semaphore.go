@@ -102,14 +102,15 @@ func (s *Semaphore) TryAcquire(ctx context.Context) (*Lease, time.Duration, erro
 	if err := ctx.Err(); err != nil {
 		return nil, 0, err
 	}
-	token, place, join := newToken(), "", false
+	token := newToken()
+	place, join := token, false
 	if task := booking.From(ctx); task != nil { // a task's own place in the queue (asynqmw)
 		if err := task.Check(); err != nil {
 			return nil, 0, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 		}
 		place, join = task.Place(), true
 	}
-	r, err := s.call(ctx, semAcquire, token, place, join, place == "")
+	r, err := s.call(ctx, semAcquire, token, place, join, place == token)
 	if err != nil {
 		return nil, 0, err
 	}

@@ -42,7 +42,7 @@ func (l *Limiter) WaitN(ctx context.Context, n int) error {
 	if err != nil {
 		return err
 	}
-	for g.granted && g.wait > 0 {
+	if g.granted && g.wait > 0 {
 		slept = true
 		if g, err = ks.sleep(ctx, l, n, g); err != nil {
 			return err
