@@ -45,9 +45,9 @@ func (a Algorithm) String() string {
 // algorithm is everything the Go side knows of one algorithm: the rest is its script.
 type algorithm struct {
 	name   string
-	suffix string        // its state key's (internal/keys)
+	suffix string  // its state key's (internal/keys)
 	script *script // lua/gen/<script>.lua
-	bursts bool          // a limit's ARGV holds its burst (rate, period_us, burst), else (rate, period_us)
+	bursts bool    // a limit's ARGV holds its burst (rate, period_us, burst), else (rate, period_us)
 	// params are the ARGV after the limits: the log's sub-bucket width (0: exact)
 	params func(limits []Limit, buckets int) []any
 	// maxN is the most permits l can grant at once.

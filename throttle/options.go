@@ -44,16 +44,16 @@ func (f commonOption) applySemaphore(c *config) { f(c) }
 
 // config is what the options set; defaults live in newConfig.
 type config struct {
-	algorithm  Algorithm
-	extra      []Limit
-	prefix     string
-	buckets    int
-	hooks      Hooks
-	semHooks   SemaphoreHooks
-	clock      clock.Clock // the system's; tests set theirs (withClock)
-	policy     FailurePolicy
-	leaseTTL   time.Duration // 0 means defaultLeaseTTL
-	err        error
+	algorithm Algorithm
+	extra     []Limit
+	prefix    string
+	buckets   int
+	hooks     Hooks
+	semHooks  SemaphoreHooks
+	clock     clock.Clock // the system's; tests set theirs (withClock)
+	policy    FailurePolicy
+	leaseTTL  time.Duration // 0 means defaultLeaseTTL
+	err       error
 
 	callTimeout time.Duration // 0: one try of the client's (see WithCallTimeout)
 }

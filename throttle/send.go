@@ -66,10 +66,10 @@ type request struct {
 
 	timeout time.Duration // its call timeout (WithCallTimeout)
 	due     time.Time
-	state atomic.Int32
-	reply reply
-	err   error
-	done  chan struct{} // one value when answered (buffered)
+	state   atomic.Int32
+	reply   reply
+	err     error
+	done    chan struct{} // one value when answered (buffered)
 }
 
 // The states of a request.

@@ -82,4 +82,3 @@ func SlogSemaphoreHooks(logger *slog.Logger) SemaphoreHooks {
 		},
 	}
 }
-
