@@ -3,20 +3,15 @@ package throttle
 import "strings"
 
 // aclCommands are the commands a Redis user needs to use Limiters and Semaphores:
-// those the client sends (scripts by SHA, by source after a SCRIPT FLUSH or restart,
-// inside MULTI/EXEC so that a lost reply cannot run one twice; SET of the key's
-// record, sent along with a call now and then, and GET and PTTL to read it
-// (ReadRecord); the semaphore's wake-up subscription) and those the scripts run, which Redis checks against the calling
-// user too (Inspect's scripts read the state key's TTL with PTTL; a grant that creates
-// a state key checks with EXISTS that no other algorithm's is there; the token
-// bucket's and the fixed window's fast paths read the state and the control key
-// with one MGET).
+// those the client sends (scripts by SHA, by source when the server lost them, inside
+// MULTI/EXEC; the wake-up subscription; GET and PTTL of a key's record, ReadRecord) and
+// those the scripts run, which Redis checks against the calling user too.
 // TestACLLeastPrivilege checks it is exactly what the library uses.
 var aclCommands = []string{
 	"evalsha", "eval", "multi", "exec", "subscribe", "unsubscribe",
-	"time", "get", "mget", "set", "pexpire", "pttl", "exists", "del", "unlink",
-	"lrange", "lindex", "llen", "ltrim", "rpush", "lset",
-	"zcard", "zcount", "zscore", "zrange", "zrangebyscore", "zremrangebyscore", "zrem", "zadd", "zrank", "publish",
+	"time", "get", "set", "pexpire", "pttl", "exists", "del", "unlink", "publish",
+	"lrange", "llen", "ltrim", "rpush", "lset",
+	"zcard", "zcount", "zscore", "zrange", "zrangebyscore", "zremrangebyscore", "zrem", "zadd", "zrank",
 }
 
 // ACLRules returns the Redis ACL rules (Redis 6.2 or later) that let a user do all a

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/jobthrottle/jobthrottle/internal/clock"
 	"sync"
 	"time"
 )
@@ -52,14 +53,14 @@ func (l *Lease) Extend(ctx context.Context) error {
 	var r semReply
 	var err error
 	if l.local {
-		r.ok = l.s.local().extend(l.s.clock.Now(), l.id, l.s.ttl)
+		r.ok = l.s.local().extend(clock.Now(), l.id, l.s.ttl)
 	} else if r, err = l.s.call(ctx, semExtend, l.id, "", false, false); err != nil {
 		return err
 	}
 	if !r.ok {
 		return l.lost()
 	}
-	l.renewed = l.s.clock.Now()
+	l.renewed = clock.Now()
 	return nil
 }
 
@@ -81,7 +82,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	var r semReply
 	var err error
 	if l.local {
-		r.ok = l.s.local().release(l.s.clock.Now(), l.id)
+		r.ok = l.s.local().release(clock.Now(), l.id)
 	} else if r, err = l.s.call(ctx, semRelease, l.id, "", false, false); err != nil {
 		return err
 	}
@@ -90,7 +91,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	}
 	l.state = leaseReleased
 	if h := l.s.hooks.Released; h != nil {
-		h(l.s.key, l.s.clock.Now().Sub(l.granted))
+		h(l.s.key, clock.Now().Sub(l.granted))
 	}
 	return nil
 }
@@ -159,7 +160,7 @@ func (l *Lease) Hold(ctx context.Context, fn func(ctx context.Context) error) er
 // keepAlive extends the lease every TTL/3 until done is closed; when the lease is
 // lost it cancels the holder's context and stops.
 func (l *Lease) keepAlive(ctx context.Context, done <-chan struct{}, cancel context.CancelCauseFunc) {
-	ttl, clock := l.s.ttl, l.s.clock
+	ttl := l.s.ttl
 	every := max(ttl/3, time.Microsecond)
 	for {
 		t := clock.NewTimer(every)

@@ -34,7 +34,6 @@ type Limiter struct {
 	hooks   Hooks
 	policy  FailurePolicy
 	timeout time.Duration
-	clock   clock.Clock
 	config  string        // the configuration's id on the key: target and policy
 	counted time.Duration // how long a grant counts against the limits
 	record  []any         // the key's record: text and TTL (ms)
@@ -79,7 +78,7 @@ func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*L
 	}
 	a := c.algorithm.algo()
 	l := &Limiter{key: key, alg: c.algorithm, a: a, limits: limits, maxN: maxRate, hooks: c.hooks,
-		policy: c.policy, clock: c.clock}
+		policy: c.policy}
 	rec := keys.Record{State: a.suffix, Buckets: c.buckets}
 	for _, lim := range limits {
 		if err := lim.validate(c.algorithm); err != nil {
@@ -296,7 +295,7 @@ func (l *Limiter) report(n int, g grant) {
 // them; a task's booking is cancelled only while it is still the caller's (its stamp).
 func (l *Limiter) giveBack(ctx context.Context, n int, g grant) error {
 	if g.local {
-		l.configState(l.c.key(l.t.tag)).local.cancel(l.clock.Now().UnixMicro(), g.token, n)
+		l.configState(l.c.key(l.t.tag)).local.cancel(clock.Now().UnixMicro(), g.token, n)
 		return nil
 	}
 	x := g.token

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jobthrottle/jobthrottle/internal/clock"
 	"github.com/jobthrottle/jobthrottle/internal/keys"
 )
 
@@ -50,7 +49,6 @@ type config struct {
 	buckets   int
 	hooks     Hooks
 	semHooks  SemaphoreHooks
-	clock     clock.Clock // the system's; tests set theirs (withClock)
 	policy    FailurePolicy
 	leaseTTL  time.Duration // 0 means defaultLeaseTTL
 	err       error
@@ -63,7 +61,6 @@ func newConfig() *config {
 		algorithm: SlidingWindow,
 		prefix:    keys.DefaultPrefix,
 		buckets:   defaultBuckets,
-		clock:     clock.System,
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/jobthrottle/jobthrottle/internal/clock"
 	"io"
 	"net"
 	"strings"
@@ -194,7 +195,7 @@ func (l *Limiter) degraded(ks *keyState, n int, maxWait int64, cause error) (gra
 			return grant{}, fmt.Errorf("%w (n=%d is above this process's share %d)", cause, n, local.maxN())
 		}
 		ks.stats.local.Add(1)
-		g := local.acquire(l.clock.Now().UnixMicro(), n, maxWait)
+		g := local.acquire(clock.Now().UnixMicro(), n, maxWait)
 		if g.granted && n > 0 {
 			ks.keepFor(g.wait + local.span()) // the grant counts in the share until then
 		}

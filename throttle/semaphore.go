@@ -34,7 +34,6 @@ type Semaphore struct {
 	hooks   SemaphoreHooks
 	policy  FailurePolicy
 	timeout time.Duration
-	clock   clock.Clock
 	config  string
 	channel string
 }
@@ -78,7 +77,7 @@ func NewSemaphore(rdb redis.UniversalClient, key string, max int, opts ...Semaph
 	base := []string{keys.Name(tag, keys.Leases), keys.Name(tag, keys.Queue), keys.Name(tag, keys.QueueExpiry),
 		keys.Name(tag, keys.ControlKey)}
 	s := &Semaphore{c: clientFor(rdb), key: key, max: max, ttl: ttl, hooks: c.semHooks, policy: c.policy,
-		timeout: callTimeout(c.callTimeout, rdb), clock: c.clock, channel: wakeChannel(tag)}
+		timeout: callTimeout(c.callTimeout, rdb), channel: wakeChannel(tag)}
 	s.t = newTarget(key, tag, semaphoreScript, base, []any{max, ceilMicros(ttl)}, semaphoreFields)
 	s.config = s.t.id + " " + c.policy.String()
 	return s, nil
@@ -140,7 +139,7 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Lease, error) {
 		}
 		place, keep = task.Place(), true
 	}
-	start := s.clock.Now()
+	start := clock.Now()
 	l := &listener{channel: s.channel, place: place, handed: make(chan struct{}, 1), check: make(chan struct{}, 1)}
 	h := s.c.hub
 	live := h.listen(l)
@@ -162,14 +161,14 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Lease, error) {
 		if r.ok {
 			var waited time.Duration
 			if round > 0 {
-				waited = s.clock.Now().Sub(start)
+				waited = clock.Now().Sub(start)
 			}
 			return s.granted(token, waited, r.local), nil
 		}
 		if h.subscribe(ctx, l) && !join {
 			continue // confirmed already: take the place now
 		}
-		t := s.clock.NewTimer(min(r.wait, s.ttl/3)) // a place lapses after one TTL
+		t := clock.NewTimer(min(r.wait, s.ttl/3)) // a place lapses after one TTL
 		select {
 		case <-l.handed:
 			if place == token { // handed to its own place: the lease is its own already
@@ -178,7 +177,7 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Lease, error) {
 					s.giveUp(ctx, token, place)
 					return nil, ctx.Err()
 				}
-				return s.granted(token, s.clock.Now().Sub(start), false), nil
+				return s.granted(token, clock.Now().Sub(start), false), nil
 			}
 			// a task's place: the next call claims the lease under the token
 		case <-l.check:
@@ -212,7 +211,7 @@ func (s *Semaphore) granted(token string, waited time.Duration, local bool) *Lea
 	if s.hooks.Acquired != nil {
 		s.hooks.Acquired(s.key, waited)
 	}
-	now := s.clock.Now()
+	now := clock.Now()
 	return &Lease{s: s, id: token, granted: now, renewed: now, local: local}
 }
 
@@ -274,7 +273,7 @@ func (s *Semaphore) degraded(ks *keyState, op int, token string, cause error) (s
 	if op != semAcquire {
 		return semReply{}, cause
 	}
-	ok, wait := s.local().acquire(s.clock.Now(), token, s.ttl)
+	ok, wait := s.local().acquire(clock.Now(), token, s.ttl)
 	if ok {
 		ks.keepFor(s.ttl) // the local lease holds its slot until then
 		if s.policy.mode == failOpen {

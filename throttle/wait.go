@@ -3,6 +3,7 @@ package throttle
 import (
 	"context"
 	"fmt"
+	"github.com/jobthrottle/jobthrottle/internal/clock"
 	"math"
 	"slices"
 	"sync/atomic"
@@ -31,7 +32,7 @@ func (l *Limiter) WaitN(ctx context.Context, n int) error {
 	if err := l.check(ctx, n); err != nil {
 		return err
 	}
-	start := l.clock.Now()
+	start := clock.Now()
 	slept := false
 	ks := l.c.key(l.t.tag)
 	held, err := ks.pass(ctx)
@@ -52,7 +53,7 @@ func (l *Limiter) WaitN(ctx context.Context, n int) error {
 		return fmt.Errorf("%w: n=%d would wait %v", waiter.ErrWouldExceedDeadline, n, g.wait)
 	}
 	if (slept || held) && l.hooks.Waited != nil {
-		l.hooks.Waited(l.key, n, l.clock.Now().Sub(start))
+		l.hooks.Waited(l.key, n, clock.Now().Sub(start))
 	}
 	return nil
 }

@@ -25,7 +25,6 @@ type Reserver interface {
 type Reservation struct {
 	ok     bool
 	due    time.Time
-	clock  clock.Clock
 	mu     sync.Mutex
 	cancel func(ctx context.Context) error // nil once used or given back
 }
@@ -34,11 +33,7 @@ type Reservation struct {
 // from now, which cancel gives back (nil: there is nothing to give back); or, not ok,
 // nothing booked, delay being when the permits would have come.
 func NewReservation(ok bool, delay time.Duration, cancel func(ctx context.Context) error) *Reservation {
-	return newReservation(clock.System, ok, delay, cancel)
-}
-
-func newReservation(c clock.Clock, ok bool, delay time.Duration, cancel func(ctx context.Context) error) *Reservation {
-	r := &Reservation{ok: ok, clock: c, due: c.Now().Add(delay)}
+	r := &Reservation{ok: ok, due: clock.Now().Add(delay)}
 	if ok {
 		r.cancel = cancel
 	}
@@ -53,7 +48,7 @@ func (r *Reservation) OK() bool { return r.ok }
 // false, until the permits would have been available); 0 once that time has come.
 // Like golang.org/x/time/rate's, it counts from the time of the call.
 func (r *Reservation) Delay() time.Duration {
-	return max(0, r.due.Sub(r.clock.Now()))
+	return max(0, r.due.Sub(clock.Now()))
 }
 
 // Cancel gives the booked permits back if they have not taken effect yet, so a later
@@ -61,7 +56,7 @@ func (r *Reservation) Delay() time.Duration {
 // reservation that is not OK does nothing and returns nil.
 func (r *Reservation) Cancel(ctx context.Context) error {
 	cancel := r.take()
-	if cancel == nil || !r.clock.Now().Before(r.due) {
+	if cancel == nil || !clock.Now().Before(r.due) {
 		return nil
 	}
 	return cancel(ctx)
@@ -83,9 +78,9 @@ func (r *Reservation) Wait(ctx context.Context) error {
 	if !r.ok {
 		return ErrNotReserved
 	}
-	d := r.due.Sub(r.clock.Now())
+	d := r.due.Sub(clock.Now())
 	if d > 0 {
-		t := r.clock.NewTimer(d)
+		t := clock.NewTimer(d)
 		defer t.Stop()
 		select {
 		case <-t.C():

@@ -97,8 +97,9 @@ func (c *cancelCount) count() int {
 
 func TestReservationWaitsUntilDue(t *testing.T) {
 	clk := newFakeClock()
+	defer clock.Set(clk)()
 	var cc cancelCount
-	r := newReservation(clk, true, time.Second, cc.cancel)
+	r := NewReservation(true, time.Second, cc.cancel)
 	done := make(chan error, 1)
 	go func() { done <- r.Wait(context.Background()) }()
 	<-clk.made
@@ -118,10 +119,11 @@ func TestReservationWaitsUntilDue(t *testing.T) {
 // takes, and gives it back once, in the background.
 func TestReservationGivesBackWhenCtxEnds(t *testing.T) {
 	clk := newFakeClock()
+	defer clock.Set(clk)()
 	release := make(chan struct{})
 	gave := make(chan struct{}, 2)
 	slow := func(context.Context) error { <-release; gave <- struct{}{}; return nil }
-	r := newReservation(clk, true, time.Second, slow)
+	r := NewReservation(true, time.Second, slow)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Wait(ctx) }()
@@ -151,7 +153,8 @@ func TestReservationGivesBackWhenCtxEnds(t *testing.T) {
 // Delay sleeps only the rest.
 func TestReservationDelayCountsFromNow(t *testing.T) {
 	clk := newFakeClock()
-	r := newReservation(clk, true, time.Second, nil)
+	defer clock.Set(clk)()
+	r := NewReservation(true, time.Second, nil)
 	if got, want := r.Delay(), time.Second; got != want {
 		t.Fatalf("Delay at booking %v, want %v", got, want)
 	}
@@ -167,24 +170,25 @@ func TestReservationDelayCountsFromNow(t *testing.T) {
 
 func TestReservationCancel(t *testing.T) {
 	clk := newFakeClock()
+	defer clock.Set(clk)()
 	var cc cancelCount
-	r := newReservation(clk, true, time.Second, cc.cancel)
+	r := NewReservation(true, time.Second, cc.cancel)
 	clk.advance(time.Second) // took effect: nothing to give back
 	if err := r.Cancel(context.Background()); err != nil || cc.count() != 0 {
 		t.Fatalf("Cancel after due: %v, %d cancels", err, cc.count())
 	}
-	notOK := newReservation(clk, false, time.Second, cc.cancel)
+	notOK := NewReservation(false, time.Second, cc.cancel)
 	if err := notOK.Cancel(context.Background()); err != nil || cc.count() != 0 {
 		t.Fatalf("Cancel of a refused booking: %v, %d cancels", err, cc.count())
 	}
 	if err := notOK.Wait(context.Background()); !errors.Is(err, ErrNotReserved) {
 		t.Fatalf("Wait of a refused booking: %v", err)
 	}
-	now := newReservation(clk, true, 0, nil)
+	now := NewReservation(true, 0, nil)
 	if err := now.Wait(context.Background()); err != nil {
 		t.Fatalf("Wait of an immediate grant: %v", err)
 	}
-	ahead := newReservation(clk, true, time.Second, cc.cancel)
+	ahead := NewReservation(true, time.Second, cc.cancel)
 	if err := ahead.Cancel(context.Background()); err != nil || cc.count() != 1 {
 		t.Fatalf("Cancel ahead: %v, %d cancels; want 1", err, cc.count())
 	}
@@ -212,8 +216,9 @@ func (r *reserver) Reserve(_ context.Context, n int, maxWait time.Duration) (*Re
 
 func TestWaitBooksOnceAndSleeps(t *testing.T) {
 	clk := newFakeClock()
+	defer clock.Set(clk)()
 	r := &reserver{answer: func(int) (*Reservation, error) {
-		return newReservation(clk, true, 300*time.Millisecond, nil), nil
+		return NewReservation(true, 300*time.Millisecond, nil), nil
 	}}
 	done := make(chan error, 1)
 	go func() { done <- Wait(context.Background(), r, 2) }()
@@ -232,8 +237,9 @@ func TestWaitBooksOnceAndSleeps(t *testing.T) {
 
 func TestWaitDeadlines(t *testing.T) {
 	clk := newFakeClock()
+	defer clock.Set(clk)()
 	refused := &reserver{answer: func(int) (*Reservation, error) {
-		return newReservation(clk, false, time.Minute, nil), nil
+		return NewReservation(false, time.Minute, nil), nil
 	}}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

@@ -1,11 +1,15 @@
-// Package clock is the time seam of throttle and waiter: what Go code reads to know
-// when a booking is due, and the timers it sleeps on. Production code uses System;
-// tests replace it. It is internal so that it is not part of the API.
+// Package clock is the Go side's time, for throttle and waiter: when a booking is due,
+// and the timers that sleep until then (decisions use the Redis server's clock). It is
+// the time package's, unless a test sets another with Set; it is internal so that it is
+// not part of the API.
 package clock
 
-import "time"
+import (
+	"sync/atomic"
+	"time"
+)
 
-// Clock is the Go side's view of time.
+// Clock is a source of time and timers.
 type Clock interface {
 	Now() time.Time
 	NewTimer(d time.Duration) Timer
@@ -17,13 +21,36 @@ type Timer interface {
 	Stop() bool
 }
 
-// System is the Clock of the time package.
+var current atomic.Pointer[Clock]
+
+// Now returns the current time.
+func Now() time.Time {
+	if c := current.Load(); c != nil {
+		return (*c).Now()
+	}
+	return time.Now()
+}
+
+// NewTimer returns a timer that fires after d.
+func NewTimer(d time.Duration) Timer {
+	if c := current.Load(); c != nil {
+		return (*c).NewTimer(d)
+	}
+	return sysTimer{time.NewTimer(d)}
+}
+
+// Set makes c the clock (tests), and returns what puts the time package's back.
+func Set(c Clock) (restore func()) {
+	current.Store(&c)
+	return func() { current.Store(nil) }
+}
+
+// System is the time package's Clock.
 var System Clock = system{}
 
 type system struct{}
 
-func (system) Now() time.Time { return time.Now() }
-
+func (system) Now() time.Time                 { return time.Now() }
 func (system) NewTimer(d time.Duration) Timer { return sysTimer{time.NewTimer(d)} }
 
 type sysTimer struct{ t *time.Timer }

@@ -36,8 +36,11 @@ return r
 // "<KEYS[1]>:audit" (kept 10 minutes). What the server did can then be compared with
 // what callers were told (RecordGrants), e.g. to find a call charged twice, or grants
 // a failover forgot. Read the record with ReadAudit.
-func AuditScript(src string) *redis.Script {
-	return redis.NewScript("local function jt_audited()\n" + src + auditTail)
+func AuditScript(src string) *redis.Script { return redis.NewScript(AuditSource(src)) }
+
+// AuditSource is the text of AuditScript(src).
+func AuditSource(src string) string {
+	return "local function jt_audited()\n" + src + auditTail
 }
 
 // ReadAudit returns the grants an AuditScript made on the state key key, in the order

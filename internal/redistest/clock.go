@@ -51,14 +51,17 @@ const FakeTTL = 10 * time.Minute
 // test controls; the TTLs it sets last at least FakeTTL (see fakeTime). Use it on real
 // servers; on miniredis, whose clock moves TIME and TTLs together, run the production
 // script. It panics if src does not read TIME.
-func FakeClockScript(src string) *redis.Script {
+func FakeClockScript(src string) *redis.Script { return redis.NewScript(FakeClockSource(src)) }
+
+// FakeClockSource is the text of FakeClockScript(src).
+func FakeClockSource(src string) string {
 	if !strings.Contains(src, "redis.call('TIME')") {
 		panic("redistest: script does not read TIME")
 	}
 	body := strings.ReplaceAll(src, "redis.call('TIME')", "jt_fake_time()")
 	body = strings.ReplaceAll(body, "redis.call(", "jt_fake_call(")
 	head := strings.ReplaceAll(fakeTime, "FAKE_TTL_MS", strconv.FormatInt(FakeTTL.Milliseconds(), 10))
-	return redis.NewScript(head + body)
+	return head + body
 }
 
 // SetTime moves the clock that scripts see to t: miniredis's own clock (TIME and TTLs),
