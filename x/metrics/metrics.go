@@ -10,14 +10,10 @@
 package metrics
 
 import (
-	"context"
-	"net/http"
-	"strconv"
 	"sync"
 	"time"
 
 	"github.com/jobthrottle/jobthrottle/throttle"
-	"github.com/jobthrottle/jobthrottle/waiter"
 	"github.com/jobthrottle/jobthrottle/x/metrics/internal/vec"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -169,124 +165,6 @@ func (c *Collector) label(key string) string {
 	return key
 }
 
-// Hooks returns the hooks that count a Limiter's decisions; pass them with
-// throttle.WithHooks.
-func (c *Collector) Hooks() throttle.Hooks {
-	return throttle.Hooks{
-		Allowed: func(key string, n int, _ time.Duration) {
-			k := c.label(key)
-			c.requests.WithLabelValues(k, ResultAcquired).Inc()
-			c.permits.WithLabelValues(k, ResultAcquired).Add(float64(n))
-		},
-		Denied: func(key string, n int, _ time.Duration) {
-			k := c.label(key)
-			c.requests.WithLabelValues(k, ResultLimited).Inc()
-			c.permits.WithLabelValues(k, ResultLimited).Add(float64(n))
-		},
-		Cancelled: func(key string, n int) {
-			k := c.label(key)
-			c.requests.WithLabelValues(k, ResultCanceled).Inc()
-			c.permits.WithLabelValues(k, ResultCanceled).Add(float64(n))
-		},
-		Waited: func(key string, _ int, waited time.Duration) {
-			c.wait.WithLabelValues(c.label(key)).Observe(waited.Seconds())
-		},
-		RedisError: func(key string, _ error) {
-			c.redisErrors.WithLabelValues(c.label(key)).Inc()
-		},
-		Paused: func(key string, _ time.Duration) {
-			c.pauses.WithLabelValues(c.label(key)).Inc()
-		},
-		Degraded: func(key string, p throttle.FailurePolicy, _ error) {
-			c.degraded.WithLabelValues(c.label(key), p.String()).Inc()
-		},
-		StateLost: func(key string) {
-			c.stateLost.WithLabelValues(c.label(key)).Inc()
-		},
-	}
-}
-
-// SemaphoreHooks returns the hooks that count a Semaphore's decisions (a lease is one
-// permit: acquired, limited when TryAcquire is denied, canceled when Acquire gives up;
-// the wait of Acquire in the queue-wait histogram); pass them with
-// throttle.WithSemaphoreHooks.
-func (c *Collector) SemaphoreHooks() throttle.SemaphoreHooks {
-	count := func(key, result string) {
-		k := c.label(key)
-		c.requests.WithLabelValues(k, result).Inc()
-		c.permits.WithLabelValues(k, result).Inc()
-	}
-	return throttle.SemaphoreHooks{
-		Acquired: func(key string, waited time.Duration) {
-			count(key, ResultAcquired)
-			if waited > 0 {
-				c.wait.WithLabelValues(c.label(key)).Observe(waited.Seconds())
-			}
-		},
-		Denied: func(key string, _ time.Duration) { count(key, ResultLimited) },
-		GaveUp: func(key string) { count(key, ResultCanceled) },
-		LeaseLost: func(key string) {
-			c.leasesLost.WithLabelValues(c.label(key)).Inc()
-		},
-		RedisError: func(key string, _ error) {
-			c.redisErrors.WithLabelValues(c.label(key)).Inc()
-		},
-		Degraded: func(key string, p throttle.FailurePolicy, _ error) {
-			c.degraded.WithLabelValues(c.label(key), p.String()).Inc()
-		},
-	}
-}
-
-// TransportHooks returns the hooks that count the HTTP transport's pauses and the
-// requests it did not send; pass them with waiter.WithTransportHooks.
-func (c *Collector) TransportHooks() waiter.TransportHooks {
-	return waiter.TransportHooks{
-		Paused: func(req *http.Request, status int, _ time.Duration) {
-			c.transportPauses.WithLabelValues(req.URL.Host, strconv.Itoa(status)).Inc()
-		},
-		NotSent: func(req *http.Request, _ error) {
-			c.notSent.WithLabelValues(req.URL.Host).Inc()
-		},
-	}
-}
-
-// Watch adds limiters whose live state each scrape reads (throttle.InspectAll: one
-// pipeline per Redis client, bounded by WithInspectTimeout).
-func (c *Collector) Watch(lims ...*throttle.Limiter) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, l := range lims {
-		c.lims[l] = struct{}{}
-	}
-}
-
-// Unwatch removes limiters given to Watch.
-func (c *Collector) Unwatch(lims ...*throttle.Limiter) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, l := range lims {
-		delete(c.lims, l)
-	}
-}
-
-// WatchSemaphore adds semaphores whose live state each scrape reads.
-func (c *Collector) WatchSemaphore(sems ...*throttle.Semaphore) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, s := range sems {
-		c.sems[s] = struct{}{}
-	}
-}
-
-// UnwatchSemaphore removes semaphores given to WatchSemaphore.
-func (c *Collector) UnwatchSemaphore(sems ...*throttle.Semaphore) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, s := range sems {
-		delete(c.sems, s)
-	}
-}
-
 func (c *Collector) vecs() []prometheus.Collector {
 	return []prometheus.Collector{c.requests, c.permits, c.wait, c.degraded, c.redisErrors, c.stateLost, c.leasesLost, c.pauses,
 		c.transportPauses, c.notSent, c.inspectErrors}
@@ -300,75 +178,5 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.capacity, c.used, c.remaining, c.booked, c.bookedAhead, c.nextFree, c.paused,
 		c.leases, c.semMax, c.waiting} {
 		ch <- d
-	}
-}
-
-// Collect implements prometheus.Collector: the counters, then the live gauges of the
-// watched limiters and semaphores, read with Inspect.
-func (c *Collector) Collect(ch chan<- prometheus.Metric) {
-	c.mu.Lock()
-	lims := make([]*throttle.Limiter, 0, len(c.lims))
-	for l := range c.lims {
-		lims = append(lims, l)
-	}
-	sems := make([]*throttle.Semaphore, 0, len(c.sems))
-	for s := range c.sems {
-		sems = append(sems, s)
-	}
-	c.mu.Unlock()
-
-	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
-	defer cancel()
-	type series struct {
-		d      *prometheus.Desc
-		labels [2]string // key, limit ("" for gauges without it)
-	}
-	seen := map[series]bool{} // sent this scrape
-	send := func(d *prometheus.Desc, v float64, labels ...string) {
-		id := series{d: d}
-		copy(id.labels[:], labels)
-		if !seen[id] { // two Limiters of one key, or a Semaphore on a Limiter's key
-			seen[id] = true
-			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
-		}
-	}
-	states, errs := throttle.InspectAll(ctx, lims) // one round trip per client
-	for i, l := range lims {
-		k := c.label(l.Key())
-		if errs[i] != nil {
-			c.inspectErrors.WithLabelValues(k).Inc()
-			continue
-		}
-		if k == OtherKey {
-			continue // gauges of several keys cannot share one series
-		}
-		st := states[i]
-		send(c.remaining, float64(st.Remaining), k)
-		send(c.booked, float64(st.Booked), k)
-		send(c.bookedAhead, st.BookedAhead.Seconds(), k)
-		send(c.nextFree, st.NextFree.Seconds(), k)
-		send(c.paused, st.PausedFor.Seconds(), k)
-		for j, ls := range st.Limits {
-			send(c.capacity, float64(ls.Capacity), k, strconv.Itoa(j))
-			send(c.used, float64(ls.Used), k, strconv.Itoa(j))
-		}
-	}
-	for _, s := range sems {
-		st, err := s.Inspect(ctx)
-		k := c.label(s.Key())
-		if err != nil {
-			c.inspectErrors.WithLabelValues(k).Inc()
-			continue
-		}
-		if k == OtherKey {
-			continue
-		}
-		send(c.leases, float64(st.Held), k)
-		send(c.semMax, float64(st.Max), k)
-		send(c.waiting, float64(st.Waiting), k)
-		send(c.paused, st.PausedFor.Seconds(), k)
-	}
-	for _, v := range c.vecs() {
-		v.Collect(ch)
 	}
 }
