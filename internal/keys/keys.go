@@ -290,9 +290,11 @@ func Check(s, typ string, values []string) error {
 	var err error
 	switch {
 	case s == ControlKey:
-		_, err = ParseControl(text)
+		_, err := ParseControl(text) // its errors quote the text
+		return err
 	case s == RecordKey:
-		_, err = ParseRecord(text)
+		_, err := ParseRecord(text)
+		return err
 	case s == TokenBucket:
 		f := strings.Split(text, ":")
 		for _, w := range f {
