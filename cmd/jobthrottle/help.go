@@ -160,7 +160,7 @@ var flagHelp = map[string]string{
 	"u":        "-u URL             redis://[user:pass@]host:port/db (or REDIS_URL)",
 	"c":        "-c                 Redis Cluster (REDIS_ADDR may list nodes, comma-separated)",
 	"prefix":   "-prefix P          key prefix, as throttle.WithKeyPrefix (default \"jobthrottle:\")",
-	"limit":    "-limit RATE/PERIOD[:BURST]  a limit of the key as the code gives it (20/1.1s,\n                     10/s:20); repeat for several; in place of the key's record",
+	"limit":    "-limit R/P[:B]     a limit of the key as the code gives it, RATE/PERIOD[:BURST]\n                     (20/1.1s, 10/s:20); repeat for several; in place of the key's record",
 	"alg":      "-alg NAME          sw, sc, tb or fw: the algorithm, in place of the one the key's\n                     state or record shows",
 	"buckets":  "-buckets N         a sliding counter's buckets, as throttle.WithBuckets (default:\n                     the record's, else 50)",
 	"max":      "-max N             a semaphore's max, for the bar (the key does not record it)",
@@ -229,7 +229,10 @@ This command needs those and %s:
 
   ACL SETUSER operator on >secret %s %s
 
-A command refused for lack of one says NOPERM and names the rule.
+On a Redis Cluster, set the users on every node and add +cluster|slots to both:
+go-redis's cluster client reads the cluster's layout with CLUSTER SLOTS.
+
+A command refused for lack of a rule says NOPERM and names the rule.
 `, prefix, throttle.ACLRules(prefix), cliRules, throttle.ACLRules(prefix), cliRules)
 }
 

@@ -291,7 +291,13 @@ func (t *tool) watch(ctx context.Context) error {
 				if ctx.Err() != nil {
 					return nil
 				}
-				fmt.Fprintf(&b, "%s: %s\n\n", k, describe(err, t.o.prefix))
+				fmt.Fprintf(&b, "%s: %s\n", k, describe(err, t.o.prefix))
+				if tg != nil {
+					for _, e := range tg.ks.foreign {
+						fmt.Fprintf(&b, "  %s\n", e.leftAlone())
+					}
+				}
+				b.WriteString("\n")
 				prev[i] = nil
 				continue
 			}
