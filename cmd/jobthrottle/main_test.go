@@ -237,8 +237,14 @@ func TestCommands(t *testing.T) {
 		}
 		_, out, _ = cli(t, b, "y\n", "reset", "mail")
 		mustContain(t, "reset y", out, "reset mail: deleted {"+b.Prefix+"mail}:tb\n", "kept {"+b.Prefix+"mail}:conf")
+		if _, _, err := sw.ReserveFor(ctx, "task-1", 1, 2*time.Minute); err != nil { // a task's booking goes too
+			t.Fatal(err)
+		}
 		_, out, _ = cli(t, b, "", "reset", "-yes", "vendor-api")
-		mustContain(t, "reset -yes", out, "reset vendor-api: deleted")
+		mustContain(t, "reset -yes", out, "reset vendor-api: deleted {"+b.Prefix+"vendor-api}:sw, 1 booking ({"+b.Prefix+"vendor-api}:bk:*)")
+		if n := b.Client.Exists(ctx, "{"+b.Prefix+"vendor-api}:bk:task-1").Val(); n != 0 {
+			t.Fatalf("reset left the task's booking")
+		}
 		if st, err := sw.Inspect(ctx); err != nil || st.Limits[0].Used != 0 || st.TTL != 0 {
 			t.Fatalf("after reset: %+v %v", st, err)
 		}

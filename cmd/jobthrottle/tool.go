@@ -553,7 +553,7 @@ func (t *tool) reset(ctx context.Context) error {
 		for _, e := range ks.foreign {
 			fmt.Fprintln(t.out, e.leftAlone())
 		}
-		fmt.Fprintf(t.out, "delete %s? Its limits start afresh: up to a full window more can pass. [y/N] ", strings.Join(said, " "))
+		fmt.Fprintf(t.out, "delete %s? Its limits start afresh: up to a full window more can pass. [y/N] ", strings.Join(said, ", "))
 		line, _ := bufio.NewReader(t.in).ReadString('\n')
 		if a := strings.TrimSpace(strings.ToLower(line)); a != "y" && a != "yes" {
 			fmt.Fprintln(t.out, "not reset")
@@ -563,7 +563,7 @@ func (t *tool) reset(ctx context.Context) error {
 	if err := t.rdb.Del(ctx, del...).Err(); err != nil { // one hash slot: one command
 		return err
 	}
-	fmt.Fprintf(t.out, "reset %s: deleted %s\n", key, strings.Join(said, " "))
+	fmt.Fprintf(t.out, "reset %s: deleted %s\n", key, strings.Join(said, ", "))
 	for _, k := range kept {
 		fmt.Fprintln(t.out, "kept", k)
 	}
