@@ -85,7 +85,7 @@ vendor-api  SlidingWindow
 bookings start after it, until it ends or resume ends it. A longer pause already
 set is kept. An override set on the key stays.`,
 		example: `$ jobthrottle pause vendor-api 30s
-paused vendor-api for 30s: no grants on it anywhere until then ('jobthrottle resume vendor-api' ends it sooner)`,
+paused vendor-api for 30s: no new grants on it anywhere until then, permits booked before it keep their slots ('jobthrottle resume vendor-api' ends it sooner)`,
 		run: (*tool).pause,
 	},
 	{
@@ -95,7 +95,7 @@ paused vendor-api for 30s: no grants on it anywhere until then ('jobthrottle res
 left. An override set on the key stays (unset ends it). A key that is not paused
 is left as it is.`,
 		example: `$ jobthrottle resume vendor-api
-resumed vendor-api: ended its pause, which had 21.4s left; grants resume now`,
+resumed vendor-api: ended its pause, which had 21.4s left`,
 		run: (*tool).resume,
 	},
 	{

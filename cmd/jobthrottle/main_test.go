@@ -133,7 +133,7 @@ func TestCommands(t *testing.T) {
 		}
 		// what is left of the pause when the CLI reads it back: 30s less the time
 		// between the two calls, up to a second on a loaded machine (29.8s seen)
-		if !regexp.MustCompile(`paused vendor-api for (30s|29(\.\d+)?s): no grants on it anywhere until then`).MatchString(out) {
+		if !regexp.MustCompile(`paused vendor-api for (30s|29(\.\d+)?s): no new grants on it anywhere until then`).MatchString(out) {
 			t.Fatalf("pause: %q does not say the pause lasts 29-30s", out)
 		}
 		if st, err := sw.Inspect(ctx); err != nil || st.PausedFor < 29*time.Second {
@@ -142,7 +142,7 @@ func TestCommands(t *testing.T) {
 		_, out, _ = cli(t, b, "", "show", "vendor-api")
 		mustContain(t, "show paused", out, "paused      yes, ", "override    none")
 		_, out, _ = cli(t, b, "", "resume", "vendor-api")
-		if !regexp.MustCompile(`resumed vendor-api: ended its pause, which had (30s|29(\.\d+)?s) left; grants resume now\n`).MatchString(out) {
+		if !regexp.MustCompile(`resumed vendor-api: ended its pause, which had (30s|29(\.\d+)?s) left\n`).MatchString(out) {
 			t.Fatalf("resume: %q does not say which pause it ended", out)
 		}
 		if st, err := sw.Inspect(ctx); err != nil || st.PausedFor != 0 {

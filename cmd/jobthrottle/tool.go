@@ -383,7 +383,7 @@ func (t *tool) pause(ctx context.Context) error {
 	}
 	c := ks.control()
 	l := left(c.PauseEnd, now)
-	fmt.Fprintf(t.out, "paused %s for %v: no grants on it anywhere until then ('jobthrottle resume %s' ends it sooner)\n", key, round(l), key)
+	fmt.Fprintf(t.out, "paused %s for %v: no new grants on it anywhere until then, permits booked before it keep their slots ('jobthrottle resume %s' ends it sooner)\n", key, round(l), key)
 	if l > d+time.Second {
 		fmt.Fprintf(t.out, "(a longer pause was already set: it is kept)\n")
 	}
@@ -412,7 +412,7 @@ func (t *tool) resume(ctx context.Context) error {
 	if err := lim.Resume(ctx); err != nil {
 		return err
 	}
-	fmt.Fprintf(t.out, "resumed %s: ended its pause, which had %v left; grants resume now\n", key, round(l))
+	fmt.Fprintf(t.out, "resumed %s: ended its pause, which had %v left\n", key, round(l))
 	t.after(ks, c, now, false, true)
 	return nil
 }
