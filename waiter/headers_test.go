@@ -112,3 +112,64 @@ func (c headerCase) run(t *testing.T, opts ...waiter.TransportOption) {
 		t.Errorf("%d reservations, want %d", got, want)
 	}
 }
+
+// Whatever a server sends, the transport neither panics nor pauses beyond the cap, and
+// each report names a header and a known problem. Seeded with the tables' hostile values.
+func FuzzTransportHeaders(f *testing.F) {
+	for _, s := range []struct {
+		status         int
+		name, v, date  string
+		remain, resetV string
+	}{
+		{429, "Retry-After", "2.0", "", "", ""},
+		{429, "Retry-After", "-1.5", "", "", ""},
+		{503, "Retry-After", "99999999999999999999.5", "", "", ""},
+		{429, "Retry-After", "Fri, 31 Dec 9999 23:59:59 GMT", "Mon, 01 Jan 0001 00:00:00 GMT", "", ""},
+		{403, "Retry-After", "0.0000000001", "", "0", "1767323045"},
+		{200, "X-Ratelimit-Reset-Requests", "99999999999999999h", "", "0", ""},
+		{200, "X-Ratelimit-Reset", "99999999999999", "", "0", "1.5"},
+		{200, "Anthropic-Ratelimit-Requests-Reset", "9999-12-31T23:59:59Z", "", "0", ""},
+		{200, "Ratelimit", `"a";r=0;t=99999999999999999999999, "b";r=-1`, "", "", ""},
+		{200, "X-Ratelimit-Reset-Tokens", "1d1d1d", "", "", ""},
+	} {
+		f.Add(s.status, s.name, s.v, s.date, s.remain, s.resetV)
+	}
+	const maxPause = 5 * time.Minute
+	f.Fuzz(func(t *testing.T, status int, name, v, date, remaining, reset string) {
+		if status < 100 || status > 999 {
+			return
+		}
+		h := map[string]string{name: v, "Date": date}
+		for _, n := range []string{"X-RateLimit-Remaining", "X-RateLimit-Remaining-Requests", "Anthropic-RateLimit-Requests-Remaining", "X-RateLimit-Remaining-Tokens"} {
+			if n != http.CanonicalHeaderKey(name) {
+				h[n] = remaining
+			}
+		}
+		for _, n := range []string{"X-RateLimit-Reset", "X-RateLimit-Reset-Requests", "Anthropic-RateLimit-Requests-Reset", "X-RateLimit-Reset-Tokens"} {
+			if n != http.CanonicalHeaderKey(name) {
+				h[n] = reset
+			}
+		}
+		r := &fakeGate{}
+		var bad badLog
+		tr := waiter.NewTransport(r, answer(status, h), waiter.WithRateLimitHeaders(1), waiter.WithMaxPause(maxPause),
+			waiter.WithTransportClock(stoppedClock(t0)),
+			waiter.WithTransportHooks(waiter.TransportHooks{BadHeader: bad.hook}))
+		if _, err := tr.RoundTrip(newRequest(t, context.Background(), nil)); err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range r.pauses() {
+			if d <= 0 || d > maxPause {
+				t.Errorf("paused %v, want within (0, %v]", d, maxPause)
+			}
+		}
+		bad.mu.Lock()
+		defer bad.mu.Unlock()
+		for _, e := range bad.got {
+			if e.Header == "" || e.Problem < waiter.HeaderMissing || e.Problem > waiter.HeaderDateSkewed ||
+				e.Pause < 0 || e.Pause > maxPause || e.Error() == "" {
+				t.Errorf("malformed report %#v", e)
+			}
+		}
+	})
+}
