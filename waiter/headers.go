@@ -97,6 +97,7 @@ type reader struct {
 	now      time.Time // the local clock when the response was read
 	maxPause time.Duration
 	from     time.Time // what the server's absolute times count from; set on first use
+	told     bool      // a spent quota's reset was read, though it may be now
 	bad      []*HeaderError
 }
 

@@ -101,6 +101,7 @@ func (r *reader) spent(f family, v string, reserve int64) (time.Duration, bool) 
 		r.report(name, r.h.Get(name), HeaderPast, 0)
 		return 0, left == 0
 	case resetOK:
+		r.told = true
 		return r.capped(name, strings.TrimSpace(r.h.Get(name)), d), left == 0
 	}
 	return 0, left == 0 // unreadable, reported
@@ -224,6 +225,7 @@ func (r *reader) ietfQuota(v string, reserve int64) (time.Duration, bool) {
 				r.report(name, v, HeaderInvalid, 0)
 			}
 		default:
+			r.told = true
 			longest = max(longest, d)
 		}
 	}

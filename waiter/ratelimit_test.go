@@ -139,6 +139,8 @@ func TestTransportRefusalQuota(t *testing.T) {
 		{name: "403, nothing: an ordinary answer", status: 403},
 		{name: "200, spent: not read without the option", status: 200, header: map[string]string{"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": epoch(time.Minute)}},
 		{name: "429, quota left, no Retry-After", status: 429, header: map[string]string{"X-RateLimit-Remaining": "5", "X-RateLimit-Reset": epoch(time.Minute)}, bad: "Retry-After: missing"},
+		{name: "429, spent, resets now", status: 429, header: map[string]string{"RateLimit": `"default";r=0;t=0`}},
+		{name: "429, spent, resets now (draft -06)", status: 429, header: map[string]string{"RateLimit-Remaining": "0", "RateLimit-Reset": "0"}},
 		{name: "429, spent, unreadable reset", status: 429, header: map[string]string{"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "soon"}, bad: "X-Ratelimit-Reset: unreadable"},
 	} {
 		t.Run(c.name, func(t *testing.T) { c.run(t) })

@@ -423,7 +423,7 @@ func (t *transport) judge(status int, h http.Header) verdict {
 		d = max(d, q)
 	}
 	if (status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable) &&
-		!hasRetryAfter && d == 0 && len(rd.bad) == 0 {
+		!hasRetryAfter && !rd.told && len(rd.bad) == 0 {
 		rd.report("Retry-After", "", HeaderMissing, 0)
 	}
 	var quotas []Quota
