@@ -79,11 +79,12 @@ type Quota struct {
 
 // Vendors' SDKs count an absolute time in a header (an HTTP-date Retry-After, an epoch
 // or RFC 3339 reset) from their own clock, and so does the transport, as long as the
-// response's Date agrees with it to within Date's whole second (dateAgree). A Date
-// further off but within maxDateSkew is taken to mean the server's clock is off, and its
-// times count from its Date. A Date further still is more likely wrong (a time-zone
-// bug, a replayed answer) than the clock: trusting it would stretch or cut the pause by
-// as much, which for resets seconds or a minute away is all of it.
+// response's Date agrees with it to within Date's whole second (dateAgreeEarly,
+// dateAgreeLate). A Date further off but within maxDateSkew is taken to mean the
+// server's clock is off, and its times count from its Date. A Date further still is
+// more likely wrong (a time-zone bug, a replayed answer) than the clock: trusting it
+// would stretch or cut the pause by as much, which for resets seconds or a minute away
+// is all of it.
 const (
 	dateAgreeEarly = time.Second     // Date may be this far ahead of the local clock,
 	dateAgreeLate  = 2 * time.Second // or this far behind it (its fraction is cut off)

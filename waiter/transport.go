@@ -29,22 +29,16 @@ const DefaultMaxPause = 5 * time.Minute
 // the caller gives up at once.
 const pauseTimeout = 2 * time.Second
 
-// NewTransport returns an http.RoundTripper that waits for permits from r before each
-// request and then sends it with base (nil: http.DefaultTransport). Each request
-// takes n permits (1, or WithPermits) through Wait(req.Context(), r, n); one whose
-// context ends first, or whose deadline comes before its permits, is not sent:
-// RoundTrip returns Wait's error, the body closed and the request as it was.
+// NewTransport returns an http.RoundTripper that waits for n permits from r (1, or
+// WithPermits) through Wait(req.Context(), r, n) before sending each request with base
+// (nil: http.DefaultTransport); a request whose context ends first, or whose deadline
+// comes before its permits, is not sent: RoundTrip returns Wait's error, the body closed.
 //
-// An answer that refuses for a rate limit (429 or 503, or 403 with Retry-After or a
-// spent quota, as GitHub sends) backs the fleet off until the time its headers give:
-// the transport holds this process at once (if r is a Gate) and pauses r (if r is a
-// Pauser), for at most DefaultMaxPause (or WithMaxPause). The headers it reads, and how
-// it counts their times, are in docs/http.md; those it cannot use go to
-// TransportHooks.BadHeader. Responses are returned as they came (retries: WithRetries).
-//
-// A nil r, or an option out of range, makes every RoundTrip return an error wrapping
-// ErrNilReserver or ErrInvalidOption, sending nothing. The transport is safe for
-// simultaneous use by multiple goroutines.
+// An answer refusing for a rate limit (429, 503, or a 403 with Retry-After or a spent
+// quota) holds this process (r a Gate) and pauses r (a Pauser) until the time its
+// headers give, at most WithMaxPause; docs/http.md lists the headers read. The response
+// is returned as it came. A nil r or a bad option makes every RoundTrip return an error
+// wrapping ErrNilReserver or ErrInvalidOption. It is safe for concurrent use.
 func NewTransport(r Reserver, base http.RoundTripper, opts ...TransportOption) http.RoundTripper {
 	t := newTransport(base, opts)
 	if isNilReserver(r) && t.err == nil {
