@@ -24,24 +24,6 @@ var (
 	// ErrInvalidOption: a TransportOption out of range (see each option). The
 	// transport's RoundTrip returns an error wrapping it, sending nothing.
 	ErrInvalidOption = errors.New("waiter: invalid transport option")
-
-	// Why a Retry-After was not used as it stood. The transport does not return these:
-	// it passes them, wrapped with the header's text, to TransportHooks.BadRetryAfter.
-
-	// ErrRetryAfterMissing: a 429 or 503 response had no Retry-After; nothing was paused.
-	ErrRetryAfterMissing = errors.New("waiter: no Retry-After")
-
-	// ErrRetryAfterInvalid: Retry-After was neither delay-seconds nor an HTTP-date;
-	// nothing was paused.
-	ErrRetryAfterInvalid = errors.New("waiter: Retry-After is neither delay-seconds nor an HTTP-date")
-
-	// ErrRetryAfterPast: Retry-After was a negative number or a date before the
-	// response's; nothing was paused.
-	ErrRetryAfterPast = errors.New("waiter: Retry-After is in the past")
-
-	// ErrRetryAfterTooLong: Retry-After asked for a pause longer than the transport's
-	// cap (WithMaxPause); the pause was cut to the cap.
-	ErrRetryAfterTooLong = errors.New("waiter: Retry-After is longer than the transport's cap")
 )
 
 // wouldExceedDeadline is ErrWouldExceedDeadline: its own sentinel that also matches

@@ -112,8 +112,8 @@ func TestTransportHonoursRetryAfter(t *testing.T) {
 					}
 					otherWait, sinceAnswer = res.RetryAfter, replied.Sub(t429)
 				},
-				BadRetryAfter: func(_ *http.Request, _ int, err error) { t.Errorf("BadRetryAfter: %v", err) },
-				PauseFailed:   func(_ *http.Request, d time.Duration, err error) { t.Errorf("Pause(%v) failed: %v", d, err) },
+				BadHeader:   func(_ *http.Request, _ int, err *waiter.HeaderError) { t.Errorf("BadHeader: %v", err) },
+				PauseFailed: func(_ *http.Request, d time.Duration, err error) { t.Errorf("Pause(%v) failed: %v", d, err) },
 			}))
 		client := &http.Client{Transport: tr}
 

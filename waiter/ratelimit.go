@@ -2,42 +2,22 @@ package waiter
 
 import (
 	"errors"
-	"fmt"
 	"math"
-	"net/http"
 	"strconv"
 	"strings"
 	"time"
 )
 
 // WithRateLimitHeaders makes the transport read the rate-limit headers many APIs send
-// with every answer, and pause the Reserver (holding this process at once, as for a
-// Retry-After) until the quota resets when they say at most reserve requests are
-// left in it. A fleet that shares a vendor's quota with other clients then stops
-// before the vendor has to refuse it. Set reserve to about the requests the fleet may
-// have in flight at once, so that those sent while the pause reaches the other
-// processes still fit; 0 pauses only when the quota is spent. reserve must not be
-// negative (an error wrapping ErrInvalidOption otherwise).
-//
-// The forms understood, the first present wins:
-//
-//	RateLimit: "default";r=0;t=30        IETF httpapi draft (-08 and later): r remaining,
-//	                                     t seconds to reset; with several policies the
-//	                                     longest reset among those at or under reserve
-//	RateLimit: limit=100, remaining=0, reset=30          the same draft, -07
-//	RateLimit-Remaining: 0  + RateLimit-Reset: 30         the same draft, -06 and earlier
-//	X-RateLimit-Remaining: 0 + X-RateLimit-Reset-After: 1.5   seconds, fractions allowed
-//	X-RateLimit-Remaining: 0 + X-RateLimit-Reset: 1767323045  Unix seconds (GitHub style),
-//	                                     counted from the response's Date when valid
-//	X-RateLimit-Remaining: 0 + X-RateLimit-Reset: 30      seconds, for a value below 10^9
-//
-// (X-Rate-Limit-* spellings are read as X-RateLimit-*.) RateLimit-Policy and
-// X-RateLimit-Limit only describe the quota and are not needed. Headers that cannot
-// be read are reported to TransportHooks.BadRateLimit (ErrRateLimitInvalid) and
-// ignored; a spent quota without a usable reset (none, or one in the past) is
-// reported (ErrRateLimitNoReset) and sets no pause; a reset beyond the cap
-// (WithMaxPause) pauses for the cap and is reported (ErrRateLimitTooLong). Shopify's
-// X-Shopify-Shop-Api-Call-Limit and leaky-bucket headers are not understood.
+// with every answer (the IETF RateLimit drafts, X-RateLimit-* as GitHub, X and Discord
+// send them, OpenAI's and Anthropic's; docs/http.md lists them) and back off, as for
+// a refusal, until the quota resets when they say at most reserve requests are left.
+// A fleet that shares a vendor's quota with other clients then stops before the vendor
+// has to refuse it. Set reserve to about the requests the fleet may have in flight at
+// once; 0 backs off only when the quota is spent. Token quotas are passed to
+// TransportHooks.Quota, not paused on. Headers that cannot be used go to
+// TransportHooks.BadHeader. reserve must not be negative (an error wrapping
+// ErrInvalidOption otherwise).
 func WithRateLimitHeaders(reserve int) TransportOption {
 	return transportOption(func(t *transport) {
 		if t.check(reserve >= 0, "%w: rate-limit reserve %d, want >= 0", ErrInvalidOption, reserve) {
@@ -46,176 +26,234 @@ func WithRateLimitHeaders(reserve int) TransportOption {
 	})
 }
 
-var (
-	// ErrRateLimitInvalid: a rate-limit header could not be read (not a number, a
-	// negative count…); it was ignored. See WithRateLimitHeaders.
-	ErrRateLimitInvalid = errors.New("waiter: unreadable rate-limit header")
+// resetForm is how a family of headers writes its reset.
+type resetForm int
 
-	// ErrRateLimitNoReset: the rate-limit headers said the quota is spent but gave no
-	// reset time, or one in the past; nothing was paused.
-	ErrRateLimitNoReset = errors.New("waiter: quota spent with no usable reset time")
-
-	// ErrRateLimitTooLong: the quota resets later than the transport's cap
-	// (WithMaxPause); the pause was cut to the cap.
-	ErrRateLimitTooLong = errors.New("waiter: quota resets later than the transport's cap")
+const (
+	deltaSeconds   resetForm = iota // seconds from now (IETF drafts)
+	secondsOrEpoch                  // seconds, or Unix seconds from epochSeconds on (X-RateLimit-Reset)
+	goDuration                      // "6m0s", "20ms" (OpenAI)
+	rfc3339                         // "2026-01-02T03:04:05Z" (Anthropic)
 )
+
+// family is a pair of rate-limit headers: what is left of a quota and when it resets.
+// resetAfter, when set and present, wins over reset (Discord's seconds, fractions
+// allowed).
+type family struct {
+	remaining, reset, resetAfter string // canonical header names
+	form                         resetForm
+}
+
+// requestFamilies are the request quotas read after the RateLimit header, the first
+// present winning.
+var requestFamilies = []family{
+	{"Ratelimit-Remaining", "Ratelimit-Reset", "", deltaSeconds},
+	{"X-Ratelimit-Remaining", "X-Ratelimit-Reset", "X-Ratelimit-Reset-After", secondsOrEpoch},
+	{"X-Rate-Limit-Remaining", "X-Rate-Limit-Reset", "X-Rate-Limit-Reset-After", secondsOrEpoch},
+	{"X-Ratelimit-Remaining-Requests", "X-Ratelimit-Reset-Requests", "", goDuration},
+	{"Anthropic-Ratelimit-Requests-Remaining", "Anthropic-Ratelimit-Requests-Reset", "", rfc3339},
+}
+
+// tokenFamilies are the token quotas passed to TransportHooks.Quota, all that are present.
+var tokenFamilies = []struct {
+	name string
+	family
+}{
+	{"tokens", family{"X-Ratelimit-Remaining-Tokens", "X-Ratelimit-Reset-Tokens", "", goDuration}},
+	{"tokens", family{"Anthropic-Ratelimit-Tokens-Remaining", "Anthropic-Ratelimit-Tokens-Reset", "", rfc3339}},
+	{"input-tokens", family{"Anthropic-Ratelimit-Input-Tokens-Remaining", "Anthropic-Ratelimit-Input-Tokens-Reset", "", rfc3339}},
+	{"output-tokens", family{"Anthropic-Ratelimit-Output-Tokens-Remaining", "Anthropic-Ratelimit-Output-Tokens-Reset", "", rfc3339}},
+}
 
 // epochSeconds is where an X-RateLimit-Reset stops being a count of seconds and
 // becomes a Unix time (2001-09-09): no quota window is 31 years long.
-const epochSeconds = 1_000_000_000
+const epochSeconds = 1_000_000_000 * time.Second
 
-// quotaReset returns how long the response's rate-limit headers say the quota stays
-// spent (0: it is not, or they say nothing usable), cut to the cap, and why the
-// headers could not be used as they stood.
-func (t *transport) quotaReset(h http.Header) (time.Duration, error) {
-	var (
-		d   time.Duration
-		err error
-	)
-	switch {
-	case h.Get("RateLimit") != "":
-		d, err = t.ietfQuota(h.Get("RateLimit"))
-	case h.Get("RateLimit-Remaining") != "":
-		d, err = t.pairQuota(h, "RateLimit-Remaining", "RateLimit-Reset", "", false)
-	case h.Get("X-RateLimit-Remaining") != "":
-		d, err = t.pairQuota(h, "X-RateLimit-Remaining", "X-RateLimit-Reset", "X-RateLimit-Reset-After", true)
-	case h.Get("X-Rate-Limit-Remaining") != "":
-		d, err = t.pairQuota(h, "X-Rate-Limit-Remaining", "X-Rate-Limit-Reset", "X-Rate-Limit-Reset-After", true)
-	default:
-		return 0, nil
+// requestQuota returns how long the response's request quota headers say to back off
+// with this reserve (0: not at all, or they say nothing usable), cut to the cap, and
+// whether they say no request is left.
+func (r *reader) requestQuota(reserve int) (d time.Duration, empty bool) {
+	if v := r.h.Get("Ratelimit"); v != "" {
+		return r.ietfQuota(v, int64(reserve))
 	}
-	if err != nil || d <= 0 {
-		return 0, err
+	for _, f := range requestFamilies {
+		if v := strings.TrimSpace(r.h.Get(f.remaining)); v != "" {
+			return r.spent(f, v, int64(reserve))
+		}
 	}
-	if d > t.maxPause {
-		return t.maxPause, fmt.Errorf("%w: %v, paused %v", ErrRateLimitTooLong, d, t.maxPause)
-	}
-	return d, nil
+	return 0, false
 }
 
-// ietfQuota reads a RateLimit header: a list of `"policy";r=N;t=S` items (draft -08
-// and later), or the dictionary `limit=L, remaining=N, reset=S` (draft -07).
-func (t *transport) ietfQuota(v string) (time.Duration, error) {
-	items := strings.Split(v, ",")
-	if !strings.Contains(v, ";") { // draft -07: one dictionary
-		var rem, reset string
-		for _, it := range items {
-			k, val, _ := strings.Cut(strings.TrimSpace(it), "=")
-			switch strings.ToLower(strings.TrimSpace(k)) {
-			case "remaining":
-				rem = strings.TrimSpace(val)
-			case "reset":
-				reset = strings.TrimSpace(val)
-			}
-		}
-		if rem == "" {
-			return 0, fmt.Errorf("%w: RateLimit %q has no remaining", ErrRateLimitInvalid, v)
-		}
-		return t.spentFor(rem, reset, "RateLimit "+strconv.Quote(v))
+// spent reads family f, whose remaining header has text v: the time to its reset when
+// at most reserve are left (reporting a reset missing, unreadable or past), cut to
+// the cap.
+func (r *reader) spent(f family, v string, reserve int64) (time.Duration, bool) {
+	left, ok := r.remaining(f.remaining, v)
+	if !ok || left > reserve {
+		return 0, false
 	}
-	var longest time.Duration
-	var firstErr error
+	name, d, state := r.resetIn(f)
+	switch state {
+	case resetMissing:
+		r.report(f.reset, "", HeaderMissing, 0)
+		return 0, left == 0
+	case resetPast:
+		r.report(name, r.h.Get(name), HeaderPast, 0)
+		return 0, left == 0
+	case resetOK:
+		r.told = true
+		return r.capped(name, strings.TrimSpace(r.h.Get(name)), d), left == 0
+	}
+	return 0, left == 0 // unreadable, reported
+}
+
+// remaining reads the count v of header name: a non-negative integer (a huge one
+// reads as math.MaxInt64, plenty); otherwise it reports it.
+func (r *reader) remaining(name, v string) (int64, bool) {
+	n, err := strconv.ParseInt(v, 10, 64)
+	switch {
+	case errors.Is(err, strconv.ErrRange) && n > 0:
+		return math.MaxInt64, true
+	case err != nil || n < 0:
+		r.report(name, v, HeaderInvalid, 0)
+		return 0, false
+	}
+	return n, true
+}
+
+type resetState int
+
+const (
+	resetOK resetState = iota
+	resetMissing
+	resetInvalid // reported
+	resetPast    // an absolute time already past
+)
+
+// resetIn returns the header f's reset was read from, how long from now it says, and
+// whether it could be read.
+func (r *reader) resetIn(f family) (name string, d time.Duration, state resetState) {
+	name = f.reset
+	if f.resetAfter != "" && r.h.Get(f.resetAfter) != "" {
+		name = f.resetAfter
+	}
+	v := strings.TrimSpace(r.h.Get(name))
+	if v == "" {
+		return f.reset, 0, resetMissing
+	}
+	ok := false
+	switch {
+	case name == f.resetAfter || f.form == deltaSeconds:
+		var neg bool
+		d, neg, ok = parseSeconds(v)
+		ok = ok && !neg
+	case f.form == secondsOrEpoch:
+		var neg bool
+		d, neg, ok = parseSeconds(v)
+		ok = ok && !neg
+		if ok && d >= epochSeconds {
+			d = r.until(time.Unix(0, 0).Add(d))
+		}
+	case f.form == goDuration:
+		d, ok = parseDuration(v)
+	case f.form == rfc3339:
+		at, err := time.Parse(time.RFC3339, v)
+		if ok = err == nil; ok {
+			d = r.until(at)
+		}
+	}
+	switch {
+	case !ok:
+		r.report(name, v, HeaderInvalid, 0)
+		return name, 0, resetInvalid
+	case d < 0:
+		return name, 0, resetPast
+	}
+	return name, d, resetOK
+}
+
+// ietfQuota reads a RateLimit header v: a list of `"policy";r=N;t=S` items (draft -08
+// and later), the longest reset among the items at or under reserve winning; or the
+// dictionary `limit=L, remaining=N, reset=S` (draft -07).
+func (r *reader) ietfQuota(v string, reserve int64) (time.Duration, bool) {
+	const name = "Ratelimit"
+	items := strings.Split(v, ",")
+	if !strings.Contains(v, ";") { // draft -07: one dictionary, one item
+		items = []string{";" + strings.ReplaceAll(v, ",", ";")}
+	}
+	var (
+		longest  time.Duration
+		empty    bool
+		reported = len(r.bad)
+	)
 	for _, it := range items {
 		var rem, reset string
-		params := strings.Split(it, ";")
-		for _, p := range params[1:] {
+		for _, p := range strings.Split(it, ";")[1:] {
 			k, val, _ := strings.Cut(strings.TrimSpace(p), "=")
-			switch strings.TrimSpace(k) {
-			case "r":
+			switch strings.ToLower(strings.TrimSpace(k)) {
+			case "r", "remaining":
 				rem = strings.TrimSpace(val)
-			case "t":
+			case "t", "reset":
 				reset = strings.TrimSpace(val)
 			}
 		}
 		if rem == "" {
-			if firstErr == nil {
-				firstErr = fmt.Errorf("%w: RateLimit %q: an item has no r", ErrRateLimitInvalid, v)
+			if len(r.bad) == reported {
+				r.report(name, v, HeaderInvalid, 0)
 			}
 			continue
 		}
-		d, err := t.spentFor(rem, reset, "RateLimit "+strconv.Quote(v))
-		if err != nil && firstErr == nil {
-			firstErr = err
+		n, err := strconv.ParseInt(rem, 10, 64)
+		if err != nil && !(errors.Is(err, strconv.ErrRange) && n > 0) || n < 0 {
+			if len(r.bad) == reported {
+				r.report(name, v, HeaderInvalid, 0)
+			}
+			continue
 		}
-		longest = max(longest, d)
+		if err != nil || n > reserve {
+			continue
+		}
+		empty = empty || n == 0
+		d, neg, ok := parseSeconds(reset)
+		switch {
+		case reset == "":
+			if len(r.bad) == reported {
+				r.report(name, v, HeaderMissing, 0)
+			}
+		case !ok || neg:
+			if len(r.bad) == reported {
+				r.report(name, v, HeaderInvalid, 0)
+			}
+		default:
+			r.told = true
+			longest = max(longest, d)
+		}
 	}
 	if longest > 0 {
-		return longest, nil
+		r.bad = r.bad[:reported] // the items that could be read say when to come back
+		return r.capped(name, v, longest), empty
 	}
-	return 0, firstErr
+	return 0, empty
 }
 
-// spentFor returns the time to reset (delta seconds) when remaining is at or under the
-// reserve, else 0; what names the header in errors.
-func (t *transport) spentFor(remaining, reset, what string) (time.Duration, error) {
-	rem, err := strconv.ParseInt(remaining, 10, 64)
-	if err != nil && !errors.Is(err, strconv.ErrRange) || rem < 0 {
-		return 0, fmt.Errorf("%w: %s: remaining %q", ErrRateLimitInvalid, what, remaining)
-	}
-	if rem > int64(t.reserve) || err != nil {
-		return 0, nil
-	}
-	if reset == "" {
-		return 0, fmt.Errorf("%w: %s", ErrRateLimitNoReset, what)
-	}
-	secs, err := strconv.ParseUint(reset, 10, 64)
-	if err != nil && !errors.Is(err, strconv.ErrRange) {
-		return 0, fmt.Errorf("%w: %s: reset %q", ErrRateLimitInvalid, what, reset)
-	}
-	return secondsToDuration(float64(secs)), nil
-}
-
-// pairQuota reads a remaining header with a reset header (delta seconds; Unix seconds
-// too when epochOK and the value is large) or a reset-after header (seconds,
-// fractions allowed), which wins when present.
-func (t *transport) pairQuota(h http.Header, remName, resetName, afterName string, epochOK bool) (time.Duration, error) {
-	remaining := strings.TrimSpace(h.Get(remName))
-	what := fmt.Sprintf("%s %q", remName, remaining)
-	rem, err := strconv.ParseInt(remaining, 10, 64)
-	if err != nil && !errors.Is(err, strconv.ErrRange) || rem < 0 {
-		return 0, fmt.Errorf("%w: %s", ErrRateLimitInvalid, what)
-	}
-	if rem > int64(t.reserve) || err != nil {
-		return 0, nil
-	}
-	if afterName != "" {
-		if v := strings.TrimSpace(h.Get(afterName)); v != "" {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil || f < 0 || math.IsNaN(f) {
-				return 0, fmt.Errorf("%w: %s, %s %q", ErrRateLimitInvalid, what, afterName, v)
-			}
-			return secondsToDuration(f), nil
+// tokenQuotas returns the token quotas the response states; a quota whose headers
+// cannot be read is reported and left out.
+func (r *reader) tokenQuotas() []Quota {
+	var qs []Quota
+	for _, f := range tokenFamilies {
+		v := strings.TrimSpace(r.h.Get(f.remaining))
+		if v == "" {
+			continue
 		}
+		left, ok := r.remaining(f.remaining, v)
+		if !ok {
+			continue
+		}
+		_, d, state := r.resetIn(f.family)
+		if state == resetInvalid {
+			continue
+		}
+		qs = append(qs, Quota{Name: f.name, Remaining: left, Reset: d})
 	}
-	v := strings.TrimSpace(h.Get(resetName))
-	if v == "" {
-		return 0, fmt.Errorf("%w: %s, no %s", ErrRateLimitNoReset, what, resetName)
-	}
-	secs, err := strconv.ParseUint(v, 10, 64)
-	if err != nil && !errors.Is(err, strconv.ErrRange) {
-		return 0, fmt.Errorf("%w: %s, %s %q", ErrRateLimitInvalid, what, resetName, v)
-	}
-	if !epochOK || secs < epochSeconds {
-		return secondsToDuration(float64(secs)), nil
-	}
-	from := t.clock.Now()
-	if date, err := http.ParseTime(h.Get("Date")); err == nil {
-		from = date
-	}
-	d := time.Unix(int64(min(secs, math.MaxInt64/2)), 0).Sub(from)
-	if secs > math.MaxInt64/2 { // absurd: far beyond any cap
-		d = math.MaxInt64
-	}
-	if d < 0 {
-		return 0, fmt.Errorf("%w: %s, %s %q is %v before %s", ErrRateLimitNoReset, what, resetName, v, -d, from.UTC().Format(http.TimeFormat))
-	}
-	return d, nil
-}
-
-// secondsToDuration converts seconds to a Duration, saturating.
-func secondsToDuration(s float64) time.Duration {
-	if s >= float64(math.MaxInt64)/float64(time.Second) {
-		return math.MaxInt64
-	}
-	return time.Duration(s * float64(time.Second))
+	return qs
 }

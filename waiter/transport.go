@@ -4,10 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"math"
 	"net/http"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jobthrottle/jobthrottle/internal/clock"
@@ -21,8 +18,8 @@ type pauser interface {
 	Pause(ctx context.Context, d time.Duration) error
 }
 
-// DefaultMaxPause is the longest pause a Retry-After makes the transport set unless
-// WithMaxPause says otherwise. A longer Retry-After (a maintenance window, or a
+// DefaultMaxPause is the longest pause a response's headers make the transport set
+// unless WithMaxPause says otherwise. A longer one (a maintenance window, or a
 // proxy's mistake) is cut to it, so that a fleet stalled by one answer asks the
 // server again after at most five minutes.
 const DefaultMaxPause = 5 * time.Minute
@@ -32,30 +29,16 @@ const DefaultMaxPause = 5 * time.Minute
 // the caller gives up at once.
 const pauseTimeout = 2 * time.Second
 
-// NewTransport returns an http.RoundTripper that waits for permits from r before each
-// request and then sends it with base; a nil base means http.DefaultTransport. Wrap
-// it in an http.Client to throttle every request the client makes:
+// NewTransport returns an http.RoundTripper that waits for n permits from r (1, or
+// WithPermits) through Wait(req.Context(), r, n) before sending each request with base
+// (nil: http.DefaultTransport); a request whose context ends first, or whose deadline
+// comes before its permits, is not sent: RoundTrip returns Wait's error, the body closed.
 //
-//	client := &http.Client{Transport: waiter.NewTransport(lim, nil)}
-//
-// Each request takes n permits (1, or WithPermits) through Wait(req.Context(), r, n):
-// requests are sent in arrival order at the limiter's rate, across every process that
-// shares it. A request whose context ends first, or whose deadline comes before its
-// permits could, is not sent: RoundTrip returns Wait's error, with the request's body
-// closed and the request left as it was, as http.RoundTripper requires.
-//
-// A 429 or 503 answer with a Retry-After (delay-seconds, or an HTTP-date counted from
-// the response's Date when valid) backs the whole fleet off: the transport holds this
-// process at once (if r is a Gate: even requests whose permits were granted wait)
-// and pauses r (if r is a Pauser), for at most DefaultMaxPause (or WithMaxPause).
-// A Retry-After that is missing, unreadable, in the past or over that cap is reported
-// to TransportHooks.BadRetryAfter; Retry-After: 0 sets no pause. WithRateLimitHeaders
-// backs off on a spent quota too. The response is returned as it came: the transport
-// retries only with WithRetries.
-//
-// A nil r, or an option out of range, does not panic: every RoundTrip returns an
-// error wrapping ErrNilReserver or ErrInvalidOption, sending nothing. The transport
-// is safe for simultaneous use by multiple goroutines.
+// An answer refusing for a rate limit (429, 503, or a 403 with Retry-After or a spent
+// quota) pauses r (and, a *throttle.Limiter, holds this process at once) until the time its
+// headers give, at most WithMaxPause; docs/http.md lists the headers read. The response
+// is returned as it came. A nil r or a bad option makes every RoundTrip return an error
+// wrapping ErrNilReserver or ErrInvalidOption. It is safe for concurrent use.
 func NewTransport(r Reserver, base http.RoundTripper, opts ...TransportOption) http.RoundTripper {
 	t := newTransport(base, opts)
 	if isNilReserver(r) && t.err == nil {
@@ -68,7 +51,7 @@ func NewTransport(r Reserver, base http.RoundTripper, opts ...TransportOption) h
 // NewTransportFunc is NewTransport with the Reserver and the permits chosen for each
 // request by choose: one limiter per host, or a vendor's search endpoint limited
 // apart from the rest of its API. Every guarantee of NewTransport holds for the
-// Reserver chosen: the request waits for its permits, a 429 or 503 holds and pauses
+// Reserver chosen: the request waits for its permits, a refusal holds and pauses
 // that Reserver, and a retry waits on it again.
 //
 // choose must be safe for simultaneous use; it must not modify the request nor read
@@ -116,10 +99,10 @@ func WithPermits(n int) TransportOption {
 	})
 }
 
-// WithMaxPause sets the longest pause a Retry-After (or rate-limit header) makes the
-// transport set; the default is DefaultMaxPause (5 minutes). A longer one pauses for
-// d and is reported to TransportHooks.BadRetryAfter (or BadRateLimit). d must be
-// positive (an error wrapping ErrInvalidOption otherwise).
+// WithMaxPause sets the longest pause a response's headers make the transport set; the
+// default is DefaultMaxPause (5 minutes). A longer one pauses for d and is reported to
+// TransportHooks.BadHeader (HeaderTooLong). d must be positive (an error wrapping
+// ErrInvalidOption otherwise).
 func WithMaxPause(d time.Duration) TransportOption {
 	return transportOption(func(t *transport) {
 		if t.check(d > 0, "%w: max pause %v, want > 0", ErrInvalidOption, d) {
@@ -128,8 +111,8 @@ func WithMaxPause(d time.Duration) TransportOption {
 	})
 }
 
-// WithRetries makes the transport send a request answered 429 or 503 again, up to
-// n times, after the pause the answer set (or, when it set none, after new permits):
+// WithRetries makes the transport send a request refused for a rate limit (429, 503,
+// or a 403 read as one; see NewTransport) again, up to n times, after the pause the answer set (or, when it set none, after new permits):
 // each retry waits for its permits like the first send, within the request's
 // context. The default, 0, never retries. n must not be negative (an error wrapping
 // ErrInvalidOption otherwise).
@@ -155,9 +138,9 @@ func WithTransportHooks(h TransportHooks) TransportOption {
 	return transportOption(func(t *transport) { t.hooks = h })
 }
 
-// withTransportClock sets the clock an HTTP-date Retry-After (and an epoch
-// X-RateLimit-Reset) counts from when the response has no valid Date header; the
-// default is the system's. Tests only (export_test.go): waiting uses the Reserver's
+// withTransportClock sets the local clock the times in a response's headers (an
+// HTTP-date Retry-After, an epoch or RFC 3339 reset) count from; the default is the
+// system's. Tests only (export_test.go): waiting uses the Reserver's
 // clock, not this one. A nil clock is an error wrapping ErrInvalidOption.
 func withTransportClock(c clock.Clock) TransportOption {
 	return transportOption(func(t *transport) {
@@ -179,22 +162,21 @@ type TransportHooks struct {
 	NotSent func(req *http.Request, err error)
 
 	// Paused is called after the transport paused the Reserver for d because the
-	// server answered req with status and a Retry-After (429 or 503) or rate-limit
-	// headers saying its quota is spent (any status; see WithRateLimitHeaders).
+	// server answered req with status and headers asking it to back off: a refusal
+	// (see NewTransport), or rate-limit headers saying the quota is spent (any
+	// status; see WithRateLimitHeaders).
 	Paused func(req *http.Request, status int, d time.Duration)
 
-	// BadRetryAfter is called when the server answered req with status (429 or 503)
-	// and a Retry-After the transport could not use as it stood. err wraps
-	// ErrRetryAfterMissing, ErrRetryAfterInvalid or ErrRetryAfterPast (no pause was
-	// set) or ErrRetryAfterTooLong (the pause was cut to the cap; Paused follows),
-	// and quotes the header. It is called whether or not the Reserver is a Pauser.
-	BadRetryAfter func(req *http.Request, status int, err error)
+	// BadHeader is called, before the pause if any, once for each header of the
+	// answer to req (with status) that the transport could not use as it stood: err
+	// says which, and what it did instead. It is called whether or not the Reserver
+	// can pause.
+	BadHeader func(req *http.Request, status int, err *HeaderError)
 
-	// BadRateLimit is called when WithRateLimitHeaders is on and the server's
-	// rate-limit headers could not be used as they stood. err wraps
-	// ErrRateLimitInvalid or ErrRateLimitNoReset (they were ignored) or
-	// ErrRateLimitTooLong (the pause was cut to the cap), and quotes the header.
-	BadRateLimit func(req *http.Request, status int, err error)
+	// Quota is called, with WithRateLimitHeaders, for each token quota the answer to
+	// req states (OpenAI's and Anthropic's token headers): the transport does not
+	// pause on them, as what a request costs in tokens is known only once it is sent.
+	Quota func(req *http.Request, q Quota)
 
 	// PauseFailed is called when pausing the Reserver for d failed with err; the
 	// response is returned all the same (and this process is held all the same).
@@ -255,10 +237,9 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if err != nil || resp == nil {
 			return resp, err
 		}
-		d := t.backOff(req, r, resp)
+		d, refused := t.backOff(req, r, resp)
 		status := resp.StatusCode
-		if retry > t.retries || (status != http.StatusTooManyRequests && status != http.StatusServiceUnavailable) ||
-			!replayable(req) {
+		if retry > t.retries || !refused || !replayable(req) {
 			return resp, nil
 		}
 		ctx := req.Context()
@@ -366,31 +347,24 @@ func (t *transport) CloseIdleConnections() {
 	}
 }
 
-// backOff holds and pauses r for as long as the response asks: its Retry-After (429,
-// 503) or, with WithRateLimitHeaders, its rate-limit headers, whichever is longer. It
-// returns that pause (0: none).
-func (t *transport) backOff(req *http.Request, r Reserver, resp *http.Response) time.Duration {
-	var d time.Duration
-	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
-		var err error
-		d, err = t.retryAfter(resp.Header)
-		if err != nil && t.hooks.BadRetryAfter != nil {
-			t.hooks.BadRetryAfter(req, resp.StatusCode, err)
+// backOff holds and pauses r for as long as the response asks (see judge). It
+// returns that pause (0: none) and whether the response refused for a rate limit.
+func (t *transport) backOff(req *http.Request, r Reserver, resp *http.Response) (time.Duration, bool) {
+	v := t.judge(resp.StatusCode, resp.Header)
+	d := v.pause
+	if t.hooks.BadHeader != nil {
+		for _, e := range v.bad {
+			t.hooks.BadHeader(req, resp.StatusCode, e)
 		}
 	}
-	if t.reserve >= 0 {
-		q, err := t.quotaReset(resp.Header)
-		if err != nil && t.hooks.BadRateLimit != nil {
-			t.hooks.BadRateLimit(req, resp.StatusCode, err)
+	if t.hooks.Quota != nil {
+		for _, q := range v.quotas {
+			t.hooks.Quota(req, q)
 		}
-		d = max(d, q)
-	}
-	if d <= 0 {
-		return 0
 	}
 	p, ok := r.(pauser)
-	if !ok {
-		return d
+	if d <= 0 || !ok {
+		return d, v.refused
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(req.Context()), pauseTimeout)
 	defer cancel()
@@ -398,71 +372,61 @@ func (t *transport) backOff(req *http.Request, r Reserver, resp *http.Response) 
 		if t.hooks.PauseFailed != nil {
 			t.hooks.PauseFailed(req, d, err)
 		}
-		return d
+		return d, v.refused
 	}
 	if t.hooks.Paused != nil {
 		t.hooks.Paused(req, resp.StatusCode, d)
 	}
-	return d
+	return d, v.refused
 }
 
-// retryAfter returns the pause h's Retry-After asks for, cut to the cap, and why the
-// header could not be used as it stood (nil when it could). A pause of 0 means none.
-func (t *transport) retryAfter(h http.Header) (time.Duration, error) {
-	vs := h.Values("Retry-After")
-	if len(vs) == 0 {
-		return 0, ErrRetryAfterMissing
-	}
-	v := strings.TrimSpace(vs[0])
+// verdict is what a response's headers ask of the transport.
+type verdict struct {
+	pause   time.Duration // how long to back off, cut to the cap; 0: not at all
+	refused bool          // the answer refused for a rate limit: a retry may follow
+	bad     []*HeaderError
+	quotas  []Quota // token quotas, with WithRateLimitHeaders
+}
+
+// judge reads a response with status and headers h. A 429 or 503 is a refusal; a
+// 403 is one when it has a Retry-After or its quota headers say none is left
+// (GitHub's primary and secondary limits), else it is an ordinary answer. A refusal
+// backs off for the longer of its Retry-After and its spent quota's reset (read even
+// without WithRateLimitHeaders: the vendor has said when to come back); with
+// WithRateLimitHeaders any answer backs off when its quota is at or under the reserve.
+func (t *transport) judge(status int, h http.Header) verdict {
+	rd := &reader{h: h, now: t.clock.Now(), maxPause: t.maxPause}
+	hasRetryAfter := len(h.Values("Retry-After")) > 0
+	refused := status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable ||
+		status == http.StatusForbidden && hasRetryAfter
 	var d time.Duration
-	if secs, neg, ok := parseSeconds(v); ok {
-		switch {
-		case neg && secs > 0:
-			return 0, fmt.Errorf("%w: %q", ErrRetryAfterPast, v)
-		case secs > uint64(t.maxPause/time.Second):
-			return t.maxPause, fmt.Errorf("%w: %q, paused %v", ErrRetryAfterTooLong, v, t.maxPause)
-		}
-		d = time.Duration(secs) * time.Second
-	} else {
-		at, err := http.ParseTime(v)
-		if err != nil {
-			return 0, fmt.Errorf("%w: %q", ErrRetryAfterInvalid, v)
-		}
-		from := t.clock.Now()
-		if date, err := http.ParseTime(h.Get("Date")); err == nil {
-			from = date
-		}
-		d = at.Sub(from)
-		if d < 0 {
-			return 0, fmt.Errorf("%w: %q is %v before %s", ErrRetryAfterPast, v, -d, from.UTC().Format(http.TimeFormat))
-		}
+	if refused && hasRetryAfter {
+		d = rd.retryAfter()
 	}
-	if d > t.maxPause {
-		return t.maxPause, fmt.Errorf("%w: %q, paused %v", ErrRetryAfterTooLong, v, t.maxPause)
+	if t.reserve >= 0 || refused || status == http.StatusForbidden {
+		q, empty := rd.requestQuota(max(t.reserve, 0))
+		if status == http.StatusForbidden && empty {
+			refused = true
+		}
+		if t.reserve < 0 && !refused { // a 403 like any other: its headers are not ours to read
+			return verdict{}
+		}
+		d = max(d, q)
 	}
-	return d, nil
-}
-
-// parseSeconds reads delay-seconds (1*DIGIT), and a negative number as such so that
-// it is reported as in the past rather than unparsable. A number too large for a
-// uint64 reads as math.MaxUint64: it is far too long either way.
-func parseSeconds(v string) (secs uint64, neg, ok bool) {
-	if strings.HasPrefix(v, "-") {
-		neg, v = true, v[1:]
+	if (status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable) &&
+		!hasRetryAfter && !rd.told && len(rd.bad) == 0 {
+		rd.report("Retry-After", "", HeaderMissing, 0)
 	}
-	if v == "" {
-		return 0, false, false
+	var quotas []Quota
+	if t.reserve >= 0 {
+		quotas = rd.tokenQuotas()
 	}
-	for i := 0; i < len(v); i++ {
-		if v[i] < '0' || v[i] > '9' {
-			return 0, false, false
+	for _, e := range rd.bad {
+		if e.Problem == HeaderDateSkewed {
+			e.Pause = d
 		}
 	}
-	secs, err := strconv.ParseUint(v, 10, 64)
-	if err != nil { // only a range error is left
-		secs = math.MaxUint64
-	}
-	return secs, neg, true
+	return verdict{pause: d, refused: refused, bad: rd.bad, quotas: quotas}
 }
 
 // isNilReserver reports whether r is a nil interface. A nil pointer in a non-nil

@@ -1,36 +1,34 @@
 // Command jobthrottle shows and steers the limits a fleet shares through Redis: list
-// the keys, show or watch their live state, pause, resume or reset them.
+// the keys, show or watch their live state, pause, resume, override or reset them.
 //
-//	jobthrottle ls                                   # keys under the prefix, with their algorithm and limits
+//	jobthrottle ls                                   # keys under the prefix, with their kind, pause, override and limits
 //	jobthrottle show vendor-api                      # the live state, once
-//	jobthrottle watch vendor-api                     # refreshed every second (Ctrl-C ends)
+//	jobthrottle watch vendor-api                     # redrawn every second (Ctrl-C ends)
 //	jobthrottle pause vendor-api 30s                 # no grants anywhere for 30s
 //	jobthrottle resume vendor-api                    # end a pause now
 //	jobthrottle set -for 1h vendor-api 10/1.1s       # lower the rate fleet-wide for an hour
 //	jobthrottle unset vendor-api                     # back to the rates the code passes
 //	jobthrottle reset vendor-api                     # forget the key's state (asks first)
+//	jobthrottle help show                            # a command's arguments, flags and an example
 //
 // Redis is found as redis-cli finds it: -h, -p, -a, -n or -u URL, else REDIS_URL, else
 // REDIS_ADDR (host:port; several, comma-separated, or -c, for a Cluster), else
 // 127.0.0.1:6379. Keys are given as the code gives them to throttle.New, without the
 // prefix (-prefix, "jobthrottle:" by default, as throttle.WithKeyPrefix).
 //
-// Show and watch read a key's algorithm and limits from its record ({…}:conf), which
-// the processes that use the key write (see throttle.ReadRecord; the last writer's
-// when processes differ); set checks an override against it. -limit RATE/PERIOD
-// (repeat it for several limits; RATE/PERIOD:BURST for a token bucket's burst) shows
-// the state as those limits read it instead, and stands in for a record that is
-// missing (a key idle for 10 seconds or 3 of its periods, or processes of an older
-// jobthrottle).
+// Every command reads and writes only keys whose Redis type and content are those
+// jobthrottle writes (internal/keys.Check); it names any other key it finds under a
+// key's tag and leaves it alone. docs/operating.md describes each command and the ACL
+// rules it needs.
 package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
-	"strings"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -54,60 +52,46 @@ func main() {
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {
 	o, err := parse(args, getenv)
 	if err != nil {
-		fmt.Fprintln(stderr, "jobthrottle:", err)
-		if _, ok := err.(usageError); ok {
-			fmt.Fprint(stderr, usage)
-			return 2
-		}
-		return 1
+		return usageFailed(stderr, err)
 	}
-	if o.cmd == "help" {
-		fmt.Fprint(stdout, usage)
+	switch {
+	case o.acl:
+		helpACL(stdout, o.prefix)
+		return 0
+	case o.help:
+		help(stdout, o.cmd, o.prefix)
 		return 0
 	}
 	c, err := dial(ctx, o)
 	if err != nil {
-		fmt.Fprintln(stderr, "jobthrottle:", err)
-		return 1
+		return failed(stderr, err, o.prefix)
 	}
 	defer c.Close()
 	t := &tool{o: o, rdb: c, in: stdin, out: stdout}
-	if err := t.do(ctx); err != nil {
-		// the library's errors start with "jobthrottle: " too: say it once
-		fmt.Fprintln(stderr, "jobthrottle:", strings.TrimPrefix(err.Error(), "jobthrottle: "))
-		return 1
+	if err := o.cmd.run(t, ctx); err != nil {
+		return failed(stderr, err, o.prefix)
 	}
 	return 0
 }
 
-const usage = `usage: jobthrottle [flags] COMMAND [flags] [ARGS]
+// failed prints err, one line, and returns the exit status: 2 for bad usage, else 1.
+func failed(stderr io.Writer, err error, prefix string) int {
+	var u usageError
+	if errors.As(err, &u) {
+		return usageFailed(stderr, u)
+	}
+	fmt.Fprintln(stderr, "jobthrottle:", describe(err, prefix))
+	return 1
+}
 
-commands:
-  ls [PATTERN]             keys under the prefix (SCAN), with their algorithm and limits
-  show KEY                 the key's live state (its limits from the key's record, or -limit)
-  watch KEY...             the live state, refreshed every -interval (Ctrl-C ends)
-  pause KEY DURATION       no grants on the key, fleet-wide, for DURATION (e.g. 30s)
-  resume KEY               end a pause on the key now (an override stays)
-  set KEY RATE/PERIOD[:BURST]...  override the rates of the key's limits, in order, for
-                           every process (periods stay the code's); -for D to end it by itself
-  unset KEY                remove the override: the rates the code passes apply again
-  reset KEY                delete the key's state (limits start afresh); asks unless -yes
-
-flags:
-  -h HOST -p PORT          Redis host and port (default 127.0.0.1:6379, or REDIS_ADDR)
-  -a PASSWORD --user NAME  AUTH (or REDISCLI_AUTH)
-  -n DB                    database number
-  -u URL                   redis://[user:pass@]host:port/db (or REDIS_URL)
-  -c                       Redis Cluster (REDIS_ADDR may list several nodes, comma-separated)
-  -prefix P                key prefix, as throttle.WithKeyPrefix (default "jobthrottle:")
-  -limit RATE/PERIOD[:BURST]  show/watch: a limit of the key, as given to throttle.New, instead
-                           of the key's record's; repeat for several
-  -alg NAME                sw, sc, tb or fw (default: found from the key's state, or its record)
-  -buckets N               the sliding counter's buckets, as throttle.WithBuckets (default: the
-                           record's, else 50)
-  -max N                   a semaphore's max (shown as the bar's full width)
-  -interval D              watch's refresh interval (default 1s)
-  -count N                 watch: stop after N screens (default 0: until Ctrl-C)
-  -yes                     reset without asking
-  -for D                   set: how long the override lasts (default: until unset)
-`
+// usageFailed prints a usage error, one line with a pointer to help, and returns 2.
+func usageFailed(stderr io.Writer, err error) int {
+	var u usageError
+	errors.As(err, &u)
+	where := "jobthrottle --help"
+	if u.cmd != "" {
+		where = "jobthrottle help " + u.cmd
+	}
+	fmt.Fprintf(stderr, "jobthrottle: %v (see '%s')\n", err, where)
+	return 2
+}

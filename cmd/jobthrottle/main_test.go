@@ -53,6 +53,13 @@ func mustContain(t *testing.T, what, got string, wants ...string) {
 	}
 }
 
+func mustMatch(t *testing.T, what, got, re string) {
+	t.Helper()
+	if !regexp.MustCompile(re).MatchString(got) {
+		t.Fatalf("%s: %q does not match %q", what, got, re)
+	}
+}
+
 func TestCommands(t *testing.T) {
 	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
@@ -101,19 +108,23 @@ func TestCommands(t *testing.T) {
 			t.Fatal(err)
 		}
 		mustContain(t, "show vendor-api", out, "vendor-api  SlidingWindow", "10 per 1m0s",
-			fmt.Sprintf("%d/10 used + %d booked", st.Limits[0].Used-st.Booked, st.Booked), "next free", "paused      no")
+			fmt.Sprintf("%d/10 used + %d booked", st.Limits[0].Used-st.Booked, st.Booked), "next free", "paused      no",
+			"override    none")
+		if strings.Contains(out, "granted/s") || strings.Contains(out, "screen") {
+			t.Fatalf("show speaks of a rate between screens it does not have:\n%s", out)
+		}
 
 		code, out, _ = cli(t, b, "", "show", "mail")
 		if code != 0 {
 			t.Fatal(out)
 		}
-		mustContain(t, "show mail", out, "TokenBucket", "2/8 used", "granted/s   n/a")
+		mustContain(t, "show mail", out, "TokenBucket", "2/8 used", "paused      no", "override    none")
 
 		code, out, _ = cli(t, b, "", "show", "-max", "4", "reports")
 		if code != 0 {
 			t.Fatal(out)
 		}
-		mustContain(t, "show reports", out, "Semaphore", "1/4 held", "waiting     0")
+		mustContain(t, "show reports", out, "Semaphore", "1/4 held", "waiting     0", "paused      no", "override    none")
 
 		// pause, resume
 		code, out, errs = cli(t, b, "", "pause", "vendor-api", "30s")
@@ -122,48 +133,51 @@ func TestCommands(t *testing.T) {
 		}
 		// what is left of the pause when the CLI reads it back: 30s less the time
 		// between the two calls, up to a second on a loaded machine (29.8s seen)
-		if !regexp.MustCompile(`paused vendor-api: no grants for (30s|29(\.\d+)?s)\n`).MatchString(out) {
+		if !regexp.MustCompile(`paused vendor-api for (30s|29(\.\d+)?s): no new grants on it anywhere until then`).MatchString(out) {
 			t.Fatalf("pause: %q does not say the pause lasts 29-30s", out)
 		}
 		if st, err := sw.Inspect(ctx); err != nil || st.PausedFor < 29*time.Second {
 			t.Fatalf("after pause: %+v %v", st, err)
 		}
 		_, out, _ = cli(t, b, "", "show", "vendor-api")
-		mustContain(t, "show paused", out, "paused      yes, ")
+		mustContain(t, "show paused", out, "paused      yes, ", "override    none")
 		_, out, _ = cli(t, b, "", "resume", "vendor-api")
-		mustContain(t, "resume", out, "resumed vendor-api")
+		if !regexp.MustCompile(`resumed vendor-api: ended its pause, which had (30s|29(\.\d+)?s) left\n`).MatchString(out) {
+			t.Fatalf("resume: %q does not say which pause it ended", out)
+		}
 		if st, err := sw.Inspect(ctx); err != nil || st.PausedFor != 0 {
 			t.Fatalf("after resume: %+v %v", st, err)
 		}
 		_, out, _ = cli(t, b, "", "resume", "vendor-api")
-		mustContain(t, "resume again", out, "vendor-api was not paused")
+		mustContain(t, "resume again", out, "vendor-api was not paused: nothing to resume")
 
 		// set, unset: every process's next call enforces the override
 		code, out, errs = cli(t, b, "", "set", "-for", "1h", "vendor-api", "2/1m")
 		if code != 0 {
 			t.Fatal(errs)
 		}
-		mustContain(t, "set", out, "vendor-api: every process now enforces 2 per 1m0s, for 1h0m0s", "periods stay")
+		mustContain(t, "set", out, "vendor-api: every process now enforces 2 per 1m0s in place of 10 per 1m0s, for 1h0m0s", "periods stay")
 		if r, err := sw.Allow(ctx); err != nil || r.Allowed {
 			t.Fatalf("Allow under an override of 2/s with 3 taken: %+v %v, want denied", r, err)
 		}
 		_, out, _ = cli(t, b, "", "show", "vendor-api")
-		mustContain(t, "show overridden", out, "2 per 1m0s", "/2 used", "override    the rates above, set by an operator, ")
+		mustContain(t, "show overridden", out, "2 per 1m0s", "/2 used", "paused      no", "override    2 per 1m0s in place of 10 per 1m0s, ")
+		mustMatch(t, "show overridden", out, `override    .*, (59m\d|1h0m0s)`)
 		// pause and resume read the pause from a control key that holds an override too
 		code, out, errs = cli(t, b, "", "pause", "vendor-api", "30s")
 		if code != 0 {
 			t.Fatalf("pause under an override: %d %s", code, errs)
 		}
-		mustContain(t, "pause under an override", out, "paused vendor-api: no grants for ")
+		mustContain(t, "pause under an override", out, "paused vendor-api for ", "the override set on it stays: 2 per 1m0s, ")
 		_, out, _ = cli(t, b, "", "ls")
 		mustContain(t, "ls paused under an override", out, "vendor-api")
 		if !regexp.MustCompile(`vendor-api\s.*\b(30s|29(\.\d+)?s)`).MatchString(out) {
 			t.Fatalf("ls does not show vendor-api's pause under an override:\n%s", out)
 		}
 		_, out, _ = cli(t, b, "", "resume", "vendor-api")
-		mustContain(t, "resume under an override", out, "resumed vendor-api")
+		mustContain(t, "resume under an override", out, "resumed vendor-api: ended its pause", "the override set on it stays")
 		_, out, _ = cli(t, b, "", "show", "vendor-api")
-		mustContain(t, "override kept by resume", out, "paused      no", "override    the rates above, set by an operator, ")
+		mustContain(t, "override kept by resume", out, "paused      no", "override    2 per 1m0s in place of 10 per 1m0s, ")
 		// set is checked against the record: the periods, the number of limits, a burst
 		code, _, errs = cli(t, b, "", "set", "vendor-api", "2/1s")
 		if code != 1 {
@@ -187,7 +201,7 @@ func TestCommands(t *testing.T) {
 		if code != 0 {
 			t.Fatal(errs)
 		}
-		mustContain(t, "set mail", out, "3 per 1m0s (burst 6)")
+		mustContain(t, "set mail", out, "3 per 1m0s (burst 6) in place of 5 per 1m0s (burst 8)")
 		_, out, _ = cli(t, b, "", "show", "mail")
 		mustContain(t, "show mail overridden", out, "3 per 1m0s (burst 6)", "/6 used")
 		if _, _, errs = cli(t, b, "", "unset", "mail"); errs != "" {
@@ -195,7 +209,7 @@ func TestCommands(t *testing.T) {
 		}
 
 		_, out, _ = cli(t, b, "", "unset", "vendor-api")
-		mustContain(t, "unset", out, "vendor-api: override removed")
+		mustContain(t, "unset", out, "vendor-api: removed the override (2 per 1m0s, ", " left); the rates the code passes apply again")
 		_, out, _ = cli(t, b, "", "unset", "vendor-api")
 		mustContain(t, "unset again", out, "vendor-api had no override")
 		if st, err := sw.Inspect(ctx); err != nil || st.Override != 0 || st.Limits[0].Limit.Rate != 10 {
@@ -213,7 +227,7 @@ func TestCommands(t *testing.T) {
 		if n := strings.Count(out, "jobthrottle watch"); n != 2 {
 			t.Fatalf("watch -count 2 printed %d screens:\n%s", n, out)
 		}
-		mustContain(t, "watch", out, "\033[H\033[2J", "granted/s   0.0")
+		mustContain(t, "watch", out, "\033[H\033[2J", "granted/s   from the next screen on", "granted/s   0.0")
 
 		// reset asks; "n" keeps, "y" deletes
 		_, out, _ = cli(t, b, "n\n", "reset", "mail")
@@ -222,9 +236,15 @@ func TestCommands(t *testing.T) {
 			t.Fatalf("reset answered n deleted the key")
 		}
 		_, out, _ = cli(t, b, "y\n", "reset", "mail")
-		mustContain(t, "reset y", out, "reset mail: deleted 1 keys")
+		mustContain(t, "reset y", out, "reset mail: deleted {"+b.Prefix+"mail}:tb\n", "kept {"+b.Prefix+"mail}:conf")
+		if _, _, err := sw.ReserveFor(ctx, "task-1", 1, 2*time.Minute); err != nil { // a task's booking goes too
+			t.Fatal(err)
+		}
 		_, out, _ = cli(t, b, "", "reset", "-yes", "vendor-api")
-		mustContain(t, "reset -yes", out, "reset vendor-api: deleted")
+		mustContain(t, "reset -yes", out, "reset vendor-api: deleted {"+b.Prefix+"vendor-api}:sw, 1 booking ({"+b.Prefix+"vendor-api}:bk:*)")
+		if n := b.Client.Exists(ctx, "{"+b.Prefix+"vendor-api}:bk:task-1").Val(); n != 0 {
+			t.Fatalf("reset left the task's booking")
+		}
 		if st, err := sw.Inspect(ctx); err != nil || st.Limits[0].Used != 0 || st.TTL != 0 {
 			t.Fatalf("after reset: %+v %v", st, err)
 		}
@@ -257,12 +277,12 @@ func TestErrors(t *testing.T) {
 		if code != 1 {
 			t.Fatalf("key of another type: status %d", code)
 		}
-		mustContain(t, "another type", errs, "did not write", "WRONGTYPE")
+		mustContain(t, "another type", errs, "left alone: {"+b.Prefix+"wrong}:sw is not jobthrottle's (a hash, not a list)")
 		code, _, errs = cli(t, b, "", "show", "wrong") // no record, no -limit: still said plainly
 		if code != 1 {
 			t.Fatalf("key of another type, no -limit: status %d", code)
 		}
-		mustContain(t, "another type, no -limit", errs, "did not write", "WRONGTYPE")
+		mustContain(t, "another type, no -limit", errs, "left alone: {"+b.Prefix+"wrong}:sw is not jobthrottle's (a hash, not a list)")
 
 		sw, _ := throttle.New(b.Client, "nolimits", throttle.PerSecond(10), throttle.WithKeyPrefix(b.Prefix))
 		if _, err := sw.Allow(ctx); err != nil {
@@ -294,7 +314,7 @@ func TestErrors(t *testing.T) {
 		if code != 1 {
 			t.Fatalf("record of another type: status %d", code)
 		}
-		mustContain(t, "record of another type", errs, "reading its record", "did not write")
+		mustContain(t, "record of another type", errs, "left alone: {"+b.Prefix+"nolimits}:conf is not jobthrottle's (a hash, not a string)", "-limit")
 
 		code, _, errs = cli(t, b, "", "show", "-limit", "ten/1s", "nolimits")
 		if code != 2 {
@@ -312,7 +332,7 @@ func TestErrors(t *testing.T) {
 		if code != 2 {
 			t.Fatalf("unknown command: status %d", code)
 		}
-		mustContain(t, "unknown command", errs, `unknown command "frobnicate"`, "usage:")
+		mustContain(t, "unknown command", errs, `unknown command "frobnicate"`, "see 'jobthrottle --help'")
 
 		code, _, errs = cli(t, b, "", "pause", "nolimits", "-3s")
 		if code == 0 {
@@ -435,11 +455,11 @@ func TestWatchInTmux(t *testing.T) {
 		t.Fatalf("set: %v\n%s", err, out)
 	}
 	var third string
-	for i := 0; i < 100 && !strings.Contains(third, "override"); i++ {
+	for i := 0; i < 100 && !strings.Contains(third, "in place of"); i++ {
 		time.Sleep(100 * time.Millisecond)
 		third = capture()
 	}
-	mustContain(t, "tmux screen after set", third, "5 per 1s", "override    the rates above, set by an operator")
+	mustContain(t, "tmux screen after set", third, "5 per 1s", "override    5 per 1s in place of 20 per 1s, ")
 	t.Logf("tmux screen after set:\n%s", third)
 }
 
@@ -566,10 +586,11 @@ func TestRenderRate(t *testing.T) {
 		{100, 110, 0, 0, "granted/s   10.0 took effect, 10.0 new grants"},  // granted at once
 		{100, 120, 0, 20, "granted/s   0.0 took effect, 20.0 new grants"},  // booked ahead
 	} {
-		prev := &view{key: "k", lim: st(c.prevBooked), total: c.prevTotal, at: at}
-		v := &view{key: "k", lim: st(c.booked), total: c.total, at: at.Add(time.Second)}
+		tg := &target{key: "k", ks: &keyset{key: "k", ours: map[string]*entry{}}}
+		prev := &view{tg: tg, lim: st(c.prevBooked), total: c.prevTotal, at: at}
+		v := &view{tg: tg, lim: st(c.booked), total: c.total, at: at.Add(time.Second)}
 		var b strings.Builder
-		v.render(&b, prev)
+		v.render(&b, prev, true)
 		mustContain(t, "render", b.String(), c.want)
 	}
 }

@@ -7,24 +7,31 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/internal/keys"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/redis/go-redis/v9"
 )
 
-// usageError is a mistake in the command line.
-type usageError struct{ msg string }
+// usageError is a mistake in the command line: the command exits 2 and points to
+// the help of cmd ("" for the general help).
+type usageError struct{ msg, cmd string }
 
 func (e usageError) Error() string { return e.msg }
 
-func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
+func usagef(cmd, format string, args ...any) error {
+	return usageError{fmt.Sprintf(format, args...), cmd}
+}
 
 // options is the parsed command line.
 type options struct {
-	cmd      string
+	cmd      *command
+	help     bool // print the help of cmd (nil: the general help)
+	acl      bool // help acl: print the ACL rules
 	args     []string
 	host     string
 	port     int
@@ -88,6 +95,13 @@ func parseLimit(s string) (throttle.Limit, error) {
 	return l, nil
 }
 
+// connFlags are the flags every command takes: where Redis is and the key prefix.
+var connFlags = []string{"h", "p", "a", "user", "n", "u", "c", "prefix"}
+
+// parse reads the command line. Flags may come before the command, after it and
+// between its arguments. Help is asked for with "help [COMMAND]", --help anywhere,
+// or -h without a host after it (the last word: -h HOST is the host, as for
+// redis-cli).
 func parse(args []string, getenv func(string) string) (*options, error) {
 	o := &options{}
 	fs := flag.NewFlagSet("jobthrottle", flag.ContinueOnError)
@@ -99,7 +113,7 @@ func parse(args []string, getenv func(string) string) (*options, error) {
 	fs.IntVar(&o.db, "n", 0, "")
 	fs.StringVar(&o.url, "u", getenv("REDIS_URL"), "")
 	fs.BoolVar(&o.cluster, "c", false, "")
-	fs.StringVar(&o.prefix, "prefix", "jobthrottle:", "")
+	fs.StringVar(&o.prefix, "prefix", keys.DefaultPrefix, "")
 	fs.Var(limitList{&o.limits}, "limit", "")
 	fs.StringVar(&o.alg, "alg", "", "")
 	fs.IntVar(&o.buckets, "buckets", 0, "")
@@ -108,15 +122,18 @@ func parse(args []string, getenv func(string) string) (*options, error) {
 	fs.IntVar(&o.count, "count", 0, "")
 	fs.BoolVar(&o.yes, "yes", false, "")
 	fs.DurationVar(&o.forD, "for", 0, "")
-	// flags may come before and after the command and between its arguments
+	if n := len(args); n > 0 && (args[n-1] == "-h" || args[n-1] == "--h") {
+		o.help, args = true, args[:n-1]
+	}
 	var pos []string
 	for {
-		if err := fs.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				o.cmd = "help"
-				return o, nil
-			}
-			return nil, usageError{err.Error()}
+		err := fs.Parse(args)
+		if errors.Is(err, flag.ErrHelp) {
+			o.help = true
+			break
+		}
+		if err != nil {
+			return nil, usagef(commandName(pos), "%v", err)
 		}
 		args = fs.Args()
 		if len(args) == 0 {
@@ -125,27 +142,53 @@ func parse(args []string, getenv func(string) string) (*options, error) {
 		pos = append(pos, args[0])
 		args = args[1:]
 	}
-	if len(pos) == 0 {
-		return nil, usagef("no command")
-	}
-	o.cmd, o.args = pos[0], pos[1:]
-	c, ok := commands[o.cmd]
-	if !ok {
-		return nil, usagef("unknown command %q", o.cmd)
-	}
-	if len(o.args) < c.min || len(o.args) > c.max {
-		return nil, usagef("%s takes %d to %d arguments, got %d", o.cmd, c.min, c.max, len(o.args))
-	}
-	if o.alg != "" {
-		if _, ok := algorithms[o.alg]; !ok {
-			return nil, usagef("-alg %q: want sw, sc, tb or fw", o.alg)
+	if len(pos) > 0 && pos[0] == "help" {
+		o.help, pos = true, pos[1:]
+		if len(pos) > 1 {
+			return nil, usagef("", "help takes one command, got %q", strings.Join(pos, " "))
 		}
 	}
-	if o.forD < 0 {
-		return nil, usagef("-for %v is negative", o.forD)
+	if o.help && len(pos) == 1 && pos[0] == "acl" {
+		o.acl = true
+		return o, nil
 	}
-	if o.interval <= 0 {
-		return nil, usagef("-interval %v is not positive", o.interval)
+	if len(pos) == 0 {
+		if o.help {
+			return o, nil
+		}
+		return nil, usagef("", "no command")
+	}
+	o.cmd = lookup(pos[0])
+	if o.cmd == nil {
+		return nil, usagef("", "unknown command %q", pos[0])
+	}
+	if o.help {
+		return o, nil
+	}
+	c := o.cmd
+	o.args = pos[1:]
+	if len(o.args) < c.min || len(o.args) > c.max {
+		return nil, usagef(c.name, "%s takes %s, got %d argument%s", c.name, c.args, len(o.args), plural(len(o.args)))
+	}
+	var wrong []string
+	fs.Visit(func(f *flag.Flag) {
+		if !slices.Contains(connFlags, f.Name) && !slices.Contains(c.flags, f.Name) {
+			wrong = append(wrong, "-"+f.Name)
+		}
+	})
+	if len(wrong) > 0 {
+		return nil, usagef(c.name, "%s does not take %s", c.name, strings.Join(wrong, ", "))
+	}
+	if o.alg != "" && !slices.Contains(keys.States(), o.alg) {
+		return nil, usagef(c.name, "-alg %q: want one of %s", o.alg, strings.Join(keys.States(), ", "))
+	}
+	switch {
+	case o.forD < 0:
+		return nil, usagef(c.name, "-for %v is negative", o.forD)
+	case o.interval <= 0:
+		return nil, usagef(c.name, "-interval %v is not positive", o.interval)
+	case o.count < 0 || o.max < 0 || o.buckets < 0:
+		return nil, usagef(c.name, "-count, -max and -buckets take a positive number")
 	}
 	if o.host == "" && o.port == 0 && o.url == "" {
 		if a := getenv("REDIS_ADDR"); a != "" {
@@ -155,7 +198,24 @@ func parse(args []string, getenv func(string) string) (*options, error) {
 	return o, nil
 }
 
-// dial connects as the options say and checks the server answers.
+// commandName is the command among the words read so far, for a usage error's
+// pointer to help: "" when there is none yet.
+func commandName(pos []string) string {
+	if len(pos) > 0 && lookup(pos[0]) != nil {
+		return pos[0]
+	}
+	return ""
+}
+
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
+}
+
+// dial connects as the options say and checks the server answers (PING); its errors
+// say where Redis was looked for.
 func dial(ctx context.Context, o *options) (redis.UniversalClient, error) {
 	var c redis.UniversalClient
 	var where string
@@ -163,7 +223,7 @@ func dial(ctx context.Context, o *options) (redis.UniversalClient, error) {
 	case o.url != "":
 		opt, err := redis.ParseURL(o.url)
 		if err != nil {
-			return nil, fmt.Errorf("-u %q: %w", o.url, err)
+			return nil, usagef("", "-u %q: %v", o.url, err)
 		}
 		where = opt.Addr
 		if o.cluster {
@@ -196,7 +256,7 @@ func dial(ctx context.Context, o *options) (redis.UniversalClient, error) {
 	defer cancel()
 	if err := c.Ping(pctx).Err(); err != nil {
 		c.Close()
-		return nil, fmt.Errorf("cannot reach Redis at %s: %w", where, err)
+		return nil, &redisError{where: where, cmd: "ping", err: err}
 	}
 	return c, nil
 }

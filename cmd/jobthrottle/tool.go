@@ -3,31 +3,17 @@ package main
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"slices"
-	"sort"
-	"strconv"
 	"strings"
-	"sync"
+	"text/tabwriter"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/internal/keys"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/redis/go-redis/v9"
 )
-
-// algorithms maps a state key's suffix to its algorithm.
-var algorithms = map[string]throttle.Algorithm{
-	"sw": throttle.SlidingWindow,
-	"sc": throttle.SlidingCounter,
-	"tb": throttle.TokenBucket,
-	"fw": throttle.FixedWindow,
-}
-
-// suffixes are every key jobthrottle keeps under a hash tag (see the README's key
-// layout), in the order ls and reset name them.
-var suffixes = []string{"sw", "sc", "tb", "fw", "sem", "semq", "semx", "pause", "conf"}
 
 // tool runs one command.
 type tool struct {
@@ -38,156 +24,103 @@ type tool struct {
 	now func() time.Time // watch's clock for grants/s; nil: time.Now
 }
 
-// commands are the commands: the arguments each takes (fewest, most) and what runs
-// it (help is run's own).
-var commands = map[string]struct {
-	min, max int
-	run      func(*tool, context.Context) error
-}{
-	"ls":     {0, 1, (*tool).ls},
-	"show":   {1, 1, (*tool).show},
-	"watch":  {1, 100, (*tool).watch},
-	"pause":  {2, 2, (*tool).pause},
-	"resume": {1, 1, (*tool).resume},
-	"reset":  {1, 1, (*tool).reset},
-	"set":    {2, 17, (*tool).set},
-	"unset":  {1, 1, (*tool).unset},
-	"help":   {0, 100, nil},
-}
-
-func (t *tool) do(ctx context.Context) error {
-	c, ok := commands[t.o.cmd]
-	if !ok || c.run == nil {
-		return usagef("unknown command %q", t.o.cmd)
-	}
-	return c.run(t, ctx)
-}
-
-// tag is the hash tag of a key: "{<prefix><key>}".
-func (t *tool) tag(key string) (string, error) {
-	if key == "" || strings.HasPrefix(t.o.prefix+key, "}") {
-		return "", fmt.Errorf("invalid key %q", key)
-	}
-	return "{" + t.o.prefix + key + "}", nil
-}
-
-// present returns the suffixes of the keys that exist under key's tag.
-func (t *tool) present(ctx context.Context, key string) ([]string, error) {
-	tag, err := t.tag(key)
-	if err != nil {
-		return nil, err
-	}
-	pipe := t.rdb.Pipeline() // one hash slot: one node, one round trip
-	cmds := make([]*redis.IntCmd, len(suffixes))
-	for i, s := range suffixes {
-		cmds[i] = pipe.Exists(ctx, tag+":"+s)
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		return nil, err
-	}
-	var have []string
-	for i, c := range cmds {
-		if c.Val() == 1 {
-			have = append(have, suffixes[i])
-		}
-	}
-	return have, nil
-}
-
-// kind names what the state suffixes show: an algorithm, "Semaphore", or "" for
-// none; several kinds are joined with "+".
-func kind(have []string) string {
+// kind names what a keyset holds: the algorithms whose state it has, Semaphore, or
+// the record's algorithm and "(idle)"; "" for none of these.
+func kind(k *keyset) string {
 	var kinds []string
-	for _, s := range have {
-		if a, ok := algorithms[s]; ok {
-			kinds = append(kinds, a.String())
-		} else if strings.HasPrefix(s, "sem") && !slices.Contains(kinds, "Semaphore") {
-			kinds = append(kinds, "Semaphore")
-		}
+	for _, s := range k.states() {
+		kinds = append(kinds, algorithm(s).String())
+	}
+	if k.semaphore() {
+		kinds = append(kinds, "Semaphore")
+	}
+	if r, ok := k.record(); ok && len(kinds) == 0 {
+		kinds = append(kinds, algorithm(r.State).String()+" (idle)")
 	}
 	return strings.Join(kinds, "+")
 }
 
-// ls lists the keys under the prefix (matching the optional glob), one a line:
-// key, kind, and a pause if one is set.
+// ls lists the keys under the prefix (matching the optional glob), one a line, then
+// the keys there that are not jobthrottle's.
 func (t *tool) ls(ctx context.Context) error {
 	pattern := "*"
 	if len(t.o.args) == 1 {
 		pattern = t.o.args[0]
 	}
 	match := "{" + escapeGlob(t.o.prefix) + pattern + "}:*"
-	found := map[string][]string{} // key -> suffixes
-	scan := func(ctx context.Context, c *redis.Client) error {
-		it := c.Scan(ctx, 0, match, 1000).Iterator()
-		for it.Next(ctx) {
-			name := it.Val()
-			i := strings.LastIndex(name, "}:")
-			if i < 0 || !strings.HasPrefix(name, "{"+t.o.prefix) {
-				continue
-			}
-			suffix := name[i+2:]
-			if !slices.Contains(suffixes, suffix) {
-				continue
-			}
-			key := name[len(t.o.prefix)+1 : i]
-			found[key] = append(found[key], suffix)
-		}
-		return it.Err()
-	}
-	var err error
-	switch c := t.rdb.(type) {
-	case *redis.ClusterClient:
-		var mu sync.Mutex // ForEachMaster runs the nodes at once; found is shared
-		err = c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
-			mu.Lock()
-			defer mu.Unlock()
-			return scan(ctx, n)
-		})
-	case *redis.Client:
-		err = scan(ctx, c)
-	default:
-		err = errors.New("ls needs a plain or cluster client")
-	}
+	all, err := t.scan(ctx, match, "")
 	if err != nil {
 		return err
 	}
-	if len(found) == 0 {
+	byTag := map[string]string{}
+	var names, suffixes []string
+	for _, n := range all {
+		key, s, ok := keys.Split(t.o.prefix, n)
+		if !ok {
+			continue
+		}
+		tag, err := keys.Tag(t.o.prefix, key)
+		if err != nil {
+			continue
+		}
+		byTag[tag] = key
+		names, suffixes = append(names, n), append(suffixes, s)
+	}
+	found, err := t.examine(ctx, names, suffixes)
+	if err != nil {
+		return err
+	}
+	sets := group(found, byTag)
+	now, err := t.serverNow(ctx)
+	if err != nil {
+		return err
+	}
+	var list []string
+	var foreign []*entry
+	for key, k := range sets {
+		if len(k.ours) > 0 {
+			list = append(list, key)
+		}
+		foreign = append(foreign, k.foreign...)
+	}
+	if len(list) == 0 {
 		fmt.Fprintf(t.out, "no jobthrottle keys match %s (keys under another prefix? give it with -prefix, as the code gives throttle.WithKeyPrefix)\n", match)
-		return nil
-	}
-	keys := make([]string, 0, len(found))
-	for k := range found {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	fmt.Fprintf(t.out, "%-32s %-24s %-8s %s\n", "KEY", "KIND", "PAUSED", "LIMITS (the key's record)")
-	for _, k := range keys {
-		have := found[k]
-		slices.SortFunc(have, func(a, b string) int { return slices.Index(suffixes, a) - slices.Index(suffixes, b) })
-		paused := "-"
-		if slices.Contains(have, "pause") {
-			if d, err := t.pausedFor(ctx, k); err == nil && d > 0 {
+	} else {
+		slices.Sort(list)
+		w := tabwriter.NewWriter(t.out, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(w, "KEY\tKIND\tPAUSED\tOVERRIDE\tLIMITS (the key's record)")
+		for _, key := range list {
+			k := sets[key]
+			kd := kind(k)
+			switch {
+			case kd == "":
+				kd = "(control key only)"
+				if len(k.bookings()) > 0 {
+					kd = "(bookings only)"
+				}
+			case len(k.bookings()) > 0:
+				kd += fmt.Sprintf(", %d booking%s", len(k.bookings()), plural(len(k.bookings())))
+			}
+			c := k.control()
+			paused, over := "-", "-"
+			if d := left(c.PauseEnd, now); d > 0 {
 				paused = round(d).String()
 			}
-		}
-		limits := "-"
-		kd := kind(have)
-		if slices.Contains(have, "conf") {
-			rec, err := throttle.ReadRecord(ctx, t.rdb, k, throttle.WithKeyPrefix(t.o.prefix))
-			switch {
-			case err != nil:
-				limits = "(unreadable record)"
-			default:
-				limits = limitsText(rec.Limits)
-				if kd == "" {
-					kd = rec.Algorithm.String() + " (idle)"
-				}
+			rec, hasRec := k.record()
+			if o := c.Override; o != nil && left(o.End, now) > 0 {
+				over = overrideText(o, rec.Limits, false) + ", " + remaining(left(o.End, now))
 			}
+			limits := "-"
+			if hasRec {
+				limits = limitsText(limitsOf(rec))
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", key, kd, paused, over, limits)
 		}
-		if kd == "" {
-			kd = "(pause only)"
-		}
-		fmt.Fprintf(t.out, "%-32s %-24s %-8s %s\n", k, kd, paused, limits)
+		w.Flush()
+	}
+	slices.SortFunc(foreign, func(a, b *entry) int { return strings.Compare(a.name, b.name) })
+	for _, e := range foreign {
+		fmt.Fprintln(t.out, e.leftAlone())
 	}
 	return nil
 }
@@ -204,131 +137,111 @@ func limitsText(limits []throttle.Limit) string {
 	return strings.Join(parts, ",")
 }
 
-// escapeGlob quotes the glob characters of s for SCAN MATCH.
-func escapeGlob(s string) string {
-	r := strings.NewReplacer(`\`, `\\`, `*`, `\*`, `?`, `\?`, `[`, `\[`, `]`, `\]`)
-	return r.Replace(s)
+// overrideText is an override's rates: with the periods of the key's limits (as
+// given, or as recorded) when they are known, RATE/PERIOD[:BURST] (long: "5 per 1s");
+// else "rate 5".
+func overrideText(o *keys.Override, code []keys.Limit, long bool) string {
+	parts := make([]string, len(o.Rates))
+	for i, r := range o.Rates {
+		switch {
+		case i < len(code) && long:
+			parts[i] = throttle.Limit{Rate: r.Rate, Period: code[i].Period, Burst: r.Burst}.String()
+		case i < len(code):
+			parts[i] = limitsText([]throttle.Limit{{Rate: r.Rate, Period: code[i].Period, Burst: r.Burst}})
+		case r.Burst != 0:
+			parts[i] = fmt.Sprintf("rate %d (burst %d)", r.Rate, r.Burst)
+		default:
+			parts[i] = fmt.Sprintf("rate %d", r.Rate)
+		}
+	}
+	return strings.Join(parts, ", ")
 }
 
-// pausedFor reads the pause key's end and the server's clock.
-func (t *tool) pausedFor(ctx context.Context, key string) (time.Duration, error) {
-	tag, err := t.tag(key)
-	if err != nil {
-		return 0, err
+// remaining is how long something set on the key lasts: its time left, or "until
+// unset" for an override set without -for (it lasts 2^45 µs, about 407 days).
+func remaining(d time.Duration) string {
+	if d > 400*24*time.Hour {
+		return "until unset"
 	}
-	// the control key: the pause's end (µs), then an override if one is set
-	text, err := t.rdb.Get(ctx, tag+":pause").Result()
-	if errors.Is(err, redis.Nil) {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, err
-	}
-	first, _, _ := strings.Cut(text, " ")
-	end, err := strconv.ParseInt(first, 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("key %q: unreadable control key %q", key, text)
-	}
-	now, err := t.rdb.Time(ctx).Result()
-	if err != nil {
-		return 0, err
-	}
-	return max(0, time.Duration(end-now.UnixMicro())*time.Microsecond), nil
+	return round(d).String() + " more"
 }
 
-// target is a key resolved to what to inspect.
+// target is a key resolved to what show and watch read.
 type target struct {
-	key  string
-	have []string
-	lim  *throttle.Limiter
-	sem  *throttle.Semaphore
+	key   string
+	ks    *keyset
+	state string           // the algorithm's state suffix; "" for a semaphore or a key with a control key only
+	code  []throttle.Limit // the limits the code passes: -limit, else the record's
+	lim   *throttle.Limiter
+	sem   *throttle.Semaphore
 }
 
-// resolve finds what key is: the algorithm given with -alg, else found from its
-// state, else from its record; or a semaphore. The limits are those given with
-// -limit, else the key's record's (see throttle.ReadRecord). An unknown key (no
-// state, no record, no -alg) is an error.
+// resolve finds what key is: a limiter of the algorithm given with -alg, else of the
+// one whose state the key holds, else of its record's; a semaphore; or, when the key
+// holds only a control key, that alone. The limits are -limit's, else the record's.
+// A key whose state is not jobthrottle's, or that holds nothing of jobthrottle's, is
+// an error.
 func (t *tool) resolve(ctx context.Context, key string) (*target, error) {
-	have, err := t.present(ctx, key)
+	ks, err := t.look(ctx, key, false)
 	if err != nil {
 		return nil, err
 	}
-	tg := &target{key: key, have: have}
-	var rec throttle.Record
-	recErr := throttle.ErrNoRecord
-	if slices.Contains(have, "conf") {
-		rec, recErr = throttle.ReadRecord(ctx, t.rdb, key, throttle.WithKeyPrefix(t.o.prefix))
-	}
-	suffix := t.o.alg
-	if suffix == "" {
-		var algs []string
-		for _, s := range have {
-			if _, ok := algorithms[s]; ok {
-				algs = append(algs, s)
-			}
-		}
+	tg := &target{key: key, ks: ks}
+	rec, hasRec := ks.record()
+	s := t.o.alg
+	if s == "" {
+		states := ks.states()
 		switch {
-		case len(algs) > 1:
-			return nil, fmt.Errorf("key %q holds the state of several algorithms (%s): give -alg", key, strings.Join(algs, ", "))
-		case len(algs) == 1:
-			suffix = algs[0]
-		case slices.Contains(have, "sem") || slices.Contains(have, "semq"):
-			max := t.o.max
-			if max == 0 {
-				max = 1_000_000_000 // unknown: the figures do not depend on it
-			}
-			tg.sem, err = throttle.NewSemaphore(t.rdb, key, max, throttle.WithKeyPrefix(t.o.prefix))
+		case len(states) > 1:
+			return nil, fmt.Errorf("key %q holds the state of several algorithms (%s): give -alg", key, strings.Join(states, ", "))
+		case len(states) == 1:
+			s = states[0]
+		case ks.semaphore():
+			tg.sem, err = t.semaphore(key)
 			return tg, err
-		case recErr == nil: // idle: no state, but its processes' record
-			suffix = suffixOf(rec.Algorithm)
-		case slices.Contains(have, "pause"):
-			return nil, fmt.Errorf("key %q has a pause set but no state (idle) and no record of its limits: give -alg and -limit to show it", key)
+		case hasRec: // idle: no state, but its processes' record
+			s = rec.State
+		case len(ks.foreign) > 0:
+			return nil, fmt.Errorf("key %q: nothing of jobthrottle's to show under %s: %s", key, ks.tag, notes(ks.foreign))
+		case ks.has(keys.ControlKey):
+			return tg, nil
 		default:
-			return nil, fmt.Errorf("unknown key %q: nothing under %s (prefix %q); the key is idle or misspelt: see jobthrottle ls",
-				key, "{"+t.o.prefix+key+"}:*", t.o.prefix)
+			return nil, fmt.Errorf("unknown key %q: nothing under %s:* (prefix %q); the key is idle or misspelt: see jobthrottle ls",
+				key, ks.tag, t.o.prefix)
 		}
+	}
+	if e := ks.foreignOf(s); e != nil {
+		return nil, fmt.Errorf("key %q: %s: jobthrottle's calls on the key fail until it is deleted", key, e.leftAlone())
 	}
 	limits, buckets := t.o.limits, t.o.buckets
 	if len(limits) == 0 {
 		switch {
-		case errors.Is(recErr, throttle.ErrNoRecord):
-			// a state key jobthrottle did not write says so first: its limits do not matter
-			probe, err := throttle.New(t.rdb, key, throttle.PerSecond(1), throttle.WithAlgorithm(algorithms[suffix]), throttle.WithKeyPrefix(t.o.prefix))
-			if err != nil {
-				return nil, err
-			}
-			if _, err := probe.Inspect(ctx); errors.Is(err, throttle.ErrCorruptState) {
-				return nil, err
-			}
+		case !hasRec && ks.foreignOf(keys.RecordKey) != nil:
+			return nil, fmt.Errorf("key %q: %s: give the limits with -limit RATE/PERIOD as the code does", key, ks.foreignOf(keys.RecordKey).leftAlone())
+		case !hasRec:
 			return nil, fmt.Errorf("key %q is a %v limiter with no record of its limits (none of its processes wrote one lately: idle, or an older jobthrottle?): give them with -limit RATE/PERIOD as the code does (e.g. -limit 20/1.1s)",
-				key, algorithms[suffix])
-		case recErr != nil:
-			return nil, fmt.Errorf("key %q: reading its record: %w (give -limit RATE/PERIOD to show it anyway)", key, recErr)
-		case rec.Algorithm != algorithms[suffix]:
+				key, algorithm(s))
+		case rec.State != s:
 			return nil, fmt.Errorf("key %q holds %v state, but its record says %v (written by the last process to use it): a rollout between algorithms? give -alg and -limit",
-				key, algorithms[suffix], rec.Algorithm)
+				key, algorithm(s), algorithm(rec.State))
 		}
-		limits = rec.Limits
+		limits = limitsOf(rec)
 		if buckets == 0 {
 			buckets = rec.Buckets
 		}
 	}
-	if buckets == 0 {
-		buckets = 50 // throttle's default
-	}
-	tg.lim, err = throttle.New(t.rdb, key, limits[0], throttle.WithLimits(limits[1:]...),
-		throttle.WithAlgorithm(algorithms[suffix]), throttle.WithKeyPrefix(t.o.prefix), throttle.WithBuckets(buckets))
+	tg.state, tg.code = s, limits
+	tg.lim, err = t.limiter(key, s, limits, buckets)
 	return tg, err
 }
 
-// suffixOf is the state key's suffix of algorithm a.
-func suffixOf(a throttle.Algorithm) string {
-	for s, b := range algorithms {
-		if a == b {
-			return s
-		}
+// notes joins the lines of foreign keys.
+func notes(foreign []*entry) string {
+	parts := make([]string, len(foreign))
+	for i, e := range foreign {
+		parts[i] = e.leftAlone()
 	}
-	return ""
+	return strings.Join(parts, "; ")
 }
 
 // show prints a key's state once.
@@ -339,49 +252,62 @@ func (t *tool) show(ctx context.Context) error {
 	}
 	v, err := t.view(ctx, tg)
 	if err != nil {
+		for _, e := range tg.ks.foreign {
+			fmt.Fprintln(t.out, e.leftAlone())
+		}
 		return err
 	}
-	v.render(t.out, nil)
+	v.render(t.out, nil, false)
 	return nil
 }
 
 // watch shows the keys' state every interval until ctx ends (or -count screens).
+// Each screen reads every key afresh, as show does.
 func (t *tool) watch(ctx context.Context) error {
-	var tgs []*target
-	for _, k := range t.o.args {
-		tg, err := t.resolve(ctx, k)
-		if err != nil {
+	for _, k := range t.o.args { // a misspelt key is said at once
+		if _, err := t.resolve(ctx, k); err != nil {
 			return err
 		}
-		tgs = append(tgs, tg)
 	}
 	now := t.now
 	if now == nil {
 		now = time.Now
 	}
-	prev := make([]*view, len(tgs))
+	prev := make([]*view, len(t.o.args))
 	tick := time.NewTicker(t.o.interval)
 	defer tick.Stop()
 	for screen := 1; ; screen++ {
+		more := t.o.count == 0 || screen < t.o.count
 		var b strings.Builder
 		b.WriteString("\033[H\033[2J") // home, clear
 		fmt.Fprintf(&b, "jobthrottle watch  %s  every %v  (Ctrl-C quits)\n\n", now().UTC().Format("15:04:05"), t.o.interval)
-		for i, tg := range tgs {
-			v, err := t.view(ctx, tg)
+		for i, k := range t.o.args {
+			tg, err := t.resolve(ctx, k)
+			var v *view
+			if err == nil {
+				v, err = t.view(ctx, tg)
+			}
 			if err != nil {
 				if ctx.Err() != nil {
 					return nil
 				}
-				fmt.Fprintf(&b, "%s: %v\n\n", tg.key, err)
+				fmt.Fprintf(&b, "%s: %s\n", k, describe(err, t.o.prefix))
+				if tg != nil {
+					for _, e := range tg.ks.foreign {
+						fmt.Fprintf(&b, "  %s\n", e.leftAlone())
+					}
+				}
+				b.WriteString("\n")
+				prev[i] = nil
 				continue
 			}
 			v.at = now()
-			v.render(&b, prev[i])
+			v.render(&b, prev[i], more)
 			b.WriteString("\n")
 			prev[i] = v
 		}
 		io.WriteString(t.out, b.String())
-		if t.o.count > 0 && screen >= t.o.count {
+		if !more {
 			return nil
 		}
 		select {
@@ -392,73 +318,102 @@ func (t *tool) watch(ctx context.Context) error {
 	}
 }
 
+// control looks at key's tags for the control key's commands (pause, resume, set,
+// unset): it refuses a control key that is not jobthrottle's, which they would
+// overwrite, and returns the keyset and the server's clock.
+func (t *tool) control(ctx context.Context, key, verb string) (*keyset, int64, error) {
+	ks, err := t.look(ctx, key, false)
+	if err != nil {
+		return nil, 0, err
+	}
+	if e := ks.foreignOf(keys.ControlKey); e != nil {
+		return nil, 0, fmt.Errorf("%s nothing: %s; jobthrottle would overwrite it (delete it if nothing else uses it: redis-cli DEL '%s')", verb, e.leftAlone(), e.name)
+	}
+	now, err := t.serverNow(ctx)
+	return ks, now, err
+}
+
+// after prints what else is set on the key that the command kept, what the command
+// found foreign, and a note when the key is idle.
+func (t *tool) after(ks *keyset, c keys.Control, now int64, pause, override bool) {
+	if d := left(c.PauseEnd, now); pause && d > 0 {
+		fmt.Fprintf(t.out, "the pause set on it stays: %v more ('jobthrottle resume %s' ends it)\n", round(d), ks.key)
+	}
+	if o := c.Override; override && o != nil && left(o.End, now) > 0 {
+		rec, _ := ks.record()
+		fmt.Fprintf(t.out, "the override set on it stays: %s, %s ('jobthrottle unset %s' ends it)\n",
+			overrideText(o, rec.Limits, true), remaining(left(o.End, now)), ks.key)
+	}
+	for _, e := range ks.foreign {
+		fmt.Fprintln(t.out, e.leftAlone())
+	}
+	switch {
+	case kind(ks) != "" && !strings.HasSuffix(kind(ks), "(idle)"):
+	case ks.has(keys.RecordKey):
+		fmt.Fprintf(t.out, "note: %q is idle now (no state, but its processes' record): they apply it from their next call\n", ks.key)
+	default:
+		fmt.Fprintf(t.out, "note: no state under %q now (idle, or misspelt? see jobthrottle ls)\n", ks.key)
+	}
+}
+
 // pause pauses the key for the duration given.
 func (t *tool) pause(ctx context.Context) error {
 	key := t.o.args[0]
 	d, err := time.ParseDuration(t.o.args[1])
 	if err != nil || d <= 0 {
-		return usagef("pause %s: %q is not a positive duration (e.g. 30s, 5m)", key, t.o.args[1])
+		return usagef("pause", "pause %s: %q is not a positive duration (e.g. 30s, 5m)", key, t.o.args[1])
 	}
-	have, err := t.present(ctx, key)
+	ks, _, err := t.control(ctx, key, "paused")
 	if err != nil {
 		return err
 	}
-	if err := t.control(key, func(lim *throttle.Limiter) error { return lim.Pause(ctx, d) }); err != nil {
-		return err
-	}
-	left, err := t.pausedFor(ctx, key)
+	lim, err := t.controller(key)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(t.out, "paused %s: no grants for %v\n", key, round(left))
-	if left > d+time.Second {
-		fmt.Fprintf(t.out, "(a longer pause was already set; it is kept)\n")
+	if err := lim.Pause(ctx, d); err != nil {
+		return err
 	}
-	t.noteIdle(key, have)
+	if ks, err = t.look(ctx, key, false); err != nil { // read back what is set now
+		return err
+	}
+	now, err := t.serverNow(ctx)
+	if err != nil {
+		return err
+	}
+	c := ks.control()
+	l := left(c.PauseEnd, now)
+	fmt.Fprintf(t.out, "paused %s for %v: no new grants on it anywhere until then, permits booked before it keep their slots ('jobthrottle resume %s' ends it sooner)\n", key, round(l), key)
+	if l > d+time.Second {
+		fmt.Fprintf(t.out, "(a longer pause was already set: it is kept)\n")
+	}
+	t.after(ks, c, now, false, true)
 	return nil
-}
-
-// control runs op on a limiter on key for the control key's operations (pause,
-// resume, set, unset), which do not depend on its algorithm; limits, if given, are
-// those an override replaces.
-func (t *tool) control(key string, op func(*throttle.Limiter) error, limits ...throttle.Limit) error {
-	if len(limits) == 0 {
-		limits = []throttle.Limit{throttle.PerSecond(1)}
-	}
-	lim, err := throttle.New(t.rdb, key, limits[0], throttle.WithLimits(limits[1:]...), throttle.WithKeyPrefix(t.o.prefix))
-	if err != nil {
-		return err
-	}
-	return op(lim)
-}
-
-// noteIdle says so when the key had no state (have: its suffixes): the key may be
-// misspelt, and the command changed nothing a process uses.
-func (t *tool) noteIdle(key string, have []string) {
-	switch {
-	case kind(have) != "":
-	case slices.Contains(have, "conf"):
-		fmt.Fprintf(t.out, "note: %q is idle now (no state, but its processes' record): they apply it from their next call\n", key)
-	default:
-		fmt.Fprintf(t.out, "note: no state under %q now (idle, or misspelt? see jobthrottle ls)\n", key)
-	}
 }
 
 // resume ends a pause; an override stays.
 func (t *tool) resume(ctx context.Context) error {
 	key := t.o.args[0]
-	left, err := t.pausedFor(ctx, key)
+	ks, now, err := t.control(ctx, key, "resumed")
 	if err != nil {
 		return err
 	}
-	if err := t.control(key, func(lim *throttle.Limiter) error { return lim.Resume(ctx) }); err != nil {
+	c := ks.control()
+	l := left(c.PauseEnd, now)
+	if l == 0 {
+		fmt.Fprintf(t.out, "%s was not paused: nothing to resume\n", key)
+		t.after(ks, c, now, false, true)
+		return nil
+	}
+	lim, err := t.controller(key)
+	if err != nil {
 		return err
 	}
-	if left == 0 {
-		fmt.Fprintf(t.out, "%s was not paused\n", key)
-	} else {
-		fmt.Fprintf(t.out, "resumed %s (%v of its pause were left)\n", key, round(left))
+	if err := lim.Resume(ctx); err != nil {
+		return err
 	}
+	fmt.Fprintf(t.out, "resumed %s: ended its pause, which had %v left\n", key, round(l))
+	t.after(ks, c, now, false, true)
 	return nil
 }
 
@@ -469,36 +424,28 @@ func (t *tool) set(ctx context.Context) error {
 	for _, a := range t.o.args[1:] {
 		l, err := parseLimit(a)
 		if err != nil {
-			return usagef("set %s: %v", key, err)
+			return usagef("set", "set %s: %v", key, err)
 		}
 		limits = append(limits, l)
 	}
-	have, err := t.present(ctx, key)
+	ks, now, err := t.control(ctx, key, "set")
 	if err != nil {
 		return err
 	}
 	// the key's record gives its algorithm and limits: the override is checked
 	// against them (how many, which periods, a burst only for a token bucket), as
 	// Override checks it in a process
-	var rec throttle.Record
-	checked := slices.Contains(have, "conf")
+	rec, checked := ks.record()
+	code, state, buckets := limits, keys.SlidingWindow, 0
 	if checked {
-		if rec, err = throttle.ReadRecord(ctx, t.rdb, key, throttle.WithKeyPrefix(t.o.prefix)); err != nil {
-			return err
-		}
+		code, state, buckets = limitsOf(rec), rec.State, rec.Buckets
 		for _, l := range limits {
-			if rec.Algorithm != throttle.TokenBucket && l.Burst != 0 {
-				return usagef("set %s: a burst is a TokenBucket's; the key is a %v limiter (%s)", key, rec.Algorithm, limitsText(rec.Limits))
+			if state != keys.TokenBucket && l.Burst != 0 {
+				return fmt.Errorf("set %s: a burst is a TokenBucket's; the key is a %v limiter (%s)", key, algorithm(state), limitsText(code))
 			}
 		}
 	}
-	code := limits
-	opts := []throttle.Option{throttle.WithKeyPrefix(t.o.prefix)}
-	if checked {
-		code = rec.Limits
-		opts = append(opts, throttle.WithAlgorithm(rec.Algorithm), throttle.WithBuckets(rec.Buckets))
-	}
-	lim, err := throttle.New(t.rdb, key, code[0], append(opts, throttle.WithLimits(code[1:]...))...)
+	lim, err := t.limiter(key, state, code, buckets)
 	if err != nil {
 		return err
 	}
@@ -514,75 +461,117 @@ func (t *tool) set(ctx context.Context) error {
 	}
 	parts := make([]string, len(limits))
 	for i, l := range limits {
+		if l.Period == 0 && i < len(code) {
+			l.Period = code[i].Period
+		}
 		parts[i] = l.String()
+		if checked && (l.Rate != code[i].Rate || l.Burst != code[i].Burst) {
+			parts[i] += " in place of " + code[i].String()
+		}
 	}
 	fmt.Fprintf(t.out, "%s: every process now enforces %s, %s (rates only: the periods stay those the code passes)\n",
 		key, strings.Join(parts, ", "), until)
-	if !checked {
+	switch {
+	case !checked && ks.foreignOf(keys.RecordKey) != nil:
+		fmt.Fprintf(t.out, "note: its record is not jobthrottle's: the number of limits and their periods were not checked\n")
+	case !checked:
 		fmt.Fprintf(t.out, "note: %s has no record of its limits: the number of limits and their periods were not checked\n", key)
-	} else if len(limits) < len(code) {
+	case len(limits) < len(code):
 		fmt.Fprintf(t.out, "(its other limits keep their rates: %s)\n", limitsText(code[len(limits):]))
 	}
-	t.noteIdle(key, have)
+	t.after(ks, ks.control(), now, true, false)
 	return nil
 }
 
 // unset removes an override.
 func (t *tool) unset(ctx context.Context) error {
 	key := t.o.args[0]
-	tag, err := t.tag(key)
+	ks, now, err := t.control(ctx, key, "unset")
 	if err != nil {
 		return err
 	}
-	// the control key holds "<pause end>" and, while an override is set, its parts
-	// after it (lua/controlwrite.lua)
-	text, err := t.rdb.Get(ctx, tag+":pause").Result()
-	if err != nil && !errors.Is(err, redis.Nil) {
-		return err
-	}
-	if err := t.control(key, func(lim *throttle.Limiter) error { return lim.ClearOverride(ctx) }); err != nil {
-		return err
-	}
-	if len(strings.Fields(text)) <= 1 {
+	c := ks.control()
+	if c.Override == nil || left(c.Override.End, now) == 0 {
 		fmt.Fprintf(t.out, "%s had no override; the rates the code passes apply\n", key)
+		t.after(ks, c, now, true, false)
 		return nil
 	}
-	fmt.Fprintf(t.out, "%s: override removed; the rates the code passes apply\n", key)
+	lim, err := t.controller(key)
+	if err != nil {
+		return err
+	}
+	if err := lim.ClearOverride(ctx); err != nil {
+		return err
+	}
+	rec, _ := ks.record()
+	fmt.Fprintf(t.out, "%s: removed the override (%s, %s); the rates the code passes apply again\n",
+		key, overrideText(c.Override, rec.Limits, true), strings.TrimSuffix(remaining(left(c.Override.End, now)), " more")+" left")
+	t.after(ks, c, now, true, false)
 	return nil
 }
 
-// reset deletes every key of the limiter or semaphore, after asking.
+// reset deletes the key's state (its algorithm's, a semaphore's, its bookings),
+// after asking; the control key and the record stay, and so does any key under the
+// tag that is not jobthrottle's.
 func (t *tool) reset(ctx context.Context) error {
 	key := t.o.args[0]
-	tag, err := t.tag(key)
+	ks, err := t.look(ctx, key, true)
 	if err != nil {
 		return err
 	}
-	have, err := t.present(ctx, key)
-	if err != nil {
-		return err
+	var del, kept []string
+	for _, s := range append(keys.States(), keys.Leases, keys.Queue, keys.QueueExpiry) {
+		if ks.has(s) {
+			del = append(del, ks.ours[s].name)
+		}
 	}
-	have = slices.DeleteFunc(have, func(s string) bool { return s == "conf" }) // the record stays: it is not state
-	if len(have) == 0 {
-		return fmt.Errorf("unknown key %q: no state under %s:* to reset", key, tag)
+	said := slices.Clone(del) // what the command says it deletes: bookings counted
+	if b := ks.bookings(); len(b) > 0 {
+		del = append(del, b...)
+		said = append(said, fmt.Sprintf("%d booking%s (%s*)", len(b), plural(len(b)), keys.Name(ks.tag, keys.Booking)))
 	}
-	names := make([]string, len(have))
-	for i, s := range have {
-		names[i] = tag + ":" + s
+	if e := ks.ours[keys.ControlKey]; e != nil {
+		kept = append(kept, e.name+" (the pause and override: resume and unset end them)")
+	}
+	if e := ks.ours[keys.RecordKey]; e != nil {
+		kept = append(kept, e.name+" (the record of its limits)")
+	}
+	if len(del) == 0 {
+		for _, e := range ks.foreign {
+			fmt.Fprintln(t.out, e.leftAlone())
+		}
+		if len(kept) > 0 {
+			fmt.Fprintf(t.out, "%s has no state to reset (idle); kept %s\n", key, strings.Join(kept, ", "))
+			return nil
+		}
+		if len(ks.foreign) > 0 {
+			return fmt.Errorf("reset nothing: no key of jobthrottle's under %s", ks.tag)
+		}
+		return fmt.Errorf("unknown key %q: no state under %s:* to reset", key, ks.tag)
 	}
 	if !t.o.yes {
-		fmt.Fprintf(t.out, "delete %s? Its limits start afresh: up to a full window more can pass. [y/N] ", strings.Join(names, " "))
+		for _, e := range ks.foreign {
+			fmt.Fprintln(t.out, e.leftAlone())
+		}
+		fmt.Fprintf(t.out, "delete %s? Its limits start afresh: up to a full window more can pass. [y/N] ", strings.Join(said, ", "))
 		line, _ := bufio.NewReader(t.in).ReadString('\n')
 		if a := strings.TrimSpace(strings.ToLower(line)); a != "y" && a != "yes" {
 			fmt.Fprintln(t.out, "not reset")
 			return nil
 		}
 	}
-	n, err := t.rdb.Del(ctx, names...).Result() // one hash slot: one command
-	if err != nil {
+	if err := t.rdb.Del(ctx, del...).Err(); err != nil { // one hash slot: one command
 		return err
 	}
-	fmt.Fprintf(t.out, "reset %s: deleted %d keys\n", key, n)
+	fmt.Fprintf(t.out, "reset %s: deleted %s\n", key, strings.Join(said, ", "))
+	for _, k := range kept {
+		fmt.Fprintln(t.out, "kept", k)
+	}
+	if t.o.yes {
+		for _, e := range ks.foreign {
+			fmt.Fprintln(t.out, e.leftAlone())
+		}
+	}
 	return nil
 }
 

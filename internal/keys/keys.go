@@ -40,6 +40,35 @@ func States() []string {
 	return []string{SlidingWindow, SlidingCounter, TokenBucket, FixedWindow}
 }
 
+// Suffixes returns the suffixes of every key under a tag but the bookings, whose
+// names depend on their task: the four states, the semaphore's three sets, the
+// control key and the record, in that order.
+func Suffixes() []string {
+	return append(States(), Leases, Queue, QueueExpiry, ControlKey, RecordKey)
+}
+
+// Split reads name as "{<prefix><key>}:<suffix>" with a suffix of this package (a
+// booking's included) and returns the key and the suffix; ok is false for any other
+// name. A key may itself hold "}:": the tag is taken to end at the first "}:" that
+// leaves a known suffix after it.
+func Split(prefix, name string) (key, suffix string, ok bool) {
+	rest, found := strings.CutPrefix(name, "{"+prefix)
+	if !found {
+		return "", "", false
+	}
+	for i := 0; ; {
+		j := strings.Index(rest[i:], "}:")
+		if j < 0 {
+			return "", "", false
+		}
+		i += j
+		if key, suffix = rest[:i], rest[i+2:]; key != "" && Type(suffix) != "" {
+			return key, suffix, true
+		}
+		i++
+	}
+}
+
 // Type returns the Redis type of the key with suffix s ("list", "string", "zset"), or
 // "" for a suffix that is not jobthrottle's.
 func Type(s string) string {
@@ -203,4 +232,114 @@ func (r Record) String() string {
 		parts = append(parts, s)
 	}
 	return strings.Join(parts, " ")
+}
+
+// Check returns nil when a key with suffix s, of Redis type typ (as TYPE names it),
+// has the form jobthrottle's scripts write and read, judged by values: a string's
+// text; a list's elements; a sorted set's members and scores, alternately, each score
+// as strconv.FormatFloat(score, 'f', -1, 64) writes it. values may be a sample (say
+// the first and last elements of a long list). Otherwise the error says why the key
+// is foreign: another type, or content jobthrottle does not write (the scripts fail
+// a call that meets such a key with JTSTATE, or WRONGTYPE, and the operator's tools
+// leave it alone). The forms:
+//
+//	sw, sc     list of decimal integers: the permit log
+//	tb         string of hex integers joined by ':', an odd number of them, at least 3
+//	fw         string of decimal integers joined by ' '
+//	pause      string: see ParseControl
+//	conf       string: see ParseRecord
+//	bk:<id>    string: "<token> <n> <stamp>" or "<token> <n>", decimal integers
+//	sem        sorted set: lease id (32 lowercase hex digits) -> integer score (µs)
+//	semq, semx sorted set: "<lease id>:<ttl µs>" -> integer score (µs)
+func Check(s, typ string, values []string) error {
+	want := Type(s)
+	switch {
+	case want == "":
+		return fmt.Errorf("%q is not a jobthrottle suffix", s)
+	case typ != want:
+		return fmt.Errorf("a %s, not a %s", typ, want)
+	}
+	if typ == "zset" {
+		if len(values)%2 != 0 {
+			return errors.New("members without scores")
+		}
+		for i := 0; i < len(values); i += 2 {
+			m, score := values[i], values[i+1]
+			id, ttl, hasTTL := strings.Cut(m, ":")
+			if len(id) != 32 || !isHex(id, 32) || hasTTL != (s != Leases) || hasTTL && !isDecimal(ttl) {
+				return fmt.Errorf("member %q is not a lease id", m)
+			}
+			if !isDecimal(strings.TrimPrefix(score, "-")) {
+				return fmt.Errorf("member %q has score %s, not whole microseconds", m, score)
+			}
+		}
+		return nil
+	}
+	if typ == "list" {
+		for i, v := range values {
+			if !isDecimal(v) {
+				return fmt.Errorf("element %d %q is not a count or a time", i, v)
+			}
+		}
+		return nil
+	}
+	if len(values) != 1 {
+		return fmt.Errorf("%d values for a string", len(values))
+	}
+	text := values[0]
+	var err error
+	switch {
+	case s == ControlKey:
+		_, err := ParseControl(text) // its errors quote the text
+		return err
+	case s == RecordKey:
+		_, err := ParseRecord(text)
+		return err
+	case s == TokenBucket:
+		f := strings.Split(text, ":")
+		for _, w := range f {
+			if !isHex(strings.TrimPrefix(w, "-"), 14) {
+				err = errors.New("not a token bucket's state")
+			}
+		}
+		if len(f) < 3 || len(f)%2 == 0 {
+			err = errors.New("not a token bucket's state")
+		}
+	case s == FixedWindow:
+		if !allDecimal(strings.Split(text, " "), 1) {
+			err = errors.New("not a fixed window's counts")
+		}
+	default: // a booking
+		if f := strings.Split(text, " "); !allDecimal(f, 2) || len(f) > 3 {
+			err = errors.New("not a booking")
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("text %q: %w", text, err)
+	}
+	return nil
+}
+
+// isDecimal reports whether w is a non-negative decimal integer of at most 17 digits
+// (the scripts' numbers stay below 2^53).
+func isDecimal(w string) bool {
+	return w != "" && len(w) <= 17 && strings.Trim(w, "0123456789") == ""
+}
+
+// isHex reports whether w is a lowercase hex integer of at most n digits.
+func isHex(w string, n int) bool {
+	return w != "" && len(w) <= n && strings.Trim(w, "0123456789abcdef") == ""
+}
+
+// allDecimal reports whether f holds at least n words, each isDecimal.
+func allDecimal(f []string, n int) bool {
+	if len(f) < n {
+		return false
+	}
+	for _, w := range f {
+		if !isDecimal(w) {
+			return false
+		}
+	}
+	return true
 }

@@ -1,21 +1,20 @@
 // Package metrics exports jobthrottle's decisions and live limiter state as Prometheus
 // metrics.
 //
-// It lives in its own module (github.com/jobthrottle/jobthrottle/x), as asynq's
+// Import this package for the limiters, semaphores and HTTP transports (packages
+// throttle and waiter); it does not bring asynq into the build. The asynq middleware's
+// metrics (package asynqmw) are in the subpackage asynqmetrics, which does.
+//
+// Both live in their own module (github.com/jobthrottle/jobthrottle/x), as asynq's
 // x/metrics does, so that the core module keeps no dependency on client_golang.
 package metrics
 
 import (
-	"context"
-	"net/http"
-	"strconv"
 	"sync"
 	"time"
 
-	"github.com/hibiken/asynq"
-	"github.com/jobthrottle/jobthrottle/asynqmw"
 	"github.com/jobthrottle/jobthrottle/throttle"
-	"github.com/jobthrottle/jobthrottle/waiter"
+	"github.com/jobthrottle/jobthrottle/x/metrics/internal/vec"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -31,9 +30,10 @@ const (
 const OtherKey = "_other"
 
 // Collector is a prometheus.Collector of jobthrottle's metrics. Its hooks count the
-// decisions of the limiters, semaphores, asynq middlewares and HTTP transports built
-// with them; at scrape time it reads the live state of the limiters and semaphores
-// given to Watch with one Inspect call each.
+// decisions of the limiters, semaphores and HTTP transports built with them; at
+// scrape time it reads the live state of the limiters and semaphores given to Watch
+// and WatchSemaphore. The asynq middleware's decisions are counted by
+// asynqmetrics.Collector, registered beside it.
 //
 // Attach it with one line per limiter (or semaphore), and register it once:
 //
@@ -54,8 +54,6 @@ const OtherKey = "_other"
 //	jobthrottle_state_lost_total{key}                state found lost (Hooks.StateLost)
 //	jobthrottle_leases_lost_total{key}               semaphore leases found lost
 //	jobthrottle_pauses_total{key}                    pauses set by this process
-//	jobthrottle_asynq_handed_back_total{task_type}   tasks the middleware handed back to asynq
-//	jobthrottle_asynq_inline_sleep_seconds{task_type} histogram: sleeps in the handler before a task ran
 //	jobthrottle_transport_pauses_total{host,status}  pauses the HTTP transport set on a 429/503
 //	jobthrottle_transport_not_sent_total{host}       requests the transport gave up on before sending
 //
@@ -76,8 +74,8 @@ const OtherKey = "_other"
 //
 // Cardinality: the key label takes at most MaxKeys values (1000 by default, see
 // WithMaxKeys); further keys are counted under key="_other". Per-tenant keys by the
-// million therefore cost at most MaxKeys series per metric. task_type is bounded by
-// the task types of the asynq server, host by the hosts the client calls.
+// million therefore cost at most MaxKeys series per metric. host is bounded by the
+// hosts the client calls.
 //
 // A Collector is safe for simultaneous use.
 type Collector struct {
@@ -91,8 +89,6 @@ type Collector struct {
 	stateLost         *prometheus.CounterVec
 	leasesLost        *prometheus.CounterVec
 	pauses            *prometheus.CounterVec
-	handedBack        *prometheus.CounterVec
-	inlineSleep       *prometheus.HistogramVec
 	transportPauses   *prometheus.CounterVec
 	notSent           *prometheus.CounterVec
 	inspectErrors     *prometheus.CounterVec
@@ -117,9 +113,6 @@ func WithMaxKeys(n int) Option { return func(c *Collector) { c.maxKeys = n } }
 // negative, it is 5 seconds.
 func WithInspectTimeout(d time.Duration) Option { return func(c *Collector) { c.timeout = d } }
 
-// waitBuckets cover a permit due at once to one booked minutes ahead, in seconds.
-var waitBuckets = []float64{.001, .005, .01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300}
-
 // New returns a Collector; register it with a prometheus.Registerer.
 func New(opts ...Option) *Collector {
 	c := &Collector{keys: map[string]struct{}{}, lims: map[*throttle.Limiter]struct{}{},
@@ -133,12 +126,7 @@ func New(opts ...Option) *Collector {
 	if c.timeout <= 0 {
 		c.timeout = 5 * time.Second
 	}
-	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
-		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: "jobthrottle_" + name, Help: help}, labels)
-	}
-	histogram := func(name, help string, labels ...string) *prometheus.HistogramVec {
-		return prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "jobthrottle_" + name, Help: help, Buckets: waitBuckets}, labels)
-	}
+	counter, histogram, gauge := vec.Counter, vec.Histogram, vec.Desc
 	c.requests = counter("requests_total", "Calls that asked for permits or a lease, by outcome (acquired, limited, canceled).", "key", "result")
 	c.permits = counter("permits_total", "Permits asked for, by outcome (acquired, limited, canceled).", "key", "result")
 	c.wait = histogram("queue_wait_seconds", "Time WaitN or Acquire slept for its permits or lease.", "key")
@@ -147,14 +135,9 @@ func New(opts ...Option) *Collector {
 	c.stateLost = counter("state_lost_total", "Grants that found the key's state lost (evicted, deleted, failover).", "key")
 	c.leasesLost = counter("leases_lost_total", "Semaphore leases found lost (expired before Extend or Release, or Hold could not renew).", "key")
 	c.pauses = counter("pauses_total", "Pauses set on the key by this process.", "key")
-	c.handedBack = counter("asynq_handed_back_total", "Tasks the asynq middleware handed back to asynq to run at their slot.", "task_type")
-	c.inlineSleep = histogram("asynq_inline_sleep_seconds", "Sleeps of the asynq middleware in the handler before a task ran.", "task_type")
 	c.transportPauses = counter("transport_pauses_total", "Pauses the HTTP transport set on a 429 or 503 with Retry-After.", "host", "status")
 	c.notSent = counter("transport_not_sent_total", "Requests the HTTP transport gave up on before sending them.", "host")
 	c.inspectErrors = counter("inspect_errors_total", "Scrapes whose Inspect of a watched key failed.", "key")
-	gauge := func(name, help string, labels ...string) *prometheus.Desc {
-		return prometheus.NewDesc("jobthrottle_"+name, help, labels, nil)
-	}
 	c.capacity = gauge("limit_capacity", "The limit's Rate (Burst for a token bucket), at scrape time.", "key", "limit")
 	c.used = gauge("limit_used", "Permits of the limit taken, bookings included, at scrape time.", "key", "limit")
 	c.remaining = gauge("remaining", "Permits a call could take now.", "key")
@@ -182,140 +165,9 @@ func (c *Collector) label(key string) string {
 	return key
 }
 
-// Hooks returns the hooks that count a Limiter's decisions; pass them with
-// throttle.WithHooks.
-func (c *Collector) Hooks() throttle.Hooks {
-	return throttle.Hooks{
-		Allowed: func(key string, n int, _ time.Duration) {
-			k := c.label(key)
-			c.requests.WithLabelValues(k, ResultAcquired).Inc()
-			c.permits.WithLabelValues(k, ResultAcquired).Add(float64(n))
-		},
-		Denied: func(key string, n int, _ time.Duration) {
-			k := c.label(key)
-			c.requests.WithLabelValues(k, ResultLimited).Inc()
-			c.permits.WithLabelValues(k, ResultLimited).Add(float64(n))
-		},
-		Cancelled: func(key string, n int) {
-			k := c.label(key)
-			c.requests.WithLabelValues(k, ResultCanceled).Inc()
-			c.permits.WithLabelValues(k, ResultCanceled).Add(float64(n))
-		},
-		Waited: func(key string, _ int, waited time.Duration) {
-			c.wait.WithLabelValues(c.label(key)).Observe(waited.Seconds())
-		},
-		RedisError: func(key string, _ error) {
-			c.redisErrors.WithLabelValues(c.label(key)).Inc()
-		},
-		Paused: func(key string, _ time.Duration) {
-			c.pauses.WithLabelValues(c.label(key)).Inc()
-		},
-		Degraded: func(key string, p throttle.FailurePolicy, _ error) {
-			c.degraded.WithLabelValues(c.label(key), p.String()).Inc()
-		},
-		StateLost: func(key string) {
-			c.stateLost.WithLabelValues(c.label(key)).Inc()
-		},
-	}
-}
-
-// SemaphoreHooks returns the hooks that count a Semaphore's decisions (a lease is one
-// permit: acquired, limited when TryAcquire is denied, canceled when Acquire gives up;
-// the wait of Acquire in the queue-wait histogram); pass them with
-// throttle.WithSemaphoreHooks.
-func (c *Collector) SemaphoreHooks() throttle.SemaphoreHooks {
-	count := func(key, result string) {
-		k := c.label(key)
-		c.requests.WithLabelValues(k, result).Inc()
-		c.permits.WithLabelValues(k, result).Inc()
-	}
-	return throttle.SemaphoreHooks{
-		Acquired: func(key string, waited time.Duration) {
-			count(key, ResultAcquired)
-			if waited > 0 {
-				c.wait.WithLabelValues(c.label(key)).Observe(waited.Seconds())
-			}
-		},
-		Denied: func(key string, _ time.Duration) { count(key, ResultLimited) },
-		GaveUp: func(key string) { count(key, ResultCanceled) },
-		LeaseLost: func(key string) {
-			c.leasesLost.WithLabelValues(c.label(key)).Inc()
-		},
-		RedisError: func(key string, _ error) {
-			c.redisErrors.WithLabelValues(c.label(key)).Inc()
-		},
-		Degraded: func(key string, p throttle.FailurePolicy, _ error) {
-			c.degraded.WithLabelValues(c.label(key), p.String()).Inc()
-		},
-	}
-}
-
-// MiddlewareHooks returns the hooks that count the asynq middleware's hand-backs and
-// inline sleeps; pass them with asynqmw.WithHooks.
-func (c *Collector) MiddlewareHooks() asynqmw.Hooks {
-	return asynqmw.Hooks{
-		Waited: func(_ context.Context, t *asynq.Task, slept time.Duration) {
-			c.inlineSleep.WithLabelValues(t.Type()).Observe(slept.Seconds())
-		},
-		Throttled: func(_ context.Context, t *asynq.Task, _ *asynqmw.ThrottledError) {
-			c.handedBack.WithLabelValues(t.Type()).Inc()
-		},
-	}
-}
-
-// TransportHooks returns the hooks that count the HTTP transport's pauses and the
-// requests it did not send; pass them with waiter.WithTransportHooks.
-func (c *Collector) TransportHooks() waiter.TransportHooks {
-	return waiter.TransportHooks{
-		Paused: func(req *http.Request, status int, _ time.Duration) {
-			c.transportPauses.WithLabelValues(req.URL.Host, strconv.Itoa(status)).Inc()
-		},
-		NotSent: func(req *http.Request, _ error) {
-			c.notSent.WithLabelValues(req.URL.Host).Inc()
-		},
-	}
-}
-
-// Watch adds limiters whose live state each scrape reads (throttle.InspectAll: one
-// pipeline per Redis client, bounded by WithInspectTimeout).
-func (c *Collector) Watch(lims ...*throttle.Limiter) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, l := range lims {
-		c.lims[l] = struct{}{}
-	}
-}
-
-// Unwatch removes limiters given to Watch.
-func (c *Collector) Unwatch(lims ...*throttle.Limiter) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, l := range lims {
-		delete(c.lims, l)
-	}
-}
-
-// WatchSemaphore adds semaphores whose live state each scrape reads.
-func (c *Collector) WatchSemaphore(sems ...*throttle.Semaphore) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, s := range sems {
-		c.sems[s] = struct{}{}
-	}
-}
-
-// UnwatchSemaphore removes semaphores given to WatchSemaphore.
-func (c *Collector) UnwatchSemaphore(sems ...*throttle.Semaphore) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, s := range sems {
-		delete(c.sems, s)
-	}
-}
-
 func (c *Collector) vecs() []prometheus.Collector {
 	return []prometheus.Collector{c.requests, c.permits, c.wait, c.degraded, c.redisErrors, c.stateLost, c.leasesLost, c.pauses,
-		c.handedBack, c.inlineSleep, c.transportPauses, c.notSent, c.inspectErrors}
+		c.transportPauses, c.notSent, c.inspectErrors}
 }
 
 // Describe implements prometheus.Collector.
@@ -326,75 +178,5 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.capacity, c.used, c.remaining, c.booked, c.bookedAhead, c.nextFree, c.paused,
 		c.leases, c.semMax, c.waiting} {
 		ch <- d
-	}
-}
-
-// Collect implements prometheus.Collector: the counters, then the live gauges of the
-// watched limiters and semaphores, read with Inspect.
-func (c *Collector) Collect(ch chan<- prometheus.Metric) {
-	c.mu.Lock()
-	lims := make([]*throttle.Limiter, 0, len(c.lims))
-	for l := range c.lims {
-		lims = append(lims, l)
-	}
-	sems := make([]*throttle.Semaphore, 0, len(c.sems))
-	for s := range c.sems {
-		sems = append(sems, s)
-	}
-	c.mu.Unlock()
-
-	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
-	defer cancel()
-	type series struct {
-		d      *prometheus.Desc
-		labels [2]string // key, limit ("" for gauges without it)
-	}
-	seen := map[series]bool{} // sent this scrape
-	send := func(d *prometheus.Desc, v float64, labels ...string) {
-		id := series{d: d}
-		copy(id.labels[:], labels)
-		if !seen[id] { // two Limiters of one key, or a Semaphore on a Limiter's key
-			seen[id] = true
-			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
-		}
-	}
-	states, errs := throttle.InspectAll(ctx, lims) // one round trip per client
-	for i, l := range lims {
-		k := c.label(l.Key())
-		if errs[i] != nil {
-			c.inspectErrors.WithLabelValues(k).Inc()
-			continue
-		}
-		if k == OtherKey {
-			continue // gauges of several keys cannot share one series
-		}
-		st := states[i]
-		send(c.remaining, float64(st.Remaining), k)
-		send(c.booked, float64(st.Booked), k)
-		send(c.bookedAhead, st.BookedAhead.Seconds(), k)
-		send(c.nextFree, st.NextFree.Seconds(), k)
-		send(c.paused, st.PausedFor.Seconds(), k)
-		for j, ls := range st.Limits {
-			send(c.capacity, float64(ls.Capacity), k, strconv.Itoa(j))
-			send(c.used, float64(ls.Used), k, strconv.Itoa(j))
-		}
-	}
-	for _, s := range sems {
-		st, err := s.Inspect(ctx)
-		k := c.label(s.Key())
-		if err != nil {
-			c.inspectErrors.WithLabelValues(k).Inc()
-			continue
-		}
-		if k == OtherKey {
-			continue
-		}
-		send(c.leases, float64(st.Held), k)
-		send(c.semMax, float64(st.Max), k)
-		send(c.waiting, float64(st.Waiting), k)
-		send(c.paused, st.PausedFor.Seconds(), k)
-	}
-	for _, v := range c.vecs() {
-		v.Collect(ch)
 	}
 }

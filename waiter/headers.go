@@ -1,0 +1,274 @@
+package waiter
+
+import (
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// HeaderError is a response header the transport could not use as it stood, passed to
+// TransportHooks.BadHeader; the response is returned all the same. Header is the
+// header's name in canonical form ("Retry-After", "X-Ratelimit-Reset"), Value its
+// text ("" when missing), Problem what was wrong with it, and Pause the pause the
+// transport set all the same (0: none).
+type HeaderError struct {
+	Header  string
+	Value   string
+	Problem HeaderProblem
+	Pause   time.Duration
+}
+
+func (e *HeaderError) Error() string {
+	s := fmt.Sprintf("waiter: %s %q: %v", e.Header, e.Value, e.Problem)
+	if e.Problem == HeaderMissing {
+		s = fmt.Sprintf("waiter: %v: %s", e.Problem, e.Header)
+	}
+	if e.Pause > 0 {
+		s += fmt.Sprintf("; paused %v", e.Pause)
+	}
+	return s
+}
+
+// HeaderProblem is what was wrong with a header (see HeaderError).
+type HeaderProblem int
+
+const (
+	// HeaderMissing: a 429 or 503 had no Retry-After nor spent-quota headers, or a
+	// spent quota had no reset: nothing was paused.
+	HeaderMissing HeaderProblem = iota + 1
+	// HeaderInvalid: the header is not in a form the transport reads; it was ignored.
+	HeaderInvalid
+	// HeaderPast: a negative delay, or a time already past; nothing was paused.
+	HeaderPast
+	// HeaderTooLong: the pause asked for is longer than the cap (WithMaxPause); the
+	// pause was cut to the cap.
+	HeaderTooLong
+	// HeaderDateSkewed: the response's Date is more than 10s from the local clock; its
+	// times were counted from the local clock instead.
+	HeaderDateSkewed
+)
+
+func (p HeaderProblem) String() string {
+	switch p {
+	case HeaderMissing:
+		return "missing"
+	case HeaderInvalid:
+		return "unreadable"
+	case HeaderPast:
+		return "in the past"
+	case HeaderTooLong:
+		return "longer than the cap"
+	case HeaderDateSkewed:
+		return "too far from the local clock"
+	}
+	return "HeaderProblem(" + strconv.Itoa(int(p)) + ")"
+}
+
+// Quota is a quota a vendor's rate-limit headers describe and the transport does not
+// pause on, passed to TransportHooks.Quota: Name is "tokens", "input-tokens" or
+// "output-tokens", Remaining what is left of it, and Reset how long after the response
+// was read it is full again (0 when the headers do not say, or that time has passed).
+type Quota struct {
+	Name      string
+	Remaining int64
+	Reset     time.Duration
+}
+
+// Vendors' SDKs count an absolute time in a header (an HTTP-date Retry-After, an epoch
+// or RFC 3339 reset) from their own clock, and so does the transport, as long as the
+// response's Date agrees with it to within Date's whole second (dateAgreeEarly,
+// dateAgreeLate). A Date further off but within maxDateSkew is taken to mean the
+// server's clock is off, and its times count from its Date. A Date further still is
+// more likely wrong (a time-zone bug, a replayed answer) than the clock: trusting it
+// would stretch or cut the pause by as much, which for resets seconds or a minute away
+// is all of it.
+const (
+	dateAgreeEarly = time.Second     // Date may be this far ahead of the local clock,
+	dateAgreeLate  = 2 * time.Second // or this far behind it (its fraction is cut off)
+	maxDateSkew    = 10 * time.Second
+)
+
+// reader reads one response's headers: it knows when the response was read, counts
+// the server's times, and collects what it could not use.
+type reader struct {
+	h        http.Header
+	now      time.Time // the local clock when the response was read
+	maxPause time.Duration
+	from     time.Time // what the server's absolute times count from; set on first use
+	told     bool      // a spent quota's reset was read, though it may be now
+	bad      []*HeaderError
+}
+
+// report notes a header that could not be used as it stood.
+func (r *reader) report(name, value string, p HeaderProblem, pause time.Duration) {
+	r.bad = append(r.bad, &HeaderError{Header: name, Value: value, Problem: p, Pause: pause})
+}
+
+// until returns how long from when the response was read until at, a time by the
+// server's clock (see maxDateSkew).
+func (r *reader) until(at time.Time) time.Duration {
+	if r.from.IsZero() {
+		r.from = r.now
+		v := r.h.Get("Date")
+		if date, err := http.ParseTime(v); err == nil {
+			switch lag := r.now.Sub(date); {
+			case lag >= -dateAgreeEarly && lag < dateAgreeLate:
+			case lag.Abs() <= maxDateSkew:
+				r.from = date
+			default:
+				r.report("Date", v, HeaderDateSkewed, 0) // its Pause is set once known
+			}
+		}
+	}
+	return at.Sub(r.from)
+}
+
+// capped returns d cut to the cap, reporting name's value when it was cut.
+func (r *reader) capped(name, value string, d time.Duration) time.Duration {
+	if d > r.maxPause {
+		r.report(name, value, HeaderTooLong, r.maxPause)
+		return r.maxPause
+	}
+	return d
+}
+
+// retryAfter returns the pause Retry-After asks for, cut to the cap (0: none or
+// unusable, reported). The header must be present.
+func (r *reader) retryAfter() time.Duration {
+	const name = "Retry-After"
+	v := strings.TrimSpace(r.h.Get(name))
+	if d, neg, ok := parseSeconds(v); ok {
+		if neg && d > 0 {
+			r.report(name, v, HeaderPast, 0)
+			return 0
+		}
+		return r.capped(name, v, d)
+	}
+	at, err := http.ParseTime(v)
+	if err != nil {
+		r.report(name, v, HeaderInvalid, 0)
+		return 0
+	}
+	d := r.until(at)
+	if d < 0 {
+		r.report(name, v, HeaderPast, 0)
+		return 0
+	}
+	return r.capped(name, v, d)
+}
+
+// parseSeconds reads a decimal number of seconds, 1*DIGIT ["." 1*DIGIT] ("120",
+// "2.0"), and a leading "-" as negative, so that it is reported as in the past rather
+// than unreadable. Digits past the nanosecond round up; a value beyond a Duration
+// saturates.
+func parseSeconds(v string) (d time.Duration, neg, ok bool) {
+	if strings.HasPrefix(v, "-") {
+		neg, v = true, v[1:]
+	}
+	whole, frac, dot := strings.Cut(v, ".")
+	if !allDigits(whole) || dot && !allDigits(frac) {
+		return 0, false, false
+	}
+	secs, err := strconv.ParseUint(whole, 10, 64)
+	if err != nil || secs > math.MaxInt64/uint64(time.Second) { // only a range error is left
+		return math.MaxInt64, neg, true
+	}
+	d = time.Duration(secs) * time.Second
+	for i, scale := 0, time.Second/10; i < len(frac); i++ {
+		digit := time.Duration(frac[i] - '0')
+		if scale == 0 {
+			if digit != 0 {
+				d++ // below a nanosecond: round up, never early
+				break
+			}
+			continue
+		}
+		d += digit * scale
+		scale /= 10
+	}
+	if d < 0 {
+		d = math.MaxInt64
+	}
+	return d, neg, true
+}
+
+// allDigits reports whether s is 1*DIGIT.
+func allDigits(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// parseDuration reads a reset as OpenAI writes it, a Go duration ("6m0s", "20ms",
+// "1.5s"), days allowed ("1d2h"), or a bare number of seconds. It refuses signs; a
+// value beyond a Duration saturates.
+func parseDuration(v string) (time.Duration, bool) {
+	if d, neg, ok := parseSeconds(v); ok {
+		return d, !neg
+	}
+	if v == "" {
+		return 0, false
+	}
+	var total time.Duration
+	for v != "" {
+		i := strings.IndexFunc(v, func(c rune) bool { return (c < '0' || c > '9') && c != '.' })
+		if i <= 0 {
+			return 0, false // a number without a unit, or a unit without a number
+		}
+		num := v[:i]
+		v = v[i:]
+		j := strings.IndexFunc(v, func(c rune) bool { return c >= '0' && c <= '9' || c == '.' })
+		if j < 0 {
+			j = len(v)
+		}
+		unit, ok := durationUnits[v[:j]]
+		if !ok {
+			return 0, false
+		}
+		v = v[j:]
+		secs, _, ok := parseSeconds(num) // in units of a second, exact to the nanosecond
+		if !ok {
+			return 0, false
+		}
+		d := scale(secs, unit)
+		if d > math.MaxInt64-total {
+			total = math.MaxInt64
+			continue
+		}
+		total += d
+	}
+	return total, true
+}
+
+// durationUnits are the units parseDuration knows.
+var durationUnits = map[string]time.Duration{
+	"ns": time.Nanosecond, "us": time.Microsecond, "µs": time.Microsecond, "μs": time.Microsecond,
+	"ms": time.Millisecond, "s": time.Second, "m": time.Minute, "h": time.Hour, "d": 24 * time.Hour,
+}
+
+// scale returns n units, n given as a Duration that counts seconds as units (so 1.5
+// is 1500ms); saturating.
+func scale(n, unit time.Duration) time.Duration {
+	whole, frac := n/time.Second, n%time.Second
+	if whole > math.MaxInt64/unit {
+		return math.MaxInt64
+	}
+	d := whole * unit
+	// frac/1e9 of a unit: unit ≤ 24h, so frac*unit/1e9 may overflow for large units;
+	// split the unit into seconds and the rest
+	part := frac * (unit / time.Second) // unit/time.Second ≤ 86400: no overflow
+	part += frac * (unit % time.Second) / time.Second
+	if part > math.MaxInt64-d {
+		return math.MaxInt64
+	}
+	return d + part
+}

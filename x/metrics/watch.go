@@ -1,0 +1,116 @@
+package metrics
+
+import (
+	"context"
+	"strconv"
+
+	"github.com/jobthrottle/jobthrottle/throttle"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Watch adds limiters whose live state each scrape reads (throttle.InspectAll: one
+// pipeline per Redis client, bounded by WithInspectTimeout).
+func (c *Collector) Watch(lims ...*throttle.Limiter) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, l := range lims {
+		c.lims[l] = struct{}{}
+	}
+}
+
+// Unwatch removes limiters given to Watch.
+func (c *Collector) Unwatch(lims ...*throttle.Limiter) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, l := range lims {
+		delete(c.lims, l)
+	}
+}
+
+// WatchSemaphore adds semaphores whose live state each scrape reads.
+func (c *Collector) WatchSemaphore(sems ...*throttle.Semaphore) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, s := range sems {
+		c.sems[s] = struct{}{}
+	}
+}
+
+// UnwatchSemaphore removes semaphores given to WatchSemaphore.
+func (c *Collector) UnwatchSemaphore(sems ...*throttle.Semaphore) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, s := range sems {
+		delete(c.sems, s)
+	}
+}
+
+// Collect implements prometheus.Collector: the counters, then the live gauges of the
+// watched limiters and semaphores, read with Inspect.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	lims := make([]*throttle.Limiter, 0, len(c.lims))
+	for l := range c.lims {
+		lims = append(lims, l)
+	}
+	sems := make([]*throttle.Semaphore, 0, len(c.sems))
+	for s := range c.sems {
+		sems = append(sems, s)
+	}
+	c.mu.Unlock()
+
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	defer cancel()
+	type series struct {
+		d      *prometheus.Desc
+		labels [2]string // key, limit ("" for gauges without it)
+	}
+	seen := map[series]bool{} // sent this scrape
+	send := func(d *prometheus.Desc, v float64, labels ...string) {
+		id := series{d: d}
+		copy(id.labels[:], labels)
+		if !seen[id] { // two Limiters of one key, or a Semaphore on a Limiter's key
+			seen[id] = true
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+		}
+	}
+	states, errs := throttle.InspectAll(ctx, lims) // one round trip per client
+	for i, l := range lims {
+		k := c.label(l.Key())
+		if errs[i] != nil {
+			c.inspectErrors.WithLabelValues(k).Inc()
+			continue
+		}
+		if k == OtherKey {
+			continue // gauges of several keys cannot share one series
+		}
+		st := states[i]
+		send(c.remaining, float64(st.Remaining), k)
+		send(c.booked, float64(st.Booked), k)
+		send(c.bookedAhead, st.BookedAhead.Seconds(), k)
+		send(c.nextFree, st.NextFree.Seconds(), k)
+		send(c.paused, st.PausedFor.Seconds(), k)
+		for j, ls := range st.Limits {
+			send(c.capacity, float64(ls.Capacity), k, strconv.Itoa(j))
+			send(c.used, float64(ls.Used), k, strconv.Itoa(j))
+		}
+	}
+	for _, s := range sems {
+		st, err := s.Inspect(ctx)
+		k := c.label(s.Key())
+		if err != nil {
+			c.inspectErrors.WithLabelValues(k).Inc()
+			continue
+		}
+		if k == OtherKey {
+			continue
+		}
+		send(c.leases, float64(st.Held), k)
+		send(c.semMax, float64(st.Max), k)
+		send(c.waiting, float64(st.Waiting), k)
+		send(c.paused, st.PausedFor.Seconds(), k)
+	}
+	for _, v := range c.vecs() {
+		v.Collect(ch)
+	}
+}
