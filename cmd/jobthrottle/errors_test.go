@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"github.com/jobthrottle/jobthrottle/internal/booking"
 	"os"
 	"strings"
 	"testing"
@@ -66,7 +67,7 @@ func seed(t *testing.T, b *redistest.Backend) {
 	if _, err := sw.AllowN(ctx, 3); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := sw.ReserveFor(ctx, "task-1", 1, time.Minute); err != nil {
+	if _, err := sw.Reserve(booking.With(ctx, &booking.Task{ID: "task-1"}), 1, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	tb, err := throttle.New(b.Client, "mail", throttle.Limit{Rate: 5, Period: time.Minute, Burst: 8},

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"github.com/jobthrottle/jobthrottle/internal/booking"
 	"slices"
 	"strings"
 	"testing"
@@ -158,7 +159,7 @@ func TestLibraryKeysAreOurs(t *testing.T) {
 			if _, err := lim.Reserve(ctx, 10, time.Hour); err != nil { // booked ahead
 				t.Fatal(err)
 			}
-			if _, _, err := lim.ReserveFor(ctx, "task-1", 1, time.Hour); err != nil { // a booking key
+			if _, err := lim.Reserve(booking.With(ctx, &booking.Task{ID: "task-1"}), 1, time.Hour); err != nil { // a booking key
 				t.Fatal(err)
 			}
 			if err := lim.Override(ctx, time.Hour, throttle.Limit{Rate: 5, Burst: 6}); err != nil {

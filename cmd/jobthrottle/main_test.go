@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"github.com/jobthrottle/jobthrottle/internal/booking"
 	"net"
 	"os"
 	"os/exec"
@@ -237,7 +238,7 @@ func TestCommands(t *testing.T) {
 		}
 		_, out, _ = cli(t, b, "y\n", "reset", "mail")
 		mustContain(t, "reset y", out, "reset mail: deleted {"+b.Prefix+"mail}:tb\n", "kept {"+b.Prefix+"mail}:conf")
-		if _, _, err := sw.ReserveFor(ctx, "task-1", 1, 2*time.Minute); err != nil { // a task's booking goes too
+		if _, err := sw.Reserve(booking.With(ctx, &booking.Task{ID: "task-1"}), 1, 2*time.Minute); err != nil { // a task's booking goes too
 			t.Fatal(err)
 		}
 		_, out, _ = cli(t, b, "", "reset", "-yes", "vendor-api")

@@ -244,7 +244,7 @@ func (r Record) String() string {
 // leave it alone). The forms:
 //
 //	sw, sc     list of decimal integers: the permit log
-//	tb         string of hex integers joined by ':', an odd number of them, at least 3
+//	tb         string: "<last> <oend>", then five decimal integers per limit (lua/bucket.lua)
 //	fw         string of decimal integers joined by ' '
 //	pause      string: see ParseControl
 //	conf       string: see ParseRecord
@@ -295,14 +295,17 @@ func Check(s, typ string, values []string) error {
 	case s == RecordKey:
 		_, err := ParseRecord(text)
 		return err
-	case s == TokenBucket:
-		f := strings.Split(text, ":")
-		for _, w := range f {
-			if !isHex(strings.TrimPrefix(w, "-"), 14) {
+	case s == TokenBucket: // "<last> <oend>" and five integers per limit, tokens maybe negative
+		f := strings.Split(text, " ")
+		for i, w := range f {
+			if i%5 == 2 {
+				w = strings.TrimPrefix(w, "-")
+			}
+			if !isDecimal(w) {
 				err = errors.New("not a token bucket's state")
 			}
 		}
-		if len(f) < 3 || len(f)%2 == 0 {
+		if len(f) < 7 || (len(f)-2)%5 != 0 {
 			err = errors.New("not a token bucket's state")
 		}
 	case s == FixedWindow:
