@@ -3,13 +3,14 @@ package metrics
 import (
 	"context"
 	"strconv"
+	"sync"
 
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Watch adds limiters whose live state each scrape reads (throttle.InspectAll: one
-// pipeline per Redis client, bounded by WithInspectTimeout).
+// Watch adds limiters whose live state each scrape reads (Limiter.Inspect, all at once:
+// the calls share round trips; bounded by WithInspectTimeout).
 func (c *Collector) Watch(lims ...*throttle.Limiter) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -74,7 +75,16 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 		}
 	}
-	states, errs := throttle.InspectAll(ctx, lims) // one round trip per client
+	states, errs := make([]throttle.LimiterState, len(lims)), make([]error, len(lims))
+	var wg sync.WaitGroup
+	for i, l := range lims { // at once: the calls of one Redis client share round trips
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			states[i], errs[i] = l.Inspect(ctx)
+		}()
+	}
+	wg.Wait()
 	for i, l := range lims {
 		k := c.label(l.Key())
 		if errs[i] != nil {
