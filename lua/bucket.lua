@@ -72,26 +72,35 @@ end
 local function load(key, lim, now, _, given, oend)
   local v = redis.pcall('GET', key)
   if v and type(v) ~= 'string' then
-    error('JTSTATE ' .. key .. ': not a string', 0)
+    return nil, 'JTSTATE ' .. key .. ': not a string'
   end
   local st = {at = now, absent = not v, dirty = false}
   if v then
-    local w = {}
-    for f in string.gmatch(v, '%S+') do
-      if #f > 17 or not string.find(f, '^%-?%d+$') then
-        error('JTSTATE ' .. key .. ': not a token bucket', 0)
+    -- one limit's state (the usual case) is read with one match, any other field by field
+    local w = {string.match(v, '^(%d+) (%d+) (%-?%d+) (%d+) (%d+) (%d+) (%d+)$')}
+    if not w[1] then
+      for f in string.gmatch(v, '%S+') do
+        if not string.find(f, '^%-?%d+$') then
+          return nil, 'JTSTATE ' .. key .. ': not a token bucket'
+        end
+        w[#w + 1] = f
       end
-      w[#w + 1] = tonumber(f)
     end
     local nw = #w
+    for i = 1, nw do
+      if #w[i] > 17 then
+        return nil, 'JTSTATE ' .. key .. ': not a token bucket'
+      end
+      w[i] = tonumber(w[i])
+    end
     if nw < 7 or (nw - 2) % 5 ~= 0 or w[1] < 0 or w[2] < 0 then
-      error('JTSTATE ' .. key .. ': not a token bucket', 0)
+      return nil, 'JTSTATE ' .. key .. ': not a token bucket'
     end
     for j = 3, nw, 5 do
       local u, r, p, b, e = w[j], w[j + 1], w[j + 2], w[j + 3], w[j + 4]
       if r < 1 or r > MAX_RATE or p < 1 or p > MAX_PERIOD or b < 1 or b > MAX_RATE
         or b * p > MAX_TICKS or u > b * p or u < -2 * MAX_TICKS or e < 0 then
-        error('JTSTATE ' .. key .. ': not a token bucket', 0)
+        return nil, 'JTSTATE ' .. key .. ': not a token bucket'
       end
       if j - 3 < 5 * #lim then
         st[j - 2], st[j - 1], st[j], st[j + 1], st[j + 2] = u, r, p, b, e

@@ -262,7 +262,7 @@ if wrote then -- each set lives until its latest expiry
     redis.call('PEXPIRE', x, ms(last - now))
   end
   if #handed > 0 then
-    redis.call('PUBLISH', prefix_of(sem) .. ':wake', 'h ' .. table.concat(handed, ' '))
+    redis.call('PUBLISH', (string.match(sem, '^(.*:)[^:]*$') or '') .. 'wake', 'h ' .. table.concat(handed, ' '))
   end
 end
 return reply(out, k, ext)

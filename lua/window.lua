@@ -22,13 +22,13 @@ local WIDTH, CAP, PARAMS, RATED = 2, 1, 0, false -- ARGV per limit; n's bound; p
 local function load(key, lim, now)
   local v = redis.pcall('GET', key)
   if v and type(v) ~= 'string' then
-    error('JTSTATE ' .. key .. ': not a string', 0)
+    return nil, 'JTSTATE ' .. key .. ': not a string'
   end
   local st, i = {L = 0, absent = not v, dirty = false}, -1
   if v then
     for f in string.gmatch(v, '%S+') do
       if #f > 17 or not string.find(f, '^%d+$') then
-        error('JTSTATE ' .. key .. ': not a fixed window', 0)
+        return nil, 'JTSTATE ' .. key .. ': not a fixed window'
       end
       if i < 0 then
         st.L = tonumber(f)
@@ -38,7 +38,7 @@ local function load(key, lim, now)
       i = i + 1
     end
     if i < 0 then
-      error('JTSTATE ' .. key .. ': not a fixed window', 0)
+      return nil, 'JTSTATE ' .. key .. ': not a fixed window'
     end
   end
   for j = 1, #lim do

@@ -23,7 +23,6 @@
 --   int(s, lo, hi)              an argument as an integer in [lo, hi], or nil
 --   fdiv(a, b)                  floor(a / b) for integers, b > 0, exact
 --   ms(us)                      a TTL of us µs as SET/PEXPIRE text: whole ms, rounded up, >= 1
---   prefix_of(key)              a key less its last ":suffix": "{<prefix><key>}"
 --   control_read(key)           the control key: pause_end, override; or nil, why it is foreign
 --   control_write(key, p, o)    writes it back (SET PX, or DEL when nothing lies ahead)
 --   booking_read(key)           a task's booking record; or nil, why it is foreign
@@ -74,10 +73,6 @@ end
 -- printf("%.17g").
 local function ms(us)
   return string.format('%d', math.max(1, -fdiv(-us, 1000)))
-end
-
-local function prefix_of(key)
-  return string.match(key, '^(.*):[^:]*$') or key
 end
 
 -- The control key, {<prefix><key>}:pause, holds
@@ -472,7 +467,7 @@ if wrote then -- each set lives until its latest expiry
     redis.call('PEXPIRE', x, ms(last - now))
   end
   if #handed > 0 then
-    redis.call('PUBLISH', prefix_of(sem) .. ':wake', 'h ' .. table.concat(handed, ' '))
+    redis.call('PUBLISH', (string.match(sem, '^(.*:)[^:]*$') or '') .. 'wake', 'h ' .. table.concat(handed, ' '))
   end
 end
 return reply(out, k, ext)
