@@ -167,7 +167,7 @@ end
 local function take(st, lim, n, t, now)
   local rt = t
   if st.prec > 0 then
-    rt = (fdiv(t, st.prec) + 1) * st.prec
+    rt = (math.floor(t / st.prec) + 1) * st.prec
   end
   if st.lastT and rt < st.lastT then
     rt = st.lastT
@@ -207,7 +207,7 @@ local function give(st, lim, n, token, now)
   end
   local rt = token
   if st.prec > 0 then
-    rt = (fdiv(token, st.prec) + 1) * st.prec
+    rt = (math.floor(token / st.prec) + 1) * st.prec
   end
   if rt > st.lastT then
     return 0

@@ -184,7 +184,7 @@ for r = 1, k do
       local pttl = redis.call('PTTL', sem)
       if wrote then
         local last = latest(sem)
-        pttl = last and -fdiv(now - last, 1000) or -2
+        pttl = last and math.ceil((last - now) / 1000) or -2
       end
       local d = {held, redis.call('ZCOUNT', x, after, '+inf'), math.max(0, pause_end - now), pttl, 0}
       if join > 0 and held > 0 then

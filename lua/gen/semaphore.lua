@@ -5,9 +5,11 @@
 --
 -- Numbers: times are integer µs of the server's clock, read once per call (TIME), so
 -- every request of a call sees the same instant; counts are integers. Every value a
--- script computes stays below 2^53, where Lua's doubles are exact. An integer argument
--- is 1 to 16 plain decimal digits (leading zeros allowed: 2^53 has 16) with its value in
--- range (a longer one reads differently in Redis's Lua and gopher-lua).
+-- script computes stays below 2^53, where Lua's doubles are exact; so is math.floor(a / b)
+-- (and math.ceil) for integers |a| < 2^53 and b >= 1: the quotient's rounding could only
+-- reach the next integer if |a| were 2^53 or more. An integer argument
+-- is plain decimal digits (leading zeros allowed) with its value in range; one that
+-- tonumber cannot read (gopher-lua: past 2^63) is out of range.
 --
 -- Errors start with a code the Go side maps to a sentinel:
 --   JTARG      an argument is missing or out of range
@@ -21,7 +23,6 @@
 --   now                         the call's server time, µs
 --   MAX_*                       bounds; OP_* the limiter's op codes
 --   int(s, lo, hi)              an argument as an integer in [lo, hi], or nil
---   fdiv(a, b)                  floor(a / b) for integers, b > 0, exact
 --   ms(us)                      a TTL of us µs as SET/PEXPIRE text: whole ms, rounded up, >= 1
 --   control_read(key)           the control key: pause_end, override; or nil, why it is foreign
 --   control_write(key, p, o)    writes it back (SET PX, or DEL when nothing lies ahead)
@@ -47,32 +48,20 @@ do
 end
 
 local function int(s, lo, hi)
-  if type(s) ~= 'string' or #s > 16 or not string.find(s, '^%d+$') then
+  if type(s) ~= 'string' or not string.find(s, '^%d+$') then
     return nil
   end
-  local v = tonumber(s)
+  local v = tonumber(s) or math.huge
   if v < lo or v > hi then
     return nil
   end
   return v
 end
 
--- fdiv corrects the quotient's rounding, which can reach the next integer when a is near
--- 2^53.
-local function fdiv(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
-
 -- ms formats its number itself: redis.call turns a number into text with a slow
 -- printf("%.17g").
 local function ms(us)
-  return string.format('%d', math.max(1, -fdiv(-us, 1000)))
+  return string.format('%d', math.max(1, math.ceil(us / 1000)))
 end
 
 -- The control key, {<prefix><key>}:pause, holds
@@ -389,7 +378,7 @@ for r = 1, k do
       local pttl = redis.call('PTTL', sem)
       if wrote then
         local last = latest(sem)
-        pttl = last and -fdiv(now - last, 1000) or -2
+        pttl = last and math.ceil((last - now) / 1000) or -2
       end
       local d = {held, redis.call('ZCOUNT', x, after, '+inf'), math.max(0, pause_end - now), pttl, 0}
       if join > 0 and held > 0 then
