@@ -5,9 +5,9 @@
 -- every request of a call sees the same instant; counts are integers. Every value a
 -- script computes stays below 2^53, where Lua's doubles are exact; so is math.floor(a / b)
 -- (and math.ceil) for integers |a| < 2^53 and b >= 1: the quotient's rounding could only
--- reach the next integer if |a| were 2^53 or more. An integer argument
--- is plain decimal digits (leading zeros allowed) with its value in range; one that
--- tonumber cannot read (gopher-lua: past 2^63) is out of range.
+-- reach the next integer if |a| were 2^53 or more. An integer argument is plain decimal
+-- digits (leading zeros allowed) with its value in range; one that tonumber cannot read
+-- (gopher-lua: past 2^63) is out of range.
 --
 -- Errors start with a code the Go side maps to a sentinel:
 --   JTARG      an argument is missing or out of range

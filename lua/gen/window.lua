@@ -7,9 +7,9 @@
 -- every request of a call sees the same instant; counts are integers. Every value a
 -- script computes stays below 2^53, where Lua's doubles are exact; so is math.floor(a / b)
 -- (and math.ceil) for integers |a| < 2^53 and b >= 1: the quotient's rounding could only
--- reach the next integer if |a| were 2^53 or more. An integer argument
--- is plain decimal digits (leading zeros allowed) with its value in range; one that
--- tonumber cannot read (gopher-lua: past 2^63) is out of range.
+-- reach the next integer if |a| were 2^53 or more. An integer argument is plain decimal
+-- digits (leading zeros allowed) with its value in range; one that tonumber cannot read
+-- (gopher-lua: past 2^63) is out of range.
 --
 -- Errors start with a code the Go side maps to a sentinel:
 --   JTARG      an argument is missing or out of range
@@ -433,9 +433,11 @@ end
 --   and its TTL), the control key (control ops; PX covering what it holds, DEL when
 --   nothing), booking records (PX a second past their token), the record when due and a
 --   request was decided (PX its TTL; only over nothing or one of ours: a foreign one is left
---   alone). A request that fails writes nothing. A key of another type or with text that is not ours is foreign: the
---   requests that need it fail with JTSTATE (the control key: every request) and it is not
---   written; nor is the record, then.
+--   alone). A request that fails writes nothing; nor does a call whose requests all failed.
+--   A key of another type or with text that is not ours is foreign: the requests that need
+--   it fail with JTSTATE (the control key: every request; the state: all but pause and
+--   resume, and override and clear when the state is not RATED), and it is not written;
+--   nor, for the state, are the bookings and the record.
 
 -- is_record reports whether v is a record's text: "1 <sw|sc|tb|fw> <buckets> <limit> ..."
 -- (internal/keys writes and reads it; a stored text that is not one is foreign).
