@@ -77,15 +77,13 @@ local function load(key, lim, now, _, given, oend)
       return nil, 'JTSTATE ' .. key .. ': not a string'
     end
     -- one limit's state (the usual case) is read with one match, any other field by field
-    local last, soe, u, r, p, b, e = string.match(v, '^(%d+) (%d+) (%-?%d+) (%d+) (%d+) (%d+) (%d+)$')
-    local w = {last, soe, u, r, p, b, e}
-    if not last then
-      w = {}
+    local w = {string.match(v, '^(%d+) (%d+) (%-?%d+) (%d+) (%d+) (%d+) (%d+)$')}
+    if not w[1] then
       for f in string.gmatch(v, '%S+') do
         w[#w + 1] = string.find(f, '^%-?%d+$') and f or false
       end
     end
-    local nw = #w
+    local nw, u, r, p, b, e = #w
     for i = 1, nw do
       w[i] = tonumber(w[i]) or -MAX_WAIT -- (gopher-lua reads nothing past 2^63)
     end
@@ -101,7 +99,7 @@ local function load(key, lim, now, _, given, oend)
       st[j - 2], st[j - 1], st[j], st[j + 1], st[j + 2] = u, r, p, b, e
     end
     st.at = w[1]
-    soe = w[2]
+    local soe = w[2]
     if soe > 0 and soe <= now then -- the override ended: its rates until then, the callers' after
       local at = math.max(soe, st.at)
       rates(st, nil, given, at, at)

@@ -778,6 +778,8 @@ local st, failed -- the state, once a request needed it; the JTSTATE text it fai
 local alg        -- nil until checked: the JTALG text, or false
 local books, booked = {}, {} -- booking records by KEYS index (false: none), those to write
 local changed, decided = false, false -- a control op ran; a request was decided
+-- report's answer while the state has not changed since (take, give and rates change it)
+local remaining, reset, keep
 
 for r = 1, k do
   local op, n, x, y, key, b, e = ops[r], ns[r], xs[r], ys[r], ks[r], 6 * r - 6, ext[r]
@@ -836,6 +838,7 @@ for r = 1, k do
         lim, lower, oend, limit = in_force(over)
         if st then
           rates(st, old, lim, now, now)
+          remaining = nil
         end
       end
       changed = true
@@ -847,7 +850,9 @@ for r = 1, k do
     local t0 = math.max(now, pause)
     if op == OP_INSPECT then
       local t = fit(st, lim, 1, t0, now)
-      local remaining, reset, keep = report(st, lim, now)
+      if not remaining then
+        remaining, reset, keep = report(st, lim, now)
+      end
       local booked_n, ahead, avail = detail(st, lim, now)
       local pttl = -2
       if not st.dirty then
@@ -887,7 +892,9 @@ for r = 1, k do
         end
       end
       local freed = token > 0 and give(st, lim, n, token, now) or 0
-      local _, reset = report(st, lim, now)
+      if freed == 1 or not remaining then
+        remaining, reset, keep = report(st, lim, now)
+      end
       out[b + 1], out[b + 2], out[b + 3], out[b + 4], out[b + 5], out[b + 6] =
         freed, 0, 0, reset, key > 0 and token or 0, 0
       break
@@ -906,7 +913,9 @@ for r = 1, k do
         if not replace then -- found: kept, with a new stamp
           local stamp = math.max(now, last + 1)
           books[key], booked[#booked + 1] = {rec[1], n, stamp}, key
-          local remaining, reset = report(st, lim, now)
+          if not remaining then
+            remaining, reset, keep = report(st, lim, now)
+          end
           out[b + 1], out[b + 2], out[b + 3], out[b + 4], out[b + 5], out[b + 6] =
             2, pause > now and 0 or remaining, math.max(0, rec[1] - now), reset, rec[1], stamp
           break
@@ -917,6 +926,7 @@ for r = 1, k do
     if n > 0 then
       if replace and not st.absent then -- an override set since lowers the limits: it goes back
         give(st, lim, n, rec[1], now)
+        remaining = nil
       end
       t = fit(st, lim, n, t0, now)
       granted = t - now <= x and t - now <= (st.horizon or MAX_WAIT)
@@ -926,6 +936,7 @@ for r = 1, k do
       end
       if granted then
         take(st, lim, n, t, now)
+        remaining = nil
       end
     end
     local stamp = 0
@@ -940,7 +951,9 @@ for r = 1, k do
         books[key], booked[#booked + 1] = false, key
       end
     end
-    local remaining, reset = report(st, lim, now)
+    if not remaining then
+      remaining, reset, keep = report(st, lim, now)
+    end
     out[b + 1], out[b + 2], out[b + 3], out[b + 4], out[b + 5], out[b + 6] =
       granted and 1 or 0, pause > now and 0 or remaining, t - now, reset,
       granted and n > 0 and t or 0, stamp
