@@ -70,7 +70,8 @@ end
 -- the rates ri (and a token bucket at the bursts bi; 0: the rate) in place of the callers';
 -- periods stay the callers'. set: when the override was set, µs (bookings recorded before
 -- it are re-placed; absent in texts of older versions). Every number is a canonical
--- decimal (internal/keys reads and writes the same text); anything else is foreign.
+-- decimal below 2^53, each rate 1..10^9 and burst 0..10^9 (internal/keys reads and writes
+-- the same texts); anything else is foreign.
 -- control_read returns pause_end and the override {end, {{r1, b1}, ...}, set or nil} or nil.
 local function control_read(key)
   local v = redis.pcall('GET', key)
@@ -85,6 +86,9 @@ local function control_read(key)
       return nil, 'not a control text'
     end
     w[#w + 1] = tonumber(f)
+    if w[#w] > MAX_WAIT then
+      return nil, 'not a control text'
+    end
   end
   local nw = #w
   if nw == 1 then
