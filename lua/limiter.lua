@@ -146,8 +146,11 @@ if k == 1 and plain and record_ttl == 0 then -- ARGV[2 .. 6]: op, n, x, y, key
   local n, x = tonumber(ARGV[3]), tonumber(ARGV[4])
   if ARGV[2] == '0' and ARGV[5] == '0' and ARGV[6] == '0' and n and n >= 1 and n <= cap
     and x and x <= MAX_WAIT and not redis.pcall('GET', KEYS[2]) then
-    local st = load(KEYS[1], given, now, param, given, 0)
-    if st and (A == 0 or not st.absent) then
+    local st, other = load(KEYS[1], given, now, param, given, 0), false
+    for i = 4, st and st.absent and 3 + A or 0 do -- creating it: is another algorithm's there?
+      other = other or redis.call('EXISTS', KEYS[i]) == 1
+    end
+    if st and not other then
       local t = fit(st, given, n, now, now)
       local granted = t - now <= x and t - now <= (st.horizon or MAX_WAIT)
       if granted then
