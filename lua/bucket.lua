@@ -51,7 +51,7 @@ local function rates(st, old, new, at, now)
       end
       if r ~= l[1] or p ~= l[2] or b ~= l[3] then
         if p ~= l[2] then
-          local whole = math.min(fdiv(u, p), l[3])
+          local whole = math.min(math.floor(u / p), l[3])
           u = math.max(whole * l[2] + math.floor((u - whole * p) / p * l[2]), -MAX_TICKS)
         end
         r, p, b = l[1], l[2], l[3]
@@ -71,31 +71,32 @@ end
 -- none); given are the callers' limits, in force after a stored override's end.
 local function load(key, lim, now, _, given, oend)
   local v = redis.pcall('GET', key)
-  if v and type(v) ~= 'string' then
-    error('JTSTATE ' .. key .. ': not a string', 0)
-  end
   local st = {at = now, absent = not v, dirty = false}
   if v then
-    local w = {}
-    for f in string.gmatch(v, '%S+') do
-      if #f > 17 or not string.find(f, '^%-?%d+$') then
-        error('JTSTATE ' .. key .. ': not a token bucket', 0)
+    if type(v) ~= 'string' then
+      return nil, 'JTSTATE ' .. key .. ': not a string'
+    end
+    -- one limit's state (the usual case) is read with one match, any other field by field
+    local w = {string.match(v, '^(%d+) (%d+) (%-?%d+) (%d+) (%d+) (%d+) (%d+)$')}
+    if not w[1] then
+      for f in string.gmatch(v, '%S+') do
+        w[#w + 1] = string.find(f, '^%-?%d+$') and f or false
       end
-      w[#w + 1] = tonumber(f)
     end
-    local nw = #w
-    if nw < 7 or (nw - 2) % 5 ~= 0 or w[1] < 0 or w[2] < 0 then
-      error('JTSTATE ' .. key .. ': not a token bucket', 0)
+    local nw, u, r, p, b, e = #w
+    for i = 1, nw do
+      w[i] = tonumber(w[i]) or -MAX_WAIT -- (gopher-lua reads nothing past 2^63)
     end
-    for j = 3, nw, 5 do
-      local u, r, p, b, e = w[j], w[j + 1], w[j + 2], w[j + 3], w[j + 4]
+    if nw < 7 or (nw - 2) % 5 ~= 0 or w[1] < 0 or w[2] < 0 or w[1] > MAX_WAIT or w[2] > MAX_WAIT then
+      return nil, 'JTSTATE ' .. key .. ': not a token bucket'
+    end
+    for j = 3, math.min(nw, 5 * #lim + 2), 5 do
+      u, r, p, b, e = w[j], w[j + 1], w[j + 2], w[j + 3], w[j + 4]
       if r < 1 or r > MAX_RATE or p < 1 or p > MAX_PERIOD or b < 1 or b > MAX_RATE
-        or b * p > MAX_TICKS or u > b * p or u < -2 * MAX_TICKS or e < 0 then
-        error('JTSTATE ' .. key .. ': not a token bucket', 0)
+        or b * p > MAX_TICKS or u > b * p or u < -2 * MAX_TICKS or e < 0 or e > MAX_WAIT then
+        return nil, 'JTSTATE ' .. key .. ': not a token bucket'
       end
-      if j - 3 < 5 * #lim then
-        st[j - 2], st[j - 1], st[j], st[j + 1], st[j + 2] = u, r, p, b, e
-      end
+      st[j - 2], st[j - 1], st[j], st[j + 1], st[j + 2] = u, r, p, b, e
     end
     st.at = w[1]
     local soe = w[2]
@@ -151,8 +152,8 @@ local function give(st, lim, n, token, now)
     local restore = math.min(n * p, n * p - (e - token) * r)
     if restore > 0 then
       st[j + 1], freed = math.min(b * p, u + restore), 1
-      if token == e and token - fdiv(n * p, r) >= now then
-        st[j + 5] = token - fdiv(n * p, r)
+      if token == e and token - math.floor(n * p / r) >= now then
+        st[j + 5] = token - math.floor(n * p / r)
       end
     end
   end
@@ -168,7 +169,7 @@ local function report(st, lim, now)
   local remaining, reset = MAX_RATE, 0
   for j = 0, 5 * #lim - 5, 5 do
     local u, r, p, b = st[j + 1], st[j + 2], st[j + 3], st[j + 4]
-    remaining = math.min(remaining, fdiv(u, p))
+    remaining = math.min(remaining, math.floor(u / p))
     reset = math.max(reset, math.ceil((b * p - u) / r))
   end
   return math.max(0, remaining), reset, reset
@@ -180,7 +181,7 @@ local function detail(st, lim, now)
   local booked, ahead, avail = 0, 0, {}
   for i = 1, #lim do
     local j = 5 * i - 5
-    avail[i] = fdiv(st[j + 1], st[j + 3])
+    avail[i] = math.floor(st[j + 1] / st[j + 3])
     booked = math.max(booked, -avail[i])
     ahead = math.max(ahead, st[j + 5] - now)
   end
@@ -200,10 +201,9 @@ local function save(st, key, lim, now, oend)
     end
     return
   end
-  local parts = {string.format('%d %d', now, oend)}
-  for i = 1, #lim do
-    local j = 5 * i - 5
-    parts[i + 1] = string.format('%d %d %d %d %d', st[j + 1], st[j + 2], st[j + 3], st[j + 4], st[j + 5])
+  local text = string.format('%d %d %d %d %d %d %d', now, oend, st[1], st[2], st[3], st[4], st[5])
+  for j = 5, 5 * #lim - 5, 5 do
+    text = text .. string.format(' %d %d %d %d %d', st[j + 1], st[j + 2], st[j + 3], st[j + 4], st[j + 5])
   end
-  redis.call('SET', key, table.concat(parts, ' '), 'PX', ms(keep))
+  redis.call('SET', key, text, 'PX', ms(keep))
 end

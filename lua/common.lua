@@ -3,9 +3,11 @@
 --
 -- Numbers: times are integer µs of the server's clock, read once per call (TIME), so
 -- every request of a call sees the same instant; counts are integers. Every value a
--- script computes stays below 2^53, where Lua's doubles are exact. An integer argument
--- is 1 to 16 plain decimal digits (leading zeros allowed: 2^53 has 16) with its value in
--- range (a longer one reads differently in Redis's Lua and gopher-lua).
+-- script computes stays below 2^53, where Lua's doubles are exact; so is math.floor(a / b)
+-- (and math.ceil) for integers |a| < 2^53 and b >= 1: the quotient's rounding could only
+-- reach the next integer if |a| were 2^53 or more. An integer argument is plain decimal
+-- digits (leading zeros allowed) with its value in range; one that tonumber cannot read
+-- (gopher-lua: past 2^63) is out of range.
 --
 -- Errors start with a code the Go side maps to a sentinel:
 --   JTARG      an argument is missing or out of range
@@ -19,9 +21,7 @@
 --   now                         the call's server time, µs
 --   MAX_*                       bounds; OP_* the limiter's op codes
 --   int(s, lo, hi)              an argument as an integer in [lo, hi], or nil
---   fdiv(a, b)                  floor(a / b) for integers, b > 0, exact
 --   ms(us)                      a TTL of us µs as SET/PEXPIRE text: whole ms, rounded up, >= 1
---   prefix_of(key)              a key less its last ":suffix": "{<prefix><key>}"
 --   control_read(key)           the control key: pause_end, override; or nil, why it is foreign
 --   control_write(key, p, o)    writes it back (SET PX, or DEL when nothing lies ahead)
 --   booking_read(key)           a task's booking record; or nil, why it is foreign
@@ -46,36 +46,20 @@ do
 end
 
 local function int(s, lo, hi)
-  if type(s) ~= 'string' or #s > 16 or not string.find(s, '^%d+$') then
+  if type(s) ~= 'string' or not string.find(s, '^%d+$') then
     return nil
   end
-  local v = tonumber(s)
+  local v = tonumber(s) or math.huge
   if v < lo or v > hi then
     return nil
   end
   return v
 end
 
--- fdiv corrects the quotient's rounding, which can reach the next integer when a is near
--- 2^53.
-local function fdiv(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
-
 -- ms formats its number itself: redis.call turns a number into text with a slow
 -- printf("%.17g").
 local function ms(us)
-  return string.format('%d', math.max(1, -fdiv(-us, 1000)))
-end
-
-local function prefix_of(key)
-  return string.match(key, '^(.*):[^:]*$') or key
+  return string.format('%d', math.max(1, math.ceil(us / 1000)))
 end
 
 -- The control key, {<prefix><key>}:pause, holds
@@ -84,7 +68,8 @@ end
 -- the rates ri (and a token bucket at the bursts bi; 0: the rate) in place of the callers';
 -- periods stay the callers'. set: when the override was set, µs (bookings recorded before
 -- it are re-placed; absent in texts of older versions). Every number is a canonical
--- decimal (internal/keys reads and writes the same text); anything else is foreign.
+-- decimal below 2^53, each rate 1..10^9 and burst 0..10^9 (internal/keys reads and writes
+-- the same texts); anything else is foreign.
 -- control_read returns pause_end and the override {end, {{r1, b1}, ...}, set or nil} or nil.
 local function control_read(key)
   local v = redis.pcall('GET', key)
@@ -99,6 +84,9 @@ local function control_read(key)
       return nil, 'not a control text'
     end
     w[#w + 1] = tonumber(f)
+    if w[#w] > MAX_WAIT then
+      return nil, 'not a control text'
+    end
   end
   local nw = #w
   if nw == 1 then

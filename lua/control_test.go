@@ -166,3 +166,43 @@ func TestBucketRateChanges(t *testing.T) {
 		}
 	})
 }
+
+// The control key's text is the same on both sides: what internal/keys writes, the
+// scripts read (Inspect shows the pause and the override); what it refuses, they find
+// foreign (JTSTATE).
+func TestControlTextMatchesKeys(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		tag := tagOf(b, "ctltext")
+		clk := newClock(t, b, tag)
+		now := clk.us()
+		c := limiterCall{a: tokenBucket, limits: []limit{{4, sec, 4}, {9, sec, 9}}}
+		for _, ctl := range []keys.Control{
+			{PauseEnd: now + 3*sec},
+			{PauseEnd: 0, Override: &keys.Override{End: now + 2*sec, Rates: []keys.Rate{{Rate: 7, Burst: 2}}, Set: now}},
+			{PauseEnd: now + sec, Override: &keys.Override{End: now + 2*sec, Rates: []keys.Rate{{Rate: 7}, {Rate: 5, Burst: 6}}}},
+		} {
+			b.Client.Set(ctx, tag+":pause", ctl.String(), 0)
+			got := c.one(t, b, tag, inspect())
+			wantPause, wantOver := max(0, ctl.PauseEnd-now), int64(0)
+			if ctl.Override != nil {
+				wantOver = ctl.Override.End - now
+			}
+			if got.err != "" || got.extra[2] != wantPause || got.extra[4] != wantOver {
+				t.Fatalf("%q: %v, want paused %d, override %d", ctl.String(), got, wantPause, wantOver)
+			}
+			if ctl.Override != nil && (got.extra[5] != 7 || got.extra[6] != map[bool]int64{true: 2, false: 7}[ctl.Override.Rates[0].Burst == 2]) {
+				t.Fatalf("%q: rates in force %v", ctl.String(), got.extra)
+			}
+		}
+		for _, text := range []string{"", "x", "01", "1 2", "0 5 1 0 0", "0 5 1 1000000001 0", "0 5 1 5 1000000001",
+			"0 5 17 1 1", "0 5 1 5 5 6 7", "9007199254740992", "-1"} {
+			_, goErr := keys.ParseControl(text)
+			b.Client.Set(ctx, tag+":pause", text, 0)
+			got := c.one(t, b, tag, inspect())
+			if foreign := strings.HasPrefix(got.err, "JTSTATE"); foreign != (goErr != nil) {
+				t.Errorf("%q: script %v, internal/keys %v", text, got, goErr)
+			}
+		}
+	})
+}

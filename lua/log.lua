@@ -38,6 +38,8 @@ local LOG_TRIM = 2       -- expired entries that make an acquire trim (fewer wai
 -- at returns the time and count of entry i (1 <= i <= E; entry 0: -1 and base). An
 -- entry of the stored list is read from the head, the cache or one LRANGE; the stored
 -- last entry's count is its new one (lset); entries past the stored ones are the tail.
+-- An entry that is not ours sets st.err (the driver fails the state's requests) and reads
+-- as 0 and base, so that what reads it still ends.
 local function at(st, i)
   if i == 0 then
     return -1, st.base
@@ -54,10 +56,11 @@ local function at(st, i)
     T, S = st.cT[s], st.cS[s]
     if not T then
       local v = redis.call('LRANGE', st.key, string.format('%d', 2 * s - 1), string.format('%d', 2 * s))
-      T, S = tonumber(v[1]), tonumber(v[2])
       if #v ~= 2 or not string.find(v[1] .. ',' .. v[2], '^%d+,%d+$') or #v[1] > 17 or #v[2] > 17 then
-        error('JTSTATE ' .. st.key .. ': entry ' .. s, 0)
+        st.err = st.err or 'JTSTATE ' .. st.key .. ': entry ' .. s
+        return 0, st.base
       end
+      T, S = tonumber(v[1]), tonumber(v[2])
       st.cT[s], st.cS[s] = T, S
     end
   end
@@ -72,9 +75,9 @@ local function entries(st)
   if not st.send then
     local len = redis.call('LLEN', st.key)
     if len % 2 == 0 then
-      error('JTSTATE ' .. st.key .. ': length', 0)
+      st.err = st.err or 'JTSTATE ' .. st.key .. ': length'
     end
-    st.send = (len - 1) / 2 - st.drop
+    st.send = math.floor((len - 1) / 2) - st.drop
   end
   return st.send - st.off + #st.tail / 2
 end
@@ -106,7 +109,7 @@ end
 local function load(key, lim, now, prec)
   local v = redis.pcall('LRANGE', key, '0', LOG_HEAD_END)
   if v.err then
-    error('JTSTATE ' .. key .. ': not a list', 0)
+    return nil, 'JTSTATE ' .. key .. ': not a list'
   end
   local len, pmax = #v, 0
   for i = 1, #lim do
@@ -119,18 +122,18 @@ local function load(key, lim, now, prec)
     return st
   end
   if not string.find(table.concat(v, ','), '^[%d,]*$') then
-    error('JTSTATE ' .. key .. ': not a permit log', 0)
+    return nil, 'JTSTATE ' .. key .. ': not a permit log'
   end
   for i = 1, len do
     if #v[i] > 17 then
-      error('JTSTATE ' .. key .. ': not a permit log', 0)
+      return nil, 'JTSTATE ' .. key .. ': not a permit log'
     end
     v[i] = tonumber(v[i])
   end
   st.base = v[1]
   if len < 2 * 4 + 1 then -- the whole list
     if len % 2 == 0 then
-      error('JTSTATE ' .. key .. ': length', 0)
+      return nil, 'JTSTATE ' .. key .. ': length'
     end
     st.hn = (len - 1) / 2
     st.send = st.hn
@@ -140,7 +143,7 @@ local function load(key, lim, now, prec)
     local last = redis.call('LRANGE', key, '-2', '-1')
     st.slastT, st.slastS = tonumber(last[1]), tonumber(last[2])
     if not string.find(last[1] .. ',' .. last[2], '^%d+,%d+$') or #last[1] > 17 or #last[2] > 17 then
-      error('JTSTATE ' .. key .. ': not a permit log', 0)
+      return nil, 'JTSTATE ' .. key .. ': not a permit log'
     end
   end
   st.lastT, st.P = st.slastT, st.slastS or st.base
@@ -164,7 +167,7 @@ end
 local function take(st, lim, n, t, now)
   local rt = t
   if st.prec > 0 then
-    rt = (fdiv(t, st.prec) + 1) * st.prec
+    rt = (math.floor(t / st.prec) + 1) * st.prec
   end
   if st.lastT and rt < st.lastT then
     rt = st.lastT
@@ -204,7 +207,7 @@ local function give(st, lim, n, token, now)
   end
   local rt = token
   if st.prec > 0 then
-    rt = (fdiv(token, st.prec) + 1) * st.prec
+    rt = (math.floor(token / st.prec) + 1) * st.prec
   end
   if rt > st.lastT then
     return 0
@@ -223,7 +226,8 @@ local function give(st, lim, n, token, now)
   if s <= st.send then
     local moved = redis.call('LRANGE', st.key, string.format('%d', 2 * s - 1), string.format('%d', 2 * st.send))
     if #moved ~= 2 * (st.send - s + 1) or not string.find(table.concat(moved, ','), '^[%d,]*$') then
-      error('JTSTATE ' .. st.key .. ': not a permit log', 0)
+      st.err = st.err or 'JTSTATE ' .. st.key .. ': not a permit log'
+      return 0
     end
     for i = 1, #moved do
       moved[i] = tonumber(moved[i])

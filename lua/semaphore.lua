@@ -43,6 +43,8 @@
 --   expiry; empty sets disappear. A key of another type, a control key not ours, or a place
 --   not ours that a hand-off could reach fails the requests that need it (JTSTATE).
 
+local SEM_ACQUIRE, SEM_EXTEND, SEM_RELEASE, SEM_INSPECT = 0, 1, 2, 3
+
 local k = int(ARGV[1], 1, MAX_REQUESTS)
 if not k or #ARGV ~= 3 + 4 * k or #KEYS ~= 4 then
   return redis.error_reply('JTARG k')
@@ -64,21 +66,21 @@ end
 local ext, writers, frees = {}, 0, 0
 for r = 1, k do
   local j, bad = 4 * r - 2, nil
-  local op, token, place = int(ARGV[j], 0, 3), ARGV[j + 1], ARGV[j + 2]
+  local op, token, place = int(ARGV[j], SEM_ACQUIRE, SEM_INSPECT), ARGV[j + 1], ARGV[j + 2]
   if not op then
     bad = 'op'
-  elseif not ((#token == 32 and not string.find(token, '[^0-9a-f]')) or (op == 3 and token == '')) then
+  elseif not ((#token == 32 and not string.find(token, '[^0-9a-f]')) or (op == SEM_INSPECT and token == '')) then
     bad = 'token'
-  elseif #place > 200 or string.find(place, '[^!-~]') or (op == 0 and place == '') then
+  elseif #place > 200 or string.find(place, '[^!-~]') or (op == SEM_ACQUIRE and place == '') then
     bad = 'place'
-  elseif not int(ARGV[j + 3], 0, op == 3 and 1000 or op == 0 and 1 or 0) then
+  elseif not int(ARGV[j + 3], 0, op == SEM_INSPECT and 1000 or op == SEM_ACQUIRE and 1 or 0) then
     bad = 'join'
   end
   if bad then
     ext[r] = 'JTARG request ' .. r .. ': ' .. bad
-  elseif op ~= 3 then
+  elseif op ~= SEM_INSPECT then
     writers = writers + 1
-    frees = frees + (op == 2 and 1 or 0)
+    frees = frees + (op == SEM_RELEASE and 1 or 0)
   end
 end
 
@@ -125,7 +127,7 @@ if writers > 0 and not paused and redis.call('ZCARD', q) > 0 then
   end
   if foreign then
     for r = 1, k do
-      if not ext[r] and ARGV[4 * r - 2] ~= '3' then
+      if not ext[r] and tonumber(ARGV[4 * r - 2]) ~= SEM_INSPECT then
         ext[r], writers = foreign, writers - 1
       end
     end
@@ -178,13 +180,13 @@ for r = 1, k do
     local j, b = 4 * r - 2, 6 * r - 6
     local op, token, place, join = tonumber(ARGV[j]), ARGV[j + 1], ARGV[j + 2], tonumber(ARGV[j + 3])
     local ok, wait = 0, 0
-    if op == 3 then
+    if op == SEM_INSPECT then
       local after = '(' .. now_text
       local held = redis.call('ZCOUNT', sem, after, '+inf')
       local pttl = redis.call('PTTL', sem)
       if wrote then
         local last = latest(sem)
-        pttl = last and -fdiv(now - last, 1000) or -2
+        pttl = last and math.ceil((last - now) / 1000) or -2
       end
       local d = {held, redis.call('ZCOUNT', x, after, '+inf'), math.max(0, pause_end - now), pttl, 0}
       if join > 0 and held > 0 then
@@ -200,7 +202,7 @@ for r = 1, k do
       wrote = true
       handoff() -- the queue goes before the caller
       local me, expiry = place .. ':' .. ttl_text, string.format('%d', now + ttl)
-      if op == 2 then
+      if op == SEM_RELEASE then
         ok = redis.call('ZREM', sem, token)
         if place ~= '' then
           redis.call('ZREM', q, me)
@@ -208,7 +210,7 @@ for r = 1, k do
           redis.call('ZREM', sem, place)
         end
         handoff()
-      elseif op == 1 then
+      elseif op == SEM_EXTEND then
         if redis.call('ZSCORE', sem, token) then
           redis.call('ZADD', sem, expiry, token)
           ok = 1
@@ -262,7 +264,7 @@ if wrote then -- each set lives until its latest expiry
     redis.call('PEXPIRE', x, ms(last - now))
   end
   if #handed > 0 then
-    redis.call('PUBLISH', prefix_of(sem) .. ':wake', 'h ' .. table.concat(handed, ' '))
+    redis.call('PUBLISH', (string.match(sem, '^(.*:)[^:]*$') or '') .. 'wake', 'h ' .. table.concat(handed, ' '))
   end
 end
 return reply(out, k, ext)

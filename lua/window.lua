@@ -21,28 +21,36 @@ local WIDTH, CAP, PARAMS, RATED = 2, 1, 0, false -- ARGV per limit; n's bound; p
 
 local function load(key, lim, now)
   local v = redis.pcall('GET', key)
-  if v and type(v) ~= 'string' then
-    error('JTSTATE ' .. key .. ': not a string', 0)
-  end
-  local st, i = {L = 0, absent = not v, dirty = false}, -1
+  local st = {L = 0, absent = not v, dirty = false}
   if v then
-    for f in string.gmatch(v, '%S+') do
-      if #f > 17 or not string.find(f, '^%d+$') then
-        error('JTSTATE ' .. key .. ': not a fixed window', 0)
-      end
-      if i < 0 then
-        st.L = tonumber(f)
-      elseif i < #lim then
-        st[i + 1] = tonumber(f)
-      end
-      i = i + 1
+    if type(v) ~= 'string' then
+      return nil, 'JTSTATE ' .. key .. ': not a string'
     end
-    if i < 0 then
-      error('JTSTATE ' .. key .. ': not a fixed window', 0)
+    -- one limit's state (the usual case) is read with one match, any other word by word
+    local L, c = string.match(v, '^(%d+) (%d+)$')
+    local w = {L, c}
+    if not L then
+      w = {}
+      for f in string.gmatch(v, '%S+') do
+        w[#w + 1] = string.find(f, '^%d+$') and f or false
+      end
+    end
+    for i = 1, #w do
+      w[i] = tonumber(w[i]) or -1 -- (gopher-lua reads nothing past 2^63)
+      if w[i] < 0 or w[i] > MAX_WAIT then
+        return nil, 'JTSTATE ' .. key .. ': not a fixed window'
+      end
+    end
+    if #w < 1 then
+      return nil, 'JTSTATE ' .. key .. ': not a fixed window'
+    end
+    st.L = w[1]
+    for i = 1, #lim do
+      st[i] = w[i + 1]
     end
   end
-  for j = 1, #lim do
-    st[j] = st[j] or 0
+  for i = 1, #lim do
+    st[i] = st[i] or 0
   end
   return st
 end
@@ -53,13 +61,13 @@ local function fit(st, lim, n, t, now)
   t = math.max(t, st.L)
   local lw = {}
   for i = 1, #lim do
-    lw[i] = fdiv(st.L, lim[i][2])
+    lw[i] = math.floor(st.L / lim[i][2])
   end
   for _ = 0, #lim do
     local moved = false
     for i = 1, #lim do
       local R, P = lim[i][1], lim[i][2]
-      local w = fdiv(t, P)
+      local w = math.floor(t / P)
       if (w == lw[i] and st[i] or 0) + n > R then
         t, moved = (w + 1) * P, true
       end
@@ -74,7 +82,7 @@ end
 local function take(st, lim, n, t, now)
   for i = 1, #lim do
     local P = lim[i][2]
-    st[i] = (fdiv(t, P) == fdiv(st.L, P) and st[i] or 0) + n
+    st[i] = (math.floor(t / P) == math.floor(st.L / P) and st[i] or 0) + n
   end
   st.L, st.dirty = t, true
 end
@@ -84,7 +92,7 @@ local function give(st, lim, n, token, now)
   if token > now and n > 0 then
     for i = 1, #lim do
       local P = lim[i][2]
-      if st[i] > 0 and fdiv(token, P) == fdiv(st.L, P) then
+      if st[i] > 0 and math.floor(token / P) == math.floor(st.L / P) then
         st[i], freed = math.max(0, st[i] - n), 1
       end
     end
@@ -101,9 +109,9 @@ local function report(st, lim, now)
   local remaining, reset, keep = MAX_RATE, 0, 0
   for i = 1, #lim do
     local R, P = lim[i][1], lim[i][2]
-    local lw = fdiv(st.L, P)
+    local lw = math.floor(st.L / P)
     local ends = (lw + 1) * P - now
-    remaining = math.min(remaining, R - (lw == fdiv(now, P) and st[i] or 0))
+    remaining = math.min(remaining, R - (lw == math.floor(now / P) and st[i] or 0))
     if st[i] > 0 then
       reset = math.max(reset, ends)
     end
@@ -122,7 +130,7 @@ local function detail(st, lim, now)
   local booked, avail = 0, {}
   for i = 1, #lim do
     local R, P = lim[i][1], lim[i][2]
-    local lw, nw = fdiv(st.L, P), fdiv(now, P)
+    local lw, nw = math.floor(st.L / P), math.floor(now / P)
     avail[i] = R - (lw == nw and st[i] or 0)
     if lw > nw then
       avail[i], booked = 0, math.max(booked, st[i])

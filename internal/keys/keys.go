@@ -121,14 +121,16 @@ type Rate struct{ Rate, Burst int }
 
 // ParseControl reads the control key's text: "<pause_end>", or
 // "<pause_end> <override_end> <m> <r1> <b1> ... <rm> <bm> [<set>]", every number a plain
-// decimal integer.
+// decimal integer below 2^53 written without leading zeros, each rate 1..10^9 and each
+// burst 0..10^9 (0: the rate). The scripts (lua/common.lua) take exactly these texts; any
+// other is foreign to both.
 func ParseControl(text string) (Control, error) {
 	f := strings.Fields(text)
 	var c Control
 	n := make([]int64, len(f))
 	for i, w := range f {
 		v, err := strconv.ParseInt(w, 10, 64)
-		if err != nil || v < 0 || w != strconv.FormatInt(v, 10) {
+		if err != nil || v < 0 || v >= 1<<53 || w != strconv.FormatInt(v, 10) {
 			return Control{}, fmt.Errorf("control key %q: %q is not a number", text, w)
 		}
 		n[i] = v
@@ -146,7 +148,11 @@ func ParseControl(text string) (Control, error) {
 	}
 	o := &Override{End: n[1]}
 	for i := 0; i < m; i++ {
-		o.Rates = append(o.Rates, Rate{int(n[3+2*i]), int(n[4+2*i])})
+		r, b := n[3+2*i], n[4+2*i]
+		if r < 1 || r > 1e9 || b > 1e9 {
+			return Control{}, fmt.Errorf("control key %q: limit %d's rate %d or burst %d out of range", text, i+1, r, b)
+		}
+		o.Rates = append(o.Rates, Rate{int(r), int(b)})
 	}
 	if len(n) == 4+2*m {
 		o.Set = n[3+2*m]

@@ -5,9 +5,11 @@
 --
 -- Numbers: times are integer µs of the server's clock, read once per call (TIME), so
 -- every request of a call sees the same instant; counts are integers. Every value a
--- script computes stays below 2^53, where Lua's doubles are exact. An integer argument
--- is 1 to 16 plain decimal digits (leading zeros allowed: 2^53 has 16) with its value in
--- range (a longer one reads differently in Redis's Lua and gopher-lua).
+-- script computes stays below 2^53, where Lua's doubles are exact; so is math.floor(a / b)
+-- (and math.ceil) for integers |a| < 2^53 and b >= 1: the quotient's rounding could only
+-- reach the next integer if |a| were 2^53 or more. An integer argument is plain decimal
+-- digits (leading zeros allowed) with its value in range; one that tonumber cannot read
+-- (gopher-lua: past 2^63) is out of range.
 --
 -- Errors start with a code the Go side maps to a sentinel:
 --   JTARG      an argument is missing or out of range
@@ -21,9 +23,7 @@
 --   now                         the call's server time, µs
 --   MAX_*                       bounds; OP_* the limiter's op codes
 --   int(s, lo, hi)              an argument as an integer in [lo, hi], or nil
---   fdiv(a, b)                  floor(a / b) for integers, b > 0, exact
 --   ms(us)                      a TTL of us µs as SET/PEXPIRE text: whole ms, rounded up, >= 1
---   prefix_of(key)              a key less its last ":suffix": "{<prefix><key>}"
 --   control_read(key)           the control key: pause_end, override; or nil, why it is foreign
 --   control_write(key, p, o)    writes it back (SET PX, or DEL when nothing lies ahead)
 --   booking_read(key)           a task's booking record; or nil, why it is foreign
@@ -48,36 +48,20 @@ do
 end
 
 local function int(s, lo, hi)
-  if type(s) ~= 'string' or #s > 16 or not string.find(s, '^%d+$') then
+  if type(s) ~= 'string' or not string.find(s, '^%d+$') then
     return nil
   end
-  local v = tonumber(s)
+  local v = tonumber(s) or math.huge
   if v < lo or v > hi then
     return nil
   end
   return v
 end
 
--- fdiv corrects the quotient's rounding, which can reach the next integer when a is near
--- 2^53.
-local function fdiv(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
-
 -- ms formats its number itself: redis.call turns a number into text with a slow
 -- printf("%.17g").
 local function ms(us)
-  return string.format('%d', math.max(1, -fdiv(-us, 1000)))
-end
-
-local function prefix_of(key)
-  return string.match(key, '^(.*):[^:]*$') or key
+  return string.format('%d', math.max(1, math.ceil(us / 1000)))
 end
 
 -- The control key, {<prefix><key>}:pause, holds
@@ -86,7 +70,8 @@ end
 -- the rates ri (and a token bucket at the bursts bi; 0: the rate) in place of the callers';
 -- periods stay the callers'. set: when the override was set, µs (bookings recorded before
 -- it are re-placed; absent in texts of older versions). Every number is a canonical
--- decimal (internal/keys reads and writes the same text); anything else is foreign.
+-- decimal below 2^53, each rate 1..10^9 and burst 0..10^9 (internal/keys reads and writes
+-- the same texts); anything else is foreign.
 -- control_read returns pause_end and the override {end, {{r1, b1}, ...}, set or nil} or nil.
 local function control_read(key)
   local v = redis.pcall('GET', key)
@@ -101,6 +86,9 @@ local function control_read(key)
       return nil, 'not a control text'
     end
     w[#w + 1] = tonumber(f)
+    if w[#w] > MAX_WAIT then
+      return nil, 'not a control text'
+    end
   end
   local nw = #w
   if nw == 1 then
@@ -248,6 +236,8 @@ local LOG_TRIM = 2       -- expired entries that make an acquire trim (fewer wai
 -- at returns the time and count of entry i (1 <= i <= E; entry 0: -1 and base). An
 -- entry of the stored list is read from the head, the cache or one LRANGE; the stored
 -- last entry's count is its new one (lset); entries past the stored ones are the tail.
+-- An entry that is not ours sets st.err (the driver fails the state's requests) and reads
+-- as 0 and base, so that what reads it still ends.
 local function at(st, i)
   if i == 0 then
     return -1, st.base
@@ -264,10 +254,11 @@ local function at(st, i)
     T, S = st.cT[s], st.cS[s]
     if not T then
       local v = redis.call('LRANGE', st.key, string.format('%d', 2 * s - 1), string.format('%d', 2 * s))
-      T, S = tonumber(v[1]), tonumber(v[2])
       if #v ~= 2 or not string.find(v[1] .. ',' .. v[2], '^%d+,%d+$') or #v[1] > 17 or #v[2] > 17 then
-        error('JTSTATE ' .. st.key .. ': entry ' .. s, 0)
+        st.err = st.err or 'JTSTATE ' .. st.key .. ': entry ' .. s
+        return 0, st.base
       end
+      T, S = tonumber(v[1]), tonumber(v[2])
       st.cT[s], st.cS[s] = T, S
     end
   end
@@ -282,9 +273,9 @@ local function entries(st)
   if not st.send then
     local len = redis.call('LLEN', st.key)
     if len % 2 == 0 then
-      error('JTSTATE ' .. st.key .. ': length', 0)
+      st.err = st.err or 'JTSTATE ' .. st.key .. ': length'
     end
-    st.send = (len - 1) / 2 - st.drop
+    st.send = math.floor((len - 1) / 2) - st.drop
   end
   return st.send - st.off + #st.tail / 2
 end
@@ -316,7 +307,7 @@ end
 local function load(key, lim, now, prec)
   local v = redis.pcall('LRANGE', key, '0', LOG_HEAD_END)
   if v.err then
-    error('JTSTATE ' .. key .. ': not a list', 0)
+    return nil, 'JTSTATE ' .. key .. ': not a list'
   end
   local len, pmax = #v, 0
   for i = 1, #lim do
@@ -329,18 +320,18 @@ local function load(key, lim, now, prec)
     return st
   end
   if not string.find(table.concat(v, ','), '^[%d,]*$') then
-    error('JTSTATE ' .. key .. ': not a permit log', 0)
+    return nil, 'JTSTATE ' .. key .. ': not a permit log'
   end
   for i = 1, len do
     if #v[i] > 17 then
-      error('JTSTATE ' .. key .. ': not a permit log', 0)
+      return nil, 'JTSTATE ' .. key .. ': not a permit log'
     end
     v[i] = tonumber(v[i])
   end
   st.base = v[1]
   if len < 2 * 4 + 1 then -- the whole list
     if len % 2 == 0 then
-      error('JTSTATE ' .. key .. ': length', 0)
+      return nil, 'JTSTATE ' .. key .. ': length'
     end
     st.hn = (len - 1) / 2
     st.send = st.hn
@@ -350,7 +341,7 @@ local function load(key, lim, now, prec)
     local last = redis.call('LRANGE', key, '-2', '-1')
     st.slastT, st.slastS = tonumber(last[1]), tonumber(last[2])
     if not string.find(last[1] .. ',' .. last[2], '^%d+,%d+$') or #last[1] > 17 or #last[2] > 17 then
-      error('JTSTATE ' .. key .. ': not a permit log', 0)
+      return nil, 'JTSTATE ' .. key .. ': not a permit log'
     end
   end
   st.lastT, st.P = st.slastT, st.slastS or st.base
@@ -374,7 +365,7 @@ end
 local function take(st, lim, n, t, now)
   local rt = t
   if st.prec > 0 then
-    rt = (fdiv(t, st.prec) + 1) * st.prec
+    rt = (math.floor(t / st.prec) + 1) * st.prec
   end
   if st.lastT and rt < st.lastT then
     rt = st.lastT
@@ -414,7 +405,7 @@ local function give(st, lim, n, token, now)
   end
   local rt = token
   if st.prec > 0 then
-    rt = (fdiv(token, st.prec) + 1) * st.prec
+    rt = (math.floor(token / st.prec) + 1) * st.prec
   end
   if rt > st.lastT then
     return 0
@@ -433,7 +424,8 @@ local function give(st, lim, n, token, now)
   if s <= st.send then
     local moved = redis.call('LRANGE', st.key, string.format('%d', 2 * s - 1), string.format('%d', 2 * st.send))
     if #moved ~= 2 * (st.send - s + 1) or not string.find(table.concat(moved, ','), '^[%d,]*$') then
-      error('JTSTATE ' .. st.key .. ': not a permit log', 0)
+      st.err = st.err or 'JTSTATE ' .. st.key .. ': not a permit log'
+      return 0
     end
     for i = 1, #moved do
       moved[i] = tonumber(moved[i])
@@ -541,7 +533,8 @@ end
 
 -- limiter.lua: the driver every limiter script ends with; the generator puts it after
 -- common.lua and the algorithm's file, which defines WIDTH, CAP, PARAMS, RATED and
---   load(key, lim, now, param, given, oend) -> st   the state at now (absent: empty)
+--   load(key, lim, now, param, given, oend) -> st   the state at now (absent: empty);
+--                                    nil and the JTSTATE text when the key is foreign
 --   fit(st, lim, n, t, now) -> t'    the earliest time >= t at which n fit every limit
 --   take(st, lim, n, t, now)         book n at t
 --   give(st, lim, n, token, now) -> freed 0|1   give back n booked at token (Cancel)
@@ -550,7 +543,10 @@ end
 --   rates(st, old, new, at, now)     the limits in force change at `at`
 --   save(st, key, lim, now, oend)    write the state if it changed, with its TTL
 -- Each takes the state as an argument; st.dirty says it changed, st.absent that the key
--- was absent. lim[i] = {rate, period_us, burst (bucket only)}: the limits in force.
+-- was absent, st.err (the JTSTATE text) that a read after load found it foreign (the log
+-- reads lazily). lim[i] = {rate, period_us, burst (bucket only)}: the limits in force.
+-- Nothing raises an error: a request's failure is a value, so no pcall is needed (nor its
+-- cost, nor gopher-lua's way with upvalues after one).
 --
 -- KEYS[1]  {<prefix><key>}:<sw|sc|tb|fw>  the algorithm's state (its file's header)
 -- KEYS[2]  {<prefix><key>}:pause  the control key: a pause and an override (common.lua)
@@ -559,7 +555,8 @@ end
 --          that would create KEYS[1] while one of them exists fails with "JTALG <key>"
 -- KEYS[4+A ..]    the requests' booking keys, {<prefix><key>}:bk:<task id>, any order
 -- ARGV[1]  k, the number of requests, 1..1000
--- ARGV[2 .. 1+5k]  k requests of five integers: op, n, x, y, key
+-- ARGV[2 .. 1+5k]  k requests of five integers: op, n, x, y, key (a lone request's are
+--          ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
 --   op  name      n          x                       y                   key
 --   0   acquire   0..cap     max wait µs, < 2^53     late µs, < 2^53     booking's index in KEYS, or 0
 --   1   cancel    0..cap     token, or the booking's stamp   0           booking's index in KEYS, or 0
@@ -613,9 +610,18 @@ end
 --   and its TTL), the control key (control ops; PX covering what it holds, DEL when
 --   nothing), booking records (PX a second past their token), the record when due and a
 --   request was decided (PX its TTL; only over nothing or one of ours: a foreign one is left
---   alone). A request that fails writes nothing. A key of another type or with text that is not ours is foreign: the
---   requests that need it fail with JTSTATE (the control key: every request) and it is not
---   written; nor is the record, then.
+--   alone). A request that fails writes nothing; nor does a call whose requests all failed.
+--   A key of another type or with text that is not ours is foreign: the requests that need
+--   it fail with JTSTATE (the control key: every request; the state: all but pause and
+--   resume, and override and clear when the state is not RATED), and it is not written;
+--   nor, for the state, are the bookings and the record.
+
+-- is_record reports whether v is a record's text: "1 <sw|sc|tb|fw> <buckets> <limit> ..."
+-- (internal/keys writes and reads it; a stored text that is not one is foreign).
+local function is_record(v)
+  local alg = type(v) == 'string' and string.match(v, '^1 (%l%l) %d+ %S')
+  return alg and string.find(' sw sc tb fw ', ' ' .. alg .. ' ', 1, true) ~= nil or false
+end
 
 local nargv, nkeys = #ARGV, #KEYS
 local k = int(ARGV[1], 1, MAX_REQUESTS)
@@ -629,54 +635,85 @@ if not m then
 elseif nargv < p + WIDTH * m + PARAMS + 3 then
   return redis.error_reply('JTARG argument count')
 end
+-- One pattern checks that the requests' fields and the shared integers before the record
+-- are plain integers (the usual case); each is then read with tonumber (math.huge when it
+-- cannot: gopher-lua past 2^63) and checked against its bounds. Otherwise each is checked
+-- on its own.
+local ints = table.concat(ARGV, ',', 2, p + WIDTH * m + PARAMS + 1)
+local plain = string.find(ints, '^%d[%d,]*%d$') and not string.find(ints, ',,', 1, true)
 local given, cap = {}, MAX_RATE -- the callers' limits, and the largest n they allow
 for i = 1, m do
   local b = p + WIDTH * (i - 1)
-  local l = {int(ARGV[b + 1], 1, MAX_RATE), int(ARGV[b + 2], 1, MAX_PERIOD)}
-  if WIDTH == 3 then
-    l[3] = int(ARGV[b + 3], 1, MAX_RATE)
-  end
-  if not l[1] or not l[2] or (WIDTH == 3 and (not l[3] or l[3] * l[2] > MAX_TICKS)) then
+  local rate = plain and (tonumber(ARGV[b + 1]) or math.huge) or int(ARGV[b + 1], 1, MAX_RATE)
+  local period = plain and (tonumber(ARGV[b + 2]) or math.huge) or int(ARGV[b + 2], 1, MAX_PERIOD)
+  local burst = WIDTH == 3 and (plain and (tonumber(ARGV[b + 3]) or math.huge) or int(ARGV[b + 3], 1, MAX_RATE)) or nil
+  if not rate or rate < 1 or rate > MAX_RATE or not period or period < 1 or period > MAX_PERIOD
+    or (WIDTH == 3 and (not burst or burst < 1 or burst > MAX_RATE or burst * period > MAX_TICKS)) then
     return redis.error_reply('JTARG limit ' .. i)
   end
-  given[i], cap = l, math.min(cap, l[CAP])
+  given[i] = {rate, period, burst}
+  cap = math.min(cap, given[i][CAP])
 end
 p = p + WIDTH * m + 1
-local param = PARAMS > 0 and int(ARGV[p], 0, MAX_PERIOD)
-if param == nil then
+local param = PARAMS > 0 and (plain and (tonumber(ARGV[p]) or math.huge) or int(ARGV[p], 0, MAX_PERIOD))
+if param == nil or (param and param > MAX_PERIOD) then
   return redis.error_reply('JTARG parameter')
 end
 p = p + PARAMS
--- is_record reports whether v is a record's text: "1 <sw|sc|tb|fw> <buckets> <limit> ..."
--- (internal/keys writes and reads it; a stored text that is not one is foreign).
-local function is_record(v)
-  local alg = type(v) == 'string' and string.match(v, '^1 (%l%l) %d+ %S')
-  return alg and string.find(' sw sc tb fw ', ' ' .. alg .. ' ', 1, true) ~= nil or false
-end
-local A, record_ttl = int(ARGV[p], 0, nkeys - 3), int(ARGV[p + 2], 0, MAX_PERIOD / 1000)
-if not A then
+local A, record_ttl = plain and (tonumber(ARGV[p]) or math.huge) or int(ARGV[p], 0, nkeys - 3), int(ARGV[p + 2], 0, MAX_PERIOD / 1000)
+local record = ARGV[p + 1]
+if not A or A > nkeys - 3 then
   return redis.error_reply('JTARG A')
-elseif not record_ttl or (record_ttl > 0) ~= is_record(ARGV[p + 1]) or (record_ttl == 0 and ARGV[p + 1] ~= '') then
+elseif not record_ttl or (record_ttl == 0) ~= (record == '')
+  or (record_ttl > 0 and not is_record(record)) then
   return redis.error_reply('JTARG record')
 end
 local extra = p + 3 -- the first extra argument
 
--- Each request's arguments: one pattern checks that all are plain integers of at most 16
--- digits (the usual case); then each is checked against its op's bounds.
-local ext, reqs = {}, table.concat(ARGV, ',', 2, 1 + 5 * k)
-local plain = string.find(reqs, '^%d[%d,]*$') and not string.find(reqs .. ',', ',,', 1, true)
-  and not string.find(reqs, '%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d') -- 17 digits
-local booking_prefix = prefix_of(KEYS[1]) .. ':bk:'
+-- A lone acquire with no booking, no record due and no control key (the usual call) is
+-- decided here, by the same algorithm functions, without the request loop's bookkeeping:
+-- what that saves shows in luaexec's "jobthrottle <algorithm> allowed" and "... denied"
+-- cases (bench/RESULTS.md). Anything else, or a state that needs more (created beside
+-- another algorithm's, found foreign), goes on below.
+if k == 1 and plain and record_ttl == 0 then -- ARGV[2 .. 6]: op, n, x, y, key
+  local n, x = tonumber(ARGV[3]), tonumber(ARGV[4])
+  if ARGV[2] == '0' and ARGV[5] == '0' and ARGV[6] == '0' and n and n >= 1 and n <= cap
+    and x and x <= MAX_WAIT and not redis.pcall('GET', KEYS[2]) then
+    local st, other = load(KEYS[1], given, now, param, given, 0), false
+    for i = 4, st and st.absent and 3 + A or 0 do -- creating it: is another algorithm's there?
+      other = other or redis.call('EXISTS', KEYS[i]) == 1
+    end
+    if st and not other then
+      local t = fit(st, given, n, now, now)
+      local granted = t - now <= x and t - now <= (st.horizon or MAX_WAIT)
+      if granted then
+        take(st, given, n, t, now)
+      end
+      local remaining, reset = report(st, given, now)
+      if not st.err then
+        save(st, KEYS[1], given, now, 0)
+        return {granted and 1 or 0, remaining, t - now, reset, granted and t or 0, 0}
+      end
+    end
+  end
+end
+
+-- Each request's fields, read once: ops[r], ns[r], xs[r], ys[r], ks[r]; ext[r] the text
+-- of its error (or Inspect's detail).
+local ops, ns, xs, ys, ks, ext = {}, {}, {}, {}, {}, {}
+local tag -- "{<prefix><key>}:", once needed
 for r = 1, k do
   local j, bad = 5 * r - 3, nil
   for i = j, plain and 0 or j + 4 do
-    if #ARGV[i] > 16 or not string.find(ARGV[i], '^%d+$') then
+    if not string.find(ARGV[i], '^%d+$') then
       bad = 'JTARG request ' .. r .. ': argument ' .. i .. ' is not a plain integer'
     end
   end
   if not bad then
-    local op, n, x, y, key = tonumber(ARGV[j]), tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]),
-      tonumber(ARGV[j + 3]), tonumber(ARGV[j + 4])
+    local huge = math.huge
+    local op, n, x, y, key = tonumber(ARGV[j]) or huge, tonumber(ARGV[j + 1]) or huge,
+      tonumber(ARGV[j + 2]) or huge, tonumber(ARGV[j + 3]) or huge, tonumber(ARGV[j + 4]) or huge
+    ops[r], ns[r], xs[r], ys[r], ks[r] = op, n, x, y, key
     if op > OP_CLEAR then
       bad = 'op'
     elseif op <= OP_CANCEL then
@@ -684,9 +721,12 @@ for r = 1, k do
         bad = CAP == 3 and 'n above burst' or 'n above rate'
       elseif x > MAX_WAIT or y > MAX_WAIT or (y > 0 and (key == 0 or op == OP_CANCEL)) then
         bad = 'x or y'
-      elseif key ~= 0 and (key < 4 + A or key > nkeys or #KEYS[key] <= #booking_prefix
-        or string.sub(KEYS[key], 1, #booking_prefix) ~= booking_prefix) then
-        bad = 'key: not a booking key of this limiter'
+      elseif key ~= 0 then
+        tag = tag or string.match(KEYS[1], '^(.*:)') or ''
+        if key < 4 + A or key > nkeys or #KEYS[key] <= #tag + 3
+          or string.sub(KEYS[key], 1, #tag + 3) ~= tag .. 'bk:' then
+          bad = 'key: not a booking key of this limiter'
+        end
       end
     elseif op == OP_OVERRIDE then
       if n < 1 or n > m or x > MAX_PERIOD or key ~= 0 or y < extra or y + 2 * n - 1 > nargv then
@@ -709,234 +749,245 @@ for r = 1, k do
   ext[r] = bad
 end
 
--- What the requests change and the code after them reads is kept in one table, call:
--- gopher-lua (which miniredis runs) detaches a closure's upvalues from the chunk's locals
--- once an error has passed through pcall.
---   pause, over  the control key (common.lua), as the requests so far left it
---   lim, lower, oend, limit  the limits in force (in_force)
---   st           the state, once a request needed it; failed: the text of a JTSTATE on it
---   alg          nil until checked: the JTALG error, or false
---   changed      whether a control op ran
-local call = {changed = false}
-call.pause, call.over = control_read(KEYS[2])
-if not call.pause then -- every request needs the control key
-  local e = 'JTSTATE ' .. KEYS[2] .. ': ' .. call.over
+local pause, over = control_read(KEYS[2])
+if not pause then -- every request needs the control key
+  local e = 'JTSTATE ' .. KEYS[2] .. ': ' .. over
   for r = 1, k do
     ext[r] = ext[r] or e
   end
   return reply({}, k, ext)
 end
 
--- in_force sets the limits in force: the callers', with an override's rates until it
--- ends; lower says whether it lowers a rate or a burst below the callers', oend when it
--- ends (0: none), limit the largest n they allow.
-local function in_force()
-  local over, lim, lower, limit = call.over, given, false, cap
-  if over and over[1] > now then
-    lim = {}
-    for i = 1, m do
-      local l, o = given[i], over[2][i]
-      if o then
-        local burst = l[3] and math.min(o[2] > 0 and o[2] or o[1], math.floor(MAX_TICKS / l[2]))
-        lower = lower or o[1] < l[1] or (burst and burst < l[3])
-        l = {o[1], l[2], burst}
-        limit = math.min(limit, l[CAP])
-      end
-      lim[i] = l
-    end
+-- in_force returns the limits in force: the callers' (given), with the override's rates
+-- until it ends; whether it lowers a rate or a burst below the callers'; when it ends (0:
+-- none); the largest n they allow.
+local function in_force(over)
+  if not over or over[1] <= now then
+    return given, false, 0, cap
   end
-  call.lim, call.lower, call.oend, call.limit = lim, lower, lim == given and 0 or over[1], limit
+  local lim, lower, limit = {}, false, cap
+  for i = 1, m do
+    local l, o = given[i], over[2][i]
+    if o then
+      local burst = l[3] and math.min(o[2] > 0 and o[2] or o[1], math.floor(MAX_TICKS / l[2]))
+      lower = lower or o[1] < l[1] or (burst and burst < l[3])
+      l = {o[1], l[2], burst}
+      limit = math.min(limit, l[CAP])
+    end
+    lim[i] = l
+  end
+  return lim, lower, over[1], limit
 end
-in_force()
+local lim, lower, oend, limit = in_force(over)
 
 local out, used, wakes = {}, {}, {}
+local st, failed -- the state, once a request needed it; the JTSTATE text it failed with
+local alg        -- nil until checked: the JTALG text, or false
 local books, booked = {}, {} -- booking records by KEYS index (false: none), those to write
-
--- creating fails (raises JTALG) when KEYS[1] is absent and another algorithm's state
--- exists; it reads those keys once per call.
-local function creating()
-  if not call.st.absent then
-    return
-  end
-  if call.alg == nil then
-    call.alg = false
-    for i = 4, 3 + A do
-      if redis.call('EXISTS', KEYS[i]) == 1 then
-        call.alg = 'JTALG ' .. KEYS[i]
-        break
-      end
-    end
-  end
-  if call.alg then
-    error(call.alg, 0)
-  end
-end
-
--- run decides request r into out (an error is raised: pcall catches it).
-local function run(r, op, n, x, y, key)
-  local b = 6 * r - 6
-  if op >= OP_PAUSE and not (RATED and op >= OP_OVERRIDE) then
-    -- control ops that do not touch the state
-  elseif call.failed then
-    error(call.failed, 0)
-  else
-    used[r] = true
-    call.st = call.st or load(KEYS[1], call.lim, now, param, given, call.oend)
-  end
-  local st, lim = call.st, call.lim
-  if op >= OP_PAUSE then
-    if op == OP_PAUSE then
-      call.pause = math.max(call.pause, now + x)
-    elseif op == OP_RESUME then
-      if call.pause > now then
-        wakes[#wakes + 1] = string.format('r %d', call.pause)
-      end
-      call.pause = 0
-    else
-      if RATED then -- the state is settled at the change, and may be created
-        creating()
-      end
-      if op == OP_OVERRIDE then
-        local rates = {}
-        for i = 1, n do
-          rates[i] = {tonumber(ARGV[y + 2 * i - 2]), tonumber(ARGV[y + 2 * i - 1])}
-        end
-        call.over = {now + (x > 0 and x or MAX_PERIOD), rates, now}
-      else
-        call.over = nil
-      end
-      in_force()
-      if st then
-        rates(st, lim, call.lim, now, now)
-      end
-    end
-    call.changed = true
-    out[b + 1], out[b + 2], out[b + 3], out[b + 4], out[b + 5], out[b + 6] =
-      1, 0, math.max(0, call.pause - now), math.max(0, call.oend - now), 0, 0
-    return
-  end
-
-  local pause = call.pause
-  local t0 = math.max(now, pause)
-  if op == OP_INSPECT then
-    local t = fit(st, lim, 1, t0, now)
-    local remaining, reset, keep = report(st, lim, now)
-    local booked_n, ahead, avail = detail(st, lim, now)
-    local pttl = -2
-    if not st.dirty then
-      pttl = redis.call('PTTL', KEYS[1])
-    elseif keep > 0 then
-      pttl = -fdiv(-keep, 1000)
-    end
-    local d = {booked_n, ahead, math.max(0, pause - now), pttl, math.max(0, call.oend - now)}
-    for i = 1, m do
-      d[3 * i + 3], d[3 * i + 4], d[3 * i + 5] = lim[i][1], lim[i][CAP], avail[i]
-    end
-    ext[r] = d
-    out[b + 1], out[b + 2], out[b + 3], out[b + 4] = 1, pause > now and 0 or remaining, t - now, reset
-    return
-  end
-
-  local rec = false
-  if key > 0 then
-    rec = books[key]
-    if rec == nil then
-      local why
-      rec, why = booking_read(KEYS[key])
-      if rec == nil then
-        error('JTSTATE ' .. KEYS[key] .. ': ' .. why, 0)
-      end
-      books[key] = rec
-    end
-  end
-
-  if op == OP_CANCEL then
-    local token = x
-    if key > 0 then
-      token = 0
-      if rec and rec[2] == n and x > 0 and rec[3] == x then
-        token, books[key], booked[#booked + 1] = rec[1], false, key
-      end
-    end
-    local freed = token > 0 and give(st, lim, n, token, now) or 0
-    local _, reset = report(st, lim, now)
-    out[b + 1], out[b + 2], out[b + 3], out[b + 4], out[b + 5], out[b + 6] =
-      freed, 0, 0, reset, key > 0 and token or 0, 0
-    return
-  end
-
-  if n > call.limit then
-    error('JTEXCEEDS n above the overridden limits', 0)
-  end
-  local last, replace = 0, false -- the stamp a new record must be above; re-place rec
-  if rec then
-    last = rec[3]
-    if rec[2] == n and rec[1] >= now - y and pause <= rec[1] then
-      local over = call.over
-      replace = call.lower and over[3] and over[3] > rec[3]
-      if not replace then
-        local stamp = math.max(now, last + 1)
-        books[key], booked[#booked + 1] = {rec[1], n, stamp}, key
-        local remaining, reset = report(st, lim, now)
-        out[b + 1], out[b + 2], out[b + 3], out[b + 4], out[b + 5], out[b + 6] =
-          2, pause > now and 0 or remaining, math.max(0, rec[1] - now), reset, rec[1], stamp
-        return
-      end
-      -- an override set since lowers the limits: the booking goes back, and books anew
-      give(st, lim, n, rec[1], now)
-    end
-  end
-  local t, granted = now, true
-  if n > 0 then
-    t = fit(st, lim, n, t0, now)
-    granted = t - now <= x and t - now <= (st.horizon or MAX_WAIT)
-  end
-  if granted and n > 0 then
-    creating() -- (an absent state has given nothing back above)
-    take(st, lim, n, t, now)
-  end
-  local stamp = 0
-  if replace then
-    last, books[key], booked[#booked + 1] = math.max(last, call.over[3]), false, key
-  end
-  if granted and n > 0 and key > 0 then
-    if t > now then
-      stamp = math.max(now, last + 1)
-      books[key], booked[#booked + 1] = {t, n, stamp}, key
-    elseif rec then
-      books[key], booked[#booked + 1] = false, key
-    end
-  end
-  local remaining, reset = report(st, lim, now)
-  out[b + 1], out[b + 2], out[b + 3], out[b + 4], out[b + 5], out[b + 6] =
-    granted and 1 or 0, pause > now and 0 or remaining, t - now, reset,
-    granted and n > 0 and t or 0, stamp
-end
+local changed, decided = false, false -- a control op ran; a request was decided
+-- report's answer while the state has not changed since (take, give and rates change it)
+local remaining, reset, keep
 
 for r = 1, k do
-  if not ext[r] then
-    local j = 5 * r - 3
-    local ok, e = pcall(run, r, tonumber(ARGV[j]), tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]),
-      tonumber(ARGV[j + 3]), tonumber(ARGV[j + 4]))
-    if not ok then
-      e = tostring(type(e) == 'table' and (e.err or e.message) or e)
-      ext[r] = e
-      if used[r] and string.find(e, 'JTSTATE ' .. KEYS[1] .. ':', 1, true) == 1 then
-        call.failed = e
+  local op, n, x, y, key, b, e = ops[r], ns[r], xs[r], ys[r], ks[r], 6 * r - 6, ext[r]
+  repeat -- request r: a break ends it, e the text of its error
+    if e then
+      break
+    end
+    if op < OP_PAUSE or (RATED and op >= OP_OVERRIDE) then -- the request needs the state
+      if failed then
+        e = failed
+        break
+      end
+      used[r] = true
+      if not st then
+        st, failed = load(KEYS[1], lim, now, param, given, oend)
+        if not st then
+          e = failed
+          break
+        end
+      end
+      -- creating the state: one algorithm per key (the other algorithms' keys read once)
+      if st.absent and alg == nil and (op == OP_ACQUIRE or op >= OP_OVERRIDE) then
+        alg = false
+        for i = 4, 3 + A do
+          if redis.call('EXISTS', KEYS[i]) == 1 then
+            alg = 'JTALG ' .. KEYS[i]
+            break
+          end
+        end
       end
     end
+
+    if op >= OP_PAUSE then -- control ops
+      if op == OP_PAUSE then
+        pause = math.max(pause, now + x)
+      elseif op == OP_RESUME then
+        if pause > now then
+          wakes[#wakes + 1] = string.format('r %d', pause)
+        end
+        pause = 0
+      else
+        if RATED and st.absent and alg then -- the state is settled at the change: it may be created
+          e = alg
+          break
+        end
+        if op == OP_OVERRIDE then
+          local rates = {}
+          for i = 1, n do
+            rates[i] = {tonumber(ARGV[y + 2 * i - 2]), tonumber(ARGV[y + 2 * i - 1])}
+          end
+          over = {now + (x > 0 and x or MAX_PERIOD), rates, now}
+        else
+          over = nil
+        end
+        local old = lim
+        lim, lower, oend, limit = in_force(over)
+        if st then
+          rates(st, old, lim, now, now)
+          remaining = nil
+        end
+      end
+      changed = true
+      out[b + 1], out[b + 2], out[b + 3], out[b + 4], out[b + 5], out[b + 6] =
+        1, 0, math.max(0, pause - now), math.max(0, oend - now), 0, 0
+      break
+    end
+
+    local t0 = math.max(now, pause)
+    if op == OP_INSPECT then
+      local t = fit(st, lim, 1, t0, now)
+      if not remaining then
+        remaining, reset, keep = report(st, lim, now)
+      end
+      local booked_n, ahead, avail = detail(st, lim, now)
+      local pttl = -2
+      if not st.dirty then
+        pttl = redis.call('PTTL', KEYS[1])
+      elseif keep > 0 then
+        pttl = math.ceil(keep / 1000)
+      end
+      local d = {booked_n, ahead, math.max(0, pause - now), pttl, math.max(0, oend - now)}
+      for i = 1, m do
+        d[3 * i + 3], d[3 * i + 4], d[3 * i + 5] = lim[i][1], lim[i][CAP], avail[i]
+      end
+      ext[r] = d
+      out[b + 1], out[b + 2], out[b + 3], out[b + 4] = 1, pause > now and 0 or remaining, t - now, reset
+      break
+    end
+
+    local rec = false -- the task's booking record
+    if key > 0 then
+      rec = books[key]
+      if rec == nil then
+        local why
+        rec, why = booking_read(KEYS[key])
+        if rec == nil then
+          e = 'JTSTATE ' .. KEYS[key] .. ': ' .. why
+          break
+        end
+        books[key] = rec
+      end
+    end
+
+    if op == OP_CANCEL then
+      local token = x
+      if key > 0 then -- x is the stamp of the caller's booking
+        token = 0
+        if rec and rec[2] == n and x > 0 and rec[3] == x then
+          token, books[key], booked[#booked + 1] = rec[1], false, key
+        end
+      end
+      local freed = token > 0 and give(st, lim, n, token, now) or 0
+      if freed == 1 or not remaining then
+        remaining, reset, keep = report(st, lim, now)
+      end
+      out[b + 1], out[b + 2], out[b + 3], out[b + 4], out[b + 5], out[b + 6] =
+        freed, 0, 0, reset, key > 0 and token or 0, 0
+      break
+    end
+
+    -- acquire
+    if n > limit then
+      e = 'JTEXCEEDS n above the overridden limits'
+      break
+    end
+    local last, replace = 0, false -- the stamp a new record must be above; re-place rec
+    if rec then
+      last = rec[3]
+      if rec[2] == n and rec[1] >= now - y and pause <= rec[1] then
+        replace = lower and over[3] and over[3] > rec[3]
+        if not replace then -- found: kept, with a new stamp
+          local stamp = math.max(now, last + 1)
+          books[key], booked[#booked + 1] = {rec[1], n, stamp}, key
+          if not remaining then
+            remaining, reset, keep = report(st, lim, now)
+          end
+          out[b + 1], out[b + 2], out[b + 3], out[b + 4], out[b + 5], out[b + 6] =
+            2, pause > now and 0 or remaining, math.max(0, rec[1] - now), reset, rec[1], stamp
+          break
+        end
+      end
+    end
+    local t, granted = now, true
+    if n > 0 then
+      if replace and not st.absent then -- an override set since lowers the limits: it goes back
+        give(st, lim, n, rec[1], now)
+        remaining = nil
+      end
+      t = fit(st, lim, n, t0, now)
+      granted = t - now <= x and t - now <= (st.horizon or MAX_WAIT)
+      if granted and st.absent and alg then
+        e = alg
+        break
+      end
+      if granted then
+        take(st, lim, n, t, now)
+        remaining = nil
+      end
+    end
+    local stamp = 0
+    if replace then
+      last, books[key], booked[#booked + 1] = math.max(last, over[3]), false, key
+    end
+    if granted and n > 0 and key > 0 then
+      if t > now then
+        stamp = math.max(now, last + 1)
+        books[key], booked[#booked + 1] = {t, n, stamp}, key
+      elseif rec then
+        books[key], booked[#booked + 1] = false, key
+      end
+    end
+    if not remaining then
+      remaining, reset, keep = report(st, lim, now)
+    end
+    out[b + 1], out[b + 2], out[b + 3], out[b + 4], out[b + 5], out[b + 6] =
+      granted and 1 or 0, pause > now and 0 or remaining, t - now, reset,
+      granted and n > 0 and t or 0, stamp
+  until true
+  if st and st.err then
+    failed = st.err
+  end
+  if e then
+    ext[r] = e
+  elseif ext[r] == nil or type(ext[r]) == 'table' then
+    decided = true
   end
 end
 
 -- Writes, after every read and check. A state found foreign fails every request that used
 -- it; their bookings are not written either.
-if call.failed then
+if failed then
   for r in pairs(used) do
-    ext[r] = call.failed
+    ext[r] = failed
+  end
+  decided = false
+  for r = 1, k do
+    decided = decided or type(ext[r]) ~= 'string'
   end
 else
-  if call.st then
-    save(call.st, KEYS[1], call.lim, now, call.oend)
+  if st then
+    save(st, KEYS[1], lim, now, oend)
   end
   for _, i in ipairs(booked) do
     if books[i] ~= nil then
@@ -945,20 +996,16 @@ else
     end
   end
 end
-if call.changed then
-  control_write(KEYS[2], call.pause, call.over)
+if changed then
+  control_write(KEYS[2], pause, over)
 end
 for _, text in ipairs(wakes) do
-  redis.call('PUBLISH', prefix_of(KEYS[1]) .. ':wake', text)
+  redis.call('PUBLISH', (string.match(KEYS[1], '^(.*:)') or '') .. 'wake', text)
 end
-local decided = false
-for r = 1, k do
-  decided = decided or type(ext[r]) ~= 'string'
-end
-if record_ttl > 0 and decided and not call.failed then
+if record_ttl > 0 and decided and not failed then
   local v = redis.pcall('GET', KEYS[3])
   if not v or is_record(v) then
-    redis.call('SET', KEYS[3], ARGV[p + 1], 'PX', string.format('%d', record_ttl))
+    redis.call('SET', KEYS[3], record, 'PX', string.format('%d', record_ttl))
   end
 end
 return reply(out, k, ext)

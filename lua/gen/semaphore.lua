@@ -5,9 +5,11 @@
 --
 -- Numbers: times are integer µs of the server's clock, read once per call (TIME), so
 -- every request of a call sees the same instant; counts are integers. Every value a
--- script computes stays below 2^53, where Lua's doubles are exact. An integer argument
--- is 1 to 16 plain decimal digits (leading zeros allowed: 2^53 has 16) with its value in
--- range (a longer one reads differently in Redis's Lua and gopher-lua).
+-- script computes stays below 2^53, where Lua's doubles are exact; so is math.floor(a / b)
+-- (and math.ceil) for integers |a| < 2^53 and b >= 1: the quotient's rounding could only
+-- reach the next integer if |a| were 2^53 or more. An integer argument is plain decimal
+-- digits (leading zeros allowed) with its value in range; one that tonumber cannot read
+-- (gopher-lua: past 2^63) is out of range.
 --
 -- Errors start with a code the Go side maps to a sentinel:
 --   JTARG      an argument is missing or out of range
@@ -21,9 +23,7 @@
 --   now                         the call's server time, µs
 --   MAX_*                       bounds; OP_* the limiter's op codes
 --   int(s, lo, hi)              an argument as an integer in [lo, hi], or nil
---   fdiv(a, b)                  floor(a / b) for integers, b > 0, exact
 --   ms(us)                      a TTL of us µs as SET/PEXPIRE text: whole ms, rounded up, >= 1
---   prefix_of(key)              a key less its last ":suffix": "{<prefix><key>}"
 --   control_read(key)           the control key: pause_end, override; or nil, why it is foreign
 --   control_write(key, p, o)    writes it back (SET PX, or DEL when nothing lies ahead)
 --   booking_read(key)           a task's booking record; or nil, why it is foreign
@@ -48,36 +48,20 @@ do
 end
 
 local function int(s, lo, hi)
-  if type(s) ~= 'string' or #s > 16 or not string.find(s, '^%d+$') then
+  if type(s) ~= 'string' or not string.find(s, '^%d+$') then
     return nil
   end
-  local v = tonumber(s)
+  local v = tonumber(s) or math.huge
   if v < lo or v > hi then
     return nil
   end
   return v
 end
 
--- fdiv corrects the quotient's rounding, which can reach the next integer when a is near
--- 2^53.
-local function fdiv(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
-
 -- ms formats its number itself: redis.call turns a number into text with a slow
 -- printf("%.17g").
 local function ms(us)
-  return string.format('%d', math.max(1, -fdiv(-us, 1000)))
-end
-
-local function prefix_of(key)
-  return string.match(key, '^(.*):[^:]*$') or key
+  return string.format('%d', math.max(1, math.ceil(us / 1000)))
 end
 
 -- The control key, {<prefix><key>}:pause, holds
@@ -86,7 +70,8 @@ end
 -- the rates ri (and a token bucket at the bursts bi; 0: the rate) in place of the callers';
 -- periods stay the callers'. set: when the override was set, µs (bookings recorded before
 -- it are re-placed; absent in texts of older versions). Every number is a canonical
--- decimal (internal/keys reads and writes the same text); anything else is foreign.
+-- decimal below 2^53, each rate 1..10^9 and burst 0..10^9 (internal/keys reads and writes
+-- the same texts); anything else is foreign.
 -- control_read returns pause_end and the override {end, {{r1, b1}, ...}, set or nil} or nil.
 local function control_read(key)
   local v = redis.pcall('GET', key)
@@ -101,6 +86,9 @@ local function control_read(key)
       return nil, 'not a control text'
     end
     w[#w + 1] = tonumber(f)
+    if w[#w] > MAX_WAIT then
+      return nil, 'not a control text'
+    end
   end
   local nw = #w
   if nw == 1 then
@@ -253,6 +241,8 @@ end
 --   expiry; empty sets disappear. A key of another type, a control key not ours, or a place
 --   not ours that a hand-off could reach fails the requests that need it (JTSTATE).
 
+local SEM_ACQUIRE, SEM_EXTEND, SEM_RELEASE, SEM_INSPECT = 0, 1, 2, 3
+
 local k = int(ARGV[1], 1, MAX_REQUESTS)
 if not k or #ARGV ~= 3 + 4 * k or #KEYS ~= 4 then
   return redis.error_reply('JTARG k')
@@ -274,21 +264,21 @@ end
 local ext, writers, frees = {}, 0, 0
 for r = 1, k do
   local j, bad = 4 * r - 2, nil
-  local op, token, place = int(ARGV[j], 0, 3), ARGV[j + 1], ARGV[j + 2]
+  local op, token, place = int(ARGV[j], SEM_ACQUIRE, SEM_INSPECT), ARGV[j + 1], ARGV[j + 2]
   if not op then
     bad = 'op'
-  elseif not ((#token == 32 and not string.find(token, '[^0-9a-f]')) or (op == 3 and token == '')) then
+  elseif not ((#token == 32 and not string.find(token, '[^0-9a-f]')) or (op == SEM_INSPECT and token == '')) then
     bad = 'token'
-  elseif #place > 200 or string.find(place, '[^!-~]') or (op == 0 and place == '') then
+  elseif #place > 200 or string.find(place, '[^!-~]') or (op == SEM_ACQUIRE and place == '') then
     bad = 'place'
-  elseif not int(ARGV[j + 3], 0, op == 3 and 1000 or op == 0 and 1 or 0) then
+  elseif not int(ARGV[j + 3], 0, op == SEM_INSPECT and 1000 or op == SEM_ACQUIRE and 1 or 0) then
     bad = 'join'
   end
   if bad then
     ext[r] = 'JTARG request ' .. r .. ': ' .. bad
-  elseif op ~= 3 then
+  elseif op ~= SEM_INSPECT then
     writers = writers + 1
-    frees = frees + (op == 2 and 1 or 0)
+    frees = frees + (op == SEM_RELEASE and 1 or 0)
   end
 end
 
@@ -335,7 +325,7 @@ if writers > 0 and not paused and redis.call('ZCARD', q) > 0 then
   end
   if foreign then
     for r = 1, k do
-      if not ext[r] and ARGV[4 * r - 2] ~= '3' then
+      if not ext[r] and tonumber(ARGV[4 * r - 2]) ~= SEM_INSPECT then
         ext[r], writers = foreign, writers - 1
       end
     end
@@ -388,13 +378,13 @@ for r = 1, k do
     local j, b = 4 * r - 2, 6 * r - 6
     local op, token, place, join = tonumber(ARGV[j]), ARGV[j + 1], ARGV[j + 2], tonumber(ARGV[j + 3])
     local ok, wait = 0, 0
-    if op == 3 then
+    if op == SEM_INSPECT then
       local after = '(' .. now_text
       local held = redis.call('ZCOUNT', sem, after, '+inf')
       local pttl = redis.call('PTTL', sem)
       if wrote then
         local last = latest(sem)
-        pttl = last and -fdiv(now - last, 1000) or -2
+        pttl = last and math.ceil((last - now) / 1000) or -2
       end
       local d = {held, redis.call('ZCOUNT', x, after, '+inf'), math.max(0, pause_end - now), pttl, 0}
       if join > 0 and held > 0 then
@@ -410,7 +400,7 @@ for r = 1, k do
       wrote = true
       handoff() -- the queue goes before the caller
       local me, expiry = place .. ':' .. ttl_text, string.format('%d', now + ttl)
-      if op == 2 then
+      if op == SEM_RELEASE then
         ok = redis.call('ZREM', sem, token)
         if place ~= '' then
           redis.call('ZREM', q, me)
@@ -418,7 +408,7 @@ for r = 1, k do
           redis.call('ZREM', sem, place)
         end
         handoff()
-      elseif op == 1 then
+      elseif op == SEM_EXTEND then
         if redis.call('ZSCORE', sem, token) then
           redis.call('ZADD', sem, expiry, token)
           ok = 1
@@ -472,7 +462,7 @@ if wrote then -- each set lives until its latest expiry
     redis.call('PEXPIRE', x, ms(last - now))
   end
   if #handed > 0 then
-    redis.call('PUBLISH', prefix_of(sem) .. ':wake', 'h ' .. table.concat(handed, ' '))
+    redis.call('PUBLISH', (string.match(sem, '^(.*:)[^:]*$') or '') .. 'wake', 'h ' .. table.concat(handed, ' '))
   end
 end
 return reply(out, k, ext)

@@ -10,9 +10,10 @@
 //	go run ./cmd/luaexec -addr 127.0.0.1:6379 -rounds 20
 //	go run ./cmd/luaexec -only TokenBucket,redis_rate   # the no-op and the cases named so
 //
-// To compare two versions of the scripts in one run (interleaved, same server), dump
-// one version's texts with -dump DIR (from that version's checkout) and pass -base DIR
-// to the other: every jobthrottle case then runs twice, "base" with DIR's text.
+// To compare this version's scripts with 93c979c's (the version before one script per
+// algorithm) in one run (interleaved, same server), dump that version's texts with its
+// luaexec -dump DIR and pass -base DIR here: every jobthrottle case then runs twice,
+// "base" with DIR's text and its protocol. A batch case reports exec per request.
 package main
 
 import (
@@ -39,85 +40,119 @@ type xcase struct {
 	sha  string
 	keys []string
 	args func(i int) []any
-	// fresh: each call on keys of its own (tag and the call's number), the limiter's
-	// five (state, control, the other algorithms' state): a state that is not there
+	// fresh: each call on keys of its own (tag and the call's number), with the other
+	// algorithms' state keys too: a state that is not there
 	fresh bool
+	// per: requests per call (the batch cases report exec per request)
+	per int
+	// override: an operator's override of the rate is set on the key first
+	override bool
 }
 
 func fixed(args ...any) func(int) []any { return func(int) []any { return args } }
 
+// algo is a limiter algorithm as this version's script and 93c979c's take it: the
+// arguments after a single call's requests for a limit of rate per second.
+type algo struct {
+	name   string // SlidingWindow, ...; the base's dump file
+	script string // lua.Script's name
+	suffix string
+	tail   func(rate int) []any // after the requests: m, the limit, parameters, A, record
+	old    func(rate int) []any // 93c979c's ARGV after op, n, x
+}
+
+var algos = []algo{
+	{"SlidingWindow", "log", "sw", func(r int) []any { return []any{1, r, 1000000, 0, 0, "", 0} },
+		func(r int) []any { return []any{1, r, 1000000} }},
+	{"SlidingCounter", "log", "sc", func(r int) []any { return []any{1, r, 1000000, 20000, 0, "", 0} },
+		func(r int) []any { return []any{1, 20000, r, 1000000} }},
+	{"TokenBucket", "bucket", "tb", func(r int) []any { return []any{1, r, 1000000, r, 0, "", 0} },
+		func(r int) []any { return []any{1, r, 1000000, r} }},
+	{"FixedWindow", "window", "fw", func(r int) []any { return []any{1, r, 1000000, 0, "", 0} },
+		func(r int) []any { return []any{1, r, 1000000} }},
+}
+
+// baseNames are the files -base reads: 93c979c's limiter scripts as its luaexec -dump
+// wrote them.
+var baseNames = map[string]string{"SlidingWindow": "SlidingWindow", "SlidingCounter": "SlidingCounter", "TokenBucket": "GCRA", "FixedWindow": "FixedWindow"}
+
 // jobthrottleCases: one limit per second, never reached (allowed) or always exceeded
-// (denied); the limit of 1e9 per 10 ms makes one entry of the log expire on every call.
-func jobthrottleCases(base map[lua.Name]string) []xcase {
+// (denied); a limit of 1e9 per 10 ms makes one entry of the log expire on every call; a
+// batch of batchSize acquires in one call. With base (93c979c's texts, by algorithm),
+// each case runs with them too, as "base ...", in its protocol.
+func jobthrottleCases(base map[string]string) []xcase {
 	const never, often = 1000000000, 100
-	cs := []struct {
-		name   string
-		script *redis.Script
-		suffix string
-		args   []any
-	}{
-		{"no-op (return 1)", redis.NewScript("return 1"), "noop", []any{0, 1, 0, 1, never, 1000000}},
-		{"jobthrottle SlidingWindow allowed", lua.SlidingWindow.Script(), "sw", []any{0, 1, 0, 1, never, 1000000}},
-		{"jobthrottle SlidingWindow allowed, an entry expires every call", lua.SlidingWindow.Script(), "sw", []any{0, 1, 0, 1, never, 10000}},
-		{"jobthrottle SlidingWindow allowed, override set", lua.SlidingWindow.Script(), "sw", []any{0, 1, 0, 1, never, 1000000}},
-		{"jobthrottle SlidingWindow denied", lua.SlidingWindow.Script(), "sw", []any{0, 1, 0, 1, often, 1000000}},
-		{"jobthrottle SlidingWindow allowed, no log yet (5 keys)", lua.SlidingWindow.Script(), "sw", []any{0, 1, 0, 1, never, 1000000}},
-		{"jobthrottle TokenBucket allowed, no state yet (5 keys)", lua.GCRA.Script(), "tb", []any{0, 1, 0, 1, never, 1000000, never}},
-		{"jobthrottle SlidingCounter allowed", lua.SlidingCounter.Script(), "sc", []any{0, 1, 0, 1, 20000, never, 1000000}},
-		{"jobthrottle SlidingCounter denied", lua.SlidingCounter.Script(), "sc", []any{0, 1, 0, 1, 20000, often, 1000000}},
-		{"jobthrottle TokenBucket allowed", lua.GCRA.Script(), "tb", []any{0, 1, 0, 1, never, 1000000, never}},
-		{"jobthrottle TokenBucket allowed, override set", lua.GCRA.Script(), "tb", []any{0, 1, 0, 1, never, 1000000, never}},
-		{"jobthrottle TokenBucket denied", lua.GCRA.Script(), "tb", []any{0, 1, 0, 1, often, 1000000, often}},
-		{"jobthrottle FixedWindow allowed", lua.FixedWindow.Script(), "fw", []any{0, 1, 0, 1, never, 1000000}},
-		{"jobthrottle FixedWindow denied", lua.FixedWindow.Script(), "fw", []any{0, 1, 0, 1, often, 1000000}},
-	}
-	if len(base) > 0 { // each case twice: base's text, then this one's
-		var two []struct {
-			name   string
-			script *redis.Script
-			suffix string
-			args   []any
+	noop := redis.NewScript("return 1")
+	out := []xcase{{name: "no-op (return 1)", sha: noop.Hash(), keys: []string{"{jtbench:noop}:x"}, args: fixed(1), per: 1}}
+	n := 0
+	add := func(name, sha string, suffix string, args []any, old bool, per int, fresh, override bool) {
+		n++
+		tag := fmt.Sprintf("{jtbench:luaexec%d}", n)
+		keys := []string{tag + ":" + suffix, tag + ":pause", tag + ":conf"}
+		if old {
+			keys = keys[:2]
 		}
-		for _, c := range cs {
-			for n, src := range base {
-				if c.script.Hash() == n.Script().Hash() {
-					b := c
-					b.name, b.script = "base "+c.name, redis.NewScript(src)
-					two = append(two, b)
-				}
+		out = append(out, xcase{name: name, sha: sha, keys: keys, args: fixed(args...), fresh: fresh, per: per, override: override})
+	}
+	for _, a := range algos {
+		s := lua.Script(a.script)
+		var oldSHA string
+		if src, ok := base[a.name]; ok {
+			oldSHA = redis.NewScript(src).Hash()
+		}
+		type path struct {
+			name     string
+			rate     int
+			period   int
+			fresh    bool
+			override bool
+		}
+		paths := []path{{"allowed", never, 0, false, false}, {"denied", often, 0, false, false},
+			{"allowed, no state yet (fresh keys)", never, 0, true, false}, {"allowed, override set", never, 0, false, true}}
+		if a.script == "log" {
+			paths = append(paths, path{"allowed, an entry expires every call", never, 10000, false, false})
+		}
+		for _, p := range paths {
+			tail, old := a.tail(p.rate), a.old(p.rate)
+			if p.period > 0 {
+				tail[2], old[len(old)-1] = p.period, p.period
 			}
-			two = append(two, c)
+			name := "jobthrottle " + a.name + " " + p.name
+			if oldSHA != "" {
+				add("base "+name, oldSHA, a.suffix, append([]any{0, 1, 0}, old...), true, 1, p.fresh, p.override)
+			}
+			add(name, s.Hash(), a.suffix, append([]any{1, 0, 1, 0, 0, 0}, tail...), false, 1, p.fresh, p.override)
 		}
-		cs = two
-	}
-	var out []xcase
-	for i, c := range cs {
-		tag := fmt.Sprintf("{jtbench:luaexec%d}", i)
-		out = append(out, xcase{c.name, c.script.Hash(), []string{tag + ":" + c.suffix, tag + ":pause"}, fixed(c.args...), strings.Contains(c.name, " yet (")})
-	}
-	// the same calls as batches of batchSize requests (lua/batch.lua): exec per request
-	for i, c := range cs {
-		if i == 0 || strings.HasSuffix(c.name, "override set") || strings.Contains(c.name, "expires") || strings.Contains(c.name, " yet (") {
-			continue
+		for _, p := range paths[:2] { // a batch of batchSize acquires
+			tail, old := a.tail(p.rate), a.old(p.rate)
+			name := fmt.Sprintf("jobthrottle %s %s, batch of %d (per request)", a.name, p.name, batchSize)
+			if oldSHA != "" {
+				args := []any{4, batchSize}
+				for range batchSize {
+					args = append(args, 0, 1, 0)
+				}
+				add("base "+name, oldSHA, a.suffix, append(args, old...), true, batchSize, false, false)
+			}
+			args := []any{batchSize}
+			for range batchSize {
+				args = append(args, 0, 1, 0, 0, 0)
+			}
+			add(name, s.Hash(), a.suffix, append(args, tail...), false, batchSize, false, false)
 		}
-		tag := fmt.Sprintf("{jtbench:luaexecb%d}", i)
-		args := []any{lua.Batch, batchSize}
-		for range batchSize {
-			args = append(args, c.args[:3]...)
-		}
-		args = append(args, c.args[3:]...)
-		out = append(out, xcase{fmt.Sprintf("%s, batch of %d (per request)", c.name, batchSize), c.script.Hash(),
-			[]string{tag + ":" + c.suffix, tag + ":pause"}, fixed(args...), false})
 	}
 	return out
 }
 
-// freshKeys returns a limiter's five keys on a tag of call n's own, its state key's
-// suffix that of key.
-func freshKeys(key string, n int) []string {
-	suffix := key[strings.LastIndex(key, ":")+1:]
+// freshKeys returns a limiter's keys on a tag of call n's own, its state key's suffix that
+// of key, and the other algorithms' state keys: this version's (A = 3 in its ARGV) when
+// the case has a record key, else 93c979c's.
+func freshKeys(c xcase, n int) []string {
+	suffix := c.keys[0][strings.LastIndex(c.keys[0], ":")+1:]
 	tag := fmt.Sprintf("{jtbench:fresh%d}", n)
 	keys := []string{tag + ":" + suffix, tag + ":pause"}
+	if len(c.keys) == 3 {
+		keys = append(keys, tag+":conf")
+	}
 	for _, s := range []string{"sw", "sc", "tb", "fw"} {
 		if s != suffix {
 			keys = append(keys, tag+":"+s)
@@ -126,11 +161,18 @@ func freshKeys(key string, n int) []string {
 	return keys
 }
 
-// limiterNames names the limiter scripts' files for -dump and -base.
-var limiterNames = map[lua.Name]string{lua.SlidingWindow: "SlidingWindow", lua.SlidingCounter: "SlidingCounter", lua.GCRA: "GCRA", lua.FixedWindow: "FixedWindow"}
+// freshArgs sets A, the other algorithms' keys in KEYS, in this version's ARGV.
+func freshArgs(c xcase, args []any) []any {
+	if len(c.keys) != 3 {
+		return args
+	}
+	out := append([]any(nil), args...)
+	out[len(out)-3] = 3
+	return out
+}
 
 // batchSize is the number of requests in the batch cases.
-const batchSize = 64
+const batchSize = 32
 
 // peerCases: redis_rate's script (not exported: its SHA and arguments are taken from
 // one call of its Allow) and the Redisson-style log's, with the same limits.
@@ -152,7 +194,7 @@ func peerCases(ctx context.Context, rdb *redis.Client) ([]xcase, error) {
 		if c.sha == "" {
 			return nil, fmt.Errorf("redis_rate's script call was not seen")
 		}
-		out = append(out, xcase{"redis_rate " + p.path, c.sha, []string{"rate:" + key}, fixed(c.args...), false})
+		out = append(out, xcase{name: "redis_rate " + p.path, sha: c.sha, keys: []string{"rate:" + key}, args: fixed(c.args...), per: 1})
 
 		rl := redisson.New(rdb, "jtbench:luaexec-redisson-"+p.path, p.rate, time.Second)
 		rdb.Del(ctx, rl.Keys()...)
@@ -162,10 +204,10 @@ func peerCases(ctx context.Context, rdb *redis.Client) ([]xcase, error) {
 		if err := redisson.Script.Load(ctx, rdb).Err(); err != nil {
 			return nil, err
 		}
-		out = append(out, xcase{"Redisson-style log " + p.path, redisson.Script.Hash(), rl.Keys(), func(i int) []any {
+		out = append(out, xcase{name: "Redisson-style log " + p.path, sha: redisson.Script.Hash(), keys: rl.Keys(), per: 1, args: func(i int) []any {
 			// the client's clock and a fresh 16-byte id per call, as Redisson sends them
 			return []any{1, time.Now().UnixMilli(), fmt.Sprintf("%016x", i)}
-		}, false})
+		}})
 	}
 	return out, nil
 }
@@ -197,26 +239,26 @@ func main() {
 	rounds := flag.Int("rounds", 20, "rounds per case")
 	calls := flag.Int("calls", 2000, "calls per case per round")
 	only := flag.String("only", "", "run only the cases whose name contains one of these comma-separated texts (and the no-op)")
-	dump := flag.String("dump", "", "write the limiter scripts' texts to this directory (for another version's -base) and exit")
-	baseDir := flag.String("base", "", "a directory -dump wrote: run each jobthrottle case with its text too, as \"base ...\"")
+	dump := flag.String("dump", "", "write the scripts' texts to this directory and exit")
+	baseDir := flag.String("base", "", "a directory holding 93c979c's limiter scripts (its luaexec -dump): run each case with them too, in their protocol, as \"base ...\"")
 	flag.Parse()
 	log.SetFlags(0)
 	if *dump != "" {
-		for n, name := range limiterNames {
-			if err := os.WriteFile(filepath.Join(*dump, name+".lua"), []byte(n.Source()), 0o644); err != nil {
+		for _, name := range []string{"log", "bucket", "window", "semaphore"} {
+			if err := os.WriteFile(filepath.Join(*dump, name+".lua"), []byte(lua.Source(name)), 0o644); err != nil {
 				log.Fatal(err)
 			}
 		}
 		return
 	}
-	base := map[lua.Name]string{}
+	base := map[string]string{}
 	if *baseDir != "" {
-		for n, name := range limiterNames {
-			b, err := os.ReadFile(filepath.Join(*baseDir, name+".lua"))
+		for alg, file := range baseNames {
+			b, err := os.ReadFile(filepath.Join(*baseDir, file+".lua"))
 			if err != nil {
 				log.Fatal(err)
 			}
-			base[n] = string(b)
+			base[alg] = string(b)
 		}
 	}
 	if *addr == "" {
@@ -230,13 +272,15 @@ func main() {
 	ctx := context.Background()
 	rdb := redis.NewClient(&redis.Options{Addr: *addr})
 	defer rdb.Close()
-	for _, s := range []*redis.Script{redis.NewScript("return 1"), lua.SlidingWindow.Script(), lua.SlidingCounter.Script(), lua.GCRA.Script(), lua.FixedWindow.Script(), lua.Control.Script()} {
-		if err := s.Load(ctx, rdb).Err(); err != nil {
-			log.Fatal(err)
-		}
+	scripts := []*redis.Script{redis.NewScript("return 1")}
+	for _, name := range []string{"log", "bucket", "window"} {
+		scripts = append(scripts, lua.Script(name))
 	}
 	for _, src := range base {
-		if err := redis.NewScript(src).Load(ctx, rdb).Err(); err != nil {
+		scripts = append(scripts, redis.NewScript(src))
+	}
+	for _, s := range scripts {
+		if err := s.Load(ctx, rdb).Err(); err != nil {
 			log.Fatal(err)
 		}
 	}
@@ -259,9 +303,15 @@ func main() {
 		cs = keep
 	}
 	for _, c := range cs {
-		if strings.HasSuffix(c.name, "override set") { // an operator's override of the rate, for an hour
-			if err := lua.Control.Script().Run(ctx, rdb, c.keys[1:2], 0, int64(time.Hour/time.Microsecond), 1, 1000000000, 0).Err(); err != nil {
-				log.Fatalf("%s: %v", c.name, err)
+		if c.override { // an operator's override of the rate (the same text in both versions), for an hour
+			t, err := rdb.Time(ctx).Result()
+			if err != nil {
+				log.Fatal(err)
+			}
+			us := t.UnixMicro()
+			text := fmt.Sprintf("0 %d 1 1000000000 0 %d", us+int64(time.Hour/time.Microsecond), us)
+			if err := rdb.Set(ctx, c.keys[1], text, time.Hour).Err(); err != nil {
+				log.Fatal(err)
 			}
 		}
 		if err := rdb.EvalSha(ctx, c.sha, c.keys, c.args(0)...).Err(); err != nil && err != redis.Nil {
@@ -272,13 +322,13 @@ func main() {
 	n := 0
 	for r := 0; r < *rounds; r++ {
 		for i, c := range cs {
-			d, err := redisinfo.ExecPerCall(ctx, rdb, *calls, func(p redis.Pipeliner) {
+			d, err := redisinfo.ExecPerCall(ctx, rdb, *calls/max(1, c.per/8), func(p redis.Pipeliner) {
 				n++
-				keys := c.keys
+				keys, args := c.keys, c.args(n)
 				if c.fresh {
-					keys = freshKeys(c.keys[0], n)
+					keys, args = freshKeys(c, n), freshArgs(c, args)
 				}
-				p.EvalSha(ctx, c.sha, keys, c.args(n)...)
+				p.EvalSha(ctx, c.sha, keys, args...)
 			})
 			if err != nil {
 				log.Fatalf("%s: %v", c.name, err)
@@ -290,10 +340,7 @@ func main() {
 	}
 	fmt.Printf("| script, path | exec µs per call (fastest of %d rounds of %d) |\n|---|---:|\n", *rounds, *calls)
 	for i, c := range cs {
-		per := float64(best[i]) / float64(time.Microsecond)
-		if strings.Contains(c.name, "batch of") {
-			per /= batchSize
-		}
+		per := float64(best[i]) / float64(time.Microsecond) / float64(max(1, c.per))
 		fmt.Printf("| %s | %.2f |\n", c.name, per)
 		rdb.Del(ctx, c.keys...)
 	}
