@@ -29,8 +29,12 @@ func (l *Limiter) Wait(ctx context.Context) error {
 // booked again, with the other waiters of the process, in their order; called while
 // this process holds the key, it books when the hold ends. A hold that begins while
 // its booking is on its way back from Redis, or as the booking comes due, holds it
-// too: it gives the booking back if it can and books again when the hold ends.
+// too: it gives the booking back if it can and books again when the hold ends. A nil
+// *Limiter returns an error wrapping waiter.ErrNilReserver, as its Reserve does.
 func (l *Limiter) WaitN(ctx context.Context, n int) error {
+	if l == nil {
+		return fmt.Errorf("%w: nil *throttle.Limiter", waiter.ErrNilReserver)
+	}
 	if err := l.check(ctx, n); err != nil {
 		return err
 	}
