@@ -175,8 +175,10 @@ func TestTransportWithoutPause(t *testing.T) {
 			t.Errorf("PauseFailed got %v, want %v", failed, boom)
 		}
 	})
+	// The Pause call is bounded by the Reserver's own call bound only: neither the
+	// request's cancellation or deadline nor a bound of the transport's ends it.
 	t.Run("Pause outlives the request's context", func(t *testing.T) {
-		ctx, cancel := context.WithCancel(context.Background())
+		ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
 		r := &fakePauser{}
 		base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
 			cancel() // the caller gives up as the answer arrives
@@ -190,6 +192,9 @@ func TestTransportWithoutPause(t *testing.T) {
 		}
 		if r.pauseCtxErr != nil {
 			t.Errorf("Pause ran with a done context: %v", r.pauseCtxErr)
+		}
+		if r.pauseDeadline {
+			t.Errorf("Pause ran with a deadline, want none: its call is bounded by the Reserver's own")
 		}
 	})
 }
@@ -477,15 +482,17 @@ func (r *fakeReserver) ns() []int {
 // fakePauser is a fakeReserver that records its pauses (or fails them with pauseErr).
 type fakePauser struct {
 	fakeReserver
-	paused      []time.Duration
-	pauseErr    error
-	pauseCtxErr error
+	paused        []time.Duration
+	pauseErr      error
+	pauseCtxErr   error
+	pauseDeadline bool // the last Pause's context had a deadline
 }
 
 func (r *fakePauser) Pause(ctx context.Context, d time.Duration) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.pauseCtxErr = ctx.Err()
+	_, r.pauseDeadline = ctx.Deadline()
 	if r.pauseErr != nil {
 		return r.pauseErr
 	}
