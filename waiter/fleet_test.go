@@ -25,8 +25,10 @@ import (
 // The fleet tests run transports in several OS processes: this test binary again,
 // told by transportChildEnv (a JSON childOrders) to run TestTransportFleetChild. A
 // child makes its client, limiter and transport, prints "READY", waits for a line on
-// stdin, sends from Workers goroutines until Run has passed, and prints "RESULT "
-// and its childReport as JSON.
+// stdin, sends from Workers goroutines until the next line (or the end of stdin),
+// which cancels the requests under way, and prints "RESULT " and its childReport as
+// JSON. The parent stops the fleet when what it tests has happened, not after a
+// fixed time: a loaded machine starts and runs the children late.
 const transportChildEnv = "JOBTHROTTLE_TRANSPORT_CHILD"
 
 type childOrders struct {
@@ -38,7 +40,6 @@ type childOrders struct {
 	Spacing  time.Duration // the fleet's limit: a permit every Spacing
 	URL      string
 	Workers  int
-	Run      time.Duration
 	Reserve  int // WithRateLimitHeaders(Reserve); -1: off
 	MaxPause time.Duration
 }
@@ -120,10 +121,15 @@ func TestTransportFleetChild(t *testing.T) {
 	}))
 	client := &http.Client{Transport: waiter.NewTransport(lim, base, opts...)}
 	fmt.Println("READY")
-	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+	in := bufio.NewReader(os.Stdin)
+	if _, err := in.ReadString('\n'); err != nil {
 		t.Fatal(err)
 	}
-	end := time.Now().Add(o.Run)
+	running, stop := context.WithCancel(context.Background())
+	go func() { // "STOP", or the end of stdin: the parent is gone
+		_, _ = in.ReadString('\n')
+		stop()
+	}()
 	var (
 		next int
 		reqs []*tracked
@@ -134,13 +140,13 @@ func TestTransportFleetChild(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for {
+			for running.Err() == nil {
 				mu.Lock()
 				tr := &tracked{id: o.Proc*1_000_000 + next}
 				next++
 				reqs = append(reqs, tr)
 				mu.Unlock()
-				ctx, cancel := context.WithDeadline(context.WithValue(context.Background(), trackedKey{}, tr), end)
+				ctx, cancel := context.WithCancel(context.WithValue(running, trackedKey{}, tr))
 				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, o.URL, nil)
 				req.Header.Set("X-Req", strconv.Itoa(tr.id))
 				req.Header.Set("X-Proc", strconv.Itoa(o.Proc))
@@ -183,8 +189,9 @@ func TestTransportFleetChild(t *testing.T) {
 }
 
 // runFleet starts procs children with orders o (Proc set for each), starts them
-// together once all are ready, and returns their reports.
-func runFleet(t *testing.T, procs int, o childOrders) []childReport {
+// together once all are ready, stops them when done is closed (or, failing that, after
+// limit), and returns their reports.
+func runFleet(t *testing.T, procs int, o childOrders, done <-chan struct{}, limit time.Duration) []childReport {
 	t.Helper()
 	type child struct {
 		cmd   *exec.Cmd
@@ -227,6 +234,14 @@ func runFleet(t *testing.T, procs int, o childOrders) []childReport {
 	}
 	for _, c := range children {
 		fmt.Fprintln(c.in, "GO")
+	}
+	select {
+	case <-done:
+	case <-time.After(limit):
+		t.Logf("the fleet stopped after %v, what the test waits for had not happened", limit)
+	}
+	for _, c := range children {
+		fmt.Fprintln(c.in, "STOP")
 	}
 	reports := make([]childReport, procs)
 	for p, c := range children {
@@ -304,7 +319,8 @@ func (v *vendorLog) add(r *http.Request, status int, at time.Time) {
 // whose WaitN began after its hold is sent inside the pause (checked exactly, by the
 // order of the hold and the WaitN calls); requests of other processes that reach the
 // vendor inside the pause are counted, with how many of them began their WaitN after
-// the pause reached Redis (none should: those book after it).
+// the pause reached Redis (none should: those book after it). The fleet runs until
+// the vendor has had 20 requests after the pause: it goes again.
 func TestTransportFleetRetryAfter(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-process figure")
@@ -313,6 +329,7 @@ func TestTransportFleetRetryAfter(t *testing.T) {
 		procs    = 8
 		announce = 60
 		pause    = time.Second
+		after    = 20 // requests after the pause before the fleet stops
 	)
 	b := redistest.NewStandalone(t)
 	var (
@@ -322,6 +339,8 @@ func TestTransportFleetRetryAfter(t *testing.T) {
 		start   time.Time // of the announced pause
 		readBy  = -1      // the process it was announced to
 		readReq int
+		again   int // requests after the pause
+		wentOn  = make(chan struct{})
 	)
 	vendor := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
@@ -337,6 +356,10 @@ func TestTransportFleetRetryAfter(t *testing.T) {
 		case !start.IsZero() && now.Before(start.Add(pause)):
 			status = http.StatusTooManyRequests
 			w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(start.Add(pause).Sub(now).Seconds()))))
+		case !start.IsZero():
+			if again++; again == after {
+				close(wentOn)
+			}
 		}
 		mu.Unlock()
 		log.add(r, status, now)
@@ -344,18 +367,21 @@ func TestTransportFleetRetryAfter(t *testing.T) {
 	}))
 	defer vendor.Close()
 	o := fleetOrders(t, b, "fleet-retry-after", vendor.URL)
-	o.Spacing, o.Run = 10*time.Millisecond, 2500*time.Millisecond
-	reports := runFleet(t, procs, o)
+	o.Spacing = 10 * time.Millisecond
+	reports := runFleet(t, procs, o, wentOn, time.Minute)
 	for _, rep := range reports {
 		for _, v := range heldViolations(rep) {
 			t.Error(v)
 		}
 	}
 	mu.Lock() // the vendor's handlers are done, but no lock of theirs says so
-	got, readBy, readReq, start := n, readBy, readReq, start
+	got, readBy, readReq, start, again := n, readBy, readReq, start, again
 	mu.Unlock()
 	if readBy < 0 {
 		t.Fatalf("the vendor got %d requests, fewer than the %d it announces the pause on", got, announce)
+	}
+	if again < after {
+		t.Errorf("the vendor got %d requests after the pause, want %d: the fleet did not go again", again, after)
 	}
 	reader := reports[readBy]
 	if len(reader.Holds) == 0 || len(reader.Pauses) == 0 {
@@ -406,6 +432,7 @@ func TestTransportFleetRetryAfter(t *testing.T) {
 // (checked by mechanism, see below). How many were on their way while a pause spread
 // depends on the machine's speed: reported (none on an idle machine, where 24 cover
 // the requests in flight). Without the option, the figure shows what the headers save.
+// The fleet runs for 3s from its first request at the vendor.
 func TestTransportFleetRateLimitHeaders(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-process figure")
@@ -418,10 +445,12 @@ func TestTransportFleetRateLimitHeaders(t *testing.T) {
 	for _, withHeaders := range []bool{true, false} {
 		b := redistest.NewStandalone(t)
 		var (
-			mu     sync.Mutex
-			window int64
-			used   int
-			log    vendorLog
+			mu      sync.Mutex
+			window  int64
+			used    int
+			log     vendorLog
+			started bool
+			first   = make(chan struct{}) // the fleet's first request came
 		)
 		vendor := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			now := time.Now()
@@ -446,6 +475,12 @@ func TestTransportFleetRateLimitHeaders(t *testing.T) {
 			w.Header().Set("X-Window", strconv.FormatInt(win, 10))
 			if r.Header.Get("X-Proc") != "" {
 				log.add(r, status, now)
+				mu.Lock()
+				if !started {
+					started = true
+					close(first)
+				}
+				mu.Unlock()
 			}
 			w.WriteHeader(status)
 		}))
@@ -468,11 +503,21 @@ func TestTransportFleetRateLimitHeaders(t *testing.T) {
 			}
 		}()
 		o := fleetOrders(t, b, "fleet-headers", vendor.URL)
-		o.Spacing, o.Run = 10*time.Millisecond, 3*time.Second
+		o.Spacing = 10 * time.Millisecond
 		if withHeaders {
 			o.Reserve = reserve
 		}
-		reports := runFleet(t, procs, o)
+		ran, stopped := make(chan struct{}), make(chan struct{})
+		go func() {
+			select {
+			case <-first:
+				time.Sleep(3 * time.Second)
+				close(ran)
+			case <-stopped:
+			}
+		}()
+		reports := runFleet(t, procs, o, ran, time.Minute)
+		close(stopped)
 		close(stop)
 		unthrottled.Wait()
 		vendor.Close()
