@@ -142,8 +142,8 @@ func TestTransportHonoursRetryAfter(t *testing.T) {
 				firstGrant, ran = g.At, g.At.Add(-g.Wait)
 			}
 		}
-		t.Logf("%s: 429 at +0, Pause returned at +%v, %d requests whose WaitN began before it was read reached the server inside the pause, first grant after it at +%v (its script ran at +%v), first request at +%v (%v after the pause asked for)",
-			b.Kind, pausedAt.Sub(t429), len(inside), firstGrant.Sub(t429), ran.Sub(t429), firstAfter.Sub(t429), firstAfter.Sub(t429.Add(pause)))
+		t.Logf("%s: 429 at +0, Pause returned at +%v, %d requests whose WaitN began before it was read reached the server inside the pause (%d requests returned from WaitN after the hold was set and were sent before its end), first grant after it at +%v (its script ran at +%v), first request at +%v (%v after the pause asked for)",
+			b.Kind, pausedAt.Sub(t429), len(inside), lim.returnedInside(reqs), firstGrant.Sub(t429), ran.Sub(t429), firstAfter.Sub(t429), firstAfter.Sub(t429.Add(pause)))
 		// The limiter's part: the grant takes effect at the pause's end, or, when the
 		// waiter's call to book again came after it (its wake-up at the hold's end and
 		// its call were late: a starved machine's scheduling), when that call's script
@@ -291,8 +291,8 @@ func TestTransportHoldUnderSlowRedis(t *testing.T) {
 		t.Errorf("Pause returned %v after the 429, want at least the %v the proxy held its call back: the slow call was not the pause's", pausedAfter, slow)
 	}
 	first := srv.firstFrom(t429.Add(time.Nanosecond))
-	redistest.Figure(t, "%d workers, a permit every %v, Pause's Redis call slowed to %v (returned %v after the 429): %d requests received inside the %v pause (all begun before the 429 was read); %d requests began their WaitN during the hold; first request after the 429 received at +%v",
-		workers, spacing, slow, pausedAfter.Round(ms), len(inside), pause, held, first.Sub(t429).Round(ms))
+	redistest.Figure(t, "%d workers, a permit every %v, Pause's Redis call slowed to %v (returned %v after the 429): %d requests received inside the %v pause (all begun before the 429 was read); %d requests returned from WaitN after the hold was set and were sent before its end; %d began their WaitN during the hold; first request after the 429 received at +%v",
+		workers, spacing, slow, pausedAfter.Round(ms), len(inside), pause, lim.returnedInside(reqs), held, first.Sub(t429).Round(ms))
 }
 
 // pausing is a Reserver that grants at once and pauses p: a transport over it reads
