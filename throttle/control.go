@@ -126,21 +126,23 @@ func (ks *keyState) resumed(end int64) {
 	ks.move(func(s *sleeper) bool { return s.g.token >= end })
 }
 
-// pass waits until this process's hold on the key ends; it reports whether it did
-// wait. It returns ctx.Err() if ctx ends first, and at once an error wrapping
+// pass waits until this process's hold on the key ends; it returns the hold it found
+// over (a later hold changes it: holdFor only lengthens it) and whether it did wait.
+// It returns ctx.Err() if ctx ends first, and at once an error wrapping
 // waiter.ErrWouldExceedDeadline if the hold ends after ctx's deadline.
-func (ks *keyState) pass(ctx context.Context) (held bool, err error) {
+func (ks *keyState) pass(ctx context.Context) (seen int64, held bool, err error) {
 	for {
-		d := time.Until(time.Unix(0, ks.hold.Load()))
+		seen = ks.hold.Load()
+		d := time.Until(time.Unix(0, seen))
 		if d <= 0 {
-			return held, nil
+			return seen, held, nil
 		}
 		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d {
-			return held, fmt.Errorf("%w: held for %v more", waiter.ErrWouldExceedDeadline, d)
+			return seen, held, fmt.Errorf("%w: held for %v more", waiter.ErrWouldExceedDeadline, d)
 		}
 		held = true
 		if err := sleep(ctx, d); err != nil {
-			return held, err
+			return seen, held, err
 		}
 	}
 }

@@ -182,11 +182,15 @@ func (c *client) flush(f *flight) {
 		}
 		c.flying--
 		c.land(f)
-		if !c.ready() {
+		var batch []*request
+		if c.ready() {
+			batch = c.take()
+		}
+		if batch == nil { // nothing queued, or only requests whose callers left
 			c.mu.Unlock()
 			return
 		}
-		f = &flight{reqs: c.take()}
+		f = &flight{reqs: batch}
 		c.flights = append(c.flights, f)
 		c.flying++
 		c.mu.Unlock()

@@ -27,30 +27,45 @@ func (l *Limiter) Wait(ctx context.Context) error {
 // in the background. If this process pauses the key (Pause), or the key's pause is
 // resumed (Resume, from any process), while it sleeps, its booking is given back and
 // booked again, with the other waiters of the process, in their order; called while
-// this process holds the key, it books when the hold ends.
+// this process holds the key, it books when the hold ends. A hold that begins while
+// its booking is on its way back from Redis, or as the booking comes due, holds it
+// too: it gives the booking back if it can and books again when the hold ends. A nil
+// *Limiter returns an error wrapping waiter.ErrNilReserver, as its Reserve does.
 func (l *Limiter) WaitN(ctx context.Context, n int) error {
+	if l == nil {
+		return fmt.Errorf("%w: nil *throttle.Limiter", waiter.ErrNilReserver)
+	}
 	if err := l.check(ctx, n); err != nil {
 		return err
 	}
 	start := clock.Now()
-	slept := false
+	slept, held := false, false
 	ks := l.c.key(l.t.tag)
-	held, err := ks.pass(ctx)
-	if err != nil {
-		return err
-	}
-	g, err := l.acquire(ctx, n, maxWait(ctx), nil)
-	if err != nil {
-		return err
-	}
-	if g.granted && g.wait > 0 {
-		slept = true
-		if g, err = ks.sleep(ctx, l, n, g); err != nil {
+	for {
+		seen, h, err := ks.pass(ctx)
+		if err != nil {
 			return err
 		}
-	}
-	if !g.granted {
-		return fmt.Errorf("%w: n=%d would wait %v", waiter.ErrWouldExceedDeadline, n, g.wait)
+		held = held || h
+		g, err := l.acquire(ctx, n, maxWait(ctx), nil)
+		if err != nil {
+			return err
+		}
+		if g.granted && g.wait > 0 {
+			slept = true
+			if g, seen, err = ks.sleep(ctx, l, n, g, seen); err != nil {
+				return err
+			}
+		}
+		if !g.granted {
+			return fmt.Errorf("%w: n=%d would wait %v", waiter.ErrWouldExceedDeadline, n, g.wait)
+		}
+		if ks.hold.Load() == seen {
+			break
+		}
+		// A hold began after this call passed the last one, and no move took its
+		// booking: its permits fall inside the hold, unused; book again after it.
+		held = true
 	}
 	if (slept || held) && l.hooks.Waited != nil {
 		l.hooks.Waited(l.key, n, clock.Now().Sub(start))
@@ -83,19 +98,27 @@ const (
 	settled                  // used, or given back by its sleeper
 )
 
-// moved is a sleeper's booking after a move: booked again, or why not.
+// moved is a sleeper's booking after a move: booked again once the hold seen (the
+// key's hold as the move passed it) was over, or why not.
 type moved struct {
-	g   grant
-	err error
+	g    grant
+	err  error
+	seen int64
 }
 
-// sleep sleeps on g, a booking of n permits for l, until it takes effect, and returns
-// it; if a hold or a resume moves it meanwhile, it sleeps on the new booking. If ctx
-// ends first, it returns ctx.Err() at once; the booking is given back in the
-// background.
-func (ks *keyState) sleep(ctx context.Context, l *Limiter, n int, g grant) (grant, error) {
+// sleep sleeps on g, a booking of n permits for l made after the caller passed the
+// hold seen, until it takes effect, and returns it with the hold its booking was made
+// after; if a hold or a resume moves it meanwhile, it sleeps on the new booking. A hold
+// that began after seen and did not move it (it came before the booking was
+// registered) ends the sleep at once, the booking given back: the caller, finding the
+// key's hold is no longer the one returned, books again. If ctx ends first, it returns
+// ctx.Err() at once; the booking is given back in the background.
+func (ks *keyState) sleep(ctx context.Context, l *Limiter, n int, g grant, seen int64) (grant, int64, error) {
 	s := &sleeper{l: l, ctx: ctx, n: n, g: g, moved: make(chan moved, 1)}
-	ks.enter(s)
+	if !ks.enter(s, seen) {
+		l.lateGiveBack(n, g)
+		return g, seen, nil
+	}
 	defer ks.leave(s)
 	t := time.NewTimer(g.wait)
 	defer t.Stop()
@@ -103,19 +126,21 @@ func (ks *keyState) sleep(ctx context.Context, l *Limiter, n int, g grant) (gran
 		select {
 		case <-t.C:
 			if s.owner.CompareAndSwap(sleeperOwns, settled) {
-				return s.g, nil
+				return s.g, seen, nil
 			}
 			// a move took the booking as it came due: the new one comes on s.moved
 		case m := <-s.moved:
 			if m.err != nil || !m.g.granted {
-				return m.g, m.err
+				return m.g, seen, m.err
 			}
-			s.g = m.g
+			s.g, seen = m.g, m.seen
 			s.owner.Store(sleeperOwns)
+			if !ks.enter(s, seen) { // a hold began after the move passed the last one
+				s.owner.Store(settled)
+				l.lateGiveBack(n, s.g)
+				return s.g, seen, nil
+			}
 			t.Reset(m.g.wait)
-			ks.mu.Lock()
-			ks.sleepers[s] = struct{}{} // movable again
-			ks.mu.Unlock()
 		case <-ctx.Done():
 			if s.owner.CompareAndSwap(sleeperOwns, settled) {
 				go l.lateGiveBack(n, s.g)
@@ -126,15 +151,22 @@ func (ks *keyState) sleep(ctx context.Context, l *Limiter, n int, g grant) (gran
 					}
 				}()
 			}
-			return grant{}, ctx.Err()
+			return grant{}, seen, ctx.Err()
 		}
 	}
 }
 
-// enter registers s; the first sleeper of the key listens for resumes on its channel.
-func (ks *keyState) enter(s *sleeper) {
+// enter registers s, whose booking was made after the hold seen, and reports true;
+// the first sleeper of the key listens for resumes on its channel. If a hold began
+// since seen, it registers nothing and reports false: that hold's move may have run
+// without s. (holdFor sets the hold before its move takes ks.mu, so a sleeper either
+// sees the new hold here or is found by the move.)
+func (ks *keyState) enter(s *sleeper, seen int64) bool {
 	ks.mu.Lock()
 	defer ks.mu.Unlock()
+	if ks.hold.Load() != seen {
+		return false
+	}
 	if ks.sleepers == nil {
 		ks.sleepers = map[*sleeper]struct{}{}
 	}
@@ -146,6 +178,7 @@ func (ks *keyState) enter(s *sleeper) {
 			h.subscribe(context.WithoutCancel(s.ctx), ks.listen)
 		}
 	}
+	return true
 }
 
 // leave unregisters s; the last sleeper stops listening.
@@ -185,7 +218,7 @@ func (ks *keyState) move(which func(*sleeper) bool) {
 			back = append(back, s.l.request(context.Background(), ks, []any{opCancel, s.n, s.g.token, 0, 0}, s.l.timeout))
 		}
 		ks.client.doAll(back)
-		_, _ = ks.pass(context.Background())
+		seen, _, _ := ks.pass(context.Background())
 		again := make([]*request, len(ss))
 		for i, s := range ss {
 			x := min(int64(maxWait(s.ctx)/time.Microsecond), maxWaitMicros)
@@ -201,7 +234,7 @@ func (ks *keyState) move(which func(*sleeper) bool) {
 			if res.err == nil {
 				ss[i].l.report(ss[i].n, g)
 			}
-			ss[i].moved <- moved{g, res.err}
+			ss[i].moved <- moved{g, res.err, seen}
 		}
 	}()
 }

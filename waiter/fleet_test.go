@@ -25,8 +25,10 @@ import (
 // The fleet tests run transports in several OS processes: this test binary again,
 // told by transportChildEnv (a JSON childOrders) to run TestTransportFleetChild. A
 // child makes its client, limiter and transport, prints "READY", waits for a line on
-// stdin, sends from Workers goroutines until Run has passed, and prints "RESULT "
-// and its childReport as JSON.
+// stdin, sends from Workers goroutines until the next line (or the end of stdin),
+// which cancels the requests under way, and prints "RESULT " and its childReport as
+// JSON. The parent stops the fleet when what it tests has happened, not after a
+// fixed time: a loaded machine starts and runs the children late.
 const transportChildEnv = "JOBTHROTTLE_TRANSPORT_CHILD"
 
 type childOrders struct {
@@ -38,7 +40,6 @@ type childOrders struct {
 	Spacing  time.Duration // the fleet's limit: a permit every Spacing
 	URL      string
 	Workers  int
-	Run      time.Duration
 	Reserve  int // WithRateLimitHeaders(Reserve); -1: off
 	MaxPause time.Duration
 }
@@ -47,9 +48,16 @@ type childReport struct {
 	Proc      int
 	Holds     []childHold
 	Reqs      []childReq
-	PausedAt  []int64 // UnixNano: when each Pause returned
-	FirstRead int64   // UnixNano: when the first response was read
+	Pauses    []childPause
+	FirstRead int64 // UnixNano: when the first response was read
 	Errors    []string
+}
+
+// childPause is a pause a child set: when Pause returned, and the vendor's quota window
+// (a Unix second, from the answer's X-Window header; 0 without) of the answer that set it.
+type childPause struct {
+	At     int64 // UnixNano
+	Window int64
 }
 
 type childHold struct {
@@ -58,11 +66,11 @@ type childHold struct {
 }
 
 type childReq struct {
-	ID           int
-	PassStart    int64 // gate order (see gateRecorder)
-	ReserveStart int64 // UnixNano: when its last Reserve began
-	SentAt       int64 // UnixNano
-	Status       int
+	ID      int
+	WaitSeq int64 // its last WaitN's place in the order of holds and WaitN calls (see holdRecorder)
+	WaitAt  int64 // UnixNano: when its last WaitN began
+	SentAt  int64 // UnixNano
+	Status  int
 }
 
 // TestTransportFleetChild is the child's side; it does nothing in a normal run.
@@ -81,13 +89,15 @@ func TestTransportFleetChild(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lim := &gateRecorder{Limiter: l}
+	lim := &holdRecorder{Limiter: l}
 	rep := childReport{Proc: o.Proc}
 	var mu sync.Mutex
+	windows := map[string]int64{} // by X-Req: the window the answer to it was in
 	opts := []waiter.TransportOption{waiter.WithMaxPause(o.MaxPause), waiter.WithTransportHooks(waiter.TransportHooks{
-		Paused: func(*http.Request, int, time.Duration) {
+		Paused: func(req *http.Request, _ int, _ time.Duration) {
+			at := time.Now().UnixNano()
 			mu.Lock()
-			rep.PausedAt = append(rep.PausedAt, time.Now().UnixNano())
+			rep.Pauses = append(rep.Pauses, childPause{at, windows[req.Header.Get("X-Req")]})
 			mu.Unlock()
 		},
 		PauseFailed: func(_ *http.Request, _ time.Duration, err error) {
@@ -99,12 +109,27 @@ func TestTransportFleetChild(t *testing.T) {
 	if o.Reserve >= 0 {
 		opts = append(opts, waiter.WithRateLimitHeaders(o.Reserve))
 	}
-	client := &http.Client{Transport: waiter.NewTransport(lim, stampSent(nil), opts...)}
+	base := stampSent(roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		resp, err := http.DefaultTransport.RoundTrip(req)
+		if err == nil {
+			w, _ := strconv.ParseInt(resp.Header.Get("X-Window"), 10, 64)
+			mu.Lock()
+			windows[req.Header.Get("X-Req")] = w
+			mu.Unlock()
+		}
+		return resp, err
+	}))
+	client := &http.Client{Transport: waiter.NewTransport(lim, base, opts...)}
 	fmt.Println("READY")
-	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+	in := bufio.NewReader(os.Stdin)
+	if _, err := in.ReadString('\n'); err != nil {
 		t.Fatal(err)
 	}
-	end := time.Now().Add(o.Run)
+	running, stop := context.WithCancel(context.Background())
+	go func() { // "STOP", or the end of stdin: the parent is gone
+		_, _ = in.ReadString('\n')
+		stop()
+	}()
 	var (
 		next int
 		reqs []*tracked
@@ -115,13 +140,13 @@ func TestTransportFleetChild(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for {
+			for running.Err() == nil {
 				mu.Lock()
 				tr := &tracked{id: o.Proc*1_000_000 + next}
 				next++
 				reqs = append(reqs, tr)
 				mu.Unlock()
-				ctx, cancel := context.WithDeadline(context.WithValue(context.Background(), trackedKey{}, tr), end)
+				ctx, cancel := context.WithCancel(context.WithValue(running, trackedKey{}, tr))
 				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, o.URL, nil)
 				req.Header.Set("X-Req", strconv.Itoa(tr.id))
 				req.Header.Set("X-Proc", strconv.Itoa(o.Proc))
@@ -157,15 +182,16 @@ func TestTransportFleetChild(t *testing.T) {
 		if tr.sentAt.Load() == 0 {
 			continue
 		}
-		rep.Reqs = append(rep.Reqs, childReq{tr.id, tr.passStart.Load(), tr.reserveStart.Load(), tr.sentAt.Load(), statuses[tr]})
+		rep.Reqs = append(rep.Reqs, childReq{tr.id, tr.waitSeq.Load(), tr.waitAt.Load(), tr.sentAt.Load(), statuses[tr]})
 	}
 	b, _ := json.Marshal(rep)
 	fmt.Println("RESULT " + string(b))
 }
 
 // runFleet starts procs children with orders o (Proc set for each), starts them
-// together once all are ready, and returns their reports.
-func runFleet(t *testing.T, procs int, o childOrders) []childReport {
+// together once all are ready, stops them when done is closed (or, failing that, after
+// limit), and returns their reports.
+func runFleet(t *testing.T, procs int, o childOrders, done <-chan struct{}, limit time.Duration) []childReport {
 	t.Helper()
 	type child struct {
 		cmd   *exec.Cmd
@@ -209,6 +235,14 @@ func runFleet(t *testing.T, procs int, o childOrders) []childReport {
 	for _, c := range children {
 		fmt.Fprintln(c.in, "GO")
 	}
+	select {
+	case <-done:
+	case <-time.After(limit):
+		t.Logf("the fleet stopped after %v, what the test waits for had not happened", limit)
+	}
+	for _, c := range children {
+		fmt.Fprintln(c.in, "STOP")
+	}
 	reports := make([]childReport, procs)
 	for p, c := range children {
 		for {
@@ -230,6 +264,21 @@ func runFleet(t *testing.T, procs int, o childOrders) []childReport {
 	return reports
 }
 
+// heldViolations returns the requests of rep's process whose WaitN began after the
+// process was held and that were sent before the hold's end.
+func heldViolations(rep childReport) []string {
+	var bad []string
+	for _, r := range rep.Reqs {
+		for _, h := range rep.Holds {
+			if r.WaitSeq > h.Seq && r.SentAt < h.Until {
+				bad = append(bad, fmt.Sprintf("request %d of process %d, whose WaitN began after its process was held, was sent %v before the hold's end",
+					r.ID, rep.Proc, time.Duration(h.Until-r.SentAt)))
+			}
+		}
+	}
+	return bad
+}
+
 // fleetOrders returns the orders shared by every child on backend b.
 func fleetOrders(t *testing.T, b *redistest.Backend, key, url string) childOrders {
 	o := childOrders{Prefix: b.Prefix, Key: key, URL: url, Workers: 8, Reserve: -1, MaxPause: 5 * time.Minute}
@@ -243,7 +292,7 @@ type vendorLog struct {
 	hits []vendorHit
 }
 
-// pauseSeen is a pause of the fleet test's process proc, reached Redis at at (UnixNano).
+// pauseSeen is a pause of the fleet test's process proc, in Redis by at (UnixNano).
 type pauseSeen struct {
 	proc int
 	at   int64
@@ -267,10 +316,11 @@ func (v *vendorLog) add(r *http.Request, status int, at time.Time) {
 // 8 processes × 8 goroutines share a limiter of 100 requests a second; the vendor
 // announces a 1s pause (429, Retry-After: 1) on its 60th request, and answers 429
 // to everything inside it. In the process that read the announcement, no request
-// that passed the gate after it is sent inside the pause (checked exactly, by the
-// gate's order); requests of other processes that reach the vendor inside the pause
-// are counted, with how many of them booked their permits after the pause reached
-// Redis (none should: those book after it).
+// whose WaitN began after its hold is sent inside the pause (checked exactly, by the
+// order of the hold and the WaitN calls); requests of other processes that reach the
+// vendor inside the pause are counted, with how many of them began their WaitN after
+// the pause reached Redis (none should: those book after it). The fleet runs until
+// the vendor has had 20 requests after the pause: it goes again.
 func TestTransportFleetRetryAfter(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-process figure")
@@ -279,6 +329,7 @@ func TestTransportFleetRetryAfter(t *testing.T) {
 		procs    = 8
 		announce = 60
 		pause    = time.Second
+		after    = 20 // requests after the pause before the fleet stops
 	)
 	b := redistest.NewStandalone(t)
 	var (
@@ -288,6 +339,8 @@ func TestTransportFleetRetryAfter(t *testing.T) {
 		start   time.Time // of the announced pause
 		readBy  = -1      // the process it was announced to
 		readReq int
+		again   int // requests after the pause
+		wentOn  = make(chan struct{})
 	)
 	vendor := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
@@ -303,6 +356,10 @@ func TestTransportFleetRetryAfter(t *testing.T) {
 		case !start.IsZero() && now.Before(start.Add(pause)):
 			status = http.StatusTooManyRequests
 			w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(start.Add(pause).Sub(now).Seconds()))))
+		case !start.IsZero():
+			if again++; again == after {
+				close(wentOn)
+			}
 		}
 		mu.Unlock()
 		log.add(r, status, now)
@@ -310,14 +367,25 @@ func TestTransportFleetRetryAfter(t *testing.T) {
 	}))
 	defer vendor.Close()
 	o := fleetOrders(t, b, "fleet-retry-after", vendor.URL)
-	o.Spacing, o.Run = 10*time.Millisecond, 2500*time.Millisecond
-	reports := runFleet(t, procs, o)
+	o.Spacing = 10 * time.Millisecond
+	reports := runFleet(t, procs, o, wentOn, time.Minute)
+	for _, rep := range reports {
+		for _, v := range heldViolations(rep) {
+			t.Error(v)
+		}
+	}
+	mu.Lock() // the vendor's handlers are done, but no lock of theirs says so
+	got, readBy, readReq, start, again := n, readBy, readReq, start, again
+	mu.Unlock()
 	if readBy < 0 {
-		t.Fatalf("the vendor got %d requests, fewer than the %d it announces the pause on", n, announce)
+		t.Fatalf("the vendor got %d requests, fewer than the %d it announces the pause on", got, announce)
+	}
+	if again < after {
+		t.Errorf("the vendor got %d requests after the pause, want %d: the fleet did not go again", again, after)
 	}
 	reader := reports[readBy]
-	if len(reader.Holds) == 0 || len(reader.PausedAt) == 0 {
-		t.Fatalf("process %d read the 429 but held %d times and paused %d times", readBy, len(reader.Holds), len(reader.PausedAt))
+	if len(reader.Holds) == 0 || len(reader.Pauses) == 0 {
+		t.Fatalf("process %d read the 429 but held %d times and paused %d times", readBy, len(reader.Holds), len(reader.Pauses))
 	}
 	firstHold := reader.Holds[0]
 	byID := map[int]childReq{}
@@ -326,7 +394,7 @@ func TestTransportFleetRetryAfter(t *testing.T) {
 			byID[r.ID] = r
 		}
 	}
-	pausedInRedis := time.Unix(0, reader.PausedAt[0])
+	pausedInRedis := time.Unix(0, reader.Pauses[0].At)
 	var sameOnWay, sameAfter, other, otherBookedAfter int
 	log.mu.Lock()
 	for _, h := range log.hits {
@@ -335,24 +403,24 @@ func TestTransportFleetRetryAfter(t *testing.T) {
 		}
 		r := byID[h.id]
 		switch {
-		case h.proc == readBy && r.PassStart < firstHold.Seq:
+		case h.proc == readBy && r.WaitSeq < firstHold.Seq:
 			sameOnWay++
 		case h.proc == readBy:
 			sameAfter++
-			t.Errorf("request %d of process %d passed the gate after the 429 was read and reached the vendor %v inside the pause", h.id, h.proc, h.at.Sub(start))
+			t.Errorf("request %d of process %d began its WaitN after the 429 held its process and reached the vendor %v inside the pause", h.id, h.proc, h.at.Sub(start))
 		default:
 			other++
-			if time.Unix(0, r.ReserveStart).After(pausedInRedis) {
+			if time.Unix(0, r.WaitAt).After(pausedInRedis) {
 				otherBookedAfter++
 			}
 		}
 	}
 	total := len(log.hits)
 	log.mu.Unlock()
-	redistest.Figure(t, "%d processes × 8 goroutines, 100/s shared, 1s pause announced to process %d (Pause returned %v after the 429): inside the pause the vendor got %d requests from that process sent after it read the 429 (%d on their way before), %d from other processes (%d of them booked after the pause reached Redis); %d requests in all",
+	redistest.Figure(t, "%d processes × 8 goroutines, 100/s shared, 1s pause announced to process %d (Pause returned %v after the 429): inside the pause the vendor got %d requests from that process whose WaitN began after its hold (%d begun before), %d from other processes (%d of them begun after the pause reached Redis); %d requests in all",
 		procs, readBy, pausedInRedis.Sub(start).Round(time.Millisecond), sameAfter, sameOnWay, other, otherBookedAfter, total)
 	if otherBookedAfter > 0 {
-		t.Errorf("%d requests of other processes booked after the pause reached Redis and reached the vendor inside it", otherBookedAfter)
+		t.Errorf("%d requests of other processes began their WaitN after the pause reached Redis and reached the vendor inside it", otherBookedAfter)
 	}
 }
 
@@ -364,6 +432,7 @@ func TestTransportFleetRetryAfter(t *testing.T) {
 // (checked by mechanism, see below). How many were on their way while a pause spread
 // depends on the machine's speed: reported (none on an idle machine, where 24 cover
 // the requests in flight). Without the option, the figure shows what the headers save.
+// The fleet runs for 3s from its first request at the vendor.
 func TestTransportFleetRateLimitHeaders(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-process figure")
@@ -376,10 +445,12 @@ func TestTransportFleetRateLimitHeaders(t *testing.T) {
 	for _, withHeaders := range []bool{true, false} {
 		b := redistest.NewStandalone(t)
 		var (
-			mu     sync.Mutex
-			window int64
-			used   int
-			log    vendorLog
+			mu      sync.Mutex
+			window  int64
+			used    int
+			log     vendorLog
+			started bool
+			first   = make(chan struct{}) // the fleet's first request came
 		)
 		vendor := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			now := time.Now()
@@ -401,8 +472,15 @@ func TestTransportFleetRateLimitHeaders(t *testing.T) {
 			if status != http.StatusOK {
 				w.Header().Set("Retry-After", strconv.Itoa(reset))
 			}
+			w.Header().Set("X-Window", strconv.FormatInt(win, 10))
 			if r.Header.Get("X-Proc") != "" {
 				log.add(r, status, now)
+				mu.Lock()
+				if !started {
+					started = true
+					close(first)
+				}
+				mu.Unlock()
 			}
 			w.WriteHeader(status)
 		}))
@@ -425,29 +503,43 @@ func TestTransportFleetRateLimitHeaders(t *testing.T) {
 			}
 		}()
 		o := fleetOrders(t, b, "fleet-headers", vendor.URL)
-		o.Spacing, o.Run = 10*time.Millisecond, 3*time.Second
+		o.Spacing = 10 * time.Millisecond
 		if withHeaders {
 			o.Reserve = reserve
 		}
-		reports := runFleet(t, procs, o)
+		ran, stopped := make(chan struct{}), make(chan struct{})
+		go func() {
+			select {
+			case <-first:
+				time.Sleep(3 * time.Second)
+				close(ran)
+			case <-stopped:
+			}
+		}()
+		reports := runFleet(t, procs, o, ran, time.Minute)
+		close(stopped)
 		close(stop)
 		unthrottled.Wait()
 		vendor.Close()
-		// A 429 is the transport's fault when it was sent in a vendor second (the
-		// vendor's quota window) after a pause announced in that second had reached
-		// Redis and the request was booked after it, or had held its own process: the
-		// headers' reset runs to the end of the second at least, so a pause announced
-		// in it keeps every later booking of the fleet, and every request of the
-		// process that read it, out of that second. Other 429s are of requests already
-		// on their way while the pause spread (between the vendor's answer and the
-		// Pause reaching Redis): how many depends on how fast the machine runs them
-		// (at 100/s, reserve 24 covers 240ms), a figure, not asserted.
+		// A pause set on an answer runs to the end of that answer's vendor second (its
+		// quota window) at least: the headers' reset counts from the answer. So a
+		// request refused 429 in a window is the transport's fault when its WaitN
+		// began after a pause set on an answer of that window had reached Redis (every
+		// process books after such a pause), and any request of a process is when its
+		// WaitN began after that process was held and it was sent before the hold's
+		// end (holdRecorder's order). Other 429s are of requests already on their way
+		// while the pause spread (between the vendor's answer and the Pause reaching
+		// Redis): how many depends on how fast the machine runs them (at 100/s,
+		// reserve 24 covers 240ms), a figure, not asserted.
 		firstRead := map[int]time.Time{}
-		paused := map[int64][]pauseSeen{} // by the vendor second of the pause
+		paused := map[int64][]pauseSeen{} // by the vendor window of the answer that set the pause
 		for _, rep := range reports {
 			firstRead[rep.Proc] = time.Unix(0, rep.FirstRead)
-			for _, at := range rep.PausedAt {
-				paused[time.Unix(0, at).Unix()] = append(paused[time.Unix(0, at).Unix()], pauseSeen{rep.Proc, at})
+			for _, p := range rep.Pauses {
+				paused[p.Window] = append(paused[p.Window], pauseSeen{rep.Proc, p.At})
+			}
+			for _, v := range heldViolations(rep) {
+				t.Error(v)
 			}
 		}
 		refused, refusedAfter, onTheirWay, ok := 0, 0, 0, 0
@@ -470,10 +562,10 @@ func TestTransportFleetRateLimitHeaders(t *testing.T) {
 			}
 			held := false
 			for _, p := range paused[h.at.Unix()] {
-				if p.at < r.ReserveStart || (p.proc == h.proc && p.at < r.SentAt) {
+				if p.at < r.WaitAt {
 					held = true
-					t.Errorf("request %d of process %d, booked %v and sent %v after process %d's pause in the same vendor second reached Redis, was refused 429",
-						h.id, h.proc, time.Duration(r.ReserveStart-p.at), time.Duration(r.SentAt-p.at), p.proc)
+					t.Errorf("request %d of process %d, whose WaitN began %v after process %d's pause set in the same vendor second reached Redis, was refused 429",
+						h.id, h.proc, time.Duration(r.WaitAt-p.at), p.proc)
 					break
 				}
 			}

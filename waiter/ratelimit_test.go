@@ -98,7 +98,7 @@ func TestTransportRateLimitHeaders(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) { c.run(t, waiter.WithRateLimitHeaders(2)) })
 	}
 	t.Run("off by default", func(t *testing.T) {
-		r := &fakeGate{}
+		r := &fakePauser{}
 		tr := waiter.NewTransport(r, answer(200, map[string]string{"RateLimit": `"default";r=0;t=30`}))
 		if _, err := tr.RoundTrip(newRequest(t, context.Background(), nil)); err != nil {
 			t.Fatal(err)
@@ -108,7 +108,7 @@ func TestTransportRateLimitHeaders(t *testing.T) {
 		}
 	})
 	t.Run("negative reserve", func(t *testing.T) {
-		tr := waiter.NewTransport(&fakeGate{}, answer(200, nil), waiter.WithRateLimitHeaders(-1))
+		tr := waiter.NewTransport(&fakePauser{}, answer(200, nil), waiter.WithRateLimitHeaders(-1))
 		if _, err := tr.RoundTrip(newRequest(t, context.Background(), nil)); !errors.Is(err, waiter.ErrInvalidOption) {
 			t.Errorf("RoundTrip with a negative reserve: %v, want ErrInvalidOption", err)
 		}
@@ -183,7 +183,7 @@ func TestTransportTokenQuotas(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			r := &fakeGate{}
+			r := &fakePauser{}
 			var got []waiter.Quota
 			var bad badLog
 			tr := waiter.NewTransport(r, answer(200, c.header), waiter.WithRateLimitHeaders(0),
@@ -205,7 +205,7 @@ func TestTransportTokenQuotas(t *testing.T) {
 		})
 	}
 	t.Run("not without the option", func(t *testing.T) {
-		tr := waiter.NewTransport(&fakeGate{}, answer(429, cases[0].header), waiter.WithTransportHooks(waiter.TransportHooks{
+		tr := waiter.NewTransport(&fakePauser{}, answer(429, cases[0].header), waiter.WithTransportHooks(waiter.TransportHooks{
 			Quota: func(_ *http.Request, q waiter.Quota) {
 				t.Errorf("Quota called with %+v without WithRateLimitHeaders", q)
 			},

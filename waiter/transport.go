@@ -24,11 +24,6 @@ type pauser interface {
 // server again after at most five minutes.
 const DefaultMaxPause = 5 * time.Minute
 
-// pauseTimeout bounds the call that pauses the Reserver. It does not end with the
-// request's context: the response is in hand, and the fleet should back off even if
-// the caller gives up at once.
-const pauseTimeout = 2 * time.Second
-
 // NewTransport returns an http.RoundTripper that waits for n permits from r (1, or
 // WithPermits) through Wait(req.Context(), r, n) before sending each request with base
 // (nil: http.DefaultTransport); a request whose context ends first, or whose deadline
@@ -37,7 +32,8 @@ const pauseTimeout = 2 * time.Second
 // An answer refusing for a rate limit (429, 503, or a 403 with Retry-After or a spent
 // quota) pauses r (and, a *throttle.Limiter, holds this process at once) until the time its
 // headers give, at most WithMaxPause; docs/http.md lists the headers read. The response
-// is returned as it came. A nil r or a bad option makes every RoundTrip return an error
+// is returned as it came, once r's Pause has returned: its call is bounded by r's own
+// (a *throttle.Limiter's call timeout), not by the request's context. A nil r or a bad option makes every RoundTrip return an error
 // wrapping ErrNilReserver or ErrInvalidOption. It is safe for concurrent use.
 func NewTransport(r Reserver, base http.RoundTripper, opts ...TransportOption) http.RoundTripper {
 	t := newTransport(base, opts)
@@ -366,9 +362,13 @@ func (t *transport) backOff(req *http.Request, r Reserver, resp *http.Response) 
 	if d <= 0 || !ok {
 		return d, v.refused
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(req.Context()), pauseTimeout)
-	defer cancel()
-	if err := p.Pause(ctx, d); err != nil {
+	// The call is bounded by the Reserver's own bound on a call (a *throttle.Limiter's
+	// call timeout), not by the request's context: the answer is in hand, and the fleet
+	// backs off even if the caller gives up at once. Nor by a shorter bound of the
+	// transport's: Pause holds this process before it calls the store, so a slow call
+	// lets nothing of this process through, while a call given up before it is sent
+	// never pauses the other processes.
+	if err := p.Pause(context.WithoutCancel(req.Context()), d); err != nil {
 		if t.hooks.PauseFailed != nil {
 			t.hooks.PauseFailed(req, d, err)
 		}
