@@ -235,8 +235,9 @@ end
 --     override that has expired at its end (oend), any other difference (a deploy with new
 --     limits) at the call that finds it. A new period converts the whole tokens held.
 -- Cancel (x/time/rate's CancelAt at now) of n booked at token: nothing when token < now;
---   else each limit gets back restore = min(n·p, n·p - r·(e - token)) ticks (the n less what
---   was booked after it), up to its burst, when restore > 0; and when token = e, e moves back
+--   else each limit gets back restore = n·p - r·(e - token) ticks (the n less what was booked
+--   after it; more than n when a booking made since lies before it, which gives back what an
+--   earlier cancel kept), up to its burst, when restore > 0; and when token = e, e moves back
 --   to token - floor(n·p/r) if that is not before now, so that cancelling the booking before
 --   it gives its tokens back too. freed is 1 when any limit got tokens back.
 -- Rounding, the only differences from x/time/rate: times are whole µs and a booking's time
@@ -358,7 +359,7 @@ local function give(st, lim, n, token, now)
   local freed = 0
   for j = 0, 5 * #lim - 5, 5 do
     local u, r, p, b, e = st[j + 1], st[j + 2], st[j + 3], st[j + 4], st[j + 5]
-    local restore = math.min(n * p, n * p - (e - token) * r)
+    local restore = n * p - (e - token) * r
     if restore > 0 then
       st[j + 1], freed = math.min(b * p, u + restore), 1
       if token == e and token - fdiv(n * p, r) >= now then
