@@ -9,7 +9,9 @@
 --          ri ticks per µs, so everything is an exact integer; negative when booked ahead
 --   ri pi bi  the rate, period (µs) and burst the tokens were counted with
 --   ei     the time of limit i's latest booking, µs (x/time/rate's lastEvent; 0: none)
--- An absent key is full buckets. The key's TTL is the time until every bucket is full.
+-- An absent key is full buckets, at the limits in force when it is read. The key's TTL is
+-- the time until every bucket is full, at the limits in force and, from an override's end
+-- on, at the callers' (keep).
 --
 -- Rules (x/time/rate's advance, reserveN, CancelAt, SetLimitAt, SetBurstAt), per limit:
 --   tokens at t >= last: min(b·p, u + (t - last)·r)
@@ -75,7 +77,7 @@ local function load(key, lim, now, _, given, oend)
   if v and type(v) ~= 'string' then
     error('JTSTATE ' .. key .. ': not a string', 0)
   end
-  local st = {at = now, absent = not v, dirty = false}
+  local st = {at = now, absent = not v, dirty = false, given = given}
   if v then
     local w = {}
     for f in string.gmatch(v, '%S+') do
@@ -163,16 +165,36 @@ local function give(st, lim, n, token, now)
   return freed
 end
 
--- report returns remaining, reset_us and how long the state must be kept (µs; <= 0: not
--- at all): until every bucket is full.
-local function report(st, lim, now)
+-- keep is how long the state must be kept from now (µs; <= 0: not at all), oend the end of
+-- the override whose limits lim are (0: none): until every bucket is full, at lim and, from
+-- oend on, at the callers' limits (st.given) with the tokens held at oend. A bucket an
+-- override refills faster than the callers' may not be full by then, and one full at an
+-- override's lower burst is not full at the callers': an absent key would be.
+local function keep(st, lim, now, oend)
+  local k = 0
+  for i = 1, #lim do
+    local j, g = 5 * i - 5, st.given[i]
+    local u, r, p, b = st[j + 1], st[j + 2], st[j + 3], st[j + 4]
+    local full = math.ceil((b * p - u) / r)
+    if oend > now and g[2] == p and (full > oend - now or b < g[3]) then
+      local ue = math.min(b * p, u + (oend - now) * r, g[3] * p)
+      full = oend - now + math.ceil((g[3] * p - ue) / g[1])
+    end
+    k = math.max(k, full)
+  end
+  return k
+end
+
+-- report returns remaining, reset_us (until every bucket is full at lim) and how long the
+-- state must be kept (keep; oend: 0 when not given).
+local function report(st, lim, now, oend)
   local remaining, reset = MAX_RATE, 0
   for j = 0, 5 * #lim - 5, 5 do
     local u, r, p, b = st[j + 1], st[j + 2], st[j + 3], st[j + 4]
     remaining = math.min(remaining, fdiv(u, p))
     reset = math.max(reset, math.ceil((b * p - u) / r))
   end
-  return math.max(0, remaining), reset, reset
+  return math.max(0, remaining), reset, keep(st, lim, now, oend or 0)
 end
 
 -- detail: booked is the most permits any bucket owes (its negative tokens), ahead_us the
@@ -194,7 +216,7 @@ local function save(st, key, lim, now, oend)
   if not st.dirty then
     return
   end
-  local _, _, keep = report(st, lim, now)
+  local _, _, keep = report(st, lim, now, oend)
   if keep <= 0 then
     if not st.absent then
       redis.call('DEL', key)
