@@ -287,6 +287,8 @@ func fuzzSeeds() []fuzzSeed {
 				fzProg(fzOverride(s, Limit{Rate: 2, Burst: 5}), fzAllow(5), fzAt(1500*ms), fzRead(), fzAt(1500*ms), fzRead(), fzInspect(), fzAllow(4)))
 			add("burst-lowered-then-restored", bucket, "k", "",
 				fzProg(fzOverride(s, Limit{Rate: 2}), fzAllow(2), fzInspect(), fzAt(1500*ms), fzRead(), fzAt(3*s), fzRead(), fzInspect(), fzAllow(5)))
+			add("state-evicted-under-an-override", fzLimCfg([]Limit{PerSecond(5)}, 4, 0, false), "k", "",
+				fzProg(fzAllow(1), fzOverride(0, Limit{Rate: 16, Burst: 1}), fzEvict(), fzRead(), fzInspect(), fzCancelRaw(1, 0), fzClear(), fzAllow(5)))
 			add("paused-booking-spends-the-cut-refill", bucket, "k", "",
 				fzProg(fzAllow(2), fzPause(10*s), fzReserve(5, time.Hour), fzInspect(), fzAt(10*s), fzAllow(1), fzInspect()))
 		case SlidingCounter:

@@ -17,6 +17,9 @@ type bucketModel struct {
 	over   *bucketOverride // nil: none
 	paused int64           // when a pause ends, µs (0: none)
 	lims   []bucketLimit   // nil: no state, every bucket full
+	// lims are an absent state read as full buckets for one call: unless the call
+	// changes them (and so writes them), the state stays absent
+	virtual bool
 }
 
 // bucketLimit is one limit's x/time/rate Limiter: its tokens at last, and the rate and
@@ -102,10 +105,9 @@ func (m *bucketModel) set(i int, t int64, rate, burst int) {
 	l.rate, l.burst = new(big.Rat).SetFrac64(int64(rate), m.given[i].periodMicros()), int64(burst)
 }
 
-// at brings the model to now: an override that has ended changes the rates back at its
-// end (SetLimitAt and SetBurstAt there), and an absent state is full buckets at the
-// limits in force.
-func (m *bucketModel) at(now int64) {
+// ended ends an override whose end is at or before now: the rates change back at its
+// end (SetLimitAt and SetBurstAt there).
+func (m *bucketModel) ended(now int64) {
 	if o := m.over; o != nil && o.end <= now {
 		if m.lims != nil {
 			for i := range m.lims {
@@ -115,13 +117,27 @@ func (m *bucketModel) at(now int64) {
 		}
 		m.over = nil
 	}
+}
+
+// at brings the model to now for a call: an override that has ended changes the rates
+// back at its end, and an absent state is read as full buckets at the limits in force
+// (virtual: done forgets them unless the call changed them).
+func (m *bucketModel) at(now int64) {
+	m.ended(now)
 	if m.lims == nil {
-		m.lims = make([]bucketLimit, len(m.given))
+		m.lims, m.virtual = make([]bucketLimit, len(m.given)), true
 		for i := range m.lims {
 			r, b := m.inForce(i, now)
 			m.lims[i] = bucketLimit{rate: new(big.Rat).SetFrac64(int64(r), m.given[i].periodMicros()), burst: int64(b),
 				tokens: rat(int64(b)), last: now}
 		}
+	}
+}
+
+// done ends a call: an absent state it read and did not change stays absent.
+func (m *bucketModel) done() {
+	if m.virtual {
+		m.lims, m.virtual = nil, false
 	}
 }
 
@@ -173,7 +189,6 @@ func (m *bucketModel) fit(now int64, n int) (int64, []*big.Rat) {
 
 // nextFree is the time until an acquire of one permit would take effect (Inspect).
 func (m *bucketModel) nextFree(now int64) int64 {
-	m.at(now)
 	t, _ := m.fit(now, 1)
 	return t - now
 }
@@ -186,6 +201,7 @@ func (m *bucketModel) nextFree(now int64) int64 {
 // the burst would have cut meanwhile. It returns the reply, the wait and the token.
 func (m *bucketModel) allow(now int64, n int, maxWait int64) (Result, int64, int64) {
 	m.at(now)
+	defer m.done()
 	t, rounding := m.fit(now, n)
 	wait := t - now
 	var res Result
@@ -203,7 +219,7 @@ func (m *bucketModel) allow(now int64, n int, maxWait int64) (Result, int64, int
 			l.tokens = new(big.Rat).Sub(ratMin(m.advance(i, now), new(big.Rat).Sub(rat(l.burst), refill)), rat(int64(n)))
 			l.last, l.lastEvent = now, t
 		}
-		token = t
+		token, m.virtual = t, false
 	}
 	res.Remaining, res.ResetAfter = m.report(now)
 	return res, wait, token
@@ -217,6 +233,7 @@ func (m *bucketModel) allow(now int64, n int, maxWait int64) (Result, int64, int
 // limit got tokens back, and the reset after.
 func (m *bucketModel) cancel(now, token int64, n int) (bool, time.Duration) {
 	m.at(now)
+	defer m.done()
 	freed := false
 	if token >= now && token > 0 && n > 0 {
 		for i := range m.lims {
@@ -225,7 +242,7 @@ func (m *bucketModel) cancel(now, token int64, n int) (bool, time.Duration) {
 			if restore.Sign() <= 0 {
 				continue
 			}
-			freed = true
+			freed, m.virtual = true, false
 			l.tokens = ratMin(new(big.Rat).Add(m.advance(i, now), restore), rat(l.burst))
 			l.last = now
 			if prev := token - ratFloor(new(big.Rat).Quo(rat(int64(n)), l.rate)); token == l.lastEvent && prev >= now {
@@ -252,6 +269,7 @@ func (m *bucketModel) resume() { m.paused = 0 }
 // as SetLimitAt and SetBurstAt do.
 func (m *bucketModel) override(now, d int64, rates [][2]int) {
 	m.at(now)
+	defer m.done()
 	if rates == nil {
 		m.over = nil
 	} else {
@@ -262,6 +280,9 @@ func (m *bucketModel) override(now, d int64, rates [][2]int) {
 	}
 	for i := range m.lims {
 		r, b := m.inForce(i, now)
+		if l := m.lims[i]; l.burst != int64(b) || l.rate.Cmp(new(big.Rat).SetFrac64(int64(r), m.given[i].periodMicros())) != 0 {
+			m.virtual = false // a change of the limits in force is written
+		}
 		m.set(i, now, r, b)
 	}
 }
@@ -269,7 +290,6 @@ func (m *bucketModel) override(now, d int64, rates [][2]int) {
 // detail is Inspect's view: per limit the tokens held, rounded down; the most
 // permits any bucket owes; the time until the latest booking.
 func (m *bucketModel) detail(now int64) (avail []int, booked int, ahead int64) {
-	m.at(now)
 	for i, l := range m.lims {
 		a := int(ratFloor(m.advance(i, now)))
 		avail = append(avail, a)
@@ -284,6 +304,7 @@ func (m *bucketModel) detail(now int64) (avail []int, booked int, ahead int64) {
 // the end. (A bucket full at an override's lower burst is not full at the callers', and
 // an absent state would be: full at the limits in force when it is read.)
 func (m *bucketModel) needed(now int64) int64 {
+	m.ended(now)
 	if m.lims == nil {
 		return 0
 	}
@@ -304,8 +325,12 @@ func (m *bucketModel) needed(now int64) int64 {
 	return need
 }
 
-// full reports whether every bucket is full at now (the state is not needed).
-func (m *bucketModel) full(now int64) bool { return m.needed(now) <= 0 }
+// tokens returns limit i's tokens at now.
+func (m *bucketModel) tokens(now int64, i int) *big.Rat {
+	m.at(now)
+	defer m.done()
+	return m.advance(i, now)
+}
 
 // evict forgets the state, as if its key had been deleted: full buckets.
 func (m *bucketModel) evict() { m.lims = nil }
