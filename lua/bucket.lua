@@ -9,7 +9,9 @@
 --          ri ticks per µs, so everything is an exact integer; negative when booked ahead
 --   ri pi bi  the rate, period (µs) and burst the tokens were counted with
 --   ei     the time of limit i's latest booking, µs (x/time/rate's lastEvent; 0: none)
--- An absent key is full buckets. The key's TTL is the time until every bucket is full.
+-- An absent key is full buckets, at the limits in force when it is read. The key's TTL is
+-- the time until every bucket is full, at the limits in force and, from an override's end
+-- on, at the callers' (keep).
 --
 -- Rules (x/time/rate's advance, reserveN, CancelAt, SetLimitAt, SetBurstAt), per limit:
 --   tokens at t >= last: min(b·p, u + (t - last)·r)
@@ -25,8 +27,9 @@
 --     override that has expired at its end (oend), any other difference (a deploy with new
 --     limits) at the call that finds it. A new period converts the whole tokens held.
 -- Cancel (x/time/rate's CancelAt at now) of n booked at token: nothing when token < now;
---   else each limit gets back restore = min(n·p, n·p - r·(e - token)) ticks (the n less what
---   was booked after it), up to its burst, when restore > 0; and when token = e, e moves back
+--   else each limit gets back restore = n·p - r·(e - token) ticks (the n less what was booked
+--   after it; more than n when a booking made since lies before it, which gives back what an
+--   earlier cancel kept), up to its burst, when restore > 0; and when token = e, e moves back
 --   to token - floor(n·p/r) if that is not before now, so that cancelling the booking before
 --   it gives its tokens back too. freed is 1 when any limit got tokens back.
 -- Rounding, the only differences from x/time/rate: times are whole µs and a booking's time
@@ -71,7 +74,7 @@ end
 -- none); given are the callers' limits, in force after a stored override's end.
 local function load(key, lim, now, _, given, oend)
   local v = redis.pcall('GET', key)
-  local st = {at = now, absent = not v, dirty = false}
+  local st = {at = now, absent = not v, dirty = false, given = given}
   if v then
     if type(v) ~= 'string' then
       return nil, 'JTSTATE ' .. key .. ': not a string'
@@ -149,7 +152,7 @@ local function give(st, lim, n, token, now)
   local freed = 0
   for j = 0, 5 * #lim - 5, 5 do
     local u, r, p, b, e = st[j + 1], st[j + 2], st[j + 3], st[j + 4], st[j + 5]
-    local restore = math.min(n * p, n * p - (e - token) * r)
+    local restore = n * p - (e - token) * r
     if restore > 0 then
       st[j + 1], freed = math.min(b * p, u + restore), 1
       if token == e and token - math.floor(n * p / r) >= now then
@@ -163,16 +166,36 @@ local function give(st, lim, n, token, now)
   return freed
 end
 
--- report returns remaining, reset_us and how long the state must be kept (µs; <= 0: not
--- at all): until every bucket is full.
-local function report(st, lim, now)
+-- keep is how long the state must be kept from now (µs; <= 0: not at all), oend the end of
+-- the override whose limits lim are (0: none): until every bucket is full, at lim and, from
+-- oend on, at the callers' limits (st.given) with the tokens held at oend. A bucket an
+-- override refills faster than the callers' may not be full by then, and one full at an
+-- override's lower burst is not full at the callers': an absent key would be.
+local function keep(st, lim, now, oend)
+  local k = 0
+  for i = 1, #lim do
+    local j, g = 5 * i - 5, st.given[i]
+    local u, r, p, b = st[j + 1], st[j + 2], st[j + 3], st[j + 4]
+    local full = math.ceil((b * p - u) / r)
+    if oend > now and g[2] == p and (full > oend - now or b < g[3]) then
+      local ue = math.min(b * p, u + (oend - now) * r, g[3] * p)
+      full = oend - now + math.ceil((g[3] * p - ue) / g[1])
+    end
+    k = math.max(k, full)
+  end
+  return k
+end
+
+-- report returns remaining, reset_us (until every bucket is full at lim) and how long the
+-- state must be kept (keep; oend: 0 when not given).
+local function report(st, lim, now, oend)
   local remaining, reset = MAX_RATE, 0
   for j = 0, 5 * #lim - 5, 5 do
     local u, r, p, b = st[j + 1], st[j + 2], st[j + 3], st[j + 4]
     remaining = math.min(remaining, math.floor(u / p))
     reset = math.max(reset, math.ceil((b * p - u) / r))
   end
-  return math.max(0, remaining), reset, reset
+  return math.max(0, remaining), reset, keep(st, lim, now, oend or 0)
 end
 
 -- detail: booked is the most permits any bucket owes (its negative tokens), ahead_us the
@@ -194,7 +217,7 @@ local function save(st, key, lim, now, oend)
   if not st.dirty then
     return
   end
-  local _, _, keep = report(st, lim, now)
+  local _, _, keep = report(st, lim, now, oend)
   if keep <= 0 then
     if not st.absent then
       redis.call('DEL', key)

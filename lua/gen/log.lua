@@ -538,7 +538,8 @@ end
 --   fit(st, lim, n, t, now) -> t'    the earliest time >= t at which n fit every limit
 --   take(st, lim, n, t, now)         book n at t
 --   give(st, lim, n, token, now) -> freed 0|1   give back n booked at token (Cancel)
---   report(st, lim, now) -> remaining, reset_us, keep_us (how long the state matters)
+--   report(st, lim, now[, oend]) -> remaining, reset_us, keep_us (how long the state matters;
+--                                    oend: when the override in force ends)
 --   detail(st, lim, now) -> booked, ahead_us, avail (per limit)   (Inspect)
 --   rates(st, old, new, at, now)     the limits in force change at `at`
 --   save(st, key, lim, now, oend)    write the state if it changed, with its TTL
@@ -858,7 +859,7 @@ for r = 1, k do
     if op == OP_INSPECT then
       local t = fit(st, lim, 1, t0, now)
       if not remaining then
-        remaining, reset, keep = report(st, lim, now)
+        remaining, reset, keep = report(st, lim, now, oend)
       end
       local booked_n, ahead, avail = detail(st, lim, now)
       local pttl = -2
