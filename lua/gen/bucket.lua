@@ -799,7 +799,7 @@ for r = 1, k do
       end
       local freed = token > 0 and give(st, lim, n, token, now) or 0
       if freed == 1 or not remaining then
-        remaining, reset, keep = report(st, lim, now)
+        remaining, reset, keep = report(st, lim, now, oend)
       end
       out[b + 1], out[b + 2], out[b + 3], out[b + 4], out[b + 5], out[b + 6] =
         freed, 0, 0, reset, key > 0 and token or 0, 0
@@ -820,7 +820,7 @@ for r = 1, k do
           local stamp = math.max(now, last + 1)
           books[key], booked[#booked + 1] = {rec[1], n, stamp}, key
           if not remaining then
-            remaining, reset, keep = report(st, lim, now)
+            remaining, reset, keep = report(st, lim, now, oend)
           end
           out[b + 1], out[b + 2], out[b + 3], out[b + 4], out[b + 5], out[b + 6] =
             2, pause > now and 0 or remaining, math.max(0, rec[1] - now), reset, rec[1], stamp
@@ -858,7 +858,7 @@ for r = 1, k do
       end
     end
     if not remaining then
-      remaining, reset, keep = report(st, lim, now)
+      remaining, reset, keep = report(st, lim, now, oend)
     end
     out[b + 1], out[b + 2], out[b + 3], out[b + 4], out[b + 5], out[b + 6] =
       granted and 1 or 0, pause > now and 0 or remaining, t - now, reset,
