@@ -9,7 +9,8 @@
 --          ri ticks per µs, so everything is an exact integer; negative when booked ahead
 --   ri pi bi  the rate, period (µs) and burst the tokens were counted with
 --   ei     the time of limit i's latest booking, µs (x/time/rate's lastEvent; 0: none)
--- An absent key is full buckets. The key's TTL is the time until every bucket is full.
+-- An absent key is full buckets. The key's TTL is the time until every bucket is full (under
+-- an override, full under the callers' limits too: see report).
 --
 -- Rules (x/time/rate's advance, reserveN, CancelAt, SetLimitAt, SetBurstAt), per limit:
 --   tokens at t >= last: min(b·p, u + (t - last)·r)
@@ -163,15 +164,27 @@ local function give(st, lim, n, token, now)
 end
 
 -- report returns remaining, reset_us and how long the state must be kept (µs; <= 0: not
--- at all): until every bucket is full.
-local function report(st, lim, now)
+-- at all): until every bucket is full; under an override (oend > now: its end; given: the
+-- callers' limits), until every bucket is full under the callers' limits too, since a bucket
+-- full at a lower burst holds fewer tokens than theirs once the override ends.
+local function report(st, lim, now, oend, given)
   local remaining, reset = MAX_RATE, 0
   for j = 0, 5 * #lim - 5, 5 do
     local u, r, p, b = st[j + 1], st[j + 2], st[j + 3], st[j + 4]
     remaining = math.min(remaining, fdiv(u, p))
     reset = math.max(reset, math.ceil((b * p - u) / r))
   end
-  return math.max(0, remaining), reset, reset
+  local keep = reset
+  if oend and oend > now then
+    for i = 1, #lim do
+      local j, g = 5 * i - 5, given[i]
+      local u, full = math.min(st[j + 4] * st[j + 3], st[j + 1] + (oend - now) * st[j + 2]), g[3] * g[2]
+      if u < full then
+        keep = math.max(keep, oend - now + math.ceil((full - u) / g[1]))
+      end
+    end
+  end
+  return math.max(0, remaining), reset, keep
 end
 
 -- detail: booked is the most permits any bucket owes (its negative tokens), ahead_us the
@@ -188,12 +201,12 @@ local function detail(st, lim, now)
 end
 
 -- save writes the state when it changed (oend: the override's end under which lim are in
--- force, 0: none), or deletes it when every bucket is full.
-local function save(st, key, lim, now, oend)
+-- force, 0: none; given: the callers' limits), or deletes it when it need not be kept (report).
+local function save(st, key, lim, now, oend, given)
   if not st.dirty then
     return
   end
-  local _, _, keep = report(st, lim, now)
+  local _, _, keep = report(st, lim, now, oend, given)
   if keep <= 0 then
     if not st.absent then
       redis.call('DEL', key)

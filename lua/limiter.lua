@@ -4,10 +4,11 @@
 --   fit(st, lim, n, t, now) -> t'    the earliest time >= t at which n fit every limit
 --   take(st, lim, n, t, now)         book n at t
 --   give(st, lim, n, token, now) -> freed 0|1   give back n booked at token (Cancel)
---   report(st, lim, now) -> remaining, reset_us, keep_us (how long the state matters)
+--   report(st, lim, now, oend, given) -> remaining, reset_us, keep_us (how long the state
+--                                    matters; oend and given: Inspect's and save's only)
 --   detail(st, lim, now) -> booked, ahead_us, avail (per limit)   (Inspect)
 --   rates(st, old, new, at, now)     the limits in force change at `at`
---   save(st, key, lim, now, oend)    write the state if it changed, with its TTL
+--   save(st, key, lim, now, oend, given)  write the state if it changed, with its TTL
 -- Each takes the state as an argument; st.dirty says it changed, st.absent that the key
 -- was absent. lim[i] = {rate, period_us, burst (bucket only)}: the limits in force.
 --
@@ -279,7 +280,7 @@ local function run(r, op, n, x, y, key)
   local t0 = math.max(now, pause)
   if op == OP_INSPECT then
     local t = fit(st, lim, 1, t0, now)
-    local remaining, reset, keep = report(st, lim, now)
+    local remaining, reset, keep = report(st, lim, now, call.oend, given)
     local booked_n, ahead, avail = detail(st, lim, now)
     local pttl = -2
     if not st.dirty then
@@ -395,7 +396,7 @@ if call.failed then
   end
 else
   if call.st then
-    save(call.st, KEYS[1], call.lim, now, call.oend)
+    save(call.st, KEYS[1], call.lim, now, call.oend, given)
   end
   for _, i in ipairs(booked) do
     if books[i] ~= nil then
