@@ -71,8 +71,8 @@ end
 -- load reads the state at now for the limits in force (lim; oend: the override's end, 0:
 -- none); given are the callers' limits, in force after a stored override's end.
 local function load(key, lim, now, _, given, oend)
-  local v = redis.pcall('GET', key)
-  if v and type(v) ~= 'string' then
+  local v, foreign = read_key('GET', key)
+  if foreign then
     error('JTSTATE ' .. key .. ': not a string', 0)
   end
   local st = {at = now, absent = not v, dirty = false}

@@ -22,6 +22,8 @@
 --   fdiv(a, b)                  floor(a / b) for integers, b > 0, exact
 --   ms(us)                      a TTL of us µs as SET/PEXPIRE text: whole ms, rounded up, >= 1
 --   prefix_of(key)              a key less its last ":suffix": "{<prefix><key>}"
+--   read_key(cmd, key, ...)     a read of a key that may be foreign: the reply, and true
+--                               when the key holds another type
 --   control_read(key)           the control key: pause_end, override; or nil, why it is foreign
 --   control_write(key, p, o)    writes it back (SET PX, or DEL when nothing lies ahead)
 --   booking_read(key)           a task's booking record; or nil, why it is foreign
@@ -78,6 +80,21 @@ local function prefix_of(key)
   return string.match(key, '^(.*):[^:]*$') or key
 end
 
+-- read_key runs a read of a key that may be foreign with redis.pcall: it returns the reply
+-- and false, or nil and true when the key holds another type (WRONGTYPE). Any other error
+-- (an ACL refusal, say) is raised as its text: the key is not to blame, and must not be
+-- reported foreign (JTSTATE) for it.
+local function read_key(...)
+  local v = redis.pcall(...)
+  if type(v) == 'table' and v.err then
+    if string.find(v.err, 'WRONGTYPE', 1, true) then
+      return nil, true
+    end
+    error((string.gsub(v.err, '^ERR ', '')), 0) -- Redis puts it back on a script's error
+  end
+  return v, false
+end
+
 -- The control key, {<prefix><key>}:pause, holds
 --   "<pause_end>"  or  "<pause_end> <override_end> <m> <r1> <b1> ... <rm> <bm> [<set>]"
 -- pause_end: when a pause ends, µs (0: none). override_end: until when limits 1..m run at
@@ -87,11 +104,11 @@ end
 -- decimal (internal/keys reads and writes the same text); anything else is foreign.
 -- control_read returns pause_end and the override {end, {{r1, b1}, ...}, set or nil} or nil.
 local function control_read(key)
-  local v = redis.pcall('GET', key)
-  if not v then
-    return 0, nil
-  elseif type(v) ~= 'string' then
+  local v, foreign = read_key('GET', key)
+  if foreign then
     return nil, 'not a string'
+  elseif not v then
+    return 0, nil
   end
   local w = {}
   for f in string.gmatch(v, '%S+') do
@@ -152,11 +169,11 @@ end
 -- caller that got stamp. booking_read returns {token, n, stamp}, false when the key is
 -- absent, or nil and why it is foreign.
 local function booking_read(key)
-  local v = redis.pcall('GET', key)
-  if not v then
-    return false
-  elseif type(v) ~= 'string' then
+  local v, foreign = read_key('GET', key)
+  if foreign then
     return nil, 'not a string'
+  elseif not v then
+    return false
   end
   local a, b, c = string.match(v, '^(%d+) (%d+) (%d+)$')
   if not a then

@@ -104,8 +104,8 @@ local function search(st, f, v)
 end
 
 local function load(key, lim, now, prec)
-  local v = redis.pcall('LRANGE', key, '0', LOG_HEAD_END)
-  if v.err then
+  local v, foreign = read_key('LRANGE', key, '0', LOG_HEAD_END)
+  if foreign then
     error('JTSTATE ' .. key .. ': not a list', 0)
   end
   local len, pmax = #v, 0

@@ -20,8 +20,8 @@ local WIDTH, CAP, PARAMS, RATED = 2, 1, 0, false -- ARGV per limit; n's bound; p
                                                  -- its state does not count at rates
 
 local function load(key, lim, now)
-  local v = redis.pcall('GET', key)
-  if v and type(v) ~= 'string' then
+  local v, foreign = read_key('GET', key)
+  if foreign then
     error('JTSTATE ' .. key .. ': not a string', 0)
   end
   local st, i = {L = 0, absent = not v, dirty = false}, -1
