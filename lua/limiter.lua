@@ -417,8 +417,8 @@ for r = 1, k do
 end
 if record_ttl > 0 and decided and not call.failed then
   local v = redis.pcall('GET', KEYS[3])
-  if not v or is_record(v) then
-    redis.call('SET', KEYS[3], ARGV[p + 1], 'PX', string.format('%d', record_ttl))
+  if not v or is_record(v) then -- pcall: a refused write (a user without SET) fails no call
+    redis.pcall('SET', KEYS[3], ARGV[p + 1], 'PX', string.format('%d', record_ttl))
   end
 end
 return reply(out, k, ext)
