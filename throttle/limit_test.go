@@ -3,10 +3,13 @@ package throttle
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/internal/keys"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 )
 
@@ -58,4 +61,59 @@ func TestLimitString(t *testing.T) {
 			t.Errorf("%#v.String() = %q, want %q", l, got, want)
 		}
 	}
+}
+
+// Prefix and key together are at most keys.MaxLen (512) bytes: one byte more is
+// ErrInvalidKey from New, NewSemaphore and ReadRecord, counted in bytes (not runes),
+// and nothing is sent to Redis; at the bound every call works, on every backend.
+func TestKeyLengthBound(t *testing.T) {
+	if keys.MaxLen != 512 {
+		t.Fatalf("keys.MaxLen = %d; the documented bound is 512", keys.MaxLen)
+	}
+	mini := redistest.NewMini(t)
+	before := mini.Mini.CommandCount()
+	for _, c := range []struct {
+		prefix, key string
+	}{
+		{keys.DefaultPrefix, strings.Repeat("k", keys.MaxLen-len(keys.DefaultPrefix)+1)},
+		{"", strings.Repeat("k", keys.MaxLen+1)},
+		{strings.Repeat("p", 500), strings.Repeat("k", 13)},
+		{"p:", strings.Repeat("é", 256)}, // 512 bytes of key, 256 runes
+	} {
+		what := fmt.Sprintf("prefix of %d bytes, key of %d", len(c.prefix), len(c.key))
+		if l, err := New(mini.Client, c.key, PerSecond(1), WithKeyPrefix(c.prefix)); !errors.Is(err, ErrInvalidKey) || l != nil {
+			t.Errorf("New, %s: %v, %v; want ErrInvalidKey", what, l, err)
+		}
+		if s, err := NewSemaphore(mini.Client, c.key, 1, WithKeyPrefix(c.prefix)); !errors.Is(err, ErrInvalidKey) || s != nil {
+			t.Errorf("NewSemaphore, %s: %v, %v; want ErrInvalidKey", what, s, err)
+		}
+		if _, err := ReadRecord(context.Background(), mini.Client, c.key, WithKeyPrefix(c.prefix)); !errors.Is(err, ErrInvalidKey) {
+			t.Errorf("ReadRecord, %s: %v; want ErrInvalidKey", what, err)
+		}
+	}
+	if n := mini.Mini.CommandCount() - before; n != 0 {
+		t.Fatalf("keys over the bound sent %d commands to Redis", n)
+	}
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		key := strings.Repeat("k", keys.MaxLen-len(b.Prefix))
+		for _, alg := range allAlgorithms {
+			tl := newTimeline(t, b)
+			l := tl.limiter(key, PerSecond(1), WithAlgorithm(alg))
+			if r, err := l.Allow(ctx); err != nil || !r.Allowed {
+				t.Fatalf("%v, a key at the bound: Allow %+v %v", alg, r, err)
+			}
+			if _, err := l.Inspect(ctx); err != nil {
+				t.Fatalf("%v, a key at the bound: Inspect %v", alg, err)
+			}
+			if err := b.Client.Del(ctx, l.t.keys...).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		s := newTimeline(t, b).semaphore(key, 1)
+		lease := mustTry(t, s)
+		if err := lease.Release(ctx); err != nil {
+			t.Fatalf("a semaphore's key at the bound: Release %v", err)
+		}
+	})
 }
