@@ -286,7 +286,9 @@ func aclWorkload(ctx context.Context, s *aclServer, dial func() redis.UniversalC
 	note("Resume of a sleeping WaitN", pauser.Resume(cctx))
 	note("WaitN", <-waited)
 
-	sem, err := NewSemaphore(c, run+"-sem", 1, WithLeaseTTL(time.Second))
+	// a lease outlives the step (a TTL a loaded machine could pass between two calls
+	// would lose it); without SUBSCRIBE, the waiter below asks again every TTL/3
+	sem, err := NewSemaphore(c, run+"-sem", 1, WithLeaseTTL(30*time.Second))
 	if err != nil {
 		return append(errs, err)
 	}
