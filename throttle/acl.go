@@ -4,11 +4,13 @@ import "strings"
 
 // aclCommands are the commands a Redis user needs to use Limiters and Semaphores:
 // those the client sends (scripts by SHA, by source when the server lost them, inside
-// MULTI/EXEC; the wake-up subscription; GET and PTTL of a key's record, ReadRecord) and
-// those the scripts run, which Redis checks against the calling user too.
+// MULTI/EXEC; the wake-up subscription; GET and PTTL of a key's record, ReadRecord;
+// CLUSTER SLOTS, which go-redis's cluster client reads the cluster's layout with, so
+// that one user's rules serve a redis-server and a cluster alike) and those the scripts
+// run, which Redis checks against the calling user too.
 // TestACLLeastPrivilege checks it is exactly what the library uses.
 var aclCommands = []string{
-	"evalsha", "eval", "multi", "exec", "subscribe", "unsubscribe",
+	"evalsha", "eval", "multi", "exec", "subscribe", "unsubscribe", "cluster|slots",
 	"time", "get", "set", "pexpire", "pttl", "exists", "del", "unlink", "publish",
 	"lrange", "llen", "ltrim", "rpush", "lset",
 	"zcard", "zcount", "zscore", "zrange", "zrangebyscore", "zremrangebyscore", "zrem", "zadd", "zrank",
@@ -17,7 +19,8 @@ var aclCommands = []string{
 // ACLRules returns the Redis ACL rules (Redis 6.2 or later) that let a user do all a
 // Limiter or a Semaphore with key prefix prefix (WithKeyPrefix; "jobthrottle:" by
 // default) does, and nothing else: the commands it sends and its scripts run, the
-// keys under "{<prefix>" and the semaphores' wake-up channels there. For example:
+// keys under "{<prefix>" and the wake-up channels there; on a Redis Cluster, set the
+// user on every node. For example:
 //
 //	ACL SETUSER worker on >secret <ACLRules("jobthrottle:")>
 //

@@ -37,7 +37,7 @@ var (
 	FailClosed = FailurePolicy{mode: failClosed}
 
 	// FailOpen grants every request while Redis is unreachable, calling the Degraded
-	// hook and counting it in Stats. Work goes on at any rate; use it where a missed
+	// hook. Work goes on at any rate; use it where a missed
 	// limit costs less than stopped work.
 	FailOpen = FailurePolicy{mode: failOpen}
 )

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -405,15 +406,37 @@ func (c *client) send(batch []*request) {
 // pipeline runs the groups' script calls in one round trip. A round trip goes in
 // MULTI/EXEC unless the client never re-sends a command (atMostOnce): go-redis re-sends
 // a plain command whose reply was lost, which would run a script twice, and never
-// re-sends a transaction it has written. A cluster client runs one transaction per hash
-// slot.
+// re-sends a transaction it has written. On a cluster each key's groups are a
+// transaction of their own, all sent at once: go-redis refuses a transaction that spans
+// hash slots (ErrCrossSlot, for every call in it).
 func (c *client) pipeline(ctx context.Context, gs []*group, eval bool) {
-	var pipe redis.Pipeliner
-	if c.atMostOnce {
-		pipe = c.rdb.Pipeline()
-	} else {
-		pipe = c.rdb.TxPipeline()
+	if cc, ok := c.rdb.(*redis.ClusterClient); ok && len(gs) > 1 {
+		byTag := map[string][]*group{}
+		for _, g := range gs {
+			byTag[g.t.tag] = append(byTag[g.t.tag], g)
+		}
+		if len(byTag) > 1 {
+			var wg sync.WaitGroup
+			for _, tgs := range byTag {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					c.exec(ctx, cc.TxPipeline(), tgs, eval)
+				}()
+			}
+			wg.Wait()
+			return
+		}
 	}
+	if c.atMostOnce {
+		c.exec(ctx, c.rdb.Pipeline(), gs, eval)
+	} else {
+		c.exec(ctx, c.rdb.TxPipeline(), gs, eval)
+	}
+}
+
+// exec runs the groups' script calls in pipe.
+func (c *client) exec(ctx context.Context, pipe redis.Pipeliner, gs []*group, eval bool) {
 	for _, g := range gs {
 		g.cmd = g.command(ctx, eval)
 		_ = pipe.Process(ctx, g.cmd)

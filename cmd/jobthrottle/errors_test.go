@@ -16,8 +16,7 @@ import (
 )
 
 // aclUser makes a Redis user with exactly rules (and a password) on b's server (every
-// node of a cluster, with the rule a cluster client needs besides: clusterRule), for
-// the test's life, and returns the flags that log in as it.
+// node of a cluster), for the test's life, and returns the flags that log in as it.
 func aclUser(t *testing.T, b *redistest.Backend, rules string) []string {
 	t.Helper()
 	ctx := context.Background()
@@ -25,9 +24,6 @@ func aclUser(t *testing.T, b *redistest.Backend, rules string) []string {
 	_, _ = rand.Read(r[:])
 	name, pw := "jt-op-"+hex.EncodeToString(r[:]), "pw-"+hex.EncodeToString(r[:])
 	args := []any{"ACL", "SETUSER", name, "reset", "on", ">" + pw}
-	if b.Kind == redistest.Cluster {
-		rules += " " + clusterRule
-	}
 	for _, f := range strings.Fields(rules) {
 		args = append(args, f)
 	}
@@ -50,10 +46,6 @@ func aclUser(t *testing.T, b *redistest.Backend, rules string) []string {
 type doer interface {
 	Do(ctx context.Context, args ...any) *redis.Cmd
 }
-
-// clusterRule is what a user of a Redis Cluster needs besides: go-redis's cluster
-// client reads the cluster's layout with CLUSTER SLOTS.
-const clusterRule = "+cluster|slots"
 
 // seed makes the keys every command acts on: a sliding window with bookings, a
 // token bucket and a semaphore with a lease.
@@ -98,7 +90,7 @@ var every = [][]string{
 }
 
 // On a real redis-server (and a cluster), a user with exactly throttle.ACLRules and
-// cliRules (and, on a cluster, clusterRule) runs every command; a user without one of
+// cliRules (throttle.ACLRules grants what a cluster client needs) runs every command; a user without one of
 // cliRules is told NOPERM and the rule missing by the commands that need it, and no
 // command calls that "cannot reach Redis".
 func TestACL(t *testing.T) {
@@ -162,9 +154,7 @@ func TestOperatingDocACL(t *testing.T) {
 			t.Errorf("docs/operating.md lacks the line\n%s", line)
 		}
 	}
-	for _, rules := range []string{cliRules, clusterRule} {
-		if !strings.Contains(string(doc), "`"+rules+"`") {
-			t.Errorf("docs/operating.md does not name the rules %q", rules)
-		}
+	if !strings.Contains(string(doc), "`"+cliRules+"`") {
+		t.Errorf("docs/operating.md does not name the rules %q", cliRules)
 	}
 }

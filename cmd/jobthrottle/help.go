@@ -229,8 +229,8 @@ This command needs those and %s:
 
   ACL SETUSER operator on >secret %s %s
 
-On a Redis Cluster, set the users on every node and add +cluster|slots to both:
-go-redis's cluster client reads the cluster's layout with CLUSTER SLOTS.
+On a Redis Cluster, set the users on every node (+cluster|slots is there for a
+cluster: go-redis's cluster client reads the cluster's layout with CLUSTER SLOTS).
 
 A command refused for lack of a rule says NOPERM and names the rule.
 `, prefix, throttle.ACLRules(prefix), cliRules, throttle.ACLRules(prefix), cliRules)

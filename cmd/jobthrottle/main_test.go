@@ -208,6 +208,11 @@ func TestCommands(t *testing.T) {
 		if _, _, errs = cli(t, b, "", "unset", "mail"); errs != "" {
 			t.Fatal(errs)
 		}
+		// unset ran the bucket's own script, as ClearOverride does: its tokens, kept at the
+		// override's burst, are counted at the code's rates from then on ("<last> 0 ...")
+		if f := strings.Fields(b.Client.Get(ctx, "{"+b.Prefix+"mail}:tb").Val()); len(f) < 7 || f[1] != "0" || f[3] != "5" || f[5] != "8" {
+			t.Fatalf("mail's state after unset: %q, want it counted at 5 per minute, burst 8, no override", f)
+		}
 
 		_, out, _ = cli(t, b, "", "unset", "vendor-api")
 		mustContain(t, "unset", out, "vendor-api: removed the override (2 per 1m0s, ", " left); the rates the code passes apply again")

@@ -496,14 +496,20 @@ func (t *tool) unset(ctx context.Context) error {
 		t.after(ks, c, now, true, false)
 		return nil
 	}
+	// the clear runs the key's own script when its record names it, as a process's
+	// ClearOverride does: a token bucket settles its tokens at the new rates then (else
+	// at its next call)
+	rec, checked := ks.record()
 	lim, err := t.controller(key)
+	if checked {
+		lim, err = t.limiter(key, rec.State, limitsOf(rec), rec.Buckets)
+	}
 	if err != nil {
 		return err
 	}
 	if err := lim.ClearOverride(ctx); err != nil {
 		return err
 	}
-	rec, _ := ks.record()
 	fmt.Fprintf(t.out, "%s: removed the override (%s, %s); the rates the code passes apply again\n",
 		key, overrideText(c.Override, rec.Limits, true), strings.TrimSuffix(remaining(left(c.Override.End, now)), " more")+" left")
 	t.after(ks, c, now, true, false)

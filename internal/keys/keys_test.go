@@ -58,9 +58,14 @@ func TestCheck(t *testing.T) {
 		{"sw", "list", []string{"-1"}, `element 0 "-1"`},
 		{"sw", "string", []string{"1"}, "a string, not a list"},
 		{"sc", "hash", nil, "a hash, not a list"},
-		{"tb", "string", []string{"661f1e8ad4b6d:0:0"}, ""},
-		{"tb", "string", []string{"661f1e8ad4b6d:3:-a:661f1e8ad4b70:0:5"}, "not a token bucket"}, // an even count
-		{"tb", "string", []string{"661f1e8ad4b6d:0:-12"}, ""},
+		// "<last> <oend>", then per limit: tokens (ticks), rate, period, burst, latest booking
+		{"tb", "string", []string{"1795795049994989 0 3000000 5 1000000 5 0"}, ""},
+		{"tb", "string", []string{"1795795049994989 0 -12000000 5 1000000 5 1795795052394989"}, ""}, // booked ahead
+		{"tb", "string", []string{"1795795049994989 1795795349994989 3000000 5 1000000 5 0 40 12 3600000000 12 0"}, ""},
+		{"tb", "string", []string{"1795795049994989 0 3000000 -5 1000000 5 0"}, "not a token bucket"},  // a negative rate
+		{"tb", "string", []string{"1795795049994989 0 3000000 5 1000000 5"}, "not a token bucket"},     // a limit cut short
+		{"tb", "string", []string{"1795795049994989 0 3000000 5 1000000 5 0 1"}, "not a token bucket"}, // a field too many
+		{"tb", "string", []string{"661f1e8ad4b6d:0:0"}, "not a token bucket"},                          // an older release's hex TAT
 		{"tb", "string", []string{"hello"}, `text "hello": not a token bucket`},
 		{"tb", "string", []string{"1:2"}, "not a token bucket"},
 		{"tb", "list", []string{"1"}, "a list, not a string"},

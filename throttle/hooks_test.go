@@ -1,0 +1,90 @@
+package throttle
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+)
+
+type hookLog struct {
+	mu     sync.Mutex
+	events []string
+}
+
+func (h *hookLog) add(s string) {
+	h.mu.Lock()
+	h.events = append(h.events, s)
+	h.mu.Unlock()
+}
+
+func (h *hookLog) hooks() Hooks {
+	return Hooks{
+		Allowed: func(key string, n int, wait time.Duration) {
+			h.add("allowed " + key + " " + itoa(n) + " " + wait.String())
+		},
+		Denied:     func(key string, n int, d time.Duration) { h.add("denied " + key + " " + itoa(n) + " " + d.String()) },
+		Waited:     func(key string, n int, d time.Duration) { h.add("waited " + key + " " + itoa(n)) },
+		Cancelled:  func(key string, n int) { h.add("cancelled " + key + " " + itoa(n)) },
+		RedisError: func(key string, err error) { h.add("error " + key) },
+		Paused:     func(key string, d time.Duration) { h.add("paused " + key + " " + d.String()) },
+	}
+}
+
+func TestHooksReportDecisions(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		var h hookLog
+		tl := newTimeline(t, b)
+		l := tl.limiter("hooked", PerSecond(2), WithHooks(h.hooks()))
+		l.AllowN(ctx, 2)                       // allowed 2 0s
+		l.Allow(ctx)                           // denied 1 1s
+		r, _ := l.Reserve(ctx, 1, time.Minute) // allowed 1 1s
+		r.Cancel(ctx)                          // cancelled 1
+		want := []string{"allowed hooked 2 0s", "denied hooked 1 1s", "allowed hooked 1 1s", "cancelled hooked 1"}
+		if len(h.events) != len(want) {
+			t.Fatalf("hooks: %q, want %q", h.events, want)
+		}
+		for i := range want {
+			if h.events[i] != want[i] {
+				t.Fatalf("hook %d: %q, want %q", i, h.events[i], want[i])
+			}
+		}
+	})
+}
+
+// WaitN's Waited hook comes after a sleep (the server's clock stands still: the second
+// permit is booked 50ms ahead whatever the machine's speed), then Paused, then a failed
+// call's RedisError.
+func TestHooksReportWaitsPausesAndErrors(t *testing.T) {
+	b := redistest.NewMini(t)
+	ctx := context.Background()
+	var h hookLog
+	tl := newTimeline(t, b)
+	l := tl.limiter("hooked", Limit{Rate: 1, Period: 50 * ms}, WithHooks(h.hooks()))
+	if err := l.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Wait(ctx); err != nil { // sleeps 50ms
+		t.Fatal(err)
+	}
+	if err := l.Pause(ctx, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	b.SetError("LOADING Redis is loading the dataset in memory")
+	if _, err := l.Allow(ctx); err == nil {
+		t.Fatal("Allow with a failing server returned nil")
+	}
+	b.SetError("")
+	want := []string{"allowed hooked 1 0s", "allowed hooked 1 50ms", "waited hooked 1", "paused hooked 1s", "error hooked"}
+	if len(h.events) != len(want) {
+		t.Fatalf("hooks: %q, want %q", h.events, want)
+	}
+	for i := range want {
+		if got := h.events[i]; got != want[i] {
+			t.Fatalf("hook %d: %q, want %q", i, got, want[i])
+		}
+	}
+}
