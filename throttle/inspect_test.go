@@ -545,7 +545,7 @@ func TestSemaphoreInspectMatchesModel(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				want := m.call(now, sop, id, semMax, ttlUS, queue)
+				want := m.call(now, semOp{op: sop, token: id, place: id, max: semMax, ttl: ttlUS, join: queue})
 				if r.ok != (want[0] == 1) {
 					t.Fatalf("step %d: op %d: ok %v, model %v", i, sop, r.ok, want)
 				}
