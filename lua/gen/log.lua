@@ -585,7 +585,9 @@ end
 --   cancel   freed 0|1, 0, 0, reset_us, token of the booking cancelled (booking only), 0
 --   inspect  1, remaining, next_us, reset_us, at, len; extra: booked, ahead_us, paused_us,
 --            pttl_ms, override_us, then rate, capacity, available per limit
---   control  1, 0, paused_us, override_us, 0, 0     (pause, resume, override, clear)
+--   control  1, 0, paused_us, override_us, ended, 0   (pause, resume, override, clear)
+--            ended: resume's, the end of the pause it ended, µs, as published on :wake
+--            (0: none was in force; the other ops: 0)
 --   error    -1, at, len, 0, 0, 0; extra: the error's text, one byte per integer
 --   remaining: permits an acquire made now could still get (after this request), 0 while
 --   paused; wait_us: granted, until the grant takes effect (0: now); denied, until n would
@@ -785,11 +787,13 @@ local function run(r, op, n, x, y, key)
   end
   local st, lim = call.st, call.lim
   if op >= OP_PAUSE then
+    local ended = 0 -- resume: the end of the pause it ends
     if op == OP_PAUSE then
       call.pause = math.max(call.pause, now + x)
     elseif op == OP_RESUME then
       if call.pause > now then
-        wakes[#wakes + 1] = string.format('r %d', call.pause)
+        ended = call.pause
+        wakes[#wakes + 1] = string.format('r %d', ended)
       end
       call.pause = 0
     else
@@ -812,7 +816,7 @@ local function run(r, op, n, x, y, key)
     end
     call.changed = true
     out[b + 1], out[b + 2], out[b + 3], out[b + 4], out[b + 5], out[b + 6] =
-      1, 0, math.max(0, call.pause - now), math.max(0, call.oend - now), 0, 0
+      1, 0, math.max(0, call.pause - now), math.max(0, call.oend - now), ended, 0
     return
   end
 
