@@ -23,10 +23,12 @@ func (l *Limiter) Pause(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
 		return fmt.Errorf("%w: pause %v", ErrInvalidArgument, d)
 	}
-	l.c.key(l.t.tag).holdFor(d)
+	ks := l.c.key(l.t.tag)
+	ks.holdFor(d)
 	if _, err := l.control(ctx, opPause, 0, min(ceilMicros(d), maxPeriodUS), nil); err != nil {
 		return err
 	}
+	ks.landed.Store(true)
 	if l.hooks.Paused != nil {
 		l.hooks.Paused(l.key, d)
 	}
@@ -35,16 +37,21 @@ func (l *Limiter) Pause(ctx context.Context, d time.Duration) error {
 
 // Resume ends a pause set on the key (by Pause, the HTTP transport or an operator) at
 // once, for every process; an override stays. Every process's waiters (WaitN) whose
-// bookings lie behind the pause give them back and book again from now, in their order.
-// It returns Redis errors as AllowN.
+// bookings lie behind the pause give them back and book again from now, in their
+// order; a process's hold (see Pause) ends with the pause, so its waiters held go on
+// too. This process's waiters move on Resume's reply; other processes' on the notice
+// Redis publishes (pub/sub), which they listen for while they wait. Each process's
+// waiters give their bookings back and book again on their own: where several
+// processes have waiters booked behind the pause, a process that books again before
+// another has given its bookings back queues behind those, and its waiters wait until
+// then. It returns Redis errors as AllowN.
 func (l *Limiter) Resume(ctx context.Context) error {
 	rep, err := l.control(ctx, opResume, 0, 0, nil)
 	if err != nil {
 		return err
 	}
-	if end := rep.v[4]; end > 0 { // the pause it ended: this process's waiters go now
-		l.c.key(l.t.tag).resumed(end)
-	}
+	// the end of the pause it ended (0: none was in force): this process's waiters go now
+	l.c.key(l.t.tag).resume(rep.v[4], true)
 	return nil
 }
 
@@ -108,6 +115,7 @@ func (l *Limiter) control(ctx context.Context, op, n int, x int64, rates []any) 
 // booked again when the hold ends.
 func (ks *keyState) holdFor(d time.Duration) {
 	until := time.Now().Add(d)
+	ks.landed.Store(false) // before the hold: a resume that reads the new hold finds it false
 	for {
 		old := ks.hold.Load()
 		if old >= until.UnixNano() {
@@ -120,17 +128,51 @@ func (ks *keyState) holdFor(d time.Duration) {
 	ks.move(func(*sleeper) bool { return true })
 }
 
-// resumed moves the sleepers whose bookings lie at or after end, a pause's end (server
-// µs) that was resumed: they book again now.
-func (ks *keyState) resumed(end int64) {
+// resumedNotice handles a resume published on the key's channel: end is the end of
+// the pause it ended (server µs).
+func (ks *keyState) resumedNotice(end int64) { ks.resume(end, false) }
+
+// resume handles the resume of a pause that ended at end (server µs; 0: unknown or
+// none): the hold ends, if this process resumed (own) or its pause had reached Redis
+// (so the resume ended it, or a later pause than it); the sleepers whose bookings lie at
+// or after end give them back and book again now, once per pause (Resume's reply and
+// the notice both come).
+func (ks *keyState) resume(end int64, own bool) {
+	if h := ks.hold.Load(); h != 0 && (own || ks.landed.Load()) {
+		ks.endHold(h)
+	}
+	for {
+		last := ks.resumed.Load()
+		if end <= last {
+			return
+		}
+		if ks.resumed.CompareAndSwap(last, end) {
+			break
+		}
+	}
 	ks.move(func(s *sleeper) bool { return s.g.token >= end })
 }
 
-// pass waits until this process's hold on the key ends; it reports whether it did
-// wait. It returns ctx.Err() if ctx ends first, and at once an error wrapping
-// waiter.ErrWouldExceedDeadline if the hold ends after ctx's deadline.
+// endHold ends this process's hold on the key now, if it is still h (a Pause since
+// holds anew), and wakes its callers held.
+func (ks *keyState) endHold(h int64) {
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	if ks.hold.CompareAndSwap(h, 0) {
+		close(ks.unhold)
+		ks.unhold = make(chan struct{})
+	}
+}
+
+// pass waits until this process's hold on the key ends, or a resume ends it; it
+// reports whether it did wait. It returns ctx.Err() if ctx ends first, and at once an
+// error wrapping waiter.ErrWouldExceedDeadline if the hold ends after ctx's deadline.
+// While it waits it listens for resumes published on the key's channel.
 func (ks *keyState) pass(ctx context.Context) (held bool, err error) {
 	for {
+		ks.mu.Lock()
+		unhold := ks.unhold // taken before the hold is read: an end after the read closes it
+		ks.mu.Unlock()
 		d := time.Until(time.Unix(0, ks.hold.Load()))
 		if d <= 0 {
 			return held, nil
@@ -138,21 +180,25 @@ func (ks *keyState) pass(ctx context.Context) (held bool, err error) {
 		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d {
 			return held, fmt.Errorf("%w: held for %v more", waiter.ErrWouldExceedDeadline, d)
 		}
-		held = true
-		if err := sleep(ctx, d); err != nil {
-			return held, err
+		if !held {
+			held = true
+			ks.mu.Lock()
+			ks.listenOn()
+			ks.mu.Unlock()
+			defer func() {
+				ks.mu.Lock()
+				ks.listenOff()
+				ks.mu.Unlock()
+			}()
 		}
-	}
-}
-
-// sleep waits d, or until ctx ends (ctx.Err()).
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-unhold:
+		case <-ctx.Done():
+			t.Stop()
+			return held, ctx.Err()
+		}
+		t.Stop()
 	}
 }

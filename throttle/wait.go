@@ -131,7 +131,7 @@ func (ks *keyState) sleep(ctx context.Context, l *Limiter, n int, g grant) (gran
 	}
 }
 
-// enter registers s; the first sleeper of the key listens for resumes on its channel.
+// enter registers s, and listens for resumes while it sleeps.
 func (ks *keyState) enter(s *sleeper) {
 	ks.mu.Lock()
 	defer ks.mu.Unlock()
@@ -139,21 +139,34 @@ func (ks *keyState) enter(s *sleeper) {
 		ks.sleepers = map[*sleeper]struct{}{}
 	}
 	ks.sleepers[s] = struct{}{}
-	if ks.listen == nil {
-		ks.listen = &listener{channel: wakeChannel(ks.tag), check: make(chan struct{}, 1), resumed: ks.resumed}
-		h := ks.client.hub
-		if !h.listen(ks.listen) {
-			h.subscribe(context.WithoutCancel(s.ctx), ks.listen)
-		}
-	}
+	ks.listenOn()
 }
 
-// leave unregisters s; the last sleeper stops listening.
+// leave unregisters s.
 func (ks *keyState) leave(s *sleeper) {
 	ks.mu.Lock()
 	defer ks.mu.Unlock()
 	delete(ks.sleepers, s)
-	if len(ks.sleepers) == 0 && ks.listen != nil {
+	ks.listenOff()
+}
+
+// listenOn counts one more waiter that a resume concerns; the first one listens on the
+// key's channel (ks.mu held).
+func (ks *keyState) listenOn() {
+	ks.listeners++
+	if ks.listen == nil {
+		ks.listen = &listener{channel: wakeChannel(ks.tag), check: make(chan struct{}, 1), resumed: ks.resumedNotice}
+		h := ks.client.hub
+		if !h.listen(ks.listen) {
+			h.subscribe(context.Background(), ks.listen)
+		}
+	}
+}
+
+// listenOff counts one waiter less; the last one stops listening (ks.mu held).
+func (ks *keyState) listenOff() {
+	ks.listeners--
+	if ks.listeners == 0 && ks.listen != nil {
 		ks.client.hub.unlisten(ks.listen)
 		ks.listen = nil
 	}
