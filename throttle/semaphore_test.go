@@ -18,7 +18,7 @@ import (
 
 	"github.com/jobthrottle/jobthrottle/internal/clock"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
-		"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9"
 )
 
 // eventually polls cond every millisecond for up to d.
