@@ -88,8 +88,9 @@ func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*L
 		l.counted = max(l.counted, a.counted(lim))
 		rec.Limits = append(rec.Limits, keys.Limit{Rate: lim.Rate, Period: lim.Period, Burst: lim.Burst})
 	}
-	// the record outlives the state while the key is in use, and goes soon after it
-	ttl := max(recordMinTTL, 3*l.counted)
+	// the record outlives the state while the key is in use, and goes soon after it;
+	// the scripts take a TTL of at most 2^45µs
+	ttl := min(max(recordMinTTL, 3*l.counted), maxPeriodUS*time.Microsecond)
 	l.record, l.every = []any{rec.String(), ttl.Milliseconds()}, ttl/4
 	others := a.otherStates(tag)
 	base := append([]string{keys.Name(tag, a.suffix), keys.Name(tag, keys.ControlKey), keys.Name(tag, keys.RecordKey)}, others...)
