@@ -60,11 +60,30 @@ func (l *Limiter) Resume(ctx context.Context) error {
 // until ClearOverride (at most 2^45µs). limits are the new limits in the order of
 // Limits(): limits[i] replaces the Rate and Burst of the i-th, whose period stays (a
 // limit's Period here must be 0 or that period); limits beyond those given keep their
-// rates. A later Override replaces it. Raising a rate takes effect at once; lowering
-// one counts what the window holds against the new rate; the token bucket keeps the
-// tokens it holds and refills at the new rate from then on. Bookings already made keep
-// their places; a task's booking (asynq) made before an override that lowers a rate is
-// booked again under it when the task comes back.
+// rates. An override's Burst 0 means its Rate, not the callers' burst. A later Override
+// replaces it.
+//
+// What the key holds is kept across the change, and counted with the new limits from
+// then on:
+//   - SlidingWindow, SlidingCounter, FixedWindow: the permits in the window count
+//     against the new rate, so a raise grants at once what the new rate leaves free,
+//     and a lowering grants nothing until the window holds fewer than the new rate.
+//   - TokenBucket: as golang.org/x/time/rate's SetLimitAt and SetBurstAt, the bucket
+//     keeps the tokens it holds at the change (a debt of bookings included) and refills
+//     at the new rate up to the new burst: a raised rate refills faster from the change
+//     on (the next permit is never later than without the raise); a lowered rate grants
+//     nothing until the tokens held refill at it; a raised burst is filled at the rate,
+//     not handed over at once; a lowered burst cuts the tokens above it at once.
+//
+// The same holds at the override's end: ClearOverride, or its time running out (the
+// bucket settles at the end, whenever the next call comes), changes back to the
+// callers' limits keeping what the key holds then. Bookings already made keep their
+// places; a task's booking (asynq) made before an override that lowers a rate or a
+// burst is booked again under it when the task comes back.
+//
+// Under an override, an acquire of n above what the overridden limits can ever grant
+// fails with ErrExceedsLimit; n above the callers' own limits is refused before any
+// call, as without an override, even while an override raises them.
 //
 // It returns an error wrapping ErrInvalidLimit for a limit out of range or with
 // another period, ErrInvalidArgument for d < 0, no limits or more than the limiter

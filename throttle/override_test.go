@@ -340,3 +340,22 @@ func ctlModelState(m *model, now int64) LimiterState {
 	return ctlInspected(m.alg, m.limits, m.remaining(now), m.earliest(now, 1)-now, int64(m.reset(now)/time.Microsecond),
 		booked, ahead, m.paused-now, avail)
 }
+
+// A limit of the longest period, 2^45µs, works on every algorithm: the key's record,
+// which lives three periods, is written with the longest TTL the scripts take.
+func TestLongestPeriodLimit(t *testing.T) {
+	eachAlgorithm(t, redistest.Each, func(t *testing.T, alg Algorithm, b *redistest.Backend) {
+		ctx := context.Background()
+		tl := newTimeline(t, b)
+		l := tl.limiter("longest", Limit{Rate: 1, Period: (1 << 45) * time.Microsecond}, WithAlgorithm(alg), WithBuckets(10))
+		if r, err := l.Allow(ctx); err != nil || !r.Allowed {
+			t.Fatalf("Allow: got %+v, %v; want allowed", r, err)
+		}
+		if ttl := l.recordTTL(); ttl != (1<<45)/1000*time.Millisecond {
+			t.Fatalf("record TTL %v, want 2^45µs in whole ms", ttl)
+		}
+		if n, err := b.Client.Exists(ctx, l.t.keys[2]).Result(); err != nil || n != 1 {
+			t.Fatalf("the record after a grant: %d, %v; want written", n, err)
+		}
+	})
+}
