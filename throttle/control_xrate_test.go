@@ -253,10 +253,13 @@ func TestXRateCases(t *testing.T) {
 
 // TestWaitCancel: after a Wait whose context ended gives its booking back, the next
 // WaitN goes at once: rate.NewLimiter(10, 3); WaitN(2) now (1 token left); WaitN(3),
-// cancelled while it waits, gives its 3 tokens back (2 left); WaitN(2) now. The
-// give-back goes in the background once the Wait returned: the test waits for the
+// cancelled while it waits, gives its 3 tokens back (2 left after d); WaitN(2) now.
+// Time is stretched a thousandfold (10 per 1000s, d = 100s) so that the cancelled
+// WaitN, which sleeps on the real clock, is surely still waiting when it is cancelled.
+// The give-back goes in the background once the Wait returned: the test waits for the
 // Cancelled hook.
 func TestXRateWaitCancel(t *testing.T) {
+	const d = 1000 * xd
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
 		tl := newTimeline(t, b)
@@ -264,7 +267,7 @@ func TestXRateWaitCancel(t *testing.T) {
 		cancelled := make(chan int, 1)
 		hooks := waits.hooks()
 		hooks.Cancelled = func(_ string, n int) { cancelled <- n }
-		l := tl.limiter("wait-cancel", Limit{Rate: 10, Period: time.Second, Burst: 3}, WithAlgorithm(TokenBucket), WithHooks(hooks))
+		l := tl.limiter("wait-cancel", Limit{Rate: 10, Period: 1000 * time.Second, Burst: 3}, WithAlgorithm(TokenBucket), WithHooks(hooks))
 		if err := l.WaitN(ctx, 2); err != nil {
 			t.Fatal(err)
 		}
@@ -276,8 +279,8 @@ func TestXRateWaitCancel(t *testing.T) {
 				t.Fatalf("WaitN(3) did not book within %v", signalWait)
 			}
 		}
-		if w := waits.since(1); w[0] != 2*xd {
-			t.Fatalf("WaitN(3) booked %v ahead, want %v", w[0], 2*xd)
+		if w := waits.since(1); w[0] != 2*d {
+			t.Fatalf("WaitN(3) booked %v ahead, want %v", w[0], 2*d)
 		}
 		cancel()
 		if err := <-done; !errors.Is(err, context.Canceled) {
@@ -296,9 +299,9 @@ func TestXRateWaitCancel(t *testing.T) {
 			t.Fatal(err)
 		}
 		if toks := st.Limits[0].Capacity - st.Limits[0].Used; toks != 1 {
-			t.Fatalf("tokens after the give-back: got %d, want 1 (x/time/rate: 1 at t0; 2 once 100ms refilled)", toks)
+			t.Fatalf("tokens after the give-back: got %d, want 1 (x/time/rate: 1 at t0; 2 once d refilled)", toks)
 		}
-		tl.at(xd)
+		tl.at(d)
 		if err := l.WaitN(ctx, 2); err != nil {
 			t.Fatal(err)
 		}
@@ -310,12 +313,14 @@ func TestXRateWaitCancel(t *testing.T) {
 
 // TestWaitTimeout and TestWaitSimple: a WaitN whose permits would come after its
 // context's deadline returns at once, booking nothing; one above the burst is
-// ErrExceedsLimit; a done context is its error.
+// ErrExceedsLimit; a done context is its error. Time is stretched a thousandfold, as
+// in TestXRateWaitCancel: the deadline is d = 100s, the wait 200s.
 func TestXRateWaitTimeout(t *testing.T) {
+	const d = 1000 * xd
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
 		tl := newTimeline(t, b)
-		l := tl.limiter("wait-timeout", Limit{Rate: 10, Period: time.Second, Burst: 3}, WithAlgorithm(TokenBucket))
+		l := tl.limiter("wait-timeout", Limit{Rate: 10, Period: 1000 * time.Second, Burst: 3}, WithAlgorithm(TokenBucket))
 		done, cancel := context.WithCancel(ctx)
 		cancel()
 		if err := l.WaitN(done, 1); !errors.Is(err, context.Canceled) {
@@ -324,15 +329,13 @@ func TestXRateWaitTimeout(t *testing.T) {
 		if err := l.WaitN(ctx, 4); !errors.Is(err, ErrExceedsLimit) {
 			t.Fatalf("WaitN(4), burst 3: got %v, want ErrExceedsLimit", err)
 		}
-		dctx, stop := context.WithTimeout(ctx, time.Hour)
-		defer stop()
-		if err := l.WaitN(dctx, 2); err != nil {
+		if err := l.WaitN(ctx, 2); err != nil {
 			t.Fatal(err)
 		}
-		short, stop2 := context.WithTimeout(ctx, xd)
-		defer stop2()
+		short, stop := context.WithTimeout(ctx, d)
+		defer stop()
 		if err := l.WaitN(short, 3); !errors.Is(err, waiter.ErrWouldExceedDeadline) {
-			t.Fatalf("WaitN(3) with 1 token and a 100ms deadline: got %v, want ErrWouldExceedDeadline", err)
+			t.Fatalf("WaitN(3) with 1 token and a deadline of half the wait: got %v, want ErrWouldExceedDeadline", err)
 		}
 		if st, err := l.Inspect(ctx); err != nil || st.Limits[0].Capacity-st.Limits[0].Used != 1 {
 			t.Fatalf("after the refused WaitN: %+v, %v; want 1 token, nothing booked", st, err)
