@@ -141,10 +141,11 @@ func TestPauseMovesThisProcessesWaiters(t *testing.T) {
 						t.Fatalf("%d of %d waiters booked again after %v", waits.count()-1-waiters, waiters, signalWait)
 					}
 				}
+				list, giveBacks := grants.List(), grants.GiveBacks() // before the waiters leave and give their bookings back
 				cancel() // the waiters of the test need not sleep on
 				wg.Wait()
 				var back []time.Duration
-				for _, gb := range grants.GiveBacks() {
+				for _, gb := range giveBacks {
 					if !gb.OK {
 						t.Fatalf("give-back %+v refused: the booking was not the waiter's any more", gb)
 					}
@@ -155,7 +156,7 @@ func TestPauseMovesThisProcessesWaiters(t *testing.T) {
 				}
 				// booked again once the hold ended, by this process's clock
 				var again []redistest.Grant
-				for _, g := range grants.List() {
+				for _, g := range list {
 					if g.Wait > 0 && g.Sent.After(paused) {
 						again = append(again, g)
 					}
