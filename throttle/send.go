@@ -186,7 +186,12 @@ func (c *client) flush(f *flight) {
 			c.mu.Unlock()
 			return
 		}
-		f = &flight{reqs: c.take()}
+		reqs := c.take()
+		if reqs == nil { // every caller queued has left: nothing to send
+			c.mu.Unlock()
+			return
+		}
+		f = &flight{reqs: reqs}
 		c.flights = append(c.flights, f)
 		c.flying++
 		c.mu.Unlock()
