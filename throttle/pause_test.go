@@ -142,7 +142,7 @@ func TestPauseMovesThisProcessesWaiters(t *testing.T) {
 					}
 				}
 				list, giveBacks := grants.List(), grants.GiveBacks() // before the waiters leave and give their bookings back
-				cancel() // the waiters of the test need not sleep on
+				cancel()                                             // the waiters of the test need not sleep on
 				wg.Wait()
 				var back []time.Duration
 				for _, gb := range giveBacks {
