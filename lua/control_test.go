@@ -58,8 +58,8 @@ func TestControlOps(t *testing.T) {
 			}
 			clk.add(t, time.Second)
 			got = c.one(t, b, tag, req{op: opResume})
-			if got.v != [6]int64{1, 0, 0, 0, 0, 0} {
-				t.Fatalf("%s: resume: %v", a.suffix, got)
+			if got.v != [6]int64{1, 0, 0, 0, now + 5*sec, 0} {
+				t.Fatalf("%s: resume: %v, want the ended pause's end in the fifth integer", a.suffix, got)
 			}
 			msg, err := sub.ReceiveMessage(ctx)
 			if err != nil || msg.Payload != fmt.Sprintf("r %d", now+5*sec) {
@@ -68,7 +68,9 @@ func TestControlOps(t *testing.T) {
 			if ctl, _ := control(); ctl.PauseEnd != -1 {
 				t.Fatalf("%s: after resume: %+v, want no control key", a.suffix, ctl)
 			}
-			c.one(t, b, tag, req{op: opResume}) // nothing paused: nothing published
+			if got := c.one(t, b, tag, req{op: opResume}); got.v != [6]int64{1, 0, 0, 0, 0, 0} { // nothing paused: nothing published
+				t.Fatalf("%s: resume with no pause: %v", a.suffix, got)
+			}
 
 			now = clk.us()
 			got = c.one(t, b, tag, req{op: opOverride, n: 1, x: 2 * sec, y: over})

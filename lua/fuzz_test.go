@@ -357,7 +357,7 @@ func replyShape(sc fuzzScript, argv []string, r int, res res) error {
 		return fmt.Errorf("cancel %v", res)
 	case op == 2 && (v[0] != 1 || len(res.extra) != 5+3*m):
 		return fmt.Errorf("inspect %v", res)
-	case op >= 3 && (v[0] != 1 || v[1] != 0 || v[4] != 0 || v[5] != 0):
+	case op >= 3 && (v[0] != 1 || v[1] != 0 || (op != 4 && v[4] != 0) || v[4] < 0 || v[5] != 0):
 		return fmt.Errorf("control %v", res)
 	}
 	return nil

@@ -50,7 +50,9 @@
 --   cancel   freed 0|1, 0, 0, reset_us, token of the booking cancelled (booking only), 0
 --   inspect  1, remaining, next_us, reset_us, at, len; extra: booked, ahead_us, paused_us,
 --            pttl_ms, override_us, then rate, capacity, available per limit
---   control  1, 0, paused_us, override_us, 0, 0     (pause, resume, override, clear)
+--   control  1, 0, paused_us, override_us, ended, 0   (pause, resume, override, clear)
+--            ended: resume's, the end of the pause it ended, µs, as published on :wake
+--            (0: none was in force; the other ops: 0)
 --   error    -1, at, len, 0, 0, 0; extra: the error's text, one byte per integer
 --   remaining: permits an acquire made now could still get (after this request), 0 while
 --   paused; wait_us: granted, until the grant takes effect (0: now); denied, until n would
@@ -288,11 +290,13 @@ for r = 1, k do
     end
 
     if op >= OP_PAUSE then -- control ops
+      local ended = 0 -- resume: the end of the pause it ends
       if op == OP_PAUSE then
         pause = math.max(pause, now + x)
       elseif op == OP_RESUME then
         if pause > now then
-          wakes[#wakes + 1] = string.format('r %d', pause)
+          ended = pause
+          wakes[#wakes + 1] = string.format('r %d', ended)
         end
         pause = 0
       else
@@ -318,7 +322,7 @@ for r = 1, k do
       end
       changed = true
       out[b + 1], out[b + 2], out[b + 3], out[b + 4], out[b + 5], out[b + 6] =
-        1, 0, math.max(0, pause - now), math.max(0, oend - now), 0, 0
+        1, 0, math.max(0, pause - now), math.max(0, oend - now), ended, 0
       break
     end
 

@@ -74,7 +74,7 @@ func (c *client) key(tag string) *keyState {
 		c.mu.Lock()
 		v, ok = c.keys.Load(tag)
 		if !ok {
-			v = &keyState{client: c, tag: tag, moved: make(chan struct{})}
+			v = &keyState{client: c, tag: tag, unhold: make(chan struct{})}
 			c.keys.Store(tag, v)
 			if c.sweep == nil {
 				c.sweep = time.AfterFunc(sweepEvery, c.sweepIdle)
@@ -149,16 +149,23 @@ type keyState struct {
 	breaker breaker
 	stats   counters
 	hold    atomic.Int64 // until when this process holds the key (UnixNano)
+	// landed: the pause of the latest hold reached Redis, so a resume published
+	// since ended it (or a later one), and ends the hold too
+	landed  atomic.Bool
+	resumed atomic.Int64 // the end of the latest pause whose resume moved the sleepers (server µs)
 	record  atomic.Int64 // when the record is next written (UnixNano)
 	// keep is until when something of this state matters (a local grant in its
 	// window, a grant StateLost compares with, an open breaker): UnixNano
 	keep atomic.Int64
 
 	mu       sync.Mutex
-	moved    chan struct{}           // closed (and replaced) when a hold begins: bookings move
+	unhold   chan struct{}           // closed (and replaced) when a resume ends the hold early
 	configs  map[string]*configState // by target id and policy
 	sleepers map[*sleeper]struct{}
-	listen   *listener // while sleepers wait: resumes published on the key's channel
+	// listen hears the resumes published on the key's channel while waiters (sleepers,
+	// callers held, sleepers being moved) count on them: listeners of them
+	listen    *listener
+	listeners int
 }
 
 // configState is what the Limiters (or Semaphores) of one configuration (target and

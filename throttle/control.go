@@ -23,10 +23,12 @@ func (l *Limiter) Pause(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
 		return fmt.Errorf("%w: pause %v", ErrInvalidArgument, d)
 	}
-	l.c.key(l.t.tag).holdFor(d)
+	ks := l.c.key(l.t.tag)
+	ks.holdFor(d)
 	if _, err := l.control(ctx, opPause, 0, min(ceilMicros(d), maxPeriodUS), nil); err != nil {
 		return err
 	}
+	ks.landed.Store(true)
 	if l.hooks.Paused != nil {
 		l.hooks.Paused(l.key, d)
 	}
@@ -35,16 +37,21 @@ func (l *Limiter) Pause(ctx context.Context, d time.Duration) error {
 
 // Resume ends a pause set on the key (by Pause, the HTTP transport or an operator) at
 // once, for every process; an override stays. Every process's waiters (WaitN) whose
-// bookings lie behind the pause give them back and book again from now, in their order.
-// It returns Redis errors as AllowN.
+// bookings lie behind the pause give them back and book again from now, in their
+// order; a process's hold (see Pause) ends with the pause, so its waiters held go on
+// too. This process's waiters move on Resume's reply; other processes' on the notice
+// Redis publishes (pub/sub), which they listen for while they wait. Each process's
+// waiters give their bookings back and book again on their own: where several
+// processes have waiters booked behind the pause, a process that books again before
+// another has given its bookings back queues behind those, and its waiters wait until
+// then. It returns Redis errors as AllowN.
 func (l *Limiter) Resume(ctx context.Context) error {
 	rep, err := l.control(ctx, opResume, 0, 0, nil)
 	if err != nil {
 		return err
 	}
-	if end := rep.v[4]; end > 0 { // the pause it ended: this process's waiters go now
-		l.c.key(l.t.tag).resumed(end)
-	}
+	// the end of the pause it ended (0: none was in force): this process's waiters go now
+	l.c.key(l.t.tag).resume(rep.v[4], true)
 	return nil
 }
 
@@ -53,11 +60,30 @@ func (l *Limiter) Resume(ctx context.Context) error {
 // until ClearOverride (at most 2^45µs). limits are the new limits in the order of
 // Limits(): limits[i] replaces the Rate and Burst of the i-th, whose period stays (a
 // limit's Period here must be 0 or that period); limits beyond those given keep their
-// rates. A later Override replaces it. Raising a rate takes effect at once; lowering
-// one counts what the window holds against the new rate; the token bucket keeps the
-// tokens it holds and refills at the new rate from then on. Bookings already made keep
-// their places; a task's booking (asynq) made before an override that lowers a rate is
-// booked again under it when the task comes back.
+// rates. An override's Burst 0 means its Rate, not the callers' burst. A later Override
+// replaces it.
+//
+// What the key holds is kept across the change, and counted with the new limits from
+// then on:
+//   - SlidingWindow, SlidingCounter, FixedWindow: the permits in the window count
+//     against the new rate, so a raise grants at once what the new rate leaves free,
+//     and a lowering grants nothing until the window holds fewer than the new rate.
+//   - TokenBucket: as golang.org/x/time/rate's SetLimitAt and SetBurstAt, the bucket
+//     keeps the tokens it holds at the change (a debt of bookings included) and refills
+//     at the new rate up to the new burst: a raised rate refills faster from the change
+//     on (the next permit is never later than without the raise); a lowered rate grants
+//     nothing until the tokens held refill at it; a raised burst is filled at the rate,
+//     not handed over at once; a lowered burst cuts the tokens above it at once.
+//
+// The same holds at the override's end: ClearOverride, or its time running out (the
+// bucket settles at the end, whenever the next call comes), changes back to the
+// callers' limits keeping what the key holds then. Bookings already made keep their
+// places; a task's booking (asynq) made before an override that lowers a rate or a
+// burst is booked again under it when the task comes back.
+//
+// Under an override, an acquire of n above what the overridden limits can ever grant
+// fails with ErrExceedsLimit; n above the callers' own limits is refused before any
+// call, as without an override, even while an override raises them.
 //
 // It returns an error wrapping ErrInvalidLimit for a limit out of range or with
 // another period, ErrInvalidArgument for d < 0, no limits or more than the limiter
@@ -108,6 +134,7 @@ func (l *Limiter) control(ctx context.Context, op, n int, x int64, rates []any) 
 // booked again when the hold ends.
 func (ks *keyState) holdFor(d time.Duration) {
 	until := time.Now().Add(d)
+	ks.landed.Store(false) // before the hold: a resume that reads the new hold finds it false
 	for {
 		old := ks.hold.Load()
 		if old >= until.UnixNano() {
@@ -120,18 +147,52 @@ func (ks *keyState) holdFor(d time.Duration) {
 	ks.move(func(*sleeper) bool { return true })
 }
 
-// resumed moves the sleepers whose bookings lie at or after end, a pause's end (server
-// µs) that was resumed: they book again now.
-func (ks *keyState) resumed(end int64) {
+// resumedNotice handles a resume published on the key's channel: end is the end of
+// the pause it ended (server µs).
+func (ks *keyState) resumedNotice(end int64) { ks.resume(end, false) }
+
+// resume handles the resume of a pause that ended at end (server µs; 0: unknown or
+// none): the hold ends, if this process resumed (own) or its pause had reached Redis
+// (so the resume ended it, or a later pause than it); the sleepers whose bookings lie at
+// or after end give them back and book again now, once per pause (Resume's reply and
+// the notice both come).
+func (ks *keyState) resume(end int64, own bool) {
+	if h := ks.hold.Load(); h != 0 && (own || ks.landed.Load()) {
+		ks.endHold(h)
+	}
+	for {
+		last := ks.resumed.Load()
+		if end <= last {
+			return
+		}
+		if ks.resumed.CompareAndSwap(last, end) {
+			break
+		}
+	}
 	ks.move(func(s *sleeper) bool { return s.g.token >= end })
 }
 
-// pass waits until this process's hold on the key ends; it returns the hold it found
-// over (a later hold changes it: holdFor only lengthens it) and whether it did wait.
-// It returns ctx.Err() if ctx ends first, and at once an error wrapping
-// waiter.ErrWouldExceedDeadline if the hold ends after ctx's deadline.
+// endHold ends this process's hold on the key now, if it is still h (a Pause since
+// holds anew), and wakes its callers held.
+func (ks *keyState) endHold(h int64) {
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	if ks.hold.CompareAndSwap(h, 0) {
+		close(ks.unhold)
+		ks.unhold = make(chan struct{})
+	}
+}
+
+// pass waits until this process's hold on the key ends, or a resume ends it; it
+// returns the hold it found over (a later hold changes it: holdFor only lengthens it)
+// and whether it did wait. It returns ctx.Err() if ctx ends first, and at once an error
+// wrapping waiter.ErrWouldExceedDeadline if the hold ends after ctx's deadline. While
+// it waits it listens for resumes published on the key's channel.
 func (ks *keyState) pass(ctx context.Context) (seen int64, held bool, err error) {
 	for {
+		ks.mu.Lock()
+		unhold := ks.unhold // taken before the hold is read: an end after the read closes it
+		ks.mu.Unlock()
 		seen = ks.hold.Load()
 		d := time.Until(time.Unix(0, seen))
 		if d <= 0 {
@@ -140,21 +201,25 @@ func (ks *keyState) pass(ctx context.Context) (seen int64, held bool, err error)
 		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d {
 			return seen, held, fmt.Errorf("%w: held for %v more", waiter.ErrWouldExceedDeadline, d)
 		}
-		held = true
-		if err := sleep(ctx, d); err != nil {
-			return seen, held, err
+		if !held {
+			held = true
+			ks.mu.Lock()
+			ks.listenOn()
+			ks.mu.Unlock()
+			defer func() {
+				ks.mu.Lock()
+				ks.listenOff()
+				ks.mu.Unlock()
+			}()
 		}
-	}
-}
-
-// sleep waits d, or until ctx ends (ctx.Err()).
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-unhold:
+		case <-ctx.Done():
+			t.Stop()
+			return seen, held, ctx.Err()
+		}
+		t.Stop()
 	}
 }

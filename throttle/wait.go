@@ -115,6 +115,14 @@ type moved struct {
 // ctx.Err() at once; the booking is given back in the background.
 func (ks *keyState) sleep(ctx context.Context, l *Limiter, n int, g grant, seen int64) (grant, int64, error) {
 	s := &sleeper{l: l, ctx: ctx, n: n, g: g, moved: make(chan moved, 1)}
+	ks.mu.Lock()
+	ks.listenOn() // a resume concerns it while it sleeps or is moved
+	ks.mu.Unlock()
+	defer func() {
+		ks.mu.Lock()
+		ks.listenOff()
+		ks.mu.Unlock()
+	}()
 	if !ks.enter(s, seen) {
 		l.lateGiveBack(n, g)
 		return g, seen, nil
@@ -156,11 +164,10 @@ func (ks *keyState) sleep(ctx context.Context, l *Limiter, n int, g grant, seen 
 	}
 }
 
-// enter registers s, whose booking was made after the hold seen, and reports true;
-// the first sleeper of the key listens for resumes on its channel. If a hold began
-// since seen, it registers nothing and reports false: that hold's move may have run
-// without s. (holdFor sets the hold before its move takes ks.mu, so a sleeper either
-// sees the new hold here or is found by the move.)
+// enter registers s, whose booking was made after the hold seen, and reports true. If
+// a hold began since seen, it registers nothing and reports false: that hold's move may
+// have run without s. (holdFor sets the hold before its move takes ks.mu, so a sleeper
+// either sees the new hold here or is found by the move.)
 func (ks *keyState) enter(s *sleeper, seen int64) bool {
 	ks.mu.Lock()
 	defer ks.mu.Unlock()
@@ -171,22 +178,33 @@ func (ks *keyState) enter(s *sleeper, seen int64) bool {
 		ks.sleepers = map[*sleeper]struct{}{}
 	}
 	ks.sleepers[s] = struct{}{}
-	if ks.listen == nil {
-		ks.listen = &listener{channel: wakeChannel(ks.tag), check: make(chan struct{}, 1), resumed: ks.resumed}
-		h := ks.client.hub
-		if !h.listen(ks.listen) {
-			h.subscribe(context.WithoutCancel(s.ctx), ks.listen)
-		}
-	}
 	return true
 }
 
-// leave unregisters s; the last sleeper stops listening.
+// leave unregisters s.
 func (ks *keyState) leave(s *sleeper) {
 	ks.mu.Lock()
 	defer ks.mu.Unlock()
 	delete(ks.sleepers, s)
-	if len(ks.sleepers) == 0 && ks.listen != nil {
+}
+
+// listenOn counts one more waiter that a resume concerns; the first one listens on the
+// key's channel (ks.mu held).
+func (ks *keyState) listenOn() {
+	ks.listeners++
+	if ks.listen == nil {
+		ks.listen = &listener{channel: wakeChannel(ks.tag), check: make(chan struct{}, 1), resumed: ks.resumedNotice}
+		h := ks.client.hub
+		if !h.listen(ks.listen) {
+			h.subscribe(context.Background(), ks.listen)
+		}
+	}
+}
+
+// listenOff counts one waiter less; the last one stops listening (ks.mu held).
+func (ks *keyState) listenOff() {
+	ks.listeners--
+	if ks.listeners == 0 && ks.listen != nil {
 		ks.client.hub.unlisten(ks.listen)
 		ks.listen = nil
 	}

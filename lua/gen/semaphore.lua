@@ -285,7 +285,7 @@ end
 -- Reads first: a foreign key fails the requests before anything is written.
 local foreign
 for i = 1, 3 do
-  if type(redis.pcall('ZCARD', KEYS[i])) ~= 'number' then
+  if select(2, read_key('ZCARD', KEYS[i])) then
     foreign = 'JTSTATE ' .. KEYS[i] .. ': not a sorted set'
     break
   end

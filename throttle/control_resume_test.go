@@ -1,0 +1,179 @@
+package throttle
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// ctlOtherClient returns a second client of the backend's server: another process, as
+// far as this package can tell (its own client, subscription and key states).
+func ctlOtherClient(t *testing.T, b *redistest.Backend) redis.UniversalClient {
+	t.Helper()
+	addrs, cluster := b.Addrs()
+	c := redistest.Dial(addrs, cluster)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// ctlLimiterOn makes a limiter of tl's key through rdb (another client of the same
+// server), on the fake-clock script on real servers, as tl.limiter does.
+func ctlLimiterOn(tl *timeline, rdb redis.UniversalClient, key string, limit Limit, opts ...Option) *Limiter {
+	tl.t.Helper()
+	opts = append([]Option{WithKeyPrefix(tl.b.Prefix)}, opts...)
+	l, err := New(rdb, key, limit, opts...)
+	if err != nil {
+		tl.t.Fatalf("New(%q, %v): %v", key, limit, err)
+	}
+	if tl.b.Real() {
+		l.useScript(fakeClock[l.t.script])
+	}
+	return l
+}
+
+// ctlListening waits until n waiters of l's process count on resumes of l's key
+// (sleepers and callers held) and the process's subscription to the key's channel is
+// confirmed: from then on a resume's notice reaches them.
+func ctlListening(t *testing.T, l *Limiter, n int) {
+	t.Helper()
+	ks := l.c.key(l.t.tag)
+	h := l.c.hub
+	deadline := time.Now().Add(signalWait)
+	for {
+		ks.mu.Lock()
+		got := ks.listeners
+		ks.mu.Unlock()
+		h.mu.Lock()
+		ch := h.chans[wakeChannel(l.t.tag)]
+		live := ch != nil && ch.live
+		h.mu.Unlock()
+		if got >= n && live {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %v: %d waiters listening (subscription live %v), want %d", signalWait, got, live, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// waitRecorder collects the waits of the grants a limiter's Allowed hook reports.
+type waitRecorder struct {
+	mu    sync.Mutex
+	waits []time.Duration
+}
+
+func (w *waitRecorder) hooks() Hooks {
+	return Hooks{Allowed: func(_ string, _ int, wait time.Duration) {
+		w.mu.Lock()
+		w.waits = append(w.waits, wait)
+		w.mu.Unlock()
+	}}
+}
+
+func (w *waitRecorder) since(i int) []time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.waits[min(i, len(w.waits)):])
+}
+
+func (w *waitRecorder) count() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.waits)
+}
+
+// A key paused for an hour with four waiters, resumed after a second: every waiter
+// books again from the resume, in order, and goes on at its new slot. The pause is set
+// by this process (its waiters are then held by the Go side's hold, and the hold must
+// end with the pause) or by another (a second Redis client stands for it: the waiters
+// book behind the pause), and resumed by either: this process's waiters move on
+// Resume's reply or on the notice the other's Resume publishes. The four grants booked
+// again take effect at the resume plus 0, 100, 200 and 300ms (server clock), and no
+// booking behind the pause is left. Nothing here waits on the pause: a waiter still on
+// its old booking or held would return after an hour, so the test's bound is only how
+// long a loaded machine may take.
+//
+// The waiters are all in one process: waiters of several processes booked behind one
+// pause book again as each process hears of the resume, and one that books again
+// before another has given its bookings back queues behind them (see Resume).
+func TestResumeMovesTheWaiters(t *testing.T) {
+	for _, c := range []struct{ pauser, resumer string }{
+		{"this", "this"}, {"this", "other"}, {"other", "this"}, {"other", "other"},
+	} {
+		t.Run(fmt.Sprintf("paused-by-%s-resumed-by-%s", c.pauser, c.resumer), func(t *testing.T) {
+			redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+				ctx := context.Background()
+				tl := newTimeline(t, b)
+				var waits waitRecorder
+				this := tl.limiter("resume", Every(100*ms), WithHooks(waits.hooks()))
+				other := ctlLimiterOn(tl, ctlOtherClient(t, b), "resume", Every(100*ms))
+				pauser, resumer := this, other
+				if c.pauser == "other" {
+					pauser = other
+				}
+				if c.resumer == "this" {
+					resumer = this
+				}
+				if err := pauser.Pause(ctx, time.Hour); err != nil {
+					t.Fatal(err)
+				}
+				returned := make(chan error, 4)
+				for range 4 {
+					go func() { returned <- this.Wait(ctx) }()
+				}
+				ctlListening(t, this, 4)
+				before := waits.count() // booked behind the pause: 0 when held, else 4
+				if c.pauser == "other" {
+					for deadline := time.Now().Add(signalWait); waits.count() < 4; time.Sleep(ms) {
+						if time.Now().After(deadline) {
+							t.Fatalf("%d waiters booked behind the pause after %v, want 4", waits.count(), signalWait)
+						}
+					}
+					before = 4
+				} else if before != 0 {
+					t.Fatalf("%d waiters booked during this process's hold, want none", before)
+				}
+				tl.at(time.Second)
+				resumed := time.Now()
+				if err := resumer.Resume(ctx); err != nil {
+					t.Fatal(err)
+				}
+				timeout := time.After(signalWait)
+				var lags []time.Duration
+				for range 4 {
+					select {
+					case err := <-returned:
+						if err != nil {
+							t.Fatal(err)
+						}
+						lags = append(lags, time.Since(resumed).Round(ms))
+					case <-timeout:
+						t.Fatalf("%d waiters went on within %v of the resume (after %v), want 4: the others wait on the pause; grants %v",
+							len(lags), signalWait, lags, waits.since(0))
+					}
+				}
+				t.Logf("on %s: waiters went on %v after the resume (slots 0, 100, 200, 300ms)", b.Kind, lags)
+				got := waits.since(before)
+				slices.Sort(got)
+				if want := []time.Duration{0, 100 * ms, 200 * ms, 300 * ms}; !slices.Equal(got, want) {
+					t.Fatalf("grants booked after the resume wait %v, want %v: booked again from the resume, in order", got, want)
+				}
+				st, err := this.Inspect(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if st.PausedFor != 0 || st.Booked != 3 || st.BookedAhead != 300*ms {
+					t.Fatalf("after the resume: paused %v, %d booked, the latest %v ahead; want no pause, 3 booked, 300ms ahead (the bookings behind the pause given back)",
+						st.PausedFor, st.Booked, st.BookedAhead)
+				}
+			})
+		})
+	}
+}

@@ -1,0 +1,252 @@
+package throttle
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+)
+
+// While a key is paused every algorithm denies with the time to the pause's end, books
+// only after it, and reports nothing remaining; after it, it grants again. A shorter
+// pause keeps the longer one; the control key has a TTL.
+func TestPauseDeniesUntilItEnds(t *testing.T) {
+	eachAlgorithm(t, redistest.Each, func(t *testing.T, alg Algorithm, b *redistest.Backend) {
+		ctx := context.Background()
+		tl := newTimeline(t, b)
+		l := tl.limiter("paused", PerSecond(5), WithAlgorithm(alg))
+		tl.at(10 * ms)
+		if err := l.Pause(ctx, 300*ms); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Pause(ctx, time.Millisecond); err != nil { // a shorter pause keeps the longer one
+			t.Fatal(err)
+		}
+		tl.at(110 * ms)
+		res, err := l.Allow(ctx)
+		if err != nil || res.Allowed || res.RetryAfter != 200*ms || res.Remaining != 0 {
+			t.Fatalf("during the pause: got %+v, %v; want denied, RetryAfter 200ms, nothing remaining", res, err)
+		}
+		if ttl := b.Client.PTTL(ctx, l.t.keys[1]).Val(); ttl <= 0 {
+			t.Fatalf("control key PTTL %v during the pause, want a TTL", ttl)
+		}
+		r, err := l.Reserve(ctx, 1, time.Second)
+		if err != nil || !r.OK() || r.Delay() != 200*ms {
+			t.Fatalf("booking during the pause: got OK %v Delay %v, %v; want booked at the pause's end (200ms)", r.OK(), r.Delay(), err)
+		}
+		tl.at(310 * ms)
+		if res, err := l.Allow(ctx); err != nil || !res.Allowed {
+			t.Fatalf("after the pause: got %+v, %v; want allowed", res, err)
+		}
+	})
+}
+
+// Pause holds across processes: a limiter on another client (another process, as far
+// as Redis can tell), of another algorithm, is denied until the pause ends (here a
+// Resume ends it: TestPauseDeniesUntilItEnds lets one run out), then allowed. A pause
+// of d <= 0 is refused.
+func TestPauseHoldsForOtherClients(t *testing.T) {
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		a, err := New(b.Client, "shared", PerSecond(100), WithKeyPrefix(b.Prefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		other, err := New(ctlOtherClient(t, b), "shared", PerSecond(100), WithKeyPrefix(b.Prefix), WithAlgorithm(TokenBucket))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range []time.Duration{-time.Second, 0} {
+			if err := a.Pause(ctx, d); !errors.Is(err, ErrInvalidArgument) {
+				t.Fatalf("Pause(%v): got %v, want ErrInvalidArgument", d, err)
+			}
+		}
+		start := time.Now()
+		if err := a.Pause(ctx, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		res, err := other.Allow(ctx)
+		if err != nil || res.Allowed {
+			t.Fatalf("the other process during the pause: got %+v, %v; want denied", res, err)
+		}
+		// the pause was set at most the elapsed time ago
+		if res.RetryAfter > time.Minute || res.RetryAfter < time.Minute-time.Since(start) {
+			t.Fatalf("RetryAfter %v, want at most 1m, less the time since Pause was called", res.RetryAfter)
+		}
+		if err := a.Resume(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if res, err := other.Allow(ctx); err != nil || !res.Allowed {
+			t.Fatalf("the other process after the pause: got %+v, %v; want allowed", res, err)
+		}
+	})
+}
+
+// Waiters of this process whose bookings have not taken effect give them back when
+// this process pauses the key (before Pause's call reaches Redis), and book again only
+// once the hold ends: after the pause, first at its end and the others at the rate,
+// with no gap, in the order they were booked. The server's clock is the test's: the
+// waiters' first bookings lie seconds ahead, so none can take effect before the pause
+// reaches it, however late the machine runs it.
+//
+// The algorithms that get every booking back when they are given back latest first and
+// book to the µs: the fixed window gives permits back only while their window is the
+// latest one; the sliding counter books at its buckets' ends.
+func TestPauseMovesThisProcessesWaiters(t *testing.T) {
+	for _, alg := range []Algorithm{SlidingWindow, TokenBucket} {
+		t.Run(alg.String(), func(t *testing.T) {
+			redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				grants := redistest.RecordGrants(b.Client)
+				var waits waitRecorder
+				tl := newTimeline(t, b)
+				const period = 10 * time.Second
+				l := tl.limiter("moved", Limit{Rate: 1, Period: period, Burst: 1}.forAlg(alg), WithAlgorithm(alg), WithHooks(waits.hooks()))
+				if res, err := l.Allow(ctx); err != nil || !res.Allowed { // the permit of this period
+					t.Fatalf("Allow: %+v, %v", res, err)
+				}
+				const waiters = 3
+				var wg sync.WaitGroup
+				errs := make(chan error, waiters)
+				for i := range waiters {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						errs <- l.Wait(ctx)
+					}()
+					// one at a time: the bookings are made in a known order
+					for deadline := time.Now().Add(signalWait); waits.count() < 2+i; time.Sleep(ms) {
+						if time.Now().After(deadline) {
+							t.Fatalf("waiter %d did not book within %v", i, signalWait)
+						}
+					}
+				}
+				first := waits.since(1)
+				if want := []time.Duration{period, 2 * period, 3 * period}; !slices.Equal(first, want) {
+					t.Fatalf("waiters booked %v ahead, want %v", first, want)
+				}
+				tl.at(period - 100*ms) // the pause ends 200ms after the first permit frees
+				const hold = 300 * ms
+				paused := time.Now()
+				if err := l.Pause(ctx, hold); err != nil {
+					t.Fatal(err)
+				}
+				for deadline := time.Now().Add(signalWait); waits.count() < 1+2*waiters; time.Sleep(ms) {
+					if time.Now().After(deadline) {
+						t.Fatalf("%d of %d waiters booked again after %v", waits.count()-1-waiters, waiters, signalWait)
+					}
+				}
+				list, giveBacks := grants.List(), grants.GiveBacks() // before the waiters leave and give their bookings back
+				cancel()                                             // the waiters of the test need not sleep on
+				wg.Wait()
+				var back []time.Duration
+				for _, gb := range giveBacks {
+					if !gb.OK {
+						t.Fatalf("give-back %+v refused: the booking was not the waiter's any more", gb)
+					}
+					back = append(back, gb.At.Sub(redistest.Epoch))
+				}
+				if len(back) < waiters || !slices.Equal(back[:waiters], []time.Duration{3 * period, 2 * period, period}) {
+					t.Fatalf("given back %v (from t0), want the three bookings, the latest first", back)
+				}
+				// booked again once the hold ended, by this process's clock
+				var again []redistest.Grant
+				for _, g := range list {
+					if g.Wait > 0 && g.Sent.After(paused) {
+						again = append(again, g)
+					}
+				}
+				if len(again) != waiters {
+					t.Fatalf("%d bookings after the pause, want %d: %+v", len(again), waiters, again)
+				}
+				for _, g := range again {
+					if g.Sent.Sub(paused) < hold {
+						t.Fatalf("a waiter booked again %v after Pause was called, inside the %v hold", g.Sent.Sub(paused), hold)
+					}
+				}
+				// at the pause's end (t0+period+200ms), then a period apart
+				got := waits.since(1 + waiters)
+				want := []time.Duration{300 * ms, 300*ms + period, 300*ms + 2*period}
+				if !slices.Equal(got, want) {
+					t.Fatalf("booked again %v ahead (from t0+%v), want %v: at the pause's end, then at the rate", got, period-100*ms, want)
+				}
+			})
+		})
+	}
+}
+
+// forAlg drops the burst of a limit for the algorithms that do not take one.
+func (l Limit) forAlg(alg Algorithm) Limit {
+	if alg != TokenBucket {
+		l.Burst = 0
+	}
+	return l
+}
+
+// A Wait that comes while this process holds the key books only when the hold ends, as
+// the waiters the hold moved do: booked inside the hold, it could land behind a slot
+// one of them was about to give back. The hold is measured on this process's clock,
+// which also times the call the recorder sees, so the check holds however slow the
+// machine is.
+func TestWaitDuringHoldBooksAfterIt(t *testing.T) {
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		grants := redistest.RecordGrants(b.Client)
+		l, err := New(b.Client, "wait-in-hold", Limit{Rate: 1, Period: 100 * ms}, WithKeyPrefix(b.Prefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		const hold = 200 * ms
+		paused := time.Now()
+		if err := l.Pause(ctx, hold); err != nil {
+			t.Fatal(err)
+		}
+		calls := grants.Calls() // Pause's
+		if err := l.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		got := grants.List()
+		if len(got) != 1 || grants.Calls() != calls+1 {
+			t.Fatalf("grants %+v in %d calls after Pause's, want one grant in one call", got, grants.Calls()-calls)
+		}
+		if d := got[0].Sent.Sub(paused); d < hold {
+			t.Fatalf("Wait's call sent %v after Pause was called, inside the %v hold", d, hold)
+		}
+	})
+}
+
+// A booking nobody waits on stands through a pause: Pause neither waits for it nor
+// gives it back (Reserve's reservation keeps its booking; only WaitN follows a pause).
+func TestPauseLeavesUnwatchedBookings(t *testing.T) {
+	eachAlgorithm(t, redistest.Each, func(t *testing.T, alg Algorithm, b *redistest.Backend) {
+		ctx := context.Background()
+		tl := newTimeline(t, b)
+		l := tl.limiter("held", Limit{Rate: 1, Period: 10 * time.Second, Burst: 1}.forAlg(alg), WithAlgorithm(alg))
+		if _, err := l.Allow(ctx); err != nil {
+			t.Fatal(err)
+		}
+		r, err := l.Reserve(ctx, 1, time.Minute)
+		if err != nil || !r.OK() {
+			t.Fatalf("Reserve: %v %v", r.OK(), err)
+		}
+		before, err := l.Inspect(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Pause(ctx, 50*ms); err != nil {
+			t.Fatal(err)
+		}
+		after, err := l.Inspect(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if after.Booked != before.Booked || after.BookedAhead != before.BookedAhead || after.Booked == 0 {
+			t.Fatalf("after Pause: %d booked, %v ahead; want the booking standing (%d, %v)", after.Booked, after.BookedAhead, before.Booked, before.BookedAhead)
+		}
+	})
+}
