@@ -73,12 +73,12 @@ end
 -- load reads the state at now for the limits in force (lim; oend: the override's end, 0:
 -- none); given are the callers' limits, in force after a stored override's end.
 local function load(key, lim, now, _, given, oend)
-  local v = redis.pcall('GET', key)
+  local v, err = read_key('string', 'GET', key)
+  if err then
+    return nil, err
+  end
   local st = {at = now, absent = not v, dirty = false, given = given}
   if v then
-    if type(v) ~= 'string' then
-      return nil, 'JTSTATE ' .. key .. ': not a string'
-    end
     -- one limit's state (the usual case) is read with one match, any other field by field
     local w = {string.match(v, '^(%d+) (%d+) (%-?%d+) (%d+) (%d+) (%d+) (%d+)$')}
     if not w[1] then

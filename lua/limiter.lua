@@ -221,7 +221,7 @@ end
 
 local pause, over = control_read(KEYS[2])
 if not pause then -- every request needs the control key
-  local e = 'JTSTATE ' .. KEYS[2] .. ': ' .. over
+  local e = over
   for r = 1, k do
     ext[r] = ext[r] or e
   end
@@ -355,7 +355,7 @@ for r = 1, k do
         local why
         rec, why = booking_read(KEYS[key])
         if rec == nil then
-          e = 'JTSTATE ' .. KEYS[key] .. ': ' .. why
+          e = why
           break
         end
         books[key] = rec
@@ -476,8 +476,8 @@ for _, text in ipairs(wakes) do
 end
 if record_ttl > 0 and decided and not failed then
   local v = redis.pcall('GET', KEYS[3])
-  if not v or is_record(v) then
-    redis.call('SET', KEYS[3], record, 'PX', string.format('%d', record_ttl))
+  if not v or is_record(v) then -- pcall: a refused write (a user without SET) fails no call
+    redis.pcall('SET', KEYS[3], record, 'PX', string.format('%d', record_ttl))
   end
 end
 return reply(out, k, ext)

@@ -107,9 +107,9 @@ local function search(st, f, v)
 end
 
 local function load(key, lim, now, prec)
-  local v = redis.pcall('LRANGE', key, '0', LOG_HEAD_END)
-  if v.err then
-    return nil, 'JTSTATE ' .. key .. ': not a list'
+  local v, err = read_key('list', 'LRANGE', key, '0', LOG_HEAD_END)
+  if err then
+    return nil, err
   end
   local len, pmax = #v, 0
   for i = 1, #lim do

@@ -87,14 +87,14 @@ end
 -- Reads first: a foreign key fails the requests before anything is written.
 local foreign
 for i = 1, 3 do
-  if select(2, read_key('ZCARD', KEYS[i])) then
-    foreign = 'JTSTATE ' .. KEYS[i] .. ': not a sorted set'
+  foreign = select(2, read_key('sorted set', 'ZCARD', KEYS[i]))
+  if foreign then
     break
   end
 end
 local pause_end, why = control_read(KEYS[4])
 if not foreign and not pause_end then
-  foreign = 'JTSTATE ' .. KEYS[4] .. ': ' .. why
+  foreign = why
 end
 if foreign then
   for r = 1, k do

@@ -20,12 +20,12 @@ local WIDTH, CAP, PARAMS, RATED = 2, 1, 0, false -- ARGV per limit; n's bound; p
                                                  -- its state does not count at rates
 
 local function load(key, lim, now)
-  local v = redis.pcall('GET', key)
+  local v, err = read_key('string', 'GET', key)
+  if err then
+    return nil, err
+  end
   local st = {L = 0, absent = not v, dirty = false}
   if v then
-    if type(v) ~= 'string' then
-      return nil, 'JTSTATE ' .. key .. ': not a string'
-    end
     -- one limit's state (the usual case) is read with one match, any other word by word
     local L, c = string.match(v, '^(%d+) (%d+)$')
     local w = {L, c}

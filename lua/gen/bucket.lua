@@ -64,6 +64,21 @@ local function ms(us)
   return string.format('%d', math.max(1, math.ceil(us / 1000)))
 end
 
+-- read_key runs a read of a key that may be foreign (cmd on key, with args): it returns
+-- the reply; or nil and the failure's text: JTSTATE when the key holds another type than
+-- a `what` (WRONGTYPE), else Redis's error as it came (an ACL refusal, say: the key is not
+-- to blame, and must not be reported foreign).
+local function read_key(what, cmd, key, ...)
+  local v = redis.pcall(cmd, key, ...)
+  if type(v) == 'table' and v.err then
+    if string.find(v.err, 'WRONGTYPE', 1, true) then
+      return nil, 'JTSTATE ' .. key .. ': not a ' .. what
+    end
+    return nil, v.err
+  end
+  return v
+end
+
 -- The control key, {<prefix><key>}:pause, holds
 --   "<pause_end>"  or  "<pause_end> <override_end> <m> <r1> <b1> ... <rm> <bm> [<set>]"
 -- pause_end: when a pause ends, µs (0: none). override_end: until when limits 1..m run at
@@ -72,22 +87,23 @@ end
 -- it are re-placed; absent in texts of older versions). Every number is a canonical
 -- decimal below 2^53, each rate 1..10^9 and burst 0..10^9 (internal/keys reads and writes
 -- the same texts); anything else is foreign.
--- control_read returns pause_end and the override {end, {{r1, b1}, ...}, set or nil} or nil.
+-- control_read returns pause_end and the override {end, {{r1, b1}, ...}, set or nil} or nil;
+-- or nil and the failure's text (read_key's, or JTSTATE for a text not ours).
 local function control_read(key)
-  local v = redis.pcall('GET', key)
-  if not v then
+  local v, err = read_key('string', 'GET', key)
+  if err then
+    return nil, err
+  elseif not v then
     return 0, nil
-  elseif type(v) ~= 'string' then
-    return nil, 'not a string'
   end
   local w = {}
   for f in string.gmatch(v, '%S+') do
     if #f > 16 or not string.find(f, '^%d+$') or (#f > 1 and string.byte(f) == 48) then
-      return nil, 'not a control text'
+      return nil, 'JTSTATE ' .. key .. ': not a control text'
     end
     w[#w + 1] = tonumber(f)
     if w[#w] > MAX_WAIT then
-      return nil, 'not a control text'
+      return nil, 'JTSTATE ' .. key .. ': not a control text'
     end
   end
   local nw = #w
@@ -96,13 +112,13 @@ local function control_read(key)
   end
   local m = w[3]
   if nw < 5 or m < 1 or m > MAX_LIMITS or (nw ~= 3 + 2 * m and nw ~= 4 + 2 * m) then
-    return nil, 'not a control text'
+    return nil, 'JTSTATE ' .. key .. ': not a control text'
   end
   local rates = {}
   for i = 1, m do
     local r, b = w[2 + 2 * i], w[3 + 2 * i]
     if r < 1 or r > MAX_RATE or b > MAX_RATE then
-      return nil, 'not a control text'
+      return nil, 'JTSTATE ' .. key .. ': not a control text'
     end
     rates[i] = {r, b}
   end
@@ -140,13 +156,13 @@ end
 -- A task's booking record, {<prefix><key>}:bk:<task id>, is "<token> <n> <stamp>" (or
 -- "<token> <n>" from older versions: stamp 0): n permits booked at token, held by the
 -- caller that got stamp. booking_read returns {token, n, stamp}, false when the key is
--- absent, or nil and why it is foreign.
+-- absent, or nil and the failure's text (read_key's, or JTSTATE for a text not ours).
 local function booking_read(key)
-  local v = redis.pcall('GET', key)
-  if not v then
+  local v, err = read_key('string', 'GET', key)
+  if err then
+    return nil, err
+  elseif not v then
     return false
-  elseif type(v) ~= 'string' then
-    return nil, 'not a string'
   end
   local a, b, c = string.match(v, '^(%d+) (%d+) (%d+)$')
   if not a then
@@ -154,7 +170,7 @@ local function booking_read(key)
     c = '0'
   end
   if not a or #a > 16 or #b > 16 or #c > 16 then
-    return nil, 'not a booking'
+    return nil, 'JTSTATE ' .. key .. ': not a booking'
   end
   return {tonumber(a), tonumber(b), tonumber(c)}
 end
@@ -271,12 +287,12 @@ end
 -- load reads the state at now for the limits in force (lim; oend: the override's end, 0:
 -- none); given are the callers' limits, in force after a stored override's end.
 local function load(key, lim, now, _, given, oend)
-  local v = redis.pcall('GET', key)
+  local v, err = read_key('string', 'GET', key)
+  if err then
+    return nil, err
+  end
   local st = {at = now, absent = not v, dirty = false, given = given}
   if v then
-    if type(v) ~= 'string' then
-      return nil, 'JTSTATE ' .. key .. ': not a string'
-    end
     -- one limit's state (the usual case) is read with one match, any other field by field
     local w = {string.match(v, '^(%d+) (%d+) (%-?%d+) (%d+) (%d+) (%d+) (%d+)$')}
     if not w[1] then
@@ -652,7 +668,7 @@ end
 
 local pause, over = control_read(KEYS[2])
 if not pause then -- every request needs the control key
-  local e = 'JTSTATE ' .. KEYS[2] .. ': ' .. over
+  local e = over
   for r = 1, k do
     ext[r] = ext[r] or e
   end
@@ -786,7 +802,7 @@ for r = 1, k do
         local why
         rec, why = booking_read(KEYS[key])
         if rec == nil then
-          e = 'JTSTATE ' .. KEYS[key] .. ': ' .. why
+          e = why
           break
         end
         books[key] = rec
@@ -907,8 +923,8 @@ for _, text in ipairs(wakes) do
 end
 if record_ttl > 0 and decided and not failed then
   local v = redis.pcall('GET', KEYS[3])
-  if not v or is_record(v) then
-    redis.call('SET', KEYS[3], record, 'PX', string.format('%d', record_ttl))
+  if not v or is_record(v) then -- pcall: a refused write (a user without SET) fails no call
+    redis.pcall('SET', KEYS[3], record, 'PX', string.format('%d', record_ttl))
   end
 end
 return reply(out, k, ext)
