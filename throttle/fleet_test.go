@@ -32,7 +32,7 @@ import (
 //	                      machine's clock, which the server shares), how many did, and
 //	                      how many returned nil with no grant seen (must be none)
 //	E <error>             a call that failed
-//	CLOCK <go µs> <date>  its clock.Now() and `date +%s.%N` run in its environment
+//	CLOCK <go µs> <date>  its time.Now() and `date +%s.%N` run in its environment
 //	END
 //
 // When a grant takes effect, for EARLY: the latest it can is wait after the Allowed hook
@@ -109,7 +109,7 @@ func TestFleetChildProcess(t *testing.T) {
 		t.Fatalf("waiting for go: %v", err)
 	}
 	date, _ := exec.Command("date", "+%s.%N").Output()
-	fmt.Fprintf(out, "CLOCK %d %s\n", clock.Now().UnixMicro(), strings.TrimSpace(string(date)))
+	fmt.Fprintf(out, "CLOCK %d %s\n", time.Now().UnixMicro(), strings.TrimSpace(string(date)))
 
 	ctx := context.Background()
 	start := time.Now()
