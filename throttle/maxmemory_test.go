@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/internal/keys"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/lua"
 	"github.com/redis/go-redis/v9"
@@ -108,23 +109,31 @@ func TestMaxmemoryFlood(t *testing.T) {
 			}
 			time.Sleep(300 * time.Millisecond) // their windows fill
 
+			// the flood's script calls, on a client of their own: each is the call of a
+			// tenant's first grant (one acquire of 1 permit, the limit, and the record,
+			// which is due on a key's first call), as a Limiter of PerMinute(10) makes it
 			script := lua.Script("log")
-			if err := script.Load(ctx, c).Err(); err != nil {
+			flood := redis.NewClient(c.Options())
+			defer flood.Close()
+			if err := script.Load(ctx, flood).Err(); err != nil {
 				t.Fatal(err)
 			}
+			tenant, err := New(flood, "flood", PerMinute(10))
+			if err != nil {
+				t.Fatal(err)
+			}
+			args := append(append([]any{1, opAcquire, 1, 0, 0, 0}, tenant.t.tail...), tenant.record...)
 			var floodFailed int
 			var floodErr error
 			for i := 0; i < floodN; i += 500 {
-				pipe := c.Pipeline()
+				pipe := flood.Pipeline()
 				for j := i; j < i+500; j++ {
-					// the script call of a tenant's first grant: one acquire of 1 permit,
-					// its limits, and the record, which is due on a key's first call
-					l, err := New(c, fmt.Sprintf("flood-%06d", j), PerMinute(10))
+					tag, err := keys.Tag(keys.DefaultPrefix, fmt.Sprintf("flood-%06d", j))
 					if err != nil {
 						t.Fatal(err)
 					}
-					args := append([]any{1, opAcquire, 1, 0, 0, 0}, l.t.tail...)
-					script.EvalSha(ctx, pipe, l.t.keys, append(args, l.record...)...)
+					ks := []string{keys.Name(tag, keys.SlidingWindow), keys.Name(tag, keys.ControlKey), keys.Name(tag, keys.RecordKey)}
+					script.EvalSha(ctx, pipe, append(ks, SlidingWindow.algo().otherStates(tag)...), args...)
 				}
 				cmds, _ := pipe.Exec(ctx)
 				for _, cmd := range cmds {
