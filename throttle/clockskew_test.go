@@ -82,7 +82,11 @@ func TestClockSkewedProcessesChangeNothing(t *testing.T) {
 			state := "{" + b.Prefix + j.Keys[0] + "}:" + j.Alg.algo().suffix
 			var shares []float64
 			for _, g := range res.groups {
-				shares = append(shares, float64(g.ByKey()[state].Total())/float64(s.permits))
+				n := 0
+				if gk := g.ByKey()[state]; gk != nil {
+					n = gk.Total()
+				}
+				shares = append(shares, float64(n)/float64(s.permits))
 			}
 			redistest.Figure(t, "%s: %v %v, 6 processes (2 on time, 2 at +300s, 2 at -300s) × 8 goroutines: %d permits; most in any %v: %d (bound %d); over the bucket: %d; utilization %.4f; shares on time / +300s / -300s: %.3f / %.3f / %.3f",
 				b.Kind, j.Alg, j.Limit, s.permits, period, s.most, bound(j.Alg, j.Limit), s.over, s.util, shares[0], shares[1], shares[2])

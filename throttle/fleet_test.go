@@ -23,7 +23,8 @@ import (
 // The fleet tests run waiters in several OS processes: this test binary again, told by
 // fleetChildEnv (a JSON fleetOrders) to run TestFleetChildProcess. A child makes its
 // limiters, prints "READY", waits for a line on stdin, then lets Workers goroutines per
-// job WaitN (n drawn from 1..3) on the job's keys for Run, and reports on stdout:
+// job WaitN (n drawn from 1..3) on the job's keys for Run (each once at least), and
+// reports on stdout:
 //
 //	G <key> <at µs> <n>   a grant its limiters' script replies made, at its server time
 //	C <key> <calls>       script calls it made on key
@@ -133,7 +134,9 @@ func TestFleetChildProcess(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				rng := rand.New(rand.NewSource(int64(os.Getpid())<<16 + int64(i)<<8 + int64(w)))
-				for time.Since(start) < o.Run {
+				// one WaitN at least, however late a loaded machine starts the goroutine:
+				// every job is asked of by every process
+				for first := true; first || time.Since(start) < o.Run; first = false {
 					l := lims[rng.Intn(len(lims))]
 					n := 1 + rng.Intn(3)
 					slot.seen.Store(false)
