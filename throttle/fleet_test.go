@@ -33,7 +33,8 @@ import (
 //	                      machine's clock, which the server shares), how many did, and
 //	                      how many returned nil with no grant seen (must be none)
 //	E <error>             a call that failed
-//	CLOCK <go µs> <date>  its time.Now() and `date +%s.%N` run in its environment
+//	CLOCK <go µs> <date> <go µs>  its time.Now() before and after `date +%s.%N` run
+//	                      in its environment, and what date printed
 //	END
 //
 // When a grant takes effect, for EARLY: the latest it can is wait after the Allowed hook
@@ -109,8 +110,9 @@ func TestFleetChildProcess(t *testing.T) {
 	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
 		t.Fatalf("waiting for go: %v", err)
 	}
+	before := time.Now()
 	date, _ := exec.Command("date", "+%s.%N").Output()
-	fmt.Fprintf(out, "CLOCK %d %s\n", time.Now().UnixMicro(), strings.TrimSpace(string(date)))
+	fmt.Fprintf(out, "CLOCK %d %s %d\n", before.UnixMicro(), strings.TrimSpace(string(date)), time.Now().UnixMicro())
 
 	ctx := context.Background()
 	start := time.Now()
@@ -192,8 +194,17 @@ type fleetResult struct {
 	errs    []string            // failed calls
 	early   []time.Duration     // per group: the most a WaitN returned before its grant
 	earlyN  int                 // how many WaitN returned early
-	clocks  [][2]float64        // per group: a child's time.Now and date, in s, minus the parent's time
+	clocks  []childClock        // per group: a child's clocks
 	byKey   map[string]*redistest.Grants
+}
+
+// childClock is what a child's CLOCK line says, in seconds: its time.Now (before date
+// ran) and what date printed, each less the parent's time when it sent "go"; and the
+// bracket [lo, hi] the offset of date's clock from the child's time.Now lies in (date
+// read its clock between the child's two readings).
+type childClock struct {
+	goNow, date float64
+	lo, hi      float64
 }
 
 // fleetKid is one running child.
@@ -257,7 +268,7 @@ func runFleet(t *testing.T, b *redistest.Backend, o fleetOrders, groups []fleetG
 			t.Fatal(err)
 		}
 	}
-	res := &fleetResult{grants: &redistest.Grants{}, believe: map[string]int{}, clocks: make([][2]float64, len(groups)),
+	res := &fleetResult{grants: &redistest.Grants{}, believe: map[string]int{}, clocks: make([]childClock, len(groups)),
 		early: make([]time.Duration, len(groups))}
 	for range groups {
 		res.groups = append(res.groups, &redistest.Grants{})
@@ -301,10 +312,12 @@ func runFleet(t *testing.T, b *redistest.Backend, o fleetOrders, groups []fleetG
 			case "E":
 				res.errs = append(res.errs, strings.TrimPrefix(line, "E "))
 			case "CLOCK":
-				us, _ := strconv.ParseInt(f[1], 10, 64)
+				before, _ := strconv.ParseInt(f[1], 10, 64)
 				date, _ := strconv.ParseFloat(f[2], 64)
+				after, _ := strconv.ParseInt(f[3], 10, 64)
 				ref := float64(k.sent.UnixMicro()) / 1e6
-				res.clocks[groupOf[i]] = [2]float64{float64(us)/1e6 - ref, date - ref}
+				b, a := float64(before)/1e6, float64(after)/1e6
+				res.clocks[groupOf[i]] = childClock{goNow: b - ref, date: date - ref, lo: date - a, hi: date - b}
 			}
 		}
 	}
