@@ -88,9 +88,8 @@ func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*L
 		l.counted = max(l.counted, a.counted(lim))
 		rec.Limits = append(rec.Limits, keys.Limit{Rate: lim.Rate, Period: lim.Period, Burst: lim.Burst})
 	}
-	// the record outlives the state while the key is in use, and goes soon after it; a
-	// TTL beyond 2^45µs is refused by the scripts (JTARG), so every call would fail
-	ttl := min(max(recordMinTTL, 3*l.counted), maxPeriodUS*time.Microsecond)
+	// the record outlives the state while the key is in use, and goes soon after it
+	ttl := min(max(recordMinTTL, 3*l.counted), recordMaxTTL)
 	l.record, l.every = []any{rec.String(), ttl.Milliseconds()}, ttl/4
 	others := a.otherStates(tag)
 	base := append([]string{keys.Name(tag, a.suffix), keys.Name(tag, keys.ControlKey), keys.Name(tag, keys.RecordKey)}, others...)
@@ -102,8 +101,13 @@ func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*L
 	return l, nil
 }
 
-// recordMinTTL is the shortest life of a key's record (see ReadRecord).
-const recordMinTTL = 10 * time.Second
+// recordMinTTL is the shortest life of a key's record (see ReadRecord); recordMaxTTL
+// the longest, the scripts' bound on it (2^45µs in whole ms): a longer one would fail
+// every call that carries the record with JTARG record.
+const (
+	recordMinTTL = 10 * time.Second
+	recordMaxTTL = maxPeriodUS / 1000 * time.Millisecond
+)
 
 // Key returns the key the limiter was made for (without prefix).
 func (l *Limiter) Key() string { return l.key }

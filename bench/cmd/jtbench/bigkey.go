@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -52,11 +53,32 @@ func logEntries(ctx context.Context, rdb *redis.Client, key string) int64 {
 // runBigKeys measures the sliding window with entries live entries: granted ones
 // (Allow at a rate that never denies, then denied and read calls on the full log), and
 // booked ones (entries reservations queued ahead, then a booking at the tail and the
-// cancel of the earliest booking, which renumbers every entry after it). Its limiters
-// do not coalesce: each fill call makes an entry of its own, and each measured call is
-// one script run.
+// cancel of the earliest booking, which renumbers every entry after it). The logs are
+// filled from fillers goroutines, each with a Redis client of its own, so that every
+// fill call is a script call of its own at its own server time and makes an entry of
+// its own (calls a client makes at once share a script call, and the grants of one
+// script call share an entry); each measured call is made alone, one script run.
 func runBigKeys(ctx context.Context, rdb *redis.Client, entries int) ([]bigResult, error) {
 	var out []bigResult
+	var clients []*redis.Client
+	for range fillers {
+		c := redis.NewClient(rdb.Options())
+		defer c.Close()
+		clients = append(clients, c)
+	}
+	// fill calls f n times in all, from one goroutine per client, each on the client's
+	// own limiter of key (made by mk)
+	fill := func(n int, mk func(c *redis.Client) (*throttle.Limiter, error), f func(l *throttle.Limiter) error) error {
+		var fs []func() error
+		for _, c := range clients {
+			l, err := mk(c)
+			if err != nil {
+				return err
+			}
+			fs = append(fs, func() error { return f(l) })
+		}
+		return parallel(n, fs)
+	}
 	add := func(what, key string, f func() error) error {
 		n := logEntries(ctx, rdb, key)
 		calls, d, err := execTime(ctx, rdb, f)
@@ -79,13 +101,17 @@ func runBigKeys(ctx context.Context, rdb *redis.Client, entries int) ([]bigResul
 
 	// granted entries: rate entries per minute, filled by one Allow each
 	key := "big-granted"
-	l, err := throttle.New(rdb, key, throttle.PerMinute(entries), throttle.WithKeyPrefix(keyPrefix), throttle.WithCoalescing(false))
+	granted := func(c *redis.Client) (*throttle.Limiter, error) {
+		return throttle.New(c, key, throttle.PerMinute(entries), throttle.WithKeyPrefix(keyPrefix))
+	}
+	l, err := granted(rdb)
 	if err != nil {
 		return nil, err
 	}
 	state := "{" + keyPrefix + key + "}:sw"
 	rdb.Del(ctx, state)
-	if err := parallel(entries, 8, func() error { _, err := l.Allow(ctx); return err }); err != nil {
+	allow := func(l *throttle.Limiter) error { _, err := l.Allow(ctx); return err }
+	if err := fill(entries, granted, allow); err != nil {
 		return nil, err
 	}
 	steps := []struct {
@@ -104,14 +130,17 @@ func runBigKeys(ctx context.Context, rdb *redis.Client, entries int) ([]bigResul
 
 	// the whole log expires at once: a limit with a short period, filled, then left
 	key = "big-expiring"
-	short, err := throttle.New(rdb, key, throttle.Limit{Rate: entries, Period: 2 * time.Second}, throttle.WithKeyPrefix(keyPrefix), throttle.WithCoalescing(false))
+	expiring := func(c *redis.Client) (*throttle.Limiter, error) {
+		return throttle.New(c, key, throttle.Limit{Rate: entries, Period: 2 * time.Second}, throttle.WithKeyPrefix(keyPrefix))
+	}
+	short, err := expiring(rdb)
 	if err != nil {
 		return nil, err
 	}
 	state = "{" + keyPrefix + key + "}:sw"
 	rdb.Del(ctx, state)
 	t0 := time.Now()
-	if err := parallel(entries, 8, func() error { _, err := short.Allow(ctx); return err }); err != nil {
+	if err := fill(entries, expiring, allow); err != nil {
 		return nil, err
 	}
 	if time.Since(t0) > 1500*time.Millisecond {
@@ -125,19 +154,26 @@ func runBigKeys(ctx context.Context, rdb *redis.Client, entries int) ([]bigResul
 
 	// booked entries: a queue of reservations, each its own entry
 	key = "big-booked"
-	booked, err := throttle.New(rdb, key, throttle.PerSecond(100), throttle.WithKeyPrefix(keyPrefix), throttle.WithCoalescing(false))
+	booking := func(c *redis.Client) (*throttle.Limiter, error) {
+		return throttle.New(c, key, throttle.PerSecond(100), throttle.WithKeyPrefix(keyPrefix))
+	}
+	booked, err := booking(rdb)
 	if err != nil {
 		return nil, err
 	}
 	state = "{" + keyPrefix + key + "}:sw"
 	rdb.Del(ctx, state)
+	type dueReservation struct {
+		r   *waiter.Reservation
+		due time.Time
+	}
 	var (
 		mu       sync.Mutex
-		bookings []*waiter.Reservation
+		bookings []dueReservation
 	)
 	horizon := time.Duration(entries+200) * 10 * time.Millisecond
-	if err := parallel(entries, 8, func() error {
-		r, err := booked.Reserve(ctx, 1, horizon)
+	if err := fill(entries, booking, func(l *throttle.Limiter) error {
+		r, err := l.Reserve(ctx, 1, horizon)
 		if err != nil {
 			return err
 		}
@@ -145,7 +181,7 @@ func runBigKeys(ctx context.Context, rdb *redis.Client, entries int) ([]bigResul
 			return fmt.Errorf("reservation not booked (delay %v)", r.Delay())
 		}
 		mu.Lock()
-		bookings = append(bookings, r)
+		bookings = append(bookings, dueReservation{r, time.Now().Add(r.Delay())})
 		mu.Unlock()
 		return nil
 	}); err != nil {
@@ -158,22 +194,22 @@ func runBigKeys(ctx context.Context, rdb *redis.Client, entries int) ([]bigResul
 		return nil, err
 	}
 	// the earliest booking still safely in the future: every booking after it moves
-	var early *waiter.Reservation
+	var early *dueReservation
 	soon := time.Now().Add(2 * time.Second)
-	for _, r := range bookings {
-		if r.Due().After(soon) && (early == nil || r.Due().Before(early.Due())) {
-			early = r
+	for i, r := range bookings {
+		if r.due.After(soon) && (early == nil || r.due.Before(early.due)) {
+			early = &bookings[i]
 		}
 	}
 	if early == nil {
 		return nil, fmt.Errorf("no booking due after %v", soon)
 	}
-	if err := add("Cancel an early booking (renumbers the entries after it)", state, func() error { return early.Cancel(ctx) }); err != nil {
+	if err := add("Cancel an early booking (renumbers the entries after it)", state, func() error { return early.r.Cancel(ctx) }); err != nil {
 		return nil, err
 	}
 	// the same with the queue of the contention runs: 64 bookings after the cancelled one
 	key = "big-booked-64"
-	small, err := throttle.New(rdb, key, throttle.PerSecond(100), throttle.WithKeyPrefix(keyPrefix), throttle.WithCoalescing(false))
+	small, err := throttle.New(rdb, key, throttle.PerSecond(100), throttle.WithKeyPrefix(keyPrefix))
 	if err != nil {
 		return nil, err
 	}
@@ -202,15 +238,18 @@ func runBigKeys(ctx context.Context, rdb *redis.Client, entries int) ([]bigResul
 	return out, nil
 }
 
-// parallel calls f n times from g goroutines.
-func parallel(n, g int, f func() error) error {
+// fillers is how many goroutines fill a big log, each with a client of its own.
+const fillers = 8
+
+// parallel makes n calls in all, goroutine i calling fs[i], one goroutine per f.
+func parallel(n int, fs []func() error) error {
 	var (
 		wg    sync.WaitGroup
 		mu    sync.Mutex
 		next  int
 		first error
 	)
-	for i := 0; i < g; i++ {
+	for _, f := range fs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -249,7 +288,8 @@ func redissonExpiry(ctx context.Context, rdb *redis.Client, entries int) (bigRes
 		return bigResult{}, err
 	}
 	t0 := time.Now()
-	if err := parallel(entries, 8, func() error { _, _, _, err := rl.TryAcquire(ctx, 1); return err }); err != nil {
+	acquire := func() error { _, _, _, err := rl.TryAcquire(ctx, 1); return err }
+	if err := parallel(entries, slices.Repeat([]func() error{acquire}, fillers)); err != nil {
 		return bigResult{}, err
 	}
 	time.Sleep(time.Until(t0.Add(2*time.Second + 100*time.Millisecond)))

@@ -8,6 +8,7 @@ import (
 
 	"github.com/go-redis/redis_rate/v10"
 	"github.com/jobthrottle/jobthrottle/bench/redisson"
+	"github.com/jobthrottle/jobthrottle/internal/keys"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/redis/go-redis/v9"
 )
@@ -32,16 +33,11 @@ type subject struct {
 	setup func(ctx context.Context) error
 }
 
-// jobthrottleSubject is a jobthrottle limiter of algorithm a with limit on key,
-// coalescing concurrent calls (the default).
+// jobthrottleSubject is a jobthrottle limiter of algorithm a with limit on key. Every
+// call of a process shares round trips with those made at the same time (there is no
+// other way since WithCoalescing went).
 func jobthrottleSubject(rdb redis.UniversalClient, a throttle.Algorithm, key string, limit throttle.Limit) (subject, *throttle.Limiter, error) {
-	return jobthrottleSubjectOpt(rdb, a, key, limit, true)
-}
-
-// jobthrottleSubjectOpt is jobthrottleSubject with coalescing on or off (its name
-// then says WithCoalescing(false)).
-func jobthrottleSubjectOpt(rdb redis.UniversalClient, a throttle.Algorithm, key string, limit throttle.Limit, coalesce bool) (subject, *throttle.Limiter, error) {
-	l, err := throttle.New(rdb, key, limit, throttle.WithAlgorithm(a), throttle.WithKeyPrefix(keyPrefix), throttle.WithCoalescing(coalesce))
+	l, err := throttle.New(rdb, key, limit, throttle.WithAlgorithm(a), throttle.WithKeyPrefix(keyPrefix))
 	if err != nil {
 		return subject{}, nil, err
 	}
@@ -49,21 +45,18 @@ func jobthrottleSubjectOpt(rdb redis.UniversalClient, a throttle.Algorithm, key 
 	if a == throttle.TokenBucket && limit.Burst != 0 {
 		name += fmt.Sprintf(" (burst %d)", limit.Burst)
 	}
-	if !coalesce {
-		name += soloSuffix
-	}
+	tag := "{" + keyPrefix + key + "}"
 	return subject{
 		name: name,
 		allow: func(ctx context.Context) (bool, error) {
 			res, err := l.Allow(ctx)
 			return res.Allowed, err
 		},
-		keys: []string{"{" + keyPrefix + key + "}:" + suffixes[a], "{" + keyPrefix + key + "}:pause"},
+		// the state and the control key (the key's record, which a call writes once per
+		// quarter of its life per process, is left out of the memory figures)
+		keys: []string{keys.Name(tag, suffixes[a]), keys.Name(tag, keys.ControlKey)},
 	}, l, nil
 }
-
-// soloSuffix ends the name of a jobthrottle case without coalescing.
-const soloSuffix = ", WithCoalescing(false)"
 
 // manyKeys spreads a subject's calls over k subjects (keys): call i goes to subject
 // i mod k, so concurrent calls mostly land on different keys.
@@ -121,12 +114,45 @@ func redissonSubject(ctx context.Context, rdb *redis.Client, key string, rate in
 }
 
 // suffixes are the last part of jobthrottle's state keys, "{<prefix><key>}:<suffix>"
-// (see the headers of lua/*.lua).
+// (internal/keys).
 var suffixes = map[throttle.Algorithm]string{
-	throttle.SlidingWindow:  "sw",
-	throttle.TokenBucket:    "tb",
-	throttle.FixedWindow:    "fw",
-	throttle.SlidingCounter: "sc",
+	throttle.SlidingWindow:  keys.SlidingWindow,
+	throttle.TokenBucket:    keys.TokenBucket,
+	throttle.FixedWindow:    keys.FixedWindow,
+	throttle.SlidingCounter: keys.SlidingCounter,
+}
+
+// scripts are the names of jobthrottle's scripts (lua.Script) by algorithm.
+var scripts = map[throttle.Algorithm]string{
+	throttle.SlidingWindow:  "log",
+	throttle.TokenBucket:    "bucket",
+	throttle.FixedWindow:    "window",
+	throttle.SlidingCounter: "log",
+}
+
+// allowCall returns the KEYS and ARGV of the script call a lone Allow of a limiter of
+// algorithm a with one limit of rate per period on key makes (lua/limiter.lua's
+// protocol): the state, control and record keys and the other algorithms' state keys;
+// one acquire of 1 permit, the limit, the algorithm's parameter, and no record due.
+func allowCall(a throttle.Algorithm, key string, rate int, period time.Duration) ([]string, []any) {
+	tag := "{" + keyPrefix + key + "}"
+	ks := []string{keys.Name(tag, suffixes[a]), keys.Name(tag, keys.ControlKey), keys.Name(tag, keys.RecordKey)}
+	for _, s := range keys.States() {
+		if s != suffixes[a] {
+			ks = append(ks, keys.Name(tag, s))
+		}
+	}
+	us := period.Microseconds()
+	args := []any{1, 0, 1, 0, 0, 0, 1, rate, us}
+	switch a {
+	case throttle.TokenBucket:
+		args = append(args, rate) // its burst
+	case throttle.SlidingWindow:
+		args = append(args, 0) // an exact log
+	case throttle.SlidingCounter:
+		args = append(args, (us+49)/50) // 50 buckets, the default
+	}
+	return ks, append(args, len(ks)-3, "", 0)
 }
 
 // existing returns those of keys that exist.

@@ -199,7 +199,7 @@ func run(addr, sections string, rounds int, slice time.Duration, gs, ws []int, r
 // loadScripts loads every script the benchmark runs, so that no measured call is an
 // EVALSHA answered NOSCRIPT and sent again as EVAL.
 func loadScripts(ctx context.Context, rdb *redis.Client) error {
-	for _, s := range []*redis.Script{noopScript, redisson.Script, lua.SlidingWindow.Script(), lua.SlidingCounter.Script(), lua.GCRA.Script(), lua.FixedWindow.Script(), lua.Pause.Script()} {
+	for _, s := range []*redis.Script{noopScript, redisson.Script, lua.Script("log"), lua.Script("bucket"), lua.Script("window")} {
 		if err := s.Load(ctx, rdb).Err(); err != nil {
 			return err
 		}

@@ -20,14 +20,11 @@ import (
 // noopScript is the physical limit of a script call: EVALSHA of "return 1" on one key.
 var noopScript = redis.NewScript("return 1")
 
-// noopTxName is the no-op as jobthrottle sends its scripts: in MULTI/EXEC, with two
-// keys and the six arguments of a one-limit Allow.
+// noopTxName is the no-op as jobthrottle sends its scripts: in MULTI/EXEC, with the
+// keys and arguments of a one-limit Allow (allowCall).
 const noopTxName = "MULTI, EVALSHA return 1, EXEC"
 
-var (
-	noopTxKeys = []string{"{" + keyPrefix + "noop}:sw", "{" + keyPrefix + "noop}:pause"}
-	noopTxArgs = []any{0, 1, int64(0), 1, 1000000000, int64(1000000)}
-)
+var noopTxKeys, noopTxArgs = allowCall(throttle.SlidingWindow, "noop", 1_000_000_000, time.Second)
 
 // tcase is one operation measured for throughput.
 type tcase struct {
@@ -108,18 +105,12 @@ func throughputCases(ctx context.Context, rdb *redis.Client) ([]tcase, error) {
 		cases = append(cases,
 			tcase{rr.name, path, rr.allow, resetter(rdb, rr.keys, nil)},
 			tcase{rs.name, path, rs.allow, resetter(rdb, rs.keys, rs.setup)})
-		for _, coalesce := range []bool{true, false} {
-			for _, a := range algorithms {
-				k := key + "-" + a.String()
-				if !coalesce {
-					k += "-solo"
-				}
-				s, _, err := jobthrottleSubjectOpt(rdb, a, k, throttle.Limit{Rate: rate, Period: period}, coalesce)
-				if err != nil {
-					return nil, err
-				}
-				cases = append(cases, tcase{s.name, path, s.allow, resetter(rdb, s.keys, nil)})
+		for _, a := range algorithms {
+			s, _, err := jobthrottleSubject(rdb, a, key+"-"+a.String(), throttle.Limit{Rate: rate, Period: period})
+			if err != nil {
+				return nil, err
 			}
+			cases = append(cases, tcase{s.name, path, s.allow, resetter(rdb, s.keys, nil)})
 		}
 		if path == "allowed" { // many keys, each lightly used: the per-tenant case
 			var rrs []subject
@@ -143,24 +134,24 @@ func throughputCases(ctx context.Context, rdb *redis.Client) ([]tcase, error) {
 		}
 		// a client that never re-sends (MaxRetries -1) gets plain EVALSHA, no MULTI/EXEC
 		for _, a := range []throttle.Algorithm{throttle.SlidingWindow, throttle.TokenBucket} {
-			s, _, err := jobthrottleSubjectOpt(noRetry, a, key+"-"+a.String()+"-noretry", throttle.Limit{Rate: rate, Period: period}, false)
+			s, _, err := jobthrottleSubject(noRetry, a, key+"-"+a.String()+"-noretry", throttle.Limit{Rate: rate, Period: period})
 			if err != nil {
 				return nil, err
 			}
 			cases = append(cases, tcase{s.name + ", client MaxRetries -1", path, s.allow, resetter(rdb, s.keys, nil)})
 		}
-		// a client that honours deadlines: a lone call with a context that cannot end goes
-		// on its caller's goroutine (throttle.WithCallTimeout)
+		// a client that honours deadlines (go-redis then bounds each round trip by the
+		// deadline of the calls it carries)
 		for _, a := range algorithms {
-			s, _, err := jobthrottleSubjectOpt(ctxTimeout, a, key+"-"+a.String()+"-ctxtimeout", throttle.Limit{Rate: rate, Period: period}, true)
+			s, _, err := jobthrottleSubject(ctxTimeout, a, key+"-"+a.String()+"-ctxtimeout", throttle.Limit{Rate: rate, Period: period})
 			if err != nil {
 				return nil, err
 			}
 			cases = append(cases, tcase{s.name + ", client ContextTimeoutEnabled", path, s.allow, resetter(rdb, s.keys, nil)})
 		}
-		// both: a lone call goes on its caller's goroutine as a plain EVALSHA, no MULTI/EXEC
+		// both: plain EVALSHA, no MULTI/EXEC, bounded by the calls' deadlines
 		for _, a := range []throttle.Algorithm{throttle.SlidingWindow, throttle.TokenBucket} {
-			s, _, err := jobthrottleSubjectOpt(leanest, a, key+"-"+a.String()+"-lean", throttle.Limit{Rate: rate, Period: period}, true)
+			s, _, err := jobthrottleSubject(leanest, a, key+"-"+a.String()+"-lean", throttle.Limit{Rate: rate, Period: period})
 			if err != nil {
 				return nil, err
 			}
@@ -173,35 +164,18 @@ func throughputCases(ctx context.Context, rdb *redis.Client) ([]tcase, error) {
 	return cases, nil
 }
 
-// scriptCase runs algorithm a's script as a plain EVALSHA with Allow's arguments (one
-// limit of rate per second): the script's cost without the Limiter's MULTI/EXEC.
+// scriptCase runs algorithm a's script as a plain EVALSHA with a lone Allow's keys and
+// arguments (allowCall): the script's cost without the Limiter's MULTI/EXEC.
 func scriptCase(rdb *redis.Client, a throttle.Algorithm, key string, rate int, period time.Duration, path string) tcase {
-	tag := "{" + keyPrefix + key + "}"
-	keys := []string{tag + ":" + suffixes[a], tag + ":pause"}
-	var script *redis.Script
-	us := period.Microseconds()
-	args := []any{0, 1, int64(0), 1}
-	switch a {
-	case throttle.SlidingWindow:
-		script = lua.SlidingWindow.Script()
-		args = append(args, rate, us)
-	case throttle.TokenBucket:
-		script = lua.GCRA.Script()
-		args = append(args, rate, us, rate)
-	case throttle.FixedWindow:
-		script = lua.FixedWindow.Script()
-		args = append(args, rate, us)
-	case throttle.SlidingCounter:
-		script = lua.SlidingCounter.Script()
-		args = append(args, us/50, rate, us) // 50 buckets, the default
-	}
+	keys, args := allowCall(a, key, rate, period)
+	script := lua.Script(scripts[a])
 	return tcase{"jobthrottle " + a.String() + " script alone, plain EVALSHA", path, func(ctx context.Context) (bool, error) {
 		v, err := script.Run(ctx, rdb, keys, args...).Int64Slice()
 		if err != nil {
 			return false, err
 		}
-		return len(v) == 5 && v[0] == 1, nil
-	}, resetter(rdb, keys, nil)}
+		return len(v) >= 6 && v[0] == 1, nil
+	}, resetter(rdb, keys[:3], nil)}
 }
 
 // sample is one case measured once at one goroutine count.
