@@ -18,7 +18,7 @@ import (
 // the tasks it wraps, in every worker process sharing lim's Redis and key, stay inside
 // lim's limits. New(rdb).Throttle is the same middleware with the server's Config set
 // to match (see Setup); used alone it needs IsFailure, RetryDelay, CheckInterval,
-// Requeue and WaitForRedis wired by hand.
+// and Requeue wired by hand.
 //
 // Each task books its permit under its task ID (throttle.Limiter.ReserveFor), first
 // come first served across the fleet. If it is due within MaxInlineWait and fewer than

@@ -21,8 +21,7 @@ import (
 // Config fills in what the middleware needs from asynq (IsFailure, RetryDelayFunc,
 // ErrorHandler, DelayedTaskCheckInterval, see Config); the middlewares (Throttle,
 // ThrottleFunc, Concurrency) requeue last attempts with their booking (Requeue),
-// keep asynq's writes of results while Redis is down (WaitForRedis), and share one
-// bound on the tasks asleep in them (MaxSleepingWorkers, by default the server's
+// and share one bound on the tasks asleep in them (MaxSleepingWorkers, by default the server's
 // Concurrency). Sleeping tasks do not take the server's workers: Config gives asynq
 // that many more goroutines, and the middlewares let no more than Concurrency tasks
 // run at once. If a Setup's middleware runs on a server whose Config did not go
@@ -50,7 +49,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Setup {
 	}
 	s := &Setup{rdb: rdb, sh: newShared(nil)}
 	s.sh.setup = true
-	s.opts = append([]Option{Requeue(rdb), WaitForRedis(rdb)}, opts...)
+	s.opts = append([]Option{Requeue(rdb)}, opts...)
 	newConfig(s.with(nil)) // check the options now
 	return s
 }
