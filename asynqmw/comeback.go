@@ -56,6 +56,9 @@ const (
 	lateGrace = 250 * time.Millisecond
 )
 
+// maxRemembered bounds the hand-backs remembered.
+const maxRemembered = 100000
+
 // booked is a booking of a handed-back task: its limiter's key, and its slot.
 type booked struct {
 	key  string

@@ -71,9 +71,9 @@ func TestConcurrencyAcrossServers(t *testing.T) {
 			inside.Add(-1)
 			return nil
 		}
-		mw := asynqmw.Concurrency(sem, append(fleetOpts(10), asynqmw.MaxInlineWait(150*time.Millisecond), asynqmw.WithHooks(c.hooks()))...)
 		for range 2 {
-			f.start(f.serverConfig(6), f.handler(work), mw)
+			jt := asynqmw.New(b.Client, asynqmw.InlineWait(150*time.Millisecond), asynqmw.WithHooks(c.hooks()))
+			f.run(jt, 6, f.handler(work), jt.Concurrency(sem))
 		}
 		hogs := ids("hog", max)
 		for _, id := range hogs {
@@ -94,8 +94,8 @@ func TestConcurrencyAcrossServers(t *testing.T) {
 			t.Errorf("hand-backs %d, inline waits %d: want both paths taken", c.sum(c.throttled), len(c.waited))
 		}
 		for _, id := range final {
-			if got := get(c, c.throttled, id); got != 0 {
-				t.Errorf("task %s (MaxRetry(0)) handed back %d times, want 0", id, got)
+			if got, copies := get(c, c.throttled, id), get(c, c.requeued, id); got != copies {
+				t.Errorf("task %s (MaxRetry(0)) handed back %d times, %d of them as a copy; want all as copies", id, got, copies)
 			}
 		}
 		if got := free(t, sem); got != max {
@@ -113,7 +113,7 @@ func TestConcurrencyLease(t *testing.T) {
 		task := asynq.NewTask("job", nil)
 		sem := newSem(t, b, "lease", 1, throttle.WithLeaseTTL(time.Second))
 		run := func(h asynq.HandlerFunc) error {
-			return asynqmw.Concurrency(sem, asynqmw.MaxInlineWait(0))(h).ProcessTask(ctx, task)
+			return asynqmw.New(b.Client, asynqmw.InlineWait(0)).Concurrency(sem)(h).ProcessTask(ctx, task)
 		}
 
 		if err := run(func(context.Context, *asynq.Task) error { return errBoom }); !errors.Is(err, errBoom) || free(t, sem) != 1 {
@@ -189,7 +189,7 @@ func TestConcurrencyLease(t *testing.T) {
 			_ = l.Release(ctx)
 		}()
 		var ran time.Time
-		err = asynqmw.Concurrency(sem, asynqmw.MaxInlineWait(10*time.Second))(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		err = asynqmw.New(b.Client, asynqmw.InlineWait(10*time.Second)).Concurrency(sem)(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
 			ran = time.Now()
 			return nil
 		})).ProcessTask(ctx, task)
@@ -205,19 +205,17 @@ func TestConcurrencyLease(t *testing.T) {
 			t.Errorf("inline wait: err %v, handler ran %v after the slot was taken, release sent %v after; want nil, the handler run after the release (or the lease's 1s TTL)",
 				err, ran.Sub(acquiring), sent.Sub(acquiring))
 		}
-
-		wantPanic(t, "Concurrency(nil)", asynqmw.ErrNilArgument, func() { asynqmw.Concurrency(nil) })
 	})
 }
 
 // A semaphore whose Redis is unavailable (FailClosed) throttles the task, tried again
-// within MaxInlineWait: a *ThrottledError wrapping throttle.ErrUnavailable, no failure,
-// no call of the handler. When Redis answers again, the task runs.
+// within the inline wait: a *ThrottledError wrapping throttle.ErrUnavailable, no
+// call of the handler. When Redis answers again, the task runs.
 func TestConcurrencyRedisUnavailable(t *testing.T) {
 	b := redistest.NewMiniRealTime(t)
 	sem := newSem(t, b, "down", 2)
 	next := &handlerCalls{}
-	mw := asynqmw.Concurrency(sem, asynqmw.MaxInlineWait(300*time.Millisecond))(next)
+	mw := asynqmw.New(b.Client, asynqmw.InlineWait(300*time.Millisecond)).Concurrency(sem)(next)
 	ctx := context.Background()
 	task := asynq.NewTask("job", nil)
 
@@ -226,14 +224,14 @@ func TestConcurrencyRedisUnavailable(t *testing.T) {
 	err := mw.ProcessTask(ctx, task)
 	took := time.Since(start)
 	var te *asynqmw.ThrottledError
-	if !errors.As(err, &te) || asynqmw.IsFailure(err) || !errors.Is(err, throttle.ErrUnavailable) || next.n != 0 {
-		t.Fatalf("Redis unavailable: err %v, handler calls %d; want a *ThrottledError wrapping ErrUnavailable, no failure, no call", err, next.n)
+	if !errors.As(err, &te) || !errors.Is(err, throttle.ErrUnavailable) || next.n != 0 {
+		t.Fatalf("Redis unavailable: err %v, handler calls %d; want a *ThrottledError wrapping ErrUnavailable, no call", err, next.n)
 	}
 	if te.Limit != "2 in flight" || te.RetryIn != time.Second {
 		t.Errorf("Redis unavailable: Limit %q, RetryIn %v; want \"2 in flight\", 1s", te.Limit, te.RetryIn)
 	}
 	if took < 150*time.Millisecond || took > 2*time.Second {
-		t.Errorf("handed back after %v; want it tried again for about MaxInlineWait (300ms)", took)
+		t.Errorf("handed back after %v; want it tried again for about the inline wait (300ms)", took)
 	}
 
 	b.SetError("")
@@ -257,7 +255,7 @@ func TestConcurrencyKeepsTheSleepingBound(t *testing.T) {
 	if err != nil || held == nil {
 		t.Fatalf("TryAcquire: %v, %v", held, err)
 	}
-	jt := asynqmw.New(b.Client, asynqmw.MaxSleepingWorkers(1), asynqmw.MaxInlineWait(time.Minute))
+	jt := asynqmw.New(b.Client, asynqmw.MaxSleepingWorkers(1), asynqmw.InlineWait(time.Minute))
 	ran := make(chan struct{}, 2)
 	h := jt.Concurrency(sem)(asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
 		ran <- struct{}{}
@@ -310,15 +308,14 @@ func TestConcurrencyHandedBackInOrder(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 			return nil
 		}
-		// One worker dequeues them in enqueue order; none may sleep for the slot.
-		f.start(f.serverConfig(1), f.handler(work),
-			asynqmw.Concurrency(sem, append(fleetOpts(1), asynqmw.MaxInlineWait(0), asynqmw.WithHooks(c.hooks()))...))
+		// None may sleep for the slot; each is enqueued once the one before has its
+		// place.
+		jt := asynqmw.New(b.Client, asynqmw.InlineWait(0), asynqmw.WithHooks(c.hooks()))
+		f.run(jt, 1, f.handler(work), jt.Concurrency(sem))
 		tasks := ids("t", 5)
+		deadline := time.Now().Add(idleLimit)
 		for _, id := range tasks {
 			f.enqueue(id, asynq.MaxRetry(3))
-		}
-		deadline := time.Now().Add(idleLimit)
-		for _, id := range tasks { // every one has its place
 			for get(c, c.throttled, id) == 0 {
 				if time.Now().After(deadline) {
 					t.Fatalf("task %s never handed back", id)

@@ -47,8 +47,8 @@ func TestLimiterRedisDownReschedules(t *testing.T) {
 			causes = append(causes, err)
 			mu.Unlock()
 		}
-		f.start(f.serverConfig(8), f.handler(nil),
-			asynqmw.Throttle(lim, append(fleetOpts(10), asynqmw.MaxInlineWait(200*time.Millisecond), asynqmw.WithHooks(hooks))...))
+		jt := asynqmw.New(b.Client, asynqmw.InlineWait(200*time.Millisecond), asynqmw.WithHooks(hooks))
+		f.run(jt, 8, f.handler(nil), jt.Throttle(lim))
 		final, retrying := ids("final", 4), ids("retrying", 4)
 		for i := range final {
 			f.enqueue(final[i], asynq.MaxRetry(0))
@@ -175,8 +175,8 @@ type killOutcome struct {
 
 // killMidLoad runs 160 tasks (half MaxRetry(0)) on two servers of 10 workers sharing
 // one redis-server, kills it -9 after 40 have run and restarts it a second later.
-// With the middleware the tasks are limited to 40/s (Requeue, MaxInlineWait 1s);
-// without it each takes 500ms.
+// With the middleware the tasks are limited to 40/s (an inline wait of 1s); without
+// it each takes 500ms.
 func killMidLoad(t *testing.T, middleware bool) killOutcome {
 	s, err := redistest.StartServer("--appendonly", "yes", "--appendfsync", "always")
 	if err != nil {
@@ -216,19 +216,21 @@ func killMidLoad(t *testing.T, middleware bool) killOutcome {
 	f := newFleet(t, b)
 	defer f.stop()
 	c := newCounters()
-	var mws []asynq.MiddlewareFunc
 	work := func(context.Context, string, int) error { return nil }
-	if middleware {
-		mws = append(mws, asynqmw.Throttle(lim, append(fleetOpts(10), asynqmw.MaxInlineWait(time.Second), asynqmw.Requeue(rdb), asynqmw.WithHooks(c.hooks()))...))
-	} else {
+	if !middleware {
 		work = func(context.Context, string, int) error { time.Sleep(500 * time.Millisecond); return nil }
 	}
-	cfg := f.serverConfig(10)
-	cfg.ErrorHandler = asynqmw.SkipThrottled(asynq.ErrorHandlerFunc(func(ctx context.Context, task *asynq.Task, err error) {
-		t.Logf("task %s: handler error %v", task.Payload(), err)
-	}))
 	for range 2 {
-		f.start(cfg, f.handler(work), mws...)
+		cfg := f.serverConfig(10)
+		cfg.ErrorHandler = asynq.ErrorHandlerFunc(func(ctx context.Context, task *asynq.Task, err error) {
+			t.Logf("task %s: handler error %v", task.Payload(), err)
+		})
+		if !middleware {
+			f.start(cfg, f.handler(work))
+			continue
+		}
+		jt := asynqmw.New(rdb, asynqmw.InlineWait(time.Second), asynqmw.WithHooks(c.hooks()))
+		f.start(jt.Config(cfg), f.handler(work), jt.Throttle(lim))
 	}
 	final, retrying := ids("final", n/2), ids("retrying", n/2)
 	for i := range final {

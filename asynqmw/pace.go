@@ -5,8 +5,6 @@ import (
 	"slices"
 	"sync"
 	"time"
-
-	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
 // pacer keeps the handler starts of one process within each limit on its own clock.
@@ -56,9 +54,9 @@ const (
 
 // start returns when the task may start through lim (at once, mostly), with the
 // time it counted as the task's start; or ctx.Err() if ctx ends first.
-func (p *pacer) start(ctx context.Context, lim *throttle.Limiter) (time.Time, error) {
+func (p *pacer) start(ctx context.Context, li limitInfo) (time.Time, error) {
 	for {
-		d, at := p.wait(lim, time.Now)
+		d, at := p.wait(li, time.Now)
 		if d == 0 {
 			return at, nil
 		}
@@ -73,19 +71,15 @@ func (p *pacer) start(ctx context.Context, lim *throttle.Limiter) (time.Time, er
 // wait before asking again.
 //
 // clock is read under the pacer's lock, so that the starts are counted in order.
-func (p *pacer) wait(lim *throttle.Limiter, clock func() time.Time) (time.Duration, time.Time) {
-	if lim.Algorithm() == throttle.TokenBucket {
+func (p *pacer) wait(li limitInfo, clock func() time.Time) (time.Duration, time.Time) {
+	if li.paced == nil {
 		return 0, clock() // a bucket may grant Burst at once: more than Rate in a Period
 	}
-	limits := lim.Limits()
 	keep := 0
-	for _, l := range limits {
-		if l.Rate > maxPacedRate {
-			return 0, clock()
-		}
-		keep = max(keep, l.Rate)
+	for _, l := range li.paced {
+		keep = max(keep, l.rate)
 	}
-	k := lim.Key() + "\x00" + describe(limits)
+	k := li.key + "\x00" + li.desc
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.keys == nil || len(p.keys) >= maxPacedKeys {
@@ -98,9 +92,9 @@ func (p *pacer) wait(lim *throttle.Limiter, clock func() time.Time) (time.Durati
 	}
 	now := clock()
 	at := now
-	for _, l := range limits {
-		if n := len(s.times); n >= l.Rate {
-			at = later(at, s.times[n-l.Rate].Add(l.Period))
+	for _, l := range li.paced {
+		if n := len(s.times); n >= l.rate {
+			at = later(at, s.times[n-l.rate].Add(l.period))
 		}
 	}
 	if d := at.Sub(now); d > 0 && d <= maxPacedDelay {
