@@ -336,3 +336,57 @@ func TestConcurrencyHandedBackInOrder(t *testing.T) {
 		t.Logf("%d hand-backs for %d tasks", c.sum(c.throttled), len(tasks))
 	})
 }
+
+// Under Concurrency of 1, a handler asynq gave up on but that goes on running (it
+// ignores its context) still holds the slot: the task's next attempt must wait for
+// it, whether asynq gave up because the task's timeout passed (it retries the task)
+// or because its server shut down mid-handler (it requeues the task for another
+// server). Handlers at once must be 1 in both cases. The lease is keyed by the task's
+// ID today, so the abandoned handler and the next attempt share it: this test fails
+// until the semaphore gives each holder a lease of its own.
+func TestConcurrencyAbandonedHandlerKeepsItsSlot(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		timeout bool // asynq gives up on the task at its timeout; else at a shutdown
+	}{{"after a task timeout", true}, {"after a server shutdown mid-handler", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+				f := newFleet(t, b)
+				sem := newSem(t, b, "abandoned", 1, throttle.WithLeaseTTL(10*time.Second))
+				var inside, most atomic.Int64
+				started := make(chan struct{}, 4)
+				work := func(ctx context.Context, id string, retried int) error {
+					k := inside.Add(1)
+					for m := most.Load(); k > m && !most.CompareAndSwap(m, k); m = most.Load() {
+					}
+					started <- struct{}{}
+					if len(f.runs.get(id)) == 1 {
+						time.Sleep(3 * time.Second) // ignores ctx: goes on after asynq gave up
+					}
+					inside.Add(-1)
+					return nil
+				}
+				jt := asynqmw.New(b.Client, asynqmw.InlineWait(5*time.Second))
+				cfg := f.serverConfig(2)
+				cfg.ShutdownTimeout = 200 * time.Millisecond
+				first := f.start(jt.Config(cfg), f.handler(work), jt.Concurrency(sem))
+				if tc.timeout {
+					f.enqueue("task", asynq.MaxRetry(3), asynq.Timeout(time.Second)) // whole seconds: asynq keeps no less
+				} else {
+					f.enqueue("task", asynq.MaxRetry(3))
+				}
+				<-started
+				if !tc.timeout {
+					first.Shutdown() // asynq requeues the task; the handler goes on
+					f.servers = f.servers[1:]
+					jt2 := asynqmw.New(b.Client, asynqmw.InlineWait(5*time.Second))
+					f.start(jt2.Config(f.serverConfig(2)), f.handler(work), jt2.Concurrency(sem))
+				}
+				f.waitIdle(idleLimit, func() bool { return len(f.runs.get("task")) >= 2 && inside.Load() == 0 })
+				if got := most.Load(); got != 1 {
+					t.Errorf("handlers at once under Concurrency of 1: %d, want 1 (runs %v)", got, f.runs.get("task"))
+				}
+			})
+		})
+	}
+}
