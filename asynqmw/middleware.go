@@ -30,14 +30,13 @@ func (c *config) throttleFunc(pick func(ctx context.Context, t *asynq.Task) (*th
 				return err
 			}
 		}
-		if err := slot.take(ctx); err != nil {
-			return err
-		}
 		var at time.Time
 		if lim != nil {
-			if at, err = c.sh.pacer.start(ctx, li); err != nil {
+			if at, err = c.sh.pacer.start(ctx, li, slot); err != nil {
 				return err
 			}
+		} else if err := slot.take(ctx); err != nil {
+			return err
 		}
 		// A task whose context ended while it waited does not start: asynq has put it
 		// back in the queue (shutdown) or counts it failed (deadline) already. A

@@ -52,14 +52,20 @@ const (
 	maxPacedDelay = time.Second
 )
 
-// start returns when the task may start through lim (at once, mostly), with the
-// time it counted as the task's start; or ctx.Err() if ctx ends first.
-func (p *pacer) start(ctx context.Context, li limitInfo) (time.Time, error) {
+// start takes the task a run slot and returns when the task may start through li (at
+// once, mostly), with the time it counted as the task's start; or ctx.Err() if ctx
+// ends first. A task the pacer delays gives its run slot back while it waits, so that
+// tasks of other types run meanwhile.
+func (p *pacer) start(ctx context.Context, li limitInfo, slot *runSlot) (time.Time, error) {
 	for {
+		if err := slot.take(ctx); err != nil {
+			return time.Time{}, err
+		}
 		d, at := p.wait(li, time.Now)
 		if d == 0 {
 			return at, nil
 		}
+		slot.leave()
 		if err := sleep(ctx, d); err != nil {
 			return time.Time{}, err
 		}
