@@ -71,17 +71,17 @@ const (
 
 // TestBacklogDoesNotHoldWorkers runs 150 throttled tasks (5 a second, a quarter of
 // them MaxRetry(0)) enqueued ahead of 200 unthrottled ones of 20ms, on a server of 10
-// workers, on every backend at once, and checks the goals above; on the real server it
+// workers, on every backend in turn, and checks the goals above; on the real server it
 // also runs two such servers sharing the limit. It also asserts what must hold
 // whatever the load: Redis never lets more than the limit take effect in a window; no
 // server's middleware counts more handler starts than the limit in any window of its
 // period (Hooks.Started, the pacer's bound); no more tasks sleep in the middleware
 // than its bound. The rest (handler starts per window as the handler reads the clock
-// and fleet-wide, order, calls per task) it reports as figures.
+// and fleet-wide, order, calls per task) it reports as figures, and so the timed goals
+// under the race detector.
 func TestBacklogDoesNotHoldWorkers(t *testing.T) {
 	sc := backlog{rate: 5, throttled: 150, free: 200, freeWork: 20 * time.Millisecond}
 	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
-		t.Parallel()
 		shapes := []struct{ servers, workers int }{{1, 10}}
 		if b.Kind == redistest.Standalone {
 			shapes = append(shapes, struct{ servers, workers int }{2, 10})
@@ -102,6 +102,13 @@ func TestBacklogDoesNotHoldWorkers(t *testing.T) {
 					(r.finished - r.ideal).Round(time.Millisecond), r.maxStarts, startJitter, r.maxStartsTol,
 					r.maxServerStarts, r.maxCounted, r.maxLag.Round(time.Microsecond), r.maxGrants, sc.rate, r.inverted,
 					r.peakSleeping, r.sleepBound, r.callsPerTask, r.failed, r.archived, len(r.asynqWarnings), r.asynqErrors, r.firstAsynqError)
+				if len(r.asynqWarnings) != 0 {
+					t.Errorf("asynq logged %d warnings, want none: %q", len(r.asynqWarnings), r.asynqWarnings)
+				}
+				if raceEnabled {
+					t.Log("under the race detector: the timed goals are reported, not judged")
+					return
+				}
 				if r.handBacks > goalHandBacks {
 					t.Errorf("hand-backs per throttled task %.2f, goal <= %.1f", r.handBacks, goalHandBacks)
 				}
@@ -110,9 +117,6 @@ func TestBacklogDoesNotHoldWorkers(t *testing.T) {
 				}
 				if late := r.finished - r.ideal; late > goalBacklog {
 					t.Errorf("backlog done %v after the limit's pace (%v), goal <= %v", late, r.ideal, goalBacklog)
-				}
-				if len(r.asynqWarnings) != 0 {
-					t.Errorf("asynq logged %d warnings, want none: %q", len(r.asynqWarnings), r.asynqWarnings)
 				}
 			})
 		}
