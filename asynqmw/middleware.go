@@ -285,8 +285,8 @@ func (a attempt) keptLeft() time.Duration { return a.leftUntil(a.kept) }
 func (a attempt) inlineUntil() time.Time { return a.until(a.inline) }
 
 // outageLeft is how much longer the task may try while Redis is unavailable: on a
-// last attempt (which needs Redis to be requeued) until its deadline, else
-// MaxInlineWait.
+// last attempt (which needs Redis to be requeued) until its deadline, else the
+// inline wait.
 func (a attempt) outageLeft() time.Duration {
 	if a.final {
 		return a.leftUntil(time.Time{})

@@ -12,21 +12,20 @@ import (
 // Redis never lets more than a limit's Rate permits take effect in any window of its
 // Period, but a handler starts when its task's sleep ends, measured from when the
 // script's reply arrived: a start lags its permit by the reply's way back plus timer
-// and scheduling delays (Δ, up to about 100ms on a busy 2-core host). Algorithms that
+// and scheduling delays (Δ, up to about 100ms on a busy host). Algorithms that
 // grant a period's permits at once (the sliding window, the fixed window) put whole
 // batches exactly a Period apart, so a batch that starts late by more than the next
 // one shares a window of one Period with it: up to twice the Rate. A task back after
-// its slot that runs on its passed permit (within lateGrace, see Throttle) lags it
-// more still. The pacer delays a start, by at most about Δ (and that lateness), until
-// it is at least a Period after the start Rate
-// places before it, so that a process's starts through one limiter never exceed Rate
-// in any window of Period.
+// its slot that runs on its passed permit (within lateGrace) lags it more still. The
+// pacer delays a start, by at most about Δ (and that lateness), until it is at least a
+// Period after the start Rate places before it, so that a process's starts through one
+// limiter never exceed Rate in any window of Period.
 //
 // What it bounds is the starts as it counts them: the time it reads, under its lock,
 // when it lets a task go on to its handler (Hooks.Started reports it), on this
 // process's monotonic clock. Anything later, a handler's own reading of the clock
 // among it, lags that by a function call, or by as long as the goroutine is
-// descheduled (2ms once, measured under load); an earlier start whose reading lagged
+// descheduled; an earlier start whose reading lagged
 // more than a later one's puts one more in that reading's window. Nothing in the
 // middleware can bound what a handler reads after it is called. Across processes the
 // bound is Redis's (the starts of several processes may lag differently): Rate in any
