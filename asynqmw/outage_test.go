@@ -253,7 +253,9 @@ func killMidLoad(t *testing.T, middleware bool) killOutcome {
 	back := time.Now()
 	o.outage = back.Sub(killed)
 	// A task asynq's recoverer archives never runs again: idle is all run or archived.
-	qi := f.waitIdle(2*idleLimit, func() bool { return len(ranIDs(f, final, retrying))+int(f.info().Archived) >= n })
+	// asynq's recoverer takes a task stranded by the kill once its lease has been
+	// expired 30 s, on its run once a minute: up to about two minutes after the kill.
+	qi := f.waitIdle(3*idleLimit, func() bool { return len(ranIDs(f, final, retrying))+int(f.info().Archived) >= n })
 
 	for _, id := range append(final, retrying...) {
 		runs := f.runs.get(id)
