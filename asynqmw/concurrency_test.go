@@ -90,8 +90,10 @@ func TestConcurrencyAcrossServers(t *testing.T) {
 			t.Errorf("most tasks in their handlers at once: got %d, want <= %d", got, max)
 		}
 		f.ranOnce(qi, append(append(hogs, final...), retrying...)...)
-		if c.sum(c.throttled) == 0 || len(c.waited) == 0 {
-			t.Errorf("hand-backs %d, inline waits %d: want both paths taken", c.sum(c.throttled), len(c.waited))
+		// (The inline path, a slot within the inline wait, is TestConcurrencyLease's: here
+		// a loaded host may free none in time.)
+		if c.sum(c.throttled) == 0 {
+			t.Errorf("no hand-back: the test did not exercise the hand-back path")
 		}
 		for _, id := range final {
 			if got, copies := get(c, c.throttled, id), get(c, c.requeued, id); got != copies {

@@ -527,9 +527,10 @@ func wantPanic(t *testing.T, what, sub string, f func()) {
 // handed back again, booked, without a script call: the middleware handed it back, so
 // it knows the slot. The returns served so are the script calls saved: on the task's
 // limiter, the calls are the first booking and one per return that asked Redis, so
-// fewer than one per return. Timing: the task is made due about 2 s (the check
-// intervals) before its slot, so its first return finds it more than 50ms ahead unless it comes
-// back about 2 s late; the task that fills the bound sleeps a minute.
+// fewer than one per return. Timing: the task's slot is 4 s ahead, so it is handed
+// back and comes back before it (asynq keeps whole seconds), while the task that
+// fills the bound sleeps a minute; the server's fast check intervals bring each
+// bounce back within a few hundred ms, so the last one lands within its slot's grace.
 func TestBounceWithoutAScriptCall(t *testing.T) {
 	b := redistest.NewMiniRealTime(t)
 	grants := redistest.RecordGrants(b.Client)
@@ -552,10 +553,7 @@ func TestBounceWithoutAScriptCall(t *testing.T) {
 		return lim, nil
 	}
 	jt := asynqmw.New(b.Client, asynqmw.WithHooks(c.hooks()), asynqmw.InlineWait(time.Hour), asynqmw.MaxSleepingWorkers(1))
-	cfg := f.serverConfig(3)
-	cfg.DelayedTaskCheckInterval = 1900 * time.Millisecond
-	cfg.TaskCheckInterval = 100 * time.Millisecond
-	f.start(jt.Config(cfg), f.handler(nil), jt.ThrottleFunc(pick))
+	f.run(jt, 3, f.handler(nil), jt.ThrottleFunc(pick))
 	f.enqueue("sleeper")
 	<-asleep
 	time.Sleep(100 * time.Millisecond) // the sleeper's call and its place among the sleepers
