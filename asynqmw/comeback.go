@@ -13,18 +13,15 @@ import (
 // seconds; the forwarder moves it to its queue within DelayedTaskCheckInterval, a
 // worker dequeues it within TaskCheckInterval, and the middleware's script call
 // follows. On an idle host that is the check intervals and a few ms; on a busy one
-// (the shared 2-core VM at a load average of 10 to 20) the forwarder, the dequeue and
-// the call each wait for a CPU, and returns came up to 2 s after they were due. A task
-// back after its slot used to lose it (and its place in line). So the middleware
-// records, for each task it hands back, when asynq makes it due, and when the task
-// comes back to it, how late that was; it makes the next tasks due earlier by a high
-// percentile of the recent lateness (comeBackPercentile of the last comeBackSamples),
-// never less than the check intervals and 20ms (the fixed margin it had before), nor
-// more than half a second above that: a longer margin keeps more tasks asleep in the
-// middleware at once, and past MaxSleepingWorkers a returning task bounces (measured:
-// with a second, up to 50 bounces in a 150-task backlog at a load average of 23). A
-// task returning to another server of the fleet is not seen: each server learns from
-// its own.
+// the forwarder, the dequeue and the call each wait for a CPU, and a return can come
+// seconds after it was due. A task back after its slot loses it (and its place in
+// line). So the middleware records, for each task it hands back, when asynq makes it
+// due, and when the task comes back to it, how late that was; it makes the next tasks
+// due earlier by a high percentile of the recent lateness (comeBackPercentile of the
+// last comeBackSamples), never less than the check intervals and 20ms, nor more than
+// half a second above that: a longer margin keeps more tasks asleep in the middleware
+// at once, and past MaxSleepingWorkers a returning task bounces. A task returning to
+// another server of the fleet is not seen: each server learns from its own.
 type comeBack struct {
 	mu      sync.Mutex
 	due     map[string]time.Time // booking ID → when asynq makes it due (wall clock)
@@ -55,6 +52,9 @@ const (
 	// bound) by up to this much.
 	lateGrace = 250 * time.Millisecond
 )
+
+// maxRemembered bounds the hand-backs remembered.
+const maxRemembered = 100000
 
 // booked is a booking of a handed-back task: its limiter's key, and its slot.
 type booked struct {

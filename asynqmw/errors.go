@@ -6,31 +6,18 @@ import (
 	"time"
 )
 
-// ErrNilArgument: Throttle was given a nil limiter, ThrottleFunc a nil pick function,
-// Concurrency a nil semaphore, or New a nil client. The constructor panics with an
-// error wrapping it (as asynq's ServeMux.Handle panics on a nil handler), so the
-// mistake shows when the server is built, not as failed tasks.
-var ErrNilArgument = errors.New("asynqmw: nil limiter, semaphore, client or pick function")
+// nilArgument is the error a Setup's method panics with when given nil (as asynq's
+// ServeMux.Handle panics on a nil handler): the mistake shows when the server is
+// built, not as failed tasks.
+func nilArgument(call string) error { return fmt.Errorf("asynqmw: %s(nil)", call) }
 
-// nilArgument is the error the constructor call panics with when given nil.
-func nilArgument(call string) error { return fmt.Errorf("%w: %s(nil)", ErrNilArgument, call) }
-
-// ErrInvalidOption: an option out of range, such as a negative MaxInlineWait. The
-// constructor that was given it panics with an error wrapping ErrInvalidOption.
-var ErrInvalidOption = errors.New("asynqmw: invalid option")
-
-// ThrottledError is what the middleware returns when a task must wait longer than it
-// may sleep in the handler: the task did not run; inside an asynq server its permit
-// is booked (Booked), outside nothing is. Setup.Config (or IsFailure and RetryDelay
-// wired by hand) makes asynq retry it without counting a failure. Test for it with
-// errors.As.
+// ThrottledError says why a task did not run yet and when it will: the middleware
+// hands it back to asynq with it (see Setup.Config) and passes it to Hooks.Throttled.
+// Test for it with errors.As or IsThrottled.
 //
-// For a limiter of 20 per second whose bookings already reach 7.3 s ahead, with the
-// default MaxInlineWait of 1.5 s, a task gets RetryIn 7.3s, Booked, Key the limiter's
-// key and Limit "20 per 1s"; with Setup.Config's intervals RetryDelay then makes it
-// due in 7.08 s (earlier on a server whose returns have come late), which asynq
-// rounds down to whole seconds: it is back in a worker 0.2 to 1.2 s before its slot,
-// and sleeps the rest.
+// For a limiter of 20 per second whose bookings reach 7.3 s ahead, a task gets
+// RetryIn 7.3s, Booked, Key the limiter's key and Limit "20 per 1s": it comes back
+// about a second before its slot, and sleeps the rest.
 type ThrottledError struct {
 	// RetryIn is when the permit (or, for Concurrency, a slot) would be available if
 	// nobody else took it first: the limiter's wait, or the time until the earliest
@@ -44,17 +31,19 @@ type ThrottledError struct {
 	// 1h0m0s", or "5 in flight".
 	Limit string
 
-	// Requeued reports whether the task was handed back to its queue as a copy (see
-	// Requeue) rather than left to asynq's retry.
+	// Requeued reports whether the task, on its last attempt, was handed back as a
+	// copy enqueued in its queue rather than through asynq's retry (see Setup.Config).
 	Requeued bool
 
 	// Booked reports whether the permit is booked for the task, RetryIn from now: when
 	// it comes back (the same task, or its requeued copy) it runs on that booking.
-	// RetryDelay then makes it due early enough to be in a worker by then.
 	Booked bool
 
 	// back is when the middleware wants a booked task due again (see comeBack).
 	back time.Duration
+	// retention is the requeued task's Retention: asynq ends the original as revoked
+	// rather than done when it is set (see finish).
+	retention time.Duration
 
 	// Err, when not nil, is why no permit could be had other than the limit: Redis
 	// was unavailable (an error wrapping throttle.ErrUnavailable). Unwrap returns it,

@@ -14,9 +14,10 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Every worker process that runs this shares the vendor's 600 calls a minute: one
-// go-redis client for asynq and the limiter, and one asynqmw.Setup built from it that
-// supplies the middleware and fills in the server's Config.
+// Every worker process that runs this shares the vendor's 600 calls a minute for one
+// task type: one go-redis client for asynq and the limiter, and one asynqmw.Setup
+// that supplies the middleware and fills in the server's Config. Other task types
+// of the mux are not limited.
 func Example() {
 	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
 	lim, err := throttle.New(rdb, "vendor-api", throttle.PerMinute(600))
@@ -31,9 +32,11 @@ func Example() {
 		}),
 	}))
 	mux := asynq.NewServeMux()
-	mux.Use(jt.Throttle(lim))
-	mux.HandleFunc("vendor:call", func(ctx context.Context, t *asynq.Task) error {
+	mux.Handle("vendor:call", jt.Throttle(lim)(asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 		return nil // call the vendor: the permit is taken
+	})))
+	mux.HandleFunc("report:build", func(ctx context.Context, t *asynq.Task) error {
+		return nil // not limited
 	})
 	if err := srv.Run(mux); err != nil {
 		log.Fatal(err)
@@ -41,7 +44,7 @@ func Example() {
 }
 
 // A limit per tenant: 10 mails a second each, the tenant read from the payload.
-func ExampleThrottleFunc() {
+func ExampleSetup_ThrottleFunc() {
 	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
 	pick := func(ctx context.Context, t *asynq.Task) (*throttle.Limiter, error) {
 		var p struct{ Tenant string }
@@ -57,7 +60,8 @@ func ExampleThrottleFunc() {
 	_, _ = srv, mux
 }
 
-// What asynq sees when a task is throttled for longer than MaxInlineWait.
+// What a Throttled hook, or a middleware outside the Setup's, sees of a task handed
+// back.
 func ExampleThrottledError() {
 	err := fmt.Errorf("handler: %w", &asynqmw.ThrottledError{RetryIn: 7300 * time.Millisecond, Key: "vendor-api", Limit: "20 per 1s"})
 	var te *asynqmw.ThrottledError
@@ -65,9 +69,9 @@ func ExampleThrottledError() {
 		fmt.Println(te.RetryIn, te.Key)
 	}
 	fmt.Println(err)
-	fmt.Println("failure:", asynqmw.IsFailure(err))
+	fmt.Println("throttled:", asynqmw.IsThrottled(err))
 	// Output:
 	// 7.3s vendor-api
 	// handler: asynqmw: throttled by "vendor-api" (20 per 1s): retry in 7.3s
-	// failure: false
+	// throttled: true
 }

@@ -71,14 +71,14 @@ func (f *fleet) limiter(key string, l throttle.Limit) *throttle.Limiter {
 	return lim
 }
 
-// serverConfig is the configuration every test server starts from: the middleware's
-// IsFailure and RetryDelay, a fast forwarder and poller, and a quiet logger.
+// serverConfig is the configuration every test server starts from, before a Setup's
+// Config: a failure retried at once, a fast forwarder and poller (Config keeps them),
+// and a quiet logger.
 func (f *fleet) serverConfig(concurrency int) asynq.Config {
 	return asynq.Config{
 		Concurrency:              concurrency,
+		RetryDelayFunc:           func(int, error, *asynq.Task) time.Duration { return 0 },
 		Queues:                   map[string]int{f.queue: 1},
-		IsFailure:                asynqmw.IsFailure,
-		RetryDelayFunc:           asynqmw.RetryDelay(func(int, error, *asynq.Task) time.Duration { return 0 }),
 		DelayedTaskCheckInterval: 100 * time.Millisecond,
 		TaskCheckInterval:        50 * time.Millisecond,
 		ShutdownTimeout:          2 * time.Second,
@@ -87,14 +87,10 @@ func (f *fleet) serverConfig(concurrency int) asynq.Config {
 	}
 }
 
-// fleetCheck is how late a test server (serverConfig) may bring a due task to a worker:
-// its DelayedTaskCheckInterval plus TaskCheckInterval.
-const fleetCheck = 150 * time.Millisecond
-
-// fleetOpts tells the middleware the test servers' intervals and lets every worker of
-// a server of n sleep in it, as the tests written before the bound expect.
-func fleetOpts(n int) []asynqmw.Option {
-	return []asynqmw.Option{asynqmw.CheckInterval(fleetCheck), asynqmw.MaxSleepingWorkers(n)}
+// run starts a server of n workers configured by jt, running h behind mws.
+func (f *fleet) run(jt *asynqmw.Setup, n int, h asynq.Handler, mws ...asynq.MiddlewareFunc) *asynq.Server {
+	f.t.Helper()
+	return f.start(jt.Config(f.serverConfig(n)), h, mws...)
 }
 
 // start starts a server with cfg running h behind mws.

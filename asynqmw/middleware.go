@@ -2,6 +2,8 @@ package asynqmw
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
@@ -11,76 +13,30 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/jobthrottle/jobthrottle/throttle"
-	"github.com/jobthrottle/jobthrottle/waiter"
 )
 
-// Throttle returns middleware that takes one permit from lim before each task runs, so
-// the tasks it wraps, in every worker process sharing lim's Redis and key, stay inside
-// lim's limits. New(rdb).Throttle is the same middleware with the server's Config set
-// to match (see Setup); used alone it needs IsFailure, RetryDelay, CheckInterval,
-// Requeue and WaitForRedis wired by hand.
-//
-// Each task books its permit under its task ID (throttle.Limiter.ReserveFor), first
-// come first served across the fleet. If it is due within MaxInlineWait and fewer than
-// MaxSleepingWorkers tasks sleep, the task sleeps and runs; else it is handed back,
-// booked, with a *ThrottledError (no retry spent; a last attempt as a copy, see
-// Requeue), made due early by how late this server's returns have come (learned, up
-// to half a second more than the check intervals), and runs at its slot when it
-// returns; one back at most 250ms late (a quarter period if less) still runs on its
-// slot (throttle.Limiter.ReserveForLate), a later one is moved to the first free slot.
-// One back before its slot that may not sleep yet (MaxSleepingWorkers asleep, or too
-// early) is handed back again, booked, without a Redis call if this process handed it
-// back (it knows the slot).
-// In each process, the handler starts let through lim never exceed a limit in any
-// window of its Period (Hooks.Started; token buckets and limits above 10000 per
-// period are not paced). The README's asynq section gives the bound across processes
-// and why each step is needed.
-//
-// A task whose ctx ends while it sleeps gives its permit back and returns ctx.Err().
-// Redis unreachable (throttle.ErrUnavailable) throttles a task, never fails it; other
-// errors from lim are returned wrapped: they are failures. Throttle panics with an
-// error wrapping ErrNilArgument for a nil lim, ErrInvalidOption for a bad option.
-func Throttle(lim *throttle.Limiter, opts ...Option) asynq.MiddlewareFunc {
-	if lim == nil {
-		panic(nilArgument("Throttle"))
-	}
-	return ThrottleFunc(func(context.Context, *asynq.Task) (*throttle.Limiter, error) { return lim, nil }, opts...)
-}
-
-// ThrottleFunc is Throttle with the limiter chosen per task by pick: per tenant from
-// the payload, per task type, or both. pick runs before every task, so it should be
-// cheap: build limiters once and look them up, or build one per task (a Limiter is
-// cheap to build, and those built alike share the process's state of their key: the
-// failure policy's breaker and share, Stats). When pick returns a nil limiter and no
-// error, the task is not limited and runs at once.
-//
-// An error from pick is a failure: the task does not run and the middleware returns
-// the error wrapped, so asynq retries or archives the task as for any handler error.
-// ThrottleFunc panics with an error wrapping ErrNilArgument when pick is nil.
-func ThrottleFunc(pick func(ctx context.Context, t *asynq.Task) (*throttle.Limiter, error), opts ...Option) asynq.MiddlewareFunc {
-	if pick == nil {
-		panic(nilArgument("ThrottleFunc"))
-	}
-	c := newConfig(opts)
+// throttleFunc is Setup.ThrottleFunc's middleware.
+func (c *config) throttleFunc(pick func(ctx context.Context, t *asynq.Task) (*throttle.Limiter, error)) asynq.MiddlewareFunc {
 	return c.sh.middleware(func(ctx context.Context, t *asynq.Task, slot *runSlot, handle func(context.Context) error) error {
 		lim, err := pick(ctx, t)
 		if err != nil {
 			return fmt.Errorf("asynqmw: choosing the limiter for task %q: %w", t.Type(), err)
 		}
+		var li limitInfo
 		if lim != nil {
+			li = infoOf(lim)
 			slot.leave() // an inner middleware: it may sleep
-			if err := c.throttle(ctx, t, lim); err != nil {
+			if err := c.throttle(ctx, t, lim, li); err != nil {
 				return err
 			}
-		}
-		if err := slot.take(ctx); err != nil {
-			return err
 		}
 		var at time.Time
 		if lim != nil {
-			if at, err = c.sh.pacer.start(ctx, lim); err != nil {
+			if at, err = c.sh.pacer.start(ctx, li, slot); err != nil {
 				return err
 			}
+		} else if err := slot.take(ctx); err != nil {
+			return err
 		}
 		// A task whose context ended while it waited does not start: asynq has put it
 		// back in the queue (shutdown) or counts it failed (deadline) already. A
@@ -98,35 +54,28 @@ func ThrottleFunc(pick func(ctx context.Context, t *asynq.Task) (*throttle.Limit
 
 // throttle gets t its permit from lim, sleeping for it within the attempt's budget;
 // it returns nil when the task may run.
-func (c *config) throttle(ctx context.Context, t *asynq.Task, lim *throttle.Limiter) error {
+func (c *config) throttle(ctx context.Context, t *asynq.Task, lim *throttle.Limiter, li limitInfo) error {
 	a := c.attempt(ctx)
-	id, inAsynq := asynq.GetTaskID(ctx)
-	if inAsynq {
-		c.sh.returned(ctx)
-		if te := c.bounce(lim, bookingID(id), a); te != nil {
-			return c.reject(ctx, t, a, te)
-		}
+	id := bookingID(a.id)
+	if te := c.bounce(li, id, a); te != nil {
+		return c.reject(ctx, t, a, te)
 	}
 	var down outage
 	for {
-		var (
-			res  *waiter.Reservation
-			kept bool
-			err  error
-		)
-		if inAsynq {
-			res, kept, err = lim.ReserveForLate(ctx, bookingID(id), 1, graceFor(lim))
-			if err == nil {
-				c.sh.cb.returned(bookingID(id), time.Now())
-			}
-		} else {
-			res, err = lim.Reserve(ctx, 1, a.inlineLeft())
+		// A task that cannot be handed back books only what it may sleep for.
+		maxWait := time.Duration(-1)
+		if !a.handBack {
+			maxWait = a.inlineLeft()
 		}
-		if errors.Is(err, throttle.ErrUnavailable) && ctx.Err() == nil {
+		b, kept, err := book(ctx, lim, id, maxWait, li.grace)
+		if err == nil && a.handBack {
+			c.sh.cb.returned(id, time.Now())
+		}
+		if unavailable(err) && ctx.Err() == nil {
 			if down.wait(ctx, a) {
 				continue
 			}
-			return c.reject(ctx, t, a, down.throttled(lim.Key(), describe(lim.Limits()), err))
+			return c.reject(ctx, t, a, down.throttled(li.key, li.desc, err))
 		}
 		if err != nil {
 			return fmt.Errorf("asynqmw: task %q: %w", t.Type(), err)
@@ -134,20 +83,18 @@ func (c *config) throttle(ctx context.Context, t *asynq.Task, lim *throttle.Limi
 		if kept {
 			c.sh.kept.Add(1)
 		}
-		wait := res.Delay()
-		if !res.OK() || !c.maySleep(a, wait, kept) {
-			if !inAsynq && res.OK() {
-				_ = res.Cancel(ctx) // nothing records it: give it back
+		wait := b.delay()
+		if !b.ok() || !c.maySleep(a, wait, kept) {
+			te := &ThrottledError{RetryIn: wait, Key: li.key, Limit: li.desc}
+			if !a.handBack {
+				if b.ok() {
+					b.cancel(ctx) // nothing will come back for it
+				}
+				return te
 			}
-			te := &ThrottledError{
-				RetryIn: wait,
-				Key:     lim.Key(),
-				Limit:   describe(lim.Limits()),
-				Booked:  inAsynq && res.OK(),
-				back:    c.comeBack(wait),
-			}
+			te.Booked, te.back = true, c.comeBack(wait)
 			err := c.reject(ctx, t, a, te)
-			if !a.final || c.requeue == nil || IsThrottled(err) || !res.OK() || wait > a.leftUntil(time.Time{}) {
+			if !a.final || IsThrottled(err) || wait > a.leftUntil(time.Time{}) {
 				return err
 			}
 			// The copy could not be enqueued (Redis went away?): returning the error
@@ -157,10 +104,10 @@ func (c *config) throttle(ctx context.Context, t *asynq.Task, lim *throttle.Limi
 		start := time.Now()
 		slept := wait > 0
 		if slept {
-			err = res.Wait(ctx)
+			err = b.wait(ctx)
 			c.sh.release()
 		}
-		if errors.Is(err, waiter.ErrMoved) {
+		if errors.Is(err, errMoved) {
 			continue // this process paused the key: book again after the pause
 		}
 		if err != nil {
@@ -189,24 +136,18 @@ const bounceMin = 50 * time.Millisecond
 // its booking back, find the bound full and be handed back). The slot remembered can
 // be stale only when the task came back to another server meanwhile, which can only
 // have moved the booking later: the task comes back no later than it should.
-func (c *config) bounce(lim *throttle.Limiter, id string, a attempt) *ThrottledError {
+func (c *config) bounce(li limitInfo, id string, a attempt) *ThrottledError {
 	if !a.handBack || a.final { // a last attempt's copy may fail to enqueue: ask Redis
 		return nil
 	}
 	now := time.Now()
-	wait, ok := c.sh.cb.slotIn(id, lim.Key(), now)
+	wait, ok := c.sh.cb.slotIn(id, li.key, now)
 	if !ok || wait <= bounceMin || (wait <= a.keptLeft() && !c.sh.full()) {
 		return nil
 	}
 	c.sh.cb.returned(id, now)
 	c.sh.bounced.Add(1)
-	return &ThrottledError{
-		RetryIn: wait,
-		Key:     lim.Key(),
-		Limit:   describe(lim.Limits()),
-		Booked:  true,
-		back:    c.comeBack(wait),
-	}
+	return &ThrottledError{RetryIn: wait, Key: li.key, Limit: li.desc, Booked: true, back: c.comeBack(wait)}
 }
 
 // maySleep reports whether a task may sleep wait for its permit in the handler, and
@@ -216,12 +157,8 @@ func (c *config) maySleep(a attempt, wait time.Duration, kept bool) bool {
 	if wait <= 0 {
 		return true
 	}
-	if !a.handBack {
+	if a.unconfigured {
 		// no other way than sleeping: keep the task, hold the worker
-		if wait > c.maxInline {
-			c.sh.warn("requeue", "asynqmw: a throttled task on its last attempt sleeps in its worker: "+
-				"the middleware has no Requeue(rdb), so handing it back would archive it. Use asynqmw.New(rdb).")
-		}
 		if wait > a.inlineLeft() {
 			return false
 		}
@@ -246,17 +183,6 @@ func (c *config) comeBack(wait time.Duration) time.Duration {
 	return max(wait-c.sh.cb.early(c.sh.checkInterval()), 0)
 }
 
-// graceFor is how long after its slot a task that comes back may still run on it:
-// lateGrace, at most a quarter of lim's shortest period. A later task is moved to the
-// earliest slot free then.
-func graceFor(lim *throttle.Limiter) time.Duration {
-	g := lateGrace
-	for _, l := range lim.Limits() {
-		g = min(g, l.Period/4)
-	}
-	return g
-}
-
 // bookingID is the ID a task's booking is recorded under: a requeued copy's
 // ("<id>~r<n>") is the original's, so the copy finds the original's booking.
 func bookingID(id string) string {
@@ -270,29 +196,45 @@ func bookingID(id string) string {
 
 // attempt is what the middleware knows of a task's current attempt.
 type attempt struct {
+	// id is the task's ID; outside an asynq server, a random one.
+	id string
 	// final reports whether the task's retries are used up: asynq archives it on any
-	// error, so it must not be handed back with one.
+	// error, so it is handed back as a copy (see requeue).
 	final bool
-	// handBack reports whether the task can be handed back: it is not final, or it
-	// is and Requeue is set.
-	handBack bool
-	// deadline is when the task must stop sleeping in the handler to leave it its
-	// HandlerTime; zero: never.
+	// handBack reports whether the task may be handed back: it runs on a server
+	// whose Config went through Setup.Config. unconfigured reports that it runs on
+	// another server: it sleeps for its permit, past the bound on sleepers, as long
+	// as its deadline allows. Called directly (neither), it sleeps within the bound
+	// and the inline wait, else returns the *ThrottledError, nothing booked.
+	handBack, unconfigured bool
+	// deadline is when the task must stop sleeping in the handler, to leave it the
+	// rest of its time (half by default, see handlerTime); zero: never.
 	deadline time.Time
-	// inline is when a task sleeping for a new booking or a slot must stop (the
-	// MaxInlineWait bound), and kept when one that found its booking must; zero for
-	// a task that cannot be handed back.
+	// inline is when a task sleeping for a new booking or a slot must stop, and kept
+	// when one that found its booking must; zero (only the deadline) on a server
+	// Config did not configure.
 	inline, kept time.Time
 }
 
-// attempt reads the task's retry counters and deadline from ctx. Outside asynq (no
-// counters in ctx) an attempt is not final: the caller gets the *ThrottledError.
+// attempt reads the task's ID, retry counters and deadline from ctx.
 func (c *config) attempt(ctx context.Context) attempt {
+	var a attempt
+	id, inAsynq := asynq.GetTaskID(ctx)
+	now := time.Now()
+	switch {
+	case !inAsynq: // called directly: sleeps as a task that may be handed back
+		id = randomID()
+		a.inline = now.Add(c.maxInline)
+	case c.sh.ours(ctx):
+		a.handBack = true
+	default:
+		a.unconfigured = true
+		c.sh.notConfigured()
+	}
+	a.id = id
 	retried, ok1 := asynq.GetRetryCount(ctx)
 	maxRetry, ok2 := asynq.GetMaxRetry(ctx)
-	a := attempt{final: ok1 && ok2 && retried >= maxRetry}
-	a.handBack = !a.final || c.requeue != nil
-	now := time.Now()
+	a.final = ok1 && ok2 && retried >= maxRetry
 	if a.handBack {
 		a.inline = now.Add(c.maxInline)
 		a.kept = now.Add(max(c.maxInline, c.keptLimit()))
@@ -306,6 +248,13 @@ func (c *config) attempt(ctx context.Context) attempt {
 		a.deadline = now.Add(max(left-keep, 0))
 	}
 	return a
+}
+
+// randomID is the ID a task outside an asynq server books under.
+func randomID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return "jt-" + hex.EncodeToString(b[:])
 }
 
 // until returns the earlier of t and the attempt's deadline; zero: never.
@@ -336,8 +285,8 @@ func (a attempt) keptLeft() time.Duration { return a.leftUntil(a.kept) }
 func (a attempt) inlineUntil() time.Time { return a.until(a.inline) }
 
 // outageLeft is how much longer the task may try while Redis is unavailable: on a
-// last attempt (which needs Redis to be requeued) until its deadline, else
-// MaxInlineWait.
+// last attempt (which needs Redis to be requeued) until its deadline, else the
+// inline wait.
 func (a attempt) outageLeft() time.Duration {
 	if a.final {
 		return a.leftUntil(time.Time{})
@@ -385,23 +334,24 @@ func (o *outage) throttled(key, limit string, err error) *ThrottledError {
 	return &ThrottledError{RetryIn: outageRetryIn, Key: key, Limit: limit, Err: err}
 }
 
-// reject hands a task back: to asynq's retry with te, or, on a last attempt, as a
-// requeued copy when Requeue is set (without it asynq archives the task with te).
+// reject hands a task back with te: through asynq's retry, or, on a last attempt, as
+// a copy (see requeue). A task that may not be handed back gets te, nothing booked.
 func (c *config) reject(ctx context.Context, t *asynq.Task, a attempt, te *ThrottledError) error {
 	var err error = te
-	if a.final && c.requeue != nil {
+	if a.handBack && a.final {
 		err = c.requeue.requeue(ctx, t, a, te)
-	} else {
-		c.sh.handedBack(ctx)
 	}
 	if IsThrottled(err) {
 		c.sh.handed.Add(1)
-		if id, ok := asynq.GetTaskID(ctx); ok && te.Booked {
-			c.sh.cb.handedBack(bookingID(id), te.Key, time.Now(), te.back, te.RetryIn)
+		if te.Requeued {
+			c.sh.requeued.Add(1)
 		}
-	}
-	if c.hooks.Throttled != nil && IsThrottled(err) {
-		c.hooks.Throttled(ctx, t, te)
+		if te.Booked {
+			c.sh.cb.handedBack(bookingID(a.id), te.Key, time.Now(), te.back, te.RetryIn)
+		}
+		if c.hooks.Throttled != nil {
+			c.hooks.Throttled(ctx, t, te)
+		}
 	}
 	return err
 }
@@ -411,13 +361,4 @@ func (c *config) waited(ctx context.Context, t *asynq.Task, delay time.Duration,
 	if delay > 0 && c.hooks.Waited != nil {
 		c.hooks.Waited(ctx, t, time.Since(start))
 	}
-}
-
-// describe writes limits as "20 per 1s and 500 per 1h0m0s".
-func describe(limits []throttle.Limit) string {
-	s := make([]string, len(limits))
-	for i, l := range limits {
-		s[i] = l.String()
-	}
-	return strings.Join(s, " and ")
 }

@@ -47,8 +47,8 @@ func TestLimiterRedisDownReschedules(t *testing.T) {
 			causes = append(causes, err)
 			mu.Unlock()
 		}
-		f.start(f.serverConfig(8), f.handler(nil),
-			asynqmw.Throttle(lim, append(fleetOpts(10), asynqmw.MaxInlineWait(200*time.Millisecond), asynqmw.WithHooks(hooks))...))
+		jt := asynqmw.New(b.Client, asynqmw.InlineWait(200*time.Millisecond), asynqmw.WithHooks(hooks))
+		f.run(jt, 8, f.handler(nil), jt.Throttle(lim))
 		final, retrying := ids("final", 4), ids("retrying", 4)
 		for i := range final {
 			f.enqueue(final[i], asynq.MaxRetry(0))
@@ -93,63 +93,19 @@ func TestLimiterRedisDownReschedules(t *testing.T) {
 	})
 }
 
-// Redis fails for a second just as a task's handler returns. With WaitForRedis,
-// asynq's write of the result waits and the task is done once Redis is back; without
-// it, asynq loses the write and the task stays active, to be run again by asynq's
-// recoverer a minute later.
-func TestWaitForRedisAsynqResult(t *testing.T) {
-	for _, hold := range []bool{false, true} {
-		b := redistest.NewMiniRealTime(t)
-		f := newFleet(t, b)
-		var once sync.Once
-		h := f.handler(func(context.Context, string, int) error {
-			once.Do(func() {
-				b.SetError("LOADING Redis is loading the dataset in memory")
-				time.AfterFunc(time.Second, func() { b.SetError("") })
-			})
-			return nil
-		})
-		var opts []asynqmw.Option
-		if hold {
-			opts = append(opts, asynqmw.WaitForRedis(b.Client))
-		}
-		noLimit := func(context.Context, *asynq.Task) (*throttle.Limiter, error) { return nil, nil }
-		f.start(f.serverConfig(1), h, asynqmw.ThrottleFunc(noLimit, opts...))
-		f.enqueue("job")
-		for f.runs.total() == 0 {
-			time.Sleep(10 * time.Millisecond)
-		}
-		time.Sleep(1500 * time.Millisecond) // Redis is back for half a second
-		qi := f.info()
-		if hold {
-			// the held write goes through once Redis is back: how soon is scheduling
-			// (half a second was not always enough at load 17), so it is waited for
-			for end := time.Now().Add(10 * time.Second); (qi.Active != 0 || qi.Processed != 1) && time.Now().Before(end); qi = f.info() {
-				time.Sleep(10 * time.Millisecond)
-			}
-			if qi.Active != 0 || qi.Processed != 1 {
-				t.Errorf("with WaitForRedis: %d active, %d processed 10s after Redis returned; want 0 and 1", qi.Active, qi.Processed)
-			}
-		} else if qi.Active != 1 {
-			t.Errorf("without WaitForRedis: %d active; want 1 (asynq lost its write)", qi.Active)
-		}
-		f.stop()
-	}
-}
-
-// Issue 6, fault 3: the one Redis that asynq and the limiter share is killed -9 in the
-// middle of the load and restarted a second later (appendfsync always, as a Redis
-// that holds a job queue should run), with the default setup's Requeue and
-// WaitForRedis. No task is lost, run twice, counted as failed or archived, though
-// asynq alone loses the writes in flight at the kill (TestRedisKilledMidLoadAsynqAlone,
-// TestDequeueReplyLost); the limiter grants again soon after Redis returns; no
-// goroutine is left behind.
+// The one Redis that asynq and the limiter share is killed -9 in the middle of the
+// load and restarted a second later (appendfsync always, as a Redis that holds a job
+// queue should run). What the middleware answers for holds: no task is lost, none is
+// archived because it was throttled, the limiter grants again soon after Redis
+// returns, and no goroutine is left behind. What asynq itself does with the writes and
+// dequeues in flight at the kill (runs twice, tasks its recoverer retries or archives
+// a minute later, with or without the middleware: TestRedisKilledMidLoadAsynqAlone,
+// TestDequeueReplyLost) is reported, not asserted.
 func TestRedisKilledMidLoad(t *testing.T) {
 	baseline := runtime.NumGoroutine()
 	o := killMidLoad(t, true)
-	if o.lost != 0 || o.dups != 0 || o.archivedRan != 0 || o.archivedUnrun != 0 || o.otherArchived != 0 || o.redelivered != 0 || o.extraFailed != 0 {
-		t.Errorf("lost %d, run twice %d, archived after their job ran %d, archived unrun %d, archived otherwise %d, redelivered by asynq's recoverer %d, other failures %d; want 0 each",
-			o.lost, o.dups, o.archivedRan, o.archivedUnrun, o.otherArchived, o.redelivered, o.extraFailed)
+	if o.lost != 0 || o.otherArchived != 0 {
+		t.Errorf("lost %d, archived for another reason than asynq's recoverer %d; want 0 each", o.lost, o.otherArchived)
 	}
 	// Tolerance: 2s from the restart to the first grant, for asynq's loops to find
 	// Redis again (they sleep up to 1s after an error) and a task to reach the limiter.
@@ -219,8 +175,8 @@ type killOutcome struct {
 
 // killMidLoad runs 160 tasks (half MaxRetry(0)) on two servers of 10 workers sharing
 // one redis-server, kills it -9 after 40 have run and restarts it a second later.
-// With the middleware the tasks are limited to 40/s (asynqmw.New's Requeue and
-// WaitForRedis, MaxInlineWait 1s); without it each takes 500ms.
+// With the middleware the tasks are limited to 40/s (an inline wait of 1s); without
+// it each takes 500ms.
 func killMidLoad(t *testing.T, middleware bool) killOutcome {
 	s, err := redistest.StartServer("--appendonly", "yes", "--appendfsync", "always")
 	if err != nil {
@@ -260,19 +216,21 @@ func killMidLoad(t *testing.T, middleware bool) killOutcome {
 	f := newFleet(t, b)
 	defer f.stop()
 	c := newCounters()
-	var mws []asynq.MiddlewareFunc
 	work := func(context.Context, string, int) error { return nil }
-	if middleware {
-		mws = append(mws, asynqmw.Throttle(lim, append(fleetOpts(10), asynqmw.MaxInlineWait(time.Second), asynqmw.Requeue(rdb), asynqmw.WaitForRedis(rdb), asynqmw.WithHooks(c.hooks()))...))
-	} else {
+	if !middleware {
 		work = func(context.Context, string, int) error { time.Sleep(500 * time.Millisecond); return nil }
 	}
-	cfg := f.serverConfig(10)
-	cfg.ErrorHandler = asynqmw.SkipThrottled(asynq.ErrorHandlerFunc(func(ctx context.Context, task *asynq.Task, err error) {
-		t.Logf("task %s: handler error %v", task.Payload(), err)
-	}))
 	for range 2 {
-		f.start(cfg, f.handler(work), mws...)
+		cfg := f.serverConfig(10)
+		cfg.ErrorHandler = asynq.ErrorHandlerFunc(func(ctx context.Context, task *asynq.Task, err error) {
+			t.Logf("task %s: handler error %v", task.Payload(), err)
+		})
+		if !middleware {
+			f.start(cfg, f.handler(work))
+			continue
+		}
+		jt := asynqmw.New(rdb, asynqmw.InlineWait(time.Second), asynqmw.WithHooks(c.hooks()))
+		f.start(jt.Config(cfg), f.handler(work), jt.Throttle(lim))
 	}
 	final, retrying := ids("final", n/2), ids("retrying", n/2)
 	for i := range final {
@@ -295,7 +253,9 @@ func killMidLoad(t *testing.T, middleware bool) killOutcome {
 	back := time.Now()
 	o.outage = back.Sub(killed)
 	// A task asynq's recoverer archives never runs again: idle is all run or archived.
-	qi := f.waitIdle(2*idleLimit, func() bool { return len(ranIDs(f, final, retrying))+int(f.info().Archived) >= n })
+	// asynq's recoverer takes a task stranded by the kill once its lease has been
+	// expired 30 s, on its run once a minute: up to about two minutes after the kill.
+	qi := f.waitIdle(3*idleLimit, func() bool { return len(ranIDs(f, final, retrying))+int(f.info().Archived) >= n })
 
 	for _, id := range append(final, retrying...) {
 		runs := f.runs.get(id)
@@ -378,34 +338,34 @@ func ours() (string, int) {
 // A dequeue whose reply is lost: asynq v0.26 dequeues with a script that moves the
 // task to the active list and leases it; when the reply is lost (Redis killed after
 // running it, or a broken connection) and go-redis sends the dequeue again, that takes
-// the next task, and asynq never learns the first was taken. Alone, asynq leaves it
-// active with no worker on it until its recoverer, once its lease has been expired
-// 30 s, retries it (counting a failure) or, on its last attempt, archives it with
-// "task lease expired" without it having run (recoverer.go). With WaitForRedis the
-// dequeue records what it took under a token it sends again: the task runs, once.
+// the next task, and asynq never learns the first was taken. It stays active with no
+// worker on it until asynq's recoverer, once its lease has been expired 30 s, retries
+// it (counting a failure) or, on its last attempt, archives it with "task lease
+// expired" without it having run (recoverer.go). This is asynq's, with or without the
+// middleware (which adds nothing to asynq's dequeue): docs/asynq.md describes it. It
+// runs only with JOBTHROTTLE_ASYNQ_ALONE=1: it tests asynq.
 func TestDequeueReplyLost(t *testing.T) {
-	for _, hold := range []bool{false, true} {
-		t.Run(map[bool]string{false: "asynq alone", true: "WaitForRedis"}[hold], func(t *testing.T) {
-			// The drop is armed before the task is enqueued; a poll that comes in
-			// between (asynq's came 2-6 s apart here) loses the reply of an empty
-			// dequeue instead, and go-redis's retry may then take the task: the lost
-			// reply shows which it was, and the run starts again with a new server.
-			for attempt := 1; ; attempt++ {
-				if dequeueReplyLost(t, hold) {
-					return
-				}
-				if attempt == 3 {
-					t.Fatalf("in %d runs the lost reply was never the dequeue of the first task", attempt)
-				}
-				t.Logf("run %d: the lost reply was a poll of the empty queue; again", attempt)
-			}
-		})
+	if os.Getenv("JOBTHROTTLE_ASYNQ_ALONE") == "" {
+		t.Skip("JOBTHROTTLE_ASYNQ_ALONE=1 runs it")
+	}
+	// The drop is armed before the task is enqueued; a poll that comes in between
+	// (asynq's came 2-6 s apart here) loses the reply of an empty dequeue instead, and
+	// go-redis's retry may then take the task: the lost reply shows which it was, and
+	// the run starts again with a new server.
+	for attempt := 1; ; attempt++ {
+		if dequeueReplyLost(t) {
+			return
+		}
+		if attempt == 3 {
+			t.Fatalf("in %d runs the lost reply was never the dequeue of the first task", attempt)
+		}
+		t.Logf("run %d: the lost reply was a poll of the empty queue; again", attempt)
 	}
 }
 
 // dequeueReplyLost is one run of TestDequeueReplyLost; it reports false, checking
 // nothing, when the reply lost was not the dequeue that took the first task.
-func dequeueReplyLost(t *testing.T, hold bool) bool {
+func dequeueReplyLost(t *testing.T) bool {
 	b := redistest.NewStandalone(t)
 	proxy, err := redistest.NewProxy(b.Client.(*redis.Client).Options().Addr)
 	if err != nil {
@@ -414,16 +374,11 @@ func dequeueReplyLost(t *testing.T, hold bool) bool {
 	defer proxy.Close()
 	via := redis.NewClient(&redis.Options{Addr: proxy.Addr})
 	defer via.Close()
-	if hold {
-		asynqmw.New(via) // WaitForRedis(via)
-	}
 	f := newFleet(t, b)
 	// An idle server polls its queue every 2-6 s (half TaskCheckInterval plus a
 	// jitter of up to all of it): the first poll, at Start, loads asynq's script;
 	// the task enqueued once it is loaded is taken by the next, whose reply the
-	// proxy drops. (Armed before the script was loaded, the drop could lose the
-	// reply of a first poll that came late on a busy host: a NOSCRIPT, after
-	// which go-redis loads the script and takes the task, which then runs.)
+	// proxy drops.
 	cfg := f.serverConfig(1)
 	cfg.TaskCheckInterval = 4 * time.Second
 	srv := asynq.NewServerFromRedisClient(via, cfg)
@@ -452,12 +407,8 @@ func dequeueReplyLost(t *testing.T, hold bool) bool {
 		time.Sleep(10 * time.Millisecond)
 	}
 	time.Sleep(time.Second)
-	qi := f.info()
-	switch {
-	case !hold && (len(f.runs.get("first")) != 0 || qi.Active != 1):
+	if qi := f.info(); len(f.runs.get("first")) != 0 || qi.Active != 1 {
 		t.Errorf("first task: runs %v, %d active; want no run and 1 active (taken, with no worker on it)", f.runs.get("first"), qi.Active)
-	case hold && (len(f.runs.get("first")) != 1 || qi.Active != 0):
-		t.Errorf("first task: runs %v, %d active; want one run and none active", f.runs.get("first"), qi.Active)
 	}
 	return true
 }

@@ -5,8 +5,6 @@ import (
 	"slices"
 	"sync"
 	"time"
-
-	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
 // pacer keeps the handler starts of one process within each limit on its own clock.
@@ -14,21 +12,20 @@ import (
 // Redis never lets more than a limit's Rate permits take effect in any window of its
 // Period, but a handler starts when its task's sleep ends, measured from when the
 // script's reply arrived: a start lags its permit by the reply's way back plus timer
-// and scheduling delays (Δ, up to about 100ms on a busy 2-core host). Algorithms that
+// and scheduling delays (Δ, up to about 100ms on a busy host). Algorithms that
 // grant a period's permits at once (the sliding window, the fixed window) put whole
 // batches exactly a Period apart, so a batch that starts late by more than the next
 // one shares a window of one Period with it: up to twice the Rate. A task back after
-// its slot that runs on its passed permit (within lateGrace, see Throttle) lags it
-// more still. The pacer delays a start, by at most about Δ (and that lateness), until
-// it is at least a Period after the start Rate
-// places before it, so that a process's starts through one limiter never exceed Rate
-// in any window of Period.
+// its slot that runs on its passed permit (within lateGrace) lags it more still. The
+// pacer delays a start, by at most about Δ (and that lateness), until it is at least a
+// Period after the start Rate places before it, so that a process's starts through one
+// limiter never exceed Rate in any window of Period.
 //
 // What it bounds is the starts as it counts them: the time it reads, under its lock,
 // when it lets a task go on to its handler (Hooks.Started reports it), on this
 // process's monotonic clock. Anything later, a handler's own reading of the clock
 // among it, lags that by a function call, or by as long as the goroutine is
-// descheduled (2ms once, measured under load); an earlier start whose reading lagged
+// descheduled; an earlier start whose reading lagged
 // more than a later one's puts one more in that reading's window. Nothing in the
 // middleware can bound what a handler reads after it is called. Across processes the
 // bound is Redis's (the starts of several processes may lag differently): Rate in any
@@ -54,14 +51,20 @@ const (
 	maxPacedDelay = time.Second
 )
 
-// start returns when the task may start through lim (at once, mostly), with the
-// time it counted as the task's start; or ctx.Err() if ctx ends first.
-func (p *pacer) start(ctx context.Context, lim *throttle.Limiter) (time.Time, error) {
+// start takes the task a run slot and returns when the task may start through li (at
+// once, mostly), with the time it counted as the task's start; or ctx.Err() if ctx
+// ends first. A task the pacer delays gives its run slot back while it waits, so that
+// tasks of other types run meanwhile.
+func (p *pacer) start(ctx context.Context, li limitInfo, slot *runSlot) (time.Time, error) {
 	for {
-		d, at := p.wait(lim, time.Now)
+		if err := slot.take(ctx); err != nil {
+			return time.Time{}, err
+		}
+		d, at := p.wait(li, time.Now)
 		if d == 0 {
 			return at, nil
 		}
+		slot.leave()
 		if err := sleep(ctx, d); err != nil {
 			return time.Time{}, err
 		}
@@ -73,19 +76,15 @@ func (p *pacer) start(ctx context.Context, lim *throttle.Limiter) (time.Time, er
 // wait before asking again.
 //
 // clock is read under the pacer's lock, so that the starts are counted in order.
-func (p *pacer) wait(lim *throttle.Limiter, clock func() time.Time) (time.Duration, time.Time) {
-	if lim.Algorithm() == throttle.TokenBucket {
+func (p *pacer) wait(li limitInfo, clock func() time.Time) (time.Duration, time.Time) {
+	if li.paced == nil {
 		return 0, clock() // a bucket may grant Burst at once: more than Rate in a Period
 	}
-	limits := lim.Limits()
 	keep := 0
-	for _, l := range limits {
-		if l.Rate > maxPacedRate {
-			return 0, clock()
-		}
-		keep = max(keep, l.Rate)
+	for _, l := range li.paced {
+		keep = max(keep, l.rate)
 	}
-	k := lim.Key() + "\x00" + describe(limits)
+	k := li.key + "\x00" + li.desc
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.keys == nil || len(p.keys) >= maxPacedKeys {
@@ -98,9 +97,9 @@ func (p *pacer) wait(lim *throttle.Limiter, clock func() time.Time) (time.Durati
 	}
 	now := clock()
 	at := now
-	for _, l := range limits {
-		if n := len(s.times); n >= l.Rate {
-			at = later(at, s.times[n-l.Rate].Add(l.Period))
+	for _, l := range li.paced {
+		if n := len(s.times); n >= l.rate {
+			at = later(at, s.times[n-l.rate].Add(l.period))
 		}
 	}
 	if d := at.Sub(now); d > 0 && d <= maxPacedDelay {

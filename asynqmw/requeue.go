@@ -12,44 +12,30 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Requeue lets the middleware hand a task on its last attempt back to its queue, rather
-// than have asynq archive it, when its deadline comes too soon for it to sleep until its
-// permit (see Throttle). rdb must be the Redis client the asynq server uses (the one
-// given to asynq.NewServerFromRedisClient, or one to the same Redis). New sets it.
+// requeuer hands a task on its last attempt back to its queue as a copy: asynq
+// archives such a task on any error (see finish), so the retry path would lose it.
 //
-// The middleware enqueues a copy to run after the throttle's delay, then returns an
-// error wrapping both the *ThrottledError (Requeued set) and asynq.RevokeTask, which
-// removes the original. The copy has the original's type, payload, headers, queue,
-// Timeout, Deadline, Retention and remaining retries (none), its booking, and the ID
-// "<id>~r1" (or its count raised), so a repeated requeue adds no second copy; it does
-// not keep a Unique lock or a Group. asynq counts the original as processed (not
-// failed) and logs a "revoke task" warning for it. The enqueue is tried again while
-// Redis does not answer, within the task's deadline (see HandlerTime); if it cannot be
-// made, the task sleeps for its booking in the handler instead (a copy enqueued unseen,
-// its reply lost, may then run too: see the README's asynq section).
-func Requeue(rdb redis.UniversalClient) Option {
-	return optionFunc(func(c *config) {
-		if rdb == nil {
-			c.requeue = nil
-			return
-		}
-		c.requeue = &requeuer{
-			rdb:       rdb,
-			client:    asynq.NewClientFromRedisClient(rdb),
-			inspector: asynq.NewInspectorFromRedisClient(rdb),
-		}
-	})
-}
-
+// The copy has the original's type, payload, headers, queue, Timeout, Deadline,
+// Retention and remaining retries (none), finds its booking (bookingID), and has the
+// ID "<id>~r1" (or its count raised), so an enqueue sent again adds no second copy;
+// it does not keep a Unique lock or a Group.
 type requeuer struct {
 	rdb       redis.UniversalClient
 	client    *asynq.Client
 	inspector *asynq.Inspector
 }
 
-// requeue enqueues a copy of t to run after te's delay and returns the error that
-// makes asynq drop the original; or te when ctx is not an asynq task's. While Redis
-// does not answer it tries again, within a's budget.
+func newRequeuer(rdb redis.UniversalClient) *requeuer {
+	return &requeuer{
+		rdb:       rdb,
+		client:    asynq.NewClientFromRedisClient(rdb),
+		inspector: asynq.NewInspectorFromRedisClient(rdb),
+	}
+}
+
+// requeue enqueues a copy of t to run after te's delay and returns te, Requeued (see
+// finish for what asynq then gets); or an error when the copy could not be enqueued.
+// While Redis does not answer it tries again, within a's budget.
 func (r *requeuer) requeue(ctx context.Context, t *asynq.Task, a attempt, te *ThrottledError) error {
 	id, ok1 := asynq.GetTaskID(ctx)
 	queue, ok2 := asynq.GetQueueName(ctx)
@@ -68,7 +54,7 @@ func (r *requeuer) requeue(ctx context.Context, t *asynq.Task, a attempt, te *Th
 		}
 		if err == nil {
 			te.Requeued = true
-			return fmt.Errorf("%w (%w)", te, asynq.RevokeTask)
+			return te
 		}
 		if ctx.Err() != nil || !down.wait(ctx, a) { // tried again while Redis does not answer
 			return fmt.Errorf("asynqmw: requeueing throttled task %s: %w", id, err)
@@ -107,6 +93,7 @@ func (r *requeuer) enqueueCopy(ctx context.Context, t *asynq.Task, id, queue str
 	}
 	if info.Retention > 0 {
 		opts = append(opts, asynq.Retention(info.Retention))
+		te.retention = info.Retention
 	}
 	cp := asynq.NewTaskWithHeaders(t.Type(), t.Payload(), t.Headers(), opts...)
 	if _, err := r.client.EnqueueContext(ctx, cp); err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {

@@ -2,39 +2,47 @@ package asynqmw
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"time"
 
 	"github.com/hibiken/asynq"
 )
 
-// IsFailure reports whether err is a failure, for asynq.Config.IsFailure: it is false
-// for a *ThrottledError (or an error wrapping one) and for nil, true otherwise. asynq
-// then neither spends one of the task's retries on a throttled task nor counts it as
-// processed or failed in the queue's stats.
-//
-// To combine it with a predicate of your own:
-//
-//	IsFailure: func(err error) bool { return asynqmw.IsFailure(err) && myIsFailure(err) },
-func IsFailure(err error) bool {
+// This file is what asynq sees of a throttled task: the error the Setup's outermost
+// middleware returns (finish) and the Config functions that read it.
+
+// finish turns what the Setup's middlewares returned into what asynq gets. A task on
+// its last attempt whose copy was enqueued (Requeued) must leave asynq without being
+// archived: asynq archives a task whose retries are used up on any error before it
+// asks IsFailure (processor.go, handleFailedMessage), and only a nil error or
+// asynq.RevokeTask end it otherwise, both by deleting it (markAsDone). nil does so
+// silently; RevokeTask is logged at warn level for every task. So the original
+// returns nil, unless it has a Retention: a nil error would then keep it as
+// completed (markAsComplete) though it never ran, and RevokeTask it is.
+func finish(err error) error {
+	te, ok := throttled(err)
+	if !ok || !te.Requeued {
+		return err
+	}
+	if te.retention > 0 {
+		return fmt.Errorf("%w (%w)", err, asynq.RevokeTask)
+	}
+	return nil
+}
+
+// isFailure is Config's IsFailure: false for a throttled task, so asynq neither
+// spends one of its retries nor counts it as processed or failed.
+func isFailure(err error) bool {
 	return err != nil && !IsThrottled(err)
 }
 
-// RetryDelay returns a function for asynq.Config.RetryDelayFunc: for a
-// *ThrottledError with a booking (Booked), the delay that has the task in a worker
-// by its slot: RetryIn less how late the server may bring a due task to a worker (as
-// the middleware knows it, see CheckInterval) and 20ms, or less how late this
-// server's returns have been of late when that is more (up to half a second more), at
-// least 0; for one without, RetryIn rounded
-// up to whole seconds (at least one) plus a random jitter of up to a tenth of
-// RetryIn, at least a second; for any other error, fallback's answer. A nil fallback
-// means asynq.DefaultRetryDelayFunc.
-//
-// asynq stores a retry time in whole seconds, truncated, so a task may come back up to
-// a second before RetryIn has passed (it then sleeps the rest in the handler, if
-// MaxInlineWait allows); the jitter spreads a herd throttled at the same moment over
-// a few seconds instead of bringing it back in the same one.
-func RetryDelay(fallback asynq.RetryDelayFunc) asynq.RetryDelayFunc {
+// retryDelayFunc is Config's RetryDelayFunc: for a booked *ThrottledError, the delay
+// that has the task in a worker just before its slot (see comeBack); for one without
+// a booking (a semaphore's, Redis unavailable), its RetryIn rounded up to whole
+// seconds plus a jitter (see retryDelay); for any other error, fallback's, or asynq's
+// default.
+func retryDelayFunc(fallback asynq.RetryDelayFunc) asynq.RetryDelayFunc {
 	if fallback == nil {
 		fallback = asynq.DefaultRetryDelayFunc
 	}
@@ -49,16 +57,17 @@ func RetryDelay(fallback asynq.RetryDelayFunc) asynq.RetryDelayFunc {
 	}
 }
 
-// retryDelay rounds d up to whole seconds, at least one, and adds jitter.
+// retryDelay rounds d up to whole seconds, at least one, and adds a jitter of up to a
+// tenth of d, at least a second: a herd throttled at the same moment without a
+// booking comes back over a few seconds rather than in the same one.
 func retryDelay(d time.Duration) time.Duration {
 	whole := max((d+time.Second-1)/time.Second, 1) * time.Second
 	return whole + rand.N(max(d/10, time.Second))
 }
 
-// SkipThrottled returns an asynq.ErrorHandler that calls h for every error except
-// throttling (see IsThrottled): asynq calls Config.ErrorHandler for every error a
-// handler returns, throttled tasks included. A nil h gives a nil ErrorHandler.
-func SkipThrottled(h asynq.ErrorHandler) asynq.ErrorHandler {
+// skipThrottled is Config's ErrorHandler: h for every error but throttling (asynq
+// calls the ErrorHandler for every error a handler returns); nil for a nil h.
+func skipThrottled(h asynq.ErrorHandler) asynq.ErrorHandler {
 	if h == nil {
 		return nil
 	}

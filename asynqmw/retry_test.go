@@ -1,4 +1,4 @@
-package asynqmw_test
+package asynqmw
 
 import (
 	"context"
@@ -8,12 +8,12 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
-	"github.com/jobthrottle/jobthrottle/asynqmw"
-	"github.com/jobthrottle/jobthrottle/internal/redistest"
 )
 
+var errFail = errors.New("boom")
+
 func TestIsFailure(t *testing.T) {
-	te := &asynqmw.ThrottledError{RetryIn: time.Second, Key: "k", Limit: "1 per 1s"}
+	te := &ThrottledError{RetryIn: time.Second, Key: "k", Limit: "1 per 1s"}
 	for _, tc := range []struct {
 		name string
 		err  error
@@ -23,10 +23,10 @@ func TestIsFailure(t *testing.T) {
 		{"throttled", te, false},
 		{"wrapped throttled", fmt.Errorf("handler: %w", te), false},
 		{"requeued", fmt.Errorf("%w (%w)", te, asynq.RevokeTask), false},
-		{"other", errBoom, true},
+		{"other", errFail, true},
 		{"skip retry", asynq.SkipRetry, true},
 	} {
-		if got := asynqmw.IsFailure(tc.err); got != tc.want {
+		if got := isFailure(tc.err); got != tc.want {
 			t.Errorf("IsFailure(%s): got %v, want %v", tc.name, got, tc.want)
 		}
 	}
@@ -34,7 +34,7 @@ func TestIsFailure(t *testing.T) {
 
 func TestRetryDelay(t *testing.T) {
 	fallback := func(n int, err error, task *asynq.Task) time.Duration { return time.Duration(n) * time.Hour }
-	delay := asynqmw.RetryDelay(fallback)
+	delay := retryDelayFunc(fallback)
 	task := asynq.NewTask("job", nil)
 	for _, tc := range []struct {
 		retryIn  time.Duration
@@ -48,7 +48,7 @@ func TestRetryDelay(t *testing.T) {
 		{100 * time.Second, 100 * time.Second, 110 * time.Second},   // jitter: a tenth
 		{-5 * time.Second, 1 * time.Second, 2 * time.Second},        // nonsense: a second
 	} {
-		err := fmt.Errorf("wrapped: %w", &asynqmw.ThrottledError{RetryIn: tc.retryIn})
+		err := fmt.Errorf("wrapped: %w", &ThrottledError{RetryIn: tc.retryIn})
 		seen := map[time.Duration]bool{}
 		for range 200 {
 			d := delay(3, err, task)
@@ -61,69 +61,51 @@ func TestRetryDelay(t *testing.T) {
 			t.Errorf("RetryDelay for RetryIn %v: %d distinct delays in 200 calls, want jitter", tc.retryIn, len(seen))
 		}
 	}
-	if got, want := delay(3, errBoom, task), 3*time.Hour; got != want {
+	if got, want := delay(3, errFail, task), 3*time.Hour; got != want {
 		t.Errorf("RetryDelay for another error: got %v, want the fallback's %v", got, want)
 	}
-	if got := asynqmw.RetryDelay(nil)(0, errBoom, task); got < 15*time.Second || got > 45*time.Second {
+	if got := retryDelayFunc(nil)(0, errFail, task); got < 15*time.Second || got > 45*time.Second {
 		t.Errorf("RetryDelay(nil) for another error: got %v, want asynq.DefaultRetryDelayFunc's 15s..45s", got)
 	}
 }
 
 func TestSkipThrottled(t *testing.T) {
 	var got []error
-	h := asynqmw.SkipThrottled(asynq.ErrorHandlerFunc(func(_ context.Context, _ *asynq.Task, err error) {
+	h := skipThrottled(asynq.ErrorHandlerFunc(func(_ context.Context, _ *asynq.Task, err error) {
 		got = append(got, err)
 	}))
-	te := &asynqmw.ThrottledError{RetryIn: time.Second}
+	te := &ThrottledError{RetryIn: time.Second}
 	task := asynq.NewTask("job", nil)
-	for _, err := range []error{te, fmt.Errorf("x: %w", te), errBoom, asynq.SkipRetry} {
+	for _, err := range []error{te, fmt.Errorf("x: %w", te), errFail, asynq.SkipRetry} {
 		h.HandleError(context.Background(), task, err)
 	}
-	if len(got) != 2 || !errors.Is(got[0], errBoom) || !errors.Is(got[1], asynq.SkipRetry) {
+	if len(got) != 2 || !errors.Is(got[0], errFail) || !errors.Is(got[1], asynq.SkipRetry) {
 		t.Errorf("handled %v, want [boom, skip retry]", got)
 	}
-	if h := asynqmw.SkipThrottled(nil); h != nil {
+	if h := skipThrottled(nil); h != nil {
 		t.Errorf("SkipThrottled(nil) = %v, want nil", h)
 	}
 }
 
-// What the design rests on, checked against asynq itself: with IsFailure, a
-// *ThrottledError spends no retry and records no failure; but asynq archives a task
-// on its last attempt before it asks IsFailure.
-func TestAsynqArchivesLastAttemptBeforeIsFailure(t *testing.T) {
-	for _, k := range []redistest.Kind{redistest.Mini, redistest.Standalone} {
-		t.Run(string(k), func(t *testing.T) {
-			b := redistest.NewMiniRealTime(t)
-			if k != redistest.Mini {
-				b = redistest.New(t, k)
-			}
-			f := newFleet(t, b)
-			throttled := &asynqmw.ThrottledError{RetryIn: 0, Key: "k", Limit: "1 per 1s"}
-			fail := func(_ context.Context, id string, _ int) error {
-				if id == "last" || len(f.runs.get(id)) <= 2 {
-					return throttled
-				}
-				return nil
-			}
-			f.start(f.serverConfig(2), f.handler(fail))
-			f.enqueue("retries", asynq.MaxRetry(1))
-			f.enqueue("last", asynq.MaxRetry(0))
-			qi := f.waitIdle(idleLimit, func() bool { return f.runs.total() >= 4 })
-
-			// Handed back twice with MaxRetry(1), and its retry count never moved.
-			if got := f.runs.get("retries"); len(got) != 3 || got[0]+got[1]+got[2] != 0 {
-				t.Errorf("task with a retry: retry counts of its runs %v, want [0 0 0]", got)
-			}
-			arch, err := f.insp.ListArchivedTasks(f.queue)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(arch) != 1 || string(arch[0].Payload) != "last" || arch[0].LastErr != throttled.Error() {
-				t.Fatalf("archived %v, want only the MaxRetry(0) task, archived with the throttle error", arch)
-			}
-			if qi.FailedTotal != 1 {
-				t.Errorf("failed total: got %d, want 1 (the archive; no failure for the hand-backs)", qi.FailedTotal)
-			}
-		})
+// What asynq gets from the Setup's outermost middleware: a requeued last attempt
+// ends without an error (asynq deletes it, silently) unless it has a Retention (a
+// success would keep it as completed): then asynq.RevokeTask. Anything else passes.
+func TestFinish(t *testing.T) {
+	te := &ThrottledError{RetryIn: time.Second, Booked: true}
+	if got := finish(te); got != te {
+		t.Errorf("finish(hand-back) = %v, want the *ThrottledError itself", got)
+	}
+	if got := finish(errFail); got != errFail {
+		t.Errorf("finish(failure) = %v, want it unchanged", got)
+	}
+	if got := finish(nil); got != nil {
+		t.Errorf("finish(nil) = %v, want nil", got)
+	}
+	if got := finish(fmt.Errorf("inner: %w", &ThrottledError{Requeued: true})); got != nil {
+		t.Errorf("finish(requeued) = %v, want nil", got)
+	}
+	got := finish(&ThrottledError{Requeued: true, retention: time.Minute})
+	if !errors.Is(got, asynq.RevokeTask) || !IsThrottled(got) || isFailure(got) {
+		t.Errorf("finish(requeued, retention) = %v, want a throttle wrapping asynq.RevokeTask", got)
 	}
 }

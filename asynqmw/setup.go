@@ -1,6 +1,7 @@
 package asynqmw
 
 import (
+	"cmp"
 	"context"
 	"runtime"
 	"time"
@@ -10,177 +11,148 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Setup is the middleware and the server configuration that belong together, built
-// once from the asynq server's Redis client:
+// Setup is the middleware and the server configuration that belong together:
 //
 //	jt := asynqmw.New(rdb)
 //	srv := asynq.NewServerFromRedisClient(rdb, jt.Config(asynq.Config{Concurrency: 10}))
-//	mux := asynq.NewServeMux()
-//	mux.Use(jt.Throttle(lim))
+//	mux.Use(jt.ThrottleFunc(pick)) // pick: the limiter of t.Type(), nil for types not limited
 //
-// Config fills in what the middleware needs from asynq (IsFailure, RetryDelayFunc,
-// ErrorHandler, DelayedTaskCheckInterval, see Config); the middlewares (Throttle,
-// ThrottleFunc, Concurrency) requeue last attempts with their booking (Requeue),
-// keep asynq's writes of results while Redis is down (WaitForRedis), and share one
-// bound on the tasks asleep in them (MaxSleepingWorkers, by default the server's
-// Concurrency). Sleeping tasks do not take the server's workers: Config gives asynq
-// that many more goroutines, and the middlewares let no more than Concurrency tasks
-// run at once. If a Setup's middleware runs on a server whose Config did not go
-// through Config, it says so once, at warn level, through the logger.
-//
-// Install the Setup's middlewares for every handler (mux.Use), as above: a handler
-// they do not wrap is not counted among the Concurrency tasks that run.
-//
-// A Setup is safe for simultaneous use by multiple goroutines.
+// Give the middleware to mux.Use: Config gives asynq goroutines beyond Concurrency for
+// sleeping tasks, and only the tasks the middleware sees are kept to Concurrency. On a
+// server whose Config did not go through Config, the middleware never hands a task
+// back: it sleeps until its permit, and says so once. Use one Setup per server.
 type Setup struct {
-	rdb  redis.UniversalClient
-	opts []Option
-	sh   *shared
+	c  *config
+	sh *shared
 }
 
 // New returns the Setup for an asynq server that uses rdb (the client given to
-// asynq.NewServerFromRedisClient, or one to the same Redis). opts apply to every
-// middleware of the Setup, before the options given to each.
-//
-// New panics with an error wrapping ErrNilArgument when rdb is nil, and with one
-// wrapping ErrInvalidOption for a bad option.
+// asynq.NewServerFromRedisClient, or one to the same Redis): the middleware enqueues
+// the copies of last attempts through it. New panics for a nil rdb or a bad option.
 func New(rdb redis.UniversalClient, opts ...Option) *Setup {
 	if rdb == nil {
 		panic(nilArgument("New"))
 	}
-	s := &Setup{rdb: rdb, sh: newShared(nil)}
-	s.sh.setup = true
-	s.opts = append([]Option{Requeue(rdb), WaitForRedis(rdb)}, opts...)
-	newConfig(s.with(nil)) // check the options now
-	return s
+	c := newConfig(opts)
+	c.sh = newShared()
+	c.sh.bound.Store(int64(cmp.Or(c.sleeping, runtime.NumCPU()))) // until Config says
+	c.requeue = newRequeuer(rdb)
+	return &Setup{c: c, sh: c.sh}
 }
 
 // Config returns cfg with what the Setup's middleware needs from the server:
 //
-//   - IsFailure: IsFailure, and cfg's own predicate if it has one (a throttled task
-//     is never a failure; for other errors both must agree);
-//
-//   - RetryDelayFunc: RetryDelay(cfg.RetryDelayFunc);
-//
-//   - ErrorHandler: SkipThrottled(cfg.ErrorHandler), so throttled tasks are not
-//     reported as errors;
-//
-//   - DelayedTaskCheckInterval and TaskCheckInterval: DefaultCheckInterval (100ms)
-//     each, where cfg leaves them unset, so a handed-back task comes back at most
-//     about 1.2 s before its slot and sleeps the rest.
-//
-//   - Concurrency: cfg's (asynq's default, runtime.NumCPU(), if unset) plus the
-//     Setup's MaxSleepingWorkers bound. asynq keeps a task in a worker goroutine
-//     while the middleware sleeps for its permit; those goroutines are the extra
-//     ones. The Setup's middlewares let at most cfg's Concurrency tasks past them at
-//     once (in arrival order; a task waiting for its permit or a semaphore slot is not
-//     among them), so the handlers still run at most cfg.Concurrency at a time and a
-//     throttled backlog asleep for its slots leaves every one of them to other work.
-//
-// It also tells the middleware the server's DelayedTaskCheckInterval and, unless
-// WithLogger was given, its Logger. Use one Setup per server.
+//   - IsFailure: false for a throttled task (and cfg's answer for other errors), so
+//     a hand-back spends no retry and counts as neither processed nor failed;
+//   - RetryDelayFunc: for a throttled task, the delay that has it back in a worker
+//     just before its booked slot; cfg's (or asynq's default) for other errors;
+//   - ErrorHandler: cfg's, not called for throttled tasks;
+//   - DelayedTaskCheckInterval, TaskCheckInterval: 100ms each where cfg leaves them unset;
+//   - Concurrency: cfg's (runtime.NumCPU() if unset) plus MaxSleepingWorkers, the
+//     goroutines tasks sleep in; the middleware lets only cfg's Concurrency run at once;
+//   - BaseContext: cfg's, marked so the middleware knows its server was configured.
 func (s *Setup) Config(cfg asynq.Config) asynq.Config {
 	own := cfg.IsFailure
-	cfg.IsFailure = IsFailure
+	cfg.IsFailure = isFailure
 	if own != nil {
-		cfg.IsFailure = func(err error) bool { return IsFailure(err) && own(err) }
+		cfg.IsFailure = func(err error) bool { return isFailure(err) && own(err) }
 	}
-	cfg.RetryDelayFunc = RetryDelay(cfg.RetryDelayFunc)
-	cfg.ErrorHandler = SkipThrottled(cfg.ErrorHandler)
+	cfg.RetryDelayFunc = retryDelayFunc(cfg.RetryDelayFunc)
+	cfg.ErrorHandler = skipThrottled(cfg.ErrorHandler)
 	if cfg.DelayedTaskCheckInterval <= 0 {
-		cfg.DelayedTaskCheckInterval = DefaultCheckInterval
+		cfg.DelayedTaskCheckInterval = checkInterval
 	}
 	if cfg.TaskCheckInterval <= 0 {
-		cfg.TaskCheckInterval = DefaultCheckInterval
+		cfg.TaskCheckInterval = checkInterval
 	}
 	s.sh.interval.Store(int64(cfg.DelayedTaskCheckInterval + cfg.TaskCheckInterval))
 	workers := cfg.Concurrency
 	if workers <= 0 {
 		workers = runtime.NumCPU() // asynq's default
 	}
-	if !s.sleepingSet() {
-		s.sh.bound.Store(int64(workers)) // goroutines of their own: as many as the workers
+	bound := s.c.sleeping
+	if bound == 0 {
+		bound = workers
 	}
+	s.sh.bound.Store(int64(bound))
 	g := make(gate, workers)
 	s.sh.gate.Store(&g)
-	cfg.Concurrency = workers + int(s.sh.bound.Load())
-	if cfg.Logger != nil && s.sh.logger.Load() == nil {
+	cfg.Concurrency = workers + bound
+	if cfg.Logger != nil {
 		s.sh.setLogger(cfg.Logger)
 	}
-	s.sh.configured.Store(true)
+	base := cfg.BaseContext
+	if base == nil {
+		base = context.Background
+	}
+	sh := s.sh
+	cfg.BaseContext = func() context.Context { return context.WithValue(base(), serverKey{}, sh) }
 	return cfg
 }
 
-// sleepingSet reports whether MaxSleepingWorkers is among the Setup's options.
-func (s *Setup) sleepingSet() bool {
-	c := &config{sleeping: -1}
-	for _, o := range s.opts {
-		if o != nil {
-			o.apply(c)
-		}
+// Throttle returns middleware that takes a permit from lim before each task runs, so
+// the tasks it wraps, on every server sharing lim's Redis and key, stay inside lim's
+// limits, first come first served. A task whose permit is due within about a second
+// and a half sleeps for it; a later one books it and is handed back to asynq until
+// just before it, then sleeps the rest and runs (see ThrottledError). Redis
+// unreachable hands a task back; other errors of lim fail it. Throttle panics for a
+// nil lim.
+func (s *Setup) Throttle(lim *throttle.Limiter) asynq.MiddlewareFunc {
+	if lim == nil {
+		panic(nilArgument("Throttle"))
 	}
-	return c.sleeping >= 0
+	return s.ThrottleFunc(func(context.Context, *asynq.Task) (*throttle.Limiter, error) { return lim, nil })
 }
 
-// Throttle is Throttle(lim, opts...) with the Setup's options and shared bound.
-func (s *Setup) Throttle(lim *throttle.Limiter, opts ...Option) asynq.MiddlewareFunc {
-	return Throttle(lim, s.with(opts)...)
+// ThrottleFunc is Throttle with the limiter chosen per task by pick (per type, per
+// tenant): a nil limiter and no error lets the task run at once; an error fails it.
+// pick runs before every task: build limiters once and look them up, or build one per
+// task (those built alike share their key's state). ThrottleFunc panics for a nil pick.
+func (s *Setup) ThrottleFunc(pick func(ctx context.Context, t *asynq.Task) (*throttle.Limiter, error)) asynq.MiddlewareFunc {
+	if pick == nil {
+		panic(nilArgument("ThrottleFunc"))
+	}
+	return s.c.throttleFunc(pick)
 }
 
-// ThrottleFunc is ThrottleFunc(pick, opts...) with the Setup's options and shared
-// bound.
-func (s *Setup) ThrottleFunc(pick func(ctx context.Context, t *asynq.Task) (*throttle.Limiter, error), opts ...Option) asynq.MiddlewareFunc {
-	return ThrottleFunc(pick, s.with(opts)...)
+// Concurrency returns middleware that runs each task it wraps under a lease of sem,
+// so that at most sem's Max of them run at once on every server sharing sem's Redis
+// and key. A task that finds sem full waits for a slot in arrival order, asleep for
+// up to about a second and a half, else handed back keeping its place in the queue.
+// The lease is renewed while the handler runs; if it is lost, the handler's context
+// is cancelled. Concurrency panics for a nil sem.
+func (s *Setup) Concurrency(sem *throttle.Semaphore) asynq.MiddlewareFunc {
+	if sem == nil {
+		panic(nilArgument("Concurrency"))
+	}
+	return s.c.concurrency(sem)
 }
 
-// Concurrency is Concurrency(sem, opts...) with the Setup's options and shared bound.
-func (s *Setup) Concurrency(sem *throttle.Semaphore, opts ...Option) asynq.MiddlewareFunc {
-	return Concurrency(sem, s.with(opts)...)
-}
-
-// with returns the Setup's options, then opts, then the one that shares the Setup's
-// state.
-func (s *Setup) with(opts []Option) []Option {
-	return append(append(append([]Option(nil), s.opts...), opts...), sharedWith(s.sh))
-}
-
-// Stats is what the middlewares of a Setup have done since it was made.
+// Stats is what a Setup's middlewares have done since it was made.
 type Stats struct {
 	// Sleeping is the number of tasks asleep in the middleware now, PeakSleeping the
 	// most at any moment, and SleepBound the bound on them (MaxSleepingWorkers).
 	Sleeping, PeakSleeping, SleepBound int
-	// HandedBack counts hand-backs (to asynq's retry or as a requeued copy), Kept the
-	// returns that found their booking, and Bounced the returns handed back again,
-	// booked, without a Redis call: they came back before their slot while
-	// MaxSleepingWorkers tasks slept (or too early to sleep), and the middleware knew
-	// their slot from handing them back.
-	HandedBack, Kept, Bounced int64
-	// CountedAsRetry counts handed-back tasks that came back with their retry count
-	// raised: the server's Config lacks IsFailure (see Setup).
-	CountedAsRetry int
-	// CheckInterval is how late the middleware expects the server to bring a due
-	// task to a worker (see CheckInterval).
-	CheckInterval time.Duration
+	// HandedBack counts hand-backs, Requeued those of them that were last attempts
+	// handed back as copies, Kept the returns that found their booking, and Bounced
+	// the returns handed back again, booked, without a Redis call (back before their
+	// slot while MaxSleepingWorkers tasks slept).
+	HandedBack, Requeued, Kept, Bounced int64
 	// ComeBackEarly is how long before its slot a handed-back task is made due now:
-	// CheckInterval and 20ms, or more on a server whose returns have come late (see
-	// Throttle).
+	// the server's check intervals and 20ms, more on a server whose returns came late.
 	ComeBackEarly time.Duration
 }
 
 // Stats returns what the Setup's middlewares have done so far.
 func (s *Setup) Stats() Stats {
-	s.sh.mu.Lock()
-	retried := s.sh.retried
-	s.sh.mu.Unlock()
 	return Stats{
-		Sleeping:       int(s.sh.sleeping.Load()),
-		PeakSleeping:   int(s.sh.peak.Load()),
-		SleepBound:     int(s.sh.bound.Load()),
-		HandedBack:     s.sh.handed.Load(),
-		Kept:           s.sh.kept.Load(),
-		Bounced:        s.sh.bounced.Load(),
-		CountedAsRetry: retried,
-		CheckInterval:  s.sh.checkInterval(),
-		ComeBackEarly:  s.sh.cb.early(s.sh.checkInterval()),
+		Sleeping:      int(s.sh.sleeping.Load()),
+		PeakSleeping:  int(s.sh.peak.Load()),
+		SleepBound:    int(s.sh.bound.Load()),
+		HandedBack:    s.sh.handed.Load(),
+		Requeued:      s.sh.requeued.Load(),
+		Kept:          s.sh.kept.Load(),
+		Bounced:       s.sh.bounced.Load(),
+		ComeBackEarly: s.sh.cb.early(s.sh.checkInterval()),
 	}
 }

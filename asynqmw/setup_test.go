@@ -3,6 +3,7 @@ package asynqmw_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -32,8 +33,14 @@ func TestSetupConfig(t *testing.T) {
 		t.Errorf("IsFailure: throttled %v, benign %v, boom %v; want false, false, true",
 			cfg.IsFailure(te), cfg.IsFailure(fmt.Errorf("benign")), cfg.IsFailure(fmt.Errorf("boom")))
 	}
-	if cfg.DelayedTaskCheckInterval != asynqmw.DefaultCheckInterval || cfg.TaskCheckInterval != asynqmw.DefaultCheckInterval {
-		t.Errorf("intervals %v, %v; want %v each", cfg.DelayedTaskCheckInterval, cfg.TaskCheckInterval, asynqmw.DefaultCheckInterval)
+	if cfg.DelayedTaskCheckInterval != 100*time.Millisecond || cfg.TaskCheckInterval != 100*time.Millisecond {
+		t.Errorf("intervals %v, %v; want 100ms each", cfg.DelayedTaskCheckInterval, cfg.TaskCheckInterval)
+	}
+	if cfg.BaseContext == nil || cfg.BaseContext() == nil {
+		t.Errorf("BaseContext: want one that marks the server's tasks")
+	}
+	if d := cfg.RetryDelayFunc(2, fmt.Errorf("boom"), asynq.NewTask("x", nil)); d < 15*time.Second {
+		t.Errorf("RetryDelayFunc for a failure: %v, want asynq's default (15s and more)", d)
 	}
 	cfg.ErrorHandler.HandleError(context.Background(), asynq.NewTask("x", nil), te)
 	cfg.ErrorHandler.HandleError(context.Background(), asynq.NewTask("x", nil), fmt.Errorf("boom"))
@@ -44,8 +51,8 @@ func TestSetupConfig(t *testing.T) {
 		t.Errorf("Concurrency %d, want 20: 10 workers and 10 for sleeping tasks", cfg.Concurrency)
 	}
 	st := jt.Stats()
-	if st.SleepBound != 10 || st.CheckInterval != 2*asynqmw.DefaultCheckInterval {
-		t.Errorf("stats %+v, want SleepBound 10 (as many as the workers), CheckInterval 200ms", st)
+	if st.SleepBound != 10 || st.ComeBackEarly != 220*time.Millisecond {
+		t.Errorf("stats %+v, want SleepBound 10 (as many as the workers), ComeBackEarly 220ms (the check intervals and 20ms)", st)
 	}
 	// an explicit bound stays
 	if st := asynqmw.New(b.Client, asynqmw.MaxSleepingWorkers(2)); st != nil {
@@ -56,56 +63,41 @@ func TestSetupConfig(t *testing.T) {
 	}
 }
 
-// logRecorder is an asynq.Logger that keeps warnings.
+// logRecorder is an asynq.Logger that keeps warnings and errors, and passes all to
+// the test log.
 type logRecorder struct {
 	testLogger
-	mu    sync.Mutex
-	warns []string
+	mu   sync.Mutex
+	kept []string // "warn: …", "error: …"
 }
 
-func (l *logRecorder) Warn(args ...any) {
+func (l *logRecorder) Warn(args ...any)  { l.keep("warn", args...) }
+func (l *logRecorder) Error(args ...any) { l.keep("error", args...) }
+
+func (l *logRecorder) keep(level string, args ...any) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.warns = append(l.warns, fmt.Sprint(args...))
+	l.kept = append(l.kept, level+": "+fmt.Sprint(args...))
+	l.mu.Unlock()
+	l.testLogger.Info(append([]any{level + ":"}, args...)...)
 }
 
-func (l *logRecorder) count(sub string) int {
+// count returns how many of level's lines say sub.
+func (l *logRecorder) count(level, sub string) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	n := 0
-	for _, w := range l.warns {
-		if strings.Contains(w, sub) {
+	for _, w := range l.kept {
+		if strings.HasPrefix(w, level+": ") && strings.Contains(w, sub) {
 			n++
 		}
 	}
 	return n
 }
 
-// A Setup whose Config the server did not get says so, once, through the logger; so
-// does a middleware whose hand-backs come back counted as retries.
-func TestHalfAppliedSetupIsReported(t *testing.T) {
-	b := redistest.NewMiniRealTime(t)
-	f := newFleet(t, b)
-	lim := f.limiter("half", throttle.PerSecond(10))
-	log := &logRecorder{testLogger: testLogger{t}}
-	jt := asynqmw.New(b.Client, asynqmw.WithLogger(log), asynqmw.MaxInlineWait(0))
-	cfg := f.serverConfig(4)
-	cfg.IsFailure, cfg.RetryDelayFunc = nil, func(int, error, *asynq.Task) time.Duration { return 0 }
-	cfg.Logger = log
-	f.start(cfg, f.handler(nil), jt.ThrottleFunc(bookingFirst(t, lim, 1)))
-	for _, id := range ids("half", 3) {
-		f.enqueue(id, asynq.MaxRetry(5))
-	}
-	f.waitIdle(idleLimit, func() bool { return f.runs.total() >= 3 })
-	if got := log.count("Setup.Config was not applied"); got != 1 {
-		t.Errorf("warnings that Setup.Config was not applied: %d, want 1 (%q)", got, log.warns)
-	}
-	if got := log.count("came back counted as a retry"); got != 1 {
-		t.Errorf("warnings that a hand-back counted as a retry: %d, want 1 (%q)", got, log.warns)
-	}
-	if st := jt.Stats(); st.CountedAsRetry == 0 {
-		t.Errorf("stats %+v: no hand-back counted as a retry", st)
-	}
+func (l *logRecorder) all() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.kept)
 }
 
 // With Setup.Config, a task asleep for its permit does not take one of the server's
@@ -119,7 +111,7 @@ func TestSleepingTasksLeaveTheWorkers(t *testing.T) {
 	if r, err := lim.Allow(context.Background()); err != nil || !r.Allowed { // the next permit comes in a minute
 		t.Fatalf("Allow: %+v, %v", r, err)
 	}
-	jt := asynqmw.New(b.Client, asynqmw.MaxSleepingWorkers(1), asynqmw.MaxInlineWait(time.Hour))
+	jt := asynqmw.New(b.Client, asynqmw.MaxSleepingWorkers(1), asynqmw.InlineWait(time.Hour))
 	var (
 		mu              sync.Mutex
 		running, most   int
@@ -151,9 +143,7 @@ func TestSleepingTasksLeaveTheWorkers(t *testing.T) {
 	mux.Use(jt.ThrottleFunc(pick))
 	mux.Handle("throttled", h)
 	mux.Handle("free", h)
-	cfg := f.serverConfig(2)
-	cfg.IsFailure, cfg.RetryDelayFunc = nil, nil
-	srv := asynq.NewServerFromRedisClient(b.Client, jt.Config(cfg))
+	srv := asynq.NewServerFromRedisClient(b.Client, jt.Config(f.serverConfig(2)))
 	if err := srv.Start(mux); err != nil {
 		t.Fatal(err)
 	}
@@ -189,5 +179,46 @@ func TestSleepingTasksLeaveTheWorkers(t *testing.T) {
 	}
 	if st := jt.Stats(); st.Sleeping != 1 {
 		t.Errorf("stats %+v: want the throttled task still asleep", st)
+	}
+}
+
+// What the design rests on, checked against asynq itself: with IsFailure, a
+// *ThrottledError spends no retry and records no failure; but asynq archives a task
+// on its last attempt before it asks IsFailure.
+func TestAsynqArchivesLastAttemptBeforeIsFailure(t *testing.T) {
+	for _, k := range []redistest.Kind{redistest.Mini, redistest.Standalone} {
+		t.Run(string(k), func(t *testing.T) {
+			b := redistest.NewMiniRealTime(t)
+			if k != redistest.Mini {
+				b = redistest.New(t, k)
+			}
+			f := newFleet(t, b)
+			throttled := &asynqmw.ThrottledError{RetryIn: 0, Key: "k", Limit: "1 per 1s"}
+			fail := func(_ context.Context, id string, _ int) error {
+				if id == "last" || len(f.runs.get(id)) <= 2 {
+					return throttled
+				}
+				return nil
+			}
+			f.start(asynqmw.New(b.Client).Config(f.serverConfig(2)), f.handler(fail))
+			f.enqueue("retries", asynq.MaxRetry(1))
+			f.enqueue("last", asynq.MaxRetry(0))
+			qi := f.waitIdle(idleLimit, func() bool { return f.runs.total() >= 4 })
+
+			// Handed back twice with MaxRetry(1), and its retry count never moved.
+			if got := f.runs.get("retries"); len(got) != 3 || got[0]+got[1]+got[2] != 0 {
+				t.Errorf("task with a retry: retry counts of its runs %v, want [0 0 0]", got)
+			}
+			arch, err := f.insp.ListArchivedTasks(f.queue)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(arch) != 1 || string(arch[0].Payload) != "last" || arch[0].LastErr != throttled.Error() {
+				t.Fatalf("archived %v, want only the MaxRetry(0) task, archived with the throttle error", arch)
+			}
+			if qi.FailedTotal != 1 {
+				t.Errorf("failed total: got %d, want 1 (the archive; no failure for the hand-backs)", qi.FailedTotal)
+			}
+		})
 	}
 }

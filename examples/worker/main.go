@@ -47,7 +47,6 @@ type config struct {
 	margin      time.Duration // added to the limiter's period: the way from Redis to the API
 	servers     int           // asynq servers
 	concurrency int           // workers per server
-	inline      time.Duration // asynqmw.MaxInlineWait
 	check       time.Duration // asynq.Config.DelayedTaskCheckInterval and TaskCheckInterval
 	loop        int           // calls made by the goroutine loop
 	httpCalls   int           // calls made through the throttling HTTP client
@@ -66,8 +65,7 @@ func main() {
 	flag.DurationVar(&cfg.margin, "margin", 100*time.Millisecond, "added to the shared limiter's period, to cover the time from a grant to the request's arrival")
 	flag.IntVar(&cfg.servers, "servers", 2, "asynq servers (as separate processes would run)")
 	flag.IntVar(&cfg.concurrency, "concurrency", 20, "workers per asynq server")
-	flag.DurationVar(&cfg.inline, "inline", 1500*time.Millisecond, "asynqmw.MaxInlineWait: longer waits are handed back to asynq")
-	flag.DurationVar(&cfg.check, "check", asynqmw.DefaultCheckInterval, "asynq's DelayedTaskCheckInterval and TaskCheckInterval: how soon due tasks reach a worker")
+	flag.DurationVar(&cfg.check, "check", 100*time.Millisecond, "asynq's DelayedTaskCheckInterval and TaskCheckInterval: how soon due tasks reach a worker")
 	flag.IntVar(&cfg.loop, "loop", 30, "calls made by a plain goroutine loop with lim.Wait")
 	flag.IntVar(&cfg.httpCalls, "http", 30, "calls made through the throttling http.Client")
 	flag.IntVar(&cfg.httpWorkers, "http-workers", 4, "goroutines sharing the throttling http.Client")
@@ -86,8 +84,8 @@ func (c config) validate() error {
 	switch {
 	case c.tasks < 0 || c.free < 0 || c.loop < 0 || c.httpCalls < 0 || c.tasks+c.loop+c.httpCalls == 0:
 		return errors.New("-tasks, -free, -loop and -http must be >= 0, and not all of -tasks, -loop and -http 0")
-	case c.freeWork < 0 || c.inline < 0:
-		return errors.New("-free-work and -inline must be >= 0")
+	case c.freeWork < 0:
+		return errors.New("-free-work must be >= 0")
 	case c.final < 0 || c.final > 1:
 		return fmt.Errorf("-final %v is not in [0, 1]", c.final)
 	case c.servers < 1 || c.concurrency < 1 || c.httpWorkers < 1:
@@ -232,7 +230,7 @@ func startServers(cfg config, rdb redis.UniversalClient, lim *throttle.Limiter, 
 		setups  []*asynqmw.Setup
 	)
 	for range cfg.servers {
-		jt := asynqmw.New(rdb, asynqmw.MaxInlineWait(cfg.inline), asynqmw.WithHooks(asynqmw.Hooks{
+		jt := asynqmw.New(rdb, asynqmw.WithHooks(asynqmw.Hooks{
 			Waited:    func(context.Context, *asynq.Task, time.Duration) { st.slept.Add(1) },
 			Throttled: func(context.Context, *asynq.Task, *asynqmw.ThrottledError) { st.handedBack.Add(1) },
 		}))

@@ -24,7 +24,7 @@ func small() config {
 	return config{
 		tasks: 40, final: 0.25, free: 40, freeWork: 10 * time.Millisecond,
 		rate: 10, period: 500 * time.Millisecond, margin: 500 * time.Millisecond,
-		servers: 2, concurrency: 10, inline: 1500 * time.Millisecond, check: 100 * time.Millisecond,
+		servers: 2, concurrency: 10, check: 100 * time.Millisecond,
 		loop: 10, httpCalls: 10, httpWorkers: 2, timeout: 30 * time.Second,
 	}
 }

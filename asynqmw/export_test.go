@@ -1,0 +1,7 @@
+package asynqmw
+
+// Options of the tests: see inlineWait and handlerTime.
+var (
+	InlineWait  = inlineWait
+	HandlerTime = handlerTime
+)

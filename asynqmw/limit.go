@@ -1,0 +1,123 @@
+package asynqmw
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/throttle"
+	"github.com/jobthrottle/jobthrottle/waiter"
+)
+
+// This file is the only one that calls package throttle (and the waiter types its
+// calls return): the rest of the package sees a limit's description, a booking and a
+// lease.
+
+// limitInfo is what the middleware needs to know of a limiter besides booking from it.
+type limitInfo struct {
+	key   string
+	desc  string        // "20 per 1s and 500 per 1h0m0s"
+	grace time.Duration // how long after its slot a returning task may still run on it
+	// paced are the limits the pacer keeps each process's starts within; nil for a
+	// token bucket (it may grant Burst at once) or a limit above maxPacedRate.
+	paced []periodRate
+}
+
+// periodRate is one limit: rate starts in any window of period.
+type periodRate struct {
+	rate   int
+	period time.Duration
+}
+
+func infoOf(lim *throttle.Limiter) limitInfo {
+	limits := lim.Limits()
+	s := make([]string, len(limits))
+	li := limitInfo{key: lim.Key(), grace: lateGrace}
+	paced := lim.Algorithm() != throttle.TokenBucket
+	for i, l := range limits {
+		s[i] = l.String()
+		li.grace = min(li.grace, l.Period/4)
+		if l.Rate > maxPacedRate {
+			paced = false
+		}
+		li.paced = append(li.paced, periodRate{l.Rate, l.Period})
+	}
+	li.desc = strings.Join(s, " and ")
+	if !paced {
+		li.paced = nil
+	}
+	return li
+}
+
+// booking is a permit booked for a task.
+type booking struct{ r *waiter.Reservation }
+
+// book books lim's next permit under id, or finds the booking id has (kept: one
+// handed back earlier, due at most late ago or ahead). With maxWait >= 0 it books
+// only a permit due within maxWait (ok false otherwise); with maxWait < 0 it books
+// however far ahead the permit is.
+func book(ctx context.Context, lim *throttle.Limiter, id string, maxWait, late time.Duration) (b booking, kept bool, err error) {
+	if maxWait >= 0 {
+		b.r, kept, err = lim.ReserveFor(ctx, id, 1, maxWait)
+	} else {
+		b.r, kept, err = lim.ReserveForLate(ctx, id, 1, late)
+	}
+	return b, kept, err
+}
+
+// ok reports whether the permit is booked; delay is how long until it is due.
+func (b booking) ok() bool             { return b.r.OK() }
+func (b booking) delay() time.Duration { return b.r.Delay() }
+
+// cancel gives the permit back.
+func (b booking) cancel(ctx context.Context) { _ = b.r.Cancel(ctx) }
+
+// wait sleeps until the permit is due; errMoved when this process paused the key
+// meanwhile and the task must book again.
+func (b booking) wait(ctx context.Context) error {
+	if err := b.r.Wait(ctx); errors.Is(err, waiter.ErrMoved) {
+		return errMoved
+	} else {
+		return err
+	}
+}
+
+var errMoved = errors.New("asynqmw: booking moved")
+
+// unavailable reports whether err means the limiter's or semaphore's Redis could not
+// be reached (throttle.ErrUnavailable under the default FailClosed policy).
+func unavailable(err error) bool { return errors.Is(err, throttle.ErrUnavailable) }
+
+// semInfo returns the semaphore's key and the limit as a ThrottledError names it.
+func semInfo(sem *throttle.Semaphore) (key, limit string) {
+	return sem.Key(), fmt.Sprintf("%d in flight", sem.Max())
+}
+
+// tryLease takes a lease of sem for the task under id now, or keeps id's place in
+// sem's queue and returns a nil lease and the time until a slot would free by
+// expiry alone. With no id (outside an asynq server) it keeps no place.
+func tryLease(ctx context.Context, sem *throttle.Semaphore, id string) (*throttle.Lease, time.Duration, error) {
+	if id == "" {
+		return sem.TryAcquire(ctx)
+	}
+	return sem.TryAcquireFor(ctx, id)
+}
+
+// waitLease waits in id's place in sem's queue for a lease; with no id (outside an
+// asynq server) in a place of its own, given up when ctx ends.
+func waitLease(ctx context.Context, sem *throttle.Semaphore, id string) (*throttle.Lease, error) {
+	if id == "" {
+		return sem.Acquire(ctx)
+	}
+	return sem.AcquireFor(ctx, id)
+}
+
+// hold runs fn under the lease (renewed while fn runs, released when it returns).
+func hold(ctx context.Context, l *throttle.Lease, fn func(context.Context) error) error {
+	return l.Hold(ctx, fn)
+}
+
+// release gives the lease back unused.
+func release(ctx context.Context, l *throttle.Lease) { _ = l.Release(ctx) }
