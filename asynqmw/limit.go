@@ -1,12 +1,15 @@
 package asynqmw
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
+	ib "github.com/jobthrottle/jobthrottle/internal/booking"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/waiter"
 )
@@ -52,19 +55,22 @@ func infoOf(lim *throttle.Limiter) limitInfo {
 }
 
 // booking is a permit booked for a task.
-type booking struct{ r *waiter.Reservation }
+type booking struct {
+	r    *waiter.Reservation
+	task *ib.Task
+}
 
 // book books lim's next permit under id, or finds the booking id has (kept: one
 // handed back earlier, due at most late ago or ahead). With maxWait >= 0 it books
 // only a permit due within maxWait (ok false otherwise); with maxWait < 0 it books
 // however far ahead the permit is.
 func book(ctx context.Context, lim *throttle.Limiter, id string, maxWait, late time.Duration) (b booking, kept bool, err error) {
-	if maxWait >= 0 {
-		b.r, kept, err = lim.ReserveFor(ctx, id, 1, maxWait)
-	} else {
-		b.r, kept, err = lim.ReserveForLate(ctx, id, 1, late)
+	b.task = &ib.Task{ID: id}
+	if maxWait < 0 {
+		maxWait, b.task.Late = math.MaxInt64, late
 	}
-	return b, kept, err
+	b.r, err = lim.Reserve(ib.With(ctx, b.task), 1, maxWait)
+	return b, b.task.Kept, err
 }
 
 // ok reports whether the permit is booked; delay is how long until it is due.
@@ -74,14 +80,16 @@ func (b booking) delay() time.Duration { return b.r.Delay() }
 // cancel gives the permit back.
 func (b booking) cancel(ctx context.Context) { _ = b.r.Cancel(ctx) }
 
-// wait sleeps until the permit is due; errMoved when this process paused the key
-// meanwhile and the task must book again.
+// wait sleeps until the permit is due; errMoved when it came due inside a hold of
+// this process on the key (a Pause here): the task must not use it, and books again.
 func (b booking) wait(ctx context.Context) error {
-	if err := b.r.Wait(ctx); errors.Is(err, waiter.ErrMoved) {
-		return errMoved
-	} else {
+	if err := b.r.Wait(ctx); err != nil {
 		return err
 	}
+	if held, err := b.task.Pass(ctx); err != nil || held {
+		return cmp.Or(err, errMoved)
+	}
+	return nil
 }
 
 var errMoved = errors.New("asynqmw: booking moved")
@@ -102,7 +110,7 @@ func tryLease(ctx context.Context, sem *throttle.Semaphore, id string) (*throttl
 	if id == "" {
 		return sem.TryAcquire(ctx)
 	}
-	return sem.TryAcquireFor(ctx, id)
+	return sem.TryAcquire(ib.With(ctx, &ib.Task{ID: id}))
 }
 
 // waitLease waits in id's place in sem's queue for a lease; with no id (outside an
@@ -111,7 +119,7 @@ func waitLease(ctx context.Context, sem *throttle.Semaphore, id string) (*thrott
 	if id == "" {
 		return sem.Acquire(ctx)
 	}
-	return sem.AcquireFor(ctx, id)
+	return sem.Acquire(ib.With(ctx, &ib.Task{ID: id}))
 }
 
 // hold runs fn under the lease (renewed while fn runs, released when it returns).

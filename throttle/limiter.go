@@ -244,6 +244,10 @@ func (l *Limiter) acquire(ctx context.Context, n int, maxWait time.Duration, tas
 	g := decodeGrant(rep)
 	if task != nil {
 		g.task, task.Kept = key, g.kept
+		task.Pass = func(ctx context.Context) (bool, error) {
+			_, held, err := ks.pass(ctx)
+			return held, err
+		}
 	}
 	if l.hooks.StateLost != nil {
 		l.observe(ks, cs, mark, n, g)

@@ -24,10 +24,13 @@ type Task struct {
 	ID string
 	// Late is how long after its time a booking may still be used: a task that comes
 	// back up to Late after its slot runs on it (Redis counted its permits then).
-	// Reserve books without bound on how far ahead when Late is set.
 	Late time.Duration
 	// Kept is set by Reserve: the task's booking was found, not made.
 	Kept bool
+	// Pass is set by Reserve: it waits while this process holds the limiter's key (a
+	// Pause of this process), and reports whether it did. A task whose permit came due
+	// inside a hold must not use it: it books again.
+	Pass func(ctx context.Context) (held bool, err error)
 }
 
 type key struct{}
