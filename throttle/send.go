@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -401,9 +402,40 @@ func (c *client) send(batch []*request) {
 // pipeline runs the groups' script calls in one round trip. A round trip goes in
 // MULTI/EXEC unless the client never re-sends a command (atMostOnce): go-redis re-sends
 // a plain command whose reply was lost, which would run a script twice, and never
-// re-sends a transaction it has written. A cluster client runs one transaction per hash
-// slot.
+// re-sends a transaction it has written. On a cluster each key's calls are a
+// transaction of their own, all sent at once: go-redis's cluster client refuses a
+// transaction whose keys span hash slots (ErrCrossSlot) rather than split it.
 func (c *client) pipeline(ctx context.Context, gs []*group, eval bool) {
+	if _, ok := c.rdb.(*redis.ClusterClient); ok && len(gs) > 1 {
+		var byTag [][]*group
+		at := map[string]int{}
+		for _, g := range gs {
+			i, ok := at[g.t.tag]
+			if !ok {
+				i = len(byTag)
+				at[g.t.tag] = i
+				byTag = append(byTag, nil)
+			}
+			byTag[i] = append(byTag[i], g)
+		}
+		if len(byTag) > 1 {
+			var wg sync.WaitGroup
+			for _, part := range byTag {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					c.exec(ctx, part, eval)
+				}()
+			}
+			wg.Wait()
+			return
+		}
+	}
+	c.exec(ctx, gs, eval)
+}
+
+// exec runs the groups' script calls in one pipeline (see pipeline).
+func (c *client) exec(ctx context.Context, gs []*group, eval bool) {
 	var pipe redis.Pipeliner
 	if c.atMostOnce {
 		pipe = c.rdb.Pipeline()
