@@ -1,6 +1,7 @@
 package throttle
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha1"
 	"encoding/hex"
@@ -504,6 +505,9 @@ func (c *client) deliver(ctx context.Context, g *group) {
 			for j := range text {
 				text[j] = byte(flat[at+int64(j)])
 			}
+			// the request's place in the call is not the caller's business: its error
+			// reads the same whichever requests it went with
+			text = bytes.Replace(text, fmt.Appendf(nil, "JTARG request %d: ", i+1), []byte("JTARG "), 1)
 			r.answer(reply{}, scriptError(r.ctx, g.t.key, batchError(text)))
 			continue
 		}
