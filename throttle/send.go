@@ -251,7 +251,7 @@ func (c *client) expire() {
 				continue
 			}
 			if r.state.CompareAndSwap(queued, left) || r.state.CompareAndSwap(sent, left) {
-				r.err = fmt.Errorf("%w: key %q: no reply within the call timeout (%v)%s", ErrUnavailable, r.t.key, r.timeout, c.lastError())
+				r.err = c.noReply(r)
 				r.done <- struct{}{}
 			}
 		}
@@ -281,15 +281,30 @@ func (c *client) wait(r *request) (reply, error) {
 	case <-r.done:
 	case <-r.ctx.Done():
 		if r.state.CompareAndSwap(queued, left) || r.state.CompareAndSwap(sent, left) {
-			if errors.Is(r.ctx.Err(), context.DeadlineExceeded) {
-				return reply{}, fmt.Errorf("%w: key %q: no reply before the context's deadline (%w)%s", ErrUnavailable,
-					r.t.key, context.DeadlineExceeded, c.lastError())
-			}
-			return reply{}, r.ctx.Err()
+			return reply{}, c.noReply(r)
 		}
 		<-r.done // answered as the context ended: use it
 	}
 	return r.reply, r.err
+}
+
+// noReply is the error of r, whose caller leaves without a reply: ctx.Err() for a
+// cancelled context; else an error wrapping ErrUnavailable that names the bound that
+// passed (the context's deadline, then also matching context.DeadlineExceeded, or the
+// call timeout) and the last cause seen of Redis being unreachable. A bound that
+// passes counts as Redis unreachable for the failure policy, as any failed call does.
+func (c *client) noReply(r *request) error {
+	err := r.ctx.Err()
+	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	r.ks.breaker.failed(time.Now())
+	reloadSlots(c.rdb)
+	if dl, ok := r.ctx.Deadline(); err != nil || ok && !dl.After(time.Now()) {
+		return fmt.Errorf("%w: key %q: no reply before the context's deadline (%w)%s", ErrUnavailable,
+			r.t.key, context.DeadlineExceeded, c.lastError())
+	}
+	return fmt.Errorf("%w: key %q: no reply within the call timeout (%v)%s", ErrUnavailable, r.t.key, r.timeout, c.lastError())
 }
 
 // answer hands r its reply or error; a reply whose caller left goes to r.late.
@@ -465,13 +480,22 @@ func (c *client) deliver(ctx context.Context, g *group) {
 	flat, err := g.cmd.Result()
 	ks := g.reqs[0].ks
 	if err != nil {
-		if isUnavailable(ctx, err) {
+		// cut: the round trip ran out of time, every request's bound having passed
+		// (batchContext); its error (a context's, a timeout) says less than the bound
+		cut := ctx.Err() != nil && !isReply(err)
+		if cut && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) || isUnavailable(ctx, err) {
 			c.noteError(err)
+		}
+		if isUnavailable(ctx, err) {
 			ks.breaker.failed(time.Now())
 			reloadSlots(c.rdb)
 		}
 		for _, r := range g.reqs {
-			r.answer(reply{}, scriptError(r.ctx, g.t.key, err))
+			if cut {
+				r.answer(reply{}, c.noReply(r))
+			} else {
+				r.answer(reply{}, scriptError(r.ctx, g.t.key, err))
+			}
 		}
 		return
 	}
@@ -514,6 +538,13 @@ func (c *client) deliver(ctx context.Context, g *group) {
 		rep.extra = flat[at : at+n : at+n]
 		r.answer(rep, nil)
 	}
+}
+
+// isReply reports whether err is a reply of Redis's own (a script's error, NOSCRIPT,
+// NOPERM…) rather than a failure to get one.
+func isReply(err error) bool {
+	var rerr redis.Error
+	return errors.As(err, &rerr)
 }
 
 // batchContext is the context a round trip runs under: no cancellation (a caller that
