@@ -165,7 +165,7 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Lease, error) {
 			}
 			return s.granted(token, waited, r.local), nil
 		}
-		if h.subscribe(ctx, l) && !join {
+		if h.subscribe(l) && !join {
 			continue // confirmed already: take the place now
 		}
 		t := clock.NewTimer(min(r.wait, s.ttl/3)) // a place lapses after one TTL

@@ -143,7 +143,7 @@ func (ks *keyState) enter(s *sleeper) {
 		ks.listen = &listener{channel: wakeChannel(ks.tag), check: make(chan struct{}, 1), resumed: ks.resumed}
 		h := ks.client.hub
 		if !h.listen(ks.listen) {
-			h.subscribe(context.WithoutCancel(s.ctx), ks.listen)
+			h.subscribe(ks.listen)
 		}
 	}
 }
