@@ -322,11 +322,11 @@ func (l *Limiter) giveBack(ctx context.Context, n int, g grant) error {
 }
 
 // lateGiveBack gives g back for a caller that has left: in the background, once,
-// bounded by the call timeout; a failure goes to the RedisError hook.
+// bounded by the call timeout; a failure goes to the RedisError hook. Its context
+// never ends: the call timeout is its bound, and a call whose own context ended would
+// not be reported.
 func (l *Limiter) lateGiveBack(n int, g grant) {
-	ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
-	defer cancel()
-	_ = l.giveBack(ctx, n, g)
+	_ = l.giveBack(context.Background(), n, g)
 }
 
 // configState returns the state this Limiter's configuration shares on ks.

@@ -219,8 +219,7 @@ func (s *Semaphore) granted(token string, waited time.Duration, local bool) *Lea
 // waiter that stops waiting. It runs even when ctx is done; if it fails, the place
 // lapses by itself within one TTL.
 func (s *Semaphore) giveUp(ctx context.Context, token, place string) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
-	defer cancel()
+	ctx = context.WithoutCancel(ctx) // bounded by the call timeout; a failure is reported
 	if _, err := s.call(ctx, semRelease, token, place, false, false); err == nil && s.hooks.GaveUp != nil {
 		s.hooks.GaveUp(s.key)
 	}
@@ -249,9 +248,8 @@ func (s *Semaphore) call(ctx context.Context, op int, token, place string, join,
 	r := &request{ctx: ctx, t: s.t, ks: ks, fields: []any{op, token, place, j}, timeout: s.timeout}
 	if op == semAcquire && giveBack {
 		r.late = func(rep reply) { // the lease (or place) its caller never saw goes back
-			ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
-			defer cancel()
-			_, _ = s.call(ctx, semRelease, token, place, false, false)
+			// bounded by the call timeout; a failure goes to the RedisError hook
+			_, _ = s.call(context.Background(), semRelease, token, place, false, false)
 		}
 	}
 	rep, err := s.c.do(r)
