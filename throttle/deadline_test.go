@@ -1,0 +1,508 @@
+package throttle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// Every call returns by its context's end and its call timeout, whatever Redis and
+// go-redis do; what a reply brings after its caller left is given back.
+
+// sendLateBy is the scheduling delay the tests of a call's bound (its deadline, its
+// call timeout) tolerate between the bound and the call's return: the return itself is
+// one channel receive after the timer fires, but on the shared 2-core machine under
+// -race a goroutine can wait that long to run. Figures report the real delays.
+const sendLateBy = 250 * time.Millisecond
+
+// sendPrompt is the most a call may take to return after its context ends, measured
+// from the end as a goroutine of the test sees it (sendLeaves): the promise is 0.1s;
+// the bound leaves a loaded machine room to run the goroutine, and stays below the
+// 300ms by which the tests' late replies come, so a call that waited for its reply
+// fails it.
+const sendPrompt = 250 * time.Millisecond
+
+// sendLeaves runs f(ctx) and returns its error and how long after ctx ended f
+// returned, the end being when a goroutine started by context.AfterFunc ran: what
+// the test sees of the end, not the timer's due time, which a starved runtime may
+// fire late. ended is false when f returned before ctx ended (a deadline passed by
+// the clock has ended it, whether its timer ran yet or not).
+func sendLeaves(ctx context.Context, f func(context.Context) error) (err error, after time.Duration, ended bool) {
+	var end atomic.Pointer[time.Time]
+	stop := context.AfterFunc(ctx, func() {
+		now := time.Now()
+		end.Store(&now)
+	})
+	defer stop()
+	err = f(ctx)
+	returned := time.Now()
+	if dl, ok := ctx.Deadline(); ctx.Err() == nil && (!ok || returned.Before(dl)) {
+		return err, 0, false
+	}
+	// the AfterFunc goroutine may not have run yet: its end is no later than now
+	for end.Load() == nil {
+		time.Sleep(100 * time.Microsecond)
+	}
+	return err, max(0, returned.Sub(*end.Load())), true
+}
+
+// sendClientOption is a go-redis option set a new user might build a client with.
+type sendClientOption struct {
+	name string
+	set  func(*redis.Options)
+}
+
+// client returns a client of addr with the option set; it closes with the test.
+func (o sendClientOption) client(t *testing.T, addr string) *redis.Client {
+	opts := &redis.Options{Addr: addr}
+	o.set(opts)
+	rdb := redis.NewClient(opts)
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
+}
+
+// sendClientOptions are the option sets the deadline tests run on.
+var sendClientOptions = []sendClientOption{
+	{"defaults", func(*redis.Options) {}},
+	{"ContextTimeoutEnabled", func(o *redis.Options) { o.ContextTimeoutEnabled = true }},
+	{"no read timeout", func(o *redis.Options) { o.ReadTimeout = -1 }},
+	{"no retries", func(o *redis.Options) { o.MaxRetries = -1 }},
+}
+
+// sendCallNamed makes the call named, Wait, Allow, Reserve or Pause on l, TryAcquire or
+// Acquire on s, and returns its error.
+func sendCallNamed(ctx context.Context, call string, l *Limiter, s *Semaphore) error {
+	var err error
+	switch call {
+	case "Wait":
+		err = l.Wait(ctx)
+	case "Allow":
+		_, err = l.Allow(ctx)
+	case "Reserve":
+		_, err = l.Reserve(ctx, 1, time.Minute)
+	case "Pause":
+		err = l.Pause(ctx, time.Second)
+	case "TryAcquire":
+		_, _, err = s.TryAcquire(ctx)
+	case "Acquire":
+		_, err = s.Acquire(ctx)
+	default:
+		panic("sendCallNamed: unknown call " + call)
+	}
+	return err
+}
+
+// Against a Redis that accepts connections and never answers, Wait, Allow, Reserve
+// and Pause return when their context's deadline passes, with an error wrapping
+// ErrUnavailable and context.DeadlineExceeded, whatever the client's options:
+// go-redis alone, without ContextTimeoutEnabled, waits its ReadTimeout (3s) per try
+// and tries 4 times.
+func TestDeadlineHoldsAgainstHungRedis(t *testing.T) {
+	hung := hungServer(t)
+	const deadline = time.Second
+	var (
+		mu    sync.Mutex
+		worst time.Duration
+		wg    sync.WaitGroup
+	)
+	// every case at once, on goroutines rather than parallel subtests: the test takes
+	// one deadline, not sixteen
+	for _, o := range sendClientOptions {
+		for _, call := range []string{"Wait", "Allow", "Reserve", "Pause"} {
+			wg.Add(1)
+			rdb := o.client(t, hung.Addr)
+			go func() {
+				defer wg.Done()
+				l, err := New(rdb, "hung", PerSecond(10))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), deadline)
+				defer cancel()
+				err, late, ended := sendLeaves(ctx, func(ctx context.Context) error { return sendCallNamed(ctx, call, l, nil) })
+				mu.Lock()
+				worst = max(worst, late)
+				mu.Unlock()
+				if !ended {
+					t.Errorf("%s/%s returned %v before its deadline, want it to wait for it", o.name, call, err)
+				}
+				if !errors.Is(err, ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
+					t.Errorf("%s/%s: got %v, want ErrUnavailable and context.DeadlineExceeded", o.name, call, err)
+				}
+				if late > sendPrompt {
+					t.Errorf("%s/%s returned %v after its deadline, want at most %v", o.name, call, late, sendPrompt)
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	redistest.Figure(t, "hung Redis, 1s deadline, %d option sets × Wait/Allow/Reserve/Pause: latest return %v after the deadline as the test saw it (promise 100ms)",
+		len(sendClientOptions), worst.Round(time.Millisecond))
+}
+
+// A call whose context has no deadline but is cancelled returns ctx.Err() when it is,
+// even on a client that never times a read out, and on one that honours deadlines
+// (go-redis does not stop a read when its context is cancelled).
+func TestCancelHoldsAgainstHungRedis(t *testing.T) {
+	for _, cte := range []bool{false, true} {
+		t.Run(fmt.Sprint("ContextTimeoutEnabled=", cte), func(t *testing.T) {
+			hung := hungServer(t)
+			rdb := redis.NewClient(&redis.Options{Addr: hung.Addr, ReadTimeout: -1, ContextTimeoutEnabled: cte})
+			defer rdb.Close()
+			l, err := New(rdb, "hung", PerSecond(10))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			time.AfterFunc(300*ms, cancel)
+			err, late, ended := sendLeaves(ctx, func(ctx context.Context) error {
+				_, err := l.Allow(ctx)
+				return err
+			})
+			if !ended || !errors.Is(err, context.Canceled) || errors.Is(err, ErrUnavailable) || late > sendPrompt {
+				t.Errorf("Allow cancelled after 300ms: got %v, %v after the cancel (cancelled first: %v); want context.Canceled within %v",
+					err, late, ended, sendPrompt)
+			}
+		})
+	}
+}
+
+// A booking whose reply reaches the client after its caller left (the deadline passed
+// while Redis was slow) is given back: the next caller gets its slot.
+func TestLateGrantGivenBack(t *testing.T) {
+	sendCheckLateGrantGivenBack(t, "late", "a 100ms deadline", 100*time.Millisecond)
+}
+
+// A booking whose reply comes after its call's own bound (WithCallTimeout) passed, the
+// caller's context having no deadline, is given back as after a deadline.
+func TestLateGrantGivenBackAfterCallTimeout(t *testing.T) {
+	sendCheckLateGrantGivenBack(t, "late-bound", "a 100ms call timeout", 0, WithCallTimeout(100*time.Millisecond))
+}
+
+// sendCheckLateGrantGivenBack takes the permit of this second on a limiter of one a
+// second through a proxy, then books the next through it with the proxy holding
+// script calls back 400ms, on a call that gives up after 100ms: by its context's
+// deadline (within, when > 0) or by the limiter's options (WithCallTimeout). The
+// booking the caller never saw must be given back (the Cancelled hook), once, so that
+// the next Reserve gets the slot within the second rather than a second later. bound
+// names the call's limit in messages.
+//
+// Only the delayed call goes through the limiter with opts: the calls before and
+// after it use a limiter of the same key without them, since a starved machine can
+// take 100ms over an undelayed call. The delayed call's reply comes 400ms after it was
+// sent, whatever the load.
+func sendCheckLateGrantGivenBack(t *testing.T, key, bound string, within time.Duration, opts ...Option) {
+	t.Helper()
+	b, proxy, rdb := redistest.NewProxied(t)
+	cancelled := make(chan int, 4)
+	opts = append([]Option{WithKeyPrefix(b.Prefix), WithHooks(Hooks{Cancelled: func(_ string, n int) { cancelled <- n }})}, opts...)
+	l, err := New(rdb, key, Every(time.Second), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err := New(rdb, key, Every(time.Second), WithKeyPrefix(b.Prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if res, err := plain.Allow(ctx); err != nil || !res.Allowed { // the permit of this second
+		t.Fatalf("Allow: got %+v, %v; want allowed", res, err)
+	}
+	proxy.Delay("evalsha", 400*time.Millisecond)
+	short, cancel := ctx, context.CancelFunc(func() {})
+	if within > 0 {
+		short, cancel = context.WithTimeout(ctx, within)
+	}
+	defer cancel()
+	if _, err := l.Reserve(short, 1, time.Minute); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Reserve through a slow Redis with %s: got %v, want ErrUnavailable", bound, err)
+	}
+	proxy.Delay("", 0) // the give-back, sent when the late reply comes, is not held back
+	select {
+	case n := <-cancelled:
+		if n != 1 {
+			t.Fatalf("gave back %d permits, want 1", n)
+		}
+	case <-time.After(signalWait):
+		t.Fatalf("the booking its caller never saw was not given back within %v", signalWait)
+	}
+	r, err := plain.Reserve(ctx, 1, time.Minute)
+	if err != nil || !r.OK() || r.Delay() > time.Second {
+		t.Fatalf("Reserve after the give-back: got %v, %v; want the slot within the second (not a second later)", r, err)
+	}
+	select {
+	case n := <-cancelled:
+		t.Fatalf("a second give-back of %d permits, want one", n)
+	default:
+	}
+}
+
+// A semaphore lease granted by a reply that reaches the client after its caller left
+// is released: the slot does not stay taken for a lease TTL.
+//
+// The proxy holds every script call back 1s: the acquire runs 1s after the caller
+// left at 100ms, and the release its late reply brings runs 1s after that, so the
+// lease set is seen holding the lease (the acquire did run and grant) and then empty.
+func TestLateLeaseGivenBack(t *testing.T) {
+	const slow = time.Second
+	b, proxy, rdb := redistest.NewProxied(t)
+	s, err := NewSemaphore(rdb, "late-lease", 1, WithKeyPrefix(b.Prefix), WithLeaseTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := func() int64 { // leases in the lease set, read past the proxy
+		n, err := b.Client.ZCard(context.Background(), s.t.keys[0]).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	// one lease first, so the server has the script: the late call is one EVALSHA
+	// (a NOSCRIPT answer would come after the caller left, and no EVAL would follow)
+	if err := mustTry(t, s).Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	proxy.Delay("evalsha", slow)
+	short, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if l, _, err := s.TryAcquire(short); l != nil || !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("TryAcquire through a slow Redis with a 100ms deadline: got %v, %v; want ErrUnavailable", l, err)
+	}
+	sendEventually(t, signalWait, "the late acquire took the slot", func() bool { return held() == 1 })
+	proxy.Delay("", 0)
+	// released by the late reply's handler: well within 10s, where the TTL is a minute
+	sendEventually(t, signalWait, "the late lease released", func() bool { return held() == 0 })
+}
+
+// WithCallTimeout bounds every call, with a context that has no deadline too, whatever
+// the client's options (without read timeouts a call would otherwise wait forever):
+// each returns an error wrapping ErrUnavailable, not context.DeadlineExceeded (the
+// caller's context did not end).
+func TestCallTimeoutHoldsAgainstHungRedis(t *testing.T) {
+	hung := hungServer(t)
+	const bound = 300 * time.Millisecond
+	var (
+		mu    sync.Mutex
+		worst time.Duration
+		wg    sync.WaitGroup
+	)
+	for _, o := range sendClientOptions {
+		for _, call := range []string{"Wait", "Allow", "Reserve", "Pause", "TryAcquire", "Acquire"} {
+			for _, ctxKind := range []string{"Background", "1h deadline"} {
+				wg.Add(1)
+				rdb := o.client(t, hung.Addr)
+				go func() {
+					defer wg.Done()
+					l, err := New(rdb, "hung", PerSecond(10), WithCallTimeout(bound))
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					s, err := NewSemaphore(rdb, "hung", 1, WithCallTimeout(bound))
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					ctx, cancel := context.Background(), context.CancelFunc(func() {})
+					if ctxKind != "Background" {
+						ctx, cancel = context.WithTimeout(ctx, time.Hour)
+					}
+					defer cancel()
+					start := time.Now()
+					err = sendCallNamed(ctx, call, l, s)
+					took := time.Since(start)
+					mu.Lock()
+					worst = max(worst, took-bound)
+					mu.Unlock()
+					what := o.name + "/" + call + "/" + ctxKind
+					if !errors.Is(err, ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
+						t.Errorf("%s after %v: got %v, want ErrUnavailable and not context.DeadlineExceeded", what, took, err)
+					}
+					if took < bound || took > bound+sendLateBy {
+						t.Errorf("%s returned after %v, want %v (+ up to %v)", what, took, bound, sendLateBy)
+					}
+				}()
+			}
+		}
+	}
+	wg.Wait()
+	redistest.Figure(t, "hung Redis, WithCallTimeout(%v), %d option sets × 6 calls × Background and a 1h deadline: latest return %v after the bound",
+		bound, len(sendClientOptions), worst.Round(time.Millisecond))
+}
+
+// Without WithCallTimeout, a call's bound is one try of the client's own timeouts:
+// DialTimeout + WriteTimeout + ReadTimeout, go-redis's defaults for those unset or
+// disabled.
+func TestDefaultCallTimeout(t *testing.T) {
+	ms100 := 100 * time.Millisecond
+	for _, c := range []struct {
+		name string
+		rdb  redis.UniversalClient
+		set  time.Duration
+		want time.Duration
+	}{
+		{"go-redis defaults", redis.NewClient(&redis.Options{}), 0, 11 * time.Second},
+		{"set", redis.NewClient(&redis.Options{}), time.Second, time.Second},
+		{"own timeouts", redis.NewClient(&redis.Options{DialTimeout: ms100, ReadTimeout: 2 * ms100, WriteTimeout: 3 * ms100}), 0, 6 * ms100},
+		{"write timeout from read's", redis.NewClient(&redis.Options{DialTimeout: ms100, ReadTimeout: 2 * ms100}), 0, 5 * ms100},
+		{"timeouts disabled", redis.NewClient(&redis.Options{DialTimeout: ms100, ReadTimeout: -1, WriteTimeout: -2}), 0, ms100 + 6*time.Second},
+		{"cluster", redis.NewClusterClient(&redis.ClusterOptions{DialTimeout: ms100, ReadTimeout: ms100, WriteTimeout: ms100}), 0, 3 * ms100},
+		{"ring", redis.NewRing(&redis.RingOptions{DialTimeout: ms100, ReadTimeout: ms100, WriteTimeout: ms100}), 0, 3 * ms100},
+		{"failover", redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "m", DialTimeout: ms100, ReadTimeout: ms100}), 0, 3 * ms100},
+	} {
+		if got := callTimeout(c.set, c.rdb); got != c.want {
+			t.Errorf("%s: got call timeout %v, want %v", c.name, got, c.want)
+		}
+		c.rdb.Close()
+	}
+	rdb := redis.NewClient(&redis.Options{})
+	defer rdb.Close()
+	for _, d := range []time.Duration{0, -time.Second} {
+		if _, err := New(rdb, "k", PerSecond(1), WithCallTimeout(d)); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("New with WithCallTimeout(%v): got %v, want ErrInvalidArgument", d, err)
+		}
+		if _, err := NewSemaphore(rdb, "k", 1, WithCallTimeout(d)); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("NewSemaphore with WithCallTimeout(%v): got %v, want ErrInvalidArgument", d, err)
+		}
+	}
+}
+
+// The default bound holds against a hung Redis where go-redis alone would retry: a
+// client of 100ms timeouts and 10 retries returns by its 300ms bound (go-redis alone:
+// 11 tries of 100ms, and backoff).
+func TestDefaultCallTimeoutHoldsAgainstHungRedis(t *testing.T) {
+	hung := hungServer(t)
+	const bound = 300 * time.Millisecond
+	rdb := redis.NewClient(&redis.Options{Addr: hung.Addr, DialTimeout: bound / 3, ReadTimeout: bound / 3, WriteTimeout: bound / 3, MaxRetries: 10})
+	defer rdb.Close()
+	l, err := New(rdb, "hung", PerSecond(10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err = l.Allow(context.Background())
+	took := time.Since(start)
+	if !errors.Is(err, ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) || took < bound || took > bound+sendLateBy {
+		t.Errorf("Allow without a deadline: got %v after %v; want ErrUnavailable after %v (+ up to %v)", err, took, bound, sendLateBy)
+	}
+}
+
+// Calls queued behind others (going in a later round trip) are bounded by the call
+// timeout too, from when they were made.
+func TestCallTimeoutHoldsForQueuedCalls(t *testing.T) {
+	hung := hungServer(t)
+	const bound, callers = 300 * time.Millisecond, 8
+	rdb := redis.NewClient(&redis.Options{Addr: hung.Addr})
+	defer rdb.Close()
+	l, err := New(rdb, "hung", PerSecond(10), WithCallTimeout(bound))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for i := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			start := time.Now()
+			_, err := l.Allow(context.Background())
+			took := time.Since(start)
+			if !errors.Is(err, ErrUnavailable) || took < bound || took > bound+sendLateBy {
+				t.Errorf("Allow %d of %d at once: got %v after %v; want ErrUnavailable after %v (+ up to %v)", i, callers, err, took, bound, sendLateBy)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// A round trip sent to a Redis that accepts connections and never answers fails each
+// of its callers with an error wrapping ErrUnavailable: when the client's read timeout
+// ends the round trip first (the call's bound is later), and when the call timeout
+// passes first. So does one sent to a port that refuses connections.
+func TestBatchHungRedis(t *testing.T) {
+	hung := hungServer(t)
+	const short = 200 * time.Millisecond
+	for _, c := range []struct {
+		name  string
+		addr  string
+		read  time.Duration // the client's ReadTimeout
+		bound time.Duration // WithCallTimeout
+	}{
+		{"hung, read timeout first", hung.Addr, short, time.Hour},
+		{"hung, call timeout first", hung.Addr, -1, short},
+		{"refused", redistest.RefusedAddr, short, time.Hour},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rdb := redis.NewClient(&redis.Options{Addr: c.addr, ReadTimeout: c.read, MaxRetries: -1, DialTimeout: short})
+			defer rdb.Close()
+			for _, ctxKind := range []string{"Background", "1h deadline"} {
+				l, err := New(rdb, "hung-batch", PerSecond(10), WithCallTimeout(c.bound))
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx, cancel := context.Background(), context.CancelFunc(func() {})
+				if ctxKind != "Background" {
+					ctx, cancel = context.WithTimeout(ctx, time.Hour)
+				}
+				start := time.Now()
+				got := sendRunBatch(t, l.c, 3, func(int) sendOutcome { return sendCall{false, 1, 0}.run(ctx, l) })
+				took := time.Since(start)
+				cancel()
+				for i, g := range got {
+					if !errors.Is(g.errv, ErrUnavailable) || errors.Is(g.errv, ErrUnexpectedReply) {
+						t.Errorf("%s: call %d of a round trip: got %v, want ErrUnavailable", ctxKind, i, g.errv)
+					}
+				}
+				if took > short+sendLateBy {
+					t.Errorf("%s: the round trip's calls returned after %v, want %v (+ up to %v)", ctxKind, took, short, sendLateBy)
+				}
+			}
+		})
+	}
+}
+
+// A call left without a reply by its bound (its deadline, its call timeout) counts as
+// Redis unreachable for the failure policy, as any failed call does: under FailOpen,
+// against a Redis that stopped answering, it opens the key's breaker, so that the
+// calls after it within the quiet time are granted at once rather than each waiting
+// for its own bound.
+func TestNoReplyOpensTheBreaker(t *testing.T) {
+	hung := hungServer(t)
+	for _, c := range []struct {
+		name     string
+		deadline bool
+	}{{"deadline", true}, {"call timeout", false}} {
+		t.Run(c.name, func(t *testing.T) {
+			rdb := redis.NewClient(&redis.Options{Addr: hung.Addr})
+			defer rdb.Close()
+			l, err := New(rdb, "breaker", PerSecond(10), WithFailurePolicy(FailOpen), WithCallTimeout(200*ms))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.Background(), context.CancelFunc(func() {})
+			if c.deadline {
+				ctx, cancel = context.WithTimeout(ctx, 100*ms)
+			}
+			defer cancel()
+			start := time.Now()
+			res, err := l.Allow(ctx)
+			if took := time.Since(start); err != nil || !res.Allowed || took < 100*ms {
+				t.Fatalf("the first Allow: got %+v, %v after %v; want granted by FailOpen once its bound passed", res, err, took)
+			}
+			b := &l.c.key(l.t.tag).breaker
+			b.mu.Lock()
+			opened := !b.downUntil.IsZero()
+			b.mu.Unlock()
+			if !opened {
+				t.Fatal("the breaker is closed after a call got no reply by its bound, want it open")
+			}
+		})
+	}
+}
