@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -491,9 +492,12 @@ func (c *client) deliver(ctx context.Context, g *group) {
 			reloadSlots(c.rdb)
 		}
 		for _, r := range g.reqs {
-			if cut {
+			switch {
+			case cut:
 				r.answer(reply{}, c.noReply(r))
-			} else {
+			case isOddReply(err):
+				r.answer(reply{}, fmt.Errorf("%w: key %q: %w", ErrUnexpectedReply, g.t.key, err))
+			default:
 				r.answer(reply{}, scriptError(r.ctx, g.t.key, err))
 			}
 		}
@@ -545,6 +549,13 @@ func (c *client) deliver(ctx context.Context, g *group) {
 func isReply(err error) bool {
 	var rerr redis.Error
 	return errors.As(err, &rerr)
+}
+
+// isOddReply reports whether err is go-redis failing to read a reply as integers: a
+// reply of another shape than the scripts give (a string, a nil, not an array).
+func isOddReply(err error) bool {
+	var ne *strconv.NumError
+	return errors.As(err, &ne) || errors.Is(err, redis.Nil) || strings.HasPrefix(err.Error(), "redis: can't parse")
 }
 
 // batchContext is the context a round trip runs under: no cancellation (a caller that
