@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"errors"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,32 +29,56 @@ type client struct {
 	watchAt time.Time
 	lastErr atomic.Pointer[failure] // the last error that made Redis count as unreachable
 
-	keys  sync.Map // hash tag → *keyState
-	sweep *time.Timer
+	keys    sync.Map // hash tag → *keyState
+	sweep   *time.Timer
+	handles atomic.Int64 // Limiters and Semaphores built on the client that are still reachable
 }
 
 // clients holds the client of every Redis client in use: the only state of this
 // package that is not a constant. A client is dropped by its sweep once it has no key
-// in use and nothing in flight.
+// in use, nothing in flight and no handle left: a Limiter or Semaphore keeps using the
+// client it was built with, so while one lives its client must stay the one that
+// handles built later find.
 var clients struct {
 	mu sync.Mutex
 	m  map[redis.UniversalClient]*client
 }
 
-// clientFor returns the client of rdb.
+// clientOf returns the client of rdb for h, a new Limiter or Semaphore: the client
+// stays the process's client of rdb while h is reachable.
+func clientOf[T any](rdb redis.UniversalClient, h *T) *client {
+	c := clientFor(rdb)
+	runtime.AddCleanup(h, (*client).release, c)
+	return c
+}
+
+// clientFor returns the client of rdb, counting a handle more.
 func clientFor(rdb redis.UniversalClient) *client {
 	clients.mu.Lock()
 	defer clients.mu.Unlock()
-	if c := clients.m[rdb]; c != nil {
-		return c
+	c := clients.m[rdb]
+	if c == nil {
+		if clients.m == nil {
+			clients.m = map[redis.UniversalClient]*client{}
+		}
+		c = &client{rdb: rdb, atMostOnce: neverResends(rdb)}
+		c.hub = &hub{rdb: rdb, chans: map[string]*channel{}}
+		clients.m[rdb] = c
 	}
-	if clients.m == nil {
-		clients.m = map[redis.UniversalClient]*client{}
-	}
-	c := &client{rdb: rdb, atMostOnce: neverResends(rdb)}
-	c.hub = &hub{rdb: rdb, chans: map[string]*channel{}}
-	clients.m[rdb] = c
+	c.handles.Add(1)
 	return c
+}
+
+// release counts a handle less; the last one's going lets the sweep drop the client.
+func (c *client) release() {
+	if c.handles.Add(-1) > 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.sweep == nil {
+		c.sweep = time.AfterFunc(sweepEvery, c.sweepIdle)
+	}
 }
 
 // neverResends reports whether rdb sends each command once whatever happens to its
@@ -69,28 +94,30 @@ const sweepEvery = time.Minute
 
 // key returns the state of the key whose hash tag is tag, and marks it in use.
 func (c *client) key(tag string) *keyState {
+	if v, ok := c.keys.Load(tag); ok {
+		if ks := v.(*keyState); ks.used.Load() {
+			return ks // the sweep drops only a key it finds unused (under c.mu)
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	v, ok := c.keys.Load(tag)
 	if !ok {
-		c.mu.Lock()
-		v, ok = c.keys.Load(tag)
-		if !ok {
-			v = &keyState{client: c, tag: tag, moved: make(chan struct{})}
-			c.keys.Store(tag, v)
-			if c.sweep == nil {
-				c.sweep = time.AfterFunc(sweepEvery, c.sweepIdle)
-			}
+		v = &keyState{client: c, tag: tag, moved: make(chan struct{})}
+		c.keys.Store(tag, v)
+		if c.sweep == nil {
+			c.sweep = time.AfterFunc(sweepEvery, c.sweepIdle)
 		}
-		c.mu.Unlock()
 	}
 	ks := v.(*keyState)
-	if !ks.used.Load() {
-		ks.used.Store(true)
-	}
+	ks.used.Store(true)
 	return ks
 }
 
 // sweepIdle drops the keys not used since the last sweep whose state no longer
-// matters, and the client itself once it has none and nothing in flight.
+// matters, and the client itself once it has none, nothing in flight and no handle
+// left. A client of no key whose handles live sweeps again when a key is used or the
+// last handle goes.
 func (c *client) sweepIdle() {
 	now := time.Now()
 	c.mu.Lock()
@@ -106,12 +133,19 @@ func (c *client) sweepIdle() {
 		return true
 	})
 	if n > 0 || c.calls > 0 {
-		c.sweep.Reset(sweepEvery)
+		if c.sweep == nil {
+			c.sweep = time.AfterFunc(sweepEvery, c.sweepIdle)
+		} else {
+			c.sweep.Reset(sweepEvery)
+		}
 		return
 	}
-	c.sweep = nil
+	if c.sweep != nil {
+		c.sweep.Stop()
+		c.sweep = nil
+	}
 	clients.mu.Lock()
-	if clients.m[c.rdb] == c {
+	if clients.m[c.rdb] == c && c.handles.Load() == 0 { // a handle is counted under clients.mu
 		delete(clients.m, c.rdb)
 	}
 	clients.mu.Unlock()

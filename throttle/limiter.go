@@ -94,7 +94,7 @@ func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*L
 	others := a.otherStates(tag)
 	base := append([]string{keys.Name(tag, a.suffix), keys.Name(tag, keys.ControlKey), keys.Name(tag, keys.RecordKey)}, others...)
 	tail := append(a.args(limits, c.buckets), len(others))
-	l.c = clientFor(rdb)
+	l.c = clientOf(rdb, l)
 	l.t = newTarget(key, tag, a.script, base, tail, limiterFields)
 	l.timeout = callTimeout(c.callTimeout, rdb)
 	l.config = l.t.id + " " + c.policy.String()

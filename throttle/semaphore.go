@@ -76,8 +76,9 @@ func NewSemaphore(rdb redis.UniversalClient, key string, max int, opts ...Semaph
 	}
 	base := []string{keys.Name(tag, keys.Leases), keys.Name(tag, keys.Queue), keys.Name(tag, keys.QueueExpiry),
 		keys.Name(tag, keys.ControlKey)}
-	s := &Semaphore{c: clientFor(rdb), key: key, max: max, ttl: ttl, hooks: c.semHooks, policy: c.policy,
+	s := &Semaphore{key: key, max: max, ttl: ttl, hooks: c.semHooks, policy: c.policy,
 		timeout: callTimeout(c.callTimeout, rdb), channel: wakeChannel(tag)}
+	s.c = clientOf(rdb, s)
 	s.t = newTarget(key, tag, semaphoreScript, base, []any{max, ceilMicros(ttl)}, semaphoreFields)
 	s.config = s.t.id + " " + c.policy.String()
 	return s, nil
