@@ -18,6 +18,7 @@ import (
 type client struct {
 	rdb        redis.UniversalClient
 	atMostOnce bool // the client never re-sends a command: no MULTI/EXEC needed (see pipeline)
+	fast       bool // a failed dial ends the round trip that asked for it (see trip)
 	hub        *hub
 
 	mu      sync.Mutex
@@ -27,7 +28,8 @@ type client struct {
 	calls   int         // requests under way: queued, in flight, or answered and not yet returned
 	watch   *time.Timer // the watchdog: runs expire at watchAt
 	watchAt time.Time
-	lastErr atomic.Pointer[failure] // the last error that made Redis count as unreachable
+	lastErr atomic.Pointer[failure] // the last error seen of Redis being unreachable
+	trips   map[*trip]struct{}      // round trips under way, when a failed dial ends them (fast)
 
 	keys    sync.Map // hash tag → *keyState
 	sweep   *time.Timer
@@ -40,8 +42,9 @@ type client struct {
 // client it was built with, so while one lives its client must stay the one that
 // handles built later find.
 var clients struct {
-	mu sync.Mutex
-	m  map[redis.UniversalClient]*client
+	mu      sync.Mutex
+	m       map[redis.UniversalClient]*client
+	watched map[any]struct{} // weak pointers to the Redis clients watch has hooked
 }
 
 // clientOf returns the client of rdb for h, a new Limiter or Semaphore: the client
@@ -61,9 +64,10 @@ func clientFor(rdb redis.UniversalClient) *client {
 		if clients.m == nil {
 			clients.m = map[redis.UniversalClient]*client{}
 		}
-		c = &client{rdb: rdb, atMostOnce: neverResends(rdb)}
+		c = &client{rdb: rdb, atMostOnce: neverResends(rdb), fast: failsFast(rdb)}
 		c.hub = &hub{rdb: rdb, chans: map[string]*channel{}}
 		clients.m[rdb] = c
+		watch(rdb)
 	}
 	c.handles.Add(1)
 	return c
@@ -151,25 +155,25 @@ func (c *client) sweepIdle() {
 	clients.mu.Unlock()
 }
 
-// failure is an error that made Redis count as unreachable, and when it came.
+// failure is an error seen of Redis being unreachable, and when it came.
 type failure struct {
 	err error
 	at  time.Time
 }
 
-// noteError remembers err, which made Redis count as unreachable, for the error of a
-// call that then gets no reply (lastError).
+// noteError remembers err, seen of Redis being unreachable (a failed dial, a broken
+// connection, a failed round trip), for the error of a call that then gets no reply.
 func (c *client) noteError(err error) { c.lastErr.Store(&failure{err, time.Now()}) }
 
-// lastError describes the last error that made Redis count as unreachable, if it came
-// within the last minute, for a call that got no reply: "; the last call that failed
-// did 1.2s ago: dial tcp …: connection refused".
-func (c *client) lastError() string {
+// lastError returns the last error noted, if it came within the last minute, and how
+// long ago (rounded to the millisecond), for the error of a call that got no reply;
+// nil if there is none.
+func (c *client) lastError() (error, time.Duration) {
 	f := c.lastErr.Load()
 	if f == nil || time.Since(f.at) > time.Minute {
-		return ""
+		return nil, 0
 	}
-	return "; the last call that failed did " + time.Since(f.at).Round(time.Millisecond).String() + " ago: " + f.err.Error()
+	return f.err, time.Since(f.at).Round(time.Millisecond)
 }
 
 // keyState is what this process knows of one key besides Redis: its hold (Pause), the

@@ -292,8 +292,9 @@ func (c *client) wait(r *request) (reply, error) {
 // noReply is the error of r, whose caller leaves without a reply: ctx.Err() for a
 // cancelled context; else an error wrapping ErrUnavailable that names the bound that
 // passed (the context's deadline, then also matching context.DeadlineExceeded, or the
-// call timeout) and the last cause seen of Redis being unreachable. A bound that
-// passes counts as Redis unreachable for the failure policy, as any failed call does.
+// call timeout) and wraps the last failure seen of Redis, if any came lately. A bound
+// that passes counts as Redis unreachable for the failure policy, as any failed call
+// does.
 func (c *client) noReply(r *request) error {
 	err := r.ctx.Err()
 	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
@@ -301,11 +302,22 @@ func (c *client) noReply(r *request) error {
 	}
 	r.ks.breaker.failed(time.Now())
 	reloadSlots(c.rdb)
+	bound := fmt.Sprintf("within the call timeout (%v)", r.timeout)
 	if dl, ok := r.ctx.Deadline(); err != nil || ok && !dl.After(time.Now()) {
-		return fmt.Errorf("%w: key %q: no reply before the context's deadline (%w)%s", ErrUnavailable,
-			r.t.key, context.DeadlineExceeded, c.lastError())
+		bound = "before the context's deadline"
+		if cause, ago := c.lastError(); cause != nil {
+			return fmt.Errorf("%w: key %q: no reply %s (%w); the last failure seen, %v ago: %w", ErrUnavailable, r.t.key, bound,
+				context.DeadlineExceeded, ago, cause)
+		}
+		return fmt.Errorf("%w: key %q: no reply %s (%w)", ErrUnavailable, r.t.key, bound, context.DeadlineExceeded)
 	}
-	return fmt.Errorf("%w: key %q: no reply within the call timeout (%v)%s", ErrUnavailable, r.t.key, r.timeout, c.lastError())
+	if cause, ago := c.lastError(); cause != nil {
+		if errors.Is(cause, context.DeadlineExceeded) { // a timeout's: the caller's deadline did not pass
+			cause = errors.New(cause.Error())
+		}
+		return fmt.Errorf("%w: key %q: no reply %s; the last failure seen, %v ago: %w", ErrUnavailable, r.t.key, bound, ago, cause)
+	}
+	return fmt.Errorf("%w: key %q: no reply %s", ErrUnavailable, r.t.key, bound)
 }
 
 // answer hands r its reply or error; a reply whose caller left goes to r.late.
@@ -451,8 +463,12 @@ func (c *client) pipeline(ctx context.Context, gs []*group, eval bool) {
 	c.exec(ctx, gs, eval)
 }
 
-// exec runs the groups' script calls in one pipeline (see pipeline).
+// exec runs the groups' script calls in one pipeline (see pipeline), under a trip of
+// its own: a dial that fails ends it at once with the dial's error, when the client
+// fails fast.
 func (c *client) exec(ctx context.Context, gs []*group, eval bool) {
+	ctx, t, end := c.startTrip(ctx, c.tripAddr(ctx, gs[0].t.tag))
+	defer end()
 	var pipe redis.Pipeliner
 	if c.atMostOnce {
 		pipe = c.rdb.Pipeline()
@@ -465,6 +481,14 @@ func (c *client) exec(ctx context.Context, gs []*group, eval bool) {
 	}
 	_, err := pipe.Exec(ctx)
 	if err == nil {
+		return
+	}
+	if dial := t.err.get(); dial != nil { // ended by a failed dial: its calls get the dial's error
+		for _, g := range gs {
+			if e := g.cmd.Err(); errors.Is(e, context.Canceled) || e == nil && g.cmd.Val() == nil {
+				g.cmd.SetErr(dial)
+			}
+		}
 		return
 	}
 	// A failure before the calls had replies of their own (a refused dial, a read
@@ -487,7 +511,7 @@ func (c *client) deliver(ctx context.Context, g *group) {
 		if cut && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) || isUnavailable(ctx, err) {
 			c.noteError(err)
 		}
-		if isUnavailable(ctx, err) {
+		if isUnavailable(ctx, err) { // a cut one counts for each request (noReply)
 			ks.breaker.failed(time.Now())
 			reloadSlots(c.rdb)
 		}
