@@ -136,7 +136,7 @@ func (ks *keyState) pass(ctx context.Context) (held bool, err error) {
 			return held, nil
 		}
 		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d {
-			return held, fmt.Errorf("%w: held for %v more", waiter.ErrWouldExceedDeadline, d)
+			return held, fmt.Errorf("jobthrottle: %w: this process holds the key %v more", waiter.ErrWouldExceedDeadline, d)
 		}
 		held = true
 		if err := sleep(ctx, d); err != nil {

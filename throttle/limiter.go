@@ -151,7 +151,7 @@ func (l *Limiter) AllowN(ctx context.Context, n int) (Result, error) {
 // maxWait, and waiter.ErrNilReserver for a nil *Limiter.
 func (l *Limiter) Reserve(ctx context.Context, n int, maxWait time.Duration) (*waiter.Reservation, error) {
 	if l == nil {
-		return nil, fmt.Errorf("%w: nil *throttle.Limiter", waiter.ErrNilReserver)
+		return nil, fmt.Errorf("jobthrottle: %w: nil *throttle.Limiter", waiter.ErrNilReserver)
 	}
 	if err := l.check(ctx, n); err != nil {
 		return nil, err

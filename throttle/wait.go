@@ -50,7 +50,7 @@ func (l *Limiter) WaitN(ctx context.Context, n int) error {
 		}
 	}
 	if !g.granted {
-		return fmt.Errorf("%w: n=%d would wait %v", waiter.ErrWouldExceedDeadline, n, g.wait)
+		return fmt.Errorf("jobthrottle: key %q: %w: n=%d would wait %v", l.key, waiter.ErrWouldExceedDeadline, n, g.wait)
 	}
 	if (slept || held) && l.hooks.Waited != nil {
 		l.hooks.Waited(l.key, n, clock.Now().Sub(start))
