@@ -16,11 +16,29 @@ import (
 // Every call returns by its context's end and its call timeout, whatever Redis and
 // go-redis do; what a reply brings after its caller left is given back.
 
-// sendLateBy is the scheduling delay the tests of a call's bound (its deadline, its
-// call timeout) tolerate between the bound and the call's return: the return itself is
-// one channel receive after the timer fires, but on the shared 2-core machine under
-// -race a goroutine can wait that long to run. Figures report the real delays.
-const sendLateBy = 250 * time.Millisecond
+// sendBound starts the test's own timer of d, standing for a call's bound (its call
+// timeout) that starts now, and returns how long after that timer ran the call
+// returns, to call when it has: the call's watchdog and the test's timer are both
+// runtime timers, which a starved process runs late alike, so that the delay is the
+// call's own. It returns 0 for a call that returned before the timer ran.
+func sendBound(d time.Duration) (since func() time.Duration) {
+	start := time.Now()
+	var fired atomic.Pointer[time.Time]
+	time.AfterFunc(d, func() {
+		now := time.Now()
+		fired.Store(&now)
+	})
+	return func() time.Duration {
+		returned := time.Now()
+		if returned.Sub(start) < d {
+			return 0
+		}
+		for fired.Load() == nil {
+			time.Sleep(100 * time.Microsecond)
+		}
+		return max(0, returned.Sub(*fired.Load()))
+	}
+}
 
 // sendPrompt is the most a call may take to return after its context ends, measured
 // from the end as a goroutine of the test sees it (sendLeaves): the promise is 0.1s;
@@ -316,25 +334,26 @@ func TestCallTimeoutHoldsAgainstHungRedis(t *testing.T) {
 						ctx, cancel = context.WithTimeout(ctx, time.Hour)
 					}
 					defer cancel()
-					start := time.Now()
+					start, since := time.Now(), sendBound(bound)
 					err = sendCallNamed(ctx, call, l, s)
-					took := time.Since(start)
+					late, took := since(), time.Since(start)
 					mu.Lock()
-					worst = max(worst, took-bound)
+					worst = max(worst, late)
 					mu.Unlock()
 					what := o.name + "/" + call + "/" + ctxKind
 					if !errors.Is(err, ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
 						t.Errorf("%s after %v: got %v, want ErrUnavailable and not context.DeadlineExceeded", what, took, err)
 					}
-					if took < bound || took > bound+sendLateBy {
-						t.Errorf("%s returned after %v, want %v (+ up to %v)", what, took, bound, sendLateBy)
+					if took < bound || late > sendPrompt {
+						t.Errorf("%s returned after %v, %v after the bound as the test saw it; want %v, and at most %v after it",
+							what, took, late, bound, sendPrompt)
 					}
 				}()
 			}
 		}
 	}
 	wg.Wait()
-	redistest.Figure(t, "hung Redis, WithCallTimeout(%v), %d option sets × 6 calls × Background and a 1h deadline: latest return %v after the bound",
+	redistest.Figure(t, "hung Redis, WithCallTimeout(%v), %d option sets × 6 calls × Background and a 1h deadline: latest return %v after the bound as the test saw it",
 		bound, len(sendClientOptions), worst.Round(time.Millisecond))
 }
 
@@ -387,11 +406,12 @@ func TestDefaultCallTimeoutHoldsAgainstHungRedis(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	start := time.Now()
+	start, since := time.Now(), sendBound(bound)
 	_, err = l.Allow(context.Background())
-	took := time.Since(start)
-	if !errors.Is(err, ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) || took < bound || took > bound+sendLateBy {
-		t.Errorf("Allow without a deadline: got %v after %v; want ErrUnavailable after %v (+ up to %v)", err, took, bound, sendLateBy)
+	late, took := since(), time.Since(start)
+	if !errors.Is(err, ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) || took < bound || late > sendPrompt {
+		t.Errorf("Allow without a deadline: got %v after %v, %v after the bound as the test saw it; want ErrUnavailable after %v, at most %v after it",
+			err, took, late, bound, sendPrompt)
 	}
 }
 
@@ -411,11 +431,12 @@ func TestCallTimeoutHoldsForQueuedCalls(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			start := time.Now()
+			start, since := time.Now(), sendBound(bound)
 			_, err := l.Allow(context.Background())
-			took := time.Since(start)
-			if !errors.Is(err, ErrUnavailable) || took < bound || took > bound+sendLateBy {
-				t.Errorf("Allow %d of %d at once: got %v after %v; want ErrUnavailable after %v (+ up to %v)", i, callers, err, took, bound, sendLateBy)
+			late, took := since(), time.Since(start)
+			if !errors.Is(err, ErrUnavailable) || took < bound || late > sendPrompt {
+				t.Errorf("Allow %d of %d at once: got %v after %v, %v after the bound as the test saw it; want ErrUnavailable after %v, at most %v after it",
+					i, callers, err, took, late, bound, sendPrompt)
 			}
 		}()
 	}
@@ -451,17 +472,17 @@ func TestBatchHungRedis(t *testing.T) {
 				if ctxKind != "Background" {
 					ctx, cancel = context.WithTimeout(ctx, time.Hour)
 				}
-				start := time.Now()
+				since := sendBound(short) // the round trip's bound starts no earlier
 				got := sendRunBatch(t, l.c, 3, func(int) sendOutcome { return sendCall{false, 1, 0}.run(ctx, l) })
-				took := time.Since(start)
+				late := since()
 				cancel()
 				for i, g := range got {
 					if !errors.Is(g.errv, ErrUnavailable) || errors.Is(g.errv, ErrUnexpectedReply) {
 						t.Errorf("%s: call %d of a round trip: got %v, want ErrUnavailable", ctxKind, i, g.errv)
 					}
 				}
-				if took > short+sendLateBy {
-					t.Errorf("%s: the round trip's calls returned after %v, want %v (+ up to %v)", ctxKind, took, short, sendLateBy)
+				if late > sendPrompt {
+					t.Errorf("%s: the round trip's calls returned %v after %v as the test saw it, want at most %v after it", ctxKind, late, short, sendPrompt)
 				}
 			}
 		})
@@ -505,4 +526,75 @@ func TestNoReplyOpensTheBreaker(t *testing.T) {
 			}
 		})
 	}
+}
+
+// What a call costs against a refused port and a hung server, with go-redis's defaults
+// and with the options the README recommends for limiters. Figures only: the durations
+// depend on go-redis's retry and backoff settings and on the call timeout
+// (WithCallTimeout). The hung server without a deadline or a call timeout set (11s,
+// the default call timeout) runs with JOBTHROTTLE_LONG set.
+func TestUnavailableCostFigures(t *testing.T) {
+	if testing.Short() {
+		t.Skip("figures only")
+	}
+	hung := hungServer(t)
+	recommended := func(o *redis.Options) {
+		o.ContextTimeoutEnabled = true
+		o.DialTimeout = time.Second
+		o.ReadTimeout = 500 * time.Millisecond
+		o.WriteTimeout = 500 * time.Millisecond
+		o.DialerRetries = 1
+		o.MaxRetries = 1
+	}
+	type costCase struct {
+		name, addr string
+		set        func(*redis.Options)
+		deadline   time.Duration // 0: none
+		opts       []Option
+	}
+	var long []costCase
+	if longFaultTests() { // 11s: the default call timeout, one try of go-redis's defaults (5s + 3s + 3s)
+		long = append(long,
+			costCase{"hung server, go-redis defaults, no deadline", hung.Addr, func(*redis.Options) {}, 0, nil},
+			costCase{"hung server, no read timeout, no deadline", hung.Addr, func(o *redis.Options) { o.ReadTimeout = -1 }, 0, nil})
+	}
+	var wg sync.WaitGroup
+	for _, c := range append([]costCase{
+		{"refused port, go-redis defaults, no deadline", redistest.RefusedAddr, func(*redis.Options) {}, 0, nil},
+		{"refused port, recommended options, no deadline", redistest.RefusedAddr, recommended, 0, nil},
+		{"hung server, recommended options, no deadline", hung.Addr, recommended, 0, nil},
+		{"hung server, go-redis defaults, 1s deadline", hung.Addr, func(*redis.Options) {}, time.Second, nil},
+		{"refused port, recommended options and MaxRetries -1, no deadline", redistest.RefusedAddr, func(o *redis.Options) {
+			recommended(o)
+			o.MaxRetries = -1
+		}, 0, nil},
+		{"hung server, go-redis defaults, WithCallTimeout(1s), no deadline", hung.Addr, func(*redis.Options) {}, 0, []Option{WithCallTimeout(time.Second)}},
+	}, long...) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			opts := &redis.Options{Addr: c.addr}
+			c.set(opts)
+			rdb := redis.NewClient(opts)
+			defer rdb.Close()
+			l, err := New(rdb, "cost", PerSecond(10), c.opts...)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			ctx, cancel := context.Background(), context.CancelFunc(func() {})
+			if c.deadline > 0 {
+				ctx, cancel = context.WithTimeout(ctx, c.deadline)
+			}
+			defer cancel()
+			start := time.Now()
+			_, err = l.Allow(ctx)
+			took := time.Since(start)
+			if !errors.Is(err, ErrUnavailable) {
+				t.Errorf("%s: Allow: got %v, want ErrUnavailable", c.name, err)
+			}
+			redistest.Figure(t, "%s: Allow took %v", c.name, took.Round(time.Millisecond))
+		}()
+	}
+	wg.Wait()
 }
