@@ -216,50 +216,75 @@ func TestLateGrantGivenBackAfterCallTimeout(t *testing.T) {
 // Only the delayed call goes through the limiter with opts: the calls before and
 // after it use a limiter of the same key without them, since a starved machine can
 // take 100ms over an undelayed call. The delayed call's reply comes 400ms after it was
-// sent, whatever the load.
+// sent, whatever the load; a call that left before it was sent (its round trip had not
+// gone within its 100ms) booked nothing, and the scenario runs again on a key of its
+// own.
 func sendCheckLateGrantGivenBack(t *testing.T, key, bound string, within time.Duration, opts ...Option) {
 	t.Helper()
 	b, proxy, rdb := redistest.NewProxied(t)
-	cancelled := make(chan int, 4)
-	opts = append([]Option{WithKeyPrefix(b.Prefix), WithHooks(Hooks{Cancelled: func(_ string, n int) { cancelled <- n }})}, opts...)
-	l, err := New(rdb, key, Every(time.Second), opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	plain, err := New(rdb, key, Every(time.Second), WithKeyPrefix(b.Prefix))
-	if err != nil {
-		t.Fatal(err)
-	}
+	trip := &sendTrip{}
+	rdb.AddHook(trip)
+	cancelled := make(chan string, 16)
+	opts = append([]Option{WithKeyPrefix(b.Prefix), WithHooks(Hooks{Cancelled: func(key string, n int) {
+		cancelled <- fmt.Sprintf("%s %d", key, n)
+	}})}, opts...)
 	ctx := context.Background()
-	if res, err := plain.Allow(ctx); err != nil || !res.Allowed { // the permit of this second
-		t.Fatalf("Allow: got %+v, %v; want allowed", res, err)
-	}
-	proxy.Delay("evalsha", 400*time.Millisecond)
-	short, cancel := ctx, context.CancelFunc(func() {})
-	if within > 0 {
-		short, cancel = context.WithTimeout(ctx, within)
-	}
-	defer cancel()
-	if _, err := l.Reserve(short, 1, time.Minute); !errors.Is(err, ErrUnavailable) {
-		t.Fatalf("Reserve through a slow Redis with %s: got %v, want ErrUnavailable", bound, err)
-	}
-	proxy.Delay("", 0) // the give-back, sent when the late reply comes, is not held back
-	select {
-	case n := <-cancelled:
-		if n != 1 {
-			t.Fatalf("gave back %d permits, want 1", n)
+	for attempt := 1; ; attempt++ {
+		key := fmt.Sprint(key, attempt)
+		l, err := New(rdb, key, Every(time.Second), opts...)
+		if err != nil {
+			t.Fatal(err)
 		}
-	case <-time.After(signalWait):
-		t.Fatalf("the booking its caller never saw was not given back within %v", signalWait)
-	}
-	r, err := plain.Reserve(ctx, 1, time.Minute)
-	if err != nil || !r.OK() || r.Delay() > time.Second {
-		t.Fatalf("Reserve after the give-back: got %v, %v; want the slot within the second (not a second later)", r, err)
-	}
-	select {
-	case n := <-cancelled:
-		t.Fatalf("a second give-back of %d permits, want one", n)
-	default:
+		plain, err := New(rdb, key, Every(time.Second), WithKeyPrefix(b.Prefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res, err := plain.Allow(ctx); err != nil || !res.Allowed { // the permit of this second
+			t.Fatalf("Allow: got %+v, %v; want allowed", res, err)
+		}
+		var sent atomic.Bool
+		trip.before = func() { sent.Store(true) }
+		trip.armed.Store(true)
+		proxy.Delay("evalsha", 400*time.Millisecond)
+		short, cancel := ctx, context.CancelFunc(func() {})
+		if within > 0 {
+			short, cancel = context.WithTimeout(ctx, within)
+		}
+		_, err = l.Reserve(short, 1, time.Minute)
+		cancel()
+		if !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("Reserve through a slow Redis with %s: got %v, want ErrUnavailable", bound, err)
+		}
+		proxy.Delay("", 0) // the give-back, sent when the late reply comes, is not held back
+		went := !trip.armed.CompareAndSwap(true, false) // disarmed by the hook as the round trip went
+		for went && !sent.Load() {
+			time.Sleep(100 * time.Microsecond)
+		}
+		if !went {
+			if attempt == 5 {
+				t.Fatalf("in %d attempts the call never went before %s passed, want it in flight then", attempt, bound)
+			}
+			t.Logf("attempt %d: the call left before its round trip went (a loaded machine); again", attempt)
+			continue
+		}
+		select {
+		case got := <-cancelled:
+			if want := key + " 1"; got != want {
+				t.Fatalf("gave back %q (key, permits), want %q", got, want)
+			}
+		case <-time.After(signalWait):
+			t.Fatalf("the booking its caller never saw was not given back within %v", signalWait)
+		}
+		r, err := plain.Reserve(ctx, 1, time.Minute)
+		if err != nil || !r.OK() || r.Delay() > time.Second {
+			t.Fatalf("Reserve after the give-back: got %v, %v; want the slot within the second (not a second later)", r, err)
+		}
+		select {
+		case got := <-cancelled:
+			t.Fatalf("a second give-back (%s), want one", got)
+		default:
+		}
+		return
 	}
 }
 
@@ -269,35 +294,58 @@ func sendCheckLateGrantGivenBack(t *testing.T, key, bound string, within time.Du
 // The proxy holds every script call back 1s: the acquire runs 1s after the caller
 // left at 100ms, and the release its late reply brings runs 1s after that, so the
 // lease set is seen holding the lease (the acquire did run and grant) and then empty.
+// (A call that left before its round trip went, on a loaded machine, took nothing:
+// the scenario runs again, on a key of its own.)
 func TestLateLeaseGivenBack(t *testing.T) {
 	const slow = time.Second
 	b, proxy, rdb := redistest.NewProxied(t)
-	s, err := NewSemaphore(rdb, "late-lease", 1, WithKeyPrefix(b.Prefix), WithLeaseTTL(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
-	held := func() int64 { // leases in the lease set, read past the proxy
-		n, err := b.Client.ZCard(context.Background(), s.t.keys[0]).Result()
+	trip := &sendTrip{}
+	rdb.AddHook(trip)
+	for attempt := 1; ; attempt++ {
+		s, err := NewSemaphore(rdb, fmt.Sprint("late-lease", attempt), 1, WithKeyPrefix(b.Prefix), WithLeaseTTL(time.Minute))
 		if err != nil {
 			t.Fatal(err)
 		}
-		return n
+		held := func() int64 { // leases in the lease set, read past the proxy
+			n, err := b.Client.ZCard(context.Background(), s.t.keys[0]).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+		// one lease first, so the server has the script: the late call is one EVALSHA
+		// (a NOSCRIPT answer would come after the caller left, and no EVAL would follow)
+		if err := mustTry(t, s).Release(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		var sent atomic.Bool
+		trip.before = func() { sent.Store(true) }
+		trip.armed.Store(true)
+		proxy.Delay("evalsha", slow)
+		short, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		l, _, err := s.TryAcquire(short)
+		cancel()
+		if l != nil || !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("TryAcquire through a slow Redis with a 100ms deadline: got %v, %v; want ErrUnavailable", l, err)
+		}
+		went := !trip.armed.CompareAndSwap(true, false)
+		for went && !sent.Load() {
+			time.Sleep(100 * time.Microsecond)
+		}
+		if !went {
+			proxy.Delay("", 0)
+			if attempt == 5 {
+				t.Fatalf("in %d attempts the call never went before its deadline, want it in flight then", attempt)
+			}
+			t.Logf("attempt %d: the call left before its round trip went (a loaded machine); again", attempt)
+			continue
+		}
+		sendEventually(t, signalWait, "the late acquire took the slot", func() bool { return held() == 1 })
+		proxy.Delay("", 0)
+		// released by the late reply's handler: well within 10s, where the TTL is a minute
+		sendEventually(t, signalWait, "the late lease released", func() bool { return held() == 0 })
+		return
 	}
-	// one lease first, so the server has the script: the late call is one EVALSHA
-	// (a NOSCRIPT answer would come after the caller left, and no EVAL would follow)
-	if err := mustTry(t, s).Release(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	proxy.Delay("evalsha", slow)
-	short, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-	defer cancel()
-	if l, _, err := s.TryAcquire(short); l != nil || !errors.Is(err, ErrUnavailable) {
-		t.Fatalf("TryAcquire through a slow Redis with a 100ms deadline: got %v, %v; want ErrUnavailable", l, err)
-	}
-	sendEventually(t, signalWait, "the late acquire took the slot", func() bool { return held() == 1 })
-	proxy.Delay("", 0)
-	// released by the late reply's handler: well within 10s, where the TTL is a minute
-	sendEventually(t, signalWait, "the late lease released", func() bool { return held() == 0 })
 }
 
 // WithCallTimeout bounds every call, with a context that has no deadline too, whatever
