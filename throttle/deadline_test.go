@@ -255,8 +255,10 @@ func sendCheckLateGrantGivenBack(t *testing.T, key, bound string, within time.Du
 		if !errors.Is(err, ErrUnavailable) {
 			t.Fatalf("Reserve through a slow Redis with %s: got %v, want ErrUnavailable", bound, err)
 		}
-		proxy.Delay("", 0)                              // the give-back, sent when the late reply comes, is not held back
-		went := !trip.armed.CompareAndSwap(true, false) // disarmed by the hook as the round trip went
+		// the give-back, sent when the late reply comes, is not held back
+		proxy.Delay("", 0)
+		// disarmed by the hook if the round trip went
+		went := !trip.armed.CompareAndSwap(true, false)
 		for went && !sent.Load() {
 			time.Sleep(100 * time.Microsecond)
 		}
