@@ -408,62 +408,69 @@ func (g *group) command(ctx context.Context, eval bool) *redis.IntSliceCmd {
 }
 
 // send makes one round trip for batch: a script call per group, the calls in one
-// pipeline, and EVAL for those the server did not have the script of.
+// pipeline (see parts), and EVAL for those the server did not have the script of.
 func (c *client) send(batch []*request) {
 	ctx, cancel := batchContext(batch)
 	defer cancel()
-	live := groups(batch)
-	c.pipeline(ctx, live, false)
+	parts := c.parts(groups(batch))
+	if len(parts) == 1 {
+		c.round(ctx, parts[0])
+		return
+	}
+	var wg sync.WaitGroup
+	for _, part := range parts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.round(ctx, part)
+		}()
+	}
+	wg.Wait()
+}
+
+// parts splits a round trip's groups into the pipelines that carry them: one, or on a
+// cluster one per key, sent at once and answered each as it lands (a slow node holds
+// back only its own keys' callers). A round trip goes in MULTI/EXEC unless the client
+// never re-sends a command (atMostOnce): go-redis re-sends a plain command whose reply
+// was lost, which would run a script twice, and never re-sends a transaction it has
+// written; and go-redis's cluster client refuses a transaction whose keys span hash
+// slots (ErrCrossSlot) rather than split it.
+func (c *client) parts(gs []*group) [][]*group {
+	if _, ok := c.rdb.(*redis.ClusterClient); !ok || len(gs) == 1 {
+		return [][]*group{gs}
+	}
+	var byTag [][]*group
+	at := map[string]int{}
+	for _, g := range gs {
+		i, ok := at[g.t.tag]
+		if !ok {
+			i = len(byTag)
+			at[g.t.tag] = i
+			byTag = append(byTag, nil)
+		}
+		byTag[i] = append(byTag[i], g)
+	}
+	return byTag
+}
+
+// round sends the groups of one part, EVAL after NOSCRIPT, and answers their requests.
+func (c *client) round(ctx context.Context, gs []*group) {
+	c.exec(ctx, gs, false)
 	var again []*group
-	for _, g := range live {
+	for _, g := range gs {
 		if err := g.cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 			again = append(again, g)
 		}
 	}
 	if again != nil {
-		c.pipeline(ctx, again, true)
+		c.exec(ctx, again, true)
 	}
-	for _, g := range live {
+	for _, g := range gs {
 		c.deliver(ctx, g)
 	}
 }
 
-// pipeline runs the groups' script calls in one round trip. A round trip goes in
-// MULTI/EXEC unless the client never re-sends a command (atMostOnce): go-redis re-sends
-// a plain command whose reply was lost, which would run a script twice, and never
-// re-sends a transaction it has written. On a cluster each key's calls are a
-// transaction of their own, all sent at once: go-redis's cluster client refuses a
-// transaction whose keys span hash slots (ErrCrossSlot) rather than split it.
-func (c *client) pipeline(ctx context.Context, gs []*group, eval bool) {
-	if _, ok := c.rdb.(*redis.ClusterClient); ok && len(gs) > 1 {
-		var byTag [][]*group
-		at := map[string]int{}
-		for _, g := range gs {
-			i, ok := at[g.t.tag]
-			if !ok {
-				i = len(byTag)
-				at[g.t.tag] = i
-				byTag = append(byTag, nil)
-			}
-			byTag[i] = append(byTag[i], g)
-		}
-		if len(byTag) > 1 {
-			var wg sync.WaitGroup
-			for _, part := range byTag {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					c.exec(ctx, part, eval)
-				}()
-			}
-			wg.Wait()
-			return
-		}
-	}
-	c.exec(ctx, gs, eval)
-}
-
-// exec runs the groups' script calls in one pipeline (see pipeline), under a trip of
+// exec runs the groups' script calls in one pipeline (see parts), under a trip of
 // its own: a dial that fails ends it at once with the dial's error, when the client
 // fails fast.
 func (c *client) exec(ctx context.Context, gs []*group, eval bool) {
