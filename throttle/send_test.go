@@ -587,3 +587,71 @@ func TestTwoRoundTripsInFlight(t *testing.T) {
 		}
 	})
 }
+
+// sendHoldKey is a go-redis hook that holds each pipeline carrying a script call on
+// key until release is closed.
+type sendHoldKey struct {
+	key     string
+	held    chan struct{} // closed when a pipeline of key is held
+	release chan struct{}
+	once    sync.Once
+}
+
+func (h *sendHoldKey) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *sendHoldKey) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *sendHoldKey) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			if sendIsEval(cmd) && strings.Contains(fmt.Sprint(cmd.Args()[3]), h.key) {
+				h.once.Do(func() { close(h.held) })
+				<-h.release
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// On a cluster a round trip's keys go as transactions of their own, and each key's
+// callers are answered as its transaction lands: a node slow to answer holds back only
+// its own keys' callers.
+func TestClusterKeysLandOnTheirOwn(t *testing.T) {
+	b := redistest.NewCluster(t)
+	ctx := context.Background()
+	slow, err := New(b.Client, "slow-key", PerHour(10), WithKeyPrefix(b.Prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	quick, err := New(b.Client, "quick-key", PerHour(10), WithKeyPrefix(b.Prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []*Limiter{slow, quick} { // the scripts loaded
+		if _, err := l.AllowN(ctx, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := &sendHoldKey{key: "slow-key", held: make(chan struct{}), release: make(chan struct{})}
+	b.Client.AddHook(h)
+	defer close(h.release)
+	queued, release := sendHold(t, slow.c)
+	slowDone, quickDone := make(chan error, 1), make(chan error, 1)
+	go func() { _, err := slow.Allow(ctx); slowDone <- err }()
+	queued(1)
+	go func() { _, err := quick.Allow(ctx); quickDone <- err }()
+	queued(2)
+	release() // one round trip of both keys
+	<-h.held
+	select {
+	case err := <-quickDone:
+		if err != nil {
+			t.Fatalf("the quick key's Allow: got %v, want a grant", err)
+		}
+	case <-time.After(signalWait):
+		t.Fatalf("the quick key's caller is still waiting after %v while the slow key's transaction is held, want it answered", signalWait)
+	}
+	select {
+	case err := <-slowDone:
+		t.Fatalf("the slow key's Allow returned (%v) while its transaction is held, want it waiting", err)
+	default:
+	}
+}
