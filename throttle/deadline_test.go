@@ -360,9 +360,11 @@ func TestCallTimeoutHoldsAgainstHungRedis(t *testing.T) {
 	var (
 		mu    sync.Mutex
 		worst time.Duration
-		wg    sync.WaitGroup
 	)
+	// the calls of one option set at once, the sets one after the other: a crowd of
+	// goroutines all woken at one bound would measure the scheduler's queue
 	for _, o := range sendClientOptions {
+		var wg sync.WaitGroup
 		for _, call := range []string{"Wait", "Allow", "Reserve", "Pause", "TryAcquire", "Acquire"} {
 			for _, ctxKind := range []string{"Background", "1h deadline"} {
 				wg.Add(1)
@@ -401,8 +403,8 @@ func TestCallTimeoutHoldsAgainstHungRedis(t *testing.T) {
 				}()
 			}
 		}
+		wg.Wait()
 	}
-	wg.Wait()
 	redistest.Figure(t, "hung Redis, WithCallTimeout(%v), %d option sets × 6 calls × Background and a 1h deadline: latest return %v after the bound as the test saw it",
 		bound, len(sendClientOptions), worst.Round(time.Millisecond))
 }
