@@ -412,11 +412,12 @@ func (g *group) command(ctx context.Context, eval bool) *redis.IntSliceCmd {
 func (c *client) send(batch []*request) {
 	ctx, cancel := batchContext(batch)
 	defer cancel()
-	parts := c.parts(groups(batch))
-	if len(parts) == 1 {
-		c.round(ctx, parts[0])
+	gs := groups(batch)
+	if _, ok := c.rdb.(*redis.ClusterClient); !ok || len(gs) == 1 {
+		c.round(ctx, gs)
 		return
 	}
+	parts := c.parts(gs)
 	var wg sync.WaitGroup
 	for _, part := range parts {
 		wg.Add(1)
@@ -428,17 +429,14 @@ func (c *client) send(batch []*request) {
 	wg.Wait()
 }
 
-// parts splits a round trip's groups into the pipelines that carry them: one, or on a
-// cluster one per key, sent at once and answered each as it lands (a slow node holds
+// parts splits a cluster's round trip into the pipelines that carry it: one per key,
+// sent at once and answered each as it lands (a slow node holds
 // back only its own keys' callers). A round trip goes in MULTI/EXEC unless the client
 // never re-sends a command (atMostOnce): go-redis re-sends a plain command whose reply
 // was lost, which would run a script twice, and never re-sends a transaction it has
 // written; and go-redis's cluster client refuses a transaction whose keys span hash
 // slots (ErrCrossSlot) rather than split it.
 func (c *client) parts(gs []*group) [][]*group {
-	if _, ok := c.rdb.(*redis.ClusterClient); !ok || len(gs) == 1 {
-		return [][]*group{gs}
-	}
 	var byTag [][]*group
 	at := map[string]int{}
 	for _, g := range gs {
@@ -474,8 +472,8 @@ func (c *client) round(ctx context.Context, gs []*group) {
 // its own: a dial that fails ends it at once with the dial's error, when the client
 // fails fast.
 func (c *client) exec(ctx context.Context, gs []*group, eval bool) {
-	ctx, t, end := c.startTrip(ctx, c.tripAddr(ctx, gs[0].t.tag))
-	defer end()
+	ctx, t := c.startTrip(ctx, c.tripAddr(ctx, gs[0].t.tag))
+	defer t.end()
 	var pipe redis.Pipeliner
 	if c.atMostOnce {
 		pipe = c.rdb.Pipeline()

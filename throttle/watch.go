@@ -148,30 +148,35 @@ func failsFast(rdb redis.UniversalClient) bool {
 // registered with its client while it runs: a dial to its address that fails ends it
 // at once, when the client fails fast, and the dial's error is what its calls get.
 type trip struct {
+	c      *client
 	addr   string // where it goes: a cluster node's address; "" for a client of one
 	cancel context.CancelFunc
 	err    errorOnce
 }
 
-// startTrip registers a trip of ctx to addr with c; end unregisters it.
-func (c *client) startTrip(ctx context.Context, addr string) (_ context.Context, t *trip, end func()) {
+// startTrip registers a trip of ctx to addr with c; its end unregisters it.
+func (c *client) startTrip(ctx context.Context, addr string) (context.Context, *trip) {
 	ctx, cancel := context.WithCancel(ctx)
-	t = &trip{addr: addr, cancel: cancel}
-	if !c.fast {
-		return ctx, t, cancel
-	}
-	c.mu.Lock()
-	if c.trips == nil {
-		c.trips = map[*trip]struct{}{}
-	}
-	c.trips[t] = struct{}{}
-	c.mu.Unlock()
-	return ctx, t, func() {
+	t := &trip{c: c, addr: addr, cancel: cancel}
+	if c.fast {
 		c.mu.Lock()
-		delete(c.trips, t)
+		if c.trips == nil {
+			c.trips = map[*trip]struct{}{}
+		}
+		c.trips[t] = struct{}{}
 		c.mu.Unlock()
-		cancel()
 	}
+	return ctx, t
+}
+
+// end unregisters t and releases its context.
+func (t *trip) end() {
+	if t.c.fast {
+		t.c.mu.Lock()
+		delete(t.c.trips, t)
+		t.c.mu.Unlock()
+	}
+	t.cancel()
 }
 
 // dialFailed ends, with err, the round trips to addr under way.
