@@ -397,7 +397,7 @@ func TestTryAcquireForKeepsThePlace(t *testing.T) {
 // subscription confirmed, so that a hand-off to the place reaches it.
 func ctlPlaceListening(s *Semaphore, id string) bool {
 	place := (&booking.Task{ID: id}).Place()
-	h := s.c.hub
+	h := s.client().hub
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	ch := h.chans[s.channel]

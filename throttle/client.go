@@ -26,34 +26,28 @@ type client struct {
 	calls   int         // requests under way: queued, in flight, or answered and not yet returned
 	watch   *time.Timer // the watchdog: runs expire at watchAt
 	watchAt time.Time
-	lastErr atomic.Pointer[failure] // the last error that made Redis count as unreachable
+	lastErr atomic.Pointer[failure] // the last error seen of Redis being unreachable
+	dropped bool                    // the sweep took it out of clients (c.mu held)
 
 	keys  sync.Map // hash tag → *keyState
 	sweep *time.Timer
 }
 
-// clients holds the client of every Redis client in use: the only state of this
-// package that is not a constant. A client is dropped by its sweep once it has no key
-// in use and nothing in flight.
-var clients struct {
-	mu sync.Mutex
-	m  map[redis.UniversalClient]*client
-}
+// clients holds the client of every Redis client in use (redis.UniversalClient →
+// *client): the only state of this package that is not a constant. Limiters and
+// Semaphores look their client up on every call, so the sweep may drop a client once it
+// has no key in use and nothing in flight: the next call makes it anew.
+var clients sync.Map
 
 // clientFor returns the client of rdb.
 func clientFor(rdb redis.UniversalClient) *client {
-	clients.mu.Lock()
-	defer clients.mu.Unlock()
-	if c := clients.m[rdb]; c != nil {
-		return c
-	}
-	if clients.m == nil {
-		clients.m = map[redis.UniversalClient]*client{}
+	if v, ok := clients.Load(rdb); ok {
+		return v.(*client)
 	}
 	c := &client{rdb: rdb, atMostOnce: neverResends(rdb)}
 	c.hub = &hub{rdb: rdb, chans: map[string]*channel{}}
-	clients.m[rdb] = c
-	return c
+	v, _ := clients.LoadOrStore(rdb, c)
+	return v.(*client)
 }
 
 // neverResends reports whether rdb sends each command once whatever happens to its
@@ -69,23 +63,26 @@ const sweepEvery = time.Minute
 
 // key returns the state of the key whose hash tag is tag, and marks it in use.
 func (c *client) key(tag string) *keyState {
+	if v, ok := c.keys.Load(tag); ok {
+		if ks := v.(*keyState); ks.used.Load() {
+			return ks // the sweep drops only a key it finds unused (under c.mu)
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.dropped { // the sweep has just taken the client out: the key goes to the new one
+		return clientFor(c.rdb).key(tag)
+	}
 	v, ok := c.keys.Load(tag)
 	if !ok {
-		c.mu.Lock()
-		v, ok = c.keys.Load(tag)
-		if !ok {
-			v = &keyState{client: c, tag: tag, unhold: make(chan struct{})}
-			c.keys.Store(tag, v)
-			if c.sweep == nil {
-				c.sweep = time.AfterFunc(sweepEvery, c.sweepIdle)
-			}
+		v = &keyState{client: c, tag: tag, unhold: make(chan struct{})}
+		c.keys.Store(tag, v)
+		if c.sweep == nil {
+			c.sweep = time.AfterFunc(sweepEvery, c.sweepIdle)
 		}
-		c.mu.Unlock()
 	}
 	ks := v.(*keyState)
-	if !ks.used.Load() {
-		ks.used.Store(true)
-	}
+	ks.used.Store(true)
 	return ks
 }
 
@@ -109,33 +106,29 @@ func (c *client) sweepIdle() {
 		c.sweep.Reset(sweepEvery)
 		return
 	}
-	c.sweep = nil
-	clients.mu.Lock()
-	if clients.m[c.rdb] == c {
-		delete(clients.m, c.rdb)
-	}
-	clients.mu.Unlock()
+	c.sweep, c.dropped = nil, true
+	clients.CompareAndDelete(c.rdb, c)
 }
 
-// failure is an error that made Redis count as unreachable, and when it came.
+// failure is an error seen of Redis being unreachable, and when it came.
 type failure struct {
 	err error
 	at  time.Time
 }
 
-// noteError remembers err, which made Redis count as unreachable, for the error of a
-// call that then gets no reply (lastError).
+// noteError remembers err, seen of Redis being unreachable (a failed round trip), for
+// the error of a call that then gets no reply.
 func (c *client) noteError(err error) { c.lastErr.Store(&failure{err, time.Now()}) }
 
-// lastError describes the last error that made Redis count as unreachable, if it came
-// within the last minute, for a call that got no reply: "; the last call that failed
-// did 1.2s ago: dial tcp …: connection refused".
-func (c *client) lastError() string {
+// lastError returns the last error noted, if it came within the last minute, and how
+// long ago (rounded to the millisecond), for the error of a call that got no reply;
+// nil if there is none.
+func (c *client) lastError() (error, time.Duration) {
 	f := c.lastErr.Load()
 	if f == nil || time.Since(f.at) > time.Minute {
-		return ""
+		return nil, 0
 	}
-	return "; the last call that failed did " + time.Since(f.at).Round(time.Millisecond).String() + " ago: " + f.err.Error()
+	return f.err, time.Since(f.at).Round(time.Millisecond)
 }
 
 // keyState is what this process knows of one key besides Redis: its hold (Pause), the

@@ -23,7 +23,7 @@ func (l *Limiter) Pause(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
 		return fmt.Errorf("%w: pause %v", ErrInvalidArgument, d)
 	}
-	ks := l.c.key(l.t.tag)
+	ks := l.client().key(l.t.tag)
 	ks.holdFor(d)
 	if _, err := l.control(ctx, opPause, 0, min(ceilMicros(d), maxPeriodUS), nil); err != nil {
 		return err
@@ -51,7 +51,7 @@ func (l *Limiter) Resume(ctx context.Context) error {
 		return err
 	}
 	// the end of the pause it ended (0: none was in force): this process's waiters go now
-	l.c.key(l.t.tag).resume(rep.v[4], true)
+	l.client().key(l.t.tag).resume(rep.v[4], true)
 	return nil
 }
 
@@ -126,7 +126,7 @@ func (l *Limiter) control(ctx context.Context, op, n int, x int64, rates []any) 
 	if err := ctx.Err(); err != nil {
 		return reply{}, err
 	}
-	return l.send(ctx, l.c.key(l.t.tag), []any{op, n, x, 0, 0}, "", rates, nil, false)
+	return l.send(ctx, l.client().key(l.t.tag), []any{op, n, x, 0, 0}, "", rates, nil, false)
 }
 
 // holdFor holds this process's callers of the key for d from now (see Pause): a
@@ -199,7 +199,7 @@ func (ks *keyState) pass(ctx context.Context) (seen int64, held bool, err error)
 			return seen, held, nil
 		}
 		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d {
-			return seen, held, fmt.Errorf("%w: held for %v more", waiter.ErrWouldExceedDeadline, d)
+			return seen, held, fmt.Errorf("jobthrottle: %w: this process holds the key %v more", waiter.ErrWouldExceedDeadline, d)
 		}
 		if !held {
 			held = true

@@ -34,7 +34,7 @@ func TestQueueLeftByEveryCallerSendsNothing(t *testing.T) {
 			held <- err
 		}()
 	}
-	c := slow.c
+	c := slow.client()
 	for deadline := time.Now().Add(signalWait); ; time.Sleep(ms) {
 		c.mu.Lock()
 		flying := c.flying

@@ -42,8 +42,8 @@ func ctlLimiterOn(tl *timeline, rdb redis.UniversalClient, key string, limit Lim
 // confirmed: from then on a resume's notice reaches them.
 func ctlListening(t *testing.T, l *Limiter, n int) {
 	t.Helper()
-	ks := l.c.key(l.t.tag)
-	h := l.c.hub
+	ks := l.client().key(l.t.tag)
+	h := l.client().hub
 	deadline := time.Now().Add(signalWait)
 	for {
 		ks.mu.Lock()

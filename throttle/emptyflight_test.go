@@ -47,7 +47,7 @@ func TestFlushAfterQueuedCallersLeft(t *testing.T) {
 		if _, err := l.Allow(ctx); err != nil { // the script loaded, a connection made
 			t.Fatal(err)
 		}
-		c := l.c
+		c := l.client()
 		until := func(what string, cond func() bool) {
 			t.Helper()
 			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(ms) {

@@ -1095,7 +1095,7 @@ func (r *fuzzRun) cancel(rd *fuzzReader) {
 	v, err := both(r, what, func(s *fuzzSide) ([replyWidth]int64, error) {
 		ctx, cancel := fuzzCtx()
 		defer cancel()
-		rep, err := s.l.send(ctx, s.l.c.key(s.l.t.tag), []any{opCancel, n, token, 0, 0}, "", nil, nil, false)
+		rep, err := s.l.send(ctx, s.l.client().key(s.l.t.tag), []any{opCancel, n, token, 0, 0}, "", nil, nil, false)
 		return rep.v, err
 	})
 	got := reply{v: v}

@@ -129,7 +129,7 @@ func (l *Limiter) Inspect(ctx context.Context) (LimiterState, error) {
 	if err := ctx.Err(); err != nil {
 		return LimiterState{}, err
 	}
-	rep, err := l.c.do(&request{ctx: ctx, t: l.t, ks: l.c.key(l.t.tag), fields: []any{opInspect, 1, 0, 0, 0},
+	rep, err := l.client().do(&request{ctx: ctx, t: l.t, ks: l.client().key(l.t.tag), fields: []any{opInspect, 1, 0, 0, 0},
 		timeout: l.timeout, detail: true})
 	if err != nil {
 		return LimiterState{}, err
@@ -174,9 +174,9 @@ func (s *Semaphore) Inspect(ctx context.Context) (SemaphoreState, error) {
 	if err := ctx.Err(); err != nil {
 		return SemaphoreState{}, err
 	}
-	r := &request{ctx: ctx, t: s.t, ks: s.c.key(s.t.tag), fields: []any{semInspect, "", "", semInspectLimit},
+	r := &request{ctx: ctx, t: s.t, ks: s.client().key(s.t.tag), fields: []any{semInspect, "", "", semInspectLimit},
 		timeout: s.timeout, detail: true}
-	rep, err := s.c.do(r)
+	rep, err := s.client().do(r)
 	if err != nil {
 		return SemaphoreState{}, err
 	}

@@ -298,7 +298,7 @@ func TestInspectMatchesReferenceModel(t *testing.T) {
 				bk := bookings[k]
 				bookings = append(bookings[:k], bookings[k+1:]...)
 				what = fmt.Sprintf("cancel(%d at %d)", bk.n, bk.token)
-				rep, err := l.c.do(&request{ctx: ctx, t: l.t, ks: l.c.key(l.t.tag), fields: []any{opCancel, bk.n, bk.token, 0, 0}, timeout: l.timeout})
+				rep, err := l.client().do(&request{ctx: ctx, t: l.t, ks: l.client().key(l.t.tag), fields: []any{opCancel, bk.n, bk.token, 0, 0}, timeout: l.timeout})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -654,7 +654,7 @@ func TestConcurrentInspectsShareRoundTrips(t *testing.T) {
 			// behind them, whatever the scheduler does
 			var returned atomic.Int64
 			rt.hold(func() bool {
-				c := lims[0].c
+				c := lims[0].client()
 				c.mu.Lock()
 				defer c.mu.Unlock()
 				return int64(c.calls)+returned.Load() >= int64(calls) // every call queued, in flight or answered

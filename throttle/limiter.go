@@ -24,7 +24,7 @@ import (
 // key (its hold, failure policy, StateLost), so one built per task behaves as one built
 // once.
 type Limiter struct {
-	c       *client
+	rdb     redis.UniversalClient
 	t       *target
 	key     string
 	alg     Algorithm
@@ -94,12 +94,16 @@ func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*L
 	others := a.otherStates(tag)
 	base := append([]string{keys.Name(tag, a.suffix), keys.Name(tag, keys.ControlKey), keys.Name(tag, keys.RecordKey)}, others...)
 	tail := append(a.args(limits, c.buckets), len(others))
-	l.c = clientFor(rdb)
+	l.rdb = rdb
 	l.t = newTarget(key, tag, a.script, base, tail, limiterFields)
 	l.timeout = callTimeout(c.callTimeout, rdb)
 	l.config = l.t.id + " " + c.policy.String()
 	return l, nil
 }
+
+// client returns the process's client of the Limiter's Redis client, looked up on each
+// call (see clients).
+func (l *Limiter) client() *client { return clientFor(l.rdb) }
 
 // recordMinTTL is the shortest life of a key's record (see ReadRecord); recordMaxTTL
 // the longest, the scripts' bound on it (2^45µs in whole ms): a longer one would fail
@@ -156,7 +160,7 @@ func (l *Limiter) AllowN(ctx context.Context, n int) (Result, error) {
 // maxWait, and waiter.ErrNilReserver for a nil *Limiter.
 func (l *Limiter) Reserve(ctx context.Context, n int, maxWait time.Duration) (*waiter.Reservation, error) {
 	if l == nil {
-		return nil, fmt.Errorf("%w: nil *throttle.Limiter", waiter.ErrNilReserver)
+		return nil, fmt.Errorf("jobthrottle: %w: nil *throttle.Limiter", waiter.ErrNilReserver)
 	}
 	if err := l.check(ctx, n); err != nil {
 		return nil, err
@@ -227,7 +231,7 @@ func (l *Limiter) acquire(ctx context.Context, n int, maxWait time.Duration, tas
 			}
 		}
 	}
-	ks := l.c.key(l.t.tag)
+	ks := l.client().key(l.t.tag)
 	var mark stateMark
 	var cs *configState
 	if l.hooks.StateLost != nil || l.policy.mode == failLocal {
@@ -274,7 +278,7 @@ func (l *Limiter) send(ctx context.Context, ks *keyState, fields []any, key stri
 	if mayGrant && ks.recordDue(l.every) {
 		r.record = l.record
 	}
-	rep, err := l.c.do(r)
+	rep, err := l.client().do(r)
 	if err != nil {
 		if ae, ok := err.(*AlgorithmError); ok {
 			ae.Want = l.alg
@@ -304,14 +308,14 @@ func (l *Limiter) report(n int, g grant) {
 // them; a task's booking is cancelled only while it is still the caller's (its stamp).
 func (l *Limiter) giveBack(ctx context.Context, n int, g grant) error {
 	if g.local {
-		l.configState(l.c.key(l.t.tag)).local.cancel(clock.Now().UnixMicro(), g.token, n)
+		l.configState(l.client().key(l.t.tag)).local.cancel(clock.Now().UnixMicro(), g.token, n)
 		return nil
 	}
 	x := g.token
 	if g.task != "" {
 		x = g.stamp
 	}
-	ks := l.c.key(l.t.tag)
+	ks := l.client().key(l.t.tag)
 	rep, err := l.send(ctx, ks, []any{opCancel, n, x, 0, 0}, g.task, nil, nil, false)
 	if err != nil || rep.v[0] != 1 {
 		return err
@@ -331,11 +335,11 @@ func (l *Limiter) giveBack(ctx context.Context, n int, g grant) error {
 }
 
 // lateGiveBack gives g back for a caller that has left: in the background, once,
-// bounded by the call timeout; a failure goes to the RedisError hook.
+// bounded by the call timeout; a failure goes to the RedisError hook. Its context
+// never ends: the call timeout is its bound, and a call whose own context ended would
+// not be reported.
 func (l *Limiter) lateGiveBack(n int, g grant) {
-	ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
-	defer cancel()
-	_ = l.giveBack(ctx, n, g)
+	_ = l.giveBack(context.Background(), n, g)
 }
 
 // configState returns the state this Limiter's configuration shares on ks.

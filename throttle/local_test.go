@@ -188,7 +188,7 @@ func TestLocalLogDecidesAsTheLogScript(t *testing.T) {
 						tl.at(at)
 						now = bk.token
 					}
-					rep, err := l.c.do(&request{ctx: ctx, t: l.t, ks: l.c.key(l.t.tag), fields: []any{opCancel, bk.n, bk.token, 0, 0}, timeout: l.timeout})
+					rep, err := l.client().do(&request{ctx: ctx, t: l.t, ks: l.client().key(l.t.tag), fields: []any{opCancel, bk.n, bk.token, 0, 0}, timeout: l.timeout})
 					if err != nil {
 						t.Fatal(err)
 					}

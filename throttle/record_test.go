@@ -134,7 +134,7 @@ func TestRecordWrittenOncePerInterval(t *testing.T) {
 			if got := w.n.Load(); got != 1 {
 				t.Fatalf("400 calls carried the record %d times, want 1", got)
 			}
-			ks := l.c.key(l.t.tag)
+			ks := l.client().key(l.t.tag)
 			if due, want := time.Until(time.Unix(0, ks.record.Load())), l.every; due > want || due < want-time.Second || want != 2500*ms {
 				t.Fatalf("the record is next due in %v, want in %v (a quarter of its 10s)", due, want)
 			}

@@ -26,7 +26,7 @@ import (
 // lease is granted; held leases can still be extended and released. A Semaphore is
 // safe for simultaneous use and cheap to build.
 type Semaphore struct {
-	c       *client
+	rdb     redis.UniversalClient
 	t       *target
 	key     string
 	max     int
@@ -76,14 +76,19 @@ func NewSemaphore(rdb redis.UniversalClient, key string, max int, opts ...Semaph
 	}
 	base := []string{keys.Name(tag, keys.Leases), keys.Name(tag, keys.Queue), keys.Name(tag, keys.QueueExpiry),
 		keys.Name(tag, keys.ControlKey)}
-	s := &Semaphore{c: clientFor(rdb), key: key, max: max, ttl: ttl, hooks: c.semHooks, policy: c.policy,
+	s := &Semaphore{key: key, max: max, ttl: ttl, hooks: c.semHooks, policy: c.policy,
 		timeout: callTimeout(c.callTimeout, rdb), channel: wakeChannel(tag)}
+	s.rdb = rdb
 	s.t = newTarget(key, tag, semaphoreScript, base, []any{max, ceilMicros(ttl)}, semaphoreFields)
 	s.config = s.t.id + " " + c.policy.String()
 	return s, nil
 }
 
 var semaphoreScript = newScript("semaphore")
+
+// client returns the process's client of the Semaphore's Redis client, looked up on
+// each call (see clients).
+func (s *Semaphore) client() *client { return clientFor(s.rdb) }
 
 // Key returns the key the semaphore was made for (without prefix).
 func (s *Semaphore) Key() string { return s.key }
@@ -141,7 +146,7 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Lease, error) {
 	}
 	start := clock.Now()
 	l := &listener{channel: s.channel, place: place, handed: make(chan struct{}, 1), check: make(chan struct{}, 1)}
-	h := s.c.hub
+	h := s.client().hub
 	live := h.listen(l)
 	defer h.unlisten(l)
 	joined := false // a call took a place in the queue: give it back when leaving without a lease
@@ -165,7 +170,7 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Lease, error) {
 			}
 			return s.granted(token, waited, r.local), nil
 		}
-		if h.subscribe(ctx, l) && !join {
+		if h.subscribe(l) && !join {
 			continue // confirmed already: take the place now
 		}
 		t := clock.NewTimer(min(r.wait, s.ttl/3)) // a place lapses after one TTL
@@ -219,8 +224,7 @@ func (s *Semaphore) granted(token string, waited time.Duration, local bool) *Lea
 // waiter that stops waiting. It runs even when ctx is done; if it fails, the place
 // lapses by itself within one TTL.
 func (s *Semaphore) giveUp(ctx context.Context, token, place string) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
-	defer cancel()
+	ctx = context.WithoutCancel(ctx) // bounded by the call timeout; a failure is reported
 	if _, err := s.call(ctx, semRelease, token, place, false, false); err == nil && s.hooks.GaveUp != nil {
 		s.hooks.GaveUp(s.key)
 	}
@@ -238,7 +242,7 @@ type semReply struct {
 // queue in when join is set), or, while Redis is unreachable, decides as the failure
 // policy says. A lease granted after its caller left is released when giveBack is set.
 func (s *Semaphore) call(ctx context.Context, op int, token, place string, join, giveBack bool) (semReply, error) {
-	ks := s.c.key(s.t.tag)
+	ks := s.client().key(s.t.tag)
 	if s.policy.mode != failClosed && ks.breaker.skip(time.Now()) {
 		return s.degraded(ks, op, token, fmt.Errorf("%w: key %q: %w", ErrUnavailable, s.key, errRecentlyDown))
 	}
@@ -249,12 +253,11 @@ func (s *Semaphore) call(ctx context.Context, op int, token, place string, join,
 	r := &request{ctx: ctx, t: s.t, ks: ks, fields: []any{op, token, place, j}, timeout: s.timeout}
 	if op == semAcquire && giveBack {
 		r.late = func(rep reply) { // the lease (or place) its caller never saw goes back
-			ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
-			defer cancel()
-			_, _ = s.call(ctx, semRelease, token, place, false, false)
+			// bounded by the call timeout; a failure goes to the RedisError hook
+			_, _ = s.call(context.Background(), semRelease, token, place, false, false)
 		}
 	}
-	rep, err := s.c.do(r)
+	rep, err := s.client().do(r)
 	if err != nil {
 		if s.hooks.RedisError != nil && ctx.Err() == nil {
 			s.hooks.RedisError(s.key, err)
@@ -290,7 +293,7 @@ func (s *Semaphore) degraded(ks *keyState, op int, token string, cause error) (s
 
 // local returns the stand-in this configuration shares while Redis is unreachable.
 func (s *Semaphore) local() *localSem {
-	return s.c.key(s.t.tag).config(s.config, func() *configState { return &configState{sem: newLocalSem(s.max, s.policy)} }).sem
+	return s.client().key(s.t.tag).config(s.config, func() *configState { return &configState{sem: newLocalSem(s.max, s.policy)} }).sem
 }
 
 // newToken returns 128 random bits in hex: a lease's holder token.

@@ -1,12 +1,14 @@
 package throttle
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha1"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -254,7 +256,7 @@ func (c *client) expire() {
 				continue
 			}
 			if r.state.CompareAndSwap(queued, left) || r.state.CompareAndSwap(sent, left) {
-				r.err = fmt.Errorf("%w: key %q: no reply within the call timeout (%v)%s", ErrUnavailable, r.t.key, r.timeout, c.lastError())
+				r.err = c.noReply(r)
 				r.done <- struct{}{}
 			}
 		}
@@ -284,15 +286,42 @@ func (c *client) wait(r *request) (reply, error) {
 	case <-r.done:
 	case <-r.ctx.Done():
 		if r.state.CompareAndSwap(queued, left) || r.state.CompareAndSwap(sent, left) {
-			if errors.Is(r.ctx.Err(), context.DeadlineExceeded) {
-				return reply{}, fmt.Errorf("%w: key %q: no reply before the context's deadline (%w)%s", ErrUnavailable,
-					r.t.key, context.DeadlineExceeded, c.lastError())
-			}
-			return reply{}, r.ctx.Err()
+			return reply{}, c.noReply(r)
 		}
 		<-r.done // answered as the context ended: use it
 	}
 	return r.reply, r.err
+}
+
+// noReply is the error of r, whose caller leaves without a reply: ctx.Err() for a
+// cancelled context; else an error wrapping ErrUnavailable that names the bound that
+// passed (the context's deadline, then also matching context.DeadlineExceeded, or the
+// call timeout) and wraps the last failure seen of Redis, if any came lately. A bound
+// that passes counts as Redis unreachable for the failure policy, as any failed call
+// does.
+func (c *client) noReply(r *request) error {
+	err := r.ctx.Err()
+	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	r.ks.breaker.failed(time.Now())
+	reloadSlots(c.rdb)
+	bound := fmt.Sprintf("within the call timeout (%v)", r.timeout)
+	if dl, ok := r.ctx.Deadline(); err != nil || ok && !dl.After(time.Now()) {
+		bound = "before the context's deadline"
+		if cause, ago := c.lastError(); cause != nil {
+			return fmt.Errorf("%w: key %q: no reply %s (%w); the last failure seen, %v ago: %w", ErrUnavailable, r.t.key, bound,
+				context.DeadlineExceeded, ago, cause)
+		}
+		return fmt.Errorf("%w: key %q: no reply %s (%w)", ErrUnavailable, r.t.key, bound, context.DeadlineExceeded)
+	}
+	if cause, ago := c.lastError(); cause != nil {
+		if errors.Is(cause, context.DeadlineExceeded) { // a timeout's: the caller's deadline did not pass
+			cause = errors.New(cause.Error())
+		}
+		return fmt.Errorf("%w: key %q: no reply %s; the last failure seen, %v ago: %w", ErrUnavailable, r.t.key, bound, ago, cause)
+	}
+	return fmt.Errorf("%w: key %q: no reply %s", ErrUnavailable, r.t.key, bound)
 }
 
 // answer hands r its reply or error; a reply whose caller left goes to r.late.
@@ -383,60 +412,74 @@ func (g *group) command(ctx context.Context, eval bool) *redis.IntSliceCmd {
 }
 
 // send makes one round trip for batch: a script call per group, the calls in one
-// pipeline, and EVAL for those the server did not have the script of.
+// pipeline (see parts), and EVAL for those the server did not have the script of.
 func (c *client) send(batch []*request) {
 	ctx, cancel := batchContext(batch)
 	defer cancel()
-	live := groups(batch)
-	c.pipeline(ctx, live, false)
+	gs := groups(batch)
+	if _, ok := c.rdb.(*redis.ClusterClient); !ok || len(gs) == 1 {
+		c.round(ctx, gs)
+		return
+	}
+	parts := c.parts(gs)
+	var wg sync.WaitGroup
+	for _, part := range parts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.round(ctx, part)
+		}()
+	}
+	wg.Wait()
+}
+
+// parts splits a cluster's round trip into the pipelines that carry it: one per key,
+// sent at once and answered each as it lands (a slow node holds
+// back only its own keys' callers). A round trip goes in MULTI/EXEC unless the client
+// never re-sends a command (atMostOnce): go-redis re-sends a plain command whose reply
+// was lost, which would run a script twice, and never re-sends a transaction it has
+// written; and go-redis's cluster client refuses a transaction whose keys span hash
+// slots (ErrCrossSlot) rather than split it.
+func (c *client) parts(gs []*group) [][]*group {
+	var byTag [][]*group
+	at := map[string]int{}
+	for _, g := range gs {
+		i, ok := at[g.t.tag]
+		if !ok {
+			i = len(byTag)
+			at[g.t.tag] = i
+			byTag = append(byTag, nil)
+		}
+		byTag[i] = append(byTag[i], g)
+	}
+	return byTag
+}
+
+// round sends the groups of one part, EVAL after NOSCRIPT, and answers their requests.
+func (c *client) round(ctx context.Context, gs []*group) {
+	c.exec(ctx, gs, false)
 	var again []*group
-	for _, g := range live {
+	for _, g := range gs {
 		if err := g.cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 			again = append(again, g)
 		}
 	}
 	if again != nil {
-		c.pipeline(ctx, again, true)
+		c.exec(ctx, again, true)
 	}
-	for _, g := range live {
+	for _, g := range gs {
 		c.deliver(ctx, g)
 	}
 }
 
-// pipeline runs the groups' script calls in one round trip. A round trip goes in
-// MULTI/EXEC unless the client never re-sends a command (atMostOnce): go-redis re-sends
-// a plain command whose reply was lost, which would run a script twice, and never
-// re-sends a transaction it has written. On a cluster each key's groups are a
-// transaction of their own, all sent at once: go-redis refuses a transaction that spans
-// hash slots (ErrCrossSlot, for every call in it).
-func (c *client) pipeline(ctx context.Context, gs []*group, eval bool) {
-	if cc, ok := c.rdb.(*redis.ClusterClient); ok && len(gs) > 1 {
-		byTag := map[string][]*group{}
-		for _, g := range gs {
-			byTag[g.t.tag] = append(byTag[g.t.tag], g)
-		}
-		if len(byTag) > 1 {
-			var wg sync.WaitGroup
-			for _, tgs := range byTag {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					c.exec(ctx, cc.TxPipeline(), tgs, eval)
-				}()
-			}
-			wg.Wait()
-			return
-		}
-	}
+// exec runs the groups' script calls in one pipeline (see parts).
+func (c *client) exec(ctx context.Context, gs []*group, eval bool) {
+	var pipe redis.Pipeliner
 	if c.atMostOnce {
-		c.exec(ctx, c.rdb.Pipeline(), gs, eval)
+		pipe = c.rdb.Pipeline()
 	} else {
-		c.exec(ctx, c.rdb.TxPipeline(), gs, eval)
+		pipe = c.rdb.TxPipeline()
 	}
-}
-
-// exec runs the groups' script calls in pipe.
-func (c *client) exec(ctx context.Context, pipe redis.Pipeliner, gs []*group, eval bool) {
 	for _, g := range gs {
 		g.cmd = g.command(ctx, eval)
 		_ = pipe.Process(ctx, g.cmd)
@@ -459,13 +502,25 @@ func (c *client) deliver(ctx context.Context, g *group) {
 	flat, err := g.cmd.Result()
 	ks := g.reqs[0].ks
 	if err != nil {
-		if isUnavailable(ctx, err) {
+		// cut: the round trip ran out of time, every request's bound having passed
+		// (batchContext); its error (a context's, a timeout) says less than the bound
+		cut := ctx.Err() != nil && !isReply(err)
+		if cut && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) || isUnavailable(ctx, err) {
 			c.noteError(err)
+		}
+		if isUnavailable(ctx, err) { // a cut one counts for each request (noReply)
 			ks.breaker.failed(time.Now())
 			reloadSlots(c.rdb)
 		}
 		for _, r := range g.reqs {
-			r.answer(reply{}, scriptError(r.ctx, g.t.key, err))
+			switch {
+			case cut:
+				r.answer(reply{}, c.noReply(r))
+			case isOddReply(err):
+				r.answer(reply{}, fmt.Errorf("%w: key %q: %w", ErrUnexpectedReply, g.t.key, err))
+			default:
+				r.answer(reply{}, scriptError(r.ctx, g.t.key, err))
+			}
 		}
 		return
 	}
@@ -499,12 +554,29 @@ func (c *client) deliver(ctx context.Context, g *group) {
 			for j := range text {
 				text[j] = byte(flat[at+int64(j)])
 			}
+			// the request's place in the call is not the caller's business: its error
+			// reads the same whichever requests it went with
+			text = bytes.Replace(text, fmt.Appendf(nil, "JTARG request %d: ", i+1), []byte("JTARG "), 1)
 			r.answer(reply{}, scriptError(r.ctx, g.t.key, batchError(text)))
 			continue
 		}
 		rep.extra = flat[at : at+n : at+n]
 		r.answer(rep, nil)
 	}
+}
+
+// isReply reports whether err is a reply of Redis's own (a script's error, NOSCRIPT,
+// NOPERM…) rather than a failure to get one.
+func isReply(err error) bool {
+	var rerr redis.Error
+	return errors.As(err, &rerr)
+}
+
+// isOddReply reports whether err is go-redis failing to read a reply as integers: a
+// reply of another shape than the scripts give (a string, a nil, not an array).
+func isOddReply(err error) bool {
+	var ne *strconv.NumError
+	return errors.As(err, &ne) || errors.Is(err, redis.Nil) || strings.HasPrefix(err.Error(), "redis: can't parse")
 }
 
 // batchContext is the context a round trip runs under: no cancellation (a caller that

@@ -40,7 +40,7 @@ func (l *Limiter) WaitN(ctx context.Context, n int) error {
 	}
 	start := clock.Now()
 	slept, held := false, false
-	ks := l.c.key(l.t.tag)
+	ks := l.client().key(l.t.tag)
 	for {
 		seen, h, err := ks.pass(ctx)
 		if err != nil {
@@ -58,7 +58,7 @@ func (l *Limiter) WaitN(ctx context.Context, n int) error {
 			}
 		}
 		if !g.granted {
-			return fmt.Errorf("%w: n=%d would wait %v", waiter.ErrWouldExceedDeadline, n, g.wait)
+			return fmt.Errorf("jobthrottle: key %q: %w: n=%d would wait %v", l.key, waiter.ErrWouldExceedDeadline, n, g.wait)
 		}
 		if ks.hold.Load() == seen {
 			break
@@ -196,7 +196,7 @@ func (ks *keyState) listenOn() {
 		ks.listen = &listener{channel: wakeChannel(ks.tag), check: make(chan struct{}, 1), resumed: ks.resumedNotice}
 		h := ks.client.hub
 		if !h.listen(ks.listen) {
-			h.subscribe(context.Background(), ks.listen)
+			h.subscribe(ks.listen)
 		}
 	}
 }

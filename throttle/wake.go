@@ -18,13 +18,35 @@ import (
 // tells them when the subscription is (re)confirmed, since a notice may have been
 // missed before. Listeners cost no connection of their own; the subscription uses one
 // of go-redis's pub/sub connections, closed after hubLinger without listeners.
+//
+// What it asks of the subscription (subscribe, unsubscribe, close) its worker sends,
+// in order, on a goroutine of its own: go-redis dials and reads a handshake reply on
+// the calling goroutine while holding the subscription's lock, which a Redis that
+// stopped answering holds for the client's ReadTimeout (for ever without one). No
+// caller, and nothing under h.mu, waits for Redis.
 type hub struct {
 	rdb   redis.UniversalClient
 	mu    sync.Mutex
 	ps    *redis.PubSub // nil while closed
 	chans map[string]*channel
 	idle  *time.Timer // closes ps once no channel is left
+	ops   []hubOp     // what the worker has yet to send, in order
+	busy  bool        // the worker runs
 }
+
+// hubOp is one request of the hub to a subscription: subscribe or unsubscribe
+// channel, or close it.
+type hubOp struct {
+	ps      *redis.PubSub
+	op      int
+	channel string
+}
+
+const (
+	hubSubscribe = iota
+	hubUnsubscribe
+	hubClose
+)
 
 // hubLinger is how long the hub keeps its connection open without listeners.
 const hubLinger = 30 * time.Second
@@ -32,8 +54,8 @@ const hubLinger = 30 * time.Second
 // channel is the hub's state for one key's channel.
 type channel struct {
 	listeners  map[*listener]struct{}
-	subscribed bool // SUBSCRIBE sent, no UNSUBSCRIBE since
-	pending    int  // SUBSCRIBEs sent whose confirmation has not come
+	subscribed bool // SUBSCRIBE asked for, no UNSUBSCRIBE since
+	pending    int  // SUBSCRIBEs asked for whose confirmation has not come
 	live       bool // confirmed: every notice published from now on arrives
 }
 
@@ -67,8 +89,8 @@ func (h *hub) listen(l *listener) bool {
 }
 
 // subscribe makes sure the hub listens on l's channel and reports whether that is
-// confirmed; if not, l.check is signalled once it is.
-func (h *hub) subscribe(ctx context.Context, l *listener) bool {
+// confirmed; if not, l.check is signalled once it is. It does not wait for Redis.
+func (h *hub) subscribe(l *listener) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	ch := h.chans[l.channel]
@@ -76,13 +98,11 @@ func (h *hub) subscribe(ctx context.Context, l *listener) bool {
 		return ch.live
 	}
 	if h.ps == nil {
-		h.ps = h.rdb.Subscribe(context.WithoutCancel(ctx))
+		h.ps = h.rdb.Subscribe(context.Background()) // no channel yet: nothing is sent
 		go h.receive(h.ps, h.ps.ChannelWithSubscriptions())
 	}
 	ch.subscribed, ch.pending, ch.live = true, ch.pending+1, false
-	// on failure go-redis subscribes again when it reconnects; listeners fall back on
-	// their timers meanwhile
-	_ = h.ps.Subscribe(ctx, l.channel)
+	h.send(hubOp{h.ps, hubSubscribe, l.channel})
 	return false
 }
 
@@ -100,7 +120,7 @@ func (h *hub) unlisten(l *listener) {
 // drop forgets a channel without listeners (h.mu held).
 func (h *hub) drop(name string, ch *channel) {
 	if ch.subscribed && h.ps != nil {
-		_ = h.ps.Unsubscribe(context.Background(), name)
+		h.send(hubOp{h.ps, hubUnsubscribe, name})
 	}
 	delete(h.chans, name)
 	if len(h.chans) == 0 && h.ps != nil && h.idle == nil {
@@ -114,8 +134,44 @@ func (h *hub) closeIdle() {
 	defer h.mu.Unlock()
 	h.idle = nil
 	if len(h.chans) == 0 && h.ps != nil {
-		_ = h.ps.Close()
+		h.send(hubOp{ps: h.ps, op: hubClose})
 		h.ps = nil
+	}
+}
+
+// send queues op for the worker, starting it if it is not running (h.mu held).
+func (h *hub) send(op hubOp) {
+	h.ops = append(h.ops, op)
+	if !h.busy {
+		h.busy = true
+		go h.work()
+	}
+}
+
+// work sends the queued ops in order, until none is left. A failed subscribe is
+// sent again by go-redis when it reconnects (the subscription keeps its channels);
+// listeners fall back on their timers meanwhile.
+func (h *hub) work() {
+	ctx := context.Background()
+	for {
+		h.mu.Lock()
+		if len(h.ops) == 0 {
+			h.busy = false
+			h.mu.Unlock()
+			return
+		}
+		op := h.ops[0]
+		h.ops[0] = hubOp{}
+		h.ops = h.ops[1:]
+		h.mu.Unlock()
+		switch op.op {
+		case hubSubscribe:
+			_ = op.ps.Subscribe(ctx, op.channel)
+		case hubUnsubscribe:
+			_ = op.ps.Unsubscribe(ctx, op.channel)
+		case hubClose:
+			_ = op.ps.Close()
+		}
 	}
 }
 
