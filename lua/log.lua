@@ -201,6 +201,69 @@ local function take(st, lim, n, t, now)
   st.lastT, st.dirty = rt, true
 end
 
+-- window returns the permits of the log that take effect after h.
+local function window(st, h)
+  if not st.lastT or st.lastT <= h then
+    return 0
+  end
+  local _, S = at(st, search(st, 1, h + 1))
+  return st.P - S
+end
+
+-- report returns remaining, reset_us and how long the state must be kept (µs; <= 0: not
+-- at all): until the last entry has left the longest window.
+local function report(st, lim, now)
+  local remaining, reset = MAX_RATE, 0
+  if st.lastT then
+    reset = math.max(0, st.lastT + st.pmax - now)
+  end
+  for i = 1, #lim do
+    remaining = math.min(remaining, lim[i][1] - window(st, now - lim[i][2]))
+  end
+  if st.lastT and st.lastT - st.prec > now then
+    remaining = 0
+  end
+  return math.max(0, remaining), reset, reset
+end
+
+local function save(st, key, lim, now)
+  if not st.dirty then
+    return
+  end
+  local _, _, keep = report(st, lim, now)
+  local tail = st.tail
+  if keep <= 0 or not st.lastT then
+    if not st.absent then
+      redis.call('UNLINK', key) -- frees a long list off the main thread
+    end
+    return
+  end
+  if st.absent or st.gone then
+    if st.gone and not st.absent then
+      redis.call('UNLINK', key)
+    end
+    redis.call('RPUSH', key, string.format('%d', st.base))
+  else
+    if st.lset then
+      redis.call('LSET', key, '-1', string.format('%d', st.slastS))
+    end
+    if st.off > 0 or st.drop > 0 then
+      redis.call('LTRIM', key, string.format('%d', 2 * st.off), string.format('%d', -1 - 2 * st.drop))
+    end
+  end
+  for i = 1, #tail, 200 do
+    local row = {}
+    for j = i, math.min(#tail, i + 199) do
+      row[j - i + 1] = string.format('%d', tail[j])
+    end
+    redis.call('RPUSH', key, unpack(row))
+  end
+  redis.call('PEXPIRE', key, ms(keep))
+end
+
+-- @cold: what follows only the driver's request loop needs (the generator puts it after
+-- limiter.lua's fast path, which so never makes these functions).
+
 local function give(st, lim, n, token, now)
   if token <= now or n == 0 or not st.lastT then
     return 0
@@ -257,31 +320,6 @@ local function give(st, lim, n, token, now)
   return 1
 end
 
--- window returns the permits of the log that take effect after h.
-local function window(st, h)
-  if not st.lastT or st.lastT <= h then
-    return 0
-  end
-  local _, S = at(st, search(st, 1, h + 1))
-  return st.P - S
-end
-
--- report returns remaining, reset_us and how long the state must be kept (µs; <= 0: not
--- at all): until the last entry has left the longest window.
-local function report(st, lim, now)
-  local remaining, reset = MAX_RATE, 0
-  if st.lastT then
-    reset = math.max(0, st.lastT + st.pmax - now)
-  end
-  for i = 1, #lim do
-    remaining = math.min(remaining, lim[i][1] - window(st, now - lim[i][2]))
-  end
-  if st.lastT and st.lastT - st.prec > now then
-    remaining = 0
-  end
-  return math.max(0, remaining), reset, reset
-end
-
 -- detail: avail_i is limit i's rate less the permits holding a place in the window that
 -- ends now, bookings included (negative when bookings reach further than one window);
 -- booked the permits whose (sub-bucket) time starts after now; ahead_us until the latest
@@ -296,39 +334,4 @@ local function detail(st, lim, now)
 end
 
 local function rates(st, old, new, at, now)
-end
-
-local function save(st, key, lim, now)
-  if not st.dirty then
-    return
-  end
-  local _, _, keep = report(st, lim, now)
-  local tail = st.tail
-  if keep <= 0 or not st.lastT then
-    if not st.absent then
-      redis.call('UNLINK', key) -- frees a long list off the main thread
-    end
-    return
-  end
-  if st.absent or st.gone then
-    if st.gone and not st.absent then
-      redis.call('UNLINK', key)
-    end
-    redis.call('RPUSH', key, string.format('%d', st.base))
-  else
-    if st.lset then
-      redis.call('LSET', key, '-1', string.format('%d', st.slastS))
-    end
-    if st.off > 0 or st.drop > 0 then
-      redis.call('LTRIM', key, string.format('%d', 2 * st.off), string.format('%d', -1 - 2 * st.drop))
-    end
-  end
-  for i = 1, #tail, 200 do
-    local row = {}
-    for j = i, math.min(#tail, i + 199) do
-      row[j - i + 1] = string.format('%d', tail[j])
-    end
-    redis.call('RPUSH', key, unpack(row))
-  end
-  redis.call('PEXPIRE', key, ms(keep))
 end

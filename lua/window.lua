@@ -87,22 +87,6 @@ local function take(st, lim, n, t, now)
   st.L, st.dirty = t, true
 end
 
-local function give(st, lim, n, token, now)
-  local freed = 0
-  if token > now and n > 0 then
-    for i = 1, #lim do
-      local P = lim[i][2]
-      if st[i] > 0 and math.floor(token / P) == math.floor(st.L / P) then
-        st[i], freed = math.max(0, st[i] - n), 1
-      end
-    end
-  end
-  if freed == 1 then
-    st.dirty = true
-  end
-  return freed
-end
-
 -- report returns remaining, reset_us and how long the state must be kept (µs; <= 0: not
 -- at all): to the end of the longest window holding L.
 local function report(st, lim, now)
@@ -123,6 +107,43 @@ local function report(st, lim, now)
   return math.max(0, remaining), reset, keep
 end
 
+local function save(st, key, lim, now)
+  if not st.dirty then
+    return
+  end
+  local _, _, keep = report(st, lim, now)
+  if keep <= 0 then
+    if not st.absent then
+      redis.call('DEL', key)
+    end
+    return
+  end
+  local parts = {string.format('%d', st.L)}
+  for i = 1, #lim do
+    parts[i + 1] = string.format('%d', st[i])
+  end
+  redis.call('SET', key, table.concat(parts, ' '), 'PX', ms(keep))
+end
+
+-- @cold: what follows only the driver's request loop needs (the generator puts it after
+-- limiter.lua's fast path, which so never makes these functions).
+
+local function give(st, lim, n, token, now)
+  local freed = 0
+  if token > now and n > 0 then
+    for i = 1, #lim do
+      local P = lim[i][2]
+      if st[i] > 0 and math.floor(token / P) == math.floor(st.L / P) then
+        st[i], freed = math.max(0, st[i] - n), 1
+      end
+    end
+  end
+  if freed == 1 then
+    st.dirty = true
+  end
+  return freed
+end
+
 -- detail: avail_i is limit i's rate less its count in the window holding now (0 when the
 -- latest grant lies in a later window: bookings go there); booked the permits counted in
 -- the latest grant's window when that starts after now; ahead_us until the latest grant.
@@ -140,22 +161,4 @@ local function detail(st, lim, now)
 end
 
 local function rates(st, old, new, at, now)
-end
-
-local function save(st, key, lim, now)
-  if not st.dirty then
-    return
-  end
-  local _, _, keep = report(st, lim, now)
-  if keep <= 0 then
-    if not st.absent then
-      redis.call('DEL', key)
-    end
-    return
-  end
-  local parts = {string.format('%d', st.L)}
-  for i = 1, #lim do
-    parts[i + 1] = string.format('%d', st[i])
-  end
-  redis.call('SET', key, table.concat(parts, ' '), 'PX', ms(keep))
 end
