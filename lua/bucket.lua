@@ -186,11 +186,14 @@ end
 
 -- save writes the state when it changed (oend: the override's end under which lim are in
 -- force, 0: none), or deletes it when every bucket is full.
-local function save(st, key, lim, now, oend)
+local function save(st, key, lim, now, oend, keep)
   if not st.dirty then
     return
   end
-  local _, _, keep = report(st, lim, now)
+  if not keep then
+    local _
+    _, _, keep = report(st, lim, now)
+  end
   if keep <= 0 then
     if not st.absent then
       redis.call('DEL', key)

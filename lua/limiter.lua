@@ -8,7 +8,8 @@
 --   report(st, lim, now) -> remaining, reset_us, keep_us (how long the state matters)
 --   detail(st, lim, now) -> booked, ahead_us, avail (per limit)   (Inspect)
 --   rates(st, old, new, at, now)     the limits in force change at `at`
---   save(st, key, lim, now, oend)    write the state if it changed, with its TTL
+--   save(st, key, lim, now, oend, keep)  write the state if it changed, with its TTL (keep:
+--                                    report's for the state as it is, or nil)
 -- Each takes the state as an argument; st.dirty says it changed, st.absent that the key
 -- was absent, st.err (the JTSTATE text) that a read after load found it foreign (the log
 -- reads lazily). lim[i] = {rate, period_us, burst (bucket only)}: the limits in force.
@@ -142,7 +143,7 @@ if fast and not redis.pcall('GET', KEYS[2]) then
   if st and st.absent and A > 0 and redis.call('EXISTS', unpack(KEYS, 4, 3 + A)) > 0 then
     st = nil -- creating the state beside another algorithm's: the loop's JTALG
   end
-  local out, remaining, reset = k == 1 and {0, 0, 0, 0, 0, 0} or {}, nil, nil
+  local out, remaining, reset, keep = k == 1 and {0, 0, 0, 0, 0, 0} or {}, nil, nil, nil
   local nt, xt, n, x -- the texts of n and x, and their numbers: a batch's repeat
   for r = 1, st and k or 0 do
     local j = 5 * r - 3
@@ -161,14 +162,14 @@ if fast and not redis.pcall('GET', KEYS[2]) then
       remaining = nil
     end
     if not remaining then
-      remaining, reset = report(st, given, now)
+      remaining, reset, keep = report(st, given, now)
     end
     local b = 6 * r - 6
     out[b + 1], out[b + 2], out[b + 3], out[b + 4], out[b + 5], out[b + 6] =
       granted and 1 or 0, remaining, t - now, reset, granted and t or 0, 0
   end
   if st and not st.err then
-    save(st, KEYS[1], given, now, 0)
+    save(st, KEYS[1], given, now, 0, keep)
     return out
   end
 end
@@ -474,7 +475,7 @@ if failed then
   end
 else
   if st then
-    save(st, KEYS[1], lim, now, oend)
+    save(st, KEYS[1], lim, now, oend, remaining and keep)
   end
   for _, i in ipairs(booked) do
     if books[i] ~= nil then

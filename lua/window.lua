@@ -107,11 +107,14 @@ local function report(st, lim, now)
   return math.max(0, remaining), reset, keep
 end
 
-local function save(st, key, lim, now)
+local function save(st, key, lim, now, _, keep)
   if not st.dirty then
     return
   end
-  local _, _, keep = report(st, lim, now)
+  if not keep then
+    local _
+    _, _, keep = report(st, lim, now)
+  end
   if keep <= 0 then
     if not st.absent then
       redis.call('DEL', key)

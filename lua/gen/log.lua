@@ -114,8 +114,9 @@ local LOG_HEAD_END = '8' -- the head's last list index: base and 4 entries
 local LOG_TRIM = 2       -- expired entries that make an acquire trim (fewer wait for a later one)
 
 -- at returns the time and count of entry i (1 <= i <= E; entry 0: -1 and base). An
--- entry of the stored list is read from the head, the cache or one LRANGE; the stored
--- last entry's count is its new one (lset); entries past the stored ones are the tail.
+-- entry of the stored list is read once (st[2s - 1], st[2s]), from the head's texts or
+-- one LRANGE; the stored last entry's count is its new one (lset); entries past the
+-- stored ones are the tail.
 -- An entry that is not ours sets st.err (the driver fails the state's requests) and reads
 -- as 0 and base, so that what reads it still ends.
 local function at(st, i)
@@ -127,20 +128,20 @@ local function at(st, i)
     local k = 2 * (s - st.send)
     return st.tail[k - 1], st.tail[k]
   end
-  local T, S
-  if s <= st.hn then
-    T, S = st.head[2 * s], st.head[2 * s + 1]
-  else
-    T, S = st.cT[s], st.cS[s]
-    if not T then
-      local v = redis.call('LRANGE', st.key, string.format('%d', 2 * s - 1), string.format('%d', 2 * s))
+  local T, S = st[2 * s - 1], st[2 * s] -- (st's array: the entries read, by list position)
+  if not T then
+    local v = s <= st.hn and st.head
+    if v then -- checked by load
+      T, S = tonumber(v[2 * s]), tonumber(v[2 * s + 1])
+    else
+      v = redis.call('LRANGE', st.key, string.format('%d', 2 * s - 1), string.format('%d', 2 * s))
       if #v ~= 2 or not string.find(v[1] .. ',' .. v[2], '^%d+,%d+$') or #v[1] > 17 or #v[2] > 17 then
         st.err = st.err or 'JTSTATE ' .. st.key .. ': entry ' .. s
         return 0, st.base
       end
       T, S = tonumber(v[1]), tonumber(v[2])
-      st.cT[s], st.cS[s] = T, S
     end
+    st[2 * s - 1], st[2 * s] = T, S
   end
   if T == st.slastT then
     S = st.slastS
@@ -155,7 +156,7 @@ local function entries(st)
     if len % 2 == 0 then
       st.err = st.err or 'JTSTATE ' .. st.key .. ': length'
     end
-    st.send = math.floor((len - 1) / 2) - st.drop
+    st.send = (len - 1 - (len - 1) % 2) / 2 - st.drop
   end
   return st.send - st.off + #st.tail / 2
 end
@@ -173,7 +174,7 @@ local function search(st, f, v)
   end
   local hi = entries(st)
   while hi - j > 1 do
-    local mid = math.floor((j + hi) / 2)
+    local mid = (j + hi - (j + hi) % 2) / 2
     local T, S = at(st, mid)
     if (f == 1 and T or S) < v then
       j = mid
@@ -191,61 +192,71 @@ local function load(key, lim, now, prec)
   end
   local len, pmax = #v, 0
   for i = 1, #lim do
-    pmax = math.max(pmax, lim[i][2])
+    local p = lim[i][2]
+    if p > pmax then
+      pmax = p
+    end
   end
-  local st = {key = key, prec = prec, pmax = pmax, head = v, hn = 0, off = 0, drop = 0,
-    tail = {}, cT = {}, cS = {}, base = 0, P = 0, absent = len == 0, dirty = false}
+  -- the fields a usual call sets, and the head's entries (at), so that the table is made
+  -- at its size
+  local st = {false, false, false, false, false, false, false, false,
+    key = key, prec = prec, pmax = pmax, head = v, hn = 0, off = 0, drop = 0,
+    tail = {}, base = 0, P = 0, absent = len == 0, dirty = false, lastT = false,
+    slastT = false, slastS = false}
   if len == 0 then
     st.send = 0
     return st
   end
-  if not string.find(table.concat(v, ','), '^[%d,]*$') then
+  -- the head's texts are read as numbers when used (at); the last entry's at once
+  local last = len < 2 * 4 + 1 and {v[len > 1 and len - 1 or 1], v[len]} or redis.call('LRANGE', key, '-2', '-1')
+  if not string.find(table.concat(v, ',') .. ',' .. last[1] .. ',' .. last[2], '^[0-9,]*$') then
     return nil, 'JTSTATE ' .. key .. ': not a permit log'
   end
   for i = 1, len do
-    if #v[i] > 17 then
+    if #v[i] > 17 or v[i] == '' then
       return nil, 'JTSTATE ' .. key .. ': not a permit log'
     end
-    v[i] = tonumber(v[i])
   end
-  st.base = v[1]
+  if #last[1] > 17 or #last[2] > 17 or last[1] == '' or last[2] == '' then
+    return nil, 'JTSTATE ' .. key .. ': not a permit log'
+  end
+  st.base = tonumber(v[1])
   if len < 2 * 4 + 1 then -- the whole list
     if len % 2 == 0 then
       return nil, 'JTSTATE ' .. key .. ': length'
     end
     st.hn = (len - 1) / 2
     st.send = st.hn
-    st.slastT, st.slastS = v[len - 1], v[len]
   else
     st.hn = 4
-    local last = redis.call('LRANGE', key, '-2', '-1')
+  end
+  if len > 1 then
     st.slastT, st.slastS = tonumber(last[1]), tonumber(last[2])
-    if not string.find(last[1] .. ',' .. last[2], '^%d+,%d+$') or #last[1] > 17 or #last[2] > 17 then
-      return nil, 'JTSTATE ' .. key .. ': not a permit log'
-    end
   end
   st.lastT, st.P = st.slastT, st.slastS or st.base
   return st
 end
 
 local function fit(st, lim, n, t, now)
-  if st.lastT then
-    t = math.max(t, st.lastT - st.prec)
+  if st.lastT and st.lastT - st.prec > t then
+    t = st.lastT - st.prec
   end
   for i = 1, #lim do
     local q = st.P + n - lim[i][1] -- this permit must have left the window
     if q > st.base then
-      local T = at(st, search(st, 2, q) + 1)
-      t = math.max(t, T + lim[i][2])
+      local T = at(st, search(st, 2, q) + 1) + lim[i][2]
+      if T > t then
+        t = T
+      end
     end
   end
   return t
 end
 
 local function take(st, lim, n, t, now)
-  local rt = t
-  if st.prec > 0 then
-    rt = (math.floor(t / st.prec) + 1) * st.prec
+  local rt, prec = t, st.prec
+  if prec > 0 then
+    rt = t - t % prec + prec -- (floor(t / prec) + 1) * prec
   end
   if st.lastT and rt < st.lastT then
     rt = st.lastT
@@ -291,24 +302,30 @@ end
 -- report returns remaining, reset_us and how long the state must be kept (µs; <= 0: not
 -- at all): until the last entry has left the longest window.
 local function report(st, lim, now)
-  local remaining, reset = 1000000000, 0
-  if st.lastT then
-    reset = math.max(0, st.lastT + st.pmax - now)
+  local remaining, reset, lastT = 1000000000, 0, st.lastT
+  if lastT and lastT + st.pmax > now then
+    reset = lastT + st.pmax - now
   end
   for i = 1, #lim do
-    remaining = math.min(remaining, lim[i][1] - window(st, now - lim[i][2]))
+    local left = lim[i][1] - window(st, now - lim[i][2])
+    if left < remaining then
+      remaining = left
+    end
   end
-  if st.lastT and st.lastT - st.prec > now then
+  if lastT and lastT - st.prec > now or remaining < 0 then
     remaining = 0
   end
-  return math.max(0, remaining), reset, reset
+  return remaining, reset, reset
 end
 
-local function save(st, key, lim, now)
+local function save(st, key, lim, now, _, keep)
   if not st.dirty then
     return
   end
-  local _, _, keep = report(st, lim, now)
+  if not keep then
+    local _
+    _, _, keep = report(st, lim, now)
+  end
   local tail = st.tail
   if keep <= 0 or not st.lastT then
     if not st.absent then
@@ -351,7 +368,8 @@ end
 --   report(st, lim, now) -> remaining, reset_us, keep_us (how long the state matters)
 --   detail(st, lim, now) -> booked, ahead_us, avail (per limit)   (Inspect)
 --   rates(st, old, new, at, now)     the limits in force change at `at`
---   save(st, key, lim, now, oend)    write the state if it changed, with its TTL
+--   save(st, key, lim, now, oend, keep)  write the state if it changed, with its TTL (keep:
+--                                    report's for the state as it is, or nil)
 -- Each takes the state as an argument; st.dirty says it changed, st.absent that the key
 -- was absent, st.err (the JTSTATE text) that a read after load found it foreign (the log
 -- reads lazily). lim[i] = {rate, period_us, burst (bucket only)}: the limits in force.
@@ -485,7 +503,7 @@ if fast and not redis.pcall('GET', KEYS[2]) then
   if st and st.absent and A > 0 and redis.call('EXISTS', unpack(KEYS, 4, 3 + A)) > 0 then
     st = nil -- creating the state beside another algorithm's: the loop's JTALG
   end
-  local out, remaining, reset = k == 1 and {0, 0, 0, 0, 0, 0} or {}, nil, nil
+  local out, remaining, reset, keep = k == 1 and {0, 0, 0, 0, 0, 0} or {}, nil, nil, nil
   local nt, xt, n, x -- the texts of n and x, and their numbers: a batch's repeat
   for r = 1, st and k or 0 do
     local j = 5 * r - 3
@@ -504,14 +522,14 @@ if fast and not redis.pcall('GET', KEYS[2]) then
       remaining = nil
     end
     if not remaining then
-      remaining, reset = report(st, given, now)
+      remaining, reset, keep = report(st, given, now)
     end
     local b = 6 * r - 6
     out[b + 1], out[b + 2], out[b + 3], out[b + 4], out[b + 5], out[b + 6] =
       granted and 1 or 0, remaining, t - now, reset, granted and t or 0, 0
   end
   if st and not st.err then
-    save(st, KEYS[1], given, now, 0)
+    save(st, KEYS[1], given, now, 0, keep)
     return out
   end
 end
@@ -653,7 +671,7 @@ local function reply(out, k, ext)
   return out
 end
 
--- [log.lua from line 264]
+-- [log.lua from line 281]
 -- @cold: what follows only the driver's request loop needs (the generator puts it after
 -- limiter.lua's fast path, which so never makes these functions).
 
@@ -729,7 +747,7 @@ end
 local function rates(st, old, new, at, now)
 end
 
--- [limiter.lua from line 176]
+-- [limiter.lua from line 177]
 -- @cold: the request loop, for every call the fast path did not decide.
 
 -- is_record reports whether v is a record's text: "1 <sw|sc|tb|fw> <buckets> <limit> ..."
@@ -1031,7 +1049,7 @@ if failed then
   end
 else
   if st then
-    save(st, KEYS[1], lim, now, oend)
+    save(st, KEYS[1], lim, now, oend, remaining and keep)
   end
   for _, i in ipairs(booked) do
     if books[i] ~= nil then

@@ -185,11 +185,14 @@ local function report(st, lim, now)
   return math.max(0, remaining), reset, keep
 end
 
-local function save(st, key, lim, now)
+local function save(st, key, lim, now, _, keep)
   if not st.dirty then
     return
   end
-  local _, _, keep = report(st, lim, now)
+  if not keep then
+    local _
+    _, _, keep = report(st, lim, now)
+  end
   if keep <= 0 then
     if not st.absent then
       redis.call('DEL', key)
@@ -215,7 +218,8 @@ end
 --   report(st, lim, now) -> remaining, reset_us, keep_us (how long the state matters)
 --   detail(st, lim, now) -> booked, ahead_us, avail (per limit)   (Inspect)
 --   rates(st, old, new, at, now)     the limits in force change at `at`
---   save(st, key, lim, now, oend)    write the state if it changed, with its TTL
+--   save(st, key, lim, now, oend, keep)  write the state if it changed, with its TTL (keep:
+--                                    report's for the state as it is, or nil)
 -- Each takes the state as an argument; st.dirty says it changed, st.absent that the key
 -- was absent, st.err (the JTSTATE text) that a read after load found it foreign (the log
 -- reads lazily). lim[i] = {rate, period_us, burst (bucket only)}: the limits in force.
@@ -349,7 +353,7 @@ if fast and not redis.pcall('GET', KEYS[2]) then
   if st and st.absent and A > 0 and redis.call('EXISTS', unpack(KEYS, 4, 3 + A)) > 0 then
     st = nil -- creating the state beside another algorithm's: the loop's JTALG
   end
-  local out, remaining, reset = k == 1 and {0, 0, 0, 0, 0, 0} or {}, nil, nil
+  local out, remaining, reset, keep = k == 1 and {0, 0, 0, 0, 0, 0} or {}, nil, nil, nil
   local nt, xt, n, x -- the texts of n and x, and their numbers: a batch's repeat
   for r = 1, st and k or 0 do
     local j = 5 * r - 3
@@ -368,14 +372,14 @@ if fast and not redis.pcall('GET', KEYS[2]) then
       remaining = nil
     end
     if not remaining then
-      remaining, reset = report(st, given, now)
+      remaining, reset, keep = report(st, given, now)
     end
     local b = 6 * r - 6
     out[b + 1], out[b + 2], out[b + 3], out[b + 4], out[b + 5], out[b + 6] =
       granted and 1 or 0, remaining, t - now, reset, granted and t or 0, 0
   end
   if st and not st.err then
-    save(st, KEYS[1], given, now, 0)
+    save(st, KEYS[1], given, now, 0, keep)
     return out
   end
 end
@@ -517,7 +521,7 @@ local function reply(out, k, ext)
   return out
 end
 
--- [window.lua from line 128]
+-- [window.lua from line 131]
 -- @cold: what follows only the driver's request loop needs (the generator puts it after
 -- limiter.lua's fast path, which so never makes these functions).
 
@@ -556,7 +560,7 @@ end
 local function rates(st, old, new, at, now)
 end
 
--- [limiter.lua from line 176]
+-- [limiter.lua from line 177]
 -- @cold: the request loop, for every call the fast path did not decide.
 
 -- is_record reports whether v is a record's text: "1 <sw|sc|tb|fw> <buckets> <limit> ..."
@@ -858,7 +862,7 @@ if failed then
   end
 else
   if st then
-    save(st, KEYS[1], lim, now, oend)
+    save(st, KEYS[1], lim, now, oend, remaining and keep)
   end
   for _, i in ipairs(booked) do
     if books[i] ~= nil then
