@@ -255,11 +255,12 @@ local function save(st, key, lim, now, _, keep)
     end
     return
   end
+  local row, m = {}, 0 -- RPUSH's values, 200 at a time: the base first when the list is new
   if st.absent or st.gone then
     if st.gone and not st.absent then
       redis.call('UNLINK', key)
     end
-    redis.call('RPUSH', key, string.format('%d', st.base))
+    row[1], m = string.format('%d', st.base), 1
   else
     if st.lset then
       redis.call('LSET', key, '-1', string.format('%d', st.slastS))
@@ -268,12 +269,16 @@ local function save(st, key, lim, now, _, keep)
       redis.call('LTRIM', key, string.format('%d', 2 * st.off), string.format('%d', -1 - 2 * st.drop))
     end
   end
-  for i = 1, #tail, 200 do
-    local row = {}
-    for j = i, math.min(#tail, i + 199) do
-      row[j - i + 1] = string.format('%d', tail[j])
+  for i = 1, #tail do
+    m = m + 1
+    row[m] = string.format('%d', tail[i])
+    if m == 200 then
+      redis.call('RPUSH', key, unpack(row, 1, m))
+      m = 0
     end
-    redis.call('RPUSH', key, unpack(row))
+  end
+  if m > 0 then
+    redis.call('RPUSH', key, unpack(row, 1, m))
   end
   redis.call('PEXPIRE', key, ms(keep))
 end

@@ -99,55 +99,60 @@ local WIDTH, CAP, PARAMS, RATED = 2, 1, 0, false -- ARGV per limit; n's bound; p
 
 local function load(key, lim, now)
   local v = redis.pcall('GET', key)
-  local st = {L = 0, absent = not v, dirty = false}
+  local st = {0, L = 0, absent = not v, dirty = false}
   if v then
     if type(v) ~= 'string' then
       return nil, 'JTSTATE ' .. key .. ': not a string'
     end
-    -- one limit's state (the usual case) is read with one match, any other word by word
+    -- one limit's state (the usual case) is read with one match, any other word by word;
+    -- a number tonumber cannot read (gopher-lua past 2^63) is out of range
     local L, c = string.match(v, '^(%d+) (%d+)$')
-    local w = {L, c}
-    if not L then
-      w = {}
+    if L then
+      st.L, st[1] = tonumber(L) or -1, tonumber(c) or -1
+    else
+      local w = {}
       for f in string.gmatch(v, '%S+') do
-        w[#w + 1] = string.find(f, '^%d+$') and f or false
+        w[#w + 1] = string.find(f, '^%d+$') and tonumber(f) or -1
       end
-    end
-    for i = 1, #w do
-      w[i] = tonumber(w[i]) or -1 -- (gopher-lua reads nothing past 2^63)
-      if w[i] < 0 or w[i] > 9007199254740991 then
+      if #w < 1 then
         return nil, 'JTSTATE ' .. key .. ': not a fixed window'
       end
+      st.L, st[1] = w[1], w[2] or 0
+      for i = 3, #w do
+        if w[i] < 0 or w[i] > 9007199254740991 then
+          return nil, 'JTSTATE ' .. key .. ': not a fixed window'
+        end
+        st[i - 1] = i <= #lim + 1 and w[i] or nil
+      end
     end
-    if #w < 1 then
+    if st.L < 0 or st.L > 9007199254740991 or st[1] < 0 or st[1] > 9007199254740991 then
       return nil, 'JTSTATE ' .. key .. ': not a fixed window'
     end
-    st.L = w[1]
-    for i = 1, #lim do
-      st[i] = w[i + 1]
-    end
   end
-  for i = 1, #lim do
+  for i = 2, #lim do
     st[i] = st[i] or 0
   end
   return st
 end
 
+-- Window starts are written out, t - t % P (the start of t's window: floor(t / P) · P,
+-- exact below 2^53), and min and max as comparisons: a call of math.* costs several times
+-- the arithmetic.
+
 -- fit moves t to the next window of any limit that has no room; a move can fill no
 -- window it leaves, so #lim + 1 passes settle it.
 local function fit(st, lim, n, t, now)
-  t = math.max(t, st.L)
-  local lw = {}
-  for i = 1, #lim do
-    lw[i] = math.floor(st.L / lim[i][2])
+  local L = st.L
+  if L > t then
+    t = L
   end
   for _ = 0, #lim do
     local moved = false
     for i = 1, #lim do
       local R, P = lim[i][1], lim[i][2]
-      local w = math.floor(t / P)
-      if (w == lw[i] and st[i] or 0) + n > R then
-        t, moved = (w + 1) * P, true
+      local w = t - t % P
+      if (w == L - L % P and st[i] or 0) + n > R then
+        t, moved = w + P, true
       end
     end
     if not moved then
@@ -158,9 +163,10 @@ local function fit(st, lim, n, t, now)
 end
 
 local function take(st, lim, n, t, now)
+  local L = st.L
   for i = 1, #lim do
     local P = lim[i][2]
-    st[i] = (math.floor(t / P) == math.floor(st.L / P) and st[i] or 0) + n
+    st[i] = (t - t % P == L - L % P and st[i] or 0) + n
   end
   st.L, st.dirty = t, true
 end
@@ -168,21 +174,25 @@ end
 -- report returns remaining, reset_us and how long the state must be kept (µs; <= 0: not
 -- at all): to the end of the longest window holding L.
 local function report(st, lim, now)
-  local remaining, reset, keep = 1000000000, 0, 0
+  local remaining, reset, keep, L = 1000000000, 0, 0, st.L
   for i = 1, #lim do
     local R, P = lim[i][1], lim[i][2]
-    local lw = math.floor(st.L / P)
-    local ends = (lw + 1) * P - now
-    remaining = math.min(remaining, R - (lw == math.floor(now / P) and st[i] or 0))
-    if st[i] > 0 then
-      reset = math.max(reset, ends)
+    local lw = L - L % P
+    local ends, left = lw + P - now, R - (lw == now - now % P and st[i] or 0)
+    if left < remaining then
+      remaining = left
     end
-    keep = math.max(keep, ends)
+    if st[i] > 0 and ends > reset then
+      reset = ends
+    end
+    if ends > keep then
+      keep = ends
+    end
   end
-  if st.L > now then
+  if L > now or remaining < 0 then
     remaining = 0
   end
-  return math.max(0, remaining), reset, keep
+  return remaining, reset, keep
 end
 
 local function save(st, key, lim, now, _, keep)
@@ -199,11 +209,11 @@ local function save(st, key, lim, now, _, keep)
     end
     return
   end
-  local parts = {string.format('%d', st.L)}
-  for i = 1, #lim do
-    parts[i + 1] = string.format('%d', st[i])
+  local text = string.format('%d %d', st.L, st[1])
+  for i = 2, #lim do
+    text = text .. string.format(' %d', st[i])
   end
-  redis.call('SET', key, table.concat(parts, ' '), 'PX', ms(keep))
+  redis.call('SET', key, text, 'PX', ms(keep))
 end
 
 
@@ -521,7 +531,7 @@ local function reply(out, k, ext)
   return out
 end
 
--- [window.lua from line 131]
+-- [window.lua from line 141]
 -- @cold: what follows only the driver's request loop needs (the generator puts it after
 -- limiter.lua's fast path, which so never makes these functions).
 
