@@ -11,7 +11,7 @@
 --   ei     the time of limit i's latest booking, µs (x/time/rate's lastEvent; 0: none)
 -- An absent key is full buckets, at the limits in force when it is read. The key's TTL is
 -- the time until every bucket is full, at the limits in force and, from an override's end
--- on, at the callers' (keep).
+-- on, at the callers' (keep_us).
 --
 -- Rules (x/time/rate's advance, reserveN, CancelAt, SetLimitAt, SetBurstAt), per limit:
 --   tokens at t >= last: min(b·p, u + (t - last)·r)
@@ -37,6 +37,10 @@
 --   max waits); a cancel counts the time between its token and e in those rounded times and
 --   with the rate in force at the cancel (x/time/rate: the reservation's rate).
 -- Remaining: floor(min u(now)/p) (0 while paused); reset_us: until every bucket is full.
+--
+-- The functions a usual call runs write integer division out, (a - a % b) / b for
+-- floor(a / b) (exact below 2^53, as common.lua says of math.floor), and min and max as
+-- comparisons: a call of math.* costs several times the arithmetic.
 
 local WIDTH, CAP, PARAMS, RATED = 3, 3, 0, true -- ARGV per limit; n's bound; parameters;
                                                 -- its state counts at the rates in force
@@ -63,11 +67,15 @@ local function rates(st, old, new, at, now)
       if now > at then
         u = u + (now - at) * r
       end
-      st[j + 1], st[j + 2], st[j + 3], st[j + 4] = math.min(b * p, u), r, p, b
-      horizon = math.min(horizon, math.floor(MAX_TICKS / r))
+      st[j + 1], st[j + 2], st[j + 3], st[j + 4] = u < b * p and u or b * p, r, p, b
+      local h = (MAX_TICKS - MAX_TICKS % r) / r
+      if h < horizon then
+        horizon = h
+      end
     end
   end
   st.at, st.horizon = now, horizon
+  return st
 end
 
 -- load reads the state at now for the limits in force (lim; oend: the override's end, 0:
@@ -77,32 +85,41 @@ local function load(key, lim, now, _, given, oend)
   if err then
     return nil, err
   end
-  local st = {at = now, absent = not v, dirty = false, given = given}
+  local st = not v and {at = now, absent = true, dirty = false, horizon = 0}
   if v then
-    -- one limit's state (the usual case) is read with one match, any other field by field
-    local w = {string.match(v, '^(%d+) (%d+) (%-?%d+) (%d+) (%d+) (%d+) (%d+)$')}
-    if not w[1] then
+    -- one limit's state (the usual case) is read with one match, any other field by field;
+    -- int reads the fields that repeat the limits' texts (a field tonumber cannot read, as
+    -- gopher-lua past 2^63, is out of range)
+    local soe, nl
+    local last, oe, u, r, p, b, e = string.match(v, '^(%d+) (%d+) (%-?%d+) (%d+) (%d+) (%d+) (%d+)$')
+    if last then
+      st, soe, nl = {tonumber(u) or -MAX_WAIT, int(r, 1, MAX_RATE) or 0, int(p, 1, MAX_PERIOD) or 0,
+        int(b, 1, MAX_RATE) or 0, tonumber(e) or -1, at = tonumber(last) or -1, absent = false,
+        dirty = false, horizon = 0}, int(oe, 0, MAX_WAIT) or -1, 1
+    else
+      local w = {}
       for f in string.gmatch(v, '%S+') do
-        w[#w + 1] = string.find(f, '^%-?%d+$') and f or false
+        w[#w + 1] = string.find(f, '^%-?%d+$') and tonumber(f) or -MAX_WAIT
+      end
+      nl = (#w - 2) / 5
+      if nl < 1 or nl % 1 ~= 0 then
+        return nil, 'JTSTATE ' .. key .. ': not a token bucket'
+      end
+      st, soe, nl = {at = w[1], absent = false, dirty = false, horizon = 0}, w[2], math.min(nl, #lim)
+      for i = 3, 5 * nl + 2 do
+        st[i - 2] = w[i]
       end
     end
-    local nw, u, r, p, b, e = #w
-    for i = 1, nw do
-      w[i] = tonumber(w[i]) or -MAX_WAIT -- (gopher-lua reads nothing past 2^63)
-    end
-    if nw < 7 or (nw - 2) % 5 ~= 0 or w[1] < 0 or w[2] < 0 or w[1] > MAX_WAIT or w[2] > MAX_WAIT then
+    if st.at < 0 or st.at > MAX_WAIT or soe < 0 or soe > MAX_WAIT then
       return nil, 'JTSTATE ' .. key .. ': not a token bucket'
     end
-    for j = 3, math.min(nw, 5 * #lim + 2), 5 do
-      u, r, p, b, e = w[j], w[j + 1], w[j + 2], w[j + 3], w[j + 4]
+    for j = 0, 5 * nl - 5, 5 do
+      u, r, p, b, e = st[j + 1], st[j + 2], st[j + 3], st[j + 4], st[j + 5]
       if r < 1 or r > MAX_RATE or p < 1 or p > MAX_PERIOD or b < 1 or b > MAX_RATE
         or b * p > MAX_TICKS or u > b * p or u < -2 * MAX_TICKS or e < 0 or e > MAX_WAIT then
         return nil, 'JTSTATE ' .. key .. ': not a token bucket'
       end
-      st[j - 2], st[j - 1], st[j], st[j + 1], st[j + 2] = u, r, p, b, e
     end
-    st.at = w[1]
-    local soe = w[2]
     if soe > 0 and soe <= now then -- the override ended: its rates until then, the callers' after
       local at = math.max(soe, st.at)
       rates(st, nil, given, at, at)
@@ -116,14 +133,18 @@ local function load(key, lim, now, _, given, oend)
     end
   end
   rates(st, nil, lim, now, now)
+  st.given = given
   return st
 end
 
 local function fit(st, lim, n, t, now)
   for j = 0, 5 * #lim - 5, 5 do
-    local d = n * st[j + 3] - st[j + 1]
+    local d, r = n * st[j + 3] - st[j + 1], st[j + 2]
     if d > 0 then
-      local ti = now + math.ceil(d / st[j + 2])
+      local ti = now + (d - d % r) / r -- now + ceil(d / r)
+      if d % r > 0 then
+        ti = ti + 1
+      end
       if ti > t then
         t = ti
       end
@@ -137,13 +158,84 @@ local function take(st, lim, n, t, now)
     local u, r, p, b = st[j + 1], st[j + 2], st[j + 3], st[j + 4]
     local d, s = n * p - u, 0
     if d > 0 then
-      s = math.ceil(d / r) * r - d
+      s = (r - d % r) % r -- ceil(d / r) * r - d
     end
-    st[j + 1] = math.min(u, b * p - (t - now) * r + s) - n * p
+    local full = b * p - (t - now) * r + s
+    st[j + 1] = (u < full and u or full) - n * p
     st[j + 5] = t
   end
   st.dirty = true
 end
+
+-- keep_us is how long the state must be kept from now (µs; <= 0: not at all), oend the end of
+-- the override whose limits lim are (0: none): until every bucket is full, at lim and, from
+-- oend on, at the callers' limits (st.given) with the tokens held at oend. A bucket an
+-- override refills faster than the callers' may not be full by then, and one full at an
+-- override's lower burst is not full at the callers': an absent key would be.
+local function keep_us(st, lim, now, oend, reset)
+  if oend <= now then
+    return reset
+  end
+  local k = 0
+  for i = 1, #lim do
+    local j, g = 5 * i - 5, st.given[i]
+    local u, r, p, b = st[j + 1], st[j + 2], st[j + 3], st[j + 4]
+    local full = math.ceil((b * p - u) / r)
+    if g[2] == p and (full > oend - now or b < g[3]) then
+      local ue = math.min(b * p, u + (oend - now) * r, g[3] * p)
+      full = oend - now + math.ceil((g[3] * p - ue) / g[1])
+    end
+    k = math.max(k, full)
+  end
+  return k
+end
+
+-- report returns remaining, reset_us (until every bucket is full at lim) and how long the
+-- state must be kept (keep_us; oend: the override's end, nil or 0: none).
+local function report(st, lim, now, oend)
+  local remaining, reset = MAX_RATE, 0
+  for j = 0, 5 * #lim - 5, 5 do
+    local u, r, p, b = st[j + 1], st[j + 2], st[j + 3], st[j + 4]
+    local whole, short = (u - u % p) / p, b * p - u -- floor(u / p); ticks short of full
+    local wait = (short - short % r) / r -- ceil(short / r)
+    if short % r > 0 then
+      wait = wait + 1
+    end
+    if whole < remaining then
+      remaining = whole
+    end
+    if wait > reset then
+      reset = wait
+    end
+  end
+  return remaining > 0 and remaining or 0, reset, oend and keep_us(st, lim, now, oend, reset) or reset
+end
+
+-- save writes the state when it changed (oend: the override's end under which lim are in
+-- force, 0: none), or deletes it when every bucket is full.
+local function save(st, key, lim, now, oend, keep)
+  if not st.dirty then
+    return
+  end
+  if not keep then
+    local _
+    _, _, keep = report(st, lim, now, oend)
+  end
+  if keep <= 0 then
+    if not st.absent then
+      redis.call('DEL', key)
+    end
+    return
+  end
+  local text = string.format('%d %d %d %d %d %d %d', now, oend, st[1], st[2], st[3], st[4], st[5])
+  for j = 5, 5 * #lim - 5, 5 do
+    text = text .. string.format(' %d %d %d %d %d', st[j + 1], st[j + 2], st[j + 3], st[j + 4], st[j + 5])
+  end
+  redis.call('SET', key, text, 'PX', ms(keep))
+end
+
+-- @cold: what follows only the driver's request loop needs (the generator puts it after
+-- limiter.lua's fast path, which so never makes these functions).
 
 local function give(st, lim, n, token, now)
   if token < now or n == 0 then
@@ -166,38 +258,6 @@ local function give(st, lim, n, token, now)
   return freed
 end
 
--- keep is how long the state must be kept from now (µs; <= 0: not at all), oend the end of
--- the override whose limits lim are (0: none): until every bucket is full, at lim and, from
--- oend on, at the callers' limits (st.given) with the tokens held at oend. A bucket an
--- override refills faster than the callers' may not be full by then, and one full at an
--- override's lower burst is not full at the callers': an absent key would be.
-local function keep(st, lim, now, oend)
-  local k = 0
-  for i = 1, #lim do
-    local j, g = 5 * i - 5, st.given[i]
-    local u, r, p, b = st[j + 1], st[j + 2], st[j + 3], st[j + 4]
-    local full = math.ceil((b * p - u) / r)
-    if oend > now and g[2] == p and (full > oend - now or b < g[3]) then
-      local ue = math.min(b * p, u + (oend - now) * r, g[3] * p)
-      full = oend - now + math.ceil((g[3] * p - ue) / g[1])
-    end
-    k = math.max(k, full)
-  end
-  return k
-end
-
--- report returns remaining, reset_us (until every bucket is full at lim) and how long the
--- state must be kept (keep; oend: 0 when not given).
-local function report(st, lim, now, oend)
-  local remaining, reset = MAX_RATE, 0
-  for j = 0, 5 * #lim - 5, 5 do
-    local u, r, p, b = st[j + 1], st[j + 2], st[j + 3], st[j + 4]
-    remaining = math.min(remaining, math.floor(u / p))
-    reset = math.max(reset, math.ceil((b * p - u) / r))
-  end
-  return math.max(0, remaining), reset, keep(st, lim, now, oend or 0)
-end
-
 -- detail: booked is the most permits any bucket owes (its negative tokens), ahead_us the
 -- time until the latest booking, avail_i limit i's whole tokens (negative when it owes).
 local function detail(st, lim, now)
@@ -209,24 +269,4 @@ local function detail(st, lim, now)
     ahead = math.max(ahead, st[j + 5] - now)
   end
   return booked, ahead, avail
-end
-
--- save writes the state when it changed (oend: the override's end under which lim are in
--- force, 0: none), or deletes it when every bucket is full.
-local function save(st, key, lim, now, oend)
-  if not st.dirty then
-    return
-  end
-  local _, _, keep = report(st, lim, now, oend)
-  if keep <= 0 then
-    if not st.absent then
-      redis.call('DEL', key)
-    end
-    return
-  end
-  local text = string.format('%d %d %d %d %d %d %d', now, oend, st[1], st[2], st[3], st[4], st[5])
-  for j = 5, 5 * #lim - 5, 5 do
-    text = text .. string.format(' %d %d %d %d %d', st[j + 1], st[j + 2], st[j + 3], st[j + 4], st[j + 5])
-  end
-  redis.call('SET', key, text, 'PX', ms(keep))
 end

@@ -22,11 +22,13 @@
 --   MAX_*                       bounds; OP_* the limiter's op codes
 --   int(s, lo, hi)              an argument as an integer in [lo, hi], or nil
 --   ms(us)                      a TTL of us µs as SET/PEXPIRE text: whole ms, rounded up, >= 1
---   control_read(key)           the control key: pause_end, override; or nil, why it is foreign
+--   read_key(what, cmd, key, ...)  a read of a key that may be foreign; or nil, the failure
+--   control_read(key)           the control key: pause_end, override; or nil, the failure
 --   control_write(key, p, o)    writes it back (SET PX, or DEL when nothing lies ahead)
---   booking_read(key)           a task's booking record; or nil, why it is foreign
+--   booking_read(key)           a task's booking record; or nil, the failure
 --   booking_write(key, rec)     writes it back (SET PX, or DEL for false)
 --   reply(out, k, ext)          the flat reply: six integers per request, then the extras
+-- (control_read and those after it come after the fast path: see "@cold" below)
 
 local MAX_REQUESTS = 1000
 local MAX_LIMITS = 16
@@ -45,15 +47,23 @@ do
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
-local function int(s, lo, hi)
-  if type(s) ~= 'string' or not string.find(s, '^%d+$') then
+-- int remembers the texts it has read, "0" and "1" from the start: a batch's fields
+-- repeat, so do the limits in a state's text, and a pattern and tonumber cost more than a
+-- table lookup.
+local int
+do
+  local seen = {['0'] = 0, ['1'] = 1}
+  function int(s, lo, hi)
+    local v = seen[s]
+    if v == nil and s then
+      v = string.find(s, '^%d+$') and (tonumber(s) or math.huge) or false
+      seen[s] = v
+    end
+    if v and v >= lo and v <= hi then
+      return v
+    end
     return nil
   end
-  local v = tonumber(s) or math.huge
-  if v < lo or v > hi then
-    return nil
-  end
-  return v
 end
 
 -- ms formats its number itself: redis.call turns a number into text with a slow
@@ -76,6 +86,9 @@ local function read_key(what, cmd, key, ...)
   end
   return v
 end
+
+-- @cold: what follows only the driver's request loop needs (the generator puts it after
+-- limiter.lua's fast path, which so never makes these functions).
 
 -- The control key, {<prefix><key>}:pause, holds
 --   "<pause_end>"  or  "<pause_end> <override_end> <m> <r1> <b1> ... <rm> <bm> [<set>]"

@@ -36,8 +36,9 @@ local LOG_HEAD_END = '8' -- the head's last list index: base and 4 entries
 local LOG_TRIM = 2       -- expired entries that make an acquire trim (fewer wait for a later one)
 
 -- at returns the time and count of entry i (1 <= i <= E; entry 0: -1 and base). An
--- entry of the stored list is read from the head, the cache or one LRANGE; the stored
--- last entry's count is its new one (lset); entries past the stored ones are the tail.
+-- entry of the stored list is read once (st[2s - 1], st[2s]), from the head's texts or
+-- one LRANGE; the stored last entry's count is its new one (lset); entries past the
+-- stored ones are the tail.
 -- An entry that is not ours sets st.err (the driver fails the state's requests) and reads
 -- as 0 and base, so that what reads it still ends.
 local function at(st, i)
@@ -49,20 +50,20 @@ local function at(st, i)
     local k = 2 * (s - st.send)
     return st.tail[k - 1], st.tail[k]
   end
-  local T, S
-  if s <= st.hn then
-    T, S = st.head[2 * s], st.head[2 * s + 1]
-  else
-    T, S = st.cT[s], st.cS[s]
-    if not T then
-      local v = redis.call('LRANGE', st.key, string.format('%d', 2 * s - 1), string.format('%d', 2 * s))
+  local T, S = st[2 * s - 1], st[2 * s] -- (st's array: the entries read, by list position)
+  if not T then
+    local v = s <= st.hn and st.head
+    if v then -- checked by load
+      T, S = tonumber(v[2 * s]), tonumber(v[2 * s + 1])
+    else
+      v = redis.call('LRANGE', st.key, string.format('%d', 2 * s - 1), string.format('%d', 2 * s))
       if #v ~= 2 or not string.find(v[1] .. ',' .. v[2], '^%d+,%d+$') or #v[1] > 17 or #v[2] > 17 then
         st.err = st.err or 'JTSTATE ' .. st.key .. ': entry ' .. s
         return 0, st.base
       end
       T, S = tonumber(v[1]), tonumber(v[2])
-      st.cT[s], st.cS[s] = T, S
     end
+    st[2 * s - 1], st[2 * s] = T, S
   end
   if T == st.slastT then
     S = st.slastS
@@ -77,7 +78,7 @@ local function entries(st)
     if len % 2 == 0 then
       st.err = st.err or 'JTSTATE ' .. st.key .. ': length'
     end
-    st.send = math.floor((len - 1) / 2) - st.drop
+    st.send = (len - 1 - (len - 1) % 2) / 2 - st.drop
   end
   return st.send - st.off + #st.tail / 2
 end
@@ -95,7 +96,7 @@ local function search(st, f, v)
   end
   local hi = entries(st)
   while hi - j > 1 do
-    local mid = math.floor((j + hi) / 2)
+    local mid = (j + hi - (j + hi) % 2) / 2
     local T, S = at(st, mid)
     if (f == 1 and T or S) < v then
       j = mid
@@ -113,61 +114,71 @@ local function load(key, lim, now, prec)
   end
   local len, pmax = #v, 0
   for i = 1, #lim do
-    pmax = math.max(pmax, lim[i][2])
+    local p = lim[i][2]
+    if p > pmax then
+      pmax = p
+    end
   end
-  local st = {key = key, prec = prec, pmax = pmax, head = v, hn = 0, off = 0, drop = 0,
-    tail = {}, cT = {}, cS = {}, base = 0, P = 0, absent = len == 0, dirty = false}
+  -- the fields a usual call sets, and the head's entries (at), so that the table is made
+  -- at its size
+  local st = {false, false, false, false, false, false, false, false,
+    key = key, prec = prec, pmax = pmax, head = v, hn = 0, off = 0, drop = 0,
+    tail = {}, base = 0, P = 0, absent = len == 0, dirty = false, lastT = false,
+    slastT = false, slastS = false}
   if len == 0 then
     st.send = 0
     return st
   end
-  if not string.find(table.concat(v, ','), '^[%d,]*$') then
+  -- the head's texts are read as numbers when used (at); the last entry's at once
+  local last = len < 2 * 4 + 1 and {v[len > 1 and len - 1 or 1], v[len]} or redis.call('LRANGE', key, '-2', '-1')
+  if not string.find(table.concat(v, ',') .. ',' .. last[1] .. ',' .. last[2], '^[0-9,]*$') then
     return nil, 'JTSTATE ' .. key .. ': not a permit log'
   end
   for i = 1, len do
-    if #v[i] > 17 then
+    if #v[i] > 17 or v[i] == '' then
       return nil, 'JTSTATE ' .. key .. ': not a permit log'
     end
-    v[i] = tonumber(v[i])
   end
-  st.base = v[1]
+  if #last[1] > 17 or #last[2] > 17 or last[1] == '' or last[2] == '' then
+    return nil, 'JTSTATE ' .. key .. ': not a permit log'
+  end
+  st.base = tonumber(v[1])
   if len < 2 * 4 + 1 then -- the whole list
     if len % 2 == 0 then
       return nil, 'JTSTATE ' .. key .. ': length'
     end
     st.hn = (len - 1) / 2
     st.send = st.hn
-    st.slastT, st.slastS = v[len - 1], v[len]
   else
     st.hn = 4
-    local last = redis.call('LRANGE', key, '-2', '-1')
+  end
+  if len > 1 then
     st.slastT, st.slastS = tonumber(last[1]), tonumber(last[2])
-    if not string.find(last[1] .. ',' .. last[2], '^%d+,%d+$') or #last[1] > 17 or #last[2] > 17 then
-      return nil, 'JTSTATE ' .. key .. ': not a permit log'
-    end
   end
   st.lastT, st.P = st.slastT, st.slastS or st.base
   return st
 end
 
 local function fit(st, lim, n, t, now)
-  if st.lastT then
-    t = math.max(t, st.lastT - st.prec)
+  if st.lastT and st.lastT - st.prec > t then
+    t = st.lastT - st.prec
   end
   for i = 1, #lim do
     local q = st.P + n - lim[i][1] -- this permit must have left the window
     if q > st.base then
-      local T = at(st, search(st, 2, q) + 1)
-      t = math.max(t, T + lim[i][2])
+      local T = at(st, search(st, 2, q) + 1) + lim[i][2]
+      if T > t then
+        t = T
+      end
     end
   end
   return t
 end
 
 local function take(st, lim, n, t, now)
-  local rt = t
-  if st.prec > 0 then
-    rt = (math.floor(t / st.prec) + 1) * st.prec
+  local rt, prec = t, st.prec
+  if prec > 0 then
+    rt = t - t % prec + prec -- (floor(t / prec) + 1) * prec
   end
   if st.lastT and rt < st.lastT then
     rt = st.lastT
@@ -200,6 +211,80 @@ local function take(st, lim, n, t, now)
   end
   st.lastT, st.dirty = rt, true
 end
+
+-- window returns the permits of the log that take effect after h.
+local function window(st, h)
+  if not st.lastT or st.lastT <= h then
+    return 0
+  end
+  local _, S = at(st, search(st, 1, h + 1))
+  return st.P - S
+end
+
+-- report returns remaining, reset_us and how long the state must be kept (µs; <= 0: not
+-- at all): until the last entry has left the longest window.
+local function report(st, lim, now)
+  local remaining, reset, lastT = MAX_RATE, 0, st.lastT
+  if lastT and lastT + st.pmax > now then
+    reset = lastT + st.pmax - now
+  end
+  for i = 1, #lim do
+    local left = lim[i][1] - window(st, now - lim[i][2])
+    if left < remaining then
+      remaining = left
+    end
+  end
+  if lastT and lastT - st.prec > now or remaining < 0 then
+    remaining = 0
+  end
+  return remaining, reset, reset
+end
+
+local function save(st, key, lim, now, _, keep)
+  if not st.dirty then
+    return
+  end
+  if not keep then
+    local _
+    _, _, keep = report(st, lim, now)
+  end
+  local tail = st.tail
+  if keep <= 0 or not st.lastT then
+    if not st.absent then
+      redis.call('UNLINK', key) -- frees a long list off the main thread
+    end
+    return
+  end
+  local row, m = {}, 0 -- RPUSH's values, 200 at a time: the base first when the list is new
+  if st.absent or st.gone then
+    if st.gone and not st.absent then
+      redis.call('UNLINK', key)
+    end
+    row[1], m = string.format('%d', st.base), 1
+  else
+    if st.lset then
+      redis.call('LSET', key, '-1', string.format('%d', st.slastS))
+    end
+    if st.off > 0 or st.drop > 0 then
+      redis.call('LTRIM', key, string.format('%d', 2 * st.off), string.format('%d', -1 - 2 * st.drop))
+    end
+  end
+  for i = 1, #tail do
+    m = m + 1
+    row[m] = string.format('%d', tail[i])
+    if m == 200 then
+      redis.call('RPUSH', key, unpack(row, 1, m))
+      m = 0
+    end
+  end
+  if m > 0 then
+    redis.call('RPUSH', key, unpack(row, 1, m))
+  end
+  redis.call('PEXPIRE', key, ms(keep))
+end
+
+-- @cold: what follows only the driver's request loop needs (the generator puts it after
+-- limiter.lua's fast path, which so never makes these functions).
 
 local function give(st, lim, n, token, now)
   if token <= now or n == 0 or not st.lastT then
@@ -257,31 +342,6 @@ local function give(st, lim, n, token, now)
   return 1
 end
 
--- window returns the permits of the log that take effect after h.
-local function window(st, h)
-  if not st.lastT or st.lastT <= h then
-    return 0
-  end
-  local _, S = at(st, search(st, 1, h + 1))
-  return st.P - S
-end
-
--- report returns remaining, reset_us and how long the state must be kept (µs; <= 0: not
--- at all): until the last entry has left the longest window.
-local function report(st, lim, now)
-  local remaining, reset = MAX_RATE, 0
-  if st.lastT then
-    reset = math.max(0, st.lastT + st.pmax - now)
-  end
-  for i = 1, #lim do
-    remaining = math.min(remaining, lim[i][1] - window(st, now - lim[i][2]))
-  end
-  if st.lastT and st.lastT - st.prec > now then
-    remaining = 0
-  end
-  return math.max(0, remaining), reset, reset
-end
-
 -- detail: avail_i is limit i's rate less the permits holding a place in the window that
 -- ends now, bookings included (negative when bookings reach further than one window);
 -- booked the permits whose (sub-bucket) time starts after now; ahead_us until the latest
@@ -296,39 +356,4 @@ local function detail(st, lim, now)
 end
 
 local function rates(st, old, new, at, now)
-end
-
-local function save(st, key, lim, now)
-  if not st.dirty then
-    return
-  end
-  local _, _, keep = report(st, lim, now)
-  local tail = st.tail
-  if keep <= 0 or not st.lastT then
-    if not st.absent then
-      redis.call('UNLINK', key) -- frees a long list off the main thread
-    end
-    return
-  end
-  if st.absent or st.gone then
-    if st.gone and not st.absent then
-      redis.call('UNLINK', key)
-    end
-    redis.call('RPUSH', key, string.format('%d', st.base))
-  else
-    if st.lset then
-      redis.call('LSET', key, '-1', string.format('%d', st.slastS))
-    end
-    if st.off > 0 or st.drop > 0 then
-      redis.call('LTRIM', key, string.format('%d', 2 * st.off), string.format('%d', -1 - 2 * st.drop))
-    end
-  end
-  for i = 1, #tail, 200 do
-    local row = {}
-    for j = i, math.min(#tail, i + 199) do
-      row[j - i + 1] = string.format('%d', tail[j])
-    end
-    redis.call('RPUSH', key, unpack(row))
-  end
-  redis.call('PEXPIRE', key, ms(keep))
 end

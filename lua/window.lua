@@ -24,52 +24,57 @@ local function load(key, lim, now)
   if err then
     return nil, err
   end
-  local st = {L = 0, absent = not v, dirty = false}
+  local st = {0, L = 0, absent = not v, dirty = false}
   if v then
-    -- one limit's state (the usual case) is read with one match, any other word by word
+    -- one limit's state (the usual case) is read with one match, any other word by word;
+    -- a number tonumber cannot read (gopher-lua past 2^63) is out of range
     local L, c = string.match(v, '^(%d+) (%d+)$')
-    local w = {L, c}
-    if not L then
-      w = {}
+    if L then
+      st.L, st[1] = tonumber(L) or -1, tonumber(c) or -1
+    else
+      local w = {}
       for f in string.gmatch(v, '%S+') do
-        w[#w + 1] = string.find(f, '^%d+$') and f or false
+        w[#w + 1] = string.find(f, '^%d+$') and tonumber(f) or -1
       end
-    end
-    for i = 1, #w do
-      w[i] = tonumber(w[i]) or -1 -- (gopher-lua reads nothing past 2^63)
-      if w[i] < 0 or w[i] > MAX_WAIT then
+      if #w < 1 then
         return nil, 'JTSTATE ' .. key .. ': not a fixed window'
       end
+      st.L, st[1] = w[1], w[2] or 0
+      for i = 3, #w do
+        if w[i] < 0 or w[i] > MAX_WAIT then
+          return nil, 'JTSTATE ' .. key .. ': not a fixed window'
+        end
+        st[i - 1] = i <= #lim + 1 and w[i] or nil
+      end
     end
-    if #w < 1 then
+    if st.L < 0 or st.L > MAX_WAIT or st[1] < 0 or st[1] > MAX_WAIT then
       return nil, 'JTSTATE ' .. key .. ': not a fixed window'
     end
-    st.L = w[1]
-    for i = 1, #lim do
-      st[i] = w[i + 1]
-    end
   end
-  for i = 1, #lim do
+  for i = 2, #lim do
     st[i] = st[i] or 0
   end
   return st
 end
 
+-- Window starts are written out, t - t % P (the start of t's window: floor(t / P) · P,
+-- exact below 2^53), and min and max as comparisons: a call of math.* costs several times
+-- the arithmetic.
+
 -- fit moves t to the next window of any limit that has no room; a move can fill no
 -- window it leaves, so #lim + 1 passes settle it.
 local function fit(st, lim, n, t, now)
-  t = math.max(t, st.L)
-  local lw = {}
-  for i = 1, #lim do
-    lw[i] = math.floor(st.L / lim[i][2])
+  local L = st.L
+  if L > t then
+    t = L
   end
   for _ = 0, #lim do
     local moved = false
     for i = 1, #lim do
       local R, P = lim[i][1], lim[i][2]
-      local w = math.floor(t / P)
-      if (w == lw[i] and st[i] or 0) + n > R then
-        t, moved = (w + 1) * P, true
+      local w = t - t % P
+      if (w == L - L % P and st[i] or 0) + n > R then
+        t, moved = w + P, true
       end
     end
     if not moved then
@@ -80,12 +85,61 @@ local function fit(st, lim, n, t, now)
 end
 
 local function take(st, lim, n, t, now)
+  local L = st.L
   for i = 1, #lim do
     local P = lim[i][2]
-    st[i] = (math.floor(t / P) == math.floor(st.L / P) and st[i] or 0) + n
+    st[i] = (t - t % P == L - L % P and st[i] or 0) + n
   end
   st.L, st.dirty = t, true
 end
+
+-- report returns remaining, reset_us and how long the state must be kept (µs; <= 0: not
+-- at all): to the end of the longest window holding L.
+local function report(st, lim, now)
+  local remaining, reset, keep, L = MAX_RATE, 0, 0, st.L
+  for i = 1, #lim do
+    local R, P = lim[i][1], lim[i][2]
+    local lw = L - L % P
+    local ends, left = lw + P - now, R - (lw == now - now % P and st[i] or 0)
+    if left < remaining then
+      remaining = left
+    end
+    if st[i] > 0 and ends > reset then
+      reset = ends
+    end
+    if ends > keep then
+      keep = ends
+    end
+  end
+  if L > now or remaining < 0 then
+    remaining = 0
+  end
+  return remaining, reset, keep
+end
+
+local function save(st, key, lim, now, _, keep)
+  if not st.dirty then
+    return
+  end
+  if not keep then
+    local _
+    _, _, keep = report(st, lim, now)
+  end
+  if keep <= 0 then
+    if not st.absent then
+      redis.call('DEL', key)
+    end
+    return
+  end
+  local text = string.format('%d %d', st.L, st[1])
+  for i = 2, #lim do
+    text = text .. string.format(' %d', st[i])
+  end
+  redis.call('SET', key, text, 'PX', ms(keep))
+end
+
+-- @cold: what follows only the driver's request loop needs (the generator puts it after
+-- limiter.lua's fast path, which so never makes these functions).
 
 local function give(st, lim, n, token, now)
   local freed = 0
@@ -101,26 +155,6 @@ local function give(st, lim, n, token, now)
     st.dirty = true
   end
   return freed
-end
-
--- report returns remaining, reset_us and how long the state must be kept (µs; <= 0: not
--- at all): to the end of the longest window holding L.
-local function report(st, lim, now)
-  local remaining, reset, keep = MAX_RATE, 0, 0
-  for i = 1, #lim do
-    local R, P = lim[i][1], lim[i][2]
-    local lw = math.floor(st.L / P)
-    local ends = (lw + 1) * P - now
-    remaining = math.min(remaining, R - (lw == math.floor(now / P) and st[i] or 0))
-    if st[i] > 0 then
-      reset = math.max(reset, ends)
-    end
-    keep = math.max(keep, ends)
-  end
-  if st.L > now then
-    remaining = 0
-  end
-  return math.max(0, remaining), reset, keep
 end
 
 -- detail: avail_i is limit i's rate less its count in the window holding now (0 when the
@@ -140,22 +174,4 @@ local function detail(st, lim, now)
 end
 
 local function rates(st, old, new, at, now)
-end
-
-local function save(st, key, lim, now)
-  if not st.dirty then
-    return
-  end
-  local _, _, keep = report(st, lim, now)
-  if keep <= 0 then
-    if not st.absent then
-      redis.call('DEL', key)
-    end
-    return
-  end
-  local parts = {string.format('%d', st.L)}
-  for i = 1, #lim do
-    parts[i + 1] = string.format('%d', st[i])
-  end
-  redis.call('SET', key, table.concat(parts, ' '), 'PX', ms(keep))
 end

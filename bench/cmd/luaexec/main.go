@@ -13,7 +13,10 @@
 // To compare this version's scripts with 93c979c's (the version before one script per
 // algorithm) in one run (interleaved, same server), dump that version's texts with its
 // luaexec -dump DIR and pass -base DIR here: every jobthrottle case then runs twice,
-// "base" with DIR's text and its protocol. A batch case reports exec per request.
+// "base" with DIR's text and its protocol. To compare with another version of this
+// protocol's scripts (this version's own -dump of an earlier commit), pass -alt DIR:
+// every jobthrottle case runs with DIR's scripts too, as "alt". A batch case reports
+// exec per request.
 package main
 
 import (
@@ -80,7 +83,7 @@ var baseNames = map[string]string{"SlidingWindow": "SlidingWindow", "SlidingCoun
 // (denied); a limit of 1e9 per 10 ms makes one entry of the log expire on every call; a
 // batch of batchSize acquires in one call. With base (93c979c's texts, by algorithm),
 // each case runs with them too, as "base ...", in its protocol.
-func jobthrottleCases(base map[string]string) []xcase {
+func jobthrottleCases(base, alt map[string]string) []xcase {
 	const never, often = 1000000000, 100
 	noop := redis.NewScript("return 1")
 	out := []xcase{{name: "no-op (return 1)", sha: noop.Hash(), keys: []string{"{jtbench:noop}:x"}, args: fixed(1), per: 1}}
@@ -96,9 +99,12 @@ func jobthrottleCases(base map[string]string) []xcase {
 	}
 	for _, a := range algos {
 		s := lua.Script(a.script)
-		var oldSHA string
+		var oldSHA, altSHA string
 		if src, ok := base[a.name]; ok {
 			oldSHA = redis.NewScript(src).Hash()
+		}
+		if src, ok := alt[a.script]; ok {
+			altSHA = redis.NewScript(src).Hash()
 		}
 		type path struct {
 			name     string
@@ -121,6 +127,9 @@ func jobthrottleCases(base map[string]string) []xcase {
 			if oldSHA != "" {
 				add("base "+name, oldSHA, a.suffix, append([]any{0, 1, 0}, old...), true, 1, p.fresh, p.override)
 			}
+			if altSHA != "" {
+				add("alt "+name, altSHA, a.suffix, append([]any{1, 0, 1, 0, 0, 0}, tail...), false, 1, p.fresh, p.override)
+			}
 			add(name, s.Hash(), a.suffix, append([]any{1, 0, 1, 0, 0, 0}, tail...), false, 1, p.fresh, p.override)
 		}
 		for _, p := range paths[:2] { // a batch of batchSize acquires
@@ -136,6 +145,9 @@ func jobthrottleCases(base map[string]string) []xcase {
 			args := []any{batchSize}
 			for range batchSize {
 				args = append(args, 0, 1, 0, 0, 0)
+			}
+			if altSHA != "" {
+				add("alt "+name, altSHA, a.suffix, append(args, tail...), false, batchSize, false, false)
 			}
 			add(name, s.Hash(), a.suffix, append(args, tail...), false, batchSize, false, false)
 		}
@@ -241,6 +253,7 @@ func main() {
 	only := flag.String("only", "", "run only the cases whose name contains one of these comma-separated texts (and the no-op)")
 	dump := flag.String("dump", "", "write the scripts' texts to this directory and exit")
 	baseDir := flag.String("base", "", "a directory holding 93c979c's limiter scripts (its luaexec -dump): run each case with them too, in their protocol, as \"base ...\"")
+	altDir := flag.String("alt", "", "a directory holding another version of this protocol's scripts (a -dump of it): run each jobthrottle case with them too, as \"alt ...\"")
 	flag.Parse()
 	log.SetFlags(0)
 	if *dump != "" {
@@ -261,6 +274,16 @@ func main() {
 			base[alg] = string(b)
 		}
 	}
+	alt := map[string]string{}
+	if *altDir != "" {
+		for _, name := range []string{"log", "bucket", "window"} {
+			b, err := os.ReadFile(filepath.Join(*altDir, name+".lua"))
+			if err != nil {
+				log.Fatal(err)
+			}
+			alt[name] = string(b)
+		}
+	}
 	if *addr == "" {
 		s, err := redistest.StartServer()
 		if err != nil {
@@ -279,12 +302,15 @@ func main() {
 	for _, src := range base {
 		scripts = append(scripts, redis.NewScript(src))
 	}
+	for _, src := range alt {
+		scripts = append(scripts, redis.NewScript(src))
+	}
 	for _, s := range scripts {
 		if err := s.Load(ctx, rdb).Err(); err != nil {
 			log.Fatal(err)
 		}
 	}
-	cs := jobthrottleCases(base)
+	cs := jobthrottleCases(base, alt)
 	peers, err := peerCases(ctx, rdb)
 	if err != nil {
 		log.Fatal(err)
