@@ -125,8 +125,8 @@ func TestBacklogDoesNotHoldWorkers(t *testing.T) {
 
 // startJitter is the lateness of a handler start after its permit that the second
 // figure of handler starts per window forgives. A task sleeps for the wait the script
-// returned, counted from when the reply arrived, so a slow reply (on the shared 2-core
-// host, at a load average of 10, up to about 100ms) starts a whole batch that much
+// returned, counted from when the reply arrived, so a slow reply (a busy shared host
+// delays one by up to about this much) starts a whole batch that much
 // late, and the sliding window books each period's permits in one burst: one late
 // batch shifts into the next batch's window.
 const startJitter = 100 * time.Millisecond

@@ -182,7 +182,7 @@ func (r *report) writeBig(w io.Writer) {
 	fmt.Fprintln(w)
 }
 
-// goal is one goal of issue 5 with the figure this run measured.
+// goal is one of the project's speed goals with the figure this run measured.
 type goal struct {
 	goal, figure string
 	met          bool
@@ -269,7 +269,7 @@ func (r *report) writeGoals(w io.Writer) {
 	if len(gs) == 0 {
 		return
 	}
-	fmt.Fprintf(w, "### Goals of issue 5\n\n| goal | measured | met |\n|---|---:|:---:|\n")
+	fmt.Fprintf(w, "### Speed goals\n\n| goal | measured | met |\n|---|---:|:---:|\n")
 	for _, g := range gs {
 		mark := "yes"
 		if !g.met {
