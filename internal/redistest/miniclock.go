@@ -46,21 +46,68 @@ func (c *commandClock) hook(_ *server.Peer, cmd string, _ ...string) bool {
 	return false
 }
 
-// SetError makes the miniredis backend answer every command with the error msg, or
-// answer normally again for "", as miniredis's SetError does; on a real-time backend
-// it keeps the backend's clock hook (see NewMiniRealTime), which miniredis's own
-// SetError would remove, stopping its clock. Use it, not b.Mini.SetError.
+// SetError makes the miniredis backend refuse commands with the error msg, as Redis
+// refuses them while it loads its data or when an ACL denies them; "" ends it. As in
+// Redis, a transaction's frame is not refused: the commands queued in it are, and its
+// EXEC answers EXECABORT. (miniredis's own SetError refuses MULTI too, which Redis
+// does not, and go-redis, finding MULTI refused, leaves the rest of that round trip's
+// replies unread on the connection, where the next round trip reads them as its own.)
+// A transaction's fate is decided by the error standing at its MULTI. SetError keeps
+// a real-time backend's clock hook (see NewMiniRealTime), which miniredis's own
+// SetError would remove. Use it, not b.Mini.SetError.
 func (b *Backend) SetError(msg string) {
-	if b.clock == nil {
-		b.Mini.SetError(msg)
-		return
+	if b.refusal == nil {
+		b.refusal = &refusal{tx: map[*server.Peer]string{}, next: b.clock}
+		b.Mini.Server().SetPreHook(b.refusal.hook)
 	}
-	if msg == "" {
-		b.Mini.Server().SetPreHook(b.clock.hook)
-		return
+	b.refusal.mu.Lock()
+	b.refusal.msg = msg
+	b.refusal.mu.Unlock()
+}
+
+// refusal is the pre-hook of SetError.
+type refusal struct {
+	mu  sync.Mutex
+	msg string
+	// tx holds the peers inside a transaction: the error that stood at its MULTI
+	// ("" for one miniredis runs).
+	tx   map[*server.Peer]string
+	next *commandClock // the real-time backend's clock hook, or nil
+}
+
+func (r *refusal) hook(p *server.Peer, cmd string, args ...string) bool {
+	r.mu.Lock()
+	msg, inTx := r.tx[p]
+	switch {
+	case !inTx && cmd == "MULTI":
+		msg = r.msg
+		r.tx[p] = msg
+		if msg != "" {
+			p.WriteOK()
+		}
+	case inTx && (cmd == "EXEC" || cmd == "DISCARD"):
+		delete(r.tx, p)
+		switch {
+		case msg == "":
+		case cmd == "EXEC":
+			p.WriteError("EXECABORT Transaction discarded because of previous errors.")
+		default:
+			p.WriteOK()
+		}
+	default:
+		if !inTx {
+			msg = r.msg
+		}
+		if msg != "" {
+			p.WriteError(msg)
+		}
 	}
-	b.Mini.Server().SetPreHook(func(p *server.Peer, _ string, _ ...string) bool {
-		p.WriteError(msg)
+	r.mu.Unlock()
+	if msg != "" {
 		return true
-	})
+	}
+	if r.next != nil {
+		return r.next.hook(p, cmd, args...)
+	}
+	return false
 }

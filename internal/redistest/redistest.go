@@ -49,7 +49,8 @@ type Backend struct {
 	// when the test ends.
 	Prefix string
 
-	clock *commandClock // a real-time miniredis's clock; nil otherwise
+	clock   *commandClock // a real-time miniredis's clock; nil otherwise
+	refusal *refusal      // SetError's state, made by its first call
 }
 
 // Real reports whether the backend is a real redis-server.
