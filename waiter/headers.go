@@ -12,59 +12,31 @@ import (
 // HeaderError is a response header the transport could not use as it stood, passed to
 // TransportHooks.BadHeader; the response is returned all the same. Header is the
 // header's name in canonical form ("Retry-After", "X-Ratelimit-Reset"), Value its
-// text ("" when missing), Problem what was wrong with it, and Pause the pause the
-// transport set all the same (0: none).
+// text ("" when missing), and Pause the pause the transport set all the same (0: none).
 type HeaderError struct {
-	Header  string
-	Value   string
-	Problem HeaderProblem
+	Header string
+	Value  string
+	// Problem says what was wrong, and so what the transport did:
+	//   - "missing": a 429 or 503 had no Retry-After nor spent-quota headers, or a
+	//     spent quota had no reset; nothing was paused.
+	//   - "unreadable": not in a form the transport reads; it was ignored.
+	//   - "in the past": a negative delay, or a time already past; nothing was paused.
+	//   - "longer than the cap": the pause was cut to the cap (WithMaxPause).
+	//   - "too far from the local clock": the response's Date is more than 10s off;
+	//     its times were counted from the local clock instead.
+	Problem string
 	Pause   time.Duration
 }
 
 func (e *HeaderError) Error() string {
-	s := fmt.Sprintf("waiter: %s %q: %v", e.Header, e.Value, e.Problem)
-	if e.Problem == HeaderMissing {
-		s = fmt.Sprintf("waiter: %v: %s", e.Problem, e.Header)
+	s := fmt.Sprintf("waiter: %s %q: %s", e.Header, e.Value, e.Problem)
+	if e.Problem == "missing" {
+		s = "waiter: missing: " + e.Header
 	}
 	if e.Pause > 0 {
 		s += fmt.Sprintf("; paused %v", e.Pause)
 	}
 	return s
-}
-
-// HeaderProblem is what was wrong with a header (see HeaderError).
-type HeaderProblem int
-
-const (
-	// HeaderMissing: a 429 or 503 had no Retry-After nor spent-quota headers, or a
-	// spent quota had no reset: nothing was paused.
-	HeaderMissing HeaderProblem = iota + 1
-	// HeaderInvalid: the header is not in a form the transport reads; it was ignored.
-	HeaderInvalid
-	// HeaderPast: a negative delay, or a time already past; nothing was paused.
-	HeaderPast
-	// HeaderTooLong: the pause asked for is longer than the cap (WithMaxPause); the
-	// pause was cut to the cap.
-	HeaderTooLong
-	// HeaderDateSkewed: the response's Date is more than 10s from the local clock; its
-	// times were counted from the local clock instead.
-	HeaderDateSkewed
-)
-
-func (p HeaderProblem) String() string {
-	switch p {
-	case HeaderMissing:
-		return "missing"
-	case HeaderInvalid:
-		return "unreadable"
-	case HeaderPast:
-		return "in the past"
-	case HeaderTooLong:
-		return "longer than the cap"
-	case HeaderDateSkewed:
-		return "too far from the local clock"
-	}
-	return "HeaderProblem(" + strconv.Itoa(int(p)) + ")"
 }
 
 // Quota is a quota a vendor's rate-limit headers describe and the transport does not
@@ -103,8 +75,8 @@ type reader struct {
 }
 
 // report notes a header that could not be used as it stood.
-func (r *reader) report(name, value string, p HeaderProblem, pause time.Duration) {
-	r.bad = append(r.bad, &HeaderError{Header: name, Value: value, Problem: p, Pause: pause})
+func (r *reader) report(name, value, problem string, pause time.Duration) {
+	r.bad = append(r.bad, &HeaderError{Header: name, Value: value, Problem: problem, Pause: pause})
 }
 
 // until returns how long from when the response was read until at, a time by the
@@ -119,7 +91,7 @@ func (r *reader) until(at time.Time) time.Duration {
 			case lag.Abs() <= maxDateSkew:
 				r.from = date
 			default:
-				r.report("Date", v, HeaderDateSkewed, 0) // its Pause is set once known
+				r.report("Date", v, "too far from the local clock", 0) // its Pause is set once known
 			}
 		}
 	}
@@ -129,7 +101,7 @@ func (r *reader) until(at time.Time) time.Duration {
 // capped returns d cut to the cap, reporting name's value when it was cut.
 func (r *reader) capped(name, value string, d time.Duration) time.Duration {
 	if d > r.maxPause {
-		r.report(name, value, HeaderTooLong, r.maxPause)
+		r.report(name, value, "longer than the cap", r.maxPause)
 		return r.maxPause
 	}
 	return d
@@ -142,19 +114,19 @@ func (r *reader) retryAfter() time.Duration {
 	v := strings.TrimSpace(r.h.Get(name))
 	if d, neg, ok := parseSeconds(v); ok {
 		if neg && d > 0 {
-			r.report(name, v, HeaderPast, 0)
+			r.report(name, v, "in the past", 0)
 			return 0
 		}
 		return r.capped(name, v, d)
 	}
 	at, err := http.ParseTime(v)
 	if err != nil {
-		r.report(name, v, HeaderInvalid, 0)
+		r.report(name, v, "unreadable", 0)
 		return 0
 	}
 	d := r.until(at)
 	if d < 0 {
-		r.report(name, v, HeaderPast, 0)
+		r.report(name, v, "in the past", 0)
 		return 0
 	}
 	return r.capped(name, v, d)

@@ -95,10 +95,10 @@ func (r *reader) spent(f family, v string, reserve int64) (time.Duration, bool) 
 	name, d, state := r.resetIn(f)
 	switch state {
 	case resetMissing:
-		r.report(f.reset, "", HeaderMissing, 0)
+		r.report(f.reset, "", "missing", 0)
 		return 0, left == 0
 	case resetPast:
-		r.report(name, r.h.Get(name), HeaderPast, 0)
+		r.report(name, r.h.Get(name), "in the past", 0)
 		return 0, left == 0
 	case resetOK:
 		r.told = true
@@ -115,7 +115,7 @@ func (r *reader) remaining(name, v string) (int64, bool) {
 	case errors.Is(err, strconv.ErrRange) && n > 0:
 		return math.MaxInt64, true
 	case err != nil || n < 0:
-		r.report(name, v, HeaderInvalid, 0)
+		r.report(name, v, "unreadable", 0)
 		return 0, false
 	}
 	return n, true
@@ -164,7 +164,7 @@ func (r *reader) resetIn(f family) (name string, d time.Duration, state resetSta
 	}
 	switch {
 	case !ok:
-		r.report(name, v, HeaderInvalid, 0)
+		r.report(name, v, "unreadable", 0)
 		return name, 0, resetInvalid
 	case d < 0:
 		return name, 0, resetPast
@@ -199,14 +199,14 @@ func (r *reader) ietfQuota(v string, reserve int64) (time.Duration, bool) {
 		}
 		if rem == "" {
 			if len(r.bad) == reported {
-				r.report(name, v, HeaderInvalid, 0)
+				r.report(name, v, "unreadable", 0)
 			}
 			continue
 		}
 		n, err := strconv.ParseInt(rem, 10, 64)
 		if err != nil && !(errors.Is(err, strconv.ErrRange) && n > 0) || n < 0 {
 			if len(r.bad) == reported {
-				r.report(name, v, HeaderInvalid, 0)
+				r.report(name, v, "unreadable", 0)
 			}
 			continue
 		}
@@ -218,11 +218,11 @@ func (r *reader) ietfQuota(v string, reserve int64) (time.Duration, bool) {
 		switch {
 		case reset == "":
 			if len(r.bad) == reported {
-				r.report(name, v, HeaderMissing, 0)
+				r.report(name, v, "missing", 0)
 			}
 		case !ok || neg:
 			if len(r.bad) == reported {
-				r.report(name, v, HeaderInvalid, 0)
+				r.report(name, v, "unreadable", 0)
 			}
 		default:
 			r.told = true

@@ -97,7 +97,7 @@ func WithPermits(n int) TransportOption {
 
 // WithMaxPause sets the longest pause a response's headers make the transport set; the
 // default is DefaultMaxPause (5 minutes). A longer one pauses for d and is reported to
-// TransportHooks.BadHeader (HeaderTooLong). d must be positive (an error wrapping
+// TransportHooks.BadHeader ("longer than the cap"). d must be positive (an error wrapping
 // ErrInvalidOption otherwise).
 func WithMaxPause(d time.Duration) TransportOption {
 	return transportOption(func(t *transport) {
@@ -415,14 +415,14 @@ func (t *transport) judge(status int, h http.Header) verdict {
 	}
 	if (status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable) &&
 		!hasRetryAfter && !rd.told && len(rd.bad) == 0 {
-		rd.report("Retry-After", "", HeaderMissing, 0)
+		rd.report("Retry-After", "", "missing", 0)
 	}
 	var quotas []Quota
 	if t.reserve >= 0 {
 		quotas = rd.tokenQuotas()
 	}
 	for _, e := range rd.bad {
-		if e.Problem == HeaderDateSkewed {
+		if e.Problem == "too far from the local clock" {
 			e.Pause = d
 		}
 	}
