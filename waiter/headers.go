@@ -49,14 +49,10 @@ type Quota struct {
 	Reset     time.Duration
 }
 
-// Vendors' SDKs count an absolute time in a header (an HTTP-date Retry-After, an epoch
-// or RFC 3339 reset) from their own clock, and so does the transport, as long as the
-// response's Date agrees with it to within Date's whole second (dateAgreeEarly,
-// dateAgreeLate). A Date further off but within maxDateSkew is taken to mean the
-// server's clock is off, and its times count from its Date. A Date further still is
-// more likely wrong (a time-zone bug, a replayed answer) than the clock: trusting it
-// would stretch or cut the pause by as much, which for resets seconds or a minute away
-// is all of it.
+// A server's absolute times count from the local clock when its Date agrees with it to
+// within Date's whole second, from its Date when that is off by up to maxDateSkew (the
+// server's clock is off), and from the local clock again beyond, a Date that far off
+// being more likely wrong than the clock (docs/http.md, "The Date header").
 const (
 	dateAgreeEarly = time.Second     // Date may be this far ahead of the local clock,
 	dateAgreeLate  = 2 * time.Second // or this far behind it (its fraction is cut off)
@@ -211,12 +207,10 @@ func parseDuration(v string) (time.Duration, bool) {
 		if !ok {
 			return 0, false
 		}
-		d := scale(secs, unit)
-		if d > math.MaxInt64-total {
+		total += scale(secs, unit)
+		if total < 0 { // two non-negative Durations overflowed: saturate
 			total = math.MaxInt64
-			continue
 		}
-		total += d
 	}
 	return total, true
 }
@@ -228,19 +222,13 @@ var durationUnits = map[string]time.Duration{
 }
 
 // scale returns n units, n given as a Duration that counts seconds as units (so 1.5
-// is 1500ms); saturating.
+// is 1500ms); saturating. Every unit divides a second or is a whole number of them.
 func scale(n, unit time.Duration) time.Duration {
-	whole, frac := n/time.Second, n%time.Second
-	if whole > math.MaxInt64/unit {
-		return math.MaxInt64
+	if unit < time.Second {
+		return n / (time.Second / unit)
 	}
-	d := whole * unit
-	// frac/1e9 of a unit: unit ≤ 24h, so frac*unit/1e9 may overflow for large units;
-	// split the unit into seconds and the rest
-	part := frac * (unit / time.Second) // unit/time.Second ≤ 86400: no overflow
-	part += frac * (unit % time.Second) / time.Second
-	if part > math.MaxInt64-d {
-		return math.MaxInt64
+	if m := unit / time.Second; n <= math.MaxInt64/m {
+		return n * m
 	}
-	return d + part
+	return math.MaxInt64
 }

@@ -30,14 +30,17 @@ const DefaultMaxPause = 5 * time.Minute
 // comes before its permits, is not sent: RoundTrip returns Wait's error, the body closed.
 //
 // An answer refusing for a rate limit (429, 503, or a 403 with Retry-After or a spent
-// quota) pauses r (and, a *throttle.Limiter, holds this process at once) until the time its
-// headers give, at most WithMaxPause; docs/http.md lists the headers read. The response
-// is returned as it came, once r's Pause has returned: its call is bounded by r's own
-// (a *throttle.Limiter's call timeout), not by the request's context. A nil r or a bad option makes every RoundTrip return an error
-// wrapping ErrNilReserver or ErrInvalidOption. It is safe for concurrent use.
+// quota) pauses r (and, a *throttle.Limiter, holds this process at once) until the time
+// its headers give, at most WithMaxPause; docs/http.md lists the headers read. The
+// response is returned as it came, once r's Pause has returned: its call is bounded by
+// r's own (a *throttle.Limiter's call timeout), not by the request's context. A nil r
+// or a bad option makes every RoundTrip return an error wrapping ErrNilReserver or
+// ErrInvalidOption. It is safe for concurrent use.
 func NewTransport(r Reserver, base http.RoundTripper, opts ...TransportOption) http.RoundTripper {
 	t := newTransport(base, opts)
-	if isNilReserver(r) && t.err == nil {
+	// A nil pointer in a non-nil interface is the Reserver's to refuse: a nil
+	// *throttle.Limiter's Reserve returns ErrNilReserver.
+	if r == nil && t.err == nil {
 		t.err = ErrNilReserver
 	}
 	t.r = r
@@ -66,6 +69,9 @@ func NewTransportFunc(choose func(req *http.Request) (r Reserver, n int, err err
 }
 
 func newTransport(base http.RoundTripper, opts []TransportOption) *transport {
+	if base == nil {
+		base = http.DefaultTransport
+	}
 	t := &transport{base: base, n: 1, maxPause: DefaultMaxPause, clock: clock.System, reserve: -1}
 	for _, o := range opts {
 		if o != nil {
@@ -107,20 +113,15 @@ func WithMaxPause(d time.Duration) TransportOption {
 	})
 }
 
-// WithRetries makes the transport send a request refused for a rate limit (429, 503,
-// or a 403 read as one; see NewTransport) again, up to n times, after the pause the answer set (or, when it set none, after new permits):
-// each retry waits for its permits like the first send, within the request's
-// context. The default, 0, never retries. n must not be negative (an error wrapping
-// ErrInvalidOption otherwise).
-//
-// Only a request that can be replayed is retried: no body (nil or http.NoBody), or
-// GetBody set (http.NewRequest sets it for bytes, strings and bytes.Reader bodies);
-// any other is returned as received. When the retry cannot be sent before the
-// request's deadline, or the Reserver fails, the last response is returned as
-// received; when the request's context ends while the retry waits, its body is
-// closed and ctx.Err() returned. Each response discarded for a retry is drained (up
-// to 64KiB, so its connection can be reused) and closed, and TransportHooks.Retrying
-// is called.
+// WithRetries makes the transport send a request refused for a rate limit (see
+// NewTransport) again, up to n times, after the pause the answer set, waiting for its
+// permits like the first send. The default, 0, never retries; n must not be negative
+// (an error wrapping ErrInvalidOption otherwise). Only a request without a body or with
+// GetBody (http.NewRequest sets it for bytes, strings and bytes.Reader bodies) is
+// retried. When the retry cannot be sent before the request's deadline, or the Reserver
+// fails, the last response is returned; when the context ends while the retry waits,
+// ctx.Err(). Each response discarded for a retry is drained (up to 64KiB, so its
+// connection can be reused) and closed, and TransportHooks.Retrying is called.
 func WithRetries(n int) TransportOption {
 	return transportOption(func(t *transport) {
 		if t.check(n >= 0, "%w: retries %d, want >= 0", ErrInvalidOption, n) {
@@ -134,10 +135,9 @@ func WithTransportHooks(h TransportHooks) TransportOption {
 	return transportOption(func(t *transport) { t.hooks = h })
 }
 
-// withTransportClock sets the local clock the times in a response's headers (an
-// HTTP-date Retry-After, an epoch or RFC 3339 reset) count from; the default is the
-// system's. Tests only (export_test.go): waiting uses the Reserver's
-// clock, not this one. A nil clock is an error wrapping ErrInvalidOption.
+// withTransportClock sets the local clock the absolute times in a response's headers
+// count from; the default is the system's. Tests only (export_test.go): waiting uses
+// the Reserver's clock, not this one. A nil clock is an error wrapping ErrInvalidOption.
 func withTransportClock(c clock.Clock) TransportOption {
 	return transportOption(func(t *transport) {
 		if t.check(c != nil, "%w: nil clock", ErrInvalidOption) {
@@ -223,33 +223,23 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		return nil, err
 	}
-	base := t.base
-	if base == nil {
-		base = http.DefaultTransport
-	}
-	out := req
+	ctx, out := req.Context(), req
 	for retry := 1; ; retry++ {
-		resp, err := base.RoundTrip(out)
+		resp, err := t.base.RoundTrip(out)
 		if err != nil || resp == nil {
 			return resp, err
 		}
 		d, refused := t.backOff(req, r, resp)
-		status := resp.StatusCode
 		if retry > t.retries || !refused || !replayable(req) {
 			return resp, nil
 		}
-		ctx := req.Context()
 		if _, ok := r.(pauser); !ok && d > 0 {
-			// nothing holds this process: sleep out the pause here
-			if err := sleep(ctx, d); err != nil {
-				if ctx.Err() == nil { // the deadline comes first
-					return resp, nil
-				}
-				discard(resp)
-				return nil, err
-			}
+			err = sleep(ctx, d) // nothing holds this process: sleep out the pause here
 		}
-		if err := Wait(ctx, r, n); err != nil {
+		if err == nil {
+			err = Wait(ctx, r, n)
+		}
+		if err != nil {
 			if ctx.Err() == nil { // no retry before the deadline, or the Reserver failed
 				return resp, nil
 			}
@@ -262,7 +252,7 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		discard(resp)
 		if t.hooks.Retrying != nil {
-			t.hooks.Retrying(req, status, retry)
+			t.hooks.Retrying(req, resp.StatusCode, retry)
 		}
 		out = next
 	}
@@ -280,7 +270,7 @@ func (t *transport) pick(req *http.Request) (Reserver, int, error) {
 	switch {
 	case err != nil:
 		return nil, 0, fmt.Errorf("waiter: choosing the Reserver for %s %s: %w", req.Method, req.URL.Redacted(), err)
-	case isNilReserver(r):
+	case r == nil:
 		return nil, 0, fmt.Errorf("%w: chosen for %s %s", ErrNilReserver, req.Method, req.URL.Redacted())
 	case n < 0:
 		return nil, 0, fmt.Errorf("%w: permits %d chosen for %s %s, want >= 0", ErrInvalidOption, n, req.Method, req.URL.Redacted())
@@ -318,7 +308,7 @@ func discard(resp *http.Response) {
 // sleep waits d, or until ctx ends (ctx.Err()); it returns an error wrapping
 // ErrWouldExceedDeadline at once if d ends after ctx's deadline.
 func sleep(ctx context.Context, d time.Duration) error {
-	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d {
+	if d > maxWait(ctx) {
 		return fmt.Errorf("%w: pause of %v", ErrWouldExceedDeadline, d)
 	}
 	t := time.NewTimer(d)
@@ -334,74 +324,57 @@ func sleep(ctx context.Context, d time.Duration) error {
 // CloseIdleConnections closes the idle connections of the base transport, if it
 // has that method; http.Client.CloseIdleConnections calls it.
 func (t *transport) CloseIdleConnections() {
-	base := t.base
-	if base == nil {
-		base = http.DefaultTransport
-	}
-	if c, ok := base.(interface{ CloseIdleConnections() }); ok {
+	if c, ok := t.base.(interface{ CloseIdleConnections() }); ok {
 		c.CloseIdleConnections()
 	}
 }
 
-// backOff holds and pauses r for as long as the response asks (see judge). It
-// returns that pause (0: none) and whether the response refused for a rate limit.
+// backOff holds and pauses r for as long as the response asks (see judge), calling
+// the hooks. It returns that pause (0: none) and whether the response refused for a
+// rate limit.
 func (t *transport) backOff(req *http.Request, r Reserver, resp *http.Response) (time.Duration, bool) {
-	v := t.judge(resp.StatusCode, resp.Header)
-	d := v.pause
+	d, refused, bad, quotas := t.judge(resp.StatusCode, resp.Header)
 	if t.hooks.BadHeader != nil {
-		for _, e := range v.bad {
+		for _, e := range bad {
 			t.hooks.BadHeader(req, resp.StatusCode, e)
 		}
 	}
 	if t.hooks.Quota != nil {
-		for _, q := range v.quotas {
+		for _, q := range quotas {
 			t.hooks.Quota(req, q)
 		}
 	}
-	p, ok := r.(pauser)
-	if d <= 0 || !ok {
-		return d, v.refused
-	}
-	// The call is bounded by the Reserver's own bound on a call (a *throttle.Limiter's
-	// call timeout), not by the request's context: the answer is in hand, and the fleet
-	// backs off even if the caller gives up at once. Nor by a shorter bound of the
-	// transport's: Pause holds this process before it calls the store, so a slow call
-	// lets nothing of this process through, while a call given up before it is sent
-	// never pauses the other processes.
-	if err := p.Pause(context.WithoutCancel(req.Context()), d); err != nil {
-		if t.hooks.PauseFailed != nil {
-			t.hooks.PauseFailed(req, d, err)
+	if p, ok := r.(pauser); ok && d > 0 {
+		// Bounded by the Reserver's own bound on a call, not by the request's context nor
+		// a shorter one: the answer is in hand and the fleet must back off even if the
+		// caller gives up, and Pause holds this process before it calls the store, so a
+		// slow call lets none of it through.
+		if err := p.Pause(context.WithoutCancel(req.Context()), d); err != nil {
+			if t.hooks.PauseFailed != nil {
+				t.hooks.PauseFailed(req, d, err)
+			}
+		} else if t.hooks.Paused != nil {
+			t.hooks.Paused(req, resp.StatusCode, d)
 		}
-		return d, v.refused
 	}
-	if t.hooks.Paused != nil {
-		t.hooks.Paused(req, resp.StatusCode, d)
-	}
-	return d, v.refused
+	return d, refused
 }
 
-// verdict is what a response's headers ask of the transport.
-type verdict struct {
-	pause   time.Duration // how long to back off, cut to the cap; 0: not at all
-	refused bool          // the answer refused for a rate limit: a retry may follow
-	bad     []*HeaderError
-	quotas  []Quota // token quotas, with WithRateLimitHeaders
-}
-
-// judge reads a response with status and headers h. A 429 or 503 is a refusal; a
+// judge reads a response with status and headers h: how long to back off, cut to the
+// cap (0: not at all), whether it refused for a rate limit, the headers it could not
+// use and, with WithRateLimitHeaders, the token quotas. A 429 or 503 is a refusal; a
 // 403 is one when it has a Retry-After or its quota headers say none is left
 // (GitHub's primary and secondary limits), else it is an ordinary answer. A refusal
 // backs off for the longer of its Retry-After and its spent quota's reset (read even
 // without WithRateLimitHeaders: the vendor has said when to come back); with
 // WithRateLimitHeaders any answer backs off when its quota is at or under the reserve.
-func (t *transport) judge(status int, h http.Header) verdict {
+func (t *transport) judge(status int, h http.Header) (pause time.Duration, refused bool, bad []*HeaderError, quotas []Quota) {
 	rd := &reader{h: h, now: t.clock.Now(), maxPause: t.maxPause}
 	hasRetryAfter := len(h.Values("Retry-After")) > 0
-	refused := status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable ||
-		status == http.StatusForbidden && hasRetryAfter
-	var d time.Duration
+	tooMany := status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable
+	refused = tooMany || status == http.StatusForbidden && hasRetryAfter
 	if refused && hasRetryAfter {
-		d = rd.retryAfter()
+		pause = rd.retryAfter()
 	}
 	if t.reserve >= 0 || refused || status == http.StatusForbidden {
 		q, empty := rd.requestQuota(max(t.reserve, 0))
@@ -409,27 +382,20 @@ func (t *transport) judge(status int, h http.Header) verdict {
 			refused = true
 		}
 		if t.reserve < 0 && !refused { // a 403 like any other: its headers are not ours to read
-			return verdict{}
+			return 0, false, nil, nil
 		}
-		d = max(d, q)
+		pause = max(pause, q)
 	}
-	if (status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable) &&
-		!hasRetryAfter && !rd.told && len(rd.bad) == 0 {
+	if tooMany && !hasRetryAfter && !rd.told && len(rd.bad) == 0 {
 		rd.report("Retry-After", "", "missing", 0)
 	}
-	var quotas []Quota
 	if t.reserve >= 0 {
 		quotas = rd.tokenQuotas()
 	}
 	for _, e := range rd.bad {
 		if e.Problem == "too far from the local clock" {
-			e.Pause = d
+			e.Pause = pause
 		}
 	}
-	return verdict{pause: d, refused: refused, bad: rd.bad, quotas: quotas}
+	return pause, refused, rd.bad, quotas
 }
-
-// isNilReserver reports whether r is a nil interface. A nil pointer in a non-nil
-// interface is the Reserver's to refuse: a nil *throttle.Limiter's Reserve returns
-// ErrNilReserver (no reflection here).
-func isNilReserver(r Reserver) bool { return r == nil }
