@@ -108,20 +108,17 @@ func (r *reader) capped(name, value string, d time.Duration) time.Duration {
 func (r *reader) retryAfter() time.Duration {
 	const name = "Retry-After"
 	v := strings.TrimSpace(r.h.Get(name))
-	if d, neg, ok := parseSeconds(v); ok {
-		if neg && d > 0 {
-			r.report(name, v, "in the past", 0)
+	d, neg, ok := parseSeconds(v)
+	if !ok {
+		at, err := http.ParseTime(v)
+		if err != nil {
+			r.report(name, v, "unreadable", 0)
 			return 0
 		}
-		return r.capped(name, v, d)
+		d = r.until(at)
+		neg = d < 0
 	}
-	at, err := http.ParseTime(v)
-	if err != nil {
-		r.report(name, v, "unreadable", 0)
-		return 0
-	}
-	d := r.until(at)
-	if d < 0 {
+	if neg && d != 0 {
 		r.report(name, v, "in the past", 0)
 		return 0
 	}
@@ -136,44 +133,25 @@ func parseSeconds(v string) (d time.Duration, neg, ok bool) {
 	if strings.HasPrefix(v, "-") {
 		neg, v = true, v[1:]
 	}
+	digits := func(s string) bool { return s != "" && strings.TrimLeft(s, "0123456789") == "" }
 	whole, frac, dot := strings.Cut(v, ".")
-	if !allDigits(whole) || dot && !allDigits(frac) {
+	if !digits(whole) || dot && !digits(frac) {
 		return 0, false, false
 	}
 	secs, err := strconv.ParseUint(whole, 10, 64)
 	if err != nil || secs > math.MaxInt64/uint64(time.Second) { // only a range error is left
 		return math.MaxInt64, neg, true
 	}
-	d = time.Duration(secs) * time.Second
-	for i, scale := 0, time.Second/10; i < len(frac); i++ {
-		digit := time.Duration(frac[i] - '0')
-		if scale == 0 {
-			if digit != 0 {
-				d++ // below a nanosecond: round up, never early
-				break
-			}
-			continue
-		}
-		d += digit * scale
-		scale /= 10
+	frac += "000000000"
+	nanos, _ := strconv.ParseInt(frac[:9], 10, 64)
+	if strings.Trim(frac[9:], "0") != "" {
+		nanos++ // below a nanosecond: round up, never early
 	}
+	d = time.Duration(secs)*time.Second + time.Duration(nanos)
 	if d < 0 {
 		d = math.MaxInt64
 	}
 	return d, neg, true
-}
-
-// allDigits reports whether s is 1*DIGIT.
-func allDigits(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] < '0' || s[i] > '9' {
-			return false
-		}
-	}
-	return true
 }
 
 // parseDuration reads a reset as OpenAI writes it, a Go duration ("6m0s", "20ms",
@@ -186,31 +164,24 @@ func parseDuration(v string) (time.Duration, bool) {
 	if v == "" {
 		return 0, false
 	}
+	isNum := func(c rune) bool { return c >= '0' && c <= '9' || c == '.' }
 	var total time.Duration
 	for v != "" {
-		i := strings.IndexFunc(v, func(c rune) bool { return (c < '0' || c > '9') && c != '.' })
-		if i <= 0 {
-			return 0, false // a number without a unit, or a unit without a number
+		rest := strings.TrimLeftFunc(v, isNum)
+		end := strings.IndexFunc(rest, isNum)
+		if end < 0 {
+			end = len(rest)
 		}
-		num := v[:i]
-		v = v[i:]
-		j := strings.IndexFunc(v, func(c rune) bool { return c >= '0' && c <= '9' || c == '.' })
-		if j < 0 {
-			j = len(v)
-		}
-		unit, ok := durationUnits[v[:j]]
-		if !ok {
-			return 0, false
-		}
-		v = v[j:]
-		secs, _, ok := parseSeconds(num) // in units of a second, exact to the nanosecond
-		if !ok {
+		secs, _, ok := parseSeconds(v[:len(v)-len(rest)]) // in units of a second, exact to the nanosecond
+		unit, known := durationUnits[rest[:end]]
+		if !ok || !known {
 			return 0, false
 		}
 		total += scale(secs, unit)
 		if total < 0 { // two non-negative Durations overflowed: saturate
 			total = math.MaxInt64
 		}
+		v = rest[end:]
 	}
 	return total, true
 }
