@@ -19,11 +19,7 @@ import (
 // TransportHooks.BadHeader. reserve must not be negative (an error wrapping
 // ErrInvalidOption otherwise).
 func WithRateLimitHeaders(reserve int) TransportOption {
-	return transportOption(func(t *transport) {
-		if t.check(reserve >= 0, "%w: rate-limit reserve %d, want >= 0", ErrInvalidOption, reserve) {
-			t.reserve = reserve
-		}
-	})
+	return checked(reserve >= 0, func(t *transport) { t.reserve = reserve }, "rate-limit reserve %d, want >= 0", reserve)
 }
 
 // resetForm is how a family of headers writes its reset.

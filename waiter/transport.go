@@ -10,10 +10,8 @@ import (
 	"github.com/jobthrottle/jobthrottle/internal/clock"
 )
 
-// pauser is a Reserver that can stop granting for a while, across every process that
-// shares it: *throttle.Limiter is one. Pause makes every Reserve of the same limiter, in
-// any process, book nothing earlier than d from now, and holds this process's waiters
-// at once.
+// pauser is a Reserver that can stop granting for d, in every process that shares it,
+// holding this process's waiters at once: *throttle.Limiter is one.
 type pauser interface {
 	Pause(ctx context.Context, d time.Duration) error
 }
@@ -94,11 +92,7 @@ func (f transportOption) apply(t *transport) { f(t) }
 // at least 1 (an error wrapping ErrInvalidOption otherwise), and at most what the
 // Reserver can ever grant at once (its error otherwise, on every request).
 func WithPermits(n int) TransportOption {
-	return transportOption(func(t *transport) {
-		if t.check(n >= 1, "%w: permits %d, want at least 1", ErrInvalidOption, n) {
-			t.n = n
-		}
-	})
+	return checked(n >= 1, func(t *transport) { t.n = n }, "permits %d, want at least 1", n)
 }
 
 // WithMaxPause sets the longest pause a response's headers make the transport set; the
@@ -106,11 +100,7 @@ func WithPermits(n int) TransportOption {
 // TransportHooks.BadHeader ("longer than the cap"). d must be positive (an error wrapping
 // ErrInvalidOption otherwise).
 func WithMaxPause(d time.Duration) TransportOption {
-	return transportOption(func(t *transport) {
-		if t.check(d > 0, "%w: max pause %v, want > 0", ErrInvalidOption, d) {
-			t.maxPause = d
-		}
-	})
+	return checked(d > 0, func(t *transport) { t.maxPause = d }, "max pause %v, want > 0", d)
 }
 
 // WithRetries makes the transport send a request refused for a rate limit (see
@@ -123,11 +113,7 @@ func WithMaxPause(d time.Duration) TransportOption {
 // ctx.Err(). Each response discarded for a retry is drained (up to 64KiB, so its
 // connection can be reused) and closed, and TransportHooks.Retrying is called.
 func WithRetries(n int) TransportOption {
-	return transportOption(func(t *transport) {
-		if t.check(n >= 0, "%w: retries %d, want >= 0", ErrInvalidOption, n) {
-			t.retries = n
-		}
-	})
+	return checked(n >= 0, func(t *transport) { t.retries = n }, "retries %d, want >= 0", n)
 }
 
 // WithTransportHooks sets callbacks the transport calls (see TransportHooks).
@@ -139,11 +125,7 @@ func WithTransportHooks(h TransportHooks) TransportOption {
 // count from; the default is the system's. Tests only (export_test.go): waiting uses
 // the Reserver's clock, not this one. A nil clock is an error wrapping ErrInvalidOption.
 func withTransportClock(c clock.Clock) TransportOption {
-	return transportOption(func(t *transport) {
-		if t.check(c != nil, "%w: nil clock", ErrInvalidOption) {
-			t.clock = c
-		}
-	})
+	return checked(c != nil, func(t *transport) { t.clock = c }, "nil clock")
 }
 
 // TransportHooks are callbacks the transport calls, to count or log what it did
@@ -197,14 +179,18 @@ type transport struct {
 	err      error // the first bad option, or a nil Reserver
 }
 
-// check returns ok. When ok is false it also records the error format and args
-// describe, unless one is recorded already: an option sets its value only if check
-// passes it, and every RoundTrip returns the first bad option's error.
-func (t *transport) check(ok bool, format string, args ...any) bool {
-	if !ok && t.err == nil {
-		t.err = fmt.Errorf(format, args...)
-	}
-	return ok
+// checked returns the option that calls set when ok. When ok is false it records
+// instead an error wrapping ErrInvalidOption that format and args describe, unless one
+// is recorded already: every RoundTrip returns the first bad option's error.
+func checked(ok bool, set func(*transport), format string, args ...any) TransportOption {
+	return transportOption(func(t *transport) {
+		switch {
+		case ok:
+			set(t)
+		case t.err == nil:
+			t.err = fmt.Errorf("%w: %s", ErrInvalidOption, fmt.Sprintf(format, args...))
+		}
+	})
 }
 
 // RoundTrip waits for the request's permits, sends it, pauses the Reserver if the
@@ -234,7 +220,11 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return resp, nil
 		}
 		if _, ok := r.(pauser); !ok && d > 0 {
-			err = sleep(ctx, d) // nothing holds this process: sleep out the pause here
+			// nothing holds this process: sleep out the pause here, unless it ends too late
+			err = ErrWouldExceedDeadline
+			if d <= maxWait(ctx) {
+				err = NewReservation(true, d, nil).Wait(ctx)
+			}
 		}
 		if err == nil {
 			err = Wait(ctx, r, n)
@@ -246,9 +236,11 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			discard(resp)
 			return nil, err
 		}
-		next, err := rewind(req)
-		if err != nil { // GetBody failed: the answer stands
-			return resp, nil
+		next := req.Clone(ctx)
+		if req.Body != nil && req.Body != http.NoBody {
+			if next.Body, err = req.GetBody(); err != nil { // the answer stands
+				return resp, nil
+			}
 		}
 		discard(resp)
 		if t.hooks.Retrying != nil {
@@ -285,40 +277,11 @@ func replayable(req *http.Request) bool {
 	return req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
 }
 
-// rewind returns a copy of req to send again, with a fresh body.
-func rewind(req *http.Request) (*http.Request, error) {
-	next := req.Clone(req.Context())
-	if req.Body != nil && req.Body != http.NoBody {
-		body, err := req.GetBody()
-		if err != nil {
-			return nil, err
-		}
-		next.Body = body
-	}
-	return next, nil
-}
-
 // discard drains (a little, so the connection can be reused) and closes a response
 // the caller will not see.
 func discard(resp *http.Response) {
 	_, _ = io.CopyN(io.Discard, resp.Body, 64<<10)
 	_ = resp.Body.Close()
-}
-
-// sleep waits d, or until ctx ends (ctx.Err()); it returns an error wrapping
-// ErrWouldExceedDeadline at once if d ends after ctx's deadline.
-func sleep(ctx context.Context, d time.Duration) error {
-	if d > maxWait(ctx) {
-		return fmt.Errorf("%w: pause of %v", ErrWouldExceedDeadline, d)
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 // CloseIdleConnections closes the idle connections of the base transport, if it
