@@ -35,46 +35,36 @@ const DefaultMaxPause = 5 * time.Minute
 // or a bad option makes every RoundTrip return an error wrapping ErrNilReserver or
 // ErrInvalidOption. It is safe for concurrent use.
 func NewTransport(r Reserver, base http.RoundTripper, opts ...TransportOption) http.RoundTripper {
-	t := newTransport(base, opts)
+	choose := func(*http.Request) (Reserver, int, error) { return r, 0, nil }
 	// A nil pointer in a non-nil interface is the Reserver's to refuse: a nil
 	// *throttle.Limiter's Reserve returns ErrNilReserver.
-	if r == nil && t.err == nil {
-		t.err = ErrNilReserver
+	if r == nil {
+		choose = nil
 	}
-	t.r = r
-	return t
+	return NewTransportFunc(choose, base, opts...)
 }
 
-// NewTransportFunc is NewTransport with the Reserver and the permits chosen for each
-// request by choose: one limiter per host, or a vendor's search endpoint limited
-// apart from the rest of its API. Every guarantee of NewTransport holds for the
-// Reserver chosen: the request waits for its permits, a refusal holds and pauses
-// that Reserver, and a retry waits on it again.
-//
-// choose must be safe for simultaneous use; it must not modify the request nor read
-// its body. Permits n = 0 means the transport's (1, or WithPermits). If choose
-// returns an error, a nil Reserver or n < 0, RoundTrip returns an error wrapping it,
-// ErrNilReserver or ErrInvalidOption, sending nothing (the body is closed and
-// TransportHooks.NotSent is called, as for any early return). A nil choose is
+// NewTransportFunc is NewTransport with the Reserver and permits chosen for each
+// request by choose: one limiter per host, or a vendor's search endpoint limited apart
+// from the rest of its API. Every guarantee of NewTransport holds for the Reserver
+// chosen. choose must be safe for simultaneous use and must neither modify the request
+// nor read its body; n = 0 means the transport's permits (1, or WithPermits). If choose
+// returns an error, a nil Reserver or n < 0, RoundTrip sends nothing and returns an
+// error wrapping it, ErrNilReserver or ErrInvalidOption (the body is closed and
+// TransportHooks.NotSent called, as for any request not sent). A nil choose is
 // ErrNilReserver on every request.
 func NewTransportFunc(choose func(req *http.Request) (r Reserver, n int, err error), base http.RoundTripper, opts ...TransportOption) http.RoundTripper {
-	t := newTransport(base, opts)
-	if choose == nil && t.err == nil {
-		t.err = ErrNilReserver
-	}
-	t.choose = choose
-	return t
-}
-
-func newTransport(base http.RoundTripper, opts []TransportOption) *transport {
 	if base == nil {
 		base = http.DefaultTransport
 	}
-	t := &transport{base: base, n: 1, maxPause: DefaultMaxPause, clock: clock.System, reserve: -1}
+	t := &transport{choose: choose, base: base, n: 1, maxPause: DefaultMaxPause, clock: clock.System, reserve: -1}
 	for _, o := range opts {
 		if o != nil {
 			o.apply(t)
 		}
+	}
+	if choose == nil && t.err == nil {
+		t.err = ErrNilReserver
 	}
 	return t
 }
@@ -134,21 +124,18 @@ func withTransportClock(c clock.Clock) TransportOption {
 // modify the request nor read its body.
 type TransportHooks struct {
 	// NotSent is called when RoundTrip returns err without sending req: waiting for
-	// its permits failed (the context ended, the permits would come after its
-	// deadline, the Reserver failed), choosing its Reserver failed, or the transport
-	// is misconfigured.
+	// its permits failed, choosing its Reserver failed, or the transport is
+	// misconfigured.
 	NotSent func(req *http.Request, err error)
 
 	// Paused is called after the transport paused the Reserver for d because the
-	// server answered req with status and headers asking it to back off: a refusal
-	// (see NewTransport), or rate-limit headers saying the quota is spent (any
-	// status; see WithRateLimitHeaders).
+	// answer to req, with status, asked it to back off (see NewTransport and
+	// WithRateLimitHeaders).
 	Paused func(req *http.Request, status int, d time.Duration)
 
-	// BadHeader is called, before the pause if any, once for each header of the
-	// answer to req (with status) that the transport could not use as it stood: err
-	// says which, and what it did instead. It is called whether or not the Reserver
-	// can pause.
+	// BadHeader is called, before any pause and whether or not the Reserver can
+	// pause, once for each header of the answer to req (with status) that the
+	// transport could not use as it stood: err says which, and what it did instead.
 	BadHeader func(req *http.Request, status int, err *HeaderError)
 
 	// Quota is called, with WithRateLimitHeaders, for each token quota the answer to
@@ -167,7 +154,6 @@ type TransportHooks struct {
 
 // transport is what NewTransport and NewTransportFunc return.
 type transport struct {
-	r        Reserver // nil with choose
 	choose   func(*http.Request) (Reserver, int, error)
 	base     http.RoundTripper
 	n        int
@@ -176,7 +162,7 @@ type transport struct {
 	reserve  int // WithRateLimitHeaders; -1: off
 	clock    clock.Clock
 	hooks    TransportHooks
-	err      error // the first bad option, or a nil Reserver
+	err      error // the first bad option, or a nil choose
 }
 
 // checked returns the option that calls set when ok. When ok is false it records
@@ -210,13 +196,14 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	ctx, out := req.Context(), req
+	hasBody := req.Body != nil && req.Body != http.NoBody
 	for retry := 1; ; retry++ {
 		resp, err := t.base.RoundTrip(out)
 		if err != nil || resp == nil {
 			return resp, err
 		}
 		d, refused := t.backOff(req, r, resp)
-		if retry > t.retries || !refused || !replayable(req) {
+		if retry > t.retries || !refused || hasBody && req.GetBody == nil { // cannot be replayed
 			return resp, nil
 		}
 		if _, ok := r.(pauser); !ok && d > 0 {
@@ -237,7 +224,7 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 		next := req.Clone(ctx)
-		if req.Body != nil && req.Body != http.NoBody {
+		if hasBody {
 			if next.Body, err = req.GetBody(); err != nil { // the answer stands
 				return resp, nil
 			}
@@ -255,9 +242,6 @@ func (t *transport) pick(req *http.Request) (Reserver, int, error) {
 	if t.err != nil {
 		return nil, 0, t.err
 	}
-	if t.choose == nil {
-		return t.r, t.n, nil
-	}
 	r, n, err := t.choose(req)
 	switch {
 	case err != nil:
@@ -270,11 +254,6 @@ func (t *transport) pick(req *http.Request) (Reserver, int, error) {
 		n = t.n
 	}
 	return r, n, nil
-}
-
-// replayable reports whether req can be sent again: it has no body, or GetBody.
-func replayable(req *http.Request) bool {
-	return req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
 }
 
 // discard drains (a little, so the connection can be reused) and closes a response
