@@ -103,28 +103,6 @@ func (r *reader) capped(name, value string, d time.Duration) time.Duration {
 	return d
 }
 
-// retryAfter returns the pause Retry-After asks for, cut to the cap (0: none or
-// unusable, reported). The header must be present.
-func (r *reader) retryAfter() time.Duration {
-	const name = "Retry-After"
-	v := strings.TrimSpace(r.h.Get(name))
-	d, neg, ok := parseSeconds(v)
-	if !ok {
-		at, err := http.ParseTime(v)
-		if err != nil {
-			r.report(name, v, "unreadable", 0)
-			return 0
-		}
-		d = r.until(at)
-		neg = d < 0
-	}
-	if neg && d != 0 {
-		r.report(name, v, "in the past", 0)
-		return 0
-	}
-	return r.capped(name, v, d)
-}
-
 // parseSeconds reads a decimal number of seconds, 1*DIGIT ["." 1*DIGIT] ("120",
 // "2.0"), and a leading "-" as negative, so that it is reported as in the past rather
 // than unreadable. Digits past the nanosecond round up; a value beyond a Duration

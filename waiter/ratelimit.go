@@ -3,6 +3,7 @@ package waiter
 import (
 	"errors"
 	"math"
+	"net/http"
 	"strconv"
 	"strings"
 	"time"
@@ -30,6 +31,7 @@ const (
 	secondsOrEpoch                  // seconds, or Unix seconds from epochSeconds on (X-RateLimit-Reset)
 	goDuration                      // "6m0s", "20ms" (OpenAI)
 	rfc3339                         // "2026-01-02T03:04:05Z" (Anthropic)
+	delayOrDate                     // seconds, or an HTTP date (Retry-After)
 )
 
 // family is a pair of rate-limit headers: what is left of a quota and when it resets.
@@ -81,13 +83,9 @@ func (r *reader) requestQuota(reserve int) (d time.Duration, empty bool) {
 		if !ok || left > int64(reserve) {
 			return 0, false
 		}
-		name, reset, d, problem := r.resetIn(f)
-		if problem != "" {
-			r.report(name, reset, problem, 0)
-			return 0, left == 0
-		}
-		r.told = true
-		return r.capped(name, reset, d), left == 0
+		d, ok := r.pauseFor(f)
+		r.told = ok
+		return d, left == 0
 	}
 	return 0, false
 }
@@ -112,6 +110,17 @@ func parseCount(v string) (int64, bool) {
 	return n, err == nil && n >= 0
 }
 
+// pauseFor returns the pause f's reset asks for, cut to the cap, and whether it could be
+// used; one that cannot is reported, and the pause is 0.
+func (r *reader) pauseFor(f family) (time.Duration, bool) {
+	name, v, d, problem := r.resetIn(f)
+	if problem != "" {
+		r.report(name, v, problem, 0)
+		return 0, false
+	}
+	return r.capped(name, v, d), true
+}
+
 // resetIn reads f's reset: the header it was read from, its text, how long from now it
 // says, and what was wrong with it ("" for nothing; d is then 0).
 func (r *reader) resetIn(f family) (name, v string, d time.Duration, problem string) {
@@ -120,7 +129,7 @@ func (r *reader) resetIn(f family) (name, v string, d time.Duration, problem str
 		name, form = f.resetAfter, deltaSeconds
 	}
 	v = strings.TrimSpace(r.h.Get(name))
-	if v == "" {
+	if v == "" && form != delayOrDate { // judge reads a Retry-After only when present: blank is unreadable
 		return f.reset, "", 0, "missing"
 	}
 	ok := false
@@ -131,6 +140,16 @@ func (r *reader) resetIn(f family) (name, v string, d time.Duration, problem str
 		ok = ok && !neg
 		if ok && form == secondsOrEpoch && d >= epochSeconds {
 			d = r.until(time.Unix(0, 0).Add(d))
+		}
+	case delayOrDate:
+		var neg bool
+		if d, neg, ok = parseSeconds(v); neg {
+			d = -d // in the past, unless it is 0
+		} else if !ok {
+			at, err := http.ParseTime(v)
+			if ok = err == nil; ok {
+				d = r.until(at)
+			}
 		}
 	case goDuration:
 		d, ok = parseDuration(v)

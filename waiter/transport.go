@@ -316,7 +316,7 @@ func (t *transport) judge(status int, h http.Header) (pause time.Duration, refus
 	tooMany := status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable
 	refused = tooMany || status == http.StatusForbidden && hasRetryAfter
 	if refused && hasRetryAfter {
-		pause = rd.retryAfter()
+		pause, _ = rd.pauseFor(family{reset: "Retry-After", form: delayOrDate})
 	}
 	if t.reserve >= 0 || refused || status == http.StatusForbidden {
 		q, empty := rd.requestQuota(max(t.reserve, 0))
