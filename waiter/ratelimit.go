@@ -1,6 +1,7 @@
 package waiter
 
 import (
+	"cmp"
 	"errors"
 	"math"
 	"net/http"
@@ -177,14 +178,8 @@ func (r *reader) ietfQuota(v string, reserve int64) (time.Duration, bool) {
 	if !strings.Contains(v, ";") { // draft -07: one dictionary, one item
 		items = []string{";" + strings.ReplaceAll(v, ",", ";")}
 	}
-	reported := len(r.bad)
-	fault := func(problem string) { // the header is reported once, for its first fault
-		if len(r.bad) == reported {
-			r.report(name, v, problem, 0)
-		}
-	}
 	var longest time.Duration
-	empty := false
+	empty, problem := false, "" // the header is reported once, for its first fault
 	for _, it := range items {
 		var rem, reset string
 		for _, p := range strings.Split(it, ";")[1:] {
@@ -198,7 +193,7 @@ func (r *reader) ietfQuota(v string, reserve int64) (time.Duration, bool) {
 		}
 		n, ok := parseCount(rem)
 		if !ok {
-			fault("unreadable")
+			problem = cmp.Or(problem, "unreadable")
 			continue
 		}
 		if n > reserve {
@@ -208,17 +203,19 @@ func (r *reader) ietfQuota(v string, reserve int64) (time.Duration, bool) {
 		d, neg, ok := parseSeconds(reset)
 		switch {
 		case reset == "":
-			fault("missing")
+			problem = cmp.Or(problem, "missing")
 		case !ok || neg:
-			fault("unreadable")
+			problem = cmp.Or(problem, "unreadable")
 		default:
 			r.told = true
 			longest = max(longest, d)
 		}
 	}
-	if longest > 0 {
-		r.bad = r.bad[:reported] // the items that could be read say when to come back
+	if longest > 0 { // the items that could be read say when to come back
 		return r.capped(name, v, longest), empty
+	}
+	if problem != "" {
+		r.report(name, v, problem, 0)
 	}
 	return 0, empty
 }
