@@ -16,14 +16,9 @@ import (
 type HeaderError struct {
 	Header string
 	Value  string
-	// Problem says what was wrong, and so what the transport did:
-	//   - "missing": a 429 or 503 had no Retry-After nor spent-quota headers, or a
-	//     spent quota had no reset; nothing was paused.
-	//   - "unreadable": not in a form the transport reads; it was ignored.
-	//   - "in the past": a negative delay, or a time already past; nothing was paused.
-	//   - "longer than the cap": the pause was cut to the cap (WithMaxPause).
-	//   - "too far from the local clock": the response's Date is more than 10s off;
-	//     its times were counted from the local clock instead.
+	// Problem says what was wrong, and so what the transport did: "missing",
+	// "unreadable", "in the past", "longer than the cap" or "too far from the local
+	// clock" (docs/http.md, "Hooks", says when and what).
 	Problem string
 	Pause   time.Duration
 }
@@ -53,11 +48,7 @@ type Quota struct {
 // within Date's whole second, from its Date when that is off by up to maxDateSkew (the
 // server's clock is off), and from the local clock again beyond, a Date that far off
 // being more likely wrong than the clock (docs/http.md, "The Date header").
-const (
-	dateAgreeEarly = time.Second     // Date may be this far ahead of the local clock,
-	dateAgreeLate  = 2 * time.Second // or this far behind it (its fraction is cut off)
-	maxDateSkew    = 10 * time.Second
-)
+const maxDateSkew = 10 * time.Second
 
 // reader reads one response's headers: it knows when the response was read, counts
 // the server's times, and collects what it could not use.
@@ -83,7 +74,7 @@ func (r *reader) until(at time.Time) time.Duration {
 		v := r.h.Get("Date")
 		if date, err := http.ParseTime(v); err == nil {
 			switch lag := r.now.Sub(date); {
-			case lag >= -dateAgreeEarly && lag < dateAgreeLate:
+			case lag >= -time.Second && lag < 2*time.Second: // agrees, Date's fraction being cut off
 			case lag.Abs() <= maxDateSkew:
 				r.from = date
 			default:

@@ -303,13 +303,10 @@ func (t *transport) backOff(req *http.Request, r Reserver, resp *http.Response) 
 }
 
 // judge reads a response with status and headers h: how long to back off, cut to the
-// cap (0: not at all), whether it refused for a rate limit, the headers it could not
-// use and, with WithRateLimitHeaders, the token quotas. A 429 or 503 is a refusal; a
-// 403 is one when it has a Retry-After or its quota headers say none is left
-// (GitHub's primary and secondary limits), else it is an ordinary answer. A refusal
-// backs off for the longer of its Retry-After and its spent quota's reset (read even
-// without WithRateLimitHeaders: the vendor has said when to come back); with
-// WithRateLimitHeaders any answer backs off when its quota is at or under the reserve.
+// cap (0: not at all), whether it refused for a rate limit (see NewTransport), the
+// headers it could not use and, with WithRateLimitHeaders, the token quotas. A refusal
+// backs off for the longer of its Retry-After and its spent quota's reset, read even
+// without WithRateLimitHeaders: the vendor has said when to come back.
 func (t *transport) judge(status int, h http.Header) (pause time.Duration, refused bool, bad []*HeaderError, quotas []Quota) {
 	rd := &reader{h: h, now: t.clock.Now(), maxPause: t.maxPause}
 	hasRetryAfter := len(h.Values("Retry-After")) > 0
