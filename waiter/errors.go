@@ -26,8 +26,7 @@ var (
 	ErrInvalidOption = errors.New("waiter: invalid transport option")
 )
 
-// wouldExceedDeadline is ErrWouldExceedDeadline: its own sentinel that also matches
-// context.DeadlineExceeded.
+// wouldExceedDeadline is ErrWouldExceedDeadline's type.
 type wouldExceedDeadline struct{}
 
 func (wouldExceedDeadline) Error() string {

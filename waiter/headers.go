@@ -12,59 +12,26 @@ import (
 // HeaderError is a response header the transport could not use as it stood, passed to
 // TransportHooks.BadHeader; the response is returned all the same. Header is the
 // header's name in canonical form ("Retry-After", "X-Ratelimit-Reset"), Value its
-// text ("" when missing), Problem what was wrong with it, and Pause the pause the
-// transport set all the same (0: none).
+// text ("" when missing), and Pause the pause the transport set all the same (0: none).
 type HeaderError struct {
-	Header  string
-	Value   string
-	Problem HeaderProblem
+	Header string
+	Value  string
+	// Problem says what was wrong, and so what the transport did: "missing",
+	// "unreadable", "in the past", "longer than the cap" or "too far from the local
+	// clock" (docs/http.md, "Hooks", says when and what).
+	Problem string
 	Pause   time.Duration
 }
 
 func (e *HeaderError) Error() string {
-	s := fmt.Sprintf("waiter: %s %q: %v", e.Header, e.Value, e.Problem)
-	if e.Problem == HeaderMissing {
-		s = fmt.Sprintf("waiter: %v: %s", e.Problem, e.Header)
+	s := fmt.Sprintf("waiter: %s %q: %s", e.Header, e.Value, e.Problem)
+	if e.Problem == "missing" {
+		s = "waiter: missing: " + e.Header
 	}
 	if e.Pause > 0 {
 		s += fmt.Sprintf("; paused %v", e.Pause)
 	}
 	return s
-}
-
-// HeaderProblem is what was wrong with a header (see HeaderError).
-type HeaderProblem int
-
-const (
-	// HeaderMissing: a 429 or 503 had no Retry-After nor spent-quota headers, or a
-	// spent quota had no reset: nothing was paused.
-	HeaderMissing HeaderProblem = iota + 1
-	// HeaderInvalid: the header is not in a form the transport reads; it was ignored.
-	HeaderInvalid
-	// HeaderPast: a negative delay, or a time already past; nothing was paused.
-	HeaderPast
-	// HeaderTooLong: the pause asked for is longer than the cap (WithMaxPause); the
-	// pause was cut to the cap.
-	HeaderTooLong
-	// HeaderDateSkewed: the response's Date is more than 10s from the local clock; its
-	// times were counted from the local clock instead.
-	HeaderDateSkewed
-)
-
-func (p HeaderProblem) String() string {
-	switch p {
-	case HeaderMissing:
-		return "missing"
-	case HeaderInvalid:
-		return "unreadable"
-	case HeaderPast:
-		return "in the past"
-	case HeaderTooLong:
-		return "longer than the cap"
-	case HeaderDateSkewed:
-		return "too far from the local clock"
-	}
-	return "HeaderProblem(" + strconv.Itoa(int(p)) + ")"
 }
 
 // Quota is a quota a vendor's rate-limit headers describe and the transport does not
@@ -77,19 +44,11 @@ type Quota struct {
 	Reset     time.Duration
 }
 
-// Vendors' SDKs count an absolute time in a header (an HTTP-date Retry-After, an epoch
-// or RFC 3339 reset) from their own clock, and so does the transport, as long as the
-// response's Date agrees with it to within Date's whole second (dateAgreeEarly,
-// dateAgreeLate). A Date further off but within maxDateSkew is taken to mean the
-// server's clock is off, and its times count from its Date. A Date further still is
-// more likely wrong (a time-zone bug, a replayed answer) than the clock: trusting it
-// would stretch or cut the pause by as much, which for resets seconds or a minute away
-// is all of it.
-const (
-	dateAgreeEarly = time.Second     // Date may be this far ahead of the local clock,
-	dateAgreeLate  = 2 * time.Second // or this far behind it (its fraction is cut off)
-	maxDateSkew    = 10 * time.Second
-)
+// A server's absolute times count from the local clock when its Date agrees with it to
+// within Date's whole second, from its Date when that is off by up to maxDateSkew (the
+// server's clock is off), and from the local clock again beyond, a Date that far off
+// being more likely wrong than the clock (docs/http.md, "The Date header").
+const maxDateSkew = 10 * time.Second
 
 // reader reads one response's headers: it knows when the response was read, counts
 // the server's times, and collects what it could not use.
@@ -103,8 +62,8 @@ type reader struct {
 }
 
 // report notes a header that could not be used as it stood.
-func (r *reader) report(name, value string, p HeaderProblem, pause time.Duration) {
-	r.bad = append(r.bad, &HeaderError{Header: name, Value: value, Problem: p, Pause: pause})
+func (r *reader) report(name, value, problem string, pause time.Duration) {
+	r.bad = append(r.bad, &HeaderError{Header: name, Value: value, Problem: problem, Pause: pause})
 }
 
 // until returns how long from when the response was read until at, a time by the
@@ -115,11 +74,11 @@ func (r *reader) until(at time.Time) time.Duration {
 		v := r.h.Get("Date")
 		if date, err := http.ParseTime(v); err == nil {
 			switch lag := r.now.Sub(date); {
-			case lag >= -dateAgreeEarly && lag < dateAgreeLate:
+			case lag >= -time.Second && lag < 2*time.Second: // agrees, Date's fraction being cut off
 			case lag.Abs() <= maxDateSkew:
 				r.from = date
 			default:
-				r.report("Date", v, HeaderDateSkewed, 0) // its Pause is set once known
+				r.report("Date", v, "too far from the local clock", 0) // its Pause is set once known
 			}
 		}
 	}
@@ -129,35 +88,10 @@ func (r *reader) until(at time.Time) time.Duration {
 // capped returns d cut to the cap, reporting name's value when it was cut.
 func (r *reader) capped(name, value string, d time.Duration) time.Duration {
 	if d > r.maxPause {
-		r.report(name, value, HeaderTooLong, r.maxPause)
+		r.report(name, value, "longer than the cap", r.maxPause)
 		return r.maxPause
 	}
 	return d
-}
-
-// retryAfter returns the pause Retry-After asks for, cut to the cap (0: none or
-// unusable, reported). The header must be present.
-func (r *reader) retryAfter() time.Duration {
-	const name = "Retry-After"
-	v := strings.TrimSpace(r.h.Get(name))
-	if d, neg, ok := parseSeconds(v); ok {
-		if neg && d > 0 {
-			r.report(name, v, HeaderPast, 0)
-			return 0
-		}
-		return r.capped(name, v, d)
-	}
-	at, err := http.ParseTime(v)
-	if err != nil {
-		r.report(name, v, HeaderInvalid, 0)
-		return 0
-	}
-	d := r.until(at)
-	if d < 0 {
-		r.report(name, v, HeaderPast, 0)
-		return 0
-	}
-	return r.capped(name, v, d)
 }
 
 // parseSeconds reads a decimal number of seconds, 1*DIGIT ["." 1*DIGIT] ("120",
@@ -168,44 +102,25 @@ func parseSeconds(v string) (d time.Duration, neg, ok bool) {
 	if strings.HasPrefix(v, "-") {
 		neg, v = true, v[1:]
 	}
+	digits := func(s string) bool { return s != "" && strings.TrimLeft(s, "0123456789") == "" }
 	whole, frac, dot := strings.Cut(v, ".")
-	if !allDigits(whole) || dot && !allDigits(frac) {
+	if !digits(whole) || dot && !digits(frac) {
 		return 0, false, false
 	}
 	secs, err := strconv.ParseUint(whole, 10, 64)
 	if err != nil || secs > math.MaxInt64/uint64(time.Second) { // only a range error is left
 		return math.MaxInt64, neg, true
 	}
-	d = time.Duration(secs) * time.Second
-	for i, scale := 0, time.Second/10; i < len(frac); i++ {
-		digit := time.Duration(frac[i] - '0')
-		if scale == 0 {
-			if digit != 0 {
-				d++ // below a nanosecond: round up, never early
-				break
-			}
-			continue
-		}
-		d += digit * scale
-		scale /= 10
+	frac += "000000000"
+	nanos, _ := strconv.ParseInt(frac[:9], 10, 64)
+	if strings.Trim(frac[9:], "0") != "" {
+		nanos++ // below a nanosecond: round up, never early
 	}
+	d = time.Duration(secs)*time.Second + time.Duration(nanos)
 	if d < 0 {
 		d = math.MaxInt64
 	}
 	return d, neg, true
-}
-
-// allDigits reports whether s is 1*DIGIT.
-func allDigits(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] < '0' || s[i] > '9' {
-			return false
-		}
-	}
-	return true
 }
 
 // parseDuration reads a reset as OpenAI writes it, a Go duration ("6m0s", "20ms",
@@ -218,33 +133,24 @@ func parseDuration(v string) (time.Duration, bool) {
 	if v == "" {
 		return 0, false
 	}
+	isNum := func(c rune) bool { return c >= '0' && c <= '9' || c == '.' }
 	var total time.Duration
 	for v != "" {
-		i := strings.IndexFunc(v, func(c rune) bool { return (c < '0' || c > '9') && c != '.' })
-		if i <= 0 {
-			return 0, false // a number without a unit, or a unit without a number
+		rest := strings.TrimLeftFunc(v, isNum)
+		end := strings.IndexFunc(rest, isNum)
+		if end < 0 {
+			end = len(rest)
 		}
-		num := v[:i]
-		v = v[i:]
-		j := strings.IndexFunc(v, func(c rune) bool { return c >= '0' && c <= '9' || c == '.' })
-		if j < 0 {
-			j = len(v)
-		}
-		unit, ok := durationUnits[v[:j]]
-		if !ok {
+		secs, _, ok := parseSeconds(v[:len(v)-len(rest)]) // in units of a second, exact to the nanosecond
+		unit, known := durationUnits[rest[:end]]
+		if !ok || !known {
 			return 0, false
 		}
-		v = v[j:]
-		secs, _, ok := parseSeconds(num) // in units of a second, exact to the nanosecond
-		if !ok {
-			return 0, false
-		}
-		d := scale(secs, unit)
-		if d > math.MaxInt64-total {
+		total += scale(secs, unit)
+		if total < 0 { // two non-negative Durations overflowed: saturate
 			total = math.MaxInt64
-			continue
 		}
-		total += d
+		v = rest[end:]
 	}
 	return total, true
 }
@@ -256,19 +162,13 @@ var durationUnits = map[string]time.Duration{
 }
 
 // scale returns n units, n given as a Duration that counts seconds as units (so 1.5
-// is 1500ms); saturating.
+// is 1500ms); saturating. Every unit divides a second or is a whole number of them.
 func scale(n, unit time.Duration) time.Duration {
-	whole, frac := n/time.Second, n%time.Second
-	if whole > math.MaxInt64/unit {
-		return math.MaxInt64
+	if unit < time.Second {
+		return n / (time.Second / unit)
 	}
-	d := whole * unit
-	// frac/1e9 of a unit: unit ≤ 24h, so frac*unit/1e9 may overflow for large units;
-	// split the unit into seconds and the rest
-	part := frac * (unit / time.Second) // unit/time.Second ≤ 86400: no overflow
-	part += frac * (unit % time.Second) / time.Second
-	if part > math.MaxInt64-d {
-		return math.MaxInt64
+	if m := unit / time.Second; n <= math.MaxInt64/m {
+		return n * m
 	}
-	return d + part
+	return math.MaxInt64
 }

@@ -1,8 +1,10 @@
 package waiter
 
 import (
+	"cmp"
 	"errors"
 	"math"
+	"net/http"
 	"strconv"
 	"strings"
 	"time"
@@ -19,11 +21,7 @@ import (
 // TransportHooks.BadHeader. reserve must not be negative (an error wrapping
 // ErrInvalidOption otherwise).
 func WithRateLimitHeaders(reserve int) TransportOption {
-	return transportOption(func(t *transport) {
-		if t.check(reserve >= 0, "%w: rate-limit reserve %d, want >= 0", ErrInvalidOption, reserve) {
-			t.reserve = reserve
-		}
-	})
+	return checked(reserve >= 0, func(t *transport) { t.reserve = reserve }, "rate-limit reserve %d, want >= 0", reserve)
 }
 
 // resetForm is how a family of headers writes its reset.
@@ -34,6 +32,7 @@ const (
 	secondsOrEpoch                  // seconds, or Unix seconds from epochSeconds on (X-RateLimit-Reset)
 	goDuration                      // "6m0s", "20ms" (OpenAI)
 	rfc3339                         // "2026-01-02T03:04:05Z" (Anthropic)
+	delayOrDate                     // seconds, or an HTTP date (Retry-After)
 )
 
 // family is a pair of rate-limit headers: what is left of a quota and when it resets.
@@ -77,86 +76,85 @@ func (r *reader) requestQuota(reserve int) (d time.Duration, empty bool) {
 		return r.ietfQuota(v, int64(reserve))
 	}
 	for _, f := range requestFamilies {
-		if v := strings.TrimSpace(r.h.Get(f.remaining)); v != "" {
-			return r.spent(f, v, int64(reserve))
+		v := strings.TrimSpace(r.h.Get(f.remaining))
+		if v == "" {
+			continue
 		}
+		left, ok := r.remaining(f.remaining, v)
+		if !ok || left > int64(reserve) {
+			return 0, false
+		}
+		d, ok := r.pauseFor(f)
+		r.told = ok
+		return d, left == 0
 	}
 	return 0, false
 }
 
-// spent reads family f, whose remaining header has text v: the time to its reset when
-// at most reserve are left (reporting a reset missing, unreadable or past), cut to
-// the cap.
-func (r *reader) spent(f family, v string, reserve int64) (time.Duration, bool) {
-	left, ok := r.remaining(f.remaining, v)
-	if !ok || left > reserve {
-		return 0, false
-	}
-	name, d, state := r.resetIn(f)
-	switch state {
-	case resetMissing:
-		r.report(f.reset, "", HeaderMissing, 0)
-		return 0, left == 0
-	case resetPast:
-		r.report(name, r.h.Get(name), HeaderPast, 0)
-		return 0, left == 0
-	case resetOK:
-		r.told = true
-		return r.capped(name, strings.TrimSpace(r.h.Get(name)), d), left == 0
-	}
-	return 0, left == 0 // unreadable, reported
-}
-
-// remaining reads the count v of header name: a non-negative integer (a huge one
-// reads as math.MaxInt64, plenty); otherwise it reports it.
+// remaining reads the count v of header name, reporting it when it is not one (see
+// parseCount).
 func (r *reader) remaining(name, v string) (int64, bool) {
-	n, err := strconv.ParseInt(v, 10, 64)
-	switch {
-	case errors.Is(err, strconv.ErrRange) && n > 0:
-		return math.MaxInt64, true
-	case err != nil || n < 0:
-		r.report(name, v, HeaderInvalid, 0)
-		return 0, false
+	n, ok := parseCount(v)
+	if !ok {
+		r.report(name, v, "unreadable", 0)
 	}
-	return n, true
+	return n, ok
 }
 
-type resetState int
-
-const (
-	resetOK resetState = iota
-	resetMissing
-	resetInvalid // reported
-	resetPast    // an absolute time already past
-)
-
-// resetIn returns the header f's reset was read from, how long from now it says, and
-// whether it could be read.
-func (r *reader) resetIn(f family) (name string, d time.Duration, state resetState) {
-	name = f.reset
-	if f.resetAfter != "" && r.h.Get(f.resetAfter) != "" {
-		name = f.resetAfter
+// parseCount reads a count of what is left: a non-negative integer, a huge one
+// reading as math.MaxInt64 (plenty).
+func parseCount(v string) (int64, bool) {
+	n, err := strconv.ParseInt(v, 10, 64)
+	if errors.Is(err, strconv.ErrRange) && n > 0 {
+		return math.MaxInt64, true
 	}
-	v := strings.TrimSpace(r.h.Get(name))
-	if v == "" {
-		return f.reset, 0, resetMissing
+	return n, err == nil && n >= 0
+}
+
+// pauseFor returns the pause f's reset asks for, cut to the cap, and whether it could be
+// used; one that cannot is reported, and the pause is 0.
+func (r *reader) pauseFor(f family) (time.Duration, bool) {
+	name, v, d, problem := r.resetIn(f)
+	if problem != "" {
+		r.report(name, v, problem, 0)
+		return 0, false
+	}
+	return r.capped(name, v, d), true
+}
+
+// resetIn reads f's reset: the header it was read from, its text, how long from now it
+// says, and what was wrong with it ("" for nothing; d is then 0).
+func (r *reader) resetIn(f family) (name, v string, d time.Duration, problem string) {
+	name, form := f.reset, f.form
+	if f.resetAfter != "" && r.h.Get(f.resetAfter) != "" {
+		name, form = f.resetAfter, deltaSeconds
+	}
+	v = strings.TrimSpace(r.h.Get(name))
+	if v == "" && form != delayOrDate { // judge reads a Retry-After only when present: blank is unreadable
+		return f.reset, "", 0, "missing"
 	}
 	ok := false
-	switch {
-	case name == f.resetAfter || f.form == deltaSeconds:
+	switch form {
+	case deltaSeconds, secondsOrEpoch:
 		var neg bool
 		d, neg, ok = parseSeconds(v)
 		ok = ok && !neg
-	case f.form == secondsOrEpoch:
-		var neg bool
-		d, neg, ok = parseSeconds(v)
-		ok = ok && !neg
-		if ok && d >= epochSeconds {
+		if ok && form == secondsOrEpoch && d >= epochSeconds {
 			d = r.until(time.Unix(0, 0).Add(d))
 		}
-	case f.form == goDuration:
+	case delayOrDate:
+		var neg bool
+		if d, neg, ok = parseSeconds(v); neg {
+			d = -d // in the past, unless it is 0
+		} else if !ok {
+			at, err := http.ParseTime(v)
+			if ok = err == nil; ok {
+				d = r.until(at)
+			}
+		}
+	case goDuration:
 		d, ok = parseDuration(v)
-	case f.form == rfc3339:
+	case rfc3339:
 		at, err := time.Parse(time.RFC3339, v)
 		if ok = err == nil; ok {
 			d = r.until(at)
@@ -164,12 +162,11 @@ func (r *reader) resetIn(f family) (name string, d time.Duration, state resetSta
 	}
 	switch {
 	case !ok:
-		r.report(name, v, HeaderInvalid, 0)
-		return name, 0, resetInvalid
+		return name, v, 0, "unreadable"
 	case d < 0:
-		return name, 0, resetPast
+		return name, v, 0, "in the past"
 	}
-	return name, d, resetOK
+	return name, v, d, ""
 }
 
 // ietfQuota reads a RateLimit header v: a list of `"policy";r=N;t=S` items (draft -08
@@ -181,11 +178,8 @@ func (r *reader) ietfQuota(v string, reserve int64) (time.Duration, bool) {
 	if !strings.Contains(v, ";") { // draft -07: one dictionary, one item
 		items = []string{";" + strings.ReplaceAll(v, ",", ";")}
 	}
-	var (
-		longest  time.Duration
-		empty    bool
-		reported = len(r.bad)
-	)
+	var longest time.Duration
+	empty, problem := false, "" // the header is reported once, for its first fault
 	for _, it := range items {
 		var rem, reset string
 		for _, p := range strings.Split(it, ";")[1:] {
@@ -197,41 +191,31 @@ func (r *reader) ietfQuota(v string, reserve int64) (time.Duration, bool) {
 				reset = strings.TrimSpace(val)
 			}
 		}
-		if rem == "" {
-			if len(r.bad) == reported {
-				r.report(name, v, HeaderInvalid, 0)
-			}
+		n, ok := parseCount(rem)
+		if !ok {
+			problem = cmp.Or(problem, "unreadable")
 			continue
 		}
-		n, err := strconv.ParseInt(rem, 10, 64)
-		if err != nil && !(errors.Is(err, strconv.ErrRange) && n > 0) || n < 0 {
-			if len(r.bad) == reported {
-				r.report(name, v, HeaderInvalid, 0)
-			}
-			continue
-		}
-		if err != nil || n > reserve {
+		if n > reserve {
 			continue
 		}
 		empty = empty || n == 0
 		d, neg, ok := parseSeconds(reset)
 		switch {
 		case reset == "":
-			if len(r.bad) == reported {
-				r.report(name, v, HeaderMissing, 0)
-			}
+			problem = cmp.Or(problem, "missing")
 		case !ok || neg:
-			if len(r.bad) == reported {
-				r.report(name, v, HeaderInvalid, 0)
-			}
+			problem = cmp.Or(problem, "unreadable")
 		default:
 			r.told = true
 			longest = max(longest, d)
 		}
 	}
-	if longest > 0 {
-		r.bad = r.bad[:reported] // the items that could be read say when to come back
+	if longest > 0 { // the items that could be read say when to come back
 		return r.capped(name, v, longest), empty
+	}
+	if problem != "" {
+		r.report(name, v, problem, 0)
 	}
 	return 0, empty
 }
@@ -249,8 +233,9 @@ func (r *reader) tokenQuotas() []Quota {
 		if !ok {
 			continue
 		}
-		_, d, state := r.resetIn(f.family)
-		if state == resetInvalid {
+		name, reset, d, problem := r.resetIn(f.family)
+		if problem == "unreadable" {
+			r.report(name, reset, problem, 0)
 			continue
 		}
 		qs = append(qs, Quota{Name: f.name, Remaining: left, Reset: d})

@@ -2,7 +2,7 @@ package waiter
 
 import (
 	"context"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jobthrottle/jobthrottle/internal/clock"
@@ -25,8 +25,7 @@ type Reserver interface {
 type Reservation struct {
 	ok     bool
 	due    time.Time
-	mu     sync.Mutex
-	cancel func(ctx context.Context) error // nil once used or given back
+	cancel atomic.Pointer[func(ctx context.Context) error] // nil once used or given back
 }
 
 // NewReservation returns a Reserver's answer: ok, permits booked to take effect delay
@@ -34,8 +33,8 @@ type Reservation struct {
 // nothing booked, delay being when the permits would have come.
 func NewReservation(ok bool, delay time.Duration, cancel func(ctx context.Context) error) *Reservation {
 	r := &Reservation{ok: ok, due: clock.Now().Add(delay)}
-	if ok {
-		r.cancel = cancel
+	if ok && cancel != nil {
+		r.cancel.Store(&cancel)
 	}
 	return r
 }
@@ -55,20 +54,11 @@ func (r *Reservation) Delay() time.Duration {
 // caller can use them. Cancelling twice, after the booking took effect, or a
 // reservation that is not OK does nothing and returns nil.
 func (r *Reservation) Cancel(ctx context.Context) error {
-	cancel := r.take()
+	cancel := r.cancel.Swap(nil)
 	if cancel == nil || !clock.Now().Before(r.due) {
 		return nil
 	}
-	return cancel(ctx)
-}
-
-// take returns the give-back, once; nil after.
-func (r *Reservation) take() func(ctx context.Context) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	cancel := r.cancel
-	r.cancel = nil
-	return cancel
+	return (*cancel)(ctx)
 }
 
 // Wait sleeps until the booking takes effect. If ctx ends first, it returns ctx.Err()
@@ -85,12 +75,12 @@ func (r *Reservation) Wait(ctx context.Context) error {
 		select {
 		case <-t.C():
 		case <-ctx.Done():
-			if cancel := r.take(); cancel != nil {
-				go func() { _ = cancel(context.WithoutCancel(ctx)) }()
+			if cancel := r.cancel.Swap(nil); cancel != nil {
+				go func() { _ = (*cancel)(context.WithoutCancel(ctx)) }()
 			}
 			return ctx.Err()
 		}
 	}
-	r.take() // used: nothing is left to give back
+	r.cancel.Store(nil) // used: nothing is left to give back
 	return nil
 }

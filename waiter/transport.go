@@ -10,10 +10,8 @@ import (
 	"github.com/jobthrottle/jobthrottle/internal/clock"
 )
 
-// pauser is a Reserver that can stop granting for a while, across every process that
-// shares it: *throttle.Limiter is one. Pause makes every Reserve of the same limiter, in
-// any process, book nothing earlier than d from now, and holds this process's waiters
-// at once.
+// pauser is a Reserver that can stop granting for d, in every process that shares it,
+// holding this process's waiters at once: *throttle.Limiter is one.
 type pauser interface {
 	Pause(ctx context.Context, d time.Duration) error
 }
@@ -30,47 +28,43 @@ const DefaultMaxPause = 5 * time.Minute
 // comes before its permits, is not sent: RoundTrip returns Wait's error, the body closed.
 //
 // An answer refusing for a rate limit (429, 503, or a 403 with Retry-After or a spent
-// quota) pauses r (and, a *throttle.Limiter, holds this process at once) until the time its
-// headers give, at most WithMaxPause; docs/http.md lists the headers read. The response
-// is returned as it came, once r's Pause has returned: its call is bounded by r's own
-// (a *throttle.Limiter's call timeout), not by the request's context. A nil r or a bad option makes every RoundTrip return an error
-// wrapping ErrNilReserver or ErrInvalidOption. It is safe for concurrent use.
+// quota) pauses r (and, a *throttle.Limiter, holds this process at once) until the time
+// its headers give, at most WithMaxPause; docs/http.md lists the headers read. The
+// response is returned as it came, once r's Pause has returned: its call is bounded by
+// r's own (a *throttle.Limiter's call timeout), not by the request's context. A nil r
+// or a bad option makes every RoundTrip return an error wrapping ErrNilReserver or
+// ErrInvalidOption. It is safe for concurrent use.
 func NewTransport(r Reserver, base http.RoundTripper, opts ...TransportOption) http.RoundTripper {
-	t := newTransport(base, opts)
-	if isNilReserver(r) && t.err == nil {
-		t.err = ErrNilReserver
+	choose := func(*http.Request) (Reserver, int, error) { return r, 0, nil }
+	// A nil pointer in a non-nil interface is the Reserver's to refuse: a nil
+	// *throttle.Limiter's Reserve returns ErrNilReserver.
+	if r == nil {
+		choose = nil
 	}
-	t.r = r
-	return t
+	return NewTransportFunc(choose, base, opts...)
 }
 
-// NewTransportFunc is NewTransport with the Reserver and the permits chosen for each
-// request by choose: one limiter per host, or a vendor's search endpoint limited
-// apart from the rest of its API. Every guarantee of NewTransport holds for the
-// Reserver chosen: the request waits for its permits, a refusal holds and pauses
-// that Reserver, and a retry waits on it again.
-//
-// choose must be safe for simultaneous use; it must not modify the request nor read
-// its body. Permits n = 0 means the transport's (1, or WithPermits). If choose
-// returns an error, a nil Reserver or n < 0, RoundTrip returns an error wrapping it,
-// ErrNilReserver or ErrInvalidOption, sending nothing (the body is closed and
-// TransportHooks.NotSent is called, as for any early return). A nil choose is
+// NewTransportFunc is NewTransport with the Reserver and permits chosen for each
+// request by choose: one limiter per host, or a vendor's search endpoint limited apart
+// from the rest of its API. Every guarantee of NewTransport holds for the Reserver
+// chosen. choose must be safe for simultaneous use and must neither modify the request
+// nor read its body; n = 0 means the transport's permits (1, or WithPermits). If choose
+// returns an error, a nil Reserver or n < 0, RoundTrip sends nothing and returns an
+// error wrapping it, ErrNilReserver or ErrInvalidOption (the body is closed and
+// TransportHooks.NotSent called, as for any request not sent). A nil choose is
 // ErrNilReserver on every request.
 func NewTransportFunc(choose func(req *http.Request) (r Reserver, n int, err error), base http.RoundTripper, opts ...TransportOption) http.RoundTripper {
-	t := newTransport(base, opts)
-	if choose == nil && t.err == nil {
-		t.err = ErrNilReserver
+	if base == nil {
+		base = http.DefaultTransport
 	}
-	t.choose = choose
-	return t
-}
-
-func newTransport(base http.RoundTripper, opts []TransportOption) *transport {
-	t := &transport{base: base, n: 1, maxPause: DefaultMaxPause, clock: clock.System, reserve: -1}
+	t := &transport{choose: choose, base: base, n: 1, maxPause: DefaultMaxPause, clock: clock.System, reserve: -1}
 	for _, o := range opts {
 		if o != nil {
 			o.apply(t)
 		}
+	}
+	if choose == nil && t.err == nil {
+		t.err = ErrNilReserver
 	}
 	return t
 }
@@ -88,45 +82,28 @@ func (f transportOption) apply(t *transport) { f(t) }
 // at least 1 (an error wrapping ErrInvalidOption otherwise), and at most what the
 // Reserver can ever grant at once (its error otherwise, on every request).
 func WithPermits(n int) TransportOption {
-	return transportOption(func(t *transport) {
-		if t.check(n >= 1, "%w: permits %d, want at least 1", ErrInvalidOption, n) {
-			t.n = n
-		}
-	})
+	return checked(n >= 1, func(t *transport) { t.n = n }, "permits %d, want at least 1", n)
 }
 
 // WithMaxPause sets the longest pause a response's headers make the transport set; the
 // default is DefaultMaxPause (5 minutes). A longer one pauses for d and is reported to
-// TransportHooks.BadHeader (HeaderTooLong). d must be positive (an error wrapping
+// TransportHooks.BadHeader ("longer than the cap"). d must be positive (an error wrapping
 // ErrInvalidOption otherwise).
 func WithMaxPause(d time.Duration) TransportOption {
-	return transportOption(func(t *transport) {
-		if t.check(d > 0, "%w: max pause %v, want > 0", ErrInvalidOption, d) {
-			t.maxPause = d
-		}
-	})
+	return checked(d > 0, func(t *transport) { t.maxPause = d }, "max pause %v, want > 0", d)
 }
 
-// WithRetries makes the transport send a request refused for a rate limit (429, 503,
-// or a 403 read as one; see NewTransport) again, up to n times, after the pause the answer set (or, when it set none, after new permits):
-// each retry waits for its permits like the first send, within the request's
-// context. The default, 0, never retries. n must not be negative (an error wrapping
-// ErrInvalidOption otherwise).
-//
-// Only a request that can be replayed is retried: no body (nil or http.NoBody), or
-// GetBody set (http.NewRequest sets it for bytes, strings and bytes.Reader bodies);
-// any other is returned as received. When the retry cannot be sent before the
-// request's deadline, or the Reserver fails, the last response is returned as
-// received; when the request's context ends while the retry waits, its body is
-// closed and ctx.Err() returned. Each response discarded for a retry is drained (up
-// to 64KiB, so its connection can be reused) and closed, and TransportHooks.Retrying
-// is called.
+// WithRetries makes the transport send a request refused for a rate limit (see
+// NewTransport) again, up to n times, after the pause the answer set, waiting for its
+// permits like the first send. The default, 0, never retries; n must not be negative
+// (an error wrapping ErrInvalidOption otherwise). Only a request without a body or with
+// GetBody (http.NewRequest sets it for bytes, strings and bytes.Reader bodies) is
+// retried. When the retry cannot be sent before the request's deadline, or the Reserver
+// fails, the last response is returned; when the context ends while the retry waits,
+// ctx.Err(). Each response discarded for a retry is drained (up to 64KiB, so its
+// connection can be reused) and closed, and TransportHooks.Retrying is called.
 func WithRetries(n int) TransportOption {
-	return transportOption(func(t *transport) {
-		if t.check(n >= 0, "%w: retries %d, want >= 0", ErrInvalidOption, n) {
-			t.retries = n
-		}
-	})
+	return checked(n >= 0, func(t *transport) { t.retries = n }, "retries %d, want >= 0", n)
 }
 
 // WithTransportHooks sets callbacks the transport calls (see TransportHooks).
@@ -134,16 +111,11 @@ func WithTransportHooks(h TransportHooks) TransportOption {
 	return transportOption(func(t *transport) { t.hooks = h })
 }
 
-// withTransportClock sets the local clock the times in a response's headers (an
-// HTTP-date Retry-After, an epoch or RFC 3339 reset) count from; the default is the
-// system's. Tests only (export_test.go): waiting uses the Reserver's
-// clock, not this one. A nil clock is an error wrapping ErrInvalidOption.
+// withTransportClock sets the local clock the absolute times in a response's headers
+// count from; the default is the system's. Tests only (export_test.go): waiting uses
+// the Reserver's clock, not this one. A nil clock is an error wrapping ErrInvalidOption.
 func withTransportClock(c clock.Clock) TransportOption {
-	return transportOption(func(t *transport) {
-		if t.check(c != nil, "%w: nil clock", ErrInvalidOption) {
-			t.clock = c
-		}
-	})
+	return checked(c != nil, func(t *transport) { t.clock = c }, "nil clock")
 }
 
 // TransportHooks are callbacks the transport calls, to count or log what it did
@@ -152,21 +124,18 @@ func withTransportClock(c clock.Clock) TransportOption {
 // modify the request nor read its body.
 type TransportHooks struct {
 	// NotSent is called when RoundTrip returns err without sending req: waiting for
-	// its permits failed (the context ended, the permits would come after its
-	// deadline, the Reserver failed), choosing its Reserver failed, or the transport
-	// is misconfigured.
+	// its permits failed, choosing its Reserver failed, or the transport is
+	// misconfigured.
 	NotSent func(req *http.Request, err error)
 
 	// Paused is called after the transport paused the Reserver for d because the
-	// server answered req with status and headers asking it to back off: a refusal
-	// (see NewTransport), or rate-limit headers saying the quota is spent (any
-	// status; see WithRateLimitHeaders).
+	// answer to req, with status, asked it to back off (see NewTransport and
+	// WithRateLimitHeaders).
 	Paused func(req *http.Request, status int, d time.Duration)
 
-	// BadHeader is called, before the pause if any, once for each header of the
-	// answer to req (with status) that the transport could not use as it stood: err
-	// says which, and what it did instead. It is called whether or not the Reserver
-	// can pause.
+	// BadHeader is called, before any pause and whether or not the Reserver can
+	// pause, once for each header of the answer to req (with status) that the
+	// transport could not use as it stood: err says which, and what it did instead.
 	BadHeader func(req *http.Request, status int, err *HeaderError)
 
 	// Quota is called, with WithRateLimitHeaders, for each token quota the answer to
@@ -185,7 +154,6 @@ type TransportHooks struct {
 
 // transport is what NewTransport and NewTransportFunc return.
 type transport struct {
-	r        Reserver // nil with choose
 	choose   func(*http.Request) (Reserver, int, error)
 	base     http.RoundTripper
 	n        int
@@ -194,17 +162,21 @@ type transport struct {
 	reserve  int // WithRateLimitHeaders; -1: off
 	clock    clock.Clock
 	hooks    TransportHooks
-	err      error // the first bad option, or a nil Reserver
+	err      error // the first bad option, or a nil choose
 }
 
-// check returns ok. When ok is false it also records the error format and args
-// describe, unless one is recorded already: an option sets its value only if check
-// passes it, and every RoundTrip returns the first bad option's error.
-func (t *transport) check(ok bool, format string, args ...any) bool {
-	if !ok && t.err == nil {
-		t.err = fmt.Errorf(format, args...)
-	}
-	return ok
+// checked returns the option that calls set when ok. When ok is false it records
+// instead an error wrapping ErrInvalidOption that format and args describe, unless one
+// is recorded already: every RoundTrip returns the first bad option's error.
+func checked(ok bool, set func(*transport), format string, args ...any) TransportOption {
+	return transportOption(func(t *transport) {
+		switch {
+		case ok:
+			set(t)
+		case t.err == nil:
+			t.err = fmt.Errorf("%w: %s", ErrInvalidOption, fmt.Sprintf(format, args...))
+		}
+	})
 }
 
 // RoundTrip waits for the request's permits, sends it, pauses the Reserver if the
@@ -223,46 +195,43 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		return nil, err
 	}
-	base := t.base
-	if base == nil {
-		base = http.DefaultTransport
-	}
-	out := req
+	ctx, out := req.Context(), req
+	hasBody := req.Body != nil && req.Body != http.NoBody
 	for retry := 1; ; retry++ {
-		resp, err := base.RoundTrip(out)
+		resp, err := t.base.RoundTrip(out)
 		if err != nil || resp == nil {
 			return resp, err
 		}
 		d, refused := t.backOff(req, r, resp)
-		status := resp.StatusCode
-		if retry > t.retries || !refused || !replayable(req) {
+		if retry > t.retries || !refused || hasBody && req.GetBody == nil { // cannot be replayed
 			return resp, nil
 		}
-		ctx := req.Context()
 		if _, ok := r.(pauser); !ok && d > 0 {
-			// nothing holds this process: sleep out the pause here
-			if err := sleep(ctx, d); err != nil {
-				if ctx.Err() == nil { // the deadline comes first
-					return resp, nil
-				}
-				discard(resp)
-				return nil, err
+			// nothing holds this process: sleep out the pause here, unless it ends too late
+			err = ErrWouldExceedDeadline
+			if d <= maxWait(ctx) {
+				err = NewReservation(true, d, nil).Wait(ctx)
 			}
 		}
-		if err := Wait(ctx, r, n); err != nil {
+		if err == nil {
+			err = Wait(ctx, r, n)
+		}
+		if err != nil {
 			if ctx.Err() == nil { // no retry before the deadline, or the Reserver failed
 				return resp, nil
 			}
 			discard(resp)
 			return nil, err
 		}
-		next, err := rewind(req)
-		if err != nil { // GetBody failed: the answer stands
-			return resp, nil
+		next := req.Clone(ctx)
+		if hasBody {
+			if next.Body, err = req.GetBody(); err != nil { // the answer stands
+				return resp, nil
+			}
 		}
 		discard(resp)
 		if t.hooks.Retrying != nil {
-			t.hooks.Retrying(req, status, retry)
+			t.hooks.Retrying(req, resp.StatusCode, retry)
 		}
 		out = next
 	}
@@ -273,14 +242,11 @@ func (t *transport) pick(req *http.Request) (Reserver, int, error) {
 	if t.err != nil {
 		return nil, 0, t.err
 	}
-	if t.choose == nil {
-		return t.r, t.n, nil
-	}
 	r, n, err := t.choose(req)
 	switch {
 	case err != nil:
 		return nil, 0, fmt.Errorf("waiter: choosing the Reserver for %s %s: %w", req.Method, req.URL.Redacted(), err)
-	case isNilReserver(r):
+	case r == nil:
 		return nil, 0, fmt.Errorf("%w: chosen for %s %s", ErrNilReserver, req.Method, req.URL.Redacted())
 	case n < 0:
 		return nil, 0, fmt.Errorf("%w: permits %d chosen for %s %s, want >= 0", ErrInvalidOption, n, req.Method, req.URL.Redacted())
@@ -290,24 +256,6 @@ func (t *transport) pick(req *http.Request) (Reserver, int, error) {
 	return r, n, nil
 }
 
-// replayable reports whether req can be sent again: it has no body, or GetBody.
-func replayable(req *http.Request) bool {
-	return req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
-}
-
-// rewind returns a copy of req to send again, with a fresh body.
-func rewind(req *http.Request) (*http.Request, error) {
-	next := req.Clone(req.Context())
-	if req.Body != nil && req.Body != http.NoBody {
-		body, err := req.GetBody()
-		if err != nil {
-			return nil, err
-		}
-		next.Body = body
-	}
-	return next, nil
-}
-
 // discard drains (a little, so the connection can be reused) and closes a response
 // the caller will not see.
 func discard(resp *http.Response) {
@@ -315,93 +263,57 @@ func discard(resp *http.Response) {
 	_ = resp.Body.Close()
 }
 
-// sleep waits d, or until ctx ends (ctx.Err()); it returns an error wrapping
-// ErrWouldExceedDeadline at once if d ends after ctx's deadline.
-func sleep(ctx context.Context, d time.Duration) error {
-	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d {
-		return fmt.Errorf("%w: pause of %v", ErrWouldExceedDeadline, d)
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
 // CloseIdleConnections closes the idle connections of the base transport, if it
 // has that method; http.Client.CloseIdleConnections calls it.
 func (t *transport) CloseIdleConnections() {
-	base := t.base
-	if base == nil {
-		base = http.DefaultTransport
-	}
-	if c, ok := base.(interface{ CloseIdleConnections() }); ok {
+	if c, ok := t.base.(interface{ CloseIdleConnections() }); ok {
 		c.CloseIdleConnections()
 	}
 }
 
-// backOff holds and pauses r for as long as the response asks (see judge). It
-// returns that pause (0: none) and whether the response refused for a rate limit.
+// backOff holds and pauses r for as long as the response asks (see judge), calling
+// the hooks. It returns that pause (0: none) and whether the response refused for a
+// rate limit.
 func (t *transport) backOff(req *http.Request, r Reserver, resp *http.Response) (time.Duration, bool) {
-	v := t.judge(resp.StatusCode, resp.Header)
-	d := v.pause
+	d, refused, bad, quotas := t.judge(resp.StatusCode, resp.Header)
 	if t.hooks.BadHeader != nil {
-		for _, e := range v.bad {
+		for _, e := range bad {
 			t.hooks.BadHeader(req, resp.StatusCode, e)
 		}
 	}
 	if t.hooks.Quota != nil {
-		for _, q := range v.quotas {
+		for _, q := range quotas {
 			t.hooks.Quota(req, q)
 		}
 	}
-	p, ok := r.(pauser)
-	if d <= 0 || !ok {
-		return d, v.refused
-	}
-	// The call is bounded by the Reserver's own bound on a call (a *throttle.Limiter's
-	// call timeout), not by the request's context: the answer is in hand, and the fleet
-	// backs off even if the caller gives up at once. Nor by a shorter bound of the
-	// transport's: Pause holds this process before it calls the store, so a slow call
-	// lets nothing of this process through, while a call given up before it is sent
-	// never pauses the other processes.
-	if err := p.Pause(context.WithoutCancel(req.Context()), d); err != nil {
-		if t.hooks.PauseFailed != nil {
-			t.hooks.PauseFailed(req, d, err)
+	if p, ok := r.(pauser); ok && d > 0 {
+		// Bounded by the Reserver's own bound on a call, not by the request's context nor
+		// a shorter one: the answer is in hand and the fleet must back off even if the
+		// caller gives up, and Pause holds this process before it calls the store, so a
+		// slow call lets none of it through.
+		if err := p.Pause(context.WithoutCancel(req.Context()), d); err != nil {
+			if t.hooks.PauseFailed != nil {
+				t.hooks.PauseFailed(req, d, err)
+			}
+		} else if t.hooks.Paused != nil {
+			t.hooks.Paused(req, resp.StatusCode, d)
 		}
-		return d, v.refused
 	}
-	if t.hooks.Paused != nil {
-		t.hooks.Paused(req, resp.StatusCode, d)
-	}
-	return d, v.refused
+	return d, refused
 }
 
-// verdict is what a response's headers ask of the transport.
-type verdict struct {
-	pause   time.Duration // how long to back off, cut to the cap; 0: not at all
-	refused bool          // the answer refused for a rate limit: a retry may follow
-	bad     []*HeaderError
-	quotas  []Quota // token quotas, with WithRateLimitHeaders
-}
-
-// judge reads a response with status and headers h. A 429 or 503 is a refusal; a
-// 403 is one when it has a Retry-After or its quota headers say none is left
-// (GitHub's primary and secondary limits), else it is an ordinary answer. A refusal
-// backs off for the longer of its Retry-After and its spent quota's reset (read even
-// without WithRateLimitHeaders: the vendor has said when to come back); with
-// WithRateLimitHeaders any answer backs off when its quota is at or under the reserve.
-func (t *transport) judge(status int, h http.Header) verdict {
+// judge reads a response with status and headers h: how long to back off, cut to the
+// cap (0: not at all), whether it refused for a rate limit (see NewTransport), the
+// headers it could not use and, with WithRateLimitHeaders, the token quotas. A refusal
+// backs off for the longer of its Retry-After and its spent quota's reset, read even
+// without WithRateLimitHeaders: the vendor has said when to come back.
+func (t *transport) judge(status int, h http.Header) (pause time.Duration, refused bool, bad []*HeaderError, quotas []Quota) {
 	rd := &reader{h: h, now: t.clock.Now(), maxPause: t.maxPause}
 	hasRetryAfter := len(h.Values("Retry-After")) > 0
-	refused := status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable ||
-		status == http.StatusForbidden && hasRetryAfter
-	var d time.Duration
+	tooMany := status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable
+	refused = tooMany || status == http.StatusForbidden && hasRetryAfter
 	if refused && hasRetryAfter {
-		d = rd.retryAfter()
+		pause, _ = rd.pauseFor(family{reset: "Retry-After", form: delayOrDate})
 	}
 	if t.reserve >= 0 || refused || status == http.StatusForbidden {
 		q, empty := rd.requestQuota(max(t.reserve, 0))
@@ -409,27 +321,20 @@ func (t *transport) judge(status int, h http.Header) verdict {
 			refused = true
 		}
 		if t.reserve < 0 && !refused { // a 403 like any other: its headers are not ours to read
-			return verdict{}
+			return 0, false, nil, nil
 		}
-		d = max(d, q)
+		pause = max(pause, q)
 	}
-	if (status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable) &&
-		!hasRetryAfter && !rd.told && len(rd.bad) == 0 {
-		rd.report("Retry-After", "", HeaderMissing, 0)
+	if tooMany && !hasRetryAfter && !rd.told && len(rd.bad) == 0 {
+		rd.report("Retry-After", "", "missing", 0)
 	}
-	var quotas []Quota
 	if t.reserve >= 0 {
 		quotas = rd.tokenQuotas()
 	}
 	for _, e := range rd.bad {
-		if e.Problem == HeaderDateSkewed {
-			e.Pause = d
+		if e.Problem == "too far from the local clock" {
+			e.Pause = pause
 		}
 	}
-	return verdict{pause: d, refused: refused, bad: rd.bad, quotas: quotas}
+	return pause, refused, rd.bad, quotas
 }
-
-// isNilReserver reports whether r is a nil interface. A nil pointer in a non-nil
-// interface is the Reserver's to refuse: a nil *throttle.Limiter's Reserve returns
-// ErrNilReserver (no reflection here).
-func isNilReserver(r Reserver) bool { return r == nil }

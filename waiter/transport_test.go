@@ -120,7 +120,7 @@ func TestTransportOptions(t *testing.T) {
 	if got, want := r.pauses(), []time.Duration{2500 * ms}; !reflect.DeepEqual(got, want) {
 		t.Errorf("paused %v, want %v", got, want)
 	}
-	want := &waiter.HeaderError{Header: "Retry-After", Value: "3", Problem: waiter.HeaderTooLong, Pause: 2500 * ms}
+	want := &waiter.HeaderError{Header: "Retry-After", Value: "3", Problem: "longer than the cap", Pause: 2500 * ms}
 	if !reflect.DeepEqual(bad, want) {
 		t.Errorf("BadHeader got %#v, want %#v", bad, want)
 	}

@@ -19,7 +19,9 @@ func Wait(ctx context.Context, r Reserver, n int) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if w, ok := r.(waitN); ok {
+	if w, ok := r.(interface {
+		WaitN(context.Context, int) error
+	}); ok {
 		return w.WaitN(ctx, n)
 	}
 	res, err := r.Reserve(ctx, n, maxWait(ctx))
@@ -30,11 +32,6 @@ func Wait(ctx context.Context, r Reserver, n int) error {
 		return fmt.Errorf("%w: n=%d would wait %v", ErrWouldExceedDeadline, n, res.Delay())
 	}
 	return res.Wait(ctx)
-}
-
-// waitN is a Reserver that waits for its permits itself.
-type waitN interface {
-	WaitN(ctx context.Context, n int) error
 }
 
 // maxWait is how long ctx lets a caller wait: until its deadline, or for ever.
