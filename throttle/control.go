@@ -3,6 +3,7 @@ package throttle
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jobthrottle/jobthrottle/waiter"
@@ -36,15 +37,12 @@ func (l *Limiter) Pause(ctx context.Context, d time.Duration) error {
 }
 
 // Resume ends a pause set on the key (by Pause, the HTTP transport or an operator) at
-// once, for every process; an override stays. Every process's waiters (WaitN) whose
-// bookings lie behind the pause give them back and book again from now, in their
-// order; a process's hold (see Pause) ends with the pause, so its waiters held go on
-// too. This process's waiters move on Resume's reply; other processes' on the notice
-// Redis publishes (pub/sub), which they listen for while they wait. Each process's
-// waiters give their bookings back and book again on their own: where several
-// processes have waiters booked behind the pause, a process that books again before
-// another has given its bookings back queues behind those, and its waiters wait until
-// then. It returns Redis errors as AllowN.
+// once, for every process; an override stays. A process's hold (see Pause) ends with
+// it, and every process's waiters (WaitN) booked behind the pause give their bookings
+// back and book again from now, in their order: this process's on Resume's reply, the
+// others' on the notice Redis publishes, which they listen for while they wait. Each
+// process moves its own waiters: one that books again before another has given its
+// bookings back queues behind those. It returns Redis errors as AllowN.
 func (l *Limiter) Resume(ctx context.Context) error {
 	rep, err := l.control(ctx, opResume, 0, 0, nil)
 	if err != nil {
@@ -57,37 +55,25 @@ func (l *Limiter) Resume(ctx context.Context) error {
 
 // Override changes the rates (and, for TokenBucket, the bursts) of the key's limits
 // for every process that uses the key, from their next call on, for d; d = 0 means
-// until ClearOverride (at most 2^45µs). limits are the new limits in the order of
-// Limits(): limits[i] replaces the Rate and Burst of the i-th, whose period stays (a
-// limit's Period here must be 0 or that period); limits beyond those given keep their
-// rates. An override's Burst 0 means its Rate, not the callers' burst. A later Override
-// replaces it.
+// until ClearOverride (at most 2^45µs). limits[i] replaces the Rate and Burst of the
+// i-th of Limits(), whose period stays (limits[i].Period must be 0 or that period);
+// limits beyond those given keep their rates. An override's Burst 0 means its Rate, not
+// the callers' burst. A later Override replaces it.
 //
-// What the key holds is kept across the change, and counted with the new limits from
-// then on:
-//   - SlidingWindow, SlidingCounter, FixedWindow: the permits in the window count
-//     against the new rate, so a raise grants at once what the new rate leaves free,
-//     and a lowering grants nothing until the window holds fewer than the new rate.
-//   - TokenBucket: as golang.org/x/time/rate's SetLimitAt and SetBurstAt, the bucket
-//     keeps the tokens it holds at the change (a debt of bookings included) and refills
-//     at the new rate up to the new burst: a raised rate refills faster from the change
-//     on (the next permit is never later than without the raise); a lowered rate grants
-//     nothing until the tokens held refill at it; a raised burst is filled at the rate,
-//     not handed over at once; a lowered burst cuts the tokens above it at once.
+// What the key holds is kept across the change and counted with the new limits: the
+// permits in a window (SlidingWindow, SlidingCounter, FixedWindow) count against the
+// new rate; a token bucket keeps the tokens it holds (a debt of bookings included;
+// those above a lowered burst are cut) and refills at the new rate up to the new burst,
+// as golang.org/x/time/rate's SetLimitAt and SetBurstAt. The same holds at the
+// override's end (ClearOverride, or its time running out). Bookings already made keep
+// their places; a task's booking (asynq) made before an override that lowers a rate or
+// a burst is booked again under it when the task comes back.
 //
-// The same holds at the override's end: ClearOverride, or its time running out (the
-// bucket settles at the end, whenever the next call comes), changes back to the
-// callers' limits keeping what the key holds then. Bookings already made keep their
-// places; a task's booking (asynq) made before an override that lowers a rate or a
-// burst is booked again under it when the task comes back.
-//
-// Under an override, an acquire of n above what the overridden limits can ever grant
-// fails with ErrExceedsLimit; n above the callers' own limits is refused before any
-// call, as without an override, even while an override raises them.
-//
-// It returns an error wrapping ErrInvalidLimit for a limit out of range or with
-// another period, ErrInvalidArgument for d < 0, no limits or more than the limiter
-// has, and Redis errors as AllowN.
+// Under an override, n above what the overridden limits can ever grant fails with
+// ErrExceedsLimit; n above the callers' own limits is refused before any call, even
+// while an override raises them. It returns an error wrapping ErrInvalidLimit for a
+// limit out of range or with another period, ErrInvalidArgument for d < 0, no limits
+// or more than the limiter has, and Redis errors as AllowN.
 func (l *Limiter) Override(ctx context.Context, d time.Duration, limits ...Limit) error {
 	if d < 0 {
 		return fmt.Errorf("%w: override for %v", ErrInvalidArgument, d)
@@ -133,23 +119,11 @@ func (l *Limiter) control(ctx context.Context, op, n int, x int64, rates []any) 
 // longer hold already set is kept. The sleepers' bookings are given back now and
 // booked again when the hold ends.
 func (ks *keyState) holdFor(d time.Duration) {
-	until := time.Now().Add(d)
 	ks.landed.Store(false) // before the hold: a resume that reads the new hold finds it false
-	for {
-		old := ks.hold.Load()
-		if old >= until.UnixNano() {
-			return
-		}
-		if ks.hold.CompareAndSwap(old, until.UnixNano()) {
-			break
-		}
+	if raise(&ks.hold, time.Now().Add(d).UnixNano()) {
+		ks.move(func(*sleeper) bool { return true })
 	}
-	ks.move(func(*sleeper) bool { return true })
 }
-
-// resumedNotice handles a resume published on the key's channel: end is the end of
-// the pause it ended (server µs).
-func (ks *keyState) resumedNotice(end int64) { ks.resume(end, false) }
 
 // resume handles the resume of a pause that ended at end (server µs; 0: unknown or
 // none): the hold ends, if this process resumed (own) or its pause had reached Redis
@@ -160,16 +134,22 @@ func (ks *keyState) resume(end int64, own bool) {
 	if h := ks.hold.Load(); h != 0 && (own || ks.landed.Load()) {
 		ks.endHold(h)
 	}
+	if raise(&ks.resumed, end) {
+		ks.move(func(s *sleeper) bool { return s.g.token >= end })
+	}
+}
+
+// raise sets a to v if v is larger, and reports whether it did.
+func raise(a *atomic.Int64, v int64) bool {
 	for {
-		last := ks.resumed.Load()
-		if end <= last {
-			return
+		old := a.Load()
+		if old >= v {
+			return false
 		}
-		if ks.resumed.CompareAndSwap(last, end) {
-			break
+		if a.CompareAndSwap(old, v) {
+			return true
 		}
 	}
-	ks.move(func(s *sleeper) bool { return s.g.token >= end })
 }
 
 // endHold ends this process's hold on the key now, if it is still h (a Pause since
@@ -203,23 +183,13 @@ func (ks *keyState) pass(ctx context.Context) (seen int64, held bool, err error)
 		}
 		if !held {
 			held = true
-			ks.mu.Lock()
-			ks.listenOn()
-			ks.mu.Unlock()
-			defer func() {
-				ks.mu.Lock()
-				ks.listenOff()
-				ks.mu.Unlock()
-			}()
+			defer ks.listenResumes()()
 		}
-		t := time.NewTimer(d)
 		select {
-		case <-t.C:
+		case <-time.After(d): // collected unfired (Go 1.23)
 		case <-unhold:
 		case <-ctx.Done():
-			t.Stop()
 			return seen, held, ctx.Err()
 		}
-		t.Stop()
 	}
 }

@@ -3,6 +3,7 @@ package throttle
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"time"
 
 	"github.com/jobthrottle/jobthrottle/internal/booking"
@@ -18,11 +19,9 @@ import (
 // Every decision is one atomic script call, run at most once, that reads the clock of
 // the Redis server. A denial is a Result with Allowed false and the exact RetryAfter,
 // not an error; an error means bad input or a failed Redis call, and then nothing was
-// granted. Calls made at once from many goroutines share round trips, each still
-// decided on its own. A Limiter is safe for simultaneous use and cheap to build: those
-// of a process on the same Redis client and key share what the process knows of the
-// key (its hold, failure policy, StateLost), so one built per task behaves as one built
-// once.
+// granted. A Limiter is safe for simultaneous use and cheap to build: those of a
+// process on the same Redis client and key share what the process knows of the key
+// (its hold, failure policy, StateLost), so one built per task behaves as one built once.
 type Limiter struct {
 	rdb     redis.UniversalClient
 	t       *target
@@ -77,8 +76,8 @@ func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*L
 		return nil, fmt.Errorf("%w: %d limits, at most 16", ErrInvalidArgument, len(limits))
 	}
 	a := c.algorithm.algo()
-	l := &Limiter{key: key, alg: c.algorithm, a: a, limits: limits, maxN: maxRate, hooks: c.hooks,
-		policy: c.policy}
+	l := &Limiter{rdb: rdb, key: key, alg: c.algorithm, a: a, limits: limits, maxN: maxRate, hooks: c.hooks,
+		policy: c.policy, timeout: callTimeout(c.callTimeout, rdb)}
 	rec := keys.Record{State: a.suffix, Buckets: c.buckets}
 	for _, lim := range limits {
 		if err := lim.validate(c.algorithm); err != nil {
@@ -93,16 +92,12 @@ func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*L
 	l.record, l.every = []any{rec.String(), ttl.Milliseconds()}, ttl/4
 	others := a.otherStates(tag)
 	base := append([]string{keys.Name(tag, a.suffix), keys.Name(tag, keys.ControlKey), keys.Name(tag, keys.RecordKey)}, others...)
-	tail := append(a.args(limits, c.buckets), len(others))
-	l.rdb = rdb
-	l.t = newTarget(key, tag, a.script, base, tail, limiterFields)
-	l.timeout = callTimeout(c.callTimeout, rdb)
+	l.t = newTarget(key, tag, a.script, base, append(a.args(limits, c.buckets), len(others)), limiterFields)
 	l.config = l.t.id + " " + c.policy.String()
 	return l, nil
 }
 
-// client returns the process's client of the Limiter's Redis client, looked up on each
-// call (see clients).
+// client returns the process's client of the Limiter's Redis client (see clients).
 func (l *Limiter) client() *client { return clientFor(l.rdb) }
 
 // recordMinTTL is the shortest life of a key's record (see ReadRecord); recordMaxTTL
@@ -168,8 +163,7 @@ func (l *Limiter) Reserve(ctx context.Context, n int, maxWait time.Duration) (*w
 	if maxWait < 0 {
 		return nil, fmt.Errorf("%w: maxWait %v", ErrInvalidArgument, maxWait)
 	}
-	task := booking.From(ctx)
-	g, err := l.acquire(ctx, n, maxWait, task)
+	g, err := l.acquire(ctx, n, maxWait, booking.From(ctx))
 	if err != nil {
 		return nil, err
 	}
@@ -203,14 +197,6 @@ type grant struct {
 	local     bool // decided without Redis (FailOpen, FailLocal)
 }
 
-func (g grant) result() Result {
-	r := Result{Allowed: g.granted, Remaining: g.remaining, ResetAfter: g.reset}
-	if !g.granted {
-		r.RetryAfter = g.wait
-	}
-	return r
-}
-
 // acquire asks for n permits within maxWait, for task's booking if task is not nil,
 // decided by Redis or, while it is unreachable, by the failure policy.
 func (l *Limiter) acquire(ctx context.Context, n int, maxWait time.Duration, task *booking.Task) (grant, error) {
@@ -224,17 +210,13 @@ func (l *Limiter) acquire(ctx context.Context, n int, maxWait time.Duration, tas
 		key, late = keys.Name(l.t.tag, keys.Booking+task.ID), int64(task.Late/time.Microsecond)
 	}
 	var giveBack func(reply)
-	if x > 0 && task == nil { // a grant booked ahead whose caller left is given back
-		giveBack = func(rep reply) {
-			if g := decodeGrant(rep); g.granted && g.wait > 0 {
-				l.lateGiveBack(n, g)
-			}
-		}
+	if x > 0 && task == nil {
+		giveBack = l.late(n)
 	}
 	ks := l.client().key(l.t.tag)
 	var mark stateMark
 	var cs *configState
-	if l.hooks.StateLost != nil || l.policy.mode == failLocal {
+	if l.hooks.StateLost != nil {
 		cs = l.configState(ks)
 		mark = cs.watch.get()
 	}
@@ -260,6 +242,14 @@ func (l *Limiter) acquire(ctx context.Context, n int, maxWait time.Duration, tas
 		l.report(n, g)
 	}
 	return g, nil
+}
+
+func (g grant) result() Result {
+	r := Result{Allowed: g.granted, Remaining: g.remaining, ResetAfter: g.reset}
+	if !g.granted {
+		r.RetryAfter = g.wait
+	}
+	return r
 }
 
 func decodeGrant(rep reply) grant {
@@ -307,15 +297,15 @@ func (l *Limiter) report(n int, g grant) {
 // giveBack cancels g, a booking of n permits ahead, so that a later caller can use
 // them; a task's booking is cancelled only while it is still the caller's (its stamp).
 func (l *Limiter) giveBack(ctx context.Context, n int, g grant) error {
+	ks := l.client().key(l.t.tag)
 	if g.local {
-		l.configState(l.client().key(l.t.tag)).local.cancel(clock.Now().UnixMicro(), g.token, n)
+		l.configState(ks).local.cancel(clock.Now().UnixMicro(), g.token, n)
 		return nil
 	}
 	x := g.token
 	if g.task != "" {
 		x = g.stamp
 	}
-	ks := l.client().key(l.t.tag)
 	rep, err := l.send(ctx, ks, []any{opCancel, n, x, 0, 0}, g.task, nil, nil, false)
 	if err != nil || rep.v[0] != 1 {
 		return err
@@ -334,12 +324,21 @@ func (l *Limiter) giveBack(ctx context.Context, n int, g grant) error {
 	return nil
 }
 
-// lateGiveBack gives g back for a caller that has left: in the background, once,
-// bounded by the call timeout; a failure goes to the RedisError hook. Its context
-// never ends: the call timeout is its bound, and a call whose own context ended would
-// not be reported.
+// lateGiveBack gives g back for a caller that has left. Its context never ends: the
+// call timeout bounds it, and a failure goes to the RedisError hook (which a call whose
+// own context ended skips).
 func (l *Limiter) lateGiveBack(n int, g grant) {
 	_ = l.giveBack(context.Background(), n, g)
+}
+
+// late returns the late function of an acquire of n permits: a booking ahead whose
+// caller left before its reply came is given back.
+func (l *Limiter) late(n int) func(reply) {
+	return func(rep reply) {
+		if g := decodeGrant(rep); g.granted && g.wait > 0 {
+			l.lateGiveBack(n, g)
+		}
+	}
 }
 
 // configState returns the state this Limiter's configuration shares on ks.
@@ -356,7 +355,7 @@ func (l *Limiter) configState(ks *keyState) *configState {
 // prepare is the start New and NewSemaphore share once their options are applied to
 // c: it refuses a nil client and a bad option, and returns the key's hash tag.
 func prepare(rdb redis.UniversalClient, key string, c *config) (string, error) {
-	if isNilClient(rdb) {
+	if v := reflect.ValueOf(rdb); rdb == nil || v.Kind() == reflect.Pointer && v.IsNil() { // a typed nil too
 		return "", ErrNilClient
 	}
 	if c.err != nil {
@@ -369,20 +368,6 @@ func prepare(rdb redis.UniversalClient, key string, c *config) (string, error) {
 	return tag, nil
 }
 
-func isNilClient(rdb redis.UniversalClient) bool {
-	switch c := rdb.(type) {
-	case nil:
-		return true
-	case *redis.Client:
-		return c == nil
-	case *redis.ClusterClient:
-		return c == nil
-	case *redis.Ring:
-		return c == nil
-	}
-	return false
-}
-
 // callTimeout returns the bound of each Redis call: the one set (WithCallTimeout), else
 // one try of rdb's: DialTimeout + WriteTimeout + ReadTimeout, go-redis's defaults (5s,
 // 3s, 3s) standing in for any unset or disabled.
@@ -390,25 +375,25 @@ func callTimeout(set time.Duration, rdb redis.UniversalClient) time.Duration {
 	if set > 0 {
 		return set
 	}
-	dial, write, read := 5*time.Second, 3*time.Second, 3*time.Second
+	var dial, write, read time.Duration
+	switch c := rdb.(type) {
+	case *redis.Client:
+		o := c.Options()
+		dial, write, read = o.DialTimeout, o.WriteTimeout, o.ReadTimeout
+	case *redis.ClusterClient:
+		o := c.Options()
+		dial, write, read = o.DialTimeout, o.WriteTimeout, o.ReadTimeout
+	case *redis.Ring:
+		o := c.Options()
+		dial, write, read = o.DialTimeout, o.WriteTimeout, o.ReadTimeout
+	}
 	or := func(v, def time.Duration) time.Duration {
 		if v > 0 {
 			return v
 		}
 		return def
 	}
-	switch c := rdb.(type) {
-	case *redis.Client:
-		o := c.Options()
-		dial, write, read = or(o.DialTimeout, dial), or(o.WriteTimeout, write), or(o.ReadTimeout, read)
-	case *redis.ClusterClient:
-		o := c.Options()
-		dial, write, read = or(o.DialTimeout, dial), or(o.WriteTimeout, write), or(o.ReadTimeout, read)
-	case *redis.Ring:
-		o := c.Options()
-		dial, write, read = or(o.DialTimeout, dial), or(o.WriteTimeout, write), or(o.ReadTimeout, read)
-	}
-	return dial + write + read
+	return or(dial, 5*time.Second) + or(write, 3*time.Second) + or(read, 3*time.Second)
 }
 
 func micros(us int64) time.Duration { return time.Duration(us) * time.Microsecond }
