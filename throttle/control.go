@@ -1,6 +1,7 @@
 package throttle
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"sync/atomic"
@@ -25,7 +26,10 @@ func (l *Limiter) Pause(ctx context.Context, d time.Duration) error {
 		return fmt.Errorf("%w: pause %v", ErrInvalidArgument, d)
 	}
 	ks := l.client().key(l.t.tag)
-	ks.holdFor(d)
+	ks.landed.Store(false) // before the hold: a resume that reads the new hold finds it false
+	if raise(&ks.hold, time.Now().Add(d).UnixNano()) {
+		ks.move(func(*sleeper) bool { return true })
+	}
 	if _, err := l.control(ctx, opPause, 0, min(ceilMicros(d), maxPeriodUS), nil); err != nil {
 		return err
 	}
@@ -84,9 +88,7 @@ func (l *Limiter) Override(ctx context.Context, d time.Duration, limits ...Limit
 	var rates []any
 	for i, o := range limits {
 		code := l.limits[i]
-		if o.Period == 0 {
-			o.Period = code.Period
-		}
+		o.Period = cmp.Or(o.Period, code.Period) // 0: the limit's own
 		if o.Period != code.Period {
 			return fmt.Errorf("%w: override %d has period %v, the limit's is %v (an override changes rates, not periods)",
 				ErrInvalidLimit, i, o.Period, code.Period)
@@ -115,16 +117,6 @@ func (l *Limiter) control(ctx context.Context, op, n int, x int64, rates []any) 
 	return l.send(ctx, l.client().key(l.t.tag), []any{op, n, x, 0, 0}, "", rates, nil, false)
 }
 
-// holdFor holds this process's callers of the key for d from now (see Pause): a
-// longer hold already set is kept. The sleepers' bookings are given back now and
-// booked again when the hold ends.
-func (ks *keyState) holdFor(d time.Duration) {
-	ks.landed.Store(false) // before the hold: a resume that reads the new hold finds it false
-	if raise(&ks.hold, time.Now().Add(d).UnixNano()) {
-		ks.move(func(*sleeper) bool { return true })
-	}
-}
-
 // resume handles the resume of a pause that ended at end (server µs; 0: unknown or
 // none): the hold ends, if this process resumed (own) or its pause had reached Redis
 // (so the resume ended it, or a later pause than it); the sleepers whose bookings lie at
@@ -132,7 +124,12 @@ func (ks *keyState) holdFor(d time.Duration) {
 // the notice both come).
 func (ks *keyState) resume(end int64, own bool) {
 	if h := ks.hold.Load(); h != 0 && (own || ks.landed.Load()) {
-		ks.endHold(h)
+		ks.mu.Lock()
+		if ks.hold.CompareAndSwap(h, 0) { // unless a Pause since holds anew
+			close(ks.unhold) // wakes the callers held
+			ks.unhold = make(chan struct{})
+		}
+		ks.mu.Unlock()
 	}
 	if raise(&ks.resumed, end) {
 		ks.move(func(s *sleeper) bool { return s.g.token >= end })
@@ -152,19 +149,8 @@ func raise(a *atomic.Int64, v int64) bool {
 	}
 }
 
-// endHold ends this process's hold on the key now, if it is still h (a Pause since
-// holds anew), and wakes its callers held.
-func (ks *keyState) endHold(h int64) {
-	ks.mu.Lock()
-	defer ks.mu.Unlock()
-	if ks.hold.CompareAndSwap(h, 0) {
-		close(ks.unhold)
-		ks.unhold = make(chan struct{})
-	}
-}
-
 // pass waits until this process's hold on the key ends, or a resume ends it; it
-// returns the hold it found over (a later hold changes it: holdFor only lengthens it)
+// returns the hold it found over (a later hold changes it: Pause only lengthens it)
 // and whether it did wait. It returns ctx.Err() if ctx ends first, and at once an error
 // wrapping waiter.ErrWouldExceedDeadline if the hold ends after ctx's deadline. While
 // it waits it listens for resumes published on the key's channel.
@@ -178,7 +164,7 @@ func (ks *keyState) pass(ctx context.Context) (seen int64, held bool, err error)
 		if d <= 0 {
 			return seen, held, nil
 		}
-		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d {
+		if maxWait(ctx) < d {
 			return seen, held, fmt.Errorf("jobthrottle: %w: this process holds the key %v more", waiter.ErrWouldExceedDeadline, d)
 		}
 		if !held {

@@ -7,9 +7,6 @@ import (
 
 // Limit is a rate: at most Rate permits per Period.
 //
-// For TokenBucket, Burst is how many permits can be taken at once after the limiter has
-// been idle; 0 means Rate. The other algorithms ignore Burst.
-//
 // Period is used in whole microseconds, rounded up. Bounds: 1 <= Rate <= 10^9,
 // 1µs <= Period <= 2^45µs (about 407 days), 0 <= Burst <= 10^9, and for TokenBucket
 // Burst × Period in microseconds at most 2^50. New returns an error wrapping
@@ -17,7 +14,7 @@ import (
 type Limit struct {
 	Rate   int           // permits per Period, > 0
 	Period time.Duration // > 0
-	Burst  int           // TokenBucket: permits available at once; 0 means Rate. Ignored by the others.
+	Burst  int           // TokenBucket: permits available at once after idling; 0 means Rate. Ignored by the others.
 }
 
 // PerSecond returns a limit of rate permits per second.

@@ -1,6 +1,7 @@
 package throttle
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"reflect"
@@ -118,9 +119,7 @@ func (l *Limiter) Algorithm() Algorithm { return l.alg }
 func (l *Limiter) Limits() []Limit { return append([]Limit(nil), l.limits...) }
 
 // Allow is shorthand for AllowN(ctx, 1).
-func (l *Limiter) Allow(ctx context.Context) (Result, error) {
-	return l.AllowN(ctx, 1)
-}
+func (l *Limiter) Allow(ctx context.Context) (Result, error) { return l.AllowN(ctx, 1) }
 
 // AllowN takes n permits now if every limit has room for them, and otherwise takes
 // nothing and reports in RetryAfter when they would fit. Queued reservations come
@@ -167,11 +166,8 @@ func (l *Limiter) Reserve(ctx context.Context, n int, maxWait time.Duration) (*w
 	if err != nil {
 		return nil, err
 	}
-	var cancel func(context.Context) error
-	if g.granted && g.wait > 0 {
-		cancel = func(ctx context.Context) error { return l.giveBack(ctx, n, g) }
-	}
-	return waiter.NewReservation(g.granted, g.wait, cancel), nil
+	// Cancel gives back only a booking ahead: one due now is not
+	return waiter.NewReservation(g.granted, g.wait, func(ctx context.Context) error { return l.giveBack(ctx, n, g) }), nil
 }
 
 func (l *Limiter) check(ctx context.Context, n int) error {
@@ -324,15 +320,14 @@ func (l *Limiter) giveBack(ctx context.Context, n int, g grant) error {
 	return nil
 }
 
-// lateGiveBack gives g back for a caller that has left. Its context never ends: the
-// call timeout bounds it, and a failure goes to the RedisError hook (which a call whose
-// own context ended skips).
+// lateGiveBack gives g back for a caller that has left, bounded by the call timeout
+// alone, so that a failure goes to the RedisError hook (see send).
 func (l *Limiter) lateGiveBack(n int, g grant) {
 	_ = l.giveBack(context.Background(), n, g)
 }
 
-// late returns the late function of an acquire of n permits: a booking ahead whose
-// caller left before its reply came is given back.
+// late returns an acquire's late function: it gives back a booking ahead of n permits
+// whose caller left before the reply came.
 func (l *Limiter) late(n int) func(reply) {
 	return func(rep reply) {
 		if g := decodeGrant(rep); g.granted && g.wait > 0 {
@@ -387,13 +382,8 @@ func callTimeout(set time.Duration, rdb redis.UniversalClient) time.Duration {
 		o := c.Options()
 		dial, write, read = o.DialTimeout, o.WriteTimeout, o.ReadTimeout
 	}
-	or := func(v, def time.Duration) time.Duration {
-		if v > 0 {
-			return v
-		}
-		return def
-	}
-	return or(dial, 5*time.Second) + or(write, 3*time.Second) + or(read, 3*time.Second)
+	// max(v, 0) is 0 for unset and disabled alike: cmp.Or then takes the default
+	return cmp.Or(max(dial, 0), 5*time.Second) + cmp.Or(max(write, 0), 3*time.Second) + cmp.Or(max(read, 0), 3*time.Second)
 }
 
 func micros(us int64) time.Duration { return time.Duration(us) * time.Microsecond }

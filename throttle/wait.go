@@ -13,9 +13,7 @@ import (
 )
 
 // Wait is shorthand for WaitN(ctx, 1).
-func (l *Limiter) Wait(ctx context.Context) error {
-	return l.WaitN(ctx, 1)
-}
+func (l *Limiter) Wait(ctx context.Context) error { return l.WaitN(ctx, 1) }
 
 // WaitN books n permits and sleeps until they take effect: one Redis call however
 // many callers wait, served in arrival order across every process.
@@ -146,8 +144,8 @@ func (ks *keyState) sleep(ctx context.Context, l *Limiter, n int, g grant, seen 
 }
 
 // enter registers s, booked after the hold seen, unless a hold began since: that
-// hold's move may have run without s (holdFor sets the hold before its move takes
-// ks.mu, so s either sees the new hold here or is found by the move).
+// hold's move may have run without s (Pause sets the hold before its move takes ks.mu,
+// so s either sees the new hold here or is found by the move).
 func (ks *keyState) enter(s *sleeper, seen int64) bool {
 	ks.mu.Lock()
 	defer ks.mu.Unlock()
@@ -170,29 +168,15 @@ func (ks *keyState) claim(s *sleeper) bool {
 	return ok
 }
 
-// listenResumes counts one more waiter that a resume concerns, until the function it
-// returns is called: while any count, the key's channel is listened on for resumes
-// published by other processes.
+// listenResumes hands the resumes other processes publish on the key's channel to
+// resume, until the function it returns is called. Each waiter listens on its own:
+// resume acts once per pause however many hand it the notice.
 func (ks *keyState) listenResumes() (done func()) {
-	ks.mu.Lock()
-	defer ks.mu.Unlock()
-	ks.listeners++
-	if ks.listen == nil {
-		ks.listen = &listener{channel: wakeChannel(ks.tag), check: make(chan struct{}, 1),
-			resumed: func(end int64) { ks.resume(end, false) }}
-		if h := ks.client.hub; !h.listen(ks.listen) {
-			h.subscribe(ks.listen)
-		}
+	l := &listener{channel: wakeChannel(ks.tag), resumed: func(end int64) { ks.resume(end, false) }}
+	if h := ks.client.hub; !h.listen(l) {
+		h.subscribe(l)
 	}
-	return func() {
-		ks.mu.Lock()
-		defer ks.mu.Unlock()
-		ks.listeners--
-		if ks.listeners == 0 {
-			ks.client.hub.unlisten(ks.listen)
-			ks.listen = nil
-		}
-	}
+	return func() { ks.client.hub.unlisten(l) }
 }
 
 // move gives back the bookings of the sleepers which selects, in one round trip, the
