@@ -30,7 +30,7 @@ func (l *Limiter) Wait(ctx context.Context) error { return l.WaitN(ctx, 1) }
 // waiter.ErrNilReserver, as its Reserve does.
 func (l *Limiter) WaitN(ctx context.Context, n int) error {
 	if l == nil {
-		return fmt.Errorf("%w: nil *throttle.Limiter", waiter.ErrNilReserver)
+		return fmt.Errorf("jobthrottle: %w: nil *throttle.Limiter", waiter.ErrNilReserver)
 	}
 	if err := l.check(ctx, n); err != nil {
 		return err
