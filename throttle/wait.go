@@ -88,8 +88,8 @@ type sleeper struct {
 	moved chan moved
 }
 
-// moved is a sleeper's booking after a move: booked again once the hold seen (the
-// key's hold as the move passed it) was over, or why not.
+// moved is a booking for a sleeper to sleep on, made after the hold seen (its first,
+// or one a move made once that hold was over), or why there is none.
 type moved struct {
 	g    grant
 	err  error
@@ -104,16 +104,12 @@ type moved struct {
 // goes back in the background.
 func (ks *keyState) sleep(ctx context.Context, l *Limiter, n int, g grant, seen int64) (grant, int64, error) {
 	defer ks.listenResumes()() // a resume concerns it while it sleeps or is moved
-	s := &sleeper{l: l, ctx: ctx, n: n, g: g, moved: make(chan moved, 1)}
-	if !ks.enter(s, seen) {
-		l.lateGiveBack(n, g)
-		return g, seen, nil
-	}
-	t := time.NewTimer(g.wait)
-	defer t.Stop()
+	s := &sleeper{l: l, ctx: ctx, n: n, moved: make(chan moved, 1)}
+	s.moved <- moved{g, nil, seen}
+	var due <-chan time.Time
 	for {
 		select {
-		case <-t.C:
+		case <-due:
 			if ks.claim(s) {
 				return s.g, seen, nil
 			}
@@ -123,11 +119,11 @@ func (ks *keyState) sleep(ctx context.Context, l *Limiter, n int, g grant, seen 
 				return m.g, seen, m.err
 			}
 			s.g, seen = m.g, m.seen
-			if !ks.enter(s, seen) { // a hold began after the move passed the last one
+			if !ks.enter(s, seen) {
 				l.lateGiveBack(n, s.g)
 				return s.g, seen, nil
 			}
-			t.Reset(m.g.wait)
+			due = time.After(s.g.wait) // collected unfired, unstopped (Go 1.23)
 		case <-ctx.Done():
 			if ks.claim(s) {
 				go l.lateGiveBack(n, s.g)
