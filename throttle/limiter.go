@@ -320,20 +320,19 @@ func (l *Limiter) giveBack(ctx context.Context, n int, g grant) error {
 	return nil
 }
 
-// lateGiveBack gives g back for a caller that has left, bounded by the call timeout
-// alone, so that a failure goes to the RedisError hook (see send).
+// lateGiveBack gives back g, n permits, for a caller that has left, if it was booked
+// ahead; bounded by the call timeout alone, so that a failure goes to the RedisError
+// hook (see send).
 func (l *Limiter) lateGiveBack(n int, g grant) {
-	_ = l.giveBack(context.Background(), n, g)
+	if g.granted && g.wait > 0 {
+		_ = l.giveBack(context.Background(), n, g)
+	}
 }
 
-// late returns an acquire's late function: it gives back a booking ahead of n permits
+// late returns an acquire's late function: it gives back the booking of n permits
 // whose caller left before the reply came.
 func (l *Limiter) late(n int) func(reply) {
-	return func(rep reply) {
-		if g := decodeGrant(rep); g.granted && g.wait > 0 {
-			l.lateGiveBack(n, g)
-		}
-	}
+	return func(rep reply) { l.lateGiveBack(n, decodeGrant(rep)) }
 }
 
 // configState returns the state this Limiter's configuration shares on ks.

@@ -128,11 +128,7 @@ func (ks *keyState) sleep(ctx context.Context, l *Limiter, n int, g grant, seen 
 			if ks.claim(s) {
 				go l.lateGiveBack(n, s.g)
 			} else { // being moved: the new booking, when it comes, goes back
-				go func() {
-					if m := <-s.moved; m.err == nil && m.g.granted && m.g.wait > 0 {
-						l.lateGiveBack(n, m.g)
-					}
-				}()
+				go func() { l.lateGiveBack(n, (<-s.moved).g) }()
 			}
 			return grant{}, seen, ctx.Err()
 		}
