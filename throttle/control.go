@@ -58,26 +58,23 @@ func (l *Limiter) Resume(ctx context.Context) error {
 }
 
 // Override changes the rates (and, for TokenBucket, the bursts) of the key's limits
-// for every process that uses the key, from their next call on, for d; d = 0 means
-// until ClearOverride (at most 2^45µs). limits[i] replaces the Rate and Burst of the
-// i-th of Limits(), whose period stays (limits[i].Period must be 0 or that period);
-// limits beyond those given keep their rates. An override's Burst 0 means its Rate, not
-// the callers' burst. A later Override replaces it.
+// for every process, from their next call on, for d (0: until ClearOverride; at most
+// 2^45µs); a later Override replaces it. limits[i] replaces the Rate and Burst of the
+// i-th of Limits(), whose period stays (limits[i].Period is 0 or that period); limits
+// beyond those given keep their rates. An override's Burst 0 means its Rate.
 //
-// What the key holds is kept across the change and counted with the new limits: the
-// permits in a window (SlidingWindow, SlidingCounter, FixedWindow) count against the
-// new rate; a token bucket keeps the tokens it holds (a debt of bookings included;
-// those above a lowered burst are cut) and refills at the new rate up to the new burst,
-// as golang.org/x/time/rate's SetLimitAt and SetBurstAt. The same holds at the
-// override's end (ClearOverride, or its time running out). Bookings already made keep
-// their places; a task's booking (asynq) made before an override that lowers a rate or
-// a burst is booked again under it when the task comes back.
+// What the key holds is counted with the new limits, now and at the override's end: a
+// window's permits count against the new rate; a token bucket keeps its tokens (a debt
+// of bookings included, those above a lowered burst cut) and refills at the new rate,
+// as golang.org/x/time/rate's SetLimitAt and SetBurstAt. Bookings keep their places; a
+// task's booking (asynq) made before an override that lowers a rate or a burst is booked
+// again under it when the task comes back.
 //
-// Under an override, n above what the overridden limits can ever grant fails with
-// ErrExceedsLimit; n above the callers' own limits is refused before any call, even
-// while an override raises them. It returns an error wrapping ErrInvalidLimit for a
-// limit out of range or with another period, ErrInvalidArgument for d < 0, no limits
-// or more than the limiter has, and Redis errors as AllowN.
+// n above what the overridden limits can grant fails with ErrExceedsLimit; n above the
+// callers' own limits is refused before any call, even while an override raises them.
+// Errors wrap ErrInvalidLimit for a limit out of range or with another period,
+// ErrInvalidArgument for d < 0, no limits or more than the limiter has; Redis errors
+// are as AllowN's.
 func (l *Limiter) Override(ctx context.Context, d time.Duration, limits ...Limit) error {
 	if d < 0 {
 		return fmt.Errorf("%w: override for %v", ErrInvalidArgument, d)

@@ -1,6 +1,7 @@
 package throttle
 
 import (
+	"cmp"
 	"fmt"
 	"time"
 )
@@ -57,12 +58,7 @@ func ceilMicros(d time.Duration) int64 {
 }
 
 // burst is the token bucket's capacity: Burst, or Rate when Burst is 0.
-func (l Limit) burst() int {
-	if l.Burst == 0 {
-		return l.Rate
-	}
-	return l.Burst
-}
+func (l Limit) burst() int { return cmp.Or(l.Burst, l.Rate) }
 
 // validate reports why the limit cannot be used with algorithm a, wrapping ErrInvalidLimit.
 func (l Limit) validate(a Algorithm) error {

@@ -153,9 +153,6 @@ func (l *Limiter) AllowN(ctx context.Context, n int) (Result, error) {
 // key; WaitN does. Errors are those of AllowN, ErrInvalidArgument for a negative
 // maxWait, and waiter.ErrNilReserver for a nil *Limiter.
 func (l *Limiter) Reserve(ctx context.Context, n int, maxWait time.Duration) (*waiter.Reservation, error) {
-	if l == nil {
-		return nil, fmt.Errorf("jobthrottle: %w: nil *throttle.Limiter", waiter.ErrNilReserver)
-	}
 	if err := l.check(ctx, n); err != nil {
 		return nil, err
 	}
@@ -170,7 +167,11 @@ func (l *Limiter) Reserve(ctx context.Context, n int, maxWait time.Duration) (*w
 	return waiter.NewReservation(g.granted, g.wait, func(ctx context.Context) error { return l.giveBack(ctx, n, g) }), nil
 }
 
+// check refuses a call that cannot be granted, before any Redis call.
 func (l *Limiter) check(ctx context.Context, n int) error {
+	if l == nil {
+		return fmt.Errorf("jobthrottle: %w: nil *throttle.Limiter", waiter.ErrNilReserver)
+	}
 	if n < 0 {
 		return fmt.Errorf("%w: n = %d", ErrInvalidArgument, n)
 	}

@@ -29,9 +29,6 @@ func (l *Limiter) Wait(ctx context.Context) error { return l.WaitN(ctx, 1) }
 // it books when the hold ends. A nil *Limiter returns an error wrapping
 // waiter.ErrNilReserver, as its Reserve does.
 func (l *Limiter) WaitN(ctx context.Context, n int) error {
-	if l == nil {
-		return fmt.Errorf("jobthrottle: %w: nil *throttle.Limiter", waiter.ErrNilReserver)
-	}
 	if err := l.check(ctx, n); err != nil {
 		return err
 	}
