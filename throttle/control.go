@@ -12,15 +12,13 @@ import (
 
 // Pause stops all grants on the limiter's key, across every process and algorithm,
 // for d: until then every call is denied, and bookings start after the pause. A longer
-// pause already set is kept. Bookings other processes made before the pause keep
-// their places.
+// pause already set is kept; bookings other processes made before it keep their places.
 //
-// Before it calls Redis, Pause holds this process: from the moment it is called,
-// WaitN and the HTTP transport send nothing on the key until d has passed, even if the
-// Redis call is slow or fails; bookings of this process's waiters that had not taken
-// effect are given back, and booked again, in their order, when the hold ends. The
-// HTTP transport (waiter.NewTransport) calls Pause on a 429 or 503 with Retry-After. It
-// returns an error wrapping ErrInvalidArgument for d <= 0.
+// Before it calls Redis, Pause holds this process: WaitN and the HTTP transport
+// (waiter.NewTransport, which pauses on a 429 or 503 with Retry-After) send nothing on
+// the key until d has passed, even if the call is slow or fails; this process's waiters'
+// bookings not yet in effect are given back, and booked again in their order when the
+// hold ends. It returns an error wrapping ErrInvalidArgument for d <= 0.
 func (l *Limiter) Pause(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
 		return fmt.Errorf("%w: pause %v", ErrInvalidArgument, d)

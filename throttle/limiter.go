@@ -147,11 +147,10 @@ func (l *Limiter) AllowN(ctx context.Context, n int) (Result, error) {
 // Delay says when they take effect; they count against the limit from then. Otherwise
 // nothing is booked and Delay says when n permits would be available. Give back a
 // booking you will not use with its Cancel. The token bucket books at most 2^50/Rate
-// µs ahead.
+// µs ahead. Unlike WaitN, a reservation keeps its booking across a Pause or Resume.
 //
-// A reservation keeps its booking: its Wait does not follow a Pause or Resume of the
-// key; WaitN does. Errors are those of AllowN, ErrInvalidArgument for a negative
-// maxWait, and waiter.ErrNilReserver for a nil *Limiter.
+// Errors are those of AllowN, ErrInvalidArgument for a negative maxWait, and
+// waiter.ErrNilReserver for a nil *Limiter.
 func (l *Limiter) Reserve(ctx context.Context, n int, maxWait time.Duration) (*waiter.Reservation, error) {
 	if err := l.check(ctx, n); err != nil {
 		return nil, err

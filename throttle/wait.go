@@ -18,16 +18,14 @@ func (l *Limiter) Wait(ctx context.Context) error { return l.WaitN(ctx, 1) }
 // WaitN books n permits and sleeps until they take effect: one Redis call however
 // many callers wait, served in arrival order across every process.
 //
-// It returns at once, booking nothing: an error wrapping ErrExceedsLimit for n above
-// what the limit can ever grant; ctx.Err() for a done context; an error wrapping
-// waiter.ErrWouldExceedDeadline when the permits would come after ctx's deadline. If
-// ctx ends while it sleeps, it returns ctx.Err() at once and its booking is given back
-// in the background. If this process pauses the key (Pause), or the key's pause is
-// resumed (Resume, from any process), while it sleeps, its booking is given back and
-// booked again, with the process's other waiters, in their order. Called during this
-// process's hold, or caught by one as its booking comes back from Redis or comes due,
-// it books when the hold ends. A nil *Limiter returns an error wrapping
-// waiter.ErrNilReserver, as its Reserve does.
+// It returns at once, booking nothing: ctx.Err() for a done context; an error wrapping
+// ErrExceedsLimit for n above what the limit can ever grant, waiter.ErrWouldExceedDeadline
+// when the permits would come after ctx's deadline, or waiter.ErrNilReserver for a nil
+// *Limiter. If ctx ends while it sleeps, it returns ctx.Err() at once; its booking goes
+// back in the background. A Pause by this process, or a Resume of the key by any, while
+// it sleeps gives its booking back and books again, with the process's other waiters, in
+// their order. Called during this process's hold, or caught by one as its booking comes
+// back from Redis or comes due, it books when the hold ends.
 func (l *Limiter) WaitN(ctx context.Context, n int) error {
 	if err := l.check(ctx, n); err != nil {
 		return err
@@ -74,9 +72,8 @@ func maxWait(ctx context.Context) time.Duration {
 	return time.Duration(math.MaxInt64)
 }
 
-// sleeper is a WaitN asleep on its booking. While it is in its key's sleepers, the
-// booking is its own; a hold or a resume that takes it out (see keyState.move) gives
-// the booking back, books again and sends the new grant on moved.
+// sleeper is a WaitN asleep on its booking, its own while it is in its key's
+// sleepers; a move that takes it out sends the new booking on moved.
 type sleeper struct {
 	l     *Limiter
 	ctx   context.Context
@@ -93,12 +90,10 @@ type moved struct {
 	seen int64
 }
 
-// sleep sleeps on g, a booking of n permits made after the caller passed the hold seen,
-// until it takes effect, following the moves of holds and resumes; it returns the
-// booking slept on and the hold it was made after. A hold begun since seen that did not
-// move it ends the sleep at once, the booking given back: the caller, finding another
-// hold, books again. If ctx ends first, it returns ctx.Err() at once and the booking
-// goes back in the background.
+// sleep sleeps on g, n permits booked after the hold seen, until it takes effect,
+// following the moves of holds and resumes; it returns the booking slept on and the
+// hold it was made after. A hold begun since seen that did not move it ends the sleep
+// at once, the booking given back, for the caller to book again after it.
 func (ks *keyState) sleep(ctx context.Context, l *Limiter, n int, g grant, seen int64) (grant, int64, error) {
 	defer ks.listenResumes()() // a resume concerns it while it sleeps or is moved
 	s := &sleeper{l: l, ctx: ctx, n: n, moved: make(chan moved, 1)}
@@ -168,10 +163,9 @@ func (ks *keyState) listenResumes() (done func()) {
 	return func() { ks.client.hub.unlisten(l) }
 }
 
-// move gives back the bookings of the sleepers which selects, in one round trip, the
-// latest first so that a token bucket gets back everything they took; once this
-// process's hold on the key is over, it books them again in one round trip, in the
-// order they were booked, and each sleeper sleeps on its new booking.
+// move gives back, in one round trip, the bookings of the sleepers which selects, the
+// latest first so that a token bucket gets back all they took; once this process's
+// hold is over, it books them again in one round trip, in their order.
 func (ks *keyState) move(which func(*sleeper) bool) {
 	ks.mu.Lock()
 	var ss []*sleeper
