@@ -40,11 +40,10 @@ func (l *Limiter) Pause(ctx context.Context, d time.Duration) error {
 
 // Resume ends a pause set on the key (by Pause, the HTTP transport or an operator) at
 // once, for every process; an override stays. A process's hold (see Pause) ends with
-// it, and every process's waiters (WaitN) booked behind the pause give their bookings
-// back and book again from now, in their order: this process's on Resume's reply, the
-// others' on the notice Redis publishes, which they listen for while they wait. Each
-// process moves its own waiters: one that books again before another has given its
-// bookings back queues behind those. It returns Redis errors as AllowN.
+// it, and each process's waiters (WaitN) booked behind the pause book again from now,
+// in their order: this process's on the reply, the others' on the notice Redis
+// publishes (a process that books again before another has given its bookings back
+// queues behind those). It returns Redis errors as AllowN.
 func (l *Limiter) Resume(ctx context.Context) error {
 	rep, err := l.control(ctx, opResume, 0, 0, nil)
 	if err != nil {

@@ -88,8 +88,10 @@ func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*L
 		l.counted = max(l.counted, a.counted(lim))
 		rec.Limits = append(rec.Limits, keys.Limit{Rate: lim.Rate, Period: lim.Period, Burst: lim.Burst})
 	}
-	// the record outlives the state while the key is in use, and goes soon after it
-	ttl := min(max(recordMinTTL, 3*l.counted), recordMaxTTL)
+	// The record (see ReadRecord) outlives the state while the key is in use, and goes
+	// soon after it: at least 10s, at most the scripts' bound, 2^45µs in whole ms (a
+	// longer one would fail every call that carries it with JTARG record).
+	ttl := min(max(10*time.Second, 3*l.counted), maxPeriodUS/1000*time.Millisecond)
 	l.record, l.every = []any{rec.String(), ttl.Milliseconds()}, ttl/4
 	others := a.otherStates(tag)
 	base := append([]string{keys.Name(tag, a.suffix), keys.Name(tag, keys.ControlKey), keys.Name(tag, keys.RecordKey)}, others...)
@@ -100,14 +102,6 @@ func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*L
 
 // client returns the process's client of the Limiter's Redis client (see clients).
 func (l *Limiter) client() *client { return clientFor(l.rdb) }
-
-// recordMinTTL is the shortest life of a key's record (see ReadRecord); recordMaxTTL
-// the longest, the scripts' bound on it (2^45µs in whole ms): a longer one would fail
-// every call that carries the record with JTARG record.
-const (
-	recordMinTTL = 10 * time.Second
-	recordMaxTTL = maxPeriodUS / 1000 * time.Millisecond
-)
 
 // Key returns the key the limiter was made for (without prefix).
 func (l *Limiter) Key() string { return l.key }
