@@ -155,10 +155,6 @@ type keyState struct {
 	unhold   chan struct{}           // closed (and replaced) when a resume ends the hold early
 	configs  map[string]*configState // by target id and policy
 	sleepers map[*sleeper]struct{}
-	// listen hears the resumes published on the key's channel while waiters (sleepers,
-	// callers held, sleepers being moved) count on them: listeners of them
-	listen    *listener
-	listeners int
 }
 
 // configState is what the Limiters (or Semaphores) of one configuration (target and

@@ -1,8 +1,10 @@
 package throttle
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jobthrottle/jobthrottle/waiter"
@@ -10,21 +12,22 @@ import (
 
 // Pause stops all grants on the limiter's key, across every process and algorithm,
 // for d: until then every call is denied, and bookings start after the pause. A longer
-// pause already set is kept. Bookings other processes made before the pause keep
-// their places.
+// pause already set is kept; bookings other processes made before it keep their places.
 //
-// Before it calls Redis, Pause holds this process: from the moment it is called,
-// WaitN and the HTTP transport send nothing on the key until d has passed, even if the
-// Redis call is slow or fails; bookings of this process's waiters that had not taken
-// effect are given back, and booked again, in their order, when the hold ends. The
-// HTTP transport (waiter.NewTransport) calls Pause on a 429 or 503 with Retry-After. It
-// returns an error wrapping ErrInvalidArgument for d <= 0.
+// Before it calls Redis, Pause holds this process: WaitN and the HTTP transport
+// (waiter.NewTransport, which pauses on a 429 or 503 with Retry-After) send nothing on
+// the key until d has passed, even if the call is slow or fails; this process's waiters'
+// bookings not yet in effect are given back, and booked again in their order when the
+// hold ends. It returns an error wrapping ErrInvalidArgument for d <= 0.
 func (l *Limiter) Pause(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
 		return fmt.Errorf("%w: pause %v", ErrInvalidArgument, d)
 	}
 	ks := l.client().key(l.t.tag)
-	ks.holdFor(d)
+	ks.landed.Store(false) // before the hold: a resume that reads the new hold finds it false
+	if raise(&ks.hold, time.Now().Add(d).UnixNano()) {
+		ks.move(func(*sleeper) bool { return true })
+	}
 	if _, err := l.control(ctx, opPause, 0, min(ceilMicros(d), maxPeriodUS), nil); err != nil {
 		return err
 	}
@@ -36,15 +39,11 @@ func (l *Limiter) Pause(ctx context.Context, d time.Duration) error {
 }
 
 // Resume ends a pause set on the key (by Pause, the HTTP transport or an operator) at
-// once, for every process; an override stays. Every process's waiters (WaitN) whose
-// bookings lie behind the pause give them back and book again from now, in their
-// order; a process's hold (see Pause) ends with the pause, so its waiters held go on
-// too. This process's waiters move on Resume's reply; other processes' on the notice
-// Redis publishes (pub/sub), which they listen for while they wait. Each process's
-// waiters give their bookings back and book again on their own: where several
-// processes have waiters booked behind the pause, a process that books again before
-// another has given its bookings back queues behind those, and its waiters wait until
-// then. It returns Redis errors as AllowN.
+// once, for every process; an override stays. A process's hold (see Pause) ends with
+// it, and each process's waiters (WaitN) booked behind the pause book again from now,
+// in their order: this process's on the reply, the others' on the notice Redis
+// publishes (a process that books again before another has given its bookings back
+// queues behind those). It returns Redis errors as AllowN.
 func (l *Limiter) Resume(ctx context.Context) error {
 	rep, err := l.control(ctx, opResume, 0, 0, nil)
 	if err != nil {
@@ -56,38 +55,23 @@ func (l *Limiter) Resume(ctx context.Context) error {
 }
 
 // Override changes the rates (and, for TokenBucket, the bursts) of the key's limits
-// for every process that uses the key, from their next call on, for d; d = 0 means
-// until ClearOverride (at most 2^45µs). limits are the new limits in the order of
-// Limits(): limits[i] replaces the Rate and Burst of the i-th, whose period stays (a
-// limit's Period here must be 0 or that period); limits beyond those given keep their
-// rates. An override's Burst 0 means its Rate, not the callers' burst. A later Override
-// replaces it.
+// for every process, from their next call on, for d (0: until ClearOverride; at most
+// 2^45µs); a later Override replaces it. limits[i] replaces the Rate and Burst of the
+// i-th of Limits(), whose period stays (limits[i].Period is 0 or that period); limits
+// beyond those given keep their rates. An override's Burst 0 means its Rate.
 //
-// What the key holds is kept across the change, and counted with the new limits from
-// then on:
-//   - SlidingWindow, SlidingCounter, FixedWindow: the permits in the window count
-//     against the new rate, so a raise grants at once what the new rate leaves free,
-//     and a lowering grants nothing until the window holds fewer than the new rate.
-//   - TokenBucket: as golang.org/x/time/rate's SetLimitAt and SetBurstAt, the bucket
-//     keeps the tokens it holds at the change (a debt of bookings included) and refills
-//     at the new rate up to the new burst: a raised rate refills faster from the change
-//     on (the next permit is never later than without the raise); a lowered rate grants
-//     nothing until the tokens held refill at it; a raised burst is filled at the rate,
-//     not handed over at once; a lowered burst cuts the tokens above it at once.
+// What the key holds is counted with the new limits, now and at the override's end: a
+// window's permits count against the new rate; a token bucket keeps its tokens (a debt
+// of bookings included, those above a lowered burst cut) and refills at the new rate,
+// as golang.org/x/time/rate's SetLimitAt and SetBurstAt. Bookings keep their places; a
+// task's booking (asynq) made before an override that lowers a rate or a burst is booked
+// again under it when the task comes back.
 //
-// The same holds at the override's end: ClearOverride, or its time running out (the
-// bucket settles at the end, whenever the next call comes), changes back to the
-// callers' limits keeping what the key holds then. Bookings already made keep their
-// places; a task's booking (asynq) made before an override that lowers a rate or a
-// burst is booked again under it when the task comes back.
-//
-// Under an override, an acquire of n above what the overridden limits can ever grant
-// fails with ErrExceedsLimit; n above the callers' own limits is refused before any
-// call, as without an override, even while an override raises them.
-//
-// It returns an error wrapping ErrInvalidLimit for a limit out of range or with
-// another period, ErrInvalidArgument for d < 0, no limits or more than the limiter
-// has, and Redis errors as AllowN.
+// n above what the overridden limits can grant fails with ErrExceedsLimit; n above the
+// callers' own limits is refused before any call, even while an override raises them.
+// Errors wrap ErrInvalidLimit for a limit out of range or with another period,
+// ErrInvalidArgument for d < 0, no limits or more than the limiter has; Redis errors
+// are as AllowN's.
 func (l *Limiter) Override(ctx context.Context, d time.Duration, limits ...Limit) error {
 	if d < 0 {
 		return fmt.Errorf("%w: override for %v", ErrInvalidArgument, d)
@@ -98,9 +82,7 @@ func (l *Limiter) Override(ctx context.Context, d time.Duration, limits ...Limit
 	var rates []any
 	for i, o := range limits {
 		code := l.limits[i]
-		if o.Period == 0 {
-			o.Period = code.Period
-		}
+		o.Period = cmp.Or(o.Period, code.Period) // 0: the limit's own
 		if o.Period != code.Period {
 			return fmt.Errorf("%w: override %d has period %v, the limit's is %v (an override changes rates, not periods)",
 				ErrInvalidLimit, i, o.Period, code.Period)
@@ -129,28 +111,6 @@ func (l *Limiter) control(ctx context.Context, op, n int, x int64, rates []any) 
 	return l.send(ctx, l.client().key(l.t.tag), []any{op, n, x, 0, 0}, "", rates, nil, false)
 }
 
-// holdFor holds this process's callers of the key for d from now (see Pause): a
-// longer hold already set is kept. The sleepers' bookings are given back now and
-// booked again when the hold ends.
-func (ks *keyState) holdFor(d time.Duration) {
-	until := time.Now().Add(d)
-	ks.landed.Store(false) // before the hold: a resume that reads the new hold finds it false
-	for {
-		old := ks.hold.Load()
-		if old >= until.UnixNano() {
-			return
-		}
-		if ks.hold.CompareAndSwap(old, until.UnixNano()) {
-			break
-		}
-	}
-	ks.move(func(*sleeper) bool { return true })
-}
-
-// resumedNotice handles a resume published on the key's channel: end is the end of
-// the pause it ended (server µs).
-func (ks *keyState) resumedNotice(end int64) { ks.resume(end, false) }
-
 // resume handles the resume of a pause that ended at end (server µs; 0: unknown or
 // none): the hold ends, if this process resumed (own) or its pause had reached Redis
 // (so the resume ended it, or a later pause than it); the sleepers whose bookings lie at
@@ -158,33 +118,33 @@ func (ks *keyState) resumedNotice(end int64) { ks.resume(end, false) }
 // the notice both come).
 func (ks *keyState) resume(end int64, own bool) {
 	if h := ks.hold.Load(); h != 0 && (own || ks.landed.Load()) {
-		ks.endHold(h)
-	}
-	for {
-		last := ks.resumed.Load()
-		if end <= last {
-			return
+		ks.mu.Lock()
+		if ks.hold.CompareAndSwap(h, 0) { // unless a Pause since holds anew
+			close(ks.unhold) // wakes the callers held
+			ks.unhold = make(chan struct{})
 		}
-		if ks.resumed.CompareAndSwap(last, end) {
-			break
-		}
+		ks.mu.Unlock()
 	}
-	ks.move(func(s *sleeper) bool { return s.g.token >= end })
+	if raise(&ks.resumed, end) {
+		ks.move(func(s *sleeper) bool { return s.g.token >= end })
+	}
 }
 
-// endHold ends this process's hold on the key now, if it is still h (a Pause since
-// holds anew), and wakes its callers held.
-func (ks *keyState) endHold(h int64) {
-	ks.mu.Lock()
-	defer ks.mu.Unlock()
-	if ks.hold.CompareAndSwap(h, 0) {
-		close(ks.unhold)
-		ks.unhold = make(chan struct{})
+// raise sets a to v if v is larger, and reports whether it did.
+func raise(a *atomic.Int64, v int64) bool {
+	for {
+		old := a.Load()
+		if old >= v {
+			return false
+		}
+		if a.CompareAndSwap(old, v) {
+			return true
+		}
 	}
 }
 
 // pass waits until this process's hold on the key ends, or a resume ends it; it
-// returns the hold it found over (a later hold changes it: holdFor only lengthens it)
+// returns the hold it found over (a later hold changes it: Pause only lengthens it)
 // and whether it did wait. It returns ctx.Err() if ctx ends first, and at once an error
 // wrapping waiter.ErrWouldExceedDeadline if the hold ends after ctx's deadline. While
 // it waits it listens for resumes published on the key's channel.
@@ -198,28 +158,18 @@ func (ks *keyState) pass(ctx context.Context) (seen int64, held bool, err error)
 		if d <= 0 {
 			return seen, held, nil
 		}
-		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d {
+		if maxWait(ctx) < d {
 			return seen, held, fmt.Errorf("jobthrottle: %w: this process holds the key %v more", waiter.ErrWouldExceedDeadline, d)
 		}
 		if !held {
 			held = true
-			ks.mu.Lock()
-			ks.listenOn()
-			ks.mu.Unlock()
-			defer func() {
-				ks.mu.Lock()
-				ks.listenOff()
-				ks.mu.Unlock()
-			}()
+			defer ks.listenResumes()()
 		}
-		t := time.NewTimer(d)
 		select {
-		case <-t.C:
+		case <-time.After(d): // collected unfired (Go 1.23)
 		case <-unhold:
 		case <-ctx.Done():
-			t.Stop()
 			return seen, held, ctx.Err()
 		}
-		t.Stop()
 	}
 }

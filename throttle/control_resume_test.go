@@ -42,16 +42,19 @@ func ctlLimiterOn(tl *timeline, rdb redis.UniversalClient, key string, limit Lim
 // confirmed: from then on a resume's notice reaches them.
 func ctlListening(t *testing.T, l *Limiter, n int) {
 	t.Helper()
-	ks := l.client().key(l.t.tag)
 	h := l.client().hub
 	deadline := time.Now().Add(signalWait)
 	for {
-		ks.mu.Lock()
-		got := ks.listeners
-		ks.mu.Unlock()
 		h.mu.Lock()
 		ch := h.chans[wakeChannel(l.t.tag)]
-		live := ch != nil && ch.live
+		live, got := ch != nil && ch.live, 0
+		if ch != nil {
+			for w := range ch.listeners {
+				if w.resumed != nil {
+					got++
+				}
+			}
+		}
 		h.mu.Unlock()
 		if got >= n && live {
 			return

@@ -241,7 +241,7 @@ func TestIdleKeysExpire(t *testing.T) {
 }
 
 // idleShortRecord makes l write its key's record with a life of three times its
-// longest count, below the production floor (recordMinTTL), so that the test's keys
+// longest count, below the production floor (10s, see New), so that the test's keys
 // all go within seconds.
 func (l *Limiter) idleShortRecord() {
 	l.record = []any{l.record[0], (3 * l.counted).Milliseconds()}

@@ -34,17 +34,14 @@ type LimiterState struct {
 	ResetAfter time.Duration
 
 	// Booked is how many permits are booked to take effect after now (reservations
-	// and waiting WaitN calls). Exact for SlidingWindow. SlidingCounter counts the
-	// permits of sub-buckets that start after now. TokenBucket: the permits its
-	// bookings took beyond what the bucket held (the largest deficit over the
-	// limits). FixedWindow keeps only the latest window's counts: the permits counted
-	// in the latest grant's window when that window starts after now, else 0 (a
-	// booking in the current window shows in Used only).
+	// and waiting WaitN calls): exact for SlidingWindow; SlidingCounter counts the
+	// sub-buckets that start after now; TokenBucket, the largest deficit over the
+	// limits; FixedWindow, the latest grant's window's count when that window starts
+	// after now, else 0 (a booking in the current window shows in Used only).
 	Booked int
 
-	// BookedAhead is the time until the latest booking takes effect: how far ahead
-	// the queue reaches (SlidingCounter: until its sub-bucket starts); 0 when nothing
-	// is booked ahead.
+	// BookedAhead is the time until the latest booking takes effect (SlidingCounter:
+	// its sub-bucket starts); 0 when nothing is booked ahead.
 	BookedAhead time.Duration
 
 	// PausedFor is the time until a pause on the key ends; 0 when it is not paused.
@@ -71,18 +68,13 @@ type LimitState struct {
 	// TokenBucket.
 	Capacity int
 
-	// Used is how much of Capacity is taken, in permits:
-	//   - SlidingWindow: permits that took effect in the last Period, plus those
-	//     booked ahead;
-	//   - SlidingCounter: the same, each permit counted from the end of its
-	//     sub-bucket;
-	//   - FixedWindow: permits counted in the aligned window holding now, or
-	//     Capacity when bookings were made in a later window (no grant can go to
-	//     the window holding now any more);
-	//   - TokenBucket: Capacity less the tokens in the bucket now, rounded down
-	//     (tokens come back one per Period/Rate).
-	// It exceeds Capacity when bookings reach further ahead than one window (or, for
-	// the token bucket, than a full bucket's worth).
+	// Used is how much of Capacity is taken, in permits: SlidingWindow, the permits
+	// that took effect in the last Period plus those booked ahead (SlidingCounter: each
+	// counted from the end of its sub-bucket); FixedWindow, the permits counted in the
+	// window holding now, or Capacity once bookings were made in a later window;
+	// TokenBucket, Capacity less the tokens in the bucket now, rounded down. It exceeds
+	// Capacity when bookings reach further ahead than one window (the token bucket:
+	// than a full bucket's worth).
 	Used int
 }
 
@@ -116,11 +108,9 @@ type SemaphoreState struct {
 	TTL time.Duration
 }
 
-// Inspect reads the key's live state: per limit how much is used, what is booked
-// ahead, the next free permit, the pause, the override and the key's TTL (see
-// LimiterState). It asks the algorithm the same question as an acquire of one permit
-// and writes nothing, so it changes no decision and may run as often as a dashboard
-// likes; it does not call the hooks. Calls made at once share round trips.
+// Inspect reads the key's live state (see LimiterState), asking the algorithm what an
+// acquire of one permit would. It writes nothing and calls no hook, so it changes no
+// decision and may run as often as a dashboard likes.
 //
 // It returns ctx.Err() for a done context, an error wrapping ErrCorruptState when the
 // key holds data jobthrottle did not write, ErrUnavailable when Redis cannot be
@@ -174,9 +164,8 @@ func (s *Semaphore) Inspect(ctx context.Context) (SemaphoreState, error) {
 	if err := ctx.Err(); err != nil {
 		return SemaphoreState{}, err
 	}
-	r := &request{ctx: ctx, t: s.t, ks: s.client().key(s.t.tag), fields: []any{semInspect, "", "", semInspectLimit},
-		timeout: s.timeout, detail: true}
-	rep, err := s.client().do(r)
+	rep, err := s.client().do(&request{ctx: ctx, t: s.t, ks: s.client().key(s.t.tag), fields: []any{semInspect, "", "", semInspectLimit},
+		timeout: s.timeout, detail: true})
 	if err != nil {
 		return SemaphoreState{}, err
 	}

@@ -1,14 +1,12 @@
 package throttle
 
 import (
+	"cmp"
 	"fmt"
 	"time"
 )
 
 // Limit is a rate: at most Rate permits per Period.
-//
-// For TokenBucket, Burst is how many permits can be taken at once after the limiter has
-// been idle; 0 means Rate. The other algorithms ignore Burst.
 //
 // Period is used in whole microseconds, rounded up. Bounds: 1 <= Rate <= 10^9,
 // 1µs <= Period <= 2^45µs (about 407 days), 0 <= Burst <= 10^9, and for TokenBucket
@@ -17,7 +15,7 @@ import (
 type Limit struct {
 	Rate   int           // permits per Period, > 0
 	Period time.Duration // > 0
-	Burst  int           // TokenBucket: permits available at once; 0 means Rate. Ignored by the others.
+	Burst  int           // TokenBucket: permits available at once after idling; 0 means Rate. Ignored by the others.
 }
 
 // PerSecond returns a limit of rate permits per second.
@@ -60,12 +58,7 @@ func ceilMicros(d time.Duration) int64 {
 }
 
 // burst is the token bucket's capacity: Burst, or Rate when Burst is 0.
-func (l Limit) burst() int {
-	if l.Burst == 0 {
-		return l.Rate
-	}
-	return l.Burst
-}
+func (l Limit) burst() int { return cmp.Or(l.Burst, l.Rate) }
 
 // validate reports why the limit cannot be used with algorithm a, wrapping ErrInvalidLimit.
 func (l Limit) validate(a Algorithm) error {

@@ -1,8 +1,10 @@
 package throttle
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"reflect"
 	"time"
 
 	"github.com/jobthrottle/jobthrottle/internal/booking"
@@ -18,11 +20,9 @@ import (
 // Every decision is one atomic script call, run at most once, that reads the clock of
 // the Redis server. A denial is a Result with Allowed false and the exact RetryAfter,
 // not an error; an error means bad input or a failed Redis call, and then nothing was
-// granted. Calls made at once from many goroutines share round trips, each still
-// decided on its own. A Limiter is safe for simultaneous use and cheap to build: those
-// of a process on the same Redis client and key share what the process knows of the
-// key (its hold, failure policy, StateLost), so one built per task behaves as one built
-// once.
+// granted. A Limiter is safe for simultaneous use and cheap to build: those of a
+// process on the same Redis client and key share what the process knows of the key
+// (its hold, failure policy, StateLost), so one built per task behaves as one built once.
 type Limiter struct {
 	rdb     redis.UniversalClient
 	t       *target
@@ -77,8 +77,8 @@ func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*L
 		return nil, fmt.Errorf("%w: %d limits, at most 16", ErrInvalidArgument, len(limits))
 	}
 	a := c.algorithm.algo()
-	l := &Limiter{key: key, alg: c.algorithm, a: a, limits: limits, maxN: maxRate, hooks: c.hooks,
-		policy: c.policy}
+	l := &Limiter{rdb: rdb, key: key, alg: c.algorithm, a: a, limits: limits, maxN: maxRate, hooks: c.hooks,
+		policy: c.policy, timeout: callTimeout(c.callTimeout, rdb)}
 	rec := keys.Record{State: a.suffix, Buckets: c.buckets}
 	for _, lim := range limits {
 		if err := lim.validate(c.algorithm); err != nil {
@@ -88,30 +88,20 @@ func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*L
 		l.counted = max(l.counted, a.counted(lim))
 		rec.Limits = append(rec.Limits, keys.Limit{Rate: lim.Rate, Period: lim.Period, Burst: lim.Burst})
 	}
-	// the record outlives the state while the key is in use, and goes soon after it
-	ttl := min(max(recordMinTTL, 3*l.counted), recordMaxTTL)
+	// The record (see ReadRecord) outlives the state while the key is in use, and goes
+	// soon after it: at least 10s, at most the scripts' bound, 2^45µs in whole ms (a
+	// longer one would fail every call that carries it with JTARG record).
+	ttl := min(max(10*time.Second, 3*l.counted), maxPeriodUS/1000*time.Millisecond)
 	l.record, l.every = []any{rec.String(), ttl.Milliseconds()}, ttl/4
 	others := a.otherStates(tag)
 	base := append([]string{keys.Name(tag, a.suffix), keys.Name(tag, keys.ControlKey), keys.Name(tag, keys.RecordKey)}, others...)
-	tail := append(a.args(limits, c.buckets), len(others))
-	l.rdb = rdb
-	l.t = newTarget(key, tag, a.script, base, tail, limiterFields)
-	l.timeout = callTimeout(c.callTimeout, rdb)
+	l.t = newTarget(key, tag, a.script, base, append(a.args(limits, c.buckets), len(others)), limiterFields)
 	l.config = l.t.id + " " + c.policy.String()
 	return l, nil
 }
 
-// client returns the process's client of the Limiter's Redis client, looked up on each
-// call (see clients).
+// client returns the process's client of the Limiter's Redis client (see clients).
 func (l *Limiter) client() *client { return clientFor(l.rdb) }
-
-// recordMinTTL is the shortest life of a key's record (see ReadRecord); recordMaxTTL
-// the longest, the scripts' bound on it (2^45µs in whole ms): a longer one would fail
-// every call that carries the record with JTARG record.
-const (
-	recordMinTTL = 10 * time.Second
-	recordMaxTTL = maxPeriodUS / 1000 * time.Millisecond
-)
 
 // Key returns the key the limiter was made for (without prefix).
 func (l *Limiter) Key() string { return l.key }
@@ -123,9 +113,7 @@ func (l *Limiter) Algorithm() Algorithm { return l.alg }
 func (l *Limiter) Limits() []Limit { return append([]Limit(nil), l.limits...) }
 
 // Allow is shorthand for AllowN(ctx, 1).
-func (l *Limiter) Allow(ctx context.Context) (Result, error) {
-	return l.AllowN(ctx, 1)
-}
+func (l *Limiter) Allow(ctx context.Context) (Result, error) { return l.AllowN(ctx, 1) }
 
 // AllowN takes n permits now if every limit has room for them, and otherwise takes
 // nothing and reports in RetryAfter when they would fit. Queued reservations come
@@ -153,34 +141,30 @@ func (l *Limiter) AllowN(ctx context.Context, n int) (Result, error) {
 // Delay says when they take effect; they count against the limit from then. Otherwise
 // nothing is booked and Delay says when n permits would be available. Give back a
 // booking you will not use with its Cancel. The token bucket books at most 2^50/Rate
-// µs ahead.
+// µs ahead. Unlike WaitN, a reservation keeps its booking across a Pause or Resume.
 //
-// A reservation keeps its booking: its Wait does not follow a Pause or Resume of the
-// key; WaitN does. Errors are those of AllowN, ErrInvalidArgument for a negative
-// maxWait, and waiter.ErrNilReserver for a nil *Limiter.
+// Errors are those of AllowN, ErrInvalidArgument for a negative maxWait, and
+// waiter.ErrNilReserver for a nil *Limiter.
 func (l *Limiter) Reserve(ctx context.Context, n int, maxWait time.Duration) (*waiter.Reservation, error) {
-	if l == nil {
-		return nil, fmt.Errorf("jobthrottle: %w: nil *throttle.Limiter", waiter.ErrNilReserver)
-	}
 	if err := l.check(ctx, n); err != nil {
 		return nil, err
 	}
 	if maxWait < 0 {
 		return nil, fmt.Errorf("%w: maxWait %v", ErrInvalidArgument, maxWait)
 	}
-	task := booking.From(ctx)
-	g, err := l.acquire(ctx, n, maxWait, task)
+	g, err := l.acquire(ctx, n, maxWait, booking.From(ctx))
 	if err != nil {
 		return nil, err
 	}
-	var cancel func(context.Context) error
-	if g.granted && g.wait > 0 {
-		cancel = func(ctx context.Context) error { return l.giveBack(ctx, n, g) }
-	}
-	return waiter.NewReservation(g.granted, g.wait, cancel), nil
+	// Cancel gives back only a booking ahead: one due now is not
+	return waiter.NewReservation(g.granted, g.wait, func(ctx context.Context) error { return l.giveBack(ctx, n, g) }), nil
 }
 
+// check refuses a call that cannot be granted, before any Redis call.
 func (l *Limiter) check(ctx context.Context, n int) error {
+	if l == nil {
+		return fmt.Errorf("jobthrottle: %w: nil *throttle.Limiter", waiter.ErrNilReserver)
+	}
 	if n < 0 {
 		return fmt.Errorf("%w: n = %d", ErrInvalidArgument, n)
 	}
@@ -203,14 +187,6 @@ type grant struct {
 	local     bool // decided without Redis (FailOpen, FailLocal)
 }
 
-func (g grant) result() Result {
-	r := Result{Allowed: g.granted, Remaining: g.remaining, ResetAfter: g.reset}
-	if !g.granted {
-		r.RetryAfter = g.wait
-	}
-	return r
-}
-
 // acquire asks for n permits within maxWait, for task's booking if task is not nil,
 // decided by Redis or, while it is unreachable, by the failure policy.
 func (l *Limiter) acquire(ctx context.Context, n int, maxWait time.Duration, task *booking.Task) (grant, error) {
@@ -224,17 +200,13 @@ func (l *Limiter) acquire(ctx context.Context, n int, maxWait time.Duration, tas
 		key, late = keys.Name(l.t.tag, keys.Booking+task.ID), int64(task.Late/time.Microsecond)
 	}
 	var giveBack func(reply)
-	if x > 0 && task == nil { // a grant booked ahead whose caller left is given back
-		giveBack = func(rep reply) {
-			if g := decodeGrant(rep); g.granted && g.wait > 0 {
-				l.lateGiveBack(n, g)
-			}
-		}
+	if x > 0 && task == nil {
+		giveBack = l.late(n)
 	}
 	ks := l.client().key(l.t.tag)
 	var mark stateMark
 	var cs *configState
-	if l.hooks.StateLost != nil || l.policy.mode == failLocal {
+	if l.hooks.StateLost != nil {
 		cs = l.configState(ks)
 		mark = cs.watch.get()
 	}
@@ -260,6 +232,14 @@ func (l *Limiter) acquire(ctx context.Context, n int, maxWait time.Duration, tas
 		l.report(n, g)
 	}
 	return g, nil
+}
+
+func (g grant) result() Result {
+	r := Result{Allowed: g.granted, Remaining: g.remaining, ResetAfter: g.reset}
+	if !g.granted {
+		r.RetryAfter = g.wait
+	}
+	return r
 }
 
 func decodeGrant(rep reply) grant {
@@ -307,15 +287,15 @@ func (l *Limiter) report(n int, g grant) {
 // giveBack cancels g, a booking of n permits ahead, so that a later caller can use
 // them; a task's booking is cancelled only while it is still the caller's (its stamp).
 func (l *Limiter) giveBack(ctx context.Context, n int, g grant) error {
+	ks := l.client().key(l.t.tag)
 	if g.local {
-		l.configState(l.client().key(l.t.tag)).local.cancel(clock.Now().UnixMicro(), g.token, n)
+		l.configState(ks).local.cancel(clock.Now().UnixMicro(), g.token, n)
 		return nil
 	}
 	x := g.token
 	if g.task != "" {
 		x = g.stamp
 	}
-	ks := l.client().key(l.t.tag)
 	rep, err := l.send(ctx, ks, []any{opCancel, n, x, 0, 0}, g.task, nil, nil, false)
 	if err != nil || rep.v[0] != 1 {
 		return err
@@ -334,12 +314,19 @@ func (l *Limiter) giveBack(ctx context.Context, n int, g grant) error {
 	return nil
 }
 
-// lateGiveBack gives g back for a caller that has left: in the background, once,
-// bounded by the call timeout; a failure goes to the RedisError hook. Its context
-// never ends: the call timeout is its bound, and a call whose own context ended would
-// not be reported.
+// lateGiveBack gives back g, n permits, for a caller that has left, if it was booked
+// ahead; bounded by the call timeout alone, so that a failure goes to the RedisError
+// hook (see send).
 func (l *Limiter) lateGiveBack(n int, g grant) {
-	_ = l.giveBack(context.Background(), n, g)
+	if g.granted && g.wait > 0 {
+		_ = l.giveBack(context.Background(), n, g)
+	}
+}
+
+// late returns an acquire's late function: it gives back the booking of n permits
+// whose caller left before the reply came.
+func (l *Limiter) late(n int) func(reply) {
+	return func(rep reply) { l.lateGiveBack(n, decodeGrant(rep)) }
 }
 
 // configState returns the state this Limiter's configuration shares on ks.
@@ -356,7 +343,7 @@ func (l *Limiter) configState(ks *keyState) *configState {
 // prepare is the start New and NewSemaphore share once their options are applied to
 // c: it refuses a nil client and a bad option, and returns the key's hash tag.
 func prepare(rdb redis.UniversalClient, key string, c *config) (string, error) {
-	if isNilClient(rdb) {
+	if v := reflect.ValueOf(rdb); rdb == nil || v.Kind() == reflect.Pointer && v.IsNil() { // a typed nil too
 		return "", ErrNilClient
 	}
 	if c.err != nil {
@@ -369,20 +356,6 @@ func prepare(rdb redis.UniversalClient, key string, c *config) (string, error) {
 	return tag, nil
 }
 
-func isNilClient(rdb redis.UniversalClient) bool {
-	switch c := rdb.(type) {
-	case nil:
-		return true
-	case *redis.Client:
-		return c == nil
-	case *redis.ClusterClient:
-		return c == nil
-	case *redis.Ring:
-		return c == nil
-	}
-	return false
-}
-
 // callTimeout returns the bound of each Redis call: the one set (WithCallTimeout), else
 // one try of rdb's: DialTimeout + WriteTimeout + ReadTimeout, go-redis's defaults (5s,
 // 3s, 3s) standing in for any unset or disabled.
@@ -390,25 +363,20 @@ func callTimeout(set time.Duration, rdb redis.UniversalClient) time.Duration {
 	if set > 0 {
 		return set
 	}
-	dial, write, read := 5*time.Second, 3*time.Second, 3*time.Second
-	or := func(v, def time.Duration) time.Duration {
-		if v > 0 {
-			return v
-		}
-		return def
-	}
+	var dial, write, read time.Duration
 	switch c := rdb.(type) {
 	case *redis.Client:
 		o := c.Options()
-		dial, write, read = or(o.DialTimeout, dial), or(o.WriteTimeout, write), or(o.ReadTimeout, read)
+		dial, write, read = o.DialTimeout, o.WriteTimeout, o.ReadTimeout
 	case *redis.ClusterClient:
 		o := c.Options()
-		dial, write, read = or(o.DialTimeout, dial), or(o.WriteTimeout, write), or(o.ReadTimeout, read)
+		dial, write, read = o.DialTimeout, o.WriteTimeout, o.ReadTimeout
 	case *redis.Ring:
 		o := c.Options()
-		dial, write, read = or(o.DialTimeout, dial), or(o.WriteTimeout, write), or(o.ReadTimeout, read)
+		dial, write, read = o.DialTimeout, o.WriteTimeout, o.ReadTimeout
 	}
-	return dial + write + read
+	// max(v, 0) is 0 for unset and disabled alike: cmp.Or then takes the default
+	return cmp.Or(max(dial, 0), 5*time.Second) + cmp.Or(max(write, 0), 3*time.Second) + cmp.Or(max(read, 0), 3*time.Second)
 }
 
 func micros(us int64) time.Duration { return time.Duration(us) * time.Microsecond }

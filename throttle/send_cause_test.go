@@ -182,4 +182,9 @@ func TestWaiterErrorsCarryThePrefix(t *testing.T) {
 		t.Fatalf("Reserve of a nil Limiter: got %v, want waiter.ErrNilReserver", err)
 	}
 	wantOnePrefix(t, "Reserve of a nil Limiter", err)
+	err = none.Wait(ctx)
+	if !errors.Is(err, waiter.ErrNilReserver) {
+		t.Fatalf("Wait of a nil Limiter: got %v, want waiter.ErrNilReserver", err)
+	}
+	wantOnePrefix(t, "Wait of a nil Limiter", err)
 }

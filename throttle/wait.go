@@ -1,58 +1,49 @@
 package throttle
 
 import (
+	"cmp"
 	"context"
 	"fmt"
-	"github.com/jobthrottle/jobthrottle/internal/clock"
 	"math"
 	"slices"
-	"sync/atomic"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/internal/clock"
 	"github.com/jobthrottle/jobthrottle/waiter"
 )
 
 // Wait is shorthand for WaitN(ctx, 1).
-func (l *Limiter) Wait(ctx context.Context) error {
-	return l.WaitN(ctx, 1)
-}
+func (l *Limiter) Wait(ctx context.Context) error { return l.WaitN(ctx, 1) }
 
 // WaitN books n permits and sleeps until they take effect: one Redis call however
 // many callers wait, served in arrival order across every process.
 //
-// It returns at once, booking nothing: an error wrapping ErrExceedsLimit for n above
-// what the limit can ever grant; ctx.Err() for a done context; an error wrapping
-// waiter.ErrWouldExceedDeadline when the permits would come after ctx's deadline. If
-// ctx ends while it sleeps, it returns ctx.Err() at once and its booking is given back
-// in the background. If this process pauses the key (Pause), or the key's pause is
-// resumed (Resume, from any process), while it sleeps, its booking is given back and
-// booked again, with the other waiters of the process, in their order; called while
-// this process holds the key, it books when the hold ends. A hold that begins while
-// its booking is on its way back from Redis, or as the booking comes due, holds it
-// too: it gives the booking back if it can and books again when the hold ends. A nil
-// *Limiter returns an error wrapping waiter.ErrNilReserver, as its Reserve does.
+// It returns at once, booking nothing: ctx.Err() for a done context; an error wrapping
+// ErrExceedsLimit for n above what the limit can ever grant, waiter.ErrWouldExceedDeadline
+// when the permits would come after ctx's deadline, or waiter.ErrNilReserver for a nil
+// *Limiter. If ctx ends while it sleeps, it returns ctx.Err() at once; its booking goes
+// back in the background. A Pause by this process, or a Resume of the key by any, while
+// it sleeps gives its booking back and books again, with the process's other waiters, in
+// their order. Called during this process's hold, or caught by one as its booking comes
+// back from Redis or comes due, it books when the hold ends.
 func (l *Limiter) WaitN(ctx context.Context, n int) error {
-	if l == nil {
-		return fmt.Errorf("%w: nil *throttle.Limiter", waiter.ErrNilReserver)
-	}
 	if err := l.check(ctx, n); err != nil {
 		return err
 	}
-	start := clock.Now()
-	slept, held := false, false
+	start, waited := clock.Now(), false
 	ks := l.client().key(l.t.tag)
 	for {
-		seen, h, err := ks.pass(ctx)
+		seen, held, err := ks.pass(ctx)
 		if err != nil {
 			return err
 		}
-		held = held || h
+		waited = waited || held
 		g, err := l.acquire(ctx, n, maxWait(ctx), nil)
 		if err != nil {
 			return err
 		}
 		if g.granted && g.wait > 0 {
-			slept = true
+			waited = true
 			if g, seen, err = ks.sleep(ctx, l, n, g, seen); err != nil {
 				return err
 			}
@@ -65,9 +56,9 @@ func (l *Limiter) WaitN(ctx context.Context, n int) error {
 		}
 		// A hold began after this call passed the last one, and no move took its
 		// booking: its permits fall inside the hold, unused; book again after it.
-		held = true
+		waited = true
 	}
-	if (slept || held) && l.hooks.Waited != nil {
+	if waited && l.hooks.Waited != nil {
 		l.hooks.Waited(l.key, n, clock.Now().Sub(start))
 	}
 	return nil
@@ -81,59 +72,37 @@ func maxWait(ctx context.Context) time.Duration {
 	return time.Duration(math.MaxInt64)
 }
 
-// sleeper is a WaitN asleep on its booking, registered with its key's state so that a
-// hold or a resume can move it (see keyState.move).
+// sleeper is a WaitN asleep on its booking, its own while it is in its key's
+// sleepers; a move that takes it out sends the new booking on moved.
 type sleeper struct {
 	l     *Limiter
 	ctx   context.Context
 	n     int
 	g     grant
-	owner atomic.Int32 // who gives the booking back if it is not used: sleeperOwns or movedOwns
-	moved chan moved   // the booking was moved: its new grant
+	moved chan moved
 }
 
-const (
-	sleeperOwns int32 = iota // it sleeps on it
-	movedOwns                // a move gives it back and books again
-	settled                  // used, or given back by its sleeper
-)
-
-// moved is a sleeper's booking after a move: booked again once the hold seen (the
-// key's hold as the move passed it) was over, or why not.
+// moved is a booking for a sleeper to sleep on, made after the hold seen (its first,
+// or one a move made once that hold was over), or why there is none.
 type moved struct {
 	g    grant
 	err  error
 	seen int64
 }
 
-// sleep sleeps on g, a booking of n permits for l made after the caller passed the
-// hold seen, until it takes effect, and returns it with the hold its booking was made
-// after; if a hold or a resume moves it meanwhile, it sleeps on the new booking. A hold
-// that began after seen and did not move it (it came before the booking was
-// registered) ends the sleep at once, the booking given back: the caller, finding the
-// key's hold is no longer the one returned, books again. If ctx ends first, it returns
-// ctx.Err() at once; the booking is given back in the background.
+// sleep sleeps on g, n permits booked after the hold seen, until it takes effect,
+// following the moves of holds and resumes; it returns the booking slept on and the
+// hold it was made after. A hold begun since seen that did not move it ends the sleep
+// at once, the booking given back, for the caller to book again after it.
 func (ks *keyState) sleep(ctx context.Context, l *Limiter, n int, g grant, seen int64) (grant, int64, error) {
-	s := &sleeper{l: l, ctx: ctx, n: n, g: g, moved: make(chan moved, 1)}
-	ks.mu.Lock()
-	ks.listenOn() // a resume concerns it while it sleeps or is moved
-	ks.mu.Unlock()
-	defer func() {
-		ks.mu.Lock()
-		ks.listenOff()
-		ks.mu.Unlock()
-	}()
-	if !ks.enter(s, seen) {
-		l.lateGiveBack(n, g)
-		return g, seen, nil
-	}
-	defer ks.leave(s)
-	t := time.NewTimer(g.wait)
-	defer t.Stop()
+	defer ks.listenResumes()() // a resume concerns it while it sleeps or is moved
+	s := &sleeper{l: l, ctx: ctx, n: n, moved: make(chan moved, 1)}
+	s.moved <- moved{g, nil, seen}
+	var due <-chan time.Time
 	for {
 		select {
-		case <-t.C:
-			if s.owner.CompareAndSwap(sleeperOwns, settled) {
+		case <-due:
+			if ks.claim(s) {
 				return s.g, seen, nil
 			}
 			// a move took the booking as it came due: the new one comes on s.moved
@@ -142,32 +111,25 @@ func (ks *keyState) sleep(ctx context.Context, l *Limiter, n int, g grant, seen 
 				return m.g, seen, m.err
 			}
 			s.g, seen = m.g, m.seen
-			s.owner.Store(sleeperOwns)
-			if !ks.enter(s, seen) { // a hold began after the move passed the last one
-				s.owner.Store(settled)
+			if !ks.enter(s, seen) {
 				l.lateGiveBack(n, s.g)
 				return s.g, seen, nil
 			}
-			t.Reset(m.g.wait)
+			due = time.After(s.g.wait) // collected unfired, unstopped (Go 1.23)
 		case <-ctx.Done():
-			if s.owner.CompareAndSwap(sleeperOwns, settled) {
+			if ks.claim(s) {
 				go l.lateGiveBack(n, s.g)
 			} else { // being moved: the new booking, when it comes, goes back
-				go func() {
-					if m := <-s.moved; m.err == nil && m.g.granted && m.g.wait > 0 {
-						l.lateGiveBack(n, m.g)
-					}
-				}()
+				go func() { l.lateGiveBack(n, (<-s.moved).g) }()
 			}
 			return grant{}, seen, ctx.Err()
 		}
 	}
 }
 
-// enter registers s, whose booking was made after the hold seen, and reports true. If
-// a hold began since seen, it registers nothing and reports false: that hold's move may
-// have run without s. (holdFor sets the hold before its move takes ks.mu, so a sleeper
-// either sees the new hold here or is found by the move.)
+// enter registers s, booked after the hold seen, unless a hold began since: that
+// hold's move may have run without s (Pause sets the hold before its move takes ks.mu,
+// so s either sees the new hold here or is found by the move).
 func (ks *keyState) enter(s *sleeper, seen int64) bool {
 	ks.mu.Lock()
 	defer ks.mu.Unlock()
@@ -181,45 +143,34 @@ func (ks *keyState) enter(s *sleeper, seen int64) bool {
 	return true
 }
 
-// leave unregisters s.
-func (ks *keyState) leave(s *sleeper) {
+// claim takes s out of the sleepers, and reports false if a move took it first.
+func (ks *keyState) claim(s *sleeper) bool {
 	ks.mu.Lock()
 	defer ks.mu.Unlock()
+	_, ok := ks.sleepers[s]
 	delete(ks.sleepers, s)
+	return ok
 }
 
-// listenOn counts one more waiter that a resume concerns; the first one listens on the
-// key's channel (ks.mu held).
-func (ks *keyState) listenOn() {
-	ks.listeners++
-	if ks.listen == nil {
-		ks.listen = &listener{channel: wakeChannel(ks.tag), check: make(chan struct{}, 1), resumed: ks.resumedNotice}
-		h := ks.client.hub
-		if !h.listen(ks.listen) {
-			h.subscribe(ks.listen)
-		}
+// listenResumes hands the resumes other processes publish on the key's channel to
+// resume, until the function it returns is called. Each waiter listens on its own:
+// resume acts once per pause however many hand it the notice.
+func (ks *keyState) listenResumes() (done func()) {
+	l := &listener{channel: wakeChannel(ks.tag), resumed: func(end int64) { ks.resume(end, false) }}
+	if h := ks.client.hub; !h.listen(l) {
+		h.subscribe(l)
 	}
+	return func() { ks.client.hub.unlisten(l) }
 }
 
-// listenOff counts one waiter less; the last one stops listening (ks.mu held).
-func (ks *keyState) listenOff() {
-	ks.listeners--
-	if ks.listeners == 0 && ks.listen != nil {
-		ks.client.hub.unlisten(ks.listen)
-		ks.listen = nil
-	}
-}
-
-// move gives back the bookings of the sleepers which selects and books them again
-// once this process's hold on the key is over, in one round trip each time: the latest
-// given back first, so that a token bucket gets back everything they took, and booked
-// again in the order they were booked, so that they keep their order. Each sleeper then
-// sleeps on its new booking.
+// move gives back, in one round trip, the bookings of the sleepers which selects, the
+// latest first so that a token bucket gets back all they took; once this process's
+// hold is over, it books them again in one round trip, in their order.
 func (ks *keyState) move(which func(*sleeper) bool) {
 	ks.mu.Lock()
 	var ss []*sleeper
 	for s := range ks.sleepers {
-		if !s.g.local && which(s) && s.owner.CompareAndSwap(sleeperOwns, movedOwns) { // a local grant is not Redis's to move
+		if !s.g.local && which(s) { // a local grant is not Redis's to move
 			ss = append(ss, s)
 			delete(ks.sleepers, s)
 		}
@@ -228,24 +179,20 @@ func (ks *keyState) move(which func(*sleeper) bool) {
 	if len(ss) == 0 {
 		return
 	}
-	slices.SortFunc(ss, func(a, b *sleeper) int { return int(a.g.token - b.g.token) })
+	slices.SortFunc(ss, func(a, b *sleeper) int { return cmp.Compare(a.g.token, b.g.token) })
 	go func() {
-		var back []*request
-		for i := len(ss) - 1; i >= 0; i-- {
-			s := ss[i]
-			back = append(back, s.l.request(context.Background(), ks, []any{opCancel, s.n, s.g.token, 0, 0}, s.l.timeout))
+		back := make([]*request, len(ss))
+		for i, s := range ss {
+			back[len(ss)-1-i] = &request{ctx: context.Background(), t: s.l.t, ks: ks, fields: []any{opCancel, s.n, s.g.token, 0, 0},
+				timeout: s.l.timeout}
 		}
 		ks.client.doAll(back)
 		seen, _, _ := ks.pass(context.Background())
 		again := make([]*request, len(ss))
 		for i, s := range ss {
 			x := min(int64(maxWait(s.ctx)/time.Microsecond), maxWaitMicros)
-			again[i] = s.l.request(s.ctx, ks, []any{opAcquire, s.n, x, 0, 0}, s.l.timeout)
-			again[i].late = func(rep reply) {
-				if g := decodeGrant(rep); g.granted && g.wait > 0 {
-					s.l.lateGiveBack(s.n, g)
-				}
-			}
+			again[i] = &request{ctx: s.ctx, t: s.l.t, ks: ks, fields: []any{opAcquire, s.n, x, 0, 0}, late: s.l.late(s.n),
+				timeout: s.l.timeout}
 		}
 		for i, res := range ks.client.doAll(again) {
 			g := decodeGrant(res.rep)
@@ -255,9 +202,4 @@ func (ks *keyState) move(which func(*sleeper) bool) {
 			ss[i].moved <- moved{g, res.err, seen}
 		}
 	}()
-}
-
-// request returns a request of l's script on ks.
-func (l *Limiter) request(ctx context.Context, ks *keyState, fields []any, timeout time.Duration) *request {
-	return &request{ctx: ctx, t: l.t, ks: ks, fields: fields, timeout: timeout}
 }
