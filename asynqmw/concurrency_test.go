@@ -343,9 +343,7 @@ func TestConcurrencyHandedBackInOrder(t *testing.T) {
 // ignores its context) still holds the slot: the task's next attempt must wait for
 // it, whether asynq gave up because the task's timeout passed (it retries the task)
 // or because its server shut down mid-handler (it requeues the task for another
-// server). Handlers at once must be 1 in both cases. The lease is keyed by the task's
-// ID today, so the abandoned handler and the next attempt share it: this test fails
-// until the semaphore gives each holder a lease of its own.
+// server). Handlers at once must be 1 in both cases: each attempt's lease is its own.
 func TestConcurrencyAbandonedHandlerKeepsItsSlot(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
