@@ -4,9 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/jobthrottle/jobthrottle/internal/clock"
 	"sync"
 	"time"
+
+	"github.com/jobthrottle/jobthrottle/internal/clock"
 )
 
 // Lease is one slot of a Semaphore, held until it is released or expires. Its methods
@@ -19,8 +20,7 @@ type Lease struct {
 	granted time.Time // by the Semaphore's clock
 	renewed time.Time // when it was granted or last extended, by the Semaphore's clock
 	local   bool      // granted without Redis by the failure policy: kept in the process
-	// reported: the LeaseLost hook ran for this lease (Hold gave it up), so the final
-	// Release that finds it expired does not report it again
+	// reported: the LeaseLost hook ran for this lease (once per lease)
 	reported bool
 }
 
@@ -53,7 +53,7 @@ func (l *Lease) Extend(ctx context.Context) error {
 	var r semReply
 	var err error
 	if l.local {
-		r.ok = l.s.local().extend(clock.Now(), l.id, l.s.ttl)
+		r.ok = l.s.local().renew(clock.Now(), l.id, l.s.ttl)
 	} else if r, err = l.s.call(ctx, semExtend, l.id, "", false, false); err != nil {
 		return err
 	}
@@ -73,16 +73,16 @@ func (l *Lease) Extend(ctx context.Context) error {
 func (l *Lease) Release(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	switch l.state {
-	case leaseReleased:
+	if l.state == leaseReleased {
 		return nil
-	case leaseLost:
-		return fmt.Errorf("%w: lease %s of key %q had expired", ErrLeaseLost, l.id, l.s.key)
+	}
+	if err := l.gone(); err != nil {
+		return err
 	}
 	var r semReply
 	var err error
 	if l.local {
-		r.ok = l.s.local().release(clock.Now(), l.id)
+		r.ok = l.s.local().renew(clock.Now(), l.id, 0)
 	} else if r, err = l.s.call(ctx, semRelease, l.id, "", false, false); err != nil {
 		return err
 	}
@@ -96,12 +96,12 @@ func (l *Lease) Release(ctx context.Context) error {
 	return nil
 }
 
-// lost marks the lease lost, as a reply from Redis found it, and returns the error.
-// The caller holds l.mu.
+// lost marks the lease lost, as a reply found it, and returns the error; the caller
+// holds l.mu.
 func (l *Lease) lost() error {
 	l.state = leaseLost
 	l.reportLost()
-	return fmt.Errorf("%w: lease %s of key %q had expired", ErrLeaseLost, l.id, l.s.key)
+	return l.gone()
 }
 
 // reportLost calls the LeaseLost hook, once per lease; the caller holds l.mu.
@@ -142,24 +142,20 @@ func (l *Lease) Hold(ctx context.Context, fn func(ctx context.Context) error) er
 	}
 	hctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		l.keepAlive(hctx, done, cancel)
-	}()
+	done, stopped := make(chan struct{}), make(chan struct{})
+	go l.keepAlive(hctx, done, stopped, cancel)
 	defer func() { // also when fn panics: the slot must not stay taken
 		close(done)
-		wg.Wait()
+		<-stopped
 		_ = l.Release(context.WithoutCancel(ctx))
 	}()
 	return fn(hctx)
 }
 
 // keepAlive extends the lease every TTL/3 until done is closed; when the lease is
-// lost it cancels the holder's context and stops.
-func (l *Lease) keepAlive(ctx context.Context, done <-chan struct{}, cancel context.CancelCauseFunc) {
+// lost it cancels the holder's context and stops. It closes stopped when it returns.
+func (l *Lease) keepAlive(ctx context.Context, done <-chan struct{}, stopped chan<- struct{}, cancel context.CancelCauseFunc) {
+	defer close(stopped)
 	ttl := l.s.ttl
 	every := max(ttl/3, time.Microsecond)
 	for {
