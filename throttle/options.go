@@ -43,17 +43,16 @@ func (f commonOption) applySemaphore(c *config) { f(c) }
 
 // config is what the options set; defaults live in newConfig.
 type config struct {
-	algorithm Algorithm
-	extra     []Limit
-	prefix    string
-	buckets   int
-	hooks     Hooks
-	semHooks  SemaphoreHooks
-	policy    FailurePolicy
-	leaseTTL  time.Duration // 0 means defaultLeaseTTL
-	err       error
-
+	algorithm   Algorithm
+	extra       []Limit
+	prefix      string
+	buckets     int
+	hooks       Hooks
+	semHooks    SemaphoreHooks
+	policy      FailurePolicy
+	leaseTTL    time.Duration
 	callTimeout time.Duration // 0: one try of the client's (see WithCallTimeout)
+	err         error
 }
 
 func newConfig() *config {
@@ -61,6 +60,7 @@ func newConfig() *config {
 		algorithm: SlidingWindow,
 		prefix:    keys.DefaultPrefix,
 		buckets:   defaultBuckets,
+		leaseTTL:  30 * time.Second, // the lock watchdog timeout Redisson uses for the same job
 	}
 }
 
@@ -127,10 +127,6 @@ func WithHooks(h Hooks) Option {
 func WithSemaphoreHooks(h SemaphoreHooks) SemaphoreOption {
 	return semaphoreOption(func(c *config) { c.semHooks = h })
 }
-
-// defaultLeaseTTL is how long a Semaphore lease lives unless extended (the lock
-// watchdog timeout Redisson uses for the same job).
-const defaultLeaseTTL = 30 * time.Second
 
 // WithLeaseTTL sets how long a Semaphore lease lives unless it is extended, and so how
 // long the slot of a holder that died stays taken; 1ms up to 2^45µs (about 407 days),
