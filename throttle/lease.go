@@ -47,18 +47,8 @@ func (l *Lease) ID() string { return l.id }
 func (l *Lease) Extend(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if err := l.gone(); err != nil {
+	if err := l.renew(ctx, semExtend, l.s.ttl); err != nil {
 		return err
-	}
-	var r semReply
-	var err error
-	if l.local {
-		r.ok = l.s.local().renew(clock.Now(), l.id, l.s.ttl)
-	} else if r, err = l.s.call(ctx, semExtend, l.id, "", false, false); err != nil {
-		return err
-	}
-	if !r.ok {
-		return l.lost()
 	}
 	l.renewed = clock.Now()
 	return nil
@@ -76,18 +66,8 @@ func (l *Lease) Release(ctx context.Context) error {
 	if l.state == leaseReleased {
 		return nil
 	}
-	if err := l.gone(); err != nil {
+	if err := l.renew(ctx, semRelease, 0); err != nil {
 		return err
-	}
-	var r semReply
-	var err error
-	if l.local {
-		r.ok = l.s.local().renew(clock.Now(), l.id, 0)
-	} else if r, err = l.s.call(ctx, semRelease, l.id, "", false, false); err != nil {
-		return err
-	}
-	if !r.ok {
-		return l.lost()
 	}
 	l.state = leaseReleased
 	if h := l.s.hooks.Released; h != nil {
@@ -96,12 +76,26 @@ func (l *Lease) Release(ctx context.Context) error {
 	return nil
 }
 
-// lost marks the lease lost, as a reply found it, and returns the error; the caller
-// holds l.mu.
-func (l *Lease) lost() error {
-	l.state = leaseLost
-	l.reportLost()
-	return l.gone()
+// renew makes the call op (semExtend or semRelease) for a held lease, in Redis or, for
+// a local lease, giving it ttl more (0: freeing it); a reply that finds the lease
+// expired marks it lost. The caller holds l.mu.
+func (l *Lease) renew(ctx context.Context, op int, ttl time.Duration) error {
+	if err := l.gone(); err != nil {
+		return err
+	}
+	var r semReply
+	var err error
+	if l.local {
+		r.ok = l.s.local().renew(clock.Now(), l.id, ttl)
+	} else if r, err = l.s.call(ctx, op, l.id, "", false, false); err != nil {
+		return err
+	}
+	if !r.ok {
+		l.state = leaseLost
+		l.reportLost()
+		return l.gone()
+	}
+	return nil
 }
 
 // reportLost calls the LeaseLost hook, once per lease; the caller holds l.mu.
