@@ -240,11 +240,8 @@ func (s *Semaphore) call(ctx context.Context, op int, token, place string, join,
 	if s.policy.mode != failClosed && ks.breaker.skip(time.Now()) {
 		return s.degraded(ks, op, token, fmt.Errorf("%w: key %q: %w", ErrUnavailable, s.key, errRecentlyDown))
 	}
-	j := 0
-	if join {
-		j = 1
-	}
-	r := &request{ctx: ctx, t: s.t, ks: ks, fields: []any{op, token, place, j}, timeout: s.timeout}
+	// go-redis sends join as 1 or 0
+	r := &request{ctx: ctx, t: s.t, ks: ks, fields: []any{op, token, place, join}, timeout: s.timeout}
 	if op == semAcquire && giveBack {
 		r.late = func(rep reply) { // the lease (or place) its caller never saw goes back
 			// bounded by the call timeout; a failure goes to the RedisError hook
