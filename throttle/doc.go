@@ -35,13 +35,10 @@
 // (Pause), override its rates for every process (Override) and read its live state
 // (Inspect), or do the same from the command line (cmd/jobthrottle).
 //
-// A denial is not an error: Result.Allowed is false and RetryAfter says when. An error
-// means bad input (ErrInvalidLimit, ErrExceedsLimit, ErrInvalidKey...), foreign data in
-// the limiter's keys (ErrCorruptState), or Redis unreachable (ErrUnavailable), where a
-// Limiter follows its FailurePolicy: FailClosed, the default, grants nothing; FailOpen
-// grants everything (also while another client's long script blocks Redis);
-// FailLocal(n) has each of n processes enforce its share of the limits in memory. Every
-// call returns by its context's deadline and its call timeout, whatever Redis does.
+// A denial is not an error: Result.Allowed is false and RetryAfter says when. Errors
+// wrap the Err* sentinels; with Redis unreachable (ErrUnavailable) a Limiter follows
+// its FailurePolicy: FailClosed (the default), FailOpen or FailLocal. Every call
+// returns by its context's deadline and its call timeout, whatever Redis does.
 //
 // Calls made at once by many goroutines of a process share round trips, each still
 // decided on its own, in arrival order. Limiters and Semaphores are cheap handles;

@@ -68,12 +68,9 @@ type SemaphoreHooks struct {
 	// expired, or Hold went a whole TTL without renewing it.
 	LeaseLost func(key string)
 
-	// RedisError is called when a call to Redis failed (the error the caller gets,
-	// before any fail-open or fail-local policy applies).
+	// RedisError is as Hooks.RedisError.
 	RedisError func(key string, err error)
 
-	// Degraded is called for every lease granted without Redis because it was
-	// unreachable (by FailOpen, or from FailLocal's in-process share), with the error
-	// that made Redis count as unreachable.
+	// Degraded is as Hooks.Degraded, for every lease granted without Redis.
 	Degraded func(key string, policy FailurePolicy, err error)
 }

@@ -141,15 +141,13 @@ func WithLeaseTTL(d time.Duration) SemaphoreOption {
 	})
 }
 
-// WithCallTimeout bounds each Redis call of a Limiter or Semaphore: a call with no
-// reply within d returns an error wrapping ErrUnavailable (not
-// context.DeadlineExceeded: the caller's own deadline has not passed), whatever the
-// client's timeouts and retries; an earlier context deadline ends it first. A reply
-// that comes later is handled as one after a deadline: a booking ahead or a lease it
-// brings is given back. d must be positive (ErrInvalidArgument otherwise).
-//
-// Unset, the bound is one try of the client's: DialTimeout + WriteTimeout +
-// ReadTimeout of its options, with go-redis's defaults (5s, 3s, 3s) for any unset or
+// WithCallTimeout bounds each Redis call of a Limiter or Semaphore to d (> 0, else
+// ErrInvalidArgument), whatever the client's timeouts and retries: a call with no reply
+// by then returns an error wrapping ErrUnavailable (not context.DeadlineExceeded: the
+// caller's own deadline has not passed); an earlier context deadline ends it first. A
+// later reply is handled as one after a deadline: a booking ahead or a lease it brings
+// is given back. Unset, the bound is one try of the client's: DialTimeout +
+// WriteTimeout + ReadTimeout, with go-redis's defaults (5s, 3s, 3s) for any unset or
 // disabled, so 11s by default. Set it to what a caller can afford to wait for a
 // decision, above the slowest reply a loaded Redis gives.
 func WithCallTimeout(d time.Duration) CommonOption {
