@@ -21,9 +21,7 @@ type localEntry struct {
 	n  int
 }
 
-// newLocalLog cuts each limit to the process's share of a fleet of fleet processes
-// (the algorithm's share: a window's rate, or a token bucket's burst per the time the
-// share of its rate takes to refill it).
+// newLocalLog cuts each limit to the process's share of a fleet (algorithm.share).
 func newLocalLog(limits []Limit, a *algorithm, fleet int) *localLog {
 	g := &localLog{maxN: maxRate}
 	for _, l := range limits {
