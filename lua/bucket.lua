@@ -1,6 +1,5 @@
 -- bucket.lua: TokenBucket, with golang.org/x/time/rate's semantics decision for decision;
--- the generator puts it between common.lua and limiter.lua (the driver, which calls the
--- functions below as its header says).
+-- limiter.lua's header says what it defines.
 --
 -- State  KEYS[1], string "<last> <oend> <u1> <r1> <p1> <b1> <e1> ... <um> <rm> <pm> <bm> <em>":
 --   last   when the tokens were counted, µs (the time of the write)
@@ -37,13 +36,8 @@
 --   max waits); a cancel counts the time between its token and e in those rounded times and
 --   with the rate in force at the cancel (x/time/rate: the reservation's rate).
 -- Remaining: floor(min u(now)/p) (0 while paused); reset_us: until every bucket is full.
---
--- The functions a usual call runs write integer division out, (a - a % b) / b for
--- floor(a / b) (exact below 2^53, as common.lua says of math.floor), and min and max as
--- comparisons: a call of math.* costs several times the arithmetic.
 
-local WIDTH, CAP, PARAMS, RATED = 3, 3, 0, true -- ARGV per limit; n's bound; parameters;
-                                                -- its state counts at the rates in force
+local WIDTH, CAP, PARAMS, RATED = 3, 3, 0, true
 
 -- rates settles st, counted at st.at, at `at` (>= st.at) with the limits it holds, then
 -- counts with new (the bucket keeps its own limits: old is not needed) up to now.
@@ -234,8 +228,7 @@ local function save(st, key, lim, now, oend, keep)
   redis.call('SET', key, text, 'PX', ms(keep))
 end
 
--- @cold: what follows only the driver's request loop needs (the generator puts it after
--- limiter.lua's fast path, which so never makes these functions).
+-- @cold: what follows only the driver's request loop needs (see lua/internal/gen).
 
 local function give(st, lim, n, token, now)
   if token < now or n == 0 then

@@ -1,12 +1,13 @@
 -- limiter.lua: the driver every limiter script ends with; the generator puts it after
--- common.lua and the algorithm's file, which defines WIDTH, CAP, PARAMS, RATED and
---   load(key, lim, now, param, given, oend) -> st   the state at now (absent: empty);
---                                    nil and the JTSTATE text when the key is foreign
+-- common.lua and the algorithm's file, which defines WIDTH (a limit's ARGV), CAP (the
+-- field of a limit that bounds n), PARAMS (how many parameters), RATED (the state counts
+-- at the rates in force) and (docs/design.md, "One script per algorithm"; oend: when the
+-- override in force ends):
+--   load(key, lim, now, param, given, oend) -> st (absent: empty), or nil and JTSTATE text
 --   fit(st, lim, n, t, now) -> t'    the earliest time >= t at which n fit every limit
 --   take(st, lim, n, t, now)         book n at t
 --   give(st, lim, n, token, now) -> freed 0|1   give back n booked at token (Cancel)
---   report(st, lim, now[, oend]) -> remaining, reset_us, keep_us (how long the state matters;
---                                    oend: when the override in force ends)
+--   report(st, lim, now[, oend]) -> remaining, reset_us, keep_us (how long the state matters)
 --   detail(st, lim, now) -> booked, ahead_us, avail (per limit)   (Inspect)
 --   rates(st, old, new, at, now)     the limits in force change at `at`
 --   save(st, key, lim, now, oend, keep)  write the state if it changed, with its TTL (keep:
@@ -24,8 +25,7 @@
 --          that would create KEYS[1] while one of them exists fails with "JTALG <key>"
 -- KEYS[4+A ..]    the requests' booking keys, {<prefix><key>}:bk:<task id>, any order
 -- ARGV[1]  k, the number of requests, 1..1000
--- ARGV[2 .. 1+5k]  k requests of five integers: op, n, x, y, key (a lone request's are
---          ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
+-- ARGV[2 .. 1+5k]  k requests of five integers: op, n, x, y, key
 --   op  name      n          x                       y                   key
 --   0   acquire   0..cap     max wait µs, < 2^53     late µs, < 2^53     booking's index in KEYS, or 0
 --   1   cancel    0..cap     token, or the booking's stamp   0           booking's index in KEYS, or 0
@@ -129,12 +129,10 @@ local extra = p + 3 -- the first extra argument
 -- 0, each field "0" as such) with no record due and no control key (no pause, no
 -- override) is decided here, request by request as the loop below decides an acquire,
 -- by the same algorithm functions, without the loop's bookkeeping; the generator puts
--- the functions it does not use after it ("@cold"), so such a call never makes them.
--- luaexec, this path off against on: 1.8-2.3 µs less in "<algorithm> allowed" and "...
--- denied", 0.56-0.60 µs per request in "..., batch of 32" (bench/RESULTS.md).
--- Anything else goes on below, nothing written: another request, a control key, a
--- request the loop fails or grants n = 0, a state that needs more (absent while another
--- algorithm's key exists, or found foreign).
+-- the functions it does not use after it ("@cold"), so such a call never makes them
+-- (bench/cmd/luaexec measures what it saves). Anything else goes on below, nothing
+-- written: another request, a control key, a request the loop fails or grants n = 0, a
+-- state that needs more (absent while another algorithm's key exists, or found foreign).
 local fast = record_ttl == 0
 for j = 2, fast and 5 * k - 3 or 0, 5 do -- request r's op, n, x, y, key: ARGV[5r-3 .. 5r+1]
   if ARGV[j] ~= '0' or ARGV[j + 3] ~= '0' or ARGV[j + 4] ~= '0' then

@@ -1,7 +1,6 @@
 -- log.lua: SlidingWindow and SlidingCounter, a log of numbered permits: at most rate
 -- permits take effect in any window of period, for every limit, exactly (the counter:
--- counted at the end of their sub-bucket). The generator puts it between common.lua and
--- limiter.lua (the driver, which calls the functions below as its header says).
+-- counted at the end of their sub-bucket). limiter.lua's header says what it defines.
 --
 -- State  KEYS[1], list [base, T1, S1, T2, S2, ..., TE, SE]:
 --   Ti    when entry i takes effect, µs; strictly rising
@@ -30,17 +29,15 @@
 -- replaced at the back (drop, by a cancel), the stored last entry's new count (lset) and the
 -- entries appended (tail), so a batch's requests write the list once.
 
-local WIDTH, CAP, PARAMS, RATED = 2, 1, 1, false -- ARGV per limit; n's bound; bucket_us;
-                                                 -- its state does not count at rates
+local WIDTH, CAP, PARAMS, RATED = 2, 1, 1, false -- the parameter: bucket_us
 local LOG_HEAD_END = '8' -- the head's last list index: base and 4 entries
 local LOG_TRIM = 2       -- expired entries that make an acquire trim (fewer wait for a later one)
 
 -- at returns the time and count of entry i (1 <= i <= E; entry 0: -1 and base). An
 -- entry of the stored list is read once (st[2s - 1], st[2s]), from the head's texts or
 -- one LRANGE; the stored last entry's count is its new one (lset); entries past the
--- stored ones are the tail.
--- An entry that is not ours sets st.err (the driver fails the state's requests) and reads
--- as 0 and base, so that what reads it still ends.
+-- stored ones are the tail. An entry not ours sets st.err (the driver fails the state's
+-- requests) and reads as 0 and base, so that what reads it still ends.
 local function at(st, i)
   if i == 0 then
     return -1, st.base
@@ -119,8 +116,7 @@ local function load(key, lim, now, prec)
       pmax = p
     end
   end
-  -- the fields a usual call sets, and the head's entries (at), so that the table is made
-  -- at its size
+  -- made at its size: the head's entries (at) and the fields a usual call sets
   local st = {false, false, false, false, false, false, false, false,
     key = key, prec = prec, pmax = pmax, head = v, hn = 0, off = 0, drop = 0,
     tail = {}, base = 0, P = 0, absent = len == 0, dirty = false, lastT = false,
@@ -283,8 +279,7 @@ local function save(st, key, lim, now, _, keep)
   redis.call('PEXPIRE', key, ms(keep))
 end
 
--- @cold: what follows only the driver's request loop needs (the generator puts it after
--- limiter.lua's fast path, which so never makes these functions).
+-- @cold: what follows only the driver's request loop needs (see lua/internal/gen).
 
 local function give(st, lim, n, token, now)
   if token <= now or n == 0 or not st.lastT then

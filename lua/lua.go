@@ -6,11 +6,8 @@
 // driver of every limiter script and its protocol), one file per algorithm (log.lua,
 // bucket.lua, window.lua) and semaphore.lua. go generate ./lua assembles the scripts Redis
 // runs into gen/<name>.lua (package gen under internal/); a test fails when one is stale.
-//
-// A call is a batch of requests decided in order at one server instant (a lone call is a
-// batch of one); it writes after every read and check. Package throttle sends every call
-// through one path, at most once (EVALSHA inside MULTI/EXEC, or EVAL when the server has
-// lost the script).
+// A call is a batch of requests decided in order at one server instant, written after
+// every read and check; a caller must not let a client re-send one (docs/design.md).
 package lua
 
 //go:generate go run ./internal/gen/cmd
@@ -26,17 +23,13 @@ import (
 var generated embed.FS
 
 // scripts holds each script, made once (its SHA computed once), by name.
-var scripts = func() map[string]*redis.Script {
-	out := map[string]*redis.Script{}
+var scripts = map[string]*redis.Script{}
+
+func init() {
 	for _, name := range []string{"log", "bucket", "window", "semaphore"} {
-		text, err := generated.ReadFile("gen/" + name + ".lua")
-		if err != nil {
-			panic(err)
-		}
-		out[name] = redis.NewScript(string(text))
+		scripts[name] = redis.NewScript(Source(name))
 	}
-	return out
-}()
+}
 
 // Script returns the script name names: "log" (SlidingWindow and SlidingCounter),
 // "bucket" (TokenBucket), "window" (FixedWindow) or "semaphore". It panics on any other

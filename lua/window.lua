@@ -1,8 +1,7 @@
 -- window.lua: FixedWindow, a counter per aligned window (windows start at multiples of the
 -- period since the Unix epoch) for every limit: at most rate permits take effect in each
--- window; two windows' worth can meet at a boundary, the known cost of O(1) state. The
--- generator puts it between common.lua and limiter.lua (the driver, which calls the
--- functions below as its header says).
+-- window; two windows' worth can meet at a boundary, the known cost of O(1) state.
+-- limiter.lua's header says what it defines.
 --
 -- State  KEYS[1], string "<L> <c1> ... <cm>": L when the latest grant took or takes effect,
 --   µs; ci the permits limit i counted in its window holding L. Its TTL lasts to the end of
@@ -16,8 +15,7 @@
 -- Remaining: min over limits of rate - count in the window holding now, 0 while a booking
 --   waits (L > now) or paused; reset_us: until the windows holding grants have all ended.
 
-local WIDTH, CAP, PARAMS, RATED = 2, 1, 0, false -- ARGV per limit; n's bound; parameters;
-                                                 -- its state does not count at rates
+local WIDTH, CAP, PARAMS, RATED = 2, 1, 0, false
 
 local function load(key, lim, now)
   local v, err = read_key('string', 'GET', key)
@@ -57,9 +55,7 @@ local function load(key, lim, now)
   return st
 end
 
--- Window starts are written out, t - t % P (the start of t's window: floor(t / P) · P,
--- exact below 2^53), and min and max as comparisons: a call of math.* costs several times
--- the arithmetic.
+-- t - t % P is the start of t's window, floor(t / P) · P, written out (common.lua).
 
 -- fit moves t to the next window of any limit that has no room; a move can fill no
 -- window it leaves, so #lim + 1 passes settle it.
@@ -138,8 +134,7 @@ local function save(st, key, lim, now, _, keep)
   redis.call('SET', key, text, 'PX', ms(keep))
 end
 
--- @cold: what follows only the driver's request loop needs (the generator puts it after
--- limiter.lua's fast path, which so never makes these functions).
+-- @cold: what follows only the driver's request loop needs (see lua/internal/gen).
 
 local function give(st, lim, n, token, now)
   local freed = 0

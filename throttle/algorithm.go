@@ -50,13 +50,11 @@ type algorithm struct {
 	bursts bool    // a limit's ARGV holds its burst (rate, period_us, burst), else (rate, period_us)
 	// params are the ARGV after the limits: the log's sub-bucket width (0: exact)
 	params func(limits []Limit, buckets int) []any
-	// maxN is the most permits l can grant at once.
-	maxN func(l Limit) int
+	maxN   func(l Limit) int // the most permits l can grant at once: its capacity
 	// counted is how long after a grant takes effect its permits still count against
 	// l: the key's state (and this process's, for StateLost and FailLocal) matters that long.
 	counted func(l Limit) time.Duration
-	// share is l cut to one process's share of a fleet of n, as a sliding window
-	// (FailLocal's in-process log).
+	// share is l cut to one process's share of a fleet of n, as a sliding window (FailLocal)
 	share func(l Limit, n int) Limit
 	// lack is, for StateLost, how many permits the key's state still lacks at server
 	// time now (µs) from mark, n of ours granted at token under l, if it is intact;

@@ -2,11 +2,11 @@
 // share through Redis.
 //
 // A Limiter enforces one or more rates on a key ("100 per minute to this vendor", "10
-// per second and 500 per hour"); every process that uses the same Redis, key and prefix
-// shares them. A Semaphore limits how many holders run at once ("5 reports in flight").
-// Each decision is one atomic script call that reads Redis's clock, so the clocks of the
-// processes do not matter, no two processes can take the last permit, and a denied
-// caller learns exactly how long until its permits come:
+// per second and 500 per hour") for every process that uses the same Redis, key and
+// prefix; a Semaphore limits how many holders run at once ("5 reports in flight"). Each
+// decision is one atomic script call that reads Redis's clock, so the processes' clocks
+// do not matter, no two processes can take the last permit, and a denied caller learns
+// exactly how long until its permits come:
 //
 //	lim, err := throttle.New(rdb, "vendor-api", throttle.PerMinute(100))
 //	...
@@ -30,22 +30,17 @@
 // SlidingCounter trade exactness at a window's edge, or a little of the rate, for
 // constant or bounded memory.
 //
-// Every key of a limiter lies under one hash tag, "{<prefix><key>}", so it works on Redis
-// Cluster; every key has a TTL, so idle limiters leave nothing behind. An operator can
-// pause a key (Pause), override its rates for every process (Override) and read its live
-// state (Inspect), or do the same from the command line (cmd/jobthrottle).
+// Every key lies under one hash tag, "{<prefix><key>}", so it works on Redis Cluster,
+// and has a TTL, so idle limiters leave nothing behind. An operator can pause a key
+// (Pause), override its rates for every process (Override) and read its live state
+// (Inspect), or do the same from the command line (cmd/jobthrottle).
 //
-// A denial is not an error: Result.Allowed is false and RetryAfter says when. An error
-// means bad input (ErrInvalidLimit, ErrExceedsLimit, ErrInvalidKey...), foreign data in
-// the limiter's keys (ErrCorruptState), or Redis unreachable (ErrUnavailable). What a
-// Limiter does then is its FailurePolicy (WithFailurePolicy): FailClosed, the default,
-// grants nothing; FailOpen grants everything (no limit at all while Redis is away, and
-// while another client's long script blocks it); FailLocal(n) has each of n processes
-// enforce its share of the limits in memory. Every call returns by its context's
-// deadline and its call timeout (WithCallTimeout), whatever Redis and the client do.
+// A denial is not an error: Result.Allowed is false and RetryAfter says when. Errors
+// wrap the Err* sentinels; with Redis unreachable (ErrUnavailable) a Limiter follows
+// its FailurePolicy: FailClosed (the default), FailOpen or FailLocal. Every call
+// returns by its context's deadline and its call timeout, whatever Redis does.
 //
-// Calls made at once by many goroutines of a process share round trips: while one is in
-// flight, the next carries every call queued meanwhile, each still decided on its own,
-// in arrival order. Limiters and Semaphores are cheap handles; build them once or per
-// task, as is convenient.
+// Calls made at once by many goroutines of a process share round trips, each still
+// decided on its own, in arrival order. Limiters and Semaphores are cheap handles;
+// build them once or per task, as is convenient.
 package throttle

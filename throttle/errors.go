@@ -106,19 +106,13 @@ func scriptError(ctx context.Context, key string, err error) error {
 // algorithmError maps a script's "JTALG <key>" failure, the key being the state key
 // of the algorithm found.
 func algorithmError(key, msg string) error {
-	e := &AlgorithmError{Key: key, Found: -1}
-	if _, rest, ok := strings.Cut(msg, "JTALG "); ok {
-		if _, suffix, ok := strings.Cut(rest, "}:"); ok {
-			suffix, _, _ = strings.Cut(suffix, " ")
-			for i, a := range algorithms {
-				if a.suffix == suffix {
-					e.Found = Algorithm(i)
-				}
-			}
+	_, found, _ := strings.Cut(msg, "JTALG ")
+	_, suffix, _ := strings.Cut(found, "}:")
+	suffix, _, _ = strings.Cut(suffix, " ")
+	for i, a := range algorithms {
+		if a.suffix == suffix {
+			return &AlgorithmError{Key: key, Found: Algorithm(i)}
 		}
 	}
-	if e.Found < 0 {
-		return fmt.Errorf("%w: key %q: %s", ErrAlgorithmMismatch, key, msg)
-	}
-	return e
+	return fmt.Errorf("%w: key %q: %s", ErrAlgorithmMismatch, key, msg)
 }

@@ -3,9 +3,9 @@ package throttle
 import "time"
 
 // Hooks are callbacks a Limiter calls after its decisions, to count or log them without
-// wrapping the API (WithHooks; a Semaphore has its own, SemaphoreHooks). Any of them may be nil. They run on the caller's goroutine, after
-// the Redis call, and must not block; they must be safe for simultaneous use. Leave
-// Redis command tracing to go-redis's own hooks (redis.Client.AddHook).
+// wrapping the API (WithHooks; a Semaphore has SemaphoreHooks). Any of them may be nil.
+// They run on the caller's goroutine, after the Redis call, must not block and must be
+// safe for simultaneous use. Leave Redis command tracing to go-redis's own hooks.
 type Hooks struct {
 	// Allowed is called when n permits were granted (AllowN) or booked (Reserve),
 	// with the wait until they take effect (0 when granted at once).
@@ -46,9 +46,7 @@ type Hooks struct {
 }
 
 // SemaphoreHooks are callbacks a Semaphore calls after its decisions (WithSemaphoreHooks),
-// to count or log them without wrapping the API. Any of them may be nil. They run on
-// the caller's goroutine (Hold's renewals: on its own), after the Redis call, and must
-// not block; they must be safe for simultaneous use.
+// as Hooks are a Limiter's; Hold's renewals call them on Hold's own goroutine.
 type SemaphoreHooks struct {
 	// Acquired is called when a lease was granted (TryAcquire, Acquire, Do), with how
 	// long the caller waited for it: 0 when it was granted on the first call.
@@ -70,12 +68,9 @@ type SemaphoreHooks struct {
 	// expired, or Hold went a whole TTL without renewing it.
 	LeaseLost func(key string)
 
-	// RedisError is called when a call to Redis failed (the error the caller gets,
-	// before any fail-open or fail-local policy applies).
+	// RedisError is as Hooks.RedisError.
 	RedisError func(key string, err error)
 
-	// Degraded is called for every lease granted without Redis because it was
-	// unreachable (by FailOpen, or from FailLocal's in-process share), with the error
-	// that made Redis count as unreachable.
+	// Degraded is as Hooks.Degraded, for every lease granted without Redis.
 	Degraded func(key string, policy FailurePolicy, err error)
 }

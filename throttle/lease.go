@@ -4,9 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/jobthrottle/jobthrottle/internal/clock"
 	"sync"
 	"time"
+
+	"github.com/jobthrottle/jobthrottle/internal/clock"
 )
 
 // Lease is one slot of a Semaphore, held until it is released or expires. Its methods
@@ -19,8 +20,7 @@ type Lease struct {
 	granted time.Time // by the Semaphore's clock
 	renewed time.Time // when it was granted or last extended, by the Semaphore's clock
 	local   bool      // granted without Redis by the failure policy: kept in the process
-	// reported: the LeaseLost hook ran for this lease (Hold gave it up), so the final
-	// Release that finds it expired does not report it again
+	// reported: the LeaseLost hook ran for this lease (once per lease)
 	reported bool
 }
 
@@ -47,18 +47,8 @@ func (l *Lease) ID() string { return l.id }
 func (l *Lease) Extend(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if err := l.gone(); err != nil {
+	if err := l.renew(ctx, semExtend, l.s.ttl); err != nil {
 		return err
-	}
-	var r semReply
-	var err error
-	if l.local {
-		r.ok = l.s.local().extend(clock.Now(), l.id, l.s.ttl)
-	} else if r, err = l.s.call(ctx, semExtend, l.id, "", false, false); err != nil {
-		return err
-	}
-	if !r.ok {
-		return l.lost()
 	}
 	l.renewed = clock.Now()
 	return nil
@@ -73,21 +63,11 @@ func (l *Lease) Extend(ctx context.Context) error {
 func (l *Lease) Release(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	switch l.state {
-	case leaseReleased:
+	if l.state == leaseReleased {
 		return nil
-	case leaseLost:
-		return fmt.Errorf("%w: lease %s of key %q had expired", ErrLeaseLost, l.id, l.s.key)
 	}
-	var r semReply
-	var err error
-	if l.local {
-		r.ok = l.s.local().release(clock.Now(), l.id)
-	} else if r, err = l.s.call(ctx, semRelease, l.id, "", false, false); err != nil {
+	if err := l.renew(ctx, semRelease, 0); err != nil {
 		return err
-	}
-	if !r.ok {
-		return l.lost()
 	}
 	l.state = leaseReleased
 	if h := l.s.hooks.Released; h != nil {
@@ -96,12 +76,26 @@ func (l *Lease) Release(ctx context.Context) error {
 	return nil
 }
 
-// lost marks the lease lost, as a reply from Redis found it, and returns the error.
-// The caller holds l.mu.
-func (l *Lease) lost() error {
-	l.state = leaseLost
-	l.reportLost()
-	return fmt.Errorf("%w: lease %s of key %q had expired", ErrLeaseLost, l.id, l.s.key)
+// renew makes the call op (semExtend or semRelease) for a held lease, in Redis or, for
+// a local lease, giving it ttl more (0: freeing it); a reply that finds the lease
+// expired marks it lost. The caller holds l.mu.
+func (l *Lease) renew(ctx context.Context, op int, ttl time.Duration) error {
+	if err := l.gone(); err != nil {
+		return err
+	}
+	var r semReply
+	var err error
+	if l.local {
+		r.ok = l.s.local().renew(clock.Now(), l.id, ttl)
+	} else if r, err = l.s.call(ctx, op, l.id, "", false, false); err != nil {
+		return err
+	}
+	if !r.ok {
+		l.state = leaseLost
+		l.reportLost()
+		return l.gone()
+	}
+	return nil
 }
 
 // reportLost calls the LeaseLost hook, once per lease; the caller holds l.mu.
@@ -142,24 +136,20 @@ func (l *Lease) Hold(ctx context.Context, fn func(ctx context.Context) error) er
 	}
 	hctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		l.keepAlive(hctx, done, cancel)
-	}()
+	done, stopped := make(chan struct{}), make(chan struct{})
+	go l.keepAlive(hctx, done, stopped, cancel)
 	defer func() { // also when fn panics: the slot must not stay taken
 		close(done)
-		wg.Wait()
+		<-stopped
 		_ = l.Release(context.WithoutCancel(ctx))
 	}()
 	return fn(hctx)
 }
 
 // keepAlive extends the lease every TTL/3 until done is closed; when the lease is
-// lost it cancels the holder's context and stops.
-func (l *Lease) keepAlive(ctx context.Context, done <-chan struct{}, cancel context.CancelCauseFunc) {
+// lost it cancels the holder's context and stops. It closes stopped when it returns.
+func (l *Lease) keepAlive(ctx context.Context, done <-chan struct{}, stopped chan<- struct{}, cancel context.CancelCauseFunc) {
+	defer close(stopped)
 	ttl := l.s.ttl
 	every := max(ttl/3, time.Microsecond)
 	for {

@@ -9,8 +9,10 @@ import (
 // every limit cut to the process's share of the fleet. It decides while Redis is
 // unreachable; times are the Go clock's, in microseconds.
 type localLog struct {
+	limits  []Limit       // the process's share
+	maxN    int           // the largest n the share can ever grant
+	span    time.Duration // its longest period: how long a grant counts in it
 	mu      sync.Mutex
-	limits  []Limit // the process's share
 	entries []localEntry
 }
 
@@ -19,87 +21,56 @@ type localEntry struct {
 	n  int
 }
 
-// newLocalLog cuts each limit to the process's share of a fleet of fleet processes
-// (the algorithm's share: a window's rate, or a token bucket's burst per the time the
-// share of its rate takes to refill it).
+// newLocalLog cuts each limit to the process's share of a fleet (algorithm.share).
 func newLocalLog(limits []Limit, a *algorithm, fleet int) *localLog {
-	share := make([]Limit, len(limits))
-	for i, l := range limits {
-		share[i] = a.share(l, fleet)
+	g := &localLog{maxN: maxRate}
+	for _, l := range limits {
+		share := a.share(l, fleet)
+		g.limits = append(g.limits, share)
+		g.maxN, g.span = min(g.maxN, share.Rate), max(g.span, share.Period)
 	}
-	return &localLog{limits: share}
-}
-
-// maxN is the largest n the share can ever grant.
-func (g *localLog) maxN() int {
-	m := maxRate
-	for _, l := range g.limits {
-		m = min(m, l.Rate)
-	}
-	return m
-}
-
-// span is the longest period of the share: how long a grant counts in it.
-func (g *localLog) span() time.Duration {
-	var d time.Duration
-	for _, l := range g.limits {
-		d = max(d, l.Period)
-	}
-	return d
+	return g
 }
 
 // acquire is the log script's acquire (lua/log.lua's fit and take) on the local log.
 func (g *localLog) acquire(now int64, n int, maxWait int64) grant {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	var pmax int64
-	for _, l := range g.limits {
-		pmax = max(pmax, l.periodMicros())
-	}
 	// trim what no window can see any more
 	i := 0
-	for i < len(g.entries) && g.entries[i].at <= now-pmax {
+	for i < len(g.entries) && g.entries[i].at <= now-ceilMicros(g.span) {
 		i++
 	}
 	g.entries = g.entries[i:]
+	if n == 0 {
+		return grant{granted: true, local: true}
+	}
 
 	t := now
 	if k := len(g.entries); k > 0 {
 		t = max(t, g.entries[k-1].at)
 	}
-	if n > 0 {
-		for _, l := range g.limits {
-			// the permit that must have left the window: walk back from the newest
-			need, p := l.Rate-n, l.periodMicros()
-			seen := 0
-			for j := len(g.entries) - 1; j >= 0; j-- {
-				seen += g.entries[j].n
-				if seen > need {
-					t = max(t, g.entries[j].at+p)
-					break
-				}
+	for _, l := range g.limits {
+		// the permit that must have left the window: walk back from the newest
+		need, seen := l.Rate-n, 0
+		for j := len(g.entries) - 1; j >= 0; j-- {
+			seen += g.entries[j].n
+			if seen > need {
+				t = max(t, g.entries[j].at+l.periodMicros())
+				break
 			}
 		}
 	}
-	r := grant{local: true}
-	wait := t - now
-	if n == 0 {
-		wait = 0
-	}
-	if wait > maxWait {
-		r.wait = time.Duration(wait) * time.Microsecond
+	r := grant{local: true, wait: time.Duration(t-now) * time.Microsecond}
+	if t-now > maxWait {
 		return r
 	}
-	r.granted = true
-	r.wait = time.Duration(wait) * time.Microsecond
-	if n > 0 {
-		if k := len(g.entries); k > 0 && g.entries[k-1].at == t {
-			g.entries[k-1].n += n
-		} else {
-			g.entries = append(g.entries, localEntry{at: t, n: n})
-		}
-		r.token = t
+	if k := len(g.entries); k > 0 && g.entries[k-1].at == t {
+		g.entries[k-1].n += n
+	} else {
+		g.entries = append(g.entries, localEntry{at: t, n: n})
 	}
+	r.granted, r.token = true, t
 	return r
 }
 
@@ -162,28 +133,16 @@ func (s *localSem) acquire(now time.Time, id string, ttl time.Duration) (bool, t
 	return false, max(earliest.Sub(now), time.Microsecond)
 }
 
-// extend renews id's lease if it is live.
-func (s *localSem) extend(now time.Time, id string, ttl time.Duration) bool {
+// renew gives id's lease ttl more from now, or frees it when ttl is 0; it reports
+// whether the lease was live.
+func (s *localSem) renew(now time.Time, id string, ttl time.Duration) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.max == 0 {
-		return true
-	}
-	if exp, ok := s.leases[id]; ok && exp.After(now) {
-		s.leases[id] = now.Add(ttl)
-		return true
-	}
-	return false
-}
-
-// release frees id's lease; it reports whether it was live.
-func (s *localSem) release(now time.Time, id string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.max == 0 {
-		return true
-	}
 	exp, ok := s.leases[id]
+	live := s.max == 0 || ok && exp.After(now)
 	delete(s.leases, id)
-	return ok && exp.After(now)
+	if live && ttl > 0 && s.max != 0 {
+		s.leases[id] = now.Add(ttl)
+	}
+	return live
 }

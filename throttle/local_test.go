@@ -40,10 +40,10 @@ func TestLocalLogShare(t *testing.T) {
 		if !slices.Equal(g.limits, c.want) {
 			t.Errorf("%v %v / %d: share %v, want %v", c.alg, c.limits, c.fleet, g.limits, c.want)
 		}
-		if got := g.maxN(); got != c.maxN {
+		if got := g.maxN; got != c.maxN {
 			t.Errorf("%v %v / %d: maxN %d, want %d", c.alg, c.limits, c.fleet, got, c.maxN)
 		}
-		if got := g.span(); got != c.span {
+		if got := g.span; got != c.span {
 			t.Errorf("%v %v / %d: span %v, want %v", c.alg, c.limits, c.fleet, got, c.span)
 		}
 	}
@@ -257,30 +257,30 @@ func TestLocalSemFailLocal(t *testing.T) {
 	acquire(time.Second, "b", true, 0)
 	acquire(2*time.Second, "c", false, 8*time.Second) // a expires at t0+10s
 	acquire(3*time.Second, "a", true, 0)              // a holder asking again keeps its slot
-	if !s.extend(t0.Add(5*time.Second), "a", ttl) {
+	if !s.renew(t0.Add(5*time.Second), "a", ttl) {
 		t.Fatal("extend of a live lease failed")
 	}
 	acquire(6*time.Second, "c", false, 5*time.Second) // now b (t0+11s) expires first
 	acquire(11*time.Second, "c", true, 0)             // b expired: its slot is free
-	if s.extend(t0.Add(11*time.Second), "b", ttl) {
+	if s.renew(t0.Add(11*time.Second), "b", ttl) {
 		t.Fatal("extend of an expired lease succeeded")
 	}
-	if s.release(t0.Add(12*time.Second), "b") {
+	if s.renew(t0.Add(12*time.Second), "b", 0) {
 		t.Fatal("release of an expired lease reported it live")
 	}
-	if !s.release(t0.Add(12*time.Second), "a") {
+	if !s.renew(t0.Add(12*time.Second), "a", 0) {
 		t.Fatal("release of a live lease reported it gone")
 	}
-	if s.release(t0.Add(12*time.Second), "a") {
+	if s.renew(t0.Add(12*time.Second), "a", 0) {
 		t.Fatal("second release of a lease reported it live")
 	}
 	acquire(12*time.Second, "d", true, 0) // a's slot
 	acquire(12*time.Second, "e", false, 9*time.Second)
-	if s.extend(t0.Add(15*time.Second), "a", ttl) {
+	if s.renew(t0.Add(15*time.Second), "a", ttl) {
 		t.Fatal("extend of a released lease succeeded")
 	}
 	// c's lease ran out at t0+21s without being extended
-	if s.release(t0.Add(21*time.Second), "c") {
+	if s.renew(t0.Add(21*time.Second), "c", 0) {
 		t.Fatal("release at the expiry instant reported the lease live")
 	}
 }
@@ -297,7 +297,7 @@ func TestLocalSemFailOpen(t *testing.T) {
 	if len(s.leases) != 0 {
 		t.Fatalf("FailOpen kept %d leases, want none", len(s.leases))
 	}
-	if !s.extend(now.Add(time.Hour), "a", time.Second) || !s.release(now.Add(time.Hour), "zz") {
+	if !s.renew(now.Add(time.Hour), "a", time.Second) || !s.renew(now.Add(time.Hour), "zz", 0) {
 		t.Fatal("FailOpen: extend or release failed")
 	}
 }

@@ -43,17 +43,16 @@ func (f commonOption) applySemaphore(c *config) { f(c) }
 
 // config is what the options set; defaults live in newConfig.
 type config struct {
-	algorithm Algorithm
-	extra     []Limit
-	prefix    string
-	buckets   int
-	hooks     Hooks
-	semHooks  SemaphoreHooks
-	policy    FailurePolicy
-	leaseTTL  time.Duration // 0 means defaultLeaseTTL
-	err       error
-
+	algorithm   Algorithm
+	extra       []Limit
+	prefix      string
+	buckets     int
+	hooks       Hooks
+	semHooks    SemaphoreHooks
+	policy      FailurePolicy
+	leaseTTL    time.Duration
 	callTimeout time.Duration // 0: one try of the client's (see WithCallTimeout)
+	err         error
 }
 
 func newConfig() *config {
@@ -61,6 +60,7 @@ func newConfig() *config {
 		algorithm: SlidingWindow,
 		prefix:    keys.DefaultPrefix,
 		buckets:   defaultBuckets,
+		leaseTTL:  30 * time.Second, // the lock watchdog timeout Redisson uses for the same job
 	}
 }
 
@@ -128,10 +128,6 @@ func WithSemaphoreHooks(h SemaphoreHooks) SemaphoreOption {
 	return semaphoreOption(func(c *config) { c.semHooks = h })
 }
 
-// defaultLeaseTTL is how long a Semaphore lease lives unless extended (the lock
-// watchdog timeout Redisson uses for the same job).
-const defaultLeaseTTL = 30 * time.Second
-
 // WithLeaseTTL sets how long a Semaphore lease lives unless it is extended, and so how
 // long the slot of a holder that died stays taken; 1ms up to 2^45µs (about 407 days),
 // used in whole microseconds, rounded up. If unset, the TTL is 30 seconds. Holders of
@@ -145,15 +141,13 @@ func WithLeaseTTL(d time.Duration) SemaphoreOption {
 	})
 }
 
-// WithCallTimeout bounds each Redis call of a Limiter or Semaphore: a call with no
-// reply within d returns an error wrapping ErrUnavailable (not
-// context.DeadlineExceeded: the caller's own deadline has not passed), whatever the
-// client's timeouts and retries; an earlier context deadline ends it first. A reply
-// that comes later is handled as one after a deadline: a booking ahead or a lease it
-// brings is given back. d must be positive (ErrInvalidArgument otherwise).
-//
-// Unset, the bound is one try of the client's: DialTimeout + WriteTimeout +
-// ReadTimeout of its options, with go-redis's defaults (5s, 3s, 3s) for any unset or
+// WithCallTimeout bounds each Redis call of a Limiter or Semaphore to d (> 0, else
+// ErrInvalidArgument), whatever the client's timeouts and retries: a call with no reply
+// by then returns an error wrapping ErrUnavailable (not context.DeadlineExceeded: the
+// caller's own deadline has not passed); an earlier context deadline ends it first. A
+// later reply is handled as one after a deadline: a booking ahead or a lease it brings
+// is given back. Unset, the bound is one try of the client's: DialTimeout +
+// WriteTimeout + ReadTimeout, with go-redis's defaults (5s, 3s, 3s) for any unset or
 // disabled, so 11s by default. Set it to what a caller can afford to wait for a
 // decision, above the slowest reply a loaded Redis gives.
 func WithCallTimeout(d time.Duration) CommonOption {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/jobthrottle/jobthrottle/internal/clock"
 	"io"
 	"net"
 	"strings"
@@ -13,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/internal/clock"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -37,8 +37,8 @@ var (
 	FailClosed = FailurePolicy{mode: failClosed}
 
 	// FailOpen grants every request while Redis is unreachable, calling the Degraded
-	// hook. Work goes on at any rate; use it where a missed
-	// limit costs less than stopped work.
+	// hook. Work goes on at any rate; use it where a missed limit costs less than
+	// stopped work.
 	FailOpen = FailurePolicy{mode: failOpen}
 )
 
@@ -67,9 +67,9 @@ func (p FailurePolicy) String() string {
 // WithFailurePolicy sets what a Limiter or Semaphore does when Redis is unreachable;
 // the default is FailClosed (see NewSemaphore for how a Semaphore applies it). Under
 // FailOpen and FailLocal a failed call makes the limiter decide without Redis for a
-// short while (250ms, growing to 1s while Redis stays away) before
-// it tries Redis again, so an outage does not cost every call a timeout; one call then
-// probes Redis and, when it answers, every decision goes back to it.
+// short while (250ms, growing to 1s while Redis stays away) before it tries Redis
+// again, so an outage does not cost every call a timeout; one call then probes Redis
+// and, when it answers, every decision goes back to it.
 func WithFailurePolicy(p FailurePolicy) CommonOption {
 	return commonOption(func(c *config) {
 		if c.check(p.mode != failLocal || p.fleet >= 1, "%w: FailLocal fleet size %d, want >= 1", ErrInvalidArgument, p.fleet) {
@@ -80,8 +80,7 @@ func WithFailurePolicy(p FailurePolicy) CommonOption {
 
 // counters count the decisions made without Redis on a key by this process.
 type counters struct {
-	failedOpen atomic.Uint64
-	local      atomic.Uint64
+	local atomic.Uint64 // FailLocal's
 }
 
 // isUnavailable reports whether err, from a call made with ctx, means Redis could not
@@ -141,14 +140,11 @@ const (
 func (b *breaker) skip(now time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.downUntil.IsZero() {
+	if !b.downUntil.IsZero() && !now.Before(b.downUntil) {
+		b.downUntil = now.Add(b.backoff) // this caller probes; others stay local
 		return false
 	}
-	if now.Before(b.downUntil) {
-		return true
-	}
-	b.downUntil = now.Add(b.backoff) // this caller probes; others stay local
-	return false
+	return now.Before(b.downUntil)
 }
 
 // failed opens the breaker and returns for how long.
@@ -186,26 +182,20 @@ func (p FailurePolicy) degrades(err error) bool {
 // degraded decides an acquire of n permits within maxWait µs without Redis, under
 // FailOpen or FailLocal; cause is why Redis was not used.
 func (l *Limiter) degraded(ks *keyState, n int, maxWait int64, cause error) (grant, error) {
-	switch l.policy.mode {
-	case failOpen:
-		ks.stats.failedOpen.Add(1)
-	case failLocal:
+	g := grant{granted: true, local: true} // FailOpen's
+	if l.policy.mode == failLocal {
 		local := l.configState(ks).local
-		if n > local.maxN() {
-			return grant{}, fmt.Errorf("%w (n=%d is above this process's share %d)", cause, n, local.maxN())
+		if n > local.maxN {
+			return grant{}, fmt.Errorf("%w (n=%d is above this process's share %d)", cause, n, local.maxN)
 		}
 		ks.stats.local.Add(1)
-		g := local.acquire(clock.Now().UnixMicro(), n, maxWait)
+		g = local.acquire(clock.Now().UnixMicro(), n, maxWait)
 		if g.granted && n > 0 {
-			ks.keepFor(g.wait + local.span()) // the grant counts in the share until then
+			ks.keepFor(g.wait + local.span) // the grant counts in the share until then
 		}
-		if l.hooks.Degraded != nil {
-			l.hooks.Degraded(l.key, l.policy, cause)
-		}
-		return g, nil
 	}
 	if l.hooks.Degraded != nil {
 		l.hooks.Degraded(l.key, l.policy, cause)
 	}
-	return grant{granted: true, local: true}, nil
+	return g, nil
 }

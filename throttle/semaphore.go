@@ -16,15 +16,13 @@ import (
 // Semaphore limits how many holders run at once across every process that uses the
 // same Redis, key and prefix: at most Max leases are live at any moment.
 //
-// A lease lives for the lease TTL (WithLeaseTTL, 30 seconds by default) unless its
-// holder extends it, so the slot of a holder that dies comes back within one TTL;
-// Release frees it at once. Use Do (or Lease.Hold) to run a function under a lease
-// that is renewed every TTL/3 and always released; TryAcquire to take a lease now or
-// learn how long to wait; Acquire to wait for one. Waiters are served first come,
-// first served across every process: a freed slot goes straight to the oldest, which
-// has it within about a pub/sub round trip. While the key is paused (Limiter.Pause) no
-// lease is granted; held leases can still be extended and released. A Semaphore is
-// safe for simultaneous use and cheap to build.
+// A lease lives for the lease TTL (WithLeaseTTL) unless its holder extends it, so the
+// slot of a holder that dies comes back within one TTL; Release frees it at once. Use
+// Do (or Lease.Hold) to run a function under a lease renewed every TTL/3 and always
+// released; TryAcquire to take a lease now or learn how long to wait; Acquire to wait
+// for one, served first come, first served across every process. While the key is
+// paused (Limiter.Pause) no lease is granted; held leases can still be extended and
+// released. A Semaphore is safe for simultaneous use and cheap to build.
 type Semaphore struct {
 	rdb     redis.UniversalClient
 	t       *target
@@ -70,18 +68,11 @@ func NewSemaphore(rdb redis.UniversalClient, key string, max int, opts ...Semaph
 	if max < 1 || max > maxRate {
 		return nil, fmt.Errorf("%w: semaphore max %d is not in 1..%d (key %q)", ErrInvalidLimit, max, maxRate, key)
 	}
-	ttl := c.leaseTTL
-	if ttl == 0 {
-		ttl = defaultLeaseTTL
-	}
 	base := []string{keys.Name(tag, keys.Leases), keys.Name(tag, keys.Queue), keys.Name(tag, keys.QueueExpiry),
 		keys.Name(tag, keys.ControlKey)}
-	s := &Semaphore{key: key, max: max, ttl: ttl, hooks: c.semHooks, policy: c.policy,
-		timeout: callTimeout(c.callTimeout, rdb), channel: wakeChannel(tag)}
-	s.rdb = rdb
-	s.t = newTarget(key, tag, semaphoreScript, base, []any{max, ceilMicros(ttl)}, semaphoreFields)
-	s.config = s.t.id + " " + c.policy.String()
-	return s, nil
+	t := newTarget(key, tag, semaphoreScript, base, []any{max, ceilMicros(c.leaseTTL)}, semaphoreFields)
+	return &Semaphore{rdb: rdb, t: t, key: key, max: max, ttl: c.leaseTTL, hooks: c.semHooks, policy: c.policy,
+		timeout: callTimeout(c.callTimeout, rdb), config: t.id + " " + c.policy.String(), channel: wakeChannel(tag)}, nil
 }
 
 var semaphoreScript = newScript("semaphore")
@@ -103,18 +94,11 @@ func (s *Semaphore) Max() int { return s.max }
 // Do to wait instead. It returns ctx.Err() for a done context and the Redis error
 // when the call fails; the lease is nil with any error.
 func (s *Semaphore) TryAcquire(ctx context.Context) (*Lease, time.Duration, error) {
-	if err := ctx.Err(); err != nil {
+	token, place, task, err := holder(ctx)
+	if err != nil {
 		return nil, 0, err
 	}
-	token := newToken()
-	place, join := token, false
-	if task := booking.From(ctx); task != nil { // a task's own place in the queue (asynqmw)
-		if err := task.Check(); err != nil {
-			return nil, 0, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
-		}
-		place, join = task.Place(), true
-	}
-	r, err := s.call(ctx, semAcquire, token, place, join, place == token)
+	r, err := s.call(ctx, semAcquire, token, place, task, !task)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -133,16 +117,9 @@ func (s *Semaphore) TryAcquire(ctx context.Context) (*Lease, time.Duration, erro
 // place in the queue back (and a lease handed to it meanwhile) and returns ctx.Err().
 // Other errors are the Redis errors of the calls it makes.
 func (s *Semaphore) Acquire(ctx context.Context) (*Lease, error) {
-	if err := ctx.Err(); err != nil {
+	token, place, keep, err := holder(ctx) // a task keeps its place when it leaves
+	if err != nil {
 		return nil, err
-	}
-	token := newToken()
-	place, keep := token, false
-	if task := booking.From(ctx); task != nil { // the task keeps its place when it leaves
-		if err := task.Check(); err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
-		}
-		place, keep = task.Place(), true
 	}
 	start := clock.Now()
 	l := &listener{channel: s.channel, place: place, handed: make(chan struct{}, 1), check: make(chan struct{}, 1)}
@@ -210,6 +187,23 @@ func (s *Semaphore) Do(ctx context.Context, fn func(ctx context.Context) error) 
 	return l.Hold(ctx, fn)
 }
 
+// holder returns a new holder's lease token and its place in the queue: the token, or,
+// for a task (asynqmw), the task's own place, with task set. It fails for a done ctx.
+func holder(ctx context.Context) (token, place string, task bool, err error) {
+	if err := ctx.Err(); err != nil {
+		return "", "", false, err
+	}
+	token = newToken()
+	t := booking.From(ctx)
+	if t == nil {
+		return token, token, false, nil
+	}
+	if err := t.Check(); err != nil {
+		return "", "", false, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	return token, t.Place(), true, nil
+}
+
 // granted makes the lease of token and reports it to the hooks; local leases were
 // granted without Redis.
 func (s *Semaphore) granted(token string, waited time.Duration, local bool) *Lease {
@@ -246,11 +240,8 @@ func (s *Semaphore) call(ctx context.Context, op int, token, place string, join,
 	if s.policy.mode != failClosed && ks.breaker.skip(time.Now()) {
 		return s.degraded(ks, op, token, fmt.Errorf("%w: key %q: %w", ErrUnavailable, s.key, errRecentlyDown))
 	}
-	j := 0
-	if join {
-		j = 1
-	}
-	r := &request{ctx: ctx, t: s.t, ks: ks, fields: []any{op, token, place, j}, timeout: s.timeout}
+	// go-redis sends join as 1 or 0
+	r := &request{ctx: ctx, t: s.t, ks: ks, fields: []any{op, token, place, join}, timeout: s.timeout}
 	if op == semAcquire && giveBack {
 		r.late = func(rep reply) { // the lease (or place) its caller never saw goes back
 			// bounded by the call timeout; a failure goes to the RedisError hook
@@ -279,9 +270,7 @@ func (s *Semaphore) degraded(ks *keyState, op int, token string, cause error) (s
 	ok, wait := s.local().acquire(clock.Now(), token, s.ttl)
 	if ok {
 		ks.keepFor(s.ttl) // the local lease holds its slot until then
-		if s.policy.mode == failOpen {
-			ks.stats.failedOpen.Add(1)
-		} else {
+		if s.policy.mode == failLocal {
 			ks.stats.local.Add(1)
 		}
 		if s.hooks.Degraded != nil {

@@ -12,36 +12,31 @@ import (
 // key, and the figures of its event (n, wait, retry_after, waited, d, policy, err).
 // Pass them with WithHooks, alone or joined with others by JoinHooks.
 func SlogHooks(logger *slog.Logger) Hooks {
-	ctx := context.Background()
-	log := func(level slog.Level, msg string, attrs ...slog.Attr) {
-		if logger.Enabled(ctx, level) {
-			logger.LogAttrs(ctx, level, msg, attrs...)
-		}
-	}
+	ctx := context.Background() // LogAttrs checks logger.Enabled first
 	return Hooks{
 		Allowed: func(key string, n int, wait time.Duration) {
-			log(slog.LevelDebug, "jobthrottle: granted", slog.String("key", key), slog.Int("n", n), slog.Duration("wait", wait))
+			logger.LogAttrs(ctx, slog.LevelDebug, "jobthrottle: granted", slog.String("key", key), slog.Int("n", n), slog.Duration("wait", wait))
 		},
 		Denied: func(key string, n int, retryAfter time.Duration) {
-			log(slog.LevelDebug, "jobthrottle: denied", slog.String("key", key), slog.Int("n", n), slog.Duration("retry_after", retryAfter))
+			logger.LogAttrs(ctx, slog.LevelDebug, "jobthrottle: denied", slog.String("key", key), slog.Int("n", n), slog.Duration("retry_after", retryAfter))
 		},
 		Waited: func(key string, n int, waited time.Duration) {
-			log(slog.LevelDebug, "jobthrottle: waited", slog.String("key", key), slog.Int("n", n), slog.Duration("waited", waited))
+			logger.LogAttrs(ctx, slog.LevelDebug, "jobthrottle: waited", slog.String("key", key), slog.Int("n", n), slog.Duration("waited", waited))
 		},
 		Cancelled: func(key string, n int) {
-			log(slog.LevelDebug, "jobthrottle: booking given back", slog.String("key", key), slog.Int("n", n))
+			logger.LogAttrs(ctx, slog.LevelDebug, "jobthrottle: booking given back", slog.String("key", key), slog.Int("n", n))
 		},
 		RedisError: func(key string, err error) {
-			log(slog.LevelWarn, "jobthrottle: redis call failed", slog.String("key", key), slog.Any("err", err))
+			logger.LogAttrs(ctx, slog.LevelWarn, "jobthrottle: redis call failed", slog.String("key", key), slog.Any("err", err))
 		},
 		Paused: func(key string, d time.Duration) {
-			log(slog.LevelInfo, "jobthrottle: paused", slog.String("key", key), slog.Duration("d", d))
+			logger.LogAttrs(ctx, slog.LevelInfo, "jobthrottle: paused", slog.String("key", key), slog.Duration("d", d))
 		},
 		Degraded: func(key string, p FailurePolicy, err error) {
-			log(slog.LevelWarn, "jobthrottle: decided without redis", slog.String("key", key), slog.String("policy", p.String()), slog.Any("err", err))
+			logger.LogAttrs(ctx, slog.LevelWarn, "jobthrottle: decided without redis", slog.String("key", key), slog.String("policy", p.String()), slog.Any("err", err))
 		},
 		StateLost: func(key string) {
-			log(slog.LevelError, "jobthrottle: state lost (evicted, deleted or failed over): the limit starts afresh", slog.String("key", key))
+			logger.LogAttrs(ctx, slog.LevelError, "jobthrottle: state lost (evicted, deleted or failed over): the limit starts afresh", slog.String("key", key))
 		},
 	}
 }
@@ -52,33 +47,24 @@ func SlogHooks(logger *slog.Logger) Hooks {
 // its event (waited, retry_after, held, policy, err). Pass them with
 // WithSemaphoreHooks.
 func SlogSemaphoreHooks(logger *slog.Logger) SemaphoreHooks {
-	ctx := context.Background()
-	log := func(level slog.Level, msg string, attrs ...slog.Attr) {
-		if logger.Enabled(ctx, level) {
-			logger.LogAttrs(ctx, level, msg, attrs...)
-		}
-	}
+	ctx, limiter := context.Background(), SlogHooks(logger)
 	return SemaphoreHooks{
 		Acquired: func(key string, waited time.Duration) {
-			log(slog.LevelDebug, "jobthrottle: lease acquired", slog.String("key", key), slog.Duration("waited", waited))
+			logger.LogAttrs(ctx, slog.LevelDebug, "jobthrottle: lease acquired", slog.String("key", key), slog.Duration("waited", waited))
 		},
 		Denied: func(key string, retryAfter time.Duration) {
-			log(slog.LevelDebug, "jobthrottle: lease denied", slog.String("key", key), slog.Duration("retry_after", retryAfter))
+			logger.LogAttrs(ctx, slog.LevelDebug, "jobthrottle: lease denied", slog.String("key", key), slog.Duration("retry_after", retryAfter))
 		},
 		GaveUp: func(key string) {
-			log(slog.LevelDebug, "jobthrottle: gave up waiting for a lease", slog.String("key", key))
+			logger.LogAttrs(ctx, slog.LevelDebug, "jobthrottle: gave up waiting for a lease", slog.String("key", key))
 		},
 		Released: func(key string, held time.Duration) {
-			log(slog.LevelDebug, "jobthrottle: lease released", slog.String("key", key), slog.Duration("held", held))
+			logger.LogAttrs(ctx, slog.LevelDebug, "jobthrottle: lease released", slog.String("key", key), slog.Duration("held", held))
 		},
 		LeaseLost: func(key string) {
-			log(slog.LevelWarn, "jobthrottle: lease lost", slog.String("key", key))
+			logger.LogAttrs(ctx, slog.LevelWarn, "jobthrottle: lease lost", slog.String("key", key))
 		},
-		RedisError: func(key string, err error) {
-			log(slog.LevelWarn, "jobthrottle: redis call failed", slog.String("key", key), slog.Any("err", err))
-		},
-		Degraded: func(key string, p FailurePolicy, err error) {
-			log(slog.LevelWarn, "jobthrottle: decided without redis", slog.String("key", key), slog.String("policy", p.String()), slog.Any("err", err))
-		},
+		RedisError: limiter.RedisError, // the same records as a Limiter's
+		Degraded:   limiter.Degraded,
 	}
 }

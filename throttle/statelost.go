@@ -6,13 +6,12 @@ import "sync"
 // notice (Hooks.StateLost) a reply from a state that no longer holds it: the key was
 // evicted, deleted, or lost in a failover or restart.
 //
-// Only granted calls that take effect at once are checked: their reply carries the
-// server time (token - wait), so the check compares server times with server times
-// and never the Go clock. A state that is still there holds our permits until they
-// leave their windows (the token bucket: until they have come back), and nothing but
-// our own cancel takes them out, so the reply's Remaining can be no more than what
-// those permits leave; a larger one means they are gone. Other processes only add
-// permits, and give back only their own, so they cannot cause a false alarm.
+// Only grants that take effect at once are checked: their reply carries the server time
+// (token - wait), so server times are compared with server times, never the Go clock's.
+// A state still there holds our permits until they leave their windows (the bucket:
+// until they have come back), and only our own cancel takes them out, so the reply's
+// Remaining can be no more than what they leave; a larger one means they are gone.
+// Other processes only add permits, and give back only their own: no false alarm.
 type stateWatch struct {
 	mu   sync.Mutex
 	mark stateMark
@@ -56,11 +55,7 @@ func (l *Limiter) mostRemaining(mark stateMark, now int64, n int) int {
 	most := maxRate
 	for _, lim := range l.limits {
 		if lack, ok := l.a.lack(lim, mark.token, mark.n, now); ok {
-			capacity := lim.Rate
-			if l.a.bursts {
-				capacity = lim.burst()
-			}
-			most = min(most, capacity-lack-n)
+			most = min(most, l.a.maxN(lim)-lack-n) // maxN: the capacity
 		}
 	}
 	return max(0, most)

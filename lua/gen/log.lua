@@ -8,9 +8,11 @@
 -- every request of a call sees the same instant; counts are integers. Every value a
 -- script computes stays below 2^53, where Lua's doubles are exact; so is math.floor(a / b)
 -- (and math.ceil) for integers |a| < 2^53 and b >= 1: the quotient's rounding could only
--- reach the next integer if |a| were 2^53 or more. An integer argument is plain decimal
--- digits (leading zeros allowed) with its value in range; one that tonumber cannot read
--- (gopher-lua: past 2^63) is out of range.
+-- reach the next integer if |a| were 2^53 or more. The functions a usual call runs write
+-- floor(a / b) out as (a - a % b) / b, and min and max as comparisons: a call of math.*
+-- costs several times the arithmetic. An integer argument is plain decimal digits (leading
+-- zeros allowed) with its value in range; one tonumber cannot read (gopher-lua: past
+-- 2^63) is out of range.
 --
 -- Errors start with a code the Go side maps to a sentinel:
 --   JTARG      an argument is missing or out of range
@@ -94,8 +96,7 @@ end
 -- [log.lua from line 1]
 -- log.lua: SlidingWindow and SlidingCounter, a log of numbered permits: at most rate
 -- permits take effect in any window of period, for every limit, exactly (the counter:
--- counted at the end of their sub-bucket). The generator puts it between common.lua and
--- limiter.lua (the driver, which calls the functions below as its header says).
+-- counted at the end of their sub-bucket). limiter.lua's header says what it defines.
 --
 -- State  KEYS[1], list [base, T1, S1, T2, S2, ..., TE, SE]:
 --   Ti    when entry i takes effect, µs; strictly rising
@@ -124,17 +125,15 @@ end
 -- replaced at the back (drop, by a cancel), the stored last entry's new count (lset) and the
 -- entries appended (tail), so a batch's requests write the list once.
 
-local WIDTH, CAP, PARAMS, RATED = 2, 1, 1, false -- ARGV per limit; n's bound; bucket_us;
-                                                 -- its state does not count at rates
+local WIDTH, CAP, PARAMS, RATED = 2, 1, 1, false -- the parameter: bucket_us
 local LOG_HEAD_END = '8' -- the head's last list index: base and 4 entries
 local LOG_TRIM = 2       -- expired entries that make an acquire trim (fewer wait for a later one)
 
 -- at returns the time and count of entry i (1 <= i <= E; entry 0: -1 and base). An
 -- entry of the stored list is read once (st[2s - 1], st[2s]), from the head's texts or
 -- one LRANGE; the stored last entry's count is its new one (lset); entries past the
--- stored ones are the tail.
--- An entry that is not ours sets st.err (the driver fails the state's requests) and reads
--- as 0 and base, so that what reads it still ends.
+-- stored ones are the tail. An entry not ours sets st.err (the driver fails the state's
+-- requests) and reads as 0 and base, so that what reads it still ends.
 local function at(st, i)
   if i == 0 then
     return -1, st.base
@@ -213,8 +212,7 @@ local function load(key, lim, now, prec)
       pmax = p
     end
   end
-  -- the fields a usual call sets, and the head's entries (at), so that the table is made
-  -- at its size
+  -- made at its size: the head's entries (at) and the fields a usual call sets
   local st = {false, false, false, false, false, false, false, false,
     key = key, prec = prec, pmax = pmax, head = v, hn = 0, off = 0, drop = 0,
     tail = {}, base = 0, P = 0, absent = len == 0, dirty = false, lastT = false,
@@ -380,14 +378,15 @@ end
 
 -- [limiter.lua from line 1]
 -- limiter.lua: the driver every limiter script ends with; the generator puts it after
--- common.lua and the algorithm's file, which defines WIDTH, CAP, PARAMS, RATED and
---   load(key, lim, now, param, given, oend) -> st   the state at now (absent: empty);
---                                    nil and the JTSTATE text when the key is foreign
+-- common.lua and the algorithm's file, which defines WIDTH (a limit's ARGV), CAP (the
+-- field of a limit that bounds n), PARAMS (how many parameters), RATED (the state counts
+-- at the rates in force) and (docs/design.md, "One script per algorithm"; oend: when the
+-- override in force ends):
+--   load(key, lim, now, param, given, oend) -> st (absent: empty), or nil and JTSTATE text
 --   fit(st, lim, n, t, now) -> t'    the earliest time >= t at which n fit every limit
 --   take(st, lim, n, t, now)         book n at t
 --   give(st, lim, n, token, now) -> freed 0|1   give back n booked at token (Cancel)
---   report(st, lim, now[, oend]) -> remaining, reset_us, keep_us (how long the state matters;
---                                    oend: when the override in force ends)
+--   report(st, lim, now[, oend]) -> remaining, reset_us, keep_us (how long the state matters)
 --   detail(st, lim, now) -> booked, ahead_us, avail (per limit)   (Inspect)
 --   rates(st, old, new, at, now)     the limits in force change at `at`
 --   save(st, key, lim, now, oend, keep)  write the state if it changed, with its TTL (keep:
@@ -405,8 +404,7 @@ end
 --          that would create KEYS[1] while one of them exists fails with "JTALG <key>"
 -- KEYS[4+A ..]    the requests' booking keys, {<prefix><key>}:bk:<task id>, any order
 -- ARGV[1]  k, the number of requests, 1..1000
--- ARGV[2 .. 1+5k]  k requests of five integers: op, n, x, y, key (a lone request's are
---          ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
+-- ARGV[2 .. 1+5k]  k requests of five integers: op, n, x, y, key
 --   op  name      n          x                       y                   key
 --   0   acquire   0..cap     max wait µs, < 2^53     late µs, < 2^53     booking's index in KEYS, or 0
 --   1   cancel    0..cap     token, or the booking's stamp   0           booking's index in KEYS, or 0
@@ -510,12 +508,10 @@ local extra = p + 3 -- the first extra argument
 -- 0, each field "0" as such) with no record due and no control key (no pause, no
 -- override) is decided here, request by request as the loop below decides an acquire,
 -- by the same algorithm functions, without the loop's bookkeeping; the generator puts
--- the functions it does not use after it ("@cold"), so such a call never makes them.
--- luaexec, this path off against on: 1.8-2.3 µs less in "<algorithm> allowed" and "...
--- denied", 0.56-0.60 µs per request in "..., batch of 32" (bench/RESULTS.md).
--- Anything else goes on below, nothing written: another request, a control key, a
--- request the loop fails or grants n = 0, a state that needs more (absent while another
--- algorithm's key exists, or found foreign).
+-- the functions it does not use after it ("@cold"), so such a call never makes them
+-- (bench/cmd/luaexec measures what it saves). Anything else goes on below, nothing
+-- written: another request, a control key, a request the loop fails or grants n = 0, a
+-- state that needs more (absent while another algorithm's key exists, or found foreign).
 local fast = record_ttl == 0
 for j = 2, fast and 5 * k - 3 or 0, 5 do -- request r's op, n, x, y, key: ARGV[5r-3 .. 5r+1]
   if ARGV[j] ~= '0' or ARGV[j + 3] ~= '0' or ARGV[j + 4] ~= '0' then
@@ -560,9 +556,8 @@ if fast and not redis.pcall('GET', KEYS[2]) then
 end
 
 
--- [common.lua from line 90]
--- @cold: what follows only the driver's request loop needs (the generator puts it after
--- limiter.lua's fast path, which so never makes these functions).
+-- [common.lua from line 92]
+-- @cold: what follows only the driver's request loop needs (see lua/internal/gen).
 
 -- The control key, {<prefix><key>}:pause, holds
 --   "<pause_end>"  or  "<pause_end> <override_end> <m> <r1> <b1> ... <rm> <bm> [<set>]"
@@ -697,9 +692,8 @@ local function reply(out, k, ext)
   return out
 end
 
--- [log.lua from line 286]
--- @cold: what follows only the driver's request loop needs (the generator puts it after
--- limiter.lua's fast path, which so never makes these functions).
+-- [log.lua from line 282]
+-- @cold: what follows only the driver's request loop needs (see lua/internal/gen).
 
 local function give(st, lim, n, token, now)
   if token <= now or n == 0 or not st.lastT then
@@ -773,7 +767,7 @@ end
 local function rates(st, old, new, at, now)
 end
 
--- [limiter.lua from line 181]
+-- [limiter.lua from line 179]
 -- @cold: the request loop, for every call the fast path did not decide.
 
 -- is_record reports whether v is a record's text: "1 <sw|sc|tb|fw> <buckets> <limit> ..."

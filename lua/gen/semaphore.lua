@@ -8,9 +8,11 @@
 -- every request of a call sees the same instant; counts are integers. Every value a
 -- script computes stays below 2^53, where Lua's doubles are exact; so is math.floor(a / b)
 -- (and math.ceil) for integers |a| < 2^53 and b >= 1: the quotient's rounding could only
--- reach the next integer if |a| were 2^53 or more. An integer argument is plain decimal
--- digits (leading zeros allowed) with its value in range; one that tonumber cannot read
--- (gopher-lua: past 2^63) is out of range.
+-- reach the next integer if |a| were 2^53 or more. The functions a usual call runs write
+-- floor(a / b) out as (a - a % b) / b, and min and max as comparisons: a call of math.*
+-- costs several times the arithmetic. An integer argument is plain decimal digits (leading
+-- zeros allowed) with its value in range; one tonumber cannot read (gopher-lua: past
+-- 2^63) is out of range.
 --
 -- Errors start with a code the Go side maps to a sentinel:
 --   JTARG      an argument is missing or out of range
@@ -91,9 +93,8 @@ local function read_key(what, cmd, key, ...)
 end
 
 
--- [common.lua from line 90]
--- @cold: what follows only the driver's request loop needs (the generator puts it after
--- limiter.lua's fast path, which so never makes these functions).
+-- [common.lua from line 92]
+-- @cold: what follows only the driver's request loop needs (see lua/internal/gen).
 
 -- The control key, {<prefix><key>}:pause, holds
 --   "<pause_end>"  or  "<pause_end> <override_end> <m> <r1> <b1> ... <rm> <bm> [<set>]"

@@ -8,9 +8,11 @@
 -- every request of a call sees the same instant; counts are integers. Every value a
 -- script computes stays below 2^53, where Lua's doubles are exact; so is math.floor(a / b)
 -- (and math.ceil) for integers |a| < 2^53 and b >= 1: the quotient's rounding could only
--- reach the next integer if |a| were 2^53 or more. An integer argument is plain decimal
--- digits (leading zeros allowed) with its value in range; one that tonumber cannot read
--- (gopher-lua: past 2^63) is out of range.
+-- reach the next integer if |a| were 2^53 or more. The functions a usual call runs write
+-- floor(a / b) out as (a - a % b) / b, and min and max as comparisons: a call of math.*
+-- costs several times the arithmetic. An integer argument is plain decimal digits (leading
+-- zeros allowed) with its value in range; one tonumber cannot read (gopher-lua: past
+-- 2^63) is out of range.
 --
 -- Errors start with a code the Go side maps to a sentinel:
 --   JTARG      an argument is missing or out of range
@@ -94,9 +96,8 @@ end
 -- [window.lua from line 1]
 -- window.lua: FixedWindow, a counter per aligned window (windows start at multiples of the
 -- period since the Unix epoch) for every limit: at most rate permits take effect in each
--- window; two windows' worth can meet at a boundary, the known cost of O(1) state. The
--- generator puts it between common.lua and limiter.lua (the driver, which calls the
--- functions below as its header says).
+-- window; two windows' worth can meet at a boundary, the known cost of O(1) state.
+-- limiter.lua's header says what it defines.
 --
 -- State  KEYS[1], string "<L> <c1> ... <cm>": L when the latest grant took or takes effect,
 --   µs; ci the permits limit i counted in its window holding L. Its TTL lasts to the end of
@@ -110,8 +111,7 @@ end
 -- Remaining: min over limits of rate - count in the window holding now, 0 while a booking
 --   waits (L > now) or paused; reset_us: until the windows holding grants have all ended.
 
-local WIDTH, CAP, PARAMS, RATED = 2, 1, 0, false -- ARGV per limit; n's bound; parameters;
-                                                 -- its state does not count at rates
+local WIDTH, CAP, PARAMS, RATED = 2, 1, 0, false
 
 local function load(key, lim, now)
   local v, err = read_key('string', 'GET', key)
@@ -151,9 +151,7 @@ local function load(key, lim, now)
   return st
 end
 
--- Window starts are written out, t - t % P (the start of t's window: floor(t / P) · P,
--- exact below 2^53), and min and max as comparisons: a call of math.* costs several times
--- the arithmetic.
+-- t - t % P is the start of t's window, floor(t / P) · P, written out (common.lua).
 
 -- fit moves t to the next window of any limit that has no room; a move can fill no
 -- window it leaves, so #lim + 1 passes settle it.
@@ -235,14 +233,15 @@ end
 
 -- [limiter.lua from line 1]
 -- limiter.lua: the driver every limiter script ends with; the generator puts it after
--- common.lua and the algorithm's file, which defines WIDTH, CAP, PARAMS, RATED and
---   load(key, lim, now, param, given, oend) -> st   the state at now (absent: empty);
---                                    nil and the JTSTATE text when the key is foreign
+-- common.lua and the algorithm's file, which defines WIDTH (a limit's ARGV), CAP (the
+-- field of a limit that bounds n), PARAMS (how many parameters), RATED (the state counts
+-- at the rates in force) and (docs/design.md, "One script per algorithm"; oend: when the
+-- override in force ends):
+--   load(key, lim, now, param, given, oend) -> st (absent: empty), or nil and JTSTATE text
 --   fit(st, lim, n, t, now) -> t'    the earliest time >= t at which n fit every limit
 --   take(st, lim, n, t, now)         book n at t
 --   give(st, lim, n, token, now) -> freed 0|1   give back n booked at token (Cancel)
---   report(st, lim, now[, oend]) -> remaining, reset_us, keep_us (how long the state matters;
---                                    oend: when the override in force ends)
+--   report(st, lim, now[, oend]) -> remaining, reset_us, keep_us (how long the state matters)
 --   detail(st, lim, now) -> booked, ahead_us, avail (per limit)   (Inspect)
 --   rates(st, old, new, at, now)     the limits in force change at `at`
 --   save(st, key, lim, now, oend, keep)  write the state if it changed, with its TTL (keep:
@@ -260,8 +259,7 @@ end
 --          that would create KEYS[1] while one of them exists fails with "JTALG <key>"
 -- KEYS[4+A ..]    the requests' booking keys, {<prefix><key>}:bk:<task id>, any order
 -- ARGV[1]  k, the number of requests, 1..1000
--- ARGV[2 .. 1+5k]  k requests of five integers: op, n, x, y, key (a lone request's are
---          ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
+-- ARGV[2 .. 1+5k]  k requests of five integers: op, n, x, y, key
 --   op  name      n          x                       y                   key
 --   0   acquire   0..cap     max wait µs, < 2^53     late µs, < 2^53     booking's index in KEYS, or 0
 --   1   cancel    0..cap     token, or the booking's stamp   0           booking's index in KEYS, or 0
@@ -365,12 +363,10 @@ local extra = p + 3 -- the first extra argument
 -- 0, each field "0" as such) with no record due and no control key (no pause, no
 -- override) is decided here, request by request as the loop below decides an acquire,
 -- by the same algorithm functions, without the loop's bookkeeping; the generator puts
--- the functions it does not use after it ("@cold"), so such a call never makes them.
--- luaexec, this path off against on: 1.8-2.3 µs less in "<algorithm> allowed" and "...
--- denied", 0.56-0.60 µs per request in "..., batch of 32" (bench/RESULTS.md).
--- Anything else goes on below, nothing written: another request, a control key, a
--- request the loop fails or grants n = 0, a state that needs more (absent while another
--- algorithm's key exists, or found foreign).
+-- the functions it does not use after it ("@cold"), so such a call never makes them
+-- (bench/cmd/luaexec measures what it saves). Anything else goes on below, nothing
+-- written: another request, a control key, a request the loop fails or grants n = 0, a
+-- state that needs more (absent while another algorithm's key exists, or found foreign).
 local fast = record_ttl == 0
 for j = 2, fast and 5 * k - 3 or 0, 5 do -- request r's op, n, x, y, key: ARGV[5r-3 .. 5r+1]
   if ARGV[j] ~= '0' or ARGV[j + 3] ~= '0' or ARGV[j + 4] ~= '0' then
@@ -415,9 +411,8 @@ if fast and not redis.pcall('GET', KEYS[2]) then
 end
 
 
--- [common.lua from line 90]
--- @cold: what follows only the driver's request loop needs (the generator puts it after
--- limiter.lua's fast path, which so never makes these functions).
+-- [common.lua from line 92]
+-- @cold: what follows only the driver's request loop needs (see lua/internal/gen).
 
 -- The control key, {<prefix><key>}:pause, holds
 --   "<pause_end>"  or  "<pause_end> <override_end> <m> <r1> <b1> ... <rm> <bm> [<set>]"
@@ -552,9 +547,8 @@ local function reply(out, k, ext)
   return out
 end
 
--- [window.lua from line 141]
--- @cold: what follows only the driver's request loop needs (the generator puts it after
--- limiter.lua's fast path, which so never makes these functions).
+-- [window.lua from line 137]
+-- @cold: what follows only the driver's request loop needs (see lua/internal/gen).
 
 local function give(st, lim, n, token, now)
   local freed = 0
@@ -591,7 +585,7 @@ end
 local function rates(st, old, new, at, now)
 end
 
--- [limiter.lua from line 181]
+-- [limiter.lua from line 179]
 -- @cold: the request loop, for every call the fast path did not decide.
 
 -- is_record reports whether v is a record's text: "1 <sw|sc|tb|fw> <buckets> <limit> ..."

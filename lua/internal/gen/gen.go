@@ -1,24 +1,19 @@
-// Package gen assembles the scripts Redis runs from the Lua sources in lua/: a limiter
-// script is common.lua, its algorithm's file and limiter.lua; the semaphore's is
-// common.lua and semaphore.lua. Each generated file's first line says it is generated,
-// and from what.
+// Package gen assembles the scripts Redis runs from the Lua sources in lua/ (Scripts);
+// each generated file's first line says it is generated, and from what.
 //
-// Two things make a script cheaper to run than its sources laid end to end, since Redis
-// runs the whole chunk on every call and so makes every function it defines on every
-// call (each upvalue a closure captures costs a walk of the open upvalues):
+// Redis runs the whole chunk on every call, making every function it defines (each upvalue
+// a closure captures costs a walk of the open upvalues), so the generator
 //
-//   - A source may hold a line starting with ColdMark: what follows it is what only the
-//     driver's full request loop needs. The generator lays every source's part before
-//     its mark first (in the order of Sources), then every source's part from its mark
-//     on (a source without a mark is all in the second group), so limiter.lua's fast
-//     path, which ends its first part, runs before the functions it does not use are
-//     made. A comment line starts each part, naming its source and first line.
-//   - A constant, a top-level `local NAME[, NAME] = literal[, literal]` whose names are
-//     capitals, digits and underscores and whose values are all literals, is written as its literal wherever code uses it
-//     (not in comments or strings), so no function captures it as an upvalue.
+//   - lays every source's part before its ColdMark line first, then every source's part
+//     from the mark on (a source without one is all in the second group): limiter.lua's
+//     fast path, which ends its first part, runs before the functions it does not use are
+//     made (docs/design.md);
+//   - writes a constant, a top-level `local NAME[, NAME] = literal[, literal]` (names of
+//     capitals, digits and underscores), as its literal wherever code uses it (not in
+//     comments or strings), so no function captures it as an upvalue.
 //
-// Otherwise each part is its source's lines as they are, whole, so a line number in a
-// Redis error is a line of the generated file whose text is plain to find in the source.
+// Otherwise each part is its source's lines as they are, after a comment naming them, so
+// a line number in a Redis error is a line of the generated file plain to find in the source.
 package gen
 
 import (
@@ -26,6 +21,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 )
 
@@ -43,10 +39,13 @@ var Scripts = []struct {
 // ColdMark starts the line that ends a source's part before the fast path.
 const ColdMark = "-- @cold"
 
+const literal = `(?:-?[0-9]+|'[^'\\]*'|true|false)`
+
 var (
-	constLine = regexp.MustCompile(`^local ([A-Z][A-Z0-9_]*(?:, [A-Z][A-Z0-9_]*)*) = ([^-]+?)\s*(?:--.*)?$`)
-	literal   = regexp.MustCompile(`^(?:-?[0-9]+|'[^'\\]*'|true|false)$`)
-	ident     = regexp.MustCompile(`[A-Za-z_][A-Za-z0-9_]*`)
+	constLine = regexp.MustCompile(`^local ([A-Z][A-Z0-9_]*(?:, [A-Z][A-Z0-9_]*)*) = (` +
+		literal + `(?:, ` + literal + `)*)\s*(?:--.*)?$`)
+	// what inline passes over (a string, a comment) or may replace (a name)
+	token = regexp.MustCompile(`'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|--.*|[A-Za-z_][A-Za-z0-9_]*`)
 )
 
 // Generate returns the text of each generated script, by name, from the sources in dir.
@@ -64,16 +63,8 @@ func Generate(dir string) (map[string][]byte, error) {
 			if err := constants(src, lines, consts); err != nil {
 				return nil, err
 			}
-			cold := len(lines)
-			for i, line := range lines {
-				if strings.HasPrefix(line, ColdMark) {
-					cold = i
-					break
-				}
-			}
-			if cold == len(lines) { // no mark: all of it after the first parts
-				cold = 0
-			}
+			// no mark (-1): all of it after the first parts
+			cold := max(0, slices.IndexFunc(lines, func(l string) bool { return strings.HasPrefix(l, ColdMark) }))
 			part(&first, src, lines[:cold], 1)
 			part(&second, src, lines[cold:], cold+1)
 		}
@@ -92,11 +83,7 @@ func part(b *strings.Builder, src string, lines []string, from int) {
 	if len(lines) == 0 {
 		return
 	}
-	fmt.Fprintf(b, "\n-- [%s from line %d]\n", src, from)
-	for _, line := range lines {
-		b.WriteString(line)
-		b.WriteString("\n")
-	}
+	fmt.Fprintf(b, "\n-- [%s from line %d]\n%s\n", src, from, strings.Join(lines, "\n"))
 }
 
 // constants adds the constants that src's lines define to consts.
@@ -109,13 +96,6 @@ func constants(src string, lines []string, consts map[string]string) error {
 		names, values := strings.Split(m[1], ", "), strings.Split(m[2], ", ")
 		if len(names) != len(values) {
 			return fmt.Errorf("%s:%d: %d constants, %d values", src, i+1, len(names), len(values))
-		}
-		literals := true
-		for _, v := range values {
-			literals = literals && literal.MatchString(v)
-		}
-		if !literals { // (local ARGV, KEYS = ARGV, KEYS: not constants)
-			continue
 		}
 		for j, v := range values {
 			if old, ok := consts[names[j]]; ok && old != v {
@@ -133,50 +113,10 @@ func inline(line string, consts map[string]string) string {
 	if constLine.MatchString(strings.TrimSuffix(line, "\n")) {
 		return line
 	}
-	var b strings.Builder
-	code := 0 // start of the code not yet written
-	flush := func(end int) {
-		b.WriteString(ident.ReplaceAllStringFunc(line[code:end], func(w string) string {
-			if v, ok := consts[w]; ok {
-				return v
-			}
-			return w
-		}))
-		code = end
-	}
-	for i := 0; i < len(line); i++ {
-		switch c := line[i]; {
-		case c == '\'' || c == '"':
-			flush(i)
-			j := i + 1
-			for j < len(line) && line[j] != c {
-				if line[j] == '\\' {
-					j++
-				}
-				j++
-			}
-			b.WriteString(line[i:min(j+1, len(line))])
-			i, code = j, min(j+1, len(line))
-		case c == '-' && strings.HasPrefix(line[i:], "--"):
-			flush(i)
-			b.WriteString(line[i:])
-			return b.String()
+	return token.ReplaceAllStringFunc(line, func(w string) string {
+		if v, ok := consts[w]; ok {
+			return v
 		}
-	}
-	flush(len(line))
-	return b.String()
-}
-
-// Write generates the scripts from the sources in dir into dir/gen.
-func Write(dir string) error {
-	scripts, err := Generate(dir)
-	if err != nil {
-		return err
-	}
-	for name, text := range scripts {
-		if err := os.WriteFile(filepath.Join(dir, "gen", name+".lua"), text, 0o644); err != nil {
-			return err
-		}
-	}
-	return nil
+		return w
+	})
 }

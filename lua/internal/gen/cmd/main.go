@@ -4,12 +4,20 @@ package main
 
 import (
 	"log"
+	"os"
+	"path/filepath"
 
 	"github.com/jobthrottle/jobthrottle/lua/internal/gen"
 )
 
 func main() {
-	if err := gen.Write("."); err != nil {
+	scripts, err := gen.Generate(".")
+	if err != nil {
 		log.Fatal(err)
+	}
+	for name, text := range scripts {
+		if err := os.WriteFile(filepath.Join("gen", name+".lua"), text, 0o644); err != nil {
+			log.Fatal(err)
+		}
 	}
 }
