@@ -544,7 +544,7 @@ func (c *client) deliver(ctx context.Context, g *group) {
 		default:
 			at, n = 0, 0
 		}
-		if n > 0 && (at < int64(replyWidth*k) || at+n > int64(len(flat))) {
+		if n < 0 || n > 0 && (at < int64(replyWidth*k) || at+n > int64(len(flat))) {
 			r.answer(reply{}, fmt.Errorf("%w: key %q: request %d of %d: extra at %d (%d) in a reply of %d",
 				ErrUnexpectedReply, g.t.key, i+1, k, at+1, n, len(flat)))
 			continue
@@ -560,7 +560,9 @@ func (c *client) deliver(ctx context.Context, g *group) {
 			r.answer(reply{}, scriptError(r.ctx, g.t.key, batchError(text)))
 			continue
 		}
-		rep.extra = flat[at : at+n : at+n]
+		if n > 0 {
+			rep.extra = flat[at : at+n : at+n]
+		}
 		r.answer(rep, nil)
 	}
 }
