@@ -16,13 +16,12 @@ import (
 // the same client and keyState as one built once.
 type client struct {
 	rdb        redis.UniversalClient
-	atMostOnce bool // the client never re-sends a command: no MULTI/EXEC needed (see pipeline)
+	atMostOnce bool // the client never re-sends a command: no MULTI/EXEC needed (see exec)
 	hub        *hub
 
 	mu      sync.Mutex
-	queue   []*request // arrival order
-	flights []*flight  // round trips in flight, those the watchdog let go excepted
-	flying  int
+	queue   []*request  // arrival order
+	flights []*flight   // round trips in flight, those the watchdog let go excepted
 	calls   int         // requests under way: queued, in flight, or answered and not yet returned
 	watch   *time.Timer // the watchdog: runs expire at watchAt
 	watchAt time.Time
