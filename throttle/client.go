@@ -131,7 +131,7 @@ func (c *client) lastError() (error, time.Duration) {
 }
 
 // keyState is what this process knows of one key besides Redis: its hold (Pause), the
-// failure policy's breaker, FailLocal's share and the counters, the StateLost watch,
+// failure policy's breaker, FailLocal's share, the StateLost watch,
 // when the key's record is next written, and the callers sleeping on a booking.
 type keyState struct {
 	client *client
@@ -139,7 +139,6 @@ type keyState struct {
 	used   atomic.Bool // used since the last sweep
 
 	breaker breaker
-	stats   counters
 	hold    atomic.Int64 // until when this process holds the key (UnixNano)
 	// landed: the pause of the latest hold reached Redis, so a resume published
 	// since ended it (or a later one), and ends the hold too

@@ -9,7 +9,6 @@ import (
 	"net"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -76,12 +75,6 @@ func WithFailurePolicy(p FailurePolicy) CommonOption {
 			c.policy = p
 		}
 	})
-}
-
-// counters count the decisions made without Redis on a key by this process.
-type counters struct {
-	failedOpen atomic.Uint64
-	local      atomic.Uint64
 }
 
 // isUnavailable reports whether err, from a call made with ctx, means Redis could not
@@ -186,15 +179,11 @@ func (p FailurePolicy) degrades(err error) bool {
 // degraded decides an acquire of n permits within maxWait µs without Redis, under
 // FailOpen or FailLocal; cause is why Redis was not used.
 func (l *Limiter) degraded(ks *keyState, n int, maxWait int64, cause error) (grant, error) {
-	switch l.policy.mode {
-	case failOpen:
-		ks.stats.failedOpen.Add(1)
-	case failLocal:
+	if l.policy.mode == failLocal {
 		local := l.configState(ks).local
 		if n > local.maxN() {
 			return grant{}, fmt.Errorf("%w (n=%d is above this process's share %d)", cause, n, local.maxN())
 		}
-		ks.stats.local.Add(1)
 		g := local.acquire(clock.Now().UnixMicro(), n, maxWait)
 		if g.granted && n > 0 {
 			ks.keepFor(g.wait + local.span()) // the grant counts in the share until then

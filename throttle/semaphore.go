@@ -279,11 +279,6 @@ func (s *Semaphore) degraded(ks *keyState, op int, token string, cause error) (s
 	ok, wait := s.local().acquire(clock.Now(), token, s.ttl)
 	if ok {
 		ks.keepFor(s.ttl) // the local lease holds its slot until then
-		if s.policy.mode == failOpen {
-			ks.stats.failedOpen.Add(1)
-		} else {
-			ks.stats.local.Add(1)
-		}
 		if s.hooks.Degraded != nil {
 			s.hooks.Degraded(s.key, s.policy, cause)
 		}
