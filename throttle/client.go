@@ -15,8 +15,12 @@ import (
 // built on the Redis client uses it; they are handles, and one built per task finds
 // the same client and keyState as one built once.
 type client struct {
-	rdb        redis.UniversalClient
-	atMostOnce bool // the client never re-sends a command: no MULTI/EXEC needed (see exec)
+	rdb redis.UniversalClient
+	// atMostOnce: rdb sends each command once whatever happens to its reply, so round
+	// trips need no MULTI/EXEC (see exec). Only a go-redis Client built with
+	// MaxRetries < 0 does (its options then hold 0; the default becomes 3); a cluster
+	// client re-sends on redirects and connection errors.
+	atMostOnce bool
 	hub        *hub
 
 	mu      sync.Mutex
@@ -43,18 +47,11 @@ func clientFor(rdb redis.UniversalClient) *client {
 	if v, ok := clients.Load(rdb); ok {
 		return v.(*client)
 	}
-	c := &client{rdb: rdb, atMostOnce: neverResends(rdb)}
+	plain, ok := rdb.(*redis.Client)
+	c := &client{rdb: rdb, atMostOnce: ok && plain.Options().MaxRetries == 0}
 	c.hub = &hub{rdb: rdb, chans: map[string]*channel{}}
 	v, _ := clients.LoadOrStore(rdb, c)
 	return v.(*client)
-}
-
-// neverResends reports whether rdb sends each command once whatever happens to its
-// reply: a go-redis Client built with MaxRetries < 0 (its options then hold 0; the
-// default becomes 3). A cluster client re-sends on redirects and connection errors.
-func neverResends(rdb redis.UniversalClient) bool {
-	c, ok := rdb.(*redis.Client)
-	return ok && c.Options().MaxRetries == 0
 }
 
 // sweepEvery is how often a client looks for keys idle since its last look.
@@ -74,7 +71,7 @@ func (c *client) key(tag string) *keyState {
 	}
 	v, ok := c.keys.Load(tag)
 	if !ok {
-		v = &keyState{client: c, tag: tag, unhold: make(chan struct{})}
+		v = &keyState{client: c, tag: tag, unhold: make(chan struct{}), configs: map[string]*configState{}}
 		c.keys.Store(tag, v)
 		if c.sweep == nil {
 			c.sweep = time.AfterFunc(sweepEvery, c.sweepIdle)
@@ -171,13 +168,11 @@ type configState struct {
 func (ks *keyState) config(id string, fresh func() *configState) *configState {
 	ks.mu.Lock()
 	defer ks.mu.Unlock()
-	if cs := ks.configs[id]; cs != nil {
+	cs := ks.configs[id]
+	if cs != nil {
 		return cs
 	}
-	if ks.configs == nil {
-		ks.configs = map[string]*configState{}
-	}
-	cs := fresh()
+	cs = fresh()
 	ks.configs[id] = cs
 	return cs
 }
