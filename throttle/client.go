@@ -11,9 +11,7 @@ import (
 
 // client is what this process keeps for one Redis client: the queue and round trips of
 // every call made through it (send.go), the subscription that carries wake-ups
-// (wake.go), and the state of each key in use (keyState). Every Limiter and Semaphore
-// built on the Redis client uses it; they are handles, and one built per task finds
-// the same client and keyState as one built once.
+// (wake.go), and the state of each key in use (docs/design.md, "Who owns what").
 type client struct {
 	rdb redis.UniversalClient
 	// atMostOnce: rdb sends each command once whatever happens to its reply, so round
@@ -29,17 +27,18 @@ type client struct {
 	calls   int         // requests under way: queued, in flight, or answered and not yet returned
 	watch   *time.Timer // the watchdog: runs expire at watchAt
 	watchAt time.Time
-	lastErr atomic.Pointer[failure] // the last error seen of Redis being unreachable
-	dropped bool                    // the sweep took it out of clients (c.mu held)
+	// lastErr is the last error seen of Redis being unreachable (a failed round trip):
+	// a call that then gets no reply names it, if it came within a minute
+	lastErr atomic.Pointer[failure]
+	dropped bool // the sweep took it out of clients (c.mu held)
 
 	keys  sync.Map // hash tag → *keyState
 	sweep *time.Timer
 }
 
 // clients holds the client of every Redis client in use (redis.UniversalClient →
-// *client): the only state of this package that is not a constant. Limiters and
-// Semaphores look their client up on every call, so the sweep may drop a client once it
-// has no key in use and nothing in flight: the next call makes it anew.
+// *client). Limiters and Semaphores look their client up on every call, so the sweep may
+// drop a client with no key in use and nothing in flight: the next call makes it anew.
 var clients sync.Map
 
 // clientFor returns the client of rdb.
@@ -49,6 +48,8 @@ func clientFor(rdb redis.UniversalClient) *client {
 	}
 	plain, ok := rdb.(*redis.Client)
 	c := &client{rdb: rdb, atMostOnce: ok && plain.Options().MaxRetries == 0}
+	c.watch = time.AfterFunc(time.Hour, c.expire)
+	c.watch.Stop() // set by doAll and expire
 	c.hub = &hub{rdb: rdb, chans: map[string]*channel{}}
 	v, _ := clients.LoadOrStore(rdb, c)
 	return v.(*client)
@@ -112,24 +113,9 @@ type failure struct {
 	at  time.Time
 }
 
-// noteError remembers err, seen of Redis being unreachable (a failed round trip), for
-// the error of a call that then gets no reply.
-func (c *client) noteError(err error) { c.lastErr.Store(&failure{err, time.Now()}) }
-
-// lastError returns the last error noted, if it came within the last minute, and how
-// long ago (rounded to the millisecond), for the error of a call that got no reply;
-// nil if there is none.
-func (c *client) lastError() (error, time.Duration) {
-	f := c.lastErr.Load()
-	if f == nil || time.Since(f.at) > time.Minute {
-		return nil, 0
-	}
-	return f.err, time.Since(f.at).Round(time.Millisecond)
-}
-
 // keyState is what this process knows of one key besides Redis: its hold (Pause), the
-// failure policy's breaker, FailLocal's share, the StateLost watch,
-// when the key's record is next written, and the callers sleeping on a booking.
+// failure policy's breaker and share, the StateLost watch, when the key's record is next
+// written, and the callers sleeping on a booking.
 type keyState struct {
 	client *client
 	tag    string
@@ -169,11 +155,10 @@ func (ks *keyState) config(id string, fresh func() *configState) *configState {
 	ks.mu.Lock()
 	defer ks.mu.Unlock()
 	cs := ks.configs[id]
-	if cs != nil {
-		return cs
+	if cs == nil {
+		cs = fresh()
+		ks.configs[id] = cs
 	}
-	cs = fresh()
-	ks.configs[id] = cs
 	return cs
 }
 

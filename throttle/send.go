@@ -18,10 +18,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The one way to Redis (docs/design.md, "One way to Redis"): every call of this package
-// is a request to its Redis client's *client, which sends it in a round trip of one
-// script call per target. Callers wait for their own reply, context and call timeout:
-// never for go-redis.
+// The one way to Redis (docs/design.md, "One way to Redis"): callers wait for their own
+// reply, context and call timeout, never for go-redis.
 
 // A target is what the requests of a Limiter or Semaphore share: the script, the KEYS
 // before the requests' own, and the ARGV after the requests. Requests of targets with
@@ -115,13 +113,14 @@ func (c *client) doAll(reqs []*request) []result {
 		r.done = make(chan struct{}, 1)
 		r.due = now.Add(r.timeout)
 		if c.watchAt.IsZero() || r.due.Before(c.watchAt) {
-			c.arm(r.due)
+			c.watchAt = r.due
+			c.watch.Reset(time.Until(r.due))
 		}
 	}
 	c.queue = append(c.queue, reqs...)
 	c.calls += len(reqs)
 	if c.ready() {
-		c.launch()
+		go c.flush(c.take())
 	}
 	c.mu.Unlock()
 	out := make([]result, len(reqs))
@@ -149,26 +148,16 @@ type flight struct {
 	gone bool
 }
 
-// launch sends what is queued in a round trip of its own (c.mu held).
-func (c *client) launch() {
-	if f := c.take(); f != nil {
-		go c.flush(f)
-	}
-}
-
-// flush makes f's round trip, then, while ready, another of what queued meanwhile; it
-// stops once the watchdog has let f go.
+// flush makes f's round trip (none if f is nil), then, while ready, another of what
+// queued meanwhile; it stops once the watchdog has let f go.
 func (c *client) flush(f *flight) {
 	for f != nil {
 		c.send(f.reqs)
 		c.mu.Lock()
-		if f.gone {
-			c.mu.Unlock()
-			return
-		}
-		c.land(f)
+		gone := f.gone
+		c.land(f) // if gone, the watchdog has
 		f = nil
-		if c.ready() {
+		if !gone && c.ready() {
 			f = c.take()
 		}
 		c.mu.Unlock()
@@ -204,16 +193,6 @@ func (c *client) take() *flight {
 	return f
 }
 
-// arm sets the watchdog to run at at (c.mu held).
-func (c *client) arm(at time.Time) {
-	c.watchAt = at
-	if c.watch == nil {
-		c.watch = time.AfterFunc(time.Until(at), c.expire)
-		return
-	}
-	c.watch.Reset(time.Until(at))
-}
-
 // expire is the watchdog, one timer per client for every request's call timeout: it
 // answers each request queued or in flight whose timeout has passed, and sets itself
 // for the next. A round trip nobody waits for any more (a Redis that stopped answering)
@@ -247,12 +226,12 @@ func (c *client) expire() {
 			c.land(f)
 		}
 	}
-	c.watchAt = time.Time{}
+	c.watchAt = next
 	if !next.IsZero() {
-		c.arm(next)
+		c.watch.Reset(time.Until(next))
 	}
 	if c.ready() {
-		c.launch()
+		go c.flush(c.take())
 	}
 }
 
@@ -283,7 +262,11 @@ func (c *client) noReply(r *request) error {
 	}
 	r.ks.breaker.failed(time.Now())
 	reloadSlots(c.rdb)
-	cause, ago := c.lastError()
+	var cause error
+	var ago time.Duration
+	if f := c.lastErr.Load(); f != nil && time.Since(f.at) <= time.Minute {
+		cause, ago = f.err, time.Since(f.at).Round(time.Millisecond)
+	}
 	if dl, ok := r.ctx.Deadline(); err != nil || ok && !dl.After(time.Now()) {
 		err = fmt.Errorf("%w: key %q: no reply before the context's deadline (%w)", ErrUnavailable, r.t.key,
 			context.DeadlineExceeded)
@@ -424,10 +407,9 @@ func (c *client) round(ctx context.Context, gs []*group) {
 }
 
 // exec runs the groups' script calls in one pipeline, in MULTI/EXEC unless the client
-// never re-sends a command (atMostOnce): go-redis re-sends a plain command whose reply
-// was lost, which would run a script twice, and never re-sends a transaction it has
-// written. (go-redis's cluster client refuses a transaction whose keys span hash slots:
-// send keeps each key's calls apart.)
+// never re-sends a command (atMostOnce; docs/design.md, "One way to Redis"). go-redis's
+// cluster client refuses a transaction whose keys span hash slots: send keeps each
+// key's calls apart.
 func (c *client) exec(ctx context.Context, gs []*group, eval bool) {
 	var pipe redis.Pipeliner
 	if c.atMostOnce {
@@ -464,10 +446,11 @@ func (c *client) deliver(ctx context.Context, g *group) {
 	}
 	// cut: the round trip ran out of time, every request's bound having passed
 	// (batchContext); its error (a context's, a timeout) says less than the bound
-	cut := ctx.Err() != nil && !isReply(err)
+	var own redis.Error // a reply of Redis's own (a script's error, NOPERM…)
+	cut := ctx.Err() != nil && !errors.As(err, &own)
 	down := isUnavailable(ctx, err)
 	if down || cut && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
-		c.noteError(err)
+		c.lastErr.Store(&failure{err, time.Now()})
 	}
 	if down { // a cut one counts for each request (noReply)
 		g.reqs[0].ks.breaker.failed(time.Now())
@@ -518,13 +501,6 @@ func (g *group) parse(flat []int64, i int) (reply, error) {
 	// same whichever requests it went with
 	text = bytes.Replace(text, fmt.Appendf(nil, "JTARG request %d: ", i+1), []byte("JTARG "), 1)
 	return reply{}, scriptError(g.reqs[i].ctx, g.t.key, batchError(text))
-}
-
-// isReply reports whether err is a reply of Redis's own (a script's error, NOSCRIPT,
-// NOPERM…) rather than a failure to get one.
-func isReply(err error) bool {
-	var rerr redis.Error
-	return errors.As(err, &rerr)
 }
 
 // isOddReply reports whether err is go-redis failing to read a reply as integers: a

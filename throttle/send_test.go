@@ -51,7 +51,7 @@ func sendHold(t *testing.T, c *client) (queued func(n int), release func()) {
 	release = func() { // the held round trips land at once: what queued goes in one
 		c.mu.Lock()
 		c.flights = nil
-		c.launch()
+		go c.flush(c.take())
 		c.mu.Unlock()
 	}
 	return queued, release

@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -13,11 +14,10 @@ import (
 
 // hub is the one pub/sub subscription of a client: it listens on a key's channel,
 // {…}:wake, while something of this process waits on the key, and tells the listeners
-// what the scripts publish there: "h <place> ..." when a semaphore hands slots to
-// places in its queue, "r <pause_end>" when a limiter's pause was resumed. It also
-// tells them when the subscription is (re)confirmed, since a notice may have been
-// missed before. Listeners cost no connection of their own; the subscription uses one
-// of go-redis's pub/sub connections, closed after hubLinger without listeners.
+// what the scripts publish there ("h <place> ...", a semaphore's handoffs; "r
+// <pause_end>", a resume) and when the subscription is (re)confirmed, since a notice
+// may have been missed before. It holds one of go-redis's pub/sub connections, closed
+// after hubLinger without listeners.
 //
 // What it asks of the subscription (subscribe, unsubscribe, close) its worker does, in
 // order, on a goroutine of its own: go-redis dials and reads a handshake reply on the
@@ -137,19 +137,16 @@ func (h *hub) do(op func()) {
 	}
 	h.busy = true
 	go func() {
-		for {
-			h.mu.Lock()
-			if len(h.ops) == 0 {
-				h.busy = false
-				h.mu.Unlock()
-				return
-			}
+		h.mu.Lock()
+		for len(h.ops) > 0 {
 			op := h.ops[0]
-			h.ops[0] = nil
-			h.ops = h.ops[1:]
+			h.ops = slices.Delete(h.ops, 0, 1)
 			h.mu.Unlock()
 			op()
+			h.mu.Lock()
 		}
+		h.busy = false
+		h.mu.Unlock()
 	}()
 }
 
