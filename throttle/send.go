@@ -54,14 +54,12 @@ type request struct {
 	ctx    context.Context
 	t      *target
 	ks     *keyState
-	fields []any  // the request's fields; a limiter's fifth, its key's place in KEYS, is set when sent
-	key    string // the request's own key (a task's booking), or ""
-	extra  []any  // ARGV the request points at with its fourth field (an override's rates)
-	record []any  // the key's record, text and TTL, when this call writes it
-	detail bool   // the reply has a part of the extra region (Inspect)
-	// late is given the reply of a request whose caller left before it came, to give
-	// back what it granted; nil when there is nothing to give back.
-	late func(reply)
+	fields []any       // the request's fields; a limiter's fifth, its key's place in KEYS, is set when sent
+	key    string      // the request's own key (a task's booking), or ""
+	extra  []any       // ARGV the request points at with its fourth field (an override's rates)
+	record []any       // the key's record, text and TTL, when this call writes it
+	detail bool        // the reply has a part of the extra region (Inspect)
+	late   func(reply) // given the reply that came after its caller left, to give back what it granted
 
 	timeout time.Duration // its call timeout (WithCallTimeout)
 	due     time.Time
@@ -141,11 +139,9 @@ func (c *client) ready() bool {
 	return len(c.queue) > 0 && flying < maxFlights && (flying == 0 || len(c.queue)*maxFlights >= c.calls)
 }
 
-// flight is a round trip in flight: its requests, and whether the watchdog let it go
-// (see expire).
+// flight is a round trip in flight: its requests.
 type flight struct {
 	reqs []*request
-	gone bool
 }
 
 // flush makes f's round trip (none if f is nil), then, while ready, another of what
@@ -154,21 +150,22 @@ func (c *client) flush(f *flight) {
 	for f != nil {
 		c.send(f.reqs)
 		c.mu.Lock()
-		gone := f.gone
-		c.land(f) // if gone, the watchdog has
+		landed := c.land(f) // else the watchdog let it go
 		f = nil
-		if !gone && c.ready() {
+		if landed && c.ready() {
 			f = c.take()
 		}
 		c.mu.Unlock()
 	}
 }
 
-// land takes f out of the flights (c.mu held).
-func (c *client) land(f *flight) {
-	if i := slices.Index(c.flights, f); i >= 0 {
+// land takes f out of the flights (c.mu held), reporting whether it was there.
+func (c *client) land(f *flight) bool {
+	i := slices.Index(c.flights, f)
+	if i >= 0 {
 		c.flights = slices.Delete(c.flights, i, i+1)
 	}
+	return i >= 0
 }
 
 // take removes the next round trip's requests from the queue and makes them a flight
@@ -222,7 +219,6 @@ func (c *client) expire() {
 	check(c.queue)
 	for _, f := range slices.Clone(c.flights) {
 		if !check(f.reqs) {
-			f.gone = true
 			c.land(f)
 		}
 	}
@@ -262,24 +258,20 @@ func (c *client) noReply(r *request) error {
 	}
 	r.ks.breaker.failed(time.Now())
 	reloadSlots(c.rdb)
-	var cause error
-	var ago time.Duration
-	if f := c.lastErr.Load(); f != nil && time.Since(f.at) <= time.Minute {
-		cause, ago = f.err, time.Since(f.at).Round(time.Millisecond)
-	}
+	f := c.lastErr.Load()
 	if dl, ok := r.ctx.Deadline(); err != nil || ok && !dl.After(time.Now()) {
 		err = fmt.Errorf("%w: key %q: no reply before the context's deadline (%w)", ErrUnavailable, r.t.key,
 			context.DeadlineExceeded)
 	} else {
 		err = fmt.Errorf("%w: key %q: no reply within the call timeout (%v)", ErrUnavailable, r.t.key, r.timeout)
-		if errors.Is(cause, context.DeadlineExceeded) { // a timeout's: the caller's deadline did not pass
-			cause = errors.New(cause.Error())
+		if f != nil && errors.Is(f.err, context.DeadlineExceeded) { // a timeout's: the caller's deadline did not pass
+			f = &failure{errors.New(f.err.Error()), f.at}
 		}
 	}
-	if cause == nil {
+	if f == nil || time.Since(f.at) > time.Minute {
 		return err
 	}
-	return fmt.Errorf("%w; the last failure seen, %v ago: %w", err, ago, cause)
+	return fmt.Errorf("%w; the last failure seen, %v ago: %w", err, time.Since(f.at).Round(time.Millisecond), f.err)
 }
 
 // answer hands r its reply or error; a reply whose caller left goes to r.late.

@@ -163,25 +163,18 @@ func (h *hub) receive(ps *redis.PubSub, in <-chan any) {
 			}
 		case *redis.Message:
 			ch := h.chans[m.Channel]
-			kind, rest, _ := strings.Cut(m.Payload, " ")
 			if ch == nil {
 				break
 			}
-			switch kind {
-			case "h":
-				for _, place := range strings.Fields(rest) {
-					for l := range ch.listeners {
-						if l.place == place {
-							signal(l.handed)
-						}
-					}
-				}
-			case "r":
-				at, _ = strconv.ParseInt(rest, 10, 64)
-				for l := range ch.listeners {
-					if l.resumed != nil {
-						resumes = append(resumes, l.resumed)
-					}
+			kind, rest, _ := strings.Cut(m.Payload, " ")
+			places := strings.Fields(rest)         // "h": the places handed a slot
+			at, _ = strconv.ParseInt(rest, 10, 64) // "r": the end of the pause resumed
+			for l := range ch.listeners {
+				switch {
+				case kind == "h" && slices.Contains(places, l.place):
+					signal(l.handed)
+				case kind == "r" && l.resumed != nil:
+					resumes = append(resumes, l.resumed)
 				}
 			}
 		}
