@@ -30,8 +30,7 @@ type hub struct {
 	ps    *redis.PubSub // nil while closed
 	chans map[string]*channel
 	idle  *time.Timer // closes ps once no channel is left
-	ops   []func()    // what the worker has yet to ask of a subscription, in order
-	busy  bool        // the worker runs
+	ops   []func()    // the worker's queue, in order, the op it runs first: the worker runs while any
 }
 
 // hubLinger is how long the hub keeps its connection open without listeners.
@@ -132,20 +131,18 @@ func (h *hub) closeIdle() {
 // fall back on their timers meanwhile.
 func (h *hub) do(op func()) {
 	h.ops = append(h.ops, op)
-	if h.busy {
+	if len(h.ops) > 1 { // the worker runs
 		return
 	}
-	h.busy = true
 	go func() {
 		h.mu.Lock()
 		for len(h.ops) > 0 {
 			op := h.ops[0]
-			h.ops = slices.Delete(h.ops, 0, 1)
 			h.mu.Unlock()
 			op()
 			h.mu.Lock()
+			h.ops = slices.Delete(h.ops, 0, 1)
 		}
-		h.busy = false
 		h.mu.Unlock()
 	}()
 }
