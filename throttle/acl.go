@@ -23,10 +23,5 @@ var aclCommands = []string{
 //
 // A user without one of them gets errors wrapping ErrNoPermission.
 func ACLRules(prefix string) string {
-	var b strings.Builder
-	b.WriteString("resetkeys ~{" + prefix + "* resetchannels &{" + prefix + "* -@all")
-	for _, c := range aclCommands {
-		b.WriteString(" +" + c)
-	}
-	return b.String()
+	return "resetkeys ~{" + prefix + "* resetchannels &{" + prefix + "* -@all +" + strings.Join(aclCommands, " +")
 }

@@ -384,13 +384,10 @@ func (c *client) send(batch []*request) {
 // round sends the groups of one pipeline, EVAL after NOSCRIPT, and answers their requests.
 func (c *client) round(ctx context.Context, gs []*group) {
 	c.exec(ctx, gs, false)
-	var again []*group
-	for _, g := range gs {
-		if err := g.cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			again = append(again, g)
-		}
-	}
-	if again != nil {
+	again := slices.DeleteFunc(slices.Clone(gs), func(g *group) bool {
+		return !redis.HasErrorPrefix(g.cmd.Err(), "NOSCRIPT")
+	})
+	if len(again) > 0 {
 		c.exec(ctx, again, true)
 	}
 	for _, g := range gs {
