@@ -50,6 +50,7 @@ func clientFor(rdb redis.UniversalClient) *client {
 	c := &client{rdb: rdb, atMostOnce: ok && plain.Options().MaxRetries == 0}
 	c.watch = time.AfterFunc(time.Hour, c.expire)
 	c.watch.Stop() // set by doAll and expire
+	c.sweep = time.AfterFunc(sweepEvery, c.sweepIdle)
 	c.hub = &hub{rdb: rdb, chans: map[string]*channel{}}
 	v, _ := clients.LoadOrStore(rdb, c)
 	return v.(*client)
@@ -74,9 +75,6 @@ func (c *client) key(tag string) *keyState {
 	if !ok {
 		v = &keyState{client: c, tag: tag, unhold: make(chan struct{}), configs: map[string]*configState{}}
 		c.keys.Store(tag, v)
-		if c.sweep == nil {
-			c.sweep = time.AfterFunc(sweepEvery, c.sweepIdle)
-		}
 	}
 	ks := v.(*keyState)
 	ks.used.Store(true)
@@ -103,7 +101,7 @@ func (c *client) sweepIdle() {
 		c.sweep.Reset(sweepEvery)
 		return
 	}
-	c.sweep, c.dropped = nil, true
+	c.dropped = true
 	clients.CompareAndDelete(c.rdb, c)
 }
 

@@ -315,8 +315,7 @@ func (g *group) command(ctx context.Context, eval bool) *redis.IntSliceCmd {
 	keys := g.t.keys
 	args := []any{len(g.reqs)}
 	record := []any{"", 0} // a limiter's record ARGV when none is due
-	// the ARGV index of a limiter's first extra argument: after k, the requests, the
-	// tail and the record
+	// the ARGV index of a limiter's first extra argument: after k, requests, tail, record
 	at := 1 + len(g.reqs)*g.t.fields + len(g.t.tail) + len(record) + 1
 	var extra []any
 	for _, r := range g.reqs {
@@ -476,15 +475,15 @@ func (g *group) parse(flat []int64, i int) (reply, error) {
 		return reply{}, fmt.Errorf("%w: key %q: request %d of %d: extra at %d (%d) in a reply of %d",
 			ErrUnexpectedReply, g.t.key, i+1, k, at+1, n, len(flat))
 	}
+	if n > 0 {
+		rep.extra = flat[at : at+n : at+n]
+	}
 	if rep.v[0] != -1 {
-		if n > 0 {
-			rep.extra = flat[at : at+n : at+n]
-		}
 		return rep, nil
 	}
 	text := make([]byte, n)
-	for j := range text {
-		text[j] = byte(flat[at+int64(j)])
+	for j, b := range rep.extra {
+		text[j] = byte(b)
 	}
 	// the request's place in the call is not the caller's business: its error reads the
 	// same whichever requests it went with
