@@ -150,22 +150,16 @@ func (c *client) flush(f *flight) {
 	for f != nil {
 		c.send(f.reqs)
 		c.mu.Lock()
-		landed := c.land(f) // else the watchdog let it go
+		i := slices.Index(c.flights, f) // -1: the watchdog let it go
 		f = nil
-		if landed && c.ready() {
-			f = c.take()
+		if i >= 0 {
+			c.flights = slices.Delete(c.flights, i, i+1)
+			if c.ready() {
+				f = c.take()
+			}
 		}
 		c.mu.Unlock()
 	}
-}
-
-// land takes f out of the flights (c.mu held), reporting whether it was there.
-func (c *client) land(f *flight) bool {
-	i := slices.Index(c.flights, f)
-	if i >= 0 {
-		c.flights = slices.Delete(c.flights, i, i+1)
-	}
-	return i >= 0
 }
 
 // take removes the next round trip's requests from the queue and makes them a flight
@@ -179,9 +173,7 @@ func (c *client) take() *flight {
 			batch = append(batch, r)
 		}
 	}
-	n := copy(c.queue, c.queue[i:])
-	clear(c.queue[n:])
-	c.queue = c.queue[:n]
+	c.queue = slices.Delete(c.queue, 0, i)
 	if batch == nil {
 		return nil
 	}
@@ -217,11 +209,7 @@ func (c *client) expire() {
 		return waiting
 	}
 	check(c.queue)
-	for _, f := range slices.Clone(c.flights) {
-		if !check(f.reqs) {
-			c.land(f)
-		}
-	}
+	c.flights = slices.DeleteFunc(c.flights, func(f *flight) bool { return !check(f.reqs) })
 	c.watchAt = next
 	if !next.IsZero() {
 		c.watch.Reset(time.Until(next))
