@@ -18,9 +18,6 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The one way to Redis (docs/design.md, "One way to Redis"): callers wait for their own
-// reply, context and call timeout, never for go-redis.
-
 // A target is what the requests of a Limiter or Semaphore share: the script, the KEYS
 // before the requests' own, and the ARGV after the requests. Requests of targets with
 // the same id go in one script call.
@@ -42,8 +39,7 @@ func newTarget(key, tag string, s *script, keys []string, tail []any, fields int
 // replyWidth is how many integers answer one request (lua/common.lua).
 const replyWidth = 6
 
-// reply is one request's answer: its six integers, and its part of the reply's extra
-// region (an Inspect's detail).
+// reply is one request's answer: its six integers, and its part of the extra region.
 type reply struct {
 	v     [replyWidth]int64
 	extra []int64
@@ -89,7 +85,8 @@ const (
 const maxFlights = 2
 
 // do sends r and returns its reply, or the error the caller gets when its context
-// ends or its call timeout passes first.
+// ends or its call timeout passes first: it never waits for go-redis (docs/design.md,
+// "One way to Redis").
 func (c *client) do(r *request) (reply, error) {
 	res := c.doAll([]*request{r})[0]
 	return res.rep, res.err
@@ -219,8 +216,7 @@ func (c *client) expire() {
 	}
 }
 
-// wait returns r's reply, or what its caller gets when its context ends or its call
-// timeout (the watchdog) passes first.
+// wait returns r's answer, or noReply's error if its context ends first.
 func (c *client) wait(r *request) (reply, error) {
 	select {
 	case <-r.done:
@@ -341,10 +337,9 @@ func (g *group) command(ctx context.Context, eval bool) *redis.IntSliceCmd {
 	return cmd
 }
 
-// send makes one round trip for batch: a script call per group, the calls in one
-// pipeline (exec), and EVAL for those the server did not have the script of. On a
-// cluster each key's calls go in a pipeline of their own, sent at once and answered
-// each as it lands: a slow node holds back only its own keys' callers.
+// send makes one round trip for batch, a script call per group. On a cluster each
+// key's calls go in a pipeline of their own, sent at once and answered each as it
+// lands: a slow node holds back only its own keys' callers.
 func (c *client) send(batch []*request) {
 	ctx, cancel := batchContext(batch)
 	defer cancel()
