@@ -2,13 +2,10 @@ package throttle
 
 import "strings"
 
-// aclCommands are the commands a Redis user needs to use Limiters and Semaphores:
-// those the client sends (scripts by SHA, by source when the server lost them, inside
-// MULTI/EXEC; the wake-up subscription; GET and PTTL of a key's record, ReadRecord;
-// CLUSTER SLOTS, which go-redis's cluster client reads the cluster's layout with, so
-// that one user's rules serve a redis-server and a cluster alike) and those the scripts
-// run, which Redis checks against the calling user too.
-// TestACLLeastPrivilege checks it is exactly what the library uses.
+// aclCommands are the commands a Redis user needs to use Limiters and Semaphores: those
+// the client sends (CLUSTER SLOTS too, so that one user's rules serve a redis-server and
+// a cluster alike) and those the scripts run, which Redis checks against the calling
+// user too. TestACLLeastPrivilege checks it is exactly what the library uses.
 var aclCommands = []string{
 	"evalsha", "eval", "multi", "exec", "subscribe", "unsubscribe", "cluster|slots",
 	"time", "get", "set", "pexpire", "pttl", "exists", "del", "unlink", "publish",
@@ -26,10 +23,5 @@ var aclCommands = []string{
 //
 // A user without one of them gets errors wrapping ErrNoPermission.
 func ACLRules(prefix string) string {
-	var b strings.Builder
-	b.WriteString("resetkeys ~{" + prefix + "* resetchannels &{" + prefix + "* -@all")
-	for _, c := range aclCommands {
-		b.WriteString(" +" + c)
-	}
-	return b.String()
+	return "resetkeys ~{" + prefix + "* resetchannels &{" + prefix + "* -@all +" + strings.Join(aclCommands, " +")
 }

@@ -11,32 +11,34 @@ import (
 
 // client is what this process keeps for one Redis client: the queue and round trips of
 // every call made through it (send.go), the subscription that carries wake-ups
-// (wake.go), and the state of each key in use (keyState). Every Limiter and Semaphore
-// built on the Redis client uses it; they are handles, and one built per task finds
-// the same client and keyState as one built once.
+// (wake.go), and the state of each key in use (docs/design.md, "Who owns what").
 type client struct {
-	rdb        redis.UniversalClient
-	atMostOnce bool // the client never re-sends a command: no MULTI/EXEC needed (see pipeline)
+	rdb redis.UniversalClient
+	// atMostOnce: rdb sends each command once whatever happens to its reply, so round
+	// trips need no MULTI/EXEC (see exec). Only a go-redis Client built with
+	// MaxRetries < 0 does (its options then hold 0; the default becomes 3); a cluster
+	// client re-sends on redirects and connection errors.
+	atMostOnce bool
 	hub        *hub
 
 	mu      sync.Mutex
-	queue   []*request // arrival order
-	flights []*flight  // round trips in flight, those the watchdog let go excepted
-	flying  int
+	queue   []*request  // arrival order
+	flights []*flight   // round trips in flight, those the watchdog let go excepted
 	calls   int         // requests under way: queued, in flight, or answered and not yet returned
 	watch   *time.Timer // the watchdog: runs expire at watchAt
 	watchAt time.Time
-	lastErr atomic.Pointer[failure] // the last error seen of Redis being unreachable
-	dropped bool                    // the sweep took it out of clients (c.mu held)
+	// lastErr is the last error seen of Redis being unreachable (a failed round trip):
+	// a call that then gets no reply names it, if it came within a minute
+	lastErr atomic.Pointer[failure]
+	dropped bool // the sweep took it out of clients (c.mu held)
 
 	keys  sync.Map // hash tag → *keyState
 	sweep *time.Timer
 }
 
 // clients holds the client of every Redis client in use (redis.UniversalClient →
-// *client): the only state of this package that is not a constant. Limiters and
-// Semaphores look their client up on every call, so the sweep may drop a client once it
-// has no key in use and nothing in flight: the next call makes it anew.
+// *client). Limiters and Semaphores look their client up on every call, so the sweep may
+// drop a client with no key in use and nothing in flight: the next call makes it anew.
 var clients sync.Map
 
 // clientFor returns the client of rdb.
@@ -44,18 +46,14 @@ func clientFor(rdb redis.UniversalClient) *client {
 	if v, ok := clients.Load(rdb); ok {
 		return v.(*client)
 	}
-	c := &client{rdb: rdb, atMostOnce: neverResends(rdb)}
+	plain, ok := rdb.(*redis.Client)
+	c := &client{rdb: rdb, atMostOnce: ok && plain.Options().MaxRetries == 0}
+	c.watch = time.AfterFunc(time.Hour, c.expire)
+	c.watch.Stop() // set by doAll and expire
+	c.sweep = time.AfterFunc(sweepEvery, c.sweepIdle)
 	c.hub = &hub{rdb: rdb, chans: map[string]*channel{}}
 	v, _ := clients.LoadOrStore(rdb, c)
 	return v.(*client)
-}
-
-// neverResends reports whether rdb sends each command once whatever happens to its
-// reply: a go-redis Client built with MaxRetries < 0 (its options then hold 0; the
-// default becomes 3). A cluster client re-sends on redirects and connection errors.
-func neverResends(rdb redis.UniversalClient) bool {
-	c, ok := rdb.(*redis.Client)
-	return ok && c.Options().MaxRetries == 0
 }
 
 // sweepEvery is how often a client looks for keys idle since its last look.
@@ -75,11 +73,8 @@ func (c *client) key(tag string) *keyState {
 	}
 	v, ok := c.keys.Load(tag)
 	if !ok {
-		v = &keyState{client: c, tag: tag, unhold: make(chan struct{})}
+		v = &keyState{client: c, tag: tag, unhold: make(chan struct{}), configs: map[string]*configState{}}
 		c.keys.Store(tag, v)
-		if c.sweep == nil {
-			c.sweep = time.AfterFunc(sweepEvery, c.sweepIdle)
-		}
 	}
 	ks := v.(*keyState)
 	ks.used.Store(true)
@@ -106,7 +101,7 @@ func (c *client) sweepIdle() {
 		c.sweep.Reset(sweepEvery)
 		return
 	}
-	c.sweep, c.dropped = nil, true
+	c.dropped = true
 	clients.CompareAndDelete(c.rdb, c)
 }
 
@@ -116,31 +111,15 @@ type failure struct {
 	at  time.Time
 }
 
-// noteError remembers err, seen of Redis being unreachable (a failed round trip), for
-// the error of a call that then gets no reply.
-func (c *client) noteError(err error) { c.lastErr.Store(&failure{err, time.Now()}) }
-
-// lastError returns the last error noted, if it came within the last minute, and how
-// long ago (rounded to the millisecond), for the error of a call that got no reply;
-// nil if there is none.
-func (c *client) lastError() (error, time.Duration) {
-	f := c.lastErr.Load()
-	if f == nil || time.Since(f.at) > time.Minute {
-		return nil, 0
-	}
-	return f.err, time.Since(f.at).Round(time.Millisecond)
-}
-
 // keyState is what this process knows of one key besides Redis: its hold (Pause), the
-// failure policy's breaker, FailLocal's share and the counters, the StateLost watch,
-// when the key's record is next written, and the callers sleeping on a booking.
+// failure policy's breaker and share, the StateLost watch, when the key's record is next
+// written, and the callers sleeping on a booking.
 type keyState struct {
 	client *client
 	tag    string
 	used   atomic.Bool // used since the last sweep
 
 	breaker breaker
-	stats   counters
 	hold    atomic.Int64 // until when this process holds the key (UnixNano)
 	// landed: the pause of the latest hold reached Redis, so a resume published
 	// since ended it (or a later one), and ends the hold too
@@ -169,14 +148,11 @@ type configState struct {
 func (ks *keyState) config(id string, fresh func() *configState) *configState {
 	ks.mu.Lock()
 	defer ks.mu.Unlock()
-	if cs := ks.configs[id]; cs != nil {
-		return cs
+	cs := ks.configs[id]
+	if cs == nil {
+		cs = fresh()
+		ks.configs[id] = cs
 	}
-	if ks.configs == nil {
-		ks.configs = map[string]*configState{}
-	}
-	cs := fresh()
-	ks.configs[id] = cs
 	return cs
 }
 

@@ -37,7 +37,7 @@ func TestQueueLeftByEveryCallerSendsNothing(t *testing.T) {
 	c := slow.client()
 	for deadline := time.Now().Add(signalWait); ; time.Sleep(ms) {
 		c.mu.Lock()
-		flying := c.flying
+		flying := len(c.flights)
 		c.mu.Unlock()
 		if flying == maxFlights {
 			break

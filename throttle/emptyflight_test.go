@@ -73,7 +73,7 @@ func TestFlushAfterQueuedCallersLeft(t *testing.T) {
 				}
 			}()
 		}
-		until("two round trips in flight", func() bool { return c.flying == 2 })
+		until("two round trips in flight", func() bool { return len(c.flights) == 2 })
 		leaving, cancel := context.WithCancel(ctx)
 		left := make(chan error, 1)
 		go func() {

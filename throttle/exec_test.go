@@ -77,6 +77,7 @@ func TestUnexpectedReply(t *testing.T) {
 		}{
 			{"too short", "return {1, 0, 0}", ErrUnexpectedReply},
 			{"error text out of bounds", "return {-1, 50, 3, 0, 0, 0}", ErrUnexpectedReply},
+			{"error text of negative length", "return {-1, 7, -1, 0, 0, 0}", ErrUnexpectedReply},
 			{"not integers", "return {1, 'x', 0, 0, 0, 0}", ErrUnexpectedReply},
 			{"a nil", "return {1, false, 0, 0, 0, 0}", ErrUnexpectedReply},
 		} {

@@ -8,7 +8,6 @@ import (
 	"net"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -76,11 +75,6 @@ func WithFailurePolicy(p FailurePolicy) CommonOption {
 			c.policy = p
 		}
 	})
-}
-
-// counters count the decisions made without Redis on a key by this process.
-type counters struct {
-	local atomic.Uint64 // FailLocal's
 }
 
 // isUnavailable reports whether err, from a call made with ctx, means Redis could not
@@ -188,7 +182,6 @@ func (l *Limiter) degraded(ks *keyState, n int, maxWait int64, cause error) (gra
 		if n > local.maxN {
 			return grant{}, fmt.Errorf("%w (n=%d is above this process's share %d)", cause, n, local.maxN)
 		}
-		ks.stats.local.Add(1)
 		g = local.acquire(clock.Now().UnixMicro(), n, maxWait)
 		if g.granted && n > 0 {
 			ks.keepFor(g.wait + local.span) // the grant counts in the share until then

@@ -270,9 +270,6 @@ func (s *Semaphore) degraded(ks *keyState, op int, token string, cause error) (s
 	ok, wait := s.local().acquire(clock.Now(), token, s.ttl)
 	if ok {
 		ks.keepFor(s.ttl) // the local lease holds its slot until then
-		if s.policy.mode == failLocal {
-			ks.stats.local.Add(1)
-		}
 		if s.hooks.Degraded != nil {
 			s.hooks.Degraded(s.key, s.policy, cause)
 		}

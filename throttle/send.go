@@ -18,13 +18,6 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The one way to Redis (see docs/design.md). Every call of this package is a request to
-// its Redis client's *client: it goes at once when nothing of the client's is in flight
-// (a batch of one), else with the requests queued meanwhile in the next round trip. A
-// round trip makes one script call per target (script, keys, limits), which decides its
-// requests in arrival order, and sends the calls in one pipeline. Callers wait for
-// their own reply, context and call timeout: never for go-redis.
-
 // A target is what the requests of a Limiter or Semaphore share: the script, the KEYS
 // before the requests' own, and the ARGV after the requests. Requests of targets with
 // the same id go in one script call.
@@ -46,8 +39,7 @@ func newTarget(key, tag string, s *script, keys []string, tail []any, fields int
 // replyWidth is how many integers answer one request (lua/common.lua).
 const replyWidth = 6
 
-// reply is one request's answer: its six integers, and its part of the reply's extra
-// region (an Inspect's detail).
+// reply is one request's answer: its six integers, and its part of the extra region.
 type reply struct {
 	v     [replyWidth]int64
 	extra []int64
@@ -58,14 +50,12 @@ type request struct {
 	ctx    context.Context
 	t      *target
 	ks     *keyState
-	fields []any  // the request's fields; a limiter's fifth, its key's place in KEYS, is set when sent
-	key    string // the request's own key (a task's booking), or ""
-	extra  []any  // ARGV the request points at with its fourth field (an override's rates)
-	record []any  // the key's record, text and TTL, when this call writes it
-	detail bool   // the reply has a part of the extra region (Inspect)
-	// late is given the reply of a request whose caller left before it came, to give
-	// back what it granted; nil when there is nothing to give back.
-	late func(reply)
+	fields []any       // the request's fields; a limiter's fifth, its key's place in KEYS, is set when sent
+	key    string      // the request's own key (a task's booking), or ""
+	extra  []any       // ARGV the request points at with its fourth field (an override's rates)
+	record []any       // the key's record, text and TTL, when this call writes it
+	detail bool        // the reply has a part of the extra region (Inspect)
+	late   func(reply) // given the reply that came after its caller left, to give back what it granted
 
 	timeout time.Duration // its call timeout (WithCallTimeout)
 	due     time.Time
@@ -95,14 +85,11 @@ const (
 const maxFlights = 2
 
 // do sends r and returns its reply, or the error the caller gets when its context
-// ends or its call timeout passes first.
+// ends or its call timeout passes first: it never waits for go-redis (docs/design.md,
+// "One way to Redis").
 func (c *client) do(r *request) (reply, error) {
-	c.enqueue(r)
-	rep, err := c.wait(r)
-	c.mu.Lock()
-	c.calls--
-	c.mu.Unlock()
-	return rep, err
+	res := c.doAll([]*request{r})[0]
+	return res.rep, res.err
 }
 
 // result is one request's answer.
@@ -112,9 +99,25 @@ type result struct {
 }
 
 // doAll is do of every request of reqs, queued together in their order: those of one
-// target go in one script call, in that order (pipeCap at most).
+// target go in one script call, in that order (pipeCap at most). They go at once if
+// nothing is in flight.
 func (c *client) doAll(reqs []*request) []result {
-	c.enqueue(reqs...)
+	now := time.Now()
+	c.mu.Lock()
+	for _, r := range reqs {
+		r.done = make(chan struct{}, 1)
+		r.due = now.Add(r.timeout)
+		if c.watchAt.IsZero() || r.due.Before(c.watchAt) {
+			c.watchAt = r.due
+			c.watch.Reset(time.Until(r.due))
+		}
+	}
+	c.queue = append(c.queue, reqs...)
+	c.calls += len(reqs)
+	if c.ready() {
+		go c.flush(c.take())
+	}
+	c.mu.Unlock()
 	out := make([]result, len(reqs))
 	for i, r := range reqs {
 		out[i].rep, out[i].err = c.wait(r)
@@ -125,91 +128,41 @@ func (c *client) doAll(reqs []*request) []result {
 	return out
 }
 
-// enqueue queues reqs, in their order, and sends them at once if nothing is in flight.
-func (c *client) enqueue(reqs ...*request) {
-	now := time.Now()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, r := range reqs {
-		r.done = make(chan struct{}, 1)
-		r.due = now.Add(r.timeout)
-		c.calls++
-		c.queue = append(c.queue, r)
-		if c.watchAt.IsZero() || r.due.Before(c.watchAt) {
-			c.arm(r.due)
-		}
-	}
-	if c.ready() {
-		c.launch()
-	}
-}
-
 // ready reports whether what is queued goes now (c.mu held): when nothing is in
 // flight, or when a round trip more may fly and the queue holds its share of the calls
 // under way, so that the round trips in flight carry about as many requests each.
 func (c *client) ready() bool {
-	if len(c.queue) == 0 || c.flying >= maxFlights {
-		return false
-	}
-	return c.flying == 0 || len(c.queue)*maxFlights >= c.calls
+	flying := len(c.flights)
+	return len(c.queue) > 0 && flying < maxFlights && (flying == 0 || len(c.queue)*maxFlights >= c.calls)
 }
 
-// flight is a round trip in flight: its requests, and whether the watchdog let it go
-// (see expire).
+// flight is a round trip in flight: its requests.
 type flight struct {
 	reqs []*request
-	gone bool
 }
 
-// launch sends what is queued in a round trip of its own (c.mu held).
-func (c *client) launch() {
-	batch := c.take()
-	if batch == nil {
-		return
-	}
-	f := &flight{reqs: batch}
-	c.flights = append(c.flights, f)
-	c.flying++
-	go c.flush(f)
-}
-
-// flush makes f's round trip, then, while ready, another of what queued meanwhile; it
-// stops once the watchdog has let f go.
+// flush makes f's round trip (none if f is nil), then, while ready, another of what
+// queued meanwhile; it stops once the watchdog has let f go.
 func (c *client) flush(f *flight) {
-	for {
+	for f != nil {
 		c.send(f.reqs)
 		c.mu.Lock()
-		if f.gone {
-			c.mu.Unlock()
-			return
+		i := slices.Index(c.flights, f) // -1: the watchdog let it go
+		f = nil
+		if i >= 0 {
+			c.flights = slices.Delete(c.flights, i, i+1)
+			if c.ready() {
+				f = c.take()
+			}
 		}
-		c.flying--
-		c.land(f)
-		var batch []*request
-		if c.ready() {
-			batch = c.take()
-		}
-		if batch == nil { // nothing queued, or only requests whose callers left
-			c.mu.Unlock()
-			return
-		}
-		f = &flight{reqs: batch}
-		c.flights = append(c.flights, f)
-		c.flying++
 		c.mu.Unlock()
 	}
 }
 
-// land takes f out of the flights (c.mu held).
-func (c *client) land(f *flight) {
-	if i := slices.Index(c.flights, f); i >= 0 {
-		c.flights = slices.Delete(c.flights, i, i+1)
-	}
-}
-
-// take removes the next round trip's requests from the queue (c.mu held): up to
-// pipeCap, in arrival order, skipping those whose callers left; nil when none is left.
-func (c *client) take() []*request {
+// take removes the next round trip's requests from the queue and makes them a flight
+// (c.mu held): up to pipeCap, in arrival order, skipping those whose callers left; nil
+// when none is left.
+func (c *client) take() *flight {
 	var batch []*request
 	i := 0
 	for ; i < len(c.queue) && len(batch) < pipeCap; i++ {
@@ -217,27 +170,20 @@ func (c *client) take() []*request {
 			batch = append(batch, r)
 		}
 	}
-	n := copy(c.queue, c.queue[i:])
-	clear(c.queue[n:])
-	c.queue = c.queue[:n]
-	return batch
-}
-
-// arm sets the watchdog to run at at (c.mu held).
-func (c *client) arm(at time.Time) {
-	c.watchAt = at
-	if c.watch == nil {
-		c.watch = time.AfterFunc(time.Until(at), c.expire)
-		return
+	c.queue = slices.Delete(c.queue, 0, i)
+	if batch == nil {
+		return nil
 	}
-	c.watch.Reset(time.Until(at))
+	f := &flight{reqs: batch}
+	c.flights = append(c.flights, f)
+	return f
 }
 
-// expire is the watchdog: one timer per client keeps every request's call timeout.
-// It answers each request queued or in flight whose timeout has passed, and sets
-// itself for the next. A round trip nobody waits for any more (a Redis that stopped
-// answering) it lets go: it no longer counts as in flight, so the queue goes on in
-// another; its replies, if they ever come, still go to the late path.
+// expire is the watchdog, one timer per client for every request's call timeout: it
+// answers each request queued or in flight whose timeout has passed, and sets itself
+// for the next. A round trip nobody waits for any more (a Redis that stopped answering)
+// it lets go, so the queue goes on in another; its replies, if they ever come, still go
+// to the late path.
 func (c *client) expire() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -245,17 +191,14 @@ func (c *client) expire() {
 	var next time.Time
 	check := func(reqs []*request) (waiting bool) {
 		for _, r := range reqs {
-			if st := r.state.Load(); st != queued && st != sent {
-				continue
-			}
-			if r.due.After(now) {
+			switch st := r.state.Load(); {
+			case st != queued && st != sent:
+			case r.due.After(now):
 				if next.IsZero() || r.due.Before(next) {
 					next = r.due
 				}
 				waiting = true
-				continue
-			}
-			if r.state.CompareAndSwap(queued, left) || r.state.CompareAndSwap(sent, left) {
+			case r.state.CompareAndSwap(st, left): // else answered meanwhile
 				r.err = c.noReply(r)
 				r.done <- struct{}{}
 			}
@@ -263,24 +206,17 @@ func (c *client) expire() {
 		return waiting
 	}
 	check(c.queue)
-	for _, f := range slices.Clone(c.flights) {
-		if !check(f.reqs) {
-			f.gone = true
-			c.land(f)
-			c.flying--
-		}
-	}
-	c.watchAt = time.Time{}
+	c.flights = slices.DeleteFunc(c.flights, func(f *flight) bool { return !check(f.reqs) })
+	c.watchAt = next
 	if !next.IsZero() {
-		c.arm(next)
+		c.watch.Reset(time.Until(next))
 	}
 	if c.ready() {
-		c.launch()
+		go c.flush(c.take())
 	}
 }
 
-// wait returns r's reply, or what its caller gets when its context ends or its call
-// timeout (the watchdog) passes first.
+// wait returns r's answer, or noReply's error if its context ends first.
 func (c *client) wait(r *request) (reply, error) {
 	select {
 	case <-r.done:
@@ -306,22 +242,20 @@ func (c *client) noReply(r *request) error {
 	}
 	r.ks.breaker.failed(time.Now())
 	reloadSlots(c.rdb)
-	bound := fmt.Sprintf("within the call timeout (%v)", r.timeout)
+	f := c.lastErr.Load()
 	if dl, ok := r.ctx.Deadline(); err != nil || ok && !dl.After(time.Now()) {
-		bound = "before the context's deadline"
-		if cause, ago := c.lastError(); cause != nil {
-			return fmt.Errorf("%w: key %q: no reply %s (%w); the last failure seen, %v ago: %w", ErrUnavailable, r.t.key, bound,
-				context.DeadlineExceeded, ago, cause)
+		err = fmt.Errorf("%w: key %q: no reply before the context's deadline (%w)", ErrUnavailable, r.t.key,
+			context.DeadlineExceeded)
+	} else {
+		err = fmt.Errorf("%w: key %q: no reply within the call timeout (%v)", ErrUnavailable, r.t.key, r.timeout)
+		if f != nil && errors.Is(f.err, context.DeadlineExceeded) { // a timeout's: the caller's deadline did not pass
+			f = &failure{errors.New(f.err.Error()), f.at}
 		}
-		return fmt.Errorf("%w: key %q: no reply %s (%w)", ErrUnavailable, r.t.key, bound, context.DeadlineExceeded)
 	}
-	if cause, ago := c.lastError(); cause != nil {
-		if errors.Is(cause, context.DeadlineExceeded) { // a timeout's: the caller's deadline did not pass
-			cause = errors.New(cause.Error())
-		}
-		return fmt.Errorf("%w: key %q: no reply %s; the last failure seen, %v ago: %w", ErrUnavailable, r.t.key, bound, ago, cause)
+	if f == nil || time.Since(f.at) > time.Minute {
+		return err
 	}
-	return fmt.Errorf("%w: key %q: no reply %s", ErrUnavailable, r.t.key, bound)
+	return fmt.Errorf("%w; the last failure seen, %v ago: %w", err, time.Since(f.at).Round(time.Millisecond), f.err)
 }
 
 // answer hands r its reply or error; a reply whose caller left goes to r.late.
@@ -363,20 +297,25 @@ func groups(batch []*request) []*group {
 // command returns the group's script call: EVALSHA, or EVAL with the script's text.
 func (g *group) command(ctx context.Context, eval bool) *redis.IntSliceCmd {
 	keys := g.t.keys
-	var args []any
-	args = append(args, len(g.reqs))
-	var record []any
+	args := []any{len(g.reqs)}
+	record := []any{"", 0} // a limiter's record ARGV when none is due
+	// the ARGV index of a limiter's first extra argument: after k, requests, tail, record
+	at := 1 + len(g.reqs)*g.t.fields + len(g.t.tail) + len(record) + 1
 	var extra []any
-	nbase := len(keys)
 	for _, r := range g.reqs {
 		args = append(args, r.fields...)
 		if r.key != "" { // the request's own key, in KEYS once
-			i := slices.Index(keys[nbase:], r.key)
+			i := slices.Index(keys, r.key)
 			if i < 0 {
-				keys = append(keys[:len(keys):len(keys)], r.key)
-				i = len(keys) - nbase - 1
+				i = len(keys)
+				keys = append(keys[:i:i], r.key)
 			}
-			args[len(args)-1] = nbase + i + 1
+			args[len(args)-1] = i + 1
+		}
+		if r.extra != nil { // a limiter's fourth field points at its extra ARGV
+			args[len(args)-2] = at
+			extra = append(extra, r.extra...)
+			at += len(r.extra)
 		}
 		if r.record != nil {
 			record = r.record
@@ -384,25 +323,12 @@ func (g *group) command(ctx context.Context, eval bool) *redis.IntSliceCmd {
 	}
 	args = append(args, g.t.tail...)
 	if g.t.fields == limiterFields {
-		if record == nil {
-			record = []any{"", 0}
-		}
-		args = append(args, record...)
-		at := len(args) + 1 // ARGV index of the next extra argument
-		for i, r := range g.reqs {
-			if r.extra != nil {
-				args[1+i*limiterFields+3] = at // the request's fourth field points at its extra ARGV
-				extra = append(extra, r.extra...)
-				at += len(r.extra)
-			}
-		}
-		args = append(args, extra...)
+		args = append(append(args, record...), extra...)
 	}
-	head := []any{"evalsha", g.t.script.sha}
+	head := []any{"evalsha", g.t.script.sha, len(keys)}
 	if eval {
 		head[0], head[1] = "eval", g.t.script.src
 	}
-	head = append(head, len(keys))
 	for _, k := range keys {
 		head = append(head, k)
 	}
@@ -411,8 +337,9 @@ func (g *group) command(ctx context.Context, eval bool) *redis.IntSliceCmd {
 	return cmd
 }
 
-// send makes one round trip for batch: a script call per group, the calls in one
-// pipeline (see parts), and EVAL for those the server did not have the script of.
+// send makes one round trip for batch, a script call per group. On a cluster each
+// key's calls go in a pipeline of their own, sent at once and answered each as it
+// lands: a slow node holds back only its own keys' callers.
 func (c *client) send(batch []*request) {
 	ctx, cancel := batchContext(batch)
 	defer cancel()
@@ -421,9 +348,12 @@ func (c *client) send(batch []*request) {
 		c.round(ctx, gs)
 		return
 	}
-	parts := c.parts(gs)
+	byTag := map[string][]*group{}
+	for _, g := range gs {
+		byTag[g.t.tag] = append(byTag[g.t.tag], g)
+	}
 	var wg sync.WaitGroup
-	for _, part := range parts {
+	for _, part := range byTag {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -433,38 +363,13 @@ func (c *client) send(batch []*request) {
 	wg.Wait()
 }
 
-// parts splits a cluster's round trip into the pipelines that carry it: one per key,
-// sent at once and answered each as it lands (a slow node holds
-// back only its own keys' callers). A round trip goes in MULTI/EXEC unless the client
-// never re-sends a command (atMostOnce): go-redis re-sends a plain command whose reply
-// was lost, which would run a script twice, and never re-sends a transaction it has
-// written; and go-redis's cluster client refuses a transaction whose keys span hash
-// slots (ErrCrossSlot) rather than split it.
-func (c *client) parts(gs []*group) [][]*group {
-	var byTag [][]*group
-	at := map[string]int{}
-	for _, g := range gs {
-		i, ok := at[g.t.tag]
-		if !ok {
-			i = len(byTag)
-			at[g.t.tag] = i
-			byTag = append(byTag, nil)
-		}
-		byTag[i] = append(byTag[i], g)
-	}
-	return byTag
-}
-
-// round sends the groups of one part, EVAL after NOSCRIPT, and answers their requests.
+// round sends the groups of one pipeline, EVAL after NOSCRIPT, and answers their requests.
 func (c *client) round(ctx context.Context, gs []*group) {
 	c.exec(ctx, gs, false)
-	var again []*group
-	for _, g := range gs {
-		if err := g.cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			again = append(again, g)
-		}
-	}
-	if again != nil {
+	again := slices.DeleteFunc(slices.Clone(gs), func(g *group) bool {
+		return !redis.HasErrorPrefix(g.cmd.Err(), "NOSCRIPT")
+	})
+	if len(again) > 0 {
 		c.exec(ctx, again, true)
 	}
 	for _, g := range gs {
@@ -472,7 +377,10 @@ func (c *client) round(ctx context.Context, gs []*group) {
 	}
 }
 
-// exec runs the groups' script calls in one pipeline (see parts).
+// exec runs the groups' script calls in one pipeline, in MULTI/EXEC unless the client
+// never re-sends a command (atMostOnce; docs/design.md, "One way to Redis"). go-redis's
+// cluster client refuses a transaction whose keys span hash slots: send keeps each
+// key's calls apart.
 func (c *client) exec(ctx context.Context, gs []*group, eval bool) {
 	var pipe redis.Pipeliner
 	if c.atMostOnce {
@@ -500,76 +408,70 @@ func (c *client) exec(ctx context.Context, gs []*group, eval bool) {
 // deliver answers the group's requests from its call's reply.
 func (c *client) deliver(ctx context.Context, g *group) {
 	flat, err := g.cmd.Result()
-	ks := g.reqs[0].ks
-	if err != nil {
-		// cut: the round trip ran out of time, every request's bound having passed
-		// (batchContext); its error (a context's, a timeout) says less than the bound
-		cut := ctx.Err() != nil && !isReply(err)
-		if cut && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) || isUnavailable(ctx, err) {
-			c.noteError(err)
-		}
-		if isUnavailable(ctx, err) { // a cut one counts for each request (noReply)
-			ks.breaker.failed(time.Now())
-			reloadSlots(c.rdb)
-		}
-		for _, r := range g.reqs {
-			switch {
-			case cut:
-				r.answer(reply{}, c.noReply(r))
-			case isOddReply(err):
-				r.answer(reply{}, fmt.Errorf("%w: key %q: %w", ErrUnexpectedReply, g.t.key, err))
-			default:
-				r.answer(reply{}, scriptError(r.ctx, g.t.key, err))
-			}
+	if err == nil {
+		g.reqs[0].ks.breaker.succeeded()
+		for i, r := range g.reqs {
+			r.answer(g.parse(flat, i))
 		}
 		return
 	}
-	ks.breaker.succeeded()
-	k := len(g.reqs)
-	if len(flat) < replyWidth*k {
-		err := fmt.Errorf("%w: key %q: %d integers for %d requests", ErrUnexpectedReply, g.t.key, len(flat), k)
-		for _, r := range g.reqs {
-			r.answer(reply{}, err)
-		}
-		return
+	// cut: the round trip ran out of time, every request's bound having passed
+	// (batchContext); its error (a context's, a timeout) says less than the bound
+	var own redis.Error // a reply of Redis's own (a script's error, NOPERM…)
+	cut := ctx.Err() != nil && !errors.As(err, &own)
+	down := isUnavailable(ctx, err)
+	if down || cut && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+		c.lastErr.Store(&failure{err, time.Now()})
 	}
-	for i, r := range g.reqs {
-		var rep reply
-		copy(rep.v[:], flat[replyWidth*i:])
-		at, n := rep.v[1]-1, rep.v[2] // an error's text
+	if down { // a cut one counts for each request (noReply)
+		g.reqs[0].ks.breaker.failed(time.Now())
+		reloadSlots(c.rdb)
+	}
+	for _, r := range g.reqs {
 		switch {
-		case rep.v[0] == -1:
-		case r.detail:
-			at, n = rep.v[4]-1, rep.v[5]
+		case cut:
+			r.answer(reply{}, c.noReply(r))
+		case isOddReply(err):
+			r.answer(reply{}, fmt.Errorf("%w: key %q: %w", ErrUnexpectedReply, g.t.key, err))
 		default:
-			at, n = 0, 0
+			r.answer(reply{}, scriptError(r.ctx, g.t.key, err))
 		}
-		if n > 0 && (at < int64(replyWidth*k) || at+n > int64(len(flat))) {
-			r.answer(reply{}, fmt.Errorf("%w: key %q: request %d of %d: extra at %d (%d) in a reply of %d",
-				ErrUnexpectedReply, g.t.key, i+1, k, at+1, n, len(flat)))
-			continue
-		}
-		if rep.v[0] == -1 {
-			text := make([]byte, n)
-			for j := range text {
-				text[j] = byte(flat[at+int64(j)])
-			}
-			// the request's place in the call is not the caller's business: its error
-			// reads the same whichever requests it went with
-			text = bytes.Replace(text, fmt.Appendf(nil, "JTARG request %d: ", i+1), []byte("JTARG "), 1)
-			r.answer(reply{}, scriptError(r.ctx, g.t.key, batchError(text)))
-			continue
-		}
-		rep.extra = flat[at : at+n : at+n]
-		r.answer(rep, nil)
 	}
 }
 
-// isReply reports whether err is a reply of Redis's own (a script's error, NOSCRIPT,
-// NOPERM…) rather than a failure to get one.
-func isReply(err error) bool {
-	var rerr redis.Error
-	return errors.As(err, &rerr)
+// parse returns request i's reply, or its error, from its call's reply flat.
+func (g *group) parse(flat []int64, i int) (reply, error) {
+	k := len(g.reqs)
+	if len(flat) < replyWidth*k {
+		return reply{}, fmt.Errorf("%w: key %q: %d integers for %d requests", ErrUnexpectedReply, g.t.key, len(flat), k)
+	}
+	var rep reply
+	copy(rep.v[:], flat[replyWidth*i:])
+	var at, n int64 // the request's part of the extra region
+	switch {
+	case rep.v[0] == -1: // an error's text
+		at, n = rep.v[1]-1, rep.v[2]
+	case g.reqs[i].detail:
+		at, n = rep.v[4]-1, rep.v[5]
+	}
+	if n < 0 || n > 0 && (at < int64(replyWidth*k) || at+n > int64(len(flat))) {
+		return reply{}, fmt.Errorf("%w: key %q: request %d of %d: extra at %d (%d) in a reply of %d",
+			ErrUnexpectedReply, g.t.key, i+1, k, at+1, n, len(flat))
+	}
+	if n > 0 {
+		rep.extra = flat[at : at+n : at+n]
+	}
+	if rep.v[0] != -1 {
+		return rep, nil
+	}
+	text := make([]byte, n)
+	for j, b := range rep.extra {
+		text[j] = byte(b)
+	}
+	// the request's place in the call is not the caller's business: its error reads the
+	// same whichever requests it went with
+	text = bytes.Replace(text, fmt.Appendf(nil, "JTARG request %d: ", i+1), []byte("JTARG "), 1)
+	return reply{}, scriptError(g.reqs[i].ctx, g.t.key, batchError(text))
 }
 
 // isOddReply reports whether err is go-redis failing to read a reply as integers: a

@@ -70,8 +70,8 @@ func TestLimiterPerCallKeepsTheLocalShare(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := l.client().key(l.t.tag).stats.local.Load(); n != 20 {
-		t.Fatalf("the key's local decisions, seen by a Limiter built after 20: got %d, want 20", n)
+	if res, err := l.Allow(ctx); err != nil || res.Allowed {
+		t.Fatalf("a Limiter built after 20 calls: got %+v, %v; want a denial (the share spent)", res, err)
 	}
 	other, err := New(rdb, "percall", PerMinute(6), WithFailurePolicy(FailLocal(1)))
 	if err != nil {

@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -13,49 +14,33 @@ import (
 
 // hub is the one pub/sub subscription of a client: it listens on a key's channel,
 // {…}:wake, while something of this process waits on the key, and tells the listeners
-// what the scripts publish there: "h <place> ..." when a semaphore hands slots to
-// places in its queue, "r <pause_end>" when a limiter's pause was resumed. It also
-// tells them when the subscription is (re)confirmed, since a notice may have been
-// missed before. Listeners cost no connection of their own; the subscription uses one
-// of go-redis's pub/sub connections, closed after hubLinger without listeners.
+// what the scripts publish there ("h <place> ...", a semaphore's handoffs; "r
+// <pause_end>", a resume) and when the subscription is (re)confirmed, since a notice
+// may have been missed before. It holds one of go-redis's pub/sub connections, closed
+// after hubLinger without listeners.
 //
-// What it asks of the subscription (subscribe, unsubscribe, close) its worker sends,
-// in order, on a goroutine of its own: go-redis dials and reads a handshake reply on
-// the calling goroutine while holding the subscription's lock, which a Redis that
-// stopped answering holds for the client's ReadTimeout (for ever without one). No
-// caller, and nothing under h.mu, waits for Redis.
+// What it asks of the subscription (subscribe, unsubscribe, close) its worker does, in
+// order, on a goroutine of its own: go-redis dials and reads a handshake reply on the
+// calling goroutine while holding the subscription's lock, which a Redis that stopped
+// answering holds for the client's ReadTimeout (for ever without one). No caller, and
+// nothing under h.mu, waits for Redis.
 type hub struct {
 	rdb   redis.UniversalClient
 	mu    sync.Mutex
 	ps    *redis.PubSub // nil while closed
 	chans map[string]*channel
 	idle  *time.Timer // closes ps once no channel is left
-	ops   []hubOp     // what the worker has yet to send, in order
-	busy  bool        // the worker runs
+	ops   []func()    // the worker's queue, in order, the op it runs first: the worker runs while any
 }
-
-// hubOp is one request of the hub to a subscription: subscribe or unsubscribe
-// channel, or close it.
-type hubOp struct {
-	ps      *redis.PubSub
-	op      int
-	channel string
-}
-
-const (
-	hubSubscribe = iota
-	hubUnsubscribe
-	hubClose
-)
 
 // hubLinger is how long the hub keeps its connection open without listeners.
 const hubLinger = 30 * time.Second
 
-// channel is the hub's state for one key's channel.
+// channel is the hub's state for one key's channel. A channel subscribed and not live
+// awaits the confirmation of its SUBSCRIBE.
 type channel struct {
 	listeners  map[*listener]struct{}
 	subscribed bool // SUBSCRIBE asked for, no UNSUBSCRIBE since
-	pending    int  // SUBSCRIBEs asked for whose confirmation has not come
 	live       bool // confirmed: every notice published from now on arrives
 }
 
@@ -101,8 +86,9 @@ func (h *hub) subscribe(l *listener) bool {
 		h.ps = h.rdb.Subscribe(context.Background()) // no channel yet: nothing is sent
 		go h.receive(h.ps, h.ps.ChannelWithSubscriptions())
 	}
-	ch.subscribed, ch.pending, ch.live = true, ch.pending+1, false
-	h.send(hubOp{h.ps, hubSubscribe, l.channel})
+	ch.subscribed, ch.live = true, false
+	ps := h.ps
+	h.do(func() { _ = ps.Subscribe(context.Background(), l.channel) })
 	return false
 }
 
@@ -112,15 +98,15 @@ func (h *hub) unlisten(l *listener) {
 	defer h.mu.Unlock()
 	ch := h.chans[l.channel]
 	delete(ch.listeners, l)
-	if len(ch.listeners) == 0 && ch.pending == 0 {
+	if len(ch.listeners) == 0 && (ch.live || !ch.subscribed) { // else confirmed drops it
 		h.drop(l.channel, ch)
 	}
 }
 
 // drop forgets a channel without listeners (h.mu held).
 func (h *hub) drop(name string, ch *channel) {
-	if ch.subscribed && h.ps != nil {
-		h.send(hubOp{h.ps, hubUnsubscribe, name})
+	if ps := h.ps; ch.subscribed && ps != nil {
+		h.do(func() { _ = ps.Unsubscribe(context.Background(), name) })
 	}
 	delete(h.chans, name)
 	if len(h.chans) == 0 && h.ps != nil && h.idle == nil {
@@ -133,46 +119,32 @@ func (h *hub) closeIdle() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.idle = nil
-	if len(h.chans) == 0 && h.ps != nil {
-		h.send(hubOp{ps: h.ps, op: hubClose})
+	if ps := h.ps; len(h.chans) == 0 && ps != nil {
+		h.do(func() { _ = ps.Close() })
 		h.ps = nil
 	}
 }
 
-// send queues op for the worker, starting it if it is not running (h.mu held).
-func (h *hub) send(op hubOp) {
+// do queues op for the worker, starting it if it is not running (h.mu held). The
+// worker runs the queued ops in order until none is left. A failed subscribe is sent
+// again by go-redis when it reconnects (the subscription keeps its channels); listeners
+// fall back on their timers meanwhile.
+func (h *hub) do(op func()) {
 	h.ops = append(h.ops, op)
-	if !h.busy {
-		h.busy = true
-		go h.work()
+	if len(h.ops) > 1 { // the worker runs
+		return
 	}
-}
-
-// work sends the queued ops in order, until none is left. A failed subscribe is
-// sent again by go-redis when it reconnects (the subscription keeps its channels);
-// listeners fall back on their timers meanwhile.
-func (h *hub) work() {
-	ctx := context.Background()
-	for {
+	go func() {
 		h.mu.Lock()
-		if len(h.ops) == 0 {
-			h.busy = false
+		for len(h.ops) > 0 {
+			op := h.ops[0]
 			h.mu.Unlock()
-			return
+			op()
+			h.mu.Lock()
+			h.ops = slices.Delete(h.ops, 0, 1)
 		}
-		op := h.ops[0]
-		h.ops[0] = hubOp{}
-		h.ops = h.ops[1:]
 		h.mu.Unlock()
-		switch op.op {
-		case hubSubscribe:
-			_ = op.ps.Subscribe(ctx, op.channel)
-		case hubUnsubscribe:
-			_ = op.ps.Unsubscribe(ctx, op.channel)
-		case hubClose:
-			_ = op.ps.Close()
-		}
-	}
+	}()
 }
 
 // receive dispatches what ps delivers until it is closed.
@@ -188,25 +160,18 @@ func (h *hub) receive(ps *redis.PubSub, in <-chan any) {
 			}
 		case *redis.Message:
 			ch := h.chans[m.Channel]
-			kind, rest, _ := strings.Cut(m.Payload, " ")
 			if ch == nil {
 				break
 			}
-			switch kind {
-			case "h":
-				for _, place := range strings.Fields(rest) {
-					for l := range ch.listeners {
-						if l.place == place {
-							signal(l.handed)
-						}
-					}
-				}
-			case "r":
-				at, _ = strconv.ParseInt(rest, 10, 64)
-				for l := range ch.listeners {
-					if l.resumed != nil {
-						resumes = append(resumes, l.resumed)
-					}
+			kind, rest, _ := strings.Cut(m.Payload, " ")
+			places := strings.Fields(rest)         // "h": the places handed a slot
+			at, _ = strconv.ParseInt(rest, 10, 64) // "r": the end of the pause resumed
+			for l := range ch.listeners {
+				switch {
+				case kind == "h" && slices.Contains(places, l.place):
+					signal(l.handed)
+				case kind == "r" && l.resumed != nil:
+					resumes = append(resumes, l.resumed)
 				}
 			}
 		}
@@ -224,7 +189,7 @@ func (h *hub) receive(ps *redis.PubSub, in <-chan any) {
 	}
 	h.ps = nil
 	for name, ch := range h.chans {
-		ch.subscribed, ch.pending, ch.live = false, 0, false
+		ch.subscribed, ch.live = false, false
 		if len(ch.listeners) == 0 {
 			delete(h.chans, name)
 		}
@@ -240,12 +205,6 @@ func (h *hub) receive(ps *redis.PubSub, in <-chan any) {
 func (h *hub) confirmed(name string) {
 	ch := h.chans[name]
 	if ch == nil || !ch.subscribed {
-		return
-	}
-	if ch.pending > 0 {
-		ch.pending--
-	}
-	if ch.pending > 0 {
 		return
 	}
 	if len(ch.listeners) == 0 {
