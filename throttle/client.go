@@ -19,7 +19,12 @@ type client struct {
 	// MaxRetries < 0 does (its options then hold 0; the default becomes 3); a cluster
 	// client re-sends on redirects and connection errors.
 	atMostOnce bool
-	hub        *hub
+	// inline: rdb ends every wait of a call by its context's deadline (a plain go-redis
+	// Client with ContextTimeoutEnabled: its pool, dial, reads and writes), so a call
+	// that no context can cut short may run on its caller's goroutine (see unending).
+	// Not a FailoverClient, whose dialer asks the sentinels.
+	inline bool
+	hub    *hub
 
 	mu      sync.Mutex
 	queue   []*request  // arrival order
@@ -47,7 +52,12 @@ func clientFor(rdb redis.UniversalClient) *client {
 		return v.(*client)
 	}
 	plain, ok := rdb.(*redis.Client)
-	c := &client{rdb: rdb, atMostOnce: ok && plain.Options().MaxRetries == 0}
+	c := &client{rdb: rdb}
+	if ok {
+		o := plain.Options()
+		c.atMostOnce = o.MaxRetries == 0
+		c.inline = o.ContextTimeoutEnabled && o.Addr != "FailoverClient"
+	}
 	c.watch = time.AfterFunc(time.Hour, c.expire)
 	c.watch.Stop() // set by doAll and expire
 	c.sweep = time.AfterFunc(sweepEvery, c.sweepIdle)
