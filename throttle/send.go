@@ -180,8 +180,8 @@ func (c *client) landed(f *flight) *flight {
 // unending reports whether no request of reqs has a context that can end: their
 // callers can leave only by the call timeout, which a client that honours deadlines
 // (client.inline) keeps itself, so a round trip of theirs alone may run on their
-// caller's goroutine. That saves the handoff to a flusher and back, a third of a lone
-// call's latency on a plain client (lonecall-compare.sh, client "lean").
+// caller's goroutine, which saves the handoff to a flusher and back: most of what a
+// lone call costs on the client (bench/lonecall-compare.sh, client "lean").
 func unending(reqs []*request) bool {
 	for _, r := range reqs {
 		if r.ctx.Done() != nil {
