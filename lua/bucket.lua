@@ -205,16 +205,9 @@ local function report(st, lim, now, oend)
   return remaining > 0 and remaining or 0, reset, oend and keep_us(st, lim, now, oend, reset) or reset
 end
 
--- save writes the state when it changed (oend: the override's end under which lim are in
--- force, 0: none), or deletes it when every bucket is full.
+-- save writes the changed state (oend: the override's end under which lim are in force,
+-- 0: none), or deletes it when every bucket is full.
 local function save(st, key, lim, now, oend, keep)
-  if not st.dirty then
-    return
-  end
-  if not keep then
-    local _
-    _, _, keep = report(st, lim, now, oend)
-  end
   if keep <= 0 then
     if not st.absent then
       redis.call('DEL', key)

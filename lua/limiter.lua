@@ -10,8 +10,8 @@
 --   report(st, lim, now[, oend]) -> remaining, reset_us, keep_us (how long the state matters)
 --   detail(st, lim, now) -> booked, ahead_us, avail (per limit)   (Inspect)
 --   rates(st, old, new, at, now)     the limits in force change at `at`
---   save(st, key, lim, now, oend, keep)  write the state if it changed, with its TTL (keep:
---                                    report's for the state as it is, or nil)
+--   save(st, key, lim, now, oend, keep)  write the changed state (st.dirty), with its TTL
+--                                    keep: report's for the state as it is
 -- Each takes the state as an argument; st.dirty says it changed, st.absent that the key
 -- was absent, st.err (the JTSTATE text) that a read after load found it foreign (the log
 -- reads lazily). lim[i] = {rate, period_us, burst (bucket only)}: the limits in force.
@@ -171,7 +171,9 @@ if fast and not redis.pcall('GET', KEYS[2]) then
       granted and 1 or 0, remaining, t - now, reset, granted and t or 0, 0
   end
   if st and not st.err then
-    save(st, KEYS[1], given, now, 0, keep)
+    if st.dirty then
+      save(st, KEYS[1], given, now, 0, keep) -- keep: report's after the last request
+    end
     return out
   end
 end
@@ -478,8 +480,12 @@ if failed then
     decided = decided or type(ext[r]) ~= 'string'
   end
 else
-  if st then
-    save(st, KEYS[1], lim, now, oend, remaining and keep)
+  if st and st.dirty then
+    local _, kept = nil, remaining and keep -- report's, unless the state changed since
+    if not kept then
+      _, _, kept = report(st, lim, now, oend)
+    end
+    save(st, KEYS[1], lim, now, oend, kept)
   end
   for _, i in ipairs(booked) do
     if books[i] ~= nil then

@@ -237,13 +237,6 @@ local function report(st, lim, now)
 end
 
 local function save(st, key, lim, now, _, keep)
-  if not st.dirty then
-    return
-  end
-  if not keep then
-    local _
-    _, _, keep = report(st, lim, now)
-  end
   local tail = st.tail
   if keep <= 0 or not st.lastT then
     if not st.absent then

@@ -114,13 +114,6 @@ local function report(st, lim, now)
 end
 
 local function save(st, key, lim, now, _, keep)
-  if not st.dirty then
-    return
-  end
-  if not keep then
-    local _
-    _, _, keep = report(st, lim, now)
-  end
   if keep <= 0 then
     if not st.absent then
       redis.call('DEL', key)

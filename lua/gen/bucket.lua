@@ -301,16 +301,9 @@ local function report(st, lim, now, oend)
   return remaining > 0 and remaining or 0, reset, oend and keep_us(st, lim, now, oend, reset) or reset
 end
 
--- save writes the state when it changed (oend: the override's end under which lim are in
--- force, 0: none), or deletes it when every bucket is full.
+-- save writes the changed state (oend: the override's end under which lim are in force,
+-- 0: none), or deletes it when every bucket is full.
 local function save(st, key, lim, now, oend, keep)
-  if not st.dirty then
-    return
-  end
-  if not keep then
-    local _
-    _, _, keep = report(st, lim, now, oend)
-  end
   if keep <= 0 then
     if not st.absent then
       redis.call('DEL', key)
@@ -338,8 +331,8 @@ end
 --   report(st, lim, now[, oend]) -> remaining, reset_us, keep_us (how long the state matters)
 --   detail(st, lim, now) -> booked, ahead_us, avail (per limit)   (Inspect)
 --   rates(st, old, new, at, now)     the limits in force change at `at`
---   save(st, key, lim, now, oend, keep)  write the state if it changed, with its TTL (keep:
---                                    report's for the state as it is, or nil)
+--   save(st, key, lim, now, oend, keep)  write the changed state (st.dirty), with its TTL
+--                                    keep: report's for the state as it is
 -- Each takes the state as an argument; st.dirty says it changed, st.absent that the key
 -- was absent, st.err (the JTSTATE text) that a read after load found it foreign (the log
 -- reads lazily). lim[i] = {rate, period_us, burst (bucket only)}: the limits in force.
@@ -499,7 +492,9 @@ if fast and not redis.pcall('GET', KEYS[2]) then
       granted and 1 or 0, remaining, t - now, reset, granted and t or 0, 0
   end
   if st and not st.err then
-    save(st, KEYS[1], given, now, 0, keep)
+    if st.dirty then
+      save(st, KEYS[1], given, now, 0, keep) -- keep: report's after the last request
+    end
     return out
   end
 end
@@ -641,7 +636,7 @@ local function reply(out, k, ext)
   return out
 end
 
--- [bucket.lua from line 231]
+-- [bucket.lua from line 224]
 -- @cold: what follows only the driver's request loop needs (see lua/internal/gen).
 
 local function give(st, lim, n, token, now)
@@ -678,7 +673,7 @@ local function detail(st, lim, now)
   return booked, ahead, avail
 end
 
--- [limiter.lua from line 179]
+-- [limiter.lua from line 181]
 -- @cold: the request loop, for every call the fast path did not decide.
 
 -- is_record reports whether v is a record's text: "1 <sw|sc|tb|fw> <buckets> <limit> ..."
@@ -981,8 +976,12 @@ if failed then
     decided = decided or type(ext[r]) ~= 'string'
   end
 else
-  if st then
-    save(st, KEYS[1], lim, now, oend, remaining and keep)
+  if st and st.dirty then
+    local _, kept = nil, remaining and keep -- report's, unless the state changed since
+    if not kept then
+      _, _, kept = report(st, lim, now, oend)
+    end
+    save(st, KEYS[1], lim, now, oend, kept)
   end
   for _, i in ipairs(booked) do
     if books[i] ~= nil then
