@@ -1,13 +1,14 @@
--- bucket.lua: TokenBucket, with golang.org/x/time/rate's semantics decision for decision;
--- limiter.lua's header says what it defines.
+-- bucket.lua: TokenBucket ("tb"), with golang.org/x/time/rate's semantics decision for
+-- decision; limiter.lua's header says what it defines.
 --
--- State  KEYS[1], string "<last> <oend> <u1> <r1> <p1> <b1> <e1> ... <um> <rm> <pm> <bm> <em>":
+-- Head   "tb <r1> <p1> <b1> ...": rate, period_us and burst per limit, b·p <= 2^50.
+-- State  a string "<last> <u1> <e1> ... <um> <em>\n<meta>":
 --   last   when the tokens were counted, µs (the time of the write)
---   oend   when the override whose rates these are ends, µs (0: the callers' rates)
 --   ui     limit i's tokens at last, in ticks: a token is pi ticks and the bucket refills
 --          ri ticks per µs, so everything is an exact integer; negative when booked ahead
---   ri pi bi  the rate, period (µs) and burst the tokens were counted with
 --   ei     the time of limit i's latest booking, µs (x/time/rate's lastEvent; 0: none)
+--   meta   the meta text (internal/protocol); the tokens are counted with its head's
+--          limits, at its override's rates until the override's end
 -- An absent key is full buckets, at the limits in force when it is read. The key's TTL is
 -- the time until every bucket is full, at the limits in force and, from an override's end
 -- on, at the callers' (keep_us).
@@ -23,7 +24,7 @@
 --   a change of rate, period or burst keeps the tokens held at the change and counts from
 --     then on with the new limits (a lower burst cuts the tokens above it at once, a higher
 --     one fills at the rate): an override or a clear settles at the call's time, an
---     override that has expired at its end (oend), any other difference (a deploy with new
+--     override that has expired at its end, any other difference (a deploy with new
 --     limits) at the call that finds it. A new period converts the whole tokens held.
 -- Cancel (x/time/rate's CancelAt at now) of n booked at token: nothing when token < now;
 --   else each limit gets back restore = n·p - r·(e - token) ticks (the n less what was booked
@@ -37,7 +38,20 @@
 --   with the rate in force at the cancel (x/time/rate: the reservation's rate).
 -- Remaining: floor(min u(now)/p) (0 while paused); reset_us: until every bucket is full.
 
-local WIDTH, CAP, PARAMS, RATED = 3, 3, 0, true
+local LIMIT_FIELDS = 3 -- a limit's numbers in a head: rate, period_us, burst
+local TAGS, PARAM_TAG, CAP = ' tb ', '', 3 -- the heads it serves; the one with a parameter; n's bound
+
+-- quick_head reads the usual head, one limit: its limits and parameter; nil for any other
+-- (the driver's parse_head reads every form).
+local function quick_head(text)
+  local r, p, b = string.match(text, '^tb (%d+) (%d+) (%d+)$')
+  r, p, b = tonumber(r), tonumber(p), tonumber(b)
+  if r and r >= 1 and r <= MAX_RATE and p >= 1 and p <= MAX_PERIOD and b >= 1 and b <= MAX_RATE
+    and b * p <= MAX_TICKS then
+    return {{r, p, b}}, 0
+  end
+  return nil
+end
 
 -- rates settles st, counted at st.at, at `at` (>= st.at) with the limits it holds, then
 -- counts with new (the bucket keeps its own limits: old is not needed) up to now.
@@ -72,53 +86,74 @@ local function rates(st, old, new, at, now)
   return st
 end
 
--- load reads the state at now for the limits in force (lim; oend: the override's end, 0:
--- none); given are the callers' limits, in force after a stored override's end.
-local function load(key, lim, now, _, given, oend)
-  local v, err = read_key('string', 'GET', key)
-  if err then
-    return nil, err
+-- load reads the state at key: st.meta is its meta (nil: the key is absent; head, the
+-- same text, when they are equal), or nil and the failure (foreign).
+local function load(key, head)
+  local v = redis.pcall('GET', key)
+  if not v then
+    return {at = now, key = key, absent = true}
+  elseif type(v) == 'table' then
+    return nil, foreign(key, v)
   end
-  local st = not v and {at = now, absent = true, dirty = false, horizon = 0}
-  if v then
-    -- one limit's state (the usual case) is read with one match, any other field by field;
-    -- int reads the fields that repeat the limits' texts (a field tonumber cannot read, as
-    -- gopher-lua past 2^63, is out of range)
-    local soe, nl
-    local last, oe, u, r, p, b, e = string.match(v, '^(%d+) (%d+) (%-?%d+) (%d+) (%d+) (%d+) (%d+)$')
-    if last then
-      st, soe, nl = {tonumber(u) or -MAX_WAIT, int(r, 1, MAX_RATE) or 0, int(p, 1, MAX_PERIOD) or 0,
-        int(b, 1, MAX_RATE) or 0, tonumber(e) or -1, at = tonumber(last) or -1, absent = false,
-        dirty = false, horizon = 0}, int(oe, 0, MAX_WAIT) or -1, 1
-    else
-      local w = {}
-      for f in string.gmatch(v, '%S+') do
-        w[#w + 1] = string.find(f, '^%-?%d+$') and tonumber(f) or -MAX_WAIT
-      end
-      nl = (#w - 2) / 5
-      if nl < 1 or nl % 1 ~= 0 then
-        return nil, 'JTSTATE ' .. key .. ': not a token bucket'
-      end
-      st, soe, nl = {at = w[1], absent = false, dirty = false, horizon = 0}, w[2], math.min(nl, #lim)
-      for i = 3, 5 * nl + 2 do
-        st[i - 2] = w[i]
-      end
+  local nl = string.find(v, '\n', 1, true)
+  if not nl then
+    return nil, foreign(key)
+  end
+  local meta = (#v - nl == #head and string.find(v, head, nl + 1, true)) and head or string.sub(v, nl + 1)
+  if nl == 1 then -- a meta alone: full buckets
+    return {at = now, key = key, absent = true, exists = true, bare = true, meta = meta}
+  end
+  -- one limit's state (the usual case) is read with one match, any other field by field
+  local st
+  local last, u, e = string.match(v, '^(%d+) (%-?%d+) (%d+)\n')
+  if last then
+    st = {tonumber(u), false, false, false, tonumber(e), at = tonumber(last), meta = meta, key = key, exists = true}
+  else
+    local w = {}
+    for f in string.gmatch(string.sub(v, 1, nl - 1), '%S+') do
+      w[#w + 1] = string.find(f, '^%-?%d+$') and tonumber(f) or -MAX_WAIT
     end
-    if st.at < 0 or st.at > MAX_WAIT or soe < 0 or soe > MAX_WAIT then
-      return nil, 'JTSTATE ' .. key .. ': not a token bucket'
+    if #w < 3 or #w % 2 == 0 then
+      return nil, foreign(key)
     end
-    for j = 0, 5 * nl - 5, 5 do
-      u, r, p, b, e = st[j + 1], st[j + 2], st[j + 3], st[j + 4], st[j + 5]
-      if r < 1 or r > MAX_RATE or p < 1 or p > MAX_PERIOD or b < 1 or b > MAX_RATE
-        or b * p > MAX_TICKS or u > b * p or u < -2 * MAX_TICKS or e < 0 or e > MAX_WAIT then
-        return nil, 'JTSTATE ' .. key .. ': not a token bucket'
+    st = {at = w[1], meta = meta, key = key, exists = true}
+    for i = 1, (#w - 1) / 2 do
+      st[5 * i - 4], st[5 * i - 3], st[5 * i - 2], st[5 * i - 1], st[5 * i] = w[2 * i], false, false, false, w[2 * i + 1]
+    end
+  end
+  if st.at < 0 or st.at > MAX_WAIT then
+    return nil, foreign(key)
+  end
+  for j = 0, #st - 5, 5 do
+    if st[j + 1] < -2 * MAX_TICKS or st[j + 5] < 0 or st[j + 5] > MAX_WAIT then
+      return nil, foreign(key)
+    end
+  end
+  return st
+end
+
+-- setup counts the state with the limits in force (lim): its tokens were counted with cw
+-- (the stored head's limits, at its override's rates), cw's override ending at cwend (0:
+-- none); given are the callers' limits, in force again after a stored override's end.
+local function setup(st, lim, param, cw, cwend, given, now)
+  if not st.absent then
+    if #st ~= 5 * #cw then -- the numbers are not of the limits the meta says
+      st.err = fail(E_STATE, st.key .. ': not a token bucket')
+      return
+    end
+    for i = 1, #cw do
+      local j, c = 5 * i - 5, cw[i]
+      if st[j + 1] > c[3] * c[2] then -- more tokens than the burst they were counted with
+        st.err = fail(E_STATE, st.key .. ': not a token bucket')
+        return
       end
+      st[j + 2], st[j + 3], st[j + 4] = c[1], c[2], c[3]
     end
-    if soe > 0 and soe <= now then -- the override ended: its rates until then, the callers' after
-      local at = math.max(soe, st.at)
+    if cwend > 0 and cwend <= now then -- the override ended: its rates until then, the callers' after
+      local at = math.max(cwend, st.at)
       rates(st, nil, given, at, at)
+      st.dirty = true
     end
-    st.dirty = st.dirty or soe ~= oend
   end
   for i = 1, #lim do -- limits the state does not hold yet are full
     local j, l = 5 * i - 5, lim[i]
@@ -126,9 +161,11 @@ local function load(key, lim, now, _, given, oend)
       st[j + 1], st[j + 2], st[j + 3], st[j + 4], st[j + 5] = l[3] * l[2], l[1], l[2], l[3], 0
     end
   end
+  for j = #st, 5 * #lim + 1, -1 do -- limits the callers no longer have go
+    st[j] = nil
+  end
   rates(st, nil, lim, now, now)
   st.given = given
-  return st
 end
 
 local function fit(st, lim, n, t, now)
@@ -202,23 +239,26 @@ local function report(st, lim, now, oend)
       reset = wait
     end
   end
-  return remaining > 0 and remaining or 0, reset, oend and keep_us(st, lim, now, oend, reset) or reset
+  return remaining > 0 and remaining or 0, reset, oend and oend > 0 and keep_us(st, lim, now, oend, reset) or reset
 end
 
--- save writes the changed state (oend: the override's end under which lim are in force,
--- 0: none), or deletes it when every bucket is full.
-local function save(st, key, lim, now, oend, keep)
+-- save writes the state for it to live keep µs more, with meta (nil: the stored one), or
+-- deletes it (keep <= 0); bare, the meta alone (the state holds nothing that matters).
+local function save(st, key, keep, meta, bare)
   if keep <= 0 then
-    if not st.absent then
+    if st.exists then
       redis.call('DEL', key)
     end
     return
+  elseif bare then
+    redis.call('SET', key, '\n' .. (meta or st.meta), 'PX', ms(keep))
+    return
   end
-  local text = string.format('%d %d %d %d %d %d %d', now, oend, st[1], st[2], st[3], st[4], st[5])
-  for j = 5, 5 * #lim - 5, 5 do
-    text = text .. string.format(' %d %d %d %d %d', st[j + 1], st[j + 2], st[j + 3], st[j + 4], st[j + 5])
+  local text = string.format('%d %d %d', now, st[1], st[5])
+  for j = 5, #st - 5, 5 do
+    text = text .. string.format(' %d %d', st[j + 1], st[j + 5])
   end
-  redis.call('SET', key, text, 'PX', ms(keep))
+  redis.call('SET', key, text .. '\n' .. (meta or st.meta), 'PX', ms(keep))
 end
 
 -- @cold: what follows only the driver's request loop needs (see lua/internal/gen).

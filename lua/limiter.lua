@@ -1,509 +1,950 @@
 -- limiter.lua: the driver every limiter script ends with; the generator puts it after
--- common.lua and the algorithm's file, which defines WIDTH (a limit's ARGV), CAP (the
--- field of a limit that bounds n), PARAMS (how many parameters), RATED (the state counts
--- at the rates in force) and (docs/design.md, "One script per algorithm"; oend: when the
--- override in force ends):
---   load(key, lim, now, param, given, oend) -> st (absent: empty), or nil and JTSTATE text
+-- common.lua and the algorithm's file. The protocol it speaks (KEYS, ARGV, requests,
+-- replies, codes) is internal/protocol's package doc, described there once; this header
+-- says how the driver decides.
+--
+-- KEYS[1]  the limiter's state: the algorithm's data and the meta (internal/protocol)
+-- KEYS[2..]  the requests' own keys: bookings, tenants' states, the fair share's queue
+-- ARGV[1]  the group's head; ARGV[2] the tenants' caps' head or ""; ARGV[3..] the requests
+-- Returns  WIDTH integers per request, then the extras (common.lua, reply)
+-- Writes   after every read and check, once per call: the state with its meta, the
+--   tenants' states, the fair share's queue, the bookings; a request that fails writes
+--   nothing, and a state found foreign is written by none.
+--
+-- The algorithm's file defines, each taking its state as an argument (no module-level
+-- variable carries state between functions):
+--   LIMIT_FIELDS, CAP           a limit's numbers in a head; which of them bounds n
+--   TAGS, PARAM_TAG             the head tags it serves; the one with a parameter
+--   quick_head(text) -> lim, param   the usual head (one limit), or nil
+--   load(key, head) -> st       st.meta (nil: absent; head itself when equal to it); or nil
+--                               and the failure (foreign)
+--   setup(st, lim, param, cw, cwend, given, now)   count the state with lim, the limits
+--                               in force; cw: those it was counted with, to cwend
 --   fit(st, lim, n, t, now) -> t'    the earliest time >= t at which n fit every limit
 --   take(st, lim, n, t, now)         book n at t
 --   give(st, lim, n, token, now) -> freed 0|1   give back n booked at token (Cancel)
---   report(st, lim, now[, oend]) -> remaining, reset_us, keep_us (how long the state matters)
+--   report(st, lim, now, oend) -> remaining, reset_us, keep_us (how long the state matters)
 --   detail(st, lim, now) -> booked, ahead_us, avail (per limit)   (Inspect)
 --   rates(st, old, new, at, now)     the limits in force change at `at`
---   save(st, key, lim, now, oend, keep)  write the changed state (st.dirty), with its TTL
---                                    keep: report's for the state as it is
--- Each takes the state as an argument; st.dirty says it changed, st.absent that the key
--- was absent, st.err (the JTSTATE text) that a read after load found it foreign (the log
--- reads lazily). lim[i] = {rate, period_us, burst (bucket only)}: the limits in force.
--- Nothing raises an error: a request's failure is a value, so no pcall is needed (nor its
--- cost, nor gopher-lua's way with upvalues after one).
+--   save(st, key, keep, meta)        write the state to live keep µs more (<= 0: delete it),
+--                                    meta the new meta (nil: unchanged)
+-- st.dirty says the state changed, st.absent that the key was absent, st.err (a failure)
+-- that a read after load found it foreign (the log reads lazily). lim[i] = {rate,
+-- period_us, burst (bucket only)}: the limits in force. Nothing raises an error: a
+-- request's failure is a value, so no pcall is needed.
 --
--- KEYS[1]  {<prefix><key>}:<sw|sc|tb|fw>  the algorithm's state (its file's header)
--- KEYS[2]  {<prefix><key>}:pause  the control key: a pause and an override (common.lua)
--- KEYS[3]  {<prefix><key>}:conf   the record: the algorithm and limits, for the operator
--- KEYS[4 .. 3+A]  the other algorithms' state keys under the tag (read only): a grant
---          that would create KEYS[1] while one of them exists fails with "JTALG <key>"
--- KEYS[4+A ..]    the requests' booking keys, {<prefix><key>}:bk:<task id>, any order
--- ARGV[1]  k, the number of requests, 1..1000
--- ARGV[2 .. 1+5k]  k requests of five integers: op, n, x, y, key
---   op  name      n          x                       y                   key
---   0   acquire   0..cap     max wait µs, < 2^53     late µs, < 2^53     booking's index in KEYS, or 0
---   1   cancel    0..cap     token, or the booking's stamp   0           booking's index in KEYS, or 0
---   2   inspect   1          0                       0                   0
---   3   pause     0          length µs, 1..2^45      0                   0
---   4   resume    0          0                       0                   0
---   5   override  m', 1..m   length µs, 0..2^45      index in ARGV of m' pairs     0
---                            (0: 2^45)               rate (1..10^9), burst (0..10^9, 0: the rate)
---   6   clear     0          0                       0                   0
---   cap: every limit's rate (the bucket: burst); y only with a booking key (late use)
--- then     m, the number of limits (1..16), and m limits of WIDTH integers: rate (1..10^9),
---          period_us (1..2^45)[, burst (1..10^9), burst × period_us <= 2^50]
--- then     PARAMS integers, 0..2^45: the algorithm's parameters (the log's bucket_us)
--- then     A, the number of other algorithms' state keys in KEYS
--- then     the record's text ("1 <sw|sc|tb|fw> <buckets> <limit> ...", internal/keys) and
---          its TTL in ms, 1..2^45/1000 ("" and 0: not due)
--- then     extra arguments that requests point at (an override's pairs)
--- An error in the arguments shared by all (k, the limits, the parameters, A, the record)
--- fails the call: its error reply. Any other error fails its request only.
--- Returns  one flat array: six integers per request, then the extras (common.lua, reply)
---   acquire  granted (0 denied, 1 granted, 2 the task's booking found), remaining,
---            wait_us, reset_us, token, stamp
---   cancel   freed 0|1, 0, 0, reset_us, token of the booking cancelled (booking only), 0
---   inspect  1, remaining, next_us, reset_us, at, len; extra: booked, ahead_us, paused_us,
---            pttl_ms, override_us, then rate, capacity, available per limit
---   control  1, 0, paused_us, override_us, ended, 0   (pause, resume, override, clear)
---            ended: resume's, the end of the pause it ended, µs, as published on :wake
---            (0: none was in force; the other ops: 0)
---   error    -1, at, len, 0, 0, 0; extra: the error's text, one byte per integer
---   remaining: permits an acquire made now could still get (after this request), 0 while
---   paused; wait_us: granted, until the grant takes effect (0: now); denied, until n would
---   fit (>= 1); token: when a grant takes effect, µs (a plain Cancel passes it back);
---   next_us: the wait of an acquire of 1 now; stamp: see Bookings.
--- Requests are decided in order at one instant, each as a call of its own at that instant
--- would be: a pause or an override earlier in a call applies to the requests after it.
--- An acquire of n = 0 is granted at once and takes nothing.
--- Pause: nothing is booked before its end (an acquire's t0); a longer pause set is kept.
--- Resume ends the pause and publishes "r <pause_end_us>" on {<prefix><key>}:wake.
+-- Decisions. Requests are decided in order at one instant (now), each as a call of its
+-- own at that instant would be: a pause or an override earlier in a call applies to the
+-- requests after it. An acquire books n at fit(t0), t0 = now or a pause's end, if that
+-- comes within its max wait; else it is denied with the wait until n fits. A task's
+-- booking (b) survives the task handed back to its queue: the record "token n stamp" is
+-- found again by the task's next acquire of the same n when its token is at most late
+-- µs past and no pause lies after it (status 2, a new stamp above the last); a record an
+-- override set since overtakes, lowering a rate or a burst, is re-placed (given back, and
+-- booked anew); a cancel with b gives the booking back only when its token field is the
+-- record's stamp (the caller still holds it).
+-- Tenants (t): a tenant's request is granted only when the group's limits and the
+--   tenant's caps (c) all have room, booking on both at the same time, and when its fair
+--   turn has come. The turn is start-time fair queueing over the group's service
+--   (generalized processor sharing, its clock V advancing 1/W per µs while W, the weight
+--   of the tenants with requests ahead, is above 0): a request's start tag S is max(V,
+--   the tenant's finish tag F) and its finish tag S + cost × slot / weight (slot: the
+--   group's first limit's period / rate). It may book while S <= V + horizon / W and the
+--   booking takes effect within the horizon (max(HORIZON, 2 slots)); otherwise it is told
+--   when asking again can succeed, and with h takes its place: F moves on and the reply
+--   carries S as a ticket (a task's record keeps it), which the next ask sends back. The
+--   queue (q) holds each tenant whose F is ahead of V, "<weight units> <name>" scored F;
+--   the clock lives in the meta's f line.
+-- Pause: nothing is booked before its end; a longer pause set is kept; it publishes
+--   "p <pause_end>" on {…}:wake. Resume ends it and publishes "r <pause_end>".
 -- Override: until it ends, limit i (i <= m') runs at the rate and burst given (periods stay
--- the callers'); an acquire above what it can ever grant fails with JTEXCEEDS.
--- Bookings (acquire with a booking key): a task's booking survives the task handed back to
---   its queue. The record "token n stamp" (common.lua) is found again by the task's next
---   acquire of the same n when its token is at most y µs past and no pause lies after it:
---   granted 2, wait_us until token, and a new stamp (above the last; the server time).
---   Otherwise the acquire books anew (a grant booked ahead is recorded; one taking effect
---   now deletes a record it did not use). A record found that an override set after its
---   stamp overtakes, lowering a rate or a burst below the callers', is re-placed: its
---   permits are given back at its token, and the acquire books anew, with a stamp above the
---   override's set time (denied, the record is deleted). A cancel with a booking key gives
---   the booking back only when x is its stamp (the caller still holds it) and n its n, and
---   deletes it; so a stale give-back does nothing.
--- Writes   after every read and check, once per call: the state (save; its file says when
---   and its TTL), the control key (control ops; PX covering what it holds, DEL when
---   nothing), booking records (PX a second past their token), the record when due and a
---   request was decided (PX its TTL; only over nothing or one of ours: a foreign one is left
---   alone). A request that fails writes nothing; nor does a call whose requests all failed.
---   A key of another type or with text that is not ours is foreign: the requests that need
---   it fail with JTSTATE (the control key: every request; the state: all but pause and
---   resume, and override and clear when the state is not RATED), and it is not written;
---   nor, for the state, are the bookings and the record.
+--   the callers'); an acquire above what it can ever grant fails with E_EXCEEDS.
 
 local ARGV, KEYS = ARGV, KEYS -- (locals cost less to read than globals)
-local nargv, nkeys = #ARGV, #KEYS
-local k = int(ARGV[1], 1, MAX_REQUESTS)
-if not k or nargv < 2 + 5 * k or nkeys < 3 then
-  return redis.error_reply('JTARG k')
-end
-local p = 2 + 5 * k -- the shared arguments
-local m = int(ARGV[p], 1, MAX_LIMITS)
-if not m then
-  return redis.error_reply('JTARG m')
-elseif nargv < p + WIDTH * m + PARAMS + 3 then
-  return redis.error_reply('JTARG argument count')
-end
-local given, cap = {}, MAX_RATE -- the callers' limits, and the largest n they allow
-for i = 1, m do
-  local b = p + WIDTH * (i - 1)
-  local rate, period = int(ARGV[b + 1], 1, MAX_RATE), int(ARGV[b + 2], 1, MAX_PERIOD)
-  local burst = WIDTH == 3 and int(ARGV[b + 3], 1, MAX_RATE) or nil
-  if not rate or not period or (WIDTH == 3 and (not burst or burst * period > MAX_TICKS)) then
-    return redis.error_reply('JTARG limit ' .. i)
-  end
-  given[i] = {rate, period, burst}
-  cap = math.min(cap, given[i][CAP])
-end
-p = p + WIDTH * m + 1
-local param = PARAMS > 0 and int(ARGV[p], 0, MAX_PERIOD)
-if param == nil then
-  return redis.error_reply('JTARG parameter')
-end
-p = p + PARAMS
-local A, record, record_ttl = int(ARGV[p], 0, nkeys - 3), ARGV[p + 1], int(ARGV[p + 2], 0, MAX_PERIOD / 1000)
-if not A then
-  return redis.error_reply('JTARG A')
-elseif not record_ttl or (record_ttl == 0) ~= (record == '') then -- (its text: below)
-  return redis.error_reply('JTARG record')
-end
-local extra = p + 3 -- the first extra argument
+local nargv = #ARGV
 
--- The fast path: a call whose every request is a plain acquire (op 0, no booking key, y
--- 0, each field "0" as such) with no record due and no control key (no pause, no
--- override) is decided here, request by request as the loop below decides an acquire,
--- by the same algorithm functions, without the loop's bookkeeping; the generator puts
--- the functions it does not use after it ("@cold"), so such a call never makes them
--- (bench/cmd/luaexec measures what it saves). Anything else goes on below, nothing
--- written: another request, a control key, a request the loop fails or grants n = 0, a
--- state that needs more (absent while another algorithm's key exists, or found foreign).
-local fast = record_ttl == 0
-for j = 2, fast and 5 * k - 3 or 0, 5 do -- request r's op, n, x, y, key: ARGV[5r-3 .. 5r+1]
-  if ARGV[j] ~= '0' or ARGV[j + 3] ~= '0' or ARGV[j + 4] ~= '0' then
-    fast = false
-    break
+-- parse_head reads a head "<tag> [<param>] <limit>..." of this algorithm's: its limits
+-- (each LIMIT_FIELDS numbers in range), its parameter (0 without one) and tag; nil for
+-- any other text.
+local function parse_head(text)
+  local w = {}
+  for f in string.gmatch(text, '%S+') do
+    w[#w + 1] = f
   end
+  local tag, param, i = w[1], 0, 2
+  if not tag or not string.find(TAGS, ' ' .. tag .. ' ', 1, true) then
+    return nil
+  end
+  if tag == PARAM_TAG then
+    param, i = int(w[2], 1, 10000), 3
+  end
+  local m = (#w - i + 1) / LIMIT_FIELDS
+  if not param or m < 1 or m > MAX_LIMITS or m % 1 ~= 0 then
+    return nil
+  end
+  local lim = {}
+  for l = 1, m do
+    local b = i + LIMIT_FIELDS * (l - 1)
+    local rate, period = int(w[b], 1, MAX_RATE), int(w[b + 1], 1, MAX_PERIOD)
+    local burst = LIMIT_FIELDS == 3 and int(w[b + 2], 1, MAX_RATE) or nil
+    if not rate or not period or (LIMIT_FIELDS == 3 and (not burst or burst * period > MAX_TICKS)) then
+      return nil
+    end
+    lim[l] = {rate, period, burst}
+  end
+  return lim, param, tag
 end
-if fast and not redis.pcall('GET', KEYS[2]) then
-  local st = load(KEYS[1], given, now, param, given, 0)
-  if st and st.absent and A > 0 and redis.call('EXISTS', unpack(KEYS, 4, 3 + A)) > 0 then
-    st = nil -- creating the state beside another algorithm's: the loop's JTALG
+
+-- The fast path: a call whose every request is a plain acquire "a <n> <wait_us>" (n >= 1),
+-- on a state whose meta is the callers' head (no pause, override or fair share: nothing
+-- but the head), is decided here, request by request as the loop below decides an
+-- acquire, by the same algorithm functions, without the loop's bookkeeping; the
+-- generator puts the functions it does not use after it ("@cold"), so such a call never
+-- makes them (bench/cmd/luaexec measures what it saves). Anything else goes on below,
+-- nothing written.
+if nargv >= 3 and nargv <= 2 + MAX_REQUESTS and ARGV[2] == '' then
+  local head = ARGV[1]
+  local lim, param = quick_head(head)
+  if not lim then
+    lim, param = parse_head(head)
   end
-  local out, remaining, reset, keep = k == 1 and {0, 0, 0, 0, 0, 0} or {}, nil, nil, nil
-  local nt, xt, n, x -- the texts of n and x, and their numbers: a batch's repeat
-  for r = 1, st and k or 0 do
-    local j = 5 * r - 3
-    if ARGV[j + 1] ~= nt or ARGV[j + 2] ~= xt then
-      nt, xt = ARGV[j + 1], ARGV[j + 2]
-      n, x = int(nt, 1, cap), int(xt, 0, MAX_WAIT)
-      if not n or not x then
-        st = nil
-        break
+  local st = lim and load(KEYS[1], head)
+  if st and (st.absent or st.meta == head) then
+    setup(st, lim, param, lim, 0, lim, now)
+    local cap = lim[1][CAP]
+    for i = 2, #lim do
+      if lim[i][CAP] < cap then
+        cap = lim[i][CAP]
       end
     end
-    local t = fit(st, given, n, now, now)
-    local granted = t - now <= x and t - now <= (st.horizon or MAX_WAIT)
-    if granted then
-      take(st, given, n, t, now)
-      remaining = nil
+    local k, out, text, n, w = nargv - 2, {}, nil, nil, nil
+    local remaining, reset, keep
+    for r = 1, st.err and 0 or k do
+      if ARGV[r + 2] ~= text then -- a batch's requests repeat: read each text once
+        text = ARGV[r + 2]
+        local ns, ws = string.match(text, '^a (%d+) (%d+)$')
+        n, w = tonumber(ns), tonumber(ws)
+        if not n or n < 1 or n > cap or w > MAX_WAIT then
+          st = nil
+          break
+        end
+      end
+      local t = fit(st, lim, n, now, now)
+      local granted = t - now <= w and t - now <= (st.horizon or MAX_WAIT)
+      if granted then
+        take(st, lim, n, t, now)
+        remaining = nil
+      end
+      if not remaining then
+        remaining, reset, keep = report(st, lim, now)
+      end
+      local b = WIDTH * r - WIDTH
+      out[b + 1], out[b + 2], out[b + 3], out[b + 4], out[b + 5], out[b + 6], out[b + 7] =
+        granted and 1 or 0, remaining, t - now, reset, granted and t or 0, 0, granted and 0 or F_GROUP
     end
-    if not remaining then
-      remaining, reset, keep = report(st, given, now)
+    if st and not st.err then
+      if st.dirty then
+        save(st, KEYS[1], keep, st.absent and head or nil) -- keep: report's after the last request
+      end
+      return out
     end
-    local b = 6 * r - 6
-    out[b + 1], out[b + 2], out[b + 3], out[b + 4], out[b + 5], out[b + 6] =
-      granted and 1 or 0, remaining, t - now, reset, granted and t or 0, 0
-  end
-  if st and not st.err then
-    if st.dirty then
-      save(st, KEYS[1], given, now, 0, keep) -- keep: report's after the last request
-    end
-    return out
   end
 end
 
 -- @cold: the request loop, for every call the fast path did not decide.
 
--- is_record reports whether v is a record's text: "1 <sw|sc|tb|fw> <buckets> <limit> ..."
--- (internal/keys writes and reads it; a stored text that is not one is foreign).
-local function is_record(v)
-  local alg = type(v) == 'string' and string.match(v, '^1 (%l%l) %d+ %S')
-  return alg and string.find(' sw sc tb fw ', ' ' .. alg .. ' ', 1, true) ~= nil or false
+local given, param, tag = parse_head(ARGV[1])
+if not given or nargv < 3 or nargv > 2 + MAX_REQUESTS then
+  return redis.error_reply('JTARG head or request count')
 end
-if record_ttl > 0 and not is_record(record) then
-  return redis.error_reply('JTARG record')
+local caps = ARGV[2] ~= '' and parse_head(ARGV[2])
+if ARGV[2] ~= '' and (not caps or string.match(ARGV[2], '^(%S+)') ~= tag) then
+  return redis.error_reply('JTARG caps head')
 end
+local k = nargv - 2
 
--- Each request's fields, read once: ops[r], ns[r], xs[r], ys[r], ks[r]; ext[r] the text
--- of its error (or Inspect's detail).
-local ops, ns, xs, ys, ks, ext = {}, {}, {}, {}, {}, {}
-local tag -- "{<prefix><key>}:", once needed
-for r = 1, k do
-  local j, bad = 5 * r - 3, nil
-  local huge = math.huge
-  local op, n, x, y, key = int(ARGV[j], 0, huge), int(ARGV[j + 1], 0, huge), int(ARGV[j + 2], 0, huge),
-    int(ARGV[j + 3], 0, huge), int(ARGV[j + 4], 0, huge)
-  for i = j, op and n and x and y and key and 0 or j + 4 do
-    if not int(ARGV[i], 0, huge) then
-      bad = 'JTARG request ' .. r .. ': argument ' .. i .. ' is not a plain integer'
-    end
-  end
-  if not bad then
-    ops[r], ns[r], xs[r], ys[r], ks[r] = op, n, x, y, key
-    if op > OP_CLEAR then
-      bad = 'op'
-    elseif op <= OP_CANCEL then
-      if n > cap then
-        bad = CAP == 3 and 'n above burst' or 'n above rate'
-      elseif x > MAX_WAIT or y > MAX_WAIT or (y > 0 and (key == 0 or op == OP_CANCEL)) then
-        bad = 'x or y'
-      elseif key ~= 0 then
-        tag = tag or string.match(KEYS[1], '^(.*:)') or ''
-        if key < 4 + A or key > nkeys or #KEYS[key] <= #tag + 3
-          or string.sub(KEYS[key], 1, #tag + 3) ~= tag .. 'bk:' then
-          bad = 'key: not a booking key of this limiter'
-        end
+-- The meta (internal/protocol): the head, then while they matter a pause "p <end>", an
+-- override "o <end> <set> <r1> <b1> ...", the fair share's clock "f <V> <W> <tV> <Fmax>"
+-- and operators' weights "w <end> <units> <len> <name>". parse_meta returns {head,
+-- pause, over = {end, set, {{r, b}, ...}}, fair = {V, W, tV, Fmax}, weights = {[name] =
+-- {end, units}}}, or nil for a text not ours.
+local function parse_meta(text)
+  local nl = string.find(text, '\n', 1, true)
+  local m = {head = nl and string.sub(text, 1, nl - 1) or text, pause = 0, weights = {}}
+  local i, len = nl and nl + 1, #text
+  while i and i <= len do
+    local kind = string.sub(text, i, i)
+    if kind == 'w' then
+      local e, u, n, j = string.match(text, '^w (%d+) (%d+) (%d+) ()', i)
+      e, u, n = tonumber(e), tonumber(u), tonumber(n)
+      if not e or n < 1 or n > MAX_TENANT or j + n - 1 > len then
+        return nil
       end
-    elseif op == OP_OVERRIDE then
-      if n < 1 or n > m or x > MAX_PERIOD or key ~= 0 or y < extra or y + 2 * n - 1 > nargv then
-        bad = 'override'
+      m.weights[string.sub(text, j, j + n - 1)] = {e, u}
+      i = j + n + 1
+    else
+      local stop = string.find(text, '\n', i, true) or len + 1
+      local line = string.sub(text, i, stop - 1)
+      if kind == 'p' then
+        m.pause = tonumber(string.match(line, '^p (%d+)$'))
+      elseif kind == 'o' then
+        local w = {}
+        for f in string.gmatch(line, '%S+') do
+          w[#w + 1] = tonumber(f)
+        end
+        local over = {w[2], w[3], {}}
+        for r = 4, #w - 1, 2 do
+          over[3][#over[3] + 1] = {w[r], w[r + 1]}
+        end
+        if not over[1] or not over[2] or #w % 2 ~= 1 or #over[3] < 1 then
+          return nil
+        end
+        m.over = over
+      elseif kind == 'f' then
+        local V, W, tV, Fmax = string.match(line, '^f (%S+) (%d+) (%d+) (%S+)$')
+        V, W, tV, Fmax = tonumber(V), tonumber(W), tonumber(tV), tonumber(Fmax)
+        if not Fmax then
+          return nil
+        end
+        m.fair = {V = V, W = W, tV = tV, Fmax = Fmax}
       else
-        for i = y, y + 2 * n - 1, 2 do
-          if not int(ARGV[i], 1, MAX_RATE) or not int(ARGV[i + 1], 0, MAX_RATE) then
-            bad = 'override rates'
-          end
-        end
+        return nil
       end
-    elseif n ~= (op == OP_INSPECT and 1 or 0) or y ~= 0 or key ~= 0
-      or (op == OP_PAUSE and (x < 1 or x > MAX_PERIOD)) or (op ~= OP_PAUSE and x ~= 0) then
-      bad = 'arguments of op ' .. op
-    end
-    if bad then
-      bad = 'JTARG request ' .. r .. ': ' .. bad
+      if (kind == 'p' and not m.pause) then
+        return nil
+      end
+      i = stop + 1
     end
   end
-  ext[r] = bad
+  return m
 end
 
-local pause, over = control_read(KEYS[2])
-if not pause then -- every request needs the control key
-  local e = over
+-- format_meta writes m back, leaving out what no longer matters at now.
+local function format_meta(m)
+  local parts = {m.head}
+  if m.pause > now then
+    parts[#parts + 1] = string.format('p %d', m.pause)
+  end
+  local o = m.over
+  if o and o[1] > now then
+    local line = string.format('o %d %d', o[1], o[2])
+    for _, rb in ipairs(o[3]) do
+      line = line .. string.format(' %d %d', rb[1], rb[2])
+    end
+    parts[#parts + 1] = line
+  end
+  local f = m.fair
+  if f and f.W > 0 then
+    parts[#parts + 1] = string.format('f %.17g %d %d %.17g', f.V, f.W, f.tV, f.Fmax)
+  end
+  for name, w in pairs(m.weights) do
+    if w[1] > now then
+      parts[#parts + 1] = string.format('w %d %d %d ', w[1], w[2], #name) .. name
+    end
+  end
+  return table.concat(parts, '\n')
+end
+
+-- with returns the limits l at the override's rates (nil: none): limit i (i <= #rates)
+-- runs at its rate and burst (0: the rate; the bucket's capped at 2^50 / period),
+-- its period kept; and whether a rate or a burst is lower than l's.
+local function with(l, rates)
+  if not rates then
+    return l, false
+  end
+  local lim, lower = {}, false
+  for i = 1, #l do
+    local g, o = l[i], rates[i]
+    if o then
+      local burst = g[3] and math.min(o[2] > 0 and o[2] or o[1], math.floor(MAX_TICKS / g[2]))
+      lower = lower or o[1] < g[1] or (burst and burst < g[3])
+      g = {o[1], g[2], burst}
+    end
+    lim[i] = g
+  end
+  return lim, lower
+end
+
+-- in_force returns the limits in force on the callers' limits l under the override over
+-- (nil: none): l at its rates until it ends; whether it lowers a rate or a burst; when it
+-- ends (0: none); the largest n they allow.
+local function in_force(l, over)
+  local lim, lower, oend = l, false, 0
+  if over and over[1] > now then
+    lim, lower = with(l, over[3])
+    oend = over[1]
+  end
+  local limit = MAX_RATE
+  for i = 1, #lim do
+    limit = math.min(limit, lim[i][CAP])
+  end
+  return lim, lower, oend, limit
+end
+
+-- Each request's fields, read once into named fields (q.op, q.n, ...), or its failure.
+-- Options follow the op's fields as a letter and a value; the tenant's name comes last
+-- (t), and may hold any bytes.
+local function parse_request(text)
+  local q = {}
+  local t = string.find(text, ' t', 1, true)
+  local body = text
+  if t then
+    q.tenant, body = string.sub(text, t + 2), string.sub(text, 1, t - 1)
+    if #q.tenant < 1 or #q.tenant > MAX_TENANT then
+      return nil, 'tenant name of ' .. #q.tenant .. ' bytes'
+    end
+  end
+  local w = {}
+  for f in string.gmatch(body, '%S+') do
+    w[#w + 1] = f
+  end
+  local op, nf = w[1], 1
+  q.op = op
+  if op == OP_ACQUIRE or op == OP_CANCEL then
+    q.n, q.x, nf = int(w[2], 0, MAX_RATE), int(w[3], 0, MAX_WAIT), 3
+    if not q.n or not q.x then
+      return nil, 'n or its second field'
+    end
+  elseif op == OP_PAUSE then
+    q.x, nf = int(w[2], 1, MAX_PERIOD), 2
+    if not q.x then
+      return nil, 'pause length'
+    end
+  elseif op == OP_OVERRIDE then
+    q.x, q.rates = int(w[2], 0, MAX_PERIOD), {}
+    if not q.x or #w < 4 or #w % 2 ~= 0 or (#w - 2) / 2 > #given then
+      return nil, 'override'
+    end
+    for i = 3, #w, 2 do
+      local r, b = int(w[i], 1, MAX_RATE), int(w[i + 1], 0, MAX_RATE)
+      if not r or not b then
+        return nil, 'override rates'
+      end
+      q.rates[#q.rates + 1] = {r, b}
+    end
+    return q
+  elseif op == OP_WEIGHT then
+    q.x, q.units, nf = int(w[2], 0, MAX_PERIOD), int(w[3], 1, MAX_WEIGHT * 1000000), 3
+    if not q.x or not q.units then
+      return nil, 'weight'
+    end
+  elseif op ~= OP_INSPECT and op ~= OP_RESUME and op ~= OP_CLEAR then
+    return nil, 'op'
+  end
+  for i = nf + 1, #w do
+    local o, v = string.sub(w[i], 1, 1), string.sub(w[i], 2)
+    if o == 'b' or o == 'c' or o == 'q' then
+      q[o] = int(v, 2, #KEYS)
+      if not q[o] then
+        return nil, 'key index ' .. w[i]
+      end
+    elseif o == 'l' then
+      q.late = int(v, 0, MAX_WAIT)
+    elseif o == 'w' then
+      q.units = int(v, 1, MAX_WEIGHT * 1000000)
+    elseif o == 'k' then
+      q.ticket = int(v, 0, MAX_WAIT)
+      q.ticket = q.ticket and q.ticket / 1000000
+    elseif o == 'h' and v == '' then
+      q.hold = true
+    else
+      return nil, 'option ' .. w[i]
+    end
+    if (o == 'l' and not q.late) or (o == 'w' and not q.units) or (o == 'k' and not q.ticket) then
+      return nil, 'option ' .. w[i]
+    end
+  end
+  if (q.tenant and not q.q) or (q.q and not q.tenant and op ~= OP_INSPECT) or (q.c and not q.tenant) or (q.late and not q.b)
+    or ((q.units or q.ticket or q.hold) and op ~= OP_WEIGHT and not q.tenant) or (q.c and not caps)
+    or (caps and q.tenant and not q.c and op ~= OP_WEIGHT) or (op == OP_WEIGHT and not q.tenant) then
+    return nil, 'options'
+  end
+  return q
+end
+
+-- A task's record, {…}:bk:<id>: a booking "<token> <n> <stamp>" (n permits booked at
+-- token, held by the caller that got stamp), or a ticket "t <ticket> <n>" (its tenant's
+-- place, in millionths of the fair share's units, held while the task is handed back).
+-- booking_read returns {token, n, stamp} or {ticket = S, n = n}, false when the key is
+-- absent, or nil and the failure.
+local function booking_read(key)
+  local v, err = read_key('string', 'GET', key)
+  if err then
+    return nil, err
+  elseif not v then
+    return false
+  end
+  local a, b, c = string.match(v, '^(%d+) (%d+) (%d+)$')
+  if a and #a <= 16 and #b <= 16 and #c <= 16 then
+    return {tonumber(a), tonumber(b), tonumber(c)}
+  end
+  a, b = string.match(v, '^t (%d+) (%d+)$')
+  if a and #a <= 16 and #b <= 16 then
+    return {ticket = tonumber(a) / 1000000, n = tonumber(b)}
+  end
+  return nil, fail(E_STATE, key .. ': not a booking')
+end
+
+-- booking_write writes rec, to live until ttl_us from now, or deletes the key (false).
+local function booking_write(key, rec, ttl)
+  if not rec then
+    redis.call('DEL', key)
+  elseif rec.ticket then
+    redis.call('SET', key, string.format('t %d %d', math.floor(rec.ticket * 1000000 + 0.5), rec.n), 'PX', ms(ttl))
+  else
+    redis.call('SET', key, string.format('%d %d %d', rec[1], rec[2], rec[3]), 'PX', ms(ttl))
+  end
+end
+
+local ops, ext = {}, {}
+do
+  local seen = {}
   for r = 1, k do
-    ext[r] = ext[r] or e
+    local text = ARGV[r + 2]
+    local q, why = seen[text], nil
+    if q == nil then
+      q, why = parse_request(text)
+      seen[text] = q or false
+      if why then
+        seen[text] = nil
+      end
+    end
+    if q then
+      ops[r] = q
+    else
+      ext[r] = fail(E_ARG, 'JTARG ' .. (why or 'request'))
+    end
+  end
+end
+
+-- The group's state, read once; its meta.
+local gst, gfail = load(KEYS[1], ARGV[1])
+local meta, drift
+if gst then
+  if not gst.meta then
+    meta = {head = ARGV[1], pause = 0, weights = {}}
+  else
+    meta = parse_meta(gst.meta)
+    local stored = meta and string.match(meta.head, '^(%S+)')
+    if not meta or not string.find(' sw sc tb fw ', ' ' .. (stored or '?') .. ' ', 1, true) then
+      gst, gfail = nil, fail(E_STATE, KEYS[1] .. ': not a jobthrottle meta')
+    elseif gst.bare then -- a meta alone is any algorithm's: its head is the callers'
+      meta.head = ARGV[1]
+    elseif stored ~= tag then
+      gst, gfail = nil, fail(E_ALG, stored .. ' ' .. KEYS[1])
+    else
+      drift = meta.head ~= ARGV[1]
+    end
+  end
+end
+if not gst then -- every request needs the group's state
+  for r = 1, k do
+    ext[r] = ext[r] or gfail
   end
   return reply({}, k, ext)
 end
 
--- in_force returns the limits in force: the callers' (given), with the override's rates
--- until it ends; whether it lowers a rate or a burst below the callers'; when it ends (0:
--- none); the largest n they allow.
-local function in_force(over)
-  if not over or over[1] <= now then
-    return given, false, 0, cap
-  end
-  local lim, lower, limit = {}, false, cap
-  for i = 1, m do
-    local l, o = given[i], over[2][i]
-    if o then
-      local burst = l[3] and math.min(o[2] > 0 and o[2] or o[1], math.floor(MAX_TICKS / l[2]))
-      lower = lower or o[1] < l[1] or (burst and burst < l[3])
-      l = {o[1], l[2], burst}
-      limit = math.min(limit, l[CAP])
-    end
-    lim[i] = l
-  end
-  return lim, lower, over[1], limit
+-- The limits the stored tokens were counted with (the token bucket keeps them): the
+-- stored head's, at the stored override's rates until its end.
+local lim, lower, oend, limit = in_force(given, meta.over)
+do
+  local stored = meta.head == ARGV[1] and given or parse_head(meta.head) or given
+  local cw = with(stored, meta.over and meta.over[3])
+  setup(gst, lim, param, cw, meta.over and meta.over[1] or 0, given, now)
 end
-local lim, lower, oend, limit = in_force(over)
+-- changed: the meta's content changed (a control op, the fair share's clock or queue)
+local changed = false
 
-local out, used, wakes = {}, {}, {}
-local st, failed -- the state, once a request needed it; the JTSTATE text it failed with
-local alg        -- nil until checked: the JTALG text, or false
-local books, booked = {}, {} -- booking records by KEYS index (false: none), those to write
-local changed, decided = false, false -- a control op ran; a request was decided
--- report's answer while the state has not changed since (take, give and rates change it)
+-- slot is µs per permit of the group's first limit in force; horizon how far ahead a
+-- tenant's request may book.
+local function slot()
+  return lim[1][2] / lim[1][1]
+end
+local function horizon()
+  return math.max(HORIZON, 2 * slot())
+end
+
+-- The fair share's clock (meta.fair: V, W in weight units (millionths), tV, Fmax), moved
+-- to now once, by the first request that needs it: V moves 10^6/W per µs while the queue
+-- holds tenants, each leaving the queue (and its weight W) when V reaches its finish tag.
+-- An inspect (readonly) moves a copy and writes nothing.
+local fair_key, fair_moved, finish, queued = nil, false, {}, {}
+local function fair(qkey, readonly)
+  if fair_moved then
+    return meta.fair
+  end
+  local had = meta.fair
+  local f = had and {V = had.V, W = had.W, tV = had.tV, Fmax = had.Fmax} or {V = 0, W = 0, tV = now, Fmax = 0}
+  local t, skip = f.tV, 0
+  while f.W > 0 and t < now do
+    local m = redis.call('ZRANGE', qkey, string.format('%d', skip), string.format('%d', skip), 'WITHSCORES')
+    if #m == 0 then
+      f.W = 0
+      break
+    end
+    local F, u = tonumber(m[2]), tonumber(string.match(m[1], '^(%d+) '))
+    local reach = t + (F - f.V) * f.W / 1000000
+    if reach > now then
+      f.V, t = f.V + (now - t) * 1000000 / f.W, now
+      break
+    end
+    if F > f.V then
+      f.V = F
+    end
+    if reach > t then
+      t = reach
+    end
+    f.W = f.W - (u or 0)
+    if readonly then
+      skip = skip + 1
+    else
+      redis.call('ZREM', qkey, m[1])
+    end
+  end
+  if f.W <= 0 then -- the queue is empty: tags start again from 0
+    f.V, f.W, f.Fmax = 0, 0, 0
+    if had and had.W > 0 and not readonly then
+      redis.call('DEL', qkey)
+    end
+  end
+  f.tV = math.max(t, f.tV, f.W == 0 and now or 0)
+  if readonly then
+    return f
+  end
+  -- (separate statements: gopher-lua, miniredis's Lua, miscompiles a multiple
+  -- assignment that sets an upvalue beside a table field)
+  fair_key = qkey
+  fair_moved = true
+  meta.fair = f
+  changed = changed or not had or had.V ~= f.V or had.W ~= f.W or had.tV ~= f.tV
+  return f
+end
+
+-- units returns a tenant's weight in millionths: an operator's while it lasts, else the
+-- caller's.
+local function units(q)
+  local w = meta.weights[q.tenant]
+  if w and w[1] > now then
+    return w[2]
+  end
+  return q.units or 1000000
+end
+
+-- finish_of returns the finish tag of a tenant in the queue (false: not queued).
+local function finish_of(qkey, member)
+  local F = finish[member]
+  if F == nil then
+    F = tonumber(redis.call('ZSCORE', qkey, member)) or false
+    finish[member] = F
+  end
+  return F
+end
+
+-- The tenants' states (their caps), read once each.
+local tstates = {}
+local function tenant_state(i)
+  local ts = tstates[i]
+  if ts == nil then
+    local st, why = load(KEYS[i], ARGV[2])
+    if st and not st.absent then
+      local m = parse_meta(st.meta)
+      if not m or string.match(m.head, '^(%S+)') ~= tag then
+        st, why = nil, fail(E_STATE, KEYS[i] .. ': not a tenant state of this limiter')
+      else
+        st.drift = m.head ~= ARGV[2]
+        local cw = m.head == ARGV[2] and caps or parse_head(m.head) or caps
+        setup(st, caps, param, cw, 0, caps, now)
+      end
+    elseif st then
+      setup(st, caps, param, caps, 0, caps, now)
+    end
+    ts = st or why
+    tstates[i] = ts
+  end
+  if ts.code then
+    return nil, ts
+  end
+  if ts.err then
+    return nil, ts.err
+  end
+  return ts
+end
+
+-- report's answer on the group while it has not changed since (take, give, rates change it)
 local remaining, reset, keep
+local function group_report()
+  if not remaining then
+    remaining, reset, keep = report(gst, lim, now, oend)
+  end
+  return remaining, reset
+end
+
+local out, wakes, books, booked = {}, {}, {}, {}
+
+local function answer(r, a, b, c, d, e, f, g)
+  local o = WIDTH * r - WIDTH
+  out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6], out[o + 7] = a, b, c, d, e, f, g
+end
+
+-- book reads a task's record once per call.
+local function book(i)
+  local rec = books[i]
+  if rec == nil then
+    local why
+    rec, why = booking_read(KEYS[i])
+    if rec == nil then
+      return nil, why
+    end
+    books[i] = rec
+  end
+  return rec
+end
+
+-- queue puts a tenant's request of n, start tag S, in the queue: its finish tag moves
+-- on, and its weight joins W when it was not queued.
+local function queue(fr, n)
+  local f, F = meta.fair, fr.S + n * slot() * 1000000 / fr.u
+  finish[fr.member], queued[fr.member], f.W = F, F, fr.W
+  changed = true
+  if F > f.Fmax then
+    f.Fmax = F
+  end
+end
+
+-- ticket_text is a ticket as the reply and a task's record carry it: millionths.
+local function ticket_text(S)
+  return math.floor(S * 1000000 + 0.5)
+end
+
+-- acquire decides request r, q an acquire; it returns its failure, if any.
+local function acquire(r, q)
+  local n, x, pause = q.n, q.x, meta.pause
+  if n > limit then
+    return fail(E_EXCEEDS, 'JTEXCEEDS n above the overridden limits')
+  end
+  local flags = (drift and F_DRIFT or 0) + (pause > now and F_PAUSED or 0)
+  local rec, last, replace = false, 0, false
+  if q.b then
+    local why
+    rec, why = book(q.b)
+    if rec == nil then
+      return why
+    end
+    if rec and not rec.ticket then -- a booking: found, if it is still the caller's to use
+      last = rec[3]
+      if rec[2] == n and rec[1] >= now - (q.late or 0) and pause <= rec[1] then
+        replace = lower and meta.over[2] > rec[3]
+        if not replace then
+          local stamp = math.max(now, last + 1)
+          books[q.b], booked[#booked + 1] = {rec[1], n, stamp}, q.b
+          group_report()
+          answer(r, 2, pause > now and 0 or remaining, math.max(0, rec[1] - now), reset, rec[1], stamp, flags)
+          return
+        end
+      end
+    end
+  end
+  local cst
+  if q.c then
+    local why
+    cst, why = tenant_state(q.c)
+    if not cst then
+      return why
+    end
+    if cst.drift then
+      flags = flags + (drift and 0 or F_DRIFT)
+    end
+  end
+  if replace then -- an override set since lowers the limits: the booking goes back
+    give(gst, lim, n, rec[1], now)
+    if cst then
+      give(cst, caps, n, rec[1], now)
+    end
+    remaining = nil
+  end
+  local t0, bound, h, fr = math.max(now, pause), x, nil, nil
+  if q.tenant and n > 0 then
+    local f, u = fair(KEYS[q.q]), units(q)
+    local member = string.format('%d ', u) .. q.tenant
+    local F = finish_of(KEYS[q.q], member)
+    local W = f.W + ((F and F > f.V) and 0 or u) -- with this tenant queued
+    local ticket = q.ticket or (rec and rec.ticket and rec.n == n and rec.ticket) or nil
+    h = horizon()
+    fr = {member = member, u = u, W = W, S = ticket or math.max(f.V, F or f.V), held = ticket}
+    local ahead = h * 1000000 / W -- how far ahead of V a start tag may book
+    if fr.S > f.V + ahead then -- its turn has not come: ask again when it does
+      local due = math.max(1, math.ceil((fr.S - ahead - f.V) * W / 1000000))
+      if q.hold and not fr.held then
+        queue(fr, n)
+        fr.held = fr.S
+      end
+      if q.hold and q.b then
+        books[q.b], booked[#booked + 1] = {ticket = fr.held, n = n, due = due}, q.b
+      end
+      group_report()
+      answer(r, 0, pause > now and 0 or remaining, due, reset, 0, q.hold and ticket_text(fr.held) or 0,
+        flags + F_TURN + (q.hold and F_TICKET or 0))
+      return
+    end
+    bound = math.min(x, h)
+  end
+  -- the earliest time the group and the caps all have room: each fit moves t only later
+  local t = now
+  if n > 0 then
+    t = fit(gst, lim, n, t0, now)
+    for _ = 1, cst and 8 or 0 do
+      local tc = fit(cst, caps, n, t, now)
+      if tc == t then
+        break
+      end
+      t = fit(gst, lim, n, tc, now)
+    end
+    bound = math.min(bound, gst.horizon or MAX_WAIT, cst and cst.horizon or MAX_WAIT)
+  end
+  if t - now > bound then -- denied: by the limit whose own room comes later
+    local who = (cst and fit(cst, caps, n, t0, now) > fit(gst, lim, n, t0, now)) and F_CAP or F_GROUP
+    local wait, hold = t - now, nil
+    if fr and t - now <= x then -- beyond the horizon only: ask again when it reaches t
+      wait = t - now - h
+      if q.hold then
+        if not fr.held then
+          queue(fr, n)
+          fr.held = fr.S
+        end
+        hold = fr.held
+        if q.b then
+          books[q.b], booked[#booked + 1] = {ticket = hold, n = n, due = wait}, q.b
+        end
+      end
+    elseif replace then
+      books[q.b], booked[#booked + 1] = false, q.b
+    end
+    group_report()
+    answer(r, 0, pause > now and 0 or remaining, math.max(1, wait), reset, 0, hold and ticket_text(hold) or 0,
+      flags + who + (hold and F_TICKET or 0))
+    return
+  end
+  if n > 0 then
+    take(gst, lim, n, t, now)
+    if cst then
+      take(cst, caps, n, t, now)
+    end
+    remaining = nil
+    if fr and not fr.held then
+      queue(fr, n)
+    end
+  end
+  local stamp = 0
+  if replace then
+    last = math.max(last, meta.over[2])
+  end
+  if q.b then
+    if n > 0 and t > now then
+      stamp = math.max(now, last + 1)
+      books[q.b], booked[#booked + 1] = {t, n, stamp}, q.b
+    elseif rec then
+      books[q.b], booked[#booked + 1] = false, q.b
+    end
+  end
+  group_report()
+  answer(r, 1, pause > now and 0 or remaining, t - now, reset, n > 0 and t or 0, stamp, flags)
+end
+
+-- cancel decides request r, q a cancel: n permits booked at q.x (with b, q.x is the
+-- booking's stamp), given back on the group and the tenant's caps.
+local function cancel(r, q)
+  local n, token = q.n, q.x
+  if q.b then
+    local rec, why = book(q.b)
+    if rec == nil then
+      return why
+    end
+    token = 0
+    if rec and not rec.ticket and rec[2] == n and q.x > 0 and rec[3] == q.x then
+      token, books[q.b], booked[#booked + 1] = rec[1], false, q.b
+    end
+  end
+  local cst
+  if q.c then
+    local why
+    cst, why = tenant_state(q.c)
+    if not cst then
+      return why
+    end
+  end
+  local freed = token > 0 and give(gst, lim, n, token, now) or 0
+  if cst and token > 0 then
+    give(cst, caps, n, token, now)
+  end
+  if freed == 1 then
+    remaining = nil
+  end
+  group_report()
+  answer(r, freed, 0, 0, reset, q.b and token or 0, 0, 0)
+end
+
+-- inspect answers request r, q an inspect, writing nothing: the group's figures, and its
+-- tenant's when it names one. Its detail (the extra region): booked, ahead_us,
+-- paused_us, pttl_ms, override_us, then rate, capacity, available per limit; then, with
+-- the fair share's key: for a tenant, its place (µs until the clock reaches its finish
+-- tag, -1 when it has nothing queued) and each cap's capacity and available; for the
+-- group, its weight in the queue (W, millionths) and k, then per tenant of the k (at
+-- most 10) with the most queued its place, its weight units, its name's length and bytes.
+local function inspect(r, q)
+  local pause = meta.pause
+  local t = fit(gst, lim, 1, math.max(now, pause), now)
+  group_report()
+  local b, ahead, avail = detail(gst, lim, now)
+  local pttl = -2
+  if not gst.dirty and not changed then
+    pttl = redis.call('PTTL', KEYS[1])
+  elseif keep > 0 then
+    pttl = math.ceil(keep / 1000)
+  end
+  local d = {b, ahead, math.max(0, pause - now), pttl, math.max(0, oend - now)}
+  for i = 1, #lim do
+    d[#d + 1], d[#d + 2], d[#d + 3] = lim[i][1], lim[i][CAP], avail[i]
+  end
+  local f = q.q and fair(KEYS[q.q], true)
+  if q.tenant then
+    local F = finish_of(KEYS[q.q], string.format('%d ', units(q)) .. q.tenant)
+    d[#d + 1] = (F and F > f.V) and math.ceil((F - f.V) * f.W / 1000000) or -1
+    if q.c then
+      local cst, why = tenant_state(q.c)
+      if not cst then
+        return why
+      end
+      local ct = fit(cst, caps, 1, t, now)
+      if ct > t then
+        t = ct
+      end
+      local _, _, cavail = detail(cst, caps, now)
+      for i = 1, #caps do
+        d[#d + 1], d[#d + 2] = caps[i][CAP], cavail[i]
+      end
+    end
+  elseif f then
+    local top = redis.call('ZREVRANGE', KEYS[q.q], '0', '9', 'WITHSCORES')
+    d[#d + 1], d[#d + 2] = f.W, #top / 2
+    for i = 1, #top, 2 do
+      local u, name = string.match(top[i], '^(%d+) (.*)$')
+      name = name or ''
+      d[#d + 1], d[#d + 2], d[#d + 3] = math.max(0, math.ceil((tonumber(top[i + 1]) - f.V) * f.W / 1000000)),
+        tonumber(u) or 0, #name
+      for j = 1, #name do
+        d[#d + 1] = string.byte(name, j)
+      end
+    end
+  end
+  ext[r] = d
+  answer(r, 1, pause > now and 0 or remaining, t - now, reset, 0, 0,
+    (drift and F_DRIFT or 0) + (pause > now and F_PAUSED or 0))
+end
+
+-- control makes request r, a pause, resume, override, clear or a tenant's weight.
+local function control(r, q)
+  local op, ended = q.op, 0
+  if op == OP_PAUSE then
+    if now + q.x > meta.pause then
+      meta.pause = now + q.x
+      wakes[#wakes + 1] = string.format('p %d', meta.pause)
+    end
+    if meta.fair and meta.fair.W > 0 then -- no service while paused: the fair clock waits
+      meta.fair.tV = math.max(meta.fair.tV, meta.pause)
+    end
+  elseif op == OP_RESUME then
+    if meta.pause > now then
+      ended = meta.pause
+      wakes[#wakes + 1] = string.format('r %d', ended)
+    end
+    meta.pause = 0
+    if meta.fair and meta.fair.tV > now then
+      meta.fair.tV = now
+    end
+  elseif op == OP_WEIGHT then
+    meta.weights[q.tenant] = q.x > 0 and {now + q.x, q.units} or nil
+  else
+    local over
+    if op == OP_OVERRIDE then
+      over = {now + (q.x > 0 and q.x or MAX_PERIOD), now, q.rates}
+    end
+    local old = lim
+    meta.over = over
+    lim, lower, oend, limit = in_force(given, over)
+    rates(gst, old, lim, now, now)
+    remaining = nil
+  end
+  changed = true
+  answer(r, 1, 0, math.max(0, meta.pause - now), math.max(0, oend - now), ended, 0, 0)
+end
 
 for r = 1, k do
-  local op, n, x, y, key, b, e = ops[r], ns[r], xs[r], ys[r], ks[r], 6 * r - 6, ext[r]
-  repeat -- request r: a break ends it, e the text of its error
-    if e then
-      break
+  local q = ops[r]
+  if q and not ext[r] then
+    local why
+    if q.op == OP_ACQUIRE then
+      why = acquire(r, q)
+    elseif q.op == OP_CANCEL then
+      why = cancel(r, q)
+    elseif q.op == OP_INSPECT then
+      why = inspect(r, q)
+    else
+      why = control(r, q)
     end
-    if op < OP_PAUSE or (RATED and op >= OP_OVERRIDE) then -- the request needs the state
-      if failed then
-        e = failed
-        break
-      end
-      used[r] = true
-      if not st then
-        st, failed = load(KEYS[1], lim, now, param, given, oend)
-        if not st then
-          e = failed
-          break
-        end
-      end
-      -- creating the state: one algorithm per key (the other algorithms' keys read once)
-      if st.absent and alg == nil and (op == OP_ACQUIRE or op >= OP_OVERRIDE) then
-        alg = false
-        for i = 4, 3 + A do
-          if redis.call('EXISTS', KEYS[i]) == 1 then
-            alg = 'JTALG ' .. KEYS[i]
-            break
-          end
-        end
-      end
+    if why then
+      ext[r] = why
     end
-
-    if op >= OP_PAUSE then -- control ops
-      local ended = 0 -- resume: the end of the pause it ends
-      if op == OP_PAUSE then
-        pause = math.max(pause, now + x)
-      elseif op == OP_RESUME then
-        if pause > now then
-          ended = pause
-          wakes[#wakes + 1] = string.format('r %d', ended)
-        end
-        pause = 0
-      else
-        if RATED and st.absent and alg then -- the state is settled at the change: it may be created
-          e = alg
-          break
-        end
-        if op == OP_OVERRIDE then
-          local rates = {}
-          for i = 1, n do
-            rates[i] = {tonumber(ARGV[y + 2 * i - 2]), tonumber(ARGV[y + 2 * i - 1])}
-          end
-          over = {now + (x > 0 and x or MAX_PERIOD), rates, now}
-        else
-          over = nil
-        end
-        local old = lim
-        lim, lower, oend, limit = in_force(over)
-        if st then
-          rates(st, old, lim, now, now)
-          remaining = nil
-        end
-      end
-      changed = true
-      out[b + 1], out[b + 2], out[b + 3], out[b + 4], out[b + 5], out[b + 6] =
-        1, 0, math.max(0, pause - now), math.max(0, oend - now), ended, 0
-      break
-    end
-
-    local t0 = math.max(now, pause)
-    if op == OP_INSPECT then
-      local t = fit(st, lim, 1, t0, now)
-      if not remaining then
-        remaining, reset, keep = report(st, lim, now, oend)
-      end
-      local booked_n, ahead, avail = detail(st, lim, now)
-      local pttl = -2
-      if not st.dirty then
-        pttl = redis.call('PTTL', KEYS[1])
-      elseif keep > 0 then
-        pttl = math.ceil(keep / 1000)
-      end
-      local d = {booked_n, ahead, math.max(0, pause - now), pttl, math.max(0, oend - now)}
-      for i = 1, m do
-        d[3 * i + 3], d[3 * i + 4], d[3 * i + 5] = lim[i][1], lim[i][CAP], avail[i]
-      end
-      ext[r] = d
-      out[b + 1], out[b + 2], out[b + 3], out[b + 4] = 1, pause > now and 0 or remaining, t - now, reset
-      break
-    end
-
-    local rec = false -- the task's booking record
-    if key > 0 then
-      rec = books[key]
-      if rec == nil then
-        local why
-        rec, why = booking_read(KEYS[key])
-        if rec == nil then
-          e = why
-          break
-        end
-        books[key] = rec
-      end
-    end
-
-    if op == OP_CANCEL then
-      local token = x
-      if key > 0 then -- x is the stamp of the caller's booking
-        token = 0
-        if rec and rec[2] == n and x > 0 and rec[3] == x then
-          token, books[key], booked[#booked + 1] = rec[1], false, key
-        end
-      end
-      local freed = token > 0 and give(st, lim, n, token, now) or 0
-      if freed == 1 or not remaining then
-        remaining, reset, keep = report(st, lim, now, oend)
-      end
-      out[b + 1], out[b + 2], out[b + 3], out[b + 4], out[b + 5], out[b + 6] =
-        freed, 0, 0, reset, key > 0 and token or 0, 0
-      break
-    end
-
-    -- acquire
-    if n > limit then
-      e = 'JTEXCEEDS n above the overridden limits'
-      break
-    end
-    local last, replace = 0, false -- the stamp a new record must be above; re-place rec
-    if rec then
-      last = rec[3]
-      if rec[2] == n and rec[1] >= now - y and pause <= rec[1] then
-        replace = lower and over[3] and over[3] > rec[3]
-        if not replace then -- found: kept, with a new stamp
-          local stamp = math.max(now, last + 1)
-          books[key], booked[#booked + 1] = {rec[1], n, stamp}, key
-          if not remaining then
-            remaining, reset, keep = report(st, lim, now, oend)
-          end
-          out[b + 1], out[b + 2], out[b + 3], out[b + 4], out[b + 5], out[b + 6] =
-            2, pause > now and 0 or remaining, math.max(0, rec[1] - now), reset, rec[1], stamp
-          break
-        end
-      end
-    end
-    local t, granted = now, true
-    if n > 0 then
-      if replace and not st.absent then -- an override set since lowers the limits: it goes back
-        give(st, lim, n, rec[1], now)
-        remaining = nil
-      end
-      t = fit(st, lim, n, t0, now)
-      granted = t - now <= x and t - now <= (st.horizon or MAX_WAIT)
-      if granted and st.absent and alg then
-        e = alg
-        break
-      end
-      if granted then
-        take(st, lim, n, t, now)
-        remaining = nil
-      end
-    end
-    local stamp = 0
-    if replace then
-      last, books[key], booked[#booked + 1] = math.max(last, over[3]), false, key
-    end
-    if granted and n > 0 and key > 0 then
-      if t > now then
-        stamp = math.max(now, last + 1)
-        books[key], booked[#booked + 1] = {t, n, stamp}, key
-      elseif rec then
-        books[key], booked[#booked + 1] = false, key
-      end
-    end
-    if not remaining then
-      remaining, reset, keep = report(st, lim, now, oend)
-    end
-    out[b + 1], out[b + 2], out[b + 3], out[b + 4], out[b + 5], out[b + 6] =
-      granted and 1 or 0, pause > now and 0 or remaining, t - now, reset,
-      granted and n > 0 and t or 0, stamp
-  until true
-  if st and st.err then
-    failed = st.err
   end
-  if e then
-    ext[r] = e
-  elseif ext[r] == nil or type(ext[r]) == 'table' then
-    decided = true
+  if gst.err then -- a read after load found the state foreign: it fails every request
+    for i = 1, k do
+      ext[i] = gst.err
+    end
+    return reply({}, k, ext)
   end
 end
 
--- Writes, after every read and check. A state found foreign fails every request that used
--- it; their bookings are not written either.
-if failed then
-  for r in pairs(used) do
-    ext[r] = failed
-  end
-  decided = false
-  for r = 1, k do
-    decided = decided or type(ext[r]) ~= 'string'
-  end
-else
-  if st and st.dirty then
-    local _, kept = nil, remaining and keep -- report's, unless the state changed since
-    if not kept then
-      _, _, kept = report(st, lim, now, oend)
+-- Writes, after every read and check: what lives is kept until it no longer matters.
+local _, _, data = report(gst, lim, now, oend)
+local kept = math.max(data, meta.pause - now, oend - now)
+for _, w in pairs(meta.weights) do
+  kept = math.max(kept, w[1] - now)
+end
+local f = meta.fair
+if f and f.W > 0 then -- the clock lives while tenants are queued: until V reaches Fmax
+  local life = math.ceil((f.Fmax - f.V) * f.W / 1000000) + math.max(f.tV - now, 0) + 1000000
+  kept = math.max(kept, life)
+  if fair_moved then
+    for member, F in pairs(queued) do
+      redis.call('ZADD', fair_key, string.format('%.17g', F), member)
     end
-    save(st, KEYS[1], lim, now, oend, kept)
-  end
-  for _, i in ipairs(booked) do
-    if books[i] ~= nil then
-      booking_write(KEYS[i], books[i])
-      books[i] = nil
-    end
+    redis.call('PEXPIRE', fair_key, ms(life))
   end
 end
-if changed then
-  control_write(KEYS[2], pause, over)
+if changed or gst.dirty then
+  meta.head = ARGV[1]
+  local text = format_meta(meta)
+  save(gst, KEYS[1], kept, text ~= gst.meta and text or nil, data <= 0)
+end
+for i, ts in pairs(tstates) do
+  if not ts.code and not ts.err and ts.dirty then
+    local _, _, tk = report(ts, caps, now)
+    save(ts, KEYS[i], tk, (ts.absent or ts.drift) and ARGV[2] or nil)
+  end
+end
+for _, i in ipairs(booked) do
+  local rec = books[i]
+  if rec ~= nil then
+    local ttl = 1000000
+    if rec and rec.ticket then -- a task handed back keeps its place while it may still come
+      ttl = rec.due + 60000000
+    elseif rec then
+      ttl = math.max(rec[1] - now, 0) + 1000000
+    end
+    booking_write(KEYS[i], rec, ttl)
+    books[i] = nil
+  end
 end
 for _, text in ipairs(wakes) do
   redis.call('PUBLISH', (string.match(KEYS[1], '^(.*:)') or '') .. 'wake', text)
-end
-if record_ttl > 0 and decided and not failed then
-  local v = redis.pcall('GET', KEYS[3])
-  if not v or is_record(v) then -- pcall: a refused write (a user without SET) fails no call
-    redis.pcall('SET', KEYS[3], record, 'PX', string.format('%d', record_ttl))
-  end
 end
 return reply(out, k, ext)

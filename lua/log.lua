@@ -1,17 +1,23 @@
--- log.lua: SlidingWindow and SlidingCounter, a log of numbered permits: at most rate
--- permits take effect in any window of period, for every limit, exactly (the counter:
--- counted at the end of their sub-bucket). limiter.lua's header says what it defines.
+-- log.lua: SlidingWindow ("sw") and SlidingCounter ("sc"), a log of numbered permits: at
+-- most rate permits take effect in any window of period, for every limit, exactly (the
+-- counter: counted at the end of their sub-bucket). limiter.lua's header says what it
+-- defines.
 --
--- State  KEYS[1], list [base, T1, S1, T2, S2, ..., TE, SE]:
+-- Head   "sw <r1> <p1> ..." or "sc <buckets> <r1> <p1> ...": rate, period_us per limit;
+--        the counter's sub-buckets of the shortest period, 1..10000.
+-- State  a list [meta, base, T1, S1, T2, S2, ..., TE, SE]:
+--   meta  the meta text (internal/protocol): the head, then a pause, an override, the fair
+--         share's clock
 --   Ti    when entry i takes effect, µs; strictly rising
 --   Si    permits granted up to and including entry i; strictly rising, so entry i holds
 --         Si - S(i-1) permits and grants at one time share an entry
 --   base  S0, the count left by the entries already trimmed
--- Its TTL lasts until the last entry has left the longest window; an absent key is an
--- empty log. The parameter bucket_us is 0 for the exact log (SlidingWindow); otherwise a
--- grant at t is recorded at the end of its sub-bucket, (floor(t / bucket_us) + 1) ×
--- bucket_us, so the list keeps one entry per sub-bucket and a permit holds its place
--- between period and period + bucket_us (SlidingCounter).
+-- Its TTL lasts until the last entry has left the longest window (or the meta's pause or
+-- override ends, if later); an absent key is an empty log. For the counter, bucket_us is
+-- the shortest period / buckets, rounded up (the exact log: 0): a grant at t is recorded
+-- at the end of its sub-bucket,
+-- (floor(t / bucket_us) + 1) × bucket_us, so the list keeps one entry per sub-bucket and a
+-- permit holds its place between period and period + bucket_us (SlidingCounter).
 -- Rules: granting n at t keeps every window (t - period, t] at or under rate exactly when
 --   permit number SE + n - rate took effect at or before t - period, so an acquire books
 --   at the earliest t >= t0, at or after the last entry (FIFO; the counter: its sub-bucket's
@@ -23,15 +29,27 @@
 -- Remaining: min over limits of rate - permits in (now - period, now], 0 while a booking
 --   waits or paused; reset_us: until the last entry has left the longest window.
 --
--- Reading: a call reads the head (base and LOG_HEAD entries) and the last entry, which
--- answer the usual lookups; one further in is a binary search, one LRANGE per probe. Writes
--- wait in the state (st) until save: the entries trimmed from the front (off), those
--- replaced at the back (drop, by a cancel), the stored last entry's new count (lset) and the
--- entries appended (tail), so a batch's requests write the list once.
+-- Reading: a call reads the head (meta, base and LOG_HEAD entries) and the last entry,
+-- which answer the usual lookups; one further in is a binary search, one LRANGE per probe.
+-- Writes wait in the state (st) until save: the entries trimmed from the front (off),
+-- those replaced at the back (drop, by a cancel), the stored last entry's new count
+-- (lset) and the entries appended (tail), so a batch's requests write the list once.
 
-local WIDTH, CAP, PARAMS, RATED = 2, 1, 1, false -- the parameter: bucket_us
-local LOG_HEAD_END = '8' -- the head's last list index: base and 4 entries
+local LIMIT_FIELDS = 2   -- a limit's numbers in a head: rate, period_us
+local TAGS, PARAM_TAG, CAP = ' sw sc ', 'sc', 1 -- the heads it serves; the one with a parameter; n's bound
+local LOG_HEAD_END = '9' -- the head's last list index: meta, base and 4 entries
 local LOG_TRIM = 2       -- expired entries that make an acquire trim (fewer wait for a later one)
+
+-- quick_head reads the usual head, one limit of the exact log: its limits and parameter;
+-- nil for any other (the driver's parse_head reads every form).
+local function quick_head(text)
+  local r, p = string.match(text, '^sw (%d+) (%d+)$')
+  r, p = tonumber(r), tonumber(p)
+  if r and r >= 1 and r <= MAX_RATE and p >= 1 and p <= MAX_PERIOD then
+    return {{r, p}}, 0
+  end
+  return nil
+end
 
 -- at returns the time and count of entry i (1 <= i <= E; entry 0: -1 and base). An
 -- entry of the stored list is read once (st[2s - 1], st[2s]), from the head's texts or
@@ -51,11 +69,11 @@ local function at(st, i)
   if not T then
     local v = s <= st.hn and st.head
     if v then -- checked by load
-      T, S = tonumber(v[2 * s]), tonumber(v[2 * s + 1])
+      T, S = tonumber(v[2 * s + 1]), tonumber(v[2 * s + 2])
     else
-      v = redis.call('LRANGE', st.key, string.format('%d', 2 * s - 1), string.format('%d', 2 * s))
+      v = redis.call('LRANGE', st.key, string.format('%d', 2 * s), string.format('%d', 2 * s + 1))
       if #v ~= 2 or not string.find(v[1] .. ',' .. v[2], '^%d+,%d+$') or #v[1] > 17 or #v[2] > 17 then
-        st.err = st.err or 'JTSTATE ' .. st.key .. ': entry ' .. s
+        st.err = st.err or fail(E_STATE, st.key .. ': entry ' .. s)
         return 0, st.base
       end
       T, S = tonumber(v[1]), tonumber(v[2])
@@ -72,10 +90,10 @@ end
 local function entries(st)
   if not st.send then
     local len = redis.call('LLEN', st.key)
-    if len % 2 == 0 then
-      st.err = st.err or 'JTSTATE ' .. st.key .. ': length'
+    if len % 2 == 1 then
+      st.err = st.err or fail(E_STATE, st.key .. ': length')
     end
-    st.send = (len - 1 - (len - 1) % 2) / 2 - st.drop
+    st.send = (len - 2 - len % 2) / 2 - st.drop
   end
   return st.send - st.off + #st.tail / 2
 end
@@ -104,55 +122,64 @@ local function search(st, f, v)
   return j
 end
 
-local function load(key, lim, now, prec)
-  local v, err = read_key('list', 'LRANGE', key, '0', LOG_HEAD_END)
-  if err then
-    return nil, err
+-- load reads the state at key: st.meta is its meta (nil: the key is absent), or nil and
+-- the failure: E_STATE for a list not ours, E_ALG for the state of the bucket or window.
+local function load(key, head)
+  local v = redis.pcall('LRANGE', key, '0', LOG_HEAD_END)
+  if v.err then
+    return nil, foreign(key, v)
   end
-  local len, pmax = #v, 0
+  local len = #v
+  -- made at its size: the head's entries (at) and the fields a usual call sets
+  local st = {false, false, false, false, false, false, false, false,
+    key = key, head = v, hn = 0, off = 0, drop = 0, tail = {}, base = 0, P = 0,
+    absent = len == 0, dirty = false, lastT = false, slastT = false, slastS = false,
+    meta = v[1], prec = 0, pmax = 0, exists = len > 0, bare = len == 1}
+  if len < 2 then -- absent, or a meta alone (the state's data is empty)
+    st.send, st.absent = 0, true
+    return st
+  end
+  -- the head's texts are read as numbers when used (at); the last entry's at once
+  local last = len < 2 * 4 + 2 and {v[len - 1], v[len]} or redis.call('LRANGE', key, '-2', '-1')
+  if len % 2 == 1 or not string.find(table.concat(v, ',', 2) .. ',' .. last[1] .. ',' .. last[2], '^[0-9,]*$') then
+    return nil, foreign(key)
+  end
+  for i = 2, len do
+    if #v[i] > 17 or v[i] == '' then
+      return nil, foreign(key)
+    end
+  end
+  if #last[1] > 17 or #last[2] > 17 or last[1] == '' or last[2] == '' then
+    return nil, foreign(key)
+  end
+  st.base = tonumber(v[2])
+  if len < 2 * 4 + 2 then -- the whole list
+    st.hn = (len - 2) / 2
+    st.send = st.hn
+  else
+    st.hn = 4
+  end
+  if len > 2 then
+    st.slastT, st.slastS = tonumber(last[1]), tonumber(last[2])
+  end
+  st.lastT, st.P = st.slastT, st.slastS or st.base
+  return st
+end
+
+-- setup counts the state with the limits in force (lim) and the head's parameter: the
+-- counter's sub-buckets of the shortest period (0: the exact log).
+local function setup(st, lim, param)
+  local pmax, pmin = 0, MAX_PERIOD
   for i = 1, #lim do
     local p = lim[i][2]
     if p > pmax then
       pmax = p
     end
-  end
-  -- made at its size: the head's entries (at) and the fields a usual call sets
-  local st = {false, false, false, false, false, false, false, false,
-    key = key, prec = prec, pmax = pmax, head = v, hn = 0, off = 0, drop = 0,
-    tail = {}, base = 0, P = 0, absent = len == 0, dirty = false, lastT = false,
-    slastT = false, slastS = false}
-  if len == 0 then
-    st.send = 0
-    return st
-  end
-  -- the head's texts are read as numbers when used (at); the last entry's at once
-  local last = len < 2 * 4 + 1 and {v[len > 1 and len - 1 or 1], v[len]} or redis.call('LRANGE', key, '-2', '-1')
-  if not string.find(table.concat(v, ',') .. ',' .. last[1] .. ',' .. last[2], '^[0-9,]*$') then
-    return nil, 'JTSTATE ' .. key .. ': not a permit log'
-  end
-  for i = 1, len do
-    if #v[i] > 17 or v[i] == '' then
-      return nil, 'JTSTATE ' .. key .. ': not a permit log'
+    if p < pmin then
+      pmin = p
     end
   end
-  if #last[1] > 17 or #last[2] > 17 or last[1] == '' or last[2] == '' then
-    return nil, 'JTSTATE ' .. key .. ': not a permit log'
-  end
-  st.base = tonumber(v[1])
-  if len < 2 * 4 + 1 then -- the whole list
-    if len % 2 == 0 then
-      return nil, 'JTSTATE ' .. key .. ': length'
-    end
-    st.hn = (len - 1) / 2
-    st.send = st.hn
-  else
-    st.hn = 4
-  end
-  if len > 1 then
-    st.slastT, st.slastS = tonumber(last[1]), tonumber(last[2])
-  end
-  st.lastT, st.P = st.slastT, st.slastS or st.base
-  return st
+  st.prec, st.pmax = param > 0 and math.ceil(pmin / param) or 0, pmax
 end
 
 local function fit(st, lim, n, t, now)
@@ -236,26 +263,38 @@ local function report(st, lim, now)
   return remaining, reset, reset
 end
 
-local function save(st, key, lim, now, _, keep)
+-- save writes what changed for the state to live keep µs more: the log (st.dirty) and the
+-- meta (a text, or nil when unchanged); with keep <= 0 the key goes; bare, the meta alone
+-- (the log holds nothing that matters).
+local function save(st, key, keep, meta, bare)
   local tail = st.tail
-  if keep <= 0 or not st.lastT then
-    if not st.absent then
+  if keep <= 0 or bare then
+    if st.exists then
       redis.call('UNLINK', key) -- frees a long list off the main thread
+    end
+    if keep > 0 then
+      redis.call('RPUSH', key, meta or st.meta)
+      redis.call('PEXPIRE', key, ms(keep))
     end
     return
   end
-  local row, m = {}, 0 -- RPUSH's values, 200 at a time: the base first when the list is new
+  local row, m = {}, 0 -- RPUSH's values, 200 at a time: meta and base first when the list is new
   if st.absent or st.gone then
-    if st.gone and not st.absent then
+    if st.exists then
       redis.call('UNLINK', key)
     end
-    row[1], m = string.format('%d', st.base), 1
+    row[1], row[2], m = meta or st.meta, string.format('%d', st.base), 2
   else
     if st.lset then
       redis.call('LSET', key, '-1', string.format('%d', st.slastS))
     end
     if st.off > 0 or st.drop > 0 then
+      -- trimming off entries keeps T_off, S_off first: S_off is the new base, and the
+      -- meta goes where T_off was
       redis.call('LTRIM', key, string.format('%d', 2 * st.off), string.format('%d', -1 - 2 * st.drop))
+    end
+    if meta or st.off > 0 then
+      redis.call('LSET', key, '0', meta or st.meta)
     end
   end
   for i = 1, #tail do
@@ -297,9 +336,9 @@ local function give(st, lim, n, token, now)
   local E, tail = entries(st), st.tail
   local s = st.off + e
   if s <= st.send then
-    local moved = redis.call('LRANGE', st.key, string.format('%d', 2 * s - 1), string.format('%d', 2 * st.send))
+    local moved = redis.call('LRANGE', st.key, string.format('%d', 2 * s), string.format('%d', 2 * st.send + 1))
     if #moved ~= 2 * (st.send - s + 1) or not string.find(table.concat(moved, ','), '^[%d,]*$') then
-      st.err = st.err or 'JTSTATE ' .. st.key .. ': not a permit log'
+      st.err = st.err or fail(E_STATE, st.key .. ': not a permit log')
       return 0
     end
     for i = 1, #moved do

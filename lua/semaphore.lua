@@ -6,7 +6,8 @@
 --          its holder's token, or a place's id for a slot handed to that place
 -- KEYS[2]  {<prefix><key>}:semq   zset: place "<id>:<ttl_us>" -> arrival, µs (unique, rising)
 -- KEYS[3]  {<prefix><key>}:semx   zset: place -> when it lapses, µs
--- KEYS[4]  {<prefix><key>}:pause  the control key (common.lua); read only: its pause
+-- KEYS[4]  {<prefix><key>}:l     a limiter's state on the same key; read only: the pause in its
+--          meta (internal/protocol), which is the key's, for limiters and semaphores alike
 -- ARGV[1]  k, the number of requests, 1..1000
 -- ARGV[2 .. 1+4k]  k requests of four fields: op, token, place, join
 --   op  name     token                        place                   join
@@ -19,14 +20,14 @@
 -- ARGV[2+4k]  max, leases live at once, 1..10^9
 -- ARGV[3+4k]  ttl_us, how long a lease (and a place in the queue) lives, 1000..2^45
 -- An error in k, max or ttl_us fails the call; any other fails its request only.
--- Returns  six integers per request, then the extras (common.lua, reply):
---   acquire  ok 0|1, wait_us, held, 0, 0, 0
---   extend   ok (the lease was live and now expires in ttl_us), 0, held, 0, 0, 0
---   release  ok (the lease was live and is gone), 0, held, 0, 0, 0
---   inspect  1, 0, held, 0, at, len; extra: held, waiting, paused_us, pttl_ms (the lease
+-- Returns  WIDTH integers per request, then the extras (common.lua, reply):
+--   acquire  ok 0|1, wait_us, held, 0, 0, 0, 0
+--   extend   ok (the lease was live and now expires in ttl_us), 0, held, 0, 0, 0, 0
+--   release  ok (the lease was live and is gone), 0, held, 0, 0, 0, 0
+--   inspect  1, 0, held, 0, at, len, 0; extra: held, waiting, paused_us, pttl_ms (the lease
 --            set's: -2 absent, -1 none), k', then until each of the k' earliest live leases
 --            expires, µs
---   error    -1, at, len, 0, 0, 0; extra: the error's text, one byte per integer
+--   error    -1, code, at, len, 0, 0, 0; extra: the error's text, one byte per integer
 --   held: live leases after the request; wait_us (denied): until, by expiry alone, a slot
 --   comes to this caller (the (held - max + place + 1)th earliest expiry, or the end of a
 --   pause if later), >= 1.
@@ -40,10 +41,30 @@
 --   at the head of the queue (unless paused), each a lease of its place's ttl_us under its
 --   id, and the call publishes "h <id> <id> ..." once on {<prefix><key>}:wake; a release
 --   also drops its place and a slot handed to it. KEYS[1..3] get a PEXPIRE at their latest
---   expiry; empty sets disappear. A key of another type, a control key not ours, or a place
---   not ours that a hand-off could reach fails the requests that need it (JTSTATE).
+--   expiry; empty sets disappear. A key of another type, a limiter state not ours, or a
+--   place not ours that a hand-off could reach fails the requests that need it (JTSTATE).
 
 local SEM_ACQUIRE, SEM_EXTEND, SEM_RELEASE, SEM_INSPECT = 0, 1, 2, 3
+
+-- pause_read returns the end of the pause in the meta of the limiter state at key (0:
+-- none), or nil and the failure.
+local function pause_read(key)
+  local v = redis.pcall('GET', key)
+  local meta
+  if type(v) == 'table' and string.find(v.err, 'WRONGTYPE', 1, true) then
+    meta = redis.pcall('LINDEX', key, '0')
+  elseif type(v) == 'table' then
+    return nil, fail(0, v.err)
+  elseif v then
+    meta = string.match(v, '\n(.*)$')
+  else
+    return 0
+  end
+  if type(meta) ~= 'string' or not string.find(meta, '^%l%l? ') then
+    return nil, fail(E_STATE, key .. ': not a limiter state')
+  end
+  return tonumber(string.match(meta, '\np (%d+)')) or 0
+end
 
 local k = int(ARGV[1], 1, MAX_REQUESTS)
 if not k or #ARGV ~= 3 + 4 * k or #KEYS ~= 4 then
@@ -77,7 +98,7 @@ for r = 1, k do
     bad = 'join'
   end
   if bad then
-    ext[r] = 'JTARG request ' .. r .. ': ' .. bad
+    ext[r] = fail(E_ARG, 'JTARG request ' .. r .. ': ' .. bad)
   elseif op ~= SEM_INSPECT then
     writers = writers + 1
     frees = frees + (op == SEM_RELEASE and 1 or 0)
@@ -92,7 +113,7 @@ for i = 1, 3 do
     break
   end
 end
-local pause_end, why = control_read(KEYS[4])
+local pause_end, why = pause_read(KEYS[4])
 if not foreign and not pause_end then
   foreign = why
 end
@@ -118,7 +139,7 @@ if writers > 0 and not paused and redis.call('ZCARD', q) > 0 then
       local lapse = redis.call('ZSCORE', x, member)
       if free > 0 and (not lapse or (tonumber(lapse) or math.huge) > now) then
         if not id(member) then
-          foreign = 'JTSTATE ' .. q .. ': a place not ours'
+          foreign = fail(E_STATE, q .. ': a place not ours')
         end
         free = free - 1
       end
@@ -177,7 +198,7 @@ end
 
 for r = 1, k do
   if not ext[r] then
-    local j, b = 4 * r - 2, 6 * r - 6
+    local j, b = 4 * r - 2, WIDTH * r - WIDTH
     local op, token, place, join = tonumber(ARGV[j]), ARGV[j + 1], ARGV[j + 2], tonumber(ARGV[j + 3])
     local ok, wait = 0, 0
     if op == SEM_INSPECT then
@@ -197,7 +218,7 @@ for r = 1, k do
         d[5] = #v / 2
       end
       ext[r] = d
-      out[b + 1], out[b + 2], out[b + 3], out[b + 4] = 1, 0, held, 0
+      out[b + 1], out[b + 2], out[b + 3], out[b + 4], out[b + 7] = 1, 0, held, 0, 0
     else
       wrote = true
       handoff() -- the queue goes before the caller
@@ -247,8 +268,8 @@ for r = 1, k do
           end
         end
       end
-      out[b + 1], out[b + 2], out[b + 3], out[b + 4], out[b + 5], out[b + 6] =
-        ok, wait, redis.call('ZCARD', sem), 0, 0, 0
+      out[b + 1], out[b + 2], out[b + 3], out[b + 4], out[b + 5], out[b + 6], out[b + 7] =
+        ok, wait, redis.call('ZCARD', sem), 0, 0, 0, 0
     end
   end
 end

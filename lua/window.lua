@@ -3,9 +3,11 @@
 -- window; two windows' worth can meet at a boundary, the known cost of O(1) state.
 -- limiter.lua's header says what it defines.
 --
--- State  KEYS[1], string "<L> <c1> ... <cm>": L when the latest grant took or takes effect,
---   µs; ci the permits limit i counted in its window holding L. Its TTL lasts to the end of
---   the longest window holding L. An absent key is empty windows.
+-- Head   "fw <r1> <p1> ...": rate, period_us per limit.
+-- State  a string "<L> <c1> ... <cm>\n<meta>": L when the latest grant took or takes effect,
+--   µs; ci the permits limit i counted in its window holding L; meta the meta text
+--   (internal/protocol). Its TTL lasts to the end of the longest window holding L (or the
+--   meta's pause or override, if later). An absent key is empty windows.
 -- Rules: an acquire books n at the earliest t >= max(t0, L) at which every limit's window
 --   holding t has room for n (a window after L's starts empty); bookings are FIFO, so the
 --   state never needs more than the latest window's counts.
@@ -15,44 +17,74 @@
 -- Remaining: min over limits of rate - count in the window holding now, 0 while a booking
 --   waits (L > now) or paused; reset_us: until the windows holding grants have all ended.
 
-local WIDTH, CAP, PARAMS, RATED = 2, 1, 0, false
+local LIMIT_FIELDS = 2 -- a limit's numbers in a head: rate, period_us
+local TAGS, PARAM_TAG, CAP = ' fw ', '', 1 -- the heads it serves; the one with a parameter; n's bound
 
-local function load(key, lim, now)
-  local v, err = read_key('string', 'GET', key)
-  if err then
-    return nil, err
+-- quick_head reads the usual head, one limit: its limits and parameter; nil for any other
+-- (the driver's parse_head reads every form).
+local function quick_head(text)
+  local r, p = string.match(text, '^fw (%d+) (%d+)$')
+  r, p = tonumber(r), tonumber(p)
+  if r and r >= 1 and r <= MAX_RATE and p >= 1 and p <= MAX_PERIOD then
+    return {{r, p}}, 0
   end
-  local st = {0, L = 0, absent = not v, dirty = false}
-  if v then
-    -- one limit's state (the usual case) is read with one match, any other word by word;
-    -- a number tonumber cannot read (gopher-lua past 2^63) is out of range
-    local L, c = string.match(v, '^(%d+) (%d+)$')
-    if L then
-      st.L, st[1] = tonumber(L) or -1, tonumber(c) or -1
-    else
-      local w = {}
-      for f in string.gmatch(v, '%S+') do
-        w[#w + 1] = string.find(f, '^%d+$') and tonumber(f) or -1
-      end
-      if #w < 1 then
-        return nil, 'JTSTATE ' .. key .. ': not a fixed window'
-      end
-      st.L, st[1] = w[1], w[2] or 0
-      for i = 3, #w do
-        if w[i] < 0 or w[i] > MAX_WAIT then
-          return nil, 'JTSTATE ' .. key .. ': not a fixed window'
-        end
-        st[i - 1] = i <= #lim + 1 and w[i] or nil
-      end
+  return nil
+end
+
+-- load reads the state at key: st.meta is its meta (nil: the key is absent; head, the
+-- same text, when they are equal), or nil and the failure (foreign).
+local function load(key, head)
+  local v = redis.pcall('GET', key)
+  if not v then
+    return {0, L = 0, key = key, absent = true}
+  elseif type(v) == 'table' then
+    return nil, foreign(key, v)
+  end
+  local nl = string.find(v, '\n', 1, true)
+  if not nl then
+    return nil, foreign(key)
+  end
+  local meta = (#v - nl == #head and string.find(v, head, nl + 1, true)) and head or string.sub(v, nl + 1)
+  if nl == 1 then -- a meta alone: empty windows
+    return {0, L = 0, key = key, absent = true, exists = true, bare = true, meta = meta}
+  end
+  -- one limit's state (the usual case) is read with one match, any other word by word;
+  -- a number tonumber cannot read (gopher-lua past 2^63) is out of range
+  local st = {0, L = 0, key = key, exists = true, meta = meta}
+  local L, c = string.match(v, '^(%d+) (%d+)\n')
+  if L then
+    st.L, st[1] = tonumber(L) or -1, tonumber(c) or -1
+  else
+    local w = {}
+    for f in string.gmatch(string.sub(v, 1, nl - 1), '%S+') do
+      w[#w + 1] = string.find(f, '^%d+$') and tonumber(f) or -1
     end
-    if st.L < 0 or st.L > MAX_WAIT or st[1] < 0 or st[1] > MAX_WAIT then
-      return nil, 'JTSTATE ' .. key .. ': not a fixed window'
+    if #w < 2 then
+      return nil, foreign(key)
+    end
+    st.L = w[1]
+    for i = 2, #w do
+      if w[i] < 0 or w[i] > MAX_WAIT then
+        return nil, foreign(key)
+      end
+      st[i - 1] = w[i]
     end
   end
+  if st.L < 0 or st.L > MAX_WAIT or st[1] < 0 or st[1] > MAX_WAIT then
+    return nil, foreign(key)
+  end
+  return st
+end
+
+-- setup counts the state with the limits in force (lim): limits it does not hold yet
+-- start at 0, those the callers no longer have go.
+local function setup(st, lim)
   for i = 2, #lim do
     st[i] = st[i] or 0
   end
-  return st
+  for i = #st, #lim + 1, -1 do
+    st[i] = nil
+  end
 end
 
 -- t - t % P is the start of t's window, floor(t / P) · P, written out (common.lua).
@@ -113,18 +145,23 @@ local function report(st, lim, now)
   return remaining, reset, keep
 end
 
-local function save(st, key, lim, now, _, keep)
+-- save writes the state for it to live keep µs more, with meta (nil: the stored one), or
+-- deletes it (keep <= 0); bare, the meta alone (the state holds nothing that matters).
+local function save(st, key, keep, meta, bare)
   if keep <= 0 then
-    if not st.absent then
+    if st.exists then
       redis.call('DEL', key)
     end
     return
+  elseif bare then
+    redis.call('SET', key, '\n' .. (meta or st.meta), 'PX', ms(keep))
+    return
   end
   local text = string.format('%d %d', st.L, st[1])
-  for i = 2, #lim do
+  for i = 2, #st do
     text = text .. string.format(' %d', st[i])
   end
-  redis.call('SET', key, text, 'PX', ms(keep))
+  redis.call('SET', key, text .. '\n' .. (meta or st.meta), 'PX', ms(keep))
 end
 
 -- @cold: what follows only the driver's request loop needs (see lua/internal/gen).

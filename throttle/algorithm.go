@@ -45,11 +45,9 @@ func (a Algorithm) String() string {
 // algorithm is everything the Go side knows of one algorithm: the rest is its script.
 type algorithm struct {
 	name   string
-	suffix string  // its state key's (internal/keys)
+	tag    string  // its head's (internal/keys)
 	script *script // lua/gen/<script>.lua
-	bursts bool    // a limit's ARGV holds its burst (rate, period_us, burst), else (rate, period_us)
-	// params are the ARGV after the limits: the log's sub-bucket width (0: exact)
-	params func(limits []Limit, buckets int) []any
+	bursts bool    // a limit holds its burst
 	maxN   func(l Limit) int // the most permits l can grant at once: its capacity
 	// counted is how long after a grant takes effect its permits still count against
 	// l: the key's state (and this process's, for StateLost and FailLocal) matters that long.
@@ -70,12 +68,11 @@ var (
 
 var algorithms = [...]algorithm{
 	SlidingWindow: {
-		name: "SlidingWindow", suffix: keys.SlidingWindow, script: logScript,
-		params: func([]Limit, int) []any { return []any{0} },
-		maxN:   rateN, counted: period, share: rateShare, lack: windowLack,
+		name: "SlidingWindow", tag: keys.SlidingWindow, script: logScript,
+		maxN: rateN, counted: period, share: rateShare, lack: windowLack,
 	},
 	TokenBucket: {
-		name: "TokenBucket", suffix: keys.TokenBucket, script: bucketScript, bursts: true,
+		name: "TokenBucket", tag: keys.TokenBucket, script: bucketScript, bursts: true,
 		maxN: func(l Limit) int { return l.burst() },
 		// a full burst takes burst/rate periods to come back
 		counted: func(l Limit) time.Duration { return l.Period * time.Duration(max(1, (l.burst()+l.Rate-1)/l.Rate)) },
@@ -87,7 +84,7 @@ var algorithms = [...]algorithm{
 		lack: bucketLack,
 	},
 	FixedWindow: {
-		name: "FixedWindow", suffix: keys.FixedWindow, script: windowScript,
+		name: "FixedWindow", tag: keys.FixedWindow, script: windowScript,
 		maxN: rateN, counted: period, share: rateShare,
 		lack: func(l Limit, token int64, n int, now int64) (int, bool) {
 			p := l.periodMicros()
@@ -95,14 +92,7 @@ var algorithms = [...]algorithm{
 		},
 	},
 	SlidingCounter: {
-		name: "SlidingCounter", suffix: keys.SlidingCounter, script: logScript,
-		params: func(limits []Limit, buckets int) []any {
-			shortest := limits[0].periodMicros()
-			for _, l := range limits {
-				shortest = min(shortest, l.periodMicros())
-			}
-			return []any{(shortest + int64(buckets) - 1) / int64(buckets)}
-		},
+		name: "SlidingCounter", tag: keys.SlidingCounter, script: logScript,
 		maxN: rateN, counted: period, share: rateShare, lack: windowLack,
 	},
 }
@@ -128,30 +118,15 @@ func bucketLack(l Limit, token int64, n int, now int64) (int, bool) {
 	return int((owed - lo + p - 1) / p), true
 }
 
-// args is the ARGV of limits for a: m, each limit's fields, then a's parameters.
-func (a *algorithm) args(limits []Limit, buckets int) []any {
-	args := make([]any, 0, 2+3*len(limits))
-	args = append(args, len(limits))
+// head is the head of limits for a (buckets: SlidingCounter's), as New sends it.
+func (a *algorithm) head(limits []Limit, buckets int) keys.Head {
+	h := keys.Head{Alg: a.tag, Buckets: buckets}
 	for _, l := range limits {
-		args = append(args, l.Rate, l.periodMicros())
+		kl := keys.Limit{Rate: l.Rate, Period: time.Duration(l.periodMicros()) * time.Microsecond}
 		if a.bursts {
-			args = append(args, l.burst())
+			kl.Burst = l.burst()
 		}
+		h.Limits = append(h.Limits, kl)
 	}
-	if a.params != nil {
-		args = append(args, a.params(limits, buckets)...)
-	}
-	return args
-}
-
-// otherStates returns the state keys of the other algorithms under tag: a grant that
-// creates a's state checks none of them exists (one algorithm per key).
-func (a *algorithm) otherStates(tag string) []string {
-	var out []string
-	for _, s := range keys.States() {
-		if s != a.suffix {
-			out = append(out, keys.Name(tag, s))
-		}
-	}
-	return out
+	return h
 }

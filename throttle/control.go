@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/internal/protocol"
 	"github.com/jobthrottle/jobthrottle/waiter"
 )
 
@@ -28,7 +29,7 @@ func (l *Limiter) Pause(ctx context.Context, d time.Duration) error {
 	if raise(&ks.hold, time.Now().Add(d).UnixNano()) {
 		ks.move(func(*sleeper) bool { return true })
 	}
-	if _, err := l.control(ctx, opPause, 0, min(ceilMicros(d), maxPeriodUS), nil); err != nil {
+	if _, err := l.controlCall(ctx, &protocol.Request{Op: protocol.OpPause, X: min(ceilMicros(d), maxPeriodUS)}); err != nil {
 		return err
 	}
 	ks.landed.Store(true)
@@ -45,7 +46,7 @@ func (l *Limiter) Pause(ctx context.Context, d time.Duration) error {
 // publishes (a process that books again before another has given its bookings back
 // queues behind those). It returns Redis errors as AllowN.
 func (l *Limiter) Resume(ctx context.Context) error {
-	rep, err := l.control(ctx, opResume, 0, 0, nil)
+	rep, err := l.controlCall(ctx, &protocol.Request{Op: protocol.OpResume})
 	if err != nil {
 		return err
 	}
@@ -79,7 +80,7 @@ func (l *Limiter) Override(ctx context.Context, d time.Duration, limits ...Limit
 	if len(limits) == 0 || len(limits) > len(l.limits) {
 		return fmt.Errorf("%w: %d limits to override, the limiter has %d", ErrInvalidArgument, len(limits), len(l.limits))
 	}
-	var rates []any
+	var rates []int
 	for i, o := range limits {
 		code := l.limits[i]
 		o.Period = cmp.Or(o.Period, code.Period) // 0: the limit's own
@@ -92,23 +93,27 @@ func (l *Limiter) Override(ctx context.Context, d time.Duration, limits ...Limit
 		}
 		rates = append(rates, o.Rate, o.Burst)
 	}
-	_, err := l.control(ctx, opOverride, len(limits), min(ceilMicros(d), maxPeriodUS), rates)
+	_, err := l.controlCall(ctx, &protocol.Request{Op: protocol.OpOverride, X: min(ceilMicros(d), maxPeriodUS), Rates: rates})
 	return err
 }
 
 // ClearOverride removes an override set by Override: every process's next call
 // enforces the limits it passes again. It returns Redis errors as AllowN.
 func (l *Limiter) ClearOverride(ctx context.Context) error {
-	_, err := l.control(ctx, opClear, 0, 0, nil)
+	_, err := l.controlCall(ctx, &protocol.Request{Op: protocol.OpClear})
 	return err
 }
 
-// control makes one of the control ops on the key.
-func (l *Limiter) control(ctx context.Context, op, n int, x int64, rates []any) (reply, error) {
+// controlCall makes one of the control ops on the key: the key's, whichever handle
+// makes it.
+func (l *Limiter) controlCall(ctx context.Context, call *protocol.Request) (reply, error) {
+	if l == nil {
+		return reply{}, fmt.Errorf("jobthrottle: %w: nil *throttle.Limiter", waiter.ErrNilReserver)
+	}
 	if err := ctx.Err(); err != nil {
 		return reply{}, err
 	}
-	return l.send(ctx, l.client().key(l.t.tag), []any{op, n, x, 0, 0}, "", rates, nil, false)
+	return l.send(ctx, l.client().key(l.t.tag), call, nil)
 }
 
 // resume handles the resume of a pause that ended at end (server µs; 0: unknown or

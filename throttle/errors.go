@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/jobthrottle/jobthrottle/internal/protocol"
 )
 
 // Errors returned by this package. Test for them with errors.Is: the errors returned
@@ -63,8 +65,8 @@ var (
 )
 
 // AlgorithmError is the error of a Limiter whose key holds another algorithm's state
-// (see ErrAlgorithmMismatch, which it wraps). A grant that would create the Limiter's
-// own state checks the other algorithms' keys first, in the same atomic script call.
+// (see ErrAlgorithmMismatch, which it wraps): every algorithm keeps its state in the same
+// key, whose meta names the algorithm.
 // To move a key to another algorithm (a rollout), delete its state (`jobthrottle reset
 // KEY`): the new algorithm starts from a full limit.
 type AlgorithmError struct {
@@ -79,40 +81,56 @@ func (e *AlgorithmError) Error() string {
 
 func (e *AlgorithmError) Unwrap() error { return ErrAlgorithmMismatch }
 
-// scriptError maps a failed call to this package's errors: what a script reports
-// (JTARG, JTSTATE, JTALG, JTEXCEEDS), a wrong-type key and an ACL refusal become
-// sentinels, an unreachable Redis ErrUnavailable (wrapping the cause too); anything
-// else is wrapped as it is.
+// scriptError maps a failed call to this package's errors: a request's failure by its
+// code (internal/protocol), a wrong-type key and an ACL refusal by Redis's own prefix, an
+// unreachable Redis ErrUnavailable (wrapping the cause too); anything else is wrapped as
+// it is.
 func scriptError(ctx context.Context, key string, err error) error {
+	var f *failed
+	if errors.As(err, &f) {
+		switch f.code {
+		case protocol.ErrState:
+			return fmt.Errorf("%w: key %q: %s", ErrCorruptState, key, f.text)
+		case protocol.ErrAlg:
+			return algorithmError(key, f.text)
+		case protocol.ErrExceeds:
+			return fmt.Errorf("%w: key %q: %s", ErrExceedsLimit, key, f.text)
+		case protocol.ErrArg:
+			return fmt.Errorf("%w: key %q: %s", ErrInvalidArgument, key, f.text)
+		}
+		err = redisError(f.text) // 0: an error Redis gave the script, by its prefix below
+	}
 	if isUnavailable(ctx, err) {
 		return fmt.Errorf("%w: key %q: %w", ErrUnavailable, key, err)
 	}
 	msg := err.Error()
 	switch {
-	case strings.Contains(msg, "JTSTATE"), strings.Contains(msg, "WRONGTYPE"):
+	case strings.HasPrefix(msg, "WRONGTYPE"):
 		return fmt.Errorf("%w: key %q: %v", ErrCorruptState, key, err)
-	case strings.Contains(msg, "JTALG"):
-		return algorithmError(key, msg)
-	case strings.Contains(msg, "JTEXCEEDS"):
-		return fmt.Errorf("%w: key %q: %v", ErrExceedsLimit, key, err)
-	case strings.Contains(msg, "JTARG"):
+	case strings.HasPrefix(msg, "JTARG"): // an argument of the call as a whole
 		return fmt.Errorf("%w: key %q: %v", ErrInvalidArgument, key, err)
-	case strings.Contains(msg, "NOPERM"), strings.Contains(msg, "The user executing the script can't"):
+	case strings.HasPrefix(msg, "NOPERM"), strings.Contains(msg, "The user executing the script can't"):
 		return fmt.Errorf("%w: key %q: %w", ErrNoPermission, key, err)
 	}
 	return fmt.Errorf("jobthrottle: key %q: %w", key, err)
 }
 
-// algorithmError maps a script's "JTALG <key>" failure, the key being the state key
-// of the algorithm found.
-func algorithmError(key, msg string) error {
-	_, found, _ := strings.Cut(msg, "JTALG ")
-	_, suffix, _ := strings.Cut(found, "}:")
-	suffix, _, _ = strings.Cut(suffix, " ")
+// redisError is an error Redis gave a script, as go-redis gives Redis's replies.
+type redisError string
+
+func (e redisError) Error() string { return string(e) }
+
+// RedisError marks it as a reply of Redis's own (go-redis's redis.Error).
+func (redisError) RedisError() {}
+
+// algorithmError maps an ErrAlg failure, whose text starts with the head tag of the
+// algorithm whose state the key holds.
+func algorithmError(key, text string) error {
+	found, _, _ := strings.Cut(text, " ")
 	for i, a := range algorithms {
-		if a.suffix == suffix {
+		if a.tag == found {
 			return &AlgorithmError{Key: key, Found: Algorithm(i)}
 		}
 	}
-	return fmt.Errorf("%w: key %q: %s", ErrAlgorithmMismatch, key, msg)
+	return fmt.Errorf("%w: key %q: %s", ErrAlgorithmMismatch, key, text)
 }

@@ -4,6 +4,10 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/jobthrottle/jobthrottle/internal/keys"
+	"github.com/jobthrottle/jobthrottle/internal/protocol"
+	"github.com/jobthrottle/jobthrottle/waiter"
 )
 
 // LimiterState is a rate-limited key's live state as Inspect reads it: one read-only
@@ -56,6 +60,33 @@ type LimiterState struct {
 	// 0 when the key is absent (the limiter is idle and at full capacity), negative
 	// when the key has no TTL (jobthrottle never leaves one so).
 	TTL time.Duration
+
+	// Tenant is the tenant's part, for a tenant's handle (Limiter.Tenant); nil otherwise.
+	Tenant *TenantState
+
+	// Tenants, for the limiter's own handle, are the tenants with the most requests
+	// queued in the fair share, the most first, at most 10 of them; empty when none is.
+	Tenants []TenantState
+}
+
+// TenantState is one tenant's part of a LimiterState.
+type TenantState struct {
+	// Name is the tenant's name.
+	Name string
+
+	// Weight is the tenant's weight in the fair share: its handle's (Weight), or an
+	// operator's (OverrideWeight) while one lasts; for Tenants, the weight its requests
+	// were queued with.
+	Weight float64
+
+	// Queued is how far the tenant's place in the fair share lies ahead of its turn:
+	// about how long, at the tenants' present shares, until the requests it has queued
+	// or booked (its share of them) are served; 0 when it has none.
+	Queued time.Duration
+
+	// Caps holds one entry per cap (WithTenantLimits), in their order: what the tenant
+	// has used of each. Empty for Tenants.
+	Caps []LimitState
 }
 
 // LimitState is one limit's part of a LimiterState.
@@ -116,17 +147,30 @@ type SemaphoreState struct {
 // key holds data jobthrottle did not write, ErrUnavailable when Redis cannot be
 // reached, and other Redis errors wrapped.
 func (l *Limiter) Inspect(ctx context.Context) (LimiterState, error) {
+	if l == nil {
+		return LimiterState{}, fmt.Errorf("jobthrottle: %w: nil *throttle.Limiter", waiter.ErrNilReserver)
+	}
+	if l.tenant != nil && l.tenant.err != nil {
+		return LimiterState{}, l.tenant.err
+	}
 	if err := ctx.Err(); err != nil {
 		return LimiterState{}, err
 	}
-	rep, err := l.client().do(&request{ctx: ctx, t: l.t, ks: l.client().key(l.t.tag), fields: []any{opInspect, 1, 0, 0, 0},
-		timeout: l.timeout, detail: true})
+	call := l.request(protocol.OpInspect, 0, 0)
+	if l.tenant == nil { // the tenants with the most queued
+		call.Queue = keys.Name(l.t.tag, keys.FairQueue)
+	}
+	rep, err := l.client().do(&request{ctx: ctx, t: l.t, ks: l.client().key(l.t.tag), call: call, timeout: l.timeout, detail: true})
 	if err != nil {
 		return LimiterState{}, err
 	}
 	v, x := rep.v, rep.extra
-	if len(x) != 5+3*len(l.limits) {
-		return LimiterState{}, fmt.Errorf("%w: key %q: inspect's detail holds %d values", ErrUnexpectedReply, l.key, len(x))
+	bad := func() (LimiterState, error) {
+		return LimiterState{}, fmt.Errorf("%w: key %q: inspect's detail %v", ErrUnexpectedReply, l.key, x)
+	}
+	n := 5 + 3*len(l.limits)
+	if len(x) < n {
+		return bad()
 	}
 	st := LimiterState{
 		Algorithm:   l.alg,
@@ -149,6 +193,32 @@ func (l *Limiter) Inspect(ctx context.Context) (LimiterState, error) {
 			}
 		}
 		st.Limits[i] = LimitState{Limit: lim, Capacity: int(capacity), Used: int(capacity - avail)}
+	}
+	x = x[n:]
+	if t := l.tenant; t != nil { // its place, then capacity and available per cap
+		if len(x) != 1+2*len(l.caps) {
+			return bad()
+		}
+		ts := &TenantState{Name: t.name, Weight: float64(t.units) / unitWeight, Queued: micros(max(0, x[0]))}
+		for i, c := range l.caps {
+			ts.Caps = append(ts.Caps, LimitState{Limit: c, Capacity: int(x[1+2*i]), Used: int(x[1+2*i] - x[2+2*i])})
+		}
+		st.Tenant = ts
+		return st, nil
+	}
+	if len(x) < 2 { // W, k, then per tenant: place, units, name's length and bytes
+		return bad()
+	}
+	for i, k := 2, x[1]; k > 0; k-- {
+		if i+3 > len(x) || int64(i+3)+x[i+2] > int64(len(x)) {
+			return bad()
+		}
+		name := make([]byte, x[i+2])
+		for j := range name {
+			name[j] = byte(x[i+3+j])
+		}
+		st.Tenants = append(st.Tenants, TenantState{Name: string(name), Weight: float64(x[i+1]) / unitWeight, Queued: micros(x[i])})
+		i += 3 + len(name)
 	}
 	return st, nil
 }

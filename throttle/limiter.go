@@ -5,17 +5,19 @@ import (
 	"context"
 	"fmt"
 	"reflect"
+	"slices"
 	"time"
 
 	"github.com/jobthrottle/jobthrottle/internal/booking"
 	"github.com/jobthrottle/jobthrottle/internal/clock"
 	"github.com/jobthrottle/jobthrottle/internal/keys"
+	"github.com/jobthrottle/jobthrottle/internal/protocol"
 	"github.com/jobthrottle/jobthrottle/waiter"
 	"github.com/redis/go-redis/v9"
 )
 
-// Limiter enforces one or more rate limits on a key, shared by every process that
-// uses the same Redis, key, prefix and algorithm.
+// Limiter enforces one or more rate limits on a key, shared by every process that uses
+// the same Redis, key, prefix and algorithm.
 //
 // Every decision is one atomic script call, run at most once, that reads the clock of
 // the Redis server. A denial is a Result with Allowed false and the exact RetryAfter,
@@ -23,6 +25,10 @@ import (
 // granted. A Limiter is safe for simultaneous use and cheap to build: those of a
 // process on the same Redis client and key share what the process knows of the key
 // (its hold, failure policy, StateLost), so one built per task behaves as one built once.
+//
+// Tenant returns a tenant's handle: a Limiter whose calls take from the limits and from
+// the tenant's own caps (WithTenantLimits) in one atomic decision, served in a weighted
+// fair share with the key's other tenants.
 type Limiter struct {
 	rdb     redis.UniversalClient
 	t       *target
@@ -30,31 +36,18 @@ type Limiter struct {
 	alg     Algorithm
 	a       *algorithm
 	limits  []Limit
+	caps    []Limit // every tenant's own caps (WithTenantLimits)
 	maxN    int
 	hooks   Hooks
 	policy  FailurePolicy
 	timeout time.Duration
 	config  string        // the configuration's id on the key: target and policy
 	counted time.Duration // how long a grant counts against the limits
-	record  []any         // the key's record: text and TTL (ms)
-	every   time.Duration // how often this process writes the record
+	tenant  *tenant       // a tenant's handle's; nil for the key's own
 }
 
-// Ops of the limiter scripts (lua/limiter.lua), and the fields of one request.
-const (
-	opAcquire  = 0
-	opCancel   = 1
-	opInspect  = 2
-	opPause    = 3
-	opResume   = 4
-	opOverride = 5
-	opClear    = 6
-
-	limiterFields = 5 // op, n, x, y, key
-)
-
 // maxWaitMicros is the longest wait a script takes (2^53 - 1 µs, about 285 years).
-const maxWaitMicros = 1<<53 - 1
+const maxWaitMicros = protocol.MaxWait
 
 // New returns a limiter enforcing limit, and any limits added with WithLimits, on key.
 //
@@ -73,29 +66,26 @@ func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*L
 		return nil, err
 	}
 	limits := append([]Limit{limit}, c.extra...)
-	if len(limits) > 16 {
-		return nil, fmt.Errorf("%w: %d limits, at most 16", ErrInvalidArgument, len(limits))
+	if len(limits) > protocol.MaxLimits || len(c.caps) > protocol.MaxLimits {
+		return nil, fmt.Errorf("%w: %d limits and %d caps, at most %d each", ErrInvalidArgument, len(limits), len(c.caps), protocol.MaxLimits)
 	}
 	a := c.algorithm.algo()
-	l := &Limiter{rdb: rdb, key: key, alg: c.algorithm, a: a, limits: limits, maxN: maxRate, hooks: c.hooks,
+	l := &Limiter{rdb: rdb, key: key, alg: c.algorithm, a: a, limits: limits, caps: c.caps, maxN: maxRate, hooks: c.hooks,
 		policy: c.policy, timeout: callTimeout(c.callTimeout, rdb)}
-	rec := keys.Record{State: a.suffix, Buckets: c.buckets}
-	for _, lim := range limits {
+	for _, lim := range append(slices.Clip(limits), c.caps...) {
 		if err := lim.validate(c.algorithm); err != nil {
 			return nil, fmt.Errorf("%w (key %q, limit %s)", err, key, lim)
 		}
-		l.maxN = min(l.maxN, a.maxN(lim))
 		l.counted = max(l.counted, a.counted(lim))
-		rec.Limits = append(rec.Limits, keys.Limit{Rate: lim.Rate, Period: lim.Period, Burst: lim.Burst})
 	}
-	// The record (see ReadRecord) outlives the state while the key is in use, and goes
-	// soon after it: at least 10s, at most the scripts' bound, 2^45µs in whole ms (a
-	// longer one would fail every call that carries it with JTARG record).
-	ttl := min(max(10*time.Second, 3*l.counted), maxPeriodUS/1000*time.Millisecond)
-	l.record, l.every = []any{rec.String(), ttl.Milliseconds()}, ttl/4
-	others := a.otherStates(tag)
-	base := append([]string{keys.Name(tag, a.suffix), keys.Name(tag, keys.ControlKey), keys.Name(tag, keys.RecordKey)}, others...)
-	l.t = newTarget(key, tag, a.script, base, append(a.args(limits, c.buckets), len(others)), limiterFields)
+	for _, lim := range limits {
+		l.maxN = min(l.maxN, a.maxN(lim))
+	}
+	var caps string
+	if len(c.caps) > 0 {
+		caps = a.head(c.caps, c.buckets).String()
+	}
+	l.t = newLimiterTarget(key, tag, a.script, keys.Name(tag, keys.State), a.head(limits, c.buckets).String(), caps)
 	l.config = l.t.id + " " + c.policy.String()
 	return l, nil
 }
@@ -128,7 +118,7 @@ func (l *Limiter) AllowN(ctx context.Context, n int) (Result, error) {
 	if err := l.check(ctx, n); err != nil {
 		return Result{}, err
 	}
-	g, err := l.acquire(ctx, n, 0, nil)
+	g, err := l.acquire(ctx, n, 0, nil, 0, false)
 	if err != nil {
 		return Result{}, err
 	}
@@ -143,6 +133,9 @@ func (l *Limiter) AllowN(ctx context.Context, n int) (Result, error) {
 // booking you will not use with its Cancel. The token bucket books at most 2^50/Rate
 // µs ahead. Unlike WaitN, a reservation keeps its booking across a Pause or Resume.
 //
+// A tenant's handle books only within its fair turn and the tenants' horizon (see
+// Tenant): beyond them the reservation is not OK and Delay says when to ask again.
+//
 // Errors are those of AllowN, ErrInvalidArgument for a negative maxWait, and
 // waiter.ErrNilReserver for a nil *Limiter.
 func (l *Limiter) Reserve(ctx context.Context, n int, maxWait time.Duration) (*waiter.Reservation, error) {
@@ -152,7 +145,7 @@ func (l *Limiter) Reserve(ctx context.Context, n int, maxWait time.Duration) (*w
 	if maxWait < 0 {
 		return nil, fmt.Errorf("%w: maxWait %v", ErrInvalidArgument, maxWait)
 	}
-	g, err := l.acquire(ctx, n, maxWait, booking.From(ctx))
+	g, err := l.acquire(ctx, n, maxWait, booking.From(ctx), 0, false)
 	if err != nil {
 		return nil, err
 	}
@@ -164,6 +157,9 @@ func (l *Limiter) Reserve(ctx context.Context, n int, maxWait time.Duration) (*w
 func (l *Limiter) check(ctx context.Context, n int) error {
 	if l == nil {
 		return fmt.Errorf("jobthrottle: %w: nil *throttle.Limiter", waiter.ErrNilReserver)
+	}
+	if l.tenant != nil && l.tenant.err != nil {
+		return l.tenant.err
 	}
 	if n < 0 {
 		return fmt.Errorf("%w: n = %d", ErrInvalidArgument, n)
@@ -179,17 +175,22 @@ type grant struct {
 	granted   bool
 	kept      bool // a task's booking was found (booking.Task)
 	remaining int
-	wait      time.Duration
+	wait      time.Duration // granted: until the permits take effect; denied: until asking again can succeed
 	reset     time.Duration
 	token     int64 // when the grant takes effect, server µs: what a cancel sends back
 	stamp     int64 // a task's booking's stamp: what its cancel sends back
+	ticket    int64 // a tenant's place, held by the caller while it waits for its turn (0: none)
+	flags     int64 // which limit denied; drift (internal/protocol's Flag*)
 	task      string
 	local     bool // decided without Redis (FailOpen, FailLocal)
 }
 
 // acquire asks for n permits within maxWait, for task's booking if task is not nil,
-// decided by Redis or, while it is unreachable, by the failure policy.
-func (l *Limiter) acquire(ctx context.Context, n int, maxWait time.Duration, task *booking.Task) (grant, error) {
+// decided by Redis or, while it is unreachable, by the failure policy. On a tenant's
+// handle, ticket is the place the caller holds in its tenant's queue (0: none), and hold
+// says it takes one when its turn has not come: a waiter that will ask again (WaitN, a
+// task handed back).
+func (l *Limiter) acquire(ctx context.Context, n int, maxWait time.Duration, task *booking.Task, ticket int64, hold bool) (grant, error) {
 	x := min(int64(maxWait/time.Microsecond), maxWaitMicros)
 	var key string
 	var late int64
@@ -210,7 +211,12 @@ func (l *Limiter) acquire(ctx context.Context, n int, maxWait time.Duration, tas
 		cs = l.configState(ks)
 		mark = cs.watch.get()
 	}
-	rep, err := l.send(ctx, ks, []any{opAcquire, n, x, late, 0}, key, nil, giveBack, n > 0)
+	call := l.request(protocol.OpAcquire, n, x)
+	call.Booking, call.Late = key, late
+	if l.tenant != nil {
+		call.Ticket, call.Hold = ticket, hold || task != nil
+	}
+	rep, err := l.send(ctx, ks, call, giveBack)
 	if err != nil {
 		if l.policy.degrades(err) {
 			return l.degraded(ks, n, x, err)
@@ -234,6 +240,19 @@ func (l *Limiter) acquire(ctx context.Context, n int, maxWait time.Duration, tas
 	return g, nil
 }
 
+// request is a request of op on the limiter's key, for its tenant if it is a tenant's
+// handle.
+func (l *Limiter) request(op string, n int, x int64) *protocol.Request {
+	r := &protocol.Request{Op: op, N: n, X: x}
+	if t := l.tenant; t != nil {
+		r.Queue, r.Caps, r.Tenant = t.queue, t.caps, t.name
+		if t.units != unitWeight {
+			r.Units = t.units
+		}
+	}
+	return r
+}
+
 func (g grant) result() Result {
 	r := Result{Allowed: g.granted, Remaining: g.remaining, ResetAfter: g.reset}
 	if !g.granted {
@@ -244,27 +263,26 @@ func (g grant) result() Result {
 
 func decodeGrant(rep reply) grant {
 	v := rep.v
-	return grant{granted: v[0] >= 1, kept: v[0] == 2, remaining: int(v[1]), wait: micros(v[2]),
-		reset: micros(v[3]), token: v[4], stamp: v[5]}
+	g := grant{granted: v[0] >= 1, kept: v[0] == 2, remaining: int(v[1]), wait: micros(v[2]),
+		reset: micros(v[3]), token: v[4], flags: v[6]}
+	if v[6]&protocol.FlagTicket != 0 {
+		g.ticket = v[5]
+	} else {
+		g.stamp = v[5]
+	}
+	return g
 }
 
-// send makes one request of the limiter's script through the client. A request that
-// may grant carries the key's record when it is due.
-func (l *Limiter) send(ctx context.Context, ks *keyState, fields []any, key string, extra []any, late func(reply), mayGrant bool) (reply, error) {
+// send makes one request of the limiter's script through the client.
+func (l *Limiter) send(ctx context.Context, ks *keyState, call *protocol.Request, late func(reply)) (reply, error) {
 	if l.policy.mode != failClosed && ks.breaker.skip(time.Now()) {
 		return reply{}, fmt.Errorf("%w: key %q: %w", ErrUnavailable, l.key, errRecentlyDown)
 	}
-	r := &request{ctx: ctx, t: l.t, ks: ks, fields: fields, key: key, extra: extra, late: late, timeout: l.timeout}
-	if mayGrant && ks.recordDue(l.every) {
-		r.record = l.record
-	}
+	r := &request{ctx: ctx, t: l.t, ks: ks, call: call, late: late, timeout: l.timeout, detail: call.Op == protocol.OpInspect}
 	rep, err := l.client().do(r)
 	if err != nil {
 		if ae, ok := err.(*AlgorithmError); ok {
 			ae.Want = l.alg
-		}
-		if r.record != nil {
-			ks.recordFailed()
 		}
 		if l.hooks.RedisError != nil && ctx.Err() == nil {
 			l.hooks.RedisError(l.key, err)
@@ -296,7 +314,9 @@ func (l *Limiter) giveBack(ctx context.Context, n int, g grant) error {
 	if g.task != "" {
 		x = g.stamp
 	}
-	rep, err := l.send(ctx, ks, []any{opCancel, n, x, 0, 0}, g.task, nil, nil, false)
+	call := l.request(protocol.OpCancel, n, x)
+	call.Booking = g.task
+	rep, err := l.send(ctx, ks, call, nil)
 	if err != nil || rep.v[0] != 1 {
 		return err
 	}

@@ -45,6 +45,7 @@ func (f commonOption) applySemaphore(c *config) { f(c) }
 type config struct {
 	algorithm   Algorithm
 	extra       []Limit
+	caps        []Limit // each tenant's (WithTenantLimits)
 	prefix      string
 	buckets     int
 	hooks       Hooks

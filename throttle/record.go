@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jobthrottle/jobthrottle/internal/keys"
@@ -16,15 +17,14 @@ import (
 var ErrNoRecord = errors.New("jobthrottle: the key has no record of its limits")
 
 // Record is what a key's record says: the algorithm and limits of the Limiters that
-// use the key, as the last process to write it had them. Every Limiter writes it, in a
-// call it makes anyway, once per quarter of its life per process; it lives 10 seconds
-// or three times the longest period, whichever is longer, so it goes soon after the
-// key falls idle. The operator's tools (cmd/jobthrottle) read it.
+// use the key, as the last process to write its state had them (the head of its meta,
+// internal/protocol). It lives as long as the key's state. The operator's tools
+// (cmd/jobthrottle) read it.
 type Record struct {
 	Algorithm Algorithm
 	Limits    []Limit
 	Buckets   int           // the sub-buckets (WithBuckets) a SlidingCounter counts by
-	TTL       time.Duration // until the record expires, unless a process writes it again
+	TTL       time.Duration // until the state, and so the record, expires
 }
 
 // ReadRecord reads key's record (see Record), writing nothing. Only WithKeyPrefix among
@@ -39,27 +39,33 @@ func ReadRecord(ctx context.Context, rdb redis.UniversalClient, key string, opts
 	if err != nil {
 		return Record{}, err
 	}
-	name := keys.Name(tag, keys.RecordKey)
+	name := keys.Name(tag, keys.State)
 	pipe := rdb.Pipeline() // one hash slot: one node
-	get, ttl := pipe.Get(ctx, name), pipe.PTTL(ctx, name)
+	get, first, ttl := pipe.Get(ctx, name), pipe.LIndex(ctx, name, 0), pipe.PTTL(ctx, name)
 	_, _ = pipe.Exec(ctx)
-	text, err := get.Result()
+	text, err := get.Result() // a string's "<numbers>\n<meta>", or a list's first element
+	if redis.HasErrorPrefix(err, "WRONGTYPE") {
+		text, err = first.Result()
+	} else if err == nil {
+		_, text, _ = strings.Cut(text, "\n")
+	}
 	if errors.Is(err, redis.Nil) {
 		return Record{}, fmt.Errorf("%w: key %q (%s)", ErrNoRecord, key, name)
 	}
 	if err != nil {
 		return Record{}, scriptError(ctx, key, err)
 	}
-	kr, err := keys.ParseRecord(text)
+	m, err := keys.ParseMeta(text)
 	if err != nil {
 		return Record{}, fmt.Errorf("%w: key %q: %v", ErrCorruptState, key, err)
 	}
-	r := Record{Algorithm: Algorithm(slices.IndexFunc(algorithms[:], func(a algorithm) bool { return a.suffix == kr.State })),
-		Buckets: kr.Buckets, TTL: max(0, ttl.Val())}
-	for _, l := range kr.Limits {
+	h, _ := keys.ParseHead(m.Head) // ParseMeta read it
+	r := Record{Algorithm: Algorithm(slices.IndexFunc(algorithms[:], func(a algorithm) bool { return a.tag == h.Alg })),
+		Buckets: h.Buckets, TTL: max(0, ttl.Val())}
+	for _, l := range h.Limits {
 		lim := Limit{Rate: l.Rate, Period: l.Period, Burst: l.Burst}
 		if err := lim.validate(r.Algorithm); err != nil {
-			return Record{}, fmt.Errorf("%w: key %q: record %q: %v", ErrCorruptState, key, text, err)
+			return Record{}, fmt.Errorf("%w: key %q: record %q: %v", ErrCorruptState, key, m.Head, err)
 		}
 		r.Limits = append(r.Limits, lim)
 	}

@@ -42,8 +42,6 @@ const (
 	semExtend  = 1
 	semRelease = 2
 	semInspect = 3
-
-	semaphoreFields = 4 // op, token, place, join
 )
 
 // NewSemaphore returns a semaphore that lets at most max holders hold a lease on key
@@ -69,8 +67,8 @@ func NewSemaphore(rdb redis.UniversalClient, key string, max int, opts ...Semaph
 		return nil, fmt.Errorf("%w: semaphore max %d is not in 1..%d (key %q)", ErrInvalidLimit, max, maxRate, key)
 	}
 	base := []string{keys.Name(tag, keys.Leases), keys.Name(tag, keys.Queue), keys.Name(tag, keys.QueueExpiry),
-		keys.Name(tag, keys.ControlKey)}
-	t := newTarget(key, tag, semaphoreScript, base, []any{max, ceilMicros(c.leaseTTL)}, semaphoreFields)
+		keys.Name(tag, keys.State)} // the pause is the key's: a limiter state's meta holds it
+	t := newSemaphoreTarget(key, tag, semaphoreScript, base, []any{max, ceilMicros(c.leaseTTL)})
 	return &Semaphore{rdb: rdb, t: t, key: key, max: max, ttl: c.leaseTTL, hooks: c.semHooks, policy: c.policy,
 		timeout: callTimeout(c.callTimeout, rdb), config: t.id + " " + c.policy.String(), channel: wakeChannel(tag)}, nil
 }

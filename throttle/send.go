@@ -14,32 +14,43 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/internal/protocol"
 	"github.com/jobthrottle/jobthrottle/lua"
 	"github.com/redis/go-redis/v9"
 )
 
 // A target is what the requests of a Limiter or Semaphore share: the script, the KEYS
-// before the requests' own, and the ARGV after the requests. Requests of targets with
-// the same id go in one script call.
+// before the requests' own, and the arguments besides the requests (a limiter's heads,
+// a semaphore's tail). Requests of targets with the same id go in one script call.
 type target struct {
-	id     string // the script's SHA, the keys and the ARGV tail
-	key    string // the key, without prefix, for errors
-	tag    string
-	script *script
-	keys   []string
-	tail   []any
-	fields int // a request's fields in ARGV: 5 for a limiter, 4 for a semaphore
+	id      string // the script's SHA, the keys and the shared arguments
+	key     string // the key, without prefix, for errors
+	tag     string
+	script  *script
+	keys    []string
+	head    string // a limiter's head and its tenants' caps' head (internal/protocol)
+	caps    string
+	tail    []any // a semaphore's ARGV after its requests
+	limiter bool
 }
 
-func newTarget(key, tag string, s *script, keys []string, tail []any, fields int) *target {
+// newLimiterTarget is the target of a limiter: its state key, its head and its caps'.
+func newLimiterTarget(key, tag string, s *script, state, head, caps string) *target {
+	id := s.sha + " " + state + " " + head + "\n" + caps
+	return &target{id: id, key: key, tag: tag, script: s, keys: []string{state}, head: head, caps: caps, limiter: true}
+}
+
+// newSemaphoreTarget is the target of a semaphore: its keys and the ARGV after its
+// requests.
+func newSemaphoreTarget(key, tag string, s *script, keys []string, tail []any) *target {
 	id := s.sha + " " + strings.Join(keys, " ") + " " + fmt.Sprint(tail...)
-	return &target{id: id, key: key, tag: tag, script: s, keys: keys, tail: tail, fields: fields}
+	return &target{id: id, key: key, tag: tag, script: s, keys: keys, tail: tail}
 }
 
-// replyWidth is how many integers answer one request (lua/common.lua).
-const replyWidth = 6
+// replyWidth is how many integers answer one request (internal/protocol).
+const replyWidth = protocol.Width
 
-// reply is one request's answer: its six integers, and its part of the extra region.
+// reply is one request's answer: its integers, and its part of the extra region.
 type reply struct {
 	v     [replyWidth]int64
 	extra []int64
@@ -50,12 +61,10 @@ type request struct {
 	ctx    context.Context
 	t      *target
 	ks     *keyState
-	fields []any       // the request's fields; a limiter's fifth, its key's place in KEYS, is set when sent
-	key    string      // the request's own key (a task's booking), or ""
-	extra  []any       // ARGV the request points at with its fourth field (an override's rates)
-	record []any       // the key's record, text and TTL, when this call writes it
-	detail bool        // the reply has a part of the extra region (Inspect)
-	late   func(reply) // given the reply that came after its caller left, to give back what it granted
+	call   *protocol.Request // a limiter's request
+	fields []any             // a semaphore's request's fields
+	detail bool              // the reply has a part of the extra region (Inspect)
+	late   func(reply)       // given the reply that came after its caller left, to give back what it granted
 
 	timeout time.Duration // its call timeout (WithCallTimeout)
 	due     time.Time
@@ -326,36 +335,33 @@ func groups(batch []*request) []*group {
 	return out
 }
 
-// command returns the group's script call: EVALSHA, or EVAL with the script's text.
+// command returns the group's script call: EVALSHA, or EVAL with the script's text. A
+// limiter's call names its state key and the requests' own keys (internal/protocol); a
+// semaphore's, its keys and the requests' fields.
 func (g *group) command(ctx context.Context, eval bool) *redis.IntSliceCmd {
 	keys := g.t.keys
-	args := []any{len(g.reqs)}
-	record := []any{"", 0} // a limiter's record ARGV when none is due
-	// the ARGV index of a limiter's first extra argument: after k, requests, tail, record
-	at := 1 + len(g.reqs)*g.t.fields + len(g.t.tail) + len(record) + 1
-	var extra []any
-	for _, r := range g.reqs {
-		args = append(args, r.fields...)
-		if r.key != "" { // the request's own key, in KEYS once
-			i := slices.Index(keys, r.key)
+	var args []any
+	if g.t.limiter {
+		index := func(key string) int { // the request's own keys, each in KEYS once
+			i := slices.Index(keys, key)
 			if i < 0 {
 				i = len(keys)
-				keys = append(keys[:i:i], r.key)
+				keys = append(keys[:i:i], key)
 			}
-			args[len(args)-1] = i + 1
+			return i + 1
 		}
-		if r.extra != nil { // a limiter's fourth field points at its extra ARGV
-			args[len(args)-2] = at
-			extra = append(extra, r.extra...)
-			at += len(r.extra)
+		args = append(make([]any, 0, 2+len(g.reqs)), g.t.head, g.t.caps)
+		var b []byte
+		for _, r := range g.reqs {
+			b = r.call.Append(b[:0], index)
+			args = append(args, string(b))
 		}
-		if r.record != nil {
-			record = r.record
+	} else {
+		args = append(make([]any, 0, 1+4*len(g.reqs)+len(g.t.tail)), len(g.reqs))
+		for _, r := range g.reqs {
+			args = append(args, r.fields...)
 		}
-	}
-	args = append(args, g.t.tail...)
-	if g.t.fields == limiterFields {
-		args = append(append(args, record...), extra...)
+		args = append(args, g.t.tail...)
 	}
 	head := []any{"evalsha", g.t.script.sha, len(keys)}
 	if eval {
@@ -481,8 +487,8 @@ func (g *group) parse(flat []int64, i int) (reply, error) {
 	copy(rep.v[:], flat[replyWidth*i:])
 	var at, n int64 // the request's part of the extra region
 	switch {
-	case rep.v[0] == -1: // an error's text
-		at, n = rep.v[1]-1, rep.v[2]
+	case rep.v[0] == -1: // an error: its code, then its text's place
+		at, n = rep.v[2]-1, rep.v[3]
 	case g.reqs[i].detail:
 		at, n = rep.v[4]-1, rep.v[5]
 	}
@@ -503,8 +509,21 @@ func (g *group) parse(flat []int64, i int) (reply, error) {
 	// the request's place in the call is not the caller's business: its error reads the
 	// same whichever requests it went with
 	text = bytes.Replace(text, fmt.Appendf(nil, "JTARG request %d: ", i+1), []byte("JTARG "), 1)
-	return reply{}, scriptError(g.reqs[i].ctx, g.t.key, batchError(text))
+	return reply{}, scriptError(g.reqs[i].ctx, g.t.key, &failed{code: int(rep.v[1]), text: string(text)})
 }
+
+// failed is one request's error in a script call: its code (internal/protocol's Err*, or
+// 0 for an error Redis gave the script) and its text, for people. It is a reply of
+// Redis's own (go-redis's redis.Error).
+type failed struct {
+	code int
+	text string
+}
+
+func (e *failed) Error() string { return strings.TrimSpace(e.text) }
+
+// RedisError marks it as a reply of Redis's own (go-redis's redis.Error).
+func (*failed) RedisError() {}
 
 // isOddReply reports whether err is go-redis failing to read a reply as integers: a
 // reply of another shape than the scripts give (a string, a nil, not an array).
@@ -529,15 +548,6 @@ func batchContext(batch []*request) (context.Context, context.CancelFunc) {
 	}
 	return context.WithDeadline(context.WithoutCancel(batch[0].ctx), last)
 }
-
-// batchError is one request's error in a script call: what Redis would have answered
-// to that request alone, as a Redis error.
-type batchError string
-
-func (e batchError) Error() string { return strings.TrimSpace(string(e)) }
-
-// RedisError marks it as a reply of Redis's own (go-redis's redis.Error).
-func (batchError) RedisError() {}
 
 // script is one of lua/gen's scripts: its text and SHA-1.
 type script struct{ src, sha string }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jobthrottle/jobthrottle/internal/clock"
+	"github.com/jobthrottle/jobthrottle/internal/protocol"
 	"github.com/jobthrottle/jobthrottle/waiter"
 )
 
@@ -26,19 +27,25 @@ func (l *Limiter) Wait(ctx context.Context) error { return l.WaitN(ctx, 1) }
 // it sleeps gives its booking back and books again, with the process's other waiters, in
 // their order. Called during this process's hold, or caught by one as its booking comes
 // back from Redis or comes due, it books when the hold ends.
+//
+// On a tenant's handle (Tenant), a call whose turn has not come, or whose permits would
+// come beyond the tenants' horizon, sleeps until Redis says to ask again and asks again,
+// keeping its place in its tenant's queue; it returns waiter.ErrWouldExceedDeadline at
+// once when that comes after ctx's deadline.
 func (l *Limiter) WaitN(ctx context.Context, n int) error {
 	if err := l.check(ctx, n); err != nil {
 		return err
 	}
 	start, waited := clock.Now(), false
 	ks := l.client().key(l.t.tag)
+	var ticket int64 // a tenant's place, while its turn has not come
 	for {
 		seen, held, err := ks.pass(ctx)
 		if err != nil {
 			return err
 		}
 		waited = waited || held
-		g, err := l.acquire(ctx, n, maxWait(ctx), nil)
+		g, err := l.acquire(ctx, n, maxWait(ctx), nil, ticket, true)
 		if err != nil {
 			return err
 		}
@@ -48,9 +55,17 @@ func (l *Limiter) WaitN(ctx context.Context, n int) error {
 				return err
 			}
 		}
+		if !g.granted && g.ticket != 0 && g.wait <= maxWait(ctx) { // its place is held: ask again then
+			ticket, waited = g.ticket, true
+			if err := sleepFor(ctx, g.wait); err != nil {
+				return err
+			}
+			continue
+		}
 		if !g.granted {
 			return fmt.Errorf("jobthrottle: key %q: %w: n=%d would wait %v", l.key, waiter.ErrWouldExceedDeadline, n, g.wait)
 		}
+		ticket = 0
 		if ks.hold.Load() == seen {
 			break
 		}
@@ -62,6 +77,18 @@ func (l *Limiter) WaitN(ctx context.Context, n int) error {
 		l.hooks.Waited(l.key, n, clock.Now().Sub(start))
 	}
 	return nil
+}
+
+// sleepFor sleeps d, or returns ctx.Err() when ctx ends first.
+func sleepFor(ctx context.Context, d time.Duration) error {
+	t := clock.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C():
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // maxWait is how long ctx lets a caller wait: until its deadline, or for ever.
@@ -183,7 +210,7 @@ func (ks *keyState) move(which func(*sleeper) bool) {
 	go func() {
 		back := make([]*request, len(ss))
 		for i, s := range ss {
-			back[len(ss)-1-i] = &request{ctx: context.Background(), t: s.l.t, ks: ks, fields: []any{opCancel, s.n, s.g.token, 0, 0},
+			back[len(ss)-1-i] = &request{ctx: context.Background(), t: s.l.t, ks: ks, call: s.l.request(protocol.OpCancel, s.n, s.g.token),
 				timeout: s.l.timeout}
 		}
 		ks.client.doAll(back)
@@ -191,8 +218,9 @@ func (ks *keyState) move(which func(*sleeper) bool) {
 		again := make([]*request, len(ss))
 		for i, s := range ss {
 			x := min(int64(maxWait(s.ctx)/time.Microsecond), maxWaitMicros)
-			again[i] = &request{ctx: s.ctx, t: s.l.t, ks: ks, fields: []any{opAcquire, s.n, x, 0, 0}, late: s.l.late(s.n),
-				timeout: s.l.timeout}
+			call := s.l.request(protocol.OpAcquire, s.n, x)
+			call.Hold = s.l.tenant != nil
+			again[i] = &request{ctx: s.ctx, t: s.l.t, ks: ks, call: call, late: s.l.late(s.n), timeout: s.l.timeout}
 		}
 		for i, res := range ks.client.doAll(again) {
 			g := decodeGrant(res.rep)

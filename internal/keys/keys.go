@@ -1,12 +1,14 @@
 // Package keys spells the Redis keys of jobthrottle's limiters and semaphores, and reads
-// and writes the two texts the operator's tools share with the library: the control key
-// (a pause and an override) and the record (a key's algorithm and limits). The scripts in
-// lua/ write the same texts; docs/design.md lists every key.
+// and writes the texts the operator's tools share with the library: a limiter's head
+// (its algorithm and limits) and meta (the head, a pause, an override, the fair share's
+// clock, operators' weights). The scripts in lua/ write the same texts;
+// internal/protocol and docs/design.md list every key.
 package keys
 
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,41 +18,41 @@ import (
 // DefaultPrefix is the text put before every key unless WithKeyPrefix says otherwise.
 const DefaultPrefix = "jobthrottle:"
 
-// MaxLen is the longest prefix and key together, in bytes. Every call sends the key's
-// name several times (state, control, record and the other algorithms' keys).
+// MaxLen is the longest prefix and key together, in bytes.
 const MaxLen = 512
+
+// MaxTenant is the longest tenant name, in bytes.
+const MaxTenant = 256
 
 // Suffixes of the keys under a hash tag, and of the pub/sub channel.
 const (
-	SlidingWindow  = "sw"    // list: the permit log
-	SlidingCounter = "sc"    // list: the permit log, by sub-bucket
-	TokenBucket    = "tb"    // string: the token bucket
-	FixedWindow    = "fw"    // string: the fixed window's counts
-	Leases         = "sem"   // sorted set: a semaphore's leases
-	Queue          = "semq"  // sorted set: a semaphore's queue
-	QueueExpiry    = "semx"  // sorted set: when each place in the queue lapses
-	ControlKey     = "pause" // string: the control key (see Control)
-	RecordKey      = "conf"  // string: the record (see Record)
-	Booking        = "bk:"   // string: a task's booking; the task's id follows
-	Wake           = "wake"  // the channel of wake-ups (semaphore handoffs, resumes)
+	State       = "l"    // a limiter's state and meta: a list (sliding window, counter) or a string
+	Tenant      = "t:"   // a tenant's state (its caps); the tenant's name follows
+	FairQueue   = "q"    // sorted set: the tenants with requests ahead, by finish tag
+	Booking     = "bk:"  // string: a task's booking or ticket; the task's id follows
+	Leases      = "sem"  // sorted set: a semaphore's leases
+	Queue       = "semq" // sorted set: a semaphore's queue
+	QueueExpiry = "semx" // sorted set: when each place in the queue lapses
+	Wake        = "wake" // the channel of wake-ups (semaphore handoffs, pauses, resumes)
 )
 
-// States returns the state suffixes of the four algorithms.
-func States() []string {
+// The algorithms' head tags.
+const (
+	SlidingWindow  = "sw"
+	SlidingCounter = "sc"
+	TokenBucket    = "tb"
+	FixedWindow    = "fw"
+)
+
+// Algorithms returns the head tags of the four algorithms.
+func Algorithms() []string {
 	return []string{SlidingWindow, SlidingCounter, TokenBucket, FixedWindow}
 }
 
-// Suffixes returns the suffixes of every key under a tag but the bookings, whose
-// names depend on their task: the four states, the semaphore's three sets, the
-// control key and the record, in that order.
-func Suffixes() []string {
-	return append(States(), Leases, Queue, QueueExpiry, ControlKey, RecordKey)
-}
-
 // Split reads name as "{<prefix><key>}:<suffix>" with a suffix of this package (a
-// booking's included) and returns the key and the suffix; ok is false for any other
-// name. A key may itself hold "}:": the tag is taken to end at the first "}:" that
-// leaves a known suffix after it.
+// booking's or a tenant's included) and returns the key and the suffix; ok is false for
+// any other name. A key may itself hold "}:": the tag is taken to end at the first "}:"
+// that leaves a known suffix after it.
 func Split(prefix, name string) (key, suffix string, ok bool) {
 	rest, found := strings.CutPrefix(name, "{"+prefix)
 	if !found {
@@ -69,16 +71,15 @@ func Split(prefix, name string) (key, suffix string, ok bool) {
 	}
 }
 
-// Type returns the Redis type of the key with suffix s ("list", "string", "zset"), or
-// "" for a suffix that is not jobthrottle's.
+// Type returns the Redis types a key with suffix s may have ("list or string" for a
+// state, "zset", "string"), or "" for a suffix that is not jobthrottle's.
 func Type(s string) string {
 	switch {
-	case s == SlidingWindow || s == SlidingCounter:
-		return "list"
-	case s == Leases || s == Queue || s == QueueExpiry:
+	case s == State, strings.HasPrefix(s, Tenant) && len(s) > len(Tenant):
+		return "list or string"
+	case s == FairQueue || s == Leases || s == Queue || s == QueueExpiry:
 		return "zset"
-	case s == TokenBucket || s == FixedWindow || s == ControlKey || s == RecordKey ||
-		strings.HasPrefix(s, Booking) && len(s) > len(Booking):
+	case strings.HasPrefix(s, Booking) && len(s) > len(Booking):
 		return "string"
 	}
 	return ""
@@ -100,177 +101,243 @@ func Tag(prefix, key string) (string, error) {
 	return "{" + prefix + key + "}", nil
 }
 
+// CheckTenant returns why name cannot name a tenant, or nil: it must hold 1 to
+// MaxTenant bytes.
+func CheckTenant(name string) error {
+	if name == "" || len(name) > MaxTenant {
+		return fmt.Errorf("tenant name of %d bytes, want 1 to %d", len(name), MaxTenant)
+	}
+	return nil
+}
+
 // Name returns the key with suffix s under tag.
 func Name(tag, s string) string { return tag + ":" + s }
 
-// Control is the control key's content: a pause and an operator's override of the rates.
-type Control struct {
-	PauseEnd int64     // when the pause ends, µs of the server's clock; 0: none
+// Head is what a limiter's callers send and its state keeps as its meta's first line:
+// the algorithm (by its tag), the sub-buckets of a sliding counter, and the limits.
+type Head struct {
+	Alg     string // sw, sc, tb or fw
+	Buckets int    // sc only: the sub-buckets of the shortest period
+	Limits  []Limit
+}
+
+// Limit is one limit of a head: Rate per Period, and a token bucket's Burst.
+type Limit struct {
+	Rate   int
+	Period time.Duration // whole µs
+	Burst  int           // tb only
+}
+
+// String returns the head's text: "<alg> [<buckets>] <limit>...", each limit its rate,
+// its period in µs and, for tb, its burst, all as decimal integers: "sw 20 1000000",
+// "tb 10 1000000 20", "sc 50 100 60000000".
+func (h Head) String() string {
+	b := []byte(h.Alg)
+	if h.Alg == SlidingCounter {
+		b = strconv.AppendInt(append(b, ' '), int64(h.Buckets), 10)
+	}
+	for _, l := range h.Limits {
+		b = strconv.AppendInt(append(b, ' '), int64(l.Rate), 10)
+		b = strconv.AppendInt(append(b, ' '), l.Period.Microseconds(), 10)
+		if h.Alg == TokenBucket {
+			b = strconv.AppendInt(append(b, ' '), int64(l.Burst), 10)
+		}
+	}
+	return string(b)
+}
+
+// ParseHead reads a head's text (see Head.String).
+func ParseHead(text string) (Head, error) {
+	f := strings.Split(text, " ")
+	h := Head{Alg: f[0]}
+	if !slices.Contains(Algorithms(), h.Alg) {
+		return Head{}, fmt.Errorf("head %q: algorithm %q", text, h.Alg)
+	}
+	f = f[1:]
+	if h.Alg == SlidingCounter {
+		if len(f) == 0 {
+			return Head{}, fmt.Errorf("head %q: no buckets", text)
+		}
+		b, err := strconv.Atoi(f[0])
+		if err != nil || b < 1 {
+			return Head{}, fmt.Errorf("head %q: buckets %q", text, f[0])
+		}
+		h.Buckets, f = b, f[1:]
+	}
+	width := 2
+	if h.Alg == TokenBucket {
+		width = 3
+	}
+	if len(f) == 0 || len(f)%width != 0 || len(f)/width > 16 {
+		return Head{}, fmt.Errorf("head %q: %d numbers for limits of %d", text, len(f), width)
+	}
+	for i := 0; i < len(f); i += width {
+		var n [3]int64
+		for j := range width {
+			v, err := strconv.ParseInt(f[i+j], 10, 64)
+			if err != nil || v < 1 || v >= 1<<53 {
+				return Head{}, fmt.Errorf("head %q: %q is not a positive integer", text, f[i+j])
+			}
+			n[j] = v
+		}
+		h.Limits = append(h.Limits, Limit{Rate: int(n[0]), Period: time.Duration(n[1]) * time.Microsecond, Burst: int(n[2])})
+	}
+	return h, nil
+}
+
+// Meta is what a limiter's state says besides its data: its head and, while they matter,
+// a pause, an operator's override, the fair share's clock and operators' weights for
+// tenants.
+type Meta struct {
+	Head     string    // the head's text, as the last writer sent it (see ParseHead)
+	PauseEnd int64     // when a pause ends, µs of the server's clock; 0: none
 	Override *Override // nil: none
+	Fair     *Fair     // nil: no tenant has requests queued
+	Weights  []Weight  // operators' weights for tenants, in force until their ends
 }
 
 // Override is an operator's override of the rates of a key's limits.
 type Override struct {
 	End   int64  // when it ends, µs
+	Set   int64  // when it was set, µs
 	Rates []Rate // the rates of limits 1..len(Rates), in order
-	Set   int64  // when it was set, µs; 0: not recorded
 }
 
 // Rate is one limit's overridden rate and burst (0: the rate).
 type Rate struct{ Rate, Burst int }
 
-// ParseControl reads the control key's text: "<pause_end>", or
-// "<pause_end> <override_end> <m> <r1> <b1> ... <rm> <bm> [<set>]", every number a plain
-// decimal integer below 2^53 written without leading zeros, each rate 1..10^9 and each
-// burst 0..10^9 (0: the rate). The scripts (lua/common.lua) take exactly these texts; any
-// other is foreign to both.
-func ParseControl(text string) (Control, error) {
-	f := strings.Fields(text)
-	var c Control
-	n := make([]int64, len(f))
+// Fair is the fair share's clock (lua/limiter.lua): its virtual time V, the weight W of
+// the tenants queued (millionths), when V was counted, and the largest finish tag queued.
+type Fair struct {
+	V    float64
+	W    int64
+	At   int64
+	Fmax float64
+}
+
+// Weight is an operator's weight for a tenant, in millionths, until End (µs).
+type Weight struct {
+	Tenant string
+	Units  int64
+	End    int64
+}
+
+// ParseMeta reads a meta text: the head, then lines "p <pause_end>", "o <end> <set> <r1>
+// <b1> ...", "f <V> <W> <at> <Fmax>" and "w <end> <units> <len> <name>" (the name may
+// hold any bytes), as the scripts write them.
+func ParseMeta(text string) (Meta, error) {
+	head, rest, _ := strings.Cut(text, "\n")
+	if _, err := ParseHead(head); err != nil {
+		return Meta{}, err
+	}
+	m := Meta{Head: head}
+	for rest != "" {
+		kind, line := rest[0], ""
+		if kind == 'w' {
+			f := strings.SplitN(rest, " ", 5)
+			if len(f) != 5 {
+				return Meta{}, fmt.Errorf("meta %q: weight line", text)
+			}
+			end, e1 := strconv.ParseInt(f[1], 10, 64)
+			units, e2 := strconv.ParseInt(f[2], 10, 64)
+			n, e3 := strconv.Atoi(f[3])
+			if e1 != nil || e2 != nil || e3 != nil || n < 1 || n > len(f[4]) {
+				return Meta{}, fmt.Errorf("meta %q: weight line", text)
+			}
+			m.Weights = append(m.Weights, Weight{Tenant: f[4][:n], Units: units, End: end})
+			rest = strings.TrimPrefix(f[4][n:], "\n")
+			continue
+		}
+		line, rest, _ = strings.Cut(rest, "\n")
+		f := strings.Fields(line)
+		bad := fmt.Errorf("meta %q: line %q", text, line)
+		switch kind {
+		case 'p':
+			if len(f) != 2 {
+				return Meta{}, bad
+			}
+			v, err := strconv.ParseInt(f[1], 10, 64)
+			if err != nil {
+				return Meta{}, bad
+			}
+			m.PauseEnd = v
+		case 'o':
+			n, err := ints(f[1:])
+			if err != nil || len(n) < 4 || len(n)%2 != 0 {
+				return Meta{}, bad
+			}
+			o := &Override{End: n[0], Set: n[1]}
+			for i := 2; i < len(n); i += 2 {
+				o.Rates = append(o.Rates, Rate{int(n[i]), int(n[i+1])})
+			}
+			m.Override = o
+		case 'f':
+			if len(f) != 5 {
+				return Meta{}, bad
+			}
+			v, e1 := strconv.ParseFloat(f[1], 64)
+			w, e2 := strconv.ParseInt(f[2], 10, 64)
+			at, e3 := strconv.ParseInt(f[3], 10, 64)
+			fmax, e4 := strconv.ParseFloat(f[4], 64)
+			if e1 != nil || e2 != nil || e3 != nil || e4 != nil || math.IsNaN(v) || math.IsNaN(fmax) {
+				return Meta{}, bad
+			}
+			m.Fair = &Fair{V: v, W: w, At: at, Fmax: fmax}
+		default:
+			return Meta{}, bad
+		}
+	}
+	return m, nil
+}
+
+func ints(f []string) ([]int64, error) {
+	out := make([]int64, len(f))
 	for i, w := range f {
 		v, err := strconv.ParseInt(w, 10, 64)
-		if err != nil || v < 0 || v >= 1<<53 || w != strconv.FormatInt(v, 10) {
-			return Control{}, fmt.Errorf("control key %q: %q is not a number", text, w)
+		if err != nil {
+			return nil, err
 		}
-		n[i] = v
+		out[i] = v
 	}
-	switch {
-	case len(n) == 1:
-		c.PauseEnd = n[0]
-		return c, nil
-	case len(n) < 5:
-		return Control{}, fmt.Errorf("control key %q: too short", text)
-	}
-	m := int(n[2])
-	if m < 1 || m > 16 || (len(n) != 3+2*m && len(n) != 4+2*m) {
-		return Control{}, fmt.Errorf("control key %q: %d limits in %d fields", text, m, len(n))
-	}
-	o := &Override{End: n[1]}
-	for i := 0; i < m; i++ {
-		r, b := n[3+2*i], n[4+2*i]
-		if r < 1 || r > 1e9 || b > 1e9 {
-			return Control{}, fmt.Errorf("control key %q: limit %d's rate %d or burst %d out of range", text, i+1, r, b)
-		}
-		o.Rates = append(o.Rates, Rate{int(r), int(b)})
-	}
-	if len(n) == 4+2*m {
-		o.Set = n[3+2*m]
-	}
-	c.PauseEnd, c.Override = n[0], o
-	return c, nil
+	return out, nil
 }
 
-// String returns the control key's text (see ParseControl).
-func (c Control) String() string {
-	s := strconv.FormatInt(c.PauseEnd, 10)
-	if o := c.Override; o != nil {
-		s += " " + strconv.FormatInt(o.End, 10) + " " + strconv.Itoa(len(o.Rates))
-		for _, r := range o.Rates {
-			s += " " + strconv.Itoa(r.Rate) + " " + strconv.Itoa(r.Burst)
-		}
-		if o.Set != 0 {
-			s += " " + strconv.FormatInt(o.Set, 10)
-		}
-	}
-	return s
-}
-
-// Record is what a key's record says: the algorithm (by its state suffix), the
-// sub-buckets of a sliding counter, and the limits of the Limiters that use the key, as
-// the last process to write it had them.
-type Record struct {
-	State   string // sw, sc, tb or fw
-	Buckets int
-	Limits  []Limit
-}
-
-// Limit is one limit of a record: Rate per Period, and a token bucket's Burst (0: Rate).
-type Limit struct {
-	Rate   int
-	Period time.Duration
-	Burst  int
-}
-
-// ParseRecord reads a record's text: "1 <state> <buckets> <limit>...", each limit
-// RATE/PERIOD or RATE/PERIOD:BURST with the period as time.Duration prints it, e.g.
-// "1 sw 50 20/1.1s".
-func ParseRecord(text string) (Record, error) {
-	f := strings.Fields(text)
-	if len(f) < 4 || f[0] != "1" {
-		return Record{}, fmt.Errorf("record %q: not a version-1 record", text)
-	}
-	r := Record{State: f[1]}
-	if !slices.Contains(States(), r.State) {
-		return Record{}, fmt.Errorf("record %q: algorithm %q", text, f[1])
-	}
-	b, err := strconv.Atoi(f[2])
-	if err != nil || b < 1 {
-		return Record{}, fmt.Errorf("record %q: buckets %q", text, f[2])
-	}
-	r.Buckets = b
-	for _, s := range f[3:] {
-		rate, rest, ok := strings.Cut(s, "/")
-		period, burst, hasBurst := strings.Cut(rest, ":")
-		var l Limit
-		var e1, e2, e3 error
-		l.Rate, e1 = strconv.Atoi(rate)
-		l.Period, e2 = time.ParseDuration(period)
-		if hasBurst {
-			l.Burst, e3 = strconv.Atoi(burst)
-		}
-		if !ok || e1 != nil || e2 != nil || e3 != nil || l.Rate < 1 || l.Period <= 0 || l.Burst < 0 {
-			return Record{}, fmt.Errorf("record %q: limit %q", text, s)
-		}
-		r.Limits = append(r.Limits, l)
-	}
-	return r, nil
-}
-
-// String returns the record's text (see ParseRecord).
-func (r Record) String() string {
-	parts := []string{"1", r.State, strconv.Itoa(r.Buckets)}
-	for _, l := range r.Limits {
-		s := strconv.Itoa(l.Rate) + "/" + l.Period.String()
-		if l.Burst != 0 {
-			s += ":" + strconv.Itoa(l.Burst)
-		}
-		parts = append(parts, s)
-	}
-	return strings.Join(parts, " ")
-}
-
-// Check returns nil when a key with suffix s, of Redis type typ (as TYPE names it),
-// has the form jobthrottle's scripts write and read, judged by values: a string's
-// text; a list's elements; a sorted set's members and scores, alternately, each score
-// as strconv.FormatFloat(score, 'f', -1, 64) writes it. values may be a sample (say
-// the first and last elements of a long list). Otherwise the error says why the key
-// is foreign: another type, or content jobthrottle does not write (the scripts fail
-// a call that meets such a key with JTSTATE, or WRONGTYPE, and the operator's tools
-// leave it alone). The forms:
+// Check returns nil when a key with suffix s, of Redis type typ (as TYPE names it), has
+// the form jobthrottle's scripts write and read, judged by values: a string's text; a
+// list's elements (its meta first); a sorted set's members and scores, alternately, each
+// score as strconv.FormatFloat(score, 'f', -1, 64) writes it. values may be a sample (the
+// first and last elements of a long list). Otherwise the error says why the key is
+// foreign: another type, or content jobthrottle does not write (the scripts fail a call
+// that meets such a key, and the operator's tools leave it alone). The forms:
 //
-//	sw, sc     list of decimal integers: the permit log
-//	tb         string: "<last> <oend>", then five decimal integers per limit (lua/bucket.lua)
-//	fw         string of decimal integers joined by ' '
-//	pause      string: see ParseControl
-//	conf       string: see ParseRecord
-//	bk:<id>    string: "<token> <n> <stamp>" or "<token> <n>", decimal integers
-//	sem        sorted set: lease id (32 lowercase hex digits) -> integer score (µs)
-//	semq, semx sorted set: "<lease id>:<ttl µs>" -> integer score (µs)
+//	l, t:<name>   list [meta, base, T1, S1, ...] of a sliding window or counter, or [meta]
+//	              alone; or string "<numbers>\n<meta>" of a token bucket or fixed window
+//	bk:<id>       string: "<token> <n> <stamp>", or "t <ticket> <n>"
+//	q             sorted set: "<units> <name>" -> finish tag
+//	sem           sorted set: lease id (32 lowercase hex digits) -> integer score (µs)
+//	semq, semx    sorted set: "<lease id>:<ttl µs>" -> integer score (µs)
 func Check(s, typ string, values []string) error {
 	want := Type(s)
 	switch {
 	case want == "":
 		return fmt.Errorf("%q is not a jobthrottle suffix", s)
-	case typ != want:
+	case !strings.Contains(want, typ):
 		return fmt.Errorf("a %s, not a %s", typ, want)
 	}
-	if typ == "zset" {
+	switch {
+	case typ == "zset":
 		if len(values)%2 != 0 {
 			return errors.New("members without scores")
 		}
 		for i := 0; i < len(values); i += 2 {
 			m, score := values[i], values[i+1]
+			if s == FairQueue {
+				u, name, ok := strings.Cut(m, " ")
+				if _, err := strconv.ParseFloat(score, 64); !ok || !isDecimal(u) || CheckTenant(name) != nil || err != nil {
+					return fmt.Errorf("member %q is not a queued tenant", m)
+				}
+				continue
+			}
 			id, ttl, hasTTL := strings.Cut(m, ":")
 			if len(id) != 32 || !isHex(id, 32) || hasTTL != (s != Leases) || hasTTL && !isDecimal(ttl) {
 				return fmt.Errorf("member %q is not a lease id", m)
@@ -280,11 +347,20 @@ func Check(s, typ string, values []string) error {
 			}
 		}
 		return nil
-	}
-	if typ == "list" {
-		for i, v := range values {
+	case typ == "list":
+		if len(values) == 0 {
+			return errors.New("an empty list")
+		}
+		m, err := ParseMeta(values[0])
+		if err != nil {
+			return err
+		}
+		if len(values) > 1 && !strings.HasPrefix(m.Head, SlidingWindow+" ") && !strings.HasPrefix(m.Head, SlidingCounter+" ") {
+			return fmt.Errorf("a list whose head %q is not a log's", m.Head)
+		}
+		for i, v := range values[1:] {
 			if !isDecimal(v) {
-				return fmt.Errorf("element %d %q is not a count or a time", i, v)
+				return fmt.Errorf("element %d %q is not a count or a time", i+1, v)
 			}
 		}
 		return nil
@@ -293,38 +369,31 @@ func Check(s, typ string, values []string) error {
 		return fmt.Errorf("%d values for a string", len(values))
 	}
 	text := values[0]
-	var err error
-	switch {
-	case s == ControlKey:
-		_, err := ParseControl(text) // its errors quote the text
-		return err
-	case s == RecordKey:
-		_, err := ParseRecord(text)
-		return err
-	case s == TokenBucket: // "<last> <oend>" and five integers per limit, tokens maybe negative
+	if strings.HasPrefix(s, Booking) {
 		f := strings.Split(text, " ")
-		for i, w := range f {
-			if i%5 == 2 {
-				w = strings.TrimPrefix(w, "-")
-			}
-			if !isDecimal(w) {
-				err = errors.New("not a token bucket's state")
-			}
+		if f[0] == "t" && len(f) == 3 && allDecimal(f[1:], 2) || allDecimal(f, 3) && len(f) == 3 {
+			return nil
 		}
-		if len(f) < 7 || (len(f)-2)%5 != 0 {
-			err = errors.New("not a token bucket's state")
-		}
-	case s == FixedWindow:
-		if !allDecimal(strings.Split(text, " "), 1) {
-			err = errors.New("not a fixed window's counts")
-		}
-	default: // a booking
-		if f := strings.Split(text, " "); !allDecimal(f, 2) || len(f) > 3 {
-			err = errors.New("not a booking")
-		}
+		return fmt.Errorf("text %q: not a booking", text)
 	}
+	nums, meta, ok := strings.Cut(text, "\n")
+	if !ok {
+		return fmt.Errorf("text %q: not a state", text)
+	}
+	m, err := ParseMeta(meta)
 	if err != nil {
-		return fmt.Errorf("text %q: %w", text, err)
+		return err
+	}
+	if nums == "" {
+		return nil
+	}
+	if !strings.HasPrefix(m.Head, TokenBucket+" ") && !strings.HasPrefix(m.Head, FixedWindow+" ") {
+		return fmt.Errorf("a string whose head %q is not a bucket's or a window's", m.Head)
+	}
+	for _, w := range strings.Split(nums, " ") {
+		if !isDecimal(strings.TrimPrefix(w, "-")) {
+			return fmt.Errorf("text %q: %q is not a number", text, w)
+		}
 	}
 	return nil
 }

@@ -9,8 +9,9 @@
 //     fast path, which ends its first part, runs before the functions it does not use are
 //     made (docs/design.md);
 //   - writes a constant, a top-level `local NAME[, NAME] = literal[, literal]` (names of
-//     capitals, digits and underscores), as its literal wherever code uses it (not in
-//     comments or strings), so no function captures it as an upvalue.
+//     capitals, digits and underscores) or one of internal/protocol's (its Constants), as
+//     its literal wherever code uses it (not in comments or strings), so no function
+//     captures it as an upvalue.
 //
 // Otherwise each part is its source's lines as they are, after a comment naming them, so
 // a line number in a Redis error is a line of the generated file plain to find in the source.
@@ -23,6 +24,8 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+
+	"github.com/jobthrottle/jobthrottle/internal/protocol"
 )
 
 // Scripts lists each generated script (lua/gen/<Name>.lua) and its sources, in order.
@@ -54,6 +57,11 @@ func Generate(dir string) (map[string][]byte, error) {
 	for _, s := range Scripts {
 		var first, second strings.Builder
 		consts := map[string]string{}
+		// the protocol's constants (internal/protocol), written as literals like the
+		// sources' own
+		for _, c := range protocol.Constants() {
+			consts[c[0]] = c[1]
+		}
 		for _, src := range s.Sources {
 			text, err := os.ReadFile(filepath.Join(dir, src))
 			if err != nil {
