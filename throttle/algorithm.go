@@ -45,9 +45,9 @@ func (a Algorithm) String() string {
 // algorithm is everything the Go side knows of one algorithm: the rest is its script.
 type algorithm struct {
 	name   string
-	tag    string  // its head's (internal/keys)
-	script *script // lua/gen/<script>.lua
-	bursts bool    // a limit holds its burst
+	tag    string            // its head's (internal/keys)
+	script *script           // lua/gen/<script>.lua
+	bursts bool              // a limit holds its burst
 	maxN   func(l Limit) int // the most permits l can grant at once: its capacity
 	// counted is how long after a grant takes effect its permits still count against
 	// l: the key's state (and this process's, for StateLost and FailLocal) matters that long.
