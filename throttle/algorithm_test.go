@@ -1,7 +1,6 @@
 package throttle
 
 import (
-	"slices"
 	"testing"
 	"time"
 )
@@ -21,12 +20,12 @@ func TestAlgorithmString(t *testing.T) {
 	}
 }
 
-// Each Algorithm keeps its state under a key of its own, so two algorithms on one key
-// never read each other's state; the log script serves SlidingWindow (sub-bucket 0, an
-// exact log) and SlidingCounter (sub-buckets), the others a script each.
+// Each Algorithm names itself by its head's tag in the state it keeps (so one that meets
+// another's state knows it); the log script serves SlidingWindow (an exact log) and
+// SlidingCounter (sub-buckets), the others a script each.
 func TestAlgorithmRunsItsScript(t *testing.T) {
 	want := map[Algorithm]struct {
-		suffix string
+		tag    string
 		script *script
 	}{
 		SlidingWindow:  {"sw", logScript},
@@ -36,37 +35,30 @@ func TestAlgorithmRunsItsScript(t *testing.T) {
 	}
 	for _, alg := range allAlgorithms {
 		a := alg.algo()
-		if a.suffix != want[alg].suffix || a.script != want[alg].script {
-			t.Errorf("%v: suffix %q, script %s; want %q, %s", alg, a.suffix, a.script.sha, want[alg].suffix, want[alg].script.sha)
+		if a.tag != want[alg].tag || a.script != want[alg].script {
+			t.Errorf("%v: tag %q, script %s; want %q, %s", alg, a.tag, a.script.sha, want[alg].tag, want[alg].script.sha)
 		}
 	}
 	if logScript.sha == bucketScript.sha || logScript.sha == windowScript.sha || bucketScript.sha == windowScript.sha {
 		t.Error("two algorithms' scripts have the same SHA")
 	}
-	// the others' state keys, which a grant that creates the state checks are absent
-	for _, alg := range allAlgorithms {
-		got := alg.algo().otherStates("{p:k}")
-		if len(got) != 3 || slices.Contains(got, "{p:k}:"+want[alg].suffix) {
-			t.Errorf("%v: other states %v, want the three others'", alg, got)
-		}
-	}
 }
 
-// args is the ARGV after the requests: m, then rate and period_us per limit (and the
-// burst for the token bucket), in order, then the algorithm's parameters (the log's
-// sub-bucket: 0 for the exact sliding window).
-func TestLimitArgs(t *testing.T) {
+// head is what the limiter sends as ARGV[1]: the tag, the counter's buckets, then rate
+// and period_us per limit (and the burst for the token bucket), in order.
+func TestLimitHead(t *testing.T) {
 	limits := []Limit{{Rate: 5, Period: time.Second}, {Rate: 1000, Period: time.Hour, Burst: 1200}, {Rate: 1, Period: 1500 * time.Nanosecond}}
 	for _, c := range []struct {
 		alg  Algorithm
-		want []any
+		want string
 	}{
-		{SlidingWindow, []any{3, 5, int64(1_000_000), 1000, int64(3_600_000_000), 1, int64(2), 0}},
-		{TokenBucket, []any{3, 5, int64(1_000_000), 5, 1000, int64(3_600_000_000), 1200, 1, int64(2), 1}},
-		{FixedWindow, []any{3, 5, int64(1_000_000), 1000, int64(3_600_000_000), 1, int64(2)}},
+		{SlidingWindow, "sw 5 1000000 1000 3600000000 1 2"},
+		{SlidingCounter, "sc 50 5 1000000 1000 3600000000 1 2"},
+		{TokenBucket, "tb 5 1000000 5 1000 3600000000 1200 1 2 1"},
+		{FixedWindow, "fw 5 1000000 1000 3600000000 1 2"},
 	} {
-		if got := c.alg.algo().args(limits, defaultBuckets); !slices.Equal(got, c.want) {
-			t.Errorf("%v: args = %v, want %v", c.alg, got, c.want)
+		if got := c.alg.algo().head(limits, defaultBuckets).String(); got != c.want {
+			t.Errorf("%v: head = %q, want %q", c.alg, got, c.want)
 		}
 	}
 }

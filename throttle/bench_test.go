@@ -51,7 +51,7 @@ func BenchmarkNoopScript(b *testing.B) {
 		b.Fatal(err)
 	}
 	keys := l.t.keys
-	args := append(append([]any{1, opAcquire, 1, 0, 0, 0}, l.t.tail...), "", 0)
+	args := []any{l.t.head, l.t.caps, "a 1 0"}
 	if err := noop.Load(ctx, be.Client).Err(); err != nil {
 		b.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/internal/keys"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -82,7 +83,7 @@ func TestClockSkewedProcessesChangeNothing(t *testing.T) {
 		}
 		for _, j := range jobs {
 			s := jobStats(t, res, b.Prefix, j)
-			state := "{" + b.Prefix + j.Keys[0] + "}:" + j.Alg.algo().suffix
+			state := "{" + b.Prefix + j.Keys[0] + "}:" + keys.State
 			var shares []float64
 			for _, g := range res.groups {
 				n := 0

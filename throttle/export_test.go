@@ -1,26 +1,19 @@
 package throttle
 
-import "time"
-
 // Seams for the package's tests: nothing in the production code exists for them.
 
 // useScript makes the Limiter run s (a test's version of its script: a fake clock's,
 // an audit's) in place of its own.
 func (l *Limiter) useScript(s *script) {
 	t := l.t
-	l.t = newTarget(t.key, t.tag, s, t.keys, t.tail, t.fields)
+	l.t = newLimiterTarget(t.key, t.tag, s, t.keys[0], t.head, t.caps)
 }
 
 // useScript makes the Semaphore run s in place of its own.
 func (s *Semaphore) useScript(sc *script) {
 	t := s.t
-	s.t = newTarget(t.key, t.tag, sc, t.keys, t.tail, t.fields)
+	s.t = newSemaphoreTarget(t.key, t.tag, sc, t.keys, t.tail)
 }
 
 // stateKey returns the name of the Limiter's state key.
 func (l *Limiter) stateKey() string { return l.t.keys[0] }
-
-// recordTTL returns how long the key's record lives once written.
-func (l *Limiter) recordTTL() time.Duration {
-	return time.Duration(l.record[1].(int64)) * time.Millisecond
-}

@@ -1,21 +1,18 @@
 package throttle
 
 import (
-	"slices"
 	"testing"
 	"time"
 
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 )
 
-// FixedWindow sends m, then rate and period_us per limit, as lua/window.lua asks, and no
-// parameter; the largest n is the smallest rate (a burst means nothing to a window).
-func TestFixedWindowArgs(t *testing.T) {
+// FixedWindow's head is "fw", then rate and period_us per limit, as lua/window.lua asks;
+// the largest n is the smallest rate (a burst means nothing to a window).
+func TestFixedWindowHead(t *testing.T) {
 	limits := []Limit{PerSecond(3), {Rate: 100, Period: time.Minute}, {Rate: 7, Period: 1500 * time.Microsecond, Burst: 20}}
-	got := FixedWindow.algo().args(limits, defaultBuckets)
-	want := []any{3, 3, int64(1_000_000), 100, int64(60_000_000), 7, int64(1500)}
-	if !slices.Equal(got, want) {
-		t.Fatalf("args = %v, want %v", got, want)
+	if got, want := FixedWindow.algo().head(limits, defaultBuckets).String(), "fw 3 1000000 100 60000000 7 1500"; got != want {
+		t.Fatalf("head = %q, want %q", got, want)
 	}
 	l, err := New(redistest.NewMini(t).Client, "k", limits[0], WithAlgorithm(FixedWindow), WithLimits(limits[1:]...))
 	if err != nil {
@@ -24,9 +21,7 @@ func TestFixedWindowArgs(t *testing.T) {
 	if l.maxN != 3 {
 		t.Fatalf("maxN = %d, want 3 (the smallest rate)", l.maxN)
 	}
-	if got := FixedWindow.algo().suffix; got != "fw" {
-		t.Fatalf("FixedWindow's state key suffix is %q, want fw", got)
-	}
+
 }
 
 // Windows are aligned on multiples of Period since the Unix epoch: t0 (redistest.Epoch,

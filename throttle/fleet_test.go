@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/jobthrottle/jobthrottle/internal/clock"
+	"github.com/jobthrottle/jobthrottle/internal/keys"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 )
 
@@ -358,7 +359,7 @@ type keyStats struct {
 func jobStats(t *testing.T, res *fleetResult, prefix string, j fleetJob) keyStats {
 	t.Helper()
 	s := keyStats{minUtil: 2}
-	suffix := j.Alg.algo().suffix
+	suffix := keys.State
 	for _, key := range j.Keys {
 		state := "{" + prefix + key + "}:" + suffix
 		g := res.byKey[state]

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jobthrottle/jobthrottle/internal/clock"
 	"github.com/jobthrottle/jobthrottle/internal/keys"
+	"github.com/jobthrottle/jobthrottle/internal/protocol"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -87,7 +88,7 @@ func runSemaphoreInput(t *testing.T, cfg []byte, key, junk string, ops []byte) {
 		r.clock = "{" + pair.Mini.Prefix + key[:i] + "}"
 	}
 	r.keys = []string{keys.Name(tag, keys.Leases), keys.Name(tag, keys.Queue), keys.Name(tag, keys.QueueExpiry),
-		keys.Name(tag, keys.ControlKey)}
+		keys.Name(tag, keys.State)}
 	pair.Track(r.keys...)
 	pair.SetTime(t, r.now, r.clock)
 	r.note("key %q (%d bytes), prestate %q", trunc(key), len(key), semPrestates[prestate])
@@ -369,7 +370,7 @@ func (r *semRun) semPause(d int64) {
 		if public {
 			errs[i] = l.Pause(ctx, micros(d))
 		} else {
-			_, errs[i] = l.control(ctx, opPause, 0, d, nil)
+			_, errs[i] = l.controlCall(ctx, &protocol.Request{Op: protocol.OpPause, X: d})
 		}
 		cancel()
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/jobthrottle/jobthrottle/internal/clock"
 	"github.com/jobthrottle/jobthrottle/internal/keys"
+	"github.com/jobthrottle/jobthrottle/internal/protocol"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/waiter"
 	"github.com/redis/go-redis/v9"
@@ -184,8 +185,8 @@ func limitFault(alg Algorithm, l Limit) string {
 // Foreign content put in a key before the first call (prestate % len; most inputs
 // choose none).
 var prestates = []string{"none", "hash in state", "set in state", "zset in state", "junk string in state",
-	"junk list in state", "junk string in pause", "hash in pause", "list in pause", "junk string with TTL in state",
-	"another algorithm's state"}
+	"junk list in state", "junk meta in a list state", "junk meta in a string state", "junk numbers before a meta",
+	"junk string with TTL in state", "another algorithm's state"}
 
 // fuzzGoClock is the Go side's clock during an input (clock.Set): it stands at the
 // input's time; its timers are real.
@@ -441,13 +442,12 @@ type fuzzRun struct {
 	name     string // what is fuzzed
 	alg      Algorithm
 	lenient  bool // keys hold foreign content: no model, ErrCorruptState is fine
-	otherAlg bool // another algorithm's state is under the tag: a grant that creates the state fails
+	otherAlg bool // the state key holds another algorithm's state: every call fails with ErrAlgorithmMismatch
 	pair     *redistest.Pair
 	sides    [2]*fuzzSide
 	now      time.Time
 	clock    string // the hash tag whose clock key the scripts read
 	state    string // state key
-	pausek   string
 	limits   []Limit
 	over     *fuzzOverride // the override set on the key, nil: none
 	ref      fuzzRef       // nil: no model (foreign content, or the model cannot follow)
@@ -499,15 +499,9 @@ func runLimiterInput(t *testing.T, alg Algorithm, cfg []byte, key, junk string, 
 	}
 	r.clock = tag + "}"
 	base := "{" + pair.Mini.Prefix + key + "}"
-	r.state = keys.Name(base, alg.algo().suffix)
-	r.pausek = keys.Name(base, keys.ControlKey)
-	pair.Track(r.state, r.pausek)
+	r.state = keys.Name(base, keys.State)
+	pair.Track(r.state)
 	pair.SetTime(t, r.now, r.clock)
-	t.Cleanup(func() { // the record is not tracked (see check): it goes with the input
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		pair.Real.Client.Del(ctx, keys.Name(base, keys.RecordKey))
-	})
 
 	want, why := c.wantNew(alg, pair.Mini.Prefix, key)
 	for i, b := range []*redistest.Backend{pair.Mini, pair.Real} {
@@ -586,7 +580,7 @@ func trunc(s string) string {
 	return s
 }
 
-// prestate puts foreign content in the state or the control key of both servers.
+// prestate puts foreign content in the state key of both servers.
 func (r *fuzzRun) prestate(p int, junk string) {
 	ctx := context.Background()
 	words := strings.Fields(junk)
@@ -608,35 +602,34 @@ func (r *fuzzRun) prestate(p int, junk string) {
 			err = c.Set(ctx, r.state, junk, 0).Err()
 		case "junk list in state":
 			err = c.RPush(ctx, r.state, toAnySlice(words)...).Err()
-		case "junk string in pause":
-			err = c.Set(ctx, r.pausek, junk, 0).Err()
-		case "hash in pause":
-			err = c.HSet(ctx, r.pausek, "f", junk).Err()
-		case "list in pause":
-			err = c.RPush(ctx, r.pausek, toAnySlice(words)...).Err()
+		case "junk meta in a list state":
+			err = c.RPush(ctx, r.state, junk, "0").Err()
+		case "junk meta in a string state":
+			err = c.Set(ctx, r.state, "1 2 3\n"+junk, 0).Err()
+		case "junk numbers before a meta":
+			err = c.Set(ctx, r.state, junk+"\n"+r.alg.algo().head(r.limits, defaultBuckets).String(), 0).Err()
 		case "junk string with TTL in state":
 			err = c.Set(ctx, r.state, junk, time.Hour).Err()
-		case "another algorithm's state": // whatever it holds: only its existence counts
-			alg := Algorithm((int(r.alg) + 1 + len(junk)%3) % len(algorithms))
-			other = strings.TrimSuffix(r.state, r.alg.algo().suffix) + alg.algo().suffix
-			err = c.Set(ctx, other, junk, 0).Err()
+		case "another algorithm's state": // one of ours, of another algorithm: a log's list or a string
+			if r.alg == TokenBucket || r.alg == FixedWindow {
+				other = "sw"
+				err = c.RPush(ctx, r.state, "sw 1 1000000", "0").Err()
+			} else {
+				other = "fw"
+				err = c.Set(ctx, r.state, "0 0\nfw 1 1000000", 0).Err()
+			}
 		}
 		if err != nil {
 			r.fail("prestate %s: %v", prestates[p], err)
 		}
 	}
 	r.lenient = true
-	if other != "" {
-		r.otherAlg = true
-		r.pair.Track(other)
-		r.foreign[other] = true
-	}
-	r.foreign[r.state] = strings.Contains(prestates[p], "state") && other == ""
-	r.foreign[r.pausek] = strings.Contains(prestates[p], "pause")
+	r.otherAlg = other != ""
+	r.foreign[r.state] = true
 	r.initial = r.pair.Compare(r.t, "foreign content")
 }
 
-// corrupt overwrites part of the state (or the control key) in place, keeping its TTL,
+// corrupt overwrites part of the state (its data or its meta) in place, keeping its TTL,
 // as a foreign writer could: a list element, or the whole string. From then on there is
 // no model, and calls must either work or fail with ErrCorruptState changing nothing.
 func (r *fuzzRun) corrupt(b byte) {
@@ -644,9 +637,6 @@ func (r *fuzzRun) corrupt(b byte) {
 	r.pair.Sync(r.t)
 	snap := r.pair.Compare(r.t, "corrupt")
 	key := r.state
-	if b%3 == 2 {
-		key = r.pausek
-	}
 	junk := []string{"x", "-1", "1.5", "", "99999999999999999999", "1e3", " 1"}[int(b/3)%7]
 	s := snap[key]
 	r.note("corrupt %s (%s) with %q", key, s.Type, junk)
@@ -1095,7 +1085,7 @@ func (r *fuzzRun) cancel(rd *fuzzReader) {
 	v, err := both(r, what, func(s *fuzzSide) ([replyWidth]int64, error) {
 		ctx, cancel := fuzzCtx()
 		defer cancel()
-		rep, err := s.l.send(ctx, s.l.client().key(s.l.t.tag), []any{opCancel, n, token, 0, 0}, "", nil, nil, false)
+		rep, err := s.l.send(ctx, s.l.client().key(s.l.t.tag), s.l.request(protocol.OpCancel, n, token), nil)
 		return rep.v, err
 	})
 	got := reply{v: v}
@@ -1169,7 +1159,7 @@ func (r *fuzzRun) pause(d int64) {
 		if public {
 			return false, s.l.Pause(ctx, micros(d))
 		}
-		_, err := s.l.control(ctx, opPause, 0, d, nil)
+		_, err := s.l.controlCall(ctx, &protocol.Request{Op: protocol.OpPause, X: d})
 		return false, err
 	})
 	var wantErr error
@@ -1368,14 +1358,6 @@ func (r *fuzzRun) check(what string, before redistest.Snapshot, err error) {
 		r.fail("%s: key %q has no TTL: %v", what, k, s)
 	}
 	for _, k := range r.pair.MiniKeys() {
-		// the key's record (record.go) is not state, and is written when a process's
-		// turn comes, by the real clock: not compared, but it has a TTL
-		if strings.HasSuffix(k, "}:"+keys.RecordKey) {
-			if r.pair.Mini.Mini.TTL(k) <= 0 {
-				r.fail("%s: the key's record %q has no TTL", what, k)
-			}
-			continue
-		}
 		if !slices.Contains(r.pair.Keys(), k) {
 			r.fail("%s: wrote key %q, not one of the limiter's", what, k)
 		}
@@ -1425,7 +1407,7 @@ func (r *fuzzRun) finish() {
 	r.pair.Mini.Mini.SetTime(r.now)
 	var left []string
 	for _, k := range r.pair.MiniKeys() {
-		if !strings.HasSuffix(k, ":clock") && !strings.HasSuffix(k, "}:"+keys.RecordKey) { // the record lives its own TTL (checked in check)
+		if !strings.HasSuffix(k, ":clock") {
 			left = append(left, k)
 		}
 	}

@@ -57,20 +57,15 @@ func TestIdleKeysExpire(t *testing.T) {
 		workers = 64
 	)
 	limit := Limit{Rate: 5, Period: time.Second}
-	// the keys' records live 3 periods here, not their 10s: that is the longest TTL
-	// (a booking 1s ahead lasts a period after it, a task's booking record a second
-	// after it; leases 2s)
-	longest := 3*time.Second + 50*ms
+	// the longest TTL: a booking 1s ahead lasts a period after it, a task's booking
+	// record a second after it; leases 2s
+	longest := 2*time.Second + 50*ms
 	type kind struct {
 		name  string
 		touch func(i int) error
 	}
 	lim := func(alg Algorithm, i int, key string) (*Limiter, error) {
-		l, err := New(c, fmt.Sprintf("%s%d", key, i), limit, WithAlgorithm(alg))
-		if err == nil {
-			l.idleShortRecord()
-		}
-		return l, err
+		return New(c, fmt.Sprintf("%s%d", key, i), limit, WithAlgorithm(alg))
 	}
 	kinds := []kind{}
 	for _, alg := range allAlgorithms {
@@ -238,13 +233,6 @@ func TestIdleKeysExpire(t *testing.T) {
 	redistest.Figure(t, "SCAN with PTTL: %d keys, %d without a TTL; INFO keyspace sampled %d times every 100ms, keys != expires in %d",
 		scanned, noTTL, samples.Load(), bad.Load())
 	redistest.Figure(t, "all gone %v after the last touch (longest TTL %v)", goneAfter.Round(ms), longest)
-}
-
-// idleShortRecord makes l write its key's record with a life of three times its
-// longest count, below the production floor (10s, see New), so that the test's keys
-// all go within seconds.
-func (l *Limiter) idleShortRecord() {
-	l.record = []any{l.record[0], (3 * l.counted).Milliseconds()}
 }
 
 // Leaked semaphore leases free their slots within TTL + 100ms: on a real server (the

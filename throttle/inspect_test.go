@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/internal/protocol"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -260,7 +261,7 @@ func TestInspectMatchesReferenceModel(t *testing.T) {
 			case op < 4: // AllowN
 				n := rng.Intn(l.maxN + 1)
 				what = fmt.Sprintf("AllowN(%d)", n)
-				r, err := l.acquire(ctx, n, 0, nil)
+				r, err := l.acquire(ctx, n, 0, nil, 0, false)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -277,7 +278,7 @@ func TestInspectMatchesReferenceModel(t *testing.T) {
 				n := 1 + rng.Intn(l.maxN)
 				maxWait := rng.Int63n(2 * int64(longest/time.Microsecond))
 				what = fmt.Sprintf("Reserve(%d, %dµs)", n, maxWait)
-				r, err := l.acquire(ctx, n, micros(maxWait), nil)
+				r, err := l.acquire(ctx, n, micros(maxWait), nil, 0, false)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -298,7 +299,7 @@ func TestInspectMatchesReferenceModel(t *testing.T) {
 				bk := bookings[k]
 				bookings = append(bookings[:k], bookings[k+1:]...)
 				what = fmt.Sprintf("cancel(%d at %d)", bk.n, bk.token)
-				rep, err := l.client().do(&request{ctx: ctx, t: l.t, ks: l.client().key(l.t.tag), fields: []any{opCancel, bk.n, bk.token, 0, 0}, timeout: l.timeout})
+				rep, err := l.client().do(&request{ctx: ctx, t: l.t, ks: l.client().key(l.t.tag), call: l.request(protocol.OpCancel, bk.n, bk.token), timeout: l.timeout})
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/internal/protocol"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 )
 
@@ -188,7 +189,7 @@ func TestLocalLogDecidesAsTheLogScript(t *testing.T) {
 						tl.at(at)
 						now = bk.token
 					}
-					rep, err := l.client().do(&request{ctx: ctx, t: l.t, ks: l.client().key(l.t.tag), fields: []any{opCancel, bk.n, bk.token, 0, 0}, timeout: l.timeout})
+					rep, err := l.client().do(&request{ctx: ctx, t: l.t, ks: l.client().key(l.t.tag), call: l.request(protocol.OpCancel, bk.n, bk.token), timeout: l.timeout})
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -211,7 +212,7 @@ func TestLocalLogDecidesAsTheLogScript(t *testing.T) {
 				case 2:
 					maxWait = maxWaitMicros
 				}
-				got, err := l.acquire(ctx, n, time.Duration(maxWait)*time.Microsecond, nil)
+				got, err := l.acquire(ctx, n, time.Duration(maxWait)*time.Microsecond, nil, 0, false)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -7,14 +7,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/internal/protocol"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
 
 // sendPlainCall runs one request of t's script as a plain command (EVALSHA outside
 // MULTI/EXEC), as go-redis sends a lone command: re-sent when its reply is lost.
-func sendPlainCall(ctx context.Context, rdb redis.UniversalClient, t *target, fields ...any) ([]int64, error) {
-	g := &group{t: t, reqs: []*request{{fields: fields}}}
+func sendPlainCall(ctx context.Context, rdb redis.UniversalClient, t *target, call *protocol.Request, fields ...any) ([]int64, error) {
+	g := &group{t: t, reqs: []*request{{call: call, fields: fields}}}
 	cmd := g.command(ctx, false)
 	_ = rdb.Process(ctx, cmd)
 	return cmd.Result()
@@ -38,7 +39,7 @@ func TestLostReplyChargesOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	proxy.DropReplyTo("evalsha")
-	if _, err := sendPlainCall(ctx, rdb, plain.t, opAcquire, 1, 0, 0, 0); err != nil {
+	if _, err := sendPlainCall(ctx, rdb, plain.t, &protocol.Request{Op: protocol.OpAcquire, N: 1}); err != nil {
 		t.Fatalf("plain call: %v", err)
 	}
 	if res, err := plain.AllowN(ctx, 0); proxy.Dropped() != 1 || err != nil || res.Remaining != 8 {
@@ -127,11 +128,11 @@ func TestLostReplySemaphoreAndPauseOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := strings.Repeat("ab", 16)
-	if v, err := sendPlainCall(ctx, rdb, ps.t, semAcquire, id, id, 0); err != nil || v[0] != 1 {
+	if v, err := sendPlainCall(ctx, rdb, ps.t, nil, semAcquire, id, id, 0); err != nil || v[0] != 1 {
 		t.Fatalf("plain acquire: got %v, %v; want a lease", v, err)
 	}
 	proxy.DropReplyTo("evalsha")
-	v, err := sendPlainCall(ctx, rdb, ps.t, semRelease, id, "", 0)
+	v, err := sendPlainCall(ctx, rdb, ps.t, nil, semRelease, id, "", 0)
 	if err != nil || proxy.Dropped() != 1 || v[0] != 0 {
 		t.Fatalf("plain EVALSHA release after a lost reply: got %v, %v (dropped %d); want ok 0 (the retry found the lease released) to show the fault",
 			v, err, proxy.Dropped())

@@ -110,8 +110,8 @@ func TestMaxmemoryFlood(t *testing.T) {
 			time.Sleep(300 * time.Millisecond) // their windows fill
 
 			// the flood's script calls, on a client of their own: each is the call of a
-			// tenant's first grant (one acquire of 1 permit, the limit, and the record,
-			// which is due on a key's first call), as a Limiter of PerMinute(10) makes it
+			// key's first grant (one acquire of 1 permit, the limit), as a Limiter of
+			// PerMinute(10) makes it
 			script := lua.Script("log")
 			flood := redis.NewClient(c.Options())
 			defer flood.Close()
@@ -122,7 +122,7 @@ func TestMaxmemoryFlood(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			args := append(append([]any{1, opAcquire, 1, 0, 0, 0}, tenant.t.tail...), tenant.record...)
+			args := []any{tenant.t.head, tenant.t.caps, "a 1 0"}
 			var floodFailed int
 			var floodErr error
 			for i := 0; i < floodN; i += 500 {
@@ -132,8 +132,7 @@ func TestMaxmemoryFlood(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					ks := []string{keys.Name(tag, keys.SlidingWindow), keys.Name(tag, keys.ControlKey), keys.Name(tag, keys.RecordKey)}
-					script.EvalSha(ctx, pipe, append(ks, SlidingWindow.algo().otherStates(tag)...), args...)
+					script.EvalSha(ctx, pipe, []string{keys.Name(tag, keys.State)}, args...)
 				}
 				cmds, _ := pipe.Exec(ctx)
 				for _, cmd := range cmds {

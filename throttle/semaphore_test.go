@@ -116,14 +116,15 @@ func TestSemaphoreScriptRejectsBadArguments(t *testing.T) {
 		}
 		for _, c := range cases {
 			v, err := b.Client.Eval(ctx, semaphoreScript.src, s.t.keys, c.args...).Result()
-			if err == nil { // a request's error is its reply: -1, at, len, then the text
-				var text []byte
-				if r, ok := v.([]any); ok && len(r) >= 6 && r[0] == int64(-1) {
-					for _, x := range r[6:] {
-						text = append(text, byte(x.(int64)))
+			if err == nil { // a request's error is its reply: -1, code, at, len, then the text
+				var f failed
+				if r, ok := v.([]any); ok && len(r) >= replyWidth && r[0] == int64(-1) {
+					f.code = int(r[1].(int64))
+					for _, x := range r[replyWidth:] {
+						f.text += string(rune(x.(int64)))
 					}
 				}
-				err = batchError(text)
+				err = &f
 			}
 			if !strings.Contains(err.Error(), "JTARG") {
 				t.Errorf("%s: got %v, want a JTARG error", c.name, err)

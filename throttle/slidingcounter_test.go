@@ -1,39 +1,21 @@
 package throttle
 
 import (
-	"slices"
 	"testing"
 	"time"
 
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 )
 
-// SlidingCounter sends m, rate and period_us per limit, then the sub-bucket width, as
-// lua/log.lua asks: the shortest period split into the configured number of buckets,
-// rounded up (never 0, which would make it the exact sliding window).
-func TestSlidingCounterArgs(t *testing.T) {
-	for _, c := range []struct {
-		limits  []Limit
-		buckets int
-		want    []any
-	}{
-		{[]Limit{PerSecond(2)}, 4, []any{1, 2, int64(1_000_000), int64(250_000)}},
-		{[]Limit{PerSecond(2)}, 10, []any{1, 2, int64(1_000_000), int64(100_000)}},
-		// the shortest period decides, wherever it is in the list; 300ms/7 rounds up
-		{[]Limit{PerSecond(5), {Rate: 2, Period: 300 * ms}}, 7,
-			[]any{2, 5, int64(1_000_000), 2, int64(300_000), int64(42_858)}},
-		// a period shorter than the number of buckets: 1µs buckets, not 0
-		{[]Limit{{Rate: 1, Period: 3 * time.Microsecond}}, 10, []any{1, 1, int64(3), int64(1)}},
-	} {
-		if got := SlidingCounter.algo().args(c.limits, c.buckets); !slices.Equal(got, c.want) {
-			t.Errorf("args(%v, %d buckets) = %v, want %v", c.limits, c.buckets, got, c.want)
-		}
+// SlidingCounter's head is "sc", the sub-buckets of the shortest period, then rate and
+// period_us per limit, as lua/log.lua asks; the largest n is the smallest rate.
+func TestSlidingCounterHead(t *testing.T) {
+	limits := []Limit{PerSecond(5), {Rate: 2, Period: 300 * ms}}
+	if got, want := SlidingCounter.algo().head(limits, 7).String(), "sc 7 5 1000000 2 300000"; got != want {
+		t.Errorf("head = %q, want %q", got, want)
 	}
 	if got, want := SlidingCounter.algo().maxN(Limit{Rate: 4, Period: time.Second, Burst: 9}), 4; got != want {
 		t.Fatalf("maxN = %d, want %d (the rate)", got, want)
-	}
-	if SlidingCounter.algo().suffix != "sc" {
-		t.Fatalf("SlidingCounter's state key suffix is %q, want sc", SlidingCounter.algo().suffix)
 	}
 }
 

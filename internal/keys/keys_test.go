@@ -11,19 +11,22 @@ func TestSplit(t *testing.T) {
 		name, key, suffix string
 		ok                bool
 	}{
-		{"{jobthrottle:vendor-api}:sw", "vendor-api", "sw", true},
-		{"{jobthrottle:vendor-api}:pause", "vendor-api", "pause", true},
+		{"{jobthrottle:vendor-api}:l", "vendor-api", "l", true},
+		{"{jobthrottle:vendor-api}:q", "vendor-api", "q", true},
+		{"{jobthrottle:vendor-api}:t:acme", "vendor-api", "t:acme", true},
 		{"{jobthrottle:mail}:bk:task-1", "mail", "bk:task-1", true},
-		{"{jobthrottle:mail}:bk:a}:sw", "mail", "bk:a}:sw", true},   // a booking's id may hold "}:"
-		{"{jobthrottle:a}:sw}:pause", "a}:sw", "pause", true},       // so may a key
-		{"{jobthrottle:vendor-api}:other", "", "", false},           // not a suffix of ours
-		{"{jobthrottle:vendor-api}:bk:", "", "", false},             // a booking without an id
-		{"{other:vendor-api}:sw", "", "", false},                    // another prefix
-		{"jobthrottle:vendor-api:sw", "", "", false},                // no tag
-		{"{jobthrottle:}:sw", "", "", false},                        // an empty key
-		{"{jobthrottle:vendor-api}:sw:x", "", "", false},            // more after the suffix
-		{"{jobthrottle:vendor-api}", "", "", false},                 // no suffix
-		{"{jobthrottle:vendor-api}:sem", "vendor-api", "sem", true}, // a semaphore's leases
+		{"{jobthrottle:mail}:bk:a}:l", "mail", "bk:a}:l", true},  // a booking's id may hold "}:"
+		{"{jobthrottle:a}:l}:q", "a}:l", "q", true},              // so may a key
+		{"{jobthrottle:vendor-api}:other", "", "", false},        // not a suffix of ours
+		{"{jobthrottle:vendor-api}:bk:", "", "", false},          // a booking without an id
+		{"{jobthrottle:vendor-api}:t:", "", "", false},           // a tenant without a name
+		{"{other:vendor-api}:l", "", "", false},                  // another prefix
+		{"jobthrottle:vendor-api:l", "", "", false},              // no tag
+		{"{jobthrottle:}:l", "", "", false},                      // an empty key
+		{"{jobthrottle:vendor-api}:l:x", "", "", false},          // more after the suffix
+		{"{jobthrottle:vendor-api}", "", "", false},              // no suffix
+		{"{jobthrottle:reports}:sem", "reports", "sem", true},    // a semaphore's leases
+		{"{jobthrottle:vendor-api}:sw", "", "", false},           // an older release's state
 	} {
 		key, suffix, ok := Split("jobthrottle:", c.name)
 		if key != c.key || suffix != c.suffix || ok != c.ok {
@@ -32,14 +35,45 @@ func TestSplit(t *testing.T) {
 	}
 }
 
-func TestSuffixes(t *testing.T) {
-	for _, s := range Suffixes() {
-		if Type(s) == "" {
-			t.Errorf("suffix %q has no type", s)
+// A head reads back as written, for every algorithm; anything else is refused.
+func TestHead(t *testing.T) {
+	for _, text := range []string{"sw 20 1000000", "sc 50 100 60000000 5 1000000", "tb 10 1000000 20", "fw 3 1000000 100 60000000"} {
+		h, err := ParseHead(text)
+		if err != nil {
+			t.Fatalf("ParseHead(%q): %v", text, err)
+		}
+		if got := h.String(); got != text {
+			t.Errorf("ParseHead(%q).String() = %q", text, got)
 		}
 	}
-	if got, want := strings.Join(Suffixes(), " "), "sw sc tb fw sem semq semx pause conf"; got != want {
-		t.Errorf("Suffixes() = %s; want %s", got, want)
+	h, _ := ParseHead("tb 10 1000000 20")
+	if want := (Limit{Rate: 10, Period: time.Second, Burst: 20}); h.Alg != TokenBucket || len(h.Limits) != 1 || h.Limits[0] != want {
+		t.Errorf("ParseHead = %+v", h)
+	}
+	for _, text := range []string{"", "xx 1 2", "sw", "sw 1", "sw 1 2 3", "tb 1 2", "sc 1 2", "sw 0 1000", "sw 1 -5", "sw 1.5 2", "sc x 1 2"} {
+		if _, err := ParseHead(text); err == nil {
+			t.Errorf("ParseHead(%q): no error", text)
+		}
+	}
+}
+
+// ParseMeta reads what the scripts write (texts copied from real keys): the head, a
+// pause, an override, the fair share's clock and operators' weights, a tenant's name
+// holding a newline among them.
+func TestParseMeta(t *testing.T) {
+	m, err := ParseMeta("sw 20 1000000\np 1796586025476357\no 1796586325476357 1796586025476357 5 0\nf 21818.5 2000000 1796586018303794 400000\nw 1796589018303794 3000000 6 a\nb cd\nw 1796589018303794 500000 2 zz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Head != "sw 20 1000000" || m.PauseEnd != 1796586025476357 || m.Override == nil || m.Override.Rates[0] != (Rate{5, 0}) ||
+		m.Override.End != 1796586325476357 || m.Fair == nil || m.Fair.V != 21818.5 || m.Fair.W != 2000000 ||
+		len(m.Weights) != 2 || m.Weights[0] != (Weight{"a\nb cd", 3000000, 1796589018303794}) || m.Weights[1].Tenant != "zz" {
+		t.Fatalf("ParseMeta = %+v (override %+v, fair %+v)", m, m.Override, m.Fair)
+	}
+	for _, text := range []string{"hello", "sw 20 1000000\nx 1", "sw 20 1000000\np", "sw 20 1000000\nw 1 2 99 ab", "sw 20 1000000\nf 1 2 3"} {
+		if _, err := ParseMeta(text); err == nil {
+			t.Errorf("ParseMeta(%q): no error", text)
+		}
 	}
 }
 
@@ -52,38 +86,27 @@ func TestCheck(t *testing.T) {
 		values      []string
 		foreign     string // "" for ours, else a part of the error
 	}{
-		{"sw", "list", []string{"0", "1795795049994989", "3", "1795795050994989", "13"}, ""},
-		{"sc", "list", nil, ""}, // an empty sample
-		{"sw", "list", []string{"0", "hello"}, `element 1 "hello"`},
-		{"sw", "list", []string{"-1"}, `element 0 "-1"`},
-		{"sw", "string", []string{"1"}, "a string, not a list"},
-		{"sc", "hash", nil, "a hash, not a list"},
-		// "<last> <oend>", then per limit: tokens (ticks), rate, period, burst, latest booking
-		{"tb", "string", []string{"1795795049994989 0 3000000 5 1000000 5 0"}, ""},
-		{"tb", "string", []string{"1795795049994989 0 -12000000 5 1000000 5 1795795052394989"}, ""}, // booked ahead
-		{"tb", "string", []string{"1795795049994989 1795795349994989 3000000 5 1000000 5 0 40 12 3600000000 12 0"}, ""},
-		{"tb", "string", []string{"1795795049994989 0 3000000 -5 1000000 5 0"}, "not a token bucket"},  // a negative rate
-		{"tb", "string", []string{"1795795049994989 0 3000000 5 1000000 5"}, "not a token bucket"},     // a limit cut short
-		{"tb", "string", []string{"1795795049994989 0 3000000 5 1000000 5 0 1"}, "not a token bucket"}, // a field too many
-		{"tb", "string", []string{"661f1e8ad4b6d:0:0"}, "not a token bucket"},                          // an older release's hex TAT
-		{"tb", "string", []string{"hello"}, `text "hello": not a token bucket`},
-		{"tb", "string", []string{"1:2"}, "not a token bucket"},
-		{"tb", "list", []string{"1"}, "a list, not a string"},
-		{"fw", "string", []string{"1795795049994989 4"}, ""},
-		{"fw", "string", []string{"1795795049994989 4 7"}, ""},
-		{"fw", "string", []string{"4.5"}, "not a fixed window"},
-		{"fw", "zset", nil, "a zset, not a string"},
-		{"pause", "string", []string{"1795795349994989"}, ""},
-		{"pause", "string", []string{"0 1795795349994989 1 5 0 1795795049994989"}, ""},
-		{"pause", "string", []string{"paused"}, `control key "paused"`},
-		{"pause", "hash", nil, "a hash, not a string"},
-		{"conf", "string", []string{"1 sw 50 20/1.1s"}, ""},
-		{"conf", "string", []string{"{\"rate\": 10}"}, "not a version-1 record"},
-		{"conf", "set", nil, "a set, not a string"},
+		{"l", "list", []string{"sw 20 1000000", "0", "1795795049994989", "3", "1795795050994989", "13"}, ""},
+		{"l", "list", []string{"sw 20 1000000\np 1796586025476357"}, ""}, // a meta alone
+		{"l", "list", []string{"sw 20 1000000", "hello"}, `element 1 "hello"`},
+		{"l", "list", []string{"sw 20 1000000", "-1"}, `element 1 "-1"`},
+		{"l", "list", []string{"tb 1 2 3", "0"}, "not a log's"},
+		{"l", "list", []string{"0", "1"}, `head "0"`},
+		{"l", "hash", nil, "a hash, not a list or string"},
+		{"l", "string", []string{"1795795049994989 3000000 0\ntb 5 1000000 5"}, ""},
+		{"l", "string", []string{"1795795049994989 -12000000 1795795052394989\ntb 5 1000000 5"}, ""}, // booked ahead
+		{"l", "string", []string{"1795795049994989 4\nfw 5 1000000"}, ""},
+		{"l", "string", []string{"\ntb 5 1000000 5\np 1796586025476357"}, ""}, // a meta alone
+		{"l", "string", []string{"1795795049994989 4\nsw 5 1000000"}, "not a bucket's or a window's"},
+		{"l", "string", []string{"4.5 1\nfw 5 1000000"}, `"4.5" is not a number`},
+		{"l", "string", []string{"hello"}, "not a state"},
+		{"t:acme", "list", []string{"sw 8 1000000", "0", "1795795049994989", "1"}, ""},
 		{"bk:task-1", "string", []string{"1795795049994989 1 1795795049000000"}, ""},
-		{"bk:task-1", "string", []string{"1795795049994989 1"}, ""},
+		{"bk:task-1", "string", []string{"t 250000000000 1"}, ""},
 		{"bk:task-1", "string", []string{"done"}, "not a booking"},
 		{"bk:task-1", "list", nil, "a list, not a string"},
+		{"q", "zset", []string{"1000000 acme", "400000"}, ""},
+		{"q", "zset", []string{"acme", "400000"}, "not a queued tenant"},
 		{"sem", "zset", []string{id, "1795795049994989"}, ""},
 		{"sem", "zset", []string{"alice", "100"}, `member "alice" is not a lease id`},
 		{"sem", "zset", []string{id, "1.5"}, "score 1.5, not whole microseconds"},
@@ -105,41 +128,22 @@ func TestCheck(t *testing.T) {
 	}
 }
 
-func TestControlRoundTrip(t *testing.T) {
-	for _, text := range []string{
-		"1795795349994989",
-		"0 1795795349994989 1 5 0",
-		"0 1795795349994989 2 5 0 7 9 1795795049994989",
-	} {
-		c, err := ParseControl(text)
-		if err != nil {
-			t.Fatalf("ParseControl(%q): %v", text, err)
-		}
-		if got := c.String(); got != text {
-			t.Errorf("ParseControl(%q).String() = %q", text, got)
+func TestTag(t *testing.T) {
+	if tag, err := Tag(DefaultPrefix, "vendor-api"); err != nil || tag != "{jobthrottle:vendor-api}" {
+		t.Fatalf("Tag = %q, %v", tag, err)
+	}
+	for _, key := range []string{"", strings.Repeat("k", MaxLen)} {
+		if _, err := Tag(DefaultPrefix, key); err == nil {
+			t.Errorf("Tag(%q): no error", key)
 		}
 	}
-	for _, text := range []string{"", "x", "1 2", "-1", "01", "0 1 2 3 4", "0 1 17 1 1"} {
-		if _, err := ParseControl(text); err == nil {
-			t.Errorf("ParseControl(%q) succeeded", text)
-		}
+	if _, err := Tag("", "}x"); err == nil {
+		t.Error(`Tag("", "}x"): no error`)
 	}
-}
-
-func TestRecordRoundTrip(t *testing.T) {
-	r, err := ParseRecord("1 tb 50 5/1m0s:8 100/1h0m0s")
-	if err != nil {
-		t.Fatal(err)
+	if err := CheckTenant(strings.Repeat("t", MaxTenant+1)); err == nil {
+		t.Error("CheckTenant of 257 bytes: no error")
 	}
-	if got, want := r.Limits[0], (Limit{Rate: 5, Period: time.Minute, Burst: 8}); got != want {
-		t.Errorf("limit 0 = %+v; want %+v", got, want)
-	}
-	if got, want := r.String(), "1 tb 50 5/1m0s:8 100/1h0m0s"; got != want {
-		t.Errorf("String() = %q; want %q", got, want)
-	}
-	for _, text := range []string{"", "1 sw", "2 sw 50 1/1s", "1 xx 50 1/1s", "1 sw 0 1/1s", "1 sw 50 1/x"} {
-		if _, err := ParseRecord(text); err == nil {
-			t.Errorf("ParseRecord(%q) succeeded", text)
-		}
+	if err := CheckTenant(""); err == nil {
+		t.Error("CheckTenant of an empty name: no error")
 	}
 }
