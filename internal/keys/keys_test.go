@@ -15,18 +15,18 @@ func TestSplit(t *testing.T) {
 		{"{jobthrottle:vendor-api}:q", "vendor-api", "q", true},
 		{"{jobthrottle:vendor-api}:t:acme", "vendor-api", "t:acme", true},
 		{"{jobthrottle:mail}:bk:task-1", "mail", "bk:task-1", true},
-		{"{jobthrottle:mail}:bk:a}:l", "mail", "bk:a}:l", true},  // a booking's id may hold "}:"
-		{"{jobthrottle:a}:l}:q", "a}:l", "q", true},              // so may a key
-		{"{jobthrottle:vendor-api}:other", "", "", false},        // not a suffix of ours
-		{"{jobthrottle:vendor-api}:bk:", "", "", false},          // a booking without an id
-		{"{jobthrottle:vendor-api}:t:", "", "", false},           // a tenant without a name
-		{"{other:vendor-api}:l", "", "", false},                  // another prefix
-		{"jobthrottle:vendor-api:l", "", "", false},              // no tag
-		{"{jobthrottle:}:l", "", "", false},                      // an empty key
-		{"{jobthrottle:vendor-api}:l:x", "", "", false},          // more after the suffix
-		{"{jobthrottle:vendor-api}", "", "", false},              // no suffix
-		{"{jobthrottle:reports}:sem", "reports", "sem", true},    // a semaphore's leases
-		{"{jobthrottle:vendor-api}:sw", "", "", false},           // an older release's state
+		{"{jobthrottle:mail}:bk:a}:l", "mail", "bk:a}:l", true}, // a booking's id may hold "}:"
+		{"{jobthrottle:a}:l}:q", "a}:l", "q", true},             // so may a key
+		{"{jobthrottle:vendor-api}:other", "", "", false},       // not a suffix of ours
+		{"{jobthrottle:vendor-api}:bk:", "", "", false},         // a booking without an id
+		{"{jobthrottle:vendor-api}:t:", "", "", false},          // a tenant without a name
+		{"{other:vendor-api}:l", "", "", false},                 // another prefix
+		{"jobthrottle:vendor-api:l", "", "", false},             // no tag
+		{"{jobthrottle:}:l", "", "", false},                     // an empty key
+		{"{jobthrottle:vendor-api}:l:x", "", "", false},         // more after the suffix
+		{"{jobthrottle:vendor-api}", "", "", false},             // no suffix
+		{"{jobthrottle:reports}:sem", "reports", "sem", true},   // a semaphore's leases
+		{"{jobthrottle:vendor-api}:sw", "", "", false},          // an older release's state
 	} {
 		key, suffix, ok := Split("jobthrottle:", c.name)
 		if key != c.key || suffix != c.suffix || ok != c.ok {
