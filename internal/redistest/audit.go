@@ -12,18 +12,18 @@ import (
 
 // auditTail runs after a limiter script's own code (wrapped in jt_audited) and appends
 // "<token> <n>" to the list "<KEYS[1]>:audit" for each request of the call that was an
-// acquire granting n > 0 permits anew (lua/limiter.lua: six integers per request, granted
-// 1; a task's booking found, 2, was counted when it was made). The list shares the state
-// key's hash slot (and so its node, and its replication).
+// acquire granting n > 0 permits anew (internal/protocol: seven integers per request,
+// granted 1; a task's booking found, 2, was counted when it was made). The list shares
+// the state key's hash slot (and so its node, and its replication).
 const auditTail = `
 end
 local r = jt_audited()
 if type(r) == 'table' and r.err == nil then
-  for i = 1, tonumber(ARGV[1]) or 0 do
-    local j = 5 * i - 3
-    if tonumber(ARGV[j]) == 0 and r[6 * i - 5] == 1 and (tonumber(ARGV[j + 1]) or 0) > 0 then
+  for i = 1, #ARGV - 2 do
+    local n = tonumber(string.match(ARGV[i + 2], '^a (%d+) '))
+    if n and n > 0 and r[7 * i - 6] == 1 then
       local k = KEYS[1] .. ':audit'
-      redis.call('RPUSH', k, string.format('%d %d', r[6 * i - 1], tonumber(ARGV[j + 1])))
+      redis.call('RPUSH', k, string.format('%d %d', r[7 * i - 2], n))
       redis.call('PEXPIRE', k, 600000)
     end
   end

@@ -3,10 +3,13 @@ package redistest
 import (
 	"context"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/internal/keys"
+	"github.com/jobthrottle/jobthrottle/internal/protocol"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -49,6 +52,8 @@ type Grant struct {
 	Sent time.Time
 	// Booking is the task's booking key of a grant booked for a task, else "".
 	Booking string
+	// Tenant is the tenant whose handle made the grant, else "".
+	Tenant string
 }
 
 // RecordGrants adds a hook to c that records every grant and cancel of the limiter
@@ -82,10 +87,10 @@ func (g *Grants) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proce
 	}
 }
 
-// observe reads an EVAL/EVALSHA of a limiter script (lua/limiter.lua; its KEYS[1] is a
-// state key, ":sw", ":sc", ":tb" or ":fw"): args are
-// [evalsha, sha, numkeys, keys..., k, k × (op, n, x, y, key), ...] and the reply six
-// integers per request, each read as a call of its own would be.
+// observe records the grants and cancels of a limiter script call (its KEYS[1] is the
+// state key, ":l"): args are [evalsha, sha, numkeys, keys..., head, caps, requests...]
+// (internal/protocol) and the reply Width integers per request, each read as a call of
+// its own would be.
 func (g *Grants) observe(cmd redis.Cmder, sent, replied time.Time) {
 	name := strings.ToLower(cmd.Name())
 	if (name != "evalsha" && name != "eval") || cmd.Err() != nil {
@@ -96,16 +101,14 @@ func (g *Grants) observe(cmd redis.Cmder, sent, replied time.Time) {
 		return
 	}
 	nkeys, ok := args[2].(int)
-	if !ok || nkeys < 1 || len(args) < 3+nkeys+1 {
+	if !ok || nkeys < 1 || len(args) < 3+nkeys+3 {
 		return
 	}
 	key, _ := args[3].(string)
-	switch key[strings.LastIndex(key, ":")+1:] {
-	case "sw", "sc", "tb", "fw":
-	default:
+	if !strings.HasSuffix(key, "}:"+keys.State) {
 		return // the semaphore, or another script
 	}
-	keys, argv := args[3:3+nkeys], args[3+nkeys:]
+	ks, argv := args[3:3+nkeys], args[5+nkeys:]
 	var reply []int64 // the reply's integers; -1 for any other element
 	switch c := cmd.(type) {
 	case *redis.Cmd:
@@ -119,25 +122,50 @@ func (g *Grants) observe(cmd redis.Cmder, sent, replied time.Time) {
 	default:
 		return
 	}
-	k, _ := toInt(argv[0])
-	if k < 1 || int64(len(reply)) < 6*k || int64(len(argv)) < 1+5*k {
+	k := len(argv)
+	if len(reply) < protocol.Width*k {
 		return
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.countCall(key)
-	for i := range int(k) {
-		v := reply[6*i : 6*i+6]
-		if v[0] == -1 {
+	for i := range k {
+		v := reply[protocol.Width*i : protocol.Width*(i+1)]
+		text, _ := argv[i].(string)
+		if v[0] == -1 || text == "" {
 			continue // this request's error
 		}
-		req := argv[1+5*i : 6+5*i]
-		booking := ""
-		if idx, _ := toInt(req[4]); idx > 0 && int(idx) <= len(keys) {
-			booking, _ = keys[idx-1].(string)
-		}
-		g.record(key, booking, req, v, sent, replied)
+		g.record(key, parseRequest(text, ks), v, sent, replied)
 	}
+}
+
+// request is what Grants reads of a request's text (internal/protocol).
+type request struct {
+	op      string
+	n, x    int64
+	booking string // a task's booking key
+	tenant  string
+}
+
+// parseRequest reads a request's text, naming its keys from ks (the call's KEYS).
+func parseRequest(text string, ks []any) request {
+	var r request
+	body, tenant, _ := strings.Cut(text, " t")
+	r.tenant = tenant
+	f := strings.Fields(body)
+	r.op = f[0]
+	if len(f) >= 3 && (r.op == protocol.OpAcquire || r.op == protocol.OpCancel) {
+		r.n, _ = strconv.ParseInt(f[1], 10, 64)
+		r.x, _ = strconv.ParseInt(f[2], 10, 64)
+	}
+	for _, o := range f[1:] {
+		if strings.HasPrefix(o, "b") {
+			if i, err := strconv.Atoi(o[1:]); err == nil && i >= 1 && i <= len(ks) {
+				r.booking, _ = ks[i-1].(string)
+			}
+		}
+	}
+	return r
 }
 
 func (g *Grants) countCall(key string) {
@@ -161,31 +189,28 @@ func int64s(s []any) []int64 {
 	return v
 }
 
-// record notes one request's grant or cancel: req holds its op, n, x, y and key, v its
-// reply; booking is the task's booking key, or "".
-func (g *Grants) record(key, booking string, req []any, v []int64, sent, replied time.Time) {
-	op, _ := toInt(req[0])
-	n, _ := toInt(req[1])
-	x, _ := toInt(req[2])
+// record notes one request's grant or cancel: r is the request, v its reply.
+func (g *Grants) record(key string, r request, v []int64, sent, replied time.Time) {
 	switch {
-	case op == 0 && n > 0 && (v[0] == 1 || (v[0] == 2 && !g.seen(key, time.UnixMicro(v[4])))):
+	case r.op == protocol.OpAcquire && r.n > 0 && (v[0] == 1 || (v[0] == 2 && !g.seen(key, time.UnixMicro(v[4])))):
 		// A booking found (2) was counted when it was made. One this recorder never saw
 		// made (the call that made it ran in Redis but its caller had left: an error here,
 		// e.g. the handler's context cancelled at shutdown) is counted now, when the task
 		// uses it.
-		g.grants = append(g.grants, Grant{At: time.UnixMicro(v[4]), N: int(n), Key: key,
-			Wait: time.Duration(v[2]) * time.Microsecond, Sent: sent, Booking: booking})
-	case op == 1:
-		if booking != "" { // x is the caller's stamp; the reply names the booking's token
+		g.grants = append(g.grants, Grant{At: time.UnixMicro(v[4]), N: int(r.n), Key: key,
+			Wait: time.Duration(v[2]) * time.Microsecond, Sent: sent, Booking: r.booking, Tenant: r.tenant})
+	case r.op == protocol.OpCancel:
+		x := r.x
+		if r.booking != "" { // x is the caller's stamp; the reply names the booking's token
 			x = v[4]
 		}
 		at := time.UnixMicro(x)
 		if x == 0 {
 			at = time.Time{}
 		}
-		g.giveBacks = append(g.giveBacks, GiveBack{Key: key, At: at, N: int(n), OK: v[0] == 1, Sent: sent, Replied: replied})
+		g.giveBacks = append(g.giveBacks, GiveBack{Key: key, At: at, N: int(r.n), OK: v[0] == 1, Sent: sent, Replied: replied})
 		if v[0] == 1 {
-			g.cancel(key, time.UnixMicro(x), int(n))
+			g.cancel(key, time.UnixMicro(x), int(r.n))
 		}
 	}
 }
@@ -209,16 +234,6 @@ func (g *Grants) cancel(key string, t time.Time, n int) {
 			n -= take
 		}
 	}
-}
-
-func toInt(v any) (int64, bool) {
-	switch v := v.(type) {
-	case int:
-		return int64(v), true
-	case int64:
-		return v, true
-	}
-	return 0, false
 }
 
 // Add records grants observed elsewhere, e.g. reported by another process.
