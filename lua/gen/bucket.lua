@@ -1059,6 +1059,33 @@ local function queue(fr, n)
   end
 end
 
+-- turn returns µs from now until start tag S may book (S <= V + h / W), V moving as the
+-- clock does: with the queue as it is, the tenants queued ahead leaving it (and their
+-- weight W) as V reaches their finish tags, the first TURN_LOOKS of them looked at (then
+-- W as it is). A caller told a time a departure makes too late would leave its slot
+-- unused; one told too early (a tenant arrives since) asks again.
+local TURN_LOOKS = 16
+local function turn(qkey, S, W, h)
+  local f, t, V = meta.fair, 0, meta.fair.V
+  for i = 0, 16 do
+    local target = S - h * 1000000 / W
+    if target <= V then
+      return math.ceil(t)
+    end
+    local m = i < 16 and redis.call('ZRANGE', qkey, string.format('%d', i), string.format('%d', i), 'WITHSCORES')
+    local F = m and tonumber(m[2])
+    local u = m and tonumber(string.match(m[1] or '', '^(%d+) '))
+    if not F or not u or F >= target or W - u <= 0 then
+      return math.ceil(t + (target - V) * W / 1000000)
+    end
+    if F > V then
+      t, V = t + (F - V) * W / 1000000, F
+    end
+    W = W - u
+  end
+  return math.ceil(t)
+end
+
 -- ticket_text is a ticket as the reply and a task's record carry it: millionths.
 local function ticket_text(S)
   return math.floor(S * 1000000 + 0.5)
@@ -1121,7 +1148,7 @@ local function acquire(r, q)
     fr = {member = member, u = u, W = W, S = ticket or math.max(f.V, F or f.V), held = ticket}
     local ahead = h * 1000000 / W -- how far ahead of V a start tag may book
     if fr.S > f.V + ahead then -- its turn has not come: ask again when it does
-      local due = math.max(1, math.ceil((fr.S - ahead - f.V) * W / 1000000))
+      local due = math.max(1, turn(KEYS[q.q], fr.S, W, h))
       if q.hold and not fr.held then
         queue(fr, n)
         fr.held = fr.S
