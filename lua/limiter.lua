@@ -17,7 +17,7 @@
 --   TAGS, PARAM_TAG             the head tags it serves; the one with a parameter
 --   quick_head(text) -> lim, param   the usual head (one limit), or nil
 --   load(key, head) -> st       st.meta (nil: absent; head itself when equal to it); or nil
---                               and the failure (foreign)
+--                               and its read's error (common.lua's foreign reads it)
 --   setup(st, lim, param, cw, cwend, given, now)   count the state with lim, the limits
 --                               in force; cw: those it was counted with, to cwend
 --   fit(st, lim, n, t, now) -> t'    the earliest time >= t at which n fit every limit
@@ -28,8 +28,9 @@
 --   rates(st, old, new, at, now)     the limits in force change at `at`
 --   save(st, key, keep, meta)        write the state to live keep µs more (<= 0: delete it),
 --                                    meta the new meta (nil: unchanged)
--- st.dirty says the state changed, st.absent that the key was absent, st.err (a failure)
--- that a read after load found it foreign (the log reads lazily). lim[i] = {rate,
+-- st.dirty says the state changed, st.absent that the key was absent (or held a meta
+-- alone, st.bare), st.err (a text) that a read after load found it foreign (the log
+-- reads lazily). lim[i] = {rate,
 -- period_us, burst (bucket only)}: the limits in force. Nothing raises an error: a
 -- request's failure is a value, so no pcall is needed.
 --
@@ -71,12 +72,17 @@ local function parse_head(text)
   for f in string.gmatch(text, '%S+') do
     w[#w + 1] = f
   end
+  -- num reads a field as an integer in [1, hi], or nil
+  local function num(s, hi)
+    local v = s and not string.find(s, '%D') and tonumber(s)
+    return v and v >= 1 and v <= hi and v or nil
+  end
   local tag, param, i = w[1], 0, 2
   if not tag or not string.find(TAGS, ' ' .. tag .. ' ', 1, true) then
     return nil
   end
   if tag == PARAM_TAG then
-    param, i = int(w[2], 1, 10000), 3
+    param, i = num(w[2], 10000), 3
   end
   local m = (#w - i + 1) / LIMIT_FIELDS
   if not param or m < 1 or m > MAX_LIMITS or m % 1 ~= 0 then
@@ -85,8 +91,8 @@ local function parse_head(text)
   local lim = {}
   for l = 1, m do
     local b = i + LIMIT_FIELDS * (l - 1)
-    local rate, period = int(w[b], 1, MAX_RATE), int(w[b + 1], 1, MAX_PERIOD)
-    local burst = LIMIT_FIELDS == 3 and int(w[b + 2], 1, MAX_RATE) or nil
+    local rate, period = num(w[b], MAX_RATE), num(w[b + 1], MAX_PERIOD)
+    local burst = LIMIT_FIELDS == 3 and num(w[b + 2], MAX_RATE) or nil
     if not rate or not period or (LIMIT_FIELDS == 3 and (not burst or burst * period > MAX_TICKS)) then
       return nil
     end
@@ -123,7 +129,7 @@ if nargv >= 3 and nargv <= 2 + MAX_REQUESTS and ARGV[2] == '' then
       if ARGV[r + 2] ~= text then -- a batch's requests repeat: read each text once
         text = ARGV[r + 2]
         local ns, ws = string.match(text, '^a (%d+) (%d+)$')
-        n, w = tonumber(ns), tonumber(ws)
+        n, w = tonumber(ns or ''), tonumber(ws or '')
         if not n or n < 1 or n > cap or w > MAX_WAIT then
           st = nil
           break
@@ -176,7 +182,7 @@ local function parse_meta(text)
     local kind = string.sub(text, i, i)
     if kind == 'w' then
       local e, u, n, j = string.match(text, '^w (%d+) (%d+) (%d+) ()', i)
-      e, u, n = tonumber(e), tonumber(u), tonumber(n)
+      e, u, n = tonumber(e or ''), tonumber(u or ''), tonumber(n or '')
       if not e or n < 1 or n > MAX_TENANT or j + n - 1 > len then
         return nil
       end
@@ -186,7 +192,7 @@ local function parse_meta(text)
       local stop = string.find(text, '\n', i, true) or len + 1
       local line = string.sub(text, i, stop - 1)
       if kind == 'p' then
-        m.pause = tonumber(string.match(line, '^p (%d+)$'))
+        m.pause = tonumber(string.match(line, '^p (%d+)$') or '')
       elseif kind == 'o' then
         local w = {}
         for f in string.gmatch(line, '%S+') do
@@ -202,7 +208,7 @@ local function parse_meta(text)
         m.over = over
       elseif kind == 'f' then
         local V, W, tV, Fmax = string.match(line, '^f (%S+) (%d+) (%d+) (%S+)$')
-        V, W, tV, Fmax = tonumber(V), tonumber(W), tonumber(tV), tonumber(Fmax)
+        V, W, tV, Fmax = tonumber(V or ''), tonumber(W or ''), tonumber(tV or ''), tonumber(Fmax or '')
         if not Fmax then
           return nil
         end
@@ -420,7 +426,9 @@ end
 -- The group's state, read once; its meta.
 local gst, gfail = load(KEYS[1], ARGV[1])
 local meta, drift
-if gst then
+if not gst then
+  gfail = foreign(KEYS[1], gfail)
+else
   if not gst.meta then
     meta = {head = ARGV[1], pause = 0, weights = {}}
   else
@@ -482,7 +490,7 @@ local function fair(qkey, readonly)
       f.W = 0
       break
     end
-    local F, u = tonumber(m[2]), tonumber(string.match(m[1], '^(%d+) '))
+    local F, u = tonumber(m[2] or ''), tonumber(string.match(m[1], '^(%d+) ') or '')
     local reach = t + (F - f.V) * f.W / 1000000
     if reach > now then
       f.V, t = f.V + (now - t) * 1000000 / f.W, now
@@ -546,7 +554,9 @@ local function tenant_state(i)
   local ts = tstates[i]
   if ts == nil then
     local st, why = load(KEYS[i], ARGV[2])
-    if st and not st.absent then
+    if not st then
+      why = foreign(KEYS[i], why)
+    elseif not st.absent then
       local m = parse_meta(st.meta)
       if not m or string.match(m.head, '^(%S+)') ~= tag then
         st, why = nil, fail(E_STATE, KEYS[i] .. ': not a tenant state of this limiter')
@@ -565,7 +575,7 @@ local function tenant_state(i)
     return nil, ts
   end
   if ts.err then
-    return nil, ts.err
+    return nil, fail(E_STATE, ts.err)
   end
   return ts
 end
@@ -625,8 +635,8 @@ local function turn(qkey, S, W, h)
       return math.ceil(t)
     end
     local m = i < TURN_LOOKS and redis.call('ZRANGE', qkey, string.format('%d', i), string.format('%d', i), 'WITHSCORES')
-    local F = m and tonumber(m[2])
-    local u = m and tonumber(string.match(m[1] or '', '^(%d+) '))
+    local F = m and tonumber(m[2] or '')
+    local u = m and tonumber(string.match(m[1] or '', '^(%d+) ') or '')
     if not F or not u or F >= target or W - u <= 0 then
       return math.ceil(t + (target - V) * W / 1000000)
     end
@@ -924,7 +934,7 @@ for r = 1, k do
   end
   if gst.err then -- a read after load found the state foreign: it fails every request
     for i = 1, k do
-      ext[i] = gst.err
+      ext[i] = fail(E_STATE, gst.err)
     end
     return reply({}, k, ext)
   end
