@@ -135,6 +135,7 @@ type keyState struct {
 	// since ended it (or a later one), and ends the hold too
 	landed  atomic.Bool
 	resumed atomic.Int64 // the end of the latest pause whose resume moved the sleepers (server µs)
+	drift   atomic.Pointer[string] // the other process's head LimitsDrift was last told of
 	record  atomic.Int64 // when the record is next written (UnixNano)
 	// keep is until when something of this state matters (a local grant in its
 	// window, a grant StateLost compares with, an open breaker): UnixNano
@@ -149,7 +150,8 @@ type keyState struct {
 // configState is what the Limiters (or Semaphores) of one configuration (target and
 // failure policy) share on a key: the failure policy's share and the StateLost watch.
 type configState struct {
-	local *localLog // a Limiter's, under FailLocal
+	local *localLog  // a Limiter's, under FailLocal
+	caps  *localCaps // its tenants' caps, under FailLocal
 	sem   *localSem // a Semaphore's, under FailOpen and FailLocal
 	watch stateWatch
 }

@@ -528,10 +528,12 @@ end
 local k = nargv - 2
 
 -- The meta (internal/protocol): the head, then while they matter a pause "p <end>", an
--- override "o <end> <set> <r1> <b1> ...", the fair share's clock "f <V> <W> <tV> <Fmax>"
--- and operators' weights "w <end> <units> <len> <name>". parse_meta returns {head,
--- pause, over = {end, set, {{r, b}, ...}}, fair = {V, W, tV, Fmax}, weights = {[name] =
--- {end, units}}}, or nil for a text not ours.
+-- override "o <end> <set> <r1> <b1> ...", the fair share's clock "f <V> <W> <tV> <Fmax>",
+-- the head another process wrote that this one's replaced "d <at> <head>" (for
+-- DRIFT_SHOWN µs) and operators' weights "w <end> <units> <len> <name>". parse_meta
+-- returns {head, pause, over = {end, set, {{r, b}, ...}}, fair = {V, W, tV, Fmax}, drift
+-- = {at, head}, weights = {[name] = {end, units}}}, or nil for a text not ours.
+local DRIFT_SHOWN = 60000000
 local function parse_meta(text)
   local nl = string.find(text, '\n', 1, true)
   local m = {head = nl and string.sub(text, 1, nl - 1) or text, pause = 0, weights = {}}
@@ -571,6 +573,12 @@ local function parse_meta(text)
           return nil
         end
         m.fair = {V = V, W = W, tV = tV, Fmax = Fmax}
+      elseif kind == 'd' then
+        local at, head = string.match(line, '^d (%d+) (.+)$')
+        if not at then
+          return nil
+        end
+        m.drift = {tonumber(at), head}
       else
         return nil
       end
@@ -600,6 +608,9 @@ local function format_meta(m)
   local f = m.fair
   if f and f.W > 0 then
     parts[#parts + 1] = string.format('f %.17g %d %d %.17g', f.V, f.W, f.tV, f.Fmax)
+  end
+  if m.drift and m.drift[1] > now - 60000000 then
+    parts[#parts + 1] = string.format('d %d ', m.drift[1]) .. m.drift[2]
   end
   for name, w in pairs(m.weights) do
     if w[1] > now then
@@ -800,6 +811,7 @@ else
       gst, gfail = nil, fail(3, stored .. ' ' .. KEYS[1])
     else
       drift = meta.head ~= ARGV[1]
+      gst.drift_head = meta.head
     end
   end
 end
@@ -1316,6 +1328,9 @@ if f and f.W > 0 then -- the clock lives while tenants are queued: until V reach
   end
 end
 if changed or gst.dirty then
+  if drift then -- the head replaced: another process's, with other limits
+    meta.drift = {now, meta.head}
+  end
   meta.head = ARGV[1]
   local text = format_meta(meta)
   save(gst, KEYS[1], kept, text ~= gst.meta and text or nil, data <= 0)
@@ -1342,4 +1357,12 @@ end
 for _, text in ipairs(wakes) do
   redis.call('PUBLISH', (string.match(KEYS[1], '^(.*:)') or '') .. 'wake', text)
 end
-return reply(out, k, ext)
+reply(out, k, ext)
+if drift then -- the reply ends with the head found, its bytes then their count
+  local theirs = gst.drift_head
+  for i = 1, #theirs do
+    out[#out + 1] = string.byte(theirs, i)
+  end
+  out[#out + 1] = #theirs
+end
+return out
