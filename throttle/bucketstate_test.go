@@ -37,7 +37,7 @@ func TestTokenBucketStateForm(t *testing.T) {
 				t.Fatalf("internal/keys does not take the state as jobthrottle's: %v", err)
 			}
 		}
-		runSteps(t, tl, l, []step{{0, 2, Result{true, 0, 0, 6666667 * time.Microsecond}}}) // the second refills in 20/3s
+		runSteps(t, tl, l, []step{{0, 2, Result{true, 0, 0, 6666667 * time.Microsecond, false, false}}}) // the second refills in 20/3s
 		// 2 of 2 taken from the first (0 left), 2 of 3 from the second (1e7 ticks left)
 		state(fmt.Sprintf("%d 0 0 2 1000000 2 %d 10000000 3 10000000 3 %d", t0, t0, t0))
 		// at t0+100ms one permit is booked for t0+500ms, when the first has a token again
@@ -48,8 +48,8 @@ func TestTokenBucketStateForm(t *testing.T) {
 		now := t0 + 100_000
 		state(fmt.Sprintf("%d 0 -800000 2 1000000 2 %d 300000 3 10000000 3 %d", now, now+400_000, now+400_000))
 		runSteps(t, tl, l, []step{
-			{200 * ms, 1, Result{false, 0, 3133334 * time.Microsecond, 9800 * ms}}, // the second holds 6e5 of the 1e7 ticks of a token: (1e7-6e5)/3 µs
-			{1 * time.Second, 1, Result{false, 0, 2333334 * time.Microsecond, 9 * time.Second}},
+			{200 * ms, 1, Result{false, 0, 3133334 * time.Microsecond, 9800 * ms, false, false}}, // the second holds 6e5 of the 1e7 ticks of a token: (1e7-6e5)/3 µs
+			{1 * time.Second, 1, Result{false, 0, 2333334 * time.Microsecond, 9 * time.Second, false, false}},
 		})
 
 		for _, foreign := range []string{

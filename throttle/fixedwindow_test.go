@@ -36,21 +36,21 @@ func TestFixedWindowAlignedWindows(t *testing.T) {
 		tl := newTimeline(t, b)
 		l := tl.limiter("fw-second", PerSecond(3), WithAlgorithm(FixedWindow))
 		runSteps(t, tl, l, []step{
-			{0, 2, Result{true, 1, 0, time.Second}},              // t0: the window [t0, t0+1s) opens
-			{900 * ms, 1, Result{true, 0, 0, 100 * ms}},          // full; the window ends in 100ms
-			{950 * ms, 1, Result{false, 0, 50 * ms, 50 * ms}},    // wait until it ends, not a second
-			{999 * ms, 0, Result{true, 0, 0, 1 * ms}},            // n = 0 reads: still full
-			{1000 * ms, 3, Result{true, 0, 0, time.Second}},      // new window: 6 permits in 100ms
-			{1500 * ms, 1, Result{false, 0, 500 * ms, 500 * ms}}, // full again until t0+2s
-			{3200 * ms, 1, Result{true, 2, 0, 800 * ms}},         // idle windows leave nothing
+			{0, 2, Result{true, 1, 0, time.Second, false, false}},              // t0: the window [t0, t0+1s) opens
+			{900 * ms, 1, Result{true, 0, 0, 100 * ms, false, false}},          // full; the window ends in 100ms
+			{950 * ms, 1, Result{false, 0, 50 * ms, 50 * ms, false, false}},    // wait until it ends, not a second
+			{999 * ms, 0, Result{true, 0, 0, 1 * ms, false, false}},            // n = 0 reads: still full
+			{1000 * ms, 3, Result{true, 0, 0, time.Second, false, false}},      // new window: 6 permits in 100ms
+			{1500 * ms, 1, Result{false, 0, 500 * ms, 500 * ms, false, false}}, // full again until t0+2s
+			{3200 * ms, 1, Result{true, 2, 0, 800 * ms, false, false}},         // idle windows leave nothing
 		})
 
 		l = tl.limiter("fw-minute", PerMinute(2), WithAlgorithm(FixedWindow))
 		tl.at(0)
 		runSteps(t, tl, l, []step{
-			{0, 2, Result{true, 0, 0, 55 * time.Second}},                                // the minute ends at 03:05:00
-			{10 * time.Second, 1, Result{false, 0, 45 * time.Second, 45 * time.Second}}, // not 60s after t0
-			{55 * time.Second, 2, Result{true, 0, 0, time.Minute}},                      // the next minute has both
+			{0, 2, Result{true, 0, 0, 55 * time.Second, false, false}},                                // the minute ends at 03:05:00
+			{10 * time.Second, 1, Result{false, 0, 45 * time.Second, 45 * time.Second, false, false}}, // not 60s after t0
+			{55 * time.Second, 2, Result{true, 0, 0, time.Minute, false, false}},                      // the next minute has both
 		})
 	})
 }
@@ -63,11 +63,11 @@ func TestFixedWindowSeveralLimits(t *testing.T) {
 		l := tl.limiter("fw-multi", Limit{Rate: 2, Period: 200 * ms}, WithAlgorithm(FixedWindow),
 			WithLimits(PerSecond(3)))
 		runSteps(t, tl, l, []step{
-			{0, 2, Result{true, 0, 0, time.Second}},             // 200ms window full, 1 left this second
-			{100 * ms, 1, Result{false, 0, 100 * ms, 900 * ms}}, // the 200ms window ends at t0+200ms
-			{200 * ms, 1, Result{true, 0, 0, 800 * ms}},         // next 200ms window; the second is full
-			{400 * ms, 1, Result{false, 0, 600 * ms, 600 * ms}}, // 200ms window has room, the second not
-			{1000 * ms, 2, Result{true, 0, 0, time.Second}},     // both windows new
+			{0, 2, Result{true, 0, 0, time.Second, false, false}},             // 200ms window full, 1 left this second
+			{100 * ms, 1, Result{false, 0, 100 * ms, 900 * ms, false, false}}, // the 200ms window ends at t0+200ms
+			{200 * ms, 1, Result{true, 0, 0, 800 * ms, false, false}},         // next 200ms window; the second is full
+			{400 * ms, 1, Result{false, 0, 600 * ms, 600 * ms, false, false}}, // 200ms window has room, the second not
+			{1000 * ms, 2, Result{true, 0, 0, time.Second, false, false}},     // both windows new
 		})
 	})
 }

@@ -17,10 +17,10 @@ func TestTokenBucketSeedExample(t *testing.T) {
 		tl := newTimeline(t, b)
 		l := tl.limiter("seed", Limit{Rate: 10, Period: time.Minute, Burst: 10}, WithAlgorithm(TokenBucket))
 		runSteps(t, tl, l, []step{
-			{0, 5, Result{true, 5, 0, 30 * time.Second}},
-			{0, 5, Result{true, 0, 0, 60 * time.Second}},
-			{0, 5, Result{false, 0, 30 * time.Second, 60 * time.Second}}, // 5 tokens take 30s to come
-			{30 * time.Second, 5, Result{true, 0, 0, 60 * time.Second}},
+			{0, 5, Result{true, 5, 0, 30 * time.Second, false, false}},
+			{0, 5, Result{true, 0, 0, 60 * time.Second, false, false}},
+			{0, 5, Result{false, 0, 30 * time.Second, 60 * time.Second, false, false}}, // 5 tokens take 30s to come
+			{30 * time.Second, 5, Result{true, 0, 0, 60 * time.Second, false, false}},
 		})
 	})
 }

@@ -260,6 +260,7 @@ func (g grant) result() Result {
 	r := Result{Allowed: g.granted, Remaining: g.remaining, ResetAfter: g.reset}
 	if !g.granted {
 		r.RetryAfter = g.wait
+		r.ByCap, r.Turn = g.flags&protocol.FlagCap != 0, g.flags&protocol.FlagTurn != 0
 	}
 	return r
 }

@@ -42,7 +42,7 @@ func TestReserveBooksInArrivalOrder(t *testing.T) {
 				if alg == SlidingCounter {
 					ahead = 100 * ms // a permit holds its place up to one bucket longer
 				}
-				runSteps(t, tl, l, []step{{0, 2, Result{true, 0, 0, time.Second + ahead}}})
+				runSteps(t, tl, l, []step{{0, 2, Result{true, 0, 0, time.Second + ahead, false, false}}})
 				wantBooking(t, reserve(t, l, 1, 5*time.Second), true, time.Second+ahead)
 				wantBooking(t, reserve(t, l, 1, 5*time.Second), true, time.Second+ahead)
 				wantBooking(t, reserve(t, l, 1, time.Second), false, 2*time.Second+2*ahead)
@@ -64,7 +64,7 @@ func TestReserveBooksInArrivalOrder(t *testing.T) {
 		redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 			tl := newTimeline(t, b)
 			l := tl.limiter("fifo", Limit{Rate: 2, Period: time.Second, Burst: 2}, WithAlgorithm(TokenBucket))
-			runSteps(t, tl, l, []step{{0, 2, Result{true, 0, 0, time.Second}}})
+			runSteps(t, tl, l, []step{{0, 2, Result{true, 0, 0, time.Second, false, false}}})
 			wantBooking(t, reserve(t, l, 1, 5*time.Second), true, 500*ms)
 			wantBooking(t, reserve(t, l, 1, 5*time.Second), true, time.Second)
 			wantBooking(t, reserve(t, l, 1, time.Second), false, 1500*ms)
@@ -88,7 +88,7 @@ func TestCancelAfterEffectIsNoOp(t *testing.T) {
 	eachAlgorithm(t, redistest.Each, func(t *testing.T, alg Algorithm, b *redistest.Backend) {
 		tl := newTimeline(t, b)
 		l := tl.limiter("late", PerSecond(1), WithAlgorithm(alg), WithBuckets(10))
-		runSteps(t, tl, l, []step{{0, 1, Result{true, 0, 0, l.fullReset()}}})
+		runSteps(t, tl, l, []step{{0, 1, Result{true, 0, 0, l.fullReset(), false, false}}})
 		r := reserve(t, l, 1, 5*time.Second)
 		if !r.OK() || r.Delay() <= 0 {
 			t.Fatalf("booking: OK %v Delay %v", r.OK(), r.Delay())

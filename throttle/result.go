@@ -23,4 +23,10 @@ type Result struct {
 	// ResetAfter is the time until the limiter is back to full capacity: every permit
 	// granted so far has left its window (or, for the token bucket, the bucket is full).
 	ResetAfter time.Duration
+
+	// On a tenant's handle (Limiter.Tenant), when Allowed is false: ByCap reports that
+	// the tenant's own caps (WithTenantLimits) denied it, and Turn that its fair turn
+	// has not come (the limiter's limits may have room); neither, that the limiter's
+	// limits denied it. RetryAfter is then when asking again can succeed.
+	ByCap, Turn bool
 }

@@ -27,13 +27,13 @@ func TestSlidingCounterHoldsAPermitToItsBucketsEnd(t *testing.T) {
 		tl := newTimeline(t, b)
 		l := tl.limiter("sc", PerSecond(2), WithAlgorithm(SlidingCounter), WithBuckets(4))
 		runSteps(t, tl, l, []step{
-			{100 * ms, 1, Result{true, 1, 0, 1150 * ms}},          // counted at t0+250ms, until t0+1250ms
-			{300 * ms, 1, Result{true, 0, 0, 1200 * ms}},          // counted at t0+500ms, until t0+1500ms
-			{400 * ms, 1, Result{false, 0, 850 * ms, 1100 * ms}},  // the first leaves at t0+1250ms
-			{1100 * ms, 1, Result{false, 0, 150 * ms, 400 * ms}},  // a sliding window would grant here
-			{1249 * ms, 0, Result{true, 0, 0, 251 * ms}},          // n = 0 reads: still full
-			{1250 * ms, 1, Result{true, 0, 0, 1250 * ms}},         // counted at t0+1500ms, until t0+2500ms
-			{1400 * ms, 1, Result{false, 0, 100 * ms, 1100 * ms}}, // the second leaves at t0+1500ms
+			{100 * ms, 1, Result{true, 1, 0, 1150 * ms, false, false}},          // counted at t0+250ms, until t0+1250ms
+			{300 * ms, 1, Result{true, 0, 0, 1200 * ms, false, false}},          // counted at t0+500ms, until t0+1500ms
+			{400 * ms, 1, Result{false, 0, 850 * ms, 1100 * ms, false, false}},  // the first leaves at t0+1250ms
+			{1100 * ms, 1, Result{false, 0, 150 * ms, 400 * ms, false, false}},  // a sliding window would grant here
+			{1249 * ms, 0, Result{true, 0, 0, 251 * ms, false, false}},          // n = 0 reads: still full
+			{1250 * ms, 1, Result{true, 0, 0, 1250 * ms, false, false}},         // counted at t0+1500ms, until t0+2500ms
+			{1400 * ms, 1, Result{false, 0, 100 * ms, 1100 * ms, false, false}}, // the second leaves at t0+1500ms
 		})
 	})
 }
@@ -47,7 +47,7 @@ func TestSlidingCounterOneEntryPerBucket(t *testing.T) {
 		for i := range 100 { // 100 grants over 700ms: buckets 0, 1 and 2
 			at := time.Duration(i) * 7 * ms
 			end := (at/(250*ms) + 1) * 250 * ms // the end of at's bucket
-			runSteps(t, tl, l, []step{{at, 1, Result{true, 999 - i, 0, end + time.Second - at}}})
+			runSteps(t, tl, l, []step{{at, 1, Result{true, 999 - i, 0, end + time.Second - at, false, false}}})
 		}
 		// list [base, B1, S1, B2, S2, B3, S3]
 		key := "{" + b.Prefix + "sc-mem}:sc"

@@ -12,10 +12,10 @@ func TestSlidingWindowSeedExample(t *testing.T) {
 		tl := newTimeline(t, b)
 		l := tl.limiter("seed", PerSecond(5))
 		runSteps(t, tl, l, []step{
-			{0, 1, Result{true, 4, 0, 1000 * ms}},               // t0: take 1
-			{100 * ms, 2, Result{true, 2, 0, 1000 * ms}},        // take 2
-			{200 * ms, 3, Result{false, 2, 800 * ms, 900 * ms}}, // 3 fit when t0's permit leaves
-			{1100 * ms, 1, Result{true, 4, 0, 1000 * ms}},       // t0 and t0+100 have left
+			{0, 1, Result{true, 4, 0, 1000 * ms, false, false}},               // t0: take 1
+			{100 * ms, 2, Result{true, 2, 0, 1000 * ms, false, false}},        // take 2
+			{200 * ms, 3, Result{false, 2, 800 * ms, 900 * ms, false, false}}, // 3 fit when t0's permit leaves
+			{1100 * ms, 1, Result{true, 4, 0, 1000 * ms, false, false}},       // t0 and t0+100 have left
 		})
 	})
 }
@@ -27,12 +27,12 @@ func TestSlidingWindowWaitsForEnoughPermits(t *testing.T) {
 		tl := newTimeline(t, b)
 		l := tl.limiter("enough", PerSecond(5))
 		runSteps(t, tl, l, []step{
-			{0, 1, Result{true, 4, 0, 1000 * ms}},
-			{100 * ms, 1, Result{true, 3, 0, 1000 * ms}},
-			{200 * ms, 1, Result{true, 2, 0, 1000 * ms}},
-			{300 * ms, 2, Result{true, 0, 0, 1000 * ms}},
-			{400 * ms, 3, Result{false, 0, 800 * ms, 900 * ms}},
-			{1200 * ms, 3, Result{true, 0, 0, 1000 * ms}}, // first try after the wait
+			{0, 1, Result{true, 4, 0, 1000 * ms, false, false}},
+			{100 * ms, 1, Result{true, 3, 0, 1000 * ms, false, false}},
+			{200 * ms, 1, Result{true, 2, 0, 1000 * ms, false, false}},
+			{300 * ms, 2, Result{true, 0, 0, 1000 * ms, false, false}},
+			{400 * ms, 3, Result{false, 0, 800 * ms, 900 * ms, false, false}},
+			{1200 * ms, 3, Result{true, 0, 0, 1000 * ms, false, false}}, // first try after the wait
 		})
 	})
 }

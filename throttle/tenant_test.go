@@ -1,0 +1,299 @@
+package throttle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+)
+
+// A tenant's request takes from the limiter's limits and the tenant's caps at once, or
+// from neither; a denial says which denied it: the caps, the fair turn (a tenant's
+// requests are paced at its share of the rate, a horizon's worth ahead at most), or the
+// limiter's limits.
+func TestTenantTakesFromLimitsAndCapsAtOnce(t *testing.T) {
+	eachAlgorithm(t, redistest.Each, func(t *testing.T, alg Algorithm, b *redistest.Backend) {
+		ctx := context.Background()
+		tl := newTimeline(t, b)
+		l := tl.limiter("tenants", PerSecond(10), WithAlgorithm(alg), WithTenantLimits(PerSecond(2)))
+		a, c, d := l.Tenant("a"), l.Tenant("c"), l.Tenant("d")
+		for i := 0; i < 2; i++ {
+			if r, err := a.Allow(ctx); err != nil || !r.Allowed {
+				t.Fatalf("a's Allow %d: %+v %v, want granted", i, r, err)
+			}
+		}
+		if r, err := a.Allow(ctx); err != nil || r.Allowed || !r.ByCap || r.Turn {
+			t.Fatalf("a's 3rd Allow: %+v %v, want denied by its cap", r, err)
+		}
+		// the fair turn: 10/s is a permit per 100ms, and a tenant books 250ms ahead at most
+		big := tl.limiter("paced", PerSecond(10), WithAlgorithm(alg))
+		for i := 0; i < 3; i++ {
+			if r, err := big.Tenant("e").Allow(ctx); err != nil || !r.Allowed {
+				t.Fatalf("e's Allow %d: %+v %v, want granted", i, r, err)
+			}
+		}
+		if r, err := big.Tenant("e").Allow(ctx); err != nil || r.Allowed || r.ByCap || !r.Turn || r.RetryAfter != 50*ms {
+			t.Fatalf("e's 4th Allow: %+v %v, want its turn in 50ms", r, err)
+		}
+		if r, err := l.AllowN(ctx, 7); err != nil || !r.Allowed { // the limiter's own: 9 of 10
+			t.Fatalf("AllowN(7): %+v %v", r, err)
+		}
+		if r, err := c.Allow(ctx); err != nil || !r.Allowed {
+			t.Fatalf("c's Allow: %+v %v, want granted (the limiter's 10th)", r, err)
+		}
+		r, err := d.Allow(ctx) // the limiter is full, d's cap is not
+		if err != nil || r.Allowed || r.ByCap || r.Turn || r.RetryAfter <= 0 {
+			t.Fatalf("d's Allow: %+v %v, want denied by the limiter's limit", r, err)
+		}
+		st, err := d.Inspect(ctx) // the denied request took nothing from d's cap
+		if err != nil || st.Tenant == nil || len(st.Tenant.Caps) != 1 || st.Tenant.Caps[0].Used != 0 {
+			t.Fatalf("d's Inspect: %+v %v, want none of its cap used", st.Tenant, err)
+		}
+		if st.Limits[0].Used != 10 {
+			t.Fatalf("the limiter's use %d, want 10", st.Limits[0].Used)
+		}
+	})
+}
+
+// Bad names and weights are refused before any call, with typed errors; Tenant of a
+// tenant's handle is the limiter's tenant of that name.
+func TestTenantChecksItsNameAndWeight(t *testing.T) {
+	b := redistest.NewMini(t)
+	ctx := context.Background()
+	l, err := New(b.Client, "names", PerSecond(5), WithKeyPrefix(b.Prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"", strings.Repeat("x", 257)} {
+		if _, err := l.Tenant(name).Allow(ctx); !errors.Is(err, ErrInvalidKey) {
+			t.Errorf("Tenant(%d bytes).Allow: %v, want ErrInvalidKey", len(name), err)
+		}
+		if err := l.Tenant(name).Wait(ctx); !errors.Is(err, ErrInvalidKey) {
+			t.Errorf("Tenant(%d bytes).Wait: %v, want ErrInvalidKey", len(name), err)
+		}
+	}
+	for _, w := range []float64{0, -1, 1e7, 1e-9} {
+		if _, err := l.Tenant("a", Weight(w)).Allow(ctx); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("Weight(%v): %v, want ErrInvalidArgument", w, err)
+		}
+	}
+	for _, name := range []string{"a b", "t:x}:l", "\n", strings.Repeat("y", 256)} { // any bytes
+		if r, err := l.Tenant(name).Allow(ctx); err != nil || !r.Allowed {
+			t.Errorf("Tenant(%q).Allow: %+v %v, want granted", name, r, err)
+		}
+	}
+	if got := l.Tenant("a").Tenant("b"); got.tenant.name != "b" || got.t != l.t {
+		t.Errorf("Tenant of a tenant's handle: %+v", got.tenant)
+	}
+	if err := l.OverrideWeight(ctx, time.Minute, 2); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("OverrideWeight on the limiter's own handle: %v, want ErrInvalidArgument", err)
+	}
+}
+
+// tenantWaiter is a waiter of a tenant on the fake timeline: it asks when its time comes,
+// keeping its ticket while its turn has not come, and asks again when its permit takes
+// effect.
+type tenantWaiter struct {
+	l      *Limiter
+	next   time.Time
+	ticket int64
+}
+
+// runHolders steps the timeline every step for d, each holder asking when its time
+// comes, and returns the permits each tenant got that took effect within [from, d).
+func runHolders(t *testing.T, tl *timeline, hs []*tenantWaiter, from, d, step time.Duration) map[string]int {
+	t.Helper()
+	ctx := context.Background()
+	got := map[string]int{}
+	for at := time.Duration(0); at < d; at += step {
+		tl.at(at)
+		for _, h := range hs {
+			if tl.now.Before(h.next) {
+				continue
+			}
+			g, err := h.l.acquire(ctx, 1, time.Hour, nil, h.ticket, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if g.granted {
+				if token := time.UnixMicro(g.token); !token.Before(redistest.Epoch.Add(from)) && token.Before(redistest.Epoch.Add(d)) {
+					got[h.l.tenant.name]++
+				}
+				h.next, h.ticket = time.UnixMicro(g.token), 0
+			} else {
+				h.next, h.ticket = tl.now.Add(g.wait), g.ticket
+			}
+		}
+	}
+	return got
+}
+
+// Two backlogged tenants of weights 3 and 1, each with waiters in two processes (a
+// client each), share the limit 3:1; with a third tenant of weight 1 joining, 3:1:1. On
+// the fake timeline, every algorithm, every backend.
+func TestTenantWeightsShareTheLimit(t *testing.T) {
+	eachAlgorithm(t, redistest.Each, func(t *testing.T, alg Algorithm, b *redistest.Backend) {
+		tl := newTimeline(t, b)
+		var procs []*Limiter
+		for p := 0; p < 2; p++ {
+			procs = append(procs, tl.limiter("weights", PerSecond(40), WithAlgorithm(alg)))
+		}
+		var hs []*tenantWaiter
+		for _, w := range []struct {
+			name   string
+			weight float64
+		}{{"heavy", 3}, {"light", 1}} {
+			for i := 0; i < 8; i++ {
+				hs = append(hs, &tenantWaiter{l: procs[i%2].Tenant(w.name, Weight(w.weight))})
+			}
+		}
+		got := runHolders(t, tl, hs, 2*time.Second, 12*time.Second, 5*ms)
+		ratio := float64(got["heavy"]) / float64(got["light"])
+		redistest.Figure(t, "%v %s: weights 3 and 1 got %d and %d permits in 10s at 40/s: %.3f", alg, b.Kind, got["heavy"], got["light"], ratio)
+		if ratio < 2.8 || ratio > 3.2 || got["heavy"]+got["light"] < 380 {
+			t.Fatalf("heavy %d, light %d: ratio %.3f, want about 3 and the limit used", got["heavy"], got["light"], ratio)
+		}
+	})
+}
+
+// A tenant whose first request comes while another has a deep backlog is granted a
+// permit within the tenants' horizon, not behind the backlog; the backlogged tenant
+// books no further ahead than the horizon.
+func TestTenantNewcomerIsNotBehindABacklog(t *testing.T) {
+	eachAlgorithm(t, redistest.Each, func(t *testing.T, alg Algorithm, b *redistest.Backend) {
+		ctx := context.Background()
+		tl := newTimeline(t, b)
+		l := tl.limiter("newcomer", PerSecond(20), WithAlgorithm(alg))
+		var hs []*tenantWaiter
+		for i := 0; i < 64; i++ {
+			hs = append(hs, &tenantWaiter{l: l.Tenant("noisy")})
+		}
+		runHolders(t, tl, hs, 0, 2*time.Second, 5*ms)
+		st, err := l.Inspect(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		horizon := 250 * ms
+		if st.BookedAhead > horizon {
+			t.Fatalf("the noisy tenant booked %v ahead, beyond the horizon %v", st.BookedAhead, horizon)
+		}
+		g, err := l.Tenant("quiet").acquire(ctx, 1, time.Hour, nil, 0, true)
+		if err != nil || !g.granted || g.wait > horizon+50*ms {
+			t.Fatalf("the quiet tenant's first request: %+v %v, want granted within %v", g, err, horizon)
+		}
+	})
+}
+
+// Inspect on a tenant's handle gives its caps and its place; on the limiter's, the
+// tenants with the most queued, most first.
+func TestTenantInspect(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		tl := newTimeline(t, b)
+		l := tl.limiter("inspect-tenants", PerSecond(10), WithTenantLimits(PerSecond(5)))
+		var hs []*tenantWaiter
+		for i, name := range []string{"a", "a", "a", "a", "a", "a", "b", "b"} {
+			_ = i
+			hs = append(hs, &tenantWaiter{l: l.Tenant(name, Weight(2))})
+		}
+		runHolders(t, tl, hs, 0, 100*ms, 5*ms)
+		st, err := l.Inspect(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(st.Tenants) != 2 || st.Tenants[0].Name != "a" || st.Tenants[1].Name != "b" ||
+			st.Tenants[0].Weight != 2 || st.Tenants[0].Queued < st.Tenants[1].Queued || st.Tenants[1].Queued <= 0 {
+			t.Fatalf("the limiter's Tenants: %+v, want a then b, queued", st.Tenants)
+		}
+		ta, err := l.Tenant("a", Weight(2)).Inspect(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ta.Tenant == nil || ta.Tenant.Name != "a" || ta.Tenant.Queued != st.Tenants[0].Queued ||
+			len(ta.Tenant.Caps) != 1 || ta.Tenant.Caps[0].Capacity != 5 || ta.Tenant.Caps[0].Used < 1 {
+			t.Fatalf("a's Inspect: %+v, want its place and its cap", ta.Tenant)
+		}
+		if len(ta.Tenants) != 0 {
+			t.Fatalf("a tenant's Inspect lists tenants: %+v", ta.Tenants)
+		}
+	})
+}
+
+// An operator's weight for a tenant applies in every process until it ends or is
+// cleared: a tenant whose callers say 1 gets the share of 3 meanwhile.
+func TestOverrideWeight(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		tl := newTimeline(t, b)
+		l := tl.limiter("override-weight", PerSecond(40))
+		var hs []*tenantWaiter
+		for i := 0; i < 8; i++ {
+			hs = append(hs, &tenantWaiter{l: l.Tenant("x")}, &tenantWaiter{l: l.Tenant("y")})
+		}
+		if err := l.Tenant("x").OverrideWeight(ctx, time.Hour, 3); err != nil {
+			t.Fatal(err)
+		}
+		got := runHolders(t, tl, hs, time.Second, 6*time.Second, 5*ms)
+		if ratio := float64(got["x"]) / float64(got["y"]); ratio < 2.7 || ratio > 3.3 {
+			t.Fatalf("with x's weight set to 3: x %d, y %d (%.2f), want about 3:1", got["x"], got["y"], ratio)
+		}
+		if err := l.Tenant("x").ClearWeight(ctx); err != nil {
+			t.Fatal(err)
+		}
+		got = runHolders(t, tl, hs, 8*time.Second, 13*time.Second, 5*ms)
+		if ratio := float64(got["x"]) / float64(got["y"]); ratio < 0.85 || ratio > 1.15 {
+			t.Fatalf("after ClearWeight: x %d, y %d (%.2f), want about 1:1", got["x"], got["y"], ratio)
+		}
+	})
+}
+
+// A tenant's state (its caps, its place in the queue) goes with its TTL once idle:
+// nothing is left behind.
+func TestTenantStateExpires(t *testing.T) {
+	b := redistest.NewMini(t)
+	ctx := context.Background()
+	tl := newTimeline(t, b)
+	l := tl.limiter("expires", PerSecond(10), WithTenantLimits(PerSecond(2)))
+	var hs []*tenantWaiter
+	for i := 0; i < 20; i++ {
+		hs = append(hs, &tenantWaiter{l: l.Tenant(fmt.Sprintf("t%d", i%5))})
+	}
+	runHolders(t, tl, hs, 0, time.Second, 5*ms)
+	if n := keysUnder(t, b); n < 6 {
+		t.Fatalf("%d keys while tenants are busy, want the limiter's, the queue and the tenants'", n)
+	}
+	if _, err := l.Inspect(ctx); err != nil {
+		t.Fatal(err)
+	}
+	tl.at(time.Minute)
+	if n := keysUnder(t, b); n != 0 {
+		t.Fatalf("%d keys left a minute after the last request: %v", n, scanKeys(t, b))
+	}
+}
+
+// Under FailLocal, each process keeps to its share of the limits and of every tenant's
+// caps, at once.
+func TestFailLocalKeepsTenantsCaps(t *testing.T) {
+	ctx := context.Background()
+	l, err := New(downClient(t), "local-caps", PerSecond(10), WithTenantLimits(PerSecond(4)),
+		WithFailurePolicy(FailLocal(2)), WithCallTimeout(50*ms))
+	if err != nil {
+		t.Fatal(err)
+	}
+	granted := map[string]int{}
+	for _, name := range []string{"a", "a", "a", "a", "b", "b", "b", "c", "c"} {
+		if r, err := l.Tenant(name).Allow(ctx); err != nil {
+			t.Fatal(err)
+		} else if r.Allowed {
+			granted[name]++
+		}
+	}
+	// shares: the limits 10/2 = 5, each tenant's caps 4/2 = 2
+	if granted["a"] != 2 || granted["b"] != 2 || granted["c"] != 1 {
+		t.Fatalf("granted %v, want a 2 and b 2 (their caps' share), c 1 (the limits' share of 5)", granted)
+	}
+}
