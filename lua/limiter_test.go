@@ -1,0 +1,162 @@
+package lua
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/jobthrottle/jobthrottle/internal/keys"
+	"github.com/jobthrottle/jobthrottle/internal/protocol"
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+)
+
+// The arguments a call's requests share (the group's head, the caps' head, the number of
+// requests) fail the call as a whole with JTARG, before anything is written; good ones
+// work.
+func TestCallArgumentErrors(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		for _, a := range allAlgos {
+			tag := tagOf(b, a.tag)
+			newClock(t, b, tag)
+			good := a.head([]limit{{5, sec, 5}})
+			other := map[bool]string{true: "sw 5 1000000", false: "tb 5 1000000 5"}[a.burst]
+			heads := map[string]string{
+				"empty":           "",
+				"unknown tag":     "xx 5 1000000",
+				"another's tag":   other,
+				"no limits":       a.tag,
+				"rate 0":          strings.Replace(good, " 5 ", " 0 ", 1),
+				"rate 1e9+1":      strings.Replace(good, " 5 ", " 1000000001 ", 1),
+				"rate fraction":   strings.Replace(good, " 5 ", " 1.5 ", 1),
+				"rate negative":   strings.Replace(good, " 5 ", " -5 ", 1),
+				"period 0":        strings.Replace(good, " 1000000", " 0", 1),
+				"period 2^45+1":   strings.Replace(good, " 1000000", " 35184372088833", 1),
+				"a number short":  good[:strings.LastIndexByte(good, ' ')],
+				"a number more":   good + " 7",
+				"17 limits":       good + strings.Repeat(good[strings.Index(good, " 5 "):], 16),
+				"period 20 digit": strings.Replace(good, " 1000000", " 99999999999999999999", 1),
+			}
+			if a.burst {
+				heads["burst 0"] = "tb 5 1000000 0"
+				heads["burst x period above 2^50"] = "tb 5 1125899906842624 2"
+			}
+			if a == slidingCounter {
+				heads["buckets 0"] = "sc 0 5 1000000"
+				heads["buckets 10001"] = "sc 10001 5 1000000"
+				heads["no buckets"] = "sc 5 1000000"
+			}
+			one := []any{"a 1 0"}
+			cases := map[string][]any{
+				"no arguments":          {},
+				"no requests":           {good, ""},
+				"head only":             {good},
+				"1001 requests":         append([]any{good, ""}, manyOf("a 1 0", 1001)...),
+				"caps of another's tag": append([]any{good, other}, one...),
+				"caps malformed":        append([]any{good, a.tag + " 0 1"}, one...),
+				"caps of no limits":     append([]any{good, a.tag}, one...),
+			}
+			for name, h := range heads {
+				cases["head "+name] = append([]any{h, ""}, one...)
+				if h != "" {
+					cases["caps "+name] = append([]any{good, h}, one...)
+				}
+			}
+			if a.tag == keys.SlidingWindow { // the log script serves both of its tags, not mixed
+				cases["caps of the counter"] = append([]any{good, "sc 10 5 1000000"}, one...)
+			}
+			state := []string{tag + ":" + keys.State}
+			for name, args := range cases {
+				err := script(b, a.name).Run(ctx, b.Client, state, args...).Err()
+				if err == nil || !strings.Contains(err.Error(), "JTARG") {
+					t.Errorf("%s, %s: %v, want a JTARG error", a.tag, name, err)
+				}
+				if n := b.Client.Exists(ctx, state...).Val(); n != 0 {
+					t.Fatalf("%s, %s: the state was written", a.tag, name)
+				}
+			}
+			args := append([]any{good, ""}, manyOf("a 0 0", protocol.MaxRequests)...)
+			if err := script(b, a.name).Run(ctx, b.Client, state, args...).Err(); err != nil {
+				t.Errorf("%s: %d requests: %v", a.tag, protocol.MaxRequests, err)
+			}
+			if err := script(b, a.name).Run(ctx, b.Client, state, good, a.head([]limit{{2, sec, 2}}), "a 1 0").Err(); err != nil {
+				t.Errorf("%s: with caps: %v", a.tag, err)
+			}
+		}
+	})
+}
+
+func manyOf(text string, n int) []any {
+	out := make([]any, n)
+	for i := range out {
+		out[i] = text
+	}
+	return out
+}
+
+// A request's bad text fails that request only, with ErrArg (its text, for people,
+// starting JTARG), and writes nothing: the call's other requests are decided and leave
+// what they would alone. KEYS[2..4] are a booking, the fair share's queue and a tenant's
+// state; a key option must name a key of its kind.
+func TestRequestArgumentErrors(t *testing.T) {
+	long := strings.Repeat("n", protocol.MaxTenant+1)
+	bad := []string{
+		"", " ", "z", "A 1 0", "a", "a 1", "a -1 0", "a 1 -1", "a x 0", "a 1.0 0", "a 1 1e3", "a 0x1 0",
+		"a 1000000001 0", "a 1 9007199254740992", "a 99999999999999999999 0", "a 1 0 5",
+		"a 1 0 l5", "a 1 0 b1", "a 1 0 b5", "a 1 0 b0", "a 1 0 bx", "a 1 0 b", "a 1 0 b2 lx", "a 1 0 b2 l-1",
+		"a 1 0 z1", "a 1 0 h1", "a 1 0 t", "a 1 0 q3 t" + long, "a 1 0 tacme", "a 1 0 q3", "a 1 0 w5",
+		"a 1 0 k5", "a 1 0 h", "a 1 0 q3 w0 tacme", "a 1 0 q3 w1000000000001 tacme", "a 1 0 q3 kx tacme",
+		"a 1 0 q3 k9007199254740992 tacme", "a 1 0 c4 q3 tacme",
+		"a 1 0 b3", "a 1 0 q2 tacme", "a 1 0 q4 tacme", // a key of another kind
+		"c 1", "c 1 x", "c x 1", "c 1 1 l5", "c 1 1 c4", "c 1 1 b3",
+		"i 1", "i x", "i b", "i c4", "i q2",
+		"p", "p 0", "p 35184372088833", "p 5 6", "p x",
+		"r 5", "x 5", "r b", "x k1",
+		"o", "o 5", "o 5 1", "o 5 0 0", "o 5 1 1000000001", "o 5 1 1 1 1", "o 35184372088833 1 1", "o x 1 1",
+		"o 5 1 1 1",
+		"W 5 1000000 q3", "W 5 0 q3 tacme", "W x 1 q3 tacme", "W 5 1000000 tacme", "W 5", "W 35184372088833 1 q3 tacme",
+	}
+	withCaps := []string{"a 1 0 q3 tacme", "c 1 1 q3 tacme", "a 1 0 c2 q3 tacme", "a 1 0 c3 q3 tacme"}
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		for _, a := range allAlgos {
+			for _, caps := range []bool{false, true} {
+				c := call{a: a, limits: []limit{{5, sec, 5}}}
+				cases := bad
+				if caps {
+					c.caps = []limit{{2, sec, 2}}
+					cases = append(withCaps, "a 1 0 q3 tacme c2")
+				}
+				ref := tagOf(b, fmt.Sprintf("%s%vref", a.tag, caps))
+				tag := tagOf(b, fmt.Sprintf("%s%v", a.tag, caps))
+				newClock(t, b, ref, tag)
+				extra := func(tag string) []string {
+					return []string{tag + ":bk:t", tag + ":" + keys.FairQueue, tag + ":" + keys.Tenant + "acme"}
+				}
+				all := func(tag string) []string { return append([]string{tag + ":" + keys.State}, extra(tag)...) }
+				c.raw(t, b, ref, extra(ref), "a 1 0")
+				want := snapshot(t, b.Client, all(ref)...)
+				for _, text := range cases {
+					out := c.raw(t, b, tag, extra(tag), text, "a 1 0")
+					if out[0].code() != protocol.ErrArg || !strings.HasPrefix(out[0].err, "JTARG ") {
+						t.Errorf("%s, caps %v, %q: %v, want an ErrArg error", a.tag, caps, text, out[0])
+					}
+					if out[1].v[0] != 1 || out[1].v[1] != 4 {
+						t.Errorf("%s, caps %v, %q: the good request got %v", a.tag, caps, text, out[1])
+					}
+					got := snapshot(t, b.Client, all(tag)...)
+					for i, k := range all(tag) {
+						g, w := strings.ReplaceAll(got[k], tag, ref), want[all(ref)[i]]
+						if b.Real() { // the fake clock stretches TTLs
+							g, w = g[:strings.LastIndex(g, " ttl ")], w[:strings.LastIndex(w, " ttl ")]
+						}
+						if g != w {
+							t.Errorf("%s, caps %v, %q: %s holds %s, want %s", a.tag, caps, text, k, g, w)
+						}
+					}
+					b.Client.Del(context.Background(), all(tag)...)
+				}
+			}
+		}
+	})
+}
