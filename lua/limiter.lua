@@ -153,7 +153,7 @@ end
 
 -- @cold: the request loop, for every call the fast path did not decide.
 
-local given, param, tag = parse_head(ARGV[1])
+local given, param, tag = parse_head(ARGV[1] or '')
 if not given or nargv < 3 or nargv > 2 + MAX_REQUESTS then
   return redis.error_reply('JTARG head or request count')
 end
