@@ -103,7 +103,7 @@ func TestRequestArgumentErrors(t *testing.T) {
 	long := strings.Repeat("n", protocol.MaxTenant+1)
 	bad := []string{
 		"", " ", "z", "A 1 0", "a", "a 1", "a -1 0", "a 1 -1", "a x 0", "a 1.0 0", "a 1 1e3", "a 0x1 0",
-		"a 1000000001 0", "a 1 9007199254740992", "a 99999999999999999999 0", "a 1 0 5",
+		"a 1000000001 0", "a 1 9007199254740992", "a 99999999999999999999 0", "a 1 99999999999999999999", "a 1 0 5",
 		"a 1 0 l5", "a 1 0 b1", "a 1 0 b5", "a 1 0 b0", "a 1 0 bx", "a 1 0 b", "a 1 0 b2 lx", "a 1 0 b2 l-1",
 		"a 1 0 z1", "a 1 0 h1", "a 1 0 t", "a 1 0 q3 t" + long, "a 1 0 tacme", "a 1 0 q3", "a 1 0 w5",
 		"a 1 0 k5", "a 1 0 h", "a 1 0 q3 w0 tacme", "a 1 0 q3 w1000000000001 tacme", "a 1 0 q3 kx tacme",
