@@ -46,7 +46,7 @@ local TAGS, PARAM_TAG, CAP = ' tb ', '', 3 -- the heads it serves; the one with 
 local function quick_head(text)
   local r, p, b = string.match(text, '^tb (%d+) (%d+) (%d+)$')
   r, p, b = tonumber(r), tonumber(p), tonumber(b)
-  if r and r >= 1 and r <= MAX_RATE and p >= 1 and p <= MAX_PERIOD and b >= 1 and b <= MAX_RATE
+  if r and p and b and r >= 1 and r <= MAX_RATE and p >= 1 and p <= MAX_PERIOD and b >= 1 and b <= MAX_RATE
     and b * p <= MAX_TICKS then
     return {{r, p, b}}, 0
   end

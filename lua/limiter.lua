@@ -124,7 +124,7 @@ if nargv >= 3 and nargv <= 2 + MAX_REQUESTS and ARGV[2] == '' then
         text = ARGV[r + 2]
         local ns, ws = string.match(text, '^a (%d+) (%d+)$')
         n, w = tonumber(ns), tonumber(ws)
-        if not n or n < 1 or n > cap or w > MAX_WAIT then
+        if not n or not w or n < 1 or n > cap or w > MAX_WAIT then
           st = nil
           break
         end

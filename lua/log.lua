@@ -45,7 +45,7 @@ local LOG_TRIM = 2       -- expired entries that make an acquire trim (fewer wai
 local function quick_head(text)
   local r, p = string.match(text, '^sw (%d+) (%d+)$')
   r, p = tonumber(r), tonumber(p)
-  if r and r >= 1 and r <= MAX_RATE and p >= 1 and p <= MAX_PERIOD then
+  if r and p and r >= 1 and r <= MAX_RATE and p >= 1 and p <= MAX_PERIOD then
     return {{r, p}}, 0
   end
   return nil

@@ -25,7 +25,7 @@ local TAGS, PARAM_TAG, CAP = ' fw ', '', 1 -- the heads it serves; the one with 
 local function quick_head(text)
   local r, p = string.match(text, '^fw (%d+) (%d+)$')
   r, p = tonumber(r), tonumber(p)
-  if r and r >= 1 and r <= MAX_RATE and p >= 1 and p <= MAX_PERIOD then
+  if r and p and r >= 1 and r <= MAX_RATE and p >= 1 and p <= MAX_PERIOD then
     return {{r, p}}, 0
   end
   return nil

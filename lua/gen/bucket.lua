@@ -155,7 +155,7 @@ local TAGS, PARAM_TAG, CAP = ' tb ', '', 3 -- the heads it serves; the one with 
 local function quick_head(text)
   local r, p, b = string.match(text, '^tb (%d+) (%d+) (%d+)$')
   r, p, b = tonumber(r), tonumber(p), tonumber(b)
-  if r and r >= 1 and r <= 1000000000 and p >= 1 and p <= 35184372088832 and b >= 1 and b <= 1000000000
+  if r and p and b and r >= 1 and r <= 1000000000 and p >= 1 and p <= 35184372088832 and b >= 1 and b <= 1000000000
     and b * p <= 1125899906842624 then
     return {{r, p, b}}, 0
   end
@@ -498,7 +498,7 @@ if nargv >= 3 and nargv <= 2 + 1000 and ARGV[2] == '' then
         text = ARGV[r + 2]
         local ns, ws = string.match(text, '^a (%d+) (%d+)$')
         n, w = tonumber(ns), tonumber(ws)
-        if not n or n < 1 or n > cap or w > 9007199254740991 then
+        if not n or not w or n < 1 or n > cap or w > 9007199254740991 then
           st = nil
           break
         end

@@ -154,7 +154,7 @@ local LOG_TRIM = 2       -- expired entries that make an acquire trim (fewer wai
 local function quick_head(text)
   local r, p = string.match(text, '^sw (%d+) (%d+)$')
   r, p = tonumber(r), tonumber(p)
-  if r and r >= 1 and r <= 1000000000 and p >= 1 and p <= 35184372088832 then
+  if r and p and r >= 1 and r <= 1000000000 and p >= 1 and p <= 35184372088832 then
     return {{r, p}}, 0
   end
   return nil
@@ -548,7 +548,7 @@ if nargv >= 3 and nargv <= 2 + 1000 and ARGV[2] == '' then
         text = ARGV[r + 2]
         local ns, ws = string.match(text, '^a (%d+) (%d+)$')
         n, w = tonumber(ns), tonumber(ws)
-        if not n or n < 1 or n > cap or w > 9007199254740991 then
+        if not n or not w or n < 1 or n > cap or w > 9007199254740991 then
           st = nil
           break
         end
