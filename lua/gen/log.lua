@@ -817,6 +817,11 @@ local function in_force(l, over)
   return lim, lower, oend, limit
 end
 
+-- base is "{…}:", the tag of KEYS[1] ("{…}:l"): a key option must name a key of its kind
+-- under it (b a booking, q the fair share's queue, c the request's tenant's state), so
+-- no request writes a key that is not its own.
+local base = string.match(KEYS[1] or '', '^(.*:)l$')
+
 -- Each request's fields, read once into named fields (q.op, q.n, ...), or its failure.
 -- Options follow the op's fields as a letter and a value; the tenant's name comes last
 -- (t), and may hold any bytes.
@@ -894,6 +899,10 @@ local function parse_request(text)
     or ((q.units or q.ticket or q.hold) and op ~= 'W' and not q.tenant) or (q.c and not caps)
     or (caps and q.tenant and not q.c and op ~= 'W') or (op == 'W' and not q.tenant) then
     return nil, 'options'
+  end
+  if (q.b or q.q or q.c) and (not base or (q.b and (#KEYS[q.b] <= #base + 3 or string.sub(KEYS[q.b], 1, #base + 3) ~= base .. 'bk:'))
+    or (q.q and KEYS[q.q] ~= base .. 'q') or (q.c and KEYS[q.c] ~= base .. 't:' .. q.tenant)) then
+    return nil, 'a key of another kind'
   end
   return q
 end
