@@ -400,3 +400,75 @@ func putForeign(t testing.TB, c redis.UniversalClient, key, want, kind string) {
 		t.Fatal(err)
 	}
 }
+
+// step is one request at a time of a test's timeline (µs after Epoch) and the reply it
+// must get: want's fields are compared where check says; a token is written tok(µs).
+type step struct {
+	at    int64
+	r     *protocol.Request
+	want  [protocol.Width]int64
+	check [protocol.Width]bool
+	extra []int64 // Inspect's detail, pttl (index 3) not compared on real servers
+	err   string
+	note  string
+}
+
+// w builds a step's expected reply: nil for a field not compared, a []int64 for the
+// detail, a string for an error's text's start.
+func w(at int64, r *protocol.Request, note string, fields ...any) step {
+	s := step{at: at, r: r, note: note}
+	i := 0
+	for _, f := range fields {
+		switch v := f.(type) {
+		case nil:
+		case int:
+			s.want[i], s.check[i] = int64(v), true
+		case int64:
+			s.want[i], s.check[i] = v, true
+		case []int64:
+			s.extra = v
+			continue
+		case string:
+			s.err = v
+			continue
+		}
+		i++
+	}
+	return s
+}
+
+// runSteps makes each step's request on c under a tag of the test's at its time, and
+// fails at the first reply that is not the step's.
+func runSteps(t *testing.T, b *redistest.Backend, c call, name string, steps []step) {
+	t.Helper()
+	tag := tagOf(b, name)
+	clk := newClock(t, b, tag)
+	for i, s := range steps {
+		clk.set(t, redistest.Epoch.Add(time.Duration(s.at)*time.Microsecond))
+		got := c.one(t, b, tag, s.r)
+		where := fmt.Sprintf("%s step %d (%s) at +%dµs, %s", name, i, s.note, s.at, texts([]*protocol.Request{s.r}))
+		if s.err != "" {
+			if !strings.HasPrefix(got.err, s.err) {
+				t.Fatalf("%s: %v, want error %q", where, got, s.err)
+			}
+			continue
+		}
+		if got.failed() {
+			t.Fatalf("%s: %v", where, got)
+		}
+		for j := range got.v {
+			if s.check[j] && got.v[j] != s.want[j] {
+				t.Fatalf("%s: %v, want %v (field %d)", where, got.v, s.want, j+1)
+			}
+		}
+		if s.extra != nil {
+			e := append([]int64(nil), got.extra...)
+			if b.Real() && len(e) > 3 {
+				e[3] = s.extra[3] // the fake clock stretches TTLs
+			}
+			if fmt.Sprint(e) != fmt.Sprint(s.extra) {
+				t.Fatalf("%s: detail %v, want %v", where, got.extra, s.extra)
+			}
+		}
+	}
+}
