@@ -539,16 +539,19 @@ local function parse_meta(text)
       local line = string.sub(text, i, stop - 1)
       if kind == 'p' then
         m.pause = tonumber(string.match(line, '^p (%d+)$'))
-      elseif kind == 'o' then
+      elseif kind == 'o' then -- its numbers after the 'o': rates 1..MAX_RATE, bursts 0..MAX_RATE
         local w = {}
-        for f in string.gmatch(line, '%S+') do
-          w[#w + 1] = tonumber(f)
+        for f in string.gmatch(string.sub(line, 2), '%S+') do
+          w[#w + 1] = int(f, 0, 9007199254740991) or -1
         end
-        local over = {w[2], w[3], {}}
-        for r = 4, #w - 1, 2 do
+        local over = {w[1], w[2], {}}
+        for r = 3, #w - 1, 2 do
+          if w[r] < 1 or w[r] > 1000000000 or w[r + 1] < 0 or w[r + 1] > 1000000000 then
+            return nil
+          end
           over[3][#over[3] + 1] = {w[r], w[r + 1]}
         end
-        if not over[1] or not over[2] or #w % 2 ~= 1 or #over[3] < 1 then
+        if #w < 4 or #w % 2 ~= 0 or w[1] < 0 or w[2] < 0 then
           return nil
         end
         m.over = over
