@@ -304,14 +304,14 @@ func TestBucketRateChanges(t *testing.T) {
 				t.Fatalf("%s: drain: %v", tc.name, got)
 			}
 			clk.add(t, time.Duration(tc.after)*time.Microsecond)
-			drift := int64(0)
+			drifted := int64(0)
 			if tc.deploy != nil {
-				c.limits, drift = tc.deploy, protocol.FlagDrift
+				c.limits, drifted = tc.deploy, drift
 			} else {
 				c.one(t, b, tag, override(sec, tc.orate, tc.oburst))
 			}
-			if got := c.one(t, b, tag, acquire(1, 0)); got.v[2] != tc.wait || got.v[0] != 0 || got.v[6] != group|drift {
-				t.Fatalf("%s: %v, want a wait of %dµs, flags %d", tc.name, got, tc.wait, group|drift)
+			if got := c.one(t, b, tag, acquire(1, 0)); got.v[2] != tc.wait || got.v[0] != 0 || got.v[6] != group|drifted {
+				t.Fatalf("%s: %v, want a wait of %dµs, flags %d", tc.name, got, tc.wait, group|drifted)
 			}
 		}
 		// the override of 1/s ends at +1.1s: 10/s from then on

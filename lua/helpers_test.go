@@ -299,6 +299,16 @@ const (
 	sec = int64(1000000)
 )
 
+// Flags of a reply, short.
+const (
+	group  = protocol.FlagGroup
+	capped = protocol.FlagCap
+	turn   = protocol.FlagTurn
+	paused = protocol.FlagPaused
+	drift  = protocol.FlagDrift
+	held   = protocol.FlagTicket
+)
+
 // snapshot returns each key's type, value and TTL as text.
 func snapshot(t testing.TB, c redis.UniversalClient, ks ...string) map[string]string {
 	t.Helper()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jobthrottle/jobthrottle/internal/keys"
 	"github.com/jobthrottle/jobthrottle/internal/protocol"
@@ -157,6 +158,120 @@ func TestRequestArgumentErrors(t *testing.T) {
 					b.Client.Del(context.Background(), all(tag)...)
 				}
 			}
+		}
+	})
+}
+
+// Pause, resume, override and clear, on every limiter script: what they answer, the
+// meta they leave in the state (internal/keys reads it; a pause on an idle key is a meta
+// alone) and its TTL, what acquires see after them, and the wake-ups published.
+func TestControlOps(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		for _, a := range allAlgos {
+			tag := tagOf(b, "ctl"+a.tag)
+			state := tag + ":" + keys.State
+			clk := newClock(t, b, tag)
+			c := call{a: a, limits: []limit{{4, sec, 4}}}
+			sub := b.Client.Subscribe(ctx, tag+":"+keys.Wake)
+			if _, err := sub.Receive(ctx); err != nil {
+				t.Fatal(err)
+			}
+			woke := func(want string) {
+				t.Helper()
+				msg, err := sub.ReceiveMessage(ctx)
+				if err != nil || msg.Payload != want {
+					t.Fatalf("%s: published %v %v, want %q", a.tag, msg, err, want)
+				}
+			}
+			fail := func(what string, got any) {
+				t.Helper()
+				m, _ := meta(t, b.Client, state)
+				t.Fatalf("%s: %s: %v (meta %q)", a.tag, what, got, m)
+			}
+			now := clk.us()
+
+			if got := c.one(t, b, tag, pause(5*sec)); got.v != [7]int64{1, 0, 5 * sec, 0, 0, 0, 0} {
+				fail("pause", got)
+			}
+			woke(fmt.Sprintf("p %d", now+5*sec))
+			m := parseMeta(t, b.Client, state)
+			if _, alone := meta(t, b.Client, state); !alone || m.Head != c.a.head(c.limits) || m.PauseEnd != now+5*sec || m.Override != nil {
+				fail("after a pause on an idle key, want its meta alone", m)
+			}
+			if ttl := b.Client.PTTL(ctx, state).Val(); !b.Real() && ttl != 5*time.Second {
+				fail("the pause's TTL", ttl)
+			}
+			if got := c.one(t, b, tag, acquire(1, 0)); got.v != [7]int64{0, 0, 5 * sec, 0, 0, 0, group | paused} {
+				fail("acquire while paused", got)
+			}
+			if got := c.one(t, b, tag, inspect()); got.v[1] != 0 || got.v[2] != 5*sec || got.v[6] != paused || got.extra[2] != 5*sec {
+				fail("inspect while paused", got)
+			}
+			if got := c.one(t, b, tag, acquire(1, 10*sec)); got.v[0] != 1 || got.v[2] != 5*sec || got.v[4] != now+5*sec || got.v[6] != paused {
+				fail("booking while paused", got)
+			}
+			if got := c.one(t, b, tag, pause(sec)); got.v[2] != 5*sec {
+				fail("a shorter pause, want the longer one kept", got)
+			}
+			clk.add(t, time.Second)
+			if got := c.one(t, b, tag, resume()); got.v != [7]int64{1, 0, 0, 0, now + 5*sec, 0, 0} {
+				fail("resume, want the ended pause's end in the fifth integer", got)
+			}
+			woke(fmt.Sprintf("r %d", now+5*sec)) // (the shorter pause published nothing)
+			if m := parseMeta(t, b.Client, state); m.PauseEnd != 0 {
+				fail("after resume", m)
+			}
+			if got := c.one(t, b, tag, resume()); got.v != [7]int64{1, 0, 0, 0, 0, 0, 0} {
+				fail("resume with no pause", got)
+			}
+
+			now = clk.us()
+			if got := c.one(t, b, tag, override(2*sec, 8, 0)); got.v != [7]int64{1, 0, 0, 2 * sec, 0, 0, 0} {
+				fail("override", got)
+			}
+			m = parseMeta(t, b.Client, state)
+			if o := m.Override; o == nil || o.End != now+2*sec || o.Set != now || fmt.Sprint(o.Rates) != "[{8 0}]" {
+				fail("after override", m.Override)
+			}
+			if ttl := b.Client.PTTL(ctx, state).Val(); !b.Real() && ttl < 2*time.Second {
+				fail("TTL under an override", ttl)
+			}
+			if got := c.one(t, b, tag, inspect()); got.extra[4] != 2*sec || got.extra[5] != 8 || got.extra[6] != 8 {
+				fail("inspect under the override", got)
+			}
+			if got := c.one(t, b, tag, clearOver()); got.v != [7]int64{1, 0, 0, 0, 0, 0, 0} {
+				fail("clear", got)
+			}
+			if m := parseMeta(t, b.Client, state); m.Override != nil {
+				fail("after clear", m.Override)
+			}
+			// 0 is until cleared (2^45 µs); a lowering override bounds n
+			c.one(t, b, tag, override(0, 1, 1))
+			if m := parseMeta(t, b.Client, state); m.Override == nil || m.Override.End != clk.us()+protocol.MaxPeriod {
+				fail("override of length 0", m.Override)
+			}
+			if got := c.one(t, b, tag, acquire(2, 10*sec)); got.code() != protocol.ErrExceeds {
+				fail("n above the overridden limit", got)
+			}
+			// in one call, a pause applies to the requests after it
+			c.one(t, b, tag, clearOver())
+			clk.add(t, 10*time.Second)
+			out := c.run(t, b, tag, acquire(1, 0), pause(sec), acquire(1, 0), resume(), acquire(1, 0))
+			if out[0].v[0] != 1 || out[2].v[0] != 0 || out[2].v[2] != sec || out[2].v[6] != group|paused || out[4].v[0] != 1 {
+				fail("acquire, pause, acquire, resume, acquire in one call", out)
+			}
+			woke(fmt.Sprintf("p %d", clk.us()+sec))
+			woke(fmt.Sprintf("r %d", clk.us()+sec))
+			// a pause on an idle key that ends leaves nothing
+			clk.add(t, 10*time.Second)
+			b.Client.Del(ctx, state)
+			c.one(t, b, tag, pause(sec))
+			c.one(t, b, tag, resume())
+			if n := b.Client.Exists(ctx, state).Val(); n != 0 {
+				fail("a pause on an idle key, resumed", snapshot(t, b.Client, state))
+			}
+			sub.Close()
 		}
 	})
 }

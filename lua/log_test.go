@@ -3,11 +3,8 @@ package lua
 import (
 	"testing"
 
-	"github.com/jobthrottle/jobthrottle/internal/protocol"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 )
-
-const group = protocol.FlagGroup
 
 // Every limiter op on the permit log (SlidingWindow): grants now, denials with the exact
 // wait, bookings ahead in order, a cancel of exactly its booking, n = 0, Inspect.
