@@ -373,12 +373,12 @@ local function parse_head(text)
 end
 
 -- The fast path: a call whose every request is a plain acquire "a <n> <wait_us>" (n >= 1),
--- on a state whose meta is the callers' head (no pause, override or fair share: nothing
--- but the head), is decided here, request by request as the loop below decides an
--- acquire, by the same algorithm functions, without the loop's bookkeeping; the
--- generator puts the functions it does not use after it ("@cold"), so such a call never
--- makes them (bench/cmd/luaexec measures what it saves). Anything else goes on below,
--- nothing written.
+-- on an absent key or a state whose meta is the callers' head (no pause, override or fair
+-- share: nothing but the head; a meta alone is not absent), is decided here, request by
+-- request as the loop below decides an acquire, by the same algorithm functions, without
+-- the loop's bookkeeping; the generator puts the functions it does not use after it
+-- ("@cold"), so such a call never makes them (bench/cmd/luaexec measures what it saves).
+-- Anything else goes on below, nothing written.
 if nargv >= 3 and nargv <= 2 + 1000 and ARGV[2] == '' then
   local head = ARGV[1]
   local lim, param = quick_head(head)
@@ -386,7 +386,7 @@ if nargv >= 3 and nargv <= 2 + 1000 and ARGV[2] == '' then
     lim, param = parse_head(head)
   end
   local st = lim and load(KEYS[1], head)
-  if st and (st.absent or st.meta == head) then
+  if st and ((st.absent and not st.bare) or st.meta == head) then
     setup(st, lim, param, lim, 0, lim, now)
     local cap = lim[1][1]
     for i = 2, #lim do
