@@ -332,6 +332,25 @@ func snapshot(t testing.TB, c redis.UniversalClient, ks ...string) map[string]st
 	return out
 }
 
+// sameKeys reports whether two snapshots hold the same: their TTLs too on miniredis,
+// whose clock is the test's (a real server's TTLs run in real time, and the fake clock
+// stretches those the scripts set).
+func sameKeys(b *redistest.Backend, x, y map[string]string) bool {
+	if len(x) != len(y) {
+		return false
+	}
+	for k, v := range x {
+		w := y[k]
+		if b.Real() {
+			v, w = v[:strings.LastIndex(v, " ttl ")], w[:strings.LastIndex(w, " ttl ")]
+		}
+		if v != w {
+			return false
+		}
+	}
+	return true
+}
+
 // meta returns the meta of the state at key (a list's first element, or a string's text
 // after its first line), and whether the state holds nothing else; "" when absent.
 func meta(t testing.TB, c redis.UniversalClient, key string) (m string, alone bool) {

@@ -275,3 +275,163 @@ func TestControlOps(t *testing.T) {
 		}
 	})
 }
+
+// A call whose head differs from the stored one (another process's limits on the same
+// key) decides with its own limits and says FlagDrift; what it writes carries its head.
+// A call with the stored head says nothing.
+func TestDrift(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		for _, a := range allAlgos {
+			tag := tagOf(b, "drift"+a.tag)
+			state := tag + ":" + keys.State
+			newClock(t, b, tag)
+			c1 := call{a: a, limits: []limit{{4, sec, 4}}}
+			c2 := call{a: a, limits: []limit{{2, sec, 2}}}
+			if got := c1.one(t, b, tag, acquire(1, 0)); got.v[0] != 1 || got.v[6] != 0 {
+				t.Fatalf("%s: %v", a.tag, got)
+			}
+			if got := c2.one(t, b, tag, acquire(1, 0)); got.v[0] != 1 || got.v[6] != drift {
+				t.Fatalf("%s: another head's acquire: %v, want granted with FlagDrift", a.tag, got)
+			}
+			if m := parseMeta(t, b.Client, state); m.Head != c2.a.head(c2.limits) {
+				t.Fatalf("%s: head %q after the other head's grant", a.tag, m.Head)
+			}
+			// c1's limits would grant two more (a bucket: in 250ms at 4/s); c2's do not
+			got := c2.one(t, b, tag, acquire(2, 0))
+			if got.v[0] != 0 || got.v[6] != group || (a.burst && got.v[2] != 500*ms) {
+				t.Fatalf("%s: its own head again: %v, want denied by its limits (a bucket: 500ms at 2/s), no flag but the group's", a.tag, got)
+			}
+			if got := c1.one(t, b, tag, acquire(1, sec)); got.v[0] != 1 || got.v[6] != drift {
+				t.Fatalf("%s: the first head again: %v, want granted with FlagDrift", a.tag, got)
+			}
+			if m := parseMeta(t, b.Client, state); m.Head != c1.a.head(c1.limits) {
+				t.Fatalf("%s: head %q, want the last writer's", a.tag, m.Head)
+			}
+			if got := c2.one(t, b, tag, inspect()); got.v[6] != drift {
+				t.Fatalf("%s: inspect with another head: %v, want FlagDrift", a.tag, got)
+			}
+		}
+		// the counter's sub-buckets are part of its head
+		tag := tagOf(b, "driftbuckets")
+		newClock(t, b, tag)
+		c := call{a: slidingCounter, limits: []limit{{4, sec, 0}}}
+		c.one(t, b, tag, acquire(1, 0))
+		c.a.buckets = 10
+		if got := c.one(t, b, tag, acquire(1, 0)); got.v[6] != drift {
+			t.Fatalf("sc with other buckets: %v", got)
+		}
+	})
+}
+
+// One algorithm per key, by the state's content: a call that finds another algorithm's
+// state fails every request with ErrAlg (its text starting with the stored head's tag)
+// and writes nothing.
+func TestOneAlgorithmPerKey(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		for _, o := range allAlgos {
+			for _, a := range allAlgos {
+				if a == o {
+					continue
+				}
+				tag := tagOf(b, "alg"+o.tag+a.tag)
+				all := []string{tag + ":" + keys.State, tag + ":bk:t", tag + ":" + keys.FairQueue, tag + ":t:acme"}
+				newClock(t, b, tag)
+				call{a: o, limits: []limit{{5, sec, 5}}}.one(t, b, tag, acquire(1, 0))
+				before := snapshot(t, b.Client, all...)
+				c := call{a: a, limits: []limit{{5, sec, 5}}, caps: []limit{{2, sec, 2}}}
+				out := c.run(t, b, tag, acquire(1, 0), acquire(0, 0), inspect(), pause(sec), resume(), cancel(1, 1),
+					override(sec, 3, 3), clearOver(), booking(acquire(1, 10*sec), "t", 0), c.of("acme", acquire(1, 0)),
+					c.of("acme", inspect()))
+				for i, r := range out {
+					if r.code() != protocol.ErrAlg || !strings.HasPrefix(r.err, o.tag+" ") {
+						t.Errorf("%s on %s's state, request %d: %v, want ErrAlg naming %s", a.tag, o.tag, i+1, r, o.tag)
+					}
+				}
+				if after := snapshot(t, b.Client, all...); !sameKeys(b, before, after) {
+					t.Errorf("%s on %s's state: %v became %v", a.tag, o.tag, before, after)
+				}
+				// a plain acquire alone (the fast path) too
+				if got := (call{a: a, limits: c.limits}).one(t, b, tag, acquire(1, 0)); got.code() != protocol.ErrAlg {
+					t.Errorf("%s on %s's state, a plain acquire: %v", a.tag, o.tag, got)
+				}
+				b.Client.Del(ctx, all...)
+			}
+		}
+	})
+}
+
+// A meta alone (a pause or an override on an idle key) is any algorithm's: a call of
+// another algorithm than the one that set it honours it and takes the key, its head
+// the caller's.
+func TestMetaAloneIsAnyAlgorithms(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		for _, o := range allAlgos {
+			for _, a := range allAlgos {
+				tag := tagOf(b, "alone"+o.tag+a.tag)
+				state := tag + ":" + keys.State
+				clk := newClock(t, b, tag)
+				call{a: o, limits: []limit{{5, sec, 5}}}.one(t, b, tag, pause(sec))
+				c := call{a: a, limits: []limit{{5, sec, 5}}}
+				if got := c.one(t, b, tag, acquire(1, 0)); got.v[0] != 0 || got.v[2] != sec || got.v[6] != group|paused {
+					t.Errorf("%s on %s's pause: %v, want paused", a.tag, o.tag, got)
+					continue
+				}
+				if got := c.one(t, b, tag, acquire(1, 2*sec)); got.v[0] != 1 || got.v[4] != clk.us()+sec {
+					t.Errorf("%s on %s's pause: %v, want booked at its end", a.tag, o.tag, got)
+				}
+				if m := parseMeta(t, b.Client, state); m.Head != a.head(c.limits) || m.PauseEnd != clk.us()+sec {
+					t.Errorf("%s on %s's pause: meta %+v", a.tag, o.tag, m)
+				}
+			}
+		}
+	})
+}
+
+// The meta's text is read alike on both sides: a state whose meta internal/keys refuses
+// (keys.Check), the scripts find foreign (ErrState), and one it reads, they read
+// (Inspect shows its pause and override).
+func TestMetaTextMatchesKeys(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		tag := tagOf(b, "metatext")
+		state := tag + ":" + keys.State
+		clk := newClock(t, b, tag)
+		now := clk.us()
+		c := call{a: tokenBucket, limits: []limit{{4, sec, 4}, {9, sec, 9}}}
+		head := c.a.head(c.limits)
+		for _, line := range []string{
+			"", fmt.Sprintf("p %d", now+3*sec), fmt.Sprintf("o %d %d 7 2", now+2*sec, now),
+			fmt.Sprintf("o %d %d 7 0 5 6", now+2*sec, now-sec), fmt.Sprintf("p %d\no %d %d 7 2", now+sec, now+2*sec, now),
+			fmt.Sprintf("w %d 2000000 4 acme", now+sec), fmt.Sprintf("w %d 2000000 5 a\nb c\np %d", now+sec, now+sec),
+			fmt.Sprintf("f 0 1000000 %d 100000", now), fmt.Sprintf("f 12.5 3000000 %d 20.25", now),
+			"p", "p x", "p -1", "p 1 2", "o", "o 1 2", "o 1 2 3", "o 1 2 0 0", "o 1 2 1000000001 0", "o 1 2 5 x",
+			"o x 2 5 0", "f 1 2 3", "f x 1 2 3", "w 1 2 0 ", "w 1 2 9 acme", "w x 2 4 acme", "q 5", " p 5", "p 5 ",
+		} {
+			text := head
+			if line != "" {
+				text += "\n" + line
+			}
+			for _, data := range []string{"", fmt.Sprintf("%d 4000000 0 9000000 0", now)} {
+				b.Client.Set(ctx, state, data+"\n"+text, 0)
+				checkErr := keys.Check(keys.State, "string", []string{data + "\n" + text})
+				got := c.one(t, b, tag, inspect())
+				if foreign := got.code() == protocol.ErrState; foreign != (checkErr != nil) {
+					t.Errorf("meta %q (data %q): script %v, keys.Check %v", text, data, got, checkErr)
+					continue
+				}
+				if checkErr != nil {
+					continue
+				}
+				m, _ := keys.ParseMeta(text)
+				wantOver := int64(0)
+				if m.Override != nil {
+					wantOver = m.Override.End - now
+				}
+				if got.extra[2] != max(0, m.PauseEnd-now) || got.extra[4] != wantOver {
+					t.Errorf("meta %q: %v, want paused %d, override %d", text, got, max(0, m.PauseEnd-now), wantOver)
+				}
+			}
+		}
+	})
+}
