@@ -97,7 +97,7 @@ local function load(key, head)
   end
   local nl = string.find(v, '\n', 1, true)
   if not nl then
-    return nil, foreign(key)
+    return nil, foreign(key, nil, TAGS)
   end
   local meta = (#v - nl == #head and string.find(v, head, nl + 1, true)) and head or string.sub(v, nl + 1)
   if nl == 1 then -- a meta alone: full buckets
@@ -114,7 +114,7 @@ local function load(key, head)
       w[#w + 1] = string.find(f, '^%-?%d+$') and tonumber(f) or -MAX_WAIT
     end
     if #w < 3 or #w % 2 == 0 then
-      return nil, foreign(key)
+      return nil, foreign(key, nil, TAGS)
     end
     st = {at = w[1], meta = meta, key = key, exists = true}
     for i = 1, (#w - 1) / 2 do
@@ -122,11 +122,11 @@ local function load(key, head)
     end
   end
   if st.at < 0 or st.at > MAX_WAIT then
-    return nil, foreign(key)
+    return nil, foreign(key, nil, TAGS)
   end
   for j = 0, #st - 5, 5 do
     if st[j + 1] < -2 * MAX_TICKS or st[j + 5] < 0 or st[j + 5] > MAX_WAIT then
-      return nil, foreign(key)
+      return nil, foreign(key, nil, TAGS)
     end
   end
   return st

@@ -26,7 +26,7 @@
 --   ms(us)                 a TTL of us µs as PX text: whole ms, rounded up, >= 1
 --   fail(code, text)       a request's error value
 --   read_key(what, cmd, key, ...)  a read of a key that may be foreign; or nil, its failure
---   foreign(key, e)        the failure of a state key of another type or content
+--   foreign(key, e, own)   the failure of a state key of another type or content
 --   reply(out, k, ext)     the flat reply: WIDTH integers per request, then the extras
 
 local now
@@ -79,24 +79,24 @@ local function read_key(what, cmd, key, ...)
 end
 
 -- foreign returns the failure of a state key that the script's own read (its error e,
--- nil when the key held its own type) found not to be this algorithm's: Redis's own
--- error when that was not WRONGTYPE; E_ALG when the key holds another algorithm's state
--- (the text starts with that state's head tag); else E_STATE.
-local function foreign(key, e)
+-- nil when the key held its own type; own: then the tags the script serves) found not to
+-- be this algorithm's: Redis's own error when that was not WRONGTYPE; E_ALG when the key
+-- holds another algorithm's state, of another type or of its own (the text starts with
+-- that state's head tag); else E_STATE.
+local function foreign(key, e, own)
   if e and not string.find(e.err, 'WRONGTYPE', 1, true) then
     return fail(0, e.err)
   end
-  local meta
-  if e then -- another type: a state of another algorithm's?
-    local typ = redis.call('TYPE', key).ok
-    if typ == 'list' then
-      meta = redis.pcall('LINDEX', key, '0')
-    elseif typ == 'string' then
-      meta = string.match(redis.call('GET', key), '\n(.*)$')
-    end
+  local meta -- a state of another algorithm's, of another type or of this one's?
+  local typ = redis.call('TYPE', key).ok
+  if typ == 'list' then
+    meta = redis.pcall('LINDEX', key, '0')
+  elseif typ == 'string' then
+    meta = string.match(redis.call('GET', key), '\n(.*)$')
   end
   local tag = type(meta) == 'string' and string.match(meta, '^(%l%l) ')
-  if tag and string.find(' sw sc tb fw ', ' ' .. tag .. ' ', 1, true) then
+  if tag and string.find(' sw sc tb fw ', ' ' .. tag .. ' ', 1, true)
+    and not string.find(own or '', ' ' .. tag .. ' ', 1, true) then
     return fail(E_ALG, tag .. ' ' .. key)
   end
   return fail(E_STATE, key .. ': not a jobthrottle state')

@@ -142,15 +142,15 @@ local function load(key, head)
   -- the head's texts are read as numbers when used (at); the last entry's at once
   local last = len < 2 * 4 + 2 and {v[len - 1], v[len]} or redis.call('LRANGE', key, '-2', '-1')
   if len % 2 == 1 or not string.find(table.concat(v, ',', 2) .. ',' .. last[1] .. ',' .. last[2], '^[0-9,]*$') then
-    return nil, foreign(key)
+    return nil, foreign(key, nil, TAGS)
   end
   for i = 2, len do
     if #v[i] > 17 or v[i] == '' then
-      return nil, foreign(key)
+      return nil, foreign(key, nil, TAGS)
     end
   end
   if #last[1] > 17 or #last[2] > 17 or last[1] == '' or last[2] == '' then
-    return nil, foreign(key)
+    return nil, foreign(key, nil, TAGS)
   end
   st.base = tonumber(v[2])
   if len < 2 * 4 + 2 then -- the whole list

@@ -42,7 +42,7 @@ local function load(key, head)
   end
   local nl = string.find(v, '\n', 1, true)
   if not nl then
-    return nil, foreign(key)
+    return nil, foreign(key, nil, TAGS)
   end
   local meta = (#v - nl == #head and string.find(v, head, nl + 1, true)) and head or string.sub(v, nl + 1)
   if nl == 1 then -- a meta alone: empty windows
@@ -60,18 +60,18 @@ local function load(key, head)
       w[#w + 1] = string.find(f, '^%d+$') and tonumber(f) or -1
     end
     if #w < 2 then
-      return nil, foreign(key)
+      return nil, foreign(key, nil, TAGS)
     end
     st.L = w[1]
     for i = 2, #w do
       if w[i] < 0 or w[i] > MAX_WAIT then
-        return nil, foreign(key)
+        return nil, foreign(key, nil, TAGS)
       end
       st[i - 1] = w[i]
     end
   end
   if st.L < 0 or st.L > MAX_WAIT or st[1] < 0 or st[1] > MAX_WAIT then
-    return nil, foreign(key)
+    return nil, foreign(key, nil, TAGS)
   end
   return st
 end
