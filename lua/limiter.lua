@@ -464,6 +464,12 @@ do
   local cw = with(stored, meta.over and meta.over[3])
   setup(gst, lim, param, cw, meta.over and meta.over[1] or 0, given, now)
 end
+if gst.err then -- setup found the numbers foreign: no request can be decided on them
+  for r = 1, k do
+    ext[r] = ext[r] or gst.err
+  end
+  return reply({}, k, ext)
+end
 -- changed: the meta's content changed (a control op, the fair share's clock or queue)
 local changed = false
 
