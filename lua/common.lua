@@ -11,7 +11,8 @@
 -- floor(a / b) out as (a - a % b) / b, and min and max as comparisons: a call of math.*
 -- costs several times the arithmetic. An integer argument is plain decimal digits (leading
 -- zeros allowed) with its value in range; one tonumber cannot read (gopher-lua: past
--- 2^63) is out of range.
+-- 2^63) is out of range. A failed string.match passed straight to a function is wrapped
+-- in parentheses: gopher-lua's returns no value at all, and tonumber() raises.
 --
 -- Errors: a request that fails gets fail(code, text): code one of E_ARG (JTARG, an
 -- argument missing or out of range), E_STATE (JTSTATE, a key holding what jobthrottle

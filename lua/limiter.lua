@@ -186,7 +186,7 @@ local function parse_meta(text)
       local stop = string.find(text, '\n', i, true) or len + 1
       local line = string.sub(text, i, stop - 1)
       if kind == 'p' then
-        m.pause = tonumber(string.match(line, '^p (%d+)$'))
+        m.pause = tonumber((string.match(line, '^p (%d+)$')))
       elseif kind == 'o' then -- its numbers after the 'o': rates 1..MAX_RATE, bursts 0..MAX_RATE
         local w = {}
         for f in string.gmatch(string.sub(line, 2), '%S+') do
@@ -500,7 +500,7 @@ local function fair(qkey, readonly)
       f.W = 0
       break
     end
-    local F, u = tonumber(m[2]), tonumber(string.match(m[1], '^(%d+) '))
+    local F, u = tonumber(m[2]), tonumber((string.match(m[1], '^(%d+) ')))
     local reach = t + (F - f.V) * f.W / 1000000
     if reach > now then
       f.V, t = f.V + (now - t) * 1000000 / f.W, now

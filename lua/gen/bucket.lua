@@ -14,7 +14,8 @@
 -- floor(a / b) out as (a - a % b) / b, and min and max as comparisons: a call of math.*
 -- costs several times the arithmetic. An integer argument is plain decimal digits (leading
 -- zeros allowed) with its value in range; one tonumber cannot read (gopher-lua: past
--- 2^63) is out of range.
+-- 2^63) is out of range. A failed string.match passed straight to a function is wrapped
+-- in parentheses: gopher-lua's returns no value at all, and tonumber() raises.
 --
 -- Errors: a request that fails gets fail(code, text): code one of E_ARG (JTARG, an
 -- argument missing or out of range), E_STATE (JTSTATE, a key holding what jobthrottle
@@ -526,7 +527,7 @@ if nargv >= 3 and nargv <= 2 + 1000 and ARGV[2] == '' then
 end
 
 
--- [common.lua from line 105]
+-- [common.lua from line 106]
 -- @cold: what follows only the slow paths need (see lua/internal/gen).
 
 -- reply appends each request's extra to out (WIDTH integers per request, k requests):
@@ -634,7 +635,7 @@ local function parse_meta(text)
       local stop = string.find(text, '\n', i, true) or len + 1
       local line = string.sub(text, i, stop - 1)
       if kind == 'p' then
-        m.pause = tonumber(string.match(line, '^p (%d+)$'))
+        m.pause = tonumber((string.match(line, '^p (%d+)$')))
       elseif kind == 'o' then -- its numbers after the 'o': rates 1..MAX_RATE, bursts 0..MAX_RATE
         local w = {}
         for f in string.gmatch(string.sub(line, 2), '%S+') do
@@ -948,7 +949,7 @@ local function fair(qkey, readonly)
       f.W = 0
       break
     end
-    local F, u = tonumber(m[2]), tonumber(string.match(m[1], '^(%d+) '))
+    local F, u = tonumber(m[2]), tonumber((string.match(m[1], '^(%d+) ')))
     local reach = t + (F - f.V) * f.W / 1000000
     if reach > now then
       f.V, t = f.V + (now - t) * 1000000 / f.W, now

@@ -14,7 +14,8 @@
 -- floor(a / b) out as (a - a % b) / b, and min and max as comparisons: a call of math.*
 -- costs several times the arithmetic. An integer argument is plain decimal digits (leading
 -- zeros allowed) with its value in range; one tonumber cannot read (gopher-lua: past
--- 2^63) is out of range.
+-- 2^63) is out of range. A failed string.match passed straight to a function is wrapped
+-- in parentheses: gopher-lua's returns no value at all, and tonumber() raises.
 --
 -- Errors: a request that fails gets fail(code, text): code one of E_ARG (JTARG, an
 -- argument missing or out of range), E_STATE (JTSTATE, a key holding what jobthrottle
@@ -106,7 +107,7 @@ local function foreign(key, e, own)
 end
 
 
--- [common.lua from line 105]
+-- [common.lua from line 106]
 -- @cold: what follows only the slow paths need (see lua/internal/gen).
 
 -- reply appends each request's extra to out (WIDTH integers per request, k requests):
@@ -207,7 +208,7 @@ local function pause_read(key)
   if type(meta) ~= 'string' or not string.find(meta, '^%l%l? ') then
     return nil, fail(2, key .. ': not a limiter state')
   end
-  return tonumber(string.match(meta, '\np (%d+)')) or 0
+  return tonumber((string.match(meta, '\np (%d+)'))) or 0
 end
 
 local k = int(ARGV[1], 1, 1000)
