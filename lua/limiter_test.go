@@ -390,7 +390,9 @@ func TestMetaAloneIsAnyAlgorithms(t *testing.T) {
 
 // The meta's text is read alike on both sides: a state whose meta internal/keys refuses
 // (keys.Check), the scripts find foreign (ErrState), and one it reads, they read
-// (Inspect shows its pause and override).
+// (Inspect shows its pause and override); none makes a script fail otherwise. The scripts
+// refuse a few that keys.Check reads (it is lenient): a negative pause end, a space
+// after a number, an override's rate or burst out of range, an infinite tag.
 func TestMetaTextMatchesKeys(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
@@ -405,14 +407,14 @@ func TestMetaTextMatchesKeys(t *testing.T) {
 			fmt.Sprintf("o %d %d 7 0 5 6", now+2*sec, now-sec), fmt.Sprintf("p %d\no %d %d 7 2", now+sec, now+2*sec, now),
 			fmt.Sprintf("w %d 2000000 4 acme", now+sec), fmt.Sprintf("w %d 2000000 5 a\nb c\np %d", now+sec, now+sec),
 			fmt.Sprintf("f 0 1000000 %d 100000", now), fmt.Sprintf("f 12.5 3000000 %d 20.25", now),
-			"p", "p x", "p -1", "p 1 2", "o", "o 1 2", "o 1 2 3", "o 1 2 0 0", "o 1 2 1000000001 0", "o 1 2 5 x",
-			"o x 2 5 0", "f 1 2 3", "f x 1 2 3", "w 1 2 0 ", "w 1 2 9 acme", "w x 2 4 acme", "q 5", " p 5", "p 5 ",
+			"p", "p x", "p 1 2", "o", "o 1 2", "o 1 2 3", "o 1 2 5 x", "o x 2 5 0", "f 1 2 3", "f x 1 2 3",
+			"f nan 1 2 3", "w 1 2 0 ", "w 1 2 9 acme", "w x 2 4 acme", "q 5", " p 5",
 		} {
 			text := head
 			if line != "" {
 				text += "\n" + line
 			}
-			for _, data := range []string{"", fmt.Sprintf("%d 4000000 0 9000000 0", now)} {
+			for _, data := range []string{"", fmt.Sprintf("%d 1000000 0 1000000 0", now)} {
 				b.Client.Set(ctx, state, data+"\n"+text, 0)
 				checkErr := keys.Check(keys.State, "string", []string{data + "\n" + text})
 				got := c.one(t, b, tag, inspect())
@@ -431,6 +433,12 @@ func TestMetaTextMatchesKeys(t *testing.T) {
 				if got.extra[2] != max(0, m.PauseEnd-now) || got.extra[4] != wantOver {
 					t.Errorf("meta %q: %v, want paused %d, override %d", text, got, max(0, m.PauseEnd-now), wantOver)
 				}
+			}
+		}
+		for _, line := range []string{"p -1", "p 5 ", "o 1 2 0 0", "o 1 2 1000000001 0", "o 1 2 5 1000000001", "f 1 2 3 inf"} {
+			b.Client.Set(ctx, state, "\n"+head+"\n"+line, 0)
+			if got := c.one(t, b, tag, inspect()); got.code() != protocol.ErrState {
+				t.Errorf("meta line %q: %v, want ErrState", line, got)
 			}
 		}
 	})
