@@ -743,7 +743,8 @@ local function parse_meta(text)
       elseif kind == 'f' then
         local V, W, tV, Fmax = string.match(line, '^f (%S+) (%d+) (%d+) (%S+)$')
         V, W, tV, Fmax = tonumber(V), tonumber(W), tonumber(tV), tonumber(Fmax)
-        if not Fmax then
+        if not V or not Fmax or V ~= V or Fmax ~= Fmax or math.abs(V) == math.huge
+          or math.abs(Fmax) == math.huge then -- (x ~= x: NaN)
           return nil
         end
         m.fair = {V = V, W = W, tV = tV, Fmax = Fmax}
