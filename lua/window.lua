@@ -37,8 +37,13 @@ local function load(key, head)
   local v = redis.pcall('GET', key)
   if not v then
     return {0, L = 0, key = key, absent = true}
-  elseif type(v) == 'table' then
-    return nil, foreign(key, v)
+  elseif type(v) == 'table' then -- another type: a meta alone in a list (the log's) is
+    -- empty windows
+    local l = string.find(v.err, 'WRONGTYPE', 1, true) and redis.pcall('LRANGE', key, '0', '1')
+    if type(l) ~= 'table' or l.err or #l ~= 1 then
+      return nil, foreign(key, v)
+    end
+    v = '\n' .. l[1]
   end
   local nl = string.find(v, '\n', 1, true)
   if not nl then

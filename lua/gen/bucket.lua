@@ -202,8 +202,13 @@ local function load(key, head)
   local v = redis.pcall('GET', key)
   if not v then
     return {at = now, key = key, absent = true}
-  elseif type(v) == 'table' then
-    return nil, foreign(key, v)
+  elseif type(v) == 'table' then -- another type: a meta alone in a list (the log's) is
+    -- full buckets
+    local l = string.find(v.err, 'WRONGTYPE', 1, true) and redis.pcall('LRANGE', key, '0', '1')
+    if type(l) ~= 'table' or l.err or #l ~= 1 then
+      return nil, foreign(key, v)
+    end
+    v = '\n' .. l[1]
   end
   local nl = string.find(v, '\n', 1, true)
   if not nl then
@@ -562,7 +567,7 @@ local function reply(out, k, ext)
   return out
 end
 
--- [bucket.lua from line 264]
+-- [bucket.lua from line 269]
 -- @cold: what follows only the driver's request loop needs (see lua/internal/gen).
 
 local function give(st, lim, n, token, now)

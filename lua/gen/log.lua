@@ -236,8 +236,13 @@ end
 -- the failure: E_STATE for a list not ours, E_ALG for the state of the bucket or window.
 local function load(key, head)
   local v = redis.pcall('LRANGE', key, '0', '9')
-  if v.err then
-    return nil, foreign(key, v)
+  if v.err then -- another type: a meta alone in a string (the bucket's or the window's)
+    -- is an empty log
+    local s = string.find(v.err, 'WRONGTYPE', 1, true) and redis.pcall('GET', key)
+    if type(s) ~= 'string' or string.sub(s, 1, 1) ~= '\n' then
+      return nil, foreign(key, v)
+    end
+    v = {string.sub(s, 2)}
   end
   local len = #v
   -- made at its size: the head's entries (at) and the fields a usual call sets
@@ -612,7 +617,7 @@ local function reply(out, k, ext)
   return out
 end
 
--- [log.lua from line 314]
+-- [log.lua from line 319]
 -- @cold: what follows only the driver's request loop needs (see lua/internal/gen).
 
 local function give(st, lim, n, token, now)

@@ -147,8 +147,13 @@ local function load(key, head)
   local v = redis.pcall('GET', key)
   if not v then
     return {0, L = 0, key = key, absent = true}
-  elseif type(v) == 'table' then
-    return nil, foreign(key, v)
+  elseif type(v) == 'table' then -- another type: a meta alone in a list (the log's) is
+    -- empty windows
+    local l = string.find(v.err, 'WRONGTYPE', 1, true) and redis.pcall('LRANGE', key, '0', '1')
+    if type(l) ~= 'table' or l.err or #l ~= 1 then
+      return nil, foreign(key, v)
+    end
+    v = '\n' .. l[1]
   end
   local nl = string.find(v, '\n', 1, true)
   if not nl then
@@ -465,7 +470,7 @@ local function reply(out, k, ext)
   return out
 end
 
--- [window.lua from line 167]
+-- [window.lua from line 172]
 -- @cold: what follows only the driver's request loop needs (see lua/internal/gen).
 
 local function give(st, lim, n, token, now)
