@@ -588,3 +588,302 @@ func TestBookingsInOneCall(t *testing.T) {
 		}
 	})
 }
+
+// A tenant's request takes from the group's limits and its caps at once, or from
+// neither: a cap that is full denies it (FlagCap) and the group keeps its room; a group
+// that is full denies it (FlagGroup) and the caps keep theirs; the denial names the
+// limit whose room comes later, and, past the tenants' horizon, the wait is until the
+// request can book within it. Inspect of a tenant shows its caps.
+func TestTenantsTakeFromGroupAndCaps(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		for _, a := range allAlgos {
+			tag := tagOf(b, "caps"+a.tag)
+			all := []string{tag + ":l", tag + ":q", tag + ":t:A", tag + ":t:B", tag + ":t:C"}
+			clk := newClock(t, b, tag)
+			// the group 4/s; each tenant 2 per 4s; the horizon two slots, 500ms
+			c := call{a: a, limits: []limit{{4, sec, 4}}, caps: []limit{{2, 4 * sec, 2}}}
+			now := clk.us()
+			fail := func(what string, got any) {
+				t.Helper()
+				t.Fatalf("%s: %s: %v\n%v", a.tag, what, got, snapshot(t, b.Client, all...))
+			}
+			unchanged := func(what string, r *protocol.Request, flags int64) {
+				t.Helper()
+				before := snapshot(t, b.Client, all...)
+				if got := c.one(t, b, tag, r); got.v[0] != 0 || got.v[6] != flags || got.v[2] < 1 || got.v[4] != 0 {
+					fail(what, got)
+				}
+				if after := snapshot(t, b.Client, all...); !sameKeys(b, before, after) {
+					fail(what+": the denial wrote", fmt.Sprint(before, "\nbecame ", after))
+				}
+			}
+			if got := c.one(t, b, tag, c.of("A", acquire(2, 0))); got.v != [7]int64{1, 2, 0, got.v[3], now, 0, 0} {
+				fail("A takes 2", got)
+			}
+			unchanged("A's cap is full, the group is not", c.of("A", acquire(1, 0)), capped)
+			unchanged("beyond the horizon", c.of("A", acquire(1, 10*sec)), capped)
+			if a == slidingWindow { // the cap's room at +4s, asked again 500ms before
+				if got := c.one(t, b, tag, c.of("A", acquire(1, 10*sec))); got.v[2] != 4*sec-500*ms {
+					fail("the wait beyond the horizon, want 3.5s", got)
+				}
+			}
+			if got := c.one(t, b, tag, c.of("B", acquire(2, 0))); got.v[0] != 1 || got.v[1] != 0 {
+				fail("B takes 2", got)
+			}
+			unchanged("the group is full, C's cap is not", c.of("C", acquire(1, 0)), group)
+			for _, k := range all[2:4] {
+				checkKey(t, b.Client, k)
+				if ttl := b.Client.PTTL(ctx, k).Val(); ttl <= 0 {
+					fail(k+"'s TTL", ttl)
+				}
+			}
+			if n := b.Client.Exists(ctx, tag+":t:C").Val(); n != 0 {
+				fail("C's state was written", n)
+			}
+			// inspect: the caps' capacity and availability after the tenant's place
+			got := c.one(t, b, tag, c.of("A", inspect()))
+			if e := got.extra; len(e) != 5+3+3 || e[9] != 2 || e[10] != 0 || e[8] <= 0 {
+				fail("inspect A, want its place, then capacity 2, 0 available", got)
+			}
+			got = c.one(t, b, tag, c.of("C", inspect()))
+			if e := got.extra; len(e) != 5+3+3 || e[8] != -1 || e[9] != 2 || e[10] != 2 {
+				fail("inspect C, want no place, capacity 2, 2 available", got)
+			}
+			// both full: the denial names the limit whose room comes later (the horizon is
+			// two of the group's slots, so a lone tenant's turn has come)
+			for _, both := range []struct {
+				group  int64 // the group's period, its rate 2
+				flag   int64
+				letter string
+			}{{sec, capped, "D"}, {8 * sec, group, "E"}} {
+				d := call{a: a, limits: []limit{{2, both.group, 2}}, caps: c.caps}
+				tag := tagOf(b, "both"+a.tag+both.letter)
+				newClock(t, b, tag)
+				d.one(t, b, tag, d.of(both.letter, acquire(2, 0)))
+				if got := d.one(t, b, tag, d.of(both.letter, acquire(1, 0))); got.v[0] != 0 || got.v[6] != both.flag {
+					fail(fmt.Sprintf("both full, the group's period %dµs, the cap's 4s", both.group), got)
+				}
+			}
+			// a booking ahead takes from both, at the same time: the group 4 per 200ms (its
+			// horizon 250ms) full, a tenant books its next slot, on its cap too (a bucket
+			// booked ahead from full also spends the refill the burst would cut)
+			f := call{a: a, limits: []limit{{4, 200 * ms, 4}}, caps: c.caps}
+			tag = tagOf(b, "ahead"+a.tag)
+			newClock(t, b, tag)
+			f.run(t, b, tag, f.of("J", acquire(2, 0)), f.of("L", acquire(2, 0)))
+			out := f.run(t, b, tag, f.of("K", acquire(1, 0)), f.of("K", acquire(1, 250*ms)), f.of("K", inspect()), inspect())
+			if out[0].v[6] != group || out[1].v[0] != 1 || out[1].v[4] <= now || out[2].extra[10] > 1 || out[3].extra[0] != 1 {
+				fail("a booking ahead on both", out)
+			}
+		}
+	})
+}
+
+// The fair share: a tenant may book while its start tag is within the horizon of the
+// clock V; a newcomer's first request goes at once behind another's backlog; a tenant
+// whose turn has not come is told when it comes (FlagTurn), and with h takes its place:
+// its finish tag moves on and the reply carries the ticket, which sent back (k) keeps
+// the place; the queue {…}:q holds "<units> <name>" scored by finish tag, with a TTL
+// until the clock passes them.
+func TestFairShare(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		for _, a := range allAlgos {
+			tag := tagOf(b, "fair"+a.tag)
+			clk := newClock(t, b, tag)
+			// 10/s: a slot of 100ms, tags in µs of the group's service for weight 1; the horizon 250ms
+			c := call{a: a, limits: []limit{{10, sec, 10}}}
+			fail := func(what string, got any) {
+				t.Helper()
+				t.Fatalf("%s: %s: %v\n%v", a.tag, what, got, snapshot(t, b.Client, tag+":l", tag+":q", tag+":bk:x"))
+			}
+			queue := func() string {
+				t.Helper()
+				checkKey(t, b.Client, tag+":q")
+				var s []string
+				for _, z := range b.Client.ZRangeWithScores(ctx, tag+":q", 0, -1).Val() {
+					s = append(s, fmt.Sprintf("%s=%g", z.Member, z.Score))
+				}
+				return strings.Join(s, " ")
+			}
+			A := func(r *protocol.Request) *protocol.Request { return c.of("A", r) }
+			out := c.run(t, b, tag, A(acquire(1, 0)), A(acquire(1, 0)), A(acquire(1, 0)), A(acquire(1, 0)))
+			for i, r := range out[:3] {
+				if r.v[0] != 1 || r.v[6] != 0 {
+					fail(fmt.Sprintf("A's grant %d", i+1), out)
+				}
+			}
+			// A's fourth starts at 300000, beyond V + 250000: asked again in 50ms
+			if out[3].v != [7]int64{0, 7, 50 * ms, out[3].v[3], 0, 0, turn} {
+				fail("A's fourth, want its turn in 50ms", out[3])
+			}
+			if q := queue(); q != "1000000 A=300000" {
+				fail("the queue", q)
+			}
+			if m := parseMeta(t, b.Client, tag+":l"); m.Fair == nil || m.Fair.W != 1000000 || m.Fair.V != 0 || m.Fair.Fmax != 300000 {
+				fail("the fair share's clock", m.Fair)
+			}
+			// with h it takes its place: a ticket, its finish tag moved on; twice, two places
+			out = c.run(t, b, tag, hold(A(acquire(1, 0))), hold(A(acquire(1, 0))))
+			if out[0].v != [7]int64{0, 7, 50 * ms, out[0].v[3], 0, 300000 * 1000000, turn | held} ||
+				out[1].v[5] != 400000*1000000 || out[1].v[6] != turn|held {
+				fail("A holds two places", out)
+			}
+			if q := queue(); q != "1000000 A=500000" {
+				fail("the queue after two places", q)
+			}
+			// B, new, goes at once (its start tag is V), and takes one slot of the queue
+			if got := c.one(t, b, tag, c.of("B", acquire(1, 0))); got.v[0] != 1 {
+				fail("B's first request", got)
+			}
+			if q := queue(); q != "1000000 B=100000 1000000 A=500000" {
+				fail("the queue with B", q)
+			}
+			if ttl := b.Client.PTTL(ctx, tag+":q").Val(); !b.Real() && ttl != time.Second+time.Second {
+				fail("the queue's TTL: V reaches A's 500000 at W 2 in 1s, and a second more", ttl)
+			}
+			if ttl := b.Client.PTTL(ctx, tag+":l").Val(); !b.Real() && ttl < 2*time.Second {
+				fail("the state's TTL, at least the fair share's clock's", ttl)
+			}
+			// the group's inspect with the queue: W, then each tenant's place, weight and name
+			got := c.one(t, b, tag, &protocol.Request{Op: protocol.OpInspect, Queue: keys.FairQueue})
+			if e := got.extra[5+3:]; fmt.Sprint(e) != "[2000000 2 1000000 1000000 1 65 200000 1000000 1 66]" {
+				fail("the group's inspect of the queue", got)
+			}
+			// the first ticket, sent back when V has moved on, keeps its place: granted, no new tag
+			clk.add(t, 200*time.Millisecond) // V 100000 at W 2, then 50000 more at W 1
+			if got := c.one(t, b, tag, ticket(A(acquire(1, 0)), out[0].v[5])); got.v[0] != 1 || got.v[6] != 0 {
+				fail("A's ticket sent back", got)
+			}
+			if q := queue(); q != "1000000 A=500000" {
+				fail("the queue after the ticket's grant", q)
+			}
+			// a task's request that holds keeps its ticket in its record; its next finds it
+			clk.add(t, 50*time.Millisecond)
+			got = c.one(t, b, tag, booking(hold(A(acquire(1, 0))), "x", 0))
+			tk := got.v[5]
+			if got.v[0] != 0 || got.v[6] != turn|held || tk != 500000*1000000 {
+				fail("a task holds a place", got)
+			}
+			if rec := b.Client.Get(ctx, tag+":bk:x").Val(); rec != fmt.Sprintf("t %d 1", tk) {
+				fail("the task's record", rec)
+			}
+			checkKey(t, b.Client, tag+":bk:x")
+			if ttl := b.Client.PTTL(ctx, tag+":bk:x").Val(); !b.Real() && ttl != time.Duration(got.v[2]+60*sec)*time.Microsecond {
+				fail("the record's TTL: the wait and a minute", ttl)
+			}
+			if got := c.one(t, b, tag, booking(hold(A(acquire(1, 0))), "x", 0)); got.v[5] != tk {
+				fail("the task's next request, want the same ticket", got)
+			}
+			if q := queue(); q != "1000000 A=600000" {
+				fail("the queue: one place for the task", q)
+			}
+			clk.add(t, time.Duration(got.v[2])*time.Microsecond)
+			if got := c.one(t, b, tag, booking(A(acquire(1, 0)), "x", 0)); got.v[0] != 1 {
+				fail("the task's request when its turn came", got)
+			}
+			if n := b.Client.Exists(ctx, tag+":bk:x").Val(); n != 0 {
+				fail("the record after the grant", n)
+			}
+			// when the clock passes every finish tag the queue and the clock go
+			clk.add(t, 2*time.Second)
+			c.one(t, b, tag, c.of("B", acquire(1, 0)))
+			if q := queue(); q != "1000000 B=100000" {
+				fail("the queue anew: tags start again from 0", q)
+			}
+		}
+	})
+}
+
+// Tenants' weights and the edges of their requests: an operator's weight (W) lives in
+// the meta until its end and counts in place of the callers' (a tenant of weight 3 moves
+// its finish tag a third as far), len 0 clears it, a name may hold any bytes; a tenant's n
+// above its caps is ErrExceeds; a tenant state of another head is FlagDrift, of another
+// algorithm ErrState; a foreign tenant state or fair share's queue fails the requests
+// that need it only, writing nothing.
+func TestTenantWeightsAndEdges(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		for _, a := range allAlgos {
+			tag := tagOf(b, "tw"+a.tag)
+			state := tag + ":" + keys.State
+			clk := newClock(t, b, tag)
+			c := call{a: a, limits: []limit{{10, sec, 10}}, caps: []limit{{2, sec, 2}}}
+			fail := func(what string, got any) {
+				t.Helper()
+				t.Fatalf("%s: %s: %v\n%v", a.tag, what, got, snapshot(t, b.Client, state, tag+":q"))
+			}
+			name := "a b\nc t9"
+			w := &protocol.Request{Op: protocol.OpWeight, X: 5 * sec, Units: 3000000, Queue: keys.FairQueue, Tenant: name}
+			if got := c.one(t, b, tag, w); got.v != [7]int64{1, 0, 0, 0, 0, 0, 0} {
+				fail("the weight op", got)
+			}
+			m := parseMeta(t, b.Client, state)
+			if len(m.Weights) != 1 || m.Weights[0] != (keys.Weight{Tenant: name, Units: 3000000, End: clk.us() + 5*sec}) {
+				fail("the weight in the meta", m.Weights)
+			}
+			if got := c.one(t, b, tag, c.of(name, acquire(1, 0))); got.v[0] != 1 {
+				fail("the weighted tenant's grant", got)
+			}
+			q := b.Client.ZRangeWithScores(ctx, tag+":q", 0, -1).Val()
+			if len(q) != 1 || q[0].Member != "3000000 "+name || q[0].Score < 33333 || q[0].Score > 33334 {
+				fail("its finish tag: a slot of 100000 at weight 3", q)
+			}
+			w.X = 0
+			c.one(t, b, tag, w)
+			if m := parseMeta(t, b.Client, state); len(m.Weights) != 0 {
+				fail("the weight cleared", m.Weights)
+			}
+			// n above the caps
+			before := snapshot(t, b.Client, state, tag+":q", tag+":t:A")
+			out := c.run(t, b, tag, c.of("A", acquire(3, 10*sec)), acquire(3, 0))
+			if out[0].code() != protocol.ErrExceeds || out[1].v[0] != 1 {
+				fail("a tenant's 3 above its caps of 2, and the group's 3", out)
+			}
+			if after := snapshot(t, b.Client, state, tag+":q", tag+":t:A"); after[tag+":t:A"] != before[tag+":t:A"] {
+				fail("the tenant's state written", after)
+			}
+			// the caps' head drifts
+			c.one(t, b, tag, c.of("A", acquire(1, 0)))
+			d := call{a: a, limits: c.limits, caps: []limit{{3, sec, 3}}}
+			if got := d.one(t, b, tag, d.of("A", acquire(1, 0))); got.v[0] != 1 || got.v[6] != drift {
+				fail("other caps, want FlagDrift", got)
+			}
+			// a tenant state of another algorithm
+			other := map[bool]algo{true: slidingWindow, false: tokenBucket}[a.name != "bucket"]
+			o := call{a: other, limits: []limit{{10, sec, 10}}, caps: []limit{{2, sec, 2}}}
+			otag := tagOf(b, "twother"+a.tag)
+			newClock(t, b, otag)
+			o.one(t, b, otag, o.of("A", acquire(1, 0)))
+			b.Client.Rename(ctx, otag+":t:A", tag+":t:B")
+			if got := c.one(t, b, tag, c.of("B", acquire(1, 0))); got.code() != protocol.ErrState && got.code() != protocol.ErrAlg {
+				fail("a tenant state of another algorithm", got)
+			}
+			// foreign keys fail the requests that need them, and only those
+			for _, k := range []struct{ key, typ string }{{tag + ":t:C", "list"}, {tag + ":q", "zset"}} {
+				for _, kind := range []string{"type", "text"} {
+					if k.typ == "list" && a.name != "log" {
+						k.typ = "string"
+					}
+					clk.add(t, 10*time.Second)
+					b.Client.Del(ctx, k.key)
+					putForeign(t, b.Client, k.key, k.typ, kind)
+					before := snapshot(t, b.Client, state, tag+":q", tag+":t:C")
+					out := c.run(t, b, tag, c.of("C", acquire(1, 0)), acquire(1, 0))
+					if kind == "text" && k.typ == "zset" { // members not ours are read as weight 0
+						continue
+					}
+					if out[0].code() != protocol.ErrState || out[1].v[0] != 1 {
+						fail(fmt.Sprintf("%s of another %s", k.key, kind), out)
+					}
+					after := snapshot(t, b.Client, state, tag+":q", tag+":t:C")
+					if after[k.key] != before[k.key] || after[tag+":q"] != before[tag+":q"] {
+						fail(fmt.Sprintf("%s of another %s: written", k.key, kind), fmt.Sprint(before, "\nbecame ", after))
+					}
+				}
+				b.Client.Del(ctx, k.key)
+			}
+		}
+	})
+}
