@@ -615,6 +615,10 @@ local caps = ARGV[2] ~= '' and parse_head(ARGV[2])
 if ARGV[2] ~= '' and (not caps or string.match(ARGV[2], '^(%S+)') ~= tag) then
   return redis.error_reply('JTARG caps head')
 end
+local caplimit = 1000000000 -- the largest n the caps allow
+for i = 1, caps and #caps or 0 do
+  caplimit = math.min(caplimit, caps[i][3])
+end
 local k = nargv - 2
 
 -- The meta (internal/protocol): the head, then while they matter a pause "p <end>", an
@@ -1092,8 +1096,8 @@ end
 -- acquire decides request r, q an acquire; it returns its failure, if any.
 local function acquire(r, q)
   local n, x, pause = q.n, q.x, meta.pause
-  if n > limit then
-    return fail(4, 'JTEXCEEDS n above the overridden limits')
+  if n > limit or (q.c and n > caplimit) then
+    return fail(4, 'JTEXCEEDS n above what the limits in force or the caps can grant')
   end
   local flags = (drift and 16 or 0) + (pause > now and 8 or 0)
   local rec, last, replace = false, 0, false
