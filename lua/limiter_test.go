@@ -806,9 +806,9 @@ func TestTenantWeightsAndEdges(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
 		for _, a := range allAlgos {
-			tag := tagOf(b, "tw"+a.tag)
+			tag, otag := tagOf(b, "tw"+a.tag), tagOf(b, "twother"+a.tag)
 			state := tag + ":" + keys.State
-			clk := newClock(t, b, tag)
+			clk := newClock(t, b, tag, otag)
 			c := call{a: a, limits: []limit{{10, sec, 10}}, caps: []limit{{2, sec, 2}}}
 			fail := func(what string, got any) {
 				t.Helper()
@@ -847,17 +847,15 @@ func TestTenantWeightsAndEdges(t *testing.T) {
 			// the caps' head drifts
 			c.one(t, b, tag, c.of("A", acquire(1, 0)))
 			d := call{a: a, limits: c.limits, caps: []limit{{3, sec, 3}}}
-			if got := d.one(t, b, tag, d.of("A", acquire(1, 0))); got.v[0] != 1 || got.v[6] != drift {
+			if got := d.one(t, b, tag, d.of("A", acquire(1, 0))); got.v[6]&drift == 0 {
 				fail("other caps, want FlagDrift", got)
 			}
 			// a tenant state of another algorithm
-			other := map[bool]algo{true: slidingWindow, false: tokenBucket}[a.name != "bucket"]
+			other := map[bool]algo{true: tokenBucket, false: slidingWindow}[a.name != "bucket"]
 			o := call{a: other, limits: []limit{{10, sec, 10}}, caps: []limit{{2, sec, 2}}}
-			otag := tagOf(b, "twother"+a.tag)
-			newClock(t, b, otag)
 			o.one(t, b, otag, o.of("A", acquire(1, 0)))
-			b.Client.Rename(ctx, otag+":t:A", tag+":t:B")
-			if got := c.one(t, b, tag, c.of("B", acquire(1, 0))); got.code() != protocol.ErrState && got.code() != protocol.ErrAlg {
+			b.Client.Del(ctx, otag+":l")
+			if got := c.one(t, b, otag, c.of("A", acquire(1, 0))); got.code() != protocol.ErrState && got.code() != protocol.ErrAlg {
 				fail("a tenant state of another algorithm", got)
 			}
 			// foreign keys fail the requests that need them, and only those
@@ -869,7 +867,7 @@ func TestTenantWeightsAndEdges(t *testing.T) {
 					clk.add(t, 10*time.Second)
 					b.Client.Del(ctx, k.key)
 					putForeign(t, b.Client, k.key, k.typ, kind)
-					before := snapshot(t, b.Client, state, tag+":q", tag+":t:C")
+					before := snapshot(t, b.Client, tag+":q", tag+":t:C")
 					out := c.run(t, b, tag, c.of("C", acquire(1, 0)), acquire(1, 0))
 					if kind == "text" && k.typ == "zset" { // members not ours are read as weight 0
 						continue
@@ -877,8 +875,7 @@ func TestTenantWeightsAndEdges(t *testing.T) {
 					if out[0].code() != protocol.ErrState || out[1].v[0] != 1 {
 						fail(fmt.Sprintf("%s of another %s", k.key, kind), out)
 					}
-					after := snapshot(t, b.Client, state, tag+":q", tag+":t:C")
-					if after[k.key] != before[k.key] || after[tag+":q"] != before[tag+":q"] {
+					if after := snapshot(t, b.Client, tag+":q", tag+":t:C"); !sameKeys(b, before, after) {
 						fail(fmt.Sprintf("%s of another %s: written", k.key, kind), fmt.Sprint(before, "\nbecame ", after))
 					}
 				}
