@@ -553,6 +553,16 @@ local function units(q)
   return q.units or 1000000
 end
 
+-- queue_foreign returns the failure of the fair share's key KEYS[i] when it holds another
+-- type than a sorted set (read once), else nil: a request that names it checks it first.
+local queue_why = {}
+local function queue_foreign(i)
+  if queue_why[i] == nil then
+    queue_why[i] = select(2, read_key('sorted set', 'ZCARD', KEYS[i])) or false
+  end
+  return queue_why[i] or nil
+end
+
 -- finish_of returns the finish tag of a tenant in the queue (false: not queued).
 local function finish_of(qkey, member)
   local F = finish[member]
@@ -644,6 +654,9 @@ local function acquire(r, q)
   local n, x, pause = q.n, q.x, meta.pause
   if n > limit or (q.c and n > caplimit) then
     return fail(E_EXCEEDS, 'JTEXCEEDS n above what the limits in force or the caps can grant')
+  end
+  if q.q and queue_foreign(q.q) then
+    return queue_foreign(q.q)
   end
   local flags = (drift and F_DRIFT or 0) + (pause > now and F_PAUSED or 0)
   local rec, last, replace = false, 0, false
@@ -814,6 +827,9 @@ end
 -- group, its weight in the queue (W, millionths) and k, then per tenant of the k (at
 -- most 10) with the most queued its place, its weight units, its name's length and bytes.
 local function inspect(r, q)
+  if q.q and queue_foreign(q.q) then
+    return queue_foreign(q.q)
+  end
   local pause = meta.pause
   local t = fit(gst, lim, 1, math.max(now, pause), now)
   group_report()
