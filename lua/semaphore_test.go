@@ -2,6 +2,7 @@ package lua
 
 import (
 	"context"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -213,3 +214,60 @@ func TestSemaphoreErrors(t *testing.T) {
 		}
 	})
 }
+
+// semBatchVsLone is batchVsLone for the semaphore: tokens a..d, places p, q and the
+// tokens themselves.
+func semBatchVsLone(t *testing.T, b *redistest.Backend, rounds int, pick func(n int) int) {
+	t.Helper()
+	tagA, tagB := tagOf(b, "semA"), tagOf(b, "semB")
+	clk := newClock(t, b, tagA, tagB)
+	for round := range rounds {
+		clk.add(t, time.Duration(pick(400))*time.Millisecond)
+		k := 1 + pick(8)
+		reqs := make([]semReq, k)
+		for i := range reqs {
+			tok := token("abcd"[pick(4)])
+			place := []string{"p", "q", tok}[pick(3)]
+			switch op := pick(9); {
+			case op < 4:
+				reqs[i] = semReq{semAcquire, tok, place, pick(2)}
+			case op < 5:
+				reqs[i] = semReq{semExtend, tok, "", 0}
+			case op < 7:
+				reqs[i] = semReq{semRelease, tok, []string{"", place}[pick(2)], 0}
+			case op < 8:
+				reqs[i] = semReq{semInspect, "", "", pick(3)}
+			default:
+				reqs[i] = semReq{semAcquire, "bad", place, 0}
+			}
+		}
+		var want []res
+		for _, r := range reqs {
+			want = append(want, semCall(t, b, tagA, 2, sec, r)[0])
+		}
+		got := semCall(t, b, tagB, 2, sec, reqs...)
+		for i := range got {
+			g, w := got[i], want[i]
+			if b.Real() && g.extra != nil && w.extra != nil {
+				g.extra[3] = w.extra[3]
+			}
+			g.err, w.err = requestNumber.ReplaceAllString(g.err, "request N:"), requestNumber.ReplaceAllString(w.err, "request N:")
+			if comparable(g) != comparable(w) {
+				t.Fatalf("round %d, request %d of %v: batch %v, lone %v", round, i+1, reqs, g, w)
+			}
+		}
+		ka, kb := semKeys(tagA)[:3], semKeys(tagB)[:3]
+		sa, sb := snapshot(t, b.Client, ka...), snapshot(t, b.Client, kb...)
+		for i := range ka {
+			x, y := sa[ka[i]], sb[kb[i]]
+			if b.Real() {
+				x, y = x[:strings.LastIndex(x, " ttl ")], y[:strings.LastIndex(y, " ttl ")]
+			}
+			if x != y {
+				t.Fatalf("round %d: %s holds %s after lone calls, %s after the batch", round, ka[i], x, y)
+			}
+		}
+	}
+}
+
+var requestNumber = regexp.MustCompile(`request \d+:`)
