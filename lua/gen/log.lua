@@ -1145,6 +1145,24 @@ local function tenant_state(i)
   return ts
 end
 
+-- life is how long the fair share's clock f lives, µs: until V reaches Fmax. kept_us is
+-- how long the state lives from now, its data mattering data µs: until neither its data
+-- nor a line of its meta matters. The writes set it; an inspect after them reports it.
+local function life(f)
+  return math.ceil((f.Fmax - f.V) * f.W / 1000000) + math.max(f.tV - now, 0) + 1000000
+end
+local function kept_us(data)
+  local kept = math.max(data, meta.pause - now, oend - now)
+  for _, w in pairs(meta.weights) do
+    kept = math.max(kept, w[1] - now)
+  end
+  local f = meta.fair
+  if f and f.W > 0 then -- the clock lives while tenants are queued
+    kept = math.max(kept, life(f))
+  end
+  return kept
+end
+
 -- report's answer on the group while it has not changed since (take, give, rates change it)
 local remaining, reset, keep
 local function group_report()
@@ -1379,8 +1397,8 @@ local function inspect(r, q)
   local pttl = -2
   if not gst.dirty and not changed then
     pttl = redis.call('PTTL', KEYS[1])
-  elseif keep > 0 then
-    pttl = math.ceil(keep / 1000)
+  elseif kept_us(keep) > 0 then -- what the call's writes will set
+    pttl = math.ceil(kept_us(keep) / 1000)
   end
   local d = {b, ahead, math.max(0, pause - now), pttl, math.max(0, oend - now)}
   for i = 1, #lim do
@@ -1486,20 +1504,13 @@ end
 
 -- Writes, after every read and check: what lives is kept until it no longer matters.
 local _, _, data = report(gst, lim, now, oend)
-local kept = math.max(data, meta.pause - now, oend - now)
-for _, w in pairs(meta.weights) do
-  kept = math.max(kept, w[1] - now)
-end
+local kept = kept_us(data)
 local f = meta.fair
-if f and f.W > 0 then -- the clock lives while tenants are queued: until V reaches Fmax
-  local life = math.ceil((f.Fmax - f.V) * f.W / 1000000) + math.max(f.tV - now, 0) + 1000000
-  kept = math.max(kept, life)
-  if fair_moved then
-    for member, F in pairs(queued) do
-      redis.call('ZADD', fair_key, string.format('%.17g', F), member)
-    end
-    redis.call('PEXPIRE', fair_key, ms(life))
+if f and f.W > 0 and fair_moved then
+  for member, F in pairs(queued) do
+    redis.call('ZADD', fair_key, string.format('%.17g', F), member)
   end
+  redis.call('PEXPIRE', fair_key, ms(life(f)))
 end
 if changed or gst.dirty then
   meta.head = ARGV[1]
