@@ -1412,6 +1412,12 @@ for r = 1, k do
     end
     return reply({}, k, ext)
   end
+  -- a state the call writes gets the caller's head: no drift for the requests after
+  -- that, as for lone calls after one that wrote
+  drift = drift and not (changed or gst.dirty)
+  for _, ts in pairs(tstates) do
+    ts.drift = ts.drift and not ts.dirty
+  end
 end
 
 -- Writes, after every read and check: what lives is kept until it no longer matters.
