@@ -6,7 +6,8 @@
 --   last   when the tokens were counted, µs (the time of the write)
 --   ui     limit i's tokens at last, in ticks: a token is pi ticks and the bucket refills
 --          ri ticks per µs, so everything is an exact integer; negative when booked ahead
---   ei     the time of limit i's latest booking, µs (x/time/rate's lastEvent; 0: none)
+--   ei     the time of limit i's latest booking, µs, while it lies ahead (x/time/rate's
+--          lastEvent; 0: none ahead, as a cancel gives back only a booking ahead)
 --   meta   the meta text (internal/protocol); the tokens are counted with its head's
 --          limits, at its override's rates until the override's end
 -- An absent key is full buckets, at the limits in force when it is read. The key's TTL is
@@ -259,9 +260,9 @@ local function save(st, key, keep, meta, bare)
     redis.call('SET', key, '\n' .. (meta or st.meta), 'PX', ms(keep))
     return
   end
-  local text = string.format('%d %d %d', now, st[1], st[5])
+  local text = string.format('%d %d %d', now, st[1], st[5] > now and st[5] or 0)
   for j = 5, #st - 5, 5 do
-    text = text .. string.format(' %d %d', st[j + 1], st[j + 5])
+    text = text .. string.format(' %d %d', st[j + 1], st[j + 5] > now and st[j + 5] or 0)
   end
   redis.call('SET', key, text .. '\n' .. (meta or st.meta), 'PX', ms(keep))
 end
