@@ -245,10 +245,16 @@ local function format_meta(m)
   if f and f.W > 0 then
     parts[#parts + 1] = string.format('f %.17g %d %d %.17g', f.V, f.W, f.tV, f.Fmax)
   end
+  local names = {} -- in order: the same weights make the same text, whatever pairs' order
   for name, w in pairs(m.weights) do
     if w[1] > now then
-      parts[#parts + 1] = string.format('w %d %d %d ', w[1], w[2], #name) .. name
+      names[#names + 1] = name
     end
+  end
+  table.sort(names)
+  for _, name in ipairs(names) do
+    local w = m.weights[name]
+    parts[#parts + 1] = string.format('w %d %d %d ', w[1], w[2], #name) .. name
   end
   return table.concat(parts, '\n')
 end
