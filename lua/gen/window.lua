@@ -525,6 +525,13 @@ for i = 1, caps and #caps or 0 do
 end
 local k = nargv - 2
 
+-- score reads a number of the fair share's (a sorted set's score, the clock's V and
+-- Fmax): gopher-lua's tonumber reads no mantissa without a point before an exponent
+-- ("8e+10", as miniredis gives a large score), so one is put in.
+local function score(s)
+  return tonumber(s) or tonumber((string.gsub(s or '', '^(%-?%d+)e', '%1.0e')))
+end
+
 -- The meta (internal/protocol): the head, then while they matter a pause "p <end>", an
 -- override "o <end> <set> <r1> <b1> ...", the fair share's clock "f <V> <W> <tV> <Fmax>"
 -- and operators' weights "w <end> <units> <len> <name>". parse_meta returns {head,
@@ -567,7 +574,7 @@ local function parse_meta(text)
         m.over = over
       elseif kind == 'f' then
         local V, W, tV, Fmax = string.match(line, '^f (%S+) (%d+) (%d+) (%S+)$')
-        V, W, tV, Fmax = tonumber(V), tonumber(W), tonumber(tV), tonumber(Fmax)
+        V, W, tV, Fmax = score(V), tonumber(W), tonumber(tV), score(Fmax)
         if not V or not Fmax or V ~= V or Fmax ~= Fmax or math.abs(V) == math.huge
           or math.abs(Fmax) == math.huge then -- (x ~= x: NaN)
           return nil
@@ -869,7 +876,7 @@ local function fair(qkey, readonly)
       f.W = 0
       break
     end
-    local F, u = tonumber(m[2]), tonumber((string.match(m[1], '^(%d+) ')))
+    local F, u = score(m[2]), tonumber((string.match(m[1], '^(%d+) ')))
     local reach = t + (F - f.V) * f.W / 1000000
     if reach > now then
       f.V, t = f.V + (now - t) * 1000000 / f.W, now
@@ -931,7 +938,7 @@ end
 local function finish_of(qkey, member)
   local F = finish[member]
   if F == nil then
-    F = tonumber(redis.call('ZSCORE', qkey, member)) or false
+    F = score(redis.call('ZSCORE', qkey, member) or nil) or false
     finish[member] = F
   end
   return F
@@ -1250,7 +1257,7 @@ local function inspect(r, q)
     for i = 1, #top, 2 do
       local u, name = string.match(top[i], '^(%d+) (.*)$')
       name = name or ''
-      d[#d + 1], d[#d + 2], d[#d + 3] = math.max(0, math.ceil((tonumber(top[i + 1]) - f.V) * f.W / 1000000)),
+      d[#d + 1], d[#d + 2], d[#d + 3] = math.max(0, math.ceil((score(top[i + 1]) - f.V) * f.W / 1000000)),
         tonumber(u) or 0, #name
       for j = 1, #name do
         d[#d + 1] = string.byte(name, j)
