@@ -6,7 +6,8 @@
 --   last   when the tokens were counted, µs (the time of the write)
 --   ui     limit i's tokens at last, in ticks: a token is pi ticks and the bucket refills
 --          ri ticks per µs, so everything is an exact integer; negative when booked ahead
---   ei     the time of limit i's latest booking, µs (x/time/rate's lastEvent; 0: none)
+--   ei     the time of limit i's latest booking, µs, while it lies ahead (x/time/rate's
+--          lastEvent; 0: none ahead, as a cancel gives back only a booking ahead)
 --   meta   the meta text (internal/protocol); the tokens are counted with its head's
 --          limits, at its override's rates until the override's end
 -- An absent key is full buckets, at the limits in force when it is read. The key's TTL is
@@ -45,8 +46,8 @@ local TAGS, PARAM_TAG, CAP = ' tb ', '', 3 -- the heads it serves; the one with 
 -- (the driver's parse_head reads every form).
 local function quick_head(text)
   local r, p, b = string.match(text, '^tb (%d+) (%d+) (%d+)$')
-  r, p, b = tonumber(r or ''), tonumber(p or ''), tonumber(b or '')
-  if r and r >= 1 and r <= MAX_RATE and p >= 1 and p <= MAX_PERIOD and b >= 1 and b <= MAX_RATE
+  r, p, b = tonumber(r), tonumber(p), tonumber(b)
+  if r and p and b and r >= 1 and r <= MAX_RATE and p >= 1 and p <= MAX_PERIOD and b >= 1 and b <= MAX_RATE
     and b * p <= MAX_TICKS then
     return {{r, p, b}}, 0
   end
@@ -87,14 +88,19 @@ local function rates(st, old, new, at, now)
 end
 
 -- load reads the state at key: st.meta is its meta (nil: the key is absent; head, the
--- same text, when they are equal); or nil and the read's error (false: a string not ours,
--- see common.lua's foreign).
+-- same text, when they are equal); or nil and the read's error (false: a string not ours;
+-- common.lua's foreign names the failure).
 local function load(key, head)
   local v = redis.pcall('GET', key)
   if not v then
     return {at = now, key = key, absent = true}
-  elseif type(v) == 'table' then
-    return nil, v
+  elseif type(v) == 'table' then -- another type: a meta alone in a list (the log's) is
+    -- full buckets
+    local l = string.find(v.err, 'WRONGTYPE', 1, true) and redis.pcall('LRANGE', key, '0', '1')
+    if type(l) ~= 'table' or l.err or #l ~= 1 then
+      return nil, v
+    end
+    v = '\n' .. l[1]
   end
   local nl = string.find(v, '\n', 1, true)
   if not nl then
@@ -255,9 +261,9 @@ local function save(st, key, keep, meta, bare)
     redis.call('SET', key, '\n' .. (meta or st.meta), 'PX', ms(keep))
     return
   end
-  local text = string.format('%d %d %d', now, st[1], st[5])
+  local text = string.format('%d %d %d', now, st[1], st[5] > now and st[5] or 0)
   for j = 5, #st - 5, 5 do
-    text = text .. string.format(' %d %d', st[j + 1], st[j + 5])
+    text = text .. string.format(' %d %d', st[j + 1], st[j + 5] > now and st[j + 5] or 0)
   end
   redis.call('SET', key, text .. '\n' .. (meta or st.meta), 'PX', ms(keep))
 end

@@ -3,20 +3,40 @@ package lua
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/internal/protocol"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"golang.org/x/time/rate"
 )
 
+// The token bucket's replies: remaining and reset, the pause delaying a booking that then
+// spends the refill its burst would have cut, Inspect.
+func TestTokenBucketOps(t *testing.T) {
+	c := call{a: tokenBucket, limits: []limit{{10, sec, 4}}}
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		runSteps(t, b, c, "tb", []step{
+			w(0, inspect(), "full", 1, 4, 0, 0, nil, nil, 0, []int64{0, 0, 0, -2, 0, 10, 4, 4}),
+			w(0, acquire(3, 0), "", 1, 1, 0, 300*ms, tok(0), 0, 0),
+			w(0, acquire(3, 0), "two short", 0, 1, 200*ms, 300*ms, 0, 0, group),
+			w(0, acquire(3, sec), "", 1, 0, 200*ms, 600*ms, tok(200*ms), 0, 0),
+			w(100*ms, inspect(), "owes 1", 1, 0, 200*ms, 500*ms, nil, nil, 0, []int64{1, 100 * ms, 0, 500, 0, 10, 4, -1}),
+			w(100*ms, cancel(3, tok(200*ms)), "the latest", 1, 0, 0, 200*ms, 0, 0, 0),
+			w(100*ms, pause(900*ms), "", 1, 0, 900*ms, 0, 0, 0, 0),
+			w(100*ms, acquire(4, 2*sec), "at the pause's end", 1, 0, 900*ms, sec+400*ms-100*ms, tok(sec), 0, protocol.FlagPaused),
+		})
+	})
+}
+
 // bucketRef drives one token bucket key and a golang.org/x/time/rate Limiter side by side:
-// the callers' limit is {rate, period, burst}; override stands in for SetLimitAt and
-// SetBurstAt (clear when the limits come back to the callers').
+// the callers' limit is {rate, period, burst}; an override stands in for SetLimitAt and
+// SetBurstAt (a clear when the limits come back to the callers').
 type bucketRef struct {
 	t        testing.TB
 	b        *redistest.Backend
-	c        limiterCall
+	c        call
 	tag      string
 	clock    *clock
 	lim      *rate.Limiter
@@ -28,7 +48,7 @@ type bucketRef struct {
 func newBucketRef(t testing.TB, b *redistest.Backend, name string, r, period, callers, burst int64) *bucketRef {
 	tag := tagOf(b, name)
 	f := &bucketRef{t: t, b: b, tag: tag, clock: newClock(t, b, tag),
-		c:   limiterCall{a: tokenBucket, limits: []limit{{r, period, callers}}, extras: []any{0, 0}},
+		c:   call{a: tokenBucket, limits: []limit{{r, period, callers}}},
 		lim: rate.NewLimiter(perSecond(r, period), int(burst)), r: r, burst: callers}
 	if burst != callers {
 		f.set(r, burst)
@@ -50,7 +70,7 @@ func (f *bucketRef) at(us int64) time.Time {
 // float rounding.
 func (f *bucketRef) reserve(n, maxWait int64) (res, *rate.Reservation, time.Duration) {
 	now := f.clock.now
-	got := f.c.one(f.t, f.b, f.tag, req{op: opAcquire, n: n, x: maxWait})
+	got := f.c.one(f.t, f.b, f.tag, acquire(int(n), maxWait))
 	wait := time.Duration(0)
 	if short := float64(n) - f.lim.TokensAt(now); short > 0 {
 		wait = time.Duration(short / float64(f.lim.Limit()) * float64(time.Second))
@@ -68,10 +88,9 @@ func (f *bucketRef) set(r, burst int64) {
 	f.lim.SetLimitAt(now, perSecond(r, f.c.limits[0].period))
 	f.lim.SetBurstAt(now, int(burst))
 	f.r, f.burst = r, burst
-	op := req{op: opClear}
+	op := clearOver()
 	if r != f.c.limits[0].rate || burst != f.c.limits[0].burst {
-		f.c.extras = []any{r, burst}
-		op = req{op: opOverride, n: 1, y: f.c.extraIndex(1)}
+		op = override(0, int(r), int(burst))
 	}
 	if got := f.c.one(f.t, f.b, f.tag, op); got.v[0] != 1 {
 		f.t.Fatalf("set %d, %d: %v", r, burst, got)
@@ -81,7 +100,7 @@ func (f *bucketRef) set(r, burst int64) {
 // cancel gives back n booked at token on the script, and cancels r on x/time/rate.
 func (f *bucketRef) cancel(n, token int64, r *rate.Reservation) res {
 	r.CancelAt(f.clock.now)
-	return f.c.one(f.t, f.b, f.tag, req{op: opCancel, n: n, x: token})
+	return f.c.one(f.t, f.b, f.tag, cancel(int(n), token))
 }
 
 // The bucket decides as x/time/rate does, decision for decision: random timelines of
@@ -141,7 +160,7 @@ func bucketTimeline(t *testing.T, b *redistest.Backend, seed uint64, exact bool,
 			n := 1 + rng.Int64N(f.burst)
 			maxWait := []int64{0, rng.Int64N(period), rng.Int64N(4 * period), 1 << 40}[rng.IntN(4)]
 			got, r, wait := f.reserve(n, maxWait)
-			if got.err != "" || (got.v[0] == 1) != (r != nil) {
+			if got.failed() || (got.v[0] == 1) != (r != nil) {
 				t.Fatalf("%s: acquire %d, max wait %dµs: script %v, x/time/rate wait %v, granted %v", trace, n, maxWait, got, wait, r != nil)
 			}
 			// the script's wait is x/time/rate's rounded up to the µs
@@ -176,7 +195,7 @@ func bucketTimeline(t *testing.T, b *redistest.Backend, seed uint64, exact bool,
 			}
 		}
 		// remaining is x/time/rate's whole tokens
-		got := f.c.one(t, b, f.tag, req{op: opInspect, n: 1})
+		got := f.c.one(t, b, f.tag, inspect())
 		if want := int64(f.lim.TokensAt(at) + 1e-9); got.v[1] != max(0, want) && exact {
 			t.Fatalf("%s: remaining %d, x/time/rate holds %v tokens", trace, got.v[1], f.lim.TokensAt(at))
 		}
@@ -232,14 +251,14 @@ func TestBucketXTimeRateCases(t *testing.T) {
 				for i, s := range tc.steps {
 					f.at(s.at * d)
 					if s.act == -1 {
-						got := f.c.one(t, b, f.tag, req{op: opCancel, n: s.n, x: tokens[s.cancel]})
+						got := f.c.one(t, b, f.tag, cancel(int(s.n), tokens[s.cancel]))
 						if got.v[0] != 1 {
 							t.Fatalf("step %d: cancel: %v, want freed", i, got)
 						}
 						tokens = append(tokens, 0)
 						continue
 					}
-					got := f.c.one(t, b, f.tag, req{op: opAcquire, n: s.n, x: 1 << 40})
+					got := f.c.one(t, b, f.tag, acquire(int(s.n), 1<<40))
 					if want := redistest.Epoch.UnixMicro() + s.act*d; got.v[0] != 1 || got.v[4] != want {
 						t.Fatalf("step %d: acquire %d at t%d: %v, want token t%d", i, s.n, s.at, got, s.act)
 					}
@@ -250,6 +269,60 @@ func TestBucketXTimeRateCases(t *testing.T) {
 					}
 				}
 			})
+		}
+	})
+}
+
+// A bucket's change of limits settles its tokens at the change and counts at the new
+// limits from then on: raising 5/s to 10/s brings the next permit sooner; a drained
+// bucket of 1 per 2^45µs that callers deploy at 10/s (their head drifts from the
+// stored one) refills at once at 10/s; lowering a drained 10/s burst-2 bucket to 1/s does
+// not grant at once; raising the burst does not hand a drained bucket the new burst. An
+// override that ends is settled at its end.
+func TestBucketRateChanges(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		type change struct {
+			name          string
+			rate, period  int64
+			burst         int64
+			drain         int     // permits taken at Epoch
+			after         int64   // µs later, the change:
+			orate, oburst int     // an override, or ...
+			deploy        []limit // ... the callers' new limits
+			wait          int64   // an acquire of 1 then waits this, µs
+		}
+		for _, tc := range []change{
+			{"raise the rate", 5, sec, 1, 1, 100 * ms, 10, 1, nil, 50 * ms},
+			{"deploy a fast rate over a slow one", 1, 1 << 45, 1, 1, 100 * ms, 0, 0, []limit{{10, sec, 1}}, 100 * ms},
+			{"lower the rate", 10, sec, 2, 2, 0, 1, 2, nil, sec},
+			{"raise the burst", 10, sec, 2, 2, 0, 10, 8, nil, 100 * ms},
+		} {
+			tag := tagOf(b, strings.ReplaceAll(tc.name, " ", ""))
+			clk := newClock(t, b, tag)
+			c := call{a: tokenBucket, limits: []limit{{tc.rate, tc.period, tc.burst}}}
+			if got := c.one(t, b, tag, acquire(tc.drain, 0)); got.v[0] != 1 {
+				t.Fatalf("%s: drain: %v", tc.name, got)
+			}
+			clk.add(t, time.Duration(tc.after)*time.Microsecond)
+			drifted := int64(0)
+			if tc.deploy != nil {
+				c.limits, drifted = tc.deploy, drift
+			} else {
+				c.one(t, b, tag, override(sec, tc.orate, tc.oburst))
+			}
+			if got := c.one(t, b, tag, acquire(1, 0)); got.v[2] != tc.wait || got.v[0] != 0 || got.v[6] != group|drifted {
+				t.Fatalf("%s: %v, want a wait of %dµs, flags %d", tc.name, got, tc.wait, group|drifted)
+			}
+		}
+		// the override of 1/s ends at +1.1s: 10/s from then on
+		tag := tagOf(b, "overrideends")
+		clk := newClock(t, b, tag)
+		c := call{a: tokenBucket, limits: []limit{{10, sec, 2}}}
+		c.one(t, b, tag, acquire(2, 0))
+		c.one(t, b, tag, override(sec, 1, 2))
+		clk.add(t, 1100*time.Millisecond) // 1s at 1/s, then 100ms at 10/s: 2 tokens
+		if got := c.one(t, b, tag, acquire(2, 0)); got.v[0] != 1 {
+			t.Fatalf("after the override's end: %v, want 2 tokens", got)
 		}
 	})
 }

@@ -44,8 +44,8 @@ local LOG_TRIM = 2       -- expired entries that make an acquire trim (fewer wai
 -- nil for any other (the driver's parse_head reads every form).
 local function quick_head(text)
   local r, p = string.match(text, '^sw (%d+) (%d+)$')
-  r, p = tonumber(r or ''), tonumber(p or '')
-  if r and r >= 1 and r <= MAX_RATE and p >= 1 and p <= MAX_PERIOD then
+  r, p = tonumber(r), tonumber(p)
+  if r and p and r >= 1 and r <= MAX_RATE and p >= 1 and p <= MAX_PERIOD then
     return {{r, p}}, 0
   end
   return nil
@@ -70,7 +70,7 @@ local function at(st, i)
     local v = s <= st.hn and st.head
     if v then
       T, S = v[2 * s + 1], v[2 * s + 2]
-      if #T > 17 or #S > 17 or string.find(T .. S, '%D') then
+      if #T > 17 or #S > 17 or T == '' or S == '' or string.find(T .. S, '%D') then
         st.err = st.err or st.key .. ': entry ' .. s
         return 0, st.base
       end
@@ -128,12 +128,16 @@ local function search(st, f, v)
 end
 
 -- load reads the state at key: st.meta is its meta (nil: the key is absent); or nil and
--- the read's error (false: the key is a list not ours, see common.lua's foreign). What
--- the head holds is checked as it is read (at), so a call reads no more than it needs.
+-- the read's error (false: a list not ours; common.lua's foreign names the failure).
 local function load(key, head)
   local v = redis.pcall('LRANGE', key, '0', LOG_HEAD_END)
-  if v.err then
-    return nil, v
+  if v.err then -- another type: a meta alone in a string (the bucket's or the window's)
+    -- is an empty log
+    local s = string.find(v.err, 'WRONGTYPE', 1, true) and redis.pcall('GET', key)
+    if type(s) ~= 'string' or string.sub(s, 1, 1) ~= '\n' then
+      return nil, v
+    end
+    v = {string.sub(s, 2)}
   end
   local len = #v
   -- made at its size: the head's entries (at) and the fields a usual call sets
@@ -144,7 +148,8 @@ local function load(key, head)
     st.send, st.bare = 0, len == 1
     return st
   end
-  -- the last entry at once: it decides where a grant goes
+  -- the last entry at once: it decides where a grant goes; the head's entries are
+  -- checked as they are read (at), so a call reads no more than it needs
   local last = len < 2 * 4 + 2 and {v[len - 1], v[len]} or redis.call('LRANGE', key, '-2', '-1')
   local base = tonumber(v[2])
   if len % 2 == 1 or not base or #v[2] > 17 or string.find(v[2], '%D') then
@@ -159,7 +164,7 @@ local function load(key, head)
   end
   if len > 2 then
     local T, S = last[1], last[2]
-    if #T > 17 or #S > 17 or string.find(T .. S, '%D') then
+    if #T > 17 or #S > 17 or T == '' or S == '' or string.find(T .. S, '%D') then
       return nil, false
     end
     st.slastT, st.slastS = tonumber(T), tonumber(S)

@@ -63,7 +63,7 @@ local function pause_read(key)
   if type(meta) ~= 'string' or not string.find(meta, '^%l%l? ') then
     return nil, fail(E_STATE, key .. ': not a limiter state')
   end
-  return tonumber(string.match(meta, '\np (%d+)')) or 0
+  return tonumber((string.match(meta, '\np (%d+)'))) or 0
 end
 
 local k = int(ARGV[1], 1, MAX_REQUESTS)

@@ -2,10 +2,13 @@ package lua
 
 import (
 	"context"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/internal/keys"
+	"github.com/jobthrottle/jobthrottle/internal/protocol"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -26,6 +29,12 @@ const (
 
 func token(c byte) string { return strings.Repeat(string(c), 32) }
 
+// semKeys are a semaphore's KEYS under tag: its leases, queue, places' expiries, and the
+// key's limiter state (whose meta's pause it honours).
+func semKeys(tag string) []string {
+	return []string{tag + ":" + keys.Leases, tag + ":" + keys.Queue, tag + ":" + keys.QueueExpiry, tag + ":" + keys.State}
+}
+
 // semCall runs reqs in one call on the semaphore under tag (max leases, ttl µs).
 func semCall(t testing.TB, b *redistest.Backend, tag string, max, ttl int64, reqs ...semReq) []res {
 	t.Helper()
@@ -36,14 +45,9 @@ func semCall(t testing.TB, b *redistest.Backend, tag string, max, ttl int64, req
 		detail[i] = r.op == semInspect
 	}
 	args = append(args, max, ttl)
-	keys := []string{tag + ":sem", tag + ":semq", tag + ":semx", tag + ":pause"}
-	v, err := script(b, "semaphore").Run(context.Background(), b.Client, keys, args...).Int64Slice()
+	out, err := exec(b, "semaphore", semKeys(tag), args, detail)
 	if err != nil {
 		t.Fatalf("semaphore %v: %v", reqs, err)
-	}
-	out, err := parseReply(v, detail)
-	if err != nil {
-		t.Fatal(err)
 	}
 	return out
 }
@@ -52,37 +56,38 @@ func semCall(t testing.TB, b *redistest.Backend, tag string, max, ttl int64, req
 // freed while a place heads the queue is handed to it under the place's id (published
 // "h <id>"), and the next acquire with that place claims it under its own token; a
 // token that holds no lease (a stale holder, a task's other handler) extends and releases
-// nothing; the queue is FIFO; places lapse; a pause hands nothing.
+// nothing; the queue is FIFO; places lapse; the key's pause (a limiter's meta) hands
+// nothing, and a limiter state without a pause is no pause.
 func TestSemaphoreTokensAndPlaces(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
 		tag := tagOf(b, "sem")
 		clk := newClock(t, b, tag)
-		sub := b.Client.Subscribe(ctx, tag+":wake")
+		sub := b.Client.Subscribe(ctx, tag+":"+keys.Wake)
 		defer sub.Close()
 		if _, err := sub.Receive(ctx); err != nil {
 			t.Fatal(err)
 		}
 		ttl := 10 * sec
-		call := func(reqs ...semReq) []res { return semCall(t, b, tag, 1, ttl, reqs...) }
+		sem := func(reqs ...semReq) []res { return semCall(t, b, tag, 1, ttl, reqs...) }
 		A, B, C, D := token('a'), token('b'), token('c'), token('d')
-		out := call(semReq{semAcquire, A, A, 1})
-		if out[0].v != [6]int64{1, 0, 1, 0, 0, 0} {
+		out := sem(semReq{semAcquire, A, A, 1})
+		if out[0].v != [7]int64{1, 0, 1, 0, 0, 0, 0} {
 			t.Fatalf("acquire: %v", out)
 		}
 		// full: the task "task1" queues (its handler's token B), then "task2" (C)
-		out = call(semReq{semAcquire, B, "task1", 1}, semReq{semAcquire, C, "task2", 1})
-		if out[0].v[0] != 0 || out[0].v[2] != 1 || out[0].v[1] != ttl || out[1].v[0] != 0 {
+		out = sem(semReq{semAcquire, B, "task1", 1}, semReq{semAcquire, C, "task2", 1})
+		if out[0].v != [7]int64{0, ttl, 1, 0, 0, 0, 0} || out[1].v[0] != 0 {
 			t.Fatalf("denied: %v", out)
 		}
 		// a stale holder's extend and release act on nothing
-		out = call(semReq{semExtend, D, "", 0}, semReq{semRelease, D, "", 0})
+		out = sem(semReq{semExtend, D, "", 0}, semReq{semRelease, D, "", 0})
 		if out[0].v[0] != 0 || out[1].v[0] != 0 || out[1].v[2] != 1 {
 			t.Fatalf("a token holding nothing: %v", out)
 		}
 		// A releases: the slot goes to the head of the queue, task1, under its id
 		clk.add(t, time.Second)
-		out = call(semReq{semRelease, A, A, 0}, semReq{semInspect, "", "", 5})
+		out = sem(semReq{semRelease, A, A, 0}, semReq{semInspect, "", "", 5})
 		if out[0].v[0] != 1 || out[0].v[2] != 1 {
 			t.Fatalf("release: %v", out)
 		}
@@ -97,7 +102,7 @@ func TestSemaphoreTokensAndPlaces(t *testing.T) {
 		}
 		// task1's retry, with a new token E, claims it; its old handler's token B holds nothing
 		E := token('e')
-		out = call(semReq{semAcquire, E, "task1", 1}, semReq{semExtend, B, "", 0})
+		out = sem(semReq{semAcquire, E, "task1", 1}, semReq{semExtend, B, "", 0})
 		if out[0].v[0] != 1 || out[1].v[0] != 0 {
 			t.Fatalf("claim: %v", out)
 		}
@@ -105,82 +110,164 @@ func TestSemaphoreTokensAndPlaces(t *testing.T) {
 			t.Fatalf("the lease did not pass from the place to the token")
 		}
 		// task2 gives up its place: nothing is handed when E releases
-		call(semReq{semRelease, C, "task2", 0})
-		out = call(semReq{semRelease, E, "task1", 0}, semReq{semInspect, "", "", 0})
+		sem(semReq{semRelease, C, "task2", 0})
+		out = sem(semReq{semRelease, E, "task1", 0}, semReq{semInspect, "", "", 0})
 		if out[0].v[0] != 1 || out[1].extra[0] != 0 || out[1].extra[1] != 0 {
 			t.Fatalf("after task2 left: %v", out)
 		}
 		// a place lapses after ttl_us unless renewed
-		call(semReq{semAcquire, A, A, 0})
-		call(semReq{semAcquire, B, "late", 1})
+		sem(semReq{semAcquire, A, A, 0})
+		sem(semReq{semAcquire, B, "late", 1})
 		clk.add(t, 11*time.Second) // A's lease expired too
-		out = call(semReq{semAcquire, C, C, 0}, semReq{semInspect, "", "", 0})
+		out = sem(semReq{semAcquire, C, C, 0}, semReq{semInspect, "", "", 0})
 		if out[0].v[0] != 1 || out[1].extra[1] != 0 {
 			t.Fatalf("a lapsed place: %v", out)
 		}
-		// paused: nothing is granted or handed; the wait covers the pause
-		b.Client.Set(ctx, tag+":pause", clk.us()+5*sec, 0)
-		out = call(semReq{semRelease, C, C, 0}, semReq{semAcquire, A, A, 0})
-		if out[0].v[0] != 1 || out[1].v[0] != 0 || out[1].v[1] != 5*sec {
+		for _, k := range semKeys(tag)[:3] {
+			if b.Client.Exists(ctx, k).Val() == 1 && b.Client.PTTL(ctx, k).Val() <= 0 {
+				t.Fatalf("%s has no TTL", k)
+			}
+		}
+		// a limiter's state on the key without a pause: no pause
+		lim := call{a: slidingWindow, limits: []limit{{5, sec, 0}}}
+		lim.one(t, b, tag, acquire(1, 0))
+		out = sem(semReq{semRelease, C, C, 0}, semReq{semAcquire, A, A, 0})
+		if out[0].v[0] != 1 || out[1].v[0] != 1 {
+			t.Fatalf("beside a limiter's state: %v", out)
+		}
+		// the key paused (by a limiter's pause): nothing is granted or handed; the wait
+		// covers the pause, and inspect shows it
+		lim.one(t, b, tag, pause(5*sec))
+		out = sem(semReq{semRelease, A, A, 0}, semReq{semAcquire, B, B, 0}, semReq{semInspect, "", "", 0})
+		if out[0].v[0] != 1 || out[1].v[0] != 0 || out[1].v[1] != 5*sec || out[2].extra[2] != 5*sec {
 			t.Fatalf("paused: %v", out)
+		}
+		b.Client.Del(ctx, tag+":"+keys.State)
+		(call{a: tokenBucket, limits: []limit{{5, sec, 5}}}).one(t, b, tag, pause(2*sec)) // a meta alone in a string
+		if out := sem(semReq{semAcquire, B, B, 0}); out[0].v[0] != 0 || out[0].v[1] != 2*sec {
+			t.Fatalf("paused by a bucket's pause: %v", out)
 		}
 	})
 }
 
-// The semaphore's argument errors: k, max and ttl_us fail the call; a request's own fail it
-// alone; foreign keys fail the requests (a place not ours in reach: those that hand off).
+// The semaphore's argument errors: k, max and ttl_us fail the call with JTARG; a
+// request's own fail it alone (ErrArg); foreign keys fail the requests (ErrState; a
+// place not ours in reach: those that hand off), writing nothing.
 func TestSemaphoreErrors(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
 		tag := tagOf(b, "semerr")
 		newClock(t, b, tag)
-		keys := []string{tag + ":sem", tag + ":semq", tag + ":semx", tag + ":pause"}
+		ks := semKeys(tag)
 		A := token('a')
 		for name, args := range map[string][]any{
 			"k 0": {0, 1, 1000}, "max 0": {1, 0, A, A, 0, 0, 1000}, "ttl 999": {1, 0, A, A, 0, 1, 999},
-			"too many": {1, 0, A, A, 0, 1, 1000, 1},
+			"too many": {1, 0, A, A, 0, 1, 1000, 1}, "no arguments": {}, "k 1001": {1001, 1, 1000},
 		} {
-			if err := script(b, "semaphore").Run(ctx, b.Client, keys, args...).Err(); err == nil || !strings.Contains(err.Error(), "JTARG") {
+			if err := script(b, "semaphore").Run(ctx, b.Client, ks, args...).Err(); err == nil || !strings.Contains(err.Error(), "JTARG") {
 				t.Errorf("%s: %v, want JTARG", name, err)
 			}
+		}
+		if err := script(b, "semaphore").Run(ctx, b.Client, ks[:3], 1, 0, A, A, 0, 1, 1000).Err(); err == nil || !strings.Contains(err.Error(), "JTARG") {
+			t.Errorf("three keys: %v, want JTARG", err)
 		}
 		out := semCall(t, b, tag, 1, sec,
 			semReq{4, A, A, 0}, semReq{semAcquire, "A", A, 0}, semReq{semAcquire, A, "", 0},
 			semReq{semAcquire, A, "a b", 0}, semReq{semAcquire, A, A, 2}, semReq{semExtend, A, "", 1},
 			semReq{semInspect, "", "", 1001}, semReq{semAcquire, A, A, 0})
 		for i, r := range out[:7] {
-			if !strings.HasPrefix(r.err, "JTARG request ") {
-				t.Errorf("request %d: %v, want JTARG", i+1, r)
+			if r.code() != protocol.ErrArg || !strings.HasPrefix(r.err, "JTARG request ") {
+				t.Errorf("request %d: %v, want ErrArg", i+1, r)
 			}
 		}
 		if out[7].v[0] != 1 {
 			t.Errorf("the good request: %v", out[7])
 		}
 		// a place not ours at the head of the queue: a hand-off would reach it
-		b.Client.Del(ctx, keys...)
-		b.Client.ZAdd(ctx, tag+":semq", redisZ(1, "not a place"))
-		before := snapshot(t, b.Client, keys...)
+		b.Client.Del(ctx, ks...)
+		b.Client.ZAdd(ctx, tag+":semq", redis.Z{Score: 1, Member: "not a place"})
+		before := snapshot(t, b.Client, ks...)
 		out = semCall(t, b, tag, 1, sec, semReq{semAcquire, A, A, 0}, semReq{semInspect, "", "", 0})
-		if !strings.HasPrefix(out[0].err, "JTSTATE "+tag+":semq") || out[1].err != "" {
+		if out[0].code() != protocol.ErrState || !strings.HasPrefix(out[0].err, tag+":semq") || out[1].failed() {
 			t.Errorf("a foreign place: %v", out)
 		}
-		if after := snapshot(t, b.Client, keys...); after[tag+":semq"] != before[tag+":semq"] {
+		if after := snapshot(t, b.Client, ks...); !sameKeys(b, before, after) {
 			t.Errorf("a foreign place: %v became %v", before, after)
 		}
-		for _, k := range keys {
-			b.Client.Del(ctx, keys...)
-			foreign(t, b.Client, k, map[bool]string{true: "string", false: "zset"}[strings.HasSuffix(k, "pause")], "type")
-			before := snapshot(t, b.Client, keys...)
-			for _, r := range semCall(t, b, tag, 1, sec, semReq{semAcquire, A, A, 0}, semReq{semInspect, "", "", 0}) {
-				if !strings.HasPrefix(r.err, "JTSTATE "+k) {
-					t.Errorf("%s of another type: %v", k, r)
+		for _, k := range ks {
+			for _, kind := range []string{"type", "text"} {
+				if kind == "text" && k != tag+":"+keys.State {
+					continue // a sorted set's members are checked when a hand-off reaches them
 				}
-			}
-			if after := snapshot(t, b.Client, keys...); after[k] != before[k] {
-				t.Errorf("%s of another type: %v became %v", k, before, after)
+				b.Client.Del(ctx, ks...)
+				putForeign(t, b.Client, k, map[bool]string{true: "string", false: "zset"}[k == tag+":"+keys.State], kind)
+				before := snapshot(t, b.Client, ks...)
+				for _, r := range semCall(t, b, tag, 1, sec, semReq{semAcquire, A, A, 0}, semReq{semInspect, "", "", 0}) {
+					if r.code() != protocol.ErrState || !strings.HasPrefix(r.err, k) {
+						t.Errorf("%s of another %s: %v", k, kind, r)
+					}
+				}
+				if after := snapshot(t, b.Client, ks...); !sameKeys(b, before, after) {
+					t.Errorf("%s of another %s: %v became %v", k, kind, before, after)
+				}
 			}
 		}
 	})
 }
 
-func redisZ(score float64, member string) redis.Z { return redis.Z{Score: score, Member: member} }
+// semBatchVsLone is batchVsLone for the semaphore: tokens a..d, places p, q and the
+// tokens themselves.
+func semBatchVsLone(t *testing.T, b *redistest.Backend, rounds int, pick func(n int) int) {
+	t.Helper()
+	tagA, tagB := tagOf(b, "semA"), tagOf(b, "semB")
+	clk := newClock(t, b, tagA, tagB)
+	for round := range rounds {
+		clk.add(t, time.Duration(pick(400))*time.Millisecond)
+		k := 1 + pick(8)
+		reqs := make([]semReq, k)
+		for i := range reqs {
+			tok := token("abcd"[pick(4)])
+			place := []string{"p", "q", tok}[pick(3)]
+			switch op := pick(9); {
+			case op < 4:
+				reqs[i] = semReq{semAcquire, tok, place, pick(2)}
+			case op < 5:
+				reqs[i] = semReq{semExtend, tok, "", 0}
+			case op < 7:
+				reqs[i] = semReq{semRelease, tok, []string{"", place}[pick(2)], 0}
+			case op < 8:
+				reqs[i] = semReq{semInspect, "", "", pick(3)}
+			default:
+				reqs[i] = semReq{semAcquire, "bad", place, 0}
+			}
+		}
+		var want []res
+		for _, r := range reqs {
+			want = append(want, semCall(t, b, tagA, 2, sec, r)[0])
+		}
+		got := semCall(t, b, tagB, 2, sec, reqs...)
+		for i := range got {
+			g, w := got[i], want[i]
+			if b.Real() && g.extra != nil && w.extra != nil {
+				g.extra[3] = w.extra[3]
+			}
+			g.err, w.err = requestNumber.ReplaceAllString(g.err, "request N:"), requestNumber.ReplaceAllString(w.err, "request N:")
+			if comparable(g) != comparable(w) {
+				t.Fatalf("round %d, request %d of %v: batch %v, lone %v", round, i+1, reqs, g, w)
+			}
+		}
+		ka, kb := semKeys(tagA)[:3], semKeys(tagB)[:3]
+		sa, sb := snapshot(t, b.Client, ka...), snapshot(t, b.Client, kb...)
+		for i := range ka {
+			x, y := sa[ka[i]], sb[kb[i]]
+			if b.Real() {
+				x, y = x[:strings.LastIndex(x, " ttl ")], y[:strings.LastIndex(y, " ttl ")]
+			}
+			if x != y {
+				t.Fatalf("round %d: %s holds %s after lone calls, %s after the batch", round, ka[i], x, y)
+			}
+		}
+	}
+}
+
+var requestNumber = regexp.MustCompile(`request \d+:`)

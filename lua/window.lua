@@ -24,22 +24,27 @@ local TAGS, PARAM_TAG, CAP = ' fw ', '', 1 -- the heads it serves; the one with 
 -- (the driver's parse_head reads every form).
 local function quick_head(text)
   local r, p = string.match(text, '^fw (%d+) (%d+)$')
-  r, p = tonumber(r or ''), tonumber(p or '')
-  if r and r >= 1 and r <= MAX_RATE and p >= 1 and p <= MAX_PERIOD then
+  r, p = tonumber(r), tonumber(p)
+  if r and p and r >= 1 and r <= MAX_RATE and p >= 1 and p <= MAX_PERIOD then
     return {{r, p}}, 0
   end
   return nil
 end
 
 -- load reads the state at key: st.meta is its meta (nil: the key is absent; head, the
--- same text, when they are equal); or nil and the read's error (false: a string not ours,
--- see common.lua's foreign).
+-- same text, when they are equal); or nil and the read's error (false: a string not ours;
+-- common.lua's foreign names the failure).
 local function load(key, head)
   local v = redis.pcall('GET', key)
   if not v then
     return {0, L = 0, key = key, absent = true}
-  elseif type(v) == 'table' then
-    return nil, v
+  elseif type(v) == 'table' then -- another type: a meta alone in a list (the log's) is
+    -- empty windows
+    local l = string.find(v.err, 'WRONGTYPE', 1, true) and redis.pcall('LRANGE', key, '0', '1')
+    if type(l) ~= 'table' or l.err or #l ~= 1 then
+      return nil, v
+    end
+    v = '\n' .. l[1]
   end
   local nl = string.find(v, '\n', 1, true)
   if not nl then

@@ -71,8 +71,8 @@
 //	control  1, 0, paused_us, override_us, ended, 0, 0         (ended: a resume's pause end)
 //	error    -1, code, at, len, 0, 0, 0                        (extra[at..]: its text's bytes)
 //
-// With FlagDrift the reply ends with the head found in the state (another process's):
-// its bytes, one an integer, then their count.
+// A call that found another process's head in the state ends its reply with that head:
+// its bytes, one an integer, then their count (the requests it decided say FlagDrift).
 //
 // status: 0 denied, 1 granted, 2 a task's booking found. wait_us: granted, until the
 // permits take effect; denied, until asking again can succeed (n fits, or the tenant's

@@ -14,11 +14,8 @@
 -- floor(a / b) out as (a - a % b) / b, and min and max as comparisons: a call of math.*
 -- costs several times the arithmetic. An integer argument is plain decimal digits (leading
 -- zeros allowed) with its value in range; one tonumber cannot read (gopher-lua: past
--- 2^63) is out of range.
---
--- gopher-lua (miniredis's Lua) differs from Redis's Lua 5.1 where it matters here:
--- tonumber(nil) raises an error (write tonumber(x or '')), and a multiple assignment
--- that sets an upvalue beside a table field is miscompiled (write separate statements).
+-- 2^63) is out of range. A failed string.match passed straight to a function is wrapped
+-- in parentheses: gopher-lua's returns no value at all, and tonumber() raises.
 --
 -- Errors: a request that fails gets fail(code, text): code one of E_ARG (JTARG, an
 -- argument missing or out of range), E_STATE (JTSTATE, a key holding what jobthrottle
@@ -27,13 +24,17 @@
 -- (its shared arguments) is the script's error reply, "JTARG ...". A request that fails
 -- writes nothing.
 --
--- Provides (the fast path uses only the first two; the rest come after "@cold"):
+-- gopher-lua (miniredis's Lua) differs from Redis's Lua 5.1 where it matters here:
+-- a multiple assignment that sets an upvalue beside a table field is miscompiled (write
+-- separate statements).
+--
+-- Provides: (the fast path uses only the first two; the rest come after "@cold")
 --   now                    the call's server time, µs
 --   ms(us)                 a TTL of us µs as PX text: whole ms, rounded up, >= 1
 --   int(s, lo, hi)         an argument as an integer in [lo, hi], or nil
 --   fail(code, text)       a request's error value
 --   read_key(what, cmd, key, ...)  a read of a key that may be foreign; or nil, its failure
---   foreign(key, e)        the failure of a state key its algorithm's load could not read
+--   foreign(key, e, own)   the failure of a state key of another type or content
 --   reply(out, k, ext)     the flat reply: WIDTH integers per request, then the extras
 
 local now
@@ -49,7 +50,7 @@ local function ms(us)
 end
 
 
--- [common.lua from line 48]
+-- [common.lua from line 49]
 -- @cold: what follows only the slow paths need (see lua/internal/gen).
 
 -- int remembers the texts it has read, "0" and "1" from the start: a batch's fields
@@ -89,25 +90,25 @@ local function read_key(what, cmd, key, ...)
   return v
 end
 
--- foreign returns the failure of a state key that its algorithm's load could not read: e
--- is the error of the load's read (false when the key held its type, with content not
--- ours): Redis's own error when that was not WRONGTYPE; E_ALG when the key holds another
--- algorithm's state (the text starts with that state's head tag); else E_STATE.
-local function foreign(key, e)
+-- foreign returns the failure of a state key that the script's own read (its error e,
+-- nil when the key held its own type; own: then the tags the script serves) found not to
+-- be this algorithm's: Redis's own error when that was not WRONGTYPE; E_ALG when the key
+-- holds another algorithm's state, of another type or of its own (the text starts with
+-- that state's head tag); else E_STATE.
+local function foreign(key, e, own)
   if e and not string.find(e.err, 'WRONGTYPE', 1, true) then
     return fail(0, e.err)
   end
-  local meta
-  if e then -- another type: a state of another algorithm's?
-    local typ = redis.call('TYPE', key).ok
-    if typ == 'list' then
-      meta = redis.pcall('LINDEX', key, '0')
-    elseif typ == 'string' then
-      meta = string.match(redis.call('GET', key), '\n(.*)$')
-    end
+  local meta -- a state of another algorithm's, of another type or of this one's?
+  local typ = redis.call('TYPE', key).ok
+  if typ == 'list' then
+    meta = redis.pcall('LINDEX', key, '0')
+  elseif typ == 'string' then
+    meta = string.match(redis.call('GET', key), '\n(.*)$')
   end
   local tag = type(meta) == 'string' and string.match(meta, '^(%l%l) ')
-  if tag and string.find(' sw sc tb fw ', ' ' .. tag .. ' ', 1, true) then
+  if tag and string.find(' sw sc tb fw ', ' ' .. tag .. ' ', 1, true)
+    and not string.find(own or '', ' ' .. tag .. ' ', 1, true) then
     return fail(3, tag .. ' ' .. key)
   end
   return fail(2, key .. ': not a jobthrottle state')
@@ -212,7 +213,7 @@ local function pause_read(key)
   if type(meta) ~= 'string' or not string.find(meta, '^%l%l? ') then
     return nil, fail(2, key .. ': not a limiter state')
   end
-  return tonumber(string.match(meta, '\np (%d+)')) or 0
+  return tonumber((string.match(meta, '\np (%d+)'))) or 0
 end
 
 local k = int(ARGV[1], 1, 1000)

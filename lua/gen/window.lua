@@ -14,11 +14,8 @@
 -- floor(a / b) out as (a - a % b) / b, and min and max as comparisons: a call of math.*
 -- costs several times the arithmetic. An integer argument is plain decimal digits (leading
 -- zeros allowed) with its value in range; one tonumber cannot read (gopher-lua: past
--- 2^63) is out of range.
---
--- gopher-lua (miniredis's Lua) differs from Redis's Lua 5.1 where it matters here:
--- tonumber(nil) raises an error (write tonumber(x or '')), and a multiple assignment
--- that sets an upvalue beside a table field is miscompiled (write separate statements).
+-- 2^63) is out of range. A failed string.match passed straight to a function is wrapped
+-- in parentheses: gopher-lua's returns no value at all, and tonumber() raises.
 --
 -- Errors: a request that fails gets fail(code, text): code one of E_ARG (JTARG, an
 -- argument missing or out of range), E_STATE (JTSTATE, a key holding what jobthrottle
@@ -27,13 +24,17 @@
 -- (its shared arguments) is the script's error reply, "JTARG ...". A request that fails
 -- writes nothing.
 --
--- Provides (the fast path uses only the first two; the rest come after "@cold"):
+-- gopher-lua (miniredis's Lua) differs from Redis's Lua 5.1 where it matters here:
+-- a multiple assignment that sets an upvalue beside a table field is miscompiled (write
+-- separate statements).
+--
+-- Provides: (the fast path uses only the first two; the rest come after "@cold")
 --   now                    the call's server time, µs
 --   ms(us)                 a TTL of us µs as PX text: whole ms, rounded up, >= 1
 --   int(s, lo, hi)         an argument as an integer in [lo, hi], or nil
 --   fail(code, text)       a request's error value
 --   read_key(what, cmd, key, ...)  a read of a key that may be foreign; or nil, its failure
---   foreign(key, e)        the failure of a state key its algorithm's load could not read
+--   foreign(key, e, own)   the failure of a state key of another type or content
 --   reply(out, k, ext)     the flat reply: WIDTH integers per request, then the extras
 
 local now
@@ -76,22 +77,27 @@ local TAGS, PARAM_TAG, CAP = ' fw ', '', 1 -- the heads it serves; the one with 
 -- (the driver's parse_head reads every form).
 local function quick_head(text)
   local r, p = string.match(text, '^fw (%d+) (%d+)$')
-  r, p = tonumber(r or ''), tonumber(p or '')
-  if r and r >= 1 and r <= 1000000000 and p >= 1 and p <= 35184372088832 then
+  r, p = tonumber(r), tonumber(p)
+  if r and p and r >= 1 and r <= 1000000000 and p >= 1 and p <= 35184372088832 then
     return {{r, p}}, 0
   end
   return nil
 end
 
 -- load reads the state at key: st.meta is its meta (nil: the key is absent; head, the
--- same text, when they are equal); or nil and the read's error (false: a string not ours,
--- see common.lua's foreign).
+-- same text, when they are equal); or nil and the read's error (false: a string not ours;
+-- common.lua's foreign names the failure).
 local function load(key, head)
   local v = redis.pcall('GET', key)
   if not v then
     return {0, L = 0, key = key, absent = true}
-  elseif type(v) == 'table' then
-    return nil, v
+  elseif type(v) == 'table' then -- another type: a meta alone in a list (the log's) is
+    -- empty windows
+    local l = string.find(v.err, 'WRONGTYPE', 1, true) and redis.pcall('LRANGE', key, '0', '1')
+    if type(l) ~= 'table' or l.err or #l ~= 1 then
+      return nil, v
+    end
+    v = '\n' .. l[1]
   end
   local nl = string.find(v, '\n', 1, true)
   if not nl then
@@ -323,12 +329,12 @@ local function parse_head(text)
 end
 
 -- The fast path: a call whose every request is a plain acquire "a <n> <wait_us>" (n >= 1),
--- on a state whose meta is the callers' head (no pause, override or fair share: nothing
--- but the head), is decided here, request by request as the loop below decides an
--- acquire, by the same algorithm functions, without the loop's bookkeeping; the
--- generator puts the functions it does not use after it ("@cold"), so such a call never
--- makes them (bench/cmd/luaexec measures what it saves). Anything else goes on below,
--- nothing written.
+-- on an absent key or a state whose meta is the callers' head (no pause, override or fair
+-- share: nothing but the head; a meta alone is not absent), is decided here, request by
+-- request as the loop below decides an acquire, by the same algorithm functions, without
+-- the loop's bookkeeping; the generator puts the functions it does not use after it
+-- ("@cold"), so such a call never makes them (bench/cmd/luaexec measures what it saves).
+-- Anything else goes on below, nothing written.
 if nargv >= 3 and nargv <= 2 + 1000 and ARGV[2] == '' then
   local head = ARGV[1]
   local lim, param = quick_head(head)
@@ -336,7 +342,7 @@ if nargv >= 3 and nargv <= 2 + 1000 and ARGV[2] == '' then
     lim, param = parse_head(head)
   end
   local st = lim and load(KEYS[1], head)
-  if st and (st.absent or st.meta == head) then
+  if st and ((st.absent and not st.bare) or st.meta == head) then
     setup(st, lim, param, lim, 0, lim, now)
     local cap = lim[1][1]
     for i = 2, #lim do
@@ -350,8 +356,8 @@ if nargv >= 3 and nargv <= 2 + 1000 and ARGV[2] == '' then
       if ARGV[r + 2] ~= text then -- a batch's requests repeat: read each text once
         text = ARGV[r + 2]
         local ns, ws = string.match(text, '^a (%d+) (%d+)$')
-        n, w = tonumber(ns or ''), tonumber(ws or '')
-        if not n or n < 1 or n > cap or w > 9007199254740991 then
+        n, w = tonumber(ns), tonumber(ws)
+        if not n or not w or n < 1 or n > cap or w > 9007199254740991 then
           st = nil
           break
         end
@@ -379,7 +385,7 @@ if nargv >= 3 and nargv <= 2 + 1000 and ARGV[2] == '' then
 end
 
 
--- [common.lua from line 48]
+-- [common.lua from line 49]
 -- @cold: what follows only the slow paths need (see lua/internal/gen).
 
 -- int remembers the texts it has read, "0" and "1" from the start: a batch's fields
@@ -419,25 +425,25 @@ local function read_key(what, cmd, key, ...)
   return v
 end
 
--- foreign returns the failure of a state key that its algorithm's load could not read: e
--- is the error of the load's read (false when the key held its type, with content not
--- ours): Redis's own error when that was not WRONGTYPE; E_ALG when the key holds another
--- algorithm's state (the text starts with that state's head tag); else E_STATE.
-local function foreign(key, e)
+-- foreign returns the failure of a state key that the script's own read (its error e,
+-- nil when the key held its own type; own: then the tags the script serves) found not to
+-- be this algorithm's: Redis's own error when that was not WRONGTYPE; E_ALG when the key
+-- holds another algorithm's state, of another type or of its own (the text starts with
+-- that state's head tag); else E_STATE.
+local function foreign(key, e, own)
   if e and not string.find(e.err, 'WRONGTYPE', 1, true) then
     return fail(0, e.err)
   end
-  local meta
-  if e then -- another type: a state of another algorithm's?
-    local typ = redis.call('TYPE', key).ok
-    if typ == 'list' then
-      meta = redis.pcall('LINDEX', key, '0')
-    elseif typ == 'string' then
-      meta = string.match(redis.call('GET', key), '\n(.*)$')
-    end
+  local meta -- a state of another algorithm's, of another type or of this one's?
+  local typ = redis.call('TYPE', key).ok
+  if typ == 'list' then
+    meta = redis.pcall('LINDEX', key, '0')
+  elseif typ == 'string' then
+    meta = string.match(redis.call('GET', key), '\n(.*)$')
   end
   local tag = type(meta) == 'string' and string.match(meta, '^(%l%l) ')
-  if tag and string.find(' sw sc tb fw ', ' ' .. tag .. ' ', 1, true) then
+  if tag and string.find(' sw sc tb fw ', ' ' .. tag .. ' ', 1, true)
+    and not string.find(own or '', ' ' .. tag .. ' ', 1, true) then
     return fail(3, tag .. ' ' .. key)
   end
   return fail(2, key .. ': not a jobthrottle state')
@@ -476,7 +482,7 @@ local function reply(out, k, ext)
   return out
 end
 
--- [window.lua from line 168]
+-- [window.lua from line 173]
 -- @cold: what follows only the driver's request loop needs (see lua/internal/gen).
 
 local function give(st, lim, n, token, now)
@@ -517,7 +523,7 @@ end
 -- [limiter.lua from line 160]
 -- @cold: the request loop, for every call the fast path did not decide.
 
-local given, param, tag = parse_head(ARGV[1])
+local given, param, tag = parse_head(ARGV[1] or '')
 if not given or nargv < 3 or nargv > 2 + 1000 then
   return redis.error_reply('JTARG head or request count')
 end
@@ -525,7 +531,18 @@ local caps = ARGV[2] ~= '' and parse_head(ARGV[2])
 if ARGV[2] ~= '' and (not caps or string.match(ARGV[2], '^(%S+)') ~= tag) then
   return redis.error_reply('JTARG caps head')
 end
+local caplimit = 1000000000 -- the largest n the caps allow
+for i = 1, caps and #caps or 0 do
+  caplimit = math.min(caplimit, caps[i][1])
+end
 local k = nargv - 2
+
+-- score reads a number of the fair share's (a sorted set's score, the clock's V and
+-- Fmax): gopher-lua's tonumber reads no mantissa without a point before an exponent
+-- ("8e+10", as miniredis gives a large score), so one is put in.
+local function score(s)
+  return tonumber(s) or tonumber((string.gsub(s or '', '^(%-?%d+)e', '%1.0e')))
+end
 
 -- The meta (internal/protocol): the head, then while they matter a pause "p <end>", an
 -- override "o <end> <set> <r1> <b1> ...", the fair share's clock "f <V> <W> <tV> <Fmax>",
@@ -552,24 +569,28 @@ local function parse_meta(text)
       local stop = string.find(text, '\n', i, true) or len + 1
       local line = string.sub(text, i, stop - 1)
       if kind == 'p' then
-        m.pause = tonumber(string.match(line, '^p (%d+)$') or '')
-      elseif kind == 'o' then
+        m.pause = tonumber((string.match(line, '^p (%d+)$')))
+      elseif kind == 'o' then -- its numbers after the 'o': rates 1..MAX_RATE, bursts 0..MAX_RATE
         local w = {}
-        for f in string.gmatch(line, '%S+') do
-          w[#w + 1] = tonumber(f)
+        for f in string.gmatch(string.sub(line, 2), '%S+') do
+          w[#w + 1] = int(f, 0, 9007199254740991) or -1
         end
-        local over = {w[2], w[3], {}}
-        for r = 4, #w - 1, 2 do
+        local over = {w[1], w[2], {}}
+        for r = 3, #w - 1, 2 do
+          if w[r] < 1 or w[r] > 1000000000 or w[r + 1] < 0 or w[r + 1] > 1000000000 then
+            return nil
+          end
           over[3][#over[3] + 1] = {w[r], w[r + 1]}
         end
-        if not over[1] or not over[2] or #w % 2 ~= 1 or #over[3] < 1 then
+        if #w < 4 or #w % 2 ~= 0 or w[1] < 0 or w[2] < 0 then
           return nil
         end
         m.over = over
       elseif kind == 'f' then
         local V, W, tV, Fmax = string.match(line, '^f (%S+) (%d+) (%d+) (%S+)$')
-        V, W, tV, Fmax = tonumber(V or ''), tonumber(W or ''), tonumber(tV or ''), tonumber(Fmax or '')
-        if not Fmax then
+        V, W, tV, Fmax = score(V), tonumber(W), tonumber(tV), score(Fmax)
+        if not V or not Fmax or V ~= V or Fmax ~= Fmax or math.abs(V) == math.huge
+          or math.abs(Fmax) == math.huge then -- (x ~= x: NaN)
           return nil
         end
         m.fair = {V = V, W = W, tV = tV, Fmax = Fmax}
@@ -612,10 +633,16 @@ local function format_meta(m)
   if m.drift and m.drift[1] > now - 60000000 then
     parts[#parts + 1] = string.format('d %d ', m.drift[1]) .. m.drift[2]
   end
+  local names = {} -- in order: the same weights make the same text, whatever pairs' order
   for name, w in pairs(m.weights) do
     if w[1] > now then
-      parts[#parts + 1] = string.format('w %d %d %d ', w[1], w[2], #name) .. name
+      names[#names + 1] = name
     end
+  end
+  table.sort(names)
+  for _, name in ipairs(names) do
+    local w = m.weights[name]
+    parts[#parts + 1] = string.format('w %d %d %d ', w[1], w[2], #name) .. name
   end
   return table.concat(parts, '\n')
 end
@@ -655,6 +682,11 @@ local function in_force(l, over)
   end
   return lim, lower, oend, limit
 end
+
+-- base is "{…}:", the tag of KEYS[1] ("{…}:l"): a key option must name a key of its kind
+-- under it (b a booking, q the fair share's queue, c the request's tenant's state), so
+-- no request writes a key that is not its own.
+local base = string.match(KEYS[1] or '', '^(.*:)l$')
 
 -- Each request's fields, read once into named fields (q.op, q.n, ...), or its failure.
 -- Options follow the op's fields as a letter and a value; the tenant's name comes last
@@ -734,6 +766,10 @@ local function parse_request(text)
     or (caps and q.tenant and not q.c and op ~= 'W') or (op == 'W' and not q.tenant) then
     return nil, 'options'
   end
+  if (q.b or q.q or q.c) and (not base or (q.b and (#KEYS[q.b] <= #base + 3 or string.sub(KEYS[q.b], 1, #base + 3) ~= base .. 'bk:'))
+    or (q.q and KEYS[q.q] ~= base .. 'q') or (q.c and KEYS[q.c] ~= base .. 't:' .. q.tenant)) then
+    return nil, 'a key of another kind'
+  end
   return q
 end
 
@@ -796,7 +832,7 @@ end
 local gst, gfail = load(KEYS[1], ARGV[1])
 local meta, drift
 if not gst then
-  gfail = foreign(KEYS[1], gfail)
+  gfail = foreign(KEYS[1], gfail or nil, ' fw ')
 else
   if not gst.meta then
     meta = {head = ARGV[1], pause = 0, weights = {}}
@@ -811,7 +847,7 @@ else
       gst, gfail = nil, fail(3, stored .. ' ' .. KEYS[1])
     else
       drift = meta.head ~= ARGV[1]
-      gst.drift_head = meta.head
+      gst.found = drift and meta.head -- another process's head, as found: the d line, the reply's end
     end
   end
 end
@@ -829,6 +865,12 @@ do
   local stored = meta.head == ARGV[1] and given or parse_head(meta.head) or given
   local cw = with(stored, meta.over and meta.over[3])
   setup(gst, lim, param, cw, meta.over and meta.over[1] or 0, given, now)
+end
+if gst.err then -- setup found the numbers foreign: no request can be decided on them
+  for r = 1, k do
+    ext[r] = ext[r] or fail(2, gst.err)
+  end
+  return reply({}, k, ext)
 end
 -- changed: the meta's content changed (a control op, the fair share's clock or queue)
 local changed = false
@@ -860,7 +902,7 @@ local function fair(qkey, readonly)
       f.W = 0
       break
     end
-    local F, u = tonumber(m[2] or ''), tonumber(string.match(m[1], '^(%d+) ') or '')
+    local F, u = score(m[2]), tonumber((string.match(m[1], '^(%d+) ')))
     local reach = t + (F - f.V) * f.W / 1000000
     if reach > now then
       f.V, t = f.V + (now - t) * 1000000 / f.W, now
@@ -908,11 +950,21 @@ local function units(q)
   return q.units or 1000000
 end
 
+-- queue_foreign returns the failure of the fair share's key KEYS[i] when it holds another
+-- type than a sorted set (read once), else nil: a request that names it checks it first.
+local queue_why = {}
+local function queue_foreign(i)
+  if queue_why[i] == nil then
+    queue_why[i] = select(2, read_key('sorted set', 'ZCARD', KEYS[i])) or false
+  end
+  return queue_why[i] or nil
+end
+
 -- finish_of returns the finish tag of a tenant in the queue (false: not queued).
 local function finish_of(qkey, member)
   local F = finish[member]
   if F == nil then
-    F = tonumber(redis.call('ZSCORE', qkey, member)) or false
+    F = score(redis.call('ZSCORE', qkey, member) or nil) or false
     finish[member] = F
   end
   return F
@@ -925,13 +977,14 @@ local function tenant_state(i)
   if ts == nil then
     local st, why = load(KEYS[i], ARGV[2])
     if not st then
-      why = foreign(KEYS[i], why)
+      why = foreign(KEYS[i], why or nil, ' fw ')
     elseif not st.absent then
       local m = parse_meta(st.meta)
       if not m or string.match(m.head, '^(%S+)') ~= tag then
         st, why = nil, fail(2, KEYS[i] .. ': not a tenant state of this limiter')
       else
         st.drift = m.head ~= ARGV[2]
+        st.rehead = st.drift -- its head is written with its data
         local cw = m.head == ARGV[2] and caps or parse_head(m.head) or caps
         setup(st, caps, param, cw, 0, caps, now)
       end
@@ -948,6 +1001,24 @@ local function tenant_state(i)
     return nil, fail(2, ts.err)
   end
   return ts
+end
+
+-- life is how long the fair share's clock f lives, µs: until V reaches Fmax. kept_us is
+-- how long the state lives from now, its data mattering data µs: until neither its data
+-- nor a line of its meta matters. The writes set it; an inspect after them reports it.
+local function life(f)
+  return math.ceil((f.Fmax - f.V) * f.W / 1000000) + math.max(f.tV - now, 0) + 1000000
+end
+local function kept_us(data)
+  local kept = math.max(data, meta.pause - now, oend - now)
+  for _, w in pairs(meta.weights) do
+    kept = math.max(kept, w[1] - now)
+  end
+  local f = meta.fair
+  if f and f.W > 0 then -- the clock lives while tenants are queued
+    kept = math.max(kept, life(f))
+  end
+  return kept
 end
 
 -- report's answer on the group while it has not changed since (take, give, rates change it)
@@ -1026,8 +1097,11 @@ end
 -- acquire decides request r, q an acquire; it returns its failure, if any.
 local function acquire(r, q)
   local n, x, pause = q.n, q.x, meta.pause
-  if n > limit then
-    return fail(4, 'JTEXCEEDS n above the overridden limits')
+  if n > limit or (q.c and n > caplimit) then
+    return fail(4, 'JTEXCEEDS n above what the limits in force or the caps can grant')
+  end
+  if q.q and queue_foreign(q.q) then
+    return queue_foreign(q.q)
   end
   local flags = (drift and 16 or 0) + (pause > now and 8 or 0)
   local rec, last, replace = false, 0, false
@@ -1057,9 +1131,6 @@ local function acquire(r, q)
     cst, why = tenant_state(q.c)
     if not cst then
       return why
-    end
-    if cst.drift then
-      flags = flags + (drift and 0 or 16)
     end
   end
   if replace then -- an override set since lowers the limits: the booking goes back
@@ -1198,6 +1269,9 @@ end
 -- group, its weight in the queue (W, millionths) and k, then per tenant of the k (at
 -- most 10) with the most queued its place, its weight units, its name's length and bytes.
 local function inspect(r, q)
+  if q.q and queue_foreign(q.q) then
+    return queue_foreign(q.q)
+  end
   local pause = meta.pause
   local t = fit(gst, lim, 1, math.max(now, pause), now)
   group_report()
@@ -1205,8 +1279,8 @@ local function inspect(r, q)
   local pttl = -2
   if not gst.dirty and not changed then
     pttl = redis.call('PTTL', KEYS[1])
-  elseif keep > 0 then
-    pttl = math.ceil(keep / 1000)
+  elseif kept_us(keep) > 0 then -- what the call's writes will set
+    pttl = math.ceil(kept_us(keep) / 1000)
   end
   local d = {b, ahead, math.max(0, pause - now), pttl, math.max(0, oend - now)}
   for i = 1, #lim do
@@ -1236,7 +1310,7 @@ local function inspect(r, q)
     for i = 1, #top, 2 do
       local u, name = string.match(top[i], '^(%d+) (.*)$')
       name = name or ''
-      d[#d + 1], d[#d + 2], d[#d + 3] = math.max(0, math.ceil((tonumber(top[i + 1]) - f.V) * f.W / 1000000)),
+      d[#d + 1], d[#d + 2], d[#d + 3] = math.max(0, math.ceil((score(top[i + 1]) - f.V) * f.W / 1000000)),
         tonumber(u) or 0, #name
       for j = 1, #name do
         d[#d + 1] = string.byte(name, j)
@@ -1308,28 +1382,27 @@ for r = 1, k do
     end
     return reply({}, k, ext)
   end
+  -- a state the call writes gets the caller's head: no drift for the requests after
+  -- that, as for lone calls after one that wrote
+  drift = drift and not (changed or gst.dirty)
+  for _, ts in pairs(tstates) do
+    ts.drift = ts.drift and not ts.dirty
+  end
 end
 
 -- Writes, after every read and check: what lives is kept until it no longer matters.
 local _, _, data = report(gst, lim, now, oend)
-local kept = math.max(data, meta.pause - now, oend - now)
-for _, w in pairs(meta.weights) do
-  kept = math.max(kept, w[1] - now)
-end
+local kept = kept_us(data)
 local f = meta.fair
-if f and f.W > 0 then -- the clock lives while tenants are queued: until V reaches Fmax
-  local life = math.ceil((f.Fmax - f.V) * f.W / 1000000) + math.max(f.tV - now, 0) + 1000000
-  kept = math.max(kept, life)
-  if fair_moved then
-    for member, F in pairs(queued) do
-      redis.call('ZADD', fair_key, string.format('%.17g', F), member)
-    end
-    redis.call('PEXPIRE', fair_key, ms(life))
+if f and f.W > 0 and fair_moved then
+  for member, F in pairs(queued) do
+    redis.call('ZADD', fair_key, string.format('%.17g', F), member)
   end
+  redis.call('PEXPIRE', fair_key, ms(life(f)))
 end
 if changed or gst.dirty then
-  if drift then -- the head replaced: another process's, with other limits
-    meta.drift = {now, meta.head}
+  if gst.found then -- the head replaced: another process's, with other limits
+    meta.drift = {now, gst.found}
   end
   meta.head = ARGV[1]
   local text = format_meta(meta)
@@ -1338,7 +1411,7 @@ end
 for i, ts in pairs(tstates) do
   if not ts.code and not ts.err and ts.dirty then
     local _, _, tk = report(ts, caps, now)
-    save(ts, KEYS[i], tk, (ts.absent or ts.drift) and ARGV[2] or nil)
+    save(ts, KEYS[i], tk, (ts.absent or ts.rehead) and ARGV[2] or nil)
   end
 end
 for _, i in ipairs(booked) do
@@ -1358,8 +1431,8 @@ for _, text in ipairs(wakes) do
   redis.call('PUBLISH', (string.match(KEYS[1], '^(.*:)') or '') .. 'wake', text)
 end
 reply(out, k, ext)
-if drift then -- the reply ends with the head found, its bytes then their count
-  local theirs = gst.drift_head
+if gst.found then -- the reply ends with the head found, its bytes then their count
+  local theirs = gst.found
   for i = 1, #theirs do
     out[#out + 1] = string.byte(theirs, i)
   end
