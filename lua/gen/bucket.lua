@@ -636,15 +636,18 @@ local function parse_meta(text)
       if kind == 'p' then
         m.pause = tonumber(string.match(line, '^p (%d+)$'))
       elseif kind == 'o' then
-        local w = {}
-        for f in string.gmatch(line, '%S+') do
-          w[#w + 1] = tonumber(f)
+        local w = {} -- the numbers after the 'o'
+        for f in string.gmatch(string.sub(line, 2), '%S+') do
+          w[#w + 1] = tonumber(f) or false
         end
-        local over = {w[2], w[3], {}}
-        for r = 4, #w - 1, 2 do
+        local over = {w[1], w[2], {}}
+        for r = 3, #w - 1, 2 do
+          if not w[r] or not w[r + 1] then
+            return nil
+          end
           over[3][#over[3] + 1] = {w[r], w[r + 1]}
         end
-        if not over[1] or not over[2] or #w % 2 ~= 1 or #over[3] < 1 then
+        if not over[1] or not over[2] or #w % 2 ~= 0 or #over[3] < 1 then
           return nil
         end
         m.over = over
