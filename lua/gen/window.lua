@@ -386,7 +386,7 @@ if nargv >= 3 and nargv <= 2 + 1000 and ARGV[2] == '' then
     lim, param = parse_head(head)
   end
   local st = lim and load(KEYS[1], head)
-  if st and (st.absent or st.meta == head) then
+  if st and ((st.absent and not st.bare) or st.meta == head) then
     setup(st, lim, param, lim, 0, lim, now)
     local cap = lim[1][1]
     for i = 2, #lim do
