@@ -903,6 +903,12 @@ do
   local cw = with(stored, meta.over and meta.over[3])
   setup(gst, lim, param, cw, meta.over and meta.over[1] or 0, given, now)
 end
+if gst.err then -- its numbers are not of the limits its head says: no request can be decided
+  for r = 1, k do
+    ext[r] = ext[r] or gst.err
+  end
+  return reply({}, k, ext)
+end
 -- changed: the meta's content changed (a control op, the fair share's clock or queue)
 local changed = false
 
