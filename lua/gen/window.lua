@@ -907,7 +907,7 @@ local function tenant_state(i)
   local ts = tstates[i]
   if ts == nil then
     local st, why = load(KEYS[i], ARGV[2])
-    if st and not st.absent then
+    if st and st.meta then -- present, or a meta alone: it must be ours
       local m = parse_meta(st.meta)
       if not m or string.match(m.head, '^(%S+)') ~= tag then
         st, why = nil, fail(2, KEYS[i] .. ': not a tenant state of this limiter')
