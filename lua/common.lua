@@ -80,23 +80,21 @@ end
 
 -- foreign returns the failure of a state key that the script's own read (its error e,
 -- nil when the key held its own type) found not to be this algorithm's: Redis's own
--- error when that was not WRONGTYPE; E_ALG when the key holds another algorithm's state
--- (the text starts with that state's head tag); else E_STATE.
+-- error when that was not WRONGTYPE; E_ALG when the key holds another algorithm's state,
+-- of either form (the text starts with that state's head tag); else E_STATE.
 local function foreign(key, e)
   if e and not string.find(e.err, 'WRONGTYPE', 1, true) then
     return fail(0, e.err)
   end
   local meta
-  if e then -- another type: a state of another algorithm's?
-    local typ = redis.call('TYPE', key).ok
-    if typ == 'list' then
-      meta = redis.pcall('LINDEX', key, '0')
-    elseif typ == 'string' then
-      meta = string.match(redis.call('GET', key), '\n(.*)$')
-    end
+  local typ = redis.call('TYPE', key).ok
+  if typ == 'list' then
+    meta = redis.pcall('LINDEX', key, '0')
+  elseif typ == 'string' then
+    meta = string.match(redis.call('GET', key), '\n(.*)$')
   end
   local tag = type(meta) == 'string' and string.match(meta, '^(%l%l) ')
-  if tag and string.find(' sw sc tb fw ', ' ' .. tag .. ' ', 1, true) then
+  if tag and tag ~= string.match(ARGV[1], '^(%S+)') and string.find(' sw sc tb fw ', ' ' .. tag .. ' ', 1, true) then
     return fail(E_ALG, tag .. ' ' .. key)
   end
   return fail(E_STATE, key .. ': not a jobthrottle state')
