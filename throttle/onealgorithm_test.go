@@ -3,6 +3,7 @@ package throttle
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -11,7 +12,9 @@ import (
 )
 
 // Two algorithms on one key: the second gets an *AlgorithmError (ErrAlgorithmMismatch)
-// and grants nothing, whichever comes first, on every backend, for a task's booking too;
+// for every call, grants nothing and leaves the state as it was, whichever comes first,
+// on every backend, for a task's booking, Inspect and Override too (the one state key's
+// meta names the algorithm, read by every request);
 // deleting the first's state (what `jobthrottle reset` does) moves the key to the other
 // algorithm, which the first then refuses. (Two algorithms each keeping their own state
 // on one key would each admit up to the limit: twice the limit.)
@@ -32,16 +35,18 @@ func TestOneAlgorithmPerKey(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if r, err := a.Allow(ctx); err != nil || !r.Allowed {
+				// the whole limit taken and a booking ahead: every form of its state's numbers
+				if r, err := a.AllowN(ctx, 10); err != nil || !r.Allowed {
 					t.Fatalf("%v first: %+v %v", first, r, err)
 				}
+				if r, err := a.Reserve(ctx, 1, time.Hour); err != nil || !r.OK() || r.Delay() <= 0 {
+					t.Fatalf("%v first, a booking ahead: %v %v", first, r, err)
+				}
+				before := ctlSnapshot(t, b.Client, a.stateKey())
 				_, err = z.Allow(ctx)
 				var ae *AlgorithmError
 				if !errors.Is(err, ErrAlgorithmMismatch) || !errors.As(err, &ae) || ae.Found != first || ae.Want != second || ae.Key != key {
 					t.Fatalf("%v after %v: %v (%+v), want an AlgorithmError found %v want %v", second, first, err, ae, first, second)
-				}
-				if n := b.Client.Exists(ctx, z.stateKey()).Val(); n != 0 {
-					t.Fatalf("%v after %v: the refused call wrote its state", second, first)
 				}
 				if _, err := z.Reserve(ctx, 1, 0); !errors.Is(err, ErrAlgorithmMismatch) {
 					t.Fatalf("%v Reserve after %v: %v", second, first, err)
@@ -49,8 +54,18 @@ func TestOneAlgorithmPerKey(t *testing.T) {
 				if _, err := z.Reserve(booking.With(ctx, &booking.Task{ID: "task-1"}), 1, time.Minute); !errors.Is(err, ErrAlgorithmMismatch) {
 					t.Fatalf("%v Reserve for a task after %v: %v", second, first, err)
 				}
-				if r, err := a.Allow(ctx); err != nil || !r.Allowed || r.Remaining != 8 {
-					t.Fatalf("%v goes on: %+v %v", first, r, err)
+				if _, err := z.Inspect(ctx); !errors.Is(err, ErrAlgorithmMismatch) {
+					t.Fatalf("%v Inspect after %v: %v", second, first, err)
+				}
+				if err := z.Override(ctx, time.Minute, PerMinute(20)); !errors.Is(err, ErrAlgorithmMismatch) {
+					t.Fatalf("%v Override after %v: %v", second, first, err)
+				}
+				ctlSameAs(t, fmt.Sprintf("%v's refused calls after %v", second, first), before, ctlSnapshot(t, b.Client, a.stateKey()), a.stateKey())
+				if n := b.Client.Exists(ctx, a.bookingKey("task-1")).Val(); n != 0 {
+					t.Fatalf("%v after %v: the refused task's call wrote its booking", second, first)
+				}
+				if r, err := a.Allow(ctx); err != nil || r.Allowed {
+					t.Fatalf("%v goes on: %+v %v, want denied (its limit taken)", first, r, err)
 				}
 				if err := b.Client.Del(ctx, a.stateKey()).Err(); err != nil {
 					t.Fatal(err)
