@@ -150,15 +150,18 @@ func sendRunBatch(t *testing.T, c *client, k int, f func(i int) sendOutcome) []s
 // sendIsEval reports whether cmd is a script call.
 func sendIsEval(cmd redis.Cmder) bool { return cmd.Name() == "evalsha" || cmd.Name() == "eval" }
 
-// sendRequests returns how many requests a script call carries (its ARGV[1]).
+// sendRequests returns how many requests a script call carries: a limiter's, one
+// ARGV after its two heads each (internal/protocol); a semaphore's, its ARGV[1].
 func sendRequests(cmd redis.Cmder) int {
-	a := cmd.Args() // evalsha sha numkeys keys… k …
+	a := cmd.Args() // evalsha sha numkeys keys… argv…
 	nk, _ := strconv.Atoi(fmt.Sprint(a[2]))
 	if len(a) <= 3+nk {
 		return 0
 	}
-	k, _ := strconv.Atoi(fmt.Sprint(a[3+nk]))
-	return k
+	if k, err := strconv.Atoi(fmt.Sprint(a[3+nk])); err == nil {
+		return k
+	}
+	return len(a) - 3 - nk - 2
 }
 
 // ---- batches decide as separate calls
@@ -459,30 +462,40 @@ func TestKeysShareARoundTrip(t *testing.T) {
 	})
 }
 
-// A round trip's reply carries each failed request's own error: on a key that holds
-// another algorithm's state, the grants of a batch fail with an *AlgorithmError naming
-// that algorithm, while its reads (AllowN 0, which create nothing) are answered.
+// A round trip's reply carries each failed request's own error: under an override of 1
+// per second, the requests of a batch for 2 fail with ErrExceedsLimit while those for 1
+// and 0 are answered, in order; on a key that holds another algorithm's state every
+// request of a batch fails with an *AlgorithmError naming that algorithm, reads
+// (AllowN 0) too.
 func TestBatchRequestErrors(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		tl := newTimeline(t, b)
 		ctx := context.Background()
+		ns := []int{1, 0, 2, 0, 1}
+		l := tl.limiter("exceeds", PerSecond(5))
+		if err := l.Override(ctx, time.Minute, PerSecond(1)); err != nil {
+			t.Fatal(err)
+		}
+		got := sendRunBatch(t, l.client(), len(ns), func(i int) sendOutcome { return sendCall{false, ns[i], 0}.run(ctx, l) })
+		for i, want := range []bool{true, true, false, true, false} { // the first AllowN(1) takes the last one's room
+			g := got[i]
+			switch {
+			case ns[i] == 2 && !errors.Is(g.errv, ErrExceedsLimit):
+				t.Fatalf("request %d, AllowN(2) under an override of 1: got %+v, want ErrExceedsLimit", i, g)
+			case ns[i] != 2 && (g.err != "" || g.res.Allowed != want):
+				t.Fatalf("request %d, AllowN(%d): got %+v, want allowed %v", i, ns[i], g, want)
+			}
+		}
+
 		other := tl.limiter("mixed", PerSecond(5), WithAlgorithm(FixedWindow))
 		if _, err := other.Allow(ctx); err != nil {
 			t.Fatal(err)
 		}
-		l := tl.limiter("mixed", PerSecond(5), WithAlgorithm(TokenBucket))
-		ns := []int{1, 0, 2, 0, 1}
-		got := sendRunBatch(t, l.client(), len(ns), func(i int) sendOutcome { return sendCall{false, ns[i], 0}.run(ctx, l) })
+		l = tl.limiter("mixed", PerSecond(5), WithAlgorithm(TokenBucket))
+		got = sendRunBatch(t, l.client(), len(ns), func(i int) sendOutcome { return sendCall{false, ns[i], 0}.run(ctx, l) })
 		for i, n := range ns {
-			g := got[i]
-			if n == 0 {
-				if g.err != "" || !g.res.Allowed {
-					t.Fatalf("request %d, AllowN(0): got %+v, want allowed", i, g)
-				}
-				continue
-			}
 			var ae *AlgorithmError
-			if !errors.As(g.errv, &ae) || ae.Found != FixedWindow || ae.Want != TokenBucket {
+			if g := got[i]; !errors.As(g.errv, &ae) || ae.Found != FixedWindow || ae.Want != TokenBucket {
 				t.Fatalf("request %d, AllowN(%d): got %v, want an *AlgorithmError naming FixedWindow", i, n, g.errv)
 			}
 		}
