@@ -150,8 +150,8 @@ func TestOverride(t *testing.T) {
 		if r, err := l.Allow(ctx); err != nil || r.Allowed {
 			t.Fatalf("15 taken, override cleared (10 per minute): got %+v %v, want denied", r, err)
 		}
-		if n := b.Client.Exists(ctx, l.t.keys[1]).Val(); n != 0 {
-			t.Fatalf("the control key is left with nothing in it")
+		if m := stateMeta(t, b.Client, l); m.Override != nil || m.PauseEnd != 0 {
+			t.Fatalf("the meta after ClearOverride and Resume: %+v, want neither an override nor a pause", m)
 		}
 		// an override that ends by itself
 		tl.at(2 * time.Minute)
