@@ -49,13 +49,13 @@ func TestSlidingCounterOneEntryPerBucket(t *testing.T) {
 			end := (at/(250*ms) + 1) * 250 * ms // the end of at's bucket
 			runSteps(t, tl, l, []step{{at, 1, Result{true, 999 - i, 0, end + time.Second - at}}})
 		}
-		// list [base, B1, S1, B2, S2, B3, S3]
-		key := "{" + b.Prefix + "sc-mem}:sc"
+		// list [meta, base, B1, S1, B2, S2, B3, S3]
+		key := l.stateKey()
 		n, err := b.Client.LLen(t.Context(), key).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got, want := n, int64(1+2*3); got != want {
+		if got, want := n, int64(2+2*3); got != want {
 			t.Fatalf("%s holds %d items after 100 grants in 3 buckets, want %d", key, got, want)
 		}
 	})
