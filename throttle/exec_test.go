@@ -52,6 +52,7 @@ func TestScriptErrorMapping(t *testing.T) {
 		{sendReplyError("WRONGTYPE Operation against a key holding the wrong kind of value"), ErrCorruptState, false},
 		{sendReplyError("NOPERM this user has no permissions to access one of the keys"), ErrNoPermission, true},
 		{sendReplyError("ERR The user executing the script can't run this command or subcommand"), ErrNoPermission, true},
+		{sendReplyError("EXECABORT Transaction discarded because of: NOPERM this user has no permissions to run the 'exec' command"), ErrNoPermission, true},
 		{sendReplyError("LOADING Redis is loading the dataset in memory"), ErrUnavailable, true},
 		{sendReplyError("CLUSTERDOWN The cluster is down"), ErrUnavailable, true},
 		{fmt.Errorf("dial: %w", syscall.ECONNREFUSED), ErrUnavailable, true},
