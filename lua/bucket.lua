@@ -45,7 +45,7 @@ local TAGS, PARAM_TAG, CAP = ' tb ', '', 3 -- the heads it serves; the one with 
 -- (the driver's parse_head reads every form).
 local function quick_head(text)
   local r, p, b = string.match(text, '^tb (%d+) (%d+) (%d+)$')
-  r, p, b = tonumber(r), tonumber(p), tonumber(b)
+  r, p, b = tonumber(r or ''), tonumber(p or ''), tonumber(b or '')
   if r and r >= 1 and r <= MAX_RATE and p >= 1 and p <= MAX_PERIOD and b >= 1 and b <= MAX_RATE
     and b * p <= MAX_TICKS then
     return {{r, p, b}}, 0
@@ -87,17 +87,18 @@ local function rates(st, old, new, at, now)
 end
 
 -- load reads the state at key: st.meta is its meta (nil: the key is absent; head, the
--- same text, when they are equal), or nil and the failure (foreign).
+-- same text, when they are equal); or nil and the read's error (false: a string not ours,
+-- see common.lua's foreign).
 local function load(key, head)
   local v = redis.pcall('GET', key)
   if not v then
     return {at = now, key = key, absent = true}
   elseif type(v) == 'table' then
-    return nil, foreign(key, v)
+    return nil, v
   end
   local nl = string.find(v, '\n', 1, true)
   if not nl then
-    return nil, foreign(key)
+    return nil, false
   end
   local meta = (#v - nl == #head and string.find(v, head, nl + 1, true)) and head or string.sub(v, nl + 1)
   if nl == 1 then -- a meta alone: full buckets
@@ -114,7 +115,7 @@ local function load(key, head)
       w[#w + 1] = string.find(f, '^%-?%d+$') and tonumber(f) or -MAX_WAIT
     end
     if #w < 3 or #w % 2 == 0 then
-      return nil, foreign(key)
+      return nil, false
     end
     st = {at = w[1], meta = meta, key = key, exists = true}
     for i = 1, (#w - 1) / 2 do
@@ -122,11 +123,11 @@ local function load(key, head)
     end
   end
   if st.at < 0 or st.at > MAX_WAIT then
-    return nil, foreign(key)
+    return nil, false
   end
   for j = 0, #st - 5, 5 do
     if st[j + 1] < -2 * MAX_TICKS or st[j + 5] < 0 or st[j + 5] > MAX_WAIT then
-      return nil, foreign(key)
+      return nil, false
     end
   end
   return st
@@ -138,13 +139,13 @@ end
 local function setup(st, lim, param, cw, cwend, given, now)
   if not st.absent then
     if #st ~= 5 * #cw then -- the numbers are not of the limits the meta says
-      st.err = fail(E_STATE, st.key .. ': not a token bucket')
+      st.err = st.key .. ': not a token bucket'
       return
     end
     for i = 1, #cw do
       local j, c = 5 * i - 5, cw[i]
       if st[j + 1] > c[3] * c[2] then -- more tokens than the burst they were counted with
-        st.err = fail(E_STATE, st.key .. ': not a token bucket')
+        st.err = st.key .. ': not a token bucket'
         return
       end
       st[j + 2], st[j + 3], st[j + 4] = c[1], c[2], c[3]

@@ -17,7 +17,7 @@
 --   TAGS, PARAM_TAG             the head tags it serves; the one with a parameter
 --   quick_head(text) -> lim, param   the usual head (one limit), or nil
 --   load(key, head) -> st       st.meta (nil: absent; head itself when equal to it); or nil
---                               and the failure (foreign)
+--                               and its read's error (common.lua's foreign reads it)
 --   setup(st, lim, param, cw, cwend, given, now)   count the state with lim, the limits
 --                               in force; cw: those it was counted with, to cwend
 --   fit(st, lim, n, t, now) -> t'    the earliest time >= t at which n fit every limit
@@ -28,8 +28,9 @@
 --   rates(st, old, new, at, now)     the limits in force change at `at`
 --   save(st, key, keep, meta)        write the state to live keep µs more (<= 0: delete it),
 --                                    meta the new meta (nil: unchanged)
--- st.dirty says the state changed, st.absent that the key was absent, st.err (a failure)
--- that a read after load found it foreign (the log reads lazily). lim[i] = {rate,
+-- st.dirty says the state changed, st.absent that the key was absent (or held a meta
+-- alone, st.bare), st.err (a text) that a read after load found it foreign (the log
+-- reads lazily). lim[i] = {rate,
 -- period_us, burst (bucket only)}: the limits in force. Nothing raises an error: a
 -- request's failure is a value, so no pcall is needed.
 --
@@ -71,12 +72,17 @@ local function parse_head(text)
   for f in string.gmatch(text, '%S+') do
     w[#w + 1] = f
   end
+  -- num reads a field as an integer in [1, hi], or nil
+  local function num(s, hi)
+    local v = s and not string.find(s, '%D') and tonumber(s)
+    return v and v >= 1 and v <= hi and v or nil
+  end
   local tag, param, i = w[1], 0, 2
   if not tag or not string.find(TAGS, ' ' .. tag .. ' ', 1, true) then
     return nil
   end
   if tag == PARAM_TAG then
-    param, i = int(w[2], 1, 10000), 3
+    param, i = num(w[2], 10000), 3
   end
   local m = (#w - i + 1) / LIMIT_FIELDS
   if not param or m < 1 or m > MAX_LIMITS or m % 1 ~= 0 then
@@ -85,8 +91,8 @@ local function parse_head(text)
   local lim = {}
   for l = 1, m do
     local b = i + LIMIT_FIELDS * (l - 1)
-    local rate, period = int(w[b], 1, MAX_RATE), int(w[b + 1], 1, MAX_PERIOD)
-    local burst = LIMIT_FIELDS == 3 and int(w[b + 2], 1, MAX_RATE) or nil
+    local rate, period = num(w[b], MAX_RATE), num(w[b + 1], MAX_PERIOD)
+    local burst = LIMIT_FIELDS == 3 and num(w[b + 2], MAX_RATE) or nil
     if not rate or not period or (LIMIT_FIELDS == 3 and (not burst or burst * period > MAX_TICKS)) then
       return nil
     end
@@ -123,7 +129,7 @@ if nargv >= 3 and nargv <= 2 + MAX_REQUESTS and ARGV[2] == '' then
       if ARGV[r + 2] ~= text then -- a batch's requests repeat: read each text once
         text = ARGV[r + 2]
         local ns, ws = string.match(text, '^a (%d+) (%d+)$')
-        n, w = tonumber(ns), tonumber(ws)
+        n, w = tonumber(ns or ''), tonumber(ws or '')
         if not n or n < 1 or n > cap or w > MAX_WAIT then
           st = nil
           break
@@ -164,10 +170,12 @@ end
 local k = nargv - 2
 
 -- The meta (internal/protocol): the head, then while they matter a pause "p <end>", an
--- override "o <end> <set> <r1> <b1> ...", the fair share's clock "f <V> <W> <tV> <Fmax>"
--- and operators' weights "w <end> <units> <len> <name>". parse_meta returns {head,
--- pause, over = {end, set, {{r, b}, ...}}, fair = {V, W, tV, Fmax}, weights = {[name] =
--- {end, units}}}, or nil for a text not ours.
+-- override "o <end> <set> <r1> <b1> ...", the fair share's clock "f <V> <W> <tV> <Fmax>",
+-- the head another process wrote that this one's replaced "d <at> <head>" (for
+-- DRIFT_SHOWN µs) and operators' weights "w <end> <units> <len> <name>". parse_meta
+-- returns {head, pause, over = {end, set, {{r, b}, ...}}, fair = {V, W, tV, Fmax}, drift
+-- = {at, head}, weights = {[name] = {end, units}}}, or nil for a text not ours.
+local DRIFT_SHOWN = 60000000
 local function parse_meta(text)
   local nl = string.find(text, '\n', 1, true)
   local m = {head = nl and string.sub(text, 1, nl - 1) or text, pause = 0, weights = {}}
@@ -176,7 +184,7 @@ local function parse_meta(text)
     local kind = string.sub(text, i, i)
     if kind == 'w' then
       local e, u, n, j = string.match(text, '^w (%d+) (%d+) (%d+) ()', i)
-      e, u, n = tonumber(e), tonumber(u), tonumber(n)
+      e, u, n = tonumber(e or ''), tonumber(u or ''), tonumber(n or '')
       if not e or n < 1 or n > MAX_TENANT or j + n - 1 > len then
         return nil
       end
@@ -186,7 +194,7 @@ local function parse_meta(text)
       local stop = string.find(text, '\n', i, true) or len + 1
       local line = string.sub(text, i, stop - 1)
       if kind == 'p' then
-        m.pause = tonumber(string.match(line, '^p (%d+)$'))
+        m.pause = tonumber(string.match(line, '^p (%d+)$') or '')
       elseif kind == 'o' then
         local w = {} -- the numbers after the 'o'
         for f in string.gmatch(string.sub(line, 2), '%S+') do
@@ -205,11 +213,17 @@ local function parse_meta(text)
         m.over = over
       elseif kind == 'f' then
         local V, W, tV, Fmax = string.match(line, '^f (%S+) (%d+) (%d+) (%S+)$')
-        V, W, tV, Fmax = tonumber(V), tonumber(W), tonumber(tV), tonumber(Fmax)
+        V, W, tV, Fmax = tonumber(V or ''), tonumber(W or ''), tonumber(tV or ''), tonumber(Fmax or '')
         if not Fmax then
           return nil
         end
         m.fair = {V = V, W = W, tV = tV, Fmax = Fmax}
+      elseif kind == 'd' then
+        local at, head = string.match(line, '^d (%d+) (.+)$')
+        if not at then
+          return nil
+        end
+        m.drift = {tonumber(at), head}
       else
         return nil
       end
@@ -239,6 +253,9 @@ local function format_meta(m)
   local f = m.fair
   if f and f.W > 0 then
     parts[#parts + 1] = string.format('f %.17g %d %d %.17g', f.V, f.W, f.tV, f.Fmax)
+  end
+  if m.drift and m.drift[1] > now - DRIFT_SHOWN then
+    parts[#parts + 1] = string.format('d %d ', m.drift[1]) .. m.drift[2]
   end
   for name, w in pairs(m.weights) do
     if w[1] > now then
@@ -423,7 +440,9 @@ end
 -- The group's state, read once; its meta.
 local gst, gfail = load(KEYS[1], ARGV[1])
 local meta, drift
-if gst then
+if not gst then
+  gfail = foreign(KEYS[1], gfail)
+else
   if not gst.meta then
     meta = {head = ARGV[1], pause = 0, weights = {}}
   else
@@ -437,6 +456,7 @@ if gst then
       gst, gfail = nil, fail(E_ALG, stored .. ' ' .. KEYS[1])
     else
       drift = meta.head ~= ARGV[1]
+      gst.drift_head = meta.head
     end
   end
 end
@@ -457,7 +477,7 @@ do
 end
 if gst.err then -- its numbers are not of the limits its head says: no request can be decided
   for r = 1, k do
-    ext[r] = ext[r] or gst.err
+    ext[r] = ext[r] or fail(E_STATE, gst.err)
   end
   return reply({}, k, ext)
 end
@@ -491,7 +511,7 @@ local function fair(qkey, readonly)
       f.W = 0
       break
     end
-    local F, u = tonumber(m[2]), tonumber(string.match(m[1], '^(%d+) '))
+    local F, u = tonumber(m[2] or ''), tonumber(string.match(m[1], '^(%d+) ') or '')
     local reach = t + (F - f.V) * f.W / 1000000
     if reach > now then
       f.V, t = f.V + (now - t) * 1000000 / f.W, now
@@ -555,7 +575,9 @@ local function tenant_state(i)
   local ts = tstates[i]
   if ts == nil then
     local st, why = load(KEYS[i], ARGV[2])
-    if st and st.meta then -- present, or a meta alone: it must be ours
+    if not st then
+      why = foreign(KEYS[i], why)
+    elseif st.meta then -- present, or a meta alone: it must be ours
       local m = parse_meta(st.meta)
       if not m or string.match(m.head, '^(%S+)') ~= tag then
         st, why = nil, fail(E_STATE, KEYS[i] .. ': not a tenant state of this limiter')
@@ -574,7 +596,7 @@ local function tenant_state(i)
     return nil, ts
   end
   if ts.err then
-    return nil, ts.err
+    return nil, fail(E_STATE, ts.err)
   end
   return ts
 end
@@ -618,6 +640,33 @@ local function queue(fr, n)
   if F > f.Fmax then
     f.Fmax = F
   end
+end
+
+-- turn returns µs from now until start tag S may book (S <= V + h / W), V moving as the
+-- clock does: with the queue as it is, the tenants queued ahead leaving it (and their
+-- weight W) as V reaches their finish tags, the first TURN_LOOKS of them looked at (then
+-- W as it is). A caller told a time a departure makes too late would leave its slot
+-- unused; one told too early (a tenant arrives since) asks again.
+local TURN_LOOKS = 16
+local function turn(qkey, S, W, h)
+  local f, t, V = meta.fair, 0, meta.fair.V
+  for i = 0, TURN_LOOKS do
+    local target = S - h * 1000000 / W
+    if target <= V then
+      return math.ceil(t)
+    end
+    local m = i < TURN_LOOKS and redis.call('ZRANGE', qkey, string.format('%d', i), string.format('%d', i), 'WITHSCORES')
+    local F = m and tonumber(m[2] or '')
+    local u = m and tonumber(string.match(m[1] or '', '^(%d+) ') or '')
+    if not F or not u or F >= target or W - u <= 0 then
+      return math.ceil(t + (target - V) * W / 1000000)
+    end
+    if F > V then
+      t, V = t + (F - V) * W / 1000000, F
+    end
+    W = W - u
+  end
+  return math.ceil(t)
 end
 
 -- ticket_text is a ticket as the reply and a task's record carry it: millionths.
@@ -682,7 +731,7 @@ local function acquire(r, q)
     fr = {member = member, u = u, W = W, S = ticket or math.max(f.V, F or f.V), held = ticket}
     local ahead = h * 1000000 / W -- how far ahead of V a start tag may book
     if fr.S > f.V + ahead then -- its turn has not come: ask again when it does
-      local due = math.max(1, math.ceil((fr.S - ahead - f.V) * W / 1000000))
+      local due = math.max(1, turn(KEYS[q.q], fr.S, W, h))
       if q.hold and not fr.held then
         queue(fr, n)
         fr.held = fr.S
@@ -906,7 +955,7 @@ for r = 1, k do
   end
   if gst.err then -- a read after load found the state foreign: it fails every request
     for i = 1, k do
-      ext[i] = gst.err
+      ext[i] = fail(E_STATE, gst.err)
     end
     return reply({}, k, ext)
   end
@@ -930,6 +979,9 @@ if f and f.W > 0 then -- the clock lives while tenants are queued: until V reach
   end
 end
 if changed or gst.dirty then
+  if drift then -- the head replaced: another process's, with other limits
+    meta.drift = {now, meta.head}
+  end
   meta.head = ARGV[1]
   local text = format_meta(meta)
   save(gst, KEYS[1], kept, text ~= gst.meta and text or nil, data <= 0)
@@ -956,4 +1008,12 @@ end
 for _, text in ipairs(wakes) do
   redis.call('PUBLISH', (string.match(KEYS[1], '^(.*:)') or '') .. 'wake', text)
 end
-return reply(out, k, ext)
+reply(out, k, ext)
+if drift then -- the reply ends with the head found, its bytes then their count
+  local theirs = gst.drift_head
+  for i = 1, #theirs do
+    out[#out + 1] = string.byte(theirs, i)
+  end
+  out[#out + 1] = #theirs
+end
+return out

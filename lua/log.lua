@@ -44,7 +44,7 @@ local LOG_TRIM = 2       -- expired entries that make an acquire trim (fewer wai
 -- nil for any other (the driver's parse_head reads every form).
 local function quick_head(text)
   local r, p = string.match(text, '^sw (%d+) (%d+)$')
-  r, p = tonumber(r), tonumber(p)
+  r, p = tonumber(r or ''), tonumber(p or '')
   if r and r >= 1 and r <= MAX_RATE and p >= 1 and p <= MAX_PERIOD then
     return {{r, p}}, 0
   end
@@ -68,12 +68,17 @@ local function at(st, i)
   local T, S = st[2 * s - 1], st[2 * s] -- (st's array: the entries read, by list position)
   if not T then
     local v = s <= st.hn and st.head
-    if v then -- checked by load
-      T, S = tonumber(v[2 * s + 1]), tonumber(v[2 * s + 2])
+    if v then
+      T, S = v[2 * s + 1], v[2 * s + 2]
+      if #T > 17 or #S > 17 or string.find(T .. S, '%D') then
+        st.err = st.err or st.key .. ': entry ' .. s
+        return 0, st.base
+      end
+      T, S = tonumber(T), tonumber(S)
     else
       v = redis.call('LRANGE', st.key, string.format('%d', 2 * s), string.format('%d', 2 * s + 1))
       if #v ~= 2 or not string.find(v[1] .. ',' .. v[2], '^%d+,%d+$') or #v[1] > 17 or #v[2] > 17 then
-        st.err = st.err or fail(E_STATE, st.key .. ': entry ' .. s)
+        st.err = st.err or st.key .. ': entry ' .. s
         return 0, st.base
       end
       T, S = tonumber(v[1]), tonumber(v[2])
@@ -91,7 +96,7 @@ local function entries(st)
   if not st.send then
     local len = redis.call('LLEN', st.key)
     if len % 2 == 1 then
-      st.err = st.err or fail(E_STATE, st.key .. ': length')
+      st.err = st.err or st.key .. ': length'
     end
     st.send = (len - 2 - len % 2) / 2 - st.drop
   end
@@ -122,37 +127,30 @@ local function search(st, f, v)
   return j
 end
 
--- load reads the state at key: st.meta is its meta (nil: the key is absent), or nil and
--- the failure: E_STATE for a list not ours, E_ALG for the state of the bucket or window.
+-- load reads the state at key: st.meta is its meta (nil: the key is absent); or nil and
+-- the read's error (false: the key is a list not ours, see common.lua's foreign). What
+-- the head holds is checked as it is read (at), so a call reads no more than it needs.
 local function load(key, head)
   local v = redis.pcall('LRANGE', key, '0', LOG_HEAD_END)
   if v.err then
-    return nil, foreign(key, v)
+    return nil, v
   end
   local len = #v
   -- made at its size: the head's entries (at) and the fields a usual call sets
   local st = {false, false, false, false, false, false, false, false,
-    key = key, head = v, hn = 0, off = 0, drop = 0, tail = {}, base = 0, P = 0,
-    absent = len == 0, dirty = false, lastT = false, slastT = false, slastS = false,
-    meta = v[1], prec = 0, pmax = 0, exists = len > 0, bare = len == 1}
+    key = key, head = v, hn = 0, off = 0, drop = 0, tail = {}, base = 0, P = 0, meta = v[1],
+    exists = len > 0, absent = len < 2}
   if len < 2 then -- absent, or a meta alone (the state's data is empty)
-    st.send, st.absent = 0, true
+    st.send, st.bare = 0, len == 1
     return st
   end
-  -- the head's texts are read as numbers when used (at); the last entry's at once
+  -- the last entry at once: it decides where a grant goes
   local last = len < 2 * 4 + 2 and {v[len - 1], v[len]} or redis.call('LRANGE', key, '-2', '-1')
-  if len % 2 == 1 or not string.find(table.concat(v, ',', 2) .. ',' .. last[1] .. ',' .. last[2], '^[0-9,]*$') then
-    return nil, foreign(key)
+  local base = tonumber(v[2])
+  if len % 2 == 1 or not base or #v[2] > 17 or string.find(v[2], '%D') then
+    return nil, false
   end
-  for i = 2, len do
-    if #v[i] > 17 or v[i] == '' then
-      return nil, foreign(key)
-    end
-  end
-  if #last[1] > 17 or #last[2] > 17 or last[1] == '' or last[2] == '' then
-    return nil, foreign(key)
-  end
-  st.base = tonumber(v[2])
+  st.base = base
   if len < 2 * 4 + 2 then -- the whole list
     st.hn = (len - 2) / 2
     st.send = st.hn
@@ -160,7 +158,11 @@ local function load(key, head)
     st.hn = 4
   end
   if len > 2 then
-    st.slastT, st.slastS = tonumber(last[1]), tonumber(last[2])
+    local T, S = last[1], last[2]
+    if #T > 17 or #S > 17 or string.find(T .. S, '%D') then
+      return nil, false
+    end
+    st.slastT, st.slastS = tonumber(T), tonumber(S)
   end
   st.lastT, st.P = st.slastT, st.slastS or st.base
   return st
@@ -338,7 +340,7 @@ local function give(st, lim, n, token, now)
   if s <= st.send then
     local moved = redis.call('LRANGE', st.key, string.format('%d', 2 * s), string.format('%d', 2 * st.send + 1))
     if #moved ~= 2 * (st.send - s + 1) or not string.find(table.concat(moved, ','), '^[%d,]*$') then
-      st.err = st.err or fail(E_STATE, st.key .. ': not a permit log')
+      st.err = st.err or st.key .. ': not a permit log'
       return 0
     end
     for i = 1, #moved do

@@ -24,7 +24,7 @@ local TAGS, PARAM_TAG, CAP = ' fw ', '', 1 -- the heads it serves; the one with 
 -- (the driver's parse_head reads every form).
 local function quick_head(text)
   local r, p = string.match(text, '^fw (%d+) (%d+)$')
-  r, p = tonumber(r), tonumber(p)
+  r, p = tonumber(r or ''), tonumber(p or '')
   if r and r >= 1 and r <= MAX_RATE and p >= 1 and p <= MAX_PERIOD then
     return {{r, p}}, 0
   end
@@ -32,17 +32,18 @@ local function quick_head(text)
 end
 
 -- load reads the state at key: st.meta is its meta (nil: the key is absent; head, the
--- same text, when they are equal), or nil and the failure (foreign).
+-- same text, when they are equal); or nil and the read's error (false: a string not ours,
+-- see common.lua's foreign).
 local function load(key, head)
   local v = redis.pcall('GET', key)
   if not v then
     return {0, L = 0, key = key, absent = true}
   elseif type(v) == 'table' then
-    return nil, foreign(key, v)
+    return nil, v
   end
   local nl = string.find(v, '\n', 1, true)
   if not nl then
-    return nil, foreign(key)
+    return nil, false
   end
   local meta = (#v - nl == #head and string.find(v, head, nl + 1, true)) and head or string.sub(v, nl + 1)
   if nl == 1 then -- a meta alone: empty windows
@@ -60,18 +61,18 @@ local function load(key, head)
       w[#w + 1] = string.find(f, '^%d+$') and tonumber(f) or -1
     end
     if #w < 2 then
-      return nil, foreign(key)
+      return nil, false
     end
     st.L = w[1]
     for i = 2, #w do
       if w[i] < 0 or w[i] > MAX_WAIT then
-        return nil, foreign(key)
+        return nil, false
       end
       st[i - 1] = w[i]
     end
   end
   if st.L < 0 or st.L > MAX_WAIT or st[1] < 0 or st[1] > MAX_WAIT then
-    return nil, foreign(key)
+    return nil, false
   end
   return st
 end

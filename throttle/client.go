@@ -134,8 +134,9 @@ type keyState struct {
 	// landed: the pause of the latest hold reached Redis, so a resume published
 	// since ended it (or a later one), and ends the hold too
 	landed  atomic.Bool
-	resumed atomic.Int64 // the end of the latest pause whose resume moved the sleepers (server µs)
-	record  atomic.Int64 // when the record is next written (UnixNano)
+	resumed atomic.Int64           // the end of the latest pause whose resume moved the sleepers (server µs)
+	drift   atomic.Pointer[string] // the other process's head LimitsDrift was last told of
+	record  atomic.Int64           // when the record is next written (UnixNano)
 	// keep is until when something of this state matters (a local grant in its
 	// window, a grant StateLost compares with, an open breaker): UnixNano
 	keep atomic.Int64
@@ -149,8 +150,9 @@ type keyState struct {
 // configState is what the Limiters (or Semaphores) of one configuration (target and
 // failure policy) share on a key: the failure policy's share and the StateLost watch.
 type configState struct {
-	local *localLog // a Limiter's, under FailLocal
-	sem   *localSem // a Semaphore's, under FailOpen and FailLocal
+	local *localLog  // a Limiter's, under FailLocal
+	caps  *localCaps // its tenants' caps, under FailLocal
+	sem   *localSem  // a Semaphore's, under FailOpen and FailLocal
 	watch stateWatch
 }
 

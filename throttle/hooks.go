@@ -43,6 +43,13 @@ type Hooks struct {
 	// is seen (see the README's "Guarantees and failure modes"); a state that is still
 	// there never triggers it, whatever other processes do on the key.
 	StateLost func(key string)
+
+	// LimitsDrift is called when a call found the key's state written by another
+	// process with other limits (a rolling deploy, a misconfiguration: each process
+	// enforces its own, so the key's limit is neither), with this Limiter's limits and
+	// the other's: once per process for each new set of theirs. The operator's
+	// `jobthrottle show` shows the same.
+	LimitsDrift func(key string, ours, theirs []Limit)
 }
 
 // SemaphoreHooks are callbacks a Semaphore calls after its decisions (WithSemaphoreHooks),

@@ -224,6 +224,9 @@ func (l *Limiter) acquire(ctx context.Context, n int, maxWait time.Duration, tas
 		return grant{}, err
 	}
 	g := decodeGrant(rep)
+	if rep.drift != "" {
+		l.drifted(ks, rep.drift)
+	}
 	if task != nil {
 		g.task, task.Kept = key, g.kept
 		task.Pass = func(ctx context.Context) (bool, error) {
@@ -291,6 +294,26 @@ func (l *Limiter) send(ctx context.Context, ks *keyState, call *protocol.Request
 	return rep, err
 }
 
+// drifted reports to LimitsDrift, once per set of theirs, that the key's state held
+// another process's head, theirs.
+func (l *Limiter) drifted(ks *keyState, theirs string) {
+	if l.hooks.LimitsDrift == nil {
+		return
+	}
+	if old := ks.drift.Swap(&theirs); old != nil && *old == theirs {
+		return
+	}
+	h, err := keys.ParseHead(theirs)
+	if err != nil {
+		return
+	}
+	var limits []Limit
+	for _, kl := range h.Limits {
+		limits = append(limits, Limit{Rate: kl.Rate, Period: kl.Period, Burst: kl.Burst})
+	}
+	l.hooks.LimitsDrift(l.key, l.Limits(), limits)
+}
+
 // report calls the Allowed or Denied hook for a decision.
 func (l *Limiter) report(n int, g grant) {
 	if g.granted {
@@ -307,7 +330,11 @@ func (l *Limiter) report(n int, g grant) {
 func (l *Limiter) giveBack(ctx context.Context, n int, g grant) error {
 	ks := l.client().key(l.t.tag)
 	if g.local {
-		l.configState(ks).local.cancel(clock.Now().UnixMicro(), g.token, n)
+		cs, now := l.configState(ks), clock.Now().UnixMicro()
+		cs.local.cancel(now, g.token, n)
+		if l.tenant != nil && cs.caps != nil {
+			cs.caps.of(l.tenant.name, now).cancel(now, g.token, n)
+		}
 		return nil
 	}
 	x := g.token
@@ -355,6 +382,10 @@ func (l *Limiter) configState(ks *keyState) *configState {
 		cs := &configState{}
 		if l.policy.mode == failLocal {
 			cs.local = newLocalLog(l.limits, l.a, l.policy.fleet)
+			if len(l.caps) > 0 {
+				cs.caps = &localCaps{tenants: map[string]*localLog{},
+					make: func() *localLog { return newLocalLog(l.caps, l.a, l.policy.fleet) }}
+			}
 		}
 		return cs
 	})

@@ -34,19 +34,52 @@ func newLocalLog(limits []Limit, a *algorithm, fleet int) *localLog {
 
 // acquire is the log script's acquire (lua/log.lua's fit and take) on the local log.
 func (g *localLog) acquire(now int64, n int, maxWait int64) grant {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	// trim what no window can see any more
+	return acquireLocal(now, n, maxWait, g)
+}
+
+// acquireLocal acquires n permits on every log of logs at once, at the earliest time
+// all have room (a tenant's: the process's share of the limits, then of its caps, locked
+// in that order), or none.
+func acquireLocal(now int64, n int, maxWait int64, logs ...*localLog) grant {
+	for _, g := range logs {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		g.trim(now)
+	}
+	if n == 0 {
+		return grant{granted: true, local: true}
+	}
+	t := now
+	for moved := true; moved; { // each fit moves t only later
+		moved = false
+		for _, g := range logs {
+			if f := g.fit(n, t); f > t {
+				t, moved = f, true
+			}
+		}
+	}
+	r := grant{local: true, wait: time.Duration(t-now) * time.Microsecond}
+	if t-now > maxWait {
+		return r
+	}
+	for _, g := range logs {
+		g.take(n, t)
+	}
+	r.granted, r.token = true, t
+	return r
+}
+
+// trim drops what no window can see any more (g.mu held).
+func (g *localLog) trim(now int64) {
 	i := 0
 	for i < len(g.entries) && g.entries[i].at <= now-ceilMicros(g.span) {
 		i++
 	}
 	g.entries = g.entries[i:]
-	if n == 0 {
-		return grant{granted: true, local: true}
-	}
+}
 
-	t := now
+// fit returns the earliest time >= t at which n permits fit every limit (g.mu held).
+func (g *localLog) fit(n int, t int64) int64 {
 	if k := len(g.entries); k > 0 {
 		t = max(t, g.entries[k-1].at)
 	}
@@ -61,17 +94,16 @@ func (g *localLog) acquire(now int64, n int, maxWait int64) grant {
 			}
 		}
 	}
-	r := grant{local: true, wait: time.Duration(t-now) * time.Microsecond}
-	if t-now > maxWait {
-		return r
-	}
+	return t
+}
+
+// take books n permits at t (g.mu held).
+func (g *localLog) take(n int, t int64) {
 	if k := len(g.entries); k > 0 && g.entries[k-1].at == t {
 		g.entries[k-1].n += n
 	} else {
 		g.entries = append(g.entries, localEntry{at: t, n: n})
 	}
-	r.granted, r.token = true, t
-	return r
 }
 
 // cancel gives back n permits booked at token, if that is still in the future.
@@ -91,6 +123,40 @@ func (g *localLog) cancel(now, token int64, n int) bool {
 		}
 	}
 	return false
+}
+
+// localCaps are the process's shares of each tenant's caps, by tenant, made as tenants
+// come; one whose grants no window counts any more goes when more than localCapsSweep
+// are kept.
+type localCaps struct {
+	mu      sync.Mutex
+	make    func() *localLog
+	tenants map[string]*localLog
+}
+
+const localCapsSweep = 1024
+
+// of returns tenant's log.
+func (c *localCaps) of(tenant string, now int64) *localLog {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	g := c.tenants[tenant]
+	if g == nil {
+		if len(c.tenants) >= localCapsSweep {
+			for name, o := range c.tenants {
+				o.mu.Lock()
+				o.trim(now)
+				idle := len(o.entries) == 0
+				o.mu.Unlock()
+				if idle {
+					delete(c.tenants, name)
+				}
+			}
+		}
+		g = c.make()
+		c.tenants[tenant] = g
+	}
+	return g
 }
 
 // localSem is a Semaphore's in-process stand-in while Redis is unreachable: FailLocal's

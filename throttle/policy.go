@@ -42,9 +42,9 @@ var (
 )
 
 // FailLocal returns the policy that decides in-process while Redis is unreachable:
-// each process enforces its share, every limit divided by fleetSize (rounded down, at
-// least 1), with the sliding window's exactness; so as long as at most fleetSize
-// processes run, the fleet stays within the limits. A request larger than the share
+// each process enforces its share, every limit (and every tenant's cap) divided by
+// fleetSize (rounded down, at least 1), with the sliding window's exactness; so as long
+// as at most fleetSize processes run, the fleet stays within the limits and caps. A request larger than the share
 // can ever grant fails with ErrUnavailable. When Redis answers again decisions go back
 // to it; the grants made locally are not known to Redis, so for one period after the
 // outage the fleet can reach the limit once in Redis and once in the local shares.
@@ -178,13 +178,20 @@ func (p FailurePolicy) degrades(err error) bool {
 func (l *Limiter) degraded(ks *keyState, n int, maxWait int64, cause error) (grant, error) {
 	g := grant{granted: true, local: true} // FailOpen's
 	if l.policy.mode == failLocal {
-		local := l.configState(ks).local
-		if n > local.maxN {
-			return grant{}, fmt.Errorf("%w (n=%d is above this process's share %d)", cause, n, local.maxN)
+		cs, now := l.configState(ks), clock.Now().UnixMicro()
+		logs, span := []*localLog{cs.local}, cs.local.span
+		if l.tenant != nil && cs.caps != nil { // the tenant's share of its caps too
+			caps := cs.caps.of(l.tenant.name, now)
+			logs, span = append(logs, caps), max(span, caps.span)
 		}
-		g = local.acquire(clock.Now().UnixMicro(), n, maxWait)
+		for _, lg := range logs {
+			if n > lg.maxN {
+				return grant{}, fmt.Errorf("%w (n=%d is above this process's share %d)", cause, n, lg.maxN)
+			}
+		}
+		g = acquireLocal(now, n, maxWait, logs...)
 		if g.granted && n > 0 {
-			ks.keepFor(g.wait + local.span) // the grant counts in the share until then
+			ks.keepFor(g.wait + span) // the grant counts in the shares until then
 		}
 	}
 	if l.hooks.Degraded != nil {

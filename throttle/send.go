@@ -50,10 +50,12 @@ func newSemaphoreTarget(key, tag string, s *script, keys []string, tail []any) *
 // replyWidth is how many integers answer one request (internal/protocol).
 const replyWidth = protocol.Width
 
-// reply is one request's answer: its integers, and its part of the extra region.
+// reply is one request's answer: its integers, and its part of the extra region; with
+// FlagDrift, the head the script found (another process's).
 type reply struct {
 	v     [replyWidth]int64
 	extra []int64
+	drift string
 }
 
 // request is one call of a script, on its way to Redis and back.
@@ -500,6 +502,15 @@ func (g *group) parse(flat []int64, i int) (reply, error) {
 		rep.extra = flat[at : at+n : at+n]
 	}
 	if rep.v[0] != -1 {
+		if g.t.limiter && rep.v[6]&protocol.FlagDrift != 0 { // the call's trailer: the head found
+			if n := flat[len(flat)-1]; n > 0 && n < int64(len(flat)) {
+				b := make([]byte, n)
+				for j, x := range flat[int64(len(flat))-1-n : len(flat)-1] {
+					b[j] = byte(x)
+				}
+				rep.drift = string(b)
+			}
+		}
 		return rep, nil
 	}
 	text := make([]byte, n)

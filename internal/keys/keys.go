@@ -194,6 +194,10 @@ type Meta struct {
 	Override *Override // nil: none
 	Fair     *Fair     // nil: no tenant has requests queued
 	Weights  []Weight  // operators' weights for tenants, in force until their ends
+	// Drift is another process's head that the last writer replaced (other limits on
+	// the same key), and when; "" when none was lately.
+	Drift   string
+	DriftAt int64
 }
 
 // Override is an operator's override of the rates of a key's limits.
@@ -223,8 +227,8 @@ type Weight struct {
 }
 
 // ParseMeta reads a meta text: the head, then lines "p <pause_end>", "o <end> <set> <r1>
-// <b1> ...", "f <V> <W> <at> <Fmax>" and "w <end> <units> <len> <name>" (the name may
-// hold any bytes), as the scripts write them.
+// <b1> ...", "f <V> <W> <at> <Fmax>", "d <at> <head>" and "w <end> <units> <len> <name>"
+// (the name may hold any bytes), as the scripts write them.
 func ParseMeta(text string) (Meta, error) {
 	head, rest, _ := strings.Cut(text, "\n")
 	if _, err := ParseHead(head); err != nil {
@@ -271,6 +275,13 @@ func ParseMeta(text string) (Meta, error) {
 				o.Rates = append(o.Rates, Rate{int(n[i]), int(n[i+1])})
 			}
 			m.Override = o
+		case 'd':
+			at, head, ok := strings.Cut(strings.TrimPrefix(line, "d "), " ")
+			v, err := strconv.ParseInt(at, 10, 64)
+			if !ok || err != nil {
+				return Meta{}, bad
+			}
+			m.Drift, m.DriftAt = head, v
 		case 'f':
 			if len(f) != 5 {
 				return Meta{}, bad

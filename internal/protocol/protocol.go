@@ -28,11 +28,13 @@
 //
 //	p <pause_end>                          a pause, µs of the server's clock
 //	o <end> <set> <r1> <b1> ... <rm> <bm>  an override of limits 1..m (set: when it was set)
-//	f <V> <W> <tV> <Fmax>                  the fair share's clock (see Tenants)
+//	f <V> <W> <tV> <Fmax>                  the fair share's clock (see lua/limiter.lua)
+//	d <at> <head>                          another process's head this one replaced (drift)
 //	w <end> <weight> <len> <name>          an operator's weight for a tenant
 //
 // A call whose head differs from the stored one (another process with other limits)
-// decides with its own and reports FlagDrift; the head of another algorithm is ErrAlg.
+// decides with its own, reports FlagDrift with the head it found, and notes that head
+// in a d line for a minute; the head of another algorithm is ErrAlg.
 //
 // # Arguments
 //
@@ -68,6 +70,9 @@
 //	inspect  1, remaining, next_us, reset_us, at, len, flags   (extra[at..]: Inspect's detail)
 //	control  1, 0, paused_us, override_us, ended, 0, 0         (ended: a resume's pause end)
 //	error    -1, code, at, len, 0, 0, 0                        (extra[at..]: its text's bytes)
+//
+// With FlagDrift the reply ends with the head found in the state (another process's):
+// its bytes, one an integer, then their count.
 //
 // status: 0 denied, 1 granted, 2 a task's booking found. wait_us: granted, until the
 // permits take effect; denied, until asking again can succeed (n fits, or the tenant's

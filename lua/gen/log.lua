@@ -16,6 +16,10 @@
 -- zeros allowed) with its value in range; one tonumber cannot read (gopher-lua: past
 -- 2^63) is out of range.
 --
+-- gopher-lua (miniredis's Lua) differs from Redis's Lua 5.1 where it matters here:
+-- tonumber(nil) raises an error (write tonumber(x or '')), and a multiple assignment
+-- that sets an upvalue beside a table field is miscompiled (write separate statements).
+--
 -- Errors: a request that fails gets fail(code, text): code one of E_ARG (JTARG, an
 -- argument missing or out of range), E_STATE (JTSTATE, a key holding what jobthrottle
 -- did not write), E_ALG, E_EXCEEDS, or 0 for an error Redis itself gave (an ACL refusal,
@@ -23,13 +27,13 @@
 -- (its shared arguments) is the script's error reply, "JTARG ...". A request that fails
 -- writes nothing.
 --
--- Provides:
+-- Provides (the fast path uses only the first two; the rest come after "@cold"):
 --   now                    the call's server time, µs
---   int(s, lo, hi)         an argument as an integer in [lo, hi], or nil
 --   ms(us)                 a TTL of us µs as PX text: whole ms, rounded up, >= 1
+--   int(s, lo, hi)         an argument as an integer in [lo, hi], or nil
 --   fail(code, text)       a request's error value
 --   read_key(what, cmd, key, ...)  a read of a key that may be foreign; or nil, its failure
---   foreign(key, e)        the failure of a state key of another type or content
+--   foreign(key, e)        the failure of a state key its algorithm's load could not read
 --   reply(out, k, ext)     the flat reply: WIDTH integers per request, then the extras
 
 local now
@@ -38,69 +42,10 @@ do
   now = tonumber(t[1]) * 1000000 + tonumber(t[2]) -- (tonumber costs less than coercion)
 end
 
--- int remembers the texts it has read, "0" and "1" from the start: a batch's fields
--- repeat, and a pattern and tonumber cost more than a table lookup.
-local int
-do
-  local seen = {['0'] = 0, ['1'] = 1}
-  function int(s, lo, hi)
-    local v = seen[s]
-    if v == nil and s then
-      v = string.find(s, '^%d+$') and (tonumber(s) or math.huge) or false
-      seen[s] = v
-    end
-    if v and v >= lo and v <= hi then
-      return v
-    end
-    return nil
-  end
-end
-
 -- ms formats its number itself: redis.call turns a number into text with a slow
 -- printf("%.17g").
 local function ms(us)
   return string.format('%d', us > 1000 and math.ceil(us / 1000) or 1)
-end
-
-local function fail(code, text)
-  return {code = code, text = text}
-end
-
--- read_key runs a read of a key that may be foreign (cmd on key, with args): it returns
--- the reply; or nil and the failure: E_STATE when the key holds another type than a
--- `what` (WRONGTYPE), else Redis's error as it came (an ACL refusal, say: the key is not
--- to blame, and must not be reported foreign).
-local function read_key(what, cmd, key, ...)
-  local v = redis.pcall(cmd, key, ...)
-  if type(v) == 'table' and v.err then
-    if string.find(v.err, 'WRONGTYPE', 1, true) then
-      return nil, fail(2, key .. ': not a ' .. what)
-    end
-    return nil, fail(0, v.err)
-  end
-  return v
-end
-
--- foreign returns the failure of a state key that the script's own read (its error e,
--- nil when the key held its own type) found not to be this algorithm's: Redis's own
--- error when that was not WRONGTYPE; E_ALG when the key holds another algorithm's state,
--- of either form (the text starts with that state's head tag); else E_STATE.
-local function foreign(key, e)
-  if e and not string.find(e.err, 'WRONGTYPE', 1, true) then
-    return fail(0, e.err)
-  end
-  local meta
-  local typ = redis.call('TYPE', key).ok
-  if typ == 'list' then
-    meta = redis.pcall('LINDEX', key, '0')
-  elseif typ == 'string' then
-    meta = string.match(redis.call('GET', key), '\n(.*)$')
-  end
-  local tag = type(meta) == 'string' and string.match(meta, '^(%l%l) ')
-  if tag and tag ~= string.match(ARGV[1], '^(%S+)') and string.find(' sw sc tb fw ', ' ' .. tag .. ' ', 1, true) then
-    return fail(3, tag .. ' ' .. key)
-  end
-  return fail(2, key .. ': not a jobthrottle state')
 end
 
 
@@ -151,7 +96,7 @@ local LOG_TRIM = 2       -- expired entries that make an acquire trim (fewer wai
 -- nil for any other (the driver's parse_head reads every form).
 local function quick_head(text)
   local r, p = string.match(text, '^sw (%d+) (%d+)$')
-  r, p = tonumber(r), tonumber(p)
+  r, p = tonumber(r or ''), tonumber(p or '')
   if r and r >= 1 and r <= 1000000000 and p >= 1 and p <= 35184372088832 then
     return {{r, p}}, 0
   end
@@ -175,12 +120,17 @@ local function at(st, i)
   local T, S = st[2 * s - 1], st[2 * s] -- (st's array: the entries read, by list position)
   if not T then
     local v = s <= st.hn and st.head
-    if v then -- checked by load
-      T, S = tonumber(v[2 * s + 1]), tonumber(v[2 * s + 2])
+    if v then
+      T, S = v[2 * s + 1], v[2 * s + 2]
+      if #T > 17 or #S > 17 or string.find(T .. S, '%D') then
+        st.err = st.err or st.key .. ': entry ' .. s
+        return 0, st.base
+      end
+      T, S = tonumber(T), tonumber(S)
     else
       v = redis.call('LRANGE', st.key, string.format('%d', 2 * s), string.format('%d', 2 * s + 1))
       if #v ~= 2 or not string.find(v[1] .. ',' .. v[2], '^%d+,%d+$') or #v[1] > 17 or #v[2] > 17 then
-        st.err = st.err or fail(2, st.key .. ': entry ' .. s)
+        st.err = st.err or st.key .. ': entry ' .. s
         return 0, st.base
       end
       T, S = tonumber(v[1]), tonumber(v[2])
@@ -198,7 +148,7 @@ local function entries(st)
   if not st.send then
     local len = redis.call('LLEN', st.key)
     if len % 2 == 1 then
-      st.err = st.err or fail(2, st.key .. ': length')
+      st.err = st.err or st.key .. ': length'
     end
     st.send = (len - 2 - len % 2) / 2 - st.drop
   end
@@ -229,37 +179,30 @@ local function search(st, f, v)
   return j
 end
 
--- load reads the state at key: st.meta is its meta (nil: the key is absent), or nil and
--- the failure: E_STATE for a list not ours, E_ALG for the state of the bucket or window.
+-- load reads the state at key: st.meta is its meta (nil: the key is absent); or nil and
+-- the read's error (false: the key is a list not ours, see common.lua's foreign). What
+-- the head holds is checked as it is read (at), so a call reads no more than it needs.
 local function load(key, head)
   local v = redis.pcall('LRANGE', key, '0', '9')
   if v.err then
-    return nil, foreign(key, v)
+    return nil, v
   end
   local len = #v
   -- made at its size: the head's entries (at) and the fields a usual call sets
   local st = {false, false, false, false, false, false, false, false,
-    key = key, head = v, hn = 0, off = 0, drop = 0, tail = {}, base = 0, P = 0,
-    absent = len == 0, dirty = false, lastT = false, slastT = false, slastS = false,
-    meta = v[1], prec = 0, pmax = 0, exists = len > 0, bare = len == 1}
+    key = key, head = v, hn = 0, off = 0, drop = 0, tail = {}, base = 0, P = 0, meta = v[1],
+    exists = len > 0, absent = len < 2}
   if len < 2 then -- absent, or a meta alone (the state's data is empty)
-    st.send, st.absent = 0, true
+    st.send, st.bare = 0, len == 1
     return st
   end
-  -- the head's texts are read as numbers when used (at); the last entry's at once
+  -- the last entry at once: it decides where a grant goes
   local last = len < 2 * 4 + 2 and {v[len - 1], v[len]} or redis.call('LRANGE', key, '-2', '-1')
-  if len % 2 == 1 or not string.find(table.concat(v, ',', 2) .. ',' .. last[1] .. ',' .. last[2], '^[0-9,]*$') then
-    return nil, foreign(key)
+  local base = tonumber(v[2])
+  if len % 2 == 1 or not base or #v[2] > 17 or string.find(v[2], '%D') then
+    return nil, false
   end
-  for i = 2, len do
-    if #v[i] > 17 or v[i] == '' then
-      return nil, foreign(key)
-    end
-  end
-  if #last[1] > 17 or #last[2] > 17 or last[1] == '' or last[2] == '' then
-    return nil, foreign(key)
-  end
-  st.base = tonumber(v[2])
+  st.base = base
   if len < 2 * 4 + 2 then -- the whole list
     st.hn = (len - 2) / 2
     st.send = st.hn
@@ -267,7 +210,11 @@ local function load(key, head)
     st.hn = 4
   end
   if len > 2 then
-    st.slastT, st.slastS = tonumber(last[1]), tonumber(last[2])
+    local T, S = last[1], last[2]
+    if #T > 17 or #S > 17 or string.find(T .. S, '%D') then
+      return nil, false
+    end
+    st.slastT, st.slastS = tonumber(T), tonumber(S)
   end
   st.lastT, st.P = st.slastT, st.slastS or st.base
   return st
@@ -439,7 +386,7 @@ end
 --   TAGS, PARAM_TAG             the head tags it serves; the one with a parameter
 --   quick_head(text) -> lim, param   the usual head (one limit), or nil
 --   load(key, head) -> st       st.meta (nil: absent; head itself when equal to it); or nil
---                               and the failure (foreign)
+--                               and its read's error (common.lua's foreign reads it)
 --   setup(st, lim, param, cw, cwend, given, now)   count the state with lim, the limits
 --                               in force; cw: those it was counted with, to cwend
 --   fit(st, lim, n, t, now) -> t'    the earliest time >= t at which n fit every limit
@@ -450,8 +397,9 @@ end
 --   rates(st, old, new, at, now)     the limits in force change at `at`
 --   save(st, key, keep, meta)        write the state to live keep µs more (<= 0: delete it),
 --                                    meta the new meta (nil: unchanged)
--- st.dirty says the state changed, st.absent that the key was absent, st.err (a failure)
--- that a read after load found it foreign (the log reads lazily). lim[i] = {rate,
+-- st.dirty says the state changed, st.absent that the key was absent (or held a meta
+-- alone, st.bare), st.err (a text) that a read after load found it foreign (the log
+-- reads lazily). lim[i] = {rate,
 -- period_us, burst (bucket only)}: the limits in force. Nothing raises an error: a
 -- request's failure is a value, so no pcall is needed.
 --
@@ -493,12 +441,17 @@ local function parse_head(text)
   for f in string.gmatch(text, '%S+') do
     w[#w + 1] = f
   end
+  -- num reads a field as an integer in [1, hi], or nil
+  local function num(s, hi)
+    local v = s and not string.find(s, '%D') and tonumber(s)
+    return v and v >= 1 and v <= hi and v or nil
+  end
   local tag, param, i = w[1], 0, 2
   if not tag or not string.find(' sw sc ', ' ' .. tag .. ' ', 1, true) then
     return nil
   end
   if tag == 'sc' then
-    param, i = int(w[2], 1, 10000), 3
+    param, i = num(w[2], 10000), 3
   end
   local m = (#w - i + 1) / 2
   if not param or m < 1 or m > 16 or m % 1 ~= 0 then
@@ -507,8 +460,8 @@ local function parse_head(text)
   local lim = {}
   for l = 1, m do
     local b = i + 2 * (l - 1)
-    local rate, period = int(w[b], 1, 1000000000), int(w[b + 1], 1, 35184372088832)
-    local burst = 2 == 3 and int(w[b + 2], 1, 1000000000) or nil
+    local rate, period = num(w[b], 1000000000), num(w[b + 1], 35184372088832)
+    local burst = 2 == 3 and num(w[b + 2], 1000000000) or nil
     if not rate or not period or (2 == 3 and (not burst or burst * period > 1125899906842624)) then
       return nil
     end
@@ -545,7 +498,7 @@ if nargv >= 3 and nargv <= 2 + 1000 and ARGV[2] == '' then
       if ARGV[r + 2] ~= text then -- a batch's requests repeat: read each text once
         text = ARGV[r + 2]
         local ns, ws = string.match(text, '^a (%d+) (%d+)$')
-        n, w = tonumber(ns), tonumber(ws)
+        n, w = tonumber(ns or ''), tonumber(ws or '')
         if not n or n < 1 or n > cap or w > 9007199254740991 then
           st = nil
           break
@@ -574,8 +527,69 @@ if nargv >= 3 and nargv <= 2 + 1000 and ARGV[2] == '' then
 end
 
 
--- [common.lua from line 103]
+-- [common.lua from line 48]
 -- @cold: what follows only the slow paths need (see lua/internal/gen).
+
+-- int remembers the texts it has read, "0" and "1" from the start: a batch's fields
+-- repeat, and a pattern and tonumber cost more than a table lookup.
+local int
+do
+  local seen = {['0'] = 0, ['1'] = 1}
+  function int(s, lo, hi)
+    local v = seen[s]
+    if v == nil and s then
+      v = string.find(s, '^%d+$') and (tonumber(s) or math.huge) or false
+      seen[s] = v
+    end
+    if v and v >= lo and v <= hi then
+      return v
+    end
+    return nil
+  end
+end
+
+local function fail(code, text)
+  return {code = code, text = text}
+end
+
+-- read_key runs a read of a key that may be foreign (cmd on key, with args): it returns
+-- the reply; or nil and the failure: E_STATE when the key holds another type than a
+-- `what` (WRONGTYPE), else Redis's error as it came (an ACL refusal, say: the key is not
+-- to blame, and must not be reported foreign).
+local function read_key(what, cmd, key, ...)
+  local v = redis.pcall(cmd, key, ...)
+  if type(v) == 'table' and v.err then
+    if string.find(v.err, 'WRONGTYPE', 1, true) then
+      return nil, fail(2, key .. ': not a ' .. what)
+    end
+    return nil, fail(0, v.err)
+  end
+  return v
+end
+
+-- foreign returns the failure of a state key that its algorithm's load could not read: e
+-- is the error of the load's read (false when the key held its type, with content not
+-- ours): Redis's own error when that was not WRONGTYPE; E_ALG when the key holds another
+-- algorithm's state, of either type (the text starts with that state's head tag); else
+-- E_STATE.
+local function foreign(key, e)
+  if e and not string.find(e.err, 'WRONGTYPE', 1, true) then
+    return fail(0, e.err)
+  end
+  local meta
+  local typ = redis.call('TYPE', key).ok
+  if typ == 'list' then
+    meta = redis.pcall('LINDEX', key, '0')
+  elseif typ == 'string' then
+    meta = string.match(redis.call('GET', key), '\n(.*)$')
+  end
+  local tag = type(meta) == 'string' and string.match(meta, '^(%l%l) ')
+  if tag and tag ~= string.match(ARGV[1], '^(%S+)') and string.find(' sw sc tb fw ', ' ' .. tag .. ' ', 1, true) then
+    return fail(3, tag .. ' ' .. key)
+  end
+  return fail(2, key .. ': not a jobthrottle state')
+end
+
 
 -- reply appends each request's extra to out (WIDTH integers per request, k requests):
 -- ext[r] with a code is request r's error, {-1, code, at, len, 0, 0, 0} with the text one
@@ -609,7 +623,7 @@ local function reply(out, k, ext)
   return out
 end
 
--- [log.lua from line 314]
+-- [log.lua from line 316]
 -- @cold: what follows only the driver's request loop needs (see lua/internal/gen).
 
 local function give(st, lim, n, token, now)
@@ -637,7 +651,7 @@ local function give(st, lim, n, token, now)
   if s <= st.send then
     local moved = redis.call('LRANGE', st.key, string.format('%d', 2 * s), string.format('%d', 2 * st.send + 1))
     if #moved ~= 2 * (st.send - s + 1) or not string.find(table.concat(moved, ','), '^[%d,]*$') then
-      st.err = st.err or fail(2, st.key .. ': not a permit log')
+      st.err = st.err or st.key .. ': not a permit log'
       return 0
     end
     for i = 1, #moved do
@@ -684,7 +698,7 @@ end
 local function rates(st, old, new, at, now)
 end
 
--- [limiter.lua from line 154]
+-- [limiter.lua from line 160]
 -- @cold: the request loop, for every call the fast path did not decide.
 
 local given, param, tag = parse_head(ARGV[1])
@@ -698,10 +712,12 @@ end
 local k = nargv - 2
 
 -- The meta (internal/protocol): the head, then while they matter a pause "p <end>", an
--- override "o <end> <set> <r1> <b1> ...", the fair share's clock "f <V> <W> <tV> <Fmax>"
--- and operators' weights "w <end> <units> <len> <name>". parse_meta returns {head,
--- pause, over = {end, set, {{r, b}, ...}}, fair = {V, W, tV, Fmax}, weights = {[name] =
--- {end, units}}}, or nil for a text not ours.
+-- override "o <end> <set> <r1> <b1> ...", the fair share's clock "f <V> <W> <tV> <Fmax>",
+-- the head another process wrote that this one's replaced "d <at> <head>" (for
+-- DRIFT_SHOWN µs) and operators' weights "w <end> <units> <len> <name>". parse_meta
+-- returns {head, pause, over = {end, set, {{r, b}, ...}}, fair = {V, W, tV, Fmax}, drift
+-- = {at, head}, weights = {[name] = {end, units}}}, or nil for a text not ours.
+local DRIFT_SHOWN = 60000000
 local function parse_meta(text)
   local nl = string.find(text, '\n', 1, true)
   local m = {head = nl and string.sub(text, 1, nl - 1) or text, pause = 0, weights = {}}
@@ -710,7 +726,7 @@ local function parse_meta(text)
     local kind = string.sub(text, i, i)
     if kind == 'w' then
       local e, u, n, j = string.match(text, '^w (%d+) (%d+) (%d+) ()', i)
-      e, u, n = tonumber(e), tonumber(u), tonumber(n)
+      e, u, n = tonumber(e or ''), tonumber(u or ''), tonumber(n or '')
       if not e or n < 1 or n > 256 or j + n - 1 > len then
         return nil
       end
@@ -720,7 +736,7 @@ local function parse_meta(text)
       local stop = string.find(text, '\n', i, true) or len + 1
       local line = string.sub(text, i, stop - 1)
       if kind == 'p' then
-        m.pause = tonumber(string.match(line, '^p (%d+)$'))
+        m.pause = tonumber(string.match(line, '^p (%d+)$') or '')
       elseif kind == 'o' then
         local w = {} -- the numbers after the 'o'
         for f in string.gmatch(string.sub(line, 2), '%S+') do
@@ -739,11 +755,17 @@ local function parse_meta(text)
         m.over = over
       elseif kind == 'f' then
         local V, W, tV, Fmax = string.match(line, '^f (%S+) (%d+) (%d+) (%S+)$')
-        V, W, tV, Fmax = tonumber(V), tonumber(W), tonumber(tV), tonumber(Fmax)
+        V, W, tV, Fmax = tonumber(V or ''), tonumber(W or ''), tonumber(tV or ''), tonumber(Fmax or '')
         if not Fmax then
           return nil
         end
         m.fair = {V = V, W = W, tV = tV, Fmax = Fmax}
+      elseif kind == 'd' then
+        local at, head = string.match(line, '^d (%d+) (.+)$')
+        if not at then
+          return nil
+        end
+        m.drift = {tonumber(at), head}
       else
         return nil
       end
@@ -773,6 +795,9 @@ local function format_meta(m)
   local f = m.fair
   if f and f.W > 0 then
     parts[#parts + 1] = string.format('f %.17g %d %d %.17g', f.V, f.W, f.tV, f.Fmax)
+  end
+  if m.drift and m.drift[1] > now - 60000000 then
+    parts[#parts + 1] = string.format('d %d ', m.drift[1]) .. m.drift[2]
   end
   for name, w in pairs(m.weights) do
     if w[1] > now then
@@ -957,7 +982,9 @@ end
 -- The group's state, read once; its meta.
 local gst, gfail = load(KEYS[1], ARGV[1])
 local meta, drift
-if gst then
+if not gst then
+  gfail = foreign(KEYS[1], gfail)
+else
   if not gst.meta then
     meta = {head = ARGV[1], pause = 0, weights = {}}
   else
@@ -971,6 +998,7 @@ if gst then
       gst, gfail = nil, fail(3, stored .. ' ' .. KEYS[1])
     else
       drift = meta.head ~= ARGV[1]
+      gst.drift_head = meta.head
     end
   end
 end
@@ -991,7 +1019,7 @@ do
 end
 if gst.err then -- its numbers are not of the limits its head says: no request can be decided
   for r = 1, k do
-    ext[r] = ext[r] or gst.err
+    ext[r] = ext[r] or fail(2, gst.err)
   end
   return reply({}, k, ext)
 end
@@ -1025,7 +1053,7 @@ local function fair(qkey, readonly)
       f.W = 0
       break
     end
-    local F, u = tonumber(m[2]), tonumber(string.match(m[1], '^(%d+) '))
+    local F, u = tonumber(m[2] or ''), tonumber(string.match(m[1], '^(%d+) ') or '')
     local reach = t + (F - f.V) * f.W / 1000000
     if reach > now then
       f.V, t = f.V + (now - t) * 1000000 / f.W, now
@@ -1089,7 +1117,9 @@ local function tenant_state(i)
   local ts = tstates[i]
   if ts == nil then
     local st, why = load(KEYS[i], ARGV[2])
-    if st and st.meta then -- present, or a meta alone: it must be ours
+    if not st then
+      why = foreign(KEYS[i], why)
+    elseif st.meta then -- present, or a meta alone: it must be ours
       local m = parse_meta(st.meta)
       if not m or string.match(m.head, '^(%S+)') ~= tag then
         st, why = nil, fail(2, KEYS[i] .. ': not a tenant state of this limiter')
@@ -1108,7 +1138,7 @@ local function tenant_state(i)
     return nil, ts
   end
   if ts.err then
-    return nil, ts.err
+    return nil, fail(2, ts.err)
   end
   return ts
 end
@@ -1152,6 +1182,33 @@ local function queue(fr, n)
   if F > f.Fmax then
     f.Fmax = F
   end
+end
+
+-- turn returns µs from now until start tag S may book (S <= V + h / W), V moving as the
+-- clock does: with the queue as it is, the tenants queued ahead leaving it (and their
+-- weight W) as V reaches their finish tags, the first TURN_LOOKS of them looked at (then
+-- W as it is). A caller told a time a departure makes too late would leave its slot
+-- unused; one told too early (a tenant arrives since) asks again.
+local TURN_LOOKS = 16
+local function turn(qkey, S, W, h)
+  local f, t, V = meta.fair, 0, meta.fair.V
+  for i = 0, 16 do
+    local target = S - h * 1000000 / W
+    if target <= V then
+      return math.ceil(t)
+    end
+    local m = i < 16 and redis.call('ZRANGE', qkey, string.format('%d', i), string.format('%d', i), 'WITHSCORES')
+    local F = m and tonumber(m[2] or '')
+    local u = m and tonumber(string.match(m[1] or '', '^(%d+) ') or '')
+    if not F or not u or F >= target or W - u <= 0 then
+      return math.ceil(t + (target - V) * W / 1000000)
+    end
+    if F > V then
+      t, V = t + (F - V) * W / 1000000, F
+    end
+    W = W - u
+  end
+  return math.ceil(t)
 end
 
 -- ticket_text is a ticket as the reply and a task's record carry it: millionths.
@@ -1216,7 +1273,7 @@ local function acquire(r, q)
     fr = {member = member, u = u, W = W, S = ticket or math.max(f.V, F or f.V), held = ticket}
     local ahead = h * 1000000 / W -- how far ahead of V a start tag may book
     if fr.S > f.V + ahead then -- its turn has not come: ask again when it does
-      local due = math.max(1, math.ceil((fr.S - ahead - f.V) * W / 1000000))
+      local due = math.max(1, turn(KEYS[q.q], fr.S, W, h))
       if q.hold and not fr.held then
         queue(fr, n)
         fr.held = fr.S
@@ -1440,7 +1497,7 @@ for r = 1, k do
   end
   if gst.err then -- a read after load found the state foreign: it fails every request
     for i = 1, k do
-      ext[i] = gst.err
+      ext[i] = fail(2, gst.err)
     end
     return reply({}, k, ext)
   end
@@ -1464,6 +1521,9 @@ if f and f.W > 0 then -- the clock lives while tenants are queued: until V reach
   end
 end
 if changed or gst.dirty then
+  if drift then -- the head replaced: another process's, with other limits
+    meta.drift = {now, meta.head}
+  end
   meta.head = ARGV[1]
   local text = format_meta(meta)
   save(gst, KEYS[1], kept, text ~= gst.meta and text or nil, data <= 0)
@@ -1490,4 +1550,12 @@ end
 for _, text in ipairs(wakes) do
   redis.call('PUBLISH', (string.match(KEYS[1], '^(.*:)') or '') .. 'wake', text)
 end
-return reply(out, k, ext)
+reply(out, k, ext)
+if drift then -- the reply ends with the head found, its bytes then their count
+  local theirs = gst.drift_head
+  for i = 1, #theirs do
+    out[#out + 1] = string.byte(theirs, i)
+  end
+  out[#out + 1] = #theirs
+end
+return out

@@ -16,6 +16,10 @@
 -- zeros allowed) with its value in range; one tonumber cannot read (gopher-lua: past
 -- 2^63) is out of range.
 --
+-- gopher-lua (miniredis's Lua) differs from Redis's Lua 5.1 where it matters here:
+-- tonumber(nil) raises an error (write tonumber(x or '')), and a multiple assignment
+-- that sets an upvalue beside a table field is miscompiled (write separate statements).
+--
 -- Errors: a request that fails gets fail(code, text): code one of E_ARG (JTARG, an
 -- argument missing or out of range), E_STATE (JTSTATE, a key holding what jobthrottle
 -- did not write), E_ALG, E_EXCEEDS, or 0 for an error Redis itself gave (an ACL refusal,
@@ -23,13 +27,13 @@
 -- (its shared arguments) is the script's error reply, "JTARG ...". A request that fails
 -- writes nothing.
 --
--- Provides:
+-- Provides (the fast path uses only the first two; the rest come after "@cold"):
 --   now                    the call's server time, µs
---   int(s, lo, hi)         an argument as an integer in [lo, hi], or nil
 --   ms(us)                 a TTL of us µs as PX text: whole ms, rounded up, >= 1
+--   int(s, lo, hi)         an argument as an integer in [lo, hi], or nil
 --   fail(code, text)       a request's error value
 --   read_key(what, cmd, key, ...)  a read of a key that may be foreign; or nil, its failure
---   foreign(key, e)        the failure of a state key of another type or content
+--   foreign(key, e)        the failure of a state key its algorithm's load could not read
 --   reply(out, k, ext)     the flat reply: WIDTH integers per request, then the extras
 
 local now
@@ -37,6 +41,16 @@ do
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2]) -- (tonumber costs less than coercion)
 end
+
+-- ms formats its number itself: redis.call turns a number into text with a slow
+-- printf("%.17g").
+local function ms(us)
+  return string.format('%d', us > 1000 and math.ceil(us / 1000) or 1)
+end
+
+
+-- [common.lua from line 48]
+-- @cold: what follows only the slow paths need (see lua/internal/gen).
 
 -- int remembers the texts it has read, "0" and "1" from the start: a batch's fields
 -- repeat, and a pattern and tonumber cost more than a table lookup.
@@ -54,12 +68,6 @@ do
     end
     return nil
   end
-end
-
--- ms formats its number itself: redis.call turns a number into text with a slow
--- printf("%.17g").
-local function ms(us)
-  return string.format('%d', us > 1000 and math.ceil(us / 1000) or 1)
 end
 
 local function fail(code, text)
@@ -81,10 +89,11 @@ local function read_key(what, cmd, key, ...)
   return v
 end
 
--- foreign returns the failure of a state key that the script's own read (its error e,
--- nil when the key held its own type) found not to be this algorithm's: Redis's own
--- error when that was not WRONGTYPE; E_ALG when the key holds another algorithm's state,
--- of either form (the text starts with that state's head tag); else E_STATE.
+-- foreign returns the failure of a state key that its algorithm's load could not read: e
+-- is the error of the load's read (false when the key held its type, with content not
+-- ours): Redis's own error when that was not WRONGTYPE; E_ALG when the key holds another
+-- algorithm's state, of either type (the text starts with that state's head tag); else
+-- E_STATE.
 local function foreign(key, e)
   if e and not string.find(e.err, 'WRONGTYPE', 1, true) then
     return fail(0, e.err)
@@ -103,9 +112,6 @@ local function foreign(key, e)
   return fail(2, key .. ': not a jobthrottle state')
 end
 
-
--- [common.lua from line 103]
--- @cold: what follows only the slow paths need (see lua/internal/gen).
 
 -- reply appends each request's extra to out (WIDTH integers per request, k requests):
 -- ext[r] with a code is request r's error, {-1, code, at, len, 0, 0, 0} with the text one
