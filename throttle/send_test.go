@@ -672,3 +672,150 @@ func TestClusterKeysLandOnTheirOwn(t *testing.T) {
 	default:
 	}
 }
+
+// ---- how a round trip is sent: EVALSHA, EVAL once after NOSCRIPT, MULTI/EXEC unless
+// the client never re-sends; a reply the scripts never give (TestLostReplyChargesOnce
+// and TestLostReplySemaphoreAndPauseOnce, in lostreply_test.go, check at-most-once on a
+// real server through a proxy that drops replies)
+
+// A script that answers what the scripts never do (a reply too short for its requests,
+// an error's text out of the reply's bounds) fails each of its requests with
+// ErrUnexpectedReply, and so does one whose reply is no array of integers.
+func TestUnexpectedReply(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		for _, c := range []struct {
+			name, src string
+			want      error
+		}{
+			{"too short", "return {1, 0, 0, 0, 0, 0}", ErrUnexpectedReply},
+			{"error text out of bounds", "return {-1, 1, 50, 3, 0, 0, 0}", ErrUnexpectedReply},
+			{"error text of negative length", "return {-1, 1, 8, -1, 0, 0, 0}", ErrUnexpectedReply},
+			{"error text inside the requests' integers", "return {-1, 1, 2, 3, 0, 0, 0}", ErrUnexpectedReply},
+			{"not integers", "return {1, 'x', 0, 0, 0, 0, 0}", ErrUnexpectedReply},
+			{"a nil", "return {1, false, 0, 0, 0, 0, 0}", ErrUnexpectedReply},
+		} {
+			l, err := New(b.Client, "odd", PerSecond(5), WithKeyPrefix(b.Prefix))
+			if err != nil {
+				t.Fatal(err)
+			}
+			l.useScript(scriptOf("local t = redis.call('TIME') " + c.src))
+			_, err = l.Allow(ctx)
+			if err == nil || c.want != nil && !errors.Is(err, c.want) {
+				t.Errorf("%s: got %v, want %v", c.name, err, c.want)
+			}
+			t.Logf("%s: %v", c.name, err)
+		}
+	})
+}
+
+// A script the server does not have (a restart or SCRIPT FLUSH lost it) runs by EVAL,
+// once, then by EVALSHA again; a script's own errors come back mapped.
+func TestNoScriptRunsEvalOnce(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		l, err := New(b.Client, "once", PerHour(10), WithKeyPrefix(b.Prefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := scriptFlush(ctx, b.Client); err != nil {
+			t.Fatal(err)
+		}
+		var evals sendScriptCalls // EVALs sent, answered or not
+		b.Client.AddHook(sendPipeHook(func(cmds []redis.Cmder) {
+			for _, cmd := range cmds {
+				if cmd.Name() == "eval" {
+					evals.n.Add(1)
+				}
+			}
+		}))
+		for want := 9; want >= 8; want-- { // the first by EVAL, the second by EVALSHA
+			res, err := l.Allow(ctx)
+			if err != nil || res.Remaining != want {
+				t.Fatalf("Allow #%d: got %+v, %v; want %d remaining (run once)", 10-want, res, err, want)
+			}
+			if got := evals.n.Load(); got != 1 {
+				t.Fatalf("after Allow #%d: %d calls by EVAL, want 1 (the first, after NOSCRIPT)", 10-want, got)
+			}
+		}
+		fail, err := New(b.Client, "once-fails", PerHour(10), WithKeyPrefix(b.Prefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fail.useScript(scriptOf("local t = redis.call('TIME') return redis.error_reply('JTARG test')"))
+		if _, err := fail.Allow(ctx); !errors.Is(err, ErrInvalidArgument) {
+			t.Fatalf("a script that fails: got %v, want its JTARG reply as ErrInvalidArgument", err)
+		}
+		if got := evals.n.Load(); got != 2 {
+			t.Fatalf("%d calls by EVAL, want 2 (the failing script, new to the server, once)", got)
+		}
+	})
+}
+
+// sendTxCount counts the script calls sent in a transaction (MULTI/EXEC) and those sent
+// as plain commands.
+type sendTxCount struct {
+	mu        sync.Mutex
+	tx, plain int
+}
+
+func (c *sendTxCount) see(cmds []redis.Cmder) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	multi := false
+	for _, cmd := range cmds {
+		switch {
+		case cmd.Name() == "multi":
+			multi = true
+		case sendIsEval(cmd) && multi:
+			c.tx++
+		case sendIsEval(cmd):
+			c.plain++
+		}
+	}
+}
+
+func (c *sendTxCount) get() (tx, plain int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.tx, c.plain
+}
+
+// A client that never re-sends (MaxRetries < 0) gets plain EVALSHA, no MULTI/EXEC, and
+// a reply it loses still charges once and fails with ErrUnavailable; a client with
+// go-redis's default retries keeps the transaction.
+func TestNeverResendingClientSkipsTheTransaction(t *testing.T) {
+	direct, proxy, _ := redistest.NewProxied(t)
+	ctx := context.Background()
+	for _, retries := range []int{-1, 0} {
+		rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr, MaxRetries: retries})
+		defer rdb.Close()
+		var c sendTxCount
+		rdb.AddHook(sendPipeHook(c.see))
+		l, err := New(rdb, fmt.Sprint("plain", retries), PerHour(10), WithKeyPrefix(direct.Prefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := direct.Client.ScriptLoad(ctx, l.t.script.src).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.Allow(ctx); err != nil {
+			t.Fatal(err)
+		}
+		tx, plain := c.get()
+		if wantTx := retries >= 0; (tx == 1) != wantTx || (plain == 1) == wantTx {
+			t.Fatalf("MaxRetries %d: got %d transactions, %d plain calls; want a transaction %v", retries, tx, plain, wantTx)
+		}
+		if retries >= 0 {
+			continue
+		}
+		proxy.DropReplyTo("evalsha")
+		if _, err := l.Allow(ctx); !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("MaxRetries %d, reply lost: got %v, want ErrUnavailable", retries, err)
+		}
+		res, err := l.AllowN(ctx, 0)
+		if err != nil || res.Remaining != 8 { // 10 less the call above and the lost one
+			t.Fatalf("MaxRetries %d, after a lost reply: got %+v, %v; want 8 remaining (charged once)", retries, res, err)
+		}
+	}
+}
