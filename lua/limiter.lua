@@ -614,7 +614,7 @@ local function tenant_state(i)
     local st, why = load(KEYS[i], ARGV[2])
     if not st then
       why = foreign(KEYS[i], why or nil, TAGS)
-    elseif not st.absent then
+    elseif st.meta then -- present, or a meta alone: it must be ours
       local m = parse_meta(st.meta)
       if not m or string.match(m.head, '^(%S+)') ~= tag then
         st, why = nil, fail(E_STATE, KEYS[i] .. ': not a tenant state of this limiter')

@@ -53,6 +53,9 @@ local function pause_read(key)
   local meta
   if type(v) == 'table' and string.find(v.err, 'WRONGTYPE', 1, true) then
     meta = redis.pcall('LINDEX', key, '0')
+    if type(meta) == 'table' and meta.err then -- a refusal (an ACL), not the key's fault
+      return nil, fail(0, meta.err)
+    end
   elseif type(v) == 'table' then
     return nil, fail(0, v.err)
   elseif v then

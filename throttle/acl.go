@@ -8,9 +8,9 @@ import "strings"
 // user too. TestACLLeastPrivilege checks it is exactly what the library uses.
 var aclCommands = []string{
 	"evalsha", "eval", "multi", "exec", "subscribe", "unsubscribe", "cluster|slots",
-	"time", "get", "set", "pexpire", "pttl", "exists", "del", "unlink", "publish",
-	"lrange", "llen", "ltrim", "rpush", "lset",
-	"zcard", "zcount", "zscore", "zrange", "zrangebyscore", "zremrangebyscore", "zrem", "zadd", "zrank",
+	"time", "type", "get", "set", "pexpire", "pttl", "del", "unlink", "publish",
+	"lindex", "lrange", "llen", "ltrim", "rpush", "lset",
+	"zcard", "zcount", "zscore", "zrange", "zrevrange", "zrangebyscore", "zremrangebyscore", "zrem", "zadd", "zrank",
 }
 
 // ACLRules returns the Redis ACL rules (Redis 6.2 or later) that let a user do all a

@@ -211,6 +211,20 @@ func aclWorkload(ctx context.Context, s *aclServer, dial func() redis.UniversalC
 		note(alg.String()+" Pause", l.Pause(cctx, 20*time.Second))
 		ahead, err := l.Reserve(cctx, 1, time.Minute)
 		note(alg.String()+" Reserve after a pause", err)
+		// the state lives while the pause does: its record reads (GET, LINDEX, PTTL), and
+		_, err = ReadRecord(cctx, c, run+"-"+alg.String())
+		note(alg.String()+" ReadRecord", err)
+		// another algorithm on the key is refused with an *AlgorithmError (TYPE, and GET or
+		// LINDEX, read the state's meta)
+		other, err := New(c, run+"-"+alg.String(), limit, WithAlgorithm(allAlgorithms[(slices.Index(allAlgorithms, alg)+1)%len(allAlgorithms)]))
+		if err != nil {
+			return append(errs, err)
+		}
+		if _, err := other.Allow(cctx); err == nil {
+			note(alg.String()+" Allow of another algorithm", errors.New("no error, want ErrAlgorithmMismatch"))
+		} else if !errors.Is(err, ErrAlgorithmMismatch) {
+			note(alg.String()+" Allow of another algorithm", err)
+		}
 		time.Sleep(210 * time.Millisecond) // every grant before the pause has left the window
 		trims, err := l.Reserve(cctx, 1, time.Minute)
 		note(alg.String()+" Reserve that trims", err)
@@ -219,22 +233,20 @@ func aclWorkload(ctx context.Context, s *aclServer, dial func() redis.UniversalC
 				note(alg.String()+" Cancel after a pause", r.Cancel(cctx))
 			}
 		}
-		note(alg.String()+" Resume", l.Resume(cctx)) // PUBLISH, and the control key goes (DEL)
+		note(alg.String()+" Resume", l.Resume(cctx)) // PUBLISH; the state goes once nothing in it matters
 		note("SCRIPT FLUSH", scriptFlush(cctx, s.admin))
 		_, err = l.AllowN(cctx, 0) // EVAL, the script being gone
 		note(alg.String()+" AllowN after SCRIPT FLUSH", err)
-		_, err = ReadRecord(cctx, c, run+"-"+alg.String()) // GET, PTTL
-		note(alg.String()+" ReadRecord", err)
 		// a log whose every entry has left the window while its key lives on: the
 		// grant drops it whole (UNLINK). A key's TTL ends with its last entry's window,
-		// so waiting for that state is luck; it is written here instead, as [base 0,
-		// T1 1µs, S1 1] (LPUSH pushes in reverse; the test's: the census leaves it out).
+		// so waiting for that state is luck; it is written here instead, as [meta, base
+		// 0, T1 1µs, S1 1] (LPUSH pushes in reverse; the test's: the census leaves it out).
 		stale, err := New(c, run+"-stale-"+alg.String(), limit, WithAlgorithm(alg))
 		if err != nil {
 			return append(errs, err)
 		}
 		if alg == SlidingWindow || alg == SlidingCounter { // the algorithms of lua/log.lua
-			note("LPUSH (the test's)", s.lpush(cctx, stale.stateKey(), 1, 1, 0))
+			note("LPUSH (the test's)", s.lpush(cctx, stale.stateKey(), 1, 1, 0, stale.t.head))
 		}
 		_, err = stale.AllowN(cctx, 1)
 		note(alg.String()+" AllowN on an expired log", err)
@@ -286,11 +298,48 @@ func aclWorkload(ctx context.Context, s *aclServer, dial func() redis.UniversalC
 	note("Resume of a sleeping WaitN", pauser.Resume(cctx))
 	note("WaitN", <-waited)
 
+	// tenants with caps: grants on the group and the caps, a backlog that queues in the
+	// fair share (ZSCORE, ZADD), the fair share's clock passing it (ZRANGE, ZREM, DEL),
+	// Inspect of the group (ZREVRANGE) and of a tenant, an operator's weight set and
+	// cleared
+	failed = false
+	group, err := New(c, run+"-tenants", Limit{Rate: 20, Period: 100 * time.Millisecond}, WithTenantLimits(Limit{Rate: 15, Period: 100 * time.Millisecond}))
+	if err != nil {
+		return append(errs, err)
+	}
+	acme, beta := group.Tenant("acme"), group.Tenant("beta", Weight(3))
+	for i := 0; i < 40; i++ {
+		tn := acme
+		if i%2 == 1 {
+			tn = beta
+		}
+		_, err := tn.Reserve(cctx, 1, time.Second)
+		note("a tenant's Reserve", err)
+	}
+	_, err = group.Inspect(cctx)
+	note("Inspect of the group", err)
+	_, err = acme.Inspect(cctx)
+	note("Inspect of a tenant", err)
+	note("OverrideWeight", acme.OverrideWeight(cctx, time.Minute, 2))
+	note("ClearWeight", acme.ClearWeight(cctx))
+	time.Sleep(300 * time.Millisecond) // the fair share's clock passes every finish tag
+	_, err = beta.Allow(cctx)
+	note("a tenant's Allow once the queue is served", err)
+
 	// a lease outlives the step (a TTL a loaded machine could pass between two calls
 	// would lose it); without SUBSCRIBE, the waiter below asks again every TTL/3
 	sem, err := NewSemaphore(c, run+"-sem", 1, WithLeaseTTL(30*time.Second))
 	if err != nil {
 		return append(errs, err)
+	}
+	// the key's pause, in a sliding window's state (a list): the semaphore reads its
+	// meta (GET, then LINDEX)
+	semLimiter, err := New(c, run+"-sem", limit)
+	if err != nil {
+		return append(errs, err)
+	}
+	if _, err := semLimiter.Allow(cctx); err != nil {
+		note("Allow on the semaphore's key", err)
 	}
 	failed = false
 	lease, _, err := sem.TryAcquire(cctx)

@@ -299,10 +299,8 @@ func TestReserveForRecordExpires(t *testing.T) {
 		t.Fatalf("keys after a booking: %v, want %s among them", b.Mini.Keys(), record)
 	}
 	tl.at(r.Delay() + 2*time.Second)
-	for _, k := range b.Mini.Keys() {
-		if strings.HasSuffix(k, ":bk:gone") || strings.HasSuffix(k, ":sw") {
-			t.Fatalf("key %s left after the booking's time", k)
-		}
+	if n := keysUnder(t, b); n != 0 {
+		t.Fatalf("%d keys left after the booking's time (%v), want none: the booking and the state gone", n, b.Mini.Keys())
 	}
 }
 

@@ -189,7 +189,7 @@ func TestServerClockStepBackAdmitsNothingExtra(t *testing.T) {
 			t.Fatal(err)
 		}
 		lims = append(lims, l)
-		t.Cleanup(func() { rdb.Del(context.Background(), l.t.keys[:3]...) })
+		t.Cleanup(func() { rdb.Del(context.Background(), l.stateKey()) })
 	}
 	var (
 		stop = make(chan struct{})

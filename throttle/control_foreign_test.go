@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jobthrottle/jobthrottle/internal/booking"
+	"github.com/jobthrottle/jobthrottle/internal/keys"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/waiter"
 	"github.com/redis/go-redis/v9"
@@ -41,6 +43,10 @@ var (
 	foreignNumbers = foreignForm{"numbers", func(ctx context.Context, c redis.UniversalClient, k string) error {
 		return c.Set(ctx, k, "1 -2", 0).Err()
 	}}
+	// a fair share's queue holding a member not ours (not "<units> <name>")
+	foreignQueued = foreignForm{"foreign-member", func(ctx context.Context, c redis.UniversalClient, k string) error {
+		return c.ZAdd(ctx, k, redis.Z{Score: 1, Member: "not a tenant"}).Err()
+	}}
 	// a queue whose head is a place not ours (no ":<ttl_us>")
 	foreignPlace = foreignForm{"foreign-place", func(ctx context.Context, c redis.UniversalClient, k string) error {
 		return c.ZAdd(ctx, k, redis.Z{Score: 1, Member: "not a place"}).Err()
@@ -59,47 +65,56 @@ func formsOf(typ string) []foreignForm {
 }
 
 // foreignCall is one call of the API on a fresh key: setup runs before the foreign key
-// is planted, call after; touches lists the keys it reads or writes.
+// is planted, call after; touches lists the keys it reads or writes. The calls run on
+// the handle of tenant "acme" when tenant is set.
 type foreignCall struct {
 	name    string
-	touches []string // of "state", "control", "record", "booking"
+	tenant  bool
+	touches []string // of "state", "booking", "tenant" (the tenant's caps), "queue" (the fair share's)
 	setup   func(ctx context.Context, l *Limiter) (*waiter.Reservation, error)
 	call    func(ctx context.Context, l *Limiter, r *waiter.Reservation) error
 }
 
-func foreignLimiterCalls(alg Algorithm) []foreignCall {
-	grantKeys := []string{"state", "control", "record"}
-	overrideKeys := []string{"control"}
-	if alg == TokenBucket { // its state is settled at a change of rates
-		overrideKeys = []string{"control", "state"}
-	}
+// foreignLimiterCalls are the calls of a limiter's handles, and the keys each touches:
+// every call the state (the control ops write their meta there), a task's the task's
+// booking, a tenant's its caps and the fair share's queue; the limiter's Inspect reads
+// the queue too (the tenants queued).
+func foreignLimiterCalls() []foreignCall {
 	taskCtx := func(ctx context.Context) context.Context {
 		return booking.With(ctx, &booking.Task{ID: "task"})
 	}
+	bookAhead := func(ctx context.Context, l *Limiter) (*waiter.Reservation, error) {
+		if _, err := l.Allow(ctx); err != nil {
+			return nil, err
+		}
+		r, err := l.Reserve(ctx, 1, time.Hour)
+		if err == nil && (!r.OK() || r.Delay() <= 0) {
+			err = fmt.Errorf("setup: reservation OK %v Delay %v, want a booking ahead", r.OK(), r.Delay())
+		}
+		return r, err
+	}
+	allow := func(ctx context.Context, l *Limiter, _ *waiter.Reservation) error {
+		_, err := l.Allow(ctx)
+		return err
+	}
+	inspect := func(ctx context.Context, l *Limiter, _ *waiter.Reservation) error {
+		_, err := l.Inspect(ctx)
+		return err
+	}
+	cancel := func(ctx context.Context, l *Limiter, r *waiter.Reservation) error { return r.Cancel(ctx) }
+	state, task, tenant := []string{"state"}, []string{"state", "booking"}, []string{"state", "tenant", "queue"}
 	return []foreignCall{
-		{"acquire", grantKeys, nil, func(ctx context.Context, l *Limiter, _ *waiter.Reservation) error {
-			_, err := l.Allow(ctx)
-			return err
-		}},
-		{"reserve", grantKeys, nil, func(ctx context.Context, l *Limiter, _ *waiter.Reservation) error {
+		{"acquire", false, state, nil, allow},
+		{"reserve", false, state, nil, func(ctx context.Context, l *Limiter, _ *waiter.Reservation) error {
 			_, err := l.Reserve(ctx, 1, time.Hour)
 			return err
 		}},
-		{"task-booking", append(grantKeys, "booking"), nil, func(ctx context.Context, l *Limiter, _ *waiter.Reservation) error {
+		{"task-booking", false, task, nil, func(ctx context.Context, l *Limiter, _ *waiter.Reservation) error {
 			_, err := l.Reserve(taskCtx(ctx), 1, time.Hour)
 			return err
 		}},
-		{"cancel", []string{"state", "control"}, func(ctx context.Context, l *Limiter) (*waiter.Reservation, error) {
-			if _, err := l.Allow(ctx); err != nil {
-				return nil, err
-			}
-			r, err := l.Reserve(ctx, 1, time.Hour)
-			if err == nil && (!r.OK() || r.Delay() <= 0) {
-				err = fmt.Errorf("setup: reservation OK %v Delay %v, want a booking ahead", r.OK(), r.Delay())
-			}
-			return r, err
-		}, func(ctx context.Context, l *Limiter, r *waiter.Reservation) error { return r.Cancel(ctx) }},
-		{"task-cancel", []string{"state", "control", "booking"}, func(ctx context.Context, l *Limiter) (*waiter.Reservation, error) {
+		{"cancel", false, state, bookAhead, cancel},
+		{"task-cancel", false, task, func(ctx context.Context, l *Limiter) (*waiter.Reservation, error) {
 			if _, err := l.Allow(ctx); err != nil {
 				return nil, err
 			}
@@ -108,22 +123,25 @@ func foreignLimiterCalls(alg Algorithm) []foreignCall {
 				err = fmt.Errorf("setup: reservation OK %v Delay %v, want a booking ahead", r.OK(), r.Delay())
 			}
 			return r, err
-		}, func(ctx context.Context, l *Limiter, r *waiter.Reservation) error { return r.Cancel(ctx) }},
-		{"inspect", []string{"state", "control"}, nil, func(ctx context.Context, l *Limiter, _ *waiter.Reservation) error {
-			_, err := l.Inspect(ctx)
-			return err
-		}},
-		{"pause", []string{"control"}, nil, func(ctx context.Context, l *Limiter, _ *waiter.Reservation) error {
+		}, cancel},
+		{"inspect", false, []string{"state", "queue"}, nil, inspect},
+		{"pause", false, state, nil, func(ctx context.Context, l *Limiter, _ *waiter.Reservation) error {
 			return l.Pause(ctx, time.Nanosecond) // the Go side's hold ends at once
 		}},
-		{"resume", []string{"control"}, nil, func(ctx context.Context, l *Limiter, _ *waiter.Reservation) error {
+		{"resume", false, state, nil, func(ctx context.Context, l *Limiter, _ *waiter.Reservation) error {
 			return l.Resume(ctx)
 		}},
-		{"override", overrideKeys, nil, func(ctx context.Context, l *Limiter, _ *waiter.Reservation) error {
+		{"override", false, state, nil, func(ctx context.Context, l *Limiter, _ *waiter.Reservation) error {
 			return l.Override(ctx, time.Minute, Limit{Rate: 2})
 		}},
-		{"clear", overrideKeys, nil, func(ctx context.Context, l *Limiter, _ *waiter.Reservation) error {
+		{"clear", false, state, nil, func(ctx context.Context, l *Limiter, _ *waiter.Reservation) error {
 			return l.ClearOverride(ctx)
+		}},
+		{"tenant-acquire", true, tenant, nil, allow},
+		{"tenant-cancel", true, []string{"state", "tenant"}, bookAhead, cancel},
+		{"tenant-inspect", true, tenant, nil, inspect},
+		{"tenant-weight", true, state, nil, func(ctx context.Context, l *Limiter, _ *waiter.Reservation) error {
+			return l.OverrideWeight(ctx, time.Minute, 2)
 		}},
 	}
 }
@@ -151,12 +169,12 @@ func ctlSameAs(t *testing.T, what string, before, after redistest.Snapshot, keys
 	}
 }
 
-// Nothing lands on a key the library does not own: for every limiter call and every
-// key it touches (the state, the control key, the record, a task's booking), a foreign
-// key (another type, or text not ours) is left exactly as it was, and so is every
-// other key of the limiter (a call that fails writes nothing, the record included),
-// and the call returns ErrCorruptState; a foreign record is left alone silently (the
-// call succeeds). A foreign key the call does not touch is left as it was too.
+// Nothing lands on a key the library does not own: for every limiter call, a tenant's
+// included, and every key it touches (the state, a task's booking, a tenant's caps, the
+// fair share's queue), a foreign key (another type, or content not ours) is left exactly
+// as it was, and so is every other key of the limiter (a call that fails writes
+// nothing), and the call returns ErrCorruptState. A foreign key the call does not touch
+// is left as it was too, and the call succeeds.
 func TestForeignKeysAreLeftAlone(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
@@ -166,21 +184,34 @@ func TestForeignKeysAreLeftAlone(t *testing.T) {
 			if alg == SlidingWindow || alg == SlidingCounter {
 				stateType = "list"
 			}
-			for _, c := range foreignLimiterCalls(alg) {
-				for _, target := range []string{"state", "control", "record", "booking"} {
+			for _, c := range foreignLimiterCalls() {
+				for _, target := range []string{"state", "booking", "tenant"} {
 					typ := "string"
-					if target == "state" {
+					switch target {
+					case "state", "tenant":
 						typ = stateType
+					case "queue":
+						typ = "zset"
 					}
-					for _, form := range formsOf(typ) {
+					forms := formsOf(typ)
+					if target == "queue" {
+						forms = append(forms, foreignQueued)
+					}
+					for _, form := range forms {
 						n++
 						what := fmt.Sprintf("%v %s, foreign %s (%s)", alg, c.name, target, form.name)
-						l, err := New(b.Client, fmt.Sprintf("foreign-%d", n), Limit{Rate: 1, Period: time.Minute}, WithKeyPrefix(b.Prefix), WithAlgorithm(alg))
+						minute := Limit{Rate: 1, Period: time.Minute}
+						l, err := New(b.Client, fmt.Sprintf("foreign-%d", n), minute, WithKeyPrefix(b.Prefix), WithAlgorithm(alg),
+							WithTenantLimits(minute))
 						if err != nil {
 							t.Fatal(err)
 						}
-						keyOf := map[string]string{"state": l.t.keys[0], "control": l.t.keys[1], "record": l.t.keys[2], "booking": l.bookingKey("task")}
-						all := []string{keyOf["state"], keyOf["control"], keyOf["record"], keyOf["booking"]}
+						keyOf := map[string]string{"state": l.stateKey(), "booking": l.bookingKey("task"),
+							"tenant": keys.Name(l.t.tag, keys.Tenant+"acme"), "queue": keys.Name(l.t.tag, keys.FairQueue)}
+						all := []string{keyOf["state"], keyOf["booking"], keyOf["tenant"], keyOf["queue"]}
+						if c.tenant {
+							l = l.Tenant("acme")
+						}
 						var r *waiter.Reservation
 						if c.setup != nil {
 							if r, err = c.setup(ctx, l); err != nil {
@@ -188,8 +219,10 @@ func TestForeignKeysAreLeftAlone(t *testing.T) {
 							}
 						}
 						key := keyOf[target]
-						if err := b.Client.Del(ctx, key).Err(); err != nil {
-							t.Fatal(err)
+						if form.name != foreignQueued.name {
+							if err := b.Client.Del(ctx, key).Err(); err != nil {
+								t.Fatal(err)
+							}
 						}
 						if err := form.plant(ctx, b.Client, key); err != nil {
 							t.Fatal(err)
@@ -198,17 +231,12 @@ func TestForeignKeysAreLeftAlone(t *testing.T) {
 						err = c.call(ctx, l, r)
 						after := ctlSnapshot(t, b.Client, all...)
 						ctlSameAs(t, what, before, after, key)
-						touched := false
-						for _, k := range c.touches {
-							touched = touched || k == target
-						}
-						switch {
-						case touched && target != "record":
+						if slices.Contains(c.touches, target) {
 							if !errors.Is(err, ErrCorruptState) {
 								t.Fatalf("%s: got %v, want ErrCorruptState", what, err)
 							}
 							ctlSameAs(t, what+" (the call failed: it writes nothing)", before, after, all...)
-						case err != nil:
+						} else if err != nil {
 							t.Fatalf("%s: got %v, want the call to succeed (the key is not one it needs)", what, err)
 						}
 					}

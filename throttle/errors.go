@@ -104,6 +104,8 @@ func scriptError(ctx context.Context, key string, err error) error {
 		return fmt.Errorf("%w: key %q: %w", ErrUnavailable, key, err)
 	}
 	msg := err.Error()
+	// a transaction Redis refused names the refusal of the command it queued
+	msg = strings.TrimPrefix(msg, "EXECABORT Transaction discarded because of: ")
 	switch {
 	case strings.HasPrefix(msg, "WRONGTYPE"):
 		return fmt.Errorf("%w: key %q: %v", ErrCorruptState, key, err)

@@ -365,8 +365,10 @@ func (r *logRef) inspect(now int64) LimiterState {
 	return st
 }
 
+// evict forgets the state, as if its key had been deleted: an empty log, and no pause or
+// override (the state's meta held them).
 func (r *logRef) evict() {
-	r.m.grants, r.m.back, r.m.latest = nil, nil, 0
+	r.m.grants, r.m.back, r.m.latest, r.m.paused, r.over = nil, nil, 0, 0, nil
 }
 
 // bucketRef follows the token bucket with bucketModel.
@@ -709,20 +711,7 @@ func (r *fuzzRun) step(rd *fuzzReader) {
 			b.Client.Del(context.Background(), r.state)
 		}
 		r.mayLose = true
-		if r.ref != nil {
-			r.ref.evict()
-		}
-		if o := r.oracle; o != nil {
-			if r.over != nil && r.over.end > r.nowUS() {
-				// an absent state is full at the limits in force when it is read: under an
-				// override, at its end, full at the callers' burst, which x/time/rate's
-				// SetBurstAt does not fill
-				r.note("  (an override's state lost: the oracle stops)")
-				r.oracle = nil
-			} else { // a fresh Limiter is a full bucket, as an absent state
-				o.lim, o.gen = rate.NewLimiter(oracleLimit(r.limits[0]), r.limits[0].burst()), o.gen+1
-			}
-		}
+		r.evicted()
 		r.check("evict", nil, nil)
 	case 12:
 		r.override(rd)
@@ -778,10 +767,10 @@ func (r *fuzzRun) before(what string) redistest.Snapshot {
 	snap := r.pair.Sync(r.t)
 	now := r.nowUS()
 	if r.ref != nil && snap[r.state].Type == "none" {
-		if need := r.ref.needed(now); need > 0 && !r.mayLose {
+		if need := r.needed(now); need > 0 && !r.mayLose {
 			r.fail("%s at t0+%v: the state key is gone, yet needed for %dµs more", what, r.now.Sub(redistest.Epoch), need)
 		}
-		r.ref.evict()
+		r.evicted()
 	}
 	if o := r.oracle; o != nil && o.over != nil && o.over.end <= now {
 		o.set(time.UnixMicro(o.over.end), o.given)
@@ -801,6 +790,34 @@ func (r *fuzzRun) capacity(now int64) int {
 		}
 	}
 	return c
+}
+
+// evicted follows the state key gone (deleted, or expired): the data, and the pause and
+// the override its meta held; the oracle starts again from a fresh Limiter's full bucket.
+func (r *fuzzRun) evicted() {
+	if r.ref != nil {
+		r.ref.evict()
+	}
+	r.over = nil
+	if o := r.oracle; o != nil {
+		o.lim, o.gen, o.over = rate.NewLimiter(oracleLimit(r.limits[0]), r.limits[0].burst()), o.gen+1, nil
+	}
+}
+
+// needed is how long the state key is needed from now, µs: its data's need (the
+// model's), and while its meta holds a pause or an override.
+func (r *fuzzRun) needed(now int64) int64 {
+	need := r.ref.needed(now)
+	switch ref := r.ref.(type) {
+	case *logRef:
+		need = max(need, ref.m.paused-now)
+	case bucketRef:
+		need = max(need, ref.paused-now)
+	}
+	if r.over != nil {
+		need = max(need, r.over.end-now)
+	}
+	return need
 }
 
 // paused reports whether a pause set by the input lies ahead of now.
@@ -1089,8 +1106,8 @@ func (r *fuzzRun) cancel(rd *fuzzReader) {
 		return rep.v, err
 	})
 	got := reply{v: v}
-	var wantErr error
-	if n < 0 || n > r.maxN || token < 0 || token > maxWaitMicros {
+	var wantErr error // the protocol's ranges: a cancel's n is not checked against the limits
+	if n < 0 || n > protocol.MaxRate || token < 0 || token > maxWaitMicros {
 		wantErr = ErrInvalidArgument
 	}
 	r.wantErr(what, err, wantErr)
@@ -1379,7 +1396,7 @@ func (r *fuzzRun) check(what string, before redistest.Snapshot, err error) {
 func (r *fuzzRun) checkTTL(what string) {
 	r.t.Helper()
 	st := r.pair.Compare(r.t, what)[r.state]
-	need := micros(r.ref.needed(r.nowUS()))
+	need := micros(r.needed(r.nowUS()))
 	r.noteEnd(r.nowUS() + int64(need/time.Microsecond))
 	if st.Type == "none" {
 		if need > 0 {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/jobthrottle/jobthrottle/internal/clock"
+	"github.com/jobthrottle/jobthrottle/internal/keys"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -293,6 +294,28 @@ func scanKeys(t *testing.T, b *redistest.Backend) []string {
 		t.Fatal(err)
 	}
 	return keys
+}
+
+// stateMeta returns the meta of l's state key (a log's first element, a string's text
+// after its numbers), as internal/keys reads it; the test fails when the key is absent
+// or not ours.
+func stateMeta(t *testing.T, c redis.UniversalClient, l *Limiter) keys.Meta {
+	t.Helper()
+	ctx := context.Background()
+	text, err := c.Get(ctx, l.stateKey()).Result()
+	if redis.HasErrorPrefix(err, "WRONGTYPE") {
+		text, err = c.LIndex(ctx, l.stateKey(), 0).Result()
+	} else if err == nil {
+		_, text, _ = strings.Cut(text, "\n")
+	}
+	if err != nil {
+		t.Fatalf("the state %s: %v", l.stateKey(), err)
+	}
+	m, err := keys.ParseMeta(text)
+	if err != nil {
+		t.Fatalf("the state %s: %v", l.stateKey(), err)
+	}
+	return m
 }
 
 // startOwnServer starts a redis-server for one test (its keyspace, memory and

@@ -459,8 +459,9 @@ func dumpKeys(t *testing.T, b *redistest.Backend, keys []string) string {
 	return s
 }
 
-// A key of another type, or state or a control key jobthrottle did not write, is
-// ErrCorruptState; a done context is its error, without a call.
+// A state key of another type, or of the algorithm's type holding numbers or a meta
+// jobthrottle did not write, is ErrCorruptState; a done context is its error, without a
+// call.
 func TestInspectErrors(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
@@ -469,27 +470,25 @@ func TestInspectErrors(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			state, control := l.t.keys[0], l.t.keys[1]
-			if err := b.Client.HSet(ctx, state, "a", "b").Err(); err != nil {
-				t.Fatal(err)
+			state, head := l.stateKey(), l.t.head
+			junk := map[string]func() error{
+				"a hash": func() error { return b.Client.HSet(ctx, state, "a", "b").Err() },
 			}
-			if _, err := l.Inspect(ctx); !errors.Is(err, ErrCorruptState) {
-				t.Fatalf("%v on a hash: %v, want ErrCorruptState", alg, err)
+			if alg == SlidingWindow || alg == SlidingCounter {
+				junk["a meta not ours"] = func() error { return b.Client.RPush(ctx, state, "x", "0").Err() }
+				junk["numbers not ours"] = func() error { return b.Client.RPush(ctx, state, head, "0", "x", "1").Err() }
+			} else {
+				junk["a meta not ours"] = func() error { return b.Client.Set(ctx, state, "0 0\nx", 0).Err() }
+				junk["numbers not ours"] = func() error { return b.Client.Set(ctx, state, "x\n"+head, 0).Err() }
 			}
-			if err := b.Client.Del(ctx, state).Err(); err != nil {
-				t.Fatal(err)
-			}
-			for _, junk := range []func() error{
-				func() error { return b.Client.Set(ctx, control, "x", 0).Err() },
-				func() error { return b.Client.HSet(ctx, control, "a", "b").Err() },
-			} {
-				if err := junk(); err != nil {
+			for what, plant := range junk {
+				if err := plant(); err != nil {
 					t.Fatal(err)
 				}
 				if _, err := l.Inspect(ctx); !errors.Is(err, ErrCorruptState) {
-					t.Fatalf("%v with junk in the control key: %v, want ErrCorruptState", alg, err)
+					t.Fatalf("%v on %s: %v, want ErrCorruptState", alg, what, err)
 				}
-				if err := b.Client.Del(ctx, control).Err(); err != nil {
+				if err := b.Client.Del(ctx, state).Err(); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -117,3 +117,38 @@ func TestKeyLengthBound(t *testing.T) {
 		}
 	})
 }
+
+// A limit of the longest period, 2^45µs, works on every algorithm, and so does the token
+// bucket's longest life (burst × period = 2^50µs, 32 periods to refill): Allow is
+// granted, the next denied for about the period (the bucket's burst of 32 grants 32),
+// the state has a TTL within its reset, and its record reads back as given.
+func TestLongestPeriodLimit(t *testing.T) {
+	longest := maxPeriodUS * time.Microsecond
+	eachAlgorithm(t, redistest.Each, func(t *testing.T, alg Algorithm, b *redistest.Backend) {
+		ctx := context.Background()
+		tl := newTimeline(t, b)
+		limits := []Limit{{Rate: 1, Period: longest}}
+		if alg == TokenBucket {
+			limits = append(limits, Limit{Rate: 1, Period: longest, Burst: 32})
+		}
+		for i, limit := range limits {
+			key := fmt.Sprint("longest", i)
+			l := tl.limiter(key, limit, WithAlgorithm(alg), WithBuckets(10))
+			res, err := l.AllowN(ctx, limit.burst())
+			if err != nil || !res.Allowed {
+				t.Fatalf("%v: AllowN(%d): got %+v, %v; want allowed", limit, limit.burst(), res, err)
+			}
+			if r, err := l.Allow(ctx); err != nil || r.Allowed || r.RetryAfter < longest/2 {
+				t.Fatalf("%v: Allow again: got %+v, %v; want denied for about the period", limit, r, err)
+			}
+			rec, err := ReadRecord(ctx, b.Client, key, WithKeyPrefix(b.Prefix))
+			if err != nil || rec.Algorithm != alg || len(rec.Limits) != 1 || rec.Limits[0].Rate != 1 ||
+				rec.Limits[0].Period != longest || rec.Limits[0].burst() != limit.burst() {
+				t.Fatalf("%v: ReadRecord: got %+v, %v; want %v %v", limit, rec, err, alg, limit)
+			}
+			if rec.TTL <= 0 || rec.TTL > res.ResetAfter+time.Millisecond && b.Kind == redistest.Mini {
+				t.Fatalf("%v: the state's TTL %v, want in (0, %v]", limit, rec.TTL, res.ResetAfter)
+			}
+		}
+	})
+}

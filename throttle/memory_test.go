@@ -27,10 +27,9 @@ func usedMemory(ctx context.Context, c *redis.Client) (int64, error) {
 }
 
 // Memory per key, measured on a real redis-server of the test's own (redis 7, default
-// encodings) with keys named as in production ("{jobthrottle:tenant-000001}:sw"):
-//   - after one grant: MEMORY USAGE of the state key (key, value and its overhead) and
-//     of the key's record ({…}:conf, which the grant's script call writes), and
-//     used_memory's growth per key over 10k keys, both keys (adds the keyspace's and
+// encodings) with keys named as in production ("{jobthrottle:tenant-000001}:l"):
+//   - after one grant: MEMORY USAGE of the state key (key, value with its meta, and its
+//     overhead), and used_memory's growth per key over 10k keys (adds the keyspace's and
 //     the expires table's entries);
 //   - at steady state, a key used at its full rate, 10, 100 and 1000 per second, for
 //     three periods on a clock the test moves (FakeClockScript);
@@ -61,12 +60,11 @@ func TestMemoryPerKey(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var one, rec int64
+		var one int64
 		for i := 0; i < n; i++ {
 			// a long period, so that no state expires while they are counted (the
-			// numbers a state holds are as long whatever the period)
-			// keys of their own per algorithm, of the same length: this process writes
-			// a key's record once per quarter of its life, whatever the algorithm
+			// numbers a state holds are as long whatever the period); keys of their
+			// own per algorithm, of the same length
 			l, err := New(c, fmt.Sprintf("tenant-%06d", ai*n+i), Limit{Rate: 10, Period: maxPeriodUS * time.Microsecond}, WithAlgorithm(alg))
 			if err != nil {
 				t.Fatal(err)
@@ -76,21 +74,20 @@ func TestMemoryPerKey(t *testing.T) {
 			}
 			if i < 1000 {
 				one += usage(l.stateKey())
-				rec += usage(l.t.keys[2]) // the record, written by the same script call
 			}
 		}
 		after, err := usedMemory(ctx, c)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if keys, _ := c.DBSize(ctx).Result(); keys != 2*n { // the state and the record
-			t.Fatalf("%v: %d keys, want %d", alg, keys, 2*n)
+		if keys, _ := c.DBSize(ctx).Result(); keys != n { // the state alone
+			t.Fatalf("%v: %d keys, want %d", alg, keys, n)
 		}
-		one, rec = one/1000, rec/1000
+		one /= 1000
 		if one > 200 {
 			t.Errorf("%v: %d bytes for one grant's state", alg, one)
 		}
-		row := fmt.Sprintf("%-14v one grant: MEMORY USAGE %4d B (+ record %3d B), used_memory +%4d B/key", alg, one, rec, (after-before)/n)
+		row := fmt.Sprintf("%-14v one grant: MEMORY USAGE %4d B, used_memory +%4d B/key", alg, one, (after-before)/n)
 
 		// steady state: rate r per second used to the full for three periods
 		for _, r := range []int{10, 100, 1000} {
@@ -133,7 +130,7 @@ func TestMemoryPerKey(t *testing.T) {
 		row += fmt.Sprintf(" %d leases: %6d B", m, usage(s.t.keys[0]))
 	}
 	rows = append(rows, row)
-	redistest.Figure(t, "memory per key (redis %s, keys like {jobthrottle:tenant-000001}:sw, 1 limit):\n%s",
+	redistest.Figure(t, "memory per key (redis %s, keys like {jobthrottle:tenant-000001}:l, 1 limit):\n%s",
 		serverVersion(ctx, c), strings.Join(rows, "\n"))
 }
 
@@ -145,39 +142,4 @@ func serverVersion(ctx context.Context, c *redis.Client) string {
 		}
 	}
 	return "?"
-}
-
-// The longest period a Limit takes (2^45µs) is usable with every algorithm, the token
-// bucket's longest life (burst × period = 2^50µs) too: the key's record, which the
-// grant's script call writes, lives at most the scripts' bound on its TTL (2^45µs in
-// whole ms) rather than failing the call with JTARG record.
-func TestLongestPeriodWritesItsRecord(t *testing.T) {
-	longest := maxPeriodUS * time.Microsecond
-	bound := longest / time.Millisecond * time.Millisecond
-	eachAlgorithm(t, redistest.Each, func(t *testing.T, alg Algorithm, b *redistest.Backend) {
-		ctx := context.Background()
-		limit := Limit{Rate: 10, Period: longest}
-		if alg == TokenBucket {
-			limit = Limit{Rate: 1, Period: longest, Burst: 32} // 32 periods to refill
-		}
-		l, err := New(b.Client, "longest", limit, WithAlgorithm(alg), WithKeyPrefix(b.Prefix))
-		if err != nil {
-			t.Fatal(err)
-		}
-		res, err := l.Allow(ctx)
-		if err != nil || !res.Allowed {
-			t.Fatalf("Allow: %+v, %v; want allowed", res, err)
-		}
-		ttl, err := b.Client.PTTL(ctx, l.t.keys[2]).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ttl <= 0 || ttl > bound {
-			t.Fatalf("the record's TTL: got %v, want in (0, %v]", ttl, bound)
-		}
-		rec, err := ReadRecord(ctx, b.Client, "longest", WithKeyPrefix(b.Prefix))
-		if err != nil || rec.Algorithm != alg || len(rec.Limits) != 1 || rec.Limits[0] != limit {
-			t.Fatalf("ReadRecord: got %+v, %v; want %v %v", rec, err, alg, limit)
-		}
-	})
 }

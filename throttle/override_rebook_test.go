@@ -3,8 +3,6 @@ package throttle
 import (
 	"context"
 	"slices"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -158,13 +156,10 @@ func TestOverrideKeepsOtherBookings(t *testing.T) {
 		tl.at(40 * ms)
 		d = ahead("after-lower")
 		back("after-lower", 50*ms, d-10*ms)
-		// the control key holds the override's set time, t0+30ms, after its rates
-		text, err := b.Client.Get(ctx, l.t.keys[1]).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if f := strings.Fields(text); len(f) != 6 || f[5] != strconv.FormatInt(redistest.Epoch.Add(30*ms).UnixMicro(), 10) {
-			t.Fatalf("control key %q, want the override's set time (t0+30ms, µs) after its rates", text)
+		// the meta holds the override's set time, t0+30ms, and its rate
+		if o := stateMeta(t, b.Client, l).Override; o == nil || o.Set != redistest.Epoch.Add(30*ms).UnixMicro() ||
+			len(o.Rates) != 1 || o.Rates[0].Rate != 2 {
+			t.Fatalf("the meta's override %+v, want set at t0+30ms (µs), rate 2", o)
 		}
 		// made before a lowering override, re-placed beyond its maxWait: denied, the
 		// record gone
@@ -186,38 +181,6 @@ func TestOverrideKeepsOtherBookings(t *testing.T) {
 		record := l.bookingKey("denied")
 		if n, err := b.Client.Exists(ctx, record).Result(); err != nil || n != 0 {
 			t.Fatalf("record %s after the denial: %d, %v, want gone", record, n, err)
-		}
-	})
-}
-
-// A control key written before it held the override's set time still reads: the
-// override is enforced, and bookings are kept (nothing says they came before it).
-func TestOverrideOldControlKey(t *testing.T) {
-	eachAlgorithm(t, redistest.Each, func(t *testing.T, alg Algorithm, b *redistest.Backend) {
-		tl := newTimeline(t, b)
-		l := tl.limiter("oldctl", PerSecond(4), WithAlgorithm(alg), WithBuckets(10))
-		ctx := context.Background()
-		for range 4 {
-			if _, err := l.Allow(ctx); err != nil {
-				t.Fatal(err)
-			}
-		}
-		r, _ := reserveFor(t, l, "task", 1)
-		d := r.Delay()
-		end := redistest.Epoch.Add(time.Hour).UnixMicro()
-		if err := b.Client.Set(ctx, l.t.keys[1], "0 "+strconv.FormatInt(end, 10)+" 1 2 0", time.Hour).Err(); err != nil {
-			t.Fatal(err)
-		}
-		st, err := l.Inspect(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if st.Override <= 0 || st.Limits[0].Capacity != 2 {
-			t.Fatalf("Inspect under an old-format override: %+v, want the override (capacity 2)", st)
-		}
-		tl.at(10 * ms)
-		if r2, kept := reserveFor(t, l, "task", 1); !kept || r2.Delay() != d-10*ms {
-			t.Fatalf("booking under an old-format override: kept %v delay %v, want kept %v", kept, r2.Delay(), d-10*ms)
 		}
 	})
 }

@@ -13,7 +13,8 @@ import (
 
 // While a key is paused every algorithm denies with the time to the pause's end, books
 // only after it, and reports nothing remaining; after it, it grants again. A shorter
-// pause keeps the longer one; the control key has a TTL.
+// pause keeps the longer one; the pause, set on an idle key, lives in its state's meta,
+// which has a TTL.
 func TestPauseDeniesUntilItEnds(t *testing.T) {
 	eachAlgorithm(t, redistest.Each, func(t *testing.T, alg Algorithm, b *redistest.Backend) {
 		ctx := context.Background()
@@ -31,8 +32,11 @@ func TestPauseDeniesUntilItEnds(t *testing.T) {
 		if err != nil || res.Allowed || res.RetryAfter != 200*ms || res.Remaining != 0 {
 			t.Fatalf("during the pause: got %+v, %v; want denied, RetryAfter 200ms, nothing remaining", res, err)
 		}
-		if ttl := b.Client.PTTL(ctx, l.t.keys[1]).Val(); ttl <= 0 {
-			t.Fatalf("control key PTTL %v during the pause, want a TTL", ttl)
+		if m := stateMeta(t, b.Client, l); m.PauseEnd != redistest.Epoch.Add(310*ms).UnixMicro() {
+			t.Fatalf("the meta's pause ends at %d, want t0+310ms (µs): the longer pause", m.PauseEnd)
+		}
+		if ttl := b.Client.PTTL(ctx, l.stateKey()).Val(); ttl <= 0 {
+			t.Fatalf("the state's PTTL %v during the pause on an idle key, want a TTL", ttl)
 		}
 		r, err := l.Reserve(ctx, 1, time.Second)
 		if err != nil || !r.OK() || r.Delay() != 200*ms {
@@ -46,17 +50,17 @@ func TestPauseDeniesUntilItEnds(t *testing.T) {
 }
 
 // Pause holds across processes: a limiter on another client (another process, as far
-// as Redis can tell), of another algorithm, is denied until the pause ends (here a
-// Resume ends it: TestPauseDeniesUntilItEnds lets one run out), then allowed. A pause
-// of d <= 0 is refused.
+// as Redis can tell), with other limits, is denied until the pause ends (here a Resume
+// ends it: TestPauseDeniesUntilItEnds lets one run out), then allowed. A pause of
+// d <= 0 is refused.
 func TestPauseHoldsForOtherClients(t *testing.T) {
-	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+	eachAlgorithm(t, redistest.EachRealTime, func(t *testing.T, alg Algorithm, b *redistest.Backend) {
 		ctx := context.Background()
-		a, err := New(b.Client, "shared", PerSecond(100), WithKeyPrefix(b.Prefix))
+		a, err := New(b.Client, "shared", PerSecond(100), WithKeyPrefix(b.Prefix), WithAlgorithm(alg))
 		if err != nil {
 			t.Fatal(err)
 		}
-		other, err := New(ctlOtherClient(t, b), "shared", PerSecond(100), WithKeyPrefix(b.Prefix), WithAlgorithm(TokenBucket))
+		other, err := New(ctlOtherClient(t, b), "shared", PerSecond(50), WithKeyPrefix(b.Prefix), WithAlgorithm(alg))
 		if err != nil {
 			t.Fatal(err)
 		}

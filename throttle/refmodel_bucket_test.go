@@ -332,5 +332,6 @@ func (m *bucketModel) tokens(now int64, i int) *big.Rat {
 	return m.advance(i, now)
 }
 
-// evict forgets the state, as if its key had been deleted: full buckets.
-func (m *bucketModel) evict() { m.lims = nil }
+// evict forgets the state, as if its key had been deleted: full buckets, and no pause or
+// override (the state's meta held them).
+func (m *bucketModel) evict() { m.lims, m.paused, m.over = nil, 0, nil }

@@ -150,15 +150,18 @@ func sendRunBatch(t *testing.T, c *client, k int, f func(i int) sendOutcome) []s
 // sendIsEval reports whether cmd is a script call.
 func sendIsEval(cmd redis.Cmder) bool { return cmd.Name() == "evalsha" || cmd.Name() == "eval" }
 
-// sendRequests returns how many requests a script call carries (its ARGV[1]).
+// sendRequests returns how many requests a script call carries: a limiter's, one
+// ARGV after its two heads each (internal/protocol); a semaphore's, its ARGV[1].
 func sendRequests(cmd redis.Cmder) int {
-	a := cmd.Args() // evalsha sha numkeys keys… k …
+	a := cmd.Args() // evalsha sha numkeys keys… argv…
 	nk, _ := strconv.Atoi(fmt.Sprint(a[2]))
 	if len(a) <= 3+nk {
 		return 0
 	}
-	k, _ := strconv.Atoi(fmt.Sprint(a[3+nk]))
-	return k
+	if k, err := strconv.Atoi(fmt.Sprint(a[3+nk])); err == nil {
+		return k
+	}
+	return len(a) - 3 - nk - 2
 }
 
 // ---- batches decide as separate calls
@@ -459,30 +462,40 @@ func TestKeysShareARoundTrip(t *testing.T) {
 	})
 }
 
-// A round trip's reply carries each failed request's own error: on a key that holds
-// another algorithm's state, the grants of a batch fail with an *AlgorithmError naming
-// that algorithm, while its reads (AllowN 0, which create nothing) are answered.
+// A round trip's reply carries each failed request's own error: under an override of 1
+// per second, the requests of a batch for 2 fail with ErrExceedsLimit while those for 1
+// and 0 are answered, in order; on a key that holds another algorithm's state every
+// request of a batch fails with an *AlgorithmError naming that algorithm, reads
+// (AllowN 0) too.
 func TestBatchRequestErrors(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		tl := newTimeline(t, b)
 		ctx := context.Background()
+		ns := []int{1, 0, 2, 0, 1}
+		l := tl.limiter("exceeds", PerSecond(5))
+		if err := l.Override(ctx, time.Minute, PerSecond(1)); err != nil {
+			t.Fatal(err)
+		}
+		got := sendRunBatch(t, l.client(), len(ns), func(i int) sendOutcome { return sendCall{false, ns[i], 0}.run(ctx, l) })
+		for i, want := range []bool{true, true, false, true, false} { // the first AllowN(1) takes the last one's room
+			g := got[i]
+			switch {
+			case ns[i] == 2 && !errors.Is(g.errv, ErrExceedsLimit):
+				t.Fatalf("request %d, AllowN(2) under an override of 1: got %+v, want ErrExceedsLimit", i, g)
+			case ns[i] != 2 && (g.err != "" || g.res.Allowed != want):
+				t.Fatalf("request %d, AllowN(%d): got %+v, want allowed %v", i, ns[i], g, want)
+			}
+		}
+
 		other := tl.limiter("mixed", PerSecond(5), WithAlgorithm(FixedWindow))
 		if _, err := other.Allow(ctx); err != nil {
 			t.Fatal(err)
 		}
-		l := tl.limiter("mixed", PerSecond(5), WithAlgorithm(TokenBucket))
-		ns := []int{1, 0, 2, 0, 1}
-		got := sendRunBatch(t, l.client(), len(ns), func(i int) sendOutcome { return sendCall{false, ns[i], 0}.run(ctx, l) })
+		l = tl.limiter("mixed", PerSecond(5), WithAlgorithm(TokenBucket))
+		got = sendRunBatch(t, l.client(), len(ns), func(i int) sendOutcome { return sendCall{false, ns[i], 0}.run(ctx, l) })
 		for i, n := range ns {
-			g := got[i]
-			if n == 0 {
-				if g.err != "" || !g.res.Allowed {
-					t.Fatalf("request %d, AllowN(0): got %+v, want allowed", i, g)
-				}
-				continue
-			}
 			var ae *AlgorithmError
-			if !errors.As(g.errv, &ae) || ae.Found != FixedWindow || ae.Want != TokenBucket {
+			if g := got[i]; !errors.As(g.errv, &ae) || ae.Found != FixedWindow || ae.Want != TokenBucket {
 				t.Fatalf("request %d, AllowN(%d): got %v, want an *AlgorithmError naming FixedWindow", i, n, g.errv)
 			}
 		}
@@ -657,5 +670,152 @@ func TestClusterKeysLandOnTheirOwn(t *testing.T) {
 	case err := <-slowDone:
 		t.Fatalf("the slow key's Allow returned (%v) while its transaction is held, want it waiting", err)
 	default:
+	}
+}
+
+// ---- how a round trip is sent: EVALSHA, EVAL once after NOSCRIPT, MULTI/EXEC unless
+// the client never re-sends; a reply the scripts never give (TestLostReplyChargesOnce
+// and TestLostReplySemaphoreAndPauseOnce, in lostreply_test.go, check at-most-once on a
+// real server through a proxy that drops replies)
+
+// A script that answers what the scripts never do (a reply too short for its requests,
+// an error's text out of the reply's bounds) fails each of its requests with
+// ErrUnexpectedReply, and so does one whose reply is no array of integers.
+func TestUnexpectedReply(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		for _, c := range []struct {
+			name, src string
+			want      error
+		}{
+			{"too short", "return {1, 0, 0, 0, 0, 0}", ErrUnexpectedReply},
+			{"error text out of bounds", "return {-1, 1, 50, 3, 0, 0, 0}", ErrUnexpectedReply},
+			{"error text of negative length", "return {-1, 1, 8, -1, 0, 0, 0}", ErrUnexpectedReply},
+			{"error text inside the requests' integers", "return {-1, 1, 2, 3, 0, 0, 0}", ErrUnexpectedReply},
+			{"not integers", "return {1, 'x', 0, 0, 0, 0, 0}", ErrUnexpectedReply},
+			{"a nil", "return {1, false, 0, 0, 0, 0, 0}", ErrUnexpectedReply},
+		} {
+			l, err := New(b.Client, "odd", PerSecond(5), WithKeyPrefix(b.Prefix))
+			if err != nil {
+				t.Fatal(err)
+			}
+			l.useScript(scriptOf("local t = redis.call('TIME') " + c.src))
+			_, err = l.Allow(ctx)
+			if err == nil || c.want != nil && !errors.Is(err, c.want) {
+				t.Errorf("%s: got %v, want %v", c.name, err, c.want)
+			}
+			t.Logf("%s: %v", c.name, err)
+		}
+	})
+}
+
+// A script the server does not have (a restart or SCRIPT FLUSH lost it) runs by EVAL,
+// once, then by EVALSHA again; a script's own errors come back mapped.
+func TestNoScriptRunsEvalOnce(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		l, err := New(b.Client, "once", PerHour(10), WithKeyPrefix(b.Prefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := scriptFlush(ctx, b.Client); err != nil {
+			t.Fatal(err)
+		}
+		var evals sendScriptCalls // EVALs sent, answered or not
+		b.Client.AddHook(sendPipeHook(func(cmds []redis.Cmder) {
+			for _, cmd := range cmds {
+				if cmd.Name() == "eval" {
+					evals.n.Add(1)
+				}
+			}
+		}))
+		for want := 9; want >= 8; want-- { // the first by EVAL, the second by EVALSHA
+			res, err := l.Allow(ctx)
+			if err != nil || res.Remaining != want {
+				t.Fatalf("Allow #%d: got %+v, %v; want %d remaining (run once)", 10-want, res, err, want)
+			}
+			if got := evals.n.Load(); got != 1 {
+				t.Fatalf("after Allow #%d: %d calls by EVAL, want 1 (the first, after NOSCRIPT)", 10-want, got)
+			}
+		}
+		fail, err := New(b.Client, "once-fails", PerHour(10), WithKeyPrefix(b.Prefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fail.useScript(scriptOf("local t = redis.call('TIME') return redis.error_reply('JTARG test')"))
+		if _, err := fail.Allow(ctx); !errors.Is(err, ErrInvalidArgument) {
+			t.Fatalf("a script that fails: got %v, want its JTARG reply as ErrInvalidArgument", err)
+		}
+		if got := evals.n.Load(); got != 2 {
+			t.Fatalf("%d calls by EVAL, want 2 (the failing script, new to the server, once)", got)
+		}
+	})
+}
+
+// sendTxCount counts the script calls sent in a transaction (MULTI/EXEC) and those sent
+// as plain commands.
+type sendTxCount struct {
+	mu        sync.Mutex
+	tx, plain int
+}
+
+func (c *sendTxCount) see(cmds []redis.Cmder) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	multi := false
+	for _, cmd := range cmds {
+		switch {
+		case cmd.Name() == "multi":
+			multi = true
+		case sendIsEval(cmd) && multi:
+			c.tx++
+		case sendIsEval(cmd):
+			c.plain++
+		}
+	}
+}
+
+func (c *sendTxCount) get() (tx, plain int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.tx, c.plain
+}
+
+// A client that never re-sends (MaxRetries < 0) gets plain EVALSHA, no MULTI/EXEC, and
+// a reply it loses still charges once and fails with ErrUnavailable; a client with
+// go-redis's default retries keeps the transaction.
+func TestNeverResendingClientSkipsTheTransaction(t *testing.T) {
+	direct, proxy, _ := redistest.NewProxied(t)
+	ctx := context.Background()
+	for _, retries := range []int{-1, 0} {
+		rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr, MaxRetries: retries})
+		defer rdb.Close()
+		var c sendTxCount
+		rdb.AddHook(sendPipeHook(c.see))
+		l, err := New(rdb, fmt.Sprint("plain", retries), PerHour(10), WithKeyPrefix(direct.Prefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := direct.Client.ScriptLoad(ctx, l.t.script.src).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.Allow(ctx); err != nil {
+			t.Fatal(err)
+		}
+		tx, plain := c.get()
+		if wantTx := retries >= 0; (tx == 1) != wantTx || (plain == 1) == wantTx {
+			t.Fatalf("MaxRetries %d: got %d transactions, %d plain calls; want a transaction %v", retries, tx, plain, wantTx)
+		}
+		if retries >= 0 {
+			continue
+		}
+		proxy.DropReplyTo("evalsha")
+		if _, err := l.Allow(ctx); !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("MaxRetries %d, reply lost: got %v, want ErrUnavailable", retries, err)
+		}
+		res, err := l.AllowN(ctx, 0)
+		if err != nil || res.Remaining != 8 { // 10 less the call above and the lost one
+			t.Fatalf("MaxRetries %d, after a lost reply: got %+v, %v; want 8 remaining (charged once)", retries, res, err)
+		}
 	}
 }
