@@ -52,7 +52,8 @@ func TestREADMEAtAStrictVendor(t *testing.T) {
 		for _, k := range []redistest.Kind{redistest.Mini, redistest.Standalone} {
 			t.Run(mode+"/"+string(k), func(t *testing.T) {
 				addr := redisFor(t, k)
-				arrivals, stuck := runFleet(t, prog, mode, addr)
+				vendor, stuck := runFleet(t, prog, mode, addr)
+				arrivals := vendor.Arrivals
 				accepted := 0
 				for _, a := range arrivals {
 					if a.Status == 200 {
@@ -92,11 +93,38 @@ func redisFor(t *testing.T, k redistest.Kind) string {
 	return s.Addr
 }
 
-// Arrival is testdata/fleet's record of a request at the vendor.
+// Report and Arrival are testdata/fleet's: what its vendor saw.
+type Report struct {
+	Arrivals      []Arrival
+	Reports       int
+	MostReporting int
+}
+
 type Arrival struct {
 	At     int64
 	Status int
 	Src    string
+}
+
+// semaphoreMax is the max of the README's semaphore, "at most 5 run at once".
+const semaphoreMax = 5
+
+// TestREADMESemaphore runs the README's semaphore snippet as written in fleetProcs
+// processes of fleetWorkers goroutines, fleetJobs times in all, each buildReport a
+// request the vendor holds a moment: the vendor never serves more than the
+// semaphore's max at once.
+func TestREADMESemaphore(t *testing.T) {
+	prog := buildFleet(t)
+	for _, k := range []redistest.Kind{redistest.Mini, redistest.Standalone} {
+		t.Run(string(k), func(t *testing.T) {
+			vendor, _ := runFleet(t, prog, "semaphore", redisFor(t, k))
+			if vendor.Reports != fleetJobs || vendor.MostReporting > semaphoreMax {
+				t.Fatalf("the vendor served %d reports, at most %d at once; want %d, at most %d", vendor.Reports, vendor.MostReporting, fleetJobs, semaphoreMax)
+			}
+			redistest.Figure(t, "semaphore on %s, %d processes × %d goroutines: %d reports, at most %d at once (max %d)",
+				k, fleetProcs, fleetWorkers, vendor.Reports, vendor.MostReporting, semaphoreMax)
+		})
+	}
 }
 
 // reportVendor reports the vendor's figures: requests, refusals, the most in any of
@@ -166,15 +194,16 @@ func buildFleet(t *testing.T) string {
 	return prog
 }
 
-// fleetSnippets writes the README's worker loop, HTTP client and asynq setup into the
-// functions testdata/fleet calls. newLimiter is the loop's throttle.New call.
+// fleetSnippets writes the README's worker loop, HTTP client, asynq setup and
+// semaphore into the functions testdata/fleet calls. newLimiter is the loop's
+// throttle.New call.
 func fleetSnippets(readme string) (string, error) {
-	var loop, client, setup string
+	var loop, client, setup, sem string
 	for _, b := range goBlock.FindAllStringSubmatch(readme, -1) {
 		for _, s := range []struct {
 			mark string
 			to   *string
-		}{{"range jobs", &loop}, {"waiter.NewTransport(", &client}, {"asynqmw.New(", &setup}} {
+		}{{"range jobs", &loop}, {"waiter.NewTransport(", &client}, {"asynqmw.New(", &setup}, {"NewSemaphore(", &sem}} {
 			if strings.Contains(b[1], s.mark) {
 				if *s.to != "" {
 					return "", fmt.Errorf("two README snippets have %q", s.mark)
@@ -183,8 +212,8 @@ func fleetSnippets(readme string) (string, error) {
 			}
 		}
 	}
-	if loop == "" || client == "" || setup == "" {
-		return "", fmt.Errorf("the README lacks the worker loop, the HTTP client or the asynq setup")
+	if loop == "" || client == "" || setup == "" || sem == "" {
+		return "", fmt.Errorf("the README lacks the worker loop, the HTTP client, the asynq setup or the semaphore")
 	}
 	newCall, err := throttleNew(loop)
 	if err != nil {
@@ -225,6 +254,10 @@ func httpSnippet(lim *throttle.Limiter) *http.Client {
 
 func asynqSnippet(ctx context.Context, rdb *redis.Client, lim *throttle.Limiter, handler asynq.Handler) (*asynq.Server, *asynq.ServeMux) {
 ` + setup + `	return srv, mux
+}
+
+func semaphoreSnippet(ctx context.Context, rdb *redis.Client, buildReport func(context.Context) error) (err error) {
+` + sem + `	return err
 }
 `, nil
 }
@@ -289,9 +322,9 @@ func start(t *testing.T, prog, want string, args ...string) (*proc, string) {
 }
 
 // runFleet runs the vendor and fleetProcs processes of mode against Redis at addr
-// until every job is done, and returns the vendor's arrivals and, for asynq, the
-// tasks left waiting for a retry after the vendor refused them.
-func runFleet(t *testing.T, prog, mode, addr string) (arrivals []Arrival, stuck int) {
+// until every job is done, and returns the vendor's report and, for asynq, the tasks
+// left waiting for a retry after the vendor refused them.
+func runFleet(t *testing.T, prog, mode, addr string) (vendorSaw Report, stuck int) {
 	vendor, url := start(t, prog, "VENDOR ", "-mode", "vendor", "-rate", fmt.Sprint(vendorRate), "-period", vendorPeriod.String())
 	var procs []*proc
 	for i := range fleetProcs {
@@ -324,10 +357,10 @@ func runFleet(t *testing.T, prog, mode, addr string) (arrivals []Arrival, stuck 
 	if err != nil || !strings.HasPrefix(line, "REPORT ") {
 		t.Fatalf("vendor: %q, %v; stderr:\n%s", line, err, vendor.stderr.String())
 	}
-	if err := json.Unmarshal([]byte(strings.TrimPrefix(line, "REPORT ")), &arrivals); err != nil {
+	if err := json.Unmarshal([]byte(strings.TrimPrefix(line, "REPORT ")), &vendorSaw); err != nil {
 		t.Fatal(err)
 	}
-	return arrivals, stuck
+	return vendorSaw, stuck
 }
 
 // enqueue puts fleetJobs "vendor:call" tasks in asynq's default queue.

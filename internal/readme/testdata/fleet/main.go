@@ -4,14 +4,17 @@
 // README's snippets as written.
 //
 //	fleet -mode vendor -rate 20 -period 1s
-//	fleet -mode loop|http|asynq -redis ADDR -vendor URL -proc 1 -workers 4 -jobs 100
+//	fleet -mode loop|http|asynq|semaphore -redis ADDR -vendor URL -proc 1 -workers 4 -jobs 100
 //
 // The vendor prints "VENDOR <url>", serves until stdin ends, then prints "REPORT " and
-// its arrivals as JSON. A worker prints "READY", waits for a line on stdin, then:
-// loop runs loopSnippet in -workers goroutines over -jobs jobs; http sends -jobs
-// requests from -workers goroutines through httpSnippet's client; asynq starts the
-// server asynqSnippet sets up and runs the tasks the test enqueues until stdin ends.
-// It prints "DONE" and exits 0, or says what failed on stderr and exits 1.
+// its report as JSON: the calls to /call (rate limited), and the most requests to
+// /report (held reportHold each) it served at once. A worker prints "READY", waits
+// for a line on stdin, then: loop runs loopSnippet in -workers goroutines over -jobs
+// jobs; http sends -jobs requests from -workers goroutines through httpSnippet's
+// client; asynq starts the server asynqSnippet sets up and runs the tasks the test
+// enqueues until stdin ends; semaphore runs semaphoreSnippet -jobs times from
+// -workers goroutines, its buildReport a request to /report. It prints "DONE" and
+// exits 0, or says what failed on stderr and exits 1.
 package main
 
 import (
@@ -33,7 +36,17 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Arrival is a request as the vendor saw it.
+// Report is what the vendor saw.
+type Report struct {
+	Arrivals      []Arrival
+	Reports       int // /report requests served
+	MostReporting int // the most of them served at once
+}
+
+// reportHold is how long the vendor takes to answer a /report request.
+const reportHold = 20 * time.Millisecond
+
+// Arrival is a request to /call as the vendor saw it.
 type Arrival struct {
 	At     int64 // UnixNano, read under the vendor's lock: arrivals are in order
 	Status int
@@ -54,7 +67,7 @@ func main() {
 	if *mode == "vendor" {
 		err = serveVendor(*rate, *period)
 	} else {
-		err = work(*mode, *addr, *vendor+"/call?src="+strconv.Itoa(*proc), *workers, *jobs)
+		err = work(*mode, *addr, *vendor, *proc, *workers, *jobs)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "fleet:", err)
@@ -71,11 +84,25 @@ func serveVendor(rate int, period time.Duration) error {
 		return err
 	}
 	var (
-		mu       sync.Mutex
-		accepted []time.Time // within the last period
-		arrivals []Arrival
+		mu        sync.Mutex
+		accepted  []time.Time // within the last period
+		rep       Report
+		reporting int
 	)
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/report", func(w http.ResponseWriter, _ *http.Request) {
+		mu.Lock()
+		reporting++
+		rep.Reports++
+		rep.MostReporting = max(rep.MostReporting, reporting)
+		mu.Unlock()
+		time.Sleep(reportHold)
+		mu.Lock()
+		reporting--
+		mu.Unlock()
+		_, _ = io.WriteString(w, "report\n")
+	})
+	mux.HandleFunc("/call", func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		now := time.Now()
 		for len(accepted) > 0 && now.Sub(accepted[0]) >= period {
@@ -87,7 +114,7 @@ func serveVendor(rate int, period time.Duration) error {
 		} else {
 			accepted = append(accepted, now)
 		}
-		arrivals = append(arrivals, Arrival{At: now.UnixNano(), Status: status, Src: r.URL.Query().Get("src")})
+		rep.Arrivals = append(rep.Arrivals, Arrival{At: now.UnixNano(), Status: status, Src: r.URL.Query().Get("src")})
 		mu.Unlock()
 		if status != http.StatusOK {
 			w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(retry.Seconds()))))
@@ -95,14 +122,15 @@ func serveVendor(rate int, period time.Duration) error {
 			return
 		}
 		_, _ = io.WriteString(w, "ok\n")
-	})}
+	})
+	srv := &http.Server{Handler: mux}
 	go func() { _ = srv.Serve(ln) }()
 	fmt.Printf("VENDOR http://%s\n", ln.Addr())
 	_, _ = io.Copy(io.Discard, os.Stdin)
 	_ = srv.Close()
 	mu.Lock()
 	defer mu.Unlock()
-	b, err := json.Marshal(arrivals)
+	b, err := json.Marshal(rep)
 	if err != nil {
 		return err
 	}
@@ -110,8 +138,9 @@ func serveVendor(rate int, period time.Duration) error {
 	return nil
 }
 
-// work runs one worker process of mode, calling url for each job.
-func work(mode, addr, url string, workers, jobs int) error {
+// work runs one worker process of mode, calling the vendor at base for each job.
+func work(mode, addr, base string, proc, workers, jobs int) error {
+	url := func(path string) string { return base + path + "?src=" + strconv.Itoa(proc) }
 	ctx := context.Background()
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	defer rdb.Close()
@@ -123,11 +152,13 @@ func work(mode, addr, url string, workers, jobs int) error {
 	var err error
 	switch mode {
 	case "loop":
-		err = runLoop(ctx, rdb, url, workers, jobs)
+		err = runLoop(ctx, rdb, url("/call"), workers, jobs)
 	case "http":
-		err = runHTTP(ctx, rdb, url, workers, jobs)
+		err = runHTTP(ctx, rdb, url("/call"), workers, jobs)
 	case "asynq":
-		err = runAsynq(ctx, rdb, url, in)
+		err = runAsynq(ctx, rdb, url("/call"), in)
+	case "semaphore":
+		err = runSemaphore(ctx, rdb, url("/report"), workers, jobs)
 	default:
 		err = fmt.Errorf("unknown mode %q", mode)
 	}
@@ -253,4 +284,34 @@ func runAsynq(ctx context.Context, rdb *redis.Client, url string, in io.Reader) 
 	_, _ = io.Copy(io.Discard, in)
 	srv.Shutdown()
 	return nil
+}
+
+// runSemaphore runs the README's semaphore snippet jobs times from workers
+// goroutines; its buildReport is one request to url.
+func runSemaphore(ctx context.Context, rdb *redis.Client, url string, workers, jobs int) error {
+	ch := feed(jobs)
+	var (
+		wg sync.WaitGroup
+		e  errs
+	)
+	buildReport := func(ctx context.Context) error {
+		status, err := get(ctx, http.DefaultClient, url)
+		if err == nil && status != http.StatusOK {
+			err = fmt.Errorf("vendor answered %d", status)
+		}
+		return err
+	}
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range ch {
+				if err := semaphoreSnippet(ctx, rdb, buildReport); err != nil {
+					e.add(err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return e.first
 }
