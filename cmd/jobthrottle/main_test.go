@@ -398,7 +398,9 @@ func buildCLI(t *testing.T) string {
 	return bin
 }
 
-// terminal is a tmux session, 200 columns by 50 lines, as an operator's terminal.
+// terminal is a tmux session, 200 columns by 50 lines, as an operator's terminal. It
+// has a tmux server of its own (its socket named after it), so that no other tmux
+// user of the machine, nor the end of another terminal's server, touches it.
 type terminal struct {
 	t       *testing.T
 	session string
@@ -408,17 +410,22 @@ type terminal struct {
 // the test.
 func newTerminal(t *testing.T, cmd string) *terminal {
 	t.Helper()
-	session := fmt.Sprintf("jt-test-%d-%s", os.Getpid(), strings.NewReplacer("/", "-", " ", "-").Replace(t.Name()))
-	if out, err := exec.Command("tmux", "new-session", "-d", "-s", session, "-x", "200", "-y", "50", cmd).CombinedOutput(); err != nil {
+	tm := &terminal{t: t, session: fmt.Sprintf("jt-test-%d-%s", os.Getpid(), strings.NewReplacer("/", "-", " ", "-").Replace(t.Name()))}
+	if out, err := tm.tmux("new-session", "-d", "-s", tm.session, "-x", "200", "-y", "50", cmd).CombinedOutput(); err != nil {
 		t.Fatalf("tmux new-session: %v\n%s", err, out)
 	}
-	t.Cleanup(func() { exec.Command("tmux", "kill-session", "-t", session).Run() })
-	return &terminal{t: t, session: session}
+	t.Cleanup(func() { tm.tmux("kill-server").Run() })
+	return tm
+}
+
+// tmux is a tmux command on the terminal's own server.
+func (tm *terminal) tmux(args ...string) *exec.Cmd {
+	return exec.Command("tmux", append([]string{"-L", tm.session}, args...)...)
 }
 
 // screen returns what the terminal shows.
 func (tm *terminal) screen() string {
-	out, err := exec.Command("tmux", "capture-pane", "-p", "-t", tm.session).Output()
+	out, err := tm.tmux("capture-pane", "-p", "-t", tm.session).Output()
 	if err != nil {
 		tm.t.Fatalf("tmux capture-pane: %v", err)
 	}
@@ -428,10 +435,10 @@ func (tm *terminal) screen() string {
 // typeLine types line and Enter, as a person would.
 func (tm *terminal) typeLine(line string) {
 	tm.t.Helper()
-	if out, err := exec.Command("tmux", "send-keys", "-t", tm.session, "-l", line).CombinedOutput(); err != nil {
+	if out, err := tm.tmux("send-keys", "-t", tm.session, "-l", line).CombinedOutput(); err != nil {
 		tm.t.Fatalf("tmux send-keys: %v\n%s", err, out)
 	}
-	if out, err := exec.Command("tmux", "send-keys", "-t", tm.session, "Enter").CombinedOutput(); err != nil {
+	if out, err := tm.tmux("send-keys", "-t", tm.session, "Enter").CombinedOutput(); err != nil {
 		tm.t.Fatalf("tmux send-keys Enter: %v\n%s", err, out)
 	}
 }

@@ -31,17 +31,32 @@ func TestKeysAndDurationsInTmux(t *testing.T) {
 		addrs, _ := b.Addrs()
 		tm := newTerminal(t, fmt.Sprintf("env PS1='$ ' PATH=%s:$PATH REDIS_ADDR=%s bash --norc --noprofile",
 			filepath.Dir(bin), strings.Join(addrs, ",")))
-		run := func(line string) string {
+		n := 0
+		// run types line and returns the screen once it has run, which must have
+		// exited with status
+		run := func(line string, status int) string {
 			t.Helper()
+			n++
+			done := fmt.Sprintf("\n[%d] status ", n) // only this command's echo begins a line so
 			tm.typeLine("clear")
-			tm.typeLine(line + "; echo status $?")
-			return tm.waitFor(line, func(s string) bool { return strings.Contains(s, "\nstatus ") })
+			tm.typeLine(fmt.Sprintf("%s; echo [%d] status $?", line, n))
+			screen := tm.waitFor(line, func(s string) bool { return strings.Contains(s, done) })
+			mustContain(t, line, screen, fmt.Sprintf("%s%d\n", done, status))
+			return screen
 		}
 
-		screen := run("jobthrottle -prefix " + b.Prefix + " ls")
-		lines := strings.Split(screen, "\n")
-		header := lines[lineWith(lines, "KEY ")]
-		col := strings.Index(header, "KIND")
+		// header returns the screen's lines and where column name begins in ls's header
+		header := func(screen, name string) ([]string, int) {
+			t.Helper()
+			lines := strings.Split(screen, "\n")
+			i := lineWith(lines, "KEY ")
+			if i < 0 {
+				t.Fatalf("ls printed no header:\n%s", screen)
+			}
+			return lines, strings.Index(lines[i], name)
+		}
+		screen := run("jobthrottle -prefix "+b.Prefix+" ls", 0)
+		lines, col := header(screen, "KIND")
 		for _, want := range []string{"vendor-api", `"tenant\n7"`, `"tab\there"`, `"two words"`} {
 			i := lineWith(lines, want+" ")
 			if i < 0 {
@@ -51,19 +66,24 @@ func TestKeysAndDurationsInTmux(t *testing.T) {
 				t.Fatalf("ls: the row of %s has its kind at column %d, the header at %d:\n%s", want, got, col, screen)
 			}
 		}
-		mustContain(t, "ls", screen, "status 0")
 		t.Logf("ls:\n%s", strings.TrimRight(screen, "\n"))
 
-		screen = run("jobthrottle -prefix " + b.Prefix + " pause vendor-api -5s")
-		mustContain(t, "pause -5s", screen, "jobthrottle: pause vendor-api: -5s is not a positive duration: a pause lasts that long from now (e.g. 30s, 5m); 'jobthrottle resume vendor-api' ends one (see 'jobthrottle help pause')", "status 2")
+		screen = run("jobthrottle -prefix "+b.Prefix+" pause vendor-api -5s", 2)
+		mustContain(t, "pause -5s", screen, "jobthrottle: pause vendor-api: -5s is not a positive duration: a pause lasts that long from now (e.g. 30s, 5m); 'jobthrottle resume vendor-api' ends one (see 'jobthrottle help pause')")
 
-		screen = run("jobthrottle -prefix " + b.Prefix + ` pause $'tenant\n7' 30s`)
-		mustMatch(t, "pause a key with a newline", screen, `paused "tenant\\n7" for (30s|29(\.\d+)?s): no new grants`)
-		mustContain(t, "pause a key with a newline", screen, `'jobthrottle resume "tenant\n7"' ends it sooner`, "status 0")
-		screen = run("jobthrottle -prefix " + b.Prefix + " ls")
-		lines = strings.Split(screen, "\n")
-		if i := lineWith(lines, `"tenant\n7" `); i < 0 || !strings.Contains(lines[i], "29") && !strings.Contains(lines[i], "30s") {
-			t.Fatalf("ls does not show the pause on the key's row:\n%s", screen)
+		screen = run("jobthrottle -prefix "+b.Prefix+` pause $'tenant\n7' 30s`, 0)
+		mustMatch(t, "pause a key with a newline", screen, `paused "tenant\\n7" for [\d.]+s: no new grants`)
+		mustContain(t, "pause a key with a newline", screen, `'jobthrottle resume "tenant\n7"' ends it sooner`)
+		screen = run("jobthrottle -prefix "+b.Prefix+" ls", 0)
+		lines, paused := header(screen, "PAUSED")
+		for _, key := range []string{`"tenant\n7"`, `"tab\there"`} {
+			i := lineWith(lines, key+" ")
+			if i < 0 || len(lines[i]) <= paused {
+				t.Fatalf("ls does not list %s:\n%s", key, screen)
+			}
+			if got, want := lines[i][paused] != '-', key == `"tenant\n7"`; got != want {
+				t.Fatalf("ls: %s paused %v, want %v:\n%s", key, got, want, screen)
+			}
 		}
 	})
 }
