@@ -40,8 +40,8 @@ type Hooks struct {
 	// the key was evicted (maxmemory), deleted, or lost in a failover or restart, and
 	// the limit starts afresh, so up to what was lost can pass again. Only grants that
 	// take effect at once are checked, and only a loss that shows in their Remaining
-	// is seen (see the README's "Guarantees and failure modes"); a state that is still
-	// there never triggers it, whatever other processes do on the key.
+	// is seen (see docs/failures.md, "Losing state"); a state that is still there
+	// never triggers it, whatever other processes do on the key.
 	StateLost func(key string)
 
 	// LimitsDrift is called when a call found the key's state written by another

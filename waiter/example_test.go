@@ -37,7 +37,9 @@ func ExampleNewTransport() {
 	}))
 	defer api.Close()
 
-	lim, err := throttle.New(rdb, "vendor-api", throttle.PerSecond(10))
+	// the vendor allows 10 requests in any second: the period has room for the spread
+	// of the requests' ways to it (the README's "What holds at the vendor")
+	lim, err := throttle.New(rdb, "vendor-api", throttle.Limit{Rate: 10, Period: time.Second + 40*time.Millisecond})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -90,7 +92,7 @@ func ExampleNewTransportFunc() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	rest, err := throttle.New(rdb, "vendor-api", throttle.PerSecond(10))
+	rest, err := throttle.New(rdb, "vendor-api", throttle.Limit{Rate: 10, Period: time.Second + 40*time.Millisecond})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -16,9 +16,10 @@ type command struct {
 	args     string // the arguments, as the help shows them
 	min, max int    // how many arguments it takes
 	flags    []string
-	summary  string // one line, for the list of commands
-	about    string // what it does, for its own help
-	example  string // a command line and what it prints
+	summary  string               // one line, for the list of commands
+	about    string               // what it does, for its own help
+	example  string               // a command line and what it prints
+	check    func(*options) error // reads the arguments before Redis is dialled; nil: none to read
 	run      func(*tool, context.Context) error
 }
 
@@ -86,7 +87,8 @@ bookings start after it, until it ends or resume ends it. A longer pause already
 set is kept. An override set on the key stays.`,
 		example: `$ jobthrottle pause vendor-api 30s
 paused vendor-api for 30s: no new grants on it anywhere until then, permits booked before it keep their slots ('jobthrottle resume vendor-api' ends it sooner)`,
-		run: (*tool).pause,
+		check: parsePause,
+		run:   (*tool).pause,
 	},
 	{
 		name: "resume", args: "KEY", min: 1, max: 1,

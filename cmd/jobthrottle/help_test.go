@@ -75,6 +75,11 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"show", "-alg", "gcra", "k"}, `-alg "gcra": want one of sw, sc, tb, fw`},
 		{[]string{"watch", "-interval", "0s", "k"}, "-interval 0s is not positive"},
 		{[]string{"set", "-for", "-1m", "k", "1/1s"}, "-for -1m0s is negative"},
+		{[]string{"pause", "vendor-api", "-5s"}, "pause vendor-api: -5s is not a positive duration: a pause lasts that long from now (e.g. 30s, 5m); 'jobthrottle resume vendor-api' ends one (see 'jobthrottle help pause')"},
+		{[]string{"pause", "-5s", "vendor-api"}, `pause -5s: "vendor-api" is not a duration (e.g. 30s, 5m)`},
+		{[]string{"pause", "vendor-api", "0s"}, "pause vendor-api: 0s is not a positive duration"},
+		{[]string{"pause", "vendor-api", "soon"}, `pause vendor-api: "soon" is not a duration (e.g. 30s, 5m)`},
+		{[]string{"pause", "tenant\t7", "-1h"}, `pause "tenant\t7": -1h is not a positive duration`},
 		{[]string{"show", "-nosuch", "k"}, "flag provided but not defined: -nosuch (see 'jobthrottle help show')"},
 		{[]string{"-h", "localhost", "-p"}, "flag needs an argument: -p (see 'jobthrottle --help')"},
 	} {

@@ -25,7 +25,7 @@ type entry struct {
 
 // leftAlone is the line that names a foreign key and why the command leaves it alone.
 func (e *entry) leftAlone() string {
-	return fmt.Sprintf("left alone: %s is not jobthrottle's (%v)", e.name, e.foreign)
+	return fmt.Sprintf("left alone: %s is not jobthrottle's (%v)", keyText(e.name), e.foreign)
 }
 
 // keyset is what lies under one key's tag.

@@ -384,19 +384,87 @@ func TestParseLimit(t *testing.T) {
 	}
 }
 
-// Driven as a person would: the built command runs watch in a tmux session against
-// a redis-server where a limiter is busy; the screen tmux shows has the key's block,
-// and is redrawn (its clock line changes). Skips when tmux is not installed.
-func TestWatchInTmux(t *testing.T) {
+// buildCLI builds the command into a directory of the test's and returns its path;
+// it skips the test when tmux, which drives it as a person would, is not installed.
+func buildCLI(t *testing.T) string {
+	t.Helper()
 	if _, err := exec.LookPath("tmux"); err != nil {
-		t.Skip("tmux is not installed: the watch screen is checked by TestCommands only")
+		t.Skip("tmux is not installed: the command's screens are checked through run only")
 	}
-	b := redistest.NewStandalone(t)
-	ctx := context.Background()
 	bin := filepath.Join(t.TempDir(), "jobthrottle")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
+	return bin
+}
+
+// terminal is a tmux session, 200 columns by 50 lines, as an operator's terminal. It
+// has a tmux server of its own (its socket named after it), so that no other tmux
+// user of the machine, nor the end of another terminal's server, touches it.
+type terminal struct {
+	t       *testing.T
+	session string
+}
+
+// newTerminal starts a tmux session running cmd (a shell command line); it ends with
+// the test.
+func newTerminal(t *testing.T, cmd string) *terminal {
+	t.Helper()
+	tm := &terminal{t: t, session: fmt.Sprintf("jt-test-%d-%s", os.Getpid(), strings.NewReplacer("/", "-", " ", "-").Replace(t.Name()))}
+	if out, err := tm.tmux("new-session", "-d", "-s", tm.session, "-x", "200", "-y", "50", cmd).CombinedOutput(); err != nil {
+		t.Fatalf("tmux new-session: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { tm.tmux("kill-server").Run() })
+	return tm
+}
+
+// tmux is a tmux command on the terminal's own server.
+func (tm *terminal) tmux(args ...string) *exec.Cmd {
+	return exec.Command("tmux", append([]string{"-L", tm.session}, args...)...)
+}
+
+// screen returns what the terminal shows.
+func (tm *terminal) screen() string {
+	out, err := tm.tmux("capture-pane", "-p", "-t", tm.session).Output()
+	if err != nil {
+		tm.t.Fatalf("tmux capture-pane: %v", err)
+	}
+	return string(out)
+}
+
+// typeLine types line and Enter, as a person would.
+func (tm *terminal) typeLine(line string) {
+	tm.t.Helper()
+	if out, err := tm.tmux("send-keys", "-t", tm.session, "-l", line).CombinedOutput(); err != nil {
+		tm.t.Fatalf("tmux send-keys: %v\n%s", err, out)
+	}
+	if out, err := tm.tmux("send-keys", "-t", tm.session, "Enter").CombinedOutput(); err != nil {
+		tm.t.Fatalf("tmux send-keys Enter: %v\n%s", err, out)
+	}
+}
+
+// waitFor returns the screen once ok accepts it, polling for up to 10s (a busy
+// machine builds and starts the command late); after that it fails the test.
+func (tm *terminal) waitFor(what string, ok func(screen string) bool) string {
+	tm.t.Helper()
+	var s string
+	for i := 0; i < 100; i++ {
+		if s = tm.screen(); ok(s) {
+			return s
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	tm.t.Fatalf("%s: not on the screen in 10s:\n%s", what, s)
+	return s
+}
+
+// Driven as a person would: the built command runs watch in a tmux session against
+// a redis-server where a limiter is busy; the screen tmux shows has the key's block,
+// and is redrawn (its clock line changes). Skips when tmux is not installed.
+func TestWatchInTmux(t *testing.T) {
+	bin := buildCLI(t)
+	b := redistest.NewStandalone(t)
+	ctx := context.Background()
 	lim, err := throttle.New(b.Client, "vendor-api", throttle.PerSecond(20), throttle.WithKeyPrefix(b.Prefix))
 	if err != nil {
 		t.Fatal(err)
@@ -418,53 +486,24 @@ func TestWatchInTmux(t *testing.T) {
 	}()
 	defer func() { close(stop); <-done }()
 
-	session := fmt.Sprintf("jt-test-%d", os.Getpid())
 	env := "REDIS_ADDR=" + b.Client.(*redis.Client).Options().Addr
-	cmd := fmt.Sprintf("env %s %s -prefix %s watch vendor-api", env, bin, b.Prefix) // the limits: the key's record
-	if out, err := exec.Command("tmux", "new-session", "-d", "-s", session, "-x", "100", "-y", "20", cmd).CombinedOutput(); err != nil {
-		t.Fatalf("tmux new-session: %v\n%s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("tmux", "kill-session", "-t", session).Run() })
-	capture := func() string {
-		out, err := exec.Command("tmux", "capture-pane", "-p", "-t", session).Output()
-		if err != nil {
-			t.Fatalf("tmux capture-pane: %v", err)
-		}
-		return string(out)
-	}
-	// the first screen comes after a build and a Redis call: wait for it (up to 10s,
-	// for a busy machine), then for a redraw
-	var first string
-	for i := 0; i < 100 && !strings.Contains(first, "granted/s"); i++ {
-		time.Sleep(100 * time.Millisecond)
-		first = capture()
-	}
+	tm := newTerminal(t, fmt.Sprintf("env %s %s -prefix %s watch vendor-api", env, bin, b.Prefix)) // the limits: the key's record
+	// the first screen comes after a Redis call: wait for it, then for a redraw
+	first := tm.waitFor("the first screen", func(s string) bool { return strings.Contains(s, "granted/s") })
 	mustContain(t, "tmux screen", first, "jobthrottle watch", "vendor-api  SlidingWindow", "20 per 1s", "[", "next free", "paused      no")
-	var second string
-	for i := 0; i < 100; i++ {
-		time.Sleep(100 * time.Millisecond)
-		second = capture()
-		if strings.Contains(second, "granted/s") && firstLine(second) != firstLine(first) {
-			break
-		}
-	}
-	if firstLine(second) == firstLine(first) {
-		t.Fatalf("the screen was not redrawn in 10s:\n%s", second)
-	}
+	second := tm.waitFor("a redrawn screen", func(s string) bool {
+		return strings.Contains(s, "granted/s") && firstLine(s) != firstLine(first)
+	})
 	t.Logf("tmux screen:\n%s", second)
 
 	// an operator lowers the rate in another terminal: the watch screen shows it
-	// at its next redraw (up to 10s allowed, for a busy machine)
+	// at its next redraw
 	set := exec.Command(bin, "-prefix", b.Prefix, "set", "-for", "1m", "vendor-api", "5/1s")
 	set.Env = append(os.Environ(), env)
 	if out, err := set.CombinedOutput(); err != nil {
 		t.Fatalf("set: %v\n%s", err, out)
 	}
-	var third string
-	for i := 0; i < 100 && !strings.Contains(third, "in place of"); i++ {
-		time.Sleep(100 * time.Millisecond)
-		third = capture()
-	}
+	third := tm.waitFor("the override", func(s string) bool { return strings.Contains(s, "in place of") })
 	mustContain(t, "tmux screen after set", third, "5 per 1s", "override    5 per 1s in place of 20 per 1s, ")
 	t.Logf("tmux screen after set:\n%s", third)
 }

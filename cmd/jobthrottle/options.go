@@ -50,6 +50,7 @@ type options struct {
 	count    int
 	yes      bool
 	forD     time.Duration // set: how long the override lasts; 0 until unset
+	pauseFor time.Duration // pause: its DURATION
 }
 
 // limitList is the repeatable -limit flag.
@@ -127,6 +128,10 @@ func parse(args []string, getenv func(string) string) (*options, error) {
 	}
 	var pos []string
 	for {
+		if len(args) > 0 && negative(args[0]) { // an argument ("pause KEY -5s"), not a flag
+			pos, args = append(pos, args[0]), args[1:]
+			continue
+		}
 		err := fs.Parse(args)
 		if errors.Is(err, flag.ErrHelp) {
 			o.help = true
@@ -190,12 +195,23 @@ func parse(args []string, getenv func(string) string) (*options, error) {
 	case o.count < 0 || o.max < 0 || o.buckets < 0:
 		return nil, usagef(c.name, "-count, -max and -buckets take a positive number")
 	}
+	if c.check != nil {
+		if err := c.check(o); err != nil {
+			return nil, err
+		}
+	}
 	if o.host == "" && o.port == 0 && o.url == "" {
 		if a := getenv("REDIS_ADDR"); a != "" {
 			o.addrs = strings.Split(a, ",")
 		}
 	}
 	return o, nil
+}
+
+// negative reports whether a word is a negative number or duration ("-5s", "-.5",
+// "-5/1s"), which no flag's name begins with: the flag package would take it for one.
+func negative(word string) bool {
+	return len(word) > 1 && word[0] == '-' && (word[1] == '.' || word[1] >= '0' && word[1] <= '9')
 }
 
 // commandName is the command among the words read so far, for a usage error's

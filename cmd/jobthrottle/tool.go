@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 
 	"github.com/jobthrottle/jobthrottle/internal/keys"
 	"github.com/jobthrottle/jobthrottle/throttle"
@@ -114,7 +116,7 @@ func (t *tool) ls(ctx context.Context) error {
 			if hasRec {
 				limits = limitsText(limitsOf(rec))
 			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", key, kd, paused, over, limits)
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", keyText(key), kd, paused, over, limits)
 		}
 		w.Flush()
 	}
@@ -291,7 +293,7 @@ func (t *tool) watch(ctx context.Context) error {
 				if ctx.Err() != nil {
 					return nil
 				}
-				fmt.Fprintf(&b, "%s: %s\n", k, describe(err, t.o.prefix))
+				fmt.Fprintf(&b, "%s: %s\n", keyText(k), describe(err, t.o.prefix))
 				if tg != nil {
 					for _, e := range tg.ks.foreign {
 						fmt.Fprintf(&b, "  %s\n", e.leftAlone())
@@ -337,12 +339,12 @@ func (t *tool) control(ctx context.Context, key, verb string) (*keyset, int64, e
 // found foreign, and a note when the key is idle.
 func (t *tool) after(ks *keyset, c keys.Control, now int64, pause, override bool) {
 	if d := left(c.PauseEnd, now); pause && d > 0 {
-		fmt.Fprintf(t.out, "the pause set on it stays: %v more ('jobthrottle resume %s' ends it)\n", round(d), ks.key)
+		fmt.Fprintf(t.out, "the pause set on it stays: %v more ('jobthrottle resume %s' ends it)\n", round(d), keyText(ks.key))
 	}
 	if o := c.Override; override && o != nil && left(o.End, now) > 0 {
 		rec, _ := ks.record()
 		fmt.Fprintf(t.out, "the override set on it stays: %s, %s ('jobthrottle unset %s' ends it)\n",
-			overrideText(o, rec.Limits, true), remaining(left(o.End, now)), ks.key)
+			overrideText(o, rec.Limits, true), remaining(left(o.End, now)), keyText(ks.key))
 	}
 	for _, e := range ks.foreign {
 		fmt.Fprintln(t.out, e.leftAlone())
@@ -359,10 +361,7 @@ func (t *tool) after(ks *keyset, c keys.Control, now int64, pause, override bool
 // pause pauses the key for the duration given.
 func (t *tool) pause(ctx context.Context) error {
 	key := t.o.args[0]
-	d, err := time.ParseDuration(t.o.args[1])
-	if err != nil || d <= 0 {
-		return usagef("pause", "pause %s: %q is not a positive duration (e.g. 30s, 5m)", key, t.o.args[1])
-	}
+	d := t.o.pauseFor
 	ks, _, err := t.control(ctx, key, "paused")
 	if err != nil {
 		return err
@@ -383,11 +382,26 @@ func (t *tool) pause(ctx context.Context) error {
 	}
 	c := ks.control()
 	l := left(c.PauseEnd, now)
-	fmt.Fprintf(t.out, "paused %s for %v: no new grants on it anywhere until then, permits booked before it keep their slots ('jobthrottle resume %s' ends it sooner)\n", key, round(l), key)
+	fmt.Fprintf(t.out, "paused %s for %v: no new grants on it anywhere until then, permits booked before it keep their slots ('jobthrottle resume %s' ends it sooner)\n", keyText(key), round(l), keyText(key))
 	if l > d+time.Second {
 		fmt.Fprintf(t.out, "(a longer pause was already set: it is kept)\n")
 	}
 	t.after(ks, c, now, false, true)
+	return nil
+}
+
+// parsePause reads pause's DURATION, which must be positive.
+func parsePause(o *options) error {
+	key, arg := o.args[0], o.args[1]
+	d, err := time.ParseDuration(arg)
+	switch {
+	case err != nil:
+		return usagef("pause", "pause %s: %q is not a duration (e.g. 30s, 5m)", keyText(key), arg)
+	case d <= 0:
+		return usagef("pause", "pause %s: %s is not a positive duration: a pause lasts that long from now (e.g. 30s, 5m); 'jobthrottle resume %s' ends one",
+			keyText(key), arg, keyText(key))
+	}
+	o.pauseFor = d
 	return nil
 }
 
@@ -401,7 +415,7 @@ func (t *tool) resume(ctx context.Context) error {
 	c := ks.control()
 	l := left(c.PauseEnd, now)
 	if l == 0 {
-		fmt.Fprintf(t.out, "%s was not paused: nothing to resume\n", key)
+		fmt.Fprintf(t.out, "%s was not paused: nothing to resume\n", keyText(key))
 		t.after(ks, c, now, false, true)
 		return nil
 	}
@@ -412,7 +426,7 @@ func (t *tool) resume(ctx context.Context) error {
 	if err := lim.Resume(ctx); err != nil {
 		return err
 	}
-	fmt.Fprintf(t.out, "resumed %s: ended its pause, which had %v left\n", key, round(l))
+	fmt.Fprintf(t.out, "resumed %s: ended its pause, which had %v left\n", keyText(key), round(l))
 	t.after(ks, c, now, false, true)
 	return nil
 }
@@ -424,7 +438,7 @@ func (t *tool) set(ctx context.Context) error {
 	for _, a := range t.o.args[1:] {
 		l, err := parseLimit(a)
 		if err != nil {
-			return usagef("set", "set %s: %v", key, err)
+			return usagef("set", "set %s: %v", keyText(key), err)
 		}
 		limits = append(limits, l)
 	}
@@ -441,7 +455,7 @@ func (t *tool) set(ctx context.Context) error {
 		code, state, buckets = limitsOf(rec), rec.State, rec.Buckets
 		for _, l := range limits {
 			if state != keys.TokenBucket && l.Burst != 0 {
-				return fmt.Errorf("set %s: a burst is a TokenBucket's; the key is a %v limiter (%s)", key, algorithm(state), limitsText(code))
+				return fmt.Errorf("set %s: a burst is a TokenBucket's; the key is a %v limiter (%s)", keyText(key), algorithm(state), limitsText(code))
 			}
 		}
 	}
@@ -470,12 +484,12 @@ func (t *tool) set(ctx context.Context) error {
 		}
 	}
 	fmt.Fprintf(t.out, "%s: every process now enforces %s, %s (rates only: the periods stay those the code passes)\n",
-		key, strings.Join(parts, ", "), until)
+		keyText(key), strings.Join(parts, ", "), until)
 	switch {
 	case !checked && ks.foreignOf(keys.RecordKey) != nil:
 		fmt.Fprintf(t.out, "note: its record is not jobthrottle's: the number of limits and their periods were not checked\n")
 	case !checked:
-		fmt.Fprintf(t.out, "note: %s has no record of its limits: the number of limits and their periods were not checked\n", key)
+		fmt.Fprintf(t.out, "note: %s has no record of its limits: the number of limits and their periods were not checked\n", keyText(key))
 	case len(limits) < len(code):
 		fmt.Fprintf(t.out, "(its other limits keep their rates: %s)\n", limitsText(code[len(limits):]))
 	}
@@ -492,7 +506,7 @@ func (t *tool) unset(ctx context.Context) error {
 	}
 	c := ks.control()
 	if c.Override == nil || left(c.Override.End, now) == 0 {
-		fmt.Fprintf(t.out, "%s had no override; the rates the code passes apply\n", key)
+		fmt.Fprintf(t.out, "%s had no override; the rates the code passes apply\n", keyText(key))
 		t.after(ks, c, now, true, false)
 		return nil
 	}
@@ -511,7 +525,7 @@ func (t *tool) unset(ctx context.Context) error {
 		return err
 	}
 	fmt.Fprintf(t.out, "%s: removed the override (%s, %s); the rates the code passes apply again\n",
-		key, overrideText(c.Override, rec.Limits, true), strings.TrimSuffix(remaining(left(c.Override.End, now)), " more")+" left")
+		keyText(key), overrideText(c.Override, rec.Limits, true), strings.TrimSuffix(remaining(left(c.Override.End, now)), " more")+" left")
 	t.after(ks, c, now, true, false)
 	return nil
 }
@@ -531,23 +545,26 @@ func (t *tool) reset(ctx context.Context) error {
 			del = append(del, ks.ours[s].name)
 		}
 	}
-	said := slices.Clone(del) // what the command says it deletes: bookings counted
+	var said []string // what the command says it deletes: bookings counted
+	for _, n := range del {
+		said = append(said, keyText(n))
+	}
 	if b := ks.bookings(); len(b) > 0 {
 		del = append(del, b...)
-		said = append(said, fmt.Sprintf("%d booking%s (%s*)", len(b), plural(len(b)), keys.Name(ks.tag, keys.Booking)))
+		said = append(said, fmt.Sprintf("%d booking%s (%s*)", len(b), plural(len(b)), keyText(keys.Name(ks.tag, keys.Booking))))
 	}
 	if e := ks.ours[keys.ControlKey]; e != nil {
-		kept = append(kept, e.name+" (the pause and override: resume and unset end them)")
+		kept = append(kept, keyText(e.name)+" (the pause and override: resume and unset end them)")
 	}
 	if e := ks.ours[keys.RecordKey]; e != nil {
-		kept = append(kept, e.name+" (the record of its limits)")
+		kept = append(kept, keyText(e.name)+" (the record of its limits)")
 	}
 	if len(del) == 0 {
 		for _, e := range ks.foreign {
 			fmt.Fprintln(t.out, e.leftAlone())
 		}
 		if len(kept) > 0 {
-			fmt.Fprintf(t.out, "%s has no state to reset (idle); kept %s\n", key, strings.Join(kept, ", "))
+			fmt.Fprintf(t.out, "%s has no state to reset (idle); kept %s\n", keyText(key), strings.Join(kept, ", "))
 			return nil
 		}
 		if len(ks.foreign) > 0 {
@@ -569,7 +586,7 @@ func (t *tool) reset(ctx context.Context) error {
 	if err := t.rdb.Del(ctx, del...).Err(); err != nil { // one hash slot: one command
 		return err
 	}
-	fmt.Fprintf(t.out, "reset %s: deleted %s\n", key, strings.Join(said, ", "))
+	fmt.Fprintf(t.out, "reset %s: deleted %s\n", keyText(key), strings.Join(said, ", "))
 	for _, k := range kept {
 		fmt.Fprintln(t.out, "kept", k)
 	}
@@ -579,6 +596,20 @@ func (t *tool) reset(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// keyText is a key (or a Redis key's name) as the command prints it: as it is, or,
+// when it has a space or a character that is not printable (a tab or a newline,
+// which the library accepts, would break a line or a table) or begins with a
+// quotation mark, quoted and escaped as a Go string ("a\tb").
+func keyText(key string) string {
+	plain := key != "" && !strings.HasPrefix(key, `"`) && !strings.ContainsFunc(key, func(r rune) bool {
+		return !unicode.IsGraphic(r) || unicode.IsSpace(r)
+	})
+	if plain {
+		return key
+	}
+	return strconv.Quote(key)
 }
 
 func round(d time.Duration) time.Duration {

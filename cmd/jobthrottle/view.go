@@ -83,7 +83,7 @@ func (v *view) render(w io.Writer, prev *view, more bool) {
 	case v.lim != nil:
 		v.renderLimiter(w, prev, more)
 	default:
-		fmt.Fprintf(w, "%s  (no state and no record of its limits: idle, or give -alg and -limit)\n", v.tg.key)
+		fmt.Fprintf(w, "%s  (no state and no record of its limits: idle, or give -alg and -limit)\n", keyText(v.tg.key))
 		v.renderControl(w, v.tg.ks.control(), 0, 0)
 	}
 	for _, e := range v.tg.ks.foreign {
@@ -133,7 +133,7 @@ func (v *view) renderControl(w io.Writer, c keys.Control, paused, over time.Dura
 
 func (v *view) renderLimiter(w io.Writer, prev *view, more bool) {
 	s := v.lim
-	fmt.Fprintf(w, "%s  %v\n", v.tg.key, s.Algorithm)
+	fmt.Fprintf(w, "%s  %v\n", keyText(v.tg.key), s.Algorithm)
 	log := s.Algorithm == throttle.SlidingWindow || s.Algorithm == throttle.SlidingCounter
 	for _, l := range s.Limits {
 		used, booked := l.Used, ""
@@ -181,7 +181,7 @@ func (v *view) rate(prev *view) string {
 
 func (v *view) renderSem(w io.Writer) {
 	s := v.sem
-	fmt.Fprintf(w, "%s  Semaphore\n", v.tg.key)
+	fmt.Fprintf(w, "%s  Semaphore\n", keyText(v.tg.key))
 	if s.Max > 0 {
 		fmt.Fprintf(w, "  %-11s %s %d/%d held\n", "leases", bar(s.Held, s.Max), s.Held, s.Max)
 	} else {
