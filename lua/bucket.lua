@@ -291,6 +291,20 @@ local function give(st, lim, n, token, now)
   return freed
 end
 
+local function adjust(st, lim, d, token, now)
+  local moved = 0
+  for j = 0, 5 * #lim - 5, 5 do
+    local u, r, p, b = st[j + 1], st[j + 2], st[j + 3], st[j + 4]
+    if token + math.ceil(b * p / r) > now then -- the bucket has not refilled since
+      st[j + 1], moved = math.max(-MAX_TICKS, math.min(b * p, u - d * p)), 1
+    end
+  end
+  if moved == 1 then
+    st.dirty = true
+  end
+  return moved
+end
+
 -- detail: booked is the most permits any bucket owes (its negative tokens), ahead_us the
 -- time until the latest booking, avail_i limit i's whole tokens (negative when it owes).
 local function detail(st, lim, now)

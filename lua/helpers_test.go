@@ -33,34 +33,55 @@ var (
 // limit is one limit: rate per period (µs), and a bucket's burst.
 type limit struct{ rate, period, burst int64 }
 
-// head returns the head's text for limits, as internal/keys writes it (and throttle sends).
-func (a algo) head(limits []limit) string {
+// head returns the head's text for limits, as internal/keys writes it (and throttle
+// sends); units[i] is limit i's unit (missing or "": calls).
+func (a algo) head(limits []limit, units ...string) string {
 	h := keys.Head{Alg: a.tag, Buckets: a.buckets}
-	for _, l := range limits {
-		h.Limits = append(h.Limits, keys.Limit{Rate: int(l.rate), Period: time.Duration(l.period) * time.Microsecond, Burst: int(l.burst)})
+	for i, l := range limits {
+		kl := keys.Limit{Rate: int(l.rate), Period: time.Duration(l.period) * time.Microsecond, Burst: int(l.burst)}
+		if i < len(units) {
+			kl.Unit = units[i]
+		}
+		h.Limits = append(h.Limits, kl)
 	}
 	return h.String()
 }
 
 // call is what the requests of a limiter call share: the algorithm, the group's limits
-// and the tenants' caps (none: ARGV[2] is "").
+// and the tenants' caps (none: ARGV[2] is ""), and their units (see head).
 type call struct {
-	a      algo
-	limits []limit
-	caps   []limit
+	a               algo
+	limits          []limit
+	caps            []limit
+	units, capUnits []string
 }
 
 func (c call) capsHead() string {
 	if len(c.caps) == 0 {
 		return ""
 	}
-	return c.a.head(c.caps)
+	return c.a.head(c.caps, c.capUnits...)
 }
 
-// build returns the KEYS and ARGV of a call of reqs under tag: KEYS[1] the state, then
-// each key a request names (its Booking, Queue and Caps are suffixes under the tag) once.
+// parts returns the units of units' parts other than calls, in order.
+func parts(units []string) []string {
+	var out []string
+	for _, u := range units {
+		if u != "" && (len(out) == 0 || out[len(out)-1] != u) {
+			out = append(out, u)
+		}
+	}
+	return out
+}
+
+// build returns the KEYS and ARGV of a call of reqs under tag: KEYS[1] the state, each
+// unit's part's, then each key a request names (its Booking, Queue and Caps are
+// suffixes under the tag) once.
 func (c call) build(tag string, reqs []*protocol.Request) ([]string, []any) {
 	ks := []string{tag + ":" + keys.State}
+	for _, u := range parts(c.units) {
+		ks = append(ks, tag+":"+keys.Part+u)
+	}
 	index := func(suffix string) int {
 		name := tag + ":" + suffix
 		for i, k := range ks {
@@ -71,7 +92,7 @@ func (c call) build(tag string, reqs []*protocol.Request) ([]string, []any) {
 		ks = append(ks, name)
 		return len(ks)
 	}
-	argv := []any{c.a.head(c.limits), c.capsHead()}
+	argv := []any{c.a.head(c.limits, c.units...), c.capsHead()}
 	for _, r := range reqs {
 		argv = append(argv, string(r.Append(nil, index)))
 	}
@@ -124,7 +145,7 @@ func (c call) one(t testing.TB, b *redistest.Backend, tag string, r *protocol.Re
 // then extra), and returns each request's reply.
 func (c call) raw(t testing.TB, b *redistest.Backend, tag string, extra []string, reqs ...string) []res {
 	t.Helper()
-	argv := []any{c.a.head(c.limits), c.capsHead()}
+	argv := []any{c.a.head(c.limits, c.units...), c.capsHead()}
 	detail := make([]bool, len(reqs))
 	for i, r := range reqs {
 		argv = append(argv, r)
@@ -183,8 +204,32 @@ func (c call) of(name string, r *protocol.Request) *protocol.Request {
 	r.Tenant, r.Queue = name, keys.FairQueue
 	if len(c.caps) > 0 {
 		r.Caps = keys.Tenant + name
+		for _, u := range parts(c.capUnits) {
+			r.CapKeys = append(r.CapKeys, keys.Part+u+":"+name)
+		}
 	}
 	return r
+}
+
+// costs sets r's costs: unit, n pairs (a settle's: unit, estimate, actual triples).
+func costs(r *protocol.Request, c ...any) *protocol.Request {
+	step := 2
+	if r.Op == protocol.OpSettle {
+		step = 3
+	}
+	for i := 0; i+step <= len(c); i += step {
+		k := protocol.Cost{Unit: c[i].(string), N: c[i+1].(int)}
+		if step == 3 {
+			k.Actual = c[i+2].(int)
+		}
+		r.Costs = append(r.Costs, k)
+	}
+	return r
+}
+
+// settle is a settle of a grant of n at token, its record {…}:st:<id>.
+func settle(n int, token int64, id string) *protocol.Request {
+	return &protocol.Request{Op: protocol.OpSettle, N: n, X: token, Record: keys.Settled + id}
 }
 
 // weight sets a tenant's request's weight (units, millionths); hold that it takes a place.

@@ -64,9 +64,11 @@
 local ARGV, KEYS = ARGV, KEYS -- (locals cost less to read than globals)
 local nargv = #ARGV
 
--- parse_head reads a head "<tag> [<param>] <limit>..." of this algorithm's: its limits
--- (each LIMIT_FIELDS numbers in range), its parameter (0 without one) and tag; nil for
--- any other text.
+-- parse_head reads a head "<tag> [<param>] <limit>... [/<unit> <limit>...]..." of this
+-- algorithm's: its limits (each LIMIT_FIELDS numbers in range), its parameter (0 without
+-- one), its tag and its parts, the limits of each unit in the head's order: {unit, from,
+-- to, head} (unit '': the calls', first when there are any; head: the part's own head, its
+-- state's meta when it has a key of its own); nil for any other text.
 local function parse_head(text)
   local w = {}
   for f in string.gmatch(text, '%S+') do
@@ -83,22 +85,47 @@ local function parse_head(text)
   end
   if tag == PARAM_TAG then
     param, i = num(w[2], 10000), 3
-  end
-  local m = (#w - i + 1) / LIMIT_FIELDS
-  if not param or m < 1 or m > MAX_LIMITS or m % 1 ~= 0 then
-    return nil
-  end
-  local lim = {}
-  for l = 1, m do
-    local b = i + LIMIT_FIELDS * (l - 1)
-    local rate, period = num(w[b], MAX_RATE), num(w[b + 1], MAX_PERIOD)
-    local burst = LIMIT_FIELDS == 3 and num(w[b + 2], MAX_RATE) or nil
-    if not rate or not period or (LIMIT_FIELDS == 3 and (not burst or burst * period > MAX_TICKS)) then
+    if not param then
       return nil
     end
-    lim[l] = {rate, period, burst}
   end
-  return lim, param, tag
+  local prefix = table.concat(w, ' ', 1, i - 1)
+  local lim, parts, part, units = {}, {}, nil, {}
+  while i <= #w do
+    local unit = string.match(w[i], '^/([%l%d_.%-]+)$')
+    if unit then -- a unit's limits follow
+      if #unit > MAX_UNIT or units[unit] or (part and part.to < part.from) then
+        return nil
+      end
+      units[unit] = true
+      part, i = {unit = unit, from = #lim + 1, to = #lim, words = {'/' .. unit}}, i + 1
+      parts[#parts + 1] = part
+    else
+      if not part then
+        part = {unit = '', from = 1, to = 0, words = {}}
+        parts[1] = part
+      end
+      local rate, period = num(w[i], MAX_RATE), num(w[i + 1], MAX_PERIOD)
+      local burst = LIMIT_FIELDS == 3 and num(w[i + 2], MAX_RATE) or nil
+      if not rate or not period or (LIMIT_FIELDS == 3 and (not burst or burst * period > MAX_TICKS)) then
+        return nil
+      end
+      lim[#lim + 1] = {rate, period, burst}
+      part.to = #lim
+      for j = i, i + LIMIT_FIELDS - 1 do
+        part.words[#part.words + 1] = w[j]
+      end
+      i = i + LIMIT_FIELDS
+    end
+  end
+  if #lim < 1 or #lim > MAX_LIMITS or part.to < part.from then
+    return nil
+  end
+  for _, p in ipairs(parts) do
+    p.head = prefix .. ' ' .. table.concat(p.words, ' ')
+    p.words = nil
+  end
+  return lim, param, tag, parts
 end
 
 -- The fast path: a call whose every request is a plain acquire "a <n> <wait_us>" (n >= 1),
@@ -111,10 +138,13 @@ end
 if nargv >= 3 and nargv <= 2 + MAX_REQUESTS and ARGV[2] == '' then
   local head = ARGV[1]
   local lim, param = quick_head(head)
-  if not lim then
-    lim, param = parse_head(head)
+  local plain = lim
+  if not lim then -- (plain: one part, the calls')
+    local parts
+    lim, param, plain, parts = parse_head(head)
+    plain = lim and not parts[2] and parts[1].unit == ''
   end
-  local st = lim and load(KEYS[1], head)
+  local st = plain and load(KEYS[1], head)
   if st and ((st.absent and not st.bare) or st.meta == head) then
     setup(st, lim, param, lim, 0, lim, now)
     local cap = lim[1][CAP]
@@ -159,19 +189,45 @@ end
 
 -- @cold: the request loop, for every call the fast path did not decide.
 
-local given, param, tag = parse_head(ARGV[1] or '')
+local given, param, tag, gparts = parse_head(ARGV[1] or '')
 if not given or nargv < 3 or nargv > 2 + MAX_REQUESTS then
   return redis.error_reply('JTARG head or request count')
 end
-local caps = ARGV[2] ~= '' and parse_head(ARGV[2])
-if ARGV[2] ~= '' and (not caps or string.match(ARGV[2], '^(%S+)') ~= tag) then
-  return redis.error_reply('JTARG caps head')
+local cparts = {} -- the caps' parts (parse_head's), each with its limits and cap
+if ARGV[2] ~= '' then
+  local caps, _, ctag, parts = parse_head(ARGV[2])
+  if not caps or ctag ~= tag then
+    return redis.error_reply('JTARG caps head')
+  end
+  cparts = parts
+  for _, p in ipairs(parts) do
+    p.lim = {unpack(caps, p.from, p.to)}
+  end
 end
-local caplimit = MAX_RATE -- the largest n the caps allow
-for i = 1, caps and #caps or 0 do
-  caplimit = math.min(caplimit, caps[i][CAP])
+-- cap_of sets a part's cap: the largest n its limits p.lim allow.
+local function cap_of(p)
+  p.cap = MAX_RATE
+  for i = 1, #p.lim do
+    if p.lim[i][CAP] < p.cap then
+      p.cap = p.lim[i][CAP]
+    end
+  end
+end
+local known = {} -- the units a request's cost may name: the group's and the caps'
+for _, p in ipairs(gparts) do
+  known[p.unit] = true
+end
+for _, p in ipairs(cparts) do
+  known[p.unit] = true
+  cap_of(p)
 end
 local k = nargv - 2
+
+-- base is "{…}:", the tag of KEYS[1] ("{…}:l"): a key option must name a key of its kind
+-- under it (b a booking, q the fair share's queue, c the request's tenant's state, e a
+-- settle's record), and a part's key is its unit's, so no request writes a key that is not
+-- its own.
+local base = string.match(KEYS[1] or '', '^(.*:)l$')
 
 -- score reads a number of the fair share's (a sorted set's score, the clock's V and
 -- Fmax): gopher-lua's tonumber reads no mantissa without a point before an exponent
@@ -305,28 +361,26 @@ end
 
 -- in_force returns the limits in force on the callers' limits l under the override over
 -- (nil: none): l at its rates until it ends; whether it lowers a rate or a burst; when it
--- ends (0: none); the largest n they allow.
+-- ends (0: none).
 local function in_force(l, over)
-  local lim, lower, oend = l, false, 0
   if over and over[1] > now then
-    lim, lower = with(l, over[3])
-    oend = over[1]
+    local lim, lower = with(l, over[3])
+    return lim, lower, over[1]
   end
-  local limit = MAX_RATE
-  for i = 1, #lim do
-    limit = math.min(limit, lim[i][CAP])
-  end
-  return lim, lower, oend, limit
+  return l, false, 0
 end
 
--- base is "{…}:", the tag of KEYS[1] ("{…}:l"): a key option must name a key of its kind
--- under it (b a booking, q the fair share's queue, c the request's tenant's state), so
--- no request writes a key that is not its own.
-local base = string.match(KEYS[1] or '', '^(.*:)l$')
+-- slice returns a part's share of a list over the head's limits (its limits, an
+-- override's rates).
+local function slice(l, p)
+  return l and {unpack(l, p.from, p.to)}
+end
 
 -- Each request's fields, read once into named fields (q.op, q.n, ...), or its failure.
 -- Options follow the op's fields as a letter and a value; the tenant's name comes last
--- (t), and may hold any bytes.
+-- (t), and may hold any bytes. A cost (u, acquire and cancel: "u<unit>:<n>", settle:
+-- "u<unit>:<estimate>:<actual>") goes to q.cost[unit] (and q.actual[unit]); q.ctext is
+-- the costs' text as sent, which a task's record keeps.
 local function parse_request(text)
   local q = {}
   local t = string.find(text, ' t', 1, true)
@@ -343,7 +397,7 @@ local function parse_request(text)
   end
   local op, nf = w[1], 1
   q.op = op
-  if op == OP_ACQUIRE or op == OP_CANCEL then
+  if op == OP_ACQUIRE or op == OP_CANCEL or op == OP_SETTLE then
     q.n, q.x, nf = int(w[2], 0, MAX_RATE), int(w[3], 0, MAX_WAIT), 3
     if not q.n or not q.x then
       return nil, 'n or its second field'
@@ -376,11 +430,25 @@ local function parse_request(text)
   end
   for i = nf + 1, #w do
     local o, v = string.sub(w[i], 1, 1), string.sub(w[i], 2)
-    if o == 'b' or o == 'c' or o == 'q' then
+    if o == 'b' or o == 'c' or o == 'q' or o == 'e' then
       q[o] = int(v, 2, #KEYS)
       if not q[o] then
         return nil, 'key index ' .. w[i]
       end
+    elseif o == 'u' and (op == OP_ACQUIRE or op == OP_CANCEL or op == OP_SETTLE) then
+      local unit, c, a = string.match(v, '^([^:]+):(%d+):?(%d*)$')
+      c = int(c, 0, MAX_RATE)
+      if op == OP_SETTLE then
+        a = int(a, 0, MAX_RATE)
+      elseif a ~= '' then
+        c = nil
+      end
+      if not c or not a or not known[unit] or (q.cost and q.cost[unit]) then
+        return nil, 'cost ' .. w[i] .. (unit and not known[unit] and ': no limit counts its unit' or '')
+      end
+      q.cost, q.actual = q.cost or {}, q.actual or {}
+      q.cost[unit], q.actual[unit] = c, a
+      q.ctext = (q.ctext or '') .. ' ' .. w[i]
     elseif o == 'l' then
       q.late = int(v, 0, MAX_WAIT)
     elseif o == 'w' then
@@ -398,22 +466,38 @@ local function parse_request(text)
     end
   end
   if (q.tenant and not q.q) or (q.q and not q.tenant and op ~= OP_INSPECT) or (q.c and not q.tenant) or (q.late and not q.b)
-    or ((q.units or q.ticket or q.hold) and op ~= OP_WEIGHT and not q.tenant) or (q.c and not caps)
-    or (caps and q.tenant and not q.c and op ~= OP_WEIGHT) or (op == OP_WEIGHT and not q.tenant) then
+    or ((q.units or q.ticket or q.hold) and op ~= OP_WEIGHT and not q.tenant) or (q.c and not cparts[1])
+    or (cparts[1] and q.tenant and not q.c and op ~= OP_WEIGHT) or (op == OP_WEIGHT and not q.tenant)
+    or ((op == OP_SETTLE) ~= (q.e ~= nil)) or (op == OP_SETTLE and (q.b or not q.cost)) then
     return nil, 'options'
   end
-  if (q.b or q.q or q.c) and (not base or (q.b and (#KEYS[q.b] <= #base + 3 or string.sub(KEYS[q.b], 1, #base + 3) ~= base .. 'bk:'))
+  local function kind(i, prefix) -- KEYS[i] is a key of that kind, with a name after it
+    return #KEYS[i] > #base + #prefix and string.sub(KEYS[i], 1, #base + #prefix) == base .. prefix
+  end
+  if (q.b or q.q or q.c or q.e) and (not base or (q.b and not kind(q.b, 'bk:')) or (q.e and not kind(q.e, 'st:'))
     or (q.q and KEYS[q.q] ~= base .. 'q') or (q.c and KEYS[q.c] ~= base .. 't:' .. q.tenant)) then
     return nil, 'a key of another kind'
+  end
+  if q.c then -- the caps of another unit than calls: their keys follow the tenant's state
+    local u = 0
+    for _, p in ipairs(cparts) do
+      if p.unit ~= '' then
+        u = u + 1
+        if KEYS[q.c + u] ~= base .. 'u:' .. p.unit .. ':' .. q.tenant then
+          return nil, 'a key of another kind'
+        end
+      end
+    end
   end
   return q
 end
 
--- A task's record, {…}:bk:<id>: a booking "<token> <n> <stamp>" (n permits booked at
--- token, held by the caller that got stamp), or a ticket "t <ticket> <n>" (its tenant's
--- place, in millionths of the fair share's units, held while the task is handed back).
--- booking_read returns {token, n, stamp} or {ticket = S, n = n}, false when the key is
--- absent, or nil and the failure.
+-- A task's record, {…}:bk:<id>: a booking "<token> <n> <stamp>[<costs>]" (n permits, and
+-- the costs as its acquire sent them, booked at token, held by the caller that got
+-- stamp), or a ticket "t <ticket> <n>[<costs>]" (its tenant's place, in millionths of the
+-- fair share's units, held while the task is handed back). booking_read returns {token,
+-- n, stamp, costs} or {ticket = S, n = n, ctext = costs}, false when the key is absent,
+-- or nil and the failure.
 local function booking_read(key)
   local v, err = read_key('string', 'GET', key)
   if err then
@@ -421,13 +505,16 @@ local function booking_read(key)
   elseif not v then
     return false
   end
-  local a, b, c = string.match(v, '^(%d+) (%d+) (%d+)$')
-  if a and #a <= 16 and #b <= 16 and #c <= 16 then
-    return {tonumber(a), tonumber(b), tonumber(c)}
+  local function costs_ok(c) -- " u<unit>:<n>", any number of them
+    return c and (string.gsub(c, ' u[%l%d_.%-]+:%d+', '')) == ''
   end
-  a, b = string.match(v, '^t (%d+) (%d+)$')
-  if a and #a <= 16 and #b <= 16 then
-    return {ticket = tonumber(a) / 1000000, n = tonumber(b)}
+  local a, b, c, costs = string.match(v, '^(%d+) (%d+) (%d+)(.*)$')
+  if a and costs_ok(costs) and #a <= 16 and #b <= 16 and #c <= 16 then
+    return {tonumber(a), tonumber(b), tonumber(c), costs}
+  end
+  a, b, costs = string.match(v, '^t (%d+) (%d+)(.*)$')
+  if a and costs_ok(costs) and #a <= 16 and #b <= 16 then
+    return {ticket = tonumber(a) / 1000000, n = tonumber(b), ctext = costs}
   end
   return nil, fail(E_STATE, key .. ': not a booking')
 end
@@ -437,9 +524,10 @@ local function booking_write(key, rec, ttl)
   if not rec then
     redis.call('DEL', key)
   elseif rec.ticket then
-    redis.call('SET', key, string.format('t %d %d', math.floor(rec.ticket * 1000000 + 0.5), rec.n), 'PX', ms(ttl))
+    redis.call('SET', key, string.format('t %d %d', math.floor(rec.ticket * 1000000 + 0.5), rec.n) .. rec.ctext,
+      'PX', ms(ttl))
   else
-    redis.call('SET', key, string.format('%d %d %d', rec[1], rec[2], rec[3]), 'PX', ms(ttl))
+    redis.call('SET', key, string.format('%d %d %d', rec[1], rec[2], rec[3]) .. rec[4], 'PX', ms(ttl))
   end
 end
 
@@ -494,30 +582,124 @@ if not gst then -- every request needs the group's state
   return reply({}, k, ext)
 end
 
--- The limits the stored tokens were counted with (the token bucket keeps them): the
--- stored head's, at the stored override's rates until its end.
-local lim, lower, oend, limit = in_force(given, meta.over)
-do
-  local stored = meta.head == ARGV[1] and given or parse_head(meta.head) or given
-  local cw = with(stored, meta.over and meta.over[3])
-  setup(gst, lim, param, cw, meta.over and meta.over[1] or 0, given, now)
+-- part_state reads the state of a part with a key of its own (another unit's of the group,
+-- a tenant's caps): absent, or a state whose meta is a head of this algorithm's; it is
+-- counted with plim, the limits in force (pgiven the callers'), from the limits its head
+-- has for the unit at the override's rates (the part's, nil: none) to cwend, and gets the
+-- callers' head (p.head) when it is written if it had another.
+local function part_state(key, p, plim, pgiven, rates, cwend)
+  local st, why = load(key, p.head)
+  if not st then
+    return nil, foreign(key, why or nil, TAGS)
+  end
+  local cw = plim
+  if st.meta == p.head then
+    cw = with(pgiven, rates)
+  elseif st.meta then -- another head, or a meta alone: it must be ours
+    local l, _, t, ps = parse_head(string.match(st.meta, '^[^\n]*'))
+    if not l or t ~= tag then
+      return nil, fail(E_STATE, key .. ': not a state of this limiter')
+    end
+    st.rehead = true
+    for _, sp in ipairs(ps) do
+      if sp.unit == p.unit then
+        cw = with(slice(l, sp), rates)
+      end
+    end
+  end
+  setup(st, plim, param, cw, cwend, pgiven, now)
+  return st
 end
-if gst.err then -- setup found the numbers foreign: no request can be decided on them
+
+-- The group's parts: the limits of each unit and their state, the calls' in KEYS[1]
+-- beside the meta (which, with no limit of calls, holds the meta alone), another unit's
+-- in the next of KEYS, "{…}:u:<unit>", whose meta is its part's head. Each part's lim and
+-- given are its share of the limits in force and of the callers', cap the largest n they
+-- allow; lim (all the head's limits in force), lower and oend are in_force's.
+local lim, lower, oend = in_force(given, meta.over)
+local G = {}
+do
+  local rates, cwend, u = meta.over and meta.over[3], meta.over and meta.over[1] or 0, 1
+  for j, p in ipairs(gparts) do
+    local part = {unit = p.unit, from = p.from, to = p.to, head = p.head, lim = slice(lim, p), given = slice(given, p)}
+    cap_of(part)
+    local prates = slice(rates, p)
+    if p.unit == '' then -- counted with the stored head's limits of calls
+      local cw = with(part.given, prates)
+      if drift then
+        local l, _, _, ps = parse_head(meta.head)
+        for _, sp in ipairs(ps or {}) do
+          if sp.unit == '' then
+            cw = with(slice(l, sp), prates)
+          end
+        end
+      end
+      setup(gst, part.lim, param, cw, cwend, part.given, now)
+      part.st = gst
+    else
+      u = u + 1
+      part.key = KEYS[u]
+      if part.key ~= base .. 'u:' .. p.unit then
+        return redis.error_reply('JTARG the keys of the head\'s units')
+      end
+      local why
+      part.st, why = part_state(part.key, part, part.lim, part.given, prates, cwend)
+      if not part.st then
+        for r = 1, k do
+          ext[r] = ext[r] or why
+        end
+        return reply({}, k, ext)
+      end
+    end
+    G[j] = part
+  end
+end
+gst.nolim = G[1].st ~= gst -- it holds the meta alone
+-- foreign returns the error of a part found foreign by a read after load, if any.
+local function foreign_part(parts)
+  for _, p in ipairs(parts) do
+    if p.st.err then
+      return fail(E_STATE, p.st.err)
+    end
+  end
+end
+if foreign_part(G) then -- setup found the numbers foreign: no request can be decided on them
   for r = 1, k do
-    ext[r] = ext[r] or fail(E_STATE, gst.err)
+    ext[r] = ext[r] or foreign_part(G)
   end
   return reply({}, k, ext)
 end
 -- changed: the meta's content changed (a control op, the fair share's clock or queue)
 local changed = false
 
--- slot is µs per permit of the group's first limit in force; horizon how far ahead a
--- tenant's request may book.
+-- need returns the n request q takes from part p: n for calls, its cost in p's unit else
+-- (costs: another set of costs by unit, a settle's actual).
+local function need(p, q, costs)
+  if p.unit == '' then
+    return q.n
+  end
+  costs = costs or q.cost
+  return costs and costs[p.unit] or 0
+end
+
+-- slot is µs per permit of the group's first limit in force; cost_time the time q's costs
+-- take the group's limits, µs: the most of its parts' (n × its first limit's slot); horizon
+-- how far ahead a tenant's request may book.
 local function slot()
   return lim[1][2] / lim[1][1]
 end
-local function horizon()
-  return math.max(HORIZON, 2 * slot())
+local function cost_time(q, costs)
+  local c = 0
+  for _, p in ipairs(G) do
+    local t = need(p, q, costs) * p.lim[1][2] / p.lim[1][1]
+    if t > c then
+      c = t
+    end
+  end
+  return c
+end
+local function horizon(q)
+  return math.max(HORIZON, 2 * slot(), cost_time(q))
 end
 
 -- The fair share's clock (meta.fair: V, W in weight units (millionths), tV, Fmax), moved
@@ -606,35 +788,32 @@ local function finish_of(qkey, member)
   return F
 end
 
--- The tenants' states (their caps), read once each.
+-- The tenants' states, read once each: the parts of their caps, as the group's (cparts'
+-- with st and key), the calls' at KEYS[i] and another unit's in the keys after it
+-- ("{…}:u:<unit>:<name>", which parse_request checked).
 local tstates = {}
 local function tenant_state(i)
   local ts = tstates[i]
   if ts == nil then
-    local st, why = load(KEYS[i], ARGV[2])
-    if not st then
-      why = foreign(KEYS[i], why or nil, TAGS)
-    elseif st.meta then -- present, or a meta alone: it must be ours
-      local m = parse_meta(st.meta)
-      if not m or string.match(m.head, '^(%S+)') ~= tag then
-        st, why = nil, fail(E_STATE, KEYS[i] .. ': not a tenant state of this limiter')
-      else
-        st.drift = m.head ~= ARGV[2]
-        st.rehead = st.drift -- its head is written with its data
-        local cw = m.head == ARGV[2] and caps or parse_head(m.head) or caps
-        setup(st, caps, param, cw, 0, caps, now)
+    ts = {}
+    for j, p in ipairs(cparts) do
+      local part = {unit = p.unit, head = p.head, lim = p.lim, cap = p.cap, key = KEYS[i + j - (cparts[1].unit == '' and 1 or 0)]}
+      local why
+      part.st, why = part_state(part.key, part, p.lim, p.lim, nil, 0)
+      if not part.st then
+        ts = why
+        break
       end
-    elseif st then
-      setup(st, caps, param, caps, 0, caps, now)
+      ts[j] = part
     end
-    ts = st or why
     tstates[i] = ts
   end
   if ts.code then
     return nil, ts
   end
-  if ts.err then
-    return nil, fail(E_STATE, ts.err)
+  local why = foreign_part(ts)
+  if why then
+    return nil, why
   end
   return ts
 end
@@ -658,12 +837,36 @@ local function kept_us(data)
 end
 
 -- report's answer on the group while it has not changed since (take, give, rates change it)
-local remaining, reset, keep
+local remaining, reset
 local function group_report()
   if not remaining then
-    remaining, reset, keep = report(gst, lim, now, oend)
+    remaining, reset = report(G[1].st, G[1].lim, now, oend)
   end
   return remaining, reset
+end
+
+-- dirty says the call changed the group's state: its meta or a part's data.
+local function dirty()
+  for _, p in ipairs(G) do
+    if p.st.dirty then
+      return true
+    end
+  end
+  return changed
+end
+
+-- data_keep returns how long the group's data matters, µs: the longest of its parts'
+-- (each part's in p.keep).
+local function data_keep()
+  local data = 0
+  for _, p in ipairs(G) do
+    local _, _, pk = report(p.st, p.lim, now, oend)
+    p.keep = pk
+    if pk > data then
+      data = pk
+    end
+  end
+  return data
 end
 
 local out, wakes, books, booked = {}, {}, {}, {}
@@ -687,10 +890,11 @@ local function book(i)
   return rec
 end
 
--- queue puts a tenant's request of n, start tag S, in the queue: its finish tag moves
--- on, and its weight joins W when it was not queued.
-local function queue(fr, n)
-  local f, F = meta.fair, fr.S + n * slot() * 1000000 / fr.u
+-- queue puts a tenant's request of cost (µs of the group's service, cost_time), start
+-- tag S, in the queue: its finish tag moves on, and its weight joins W when it was not
+-- queued.
+local function queue(fr, cost)
+  local f, F = meta.fair, fr.S + cost * 1000000 / fr.u
   finish[fr.member], queued[fr.member], f.W = F, F, fr.W
   changed = true
   if F > f.Fmax then
@@ -730,30 +934,94 @@ local function ticket_text(S)
   return math.floor(S * 1000000 + 0.5)
 end
 
+-- exceeds returns the failure of a request above what the limits in force or the caps
+-- can ever grant, if it is.
+local function exceeds(q)
+  for _, parts in ipairs({G, q.c and cparts or {}}) do
+    for _, p in ipairs(parts) do
+      if need(p, q) > p.cap then
+        return fail(E_EXCEEDS, 'JTEXCEEDS n above what the limits in force or the caps can grant')
+      end
+    end
+  end
+end
+
+-- takes returns what request q takes, as {st, lim, n} for each part of the group and then
+-- of its caps C (nil: none) that it takes anything from, and how many are the group's.
+local function takes(q, C)
+  local P = {}
+  for _, parts in ipairs({G, C or {}}) do
+    for _, p in ipairs(parts) do
+      local n = need(p, q)
+      if n > 0 then
+        P[#P + 1] = {p.st, p.lim, n}
+      end
+    end
+    if parts == G then
+      P.group = #P
+    end
+  end
+  return P
+end
+
+-- fit_all returns the earliest time >= t at which every part of P has room for its n:
+-- each fit moves t only later, until a round of them leaves it where it is.
+local function fit_all(P, t)
+  local stable, i = 0, 0
+  for _ = 1, 8 * #P do
+    i = i % #P + 1
+    local e = P[i]
+    local t1 = fit(e[1], e[2], e[3], t, now)
+    if t1 ~= t then
+      t, stable = t1, 1
+    else
+      stable = stable + 1
+    end
+    if stable >= #P then
+      break
+    end
+  end
+  return t
+end
+
+-- latest returns the latest of P[from..to]'s own room for their n, from t.
+local function latest(P, from, to, t)
+  local m = t
+  for i = from, to do
+    local e = P[i]
+    local v = fit(e[1], e[2], e[3], t, now)
+    if v > m then
+      m = v
+    end
+  end
+  return m
+end
+
 -- acquire decides request r, q an acquire; it returns its failure, if any.
 local function acquire(r, q)
   local n, x, pause = q.n, q.x, meta.pause
-  if n > limit or (q.c and n > caplimit) then
-    return fail(E_EXCEEDS, 'JTEXCEEDS n above what the limits in force or the caps can grant')
+  local why = exceeds(q)
+  if why then
+    return why
   end
   if q.q and queue_foreign(q.q) then
     return queue_foreign(q.q)
   end
   local flags = (drift and F_DRIFT or 0) + (pause > now and F_PAUSED or 0)
+  local ctext = q.ctext or ''
   local rec, last, replace = false, 0, false
   if q.b then
-    local why
     rec, why = book(q.b)
     if rec == nil then
       return why
     end
     if rec and not rec.ticket then -- a booking: found, if it is still the caller's to use
       last = rec[3]
-      if rec[2] == n and rec[1] >= now - (q.late or 0) and pause <= rec[1] then
+      if rec[2] == n and rec[4] == ctext and rec[1] >= now - (q.late or 0) and pause <= rec[1] then
         replace = lower and meta.over[2] > rec[3]
         if not replace then
           local stamp = math.max(now, last + 1)
-          books[q.b], booked[#booked + 1] = {rec[1], n, stamp}, q.b
+          books[q.b], booked[#booked + 1] = {rec[1], n, stamp, ctext}, q.b
           group_report()
           answer(r, 2, pause > now and 0 or remaining, math.max(0, rec[1] - now), reset, rec[1], stamp, flags)
           return
@@ -761,39 +1029,38 @@ local function acquire(r, q)
       end
     end
   end
-  local cst
+  local C
   if q.c then
-    local why
-    cst, why = tenant_state(q.c)
-    if not cst then
+    C, why = tenant_state(q.c)
+    if not C then
       return why
     end
   end
+  local P = takes(q, C)
   if replace then -- an override set since lowers the limits: the booking goes back
-    give(gst, lim, n, rec[1], now)
-    if cst then
-      give(cst, caps, n, rec[1], now)
+    for _, e in ipairs(P) do
+      give(e[1], e[2], e[3], rec[1], now)
     end
     remaining = nil
   end
   local t0, bound, h, fr = math.max(now, pause), x, nil, nil
-  if q.tenant and n > 0 then
+  if q.tenant and #P > 0 then
     local f, u = fair(KEYS[q.q]), units(q)
     local member = string.format('%d ', u) .. q.tenant
     local F = finish_of(KEYS[q.q], member)
     local W = f.W + ((F and F > f.V) and 0 or u) -- with this tenant queued
-    local ticket = q.ticket or (rec and rec.ticket and rec.n == n and rec.ticket) or nil
-    h = horizon()
+    local ticket = q.ticket or (rec and rec.ticket and rec.n == n and rec.ctext == ctext and rec.ticket) or nil
+    h = horizon(q)
     fr = {member = member, u = u, W = W, S = ticket or math.max(f.V, F or f.V), held = ticket}
     local ahead = h * 1000000 / W -- how far ahead of V a start tag may book
     if fr.S > f.V + ahead then -- its turn has not come: ask again when it does
       local due = math.max(1, turn(KEYS[q.q], fr.S, W, h))
       if q.hold and not fr.held then
-        queue(fr, n)
+        queue(fr, cost_time(q))
         fr.held = fr.S
       end
       if q.hold and q.b then
-        books[q.b], booked[#booked + 1] = {ticket = fr.held, n = n, due = due}, q.b
+        books[q.b], booked[#booked + 1] = {ticket = fr.held, n = n, due = due, ctext = ctext}, q.b
       end
       group_report()
       answer(r, 0, pause > now and 0 or remaining, due, reset, 0, q.hold and ticket_text(fr.held) or 0,
@@ -802,32 +1069,27 @@ local function acquire(r, q)
     end
     bound = math.min(x, h)
   end
-  -- the earliest time the group and the caps all have room: each fit moves t only later
+  -- the earliest time the group and the caps all have room
   local t = now
-  if n > 0 then
-    t = fit(gst, lim, n, t0, now)
-    for _ = 1, cst and 8 or 0 do
-      local tc = fit(cst, caps, n, t, now)
-      if tc == t then
-        break
-      end
-      t = fit(gst, lim, n, tc, now)
+  if #P > 0 then
+    t = fit_all(P, t0)
+    for _, e in ipairs(P) do
+      bound = math.min(bound, e[1].horizon or MAX_WAIT)
     end
-    bound = math.min(bound, gst.horizon or MAX_WAIT, cst and cst.horizon or MAX_WAIT)
   end
   if t - now > bound then -- denied: by the limit whose own room comes later
-    local who = (cst and fit(cst, caps, n, t0, now) > fit(gst, lim, n, t0, now)) and F_CAP or F_GROUP
+    local who = (#P > P.group and latest(P, P.group + 1, #P, t0) > latest(P, 1, P.group, t0)) and F_CAP or F_GROUP
     local wait, hold = t - now, nil
     if fr and t - now <= x then -- beyond the horizon only: ask again when it reaches t
       wait = t - now - h
       if q.hold then
         if not fr.held then
-          queue(fr, n)
+          queue(fr, cost_time(q))
           fr.held = fr.S
         end
         hold = fr.held
         if q.b then
-          books[q.b], booked[#booked + 1] = {ticket = hold, n = n, due = wait}, q.b
+          books[q.b], booked[#booked + 1] = {ticket = hold, n = n, due = wait, ctext = ctext}, q.b
         end
       end
     elseif replace then
@@ -838,14 +1100,13 @@ local function acquire(r, q)
       flags + who + (hold and F_TICKET or 0))
     return
   end
-  if n > 0 then
-    take(gst, lim, n, t, now)
-    if cst then
-      take(cst, caps, n, t, now)
-    end
+  for _, e in ipairs(P) do
+    take(e[1], e[2], e[3], t, now)
+  end
+  if #P > 0 then
     remaining = nil
     if fr and not fr.held then
-      queue(fr, n)
+      queue(fr, cost_time(q))
     end
   end
   local stamp = 0
@@ -853,19 +1114,19 @@ local function acquire(r, q)
     last = math.max(last, meta.over[2])
   end
   if q.b then
-    if n > 0 and t > now then
+    if #P > 0 and t > now then
       stamp = math.max(now, last + 1)
-      books[q.b], booked[#booked + 1] = {t, n, stamp}, q.b
+      books[q.b], booked[#booked + 1] = {t, n, stamp, ctext}, q.b
     elseif rec then
       books[q.b], booked[#booked + 1] = false, q.b
     end
   end
   group_report()
-  answer(r, 1, pause > now and 0 or remaining, t - now, reset, n > 0 and t or 0, stamp, flags)
+  answer(r, 1, pause > now and 0 or remaining, t - now, reset, #P > 0 and t or 0, stamp, flags)
 end
 
--- cancel decides request r, q a cancel: n permits booked at q.x (with b, q.x is the
--- booking's stamp), given back on the group and the tenant's caps.
+-- cancel decides request r, q a cancel: n permits (and its costs) booked at q.x (with b,
+-- q.x is the booking's stamp), given back on the group and the tenant's caps.
 local function cancel(r, q)
   local n, token = q.n, q.x
   if q.b then
@@ -874,27 +1135,105 @@ local function cancel(r, q)
       return why
     end
     token = 0
-    if rec and not rec.ticket and rec[2] == n and q.x > 0 and rec[3] == q.x then
+    if rec and not rec.ticket and rec[2] == n and rec[4] == (q.ctext or '') and q.x > 0 and rec[3] == q.x then
       token, books[q.b], booked[#booked + 1] = rec[1], false, q.b
     end
   end
-  local cst
+  local C
   if q.c then
     local why
-    cst, why = tenant_state(q.c)
-    if not cst then
+    C, why = tenant_state(q.c)
+    if not C then
       return why
     end
   end
-  local freed = token > 0 and give(gst, lim, n, token, now) or 0
-  if cst and token > 0 then
-    give(cst, caps, n, token, now)
+  local freed = 0
+  if token > 0 then
+    local P = takes(q, C)
+    for i, e in ipairs(P) do
+      if give(e[1], e[2], e[3], token, now) == 1 and i <= P.group then
+        freed = 1
+      end
+    end
   end
   if freed == 1 then
     remaining = nil
   end
   group_report()
   answer(r, freed, 0, 0, reset, q.b and token or 0, 0, 0)
+end
+
+-- reach is how long after a grant a limit l still counts it, µs: its period (the bucket:
+-- until it is full again).
+local function reach(l)
+  return l[3] and math.ceil(l[3] * l[2] / l[1]) or l[2]
+end
+
+-- settle makes request r, q a settle of a grant at token q.x whose costs q.cost were an
+-- estimate: each part of a unit it names is charged the actual's difference at the
+-- grant's place (adjust), once per record key (e): a record found says it was (2); a
+-- grant no limit counts any more is left alone (3). A tenant's finish tag moves by the
+-- difference in the cost's time.
+local function settle(r, q)
+  local key, token = KEYS[q.e], q.x
+  if q.q and queue_foreign(q.q) then
+    return queue_foreign(q.q)
+  end
+  local v, why = read_key('string', 'GET', key)
+  if why then
+    return why
+  end
+  local C
+  if q.c then
+    C, why = tenant_state(q.c)
+    if not C then
+      return why
+    end
+  end
+  local span = 0 -- how long the grant counts
+  for _, parts in ipairs({G, C or {}}) do
+    for _, p in ipairs(parts) do
+      for _, l in ipairs(p.lim) do
+        span = math.max(span, reach(l))
+      end
+    end
+  end
+  local status = 1
+  if v then
+    status = 2
+  elseif token + span <= now then
+    status = 3
+  else
+    for _, parts in ipairs({G, C or {}}) do
+      for _, p in ipairs(parts) do
+        local d = q.actual[p.unit] and q.actual[p.unit] - q.cost[p.unit]
+        if d and d ~= 0 then
+          adjust(p.st, p.lim, d, token, now)
+        end
+      end
+    end
+    if q.tenant then
+      local dc = cost_time(q, q.actual) - cost_time(q)
+      local f, u = fair(KEYS[q.q]), units(q)
+      local member = string.format('%d ', u) .. q.tenant
+      local F = finish_of(KEYS[q.q], member)
+      if F and F > f.V then -- queued: its finish tag moves by the difference
+        F = math.max(f.V, F + dc * 1000000 / u)
+      elseif dc > 0 then -- the debt queues it
+        F, f.W = f.V + dc * 1000000 / u, f.W + u
+      end
+      if F and F ~= finish[member] then
+        finish[member], queued[member], changed = F, F, true
+        if F > f.Fmax then
+          f.Fmax = F
+        end
+      end
+    end
+    redis.call('SET', key, '1', 'PX', ms(token + span - now))
+    remaining = nil
+  end
+  group_report()
+  answer(r, status, remaining, 0, reset, token, 0, 0)
 end
 
 -- inspect answers request r, q an inspect, writing nothing: the group's figures, and its
@@ -909,35 +1248,40 @@ local function inspect(r, q)
     return queue_foreign(q.q)
   end
   local pause = meta.pause
-  local t = fit(gst, lim, 1, math.max(now, pause), now)
+  local t = fit(G[1].st, G[1].lim, 1, math.max(now, pause), now) -- one of the first part
   group_report()
-  local b, ahead, avail = detail(gst, lim, now)
+  local b, ahead = detail(G[1].st, G[1].lim, now)
   local pttl = -2
-  if not gst.dirty and not changed then
+  if not dirty() then
     pttl = redis.call('PTTL', KEYS[1])
-  elseif kept_us(keep) > 0 then -- what the call's writes will set
-    pttl = math.ceil(kept_us(keep) / 1000)
+  elseif kept_us(data_keep()) > 0 then -- what the call's writes will set
+    pttl = math.ceil(kept_us(data_keep()) / 1000)
   end
   local d = {b, ahead, math.max(0, pause - now), pttl, math.max(0, oend - now)}
-  for i = 1, #lim do
-    d[#d + 1], d[#d + 2], d[#d + 3] = lim[i][1], lim[i][CAP], avail[i]
+  for _, p in ipairs(G) do
+    local _, _, avail = detail(p.st, p.lim, now)
+    for i = 1, #p.lim do
+      d[#d + 1], d[#d + 2], d[#d + 3] = p.lim[i][1], p.lim[i][CAP], avail[i]
+    end
   end
   local f = q.q and fair(KEYS[q.q], true)
   if q.tenant then
     local F = finish_of(KEYS[q.q], string.format('%d ', units(q)) .. q.tenant)
     d[#d + 1] = (F and F > f.V) and math.ceil((F - f.V) * f.W / 1000000) or -1
     if q.c then
-      local cst, why = tenant_state(q.c)
-      if not cst then
+      local C, why = tenant_state(q.c)
+      if not C then
         return why
       end
-      local ct = fit(cst, caps, 1, t, now)
+      local ct = fit(C[1].st, C[1].lim, 1, t, now)
       if ct > t then
         t = ct
       end
-      local _, _, cavail = detail(cst, caps, now)
-      for i = 1, #caps do
-        d[#d + 1], d[#d + 2] = caps[i][CAP], cavail[i]
+      for _, p in ipairs(C) do
+        local _, _, cavail = detail(p.st, p.lim, now)
+        for i = 1, #p.lim do
+          d[#d + 1], d[#d + 2] = p.lim[i][CAP], cavail[i]
+        end
       end
     end
   elseif f then
@@ -985,10 +1329,14 @@ local function control(r, q)
     if op == OP_OVERRIDE then
       over = {now + (q.x > 0 and q.x or MAX_PERIOD), now, q.rates}
     end
-    local old = lim
     meta.over = over
-    lim, lower, oend, limit = in_force(given, over)
-    rates(gst, old, lim, now, now)
+    lim, lower, oend = in_force(given, over)
+    for _, p in ipairs(G) do
+      local old = p.lim
+      p.lim = slice(lim, p)
+      cap_of(p)
+      rates(p.st, old, p.lim, now, now)
+    end
     remaining = nil
   end
   changed = true
@@ -1005,6 +1353,8 @@ for r = 1, k do
       why = cancel(r, q)
     elseif q.op == OP_INSPECT then
       why = inspect(r, q)
+    elseif q.op == OP_SETTLE then
+      why = settle(r, q)
     else
       why = control(r, q)
     end
@@ -1012,23 +1362,20 @@ for r = 1, k do
       ext[r] = why
     end
   end
-  if gst.err then -- a read after load found the state foreign: it fails every request
+  local bad = foreign_part(G)
+  if bad then -- a read after load found the state foreign: it fails every request
     for i = 1, k do
-      ext[i] = fail(E_STATE, gst.err)
+      ext[i] = bad
     end
     return reply({}, k, ext)
   end
   -- a state the call writes gets the caller's head: no drift for the requests after
   -- that, as for lone calls after one that wrote
-  drift = drift and not (changed or gst.dirty)
-  for _, ts in pairs(tstates) do
-    ts.drift = ts.drift and not ts.dirty
-  end
+  drift = drift and not dirty()
 end
 
 -- Writes, after every read and check: what lives is kept until it no longer matters.
-local _, _, data = report(gst, lim, now, oend)
-local kept = kept_us(data)
+local kept = kept_us(data_keep())
 local f = meta.fair
 if f and f.W > 0 and fair_moved then
   for member, F in pairs(queued) do
@@ -1036,18 +1383,27 @@ if f and f.W > 0 and fair_moved then
   end
   redis.call('PEXPIRE', fair_key, ms(life(f)))
 end
-if changed or gst.dirty then
+if dirty() then
   if gst.found then -- the head replaced: another process's, with other limits
     meta.drift = {now, gst.found}
   end
   meta.head = ARGV[1]
   local text = format_meta(meta)
-  save(gst, KEYS[1], kept, text ~= gst.meta and text or nil, data <= 0)
+  save(gst, KEYS[1], kept, text ~= gst.meta and text or nil, gst.nolim or G[1].keep <= 0)
 end
-for i, ts in pairs(tstates) do
-  if not ts.code and not ts.err and ts.dirty then
-    local _, _, tk = report(ts, caps, now)
-    save(ts, KEYS[i], tk, (ts.absent or ts.rehead) and ARGV[2] or nil)
+-- (the parts with a key of their own: their heads are their metas)
+local sets = {G}
+for _, ts in pairs(tstates) do
+  if not ts.code then
+    sets[#sets + 1] = ts
+  end
+end
+for _, parts in ipairs(sets) do
+  for _, p in ipairs(parts) do
+    if p.st ~= gst and p.st.dirty and not p.st.err then
+      local _, _, pk = report(p.st, p.lim, now, parts == G and oend or 0)
+      save(p.st, p.key, pk, (p.st.absent or p.st.rehead) and p.head or nil)
+    end
   end
 end
 for _, i in ipairs(booked) do

@@ -1093,3 +1093,216 @@ func comparable(r res) string {
 	}
 	return r.String()
 }
+
+// Units: the limits of a unit count the requests' costs in it, those of calls their n, and
+// a request takes from every part or from none; each part keeps a state of its own (the
+// calls' in {…}:l with the meta, a unit's in {…}:u:<unit>, its meta its part's head), and
+// a limiter with no limit of calls keeps the meta alone in {…}:l. A cost above what its
+// unit's limits can grant is ErrExceeds, one naming a unit no limit counts ErrArg.
+func TestUnits(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		for _, a := range allAlgos {
+			tag := tagOf(b, "units"+a.tag)
+			clk := newClock(t, b, tag)
+			// 10 calls and 100 tokens per second
+			c := call{a: a, limits: []limit{{10, sec, 10}, {100, sec, 100}}, units: []string{"", "tokens"}}
+			all := []string{tag + ":l", tag + ":u:tokens"}
+			fail := func(what string, got any) {
+				t.Helper()
+				t.Fatalf("%s: %s: %v\n%v", a.tag, what, got, snapshot(t, b.Client, all...))
+			}
+			now := clk.us()
+			if got := c.one(t, b, tag, costs(acquire(1, 0), "tokens", 60)); got.v != [7]int64{1, 9, 0, got.v[3], now, 0, 0} {
+				fail("1 call of 60 tokens", got)
+			}
+			before := snapshot(t, b.Client, all...)
+			got := c.one(t, b, tag, costs(acquire(1, 0), "tokens", 60))
+			if got.v[0] != 0 || got.v[6] != group || got.v[2] <= 0 {
+				fail("60 more tokens, want denied by the group", got)
+			}
+			if after := snapshot(t, b.Client, all...); !sameKeys(b, before, after) {
+				fail("the denial wrote", fmt.Sprint(before, "\nbecame ", after))
+			}
+			if a != fixedWindow { // 20 more tokens come in 200ms (the bucket) or when 60 leave (the logs)
+				want := map[string]int64{"sw": sec, "sc": sec + 10*ms, "tb": 200 * ms}[a.tag]
+				if got.v[2] != want {
+					fail(fmt.Sprintf("the wait, want %dµs", want), got)
+				}
+			}
+			if got := c.one(t, b, tag, acquire(3, 0)); got.v[0] != 1 || got.v[1] != 6 {
+				fail("3 calls and no tokens", got)
+			}
+			d := c.one(t, b, tag, inspect()).extra // per limit: rate, capacity, available
+			if len(d) != 5+6 || d[5] != 10 || d[7] != 6 || d[8] != 100 || d[10] != 40 {
+				fail("inspect: calls 6 of 10, tokens 40 of 100", d)
+			}
+			for _, k := range all {
+				checkKey(t, b.Client, k)
+			}
+			h := snapshot(t, b.Client, tag+":u:tokens")[tag+":u:tokens"]
+			if !strings.Contains(h, a.tag+" ") || !strings.Contains(h, "/tokens 100 1000000") {
+				fail("the tokens' state keeps its part's head", h)
+			}
+			if m := parseMeta(t, b.Client, tag+":l"); m.Head != c.a.head(c.limits, c.units...) {
+				fail("the meta keeps the whole head", m.Head)
+			}
+			// above what a unit can grant; a unit no limit counts
+			if got := c.one(t, b, tag, costs(acquire(1, 10*sec), "tokens", 101)); got.code() != protocol.ErrExceeds {
+				fail("101 tokens", got)
+			}
+			if got := c.raw(t, b, tag, []string{tag + ":u:tokens"}, "a 1 0 uwords:5"); got[0].code() != protocol.ErrArg || !strings.Contains(got[0].err, "no limit counts its unit") {
+				fail("a cost of words", got)
+			}
+			// a cancel gives both back
+			r := c.one(t, b, tag, costs(acquire(1, 10*sec), "tokens", 50))
+			if r.v[0] != 1 || r.v[2] <= 0 {
+				fail("50 tokens booked ahead", r)
+			}
+			if got := c.one(t, b, tag, costs(cancel(1, r.v[4]), "tokens", 50)); got.v[0] != 1 {
+				fail("the cancel", got)
+			}
+			if d := c.one(t, b, tag, inspect()).extra; a != fixedWindow && (d[7] != 6 || d[10] != 40) {
+				fail("after the cancel: calls 6, tokens 40", d) // (the window keeps the booking's window alone)
+			}
+			// tokens only: the meta alone in {…}:l
+			otag := tagOf(b, "unitsonly"+a.tag)
+			newClock(t, b, otag)
+			o := call{a: a, limits: []limit{{100, sec, 100}}, units: []string{"tokens"}}
+			if got := o.one(t, b, otag, costs(acquire(1, 0), "tokens", 100)); got.v[0] != 1 || got.v[1] != 0 {
+				fail("100 tokens of a limiter of tokens only", got)
+			}
+			if got := o.one(t, b, otag, costs(acquire(5, 0), "tokens", 1)); got.v[0] != 0 || got.v[6] != group {
+				fail("1 more token", got)
+			}
+			if _, alone := meta(t, b.Client, otag+":l"); !alone {
+				fail("the meta alone", snapshot(t, b.Client, otag+":l"))
+			}
+			if ttl := b.Client.PTTL(ctx, otag+":l").Val(); ttl <= 0 {
+				fail("the meta's TTL, as long as its parts'", ttl)
+			}
+		}
+	})
+}
+
+// A settle charges the actual's difference from the estimate at the grant's place: a
+// refund frees room for the callers after it, a debt holds them back; a second settle of
+// the same record changes nothing (2), one after the grant has left every limit changes
+// nothing and writes no record (3).
+func TestSettle(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		for _, a := range allAlgos {
+			tag := tagOf(b, "settle"+a.tag)
+			clk := newClock(t, b, tag)
+			c := call{a: a, limits: []limit{{10, sec, 10}, {100, sec, 100}}, units: []string{"", "tokens"}}
+			all := []string{tag + ":l", tag + ":u:tokens", tag + ":st:1", tag + ":st:2"}
+			fail := func(what string, got any) {
+				t.Helper()
+				t.Fatalf("%s: %s: %v\n%v", a.tag, what, got, snapshot(t, b.Client, all...))
+			}
+			g := c.one(t, b, tag, costs(acquire(1, 0), "tokens", 80))
+			if g.v[0] != 1 {
+				fail("80 tokens", g)
+			}
+			clk.add(t, 100*time.Millisecond)
+			s := costs(settle(1, g.v[4], "1"), "tokens", 80, 20)
+			if got := c.one(t, b, tag, s); got.v[0] != 1 || got.v[4] != g.v[4] {
+				fail("the settle of 80 as 20", got)
+			}
+			if ttl := b.Client.PTTL(ctx, tag+":st:1").Val(); ttl <= 0 || !b.Real() && ttl > time.Second {
+				fail("the record's TTL, at most the grant's second", ttl)
+			}
+			if got := c.one(t, b, tag, costs(acquire(1, 0), "tokens", 70)); got.v[0] != 1 {
+				fail("70 tokens after the refund of 60", got)
+			}
+			before := snapshot(t, b.Client, all...)
+			if got := c.one(t, b, tag, s); got.v[0] != 2 {
+				fail("the same settle again", got)
+			}
+			if after := snapshot(t, b.Client, all...); !sameKeys(b, before, after) {
+				fail("the second settle wrote", fmt.Sprint(before, "\nbecame ", after))
+			}
+			if got := c.one(t, b, tag, costs(acquire(1, 0), "tokens", 21)); got.v[0] != 0 {
+				fail("21 more tokens: the second settle refunded again", got)
+			}
+			// a debt: 10 tokens charged as 10 more than the room
+			clk.add(t, 2*time.Second)
+			g = c.one(t, b, tag, costs(acquire(1, 0), "tokens", 10))
+			if got := c.one(t, b, tag, costs(settle(1, g.v[4], "2"), "tokens", 10, 100)); got.v[0] != 1 {
+				fail("the settle of 10 as 100", got)
+			}
+			if got := c.one(t, b, tag, costs(acquire(1, 0), "tokens", 1)); got.v[0] != 0 || got.v[6] != group {
+				fail("1 token after a debt that took the whole second", got)
+			}
+			// too late: the grant has left every limit
+			clk.add(t, 2*time.Second)
+			before = snapshot(t, b.Client, all...)
+			if got := c.one(t, b, tag, costs(settle(1, g.v[4], "3"), "tokens", 10, 50)); got.v[0] != 3 {
+				fail("a settle 2s after the grant", got)
+			}
+			if n := b.Client.Exists(ctx, tag+":st:3").Val(); n != 0 {
+				fail("a record of the late settle", n)
+			}
+			// bad input
+			if got := c.raw(t, b, tag, []string{tag + ":u:tokens", tag + ":st:4"}, "s 1 5 e3"); got[0].code() != protocol.ErrArg {
+				fail("a settle of no cost", got)
+			}
+			if got := c.raw(t, b, tag, []string{tag + ":u:tokens", tag + ":bk:4"}, "s 1 5 e3 utokens:1:2"); got[0].code() != protocol.ErrArg {
+				fail("a settle whose record is a booking's key", got)
+			}
+			if got := c.raw(t, b, tag, []string{tag + ":u:tokens"}, "a 1 0 utokens:1:2"); got[0].code() != protocol.ErrArg {
+				fail("an acquire's cost with an actual", got)
+			}
+		}
+	})
+}
+
+// Tenants and costs: a tenant's caps may count a unit (their state in
+// {…}:u:<unit>:<name>); its fair share is measured in the time its costs take the group's
+// limits, so a tenant of large requests moves its finish tag further; a settle moves it by
+// the difference.
+func TestTenantCosts(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		for _, a := range allAlgos {
+			tag := tagOf(b, "tcost"+a.tag)
+			clk := newClock(t, b, tag)
+			// the group 100 calls and 1000 tokens a second; each tenant 500 tokens a second
+			c := call{a: a, limits: []limit{{100, sec, 100}, {1000, sec, 1000}}, units: []string{"", "tokens"},
+				caps: []limit{{500, sec, 500}}, capUnits: []string{"tokens"}}
+			all := []string{tag + ":l", tag + ":u:tokens", tag + ":q", tag + ":u:tokens:A", tag + ":t:A"}
+			fail := func(what string, got any) {
+				t.Helper()
+				t.Fatalf("%s: %s: %v\n%v", a.tag, what, got, snapshot(t, b.Client, all...))
+			}
+			if got := c.one(t, b, tag, costs(c.of("A", acquire(1, 0)), "tokens", 400)); got.v[0] != 1 {
+				fail("A's 400 tokens", got)
+			}
+			// 400 tokens take 400ms of the group's 1000 a second: the finish tag 400000
+			q := b.Client.ZRangeWithScores(context.Background(), tag+":q", 0, -1).Val()
+			if len(q) != 1 || q[0].Score != 400000 {
+				fail("A's finish tag, want 400ms of service", q)
+			}
+			if got := c.one(t, b, tag, costs(c.of("A", acquire(1, 0)), "tokens", 200)); got.v[0] != 0 || got.v[6] != turn {
+				fail("A's 200 more at once, want its turn not come", got)
+			}
+			clk.add(t, 200*time.Millisecond) // V 200000: A's start tag within the horizon
+			if got := c.one(t, b, tag, costs(c.of("A", acquire(1, 0)), "tokens", 250)); got.v[0] != 0 || got.v[6] != capped {
+				fail("A's 250 more (the bucket has 200 again), want denied by its caps", got)
+			}
+			checkKey(t, b.Client, tag+":u:tokens:A")
+			if n := b.Client.Exists(context.Background(), tag+":t:A").Val(); n != 0 {
+				fail("a state of caps of calls, which there are none of", n)
+			}
+			// B starts at V: 300 tokens, settled as 100, finish 200ms of service later
+			g := c.one(t, b, tag, costs(c.of("B", acquire(1, 0)), "tokens", 300))
+			if got := c.one(t, b, tag, costs(c.of("B", settle(1, g.v[4], "B1")), "tokens", 300, 100)); got.v[0] != 1 {
+				fail("B's settle of 300 as 100", got)
+			}
+			q = b.Client.ZRangeWithScores(context.Background(), tag+":q", 0, -1).Val()
+			if len(q) != 2 || q[0].Member != "1000000 B" || q[0].Score != 300000 {
+				fail("B's finish tag moved back to 100ms of service after V", q)
+			}
+		}
+	})
+}

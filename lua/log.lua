@@ -320,8 +320,11 @@ end
 
 -- @cold: what follows only the driver's request loop needs (see lua/internal/gen).
 
-local function give(st, lim, n, token, now)
-  if token <= now or n == 0 or not st.lastT then
+-- shift changes the permits of the entry recorded for token's time by d (given back, at
+-- most what it holds, when d < 0), and renumbers the entries after it; 1 when there was
+-- such an entry.
+local function shift(st, token, d)
+  if d == 0 or not st.lastT then
     return 0
   end
   local rt = token
@@ -338,7 +341,9 @@ local function give(st, lim, n, token, now)
   end
   local _, S0 = at(st, e - 1)
   local held = S - S0
-  local freed = math.min(n, held)
+  if d < -held then
+    d = -held
+  end
   -- entries e..E move to the tail, to be renumbered there
   local E, tail = entries(st), st.tail
   local s = st.off + e
@@ -362,18 +367,29 @@ local function give(st, lim, n, token, now)
   end
   local k = 2 * (s - st.send) -- entry e's count in the tail
   for i = k, #tail, 2 do
-    tail[i] = tail[i] - freed
+    tail[i] = tail[i] + d
   end
-  if freed == held then
+  if d == -held then
     table.remove(tail, k)
     table.remove(tail, k - 1)
   end
-  st.P = st.P - freed
-  if E == e and freed == held then
+  st.P = st.P + d
+  if E == e and d == -held then
     st.lastT = E > 1 and (at(st, E - 1)) or nil
   end
   st.dirty = true
   return 1
+end
+
+local function give(st, lim, n, token, now)
+  if token <= now or n == 0 then
+    return 0
+  end
+  return shift(st, token, -n)
+end
+
+local function adjust(st, lim, d, token, now)
+  return shift(st, token, d)
 end
 
 -- detail: avail_i is limit i's rate less the permits holding a place in the window that

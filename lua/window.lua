@@ -172,20 +172,29 @@ end
 
 -- @cold: what follows only the driver's request loop needs (see lua/internal/gen).
 
-local function give(st, lim, n, token, now)
-  local freed = 0
-  if token > now and n > 0 then
+local function adjust(st, lim, d, token, now)
+  local moved = 0
+  if d ~= 0 then
     for i = 1, #lim do
       local P = lim[i][2]
-      if st[i] > 0 and math.floor(token / P) == math.floor(st.L / P) then
-        st[i], freed = math.max(0, st[i] - n), 1
+      if st[i] > 0 or d > 0 then
+        if token - token % P == st.L - st.L % P then -- only the window holding L is kept
+          st[i], moved = math.max(0, st[i] + d), 1
+        end
       end
     end
   end
-  if freed == 1 then
+  if moved == 1 then
     st.dirty = true
   end
-  return freed
+  return moved
+end
+
+local function give(st, lim, n, token, now)
+  if token <= now then
+    return 0
+  end
+  return adjust(st, lim, -n, token, now)
 end
 
 -- detail: avail_i is limit i's rate less its count in the window holding now (0 when the

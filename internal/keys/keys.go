@@ -28,6 +28,8 @@ const MaxTenant = 256
 const (
 	State       = "l"    // a limiter's state and meta: a list (sliding window, counter) or a string
 	Tenant      = "t:"   // a tenant's state (its caps); the tenant's name follows
+	Part        = "u:"   // the state of a unit's limits: "u:<unit>", a tenant's caps' "u:<unit>:<name>"
+	Settled     = "st:"  // string: a settle's record; its id follows
 	FairQueue   = "q"    // sorted set: the tenants with requests ahead, by finish tag
 	Booking     = "bk:"  // string: a task's booking or ticket; the task's id follows
 	Leases      = "sem"  // sorted set: a semaphore's leases
@@ -77,9 +79,14 @@ func Type(s string) string {
 	switch {
 	case s == State, strings.HasPrefix(s, Tenant) && len(s) > len(Tenant):
 		return "list or string"
+	case strings.HasPrefix(s, Part):
+		unit, _, _ := strings.Cut(s[len(Part):], ":")
+		if CheckUnit(unit) == nil {
+			return "list or string"
+		}
 	case s == FairQueue || s == Leases || s == Queue || s == QueueExpiry:
 		return "zset"
-	case strings.HasPrefix(s, Booking) && len(s) > len(Booking):
+	case strings.HasPrefix(s, Booking) && len(s) > len(Booking), strings.HasPrefix(s, Settled) && len(s) > len(Settled):
 		return "string"
 	}
 	return ""
@@ -110,6 +117,18 @@ func CheckTenant(name string) error {
 	return nil
 }
 
+// MaxUnit is the longest unit name, in bytes.
+const MaxUnit = 32
+
+// CheckUnit returns why name cannot name a unit, or nil: 1 to MaxUnit bytes of lowercase
+// letters, digits, '_', '.' and '-'.
+func CheckUnit(name string) error {
+	if name == "" || len(name) > MaxUnit || strings.Trim(name, "abcdefghijklmnopqrstuvwxyz0123456789_.-") != "" {
+		return fmt.Errorf("unit %q: want 1 to %d of a-z, 0-9, '_', '.' and '-'", name, MaxUnit)
+	}
+	return nil
+}
+
 // Name returns the key with suffix s under tag.
 func Name(tag, s string) string { return tag + ":" + s }
 
@@ -121,22 +140,30 @@ type Head struct {
 	Limits  []Limit
 }
 
-// Limit is one limit of a head: Rate per Period, and a token bucket's Burst.
+// Limit is one limit of a head: Rate per Period, and a token bucket's Burst; Unit is
+// what it counts ("": calls).
 type Limit struct {
 	Rate   int
 	Period time.Duration // whole µs
 	Burst  int           // tb only
+	Unit   string
 }
 
 // String returns the head's text: "<alg> [<buckets>] <limit>...", each limit its rate,
 // its period in µs and, for tb, its burst, all as decimal integers: "sw 20 1000000",
-// "tb 10 1000000 20", "sc 50 100 60000000".
+// "tb 10 1000000 20", "sc 50 100 60000000"; the limits of a unit follow "/<unit>": "sw
+// 600 60000000 /tokens 100000 60000000". The limits of calls come first, and each unit's
+// together (the scripts refuse a unit twice).
 func (h Head) String() string {
 	b := []byte(h.Alg)
 	if h.Alg == SlidingCounter {
 		b = strconv.AppendInt(append(b, ' '), int64(h.Buckets), 10)
 	}
+	unit := ""
 	for _, l := range h.Limits {
+		if l.Unit != unit {
+			b, unit = append(append(b, " /"...), l.Unit...), l.Unit
+		}
 		b = strconv.AppendInt(append(b, ' '), int64(l.Rate), 10)
 		b = strconv.AppendInt(append(b, ' '), l.Period.Microseconds(), 10)
 		if h.Alg == TokenBucket {
@@ -168,10 +195,18 @@ func ParseHead(text string) (Head, error) {
 	if h.Alg == TokenBucket {
 		width = 3
 	}
-	if len(f) == 0 || len(f)%width != 0 || len(f)/width > 16 {
-		return Head{}, fmt.Errorf("head %q: %d numbers for limits of %d", text, len(f), width)
-	}
-	for i := 0; i < len(f); i += width {
+	unit, seen := "", map[string]bool{}
+	for i := 0; i < len(f); {
+		if u, ok := strings.CutPrefix(f[i], "/"); ok {
+			if CheckUnit(u) != nil || seen[u] || i+1 == len(f) || strings.HasPrefix(f[i+1], "/") {
+				return Head{}, fmt.Errorf("head %q: unit %q", text, f[i])
+			}
+			unit, seen[u], i = u, true, i+1
+			continue
+		}
+		if i+width > len(f) {
+			return Head{}, fmt.Errorf("head %q: a limit of fewer than %d numbers", text, width)
+		}
 		var n [3]int64
 		for j := range width {
 			v, err := strconv.ParseInt(f[i+j], 10, 64)
@@ -180,7 +215,11 @@ func ParseHead(text string) (Head, error) {
 			}
 			n[j] = v
 		}
-		h.Limits = append(h.Limits, Limit{Rate: int(n[0]), Period: time.Duration(n[1]) * time.Microsecond, Burst: int(n[2])})
+		h.Limits = append(h.Limits, Limit{Rate: int(n[0]), Period: time.Duration(n[1]) * time.Microsecond, Burst: int(n[2]), Unit: unit})
+		i += width
+	}
+	if len(h.Limits) == 0 || len(h.Limits) > 16 {
+		return Head{}, fmt.Errorf("head %q: %d limits", text, len(h.Limits))
 	}
 	return h, nil
 }
@@ -323,7 +362,10 @@ func ints(f []string) ([]int64, error) {
 //
 //	l, t:<name>   list [meta, base, T1, S1, ...] of a sliding window or counter, or [meta]
 //	              alone; or string "<numbers>\n<meta>" of a token bucket or fixed window
-//	bk:<id>       string: "<token> <n> <stamp>", or "t <ticket> <n>"
+//	u:<unit>[:<name>]  a unit's limits' state, as l's (its meta the part's head)
+//	bk:<id>       string: "<token> <n> <stamp>", or "t <ticket> <n>", each followed by
+//	              the costs of its acquire: " u<unit>:<n>" each
+//	st:<id>       string: "1", a settle's record
 //	q             sorted set: "<units> <name>" -> finish tag
 //	sem           sorted set: lease id (32 lowercase hex digits) -> integer score (µs)
 //	semq, semx    sorted set: "<lease id>:<ttl µs>" -> integer score (µs)
@@ -380,9 +422,26 @@ func Check(s, typ string, values []string) error {
 		return fmt.Errorf("%d values for a string", len(values))
 	}
 	text := values[0]
+	if strings.HasPrefix(s, Settled) {
+		if text != "1" {
+			return fmt.Errorf("text %q: not a settle's record", text)
+		}
+		return nil
+	}
 	if strings.HasPrefix(s, Booking) {
 		f := strings.Split(text, " ")
-		if f[0] == "t" && len(f) == 3 && allDecimal(f[1:], 2) || allDecimal(f, 3) && len(f) == 3 {
+		n := 3
+		if f[0] == "t" {
+			f, n = f[1:], 2
+		}
+		for len(f) > n { // the costs
+			unit, c, ok := strings.Cut(strings.TrimPrefix(f[len(f)-1], "u"), ":")
+			if !ok || !strings.HasPrefix(f[len(f)-1], "u") || CheckUnit(unit) != nil || !isDecimal(c) {
+				break
+			}
+			f = f[:len(f)-1]
+		}
+		if len(f) == n && allDecimal(f, n) {
 			return nil
 		}
 		return fmt.Errorf("text %q: not a booking", text)

@@ -9,18 +9,29 @@
 // Every key of a limiter lies under its hash tag, "{<prefix><key>}" (internal/keys):
 //
 //	KEYS[1]   {…}:l          the limiter's state: its algorithm's data and its meta (below)
-//	KEYS[2..] the requests' own keys, in any order, each named by its index:
+//	KEYS[2..] {…}:u:<unit>   the state of each unit's limits (the head's parts), in its order
+//	then      the requests' own keys, in any order, each named by its index:
 //	          {…}:bk:<id>    a task's booking or ticket (a string, see Bookings)
-//	          {…}:t:<name>   a tenant's state: its caps, kept as the group's state is
+//	          {…}:t:<name>   a tenant's state: its caps of calls, kept as the group's state is
+//	          {…}:u:<unit>:<name>  its caps of each unit (CapKeys), right after it
 //	          {…}:q          the fair share's queue: a sorted set of the tenants that have
 //	                         requests ahead ("<weight> <name>" scored by its finish tag)
+//	          {…}:st:<id>    a settle's record: "1" while a second settle must change nothing
 //
 // A script reads no key it is not given, and a call names only keys a request needs: a
 // plain limiter's call names one key, so a Cluster slot migration moves it whole.
 //
+// # Units
+//
+// A limit counts calls (a request's n) unless the head names its unit: the limits after
+// "/<unit>" count a request's cost in that unit (its u options; 0 when it names none).
+// The limits of each unit are a part, decided as a limiter of its own with its own state
+// (the calls' in KEYS[1], another unit's in {…}:u:<unit>, whose meta is the part's head);
+// a request takes from every part at once or from none.
+//
 // # The state and its meta
 //
-// KEYS[1] and a tenant's key hold an algorithm's data and a meta text: the sliding
+// KEYS[1] and a tenant's key (and each part's) hold an algorithm's data and a meta text: the sliding
 // window and counter keep a list [meta, base, T1, S1, ...]; the token bucket and the
 // fixed window a string "<numbers>\n<meta>". The meta's first line is the head the
 // callers send as ARGV[1] (ARGV[2] for a tenant's caps): the algorithm and its limits
@@ -45,8 +56,9 @@
 // A request is an op and its fields, separated by single spaces; options follow as a
 // letter and a value, the tenant's name last:
 //
-//	a <n> <wait_us> [b<i> l<late_us>] [q<i> c<i> w<weight> k<ticket> h] [t<name>]   acquire
-//	c <n> <token> [b<i>] [c<i>]                        cancel (token: the booking's stamp with b)
+//	a <n> <wait_us> [b<i> l<late_us>] [q<i> c<i> u<unit>:<n>... w<weight> k<ticket> h] [t<name>]   acquire
+//	c <n> <token> [b<i>] [c<i>] [u<unit>:<n>...]       cancel (token: the booking's stamp with b)
+//	s <n> <token> e<i> u<unit>:<estimate>:<actual>... [q<i> c<i> w<weight> t<name>]   settle
 //	i [q<i> c<i> t<name>]                              inspect
 //	p <len_us>                                         pause
 //	r                                                  resume
@@ -58,7 +70,9 @@
 // An acquire of n = 0 takes nothing. b names a task's booking key, q the fair share's
 // key, c the tenant's state key (the limiter has caps), w the caller's weight, k a
 // ticket the caller holds, h that the caller takes a place (a ticket) when its turn has
-// not come. Requests are decided in order at one server instant, each as a call of its
+// not come. A settle charges a grant of n and the estimates at token (the acquire's
+// reply's) the actual's difference in each unit, at the grant's place, once per record
+// key e. Requests are decided in order at one server instant, each as a call of its
 // own at that instant would be.
 //
 // # Reply
@@ -67,6 +81,7 @@
 //
 //	acquire  status, remaining, wait_us, reset_us, token, stamp, flags
 //	cancel   freed 0|1, 0, 0, reset_us, the booking's token (b), 0, 0
+//	settle   status, remaining, 0, reset_us, token, 0, 0   (1 applied, 2 applied before, 3 too late)
 //	inspect  1, remaining, next_us, reset_us, at, len, flags   (extra[at..]: Inspect's detail)
 //	control  1, 0, paused_us, override_us, ended, 0, 0         (ended: a resume's pause end)
 //	error    -1, code, at, len, 0, 0, 0                        (extra[at..]: its text's bytes)
@@ -96,6 +111,7 @@ const (
 	OpOverride = "o"
 	OpClear    = "x"
 	OpWeight   = "W"
+	OpSettle   = "s"
 )
 
 // A request's error, the reply's second field when its first is -1. The text that
@@ -117,6 +133,13 @@ const (
 	FlagTicket = 32 // stamp is a ticket: the caller's place, to send back with k
 )
 
+// A settle's status, the reply's first field.
+const (
+	SettleApplied  = 1 // the difference was charged
+	SettleRepeated = 2 // the record says it was before: nothing changed
+	SettleTooLate  = 3 // the grant counts in no limit any more: nothing changed
+)
+
 // Bounds the scripts check.
 const (
 	MaxRequests = 1000
@@ -128,6 +151,7 @@ const (
 	MaxWeight   = 1000000    // a tenant's weight
 	MinWeight   = 0.000001   // a tenant's weight
 	MaxTenant   = 256        // bytes of a tenant's name
+	MaxUnit     = 32         // bytes of a unit's name
 	// Horizon is the least time ahead a tenant's request may book (the scripts take two
 	// of the group's slots when that is longer): further ahead, it is told when to ask
 	// again, so no tenant's backlog books the key far ahead of another's next request.
@@ -141,13 +165,13 @@ func Constants() [][2]string {
 	return [][2]string{
 		{"OP_ACQUIRE", str(OpAcquire)}, {"OP_CANCEL", str(OpCancel)}, {"OP_INSPECT", str(OpInspect)},
 		{"OP_PAUSE", str(OpPause)}, {"OP_RESUME", str(OpResume)}, {"OP_OVERRIDE", str(OpOverride)},
-		{"OP_CLEAR", str(OpClear)}, {"OP_WEIGHT", str(OpWeight)},
+		{"OP_CLEAR", str(OpClear)}, {"OP_WEIGHT", str(OpWeight)}, {"OP_SETTLE", str(OpSettle)},
 		{"E_ARG", itoa(ErrArg)}, {"E_STATE", itoa(ErrState)}, {"E_ALG", itoa(ErrAlg)}, {"E_EXCEEDS", itoa(ErrExceeds)},
 		{"F_GROUP", itoa(FlagGroup)}, {"F_CAP", itoa(FlagCap)}, {"F_TURN", itoa(FlagTurn)},
 		{"F_PAUSED", itoa(FlagPaused)}, {"F_DRIFT", itoa(FlagDrift)}, {"F_TICKET", itoa(FlagTicket)},
 		{"MAX_REQUESTS", itoa(MaxRequests)}, {"MAX_LIMITS", itoa(MaxLimits)}, {"MAX_RATE", itoa(MaxRate)},
 		{"MAX_PERIOD", itoa(MaxPeriod)}, {"MAX_TICKS", itoa(MaxTicks)}, {"MAX_WAIT", itoa(MaxWait)},
-		{"MAX_WEIGHT", itoa(MaxWeight)}, {"MAX_TENANT", itoa(MaxTenant)}, {"HORIZON", itoa(Horizon)},
+		{"MAX_WEIGHT", itoa(MaxWeight)}, {"MAX_TENANT", itoa(MaxTenant)}, {"MAX_UNIT", itoa(MaxUnit)}, {"HORIZON", itoa(Horizon)},
 		{"WIDTH", itoa(Width)},
 	}
 }
@@ -180,6 +204,18 @@ type Request struct {
 	Hold    bool   // h: take a place when the turn has not come
 	Tenant  string // t: the tenant's name
 	Rates   []int  // the override's rate and burst pairs
+	Costs   []Cost // u: the costs in units other than calls, in the order sent (a task's record keeps it)
+	Record  string // e: a settle's record key
+	// CapKeys are the keys of the caps' parts of other units than calls ({…}:u:<unit>:<name>),
+	// in the caps head's order: they follow Caps in KEYS, named by no option.
+	CapKeys []string
+}
+
+// Cost is a request's cost in a unit: N (an acquire's, a cancel's; a settle's estimate)
+// and a settle's Actual.
+type Cost struct {
+	Unit      string
+	N, Actual int
 }
 
 // Append appends r's text to b, each key as index(key).
@@ -188,7 +224,7 @@ func (r *Request) Append(b []byte, index func(key string) int) []byte {
 	num := func(v int64) { b = strconv.AppendInt(append(b, ' '), v, 10) }
 	opt := func(o byte, v int64) { b = strconv.AppendInt(append(b, ' ', o), v, 10) }
 	switch r.Op {
-	case OpAcquire, OpCancel:
+	case OpAcquire, OpCancel, OpSettle:
 		num(int64(r.N))
 		num(r.X)
 	case OpPause:
@@ -211,6 +247,19 @@ func (r *Request) Append(b []byte, index func(key string) int) []byte {
 	}
 	if r.Caps != "" {
 		opt('c', int64(index(r.Caps)))
+		for _, k := range r.CapKeys {
+			index(k)
+		}
+	}
+	if r.Record != "" {
+		opt('e', int64(index(r.Record)))
+	}
+	for _, c := range r.Costs {
+		b = append(append(append(b, " u"...), c.Unit...), ':')
+		b = strconv.AppendInt(b, int64(c.N), 10)
+		if r.Op == OpSettle {
+			b = strconv.AppendInt(append(b, ':'), int64(c.Actual), 10)
+		}
 	}
 	if r.Units != 0 && r.Op != OpWeight {
 		opt('w', r.Units)
