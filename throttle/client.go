@@ -150,7 +150,7 @@ type keyState struct {
 // configState is what the Limiters (or Semaphores) of one configuration (target and
 // failure policy) share on a key: the failure policy's share and the StateLost watch.
 type configState struct {
-	local *localLog  // a Limiter's, under FailLocal
+	local []*localLog // a Limiter's, one per unit, under FailLocal
 	caps  *localCaps // its tenants' caps, under FailLocal
 	sem   *localSem  // a Semaphore's, under FailOpen and FailLocal
 	watch stateWatch

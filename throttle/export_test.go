@@ -6,7 +6,7 @@ package throttle
 // an audit's) in place of its own.
 func (l *Limiter) useScript(s *script) {
 	t := l.t
-	l.t = newLimiterTarget(t.key, t.tag, s, t.keys[0], t.head, t.caps)
+	l.t = newLimiterTarget(t.key, t.tag, s, t.keys, t.head, t.caps)
 }
 
 // useScript makes the Semaphore run s in place of its own.

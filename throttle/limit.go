@@ -4,18 +4,26 @@ import (
 	"cmp"
 	"fmt"
 	"time"
+
+	"github.com/jobthrottle/jobthrottle/internal/keys"
 )
 
 // Limit is a rate: at most Rate permits per Period.
 //
+// A limit counts calls (the n of AllowN, WaitN, Reserve) unless it names a Unit: then it
+// counts what calls cost in that unit (ReserveCost, WaitCost), "100,000 tokens per
+// minute" being Limit{Rate: 100000, Period: time.Minute, Unit: "tokens"}. A limiter may
+// hold limits of several units; a call takes from all of them at once or from none.
+//
 // Period is used in whole microseconds, rounded up. Bounds: 1 <= Rate <= 10^9,
 // 1µs <= Period <= 2^45µs (about 407 days), 0 <= Burst <= 10^9, and for TokenBucket
-// Burst × Period in microseconds at most 2^50. New returns an error wrapping
-// ErrInvalidLimit for anything else.
+// Burst × Period in microseconds at most 2^50; a Unit is 1 to 32 of a-z, 0-9, '_', '.'
+// and '-'. New returns an error wrapping ErrInvalidLimit for anything else.
 type Limit struct {
 	Rate   int           // permits per Period, > 0
 	Period time.Duration // > 0
 	Burst  int           // TokenBucket: permits available at once after idling; 0 means Rate. Ignored by the others.
+	Unit   string        // what the limit counts: "" calls, else a cost's unit (such as "tokens")
 }
 
 // PerSecond returns a limit of rate permits per second.
@@ -30,12 +38,17 @@ func PerHour(rate int) Limit { return Limit{Rate: rate, Period: time.Hour} }
 // Every returns a limit of one permit per interval.
 func Every(interval time.Duration) Limit { return Limit{Rate: 1, Period: interval} }
 
-// String returns the limit as "10 per 1s" or, with a burst, "10 per 1s (burst 20)".
+// String returns the limit as "10 per 1s", with a unit "100000 tokens per 1m0s" and,
+// with a burst, "10 per 1s (burst 20)".
 func (l Limit) String() string {
-	if l.Burst != 0 {
-		return fmt.Sprintf("%d per %s (burst %d)", l.Rate, l.Period, l.Burst)
+	s := fmt.Sprintf("%d per %s", l.Rate, l.Period)
+	if l.Unit != "" {
+		s = fmt.Sprintf("%d %s per %s", l.Rate, l.Unit, l.Period)
 	}
-	return fmt.Sprintf("%d per %s", l.Rate, l.Period)
+	if l.Burst != 0 {
+		s += fmt.Sprintf(" (burst %d)", l.Burst)
+	}
+	return s
 }
 
 const (
@@ -73,6 +86,8 @@ func (l Limit) validate(a Algorithm) error {
 		return fmt.Errorf("%w: burst %d is not in 0..%d", ErrInvalidLimit, l.Burst, maxRate)
 	case a == TokenBucket && int64(l.burst()) > maxBucketUS/l.periodMicros(): // burst × period > 2^50
 		return fmt.Errorf("%w: burst %d × period %s is above 2^50µs", ErrInvalidLimit, l.burst(), l.Period)
+	case l.Unit != "" && keys.CheckUnit(l.Unit) != nil:
+		return fmt.Errorf("%w: %v", ErrInvalidLimit, keys.CheckUnit(l.Unit))
 	}
 	return nil
 }

@@ -41,9 +41,10 @@ type Limiter struct {
 	hooks   Hooks
 	policy  FailurePolicy
 	timeout time.Duration
-	config  string        // the configuration's id on the key: target and policy
-	counted time.Duration // how long a grant counts against the limits
-	tenant  *tenant       // a tenant's handle's; nil for the key's own
+	config  string          // the configuration's id on the key: target and policy
+	counted time.Duration   // how long a grant counts against the limits
+	tenant  *tenant         // a tenant's handle's; nil for the key's own
+	costs   []protocol.Cost // a call's costs in units (ReserveCost, WaitCost); nil: none
 }
 
 // maxWaitMicros is the longest wait a script takes (2^53 - 1 µs, about 285 years).
@@ -65,27 +66,29 @@ func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*L
 	if err != nil {
 		return nil, err
 	}
-	limits := append([]Limit{limit}, c.extra...)
-	if len(limits) > protocol.MaxLimits || len(c.caps) > protocol.MaxLimits {
+	limits, caps := byUnit(append([]Limit{limit}, c.extra...)), byUnit(c.caps)
+	if len(limits) > protocol.MaxLimits || len(caps) > protocol.MaxLimits {
 		return nil, fmt.Errorf("%w: %d limits and %d caps, at most %d each", ErrInvalidArgument, len(limits), len(c.caps), protocol.MaxLimits)
 	}
 	a := c.algorithm.algo()
-	l := &Limiter{rdb: rdb, key: key, alg: c.algorithm, a: a, limits: limits, caps: c.caps, maxN: maxRate, hooks: c.hooks,
+	l := &Limiter{rdb: rdb, key: key, alg: c.algorithm, a: a, limits: limits, caps: caps, hooks: c.hooks,
 		policy: c.policy, timeout: callTimeout(c.callTimeout, rdb)}
-	for _, lim := range append(slices.Clip(limits), c.caps...) {
+	for _, lim := range append(slices.Clip(limits), caps...) {
 		if err := lim.validate(c.algorithm); err != nil {
 			return nil, fmt.Errorf("%w (key %q, limit %s)", err, key, lim)
 		}
 		l.counted = max(l.counted, a.counted(lim))
 	}
-	for _, lim := range limits {
-		l.maxN = min(l.maxN, a.maxN(lim))
+	l.maxN = l.most("")
+	var capsHead string
+	if len(caps) > 0 {
+		capsHead = a.head(caps, c.buckets).String()
 	}
-	var caps string
-	if len(c.caps) > 0 {
-		caps = a.head(c.caps, c.buckets).String()
+	ks := []string{keys.Name(tag, keys.State)}
+	for _, u := range units(limits) {
+		ks = append(ks, keys.Name(tag, keys.Part+u))
 	}
-	l.t = newLimiterTarget(key, tag, a.script, keys.Name(tag, keys.State), a.head(limits, c.buckets).String(), caps)
+	l.t = newLimiterTarget(key, tag, a.script, ks, a.head(limits, c.buckets).String(), capsHead)
 	l.config = l.t.id + " " + c.policy.String()
 	return l, nil
 }
@@ -99,8 +102,39 @@ func (l *Limiter) Key() string { return l.key }
 // Algorithm returns the limiter's algorithm.
 func (l *Limiter) Algorithm() Algorithm { return l.alg }
 
-// Limits returns the limits the limiter enforces, the first one first.
+// Limits returns the limits the limiter enforces: those of calls first, in the order
+// given, then each unit's, by the unit's name (the order Override and Inspect use).
 func (l *Limiter) Limits() []Limit { return append([]Limit(nil), l.limits...) }
+
+// byUnit returns limits in the order the scripts keep them (Limits).
+func byUnit(limits []Limit) []Limit {
+	limits = slices.Clone(limits)
+	slices.SortStableFunc(limits, func(a, b Limit) int { return cmp.Compare(a.Unit, b.Unit) }) // "" first
+	return limits
+}
+
+// units returns the units other than calls that limits (byUnit's order) count, in order.
+func units(limits []Limit) []string {
+	var out []string
+	for _, l := range limits {
+		if l.Unit != "" && (len(out) == 0 || out[len(out)-1] != l.Unit) {
+			out = append(out, l.Unit)
+		}
+	}
+	return out
+}
+
+// most returns the largest n of unit ("": calls) the handle can ever be granted at
+// once: the least capacity of its limits of that unit (a tenant's: and of its caps).
+func (l *Limiter) most(unit string) int {
+	n := maxRate
+	for i, lim := range append(slices.Clip(l.limits), l.caps...) {
+		if lim.Unit == unit && (i < len(l.limits) || l.tenant != nil) {
+			n = min(n, l.a.maxN(lim))
+		}
+	}
+	return n
+}
 
 // Allow is shorthand for AllowN(ctx, 1).
 func (l *Limiter) Allow(ctx context.Context) (Result, error) { return l.AllowN(ctx, 1) }
@@ -247,8 +281,11 @@ func (l *Limiter) acquire(ctx context.Context, n int, maxWait time.Duration, tas
 // handle.
 func (l *Limiter) request(op string, n int, x int64) *protocol.Request {
 	r := &protocol.Request{Op: op, N: n, X: x}
+	if op == protocol.OpAcquire || op == protocol.OpCancel {
+		r.Costs = l.costs
+	}
 	if t := l.tenant; t != nil {
-		r.Queue, r.Caps, r.Tenant = t.queue, t.caps, t.name
+		r.Queue, r.Caps, r.CapKeys, r.Tenant = t.queue, t.caps, t.capKeys, t.name
 		if t.units != unitWeight {
 			r.Units = t.units
 		}
@@ -331,10 +368,10 @@ func (l *Limiter) report(n int, g grant) {
 func (l *Limiter) giveBack(ctx context.Context, n int, g grant) error {
 	ks := l.client().key(l.t.tag)
 	if g.local {
-		cs, now := l.configState(ks), clock.Now().UnixMicro()
-		cs.local.cancel(now, g.token, n)
-		if l.tenant != nil && cs.caps != nil {
-			cs.caps.of(l.tenant.name, now).cancel(now, g.token, n)
+		for _, lg := range l.localLogs(ks) {
+			if m := l.need(lg.unit, n); m > 0 {
+				lg.cancel(clock.Now().UnixMicro(), g.token, m)
+			}
 		}
 		return nil
 	}
@@ -382,10 +419,10 @@ func (l *Limiter) configState(ks *keyState) *configState {
 	return ks.config(l.config, func() *configState {
 		cs := &configState{}
 		if l.policy.mode == failLocal {
-			cs.local = newLocalLog(l.limits, l.a, l.policy.fleet)
+			cs.local = newLocalLogs(l.limits, l.a, l.policy.fleet)
 			if len(l.caps) > 0 {
-				cs.caps = &localCaps{tenants: map[string]*localLog{},
-					make: func() *localLog { return newLocalLog(l.caps, l.a, l.policy.fleet) }}
+				cs.caps = &localCaps{tenants: map[string][]*localLog{},
+					make: func() []*localLog { return newLocalLogs(l.caps, l.a, l.policy.fleet) }}
 			}
 		}
 		return cs

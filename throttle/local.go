@@ -9,6 +9,7 @@ import (
 // every limit cut to the process's share of the fleet. It decides while Redis is
 // unreachable; times are the Go clock's, in microseconds.
 type localLog struct {
+	unit    string        // what its limits count ("": calls)
 	limits  []Limit       // the process's share
 	maxN    int           // the largest n the share can ever grant
 	span    time.Duration // its longest period: how long a grant counts in it
@@ -21,49 +22,68 @@ type localEntry struct {
 	n  int
 }
 
-// newLocalLog cuts each limit to the process's share of a fleet (algorithm.share).
+// newLocalLog cuts each limit (all of one unit) to the process's share of a fleet
+// (algorithm.share).
 func newLocalLog(limits []Limit, a *algorithm, fleet int) *localLog {
 	g := &localLog{maxN: maxRate}
 	for _, l := range limits {
 		share := a.share(l, fleet)
-		g.limits = append(g.limits, share)
+		g.unit, g.limits = l.Unit, append(g.limits, share)
 		g.maxN, g.span = min(g.maxN, share.Rate), max(g.span, share.Period)
 	}
 	return g
 }
 
-// acquire is the log script's acquire (lua/log.lua's fit and take) on the local log.
-func (g *localLog) acquire(now int64, n int, maxWait int64) grant {
-	return acquireLocal(now, n, maxWait, g)
+// newLocalLogs is newLocalLog of each unit's limits (limits in byUnit's order).
+func newLocalLogs(limits []Limit, a *algorithm, fleet int) []*localLog {
+	var logs []*localLog
+	for i := 0; i < len(limits); {
+		j := i + 1
+		for j < len(limits) && limits[j].Unit == limits[i].Unit {
+			j++
+		}
+		logs, i = append(logs, newLocalLog(limits[i:j], a, fleet)), j
+	}
+	return logs
 }
 
-// acquireLocal acquires n permits on every log of logs at once, at the earliest time
-// all have room (a tenant's: the process's share of the limits, then of its caps, locked
-// in that order), or none.
-func acquireLocal(now int64, n int, maxWait int64, logs ...*localLog) grant {
+// acquire is the log script's acquire (lua/log.lua's fit and take) on the local log.
+func (g *localLog) acquire(now int64, n int, maxWait int64) grant {
+	return acquireLocal(now, func(string) int { return n }, maxWait, g)
+}
+
+// acquireLocal acquires, on every log of logs at once, need(its unit) permits, at the
+// earliest time all have room (a tenant's: the process's share of the limits, then of
+// its caps, locked in that order), or none.
+func acquireLocal(now int64, need func(unit string) int, maxWait int64, logs ...*localLog) grant {
 	for _, g := range logs {
 		g.mu.Lock()
 		defer g.mu.Unlock()
 		g.trim(now)
 	}
-	if n == 0 {
-		return grant{granted: true, local: true}
-	}
-	t := now
+	t, any := now, false
 	for moved := true; moved; { // each fit moves t only later
 		moved = false
 		for _, g := range logs {
-			if f := g.fit(n, t); f > t {
-				t, moved = f, true
+			if n := need(g.unit); n > 0 {
+				if f := g.fit(n, t); f > t {
+					t, moved = f, true
+				}
+				any = true
 			}
 		}
+	}
+	if !any {
+		return grant{granted: true, local: true}
 	}
 	r := grant{local: true, wait: time.Duration(t-now) * time.Microsecond}
 	if t-now > maxWait {
 		return r
 	}
 	for _, g := range logs {
-		g.take(n, t)
+		if n := need(g.unit); n > 0 {
+			g.take(n, t)
+		}
 	}
 	r.granted, r.token = true, t
 	return r
@@ -130,24 +150,27 @@ func (g *localLog) cancel(now, token int64, n int) bool {
 // are kept.
 type localCaps struct {
 	mu      sync.Mutex
-	make    func() *localLog
-	tenants map[string]*localLog
+	make    func() []*localLog
+	tenants map[string][]*localLog
 }
 
 const localCapsSweep = 1024
 
-// of returns tenant's log.
-func (c *localCaps) of(tenant string, now int64) *localLog {
+// of returns tenant's logs.
+func (c *localCaps) of(tenant string, now int64) []*localLog {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	g := c.tenants[tenant]
 	if g == nil {
 		if len(c.tenants) >= localCapsSweep {
-			for name, o := range c.tenants {
-				o.mu.Lock()
-				o.trim(now)
-				idle := len(o.entries) == 0
-				o.mu.Unlock()
+			for name, logs := range c.tenants {
+				idle := true
+				for _, o := range logs {
+					o.mu.Lock()
+					o.trim(now)
+					idle = idle && len(o.entries) == 0
+					o.mu.Unlock()
+				}
 				if idle {
 					delete(c.tenants, name)
 				}

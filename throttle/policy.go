@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -167,6 +168,31 @@ func (b *breaker) idle(now time.Time) bool {
 	return b.downUntil.Before(now)
 }
 
+// localLogs returns the process's shares FailLocal decides on: of the limits, one log per
+// unit, and a tenant's of its caps too.
+func (l *Limiter) localLogs(ks *keyState) []*localLog {
+	cs := l.configState(ks)
+	logs := slices.Clip(cs.local)
+	if l.tenant != nil && cs.caps != nil {
+		logs = append(logs, cs.caps.of(l.tenant.name, clock.Now().UnixMicro())...)
+	}
+	return logs
+}
+
+// need returns what a call of n takes from the limits of unit: n of calls, its cost of
+// another.
+func (l *Limiter) need(unit string, n int) int {
+	if unit == "" {
+		return n
+	}
+	for _, c := range l.costs {
+		if c.Unit == unit {
+			return c.N
+		}
+	}
+	return 0
+}
+
 // degrades reports whether err leaves the call to the policy: Redis is unreachable
 // and the policy is FailOpen or FailLocal.
 func (p FailurePolicy) degrades(err error) bool {
@@ -178,19 +204,15 @@ func (p FailurePolicy) degrades(err error) bool {
 func (l *Limiter) degraded(ks *keyState, n int, maxWait int64, cause error) (grant, error) {
 	g := grant{granted: true, local: true} // FailOpen's
 	if l.policy.mode == failLocal {
-		cs, now := l.configState(ks), clock.Now().UnixMicro()
-		logs, span := []*localLog{cs.local}, cs.local.span
-		if l.tenant != nil && cs.caps != nil { // the tenant's share of its caps too
-			caps := cs.caps.of(l.tenant.name, now)
-			logs, span = append(logs, caps), max(span, caps.span)
-		}
+		logs, span := l.localLogs(ks), time.Duration(0)
 		for _, lg := range logs {
-			if n > lg.maxN {
-				return grant{}, fmt.Errorf("%w (n=%d is above this process's share %d)", cause, n, lg.maxN)
+			if m := l.need(lg.unit, n); m > lg.maxN {
+				return grant{}, fmt.Errorf("%w (n=%d is above this process's share %d)", cause, m, lg.maxN)
 			}
+			span = max(span, lg.span)
 		}
-		g = acquireLocal(now, n, maxWait, logs...)
-		if g.granted && n > 0 {
+		g = acquireLocal(clock.Now().UnixMicro(), func(unit string) int { return l.need(unit, n) }, maxWait, logs...)
+		if g.granted && g.token != 0 {
 			ks.keepFor(g.wait + span) // the grant counts in the shares until then
 		}
 	}

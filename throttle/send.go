@@ -34,10 +34,11 @@ type target struct {
 	limiter bool
 }
 
-// newLimiterTarget is the target of a limiter: its state key, its head and its caps'.
-func newLimiterTarget(key, tag string, s *script, state, head, caps string) *target {
-	id := s.sha + " " + state + " " + head + "\n" + caps
-	return &target{id: id, key: key, tag: tag, script: s, keys: []string{state}, head: head, caps: caps, limiter: true}
+// newLimiterTarget is the target of a limiter: its state keys (its calls' and meta's, then
+// its units'), its head and its caps'.
+func newLimiterTarget(key, tag string, s *script, states []string, head, caps string) *target {
+	id := s.sha + " " + strings.Join(states, " ") + " " + head + "\n" + caps
+	return &target{id: id, key: key, tag: tag, script: s, keys: states, head: head, caps: caps, limiter: true}
 }
 
 // newSemaphoreTarget is the target of a semaphore: its keys and the ARGV after its

@@ -34,7 +34,7 @@ func (w *stateWatch) get() stateMark {
 // observe checks g, the grant of n permits of a call made after mark, reports a lost
 // state to the hook, and remembers a newer grant.
 func (l *Limiter) observe(ks *keyState, cs *configState, mark stateMark, n int, g grant) {
-	if !g.granted || n == 0 || g.token == 0 {
+	if !g.granted || n == 0 || g.token == 0 || l.limits[0].Unit != "" { // (Remaining counts calls)
 		return
 	}
 	at := g.token - g.wait.Microseconds()
@@ -54,6 +54,9 @@ func (l *Limiter) observe(ks *keyState, cs *configState, mark stateMark, n int, 
 func (l *Limiter) mostRemaining(mark stateMark, now int64, n int) int {
 	most := maxRate
 	for _, lim := range l.limits {
+		if lim.Unit != "" {
+			continue
+		}
 		if lack, ok := l.a.lack(lim, mark.token, mark.n, now); ok {
 			most = min(most, l.a.maxN(lim)-lack-n) // maxN: the capacity
 		}

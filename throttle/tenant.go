@@ -50,11 +50,12 @@ const unitWeight = 1000000
 
 // tenant is what a tenant's handle adds to its Limiter.
 type tenant struct {
-	name  string
-	units int64  // its weight, in millionths
-	caps  string // its state key (its caps), "" without caps
-	queue string // the fair share's key
-	err   error  // a bad name or weight: every call returns it
+	name    string
+	units   int64    // its weight, in millionths
+	caps    string   // its state key (its caps), "" without caps
+	capKeys []string // the state keys of its caps of other units than calls
+	queue   string   // the fair share's key
+	err     error    // a bad name or weight: every call returns it
 }
 
 // Tenant returns the handle of one tenant of the limiter: a Limiter with every method,
@@ -92,12 +93,13 @@ func (l *Limiter) Tenant(name string, opts ...TenantOption) *Limiter {
 	}
 	if len(l.caps) > 0 {
 		t.caps = keys.Name(l.t.tag, keys.Tenant+name)
+		for _, u := range units(l.caps) {
+			t.capKeys = append(t.capKeys, keys.Name(l.t.tag, keys.Part+u+":"+name))
+		}
 	}
 	h := *l
 	h.tenant = t
-	for _, c := range l.caps {
-		h.maxN = min(h.maxN, l.a.maxN(c))
-	}
+	h.maxN = h.most("")
 	return &h
 }
 

@@ -33,37 +33,44 @@ func (l *Limiter) Wait(ctx context.Context) error { return l.WaitN(ctx, 1) }
 // keeping its place in its tenant's queue; it returns waiter.ErrWouldExceedDeadline at
 // once when that comes after ctx's deadline.
 func (l *Limiter) WaitN(ctx context.Context, n int) error {
+	_, err := l.waitN(ctx, n)
+	return err
+}
+
+// waitN is WaitN, returning the grant it slept on.
+func (l *Limiter) waitN(ctx context.Context, n int) (grant, error) {
 	if err := l.check(ctx, n); err != nil {
-		return err
+		return grant{}, err
 	}
 	start, waited := clock.Now(), false
+	var g grant
 	ks := l.client().key(l.t.tag)
 	var ticket int64 // a tenant's place, while its turn has not come
 	for {
 		seen, held, err := ks.pass(ctx)
 		if err != nil {
-			return err
+			return grant{}, err
 		}
 		waited = waited || held
-		g, err := l.acquire(ctx, n, maxWait(ctx), nil, ticket, true)
+		g, err = l.acquire(ctx, n, maxWait(ctx), nil, ticket, true)
 		if err != nil {
-			return err
+			return grant{}, err
 		}
 		if g.granted && g.wait > 0 {
 			waited = true
 			if g, seen, err = ks.sleep(ctx, l, n, g, seen); err != nil {
-				return err
+				return grant{}, err
 			}
 		}
 		if !g.granted && g.ticket != 0 && g.wait <= maxWait(ctx) { // its place is held: ask again then
 			ticket, waited = g.ticket, true
 			if err := sleepFor(ctx, g.wait); err != nil {
-				return err
+				return grant{}, err
 			}
 			continue
 		}
 		if !g.granted {
-			return fmt.Errorf("jobthrottle: key %q: %w: n=%d would wait %v", l.key, waiter.ErrWouldExceedDeadline, n, g.wait)
+			return grant{}, fmt.Errorf("jobthrottle: key %q: %w: n=%d would wait %v", l.key, waiter.ErrWouldExceedDeadline, n, g.wait)
 		}
 		ticket = 0
 		if ks.hold.Load() == seen {
@@ -76,7 +83,7 @@ func (l *Limiter) WaitN(ctx context.Context, n int) error {
 	if waited && l.hooks.Waited != nil {
 		l.hooks.Waited(l.key, n, clock.Now().Sub(start))
 	}
-	return nil
+	return g, nil
 }
 
 // sleepFor sleeps d, or returns ctx.Err() when ctx ends first.

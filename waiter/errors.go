@@ -13,8 +13,14 @@ var (
 	// deadline need not test for it separately.
 	ErrWouldExceedDeadline error = wouldExceedDeadline{}
 
-	// ErrNotReserved: Reservation.Wait was called on a reservation that booked nothing.
+	// ErrNotReserved: Reservation.Wait was called on a reservation that booked nothing,
+	// Settle on one that booked no costs, or the package's Settle with a context that
+	// carries no reservation.
 	ErrNotReserved = errors.New("waiter: nothing was reserved")
+
+	// ErrSettleTooLate: a settle came after the booking stopped counting against every
+	// limit (their longest period after it took effect): nothing was changed.
+	ErrSettleTooLate = errors.New("waiter: settled after the booking left every limit")
 
 	// ErrNilReserver: NewTransport was given a nil Reserver. The transport's RoundTrip
 	// returns an error wrapping it, sending nothing. A nil *throttle.Limiter's Reserve

@@ -2,9 +2,12 @@ package waiter
 
 import (
 	"context"
+	"errors"
+	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/internal/booking"
 	"github.com/jobthrottle/jobthrottle/internal/clock"
 )
 
@@ -26,6 +29,11 @@ type Reservation struct {
 	ok     bool
 	due    time.Time
 	cancel atomic.Pointer[func(ctx context.Context) error] // nil once used or given back
+
+	mu        sync.Mutex
+	costed    bool                                                   // booked on estimated costs
+	cancelled bool                                                   // given back
+	settle    func(ctx context.Context, actual map[string]int) error // nil once applied
 }
 
 // NewReservation returns a Reserver's answer: ok, permits booked to take effect delay
@@ -37,6 +45,42 @@ func NewReservation(ok bool, delay time.Duration, cancel func(ctx context.Contex
 		r.cancel.Store(&cancel)
 	}
 	return r
+}
+
+// NewCostReservation is NewReservation for a booking made on estimated costs
+// (throttle.Limiter's ReserveCost and WaitCost): settle charges the actual costs in
+// place of the estimates (see Settle).
+func NewCostReservation(ok bool, delay time.Duration, cancel func(ctx context.Context) error,
+	settle func(ctx context.Context, actual map[string]int) error) *Reservation {
+	r := NewReservation(ok, delay, cancel)
+	r.costed, r.settle = ok && settle != nil, settle
+	return r
+}
+
+// Settle charges, for every process, the actual costs of a booking made on estimated
+// ones (throttle.Limiter's ReserveCost and WaitCost), by unit, in place of the estimates,
+// at the booking's place: what the estimate overcharged goes back to the callers behind
+// it, what it undercharged holds them back. A unit actual does not name keeps its
+// estimate. Settle applies once: a second call, or one made again after an error (a
+// reply lost on its way back), changes nothing more and returns nil; so does one after
+// the booking was given back (Cancel). It returns an error wrapping ErrSettleTooLate,
+// changing nothing, once the booking counts against no limit any more (after their
+// longest period), ErrNotReserved for a reservation that booked nothing or no costs,
+// and the store's error otherwise (Settle may then be called again).
+func (r *Reservation) Settle(ctx context.Context, actual map[string]int) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.costed {
+		return ErrNotReserved
+	}
+	if r.settle == nil || r.cancelled {
+		return nil
+	}
+	err := r.settle(ctx, actual)
+	if err == nil || errors.Is(err, ErrSettleTooLate) {
+		r.settle = nil
+	}
+	return err
 }
 
 // OK reports whether the permits were booked. When it is false nothing was booked and
@@ -58,7 +102,13 @@ func (r *Reservation) Cancel(ctx context.Context) error {
 	if cancel == nil || !clock.Now().Before(r.due) {
 		return nil
 	}
-	return (*cancel)(ctx)
+	err := (*cancel)(ctx)
+	if err == nil {
+		r.mu.Lock()
+		r.cancelled = true
+		r.mu.Unlock()
+	}
+	return err
 }
 
 // Wait sleeps until the booking takes effect. If ctx ends first, it returns ctx.Err()
@@ -76,6 +126,9 @@ func (r *Reservation) Wait(ctx context.Context) error {
 		case <-t.C():
 		case <-ctx.Done():
 			if cancel := r.cancel.Swap(nil); cancel != nil {
+				r.mu.Lock()
+				r.cancelled = true
+				r.mu.Unlock()
 				go func() { _ = (*cancel)(context.WithoutCancel(ctx)) }()
 			}
 			return ctx.Err()
@@ -83,4 +136,16 @@ func (r *Reservation) Wait(ctx context.Context) error {
 	}
 	r.cancel.Store(nil) // used: nothing is left to give back
 	return nil
+}
+
+// Settle settles the booking a job queue's middleware (asynqmw's, rivermw's) made on the
+// estimated costs of the job whose handler runs under ctx: Reservation.Settle's, with
+// the actual costs the handler learned (an LLM answer's usage, say). A job that never
+// settles keeps its estimate. It returns ErrNotReserved when ctx carries no such booking.
+func Settle(ctx context.Context, actual map[string]int) error {
+	settle := booking.SettleFrom(ctx)
+	if settle == nil {
+		return ErrNotReserved
+	}
+	return settle(ctx, actual)
 }

@@ -61,3 +61,18 @@ func (t *Task) Place() string {
 	sum := sha256.Sum256([]byte(t.ID))
 	return hex.EncodeToString(sum[:16])
 }
+
+type settleKey struct{}
+
+// WithSettle returns ctx carrying settle: a middleware's settle of the booking it made
+// on a job's estimated costs (waiter.Reservation's Settle), for the job's handler to
+// call through waiter.Settle.
+func WithSettle(ctx context.Context, settle func(ctx context.Context, actual map[string]int) error) context.Context {
+	return context.WithValue(ctx, settleKey{}, settle)
+}
+
+// SettleFrom returns the settle ctx carries, or nil.
+func SettleFrom(ctx context.Context) func(ctx context.Context, actual map[string]int) error {
+	f, _ := ctx.Value(settleKey{}).(func(ctx context.Context, actual map[string]int) error)
+	return f
+}
