@@ -151,8 +151,8 @@ type keyState struct {
 // failure policy) share on a key: the failure policy's share and the StateLost watch.
 type configState struct {
 	local []*localLog // a Limiter's, one per unit, under FailLocal
-	caps  *localCaps // its tenants' caps, under FailLocal
-	sem   *localSem  // a Semaphore's, under FailOpen and FailLocal
+	caps  *localCaps  // its tenants' caps, under FailLocal
+	sem   *localSem   // a Semaphore's, under FailOpen and FailLocal
 	watch stateWatch
 }
 
