@@ -412,7 +412,7 @@ func (c *client) round(ctx context.Context, gs []*group) {
 // exec runs the groups' script calls in one pipeline, in MULTI/EXEC unless the client
 // never re-sends a command (atMostOnce; docs/design.md, "One way to Redis"). go-redis's
 // cluster client refuses a transaction whose keys span hash slots: send keeps each
-// key's calls apart.
+// key's calls apart; a transaction it gave up on, its slot moving, goes to redirect.
 func (c *client) exec(ctx context.Context, gs []*group, eval bool) {
 	var pipe redis.Pipeliner
 	if c.atMostOnce {
@@ -420,6 +420,16 @@ func (c *client) exec(ctx context.Context, gs []*group, eval bool) {
 	} else {
 		pipe = c.rdb.TxPipeline()
 	}
+	run(ctx, pipe, gs, eval)
+	if cc, ok := c.rdb.(*redis.ClusterClient); ok && slices.ContainsFunc(gs, func(g *group) bool {
+		return redis.HasErrorPrefix(g.cmd.Err(), "EXECABORT")
+	}) {
+		redirect(ctx, cc, gs, eval)
+	}
+}
+
+// run sends the groups' script calls through pipe and sets each group's cmd.
+func run(ctx context.Context, pipe redis.Pipeliner, gs []*group, eval bool) {
 	for _, g := range gs {
 		g.cmd = g.command(ctx, eval)
 		_ = pipe.Process(ctx, g.cmd)
@@ -435,6 +445,79 @@ func (c *client) exec(ctx context.Context, gs []*group, eval bool) {
 			g.cmd.SetErr(err)
 		}
 	}
+}
+
+// redirect sends again the transaction of gs, one key's calls, that go-redis's cluster
+// client gave up on with EXECABORT: it reports so a call queued in MULTI that a node
+// answered with MOVED or ASK (its slot moving), and it retries an ASK by queueing
+// ASKING inside the transaction, where Redis ignores it. Here the transaction goes to
+// the node that serves the slot and follows each MOVED or ASK, up to maxRedirects
+// times; after an ASK, ASKING goes just before MULTI on the same connection, which
+// Redis honours for the whole transaction. A refused transaction ran nothing, so each
+// try is a first one. These tries go through the node's own client, past the cluster
+// client's hooks.
+func redirect(ctx context.Context, cc *redis.ClusterClient, gs []*group, eval bool) {
+	node, _ := cc.MasterForKey(ctx, gs[0].t.keys[0])
+	for try, ask := 0, false; node != nil && try < maxRedirects; try++ {
+		var err error
+		conn := node.Conn()
+		if ask {
+			err = conn.Do(ctx, "asking").Err()
+		}
+		if err == nil {
+			run(ctx, conn.TxPipeline(), gs, eval)
+		} else {
+			for _, g := range gs {
+				g.cmd.SetErr(err)
+			}
+		}
+		_ = conn.Close()
+		var addr string
+		if addr, ask = redirection(gs); addr == "" {
+			return
+		}
+		if !ask {
+			cc.ReloadState(ctx) // the slot has moved: go-redis learns it in the background
+		}
+		node = masterAt(ctx, cc, addr)
+	}
+	// the calls keep the last reply: a MOVED or ASK, or EXECABORT if none was sent
+}
+
+// maxRedirects is how many times redirect sends a transaction: a node that redirects
+// it to the slot's owner, then that node, once more for a slot that moves meanwhile.
+const maxRedirects = 3
+
+// redirection returns where a MOVED or ASK reply to one of gs's calls sends them, and
+// whether it is an ASK; "" if none was redirected.
+func redirection(gs []*group) (addr string, ask bool) {
+	for _, g := range gs {
+		var rerr redis.Error
+		if !errors.As(g.cmd.Err(), &rerr) {
+			continue
+		}
+		f := strings.Fields(rerr.Error()) // MOVED|ASK <slot> <host:port>
+		if len(f) == 3 && (f[0] == "MOVED" || f[0] == "ASK") {
+			return f[2], f[0] == "ASK"
+		}
+	}
+	return "", false
+}
+
+// masterAt returns the client of the master at addr, as the cluster client knows it,
+// or nil.
+func masterAt(ctx context.Context, cc *redis.ClusterClient, addr string) *redis.Client {
+	var mu sync.Mutex
+	var found *redis.Client
+	_ = cc.ForEachMaster(ctx, func(_ context.Context, m *redis.Client) error {
+		if m.Options().Addr == addr {
+			mu.Lock()
+			found = m
+			mu.Unlock()
+		}
+		return nil
+	})
+	return found
 }
 
 // deliver answers the group's requests from its call's reply.
