@@ -35,15 +35,18 @@ type client struct {
 	// lastErr is the last error seen of Redis being unreachable (a failed round trip):
 	// a call that then gets no reply names it, if it came within a minute
 	lastErr atomic.Pointer[failure]
-	dropped bool // the sweep took it out of clients (c.mu held)
+	dropped bool // taken out of clients (c.mu held)
 
 	keys  sync.Map // hash tag → *keyState
+	nkeys int      // keys in keys (c.mu held)
 	sweep *time.Timer
 }
 
 // clients holds the client of every Redis client in use (redis.UniversalClient →
-// *client). Limiters and Semaphores look their client up on every call, so the sweep may
-// drop a client with no key in use and nothing in flight: the next call makes it anew.
+// *client). Limiters and Semaphores look their client up on every call, so a client
+// may be dropped, and the next call makes it anew: by the sweep once it has no key in
+// use, nothing in flight and nothing listening for wake-ups, or at once when its Redis
+// client is found closed (close).
 var clients sync.Map
 
 // clientFor returns the client of rdb.
@@ -61,13 +64,16 @@ func clientFor(rdb redis.UniversalClient) *client {
 	c.watch = time.AfterFunc(time.Hour, c.expire)
 	c.watch.Stop() // set by doAll and expire
 	c.sweep = time.AfterFunc(sweepEvery, c.sweepIdle)
-	c.hub = &hub{rdb: rdb, chans: map[string]*channel{}}
+	c.hub = &hub{rdb: rdb, gone: c.close, chans: map[string]*channel{}}
 	v, _ := clients.LoadOrStore(rdb, c)
 	return v.(*client)
 }
 
-// sweepEvery is how often a client looks for keys idle since its last look.
-const sweepEvery = time.Minute
+// sweepEvery is how often a client looks for keys idle since its last look: a key's
+// state goes at the second sweep after its last use once nothing of it matters, so
+// within 2 × sweepEvery of that, and the client at the sweep that finds it empty.
+// Each look locks the client once per key, never for the whole sweep.
+const sweepEvery = 15 * time.Second
 
 // key returns the state of the key whose hash tag is tag, and marks it in use.
 func (c *client) key(tag string) *keyState {
@@ -85,6 +91,7 @@ func (c *client) key(tag string) *keyState {
 	if !ok {
 		v = &keyState{client: c, tag: tag, unhold: make(chan struct{}), configs: map[string]*configState{}}
 		c.keys.Store(tag, v)
+		c.nkeys++
 	}
 	ks := v.(*keyState)
 	ks.used.Store(true)
@@ -92,27 +99,52 @@ func (c *client) key(tag string) *keyState {
 }
 
 // sweepIdle drops the keys not used since the last sweep whose state no longer
-// matters, and the client itself once it has none and nothing in flight.
+// matters, and the client itself once it has none, nothing in flight and nothing
+// listening on its subscription.
 func (c *client) sweepIdle() {
 	now := time.Now()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := 0
 	c.keys.Range(func(k, v any) bool {
 		ks := v.(*keyState)
+		c.mu.Lock() // key marks a key used under it
 		if !ks.used.Swap(false) && ks.idle(now) {
 			c.keys.Delete(k)
-		} else {
-			n++
+			c.nkeys--
 		}
+		c.mu.Unlock()
 		return true
 	})
-	if n > 0 || c.calls > 0 {
-		c.sweep.Reset(sweepEvery)
+	c.mu.Lock()
+	if c.dropped {
+		c.mu.Unlock()
 		return
 	}
+	if c.nkeys > 0 || c.calls > 0 || c.hub.listening() {
+		c.sweep.Reset(sweepEvery)
+		c.mu.Unlock()
+		return
+	}
+	c.drop()
+	c.mu.Unlock()
+	c.hub.close() // no listener: its lingering subscription would only hold the client
+}
+
+// drop takes the client out of clients (c.mu held).
+func (c *client) drop() {
 	c.dropped = true
 	clients.CompareAndDelete(c.rdb, c)
+}
+
+// close drops the client, whose Redis client was found closed (a call failed with
+// redis.ErrClosed, or its subscription ended without being closed here), and closes
+// its subscription: nothing of it can be used again.
+func (c *client) close() {
+	c.mu.Lock()
+	if !c.dropped {
+		c.drop()
+		c.sweep.Stop()
+	}
+	c.mu.Unlock()
+	c.hub.close()
 }
 
 // failure is an error seen of Redis being unreachable, and when it came.

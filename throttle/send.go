@@ -135,6 +135,10 @@ func (c *client) doAll(reqs []*request) []result {
 	}
 	c.mu.Lock()
 	c.calls -= len(reqs)
+	if c.calls == 0 { // no caller waits: nothing for the watchdog, which would hold the client
+		c.watch.Stop()
+		c.watchAt = time.Time{}
+	}
 	c.mu.Unlock()
 	return out
 }
@@ -541,6 +545,9 @@ func (c *client) deliver(ctx context.Context, g *group) {
 	if down { // a cut one counts for each request (noReply)
 		g.reqs[0].ks.breaker.failed(time.Now())
 		reloadSlots(c.rdb)
+	}
+	if errors.Is(err, redis.ErrClosed) { // the caller closed its Redis client
+		c.close()
 	}
 	for _, r := range g.reqs {
 		switch {

@@ -26,6 +26,7 @@ import (
 // nothing under h.mu, waits for Redis.
 type hub struct {
 	rdb   redis.UniversalClient
+	gone  func() // called when the subscription ends because rdb was closed
 	mu    sync.Mutex
 	ps    *redis.PubSub // nil while closed
 	chans map[string]*channel
@@ -119,10 +120,36 @@ func (h *hub) closeIdle() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.idle = nil
-	if ps := h.ps; len(h.chans) == 0 && ps != nil {
+	if len(h.chans) == 0 {
+		h.shut()
+	}
+}
+
+// close closes the subscription, whatever listens (its Redis client is closed).
+func (h *hub) close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.idle != nil {
+		h.idle.Stop()
+		h.idle = nil
+	}
+	h.shut()
+}
+
+// shut closes the subscription, if open (h.mu held). go-redis stops its health check
+// only when the subscription is closed, even after its client was.
+func (h *hub) shut() {
+	if ps := h.ps; ps != nil {
 		h.do(func() { _ = ps.Close() })
 		h.ps = nil
 	}
+}
+
+// listening reports whether any channel is listened to or awaits its confirmation.
+func (h *hub) listening() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.chans) > 0
 }
 
 // do queues op for the worker, starting it if it is not running (h.mu held). The
@@ -180,14 +207,21 @@ func (h *hub) receive(ps *redis.PubSub, in <-chan any) {
 			f(at)
 		}
 	}
-	// ps was closed: by closeIdle, or with the client. Listeners fall back on their
-	// timers and subscribe again on their next round.
+	// ps was closed: by shut, or with the Redis client, whose subscriptions end when
+	// it closes, theirs health checks left running until they are closed too.
+	// Listeners fall back on their timers and subscribe again on their next round.
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	if h.ps != ps {
+		h.mu.Unlock()
 		return
 	}
-	h.ps = nil
+	h.shut()
+	defer func() {
+		h.mu.Unlock()
+		if h.gone != nil {
+			h.gone()
+		}
+	}()
 	for name, ch := range h.chans {
 		ch.subscribed, ch.live = false, false
 		if len(ch.listeners) == 0 {
