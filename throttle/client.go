@@ -1,7 +1,9 @@
 package throttle
 
 import (
+	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -176,6 +178,8 @@ type keyState struct {
 	unhold   chan struct{}           // closed (and replaced) when a resume ends the hold early
 	configs  map[string]*configState // by target id and policy
 	sleepers map[*sleeper]struct{}
+	leaving  []chan struct{} // give-backs under way of callers that left (see leave)
+	nleaving atomic.Int32    // len(leaving)
 }
 
 // configState is what the Limiters (or Semaphores) of one configuration (target and
@@ -216,6 +220,58 @@ func (ks *keyState) idle(now time.Time) bool {
 	t := now.UnixNano()
 	return len(ks.sleepers) == 0 && ks.keep.Load() < t && ks.hold.Load() < t && ks.breaker.idle(now)
 }
+
+// leave runs giveBack in the background, for a caller that leaves now (its booking,
+// lease or place goes back; its calls run under givingBack, bounded by the call
+// timeout). Every call this process makes on the key afterwards goes after it: doAll
+// holds it until giveBack has returned (settle), a round trip's wait at most, so that
+// it finds what was given back.
+func (ks *keyState) leave(giveBack func()) {
+	done := make(chan struct{})
+	ks.mu.Lock()
+	ks.leaving = append(ks.leaving, done)
+	ks.nleaving.Store(int32(len(ks.leaving)))
+	ks.mu.Unlock()
+	go func() {
+		defer close(done)
+		giveBack()
+		ks.mu.Lock()
+		ks.leaving = slices.DeleteFunc(ks.leaving, func(c chan struct{}) bool { return c == done })
+		ks.nleaving.Store(int32(len(ks.leaving)))
+		ks.mu.Unlock()
+	}()
+}
+
+// settle waits until the give-backs leave started before it have returned, or ctx
+// ends (false), or until at.
+func (ks *keyState) settle(ctx context.Context, at time.Time) bool {
+	if ks.nleaving.Load() == 0 || ctx.Value(givingBackKey{}) != nil { // a give-back does not wait for another
+		return true
+	}
+	ks.mu.Lock()
+	pending := slices.Clone(ks.leaving)
+	ks.mu.Unlock()
+	t := time.NewTimer(time.Until(at))
+	defer t.Stop()
+	for _, done := range pending {
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			return false
+		}
+	}
+	return true
+}
+
+// givingBack returns ctx without its cancellation, marked as a give-back's: its calls
+// do not wait for other give-backs (see leave).
+func givingBack(ctx context.Context) context.Context {
+	return context.WithValue(context.WithoutCancel(ctx), givingBackKey{}, true)
+}
+
+type givingBackKey struct{}
 
 // recordDue reports whether a call made now should write the key's record, and if
 // so takes the turn: once per every, per process and key.

@@ -319,7 +319,7 @@ func (l *Limiter) giveBack(ctx context.Context, n int, g grant) error {
 // hook (see send).
 func (l *Limiter) lateGiveBack(n int, g grant) {
 	if g.granted && g.wait > 0 {
-		_ = l.giveBack(context.Background(), n, g)
+		_ = l.giveBack(givingBack(context.Background()), n, g)
 	}
 }
 

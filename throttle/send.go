@@ -100,9 +100,19 @@ type result struct {
 
 // doAll is do of every request of reqs, queued together in their order: those of one
 // target go in one script call, in that order (pipeCap at most). They go at once if
-// nothing is in flight.
+// nothing is in flight, and after the give-backs their keys have under way.
 func (c *client) doAll(reqs []*request) []result {
 	now := time.Now()
+	for _, r := range reqs { // after the give-backs of callers that left (keyState.leave)
+		if !r.ks.settle(r.ctx, now.Add(r.timeout)) {
+			out := make([]result, len(reqs))
+			for i, r := range reqs {
+				out[i].err = c.noReply(r)
+			}
+			return out
+		}
+	}
+	now = time.Now()
 	c.mu.Lock()
 	for _, r := range reqs {
 		r.done = make(chan struct{}, 1)

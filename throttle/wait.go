@@ -22,7 +22,8 @@ func (l *Limiter) Wait(ctx context.Context) error { return l.WaitN(ctx, 1) }
 // ErrExceedsLimit for n above what the limit can ever grant, waiter.ErrWouldExceedDeadline
 // when the permits would come after ctx's deadline, or waiter.ErrNilReserver for a nil
 // *Limiter. If ctx ends while it sleeps, it returns ctx.Err() at once; its booking goes
-// back in the background. A Pause by this process, or a Resume of the key by any, while
+// back in the background, before any call this process makes on the key afterwards. A
+// Pause by this process, or a Resume of the key by any, while
 // it sleeps gives its booking back and books again, with the process's other waiters, in
 // their order. Called during this process's hold, or caught by one as its booking comes
 // back from Redis or comes due, it books when the hold ends.
@@ -117,9 +118,9 @@ func (ks *keyState) sleep(ctx context.Context, l *Limiter, n int, g grant, seen 
 			}
 			due = time.After(s.g.wait) // collected unfired, unstopped (Go 1.23)
 		case <-ctx.Done():
-			if ks.claim(s) {
-				go l.lateGiveBack(n, s.g)
-			} else { // being moved: the new booking, when it comes, goes back
+			if ks.claim(s) { // the process's next calls on the key go after the give-back
+				ks.leave(func() { l.lateGiveBack(n, s.g) })
+			} else { // being moved: the new booking, when it comes (after a hold), goes back
 				go func() { l.lateGiveBack(n, (<-s.moved).g) }()
 			}
 			return grant{}, seen, ctx.Err()
