@@ -112,8 +112,8 @@ func (ks *keyState) sleep(ctx context.Context, l *Limiter, n int, g grant, seen 
 				return m.g, seen, m.err
 			}
 			s.g, seen = m.g, m.seen
-			if !ks.enter(s, seen) {
-				l.lateGiveBack(n, s.g)
+			if !ks.enter(s, seen) { // its next booking goes after the give-back
+				ks.leave(func() { l.lateGiveBack(n, s.g) })
 				return s.g, seen, nil
 			}
 			due = time.After(s.g.wait) // collected unfired, unstopped (Go 1.23)

@@ -274,3 +274,54 @@ func TestWaitAfterCancelledWait(t *testing.T) {
 		}
 	})
 }
+
+// A Wait returns by its deadline whatever Redis's reply latency: with every script
+// call's reply 300ms late (the server's clock standing still, so its booking is
+// exactly its slot ahead) and a deadline 150ms after its slot, whether its reply comes
+// after the deadline (slot 100ms), comes before it and the Wait sleeps past it (slot
+// 400ms), or comes as this process holds the key (slot 300ms; a Pause 100ms after the
+// Wait began: its booking must go back and the Wait book after the hold, which its
+// deadline does not allow). Asserted: each returns before its give-back's reply (the
+// Cancelled hook), which comes 300ms after it was sent, and so in the background.
+// Reported: how long after its deadline each returned.
+func TestWaitDeadlineWhileRepliesAreLate(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		slot  time.Duration
+		pause bool
+	}{{"reply after the deadline", 100 * ms, false}, {"asleep past the deadline", 400 * ms, false},
+		{"held as its reply comes", 300 * ms, true}} {
+		t.Run(c.name, func(t *testing.T) {
+			l, proxy, w, _, _ := sendSlowLimiter(t, "late-"+itoa(int(c.slot/ms)), Limit{Rate: 1, Period: c.slot})
+			ctx := context.Background()
+			if res, err := l.Allow(ctx); err != nil || !res.Allowed {
+				t.Fatalf("Allow: got %+v, %v; want allowed", res, err)
+			}
+			proxy.Delay("evalsha", 300*ms)
+			defer proxy.Delay("", 0)
+			start := time.Now()
+			dctx, cancel := context.WithDeadline(ctx, start.Add(c.slot+150*ms))
+			defer cancel()
+			if c.pause {
+				go func() {
+					time.Sleep(100 * ms)
+					_ = l.Pause(ctx, time.Second) // its hold is set at once; its call is late too
+				}()
+			}
+			err := l.Wait(dctx)
+			returned := time.Now()
+			gaveBack := w.cancelled.Load()
+			dl, _ := dctx.Deadline()
+			redistest.Figure(t, "%s: Wait returned %+v from its deadline: %v", c.name, returned.Sub(dl).Round(time.Microsecond), err)
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("Wait: got %v, want an error matching context.DeadlineExceeded", err)
+			}
+			if gaveBack != 0 {
+				t.Fatalf("Wait returned after its booking's give-back was answered, 300ms after it was sent; want before")
+			}
+			if returned.Sub(dl) > sendPrompt {
+				t.Fatalf("Wait returned %v after its deadline, want at most %v", returned.Sub(dl), sendPrompt)
+			}
+		})
+	}
+}
