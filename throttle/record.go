@@ -27,9 +27,10 @@ type Record struct {
 	TTL       time.Duration // until the record expires, unless a process writes it again
 }
 
-// ReadRecord reads key's record (see Record), writing nothing. Only WithKeyPrefix among
-// opts matters. It returns an error wrapping ErrNoRecord when there is none,
-// ErrCorruptState when the key holds something else, and Redis errors as Inspect.
+// ReadRecord reads key's record (see Record), writing nothing. Among opts only
+// WithKeyPrefix and WithCallTimeout matter. It returns an error wrapping ErrNoRecord
+// when there is none, ErrCorruptState when the key holds something else, and Redis
+// errors as Inspect, by ctx's deadline and the call timeout whatever Redis does.
 func ReadRecord(ctx context.Context, rdb redis.UniversalClient, key string, opts ...Option) (Record, error) {
 	c := newConfig()
 	for _, o := range opts {
@@ -39,10 +40,25 @@ func ReadRecord(ctx context.Context, rdb redis.UniversalClient, key string, opts
 	if err != nil {
 		return Record{}, err
 	}
+	if err := ctx.Err(); err != nil {
+		return Record{}, err
+	}
 	name := keys.Name(tag, keys.RecordKey)
-	pipe := rdb.Pipeline() // one hash slot: one node
-	get, ttl := pipe.Get(ctx, name), pipe.PTTL(ctx, name)
-	_, _ = pipe.Exec(ctx)
+	var get *redis.StringCmd
+	var ttl *redis.DurationCmd
+	cl := clientFor(rdb)
+	read := &request{ctx: ctx, t: &target{key: key, tag: tag}, ks: cl.key(tag), timeout: callTimeout(c.callTimeout, rdb)}
+	err = cl.bounded(read, func(rctx context.Context) error {
+		pipe := rdb.Pipeline() // one hash slot: one node
+		get, ttl = pipe.Get(rctx, name), pipe.PTTL(rctx, name)
+		if _, err := pipe.Exec(rctx); err != nil && !errors.Is(err, redis.Nil) { // Nil: no record
+			return scriptError(ctx, key, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return Record{}, err
+	}
 	text, err := get.Result()
 	if errors.Is(err, redis.Nil) {
 		return Record{}, fmt.Errorf("%w: key %q (%s)", ErrNoRecord, key, name)

@@ -304,6 +304,28 @@ func (c *client) noReply(r *request) error {
 	return fmt.Errorf("%w; the last failure seen, %v ago: %w", err, time.Since(f.at).Round(time.Millisecond), f.err)
 }
 
+// bounded runs call, a read that is no script call (ReadRecord's), within r's bounds
+// as do keeps a request's: its caller returns when call does, when r.ctx ends or when
+// r.timeout passes, whichever comes first, then with noReply's error; call's context
+// ends by the earliest of the deadline and the timeout, or when r.ctx is cancelled.
+func (c *client) bounded(r *request, call func(ctx context.Context) error) error {
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(r.ctx, r.timeout)
+		defer cancel()
+		done <- call(ctx)
+	}()
+	t := time.NewTimer(r.timeout)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-r.ctx.Done():
+	case <-t.C:
+	}
+	return c.noReply(r)
+}
+
 // answer hands r its reply or error; a reply whose caller left goes to r.late.
 func (r *request) answer(rep reply, err error) {
 	if r.state.CompareAndSwap(sent, answered) {
