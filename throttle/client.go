@@ -170,6 +170,9 @@ type keyState struct {
 	landed  atomic.Bool
 	resumed atomic.Int64 // the end of the latest pause whose resume moved the sleepers (server µs)
 	record  atomic.Int64 // when the record is next written (UnixNano)
+	// overridden: until when an override of the rates may be in force (UnixNano), as
+	// this process set it or a read found it: StateLost cannot judge Remaining then
+	overridden atomic.Int64
 	// keep is until when something of this state matters (a local grant in its
 	// window, a grant StateLost compares with, an open breaker): UnixNano
 	keep atomic.Int64

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"math"
 	"sync/atomic"
 	"time"
 
@@ -93,6 +94,13 @@ func (l *Limiter) Override(ctx context.Context, d time.Duration, limits ...Limit
 		rates = append(rates, o.Rate, o.Burst)
 	}
 	_, err := l.control(ctx, opOverride, len(limits), min(ceilMicros(d), maxPeriodUS), rates)
+	if err == nil {
+		until := int64(math.MaxInt64) // until cleared
+		if d > 0 {
+			until = time.Now().Add(d).UnixNano()
+		}
+		raise(&l.client().key(l.t.tag).overridden, until)
+	}
 	return err
 }
 
@@ -100,6 +108,9 @@ func (l *Limiter) Override(ctx context.Context, d time.Duration, limits ...Limit
 // enforces the limits it passes again. It returns Redis errors as AllowN.
 func (l *Limiter) ClearOverride(ctx context.Context) error {
 	_, err := l.control(ctx, opClear, 0, 0, nil)
+	if err == nil {
+		l.client().key(l.t.tag).overridden.Store(0)
+	}
 	return err
 }
 

@@ -226,7 +226,7 @@ func (l *Limiter) acquire(ctx context.Context, n int, maxWait time.Duration, tas
 		}
 	}
 	if l.hooks.StateLost != nil {
-		l.observe(ks, cs, mark, n, g)
+		l.observe(ctx, ks, cs, mark, n, g)
 	}
 	if !g.kept {
 		l.report(n, g)

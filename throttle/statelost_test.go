@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -157,6 +158,75 @@ func TestStateLostAcrossLimitersBuiltPerTask(t *testing.T) {
 			}
 			if lost != 1 {
 				t.Fatalf("%v: StateLost called %d times at a fresh Limiter's first grant after the loss, want once", alg, lost)
+			}
+		}
+	})
+}
+
+// An override that raises the rates raises Remaining past what the callers' limits
+// allow, as a lost state would: no StateLost follows, whether this process set it or
+// another did (a second Redis client stands for it: a read of the key finds it). Once
+// this process clears it, a lost state is reported again.
+func TestStateLostNotAfterOverride(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		addrs, cluster := b.Addrs()
+		otherClient := redistest.Dial(addrs, cluster)
+		defer otherClient.Close()
+		for _, alg := range allAlgorithms {
+			for _, by := range []string{"this process", "another process"} {
+				tl := newTimeline(t, b)
+				var lost atomic.Int64
+				key := "lost-override-" + alg.String() + "-" + by[:4]
+				l := tl.limiter(key, PerSecond(10), WithAlgorithm(alg), WithHooks(Hooks{StateLost: func(string) { lost.Add(1) }}))
+				setter := l
+				if by == "another process" {
+					o, err := New(otherClient, key, PerSecond(10), WithAlgorithm(alg), WithKeyPrefix(b.Prefix))
+					if err != nil {
+						t.Fatal(err)
+					}
+					if b.Real() {
+						o.useScript(fakeClock[o.t.script])
+					}
+					setter = o
+				}
+				for range 3 {
+					if _, err := l.Allow(ctx); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err := setter.Override(ctx, time.Minute, PerSecond(100)); err != nil {
+					t.Fatal(err)
+				}
+				for i := range 5 {
+					tl.at(time.Duration(i+1) * 10 * ms)
+					if _, err := l.Allow(ctx); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if n := lost.Load(); n != 0 {
+					t.Fatalf("%v, override by %s: StateLost called %d times while the state held every permit", alg, by, n)
+				}
+				if by == "another process" {
+					continue
+				}
+				if err := l.ClearOverride(ctx); err != nil {
+					t.Fatal(err)
+				}
+				tl.at(100 * ms)
+				if _, err := l.Allow(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if err := b.Client.Del(ctx, l.stateKey()).Err(); err != nil {
+					t.Fatal(err)
+				}
+				tl.at(110 * ms)
+				if _, err := l.Allow(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if n := lost.Load(); n != 1 {
+					t.Fatalf("%v: StateLost called %d times at the first grant after a loss, the override cleared; want once", alg, n)
+				}
 			}
 		}
 	})
