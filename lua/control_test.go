@@ -13,7 +13,7 @@ import (
 
 // Pause, resume, override and clear, on every limiter script: what they answer, the
 // control key they leave (internal/keys reads it), its TTL, what acquires see after them,
-// and the resume's wake-up.
+// and the pause's and the resume's wake-ups.
 func TestControlOps(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
@@ -55,6 +55,11 @@ func TestControlOps(t *testing.T) {
 			}
 			if got := c.one(t, b, tag, pauseFor(sec)); got.v[2] != 5*sec {
 				t.Fatalf("%s: a shorter pause: %v, want the longer one kept", a.suffix, got)
+			}
+			for _, what := range []string{"pause", "a shorter pause"} { // each publishes the end in force
+				if msg, err := sub.ReceiveMessage(ctx); err != nil || msg.Payload != fmt.Sprintf("p %d", now+5*sec) {
+					t.Fatalf("%s: %s published %v %v, want p <pause end>", a.suffix, what, msg, err)
+				}
 			}
 			clk.add(t, time.Second)
 			got = c.one(t, b, tag, req{op: opResume})
@@ -109,8 +114,10 @@ func TestControlOps(t *testing.T) {
 			if out[0].v[0] != 1 || out[2].v[0] != 0 || out[2].v[2] != sec || out[4].v[0] != 1 {
 				t.Fatalf("%s: acquire, pause, acquire, resume, acquire in one call: %v", a.suffix, out)
 			}
-			if msg, err := sub.ReceiveMessage(ctx); err != nil || msg.Payload != fmt.Sprintf("r %d", clk.us()+sec) {
-				t.Fatalf("%s: resume in a batch published %v %v", a.suffix, msg, err)
+			for _, want := range []string{"p", "r"} {
+				if msg, err := sub.ReceiveMessage(ctx); err != nil || msg.Payload != fmt.Sprintf("%s %d", want, clk.us()+sec) {
+					t.Fatalf("%s: the pause and resume in a batch published %v %v, want %s <pause end>", a.suffix, msg, err, want)
+				}
 			}
 			sub.Close()
 		}

@@ -169,7 +169,10 @@ type keyState struct {
 	// since ended it (or a later one), and ends the hold too
 	landed  atomic.Bool
 	resumed atomic.Int64 // the end of the latest pause whose resume moved the sleepers (server µs)
-	record  atomic.Int64 // when the record is next written (UnixNano)
+	// pauseEnd: the end of the latest pause heard of (server µs), 0 once it was
+	// resumed: sleepers booked inside it are moved after it (paused)
+	pauseEnd atomic.Int64
+	record   atomic.Int64 // when the record is next written (UnixNano)
 	// overridden: until when an override of the rates may be in force (UnixNano), as
 	// this process set it or a read found it: StateLost cannot judge Remaining then
 	overridden atomic.Int64

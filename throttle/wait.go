@@ -96,7 +96,7 @@ type moved struct {
 // hold it was made after. A hold begun since seen that did not move it ends the sleep
 // at once, the booking given back, for the caller to book again after it.
 func (ks *keyState) sleep(ctx context.Context, l *Limiter, n int, g grant, seen int64) (grant, int64, error) {
-	defer ks.listenResumes()() // a resume concerns it while it sleeps or is moved
+	defer ks.listenNotices()() // a pause or a resume concerns it while it sleeps or is moved
 	s := &sleeper{l: l, ctx: ctx, n: n, moved: make(chan moved, 1)}
 	s.moved <- moved{g, nil, seen}
 	var due <-chan time.Time
@@ -115,6 +115,9 @@ func (ks *keyState) sleep(ctx context.Context, l *Limiter, n int, g grant, seen 
 			if !ks.enter(s, seen) { // its next booking goes after the give-back
 				ks.leave(func() { l.lateGiveBack(n, s.g) })
 				return s.g, seen, nil
+			}
+			if ks.inPause(s.g.token) { // a pause's notice came before its booking
+				ks.move(func(x *sleeper) bool { return x == s })
 			}
 			due = time.After(s.g.wait) // collected unfired, unstopped (Go 1.23)
 		case <-ctx.Done():
@@ -153,11 +156,11 @@ func (ks *keyState) claim(s *sleeper) bool {
 	return ok
 }
 
-// listenResumes hands the resumes other processes publish on the key's channel to
-// resume, until the function it returns is called. Each waiter listens on its own:
-// resume acts once per pause however many hand it the notice.
-func (ks *keyState) listenResumes() (done func()) {
-	l := &listener{channel: wakeChannel(ks.tag), resumed: func(end int64) { ks.resume(end, false) }}
+// listenNotices hands the pauses and resumes any process publishes on the key's
+// channel to paused and resume, until the function it returns is called. Each waiter
+// listens on its own: they act once per pause however many hand them the notice.
+func (ks *keyState) listenNotices() (done func()) {
+	l := &listener{channel: wakeChannel(ks.tag), paused: ks.paused, resumed: func(end int64) { ks.resume(end, false) }}
 	if h := ks.client.hub; !h.listen(l) {
 		h.subscribe(l)
 	}

@@ -14,9 +14,9 @@ import (
 
 // hub is the one pub/sub subscription of a client: it listens on a key's channel,
 // {…}:wake, while something of this process waits on the key, and tells the listeners
-// what the scripts publish there ("h <place> ...", a semaphore's handoffs; "r
-// <pause_end>", a resume) and when the subscription is (re)confirmed, since a notice
-// may have been missed before. It holds one of go-redis's pub/sub connections, closed
+// what the scripts publish there ("h <place> ...", a semaphore's handoffs; "p
+// <pause_end>", a pause; "r <pause_end>", a resume) and when the subscription is
+// (re)confirmed, since a notice may have been missed before. It holds one of go-redis's pub/sub connections, closed
 // after hubLinger without listeners.
 //
 // What it asks of the subscription (subscribe, unsubscribe, close) its worker does, in
@@ -51,6 +51,7 @@ type listener struct {
 	place   string        // a semaphore waiter's place in the queue, or ""
 	handed  chan struct{} // a notice named place: a slot was handed to it
 	check   chan struct{} // the subscription was (re)confirmed: ask Redis again
+	paused  func(pauseEnd int64)
 	resumed func(pauseEnd int64)
 }
 
@@ -177,7 +178,7 @@ func (h *hub) do(op func()) {
 // receive dispatches what ps delivers until it is closed.
 func (h *hub) receive(ps *redis.PubSub, in <-chan any) {
 	for m := range in {
-		var resumes []func(int64)
+		var notices []func(int64) // of a pause or a resume
 		var at int64
 		h.mu.Lock()
 		switch m := m.(type) {
@@ -192,18 +193,20 @@ func (h *hub) receive(ps *redis.PubSub, in <-chan any) {
 			}
 			kind, rest, _ := strings.Cut(m.Payload, " ")
 			places := strings.Fields(rest)         // "h": the places handed a slot
-			at, _ = strconv.ParseInt(rest, 10, 64) // "r": the end of the pause resumed
+			at, _ = strconv.ParseInt(rest, 10, 64) // "p", "r": the end of the pause set, or resumed
 			for l := range ch.listeners {
 				switch {
 				case kind == "h" && slices.Contains(places, l.place):
 					signal(l.handed)
+				case kind == "p" && l.paused != nil:
+					notices = append(notices, l.paused)
 				case kind == "r" && l.resumed != nil:
-					resumes = append(resumes, l.resumed)
+					notices = append(notices, l.resumed)
 				}
 			}
 		}
 		h.mu.Unlock()
-		for _, f := range resumes { // outside the lock: they book again
+		for _, f := range notices { // outside the lock: they book again
 			f(at)
 		}
 	}

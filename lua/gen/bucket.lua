@@ -383,8 +383,9 @@ end
 -- Requests are decided in order at one instant, each as a call of its own at that instant
 -- would be: a pause or an override earlier in a call applies to the requests after it.
 -- An acquire of n = 0 is granted at once and takes nothing.
--- Pause: nothing is booked before its end (an acquire's t0); a longer pause set is kept.
--- Resume ends the pause and publishes "r <pause_end_us>" on {<prefix><key>}:wake.
+-- Pause: nothing is booked before its end (an acquire's t0); a longer pause set is kept;
+-- it publishes "p <pause_end_us>" (the end in force) on {<prefix><key>}:wake.
+-- Resume ends the pause and publishes "r <pause_end_us>" there.
 -- Override: until it ends, limit i (i <= m') runs at the rate and burst given (periods stay
 -- the callers'); an acquire above what it can ever grant fails with JTEXCEEDS.
 -- Bookings (acquire with a booking key): a task's booking survives the task handed back to
@@ -673,7 +674,7 @@ local function detail(st, lim, now)
   return booked, ahead, avail
 end
 
--- [limiter.lua from line 181]
+-- [limiter.lua from line 182]
 -- @cold: the request loop, for every call the fast path did not decide.
 
 -- is_record reports whether v is a record's text: "1 <sw|sc|tb|fw> <buckets> <limit> ..."
@@ -811,6 +812,7 @@ for r = 1, k do
       local ended = 0 -- resume: the end of the pause it ends
       if op == 3 then
         pause = math.max(pause, now + x)
+        wakes[#wakes + 1] = string.format('p %d', pause)
       elseif op == 4 then
         if pause > now then
           ended = pause
