@@ -34,7 +34,8 @@ func TestUnavailableReplies(t *testing.T) {
 		_, _, err = s.TryAcquire(ctx)
 		wantUnavailable(t, "TryAcquire, "+reply, err, reply)
 	}
-	for _, reply := range []string{"BUSYKEY Target key name already exists.", "ERR unknown command", "OOMPH not a reply Redis gives"} {
+	for _, reply := range []string{"BUSYKEY Target key name already exists.", "ERR unknown command", "OOMPH not a reply Redis gives",
+		"EXECABORT Transaction discarded because of: NOPERM this user has no permissions to run the 'exec' command"} {
 		b.SetError(reply)
 		if _, err := l.Allow(ctx); err == nil || errors.Is(err, ErrUnavailable) {
 			t.Errorf("%q: got %v, want an error that is not ErrUnavailable", reply, err)
