@@ -145,10 +145,7 @@ func (c *client) doAll(reqs []*request) []result {
 	}
 	c.mu.Lock()
 	c.calls -= len(reqs)
-	if c.calls == 0 { // no caller waits: nothing for the watchdog, which would hold the client
-		c.watch.Stop()
-		c.watchAt = time.Time{}
-	}
+	c.rest()
 	c.mu.Unlock()
 	return out
 }
@@ -188,7 +185,17 @@ func (c *client) landed(f *flight) *flight {
 	if c.ready() {
 		return c.take()
 	}
+	c.rest()
 	return nil
+}
+
+// rest stops the watchdog once nothing is under way (c.mu held): no caller waits,
+// nothing is queued or in flight. Its timer would hold the client until it fired.
+func (c *client) rest() {
+	if c.calls == 0 && len(c.queue) == 0 && len(c.flights) == 0 {
+		c.watch.Stop()
+		c.watchAt = time.Time{}
+	}
 }
 
 // unending reports whether no request of reqs has a context that can end: their
