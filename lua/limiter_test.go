@@ -215,11 +215,12 @@ func TestControlOps(t *testing.T) {
 			if got := c.one(t, b, tag, pause(sec)); got.v[2] != 5*sec {
 				fail("a shorter pause, want the longer one kept", got)
 			}
+			woke(fmt.Sprintf("p %d", now+5*sec)) // each pause publishes the end in force
 			clk.add(t, time.Second)
 			if got := c.one(t, b, tag, resume()); got.v != [7]int64{1, 0, 0, 0, now + 5*sec, 0, 0} {
 				fail("resume, want the ended pause's end in the fifth integer", got)
 			}
-			woke(fmt.Sprintf("r %d", now+5*sec)) // (the shorter pause published nothing)
+			woke(fmt.Sprintf("r %d", now+5*sec))
 			if m := parseMeta(t, b.Client, state); m.PauseEnd != 0 {
 				fail("after resume", m)
 			}

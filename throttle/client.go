@@ -1,7 +1,9 @@
 package throttle
 
 import (
+	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -35,15 +37,18 @@ type client struct {
 	// lastErr is the last error seen of Redis being unreachable (a failed round trip):
 	// a call that then gets no reply names it, if it came within a minute
 	lastErr atomic.Pointer[failure]
-	dropped bool // the sweep took it out of clients (c.mu held)
+	dropped bool // taken out of clients (c.mu held)
 
 	keys  sync.Map // hash tag → *keyState
+	nkeys int      // keys in keys (c.mu held)
 	sweep *time.Timer
 }
 
 // clients holds the client of every Redis client in use (redis.UniversalClient →
-// *client). Limiters and Semaphores look their client up on every call, so the sweep may
-// drop a client with no key in use and nothing in flight: the next call makes it anew.
+// *client). Limiters and Semaphores look their client up on every call, so a client
+// may be dropped, and the next call makes it anew: by the sweep once it has no key in
+// use, nothing in flight and nothing listening for wake-ups, or at once when its Redis
+// client is found closed (close).
 var clients sync.Map
 
 // clientFor returns the client of rdb.
@@ -61,13 +66,16 @@ func clientFor(rdb redis.UniversalClient) *client {
 	c.watch = time.AfterFunc(time.Hour, c.expire)
 	c.watch.Stop() // set by doAll and expire
 	c.sweep = time.AfterFunc(sweepEvery, c.sweepIdle)
-	c.hub = &hub{rdb: rdb, chans: map[string]*channel{}}
+	c.hub = &hub{rdb: rdb, gone: c.close, chans: map[string]*channel{}}
 	v, _ := clients.LoadOrStore(rdb, c)
 	return v.(*client)
 }
 
-// sweepEvery is how often a client looks for keys idle since its last look.
-const sweepEvery = time.Minute
+// sweepEvery is how often a client looks for keys idle since its last look: a key's
+// state goes at the second sweep after its last use once nothing of it matters, so
+// within 2 × sweepEvery of that, and the client at the sweep that finds it empty.
+// Each look locks the client once per key, never for the whole sweep.
+const sweepEvery = 15 * time.Second
 
 // key returns the state of the key whose hash tag is tag, and marks it in use.
 func (c *client) key(tag string) *keyState {
@@ -85,6 +93,7 @@ func (c *client) key(tag string) *keyState {
 	if !ok {
 		v = &keyState{client: c, tag: tag, unhold: make(chan struct{}), configs: map[string]*configState{}}
 		c.keys.Store(tag, v)
+		c.nkeys++
 	}
 	ks := v.(*keyState)
 	ks.used.Store(true)
@@ -92,27 +101,52 @@ func (c *client) key(tag string) *keyState {
 }
 
 // sweepIdle drops the keys not used since the last sweep whose state no longer
-// matters, and the client itself once it has none and nothing in flight.
+// matters, and the client itself once it has none, nothing in flight and nothing
+// listening on its subscription.
 func (c *client) sweepIdle() {
 	now := time.Now()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := 0
 	c.keys.Range(func(k, v any) bool {
 		ks := v.(*keyState)
+		c.mu.Lock() // key marks a key used under it
 		if !ks.used.Swap(false) && ks.idle(now) {
 			c.keys.Delete(k)
-		} else {
-			n++
+			c.nkeys--
 		}
+		c.mu.Unlock()
 		return true
 	})
-	if n > 0 || c.calls > 0 {
-		c.sweep.Reset(sweepEvery)
+	c.mu.Lock()
+	if c.dropped {
+		c.mu.Unlock()
 		return
 	}
+	if c.nkeys > 0 || c.calls > 0 || c.hub.listening() {
+		c.sweep.Reset(sweepEvery)
+		c.mu.Unlock()
+		return
+	}
+	c.drop()
+	c.mu.Unlock()
+	c.hub.close() // no listener: its lingering subscription would only hold the client
+}
+
+// drop takes the client out of clients (c.mu held).
+func (c *client) drop() {
 	c.dropped = true
 	clients.CompareAndDelete(c.rdb, c)
+}
+
+// close drops the client, whose Redis client was found closed (a call failed with
+// redis.ErrClosed, or its subscription ended without being closed here), and closes
+// its subscription: nothing of it can be used again.
+func (c *client) close() {
+	c.mu.Lock()
+	if !c.dropped {
+		c.drop()
+		c.sweep.Stop()
+	}
+	c.mu.Unlock()
+	c.hub.close()
 }
 
 // failure is an error seen of Redis being unreachable, and when it came.
@@ -122,8 +156,8 @@ type failure struct {
 }
 
 // keyState is what this process knows of one key besides Redis: its hold (Pause), the
-// failure policy's breaker and share, the StateLost watch, when the key's record is next
-// written, and the callers sleeping on a booking.
+// failure policy's breaker and share, the StateLost watch, the drift last reported, and
+// the callers sleeping on a booking.
 type keyState struct {
 	client *client
 	tag    string
@@ -134,9 +168,14 @@ type keyState struct {
 	// landed: the pause of the latest hold reached Redis, so a resume published
 	// since ended it (or a later one), and ends the hold too
 	landed  atomic.Bool
-	resumed atomic.Int64           // the end of the latest pause whose resume moved the sleepers (server µs)
-	drift   atomic.Pointer[string] // the other process's head LimitsDrift was last told of
-	record  atomic.Int64           // when the record is next written (UnixNano)
+	resumed atomic.Int64 // the end of the latest pause whose resume moved the sleepers (server µs)
+	// pauseEnd: the end of the latest pause heard of (server µs), 0 once it was
+	// resumed: sleepers booked inside it are moved after it (paused)
+	pauseEnd atomic.Int64
+	drift    atomic.Pointer[string] // the other process's head LimitsDrift was last told of
+	// overridden: until when an override of the rates may be in force (UnixNano), as
+	// this process set it or a read found it: StateLost cannot judge Remaining then
+	overridden atomic.Int64
 	// keep is until when something of this state matters (a local grant in its
 	// window, a grant StateLost compares with, an open breaker): UnixNano
 	keep atomic.Int64
@@ -145,6 +184,8 @@ type keyState struct {
 	unhold   chan struct{}           // closed (and replaced) when a resume ends the hold early
 	configs  map[string]*configState // by target id and policy
 	sleepers map[*sleeper]struct{}
+	leaving  []chan struct{} // give-backs under way of callers that left (see leave)
+	nleaving atomic.Int32    // len(leaving)
 }
 
 // configState is what the Limiters (or Semaphores) of one configuration (target and
@@ -187,15 +228,57 @@ func (ks *keyState) idle(now time.Time) bool {
 	return len(ks.sleepers) == 0 && ks.keep.Load() < t && ks.hold.Load() < t && ks.breaker.idle(now)
 }
 
-// recordDue reports whether a call made now should write the key's record, and if
-// so takes the turn: once per every, per process and key.
-func (ks *keyState) recordDue(every time.Duration) bool {
-	now := time.Now().UnixNano()
-	due := ks.record.Load()
-	return now >= due && ks.record.CompareAndSwap(due, now+int64(every))
+// leave runs giveBack in the background, for a caller that leaves now (its booking,
+// lease or place goes back; its calls run under givingBack, bounded by the call
+// timeout). Every call this process makes on the key afterwards goes after it: doAll
+// holds it until giveBack has returned (settle), a round trip's wait at most, so that
+// it finds what was given back.
+func (ks *keyState) leave(giveBack func()) {
+	done := make(chan struct{})
+	ks.mu.Lock()
+	ks.leaving = append(ks.leaving, done)
+	ks.nleaving.Store(int32(len(ks.leaving)))
+	ks.mu.Unlock()
+	go func() {
+		defer close(done)
+		giveBack()
+		ks.mu.Lock()
+		ks.leaving = slices.DeleteFunc(ks.leaving, func(c chan struct{}) bool { return c == done })
+		ks.nleaving.Store(int32(len(ks.leaving)))
+		ks.mu.Unlock()
+	}()
 }
 
-// recordFailed gives the record's turn back after a call that carried it failed.
-func (ks *keyState) recordFailed() { ks.record.Store(0) }
+// settle waits until the give-backs leave started before it have returned, or ctx
+// ends (false), or until at.
+func (ks *keyState) settle(ctx context.Context, at time.Time) bool {
+	if ks.nleaving.Load() == 0 || ctx.Value(givingBackKey{}) != nil { // a give-back does not wait for another
+		return true
+	}
+	ks.mu.Lock()
+	pending := slices.Clone(ks.leaving)
+	ks.mu.Unlock()
+	t := time.NewTimer(time.Until(at))
+	defer t.Stop()
+	for _, done := range pending {
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			return false
+		}
+	}
+	return true
+}
+
+// givingBack returns ctx without its cancellation, marked as a give-back's: its calls
+// do not wait for other give-backs (see leave).
+func givingBack(ctx context.Context) context.Context {
+	return context.WithValue(context.WithoutCancel(ctx), givingBackKey{}, true)
+}
+
+type givingBackKey struct{}
+
 
 var errRecentlyDown = errors.New("redis was unreachable moments ago")

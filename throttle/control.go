@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"math"
 	"sync/atomic"
 	"time"
 
@@ -13,7 +14,10 @@ import (
 
 // Pause stops all grants on the limiter's key, across every process and algorithm,
 // for d: until then every call is denied, and bookings start after the pause. A longer
-// pause already set is kept; bookings other processes made before it keep their places.
+// pause already set is kept. Every process's waiters (WaitN) asleep on bookings inside
+// the pause give them back and book again after it, in their order, when the notice
+// Redis publishes reaches them (a waiter whose slot comes before that goes ahead);
+// Reserve's bookings keep their places.
 //
 // Before it calls Redis, Pause holds this process: WaitN and the HTTP transport
 // (waiter.NewTransport, which pauses on a 429 or 503 with Retry-After) send nothing on
@@ -94,6 +98,13 @@ func (l *Limiter) Override(ctx context.Context, d time.Duration, limits ...Limit
 		rates = append(rates, o.Rate, o.Burst)
 	}
 	_, err := l.controlCall(ctx, &protocol.Request{Op: protocol.OpOverride, X: min(ceilMicros(d), maxPeriodUS), Rates: rates})
+	if err == nil {
+		until := int64(math.MaxInt64) // until cleared
+		if d > 0 {
+			until = time.Now().Add(d).UnixNano()
+		}
+		raise(&l.client().key(l.t.tag).overridden, until)
+	}
 	return err
 }
 
@@ -101,6 +112,9 @@ func (l *Limiter) Override(ctx context.Context, d time.Duration, limits ...Limit
 // enforces the limits it passes again. It returns Redis errors as AllowN.
 func (l *Limiter) ClearOverride(ctx context.Context) error {
 	_, err := l.controlCall(ctx, &protocol.Request{Op: protocol.OpClear})
+	if err == nil {
+		l.client().key(l.t.tag).overridden.Store(0)
+	}
 	return err
 }
 
@@ -130,9 +144,28 @@ func (ks *keyState) resume(end int64, own bool) {
 		}
 		ks.mu.Unlock()
 	}
+	ks.pauseEnd.CompareAndSwap(end, 0) // its sleepers booked inside it stay
 	if raise(&ks.resumed, end) {
 		ks.move(func(s *sleeper) bool { return s.g.token >= end })
 	}
+}
+
+// paused handles the notice of a pause of the key until end (server µs), which any
+// process publishes when it sets one (Pause, the HTTP transport, an operator): this
+// process's sleepers whose bookings lie before its end give them back and book again
+// now, and so after it, in their order, once per pause end. Only requests already
+// sent, or whose slot comes as the notice travels, may reach the vendor inside it. A
+// sleeper whose booking comes back after the notice is moved as it enters (inPause).
+func (ks *keyState) paused(end int64) {
+	if old := ks.pauseEnd.Swap(end); old != end {
+		ks.move(func(s *sleeper) bool { return s.g.token < end })
+	}
+}
+
+// inPause reports whether a booking at token lies inside the latest pause heard of,
+// not resumed.
+func (ks *keyState) inPause(token int64) bool {
+	return token < ks.pauseEnd.Load()
 }
 
 // raise sets a to v if v is larger, and reports whether it did.
@@ -168,7 +201,7 @@ func (ks *keyState) pass(ctx context.Context) (seen int64, held bool, err error)
 		}
 		if !held {
 			held = true
-			defer ks.listenResumes()()
+			defer ks.listenNotices()()
 		}
 		select {
 		case <-time.After(d): // collected unfired (Go 1.23)

@@ -4,9 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strings"
 
+	"syscall"
+
 	"github.com/jobthrottle/jobthrottle/internal/protocol"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Errors returned by this package. Test for them with errors.Is: the errors returned
@@ -36,12 +42,14 @@ var (
 	// included; delete it to start over.
 	ErrCorruptState = errors.New("jobthrottle: redis key holds data jobthrottle did not write")
 
-	// ErrUnavailable: Redis could not be reached or cannot serve now (connection
-	// refused or reset, a timeout, LOADING, MASTERDOWN, CLUSTERDOWN, TRYAGAIN, READONLY
-	// during a failover…), or did not answer before the call's deadline or call
-	// timeout, whatever the client's options. The error wraps the cause as well, when
-	// known; one for a missed deadline also matches context.DeadlineExceeded. Nothing
-	// was granted (see FailurePolicy for the alternatives).
+	// ErrUnavailable: Redis could not be reached or cannot serve now, whoever asks
+	// (connection refused or reset, a timeout, a full Redis's OOM, LOADING, BUSY,
+	// READONLY or MASTERDOWN during a failover, CLUSTERDOWN, a slot moving between
+	// Cluster nodes, the server's client limit…: see unavailableReplies), or did not
+	// answer before the call's deadline or call timeout, whatever the client's options.
+	// The error wraps the cause as well, when known, in Redis's own words; one for a
+	// missed deadline also matches context.DeadlineExceeded. Nothing was granted (see
+	// FailurePolicy for the alternatives).
 	ErrUnavailable = errors.New("jobthrottle: redis unavailable")
 
 	// ErrLeaseLost: a Semaphore lease is no longer held: it expired before Extend or
@@ -135,4 +143,59 @@ func algorithmError(key, text string) error {
 		}
 	}
 	return fmt.Errorf("%w: key %q: %s", ErrAlgorithmMismatch, key, text)
+}
+
+// isUnavailable reports whether err, from a call made with ctx, means Redis could not
+// be reached or cannot serve now (a failover, a restart, a full memory, a cluster
+// reshaping): the errors the failure policy covers and ErrUnavailable wraps. The
+// caller's own context ending is not one of them (a network timeout also matches
+// context.DeadlineExceeded, so it is ctx that tells them apart). This is the one place
+// that sorts Redis's conditions from the caller's faults.
+func isUnavailable(ctx context.Context, err error) bool {
+	if err == nil || ctx.Err() != nil || errors.Is(err, context.Canceled) {
+		return false
+	}
+	var nerr net.Error
+	if errors.As(err, &nerr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrPoolExhausted) {
+		return true
+	}
+	var rerr redis.Error
+	if errors.As(err, &rerr) {
+		msg := rerr.Error()
+		// EXEC refused names why: the reply that refused it is what counts (a NOPERM is not)
+		msg, _ = strings.CutPrefix(msg, "EXECABORT Transaction discarded because of: ")
+		for _, p := range unavailableReplies {
+			if strings.HasPrefix(msg, p) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// unavailableReplies are the beginnings of Redis's error replies that say it cannot
+// serve now, whoever asks and whatever they ask: the server's state, not the caller's
+// input or a key's contents. EXECABORT without a cause is a transaction refused for one
+// of these: a call queued in MULTI that Redis refused (OOM, LOADING, BUSY…), or one
+// go-redis's cluster client sent to the wrong node and reports only so (see redirect);
+// one that names its cause ("because of: NOPERM …", EXEC refused) is that cause's.
+// Redis writes "ERR max number of clients reached" on a connection it then closes;
+// go-redis reads it when its first command is written before the close, and otherwise
+// reports the closed connection (broken pipe, reset), which is unavailable too.
+var unavailableReplies = []string{
+	"LOADING ",     // restarting: loading its data set
+	"BUSY ",        // another client's script or function has run too long
+	"OOM ",         // full: used memory above maxmemory, under noeviction
+	"MISCONF ",     // writes refused: a snapshot failed (stop-writes-on-bgsave-error)
+	"READONLY ",    // a replica: the master failed over, or the client still writes to the old one
+	"MASTERDOWN ",  // a replica cut off from its master (replica-serve-stale-data no)
+	"NOREPLICAS ",  // fewer replicas than min-replicas-to-write
+	"CLUSTERDOWN ", // a slot uncovered, or the cluster not formed
+	"TRYAGAIN ",    // a slot migrating, the call's keys split between two nodes
+	"MOVED ",       // a slot moved: the cluster client follows it, up to its limit
+	"ASK ",         // a slot migrating: the same
+	"EXECABORT ",
+	"ERR max number of clients reached",
 }

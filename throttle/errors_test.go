@@ -5,10 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/jobthrottle/jobthrottle/internal/protocol"
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 // sendReplyError is an error reply as go-redis gives it: a redis.Error.
@@ -78,4 +82,172 @@ func TestScriptErrorMapping(t *testing.T) {
 	if got := scriptError(done, "k", io.EOF); errors.Is(got, ErrUnavailable) || !errors.Is(got, io.EOF) {
 		t.Errorf("scriptError with the context ended: got %v, want io.EOF without ErrUnavailable", got)
 	}
+}
+
+// Every condition of Redis that is not the caller's fault is ErrUnavailable, naming
+// Redis's own reply: each reply of unavailableReplies, as miniredis gives it inside
+// MULTI (refused, then EXECABORT) to a Limiter and a Semaphore; and on real servers
+// the conditions themselves.
+func TestUnavailableReplies(t *testing.T) {
+	b := redistest.NewMiniRealTime(t)
+	ctx := context.Background()
+	l, err := New(b.Client, "replies", PerSecond(5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewSemaphore(b.Client, "replies", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range unavailableReplies {
+		reply := strings.TrimSpace(p) + " the server says why"
+		b.SetError(reply)
+		_, err := l.Allow(ctx)
+		wantUnavailable(t, "Allow, "+reply, err, reply)
+		_, _, err = s.TryAcquire(ctx)
+		wantUnavailable(t, "TryAcquire, "+reply, err, reply)
+	}
+	for _, reply := range []string{"BUSYKEY Target key name already exists.", "ERR unknown command", "OOMPH not a reply Redis gives",
+		"EXECABORT Transaction discarded because of: NOPERM this user has no permissions to run the 'exec' command"} {
+		b.SetError(reply)
+		if _, err := l.Allow(ctx); err == nil || errors.Is(err, ErrUnavailable) {
+			t.Errorf("%q: got %v, want an error that is not ErrUnavailable", reply, err)
+		}
+	}
+	b.SetError("")
+	if _, err := l.Allow(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// wantUnavailable fails the test unless err wraps ErrUnavailable and says says.
+func wantUnavailable(t *testing.T, what string, err error, says string) {
+	t.Helper()
+	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), says) {
+		t.Errorf("%s: got %v, want ErrUnavailable saying %q", what, err, says)
+	}
+}
+
+// A full Redis (above maxmemory, under noeviction) refuses a call queued in MULTI with OOM;
+// the call fails ErrUnavailable naming it.
+func TestUnavailableWhenFull(t *testing.T) {
+	_, c := startOwnServer(t, "--maxmemory-policy", "noeviction")
+	ctx := context.Background()
+	l, err := New(c, "full", PerSecond(5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Allow(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 { // 1 MB of data, then a maxmemory below it
+		if err := c.Set(ctx, "ballast-"+itoa(i), strings.Repeat("x", 100<<10), 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.ConfigSet(ctx, "maxmemory", "512kb").Err(); err != nil {
+		t.Fatal(err)
+	}
+	_, err = l.Allow(ctx)
+	wantUnavailable(t, "Allow on a full Redis", err, "OOM command not allowed")
+	redistest.Figure(t, "a full Redis: %v", err)
+}
+
+// A Redis running another client's long script answers BUSY once the script has run
+// past busy-reply-threshold; a call then fails ErrUnavailable naming it.
+func TestUnavailableWhileBusy(t *testing.T) {
+	_, c := startOwnServer(t, "--busy-reply-threshold", "50")
+	ctx := context.Background()
+	l, err := New(c, "busy", PerSecond(5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := busyScript(t, c, time.Second)
+	defer stop()
+	_, err = l.Allow(ctx)
+	wantUnavailable(t, "Allow while another script runs", err, "BUSY")
+	redistest.Figure(t, "a busy Redis: %v", err)
+}
+
+// busyScript runs a script on a connection of its own that keeps the server busy for d
+// (read-only, so SCRIPT KILL may end it), and returns once the server answers BUSY;
+// the function it returns ends the script and waits for it.
+func busyScript(t *testing.T, c *redis.Client, d time.Duration) (stop func()) {
+	t.Helper()
+	ctx := context.Background()
+	spin := redis.NewClient(&redis.Options{Addr: c.Options().Addr, ReadTimeout: -1, MaxRetries: -1})
+	done := make(chan error, 1)
+	go func() {
+		done <- spin.Eval(ctx, `local t = redis.call('TIME'); local stop = t[1] * 1000000 + t[2] + tonumber(ARGV[1])
+			repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] >= stop`, nil, d.Microseconds()).Err()
+	}()
+	probe := redis.NewClient(&redis.Options{Addr: c.Options().Addr, MaxRetries: -1})
+	for deadline := time.Now().Add(signalWait); ; time.Sleep(5 * ms) {
+		if err := probe.Ping(ctx).Err(); err != nil && strings.HasPrefix(err.Error(), "BUSY") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the server never answered BUSY within %v", signalWait)
+		}
+	}
+	return func() {
+		_ = probe.ScriptKill(ctx).Err()
+		<-done
+		probe.Close()
+		spin.Close()
+	}
+}
+
+// A replica refuses writes with READONLY, and, cut off from its master with
+// replica-serve-stale-data no, answers MASTERDOWN; a server at maxclients closes the
+// connection (Redis writes "ERR max number of clients reached" first, which go-redis
+// reads only if its own first write came before the close). Each is ErrUnavailable.
+func TestUnavailableReplicaAndMaxclients(t *testing.T) {
+	ctx := context.Background()
+	master, _ := startOwnServer(t)
+	host, port, _ := strings.Cut(master.Addr, ":")
+	_, replica := startOwnServer(t, "--replicaof", host, port, "--replica-serve-stale-data", "no")
+	for deadline := time.Now().Add(signalWait); ; time.Sleep(10 * ms) {
+		info, _ := replica.Info(ctx, "replication").Result()
+		if strings.Contains(info, "master_link_status:up") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the replica's link is not up within %v", signalWait)
+		}
+	}
+	l, err := New(replica, "replica", PerSecond(5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = l.Allow(ctx)
+	wantUnavailable(t, "Allow on a replica", err, "READONLY")
+	redistest.Figure(t, "a replica: %v", err)
+
+	master.Kill()
+	killed := time.Now()
+	for deadline := time.Now().Add(signalWait); ; time.Sleep(10 * ms) {
+		_, err = l.Allow(ctx)
+		if err != nil && strings.Contains(err.Error(), "MASTERDOWN") || time.Now().After(deadline) {
+			break
+		}
+	}
+	wantUnavailable(t, "Allow on a replica whose master is down", err, "MASTERDOWN")
+	redistest.Figure(t, "a replica cut off, %v after its master was killed: %v", time.Since(killed).Round(ms), err)
+
+	full, held := startOwnServer(t, "--maxclients", "1")
+	if err := held.Ping(ctx).Err(); err != nil { // the one connection allowed
+		t.Fatal(err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: full.Addr})
+	defer c.Close()
+	l, err = New(c, "maxclients", PerSecond(5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = l.Allow(ctx)
+	if !errors.Is(err, ErrUnavailable) {
+		t.Errorf("Allow at maxclients: got %v, want ErrUnavailable", err)
+	}
+	redistest.Figure(t, "at maxclients: %v", err)
 }

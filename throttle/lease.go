@@ -125,8 +125,10 @@ func (l *Lease) gone() error {
 // succeeded for a whole TTL), fn's context is cancelled with a cause wrapping
 // ErrLeaseLost (see context.Cause), and fn should stop. Hold returns fn's error all
 // the same, and does not run fn at all (returning an error wrapping ErrLeaseLost) for a
-// lease already released or lost. A failed final release is left to the hooks
-// (RedisError): the lease then expires by itself.
+// lease already released or lost. It waits for the final release, unless ctx ends
+// first: it then returns at once, whatever Redis does, and the release goes on in the
+// background, once, before any call this process makes on the key afterwards. A failed
+// final release is left to the hooks (RedisError): the lease then expires by itself.
 func (l *Lease) Hold(ctx context.Context, fn func(ctx context.Context) error) error {
 	l.mu.Lock()
 	err := l.gone()
@@ -140,8 +142,17 @@ func (l *Lease) Hold(ctx context.Context, fn func(ctx context.Context) error) er
 	go l.keepAlive(hctx, done, stopped, cancel)
 	defer func() { // also when fn panics: the slot must not stay taken
 		close(done)
-		<-stopped
-		_ = l.Release(context.WithoutCancel(ctx))
+		released := make(chan struct{})
+		go func() {
+			defer close(released)
+			<-stopped // an extension under way ends by its own bound
+			_ = l.Release(givingBack(ctx))
+		}()
+		select {
+		case <-released:
+		case <-ctx.Done(): // the process's next calls on the key go after the release
+			l.s.client().key(l.s.t.tag).leave(func() { <-released })
+		}
 	}()
 	return fn(hctx)
 }

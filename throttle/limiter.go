@@ -269,7 +269,7 @@ func (l *Limiter) acquire(ctx context.Context, n int, maxWait time.Duration, tas
 		}
 	}
 	if l.hooks.StateLost != nil {
-		l.observe(ks, cs, mark, n, g)
+		l.observe(ctx, ks, cs, mark, n, g)
 	}
 	if !g.kept {
 		l.report(n, g)
@@ -404,7 +404,7 @@ func (l *Limiter) giveBack(ctx context.Context, n int, g grant) error {
 // hook (see send).
 func (l *Limiter) lateGiveBack(n int, g grant) {
 	if g.granted && g.wait > 0 {
-		_ = l.giveBack(context.Background(), n, g)
+		_ = l.giveBack(givingBack(context.Background()), n, g)
 	}
 }
 

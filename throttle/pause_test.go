@@ -254,3 +254,94 @@ func TestPauseLeavesUnwatchedBookings(t *testing.T) {
 		}
 	})
 }
+
+// A pause stops the whole fleet: three processes (a Redis client each) with three
+// workers each Wait on one key, 5 per second, and send to a vendor as each Wait
+// returns; right after a send, when the next slot is 200ms away, process 0 reads a
+// 429 and pauses the key for 2s, as the HTTP transport does. The other processes'
+// waiters asleep on bookings inside the pause give them back and book after it.
+// Asserted: between Pause's return and the pause's end (by Pause's start, on this
+// process's clock: inside the pause on Redis's), no process sends; after it the fleet
+// sends again. Reported: the sends of each part.
+//
+// (A sleeper whose slot comes between the pause's landing in Redis and its notice's
+// arrival goes ahead: the test pauses just after a slot, the next one 200ms away.)
+func TestPauseStopsTheFleet(t *testing.T) {
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		const procs, workers, pause = 3, 3, 2 * time.Second
+		addrs, cluster := b.Addrs()
+		ctx := context.Background()
+		type send struct {
+			proc int
+			at   time.Time
+		}
+		var mu sync.Mutex
+		var sends []send
+		sent := make(chan struct{}, 1)
+		run, stop := context.WithCancel(ctx)
+		defer stop()
+		var wg sync.WaitGroup
+		var lims []*Limiter
+		for p := range procs {
+			rdb := redistest.Dial(addrs, cluster)
+			defer rdb.Close()
+			l, err := New(rdb, "fleet-pause", Limit{Rate: 1, Period: 200 * ms}, WithKeyPrefix(b.Prefix))
+			if err != nil {
+				t.Fatal(err)
+			}
+			lims = append(lims, l)
+			for range workers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for l.Wait(run) == nil {
+						mu.Lock()
+						sends = append(sends, send{p, time.Now()})
+						mu.Unlock()
+						select {
+						case sent <- struct{}{}:
+						default:
+						}
+					}
+				}()
+			}
+		}
+		time.Sleep(time.Second) // every waiter booked ahead
+		select {
+		case <-sent:
+		default:
+		}
+		<-sent // a slot just came: the next is 200ms away
+		start := time.Now()
+		if err := lims[0].Pause(ctx, pause); err != nil {
+			t.Fatal(err)
+		}
+		landed := time.Now()
+		time.Sleep(pause + 500*ms)
+		stop()
+		wg.Wait()
+
+		mu.Lock()
+		defer mu.Unlock()
+		var during, inside, after int
+		for _, s := range sends {
+			switch {
+			case s.at.Before(start):
+			case s.at.Before(landed):
+				during++
+			case s.at.Before(start.Add(pause)):
+				inside++
+			default:
+				after++
+			}
+		}
+		redistest.Figure(t, "a 2s pause by one of %d processes (Pause's call %v): %d sends during Pause's call, %d inside the pause after it, %d in the half second after it",
+			procs, landed.Sub(start).Round(time.Microsecond), during, inside, after)
+		if inside > 0 {
+			t.Errorf("%d sends inside the pause after Pause returned, want none", inside)
+		}
+		if after == 0 {
+			t.Error("no send in the half second after the pause, want the fleet going again")
+		}
+	})
+}

@@ -4,12 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"slices"
-	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/jobthrottle/jobthrottle/internal/clock"
@@ -76,33 +72,6 @@ func WithFailurePolicy(p FailurePolicy) CommonOption {
 			c.policy = p
 		}
 	})
-}
-
-// isUnavailable reports whether err, from a call made with ctx, means Redis could not
-// be reached or cannot serve now (a failover, a restart, a cluster reshaping): the
-// errors the failure policy covers and ErrUnavailable wraps. The caller's own context
-// ending is not one of them (a network timeout also matches context.DeadlineExceeded,
-// so it is ctx that tells them apart).
-func isUnavailable(ctx context.Context, err error) bool {
-	if err == nil || ctx.Err() != nil || errors.Is(err, context.Canceled) {
-		return false
-	}
-	var nerr net.Error
-	if errors.As(err, &nerr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
-		errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrPoolExhausted) {
-		return true
-	}
-	var rerr redis.Error
-	if errors.As(err, &rerr) {
-		msg := rerr.Error()
-		for _, code := range []string{"LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "BUSY", "NOREPLICAS", "MOVED", "ASK"} {
-			if strings.HasPrefix(msg, code+" ") {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // reloadSlots asks a cluster client to read the cluster's slot map again, after a call

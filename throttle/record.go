@@ -27,9 +27,10 @@ type Record struct {
 	TTL       time.Duration // until the state, and so the record, expires
 }
 
-// ReadRecord reads key's record (see Record), writing nothing. Only WithKeyPrefix among
-// opts matters. It returns an error wrapping ErrNoRecord when there is none,
-// ErrCorruptState when the key holds something else, and Redis errors as Inspect.
+// ReadRecord reads key's record (see Record), writing nothing. Among opts only
+// WithKeyPrefix and WithCallTimeout matter. It returns an error wrapping ErrNoRecord
+// when there is none, ErrCorruptState when the key holds something else, and Redis
+// errors as Inspect, by ctx's deadline and the call timeout whatever Redis does.
 func ReadRecord(ctx context.Context, rdb redis.UniversalClient, key string, opts ...Option) (Record, error) {
 	c := newConfig()
 	for _, o := range opts {
@@ -39,10 +40,28 @@ func ReadRecord(ctx context.Context, rdb redis.UniversalClient, key string, opts
 	if err != nil {
 		return Record{}, err
 	}
+	if err := ctx.Err(); err != nil {
+		return Record{}, err
+	}
 	name := keys.Name(tag, keys.State)
-	pipe := rdb.Pipeline() // one hash slot: one node
-	get, first, ttl := pipe.Get(ctx, name), pipe.LIndex(ctx, name, 0), pipe.PTTL(ctx, name)
-	_, _ = pipe.Exec(ctx)
+	var get, first *redis.StringCmd
+	var ttl *redis.DurationCmd
+	cl := clientFor(rdb)
+	read := &request{ctx: ctx, t: &target{key: key, tag: tag}, ks: cl.key(tag), timeout: callTimeout(c.callTimeout, rdb)}
+	err = cl.bounded(read, func(rctx context.Context) error {
+		pipe := rdb.Pipeline() // one hash slot: one node
+		get, first, ttl = pipe.Get(rctx, name), pipe.LIndex(rctx, name, 0), pipe.PTTL(rctx, name)
+		_, _ = pipe.Exec(rctx)
+		for _, err := range []error{get.Err(), first.Err(), ttl.Err()} { // Nil: no state; WRONGTYPE: the other read's
+			if err != nil && !errors.Is(err, redis.Nil) && !redis.HasErrorPrefix(err, "WRONGTYPE") {
+				return scriptError(ctx, key, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return Record{}, err
+	}
 	text, err := get.Result() // a string's "<numbers>\n<meta>", or a list's first element
 	if redis.HasErrorPrefix(err, "WRONGTYPE") {
 		text, err = first.Result()
@@ -63,7 +82,7 @@ func ReadRecord(ctx context.Context, rdb redis.UniversalClient, key string, opts
 	r := Record{Algorithm: Algorithm(slices.IndexFunc(algorithms[:], func(a algorithm) bool { return a.tag == h.Alg })),
 		Buckets: h.Buckets, TTL: max(0, ttl.Val())}
 	for _, l := range h.Limits {
-		lim := Limit{Rate: l.Rate, Period: l.Period, Burst: l.Burst}
+		lim := Limit{Rate: l.Rate, Period: l.Period, Burst: l.Burst, Unit: l.Unit}
 		if err := lim.validate(r.Algorithm); err != nil {
 			return Record{}, fmt.Errorf("%w: key %q: record %q: %v", ErrCorruptState, key, m.Head, err)
 		}

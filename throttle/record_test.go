@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 // The key's record is its state's head: the algorithm and limits its last writer used.
@@ -80,4 +81,47 @@ func TestRecordNamesAlgorithmAndLimits(t *testing.T) {
 			}
 		}
 	})
+}
+
+// ReadRecord keeps a call's bounds whatever Redis does: against a server that never
+// answers (go-redis's defaults: a 3s read timeout, deadlines not honoured), it returns
+// at its context's deadline with ErrUnavailable and context.DeadlineExceeded, and,
+// without a deadline, by its call timeout with ErrUnavailable alone; a cancelled
+// context is its error.
+func TestReadRecordHoldsItsBounds(t *testing.T) {
+	hung := hungServer(t)
+	rdb := redis.NewClient(&redis.Options{Addr: hung.Addr})
+	defer rdb.Close()
+	const bound = 300 * ms
+	for _, c := range []struct {
+		name     string
+		deadline bool
+		cancel   bool
+	}{{"deadline", true, false}, {"call timeout", false, false}, {"cancelled", false, true}} {
+		t.Run(c.name, func(t *testing.T) {
+			start := time.Now()
+			ctx, cancel := context.WithCancel(context.Background())
+			if c.deadline {
+				ctx, cancel = context.WithTimeout(context.Background(), bound)
+			}
+			defer cancel()
+			if c.cancel {
+				time.AfterFunc(bound, cancel)
+			}
+			timeout := time.Minute // the context's end comes first
+			if !c.deadline && !c.cancel {
+				timeout = bound
+			}
+			_, err := ReadRecord(ctx, rdb, "hung", WithCallTimeout(timeout))
+			took := time.Since(start)
+			redistest.Figure(t, "ReadRecord against a hung server, %s of %v: returned after %v: %v", c.name, bound, took.Round(time.Microsecond), err)
+			want := errors.Is(err, ErrUnavailable) && errors.Is(err, context.DeadlineExceeded) == c.deadline
+			if c.cancel {
+				want = errors.Is(err, context.Canceled) && !errors.Is(err, ErrUnavailable)
+			}
+			if !want || took < bound || took > bound+sendPrompt {
+				t.Fatalf("ReadRecord: got %v after %v; want its bound's error within %v after %v", err, took, sendPrompt, bound)
+			}
+		})
+	}
 }

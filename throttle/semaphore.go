@@ -111,9 +111,10 @@ func (s *Semaphore) TryAcquire(ctx context.Context) (*Lease, time.Duration, erro
 
 // Acquire waits for a lease and returns it. Callers are served in arrival order
 // across every process; a release hands its slot to the oldest waiter at once, which
-// returns within about a pub/sub round trip. If ctx ends first, Acquire gives its
-// place in the queue back (and a lease handed to it meanwhile) and returns ctx.Err().
-// Other errors are the Redis errors of the calls it makes.
+// returns within about a pub/sub round trip. If ctx ends first, Acquire returns
+// ctx.Err() at once, whatever Redis does; its place in the queue (and a lease handed to
+// it meanwhile) goes back in the background, once, before any call this process makes
+// on the key afterwards. Other errors are the Redis errors of the calls it makes.
 func (s *Semaphore) Acquire(ctx context.Context) (*Lease, error) {
 	token, place, keep, err := holder(ctx) // a task keeps its place when it leaves
 	if err != nil {
@@ -213,13 +214,16 @@ func (s *Semaphore) granted(token string, waited time.Duration, local bool) *Lea
 }
 
 // giveUp takes the waiter out of the queue, releasing a lease handed to it, for a
-// waiter that stops waiting. It runs even when ctx is done; if it fails, the place
+// waiter that stops waiting: in the background (keyState.leave), bounded by the call
+// timeout, even when ctx is done; a failure goes to the RedisError hook, and the place
 // lapses by itself within one TTL.
 func (s *Semaphore) giveUp(ctx context.Context, token, place string) {
-	ctx = context.WithoutCancel(ctx) // bounded by the call timeout; a failure is reported
-	if _, err := s.call(ctx, semRelease, token, place, false, false); err == nil && s.hooks.GaveUp != nil {
-		s.hooks.GaveUp(s.key)
-	}
+	ctx = givingBack(ctx)
+	s.client().key(s.t.tag).leave(func() {
+		if _, err := s.call(ctx, semRelease, token, place, false, false); err == nil && s.hooks.GaveUp != nil {
+			s.hooks.GaveUp(s.key)
+		}
+	})
 }
 
 // semReply is the semaphore script's answer: {ok, wait_us, held}.
@@ -243,7 +247,7 @@ func (s *Semaphore) call(ctx context.Context, op int, token, place string, join,
 	if op == semAcquire && giveBack {
 		r.late = func(rep reply) { // the lease (or place) its caller never saw goes back
 			// bounded by the call timeout; a failure goes to the RedisError hook
-			_, _ = s.call(context.Background(), semRelease, token, place, false, false)
+			_, _ = s.call(givingBack(context.Background()), semRelease, token, place, false, false)
 		}
 	}
 	rep, err := s.client().do(r)

@@ -288,8 +288,8 @@ func TestSemaphoreReleaseWakesWaiter(t *testing.T) {
 	})
 }
 
-// A waiter whose context ends gives its place back: nothing is left queued and the
-// next release does not go to it.
+// A waiter whose context ends gives its place back (in the background): nothing is
+// left queued and the next release does not go to it.
 func TestSemaphoreAcquireHonoursContext(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		tl := newTimeline(t, b)
@@ -309,9 +309,8 @@ func TestSemaphoreAcquireHonoursContext(t *testing.T) {
 		if took := time.Since(start); took > signalWait { // the lease it waits on lasts a minute
 			t.Fatalf("Acquire returned %v after its 50ms deadline", took)
 		}
-		if n := placesQueued(t, b, s); n != 0 {
-			t.Fatalf("%d places left in the queue", n)
-		}
+		// its place goes back in the background
+		sendEventually(t, signalWait, "the place given back", func() bool { return placesQueued(t, b, s) == 0 })
 		if err := holder.Release(context.Background()); err != nil {
 			t.Fatal(err)
 		}
@@ -941,4 +940,135 @@ func TestSemaphoreHoldersKilled(t *testing.T) {
 		}
 		t.Logf("%d leases granted across %d processes; lease set peaked at %d entries", total, children, most.Load())
 	})
+}
+
+// A stall is Redis answering nothing for a while: miniredis behind a proxy that
+// swallows every request (those it swallowed are never answered), or a real server
+// running another client's long script (nothing is answered until it ends; its
+// busy-reply-threshold, 5s, is never reached).
+type stall struct {
+	name   string
+	rdb    *redis.Client                        // through the stall
+	direct *redis.Client                        // past it
+	start  func(t *testing.T)                   // Redis stops answering
+	ended  func(t *testing.T) (time.Time, bool) // waits until it answers again: when; false if it never will
+}
+
+// stalls returns a stall of each kind, the real one for d; both stop with the test.
+func stalls(t *testing.T, d time.Duration) []stall {
+	b := redistest.NewMiniRealTime(t)
+	proxy, err := redistest.NewProxy(b.Mini.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	hung := redis.NewClient(&redis.Options{Addr: proxy.Addr})
+	t.Cleanup(func() { hung.Close() })
+	_, real := startOwnServer(t)
+	var done chan time.Time
+	return []stall{
+		{name: "miniredis, hung", rdb: hung, direct: b.Client.(*redis.Client),
+			start: func(*testing.T) { proxy.Hang(true) },
+			ended: func(*testing.T) (time.Time, bool) { return time.Time{}, false }},
+		{name: "redis, another client's script", rdb: real, direct: real,
+			start: func(t *testing.T) {
+				done = make(chan time.Time, 1)
+				spin := redis.NewClient(&redis.Options{Addr: real.Options().Addr, ReadTimeout: -1, MaxRetries: -1})
+				go func() {
+					_ = spin.Eval(context.Background(), `local t = redis.call('TIME'); local stop = t[1] * 1000000 + t[2] + tonumber(ARGV[1])
+						repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] >= stop`, nil, d.Microseconds()).Err()
+					done <- time.Now()
+					spin.Close()
+				}()
+				probe := redis.NewClient(&redis.Options{Addr: real.Options().Addr, MaxRetries: -1, ReadTimeout: 20 * ms})
+				defer probe.Close()
+				for probe.Ping(context.Background()).Err() == nil { // until the server stops answering
+					time.Sleep(ms)
+				}
+			},
+			ended: func(*testing.T) (time.Time, bool) { return <-done, true }},
+	}
+}
+
+// A Semaphore returns by its deadline whatever Redis does: an Acquire queued for a
+// slot whose deadline passes while Redis stalls returns then, its place given back
+// in the background once Redis answers; a Do whose function returns at its deadline
+// while Redis stalls returns then, its lease released in the background. Asserted:
+// each returns before Redis answers again (on miniredis: before its call timeout, by
+// which the old synchronous give-up returned); the give-up and the release reach Redis
+// once, after (on the real server), the give-up before any call this process makes on
+// the key after the Acquire returned. Reported: how long past its deadline each returned.
+func TestSemaphoreDeadlineWhileRedisStalls(t *testing.T) {
+	const deadline, timeout = 300 * ms, 2 * time.Second
+	for _, st := range stalls(t, 1500*ms) {
+		t.Run(st.name, func(t *testing.T) {
+			ctx := context.Background()
+			var gaveUp, released, redisErrs atomic.Int64
+			hooks := SemaphoreHooks{GaveUp: func(string) { gaveUp.Add(1) }, Released: func(string, time.Duration) { released.Add(1) },
+				RedisError: func(string, error) { redisErrs.Add(1) }}
+			s, err := NewSemaphore(st.rdb, "stall", 1, WithSemaphoreHooks(hooks), WithCallTimeout(timeout))
+			if err != nil {
+				t.Fatal(err)
+			}
+			holder := mustTry(t, s)
+
+			// Acquire, queued, its deadline passing while Redis stalls
+			actx, cancel := context.WithTimeout(ctx, deadline)
+			defer cancel()
+			dl, _ := actx.Deadline()
+			type ret struct {
+				at  time.Time
+				err error
+			}
+			acquired := make(chan ret, 1)
+			go func() { _, err := s.Acquire(actx); acquired <- ret{time.Now(), err} }()
+			sendEventually(t, signalWait, "the Acquire queued", func() bool { return st.direct.ZCard(ctx, s.t.keys[1]).Val() == 1 })
+			st.start(t)
+			a := <-acquired
+			answered, real := st.ended(t)
+			late := a.at.Sub(dl)
+			redistest.Figure(t, "%s: Acquire returned %v after its deadline (%v)", st.name, late.Round(time.Microsecond), a.err)
+			if !errors.Is(a.err, context.DeadlineExceeded) {
+				t.Fatalf("Acquire: got %v, want context.DeadlineExceeded", a.err)
+			}
+			if real && !a.at.Before(answered) || !real && late >= timeout {
+				t.Fatalf("Acquire returned %v after its deadline, when Redis answered again or its give-up's call timeout passed; want before", late)
+			}
+			if real {
+				if err := holder.Release(ctx); err != nil { // after the give-up: the slot is not handed to the place that left
+					t.Fatal(err)
+				}
+				if gaveUp.Load() != 1 {
+					t.Fatalf("GaveUp hook %d times before a call made after the Acquire returned, want once", gaveUp.Load())
+				}
+				mustTry(t, s).Release(ctx)
+			}
+
+			// Do, its function returning at its deadline while Redis stalls
+			if !real {
+				return // the proxy answers nothing more: the Do needs a lease first
+			}
+			dctx, cancel := context.WithTimeout(ctx, deadline)
+			defer cancel()
+			dl, _ = dctx.Deadline()
+			releasedBefore := released.Load()
+			err = s.Do(dctx, func(ctx context.Context) error {
+				st.start(t)
+				<-ctx.Done()
+				return ctx.Err()
+			})
+			returned := time.Now()
+			answered, _ = st.ended(t)
+			late = returned.Sub(dl)
+			redistest.Figure(t, "%s: Do returned %v after its deadline (%v)", st.name, late.Round(time.Microsecond), err)
+			if !errors.Is(err, context.DeadlineExceeded) || !returned.Before(answered) {
+				t.Fatalf("Do: got %v, %v after its deadline (Redis answered %v after it); want context.DeadlineExceeded before Redis answered",
+					err, late, answered.Sub(dl))
+			}
+			mustTry(t, s) // after the release
+			if n := released.Load() - releasedBefore; n != 1 {
+				t.Fatalf("Released hook %d times for the Do's lease, want once", n)
+			}
+		})
+	}
 }

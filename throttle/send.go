@@ -112,9 +112,19 @@ type result struct {
 
 // doAll is do of every request of reqs, queued together in their order: those of one
 // target go in one script call, in that order (pipeCap at most). They go at once if
-// nothing is in flight.
+// nothing is in flight, and after the give-backs their keys have under way.
 func (c *client) doAll(reqs []*request) []result {
 	now := time.Now()
+	for _, r := range reqs { // after the give-backs of callers that left (keyState.leave)
+		if !r.ks.settle(r.ctx, now.Add(r.timeout)) {
+			out := make([]result, len(reqs))
+			for i, r := range reqs {
+				out[i].err = c.noReply(r)
+			}
+			return out
+		}
+	}
+	now = time.Now()
 	c.mu.Lock()
 	for _, r := range reqs {
 		r.done = make(chan struct{}, 1)
@@ -147,6 +157,7 @@ func (c *client) doAll(reqs []*request) []result {
 	}
 	c.mu.Lock()
 	c.calls -= len(reqs)
+	c.rest()
 	c.mu.Unlock()
 	return out
 }
@@ -186,7 +197,17 @@ func (c *client) landed(f *flight) *flight {
 	if c.ready() {
 		return c.take()
 	}
+	c.rest()
 	return nil
+}
+
+// rest stops the watchdog once nothing is under way (c.mu held): no caller waits,
+// nothing is queued or in flight. Its timer would hold the client until it fired.
+func (c *client) rest() {
+	if c.calls == 0 && len(c.queue) == 0 && len(c.flights) == 0 {
+		c.watch.Stop()
+		c.watchAt = time.Time{}
+	}
 }
 
 // unending reports whether no request of reqs has a context that can end: their
@@ -300,6 +321,28 @@ func (c *client) noReply(r *request) error {
 		return err
 	}
 	return fmt.Errorf("%w; the last failure seen, %v ago: %w", err, time.Since(f.at).Round(time.Millisecond), f.err)
+}
+
+// bounded runs call, a read that is no script call (ReadRecord's), within r's bounds
+// as do keeps a request's: its caller returns when call does, when r.ctx ends or when
+// r.timeout passes, whichever comes first, then with noReply's error; call's context
+// ends by the earliest of the deadline and the timeout, or when r.ctx is cancelled.
+func (c *client) bounded(r *request, call func(ctx context.Context) error) error {
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(r.ctx, r.timeout)
+		defer cancel()
+		done <- call(ctx)
+	}()
+	t := time.NewTimer(r.timeout)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-r.ctx.Done():
+	case <-t.C:
+	}
+	return c.noReply(r)
 }
 
 // answer hands r its reply or error; a reply whose caller left goes to r.late.
@@ -421,7 +464,7 @@ func (c *client) round(ctx context.Context, gs []*group) {
 // exec runs the groups' script calls in one pipeline, in MULTI/EXEC unless the client
 // never re-sends a command (atMostOnce; docs/design.md, "One way to Redis"). go-redis's
 // cluster client refuses a transaction whose keys span hash slots: send keeps each
-// key's calls apart.
+// key's calls apart; a transaction it gave up on, its slot moving, goes to redirect.
 func (c *client) exec(ctx context.Context, gs []*group, eval bool) {
 	var pipe redis.Pipeliner
 	if c.atMostOnce {
@@ -429,6 +472,16 @@ func (c *client) exec(ctx context.Context, gs []*group, eval bool) {
 	} else {
 		pipe = c.rdb.TxPipeline()
 	}
+	run(ctx, pipe, gs, eval)
+	if cc, ok := c.rdb.(*redis.ClusterClient); ok && slices.ContainsFunc(gs, func(g *group) bool {
+		return redis.HasErrorPrefix(g.cmd.Err(), "EXECABORT")
+	}) {
+		redirect(ctx, cc, gs, eval)
+	}
+}
+
+// run sends the groups' script calls through pipe and sets each group's cmd.
+func run(ctx context.Context, pipe redis.Pipeliner, gs []*group, eval bool) {
 	for _, g := range gs {
 		g.cmd = g.command(ctx, eval)
 		_ = pipe.Process(ctx, g.cmd)
@@ -444,6 +497,79 @@ func (c *client) exec(ctx context.Context, gs []*group, eval bool) {
 			g.cmd.SetErr(err)
 		}
 	}
+}
+
+// redirect sends again the transaction of gs, one key's calls, that go-redis's cluster
+// client gave up on with EXECABORT: it reports so a call queued in MULTI that a node
+// answered with MOVED or ASK (its slot moving), and it retries an ASK by queueing
+// ASKING inside the transaction, where Redis ignores it. Here the transaction goes to
+// the node that serves the slot and follows each MOVED or ASK, up to maxRedirects
+// times; after an ASK, ASKING goes just before MULTI on the same connection, which
+// Redis honours for the whole transaction. A refused transaction ran nothing, so each
+// try is a first one. These tries go through the node's own client, past the cluster
+// client's hooks.
+func redirect(ctx context.Context, cc *redis.ClusterClient, gs []*group, eval bool) {
+	node, _ := cc.MasterForKey(ctx, gs[0].t.keys[0])
+	for try, ask := 0, false; node != nil && try < maxRedirects; try++ {
+		var err error
+		conn := node.Conn()
+		if ask {
+			err = conn.Do(ctx, "asking").Err()
+		}
+		if err == nil {
+			run(ctx, conn.TxPipeline(), gs, eval)
+		} else {
+			for _, g := range gs {
+				g.cmd.SetErr(err)
+			}
+		}
+		_ = conn.Close()
+		var addr string
+		if addr, ask = redirection(gs); addr == "" {
+			return
+		}
+		if !ask {
+			cc.ReloadState(ctx) // the slot has moved: go-redis learns it in the background
+		}
+		node = masterAt(ctx, cc, addr)
+	}
+	// the calls keep the last reply: a MOVED or ASK, or EXECABORT if none was sent
+}
+
+// maxRedirects is how many times redirect sends a transaction: a node that redirects
+// it to the slot's owner, then that node, once more for a slot that moves meanwhile.
+const maxRedirects = 3
+
+// redirection returns where a MOVED or ASK reply to one of gs's calls sends them, and
+// whether it is an ASK; "" if none was redirected.
+func redirection(gs []*group) (addr string, ask bool) {
+	for _, g := range gs {
+		var rerr redis.Error
+		if !errors.As(g.cmd.Err(), &rerr) {
+			continue
+		}
+		f := strings.Fields(rerr.Error()) // MOVED|ASK <slot> <host:port>
+		if len(f) == 3 && (f[0] == "MOVED" || f[0] == "ASK") {
+			return f[2], f[0] == "ASK"
+		}
+	}
+	return "", false
+}
+
+// masterAt returns the client of the master at addr, as the cluster client knows it,
+// or nil.
+func masterAt(ctx context.Context, cc *redis.ClusterClient, addr string) *redis.Client {
+	var mu sync.Mutex
+	var found *redis.Client
+	_ = cc.ForEachMaster(ctx, func(_ context.Context, m *redis.Client) error {
+		if m.Options().Addr == addr {
+			mu.Lock()
+			found = m
+			mu.Unlock()
+		}
+		return nil
+	})
+	return found
 }
 
 // deliver answers the group's requests from its call's reply.
@@ -467,6 +593,9 @@ func (c *client) deliver(ctx context.Context, g *group) {
 	if down { // a cut one counts for each request (noReply)
 		g.reqs[0].ks.breaker.failed(time.Now())
 		reloadSlots(c.rdb)
+	}
+	if errors.Is(err, redis.ErrClosed) { // the caller closed its Redis client
+		c.close()
 	}
 	for _, r := range g.reqs {
 		switch {

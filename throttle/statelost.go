@@ -1,6 +1,10 @@
 package throttle
 
-import "sync"
+import (
+	"context"
+	"sync"
+	"time"
+)
 
 // stateWatch is what a configuration remembers of its own latest grant on a key, to
 // notice (Hooks.StateLost) a reply from a state that no longer holds it: the key was
@@ -31,14 +35,15 @@ func (w *stateWatch) get() stateMark {
 	return w.mark
 }
 
-// observe checks g, the grant of n permits of a call made after mark, reports a lost
-// state to the hook, and remembers a newer grant.
-func (l *Limiter) observe(ks *keyState, cs *configState, mark stateMark, n int, g grant) {
+// observe checks g, the grant of n permits of a call made with ctx after mark, reports
+// a lost state to the hook, and remembers a newer grant.
+func (l *Limiter) observe(ctx context.Context, ks *keyState, cs *configState, mark stateMark, n int, g grant) {
 	if !g.granted || n == 0 || g.token == 0 || l.limits[0].Unit != "" { // (Remaining counts calls)
 		return
 	}
 	at := g.token - g.wait.Microseconds()
-	if g.wait == 0 && mark.token != 0 && mark.at < at && mark.token <= at && g.remaining > l.mostRemaining(mark, at, n) {
+	if g.wait == 0 && mark.token != 0 && mark.at < at && mark.token <= at && g.remaining > l.mostRemaining(mark, at, n) &&
+		!l.overridden(ctx, ks) {
 		l.hooks.StateLost(l.key)
 	}
 	cs.watch.mu.Lock()
@@ -62,4 +67,21 @@ func (l *Limiter) mostRemaining(mark stateMark, now int64, n int) int {
 		}
 	}
 	return max(0, most)
+}
+
+// overridden reports whether an override of the key's rates may be in force, which
+// raises Remaining past what the callers' limits allow, as a lost state does: one this
+// process set (Override), or one a read of the key finds (an operator's, another
+// process's), which is then not read again until its end. The read is made on ctx, only
+// when Remaining says the state was lost; a read that fails reports none.
+func (l *Limiter) overridden(ctx context.Context, ks *keyState) bool {
+	if time.Now().UnixNano() < ks.overridden.Load() {
+		return true
+	}
+	st, err := l.Inspect(ctx)
+	if err != nil || st.Override <= 0 {
+		return false
+	}
+	raise(&ks.overridden, time.Now().Add(st.Override).UnixNano())
+	return true
 }

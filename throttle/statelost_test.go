@@ -4,10 +4,13 @@ import (
 	"context"
 	"fmt"
 	"math/rand"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 // StateLost fires when the key's state is deleted while its permits are still in
@@ -160,4 +163,174 @@ func TestStateLostAcrossLimitersBuiltPerTask(t *testing.T) {
 			}
 		}
 	})
+}
+
+// An override that raises the rates raises Remaining past what the callers' limits
+// allow, as a lost state would: no StateLost follows, whether this process set it or
+// another did (a second Redis client stands for it: a read of the key finds it). Once
+// this process clears it, a lost state is reported again.
+func TestStateLostNotAfterOverride(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		addrs, cluster := b.Addrs()
+		otherClient := redistest.Dial(addrs, cluster)
+		defer otherClient.Close()
+		for _, alg := range allAlgorithms {
+			for _, by := range []string{"this process", "another process"} {
+				tl := newTimeline(t, b)
+				var lost atomic.Int64
+				key := "lost-override-" + alg.String() + "-" + by[:4]
+				l := tl.limiter(key, PerSecond(10), WithAlgorithm(alg), WithHooks(Hooks{StateLost: func(string) { lost.Add(1) }}))
+				setter := l
+				if by == "another process" {
+					o, err := New(otherClient, key, PerSecond(10), WithAlgorithm(alg), WithKeyPrefix(b.Prefix))
+					if err != nil {
+						t.Fatal(err)
+					}
+					if b.Real() {
+						o.useScript(fakeClock[o.t.script])
+					}
+					setter = o
+				}
+				for range 3 {
+					if _, err := l.Allow(ctx); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err := setter.Override(ctx, time.Minute, PerSecond(100)); err != nil {
+					t.Fatal(err)
+				}
+				for i := range 5 {
+					tl.at(time.Duration(i+1) * 10 * ms)
+					if _, err := l.Allow(ctx); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if n := lost.Load(); n != 0 {
+					t.Fatalf("%v, override by %s: StateLost called %d times while the state held every permit", alg, by, n)
+				}
+				if by == "another process" {
+					continue
+				}
+				if err := l.ClearOverride(ctx); err != nil {
+					t.Fatal(err)
+				}
+				tl.at(100 * ms)
+				if _, err := l.Allow(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if err := b.Client.Del(ctx, l.stateKey()).Err(); err != nil {
+					t.Fatal(err)
+				}
+				tl.at(110 * ms)
+				if _, err := l.Allow(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if n := lost.Load(); n != 1 {
+					t.Fatalf("%v: StateLost called %d times at the first grant after a loss, the override cleared; want once", alg, n)
+				}
+			}
+		}
+	})
+}
+
+// An empty restart (a Redis without persistence killed and started again; on
+// miniredis, FLUSHALL) forgets every grant and booking: a process's waiters asleep on
+// bookings keep their slots, which Redis no longer counts, and other callers get a full
+// limit at once, so a window can hold the limit, the grants made before the restart
+// and the lost bookings; StateLost fires at the process's next grant once its waiters
+// went (made here before the other callers fill the new state). Asserted: no window of
+// the period holds more than that sum; StateLost fires. Reported: the most permits in
+// one window, against the limit.
+func TestEmptyRestart(t *testing.T) {
+	const rate, booked = 10, 5
+	for _, kind := range []string{"miniredis, FLUSHALL", "redis, killed and restarted"} {
+		t.Run(kind, func(t *testing.T) {
+			ctx := context.Background()
+			var rdb, other redis.UniversalClient
+			var restart func()
+			if kind == "miniredis, FLUSHALL" {
+				b := redistest.NewMiniRealTime(t)
+				rdb = b.Client
+				other = redistest.Dial([]string{b.Mini.Addr()}, false)
+				restart = b.Mini.FlushAll
+			} else {
+				s, c := startOwnServer(t)
+				rdb = c
+				other = redistest.Dial([]string{s.Addr}, false)
+				restart = func() {
+					s.Kill()
+					if err := s.Restart(); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			defer other.Close()
+			var lost atomic.Int64
+			var mu sync.Mutex
+			var took []time.Time // when each permit took effect, as its caller saw it
+			note := func() {
+				mu.Lock()
+				took = append(took, time.Now())
+				mu.Unlock()
+			}
+			l, err := New(rdb, "restart", PerSecond(rate), WithHooks(Hooks{StateLost: func(string) { lost.Add(1) }}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for range rate {
+				if res, err := l.Allow(ctx); err != nil || !res.Allowed {
+					t.Fatalf("Allow: %+v, %v", res, err)
+				}
+				note()
+			}
+			var wg sync.WaitGroup
+			for range booked { // asleep on bookings a second ahead
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if err := l.Wait(ctx); err == nil {
+						note()
+					}
+				}()
+			}
+			sendEventually(t, signalWait, "the waiters asleep", func() bool { return sendSleepers(l) == booked })
+			restart()
+			wg.Wait() // the waiters went at their slots, which Redis forgot
+			// the process's next grant
+			if res, err := l.Allow(ctx); err != nil || !res.Allowed {
+				t.Fatalf("Allow after the restart: %+v, %v", res, err)
+			}
+			note()
+			o, err := New(other, "restart", PerSecond(rate))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for range 2 * rate { // another process, finding the limit all but full
+				if res, err := o.Allow(ctx); err == nil && res.Allowed {
+					note()
+				}
+			}
+			mu.Lock()
+			most := 0
+			for i := range took {
+				n := 0
+				for _, at := range took[i:] {
+					if at.Sub(took[i]) < time.Second {
+						n++
+					}
+				}
+				most = max(most, n)
+			}
+			mu.Unlock()
+			redistest.Figure(t, "%s: at most %d permits in one second (limit %d, %d granted and %d booked before the restart); StateLost called %d times",
+				kind, most, rate, rate, booked, lost.Load())
+			if most > 2*rate+booked {
+				t.Errorf("%d permits in one second, want at most %d", most, 2*rate+booked)
+			}
+			if lost.Load() == 0 {
+				t.Error("StateLost not called after the empty restart")
+			}
+		})
+	}
 }

@@ -23,7 +23,8 @@ func (l *Limiter) Wait(ctx context.Context) error { return l.WaitN(ctx, 1) }
 // ErrExceedsLimit for n above what the limit can ever grant, waiter.ErrWouldExceedDeadline
 // when the permits would come after ctx's deadline, or waiter.ErrNilReserver for a nil
 // *Limiter. If ctx ends while it sleeps, it returns ctx.Err() at once; its booking goes
-// back in the background. A Pause by this process, or a Resume of the key by any, while
+// back in the background, before any call this process makes on the key afterwards. A
+// Pause by this process, or a Resume of the key by any, while
 // it sleeps gives its booking back and books again, with the process's other waiters, in
 // their order. Called during this process's hold, or caught by one as its booking comes
 // back from Redis or comes due, it books when the hold ends.
@@ -129,7 +130,7 @@ type moved struct {
 // hold it was made after. A hold begun since seen that did not move it ends the sleep
 // at once, the booking given back, for the caller to book again after it.
 func (ks *keyState) sleep(ctx context.Context, l *Limiter, n int, g grant, seen int64) (grant, int64, error) {
-	defer ks.listenResumes()() // a resume concerns it while it sleeps or is moved
+	defer ks.listenNotices()() // a pause or a resume concerns it while it sleeps or is moved
 	s := &sleeper{l: l, ctx: ctx, n: n, moved: make(chan moved, 1)}
 	s.moved <- moved{g, nil, seen}
 	var due <-chan time.Time
@@ -145,15 +146,18 @@ func (ks *keyState) sleep(ctx context.Context, l *Limiter, n int, g grant, seen 
 				return m.g, seen, m.err
 			}
 			s.g, seen = m.g, m.seen
-			if !ks.enter(s, seen) {
-				l.lateGiveBack(n, s.g)
+			if !ks.enter(s, seen) { // its next booking goes after the give-back
+				ks.leave(func() { l.lateGiveBack(n, s.g) })
 				return s.g, seen, nil
+			}
+			if ks.inPause(s.g.token) { // a pause's notice came before its booking
+				ks.move(func(x *sleeper) bool { return x == s })
 			}
 			due = time.After(s.g.wait) // collected unfired, unstopped (Go 1.23)
 		case <-ctx.Done():
-			if ks.claim(s) {
-				go l.lateGiveBack(n, s.g)
-			} else { // being moved: the new booking, when it comes, goes back
+			if ks.claim(s) { // the process's next calls on the key go after the give-back
+				ks.leave(func() { l.lateGiveBack(n, s.g) })
+			} else { // being moved: the new booking, when it comes (after a hold), goes back
 				go func() { l.lateGiveBack(n, (<-s.moved).g) }()
 			}
 			return grant{}, seen, ctx.Err()
@@ -186,11 +190,11 @@ func (ks *keyState) claim(s *sleeper) bool {
 	return ok
 }
 
-// listenResumes hands the resumes other processes publish on the key's channel to
-// resume, until the function it returns is called. Each waiter listens on its own:
-// resume acts once per pause however many hand it the notice.
-func (ks *keyState) listenResumes() (done func()) {
-	l := &listener{channel: wakeChannel(ks.tag), resumed: func(end int64) { ks.resume(end, false) }}
+// listenNotices hands the pauses and resumes any process publishes on the key's
+// channel to paused and resume, until the function it returns is called. Each waiter
+// listens on its own: they act once per pause however many hand them the notice.
+func (ks *keyState) listenNotices() (done func()) {
+	l := &listener{channel: wakeChannel(ks.tag), paused: ks.paused, resumed: func(end int64) { ks.resume(end, false) }}
 	if h := ks.client.hub; !h.listen(l) {
 		h.subscribe(l)
 	}

@@ -235,3 +235,93 @@ func maxTime(a, b time.Time) time.Time {
 	}
 	return a
 }
+
+// x/time/rate's TestWaitCancel on the real clock, as one goroutine runs it, time
+// stretched fourfold: with 10 per 4s and a burst of 3, WaitN(2) now (1 token left);
+// WaitN(3) asleep on its booking 800ms ahead, cancelled 500ms later, when 2.25 tokens
+// are back; WaitN(2) at once. The give-back goes in the background, before the
+// process's next call on the key: that call is granted now, whatever the machine's
+// speed (later, more tokens are back). Reported: how long the last WaitN took.
+func TestWaitAfterCancelledWait(t *testing.T) {
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		var waited []time.Duration
+		l, err := New(b.Client, "after-cancel", Limit{Rate: 10, Period: 4 * time.Second, Burst: 3}, WithAlgorithm(TokenBucket),
+			WithKeyPrefix(b.Prefix), WithHooks(Hooks{Allowed: func(_ string, _ int, wait time.Duration) { waited = append(waited, wait) }}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.WaitN(ctx, 2); err != nil {
+			t.Fatal(err)
+		}
+		wctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- l.WaitN(wctx, 3) }()
+		sendEventually(t, signalWait, "WaitN(3) asleep", func() bool { return sendSleepers(l) == 1 })
+		time.Sleep(500 * ms)
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Fatalf("WaitN(3) cancelled: got %v, want context.Canceled", err)
+		}
+		start := time.Now()
+		if err := l.WaitN(ctx, 2); err != nil {
+			t.Fatal(err)
+		}
+		took := time.Since(start)
+		redistest.Figure(t, "WaitN(2) right after a cancelled WaitN(3): %v (booked %v ahead)", took.Round(time.Microsecond), waited[len(waited)-1])
+		if w := waited[len(waited)-1]; w != 0 {
+			t.Fatalf("WaitN(2) after the cancelled WaitN(3) booked %v ahead, want now: it went before the give-back", w)
+		}
+	})
+}
+
+// A Wait returns by its deadline whatever Redis's reply latency: with every script
+// call's reply 300ms late (the server's clock standing still, so its booking is
+// exactly its slot ahead) and a deadline 150ms after its slot, whether its reply comes
+// after the deadline (slot 100ms), comes before it and the Wait sleeps past it (slot
+// 400ms), or comes as this process holds the key (slot 300ms; a Pause 100ms after the
+// Wait began: its booking must go back and the Wait book after the hold, which its
+// deadline does not allow). Asserted: each returns before its give-back's reply (the
+// Cancelled hook), which comes 300ms after it was sent, and so in the background.
+// Reported: how long after its deadline each returned.
+func TestWaitDeadlineWhileRepliesAreLate(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		slot  time.Duration
+		pause bool
+	}{{"reply after the deadline", 100 * ms, false}, {"asleep past the deadline", 400 * ms, false},
+		{"held as its reply comes", 300 * ms, true}} {
+		t.Run(c.name, func(t *testing.T) {
+			l, proxy, w, _, _ := sendSlowLimiter(t, "late-"+itoa(int(c.slot/ms)), Limit{Rate: 1, Period: c.slot})
+			ctx := context.Background()
+			if res, err := l.Allow(ctx); err != nil || !res.Allowed {
+				t.Fatalf("Allow: got %+v, %v; want allowed", res, err)
+			}
+			proxy.Delay("evalsha", 300*ms)
+			defer proxy.Delay("", 0)
+			start := time.Now()
+			dctx, cancel := context.WithDeadline(ctx, start.Add(c.slot+150*ms))
+			defer cancel()
+			if c.pause {
+				go func() {
+					time.Sleep(100 * ms)
+					_ = l.Pause(ctx, time.Second) // its hold is set at once; its call is late too
+				}()
+			}
+			err := l.Wait(dctx)
+			returned := time.Now()
+			gaveBack := w.cancelled.Load()
+			dl, _ := dctx.Deadline()
+			redistest.Figure(t, "%s: Wait returned %+v from its deadline: %v", c.name, returned.Sub(dl).Round(time.Microsecond), err)
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("Wait: got %v, want an error matching context.DeadlineExceeded", err)
+			}
+			if gaveBack != 0 {
+				t.Fatalf("Wait returned after its booking's give-back was answered, 300ms after it was sent; want before")
+			}
+			if returned.Sub(dl) > sendPrompt {
+				t.Fatalf("Wait returned %v after its deadline, want at most %v", returned.Sub(dl), sendPrompt)
+			}
+		})
+	}
+}

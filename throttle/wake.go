@@ -14,9 +14,9 @@ import (
 
 // hub is the one pub/sub subscription of a client: it listens on a key's channel,
 // {…}:wake, while something of this process waits on the key, and tells the listeners
-// what the scripts publish there ("h <place> ...", a semaphore's handoffs; "r
-// <pause_end>", a resume) and when the subscription is (re)confirmed, since a notice
-// may have been missed before. It holds one of go-redis's pub/sub connections, closed
+// what the scripts publish there ("h <place> ...", a semaphore's handoffs; "p
+// <pause_end>", a pause; "r <pause_end>", a resume) and when the subscription is
+// (re)confirmed, since a notice may have been missed before. It holds one of go-redis's pub/sub connections, closed
 // after hubLinger without listeners.
 //
 // What it asks of the subscription (subscribe, unsubscribe, close) its worker does, in
@@ -26,6 +26,7 @@ import (
 // nothing under h.mu, waits for Redis.
 type hub struct {
 	rdb   redis.UniversalClient
+	gone  func() // called when the subscription ends because rdb was closed
 	mu    sync.Mutex
 	ps    *redis.PubSub // nil while closed
 	chans map[string]*channel
@@ -50,6 +51,7 @@ type listener struct {
 	place   string        // a semaphore waiter's place in the queue, or ""
 	handed  chan struct{} // a notice named place: a slot was handed to it
 	check   chan struct{} // the subscription was (re)confirmed: ask Redis again
+	paused  func(pauseEnd int64)
 	resumed func(pauseEnd int64)
 }
 
@@ -119,10 +121,36 @@ func (h *hub) closeIdle() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.idle = nil
-	if ps := h.ps; len(h.chans) == 0 && ps != nil {
+	if len(h.chans) == 0 {
+		h.shut()
+	}
+}
+
+// close closes the subscription, whatever listens (its Redis client is closed).
+func (h *hub) close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.idle != nil {
+		h.idle.Stop()
+		h.idle = nil
+	}
+	h.shut()
+}
+
+// shut closes the subscription, if open (h.mu held). go-redis stops its health check
+// only when the subscription is closed, even after its client was.
+func (h *hub) shut() {
+	if ps := h.ps; ps != nil {
 		h.do(func() { _ = ps.Close() })
 		h.ps = nil
 	}
+}
+
+// listening reports whether any channel is listened to or awaits its confirmation.
+func (h *hub) listening() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.chans) > 0
 }
 
 // do queues op for the worker, starting it if it is not running (h.mu held). The
@@ -150,7 +178,7 @@ func (h *hub) do(op func()) {
 // receive dispatches what ps delivers until it is closed.
 func (h *hub) receive(ps *redis.PubSub, in <-chan any) {
 	for m := range in {
-		var resumes []func(int64)
+		var notices []func(int64) // of a pause or a resume
 		var at int64
 		h.mu.Lock()
 		switch m := m.(type) {
@@ -165,29 +193,38 @@ func (h *hub) receive(ps *redis.PubSub, in <-chan any) {
 			}
 			kind, rest, _ := strings.Cut(m.Payload, " ")
 			places := strings.Fields(rest)         // "h": the places handed a slot
-			at, _ = strconv.ParseInt(rest, 10, 64) // "r": the end of the pause resumed
+			at, _ = strconv.ParseInt(rest, 10, 64) // "p", "r": the end of the pause set, or resumed
 			for l := range ch.listeners {
 				switch {
 				case kind == "h" && slices.Contains(places, l.place):
 					signal(l.handed)
+				case kind == "p" && l.paused != nil:
+					notices = append(notices, l.paused)
 				case kind == "r" && l.resumed != nil:
-					resumes = append(resumes, l.resumed)
+					notices = append(notices, l.resumed)
 				}
 			}
 		}
 		h.mu.Unlock()
-		for _, f := range resumes { // outside the lock: they book again
+		for _, f := range notices { // outside the lock: they book again
 			f(at)
 		}
 	}
-	// ps was closed: by closeIdle, or with the client. Listeners fall back on their
-	// timers and subscribe again on their next round.
+	// ps was closed: by shut, or with the Redis client, whose subscriptions end when
+	// it closes, theirs health checks left running until they are closed too.
+	// Listeners fall back on their timers and subscribe again on their next round.
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	if h.ps != ps {
+		h.mu.Unlock()
 		return
 	}
-	h.ps = nil
+	h.shut()
+	defer func() {
+		h.mu.Unlock()
+		if h.gone != nil {
+			h.gone()
+		}
+	}()
 	for name, ch := range h.chans {
 		ch.subscribed, ch.live = false, false
 		if len(ch.listeners) == 0 {

@@ -20,7 +20,7 @@ end
 local r = jt_audited()
 if type(r) == 'table' and r.err == nil then
   for i = 1, #ARGV - 2 do
-    local n = tonumber(string.match(ARGV[i + 2], '^a (%d+) '))
+    local n = tonumber((string.match(ARGV[i + 2], '^a (%d+) ')))
     if n and n > 0 and r[7 * i - 6] == 1 then
       local k = KEYS[1] .. ':audit'
       redis.call('RPUSH', k, string.format('%d %d', r[7 * i - 2], n))

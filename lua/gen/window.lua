@@ -284,7 +284,7 @@ end
 --   queue (q) holds each tenant whose F is ahead of V, "<weight units> <name>" scored F;
 --   the clock lives in the meta's f line.
 -- Pause: nothing is booked before its end; a longer pause set is kept; it publishes
---   "p <pause_end>" on {…}:wake. Resume ends it and publishes "r <pause_end>".
+--   "p <pause_end>" (the end in force) on {…}:wake. Resume ends it and publishes "r <pause_end>".
 -- Override: until it ends, limit i (i <= m') runs at the rate and burst given (periods stay
 --   the callers'); an acquire above what it can ever grant fails with E_EXCEEDS.
 
@@ -1681,8 +1681,8 @@ local function control(r, q)
   if op == 'p' then
     if now + q.x > meta.pause then
       meta.pause = now + q.x
-      wakes[#wakes + 1] = string.format('p %d', meta.pause)
     end
+    wakes[#wakes + 1] = string.format('p %d', meta.pause) -- the end in force
     if meta.fair and meta.fair.W > 0 then -- no service while paused: the fair clock waits
       meta.fair.tV = math.max(meta.fair.tV, meta.pause)
     end

@@ -52,9 +52,8 @@ func jobthrottleSubject(rdb redis.UniversalClient, a throttle.Algorithm, key str
 			res, err := l.Allow(ctx)
 			return res.Allowed, err
 		},
-		// the state and the control key (the key's record, which a call writes once per
-		// quarter of its life per process, is left out of the memory figures)
-		keys: []string{keys.Name(tag, suffixes[a]), keys.Name(tag, keys.ControlKey)},
+		// the one state key (its meta holds the limits, a pause, an override)
+		keys: []string{keys.Name(tag, keys.State)},
 	}, l, nil
 }
 
@@ -113,14 +112,6 @@ func redissonSubject(ctx context.Context, rdb *redis.Client, key string, rate in
 	}, rl, nil
 }
 
-// suffixes are the last part of jobthrottle's state keys, "{<prefix><key>}:<suffix>"
-// (internal/keys).
-var suffixes = map[throttle.Algorithm]string{
-	throttle.SlidingWindow:  keys.SlidingWindow,
-	throttle.TokenBucket:    keys.TokenBucket,
-	throttle.FixedWindow:    keys.FixedWindow,
-	throttle.SlidingCounter: keys.SlidingCounter,
-}
 
 // scripts are the names of jobthrottle's scripts (lua.Script) by algorithm.
 var scripts = map[throttle.Algorithm]string{
@@ -131,28 +122,26 @@ var scripts = map[throttle.Algorithm]string{
 }
 
 // allowCall returns the KEYS and ARGV of the script call a lone Allow of a limiter of
-// algorithm a with one limit of rate per period on key makes (lua/limiter.lua's
-// protocol): the state, control and record keys and the other algorithms' state keys;
-// one acquire of 1 permit, the limit, the algorithm's parameter, and no record due.
+// algorithm a with one limit of rate per period on key makes (internal/protocol): its
+// state key; its head, no caps, and one acquire of 1 permit that waits for nothing.
 func allowCall(a throttle.Algorithm, key string, rate int, period time.Duration) ([]string, []any) {
 	tag := "{" + keyPrefix + key + "}"
-	ks := []string{keys.Name(tag, suffixes[a]), keys.Name(tag, keys.ControlKey), keys.Name(tag, keys.RecordKey)}
-	for _, s := range keys.States() {
-		if s != suffixes[a] {
-			ks = append(ks, keys.Name(tag, s))
-		}
+	h := keys.Head{Alg: heads[a], Limits: []keys.Limit{{Rate: rate, Period: period, Burst: rate}}}
+	if a == throttle.SlidingCounter {
+		h.Buckets = 50 // the default
 	}
-	us := period.Microseconds()
-	args := []any{1, 0, 1, 0, 0, 0, 1, rate, us}
-	switch a {
-	case throttle.TokenBucket:
-		args = append(args, rate) // its burst
-	case throttle.SlidingWindow:
-		args = append(args, 0) // an exact log
-	case throttle.SlidingCounter:
-		args = append(args, (us+49)/50) // 50 buckets, the default
+	if a != throttle.TokenBucket {
+		h.Limits[0].Burst = 0
 	}
-	return ks, append(args, len(ks)-3, "", 0)
+	return []string{keys.Name(tag, keys.State)}, []any{h.String(), "", "a 1 0"}
+}
+
+// heads are the algorithms' head tags.
+var heads = map[throttle.Algorithm]string{
+	throttle.SlidingWindow:  keys.SlidingWindow,
+	throttle.SlidingCounter: keys.SlidingCounter,
+	throttle.TokenBucket:    keys.TokenBucket,
+	throttle.FixedWindow:    keys.FixedWindow,
 }
 
 // existing returns those of keys that exist.
