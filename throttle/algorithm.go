@@ -122,7 +122,7 @@ func bucketLack(l Limit, token int64, n int, now int64) (int, bool) {
 func (a *algorithm) head(limits []Limit, buckets int) keys.Head {
 	h := keys.Head{Alg: a.tag, Buckets: buckets}
 	for _, l := range limits {
-		kl := keys.Limit{Rate: l.Rate, Period: time.Duration(l.periodMicros()) * time.Microsecond}
+		kl := keys.Limit{Rate: l.Rate, Period: time.Duration(l.periodMicros()) * time.Microsecond, Unit: l.Unit}
 		if a.bursts {
 			kl.Burst = l.burst()
 		}

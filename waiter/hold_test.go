@@ -255,9 +255,9 @@ func TestTransportHoldUnderSlowRedis(t *testing.T) {
 		busyAt   = 30
 	)
 	b, proxy, rdb := redistest.NewProxied(t)
-	// The pause's call is the only one that carries its length, 300000µs, as an
-	// argument of its own: the acquires carry no deadline (the longest wait).
-	proxy.Delay("\r\n$6\r\n300000\r\n", slow)
+	// The pause's call is the only one that carries its request, "p 300000" (its length,
+	// 300000µs), as an argument of its own (internal/protocol).
+	proxy.Delay("\r\n$8\r\np 300000\r\n", slow)
 
 	clock := &settableClock{}
 	var answered atomic.Int64

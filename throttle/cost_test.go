@@ -1,0 +1,229 @@
+package throttle
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/waiter"
+)
+
+// tokens is an LLM-like limiter's limits: 10 calls and 1000 tokens a second.
+func tokensLimiter(tl *timeline, key string, alg Algorithm, opts ...Option) *Limiter {
+	return tl.limiter(key, PerSecond(10), append([]Option{WithAlgorithm(alg),
+		WithLimits(Limit{Rate: 1000, Period: time.Second, Unit: "tokens"})}, opts...)...)
+}
+
+// Two processes book estimates and settle actuals on one key: a refund frees room for
+// the other process's next call at once, a debt holds it back; a second settle, or one
+// made again, changes nothing; a settle after the booking has left every limit says so
+// and changes nothing. Every algorithm, every backend, on the fake timeline.
+func TestReserveCostAndSettle(t *testing.T) {
+	eachAlgorithm(t, redistest.Each, func(t *testing.T, alg Algorithm, b *redistest.Backend) {
+		ctx := context.Background()
+		tl := newTimeline(t, b)
+		a := tokensLimiter(tl, "settle", alg)
+		other := ctlLimiterOn(tl, ctlOtherClient(t, b), "settle", PerSecond(10), WithAlgorithm(alg),
+			WithLimits(Limit{Rate: 1000, Period: time.Second, Unit: "tokens"}))
+		r, err := a.ReserveCost(ctx, map[string]int{"tokens": 800}, 0)
+		if err != nil || !r.OK() {
+			t.Fatalf("800 tokens: %v %v", r, err)
+		}
+		if r, err := other.ReserveCost(ctx, map[string]int{"tokens": 800}, 0); err != nil || r.OK() {
+			t.Fatalf("800 more tokens in the other process: %v %v, want not OK", r, err)
+		}
+		tl.at(100 * ms)
+		if err := r.Settle(ctx, map[string]int{"tokens": 150}); err != nil {
+			t.Fatalf("the settle of 800 as 150: %v", err)
+		}
+		if err := r.Settle(ctx, map[string]int{"tokens": 10}); err != nil {
+			t.Fatalf("a second settle: %v, want nil and nothing changed", err)
+		}
+		r2, err := other.ReserveCost(ctx, map[string]int{"tokens": 800}, 0)
+		if err != nil || !r2.OK() {
+			t.Fatalf("800 tokens in the other process after the refund: %v %v", r2, err)
+		}
+		if r, err := other.ReserveCost(ctx, map[string]int{"tokens": 200}, 0); err != nil || r.OK() {
+			t.Fatalf("200 more: %v %v, want not OK (the second settle refunded nothing)", r, err)
+		}
+		// a debt: the other process's 800 were 1000
+		if err := r2.Settle(ctx, map[string]int{"tokens": 1000}); err != nil {
+			t.Fatal(err)
+		}
+		tl.at(1050 * ms) // the first 150 have left the window; the 1000 have not
+		if r, err := a.ReserveCost(ctx, map[string]int{"tokens": 200}, 0); err != nil || r.OK() && alg != TokenBucket && alg != FixedWindow {
+			t.Fatalf("200 tokens behind a debt of 200: %v %v, want not OK", r, err)
+		}
+		// too late
+		tl.at(5 * time.Second)
+		r3, err := a.ReserveCost(ctx, map[string]int{"tokens": 10}, 0)
+		if err != nil || !r3.OK() {
+			t.Fatal(r3, err)
+		}
+		tl.at(10 * time.Second)
+		if err := r3.Settle(ctx, map[string]int{"tokens": 900}); !errors.Is(err, waiter.ErrSettleTooLate) {
+			t.Fatalf("a settle 5s after a booking of a 1s limit: %v, want ErrSettleTooLate", err)
+		}
+		if st, err := a.Inspect(ctx); err != nil || st.Limits[1].Used != 0 {
+			t.Fatalf("after the late settle: %+v %v, want no tokens used", st.Limits, err)
+		}
+	})
+}
+
+// A settle whose reply is lost (the connection drops after the script ran) fails with
+// ErrUnavailable; made again, it finds its record and changes nothing: the difference
+// is charged once.
+func TestSettleLostReplyAppliesOnce(t *testing.T) {
+	direct, proxy, rdb := redistest.NewProxied(t)
+	ctx := context.Background()
+	for _, alg := range allAlgorithms {
+		l, err := New(rdb, "lost-settle-"+alg.String(), PerMinute(100), WithAlgorithm(alg), WithKeyPrefix(direct.Prefix),
+			WithLimits(Limit{Rate: 1000, Period: time.Minute, Unit: "tokens"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := rdb.ScriptLoad(ctx, l.t.script.src).Err(); err != nil {
+			t.Fatal(err)
+		}
+		r, err := l.ReserveCost(ctx, map[string]int{"tokens": 500}, 0)
+		if err != nil || !r.OK() {
+			t.Fatal(r, err)
+		}
+		proxy.DropReplyTo("exec")
+		if err := r.Settle(ctx, map[string]int{"tokens": 100}); !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("%v: a settle with its reply lost: %v, want ErrUnavailable", alg, err)
+		}
+		if err := r.Settle(ctx, map[string]int{"tokens": 100}); err != nil {
+			t.Fatalf("%v: the settle again: %v", alg, err)
+		}
+		st, err := l.Inspect(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Limits[1].Used != 100 {
+			t.Fatalf("%v: %d tokens used after a settle of 500 as 100 made twice, want 100 (applied once)", alg, st.Limits[1].Used)
+		}
+	}
+	redistest.Figure(t, "a settle whose reply was lost, made again: applied once for each of %d algorithms (%d replies dropped)",
+		len(allAlgorithms), proxy.Dropped())
+}
+
+// A holder that never settles (it crashed) leaves its estimate charged, no more, and
+// only until the limits' longest period has passed.
+func TestUnsettledEstimateLapses(t *testing.T) {
+	eachAlgorithm(t, redistest.Each, func(t *testing.T, alg Algorithm, b *redistest.Backend) {
+		ctx := context.Background()
+		tl := newTimeline(t, b)
+		l := tokensLimiter(tl, "crashed", alg)
+		if r, err := l.ReserveCost(ctx, map[string]int{"tokens": 700}, 0); err != nil || !r.OK() {
+			t.Fatal(r, err)
+		}
+		if r, err := l.ReserveCost(ctx, map[string]int{"tokens": 301}, 0); err != nil || r.OK() {
+			t.Fatalf("301 tokens beside an unsettled 700: %v %v, want not OK", r, err)
+		}
+		if r, err := l.ReserveCost(ctx, map[string]int{"tokens": 300}, 0); err != nil || !r.OK() {
+			t.Fatalf("300 tokens beside an unsettled 700: %v %v, want OK", r, err)
+		}
+		tl.at(time.Second + 50*ms) // (the counter's sub-buckets are 20ms)
+		if r, err := l.ReserveCost(ctx, map[string]int{"tokens": 1000}, 0); err != nil || !r.OK() {
+			t.Fatalf("the whole budget a period later: %v %v", r, err)
+		}
+	})
+}
+
+// WaitCost waits for its estimate and returns a reservation to settle; the limits of
+// calls count the call as 1 and the plain calls (WaitN) take no tokens.
+func TestWaitCost(t *testing.T) {
+	eachAlgorithm(t, redistest.Each, func(t *testing.T, alg Algorithm, b *redistest.Backend) {
+		ctx := context.Background()
+		tl := newTimeline(t, b)
+		l := tokensLimiter(tl, "waitcost", alg)
+		r, err := l.WaitCost(ctx, map[string]int{"tokens": 400})
+		if err != nil || !r.OK() || r.Delay() != 0 {
+			t.Fatalf("WaitCost: %v %v", r, err)
+		}
+		if err := l.WaitN(ctx, 3); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Settle(ctx, map[string]int{"tokens": 50}); err != nil {
+			t.Fatal(err)
+		}
+		st, err := l.Inspect(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Limits[0].Used != 4 || st.Limits[1].Used != 50 || st.Limits[1].Limit.Unit != "tokens" {
+			t.Fatalf("after WaitCost of 400 settled as 50 and WaitN(3): %+v, want 4 calls and 50 tokens", st.Limits)
+		}
+	})
+}
+
+// Bad costs get a typed error and call nothing.
+func TestCostErrors(t *testing.T) {
+	tl := newTimeline(t, redistest.NewMini(t))
+	ctx := context.Background()
+	l := tokensLimiter(tl, "costerrors", SlidingWindow)
+	for _, c := range []struct {
+		cost map[string]int
+		want error
+	}{
+		{map[string]int{"words": 1}, ErrInvalidArgument},
+		{map[string]int{"": 1}, ErrInvalidArgument},
+		{map[string]int{"tokens": -1}, ErrInvalidArgument},
+		{map[string]int{"tokens": 1001}, ErrExceedsLimit},
+	} {
+		if _, err := l.ReserveCost(ctx, c.cost, 0); !errors.Is(err, c.want) {
+			t.Errorf("ReserveCost(%v): %v, want %v", c.cost, err, c.want)
+		}
+		if _, err := l.WaitCost(ctx, c.cost); !errors.Is(err, c.want) {
+			t.Errorf("WaitCost(%v): %v, want %v", c.cost, err, c.want)
+		}
+	}
+	r, err := l.ReserveCost(ctx, map[string]int{"tokens": 10}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Settle(ctx, map[string]int{"words": 5}); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("a settle in words: %v", err)
+	}
+	if err := r.Settle(ctx, map[string]int{"tokens": -5}); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("a settle of -5: %v", err)
+	}
+	plain, err := l.Reserve(ctx, 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := plain.Settle(ctx, map[string]int{"tokens": 5}); !errors.Is(err, waiter.ErrNotReserved) {
+		t.Errorf("a settle of a reservation of no costs: %v, want ErrNotReserved", err)
+	}
+	if _, err := New(tl.b.Client, "badunit", Limit{Rate: 1, Period: time.Second, Unit: "To kens"}); !errors.Is(err, ErrInvalidLimit) {
+		t.Errorf("a limit of unit %q: %v", "To kens", err)
+	}
+}
+
+// A tenant's caps may count a unit; its calls of large costs get fewer turns than
+// another's of small ones, in proportion to the time their costs take the limits.
+func TestTenantCostCaps(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		tl := newTimeline(t, b)
+		l := tokensLimiter(tl, "tenant-costs", SlidingWindow, WithTenantLimits(Limit{Rate: 600, Period: time.Second, Unit: "tokens"}))
+		a := l.Tenant("a")
+		if r, err := a.ReserveCost(ctx, map[string]int{"tokens": 600}, 0); err != nil || !r.OK() {
+			t.Fatal(r, err)
+		}
+		tl.at(700 * ms) // its turn has come again
+		r, err := a.ReserveCost(ctx, map[string]int{"tokens": 100}, 0)
+		if err != nil || r.OK() {
+			t.Fatalf("100 more of a's tokens, its caps full: %v %v, want not OK", r, err)
+		}
+		if r, err := l.Tenant("b").ReserveCost(ctx, map[string]int{"tokens": 400}, 0); err != nil || !r.OK() {
+			t.Fatalf("b's 400 tokens beside a's 600: %v %v", r, err)
+		}
+		if _, err := a.ReserveCost(ctx, map[string]int{"tokens": 601}, 0); !errors.Is(err, ErrExceedsLimit) {
+			t.Fatalf("601 tokens of a tenant capped at 600: %v, want ErrExceedsLimit", err)
+		}
+	})
+}
