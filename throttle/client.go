@@ -280,5 +280,4 @@ func givingBack(ctx context.Context) context.Context {
 
 type givingBackKey struct{}
 
-
 var errRecentlyDown = errors.New("redis was unreachable moments ago")

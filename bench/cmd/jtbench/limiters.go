@@ -112,7 +112,6 @@ func redissonSubject(ctx context.Context, rdb *redis.Client, key string, rate in
 	}, rl, nil
 }
 
-
 // scripts are the names of jobthrottle's scripts (lua.Script) by algorithm.
 var scripts = map[throttle.Algorithm]string{
 	throttle.SlidingWindow:  "log",
