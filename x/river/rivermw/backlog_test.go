@@ -27,23 +27,23 @@ type backlog struct {
 
 // backlogResult is what a run measured.
 type backlogResult struct {
-	freeLatency     time.Duration // first unthrottled inserted → last one done
-	freeMost        int           // most unthrottled workers running at once, of one client
-	snoozes         float64       // per throttled job, as River counted them (metadata)
-	finished        time.Duration // first throttled inserted → last one started
-	ideal           time.Duration // the limit's own pace for the backlog
-	maxStarts       int           // most throttled worker starts in any window of a second, read by the worker, fleet-wide
-	maxStartsTol    int           // the same in any window of a second less startJitter
-	maxCounted      int           // most starts one client's middleware counted (Hooks.Started) in any second
-	maxGrants       int           // most permits taking effect in any window of a second (Redis)
-	peakSleeping    int           // most jobs asleep in one client's middleware
-	sleepBound      int
-	kept, bounced   int64
-	lateReturns     int           // booked snoozes that came back after their slot (and were moved)
-	maxLate         time.Duration // the latest of them
-	comeBackEarly   time.Duration // the most a client made its jobs due before their slots at the end
-	callsPerJob     float64       // limiter script calls per throttled job
-	riverLogged     []string
+	freeLatency   time.Duration // first unthrottled inserted → last one done
+	freeMost      int           // most unthrottled workers running at once, of one client
+	snoozes       float64       // per throttled job, as River counted them (metadata)
+	finished      time.Duration // first throttled inserted → last one started
+	ideal         time.Duration // the limit's own pace for the backlog
+	maxStarts     int           // most throttled worker starts in any window of a second, read by the worker, fleet-wide
+	maxStartsTol  int           // the same in any window of a second less startJitter
+	maxCounted    int           // most starts one client's middleware counted (Hooks.Started) in any second
+	maxGrants     int           // most permits taking effect in any window of a second (Redis)
+	peakSleeping  int           // most jobs asleep in one client's middleware
+	sleepBound    int
+	kept, bounced int64
+	lateReturns   int           // booked snoozes that came back after their slot (and were moved)
+	maxLate       time.Duration // the latest of them
+	comeBackEarly time.Duration // the most a client made its jobs due before their slots at the end
+	callsPerJob   float64       // limiter script calls per throttled job
+	riverLogged   []string
 }
 
 // The goals of a backlog run, reported as figures: the unthrottled jobs all done
@@ -253,4 +253,3 @@ func runBacklog(t *testing.T, b *redistest.Backend, sc backlog) backlogResult {
 	}
 	return r
 }
-

@@ -54,7 +54,7 @@ type fleet struct {
 	t       *testing.T
 	b       *redistest.Backend
 	url     string
-	pool    *pgxpool.Pool // for the test's own queries and inserts
+	pool    *pgxpool.Pool         // for the test's own queries and inserts
 	client  *river.Client[pgx.Tx] // insert-only
 	clients []*river.Client[pgx.Tx]
 	log     *riverLog
