@@ -57,6 +57,7 @@ type fleet struct {
 	pool    *pgxpool.Pool         // for the test's own queries and inserts
 	client  *river.Client[pgx.Tx] // insert-only
 	clients []*river.Client[pgx.Tx]
+	pools   []*pgxpool.Pool // the clients'
 	log     *riverLog
 }
 
@@ -115,7 +116,7 @@ func (f *fleet) start(cfg *river.Config) *river.Client[pgx.Tx] {
 		f.t.Fatal(err)
 	}
 	f.clients = append(f.clients, c)
-	f.t.Cleanup(pool.Close) // after stop (cleanups run last first)
+	f.pools = append(f.pools, pool)
 	return c
 }
 
@@ -134,7 +135,10 @@ func (f *fleet) stop() {
 		}()
 	}
 	wg.Wait()
-	f.clients = nil
+	for _, p := range f.pools {
+		p.Close()
+	}
+	f.clients, f.pools = nil, nil
 }
 
 // jobs returns every job of the database, by ID.
@@ -216,6 +220,13 @@ func (r *runLog) add(id int64, at time.Time) {
 	defer r.mu.Unlock()
 	r.runs[id]++
 	r.starts[id] = at
+}
+
+// count returns how many times the job ran.
+func (r *runLog) count(id int64) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.runs[id]
 }
 
 // checkOnce checks that each of the jobs ran exactly once.
