@@ -87,9 +87,9 @@ func (SendReceiptArgs) Kind() string { return "send_receipt" }
 
 // tally is what the workers and the middleware saw.
 type tally struct {
-	mu       sync.Mutex
-	runs     map[int64]int
-	starts   [][]time.Time // per client: the starts its middleware counted
+	mu                   sync.Mutex
+	runs                 map[int64]int
+	starts               [][]time.Time // per client: the starts its middleware counted
 	vendorRan, freeRan   atomic.Int64
 	vendorLast, freeLast time.Time
 }
