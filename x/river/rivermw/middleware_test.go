@@ -46,13 +46,13 @@ func (h *hookLog) hooks() rivermw.Hooks {
 
 // throttledClient starts a client of one queue of workers workers whose throttled
 // jobs are limited by lim, and returns its Setup; run is called in each worker.
-func (f *fleet) throttledClient(lim *throttle.Limiter, workers int, h *hookLog, run func(ctx context.Context, id int64) error) *rivermw.Setup {
+func (f *fleet) throttledClient(lim *throttle.Limiter, workers int, h *hookLog, run func(ctx context.Context, id int64) error, opts ...rivermw.Option) *rivermw.Setup {
 	f.t.Helper()
 	w := river.NewWorkers()
 	river.AddWorker(w, river.WorkFunc(func(ctx context.Context, j *river.Job[throttledArgs]) error {
 		return run(ctx, j.ID)
 	}))
-	jt := rivermw.New(rivermw.WithHooks(h.hooks()))
+	jt := rivermw.New(append(opts, rivermw.WithHooks(h.hooks()))...)
 	f.start(jt.Config(&river.Config{
 		Queues:     map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: workers}},
 		Workers:    w,
@@ -134,35 +134,39 @@ func TestCancelledWhileAsleepGivesBookingBack(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *redistest.Backend) {
 		grants := redistest.RecordGrants(b.Client)
 		f := newFleet(t, b)
-		lim := f.limiter("asleep", throttle.Every(1200*time.Millisecond))
+		// a permit every 10s, and a job may sleep 20s for one: the second sleeps
+		lim := f.limiter("asleep", throttle.Every(10*time.Second))
 		runs := newRunLog()
 		jt := f.throttledClient(lim, 2, newHookLog(), func(_ context.Context, id int64) error {
 			runs.add(id, time.Now())
 			return nil
-		})
+		}, rivermw.InlineWait(20*time.Second))
 		ctx := context.Background()
-		first, err := f.client.Insert(ctx, throttledArgs{N: 0}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		second, err := f.client.Insert(ctx, throttledArgs{N: 1}, nil)
-		if err != nil {
-			t.Fatal(err)
+		var ids []int64
+		for i := range 2 {
+			res, err := f.client.Insert(ctx, throttledArgs{N: i}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, res.Job.ID)
 		}
 		deadline := time.Now().Add(30 * time.Second)
-		for jt.Stats().Sleeping == 0 {
+		for jt.Stats().Sleeping == 0 || runs.count(ids[0])+runs.count(ids[1]) == 0 {
 			if time.Now().After(deadline) {
-				t.Fatal("no job fell asleep in the middleware")
+				t.Fatal("no job ran, or none fell asleep in the middleware")
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
-		asleep := second.Job.ID // the first runs on the first permit
+		ran, asleep := ids[0], ids[1]
+		if runs.count(ran) == 0 {
+			ran, asleep = asleep, ran
+		}
 		if _, err := f.client.JobCancel(ctx, asleep); err != nil {
 			t.Fatal(err)
 		}
 		jobs := f.waitDone(2, 30*time.Second)
 		f.stop()
-		if j := jobs[first.Job.ID]; j.State != rivertype.JobStateCompleted {
+		if j := jobs[ran]; j.State != rivertype.JobStateCompleted {
 			t.Errorf("first job: %s, want completed", j.State)
 		}
 		if j := jobs[asleep]; j.State != rivertype.JobStateCancelled || runs.runs[asleep] != 0 {

@@ -93,3 +93,9 @@ func (c *config) bad(format string, args ...any) {
 		c.err = fmt.Errorf("rivermw: invalid option: "+format, args...)
 	}
 }
+
+// inlineWait sets how long a job may sleep for a new booking or a slot (maxInline):
+// for the package's tests, the default being what the goals were measured with.
+func inlineWait(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.maxInline = d })
+}
