@@ -39,7 +39,7 @@ type backlogResult struct {
 	peakSleeping  int           // most jobs asleep in one client's middleware
 	sleepBound    int
 	kept, bounced int64
-	lateReturns   int           // booked snoozes that came back after their slot (and were moved)
+	lateStarts    int           // snoozed jobs whose worker started over 50ms (a quarter of the permits' spacing) after their last booked slot
 	maxLate       time.Duration // the latest of them
 	comeBackEarly time.Duration // the most a client made its jobs due before their slots at the end
 	callsPerJob   float64       // limiter script calls per throttled job
@@ -70,11 +70,11 @@ func TestBacklogDoesNotHoldWorkers(t *testing.T) {
 	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
 		r := runBacklog(t, b, sc)
 		redistest.Figure(t, "%s, %d clients x %d workers, %d throttled at %d/s + %d unthrottled of %v: "+
-			"unthrottled done after %v (goal <= %v; at most %d ran at once on a client); snoozes per throttled job %.2f (goal <= %.1f; came back after their slot %d, the latest by %v; kept %d, bounced %d; made due %v before the slot at the end); "+
+			"unthrottled done after %v (goal <= %v; at most %d ran at once on a client); snoozes per throttled job %.2f (goal <= %.1f; snoozed jobs started over 50ms after their slot %d, the latest by %v; kept %d, bounced %d; made due %v before the slot at the end); "+
 			"backlog done after %v (ideal %v, +%v, goal <= +%v); most worker starts in any 1s %d (in any 1s-%v %d; counted by one client's middleware %d; Redis grants %d; limit %d); "+
 			"peak asleep in middleware %d (bound %d); limiter script calls per job %.2f; lost/twice/failed/discarded/attempts spent 0/0/0/0/0",
 			b.Kind, sc.clients, sc.workers, sc.throttled, sc.rate, sc.free, sc.freeWork,
-			r.freeLatency.Round(time.Millisecond), goalFree, r.freeMost, r.snoozes, goalSnoozes, r.lateReturns, r.maxLate.Round(time.Millisecond),
+			r.freeLatency.Round(time.Millisecond), goalFree, r.freeMost, r.snoozes, goalSnoozes, r.lateStarts, r.maxLate.Round(time.Millisecond),
 			r.kept, r.bounced, r.comeBackEarly.Round(time.Millisecond),
 			r.finished.Round(time.Millisecond), r.ideal, (r.finished - r.ideal).Round(time.Millisecond), goalBacklog,
 			r.maxStarts, startJitter, r.maxStartsTol, r.maxCounted, r.maxGrants, sc.rate,
@@ -232,7 +232,7 @@ func runBacklog(t *testing.T, b *redistest.Backend, sc backlog) backlogResult {
 	if r.maxGrants > sc.rate {
 		t.Errorf("most permits taking effect in any second: %d, limit %d", r.maxGrants, sc.rate)
 	}
-	r.lateReturns = len(late)
+	r.lateStarts = len(late)
 	for _, d := range late {
 		r.maxLate = max(r.maxLate, d)
 	}

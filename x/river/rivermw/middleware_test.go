@@ -193,7 +193,7 @@ func TestCancelledWhileAsleepGivesBookingBack(t *testing.T) {
 func TestDeletedOrCancelledWhileSnoozedLapses(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b *redistest.Backend) {
 		f := newFleet(t, b)
-		lim := f.limiter("lapse", throttle.Every(2*time.Second))
+		lim := f.limiter("lapse", throttle.Every(4*time.Second))
 		h := newHookLog()
 		runs := newRunLog()
 		f.throttledClient(lim, 2, h, func(_ context.Context, id int64) error {
@@ -209,24 +209,20 @@ func TestDeletedOrCancelledWhileSnoozedLapses(t *testing.T) {
 			}
 			ids = append(ids, res.Job.ID)
 		}
-		// one runs at once; the others book 2s and 4s ahead and are snoozed
+		// one runs at once; the others book 4s and 8s ahead and are snoozed
 		deadline := time.Now().Add(30 * time.Second)
 		var snoozed []int64
 		for len(snoozed) < 2 {
-			snoozed = snoozed[:0]
-			for _, id := range ids {
-				j, err := f.client.JobGet(ctx, id)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if snoozes(j) == 1 && (j.State == rivertype.JobStateAvailable || j.State == rivertype.JobStateScheduled) {
-					snoozed = append(snoozed, id)
-				}
-			}
 			if time.Now().After(deadline) {
 				t.Fatalf("jobs %v snoozed, want 2", snoozed)
 			}
 			time.Sleep(10 * time.Millisecond)
+			h.mu.Lock()
+			snoozed = snoozed[:0]
+			for id := range h.slots {
+				snoozed = append(snoozed, id)
+			}
+			h.mu.Unlock()
 		}
 		ran := ids[0] + ids[1] + ids[2] - snoozed[0] - snoozed[1]
 		h.mu.Lock()
@@ -236,6 +232,21 @@ func TestDeletedOrCancelledWhileSnoozedLapses(t *testing.T) {
 			snoozed[0], snoozed[1] = snoozed[1], snoozed[0]
 		}
 		h.mu.Unlock()
+		for _, id := range snoozed { // River has recorded the snooze
+			for {
+				j, err := f.client.JobGet(ctx, id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if snoozes(j) == 1 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("job %d: River recorded no snooze", id)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
 		if _, err := f.client.JobDelete(ctx, snoozed[0]); err != nil {
 			t.Fatal(err)
 		}
