@@ -1,0 +1,74 @@
+package rivermw
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/throttle"
+	"github.com/riverqueue/river/rivertype"
+)
+
+// concurrency is Setup.Concurrency's middleware.
+func (c *config) concurrency(sem *throttle.Semaphore) *Middleware {
+	return c.sh.middleware(func(ctx context.Context, job *rivertype.JobRow, slot *runSlot, doInner func(context.Context) error) error {
+		slot.leave() // an inner middleware: it may sleep
+		lease, err := c.acquire(ctx, job, sem)
+		if err != nil {
+			return err
+		}
+		if err := slot.take(ctx); err != nil {
+			release(context.WithoutCancel(ctx), lease)
+			return err
+		}
+		return hold(ctx, lease, doInner)
+	})
+}
+
+// acquire gets job a lease of sem, waiting for one within the attempt's budget and the
+// bound on sleeping jobs; else it returns the *ThrottledError that snoozes the job. A
+// job waits in its own place in sem's queue, named by its ID, which it keeps while it
+// is snoozed.
+func (c *config) acquire(ctx context.Context, job *rivertype.JobRow, sem *throttle.Semaphore) (*throttle.Lease, error) {
+	a := c.attempt(ctx, job)
+	key, limit := semInfo(sem)
+	var down outage
+	for {
+		lease, left, err := tryLease(ctx, sem, a.id)
+		if err == nil && lease == nil && a.inlineLeft() > 0 && c.sh.trySleep() {
+			start := time.Now()
+			actx, cancel := ctx, context.CancelFunc(func() {})
+			if until := a.inlineUntil(); !until.IsZero() {
+				actx, cancel = context.WithDeadline(ctx, until)
+			}
+			lease, err = waitLease(actx, sem, a.id)
+			cancel()
+			c.sh.release()
+			switch {
+			case err == nil:
+				c.waited(ctx, job, start)
+				return lease, nil
+			case ctx.Err() != nil:
+				return nil, ctx.Err()
+			case errors.Is(err, context.DeadlineExceeded):
+				err = nil // no slot came within the budget: snooze the job
+			}
+		}
+		switch {
+		case unavailable(err) && ctx.Err() == nil:
+			if down.wait(ctx, a) {
+				continue
+			}
+			return nil, c.snooze(ctx, job, down.throttled(key, limit, err))
+		case err != nil:
+			return nil, jobError(job, "taking a lease", err)
+		case lease != nil:
+			return lease, nil
+		}
+		if left <= 0 {
+			left = time.Second
+		}
+		retry := min(left, max(c.maxInline, time.Second))
+		return nil, c.snooze(ctx, job, &ThrottledError{RetryIn: retry, Snooze: snoozeUnbooked(retry), Key: key, Limit: limit})
+	}
+}

@@ -1,0 +1,258 @@
+package rivermw
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/throttle"
+	"github.com/riverqueue/river/rivertype"
+)
+
+// throttleFunc is Setup.ThrottleFunc's middleware.
+func (c *config) throttleFunc(pick func(ctx context.Context, job *rivertype.JobRow) (*throttle.Limiter, error)) *Middleware {
+	return c.sh.middleware(func(ctx context.Context, job *rivertype.JobRow, slot *runSlot, doInner func(context.Context) error) error {
+		lim, err := pick(ctx, job)
+		if err != nil {
+			return jobError(job, "choosing its limiter", err)
+		}
+		if lim == nil {
+			return doInner(ctx) // not limited: the gate takes its run slot
+		}
+		li := infoOf(lim)
+		slot.leave() // an inner middleware: it may sleep
+		if err := c.throttle(ctx, job, lim, li); err != nil {
+			return err
+		}
+		at, err := c.sh.pacer.start(ctx, li, slot)
+		if err != nil {
+			return err
+		}
+		// A job whose context ended while it waited does not start: River is stopping
+		// (it makes the job available again) or the job was cancelled. A sleeper woken
+		// late, after both its permit's time and the context's end, saw either first.
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if c.hooks.Started != nil {
+			c.hooks.Started(ctx, job, at)
+		}
+		return doInner(ctx)
+	})
+}
+
+// throttle gets job its permit from lim, sleeping for it within the attempt's budget;
+// it returns nil when the job may run, or the *ThrottledError that snoozes it.
+func (c *config) throttle(ctx context.Context, job *rivertype.JobRow, lim *throttle.Limiter, li limitInfo) error {
+	a := c.attempt(ctx, job)
+	if te := c.bounce(li, a); te != nil {
+		return c.snooze(ctx, job, te)
+	}
+	var down outage
+	for {
+		b, kept, err := book(ctx, lim, a.id, li.grace)
+		if err == nil {
+			c.sh.cb.returned(a.id, time.Now())
+		}
+		if unavailable(err) && ctx.Err() == nil {
+			if down.wait(ctx, a) {
+				continue
+			}
+			return c.snooze(ctx, job, down.throttled(li.key, li.desc, err))
+		}
+		if err != nil {
+			return jobError(job, "booking its permit", err)
+		}
+		if kept {
+			c.sh.kept.Add(1)
+		}
+		wait := b.delay()
+		if !c.maySleep(a, wait, kept) {
+			return c.snooze(ctx, job, &ThrottledError{RetryIn: wait, Key: li.key, Limit: li.desc, Booked: true,
+				Snooze: max(wait-a.early, 0)})
+		}
+		start := time.Now()
+		slept := wait > 0
+		if slept {
+			err = b.wait(ctx)
+			c.sh.release()
+		}
+		if errors.Is(err, errMoved) {
+			continue // this process paused the key: book again after the pause
+		}
+		if err != nil {
+			return err
+		}
+		if slept {
+			c.waited(ctx, job, start)
+		}
+		return nil
+	}
+}
+
+// bounceMin is how far ahead a job's slot, as this process remembers it, must be for
+// bounce to snooze the job again without asking Redis: far enough that a script call
+// could not answer that it is due (the process's and the server's clocks measure the
+// wait alike; this covers a reply's way back).
+const bounceMin = 50 * time.Millisecond
+
+// bounce returns the *ThrottledError that snoozes a returning job again, booked,
+// without a script call, when this process snoozed it on li's limiter (so knows its
+// slot) and it could not sleep for it now anyway: its slot is more than bounceMin
+// ahead and MaxSleepingWorkers jobs sleep, or it is further ahead than a returning job
+// may sleep. Else nil: the job asks Redis for its booking. The booking stays as
+// recorded; the job's next return uses it (a pause or a move that overtook it is found
+// then). This saves the script call of a bounce (the returned job would get its booking
+// back, find the bound full and be snoozed). The slot remembered can be stale only when
+// the job came back to another client meanwhile, which can only have moved the booking
+// later: the job comes back no later than it should.
+func (c *config) bounce(li limitInfo, a attempt) *ThrottledError {
+	now := time.Now()
+	wait, ok := c.sh.cb.slotIn(a.id, li.key, now)
+	if !ok || wait <= bounceMin || (wait <= a.keptLeft() && !c.sh.full()) {
+		return nil
+	}
+	c.sh.cb.returned(a.id, now)
+	c.sh.bounced.Add(1)
+	return &ThrottledError{RetryIn: wait, Key: li.key, Limit: li.desc, Booked: true, Snooze: max(wait-a.early, 0)}
+}
+
+// maySleep reports whether a job may sleep wait for its permit in the middleware, and
+// if so takes its place among the sleepers (unless wait is 0). A job that found its
+// booking may sleep as long as River may bring it back early.
+func (c *config) maySleep(a attempt, wait time.Duration, kept bool) bool {
+	if wait <= 0 {
+		return true
+	}
+	limit := a.inlineLeft()
+	if kept {
+		limit = a.keptLeft()
+	}
+	return wait <= limit && c.sh.trySleep()
+}
+
+// attempt is what the middleware knows of a job's current attempt.
+type attempt struct {
+	// id is what the job's booking and its place in a semaphore's queue are recorded
+	// under (see bookingID).
+	id string
+	// early is how long before its slot the job is made due when it is snoozed (see
+	// comeBack.early).
+	early time.Duration
+	// deadline is when the job must stop sleeping in the middleware, to leave its
+	// worker half the time left before the context's deadline; zero: never.
+	deadline time.Time
+	// inline is when a job sleeping for a new booking or a slot must stop, and kept
+	// when one that found its booking must.
+	inline, kept time.Time
+}
+
+// attempt reads what the middleware needs of job's attempt from ctx and the Setup.
+func (c *config) attempt(ctx context.Context, job *rivertype.JobRow) attempt {
+	now := time.Now()
+	a := attempt{id: bookingID(job), early: c.sh.cb.early(c.sh.interval(job.Queue))}
+	// A snoozed job comes back up to early before its slot, and sleeps the rest: a
+	// shorter wait is served as well by sleeping now.
+	a.inline = now.Add(max(c.maxInline, a.early))
+	// A returning job may have been snoozed by another client of the fleet, whose
+	// learned margin may be up to comeBackMaxExtra longer, or come back early by the
+	// difference between the client's and the database's clocks: a second's slack.
+	a.kept = now.Add(max(c.maxInline, a.early+time.Second))
+	if dl, ok := ctx.Deadline(); ok {
+		a.deadline = now.Add(max(dl.Sub(now)/2, 0))
+	}
+	return a
+}
+
+// bookingID is the ID a job's booking is recorded under, and its place in a
+// semaphore's queue: its ID, and its creation time, which tells apart jobs of the
+// same ID in River databases of their own sharing one limiter.
+func bookingID(job *rivertype.JobRow) string {
+	return fmt.Sprintf("river:%d:%d", job.ID, job.CreatedAt.UnixMicro())
+}
+
+// until returns the earlier of t and the attempt's deadline; zero: never.
+func (a attempt) until(t time.Time) time.Time {
+	if t.IsZero() || (!a.deadline.IsZero() && a.deadline.Before(t)) {
+		return a.deadline
+	}
+	return t
+}
+
+// leftUntil is the time left until until(t); the largest duration for never.
+func (a attempt) leftUntil(t time.Time) time.Duration {
+	u := a.until(t)
+	if u.IsZero() {
+		return time.Duration(math.MaxInt64)
+	}
+	return max(time.Until(u), 0)
+}
+
+// inlineLeft is how much longer the job may sleep for a new booking or a slot.
+func (a attempt) inlineLeft() time.Duration { return a.leftUntil(a.inline) }
+
+// keptLeft is how much longer a job that found its booking may sleep for it.
+func (a attempt) keptLeft() time.Duration { return a.leftUntil(a.kept) }
+
+// inlineUntil is when a job sleeping for a new booking or a slot must stop.
+func (a attempt) inlineUntil() time.Time { return a.until(a.inline) }
+
+// outage paces the middleware's tries while its limiter or semaphore finds Redis
+// unavailable (throttle.ErrUnavailable under the default FailClosed policy).
+type outage struct{ backoff time.Duration }
+
+const (
+	outageFirstBackoff = 50 * time.Millisecond
+	outageMaxBackoff   = time.Second
+	// outageRetryIn is the RetryIn of a job snoozed because Redis was unavailable.
+	outageRetryIn = time.Second
+)
+
+// wait sleeps before the next try, doubling from 50ms to 1s, and reports true when
+// the attempt's inline budget allows that try; false, without sleeping, when it does
+// not or ctx is done.
+func (o *outage) wait(ctx context.Context, a attempt) bool {
+	o.backoff = min(max(2*o.backoff, outageFirstBackoff), outageMaxBackoff)
+	if a.inlineLeft() < o.backoff {
+		return false
+	}
+	return sleep(ctx, o.backoff) == nil
+}
+
+// throttled is the error that snoozes a job because Redis stayed unavailable.
+func (o *outage) throttled(key, limit string, err error) *ThrottledError {
+	return &ThrottledError{RetryIn: outageRetryIn, Snooze: snoozeUnbooked(outageRetryIn), Key: key, Limit: limit, Err: err}
+}
+
+// snoozeUnbooked is how long a job with no booking (a semaphore's, Redis unavailable)
+// is snoozed when its permit or slot may come in d: d, at least a second, and a jitter
+// of up to a tenth of that, at least a second, so that a herd throttled at the same
+// moment comes back over a few seconds rather than in the same one.
+func snoozeUnbooked(d time.Duration) time.Duration {
+	d = max(d, time.Second)
+	return d + rand.N(max(d/10, time.Second))
+}
+
+// snooze completes te with the job and returns it, to snooze the job: it counts the
+// snooze, records a booked job's slot (see comeBack) and calls Hooks.Throttled.
+func (c *config) snooze(ctx context.Context, job *rivertype.JobRow, te *ThrottledError) error {
+	te.JobID, te.Kind = job.ID, job.Kind
+	c.sh.snoozed.Add(1)
+	if te.Booked {
+		c.sh.cb.snoozed(bookingID(job), te.Key, time.Now(), te.Snooze, te.RetryIn)
+	}
+	if c.hooks.Throttled != nil {
+		c.hooks.Throttled(ctx, job, te)
+	}
+	return te
+}
+
+// waited reports a sleep in the middleware that began at start to the Waited hook.
+func (c *config) waited(ctx context.Context, job *rivertype.JobRow, start time.Time) {
+	if c.hooks.Waited != nil {
+		c.hooks.Waited(ctx, job, time.Since(start))
+	}
+}
