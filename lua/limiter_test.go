@@ -1307,3 +1307,23 @@ func TestTenantCosts(t *testing.T) {
 		}
 	})
 }
+
+// A pause freezes the fair share's clock, so its queue lives as long as the state: the
+// pause names the queue and extends its TTL (the TTLs are miniredis's; a real server's
+// run on the test's fake clock).
+func TestPauseKeepsTheQueue(t *testing.T) {
+	b := redistest.NewMini(t)
+	for _, a := range allAlgos {
+		tag := tagOf(b, "pq"+a.tag)
+		newClock(t, b, tag)
+		c := call{a: a, limits: []limit{{10, sec, 10}}}
+		c.one(t, b, tag, c.of("A", acquire(1, 0)))
+		p := pause(5 * sec)
+		p.Queue = keys.FairQueue
+		c.one(t, b, tag, p)
+		q, l := b.Client.PTTL(t.Context(), tag+":q").Val(), b.Client.PTTL(t.Context(), tag+":l").Val()
+		if m := parseMeta(t, b.Client, tag+":l"); m.Fair == nil || q < 5*time.Second || q < l-time.Second {
+			t.Fatalf("%s: the queue's TTL %v, the state's %v (its fair clock %+v)", a.tag, q, l, m.Fair)
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/internal/keys"
 	"github.com/jobthrottle/jobthrottle/internal/protocol"
 	"github.com/jobthrottle/jobthrottle/waiter"
 )
@@ -33,7 +34,8 @@ func (l *Limiter) Pause(ctx context.Context, d time.Duration) error {
 	if raise(&ks.hold, time.Now().Add(d).UnixNano()) {
 		ks.move(func(*sleeper) bool { return true })
 	}
-	if _, err := l.controlCall(ctx, &protocol.Request{Op: protocol.OpPause, X: min(ceilMicros(d), maxPeriodUS)}); err != nil {
+	call := &protocol.Request{Op: protocol.OpPause, X: min(ceilMicros(d), maxPeriodUS), Queue: keys.Name(l.t.tag, keys.FairQueue)}
+	if _, err := l.controlCall(ctx, call); err != nil {
 		return err
 	}
 	ks.landed.Store(true)

@@ -60,7 +60,7 @@
 //	c <n> <token> [b<i>] [c<i>] [u<unit>:<n>...]       cancel (token: the booking's stamp with b)
 //	s <n> <token> e<i> u<unit>:<estimate>:<actual>... [q<i> c<i> w<weight> t<name>]   settle
 //	i [q<i> c<i> t<name>]                              inspect
-//	p <len_us>                                         pause
+//	p <len_us> [q<i>]                                  pause (q: the queue lives as long as the clock)
 //	r                                                  resume
 //	o <len_us> <r1> <b1> [<r2> <b2> ...]               override (len 0: until cleared)
 //	x                                                  clear the override

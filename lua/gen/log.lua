@@ -1030,7 +1030,7 @@ local function parse_request(text)
       return nil, 'option ' .. w[i]
     end
   end
-  if (q.tenant and not q.q) or (q.q and not q.tenant and op ~= 'i') or (q.c and not q.tenant) or (q.late and not q.b)
+  if (q.tenant and not q.q) or (q.q and not q.tenant and op ~= 'i' and op ~= 'p') or (q.c and not q.tenant) or (q.late and not q.b)
     or ((q.units or q.ticket or q.hold) and op ~= 'W' and not q.tenant) or (q.c and not cparts[1])
     or (cparts[1] and q.tenant and not q.c and op ~= 'W') or (op == 'W' and not q.tenant)
     or ((op == 's') ~= (q.e ~= nil)) or (op == 's' and (q.b or not q.cost)) then
@@ -1434,7 +1434,7 @@ local function data_keep()
   return data
 end
 
-local out, wakes, books, booked = {}, {}, {}, {}
+local out, wakes, books, booked, paused_queue = {}, {}, {}, {}, nil
 
 local function answer(r, a, b, c, d, e, f, g)
   local o = 7 * r - 7
@@ -1877,6 +1877,9 @@ local function control(r, q)
     wakes[#wakes + 1] = string.format('p %d', meta.pause) -- the end in force
     if meta.fair and meta.fair.W > 0 then -- no service while paused: the fair clock waits
       meta.fair.tV = math.max(meta.fair.tV, meta.pause)
+      if q.q and not queue_foreign(q.q) then -- and the queue lives as long as it
+        paused_queue = KEYS[q.q]
+      end
     end
   elseif op == 'r' then
     if meta.pause > now then
@@ -1947,6 +1950,8 @@ if f and f.W > 0 and fair_moved then
     redis.call('ZADD', fair_key, string.format('%.17g', F), member)
   end
   redis.call('PEXPIRE', fair_key, ms(life(f)))
+elseif f and f.W > 0 and paused_queue then
+  redis.call('PEXPIRE', paused_queue, ms(life(f)))
 end
 if dirty() then
   if gst.found then -- the head replaced: another process's, with other limits
