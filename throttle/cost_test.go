@@ -20,18 +20,18 @@ func tokensLimiter(tl *timeline, key string, alg Algorithm, opts ...Option) *Lim
 // the other process's next call at once, a debt holds it back; a second settle, or one
 // made again, changes nothing; a settle after the booking has left every limit says so
 // and changes nothing. Every algorithm, every backend, on the fake timeline.
-func TestReserveCostAndSettle(t *testing.T) {
+func TestCostReserveAndSettle(t *testing.T) {
 	eachAlgorithm(t, redistest.Each, func(t *testing.T, alg Algorithm, b *redistest.Backend) {
 		ctx := context.Background()
 		tl := newTimeline(t, b)
 		a := tokensLimiter(tl, "settle", alg)
 		other := ctlLimiterOn(tl, ctlOtherClient(t, b), "settle", PerSecond(10), WithAlgorithm(alg),
 			WithLimits(Limit{Rate: 1000, Period: time.Second, Unit: "tokens"}))
-		r, err := a.ReserveCost(ctx, map[string]int{"tokens": 800}, 0)
+		r, err := a.Cost(map[string]int{"tokens": 800}).Reserve(ctx, 1, 0)
 		if err != nil || !r.OK() {
 			t.Fatalf("800 tokens: %v %v", r, err)
 		}
-		if r, err := other.ReserveCost(ctx, map[string]int{"tokens": 800}, 0); err != nil || r.OK() {
+		if r, err := other.Cost(map[string]int{"tokens": 800}).Reserve(ctx, 1, 0); err != nil || r.OK() {
 			t.Fatalf("800 more tokens in the other process: %v %v, want not OK", r, err)
 		}
 		tl.at(100 * ms)
@@ -41,11 +41,11 @@ func TestReserveCostAndSettle(t *testing.T) {
 		if err := r.Settle(ctx, map[string]int{"tokens": 10}); err != nil {
 			t.Fatalf("a second settle: %v, want nil and nothing changed", err)
 		}
-		r2, err := other.ReserveCost(ctx, map[string]int{"tokens": 800}, 0)
+		r2, err := other.Cost(map[string]int{"tokens": 800}).Reserve(ctx, 1, 0)
 		if err != nil || !r2.OK() {
 			t.Fatalf("800 tokens in the other process after the refund: %v %v", r2, err)
 		}
-		if r, err := other.ReserveCost(ctx, map[string]int{"tokens": 200}, 0); err != nil || r.OK() {
+		if r, err := other.Cost(map[string]int{"tokens": 200}).Reserve(ctx, 1, 0); err != nil || r.OK() {
 			t.Fatalf("200 more: %v %v, want not OK (the second settle refunded nothing)", r, err)
 		}
 		// a debt: the other process's 800 were 1000
@@ -53,12 +53,12 @@ func TestReserveCostAndSettle(t *testing.T) {
 			t.Fatal(err)
 		}
 		tl.at(1050 * ms) // the first 150 have left the window; the 1000 have not
-		if r, err := a.ReserveCost(ctx, map[string]int{"tokens": 200}, 0); err != nil || r.OK() && alg != TokenBucket && alg != FixedWindow {
+		if r, err := a.Cost(map[string]int{"tokens": 200}).Reserve(ctx, 1, 0); err != nil || r.OK() && alg != TokenBucket && alg != FixedWindow {
 			t.Fatalf("200 tokens behind a debt of 200: %v %v, want not OK", r, err)
 		}
 		// too late
 		tl.at(5 * time.Second)
-		r3, err := a.ReserveCost(ctx, map[string]int{"tokens": 10}, 0)
+		r3, err := a.Cost(map[string]int{"tokens": 10}).Reserve(ctx, 1, 0)
 		if err != nil || !r3.OK() {
 			t.Fatal(r3, err)
 		}
@@ -87,7 +87,7 @@ func TestSettleLostReplyAppliesOnce(t *testing.T) {
 		if err := rdb.ScriptLoad(ctx, l.t.script.src).Err(); err != nil {
 			t.Fatal(err)
 		}
-		r, err := l.ReserveCost(ctx, map[string]int{"tokens": 500}, 0)
+		r, err := l.Cost(map[string]int{"tokens": 500}).Reserve(ctx, 1, 0)
 		if err != nil || !r.OK() {
 			t.Fatal(r, err)
 		}
@@ -117,17 +117,17 @@ func TestUnsettledEstimateLapses(t *testing.T) {
 		ctx := context.Background()
 		tl := newTimeline(t, b)
 		l := tokensLimiter(tl, "crashed", alg)
-		if r, err := l.ReserveCost(ctx, map[string]int{"tokens": 700}, 0); err != nil || !r.OK() {
+		if r, err := l.Cost(map[string]int{"tokens": 700}).Reserve(ctx, 1, 0); err != nil || !r.OK() {
 			t.Fatal(r, err)
 		}
-		if r, err := l.ReserveCost(ctx, map[string]int{"tokens": 301}, 0); err != nil || r.OK() {
+		if r, err := l.Cost(map[string]int{"tokens": 301}).Reserve(ctx, 1, 0); err != nil || r.OK() {
 			t.Fatalf("301 tokens beside an unsettled 700: %v %v, want not OK", r, err)
 		}
-		if r, err := l.ReserveCost(ctx, map[string]int{"tokens": 300}, 0); err != nil || !r.OK() {
+		if r, err := l.Cost(map[string]int{"tokens": 300}).Reserve(ctx, 1, 0); err != nil || !r.OK() {
 			t.Fatalf("300 tokens beside an unsettled 700: %v %v, want OK", r, err)
 		}
 		tl.at(time.Second + 50*ms) // (the counter's sub-buckets are 20ms)
-		if r, err := l.ReserveCost(ctx, map[string]int{"tokens": 1000}, 0); err != nil || !r.OK() {
+		if r, err := l.Cost(map[string]int{"tokens": 1000}).Reserve(ctx, 1, 0); err != nil || !r.OK() {
 			t.Fatalf("the whole budget a period later: %v %v", r, err)
 		}
 	})
@@ -174,14 +174,14 @@ func TestCostErrors(t *testing.T) {
 		{map[string]int{"tokens": -1}, ErrInvalidArgument},
 		{map[string]int{"tokens": 1001}, ErrExceedsLimit},
 	} {
-		if _, err := l.ReserveCost(ctx, c.cost, 0); !errors.Is(err, c.want) {
-			t.Errorf("ReserveCost(%v): %v, want %v", c.cost, err, c.want)
+		if _, err := l.Cost(c.cost).Reserve(ctx, 1, 0); !errors.Is(err, c.want) {
+			t.Errorf("Cost(%v).Reserve: %v, want %v", c.cost, err, c.want)
 		}
 		if _, err := l.WaitCost(ctx, c.cost); !errors.Is(err, c.want) {
 			t.Errorf("WaitCost(%v): %v, want %v", c.cost, err, c.want)
 		}
 	}
-	r, err := l.ReserveCost(ctx, map[string]int{"tokens": 10}, 0)
+	r, err := l.Cost(map[string]int{"tokens": 10}).Reserve(ctx, 1, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,19 +211,22 @@ func TestTenantCostCaps(t *testing.T) {
 		tl := newTimeline(t, b)
 		l := tokensLimiter(tl, "tenant-costs", SlidingWindow, WithTenantLimits(Limit{Rate: 600, Period: time.Second, Unit: "tokens"}))
 		a := l.Tenant("a")
-		if r, err := a.ReserveCost(ctx, map[string]int{"tokens": 600}, 0); err != nil || !r.OK() {
+		if r, err := a.Cost(map[string]int{"tokens": 600}).Reserve(ctx, 1, 0); err != nil || !r.OK() {
 			t.Fatal(r, err)
 		}
 		tl.at(700 * ms) // its turn has come again
-		r, err := a.ReserveCost(ctx, map[string]int{"tokens": 100}, 0)
+		r, err := a.Cost(map[string]int{"tokens": 100}).Reserve(ctx, 1, 0)
 		if err != nil || r.OK() {
 			t.Fatalf("100 more of a's tokens, its caps full: %v %v, want not OK", r, err)
 		}
-		if r, err := l.Tenant("b").ReserveCost(ctx, map[string]int{"tokens": 400}, 0); err != nil || !r.OK() {
+		if r, err := l.Tenant("b").Cost(map[string]int{"tokens": 400}).Reserve(ctx, 1, 0); err != nil || !r.OK() {
 			t.Fatalf("b's 400 tokens beside a's 600: %v %v", r, err)
 		}
-		if _, err := a.ReserveCost(ctx, map[string]int{"tokens": 601}, 0); !errors.Is(err, ErrExceedsLimit) {
+		if _, err := a.Cost(map[string]int{"tokens": 601}).Reserve(ctx, 1, 0); !errors.Is(err, ErrExceedsLimit) {
 			t.Fatalf("601 tokens of a tenant capped at 600: %v, want ErrExceedsLimit", err)
+		}
+		if _, err := l.Cost(map[string]int{"tokens": 601}).Tenant("a").Reserve(ctx, 1, 0); !errors.Is(err, ErrExceedsLimit) {
+			t.Fatalf("Cost, then Tenant: 601 tokens of a tenant capped at 600: %v, want ErrExceedsLimit", err)
 		}
 	})
 }

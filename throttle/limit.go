@@ -11,7 +11,7 @@ import (
 // Limit is a rate: at most Rate permits per Period.
 //
 // A limit counts calls (the n of AllowN, WaitN, Reserve) unless it names a Unit: then it
-// counts what calls cost in that unit (ReserveCost, WaitCost), "100,000 tokens per
+// counts what calls cost in that unit (Cost, WaitCost), "100,000 tokens per
 // minute" being Limit{Rate: 100000, Period: time.Minute, Unit: "tokens"}. A limiter may
 // hold limits of several units; a call takes from all of them at once or from none.
 //

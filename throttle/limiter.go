@@ -44,7 +44,7 @@ type Limiter struct {
 	config  string          // the configuration's id on the key: target and policy
 	counted time.Duration   // how long a grant counts against the limits
 	tenant  *tenant         // a tenant's handle's; nil for the key's own
-	costs   []protocol.Cost // a call's costs in units (ReserveCost, WaitCost); nil: none
+	costs   []protocol.Cost // a call's costs in units (Cost); nil: none
 }
 
 // maxWaitMicros is the longest wait a script takes (2^53 - 1 µs, about 285 years).
@@ -184,7 +184,11 @@ func (l *Limiter) Reserve(ctx context.Context, n int, maxWait time.Duration) (*w
 		return nil, err
 	}
 	// Cancel gives back only a booking ahead: one due now is not
-	return waiter.NewReservation(g.granted, g.wait, func(ctx context.Context) error { return l.giveBack(ctx, n, g) }), nil
+	cancel := func(ctx context.Context) error { return l.giveBack(ctx, n, g) }
+	if len(l.costs) > 0 {
+		return waiter.NewCostReservation(g.granted, g.wait, cancel, l.settler(n, g)), nil
+	}
+	return waiter.NewReservation(g.granted, g.wait, cancel), nil
 }
 
 // check refuses a call that cannot be granted, before any Redis call.
@@ -200,6 +204,11 @@ func (l *Limiter) check(ctx context.Context, n int) error {
 	}
 	if n > l.maxN {
 		return fmt.Errorf("%w: n = %d, at most %d (key %q)", ErrExceedsLimit, n, l.maxN, l.key)
+	}
+	for _, c := range l.costs {
+		if err := l.checkCost(c.Unit, c.N); err != nil {
+			return err
+		}
 	}
 	return ctx.Err()
 }

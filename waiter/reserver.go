@@ -48,7 +48,7 @@ func NewReservation(ok bool, delay time.Duration, cancel func(ctx context.Contex
 }
 
 // NewCostReservation is NewReservation for a booking made on estimated costs
-// (throttle.Limiter's ReserveCost and WaitCost): settle charges the actual costs in
+// (throttle.Limiter's Cost and WaitCost): settle charges the actual costs in
 // place of the estimates (see Settle).
 func NewCostReservation(ok bool, delay time.Duration, cancel func(ctx context.Context) error,
 	settle func(ctx context.Context, actual map[string]int) error) *Reservation {
@@ -58,7 +58,7 @@ func NewCostReservation(ok bool, delay time.Duration, cancel func(ctx context.Co
 }
 
 // Settle charges, for every process, the actual costs of a booking made on estimated
-// ones (throttle.Limiter's ReserveCost and WaitCost), by unit, in place of the estimates,
+// ones (throttle.Limiter's Cost and WaitCost), by unit, in place of the estimates,
 // at the booking's place: what the estimate overcharged goes back to the callers behind
 // it, what it undercharged holds them back. A unit actual does not name keeps its
 // estimate. Settle applies once: a second call, or one made again after an error (a
