@@ -30,15 +30,18 @@ var commands = []*command{
 		summary: "list the keys under the prefix, with their kind, pause, override and limits",
 		about: `Lists every key under the prefix (SCAN on each node), or those whose key matches
 PATTERN (a glob: 'vendor-*'), one a line: the key as the code gives it to
-throttle.New, its kind (the algorithm whose state it holds, Semaphore, or the
-record's algorithm and "(idle)" when it holds no state), the pause and the override
-set on it with the time each has left, and its limits as its record says.
+throttle.New, its kind (the algorithm whose state it holds, Semaphore, or "(idle)"
+when it holds only what is set on it), its tenants' caps and tasks' bookings, the
+pause and the override set on it with the time each has left, and its limits as its
+record (its state's head, written by the last process to use it) says; "drift:"
+names another process's limits found on the key within the last minute.
 Keys under the prefix whose type or content jobthrottle does not write are listed
 after the table, with what is wrong with each; no command touches them.`,
 		example: `$ jobthrottle ls
-KEY              KIND           PAUSED  OVERRIDE        LIMITS (the key's record)
-mail             TokenBucket    -       -               5/1m0s:8
-vendor-api       SlidingWindow  24.1s   2/1m0s, 59m58s  10/1m0s`,
+KEY         KIND                            PAUSED  OVERRIDE  LIMITS (the key's record)
+mail        TokenBucket                     -       -         5/1m0s:8
+reports     Semaphore                       -       -         -
+vendor-api  SlidingWindow, 3 tenants' caps  -       -         20/1s`,
 		run: (*tool).ls,
 	},
 	{
@@ -47,19 +50,27 @@ vendor-api       SlidingWindow  24.1s   2/1m0s, 59m58s  10/1m0s`,
 		about: `Prints the key's live state, by the Redis server's clock: each limit's use of
 its capacity (bookings apart), the queue booked ahead, when the next permit is
 free, whether a pause and an override are set (each with the time it has left),
-and when the key is back to full capacity. A semaphore shows its leases and
-waiters. The algorithm and limits come from the key's record, which the
-processes that use the key write; -limit shows the state as other limits read it,
-or stands in for a missing record (a key idle for a while, or processes of an
-older jobthrottle).`,
+operators' weights of tenants, the fair share (W, the weight of the tenants
+queued, and the tenants with the most queued: each one's weight and how far ahead
+its requests reach), another process's limits when they were found on the key
+lately (drift), and when the key is back to full capacity. A semaphore shows its
+leases and waiters. The algorithm and limits come from the key's record (its
+state's head), which the processes that use the key write; -limit shows the state
+as other limits read it, or stands in for a missing record (a key idle for a while).`,
 		example: `$ jobthrottle show vendor-api
 vendor-api  SlidingWindow
-  10 per 1m0s            [#########.....................] 3/10 used + 10 booked
-  queue       10 permits booked, the last 59.9s ahead
-  next free   in 1m0s (remaining now: 0)
+  20 per 1s              [##############################] 20/20 used
+  queue       none
+  next free   in 257ms (remaining now: 0)
   paused      no
   override    none
-  reset in    1m0s (state TTL 1m0.01s)`,
+  weights     acme 3, 9m48.5s more (an operator's)
+  fair share  W 5 (the weight of the tenants queued); the tenants with the most queued:
+    TENANT  WEIGHT  QUEUED
+    bigco   1       4.5s ahead
+    globex  1       1.5s ahead
+    acme    3       227ms ahead
+  reset in    958ms (state TTL 9m48.453s)`,
 		run: (*tool).show,
 	},
 	{
@@ -82,11 +93,12 @@ vendor-api  SlidingWindow
 	{
 		name: "pause", args: "KEY DURATION", min: 2, max: 2,
 		summary: "stop all grants on a key, fleet-wide, for DURATION",
-		about: `Pauses the key for DURATION (30s, 5m, 1h): every process's calls are denied and
-bookings start after it, until it ends or resume ends it. A longer pause already
-set is kept. An override set on the key stays.`,
+		about: `Pauses the key for DURATION (30s, 5m, 1h): the whole fleet stops until it ends or
+resume ends it. Every process's calls are denied and bookings start after it; a
+waiter already asleep on a booking gives it back and books after the pause. A
+longer pause already set is kept. An override set on the key stays.`,
 		example: `$ jobthrottle pause vendor-api 30s
-paused vendor-api for 30s: no new grants on it anywhere until then, permits booked before it keep their slots ('jobthrottle resume vendor-api' ends it sooner)`,
+paused vendor-api for 30s: the whole fleet stops until then; a waiter already asleep gives its booking back and books after the pause ('jobthrottle resume vendor-api' ends it sooner)`,
 		check: parsePause,
 		run:   (*tool).pause,
 	},
@@ -122,18 +134,36 @@ vendor-api: removed the override (2 per 1m0s, 59m12s left); the rates the code p
 		run: (*tool).unset,
 	},
 	{
+		name: "weight", args: "KEY TENANT (WEIGHT DURATION | clear)", min: 3, max: 4,
+		summary: "set a tenant's weight in a key's fair share, fleet-wide, or clear it",
+		about: `Sets TENANT's weight in the key's fair share for every process, for DURATION
+(10m, 24h), in place of the weight its callers pass (throttle.Weight): while
+several tenants have requests queued, each gets the key's rate in proportion to
+its weight. WEIGHT is a number from 0.000001 to 1000000 (3, 0.5). 'weight KEY
+TENANT clear' ends it sooner: its callers' weight counts again. A tenant's name
+is any text of 1 to 256 bytes, given in the shell's quoting; show lists the
+weights set.`,
+		example: `$ jobthrottle weight vendor-api acme 3 10m
+vendor-api: tenant acme now has weight 3 in every process's fair share, for 10m0s, in place of the weight its callers pass ('jobthrottle weight vendor-api acme clear' ends it sooner)
+$ jobthrottle weight vendor-api acme clear
+vendor-api: cleared tenant acme's weight (3, 9m50.5s left); the weight its callers pass counts again`,
+		check: parseWeight,
+		run:   (*tool).weight,
+	},
+	{
 		name: "reset", args: "KEY", min: 1, max: 1, flags: []string{"yes"},
 		summary: "delete a key's state, so its limits start afresh (asks first)",
-		about: `Deletes the key's state: its algorithm's state key, a semaphore's leases and
-queue, and its tasks' bookings. Its limits start afresh: up to a full window more
-can pass, and a semaphore's holders lose their leases. The pause, the override
-and the record are kept (resume and unset end the first two). Keys whose type or
-content is not jobthrottle's are left alone and named. It asks before deleting,
-unless -yes.`,
+		about: `Deletes the key's state: what its state key counts, the fair share's queue, its
+tenants' caps, its tasks' bookings, a semaphore's leases and queue. Its limits
+start afresh: up to a full window more can pass, and a semaphore's holders lose
+their leases. What is set on the key is kept: the pause, the override and
+operators' weights stay in its state key, alone (resume, unset and weight ...
+clear end them). Keys whose type or content is not jobthrottle's are left alone
+and named. It asks before deleting, unless -yes.`,
 		example: `$ jobthrottle reset vendor-api
-delete {jobthrottle:vendor-api}:sw? Its limits start afresh: up to a full window more can pass. [y/N] y
-reset vendor-api: deleted {jobthrottle:vendor-api}:sw
-kept {jobthrottle:vendor-api}:conf (the record of its limits)`,
+delete the counts of {jobthrottle:vendor-api}:l, {jobthrottle:vendor-api}:q, 3 tenants' caps ({jobthrottle:vendor-api}:t:*)? Its limits start afresh: up to a full window more can pass; what is set on it stays: the pause (29.9s more), 1 tenant's weight. [y/N] y
+reset vendor-api: deleted the counts of {jobthrottle:vendor-api}:l, {jobthrottle:vendor-api}:q, 3 tenants' caps ({jobthrottle:vendor-api}:t:*)
+kept what is set on it: the pause (29.9s more), 1 tenant's weight`,
 		run: (*tool).reset,
 	},
 	{
@@ -173,9 +203,9 @@ var flagHelp = map[string]string{
 }
 
 // cliRules are the ACL rules the command needs beyond throttle.ACLRules: PING when
-// it connects, TYPE to tell jobthrottle's keys from others, SCAN for ls and for
-// reset's bookings.
-const cliRules = "+ping +type +scan"
+// it connects, SCAN for ls and for reset's bookings and tenants' caps, WATCH for
+// reset's transaction.
+const cliRules = "+ping +scan +watch"
 
 // help prints the help of c, or the general help when c is nil.
 func help(w io.Writer, c *command, prefix string) {

@@ -34,9 +34,11 @@ func TestHelp(t *testing.T) {
 		{[]string{"show", "vendor-api", "-help"}, []string{"usage: jobthrottle [flags] show [flags] KEY"}},
 		{[]string{"help", "pause"}, []string{"usage: jobthrottle [flags] pause KEY DURATION", "$ jobthrottle pause vendor-api 30s\n  paused vendor-api for 30s"}},
 		{[]string{"help", "set"}, []string{"KEY RATE/PERIOD[:BURST]...", "-for D", "$ jobthrottle set -for 1h vendor-api 2/1m"}},
-		{[]string{"help", "reset"}, []string{"-yes", "The pause, the override\nand the record are kept"}},
+		{[]string{"help", "reset"}, []string{"-yes", "What is set on the key is kept: the pause, the override and\noperators' weights"}},
+		{[]string{"help", "weight"}, []string{"usage: jobthrottle [flags] weight KEY TENANT (WEIGHT DURATION | clear)",
+			"$ jobthrottle weight vendor-api acme 3 10m\n", "$ jobthrottle weight vendor-api acme clear\n"}},
 		{[]string{"help", "help"}, []string{"usage: jobthrottle help [COMMAND | acl]"}},
-		{[]string{"-prefix", "acme:", "help", "acl"}, []string{"ACL SETUSER worker on >secret resetkeys ~{acme:* ", "+ping +type +scan", "+cluster|slots"}},
+		{[]string{"-prefix", "acme:", "help", "acl"}, []string{"ACL SETUSER worker on >secret resetkeys ~{acme:* ", "+ping +scan +watch", "+cluster|slots"}},
 	} {
 		code, out, errs := runNoRedis(c.args...)
 		if code != 0 || errs != "" {
@@ -82,6 +84,14 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"pause", "tenant\t7", "-1h"}, `pause "tenant\t7": -1h is not a positive duration`},
 		{[]string{"show", "-nosuch", "k"}, "flag provided but not defined: -nosuch (see 'jobthrottle help show')"},
 		{[]string{"-h", "localhost", "-p"}, "flag needs an argument: -p (see 'jobthrottle --help')"},
+		{[]string{"weight", "k", "acme"}, "weight takes KEY TENANT (WEIGHT DURATION | clear), got 2 arguments (see 'jobthrottle help weight')"},
+		{[]string{"weight", "k", "acme", "3"}, `weight k acme: give WEIGHT and DURATION (e.g. 3 10m), or clear (see 'jobthrottle help weight')`},
+		{[]string{"weight", "k", "acme", "heavy", "10m"}, `weight k acme: "heavy" is not a positive number (e.g. 3, 0.5)`},
+		{[]string{"weight", "k", "acme", "0", "10m"}, `weight k acme: "0" is not a positive number`},
+		{[]string{"weight", "k", "acme", "-2", "10m"}, `weight k acme: "-2" is not a positive number`},
+		{[]string{"weight", "k", "acme", "3", "-1m"}, `weight k acme: "-1m" is not a positive duration: the weight lasts that long from now (e.g. 10m, 24h); 'jobthrottle weight k acme clear' ends it`},
+		{[]string{"weight", "k", "ten\n7", "3", "soon"}, `weight k "ten\n7": "soon" is not a positive duration`},
+		{[]string{"weight", "k", "", "clear"}, "weight k: tenant name of 0 bytes, want 1 to 256"},
 	} {
 		code, out, errs := runNoRedis(c.args...)
 		if code != 2 || out != "" || strings.Count(errs, "\n") != 1 || !strings.Contains(errs, c.want) || !strings.Contains(errs, "(see 'jobthrottle ") {

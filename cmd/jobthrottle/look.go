@@ -14,12 +14,14 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// entry is one key found under a tag: its name, suffix and Redis type, a string's
-// text, and, when its type or content is not what jobthrottle writes, why
-// (keys.Check's error).
+// entry is one key found under a tag: its name, suffix and Redis type and, when its
+// type or content is not what jobthrottle writes, why (keys.Check's error). A
+// limiter's state (suffix keys.State) of jobthrottle's carries its meta.
 type entry struct {
 	name, suffix, typ string
-	text              string
+	meta              *keys.Meta // the state's meta; nil for other keys
+	rawMeta           string     // its text
+	bare              bool       // the state holds its meta alone: nothing is counted
 	foreign           error
 }
 
@@ -31,21 +33,45 @@ func (e *entry) leftAlone() string {
 // keyset is what lies under one key's tag.
 type keyset struct {
 	key, tag string
-	ours     map[string]*entry // by suffix, bookings included
+	ours     map[string]*entry // by suffix, bookings and tenants' states included
 	foreign  []*entry
 }
 
 func (k *keyset) has(s string) bool { return k.ours[s] != nil }
 
-// states returns the suffixes of the algorithms' state keys the tag holds.
-func (k *keyset) states() []string {
-	var s []string
-	for _, a := range keys.States() {
-		if k.has(a) {
-			s = append(s, a)
-		}
+// meta returns the meta of the key's state (the zero Meta when it has none of
+// jobthrottle's): what is set on the key, its head and the fair share's clock.
+func (k *keyset) meta() keys.Meta {
+	if e := k.ours[keys.State]; e != nil {
+		return *e.meta
 	}
-	return s
+	return keys.Meta{}
+}
+
+// head returns the head the key's meta holds; ok is false when it has none.
+func (k *keyset) head() (h keys.Head, ok bool) {
+	if e := k.ours[keys.State]; e != nil {
+		h, err := keys.ParseHead(e.meta.Head) // keys.Check read it already
+		return h, err == nil
+	}
+	return keys.Head{}, false
+}
+
+// record returns the key's record: the algorithm and limits of its state's head, as
+// its last writer had them; ok is false when it has none (no state, or a meta alone
+// this command wrote on a key with none, whose head is unknown).
+func (k *keyset) record() (h keys.Head, ok bool) {
+	h, ok = k.head()
+	if !ok || h.String() == unknown.String() {
+		return keys.Head{}, false
+	}
+	return h, true
+}
+
+// idle reports whether the key's state holds its meta alone: nothing is counted.
+func (k *keyset) idle() bool {
+	e := k.ours[keys.State]
+	return e == nil || e.bare
 }
 
 // semaphore reports whether the tag holds a semaphore's leases or queue.
@@ -53,35 +79,17 @@ func (k *keyset) semaphore() bool {
 	return k.has(keys.Leases) || k.has(keys.Queue) || k.has(keys.QueueExpiry)
 }
 
-// bookings returns the names of the tag's bookings.
-func (k *keyset) bookings() []string {
+// named returns the names of the tag's keys whose suffix begins with s (bookings,
+// tenants' states), sorted.
+func (k *keyset) named(s string) []string {
 	var b []string
-	for s, e := range k.ours {
-		if strings.HasPrefix(s, keys.Booking) {
+	for suffix, e := range k.ours {
+		if strings.HasPrefix(suffix, s) {
 			b = append(b, e.name)
 		}
 	}
 	slices.Sort(b)
 	return b
-}
-
-// record returns the key's record; ok is false when it has none of jobthrottle's.
-func (k *keyset) record() (r keys.Record, ok bool) {
-	if e := k.ours[keys.RecordKey]; e != nil {
-		r, err := keys.ParseRecord(e.text) // keys.Check read it already
-		return r, err == nil
-	}
-	return keys.Record{}, false
-}
-
-// control returns the key's control key as read (the zero Control when it has none
-// of jobthrottle's).
-func (k *keyset) control() keys.Control {
-	if e := k.ours[keys.ControlKey]; e != nil {
-		c, _ := keys.ParseControl(e.text) // keys.Check read it already
-		return c
-	}
-	return keys.Control{}
 }
 
 // foreignOf returns the foreign key with suffix s, or nil.
@@ -94,12 +102,17 @@ func (k *keyset) foreignOf(s string) *entry {
 	return nil
 }
 
-// sample is how many elements of a list or sorted set examine reads from each end.
-const sample = 16
+// fixed are the suffixes of the keys a tag may hold besides bookings and tenants'
+// states.
+var fixed = []string{keys.State, keys.FairQueue, keys.Leases, keys.Queue, keys.QueueExpiry}
+
+// sample is how many elements of a list or sorted set examine reads, from its start:
+// a state's meta and the first numbers of its log, the first members of a queue.
+const sample = 32
 
 // examine reads the Redis type and the content of each key (a list's or a sorted
-// set's first and last elements), in two pipelines, and checks them with
-// keys.Check. Keys that do not exist are left out.
+// set's first elements), in two pipelines, and checks them with keys.Check. Keys that
+// do not exist are left out.
 func (t *tool) examine(ctx context.Context, names, suffixes []string) ([]*entry, error) {
 	if len(names) == 0 {
 		return nil, nil
@@ -113,15 +126,15 @@ func (t *tool) examine(ctx context.Context, names, suffixes []string) ([]*entry,
 		return nil, err
 	}
 	pipe = t.rdb.Pipeline()
-	reads := make([][]redis.Cmder, len(names))
+	reads := make([]redis.Cmder, len(names))
 	for i, n := range names {
 		switch types[i].Val() {
 		case "string":
-			reads[i] = []redis.Cmder{pipe.Get(ctx, n)}
+			reads[i] = pipe.Get(ctx, n)
 		case "list":
-			reads[i] = []redis.Cmder{pipe.LRange(ctx, n, 0, sample-1), pipe.LRange(ctx, n, -sample, -1)}
+			reads[i] = pipe.LRange(ctx, n, 0, sample-1)
 		case "zset":
-			reads[i] = []redis.Cmder{pipe.ZRangeWithScores(ctx, n, 0, sample-1), pipe.ZRangeWithScores(ctx, n, -sample, -1)}
+			reads[i] = pipe.ZRangeWithScores(ctx, n, 0, sample-1)
 		}
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
@@ -134,26 +147,42 @@ func (t *tool) examine(ctx context.Context, names, suffixes []string) ([]*entry,
 			continue
 		}
 		var values []string
-		gone := false
-		for _, c := range reads[i] {
-			switch c := c.(type) {
-			case *redis.StringCmd:
-				e.text, gone = c.Val(), errors.Is(c.Err(), redis.Nil) // expired since TYPE
-				values = append(values, e.text)
-			case *redis.StringSliceCmd:
-				values = append(values, c.Val()...)
-			case *redis.ZSliceCmd:
-				for _, z := range c.Val() {
-					values = append(values, fmt.Sprint(z.Member), strconv.FormatFloat(z.Score, 'f', -1, 64))
-				}
+		switch c := reads[i].(type) {
+		case *redis.StringCmd:
+			if c.Err() == nil {
+				values = []string{c.Val()}
+			}
+		case *redis.StringSliceCmd:
+			values = c.Val()
+		case *redis.ZSliceCmd:
+			for _, z := range c.Val() {
+				values = append(values, fmt.Sprint(z.Member), strconv.FormatFloat(z.Score, 'f', -1, 64))
 			}
 		}
-		if !gone {
-			e.foreign = keys.Check(e.suffix, e.typ, values)
-			found = append(found, e)
+		if reads[i] != nil && len(values) == 0 { // expired since TYPE
+			continue
 		}
+		if e.foreign = keys.Check(e.suffix, e.typ, values); e.foreign == nil && e.suffix == keys.State {
+			e.readMeta(values)
+		}
+		found = append(found, e)
 	}
 	return found, nil
+}
+
+// readMeta reads the meta of a state keys.Check took as jobthrottle's, from values as
+// examine read them: a list's first element, or a string's text after its numbers.
+func (e *entry) readMeta(values []string) {
+	text := values[0]
+	if e.typ == "string" {
+		var nums string
+		nums, text, _ = strings.Cut(text, "\n")
+		e.bare = nums == ""
+	} else {
+		e.bare = len(values) == 1
+	}
+	m, _ := keys.ParseMeta(text) // keys.Check read it
+	e.meta, e.rawMeta = &m, text
 }
 
 // tagOf is key's hash tag under the prefix.
@@ -165,21 +194,21 @@ func (t *tool) tagOf(key string) (string, error) {
 	return tag, nil
 }
 
-// look examines what lies under key's tag: every key of keys.Suffixes, and, with
-// bookings, the tasks' bookings SCAN finds there.
-func (t *tool) look(ctx context.Context, key string, bookings bool) (*keyset, error) {
+// look examines what lies under key's tag: the fixed keys, and, with all, every key
+// SCAN finds there (the tasks' bookings, the tenants' states).
+func (t *tool) look(ctx context.Context, key string, all bool) (*keyset, error) {
 	tag, err := t.tagOf(key)
 	if err != nil {
 		return nil, err
 	}
-	suffixes := keys.Suffixes()
-	if bookings {
-		names, err := t.scan(ctx, escapeGlob(keys.Name(tag, keys.Booking))+"*", tag)
+	suffixes := slices.Clone(fixed)
+	if all {
+		names, err := t.scan(ctx, escapeGlob(tag)+":*", tag)
 		if err != nil {
 			return nil, err
 		}
 		for _, n := range names {
-			if k, s, ok := keys.Split(t.o.prefix, n); ok && k == key {
+			if k, s, ok := keys.Split(t.o.prefix, n); ok && k == key && !slices.Contains(fixed, s) {
 				suffixes = append(suffixes, s)
 			}
 		}
@@ -249,8 +278,7 @@ func escapeGlob(s string) string {
 	return r.Replace(s)
 }
 
-// serverNow is the Redis server's clock, µs: the clock the control key's ends are
-// written by.
+// serverNow is the Redis server's clock, µs: the clock the meta's ends are written by.
 func (t *tool) serverNow(ctx context.Context) (int64, error) {
 	now, err := t.rdb.Time(ctx).Result()
 	if err != nil {

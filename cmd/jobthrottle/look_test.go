@@ -23,18 +23,14 @@ func plant(ctx context.Context, rdb redis.UniversalClient, name, s string, wrong
 	}
 	typ := keys.Type(s)
 	switch {
-	case wrongType && typ == "string":
-		return rdb.HSet(ctx, name, "owner", "someone else").Err()
-	case wrongType && typ == "list":
-		return rdb.Set(ctx, name, "someone else's", 0).Err()
-	case wrongType:
+	case wrongType && typ == "zset":
 		return rdb.SAdd(ctx, name, "someone else's").Err()
-	case typ == "string":
-		return rdb.Set(ctx, name, "someone else's", 0).Err()
-	case typ == "list":
-		return rdb.RPush(ctx, name, "12", "someone else's").Err()
+	case wrongType:
+		return rdb.HSet(ctx, name, "owner", "someone else").Err()
+	case typ == "zset":
+		return rdb.ZAdd(ctx, name, redis.Z{Score: 100, Member: "alice"}).Err()
 	}
-	return rdb.ZAdd(ctx, name, redis.Z{Score: 100, Member: "alice"}).Err()
+	return rdb.Set(ctx, name, "someone else's", 0).Err() // not a state: no meta; not a booking
 }
 
 // snapshot is a key's type and whole content, to tell whether a command touched it.
@@ -58,33 +54,38 @@ func snapshot(ctx context.Context, rdb redis.UniversalClient, name string) strin
 
 // A key under a limiter's tag whose type or content is not jobthrottle's, of every
 // suffix, is left alone by every command, which names it and says why: ls, show,
-// watch, pause, resume, set, unset and reset (a booking's key: ls and reset, the
-// commands that look for bookings). Beside it the limiter's own keys are used as
-// usual (reset deletes its state). pause, resume, set and unset refuse a foreign
-// control key: they would overwrite it.
+// watch, pause, resume, set, unset, weight and reset (a tenant's caps or a booking:
+// ls and reset, the commands that look for them). Beside it the limiter's own keys
+// are used as usual (reset deletes them). The commands that set something on the key
+// refuse a foreign state: they would overwrite it. show and watch cannot read a key
+// whose state, or fair share's queue of another type, is foreign (Inspect reads
+// both), and say why.
 func TestForeignKeys(t *testing.T) {
 	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
-		for _, s := range append(keys.Suffixes(), keys.Booking+"task-1") {
+		for _, s := range []string{keys.State, keys.FairQueue, keys.Tenant + "acme", keys.Booking + "task-1",
+			keys.Leases, keys.Queue, keys.QueueExpiry} {
 			for _, wrongType := range []bool{true, false} {
 				what := "text"
 				if wrongType {
 					what = "type"
 				}
-				key := "f-" + strings.TrimSuffix(s, ":task-1") + "-" + what
+				key := "f-" + strings.NewReplacer(":acme", "", ":task-1", "").Replace(s) + "-" + what
 				t.Run(key, func(t *testing.T) {
-					// the limiter's own keys: a state (a token bucket's where the foreign key
-					// is a sliding window's) and the record
-					alg, state := throttle.SlidingWindow, keys.SlidingWindow
-					if s == keys.SlidingWindow {
-						alg, state = throttle.TokenBucket, keys.TokenBucket
-					}
-					lim, err := throttle.New(b.Client, key, throttle.PerMinute(10), throttle.WithAlgorithm(alg), throttle.WithKeyPrefix(b.Prefix))
+					// the limiter's own keys: its state, a tenant's caps, the fair share's
+					// queue and a task's booking
+					lim, err := throttle.New(b.Client, key, throttle.PerMinute(10), throttle.WithTenantLimits(throttle.PerMinute(5)),
+						throttle.WithKeyPrefix(b.Prefix))
 					if err != nil {
 						t.Fatal(err)
 					}
-					if _, err := lim.AllowN(ctx, 2); err != nil {
-						t.Fatal(err)
+					if r, err := lim.Tenant("acme").AllowN(ctx, 2); err != nil || !r.Allowed {
+						t.Fatal(r, err)
+					}
+					if s != keys.Booking+"task-1" {
+						if _, err := lim.Tenant("acme").Reserve(booking.With(ctx, &booking.Task{ID: "task-1"}), 1, time.Minute); err != nil {
+							t.Fatal(err)
+						}
 					}
 					tag, _ := keys.Tag(b.Prefix, key)
 					name := keys.Name(tag, s)
@@ -93,10 +94,10 @@ func TestForeignKeys(t *testing.T) {
 					}
 					before := snapshot(ctx, b.Client, name)
 					named := "left alone: " + name + " is not jobthrottle's ("
-					booking := strings.HasPrefix(s, keys.Booking)
+					scanned := strings.HasPrefix(s, keys.Booking) || strings.HasPrefix(s, keys.Tenant)
 					says := func(what, got string) {
 						t.Helper()
-						if !booking {
+						if !scanned {
 							mustContain(t, what, got, named)
 						}
 					}
@@ -106,29 +107,42 @@ func TestForeignKeys(t *testing.T) {
 						t.Fatalf("ls: status %d: %s", code, errs)
 					}
 					mustContain(t, "ls", out, named)
+					unreadable := s == keys.State || s == keys.FairQueue && wrongType
 					code, out, errs = cli(t, b, "", "show", key)
 					says("show", out+errs)
-					if s != keys.ControlKey && s != keys.RecordKey && code != 0 { // the key can be shown
-						t.Fatalf("show: status %d: %s", code, errs)
+					if unreadable != (code != 0) {
+						t.Fatalf("show: status %d (%s), want it to fail: %v", code, errs, unreadable)
 					}
 					_, out, errs = cli(t, b, "", "watch", "-count", "1", key)
 					says("watch", out+errs)
 					for _, args := range [][]string{
 						{"pause", key, "30s"}, {"resume", key}, {"set", key, "5/1m"}, {"unset", key},
+						{"weight", key, "acme", "3", "1m"}, {"weight", key, "acme", "clear"},
 					} {
 						code, out, errs = cli(t, b, "", args...)
 						says(args[0], out+errs)
-						if refused := s == keys.ControlKey; refused != (code != 0) {
-							t.Fatalf("%s: status %d (%s), want it refused: %v", args[0], code, errs, refused)
+						if refused := s == keys.State; refused != (code != 0) {
+							t.Fatalf("%v: status %d (%s), want it refused: %v", args, code, errs, refused)
 						}
+					}
+					var ours []string // the limiter's keys, which reset deletes
+					for _, o := range []string{keys.State, keys.Tenant + "acme", keys.FairQueue, keys.Booking + "task-1"} {
+						if o != s && b.Client.Exists(ctx, keys.Name(tag, o)).Val() == 1 {
+							ours = append(ours, keys.Name(tag, o))
+						}
+					}
+					if len(ours) == 0 {
+						t.Fatal("the limiter has no key of its own beside the foreign one: the test proves nothing")
 					}
 					code, out, errs = cli(t, b, "", "reset", "-yes", key)
 					if code != 0 {
 						t.Fatalf("reset: status %d: %s", code, errs)
 					}
-					mustContain(t, "reset", out, named, "reset "+key+": deleted "+keys.Name(tag, state))
-					if n := b.Client.Exists(ctx, keys.Name(tag, state)).Val(); n != 0 {
-						t.Fatalf("reset left the limiter's state")
+					mustContain(t, "reset", out, named, "reset "+key+": deleted ")
+					for _, o := range ours {
+						if b.Client.Exists(ctx, o).Val() != 0 {
+							t.Fatalf("reset left %s:\n%s", o, out)
+						}
 					}
 					if after := snapshot(ctx, b.Client, name); after != before {
 						t.Fatalf("%s was touched:\nbefore %s\nafter  %s", name, before, after)
@@ -139,27 +153,50 @@ func TestForeignKeys(t *testing.T) {
 	})
 }
 
-// Every key the library writes is one the command takes as jobthrottle's: the four
-// algorithms' states, the control key with a pause and an override, the record, a
-// task's booking, and a semaphore's leases, queue and queue expiries. (Should the
-// scripts write another form, keys.Check must learn it: this test says so.)
+// Every key the library writes is one the command takes as jobthrottle's, of every
+// algorithm: the state with a meta holding a pause, an override, the fair share's
+// clock, an operator's weight and another process's head (drift), tenants' caps and
+// the fair share's queue (tenants' names of any bytes), a task's booking, and a
+// semaphore's leases, queue and queue expiries. (Should the scripts write another
+// form, keys.Check must learn it: this test says so.)
 func TestLibraryKeysAreOurs(t *testing.T) {
 	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
-		opts := []throttle.Option{throttle.WithKeyPrefix(b.Prefix)}
-		for _, s := range keys.States() {
-			lim, err := throttle.New(b.Client, "lib-"+s, throttle.Limit{Rate: 10, Period: time.Minute, Burst: 12},
-				append(opts, throttle.WithAlgorithm(algorithm(s)), throttle.WithLimits(throttle.PerHour(100)))...)
+		opts := []throttle.Option{throttle.WithKeyPrefix(b.Prefix), throttle.WithLimits(throttle.PerHour(100)),
+			throttle.WithTenantLimits(throttle.Limit{Rate: 5, Period: time.Minute, Burst: 6})}
+		tenants := []string{"acme", "ten\n7 x", "w 1 2 3 b"} // names that look like meta lines and members
+		var libKeys []string
+		for _, a := range keys.Algorithms() {
+			key := "lib-" + a
+			libKeys = append(libKeys, key)
+			lim, err := throttle.New(b.Client, key, throttle.Limit{Rate: 10, Period: time.Minute, Burst: 12},
+				append(opts, throttle.WithAlgorithm(algorithm(a)))...)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if _, err := lim.AllowN(ctx, 3); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := lim.Reserve(ctx, 10, time.Hour); err != nil { // booked ahead
+			for i, name := range tenants {
+				if r, err := lim.Tenant(name, throttle.Weight(float64(i+1))).Allow(ctx); err != nil || !r.Allowed {
+					t.Fatal(r, err)
+				}
+			}
+			if _, err := lim.Reserve(ctx, 4, time.Hour); err != nil { // the limit used up
 				t.Fatal(err)
 			}
-			if _, err := lim.Reserve(booking.With(ctx, &booking.Task{ID: "task-1"}), 1, time.Hour); err != nil { // a booking key
+			if _, err := lim.Reserve(booking.With(ctx, &booking.Task{ID: "task-1"}), 1, time.Hour); err != nil { // a booking key, ahead
+				t.Fatal(err)
+			}
+			other, err := throttle.New(b.Client, key, throttle.Limit{Rate: 20, Period: time.Minute, Burst: 12}, // another process's limits
+				append(opts, throttle.WithAlgorithm(algorithm(a)))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := other.Tenant(tenants[0]).Allow(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := lim.Tenant(tenants[1]).OverrideWeight(ctx, time.Hour, 2.5); err != nil {
 				t.Fatal(err)
 			}
 			if err := lim.Override(ctx, time.Hour, throttle.Limit{Rate: 5, Burst: 6}); err != nil {
@@ -167,6 +204,10 @@ func TestLibraryKeysAreOurs(t *testing.T) {
 			}
 			if err := lim.Pause(ctx, time.Minute); err != nil {
 				t.Fatal(err)
+			}
+			m := stateMeta(t, b, key)
+			if m.PauseEnd == 0 || m.Override == nil || m.Fair == nil || len(m.Weights) != 1 || m.Drift == "" {
+				t.Fatalf("%s: the meta lacks a line the test means to check: %+v", key, m)
 			}
 		}
 		sem, err := throttle.NewSemaphore(b.Client, "lib-sem", 1, throttle.WithKeyPrefix(b.Prefix))
@@ -202,7 +243,7 @@ func TestLibraryKeysAreOurs(t *testing.T) {
 		}
 		tool := &tool{o: &options{prefix: b.Prefix}, rdb: b.Client}
 		var suffixes []string
-		for _, key := range []string{"lib-sw", "lib-sc", "lib-tb", "lib-fw", "lib-sem"} {
+		for _, key := range append(libKeys, "lib-sem") {
 			ks, err := tool.look(ctx, key, true)
 			if err != nil {
 				t.Fatal(err)
@@ -216,8 +257,27 @@ func TestLibraryKeysAreOurs(t *testing.T) {
 		}
 		slices.Sort(suffixes)
 		suffixes = slices.Compact(suffixes)
-		if got, want := strings.Join(suffixes, " "), "bk:task-1 conf fw pause sc sem semq semx sw tb"; got != want {
-			t.Errorf("suffixes written: %s; want %s", got, want)
+		want := []string{"bk:task-1", "l", "q", "sem", "semq", "semx"}
+		for _, name := range tenants {
+			want = append(want, keys.Tenant+name)
+		}
+		slices.Sort(want)
+		if !slices.Equal(suffixes, want) {
+			t.Errorf("suffixes written: %q; want %q", suffixes, want)
 		}
 	})
+}
+
+// stateMeta is the meta of key's state, as the command reads it.
+func stateMeta(t *testing.T, b *redistest.Backend, key string) keys.Meta {
+	t.Helper()
+	tool := &tool{o: &options{prefix: b.Prefix}, rdb: b.Client}
+	ks, err := tool.look(context.Background(), key, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := ks.foreignOf(keys.State); e != nil || !ks.has(keys.State) {
+		t.Fatalf("%s: no state of jobthrottle's (%v)", key, e)
+	}
+	return ks.meta()
 }

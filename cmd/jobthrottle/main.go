@@ -1,5 +1,6 @@
 // Command jobthrottle shows and steers the limits a fleet shares through Redis: list
-// the keys, show or watch their live state, pause, resume, override or reset them.
+// the keys, show or watch their live state, pause, resume, override or reset them, set
+// a tenant's weight.
 //
 //	jobthrottle ls                                   # keys under the prefix, with their kind, pause, override and limits
 //	jobthrottle show vendor-api                      # the live state, once
@@ -8,6 +9,8 @@
 //	jobthrottle resume vendor-api                    # end a pause now
 //	jobthrottle set -for 1h vendor-api 10/1.1s       # lower the rate fleet-wide for an hour
 //	jobthrottle unset vendor-api                     # back to the rates the code passes
+//	jobthrottle weight vendor-api acme 3 10m         # tenant acme's weight in the fair share, fleet-wide
+//	jobthrottle weight vendor-api acme clear         # back to the weight its callers pass
 //	jobthrottle reset vendor-api                     # forget the key's state (asks first)
 //	jobthrottle help show                            # a command's arguments, flags and an example
 //

@@ -51,6 +51,11 @@ type options struct {
 	yes      bool
 	forD     time.Duration // set: how long the override lasts; 0 until unset
 	pauseFor time.Duration // pause: its DURATION
+
+	// weight: the WEIGHT and its DURATION, or clear
+	weight    float64
+	weightFor time.Duration
+	clear     bool
 }
 
 // limitList is the repeatable -limit flag.
@@ -184,8 +189,8 @@ func parse(args []string, getenv func(string) string) (*options, error) {
 	if len(wrong) > 0 {
 		return nil, usagef(c.name, "%s does not take %s", c.name, strings.Join(wrong, ", "))
 	}
-	if o.alg != "" && !slices.Contains(keys.States(), o.alg) {
-		return nil, usagef(c.name, "-alg %q: want one of %s", o.alg, strings.Join(keys.States(), ", "))
+	if o.alg != "" && !slices.Contains(keys.Algorithms(), o.alg) {
+		return nil, usagef(c.name, "-alg %q: want one of %s", o.alg, strings.Join(keys.Algorithms(), ", "))
 	}
 	switch {
 	case o.forD < 0:

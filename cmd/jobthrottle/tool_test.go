@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -72,7 +73,7 @@ func TestKeysAndDurationsInTmux(t *testing.T) {
 		mustContain(t, "pause -5s", screen, "jobthrottle: pause vendor-api: -5s is not a positive duration: a pause lasts that long from now (e.g. 30s, 5m); 'jobthrottle resume vendor-api' ends one (see 'jobthrottle help pause')")
 
 		screen = run("jobthrottle -prefix "+b.Prefix+` pause $'tenant\n7' 30s`, 0)
-		mustMatch(t, "pause a key with a newline", screen, `paused "tenant\\n7" for [\d.]+s: no new grants`)
+		mustMatch(t, "pause a key with a newline", screen, `paused "tenant\\n7" for [\d.]+s: the whole fleet stops until then`)
 		mustContain(t, "pause a key with a newline", screen, `'jobthrottle resume "tenant\n7"' ends it sooner`)
 		screen = run("jobthrottle -prefix "+b.Prefix+" ls", 0)
 		lines, paused := header(screen, "PAUSED")
@@ -96,4 +97,85 @@ func lineWith(lines []string, prefix string) int {
 		}
 	}
 	return -1
+}
+
+// An operator at a shell, in tmux, sets a tenant's weight for the whole fleet and
+// clears it: the requests another process's tenant handle (weight 1) makes after
+// `jobthrottle weight` are queued in the fair share with the operator's weight 4, as
+// the key's Inspect lists them; after `jobthrottle weight ... clear`, with the
+// handle's own weight again. show lists the weight while it lasts. The tenant's name
+// holds a space, typed in the shell's quoting.
+func TestWeightInTmux(t *testing.T) {
+	bin := buildCLI(t)
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		addrs, cluster := b.Addrs()
+		c := redistest.Dial(addrs, cluster) // the fleet's process
+		defer c.Close()
+		lim, err := throttle.New(c, "vendor-api", throttle.PerHour(6), throttle.WithKeyPrefix(b.Prefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		const tenant = "acme corp"
+		// queued returns the weights with which the key's Inspect lists tenant queued
+		queued := func() []float64 {
+			t.Helper()
+			st, err := lim.Inspect(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var w []float64
+			for _, ts := range st.Tenants {
+				if ts.Name == tenant && ts.Queued > 0 {
+					w = append(w, ts.Weight)
+				}
+			}
+			slices.Sort(w)
+			return w
+		}
+		allow := func() {
+			t.Helper()
+			if r, err := lim.Tenant(tenant).Allow(ctx); err != nil || !r.Allowed {
+				t.Fatalf("Allow: %+v %v", r, err)
+			}
+		}
+		tm := newTerminal(t, fmt.Sprintf("env PS1='$ ' PATH=%s:$PATH REDIS_ADDR=%s bash --norc --noprofile",
+			filepath.Dir(bin), strings.Join(addrs, ",")))
+		n := 0
+		run := func(line string) string {
+			t.Helper()
+			n++
+			done := fmt.Sprintf("\n[%d] status ", n)
+			tm.typeLine("clear")
+			tm.typeLine(fmt.Sprintf("%s; echo [%d] status $?", line, n))
+			screen := tm.waitFor(line, func(s string) bool { return strings.Contains(s, done) })
+			mustContain(t, line, screen, done+"0\n")
+			return screen
+		}
+		cmd := "jobthrottle -prefix " + b.Prefix + " "
+
+		screen := run(cmd + "weight vendor-api 'acme corp' 4 10m")
+		mustContain(t, "weight", screen, `vendor-api: tenant "acme corp" now has weight 4 in every process's fair share, for 10m0s`)
+		allow()
+		if w := queued(); !slices.Equal(w, []float64{4}) {
+			t.Fatalf("after weight 4: the tenant queued with weights %v, want [4]", w)
+		}
+		screen = run(cmd + "show vendor-api")
+		mustMatch(t, "show", screen, `\n  weights     "acme corp" 4, [\dms.]+ more \(an operator's\)\n`)
+		mustMatch(t, "show", screen, `\n    "acme corp"  4 +[\dhms.]+ ahead\n`)
+
+		screen = run(cmd + "weight vendor-api 'acme corp' clear")
+		mustContain(t, "weight clear", screen, `vendor-api: cleared tenant "acme corp"'s weight (4, `, "the weight its callers pass counts again")
+		allow()
+		if w := queued(); !slices.Equal(w, []float64{1, 4}) { // the request queued under 4 is still ahead
+			t.Fatalf("after clear: the tenant queued with weights %v, want [1 4]", w)
+		}
+		screen = run(cmd + "show vendor-api")
+		if strings.Contains(screen, "weights ") {
+			t.Fatalf("show lists a weight after clear:\n%s", screen)
+		}
+		screen = run(cmd + "weight vendor-api 'acme corp' clear")
+		mustContain(t, "weight clear again", screen, `vendor-api: tenant "acme corp" had no operator's weight`)
+		t.Logf("tmux screen:\n%s", strings.TrimRight(screen, "\n"))
+	})
 }

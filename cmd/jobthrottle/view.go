@@ -2,15 +2,15 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
+	"text/tabwriter"
 	"time"
 
 	"github.com/jobthrottle/jobthrottle/internal/keys"
 	"github.com/jobthrottle/jobthrottle/throttle"
-	"github.com/redis/go-redis/v9"
 )
 
 // view is one reading of a key, what show and watch print.
@@ -18,13 +18,14 @@ type view struct {
 	tg    *target
 	lim   *throttle.LimiterState
 	sem   *throttle.SemaphoreState
-	now   int64 // the server's clock when the control key was read, µs
-	total int64 // the permit log's running count (SlidingWindow, SlidingCounter); -1 unknown
+	meta  keys.Meta // the key's meta, as look read it
+	now   int64     // the server's clock when the meta was read, µs
+	total int64     // the permit log's running count (SlidingWindow, SlidingCounter); -1 unknown
 	at    time.Time
 }
 
 func (t *tool) view(ctx context.Context, tg *target) (*view, error) {
-	v := &view{tg: tg, total: -1}
+	v := &view{tg: tg, meta: tg.ks.meta(), total: -1}
 	var err error
 	if v.now, err = t.serverNow(ctx); err != nil {
 		return nil, err
@@ -45,15 +46,17 @@ func (t *tool) view(ctx context.Context, tg *target) (*view, error) {
 			return nil, err
 		}
 		v.lim = &st
-		if tg.state == keys.SlidingWindow || tg.state == keys.SlidingCounter {
+		if a := st.Algorithm; a == throttle.SlidingWindow || a == throttle.SlidingCounter {
 			// the log's last entry holds the count of every permit granted since the key
-			// was made: its growth is the grant rate
-			n, err := t.rdb.LIndex(ctx, keys.Name(tg.ks.tag, tg.state), -1).Int64()
-			switch {
-			case err == nil:
-				v.total = n
-			case errors.Is(err, redis.Nil):
+			// was made: its growth is the grant rate (a meta alone: none yet)
+			name := keys.Name(tg.ks.tag, keys.State)
+			pipe := t.rdb.Pipeline()
+			n, last := pipe.LLen(ctx, name), pipe.LIndex(ctx, name, -1)
+			_, _ = pipe.Exec(ctx)
+			if n.Err() == nil && n.Val() <= 1 {
 				v.total = 0
+			} else if c, err := last.Int64(); err == nil {
+				v.total = c
 			}
 		}
 	}
@@ -84,7 +87,8 @@ func (v *view) render(w io.Writer, prev *view, more bool) {
 		v.renderLimiter(w, prev, more)
 	default:
 		fmt.Fprintf(w, "%s  (no state and no record of its limits: idle, or give -alg and -limit)\n", keyText(v.tg.key))
-		v.renderControl(w, v.tg.ks.control(), 0, 0)
+		v.renderControl(w, left(v.meta.PauseEnd, v.now))
+		v.renderWeights(w)
 	}
 	for _, e := range v.tg.ks.foreign {
 		fmt.Fprintf(w, "  %s\n", e.leftAlone())
@@ -92,20 +96,20 @@ func (v *view) render(w io.Writer, prev *view, more bool) {
 }
 
 // renderControl prints what is set on the key: a pause and an override, each with
-// the time it has left, or "no" and "none". paused and over are Inspect's figures
-// (0: read them from c, the control key as read at v.now).
-func (v *view) renderControl(w io.Writer, c keys.Control, paused, over time.Duration) {
-	if v.lim == nil && v.sem == nil {
-		paused = left(c.PauseEnd, v.now)
-		if c.Override != nil {
-			over = left(c.Override.End, v.now)
-		}
-	}
+// the time it has left, or "no" and "none". paused is Inspect's figure, or the meta's.
+func (v *view) renderControl(w io.Writer, paused time.Duration) {
 	p := "no"
 	if paused > 0 {
 		p = "yes, " + round(paused).String() + " more"
 	}
 	fmt.Fprintf(w, "  %-11s %s\n", "paused", p)
+	var over time.Duration
+	if o := v.meta.Override; o != nil {
+		over = left(o.End, v.now)
+	}
+	if v.lim != nil {
+		over = v.lim.Override
+	}
 	o := "none"
 	switch {
 	case over > 0 && v.sem != nil:
@@ -113,8 +117,8 @@ func (v *view) renderControl(w io.Writer, c keys.Control, paused, over time.Dura
 	case over > 0 && v.lim != nil:
 		// the overridden limits as enforced (Inspect), and as the code passes them
 		n := len(v.lim.Limits)
-		if c.Override != nil {
-			n = min(n, len(c.Override.Rates))
+		if v.meta.Override != nil {
+			n = min(n, len(v.meta.Override.Rates))
 		}
 		parts := make([]string, n)
 		for i := range parts {
@@ -126,9 +130,63 @@ func (v *view) renderControl(w io.Writer, c keys.Control, paused, over time.Dura
 		o = strings.Join(parts, ", ") + ", " + remaining(over)
 	case over > 0:
 		rec, _ := v.tg.ks.record()
-		o = overrideText(c.Override, rec.Limits, true) + ", " + remaining(over)
+		o = overrideText(v.meta.Override, rec.Limits, true) + ", " + remaining(over)
 	}
 	fmt.Fprintf(w, "  %-11s %s\n", "override", o)
+}
+
+// renderWeights prints the operators' weights of tenants that last after now, one a
+// line; nothing when there are none.
+func (v *view) renderWeights(w io.Writer) {
+	label := "weights"
+	for _, wt := range v.meta.Weights {
+		if d := left(wt.End, v.now); d > 0 {
+			fmt.Fprintf(w, "  %-11s %s %s, %s (an operator's)\n", label, keyText(wt.Tenant), units(wt.Units), remaining(d))
+			label = ""
+		}
+	}
+}
+
+// renderTenants prints the fair share: W, the weight of the tenants queued (from the
+// meta's clock, as its last writer left it), and the tenants with the most queued,
+// each with its weight and how far ahead its queued requests reach; nothing when no
+// tenant has requests queued.
+func (v *view) renderTenants(w io.Writer) {
+	var queued []throttle.TenantState
+	for _, t := range v.lim.Tenants {
+		if t.Queued > 0 {
+			queued = append(queued, t)
+		}
+	}
+	if len(queued) == 0 {
+		return
+	}
+	head := "the tenants with the most queued:"
+	if f := v.meta.Fair; f != nil && f.W > 0 {
+		head = "W " + units(f.W) + " (the weight of the tenants queued); " + head
+	}
+	fmt.Fprintf(w, "  %-11s %s\n", "fair share", head)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "    TENANT\tWEIGHT\tQUEUED\n")
+	for _, t := range queued {
+		fmt.Fprintf(tw, "    %s\t%s\t%v ahead\n", keyText(t.Name), strconv.FormatFloat(t.Weight, 'g', -1, 64), round(t.Queued))
+	}
+	tw.Flush()
+}
+
+// renderDrift prints, when the meta holds another process's head (drift), whose
+// limits were found and when.
+func (v *view) renderDrift(w io.Writer) {
+	if v.meta.Drift == "" {
+		return
+	}
+	h, err := keys.ParseHead(v.meta.Drift)
+	what := strconv.Quote(v.meta.Drift)
+	if err == nil {
+		what = headText(v.meta.Drift, true) + " (" + algorithm(h.Alg).String() + ")"
+	}
+	fmt.Fprintf(w, "  %-11s another process's limits were found %v ago: %s; the processes on the key disagree on its limits\n",
+		"drift", round(left(v.now, v.meta.DriftAt)), what)
 }
 
 func (v *view) renderLimiter(w io.Writer, prev *view, more bool) {
@@ -153,7 +211,10 @@ func (v *view) renderLimiter(w io.Writer, prev *view, more bool) {
 		next = "in " + round(s.NextFree).String()
 	}
 	fmt.Fprintf(w, "  %-11s %s (remaining now: %d)\n", "next free", next, s.Remaining)
-	v.renderControl(w, v.tg.ks.control(), s.PausedFor, s.Override)
+	v.renderControl(w, s.PausedFor)
+	v.renderWeights(w)
+	v.renderTenants(w)
+	v.renderDrift(w)
 	if more || prev != nil {
 		fmt.Fprintf(w, "  %-11s %s\n", "granted/s", v.rate(prev))
 	}
@@ -191,10 +252,5 @@ func (v *view) renderSem(w io.Writer) {
 	if len(s.Expiries) > 0 {
 		fmt.Fprintf(w, "  %-11s first in %v, last listed in %v\n", "expiries", round(s.Expiries[0]), round(s.Expiries[len(s.Expiries)-1]))
 	}
-	c := v.tg.ks.control()
-	var over time.Duration
-	if c.Override != nil {
-		over = left(c.Override.End, v.now)
-	}
-	v.renderControl(w, c, s.PausedFor, over)
+	v.renderControl(w, s.PausedFor)
 }

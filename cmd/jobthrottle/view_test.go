@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -14,8 +16,8 @@ import (
 // holds only a control key too. It says nothing of screens it does not have.
 func TestShowControl(t *testing.T) {
 	const (
-		pause30 = `(30s|29(\.\d)?s) more`
-		hour    = `(1h0m0s|59m\d+(\.\d)?s) more`
+		pause30 = `[\d.]+m?s more` // what is left of 30s, however slowly the test runs
+		hour    = `(1h0m0s|\d+m[\d.]+s) more`
 	)
 	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
@@ -92,5 +94,78 @@ func TestShowControl(t *testing.T) {
 		out = show("control key only", "show", "idle")
 		mustContain(t, "control key only", out, "idle  (no state and no record of its limits")
 		mustMatch(t, "control key only", out, `\n  paused      yes, `+pause30+`\n  override    none\n`)
+	})
+}
+
+// Driven as a person would, in tmux: two clients, standing for two processes of a
+// fleet, queue tenants of weights 3, 1 and 1 (one a name with a newline) in a key's
+// fair share; `jobthrottle show` lists each with its weight and how far ahead its
+// requests reach, and W, the weight of the tenants queued. The limit is a few an hour,
+// so the tenants stay queued however slowly the machine runs the test.
+func TestShowTenantsInTmux(t *testing.T) {
+	bin := buildCLI(t)
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		addrs, cluster := b.Addrs()
+		var lims [2]*throttle.Limiter
+		for i := range lims {
+			c := redistest.Dial(addrs, cluster)
+			defer c.Close()
+			var err error
+			lims[i], err = throttle.New(c, "vendor-api", throttle.PerHour(6), throttle.WithTenantLimits(throttle.PerHour(4)),
+				throttle.WithKeyPrefix(b.Prefix))
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, q := range []struct {
+			process int
+			tenant  string
+			weight  float64
+		}{{0, "acme", 3}, {1, "acme", 3}, {0, "bigco", 1}, {1, "ten\n7", 1}} {
+			if r, err := lims[q.process].Tenant(q.tenant, throttle.Weight(q.weight)).Allow(ctx); err != nil || !r.Allowed {
+				t.Fatalf("%d %q: %+v %v", q.process, q.tenant, r, err)
+			}
+		}
+		tm := newTerminal(t, fmt.Sprintf("env PS1='$ ' PATH=%s:$PATH REDIS_ADDR=%s bash --norc --noprofile",
+			filepath.Dir(bin), strings.Join(addrs, ",")))
+		tm.typeLine("jobthrottle -prefix " + b.Prefix + " show vendor-api; echo [1] status $?")
+		screen := tm.waitFor("show", func(s string) bool { return strings.Contains(s, "\n[1] status ") })
+		mustContain(t, "show", screen, "\n[1] status 0\n", "vendor-api  SlidingWindow", "6 per 1h0m0s", "4/6 used",
+			"  fair share  W 5 (the weight of the tenants queued); the tenants with the most queued:\n")
+		lines := strings.Split(screen, "\n")
+		for _, want := range []struct{ name, weight string }{{"acme", "3"}, {"bigco", "1"}, {`"ten\n7"`, "1"}} {
+			i := lineWith(lines, "    "+want.name+" ")
+			if i < 0 {
+				t.Fatalf("show does not list tenant %s:\n%s", want.name, screen)
+			}
+			mustMatch(t, "show's row of "+want.name, lines[i], `^    \S+ +`+want.weight+` +[\dhms.]+ ahead$`)
+		}
+		t.Logf("show:\n%s", strings.TrimRight(screen, "\n"))
+	})
+}
+
+// A process with other limits on the key (drift): show names them and when they
+// were found, from the meta's d line.
+func TestShowDrift(t *testing.T) {
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		for _, rate := range []int{20, 10} { // the process of 10 a minute writes last
+			lim, err := throttle.New(b.Client, "api", throttle.PerMinute(rate), throttle.WithKeyPrefix(b.Prefix))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := lim.Allow(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		code, out, errs := cli(t, b, "", "show", "api")
+		if code != 0 {
+			t.Fatalf("show: status %d: %s", code, errs)
+		}
+		mustContain(t, "show", out, "api  SlidingWindow\n  10 per 1m0s ")
+		mustMatch(t, "show", out, `\n  drift       another process's limits were found [\d.]+m?s ago: 20 per 1m0s \(SlidingWindow\); the processes on the key disagree on its limits\n`)
+		_, out, _ = cli(t, b, "", "ls")
+		mustMatch(t, "ls", out, `\napi +SlidingWindow +- +- +10/1m0s \(drift: 20/1m0s\)\n`)
 	})
 }
