@@ -27,7 +27,7 @@ func algorithm(a string) throttle.Algorithm {
 func limitsOf(h keys.Head) []throttle.Limit {
 	l := make([]throttle.Limit, len(h.Limits))
 	for i, k := range h.Limits {
-		l[i] = throttle.Limit{Rate: k.Rate, Period: k.Period, Burst: k.Burst}
+		l[i] = throttle.Limit{Rate: k.Rate, Period: k.Period, Burst: k.Burst, Unit: k.Unit}
 	}
 	return l
 }

@@ -150,6 +150,9 @@ func limitsText(limits []throttle.Limit) string {
 	parts := make([]string, len(limits))
 	for i, l := range limits {
 		parts[i] = fmt.Sprintf("%d/%v", l.Rate, l.Period)
+		if l.Unit != "" {
+			parts[i] = fmt.Sprintf("%d %s/%v", l.Rate, l.Unit, l.Period)
+		}
 		if l.Burst != 0 {
 			parts[i] += fmt.Sprintf(":%d", l.Burst)
 		}
@@ -699,7 +702,8 @@ func (t *tool) reset(ctx context.Context) error {
 		}
 	}
 	for _, c := range []struct{ suffix, one, many string }{
-		{keys.Tenant, "tenant's caps", "tenants' caps"}, {keys.Booking, "booking", "bookings"},
+		{keys.Tenant, "tenant's caps", "tenants' caps"}, {keys.Part, "unit's state", "units' states"},
+		{keys.Booking, "booking", "bookings"}, {keys.Settled, "settle record", "settle records"},
 	} {
 		if names := ks.named(c.suffix); len(names) > 0 {
 			del = append(del, names...)

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/throttle"
@@ -167,5 +168,51 @@ func TestShowDrift(t *testing.T) {
 		mustMatch(t, "show", out, `\n  drift       another process's limits were found [\d.]+m?s ago: 20 per 1m0s \(SlidingWindow\); the processes on the key disagree on its limits\n`)
 		_, out, _ = cli(t, b, "", "ls")
 		mustMatch(t, "ls", out, `\napi +SlidingWindow +- +- +10/1m0s \(drift: 20/1m0s\)\n`)
+	})
+}
+
+// A limiter of calls and tokens: ls and show name each limit's unit, a pause through the
+// CLI keeps the key's head (its units included), and reset deletes the tokens' state and
+// the settle records with the rest.
+func TestUnits(t *testing.T) {
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		lim, err := throttle.New(b.Client, "llm", throttle.PerMinute(600), throttle.WithKeyPrefix(b.Prefix),
+			throttle.WithLimits(throttle.Limit{Rate: 100000, Period: time.Minute, Unit: "tokens"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := lim.WaitCost(ctx, map[string]int{"tokens": 4000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Settle(ctx, map[string]int{"tokens": 1500}); err != nil {
+			t.Fatal(err)
+		}
+		_, out, _ := cli(t, b, "", "ls")
+		mustMatch(t, "ls", out, `\nllm +SlidingWindow +- +- +600/1m0s,100000 tokens/1m0s\n`)
+		_, out, _ = cli(t, b, "", "show", "llm")
+		mustContain(t, "show", out, "100000 tokens per 1m0s")
+		if code, _, errs := cli(t, b, "", "pause", "llm", "10s"); code != 0 {
+			t.Fatalf("pause: %s", errs)
+		}
+		if st, err := lim.Inspect(ctx); err != nil || st.PausedFor <= 0 || len(st.Limits) != 2 || st.Limits[1].Used != 1500 {
+			t.Fatalf("after the CLI's pause: %+v %v, want paused, the tokens' count kept", st, err)
+		}
+		_, out, _ = cli(t, b, "", "show", "llm")
+		if strings.Contains(out, "drift") {
+			t.Fatalf("the CLI's pause wrote another head: %s", out)
+		}
+		_, out, _ = cli(t, b, "", "reset", "-yes", "llm")
+		mustContain(t, "reset", out, "1 unit's state", "1 settle record")
+		tag := "{" + b.Prefix + "llm}"
+		for _, k := range []string{tag + ":l", tag + ":u:tokens"} {
+			if n := b.Client.Exists(ctx, k).Val(); n != 0 && k != tag+":l" {
+				t.Fatalf("reset left %s", k)
+			}
+		}
+		if n, _ := b.Client.Keys(ctx, tag+":st:*").Result(); len(n) != 0 {
+			t.Fatalf("reset left the settle records %v", n)
+		}
 	})
 }
