@@ -18,7 +18,7 @@ func (c *Collector) Hooks() throttle.Hooks {
 			c.requests.WithLabelValues(k, ResultAcquired).Inc()
 			c.permits.WithLabelValues(k, ResultAcquired).Add(float64(n))
 		},
-		Denied: func(key string, n int, _ time.Duration) {
+		Denied: func(key string, n int, _ throttle.Result) {
 			k := c.label(key)
 			c.requests.WithLabelValues(k, ResultLimited).Inc()
 			c.permits.WithLabelValues(k, ResultLimited).Add(float64(n))
