@@ -10,6 +10,7 @@
 package metrics
 
 import (
+	"strings"
 	"sync"
 	"time"
 
@@ -75,7 +76,8 @@ const OtherKey = "_other"
 // Cardinality: the key label takes at most MaxKeys values (1000 by default, see
 // WithMaxKeys); further keys are counted under key="_other". Per-tenant keys by the
 // million therefore cost at most MaxKeys series per metric. host is bounded by the
-// hosts the client calls.
+// hosts the client calls. A key that is not UTF-8 (a key may be any bytes) has each
+// bad byte sequence replaced by U+FFFD in its label.
 //
 // A Collector is safe for simultaneous use.
 type Collector struct {
@@ -151,8 +153,12 @@ func New(opts ...Option) *Collector {
 	return c
 }
 
-// label returns key, or OtherKey once MaxKeys other keys have a label.
+// labelValue returns s as a label value: valid UTF-8, as Prometheus requires.
+func labelValue(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }
+
+// label returns key as a label value, or OtherKey once MaxKeys other keys have a label.
 func (c *Collector) label(key string) string {
+	key = labelValue(key)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, ok := c.keys[key]; ok {

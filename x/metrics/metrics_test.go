@@ -217,3 +217,33 @@ func BenchmarkScrape1000(b *testing.B) {
 		}
 	}
 }
+
+// A key that is not UTF-8 (a key may be any bytes) is counted and watched under a
+// label made UTF-8, as Prometheus requires; it neither panics the limiter's call nor
+// fails the scrape.
+func TestKeyLabelIsUTF8(t *testing.T) {
+	b := redistest.NewMini(t)
+	ctx := context.Background()
+	m := New()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(m)
+	lim, err := throttle.New(b.Client, "vendor\xff", throttle.PerSecond(5), throttle.WithKeyPrefix(b.Prefix), throttle.WithHooks(m.Hooks()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Watch(lim)
+	if _, err := lim.Allow(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(m.requests.WithLabelValues("vendor\uFFFD", ResultAcquired)); got != 1 {
+		t.Errorf("requests = %v, want 1", got)
+	}
+	want := `
+# HELP jobthrottle_remaining Permits a call could take now.
+# TYPE jobthrottle_remaining gauge
+jobthrottle_remaining{key="vendor` + "\uFFFD" + `"} 4
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "jobthrottle_remaining"); err != nil {
+		t.Fatal(err)
+	}
+}
