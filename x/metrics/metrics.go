@@ -47,8 +47,8 @@ const OtherKey = "_other"
 // Metrics (every counter and the histograms carry the label key, the limiter's key
 // without prefix, except where said):
 //
-//	jobthrottle_requests_total{key,result}           calls that asked for permits (or a lease)
-//	jobthrottle_permits_total{key,result}            permits in them
+//	jobthrottle_requests_total{key,result,reason}    calls that asked for permits (or a lease)
+//	jobthrottle_permits_total{key,result,reason}     permits in them
 //	jobthrottle_queue_wait_seconds{key}              histogram: time WaitN (or Acquire) slept for its permits
 //	jobthrottle_degraded_total{key,policy}           decisions made without Redis (FailOpen, FailLocal)
 //	jobthrottle_redis_errors_total{key}              failed Redis calls
@@ -57,6 +57,20 @@ const OtherKey = "_other"
 //	jobthrottle_pauses_total{key}                    pauses set by this process
 //	jobthrottle_transport_pauses_total{host,status}  pauses the HTTP transport set on a 429/503
 //	jobthrottle_transport_not_sent_total{host}       requests the transport gave up on before sending
+//	jobthrottle_limits_drift_total{key}              other limits found on the key (Hooks.LimitsDrift)
+//
+// reason says what denied a request (result "limited"; "" for the other results):
+// "limit", the limiter's limits (or a semaphore's Max, or a pause); on a tenant's handle
+// (Limiter.Tenant), "cap", the tenant's own caps, or "turn", its fair turn had not come
+// (Result.ByCap, Result.Turn). A tenant's Wait asks again when its turn comes, so each
+// of its asks before then counts as limited with reason "turn", and its grant as
+// acquired. The hooks do not label by tenant.
+//
+// jobthrottle_limits_drift_total moves once in each process for each new set of limits
+// that process finds another process enforcing on the key (a rolling deploy that changes
+// them, or two deployments that disagree: each enforces its own, so the key's limit is
+// neither). It says when a disagreement began, not that it lasts; `jobthrottle show`
+// shows both sets while it does.
 //
 // and, at scrape time, for each watched limiter (label limit: the limit's index, "0"
 // for the first) and semaphore:
@@ -93,6 +107,7 @@ type Collector struct {
 	pauses            *prometheus.CounterVec
 	transportPauses   *prometheus.CounterVec
 	notSent           *prometheus.CounterVec
+	drift             *prometheus.CounterVec
 	inspectErrors     *prometheus.CounterVec
 
 	capacity, used, remaining, booked, bookedAhead, nextFree, paused *prometheus.Desc
@@ -129,8 +144,8 @@ func New(opts ...Option) *Collector {
 		c.timeout = 5 * time.Second
 	}
 	counter, histogram, gauge := vec.Counter, vec.Histogram, vec.Desc
-	c.requests = counter("requests_total", "Calls that asked for permits or a lease, by outcome (acquired, limited, canceled).", "key", "result")
-	c.permits = counter("permits_total", "Permits asked for, by outcome (acquired, limited, canceled).", "key", "result")
+	c.requests = counter("requests_total", "Calls that asked for permits or a lease, by outcome (acquired, limited, canceled) and what denied them (limit, cap, turn).", "key", "result", "reason")
+	c.permits = counter("permits_total", "Permits asked for, by outcome (acquired, limited, canceled) and what denied them (limit, cap, turn).", "key", "result", "reason")
 	c.wait = histogram("queue_wait_seconds", "Time WaitN or Acquire slept for its permits or lease.", "key")
 	c.degraded = counter("degraded_total", "Decisions made without Redis by the failure policy.", "key", "policy")
 	c.redisErrors = counter("redis_errors_total", "Failed Redis calls.", "key")
@@ -139,6 +154,7 @@ func New(opts ...Option) *Collector {
 	c.pauses = counter("pauses_total", "Pauses set on the key by this process.", "key")
 	c.transportPauses = counter("transport_pauses_total", "Pauses the HTTP transport set on a 429 or 503 with Retry-After.", "host", "status")
 	c.notSent = counter("transport_not_sent_total", "Requests the HTTP transport gave up on before sending them.", "host")
+	c.drift = counter("limits_drift_total", "Sets of other limits this process found another process enforcing on the key.", "key")
 	c.inspectErrors = counter("inspect_errors_total", "Scrapes whose Inspect of a watched key failed.", "key")
 	c.capacity = gauge("limit_capacity", "The limit's Rate (Burst for a token bucket), at scrape time.", "key", "limit")
 	c.used = gauge("limit_used", "Permits of the limit taken, bookings included, at scrape time.", "key", "limit")
@@ -173,7 +189,7 @@ func (c *Collector) label(key string) string {
 
 func (c *Collector) vecs() []prometheus.Collector {
 	return []prometheus.Collector{c.requests, c.permits, c.wait, c.degraded, c.redisErrors, c.stateLost, c.leasesLost, c.pauses,
-		c.transportPauses, c.notSent, c.inspectErrors}
+		c.transportPauses, c.notSent, c.drift, c.inspectErrors}
 }
 
 // Describe implements prometheus.Collector.
