@@ -87,11 +87,23 @@ const OtherKey = "_other"
 //	jobthrottle_semaphore_waiting{key}               callers queued for a lease
 //	jobthrottle_inspect_errors_total{key}            scrapes whose Inspect failed (no gauges then)
 //
+// and, for a watched limiter's own handle (not a tenant's), its tenants' fair share
+// (LimiterState.QueuedWeight and Tenants):
+//
+//	jobthrottle_tenants_queued_weight{key}           the weights of all the tenants queued, summed
+//	jobthrottle_tenant_queued_seconds{key,tenant}    how far a tenant's place lies ahead of its turn
+//	jobthrottle_tenant_weight{key,tenant}            the weight a tenant's requests were queued with
+//
+// A queued tenant gets about its weight / queued weight of the rate. The tenant gauges
+// cover the tenants Inspect lists, the 10 with the most queued, and are made afresh at
+// each scrape: a tenant that leaves the top 10, or the queue, has no series from then on.
+//
 // Cardinality: the key label takes at most MaxKeys values (1000 by default, see
-// WithMaxKeys); further keys are counted under key="_other". Per-tenant keys by the
-// million therefore cost at most MaxKeys series per metric. host is bounded by the
-// hosts the client calls. A key that is not UTF-8 (a key may be any bytes) has each
-// bad byte sequence replaced by U+FFFD in its label.
+// WithMaxKeys); further keys are counted under key="_other" and get no gauges. Keys
+// by the million therefore cost at most MaxKeys series per metric; the tenant label
+// at most 10 values per watched key. host is bounded by the hosts the client calls.
+// Label values that are not UTF-8 (keys and tenants' names may be any bytes) have
+// each bad byte sequence replaced by U+FFFD.
 //
 // A Collector is safe for simultaneous use.
 type Collector struct {
@@ -112,6 +124,7 @@ type Collector struct {
 
 	capacity, used, remaining, booked, bookedAhead, nextFree, paused *prometheus.Desc
 	leases, semMax, waiting                                          *prometheus.Desc
+	queuedWeight, tenantQueued, tenantWeight                         *prometheus.Desc
 
 	mu   sync.Mutex
 	keys map[string]struct{} // key label values in use
@@ -166,6 +179,9 @@ func New(opts ...Option) *Collector {
 	c.leases = gauge("semaphore_leases", "Live leases of the semaphore (active leases).", "key")
 	c.semMax = gauge("semaphore_max", "The semaphore's Max.", "key")
 	c.waiting = gauge("semaphore_waiting", "Callers queued for a lease.", "key")
+	c.queuedWeight = gauge("tenants_queued_weight", "The weights of all the tenants with requests queued in the fair share, summed.", "key")
+	c.tenantQueued = gauge("tenant_queued_seconds", "How far the tenant's place in the fair share lies ahead of its turn, for the 10 tenants with the most queued.", "key", "tenant")
+	c.tenantWeight = gauge("tenant_weight", "The weight the tenant's requests were queued with, for the 10 tenants with the most queued.", "key", "tenant")
 	return c
 }
 
@@ -198,7 +214,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		v.Describe(ch)
 	}
 	for _, d := range []*prometheus.Desc{c.capacity, c.used, c.remaining, c.booked, c.bookedAhead, c.nextFree, c.paused,
-		c.leases, c.semMax, c.waiting} {
+		c.leases, c.semMax, c.waiting, c.queuedWeight, c.tenantQueued, c.tenantWeight} {
 		ch <- d
 	}
 }
