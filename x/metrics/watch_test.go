@@ -9,6 +9,7 @@ import (
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // tenantGauges scrapes reg and returns the watched key's queued weight and, by tenant,
@@ -43,9 +44,9 @@ func tenantGauges(t *testing.T, reg prometheus.Gatherer) (w float64, queued, wei
 // The fair share's gauges of a watched limiter: the queued weight of every tenant, and
 // the place and weight of the 10 with the most queued, by tenant, as Inspect reads them,
 // whichever process queued them. A tenant pushed out of the 10 has no series at the next
-// scrape; a name that is not UTF-8 is made one. The limit is 60 an hour: a slot of a
-// minute, so that the real servers' clocks move no tenant out of the queue while the
-// test runs.
+// scrape; a name that is not UTF-8 is made one; the names and help pass Prometheus's
+// linter. The limit is 60 an hour: a slot of a minute, so that the real servers' clocks
+// move no tenant out of the queue while the test runs.
 func TestTenantGauges(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
@@ -119,6 +120,13 @@ func TestTenantGauges(t *testing.T) {
 		}
 		if _, ok := weight[gone]; ok {
 			t.Errorf("%q, out of the 10, still has a weight series", gone)
+		}
+		problems, err := testutil.GatherAndLint(reg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range problems {
+			t.Errorf("lint: %s: %s", p.Metric, p.Text)
 		}
 	})
 }
