@@ -59,19 +59,6 @@ const OtherKey = "_other"
 //	jobthrottle_transport_not_sent_total{host}       requests the transport gave up on before sending
 //	jobthrottle_limits_drift_total{key}              other limits found on the key (Hooks.LimitsDrift)
 //
-// reason says what denied a request (result "limited"; "" for the other results):
-// "limit", the limiter's limits (or a semaphore's Max, or a pause); on a tenant's handle
-// (Limiter.Tenant), "cap", the tenant's own caps, or "turn", its fair turn had not come
-// (Result.ByCap, Result.Turn). A tenant's Wait asks again when its turn comes, so each
-// of its asks before then counts as limited with reason "turn", and its grant as
-// acquired. The hooks do not label by tenant.
-//
-// jobthrottle_limits_drift_total moves once in each process for each new set of limits
-// that process finds another process enforcing on the key (a rolling deploy that changes
-// them, or two deployments that disagree: each enforces its own, so the key's limit is
-// neither). It says when a disagreement began, not that it lasts; `jobthrottle show`
-// shows both sets while it does.
-//
 // and, at scrape time, for each watched limiter (label limit: the limit's index, "0"
 // for the first) and semaphore:
 //
@@ -94,9 +81,22 @@ const OtherKey = "_other"
 //	jobthrottle_tenant_queued_seconds{key,tenant}    how far a tenant's place lies ahead of its turn
 //	jobthrottle_tenant_weight{key,tenant}            the weight a tenant's requests were queued with
 //
+// reason says what denied a request (result "limited"; "" for the other results):
+// "limit", the limiter's limits (or a semaphore's Max, or a pause); on a tenant's handle
+// (Limiter.Tenant), "cap", the tenant's own caps, or "turn", its fair turn had not come
+// (Result.ByCap, Result.Turn). A tenant's Wait asks again when its turn comes, so each
+// of its asks before then counts as limited with reason "turn", and its grant as
+// acquired. The counters have no tenant label.
+//
+// jobthrottle_limits_drift_total moves once in each process for each new set of limits
+// that process finds another process enforcing on the key (a rolling deploy that changes
+// them, or two deployments that disagree: each enforces its own, so the key's limit is
+// neither). It says when a disagreement began, not that it lasts: `jobthrottle show`
+// shows both sets while it does. docs/operating.md has an alert on it.
+//
 // A queued tenant gets about its weight / queued weight of the rate. The tenant gauges
 // cover the tenants Inspect lists, the 10 with the most queued, and are made afresh at
-// each scrape: a tenant that leaves the top 10, or the queue, has no series from then on.
+// each scrape: a tenant that leaves the 10, or the queue, has no series from then on.
 //
 // Cardinality: the key label takes at most MaxKeys values (1000 by default, see
 // WithMaxKeys); further keys are counted under key="_other" and get no gauges. Keys

@@ -10,7 +10,8 @@ import (
 )
 
 // Watch adds limiters whose live state each scrape reads (Limiter.Inspect, all at once:
-// the calls share round trips; bounded by WithInspectTimeout).
+// the calls share round trips; bounded by WithInspectTimeout). Watch a limiter's own
+// handle for its tenants' gauges: a tenant's handle's Inspect does not list them.
 func (c *Collector) Watch(lims ...*throttle.Limiter) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
