@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
@@ -40,6 +41,40 @@ func tenantGauges(t *testing.T, reg prometheus.Gatherer) (w float64, queued, wei
 	}
 	return w, queued, weight
 }
+
+// firstScrape is TestTenantGauges' first scrape on miniredis, whose clock stands still.
+// Each tenant's one permit of a minute's slot puts its finish tag a minute / weight
+// ahead: its place is that times the queued weight, 30. The 10 listed are those of
+// weights 1 to 3 and, of the weight 4 ties, the name last in byte order.
+const firstScrape = `
+# HELP jobthrottle_tenant_queued_seconds How far the tenant's place in the fair share lies ahead of its turn, for the 10 tenants with the most queued.
+# TYPE jobthrottle_tenant_queued_seconds gauge
+jobthrottle_tenant_queued_seconds{key="fair",tenant="t00"} 1800
+jobthrottle_tenant_queued_seconds{key="fair",tenant="t01"} 900
+jobthrottle_tenant_queued_seconds{key="fair",tenant="t02"} 600
+jobthrottle_tenant_queued_seconds{key="fair",tenant="t04"} 1800
+jobthrottle_tenant_queued_seconds{key="fair",tenant="t05"} 900
+jobthrottle_tenant_queued_seconds{key="fair",tenant="t06"} 600
+jobthrottle_tenant_queued_seconds{key="fair",tenant="t08"} 1800
+jobthrottle_tenant_queued_seconds{key="fair",tenant="t09"} 900
+jobthrottle_tenant_queued_seconds{key="fair",tenant="t10"} 600
+jobthrottle_tenant_queued_seconds{key="fair",tenant="t11"} 450
+# HELP jobthrottle_tenant_weight The weight the tenant's requests were queued with, for the 10 tenants with the most queued.
+# TYPE jobthrottle_tenant_weight gauge
+jobthrottle_tenant_weight{key="fair",tenant="t00"} 1
+jobthrottle_tenant_weight{key="fair",tenant="t01"} 2
+jobthrottle_tenant_weight{key="fair",tenant="t02"} 3
+jobthrottle_tenant_weight{key="fair",tenant="t04"} 1
+jobthrottle_tenant_weight{key="fair",tenant="t05"} 2
+jobthrottle_tenant_weight{key="fair",tenant="t06"} 3
+jobthrottle_tenant_weight{key="fair",tenant="t08"} 1
+jobthrottle_tenant_weight{key="fair",tenant="t09"} 2
+jobthrottle_tenant_weight{key="fair",tenant="t10"} 3
+jobthrottle_tenant_weight{key="fair",tenant="t11"} 4
+# HELP jobthrottle_tenants_queued_weight The weights of all the tenants with requests queued in the fair share, summed.
+# TYPE jobthrottle_tenants_queued_weight gauge
+jobthrottle_tenants_queued_weight{key="fair"} 30
+`
 
 // The fair share's gauges of a watched limiter: the queued weight of every tenant, and
 // the place and weight of the 10 with the most queued, by tenant, as Inspect reads them,
@@ -106,6 +141,12 @@ func TestTenantGauges(t *testing.T) {
 			return listed
 		}
 		first := check(30)
+		if b.Kind == redistest.Mini { // the clock stands still: the places, exactly
+			if err := testutil.GatherAndCompare(reg, strings.NewReader(firstScrape), "jobthrottle_tenants_queued_weight",
+				"jobthrottle_tenant_queued_seconds", "jobthrottle_tenant_weight"); err != nil {
+				t.Fatal(err)
+			}
+		}
 		// a newcomer of weight 0.1 is queued furthest ahead: the last of the 10 leaves
 		// the list, and its series go
 		allow(l2.Tenant("late\xff", throttle.Weight(0.1)))
