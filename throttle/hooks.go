@@ -11,9 +11,11 @@ type Hooks struct {
 	// with the wait until they take effect (0 when granted at once).
 	Allowed func(key string, n int, wait time.Duration)
 
-	// Denied is called when nothing was granted or booked, with the time until the n
-	// permits would be available.
-	Denied func(key string, n int, retryAfter time.Duration)
+	// Denied is called when nothing was granted or booked, with the caller's Result:
+	// RetryAfter, the time until the n permits would be available, and on a tenant's
+	// handle what denied them (ByCap, Turn). A tenant's WaitN asks again when its turn
+	// comes: each ask whose turn had not come is a denial with Turn.
+	Denied func(key string, n int, r Result)
 
 	// Waited is called when Wait or WaitN got its permits after sleeping, with the time
 	// it slept (from the call to its return).

@@ -25,7 +25,16 @@ func (h *hookLog) hooks() Hooks {
 		Allowed: func(key string, n int, wait time.Duration) {
 			h.add("allowed " + key + " " + itoa(n) + " " + wait.String())
 		},
-		Denied:     func(key string, n int, d time.Duration) { h.add("denied " + key + " " + itoa(n) + " " + d.String()) },
+		Denied: func(key string, n int, r Result) {
+			by := ""
+			if r.ByCap {
+				by += " by cap"
+			}
+			if r.Turn {
+				by += " turn"
+			}
+			h.add("denied " + key + " " + itoa(n) + " " + r.RetryAfter.String() + by)
+		},
 		Waited:     func(key string, n int, d time.Duration) { h.add("waited " + key + " " + itoa(n)) },
 		Cancelled:  func(key string, n int) { h.add("cancelled " + key + " " + itoa(n)) },
 		RedisError: func(key string, err error) { h.add("error " + key) },
@@ -43,7 +52,17 @@ func TestHooksReportDecisions(t *testing.T) {
 		l.Allow(ctx)                           // denied 1 1s
 		r, _ := l.Reserve(ctx, 1, time.Minute) // allowed 1 1s
 		r.Cancel(ctx)                          // cancelled 1
-		want := []string{"allowed hooked 2 0s", "denied hooked 1 1s", "allowed hooked 1 1s", "cancelled hooked 1"}
+		// a tenant's denials say what denied: its cap, its fair turn (10/s books a
+		// tenant 250ms ahead at most)
+		tn := tl.limiter("tenants", PerSecond(10), WithTenantLimits(PerSecond(3)), WithHooks(h.hooks())).Tenant("a")
+		for i := 0; i < 5; i++ {
+			tn.Allow(ctx) // allowed 1 0s, three times; denied 1 50ms turn
+		}
+		tl.at(time.Second / 2)
+		tn.Allow(ctx) // denied 1 500ms by cap
+		want := []string{"allowed hooked 2 0s", "denied hooked 1 1s", "allowed hooked 1 1s", "cancelled hooked 1",
+			"allowed tenants 1 0s", "allowed tenants 1 0s", "allowed tenants 1 0s", "denied tenants 1 50ms turn",
+			"denied tenants 1 50ms turn", "denied tenants 1 500ms by cap"}
 		if len(h.events) != len(want) {
 			t.Fatalf("hooks: %q, want %q", h.events, want)
 		}

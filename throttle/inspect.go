@@ -67,6 +67,12 @@ type LimiterState struct {
 	// Tenants, for the limiter's own handle, are the tenants with the most requests
 	// queued in the fair share, the most first, at most 10 of them; empty when none is.
 	Tenants []TenantState
+
+	// QueuedWeight, for the limiter's own handle, is the sum of the weights of all the
+	// tenants with requests queued in the fair share (Tenants lists 10 at most): while
+	// they stay queued, each gets about its Weight / QueuedWeight of the rate. 0 when
+	// none is.
+	QueuedWeight float64
 }
 
 // TenantState is one tenant's part of a LimiterState.
@@ -209,6 +215,7 @@ func (l *Limiter) Inspect(ctx context.Context) (LimiterState, error) {
 	if len(x) < 2 { // W, k, then per tenant: place, units, name's length and bytes
 		return bad()
 	}
+	st.QueuedWeight = float64(x[0]) / unitWeight
 	for i, k := 2, x[1]; k > 0; k-- {
 		if i+3 > len(x) || int64(i+3)+x[i+2] > int64(len(x)) {
 			return bad()

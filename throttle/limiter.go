@@ -368,7 +368,7 @@ func (l *Limiter) report(n int, g grant) {
 			l.hooks.Allowed(l.key, n, g.wait)
 		}
 	} else if l.hooks.Denied != nil {
-		l.hooks.Denied(l.key, n, g.wait)
+		l.hooks.Denied(l.key, n, g.result())
 	}
 }
 

@@ -9,16 +9,17 @@ import (
 // SlogHooks returns hooks that log a Limiter's decisions to logger:
 // grants, denials, waits and cancels at Debug; pauses at Info; Redis errors and
 // decisions made without Redis at Warn; lost state at Error. Every record carries
-// key, and the figures of its event (n, wait, retry_after, waited, d, policy, err).
-// Pass them with WithHooks, alone or joined with others by JoinHooks.
+// key, and the figures of its event (n, wait, retry_after with by_cap and turn, waited,
+// d, policy, err). Pass them with WithHooks, alone or joined with others by JoinHooks.
 func SlogHooks(logger *slog.Logger) Hooks {
 	ctx := context.Background() // LogAttrs checks logger.Enabled first
 	return Hooks{
 		Allowed: func(key string, n int, wait time.Duration) {
 			logger.LogAttrs(ctx, slog.LevelDebug, "jobthrottle: granted", slog.String("key", key), slog.Int("n", n), slog.Duration("wait", wait))
 		},
-		Denied: func(key string, n int, retryAfter time.Duration) {
-			logger.LogAttrs(ctx, slog.LevelDebug, "jobthrottle: denied", slog.String("key", key), slog.Int("n", n), slog.Duration("retry_after", retryAfter))
+		Denied: func(key string, n int, r Result) {
+			logger.LogAttrs(ctx, slog.LevelDebug, "jobthrottle: denied", slog.String("key", key), slog.Int("n", n), slog.Duration("retry_after", r.RetryAfter),
+				slog.Bool("by_cap", r.ByCap), slog.Bool("turn", r.Turn))
 		},
 		Waited: func(key string, n int, waited time.Duration) {
 			logger.LogAttrs(ctx, slog.LevelDebug, "jobthrottle: waited", slog.String("key", key), slog.Int("n", n), slog.Duration("waited", waited))

@@ -209,6 +209,9 @@ func TestTenantInspect(t *testing.T) {
 			st.Tenants[0].Weight != 2 || st.Tenants[0].Queued < st.Tenants[1].Queued || st.Tenants[1].Queued <= 0 {
 			t.Fatalf("the limiter's Tenants: %+v, want a then b, queued", st.Tenants)
 		}
+		if st.QueuedWeight != 4 {
+			t.Fatalf("QueuedWeight %v, want 4 (a and b, 2 each)", st.QueuedWeight)
+		}
 		ta, err := l.Tenant("a", Weight(2)).Inspect(ctx)
 		if err != nil {
 			t.Fatal(err)

@@ -9,25 +9,36 @@ import (
 	"github.com/jobthrottle/jobthrottle/waiter"
 )
 
-// Hooks returns the hooks that count a Limiter's decisions; pass them with
+// What denied a request, the "reason" label of a limited one.
+const (
+	reasonLimit = "limit" // the limiter's limits, a semaphore's Max, a pause
+	reasonCap   = "cap"   // a tenant's own caps (Result.ByCap)
+	reasonTurn  = "turn"  // a tenant's fair turn had not come (Result.Turn)
+)
+
+// count counts a request of n permits with its outcome and, for a denial, its reason.
+func (c *Collector) count(key, result, reason string, n int) {
+	k := c.label(key)
+	c.requests.WithLabelValues(k, result, reason).Inc()
+	c.permits.WithLabelValues(k, result, reason).Add(float64(n))
+}
+
+// Hooks returns the hooks that count a Limiter's decisions, a tenant's by what denied
+// them, and the limits other processes enforce on its key; pass them with
 // throttle.WithHooks.
 func (c *Collector) Hooks() throttle.Hooks {
 	return throttle.Hooks{
-		Allowed: func(key string, n int, _ time.Duration) {
-			k := c.label(key)
-			c.requests.WithLabelValues(k, ResultAcquired).Inc()
-			c.permits.WithLabelValues(k, ResultAcquired).Add(float64(n))
+		Allowed: func(key string, n int, _ time.Duration) { c.count(key, ResultAcquired, "", n) },
+		Denied: func(key string, n int, r throttle.Result) {
+			reason := reasonLimit
+			if r.ByCap {
+				reason = reasonCap
+			} else if r.Turn {
+				reason = reasonTurn
+			}
+			c.count(key, ResultLimited, reason, n)
 		},
-		Denied: func(key string, n int, _ time.Duration) {
-			k := c.label(key)
-			c.requests.WithLabelValues(k, ResultLimited).Inc()
-			c.permits.WithLabelValues(k, ResultLimited).Add(float64(n))
-		},
-		Cancelled: func(key string, n int) {
-			k := c.label(key)
-			c.requests.WithLabelValues(k, ResultCanceled).Inc()
-			c.permits.WithLabelValues(k, ResultCanceled).Add(float64(n))
-		},
+		Cancelled: func(key string, n int) { c.count(key, ResultCanceled, "", n) },
 		Waited: func(key string, _ int, waited time.Duration) {
 			c.wait.WithLabelValues(c.label(key)).Observe(waited.Seconds())
 		},
@@ -43,6 +54,9 @@ func (c *Collector) Hooks() throttle.Hooks {
 		StateLost: func(key string) {
 			c.stateLost.WithLabelValues(c.label(key)).Inc()
 		},
+		LimitsDrift: func(key string, _, _ []throttle.Limit) {
+			c.drift.WithLabelValues(c.label(key)).Inc()
+		},
 	}
 }
 
@@ -51,20 +65,15 @@ func (c *Collector) Hooks() throttle.Hooks {
 // the wait of Acquire in the queue-wait histogram); pass them with
 // throttle.WithSemaphoreHooks.
 func (c *Collector) SemaphoreHooks() throttle.SemaphoreHooks {
-	count := func(key, result string) {
-		k := c.label(key)
-		c.requests.WithLabelValues(k, result).Inc()
-		c.permits.WithLabelValues(k, result).Inc()
-	}
 	return throttle.SemaphoreHooks{
 		Acquired: func(key string, waited time.Duration) {
-			count(key, ResultAcquired)
+			c.count(key, ResultAcquired, "", 1)
 			if waited > 0 {
 				c.wait.WithLabelValues(c.label(key)).Observe(waited.Seconds())
 			}
 		},
-		Denied: func(key string, _ time.Duration) { count(key, ResultLimited) },
-		GaveUp: func(key string) { count(key, ResultCanceled) },
+		Denied: func(key string, _ time.Duration) { c.count(key, ResultLimited, reasonLimit, 1) },
+		GaveUp: func(key string) { c.count(key, ResultCanceled, "", 1) },
 		LeaseLost: func(key string) {
 			c.leasesLost.WithLabelValues(c.label(key)).Inc()
 		},

@@ -10,6 +10,7 @@
 package metrics
 
 import (
+	"strings"
 	"sync"
 	"time"
 
@@ -46,8 +47,8 @@ const OtherKey = "_other"
 // Metrics (every counter and the histograms carry the label key, the limiter's key
 // without prefix, except where said):
 //
-//	jobthrottle_requests_total{key,result}           calls that asked for permits (or a lease)
-//	jobthrottle_permits_total{key,result}            permits in them
+//	jobthrottle_requests_total{key,result,reason}    calls that asked for permits (or a lease)
+//	jobthrottle_permits_total{key,result,reason}     permits in them
 //	jobthrottle_queue_wait_seconds{key}              histogram: time WaitN (or Acquire) slept for its permits
 //	jobthrottle_degraded_total{key,policy}           decisions made without Redis (FailOpen, FailLocal)
 //	jobthrottle_redis_errors_total{key}              failed Redis calls
@@ -56,6 +57,7 @@ const OtherKey = "_other"
 //	jobthrottle_pauses_total{key}                    pauses set by this process
 //	jobthrottle_transport_pauses_total{host,status}  pauses the HTTP transport set on a 429/503
 //	jobthrottle_transport_not_sent_total{host}       requests the transport gave up on before sending
+//	jobthrottle_limits_drift_total{key}              other limits found on the key (Hooks.LimitsDrift)
 //
 // and, at scrape time, for each watched limiter (label limit: the limit's index, "0"
 // for the first) and semaphore:
@@ -72,10 +74,36 @@ const OtherKey = "_other"
 //	jobthrottle_semaphore_waiting{key}               callers queued for a lease
 //	jobthrottle_inspect_errors_total{key}            scrapes whose Inspect failed (no gauges then)
 //
+// and, for a watched limiter's own handle (not a tenant's), its tenants' fair share
+// (LimiterState.QueuedWeight and Tenants):
+//
+//	jobthrottle_tenants_queued_weight{key}           the weights of all the tenants queued, summed
+//	jobthrottle_tenant_queued_seconds{key,tenant}    how far a tenant's place lies ahead of its turn
+//	jobthrottle_tenant_weight{key,tenant}            the weight a tenant's requests were queued with
+//
+// reason says what denied a request (result "limited"; "" for the other results):
+// "limit", the limiter's limits (or a semaphore's Max, or a pause); on a tenant's handle
+// (Limiter.Tenant), "cap", the tenant's own caps, or "turn", its fair turn had not come
+// (Result.ByCap, Result.Turn). A tenant's Wait asks again when its turn comes, so each
+// of its asks before then counts as limited with reason "turn", and its grant as
+// acquired. The counters have no tenant label.
+//
+// jobthrottle_limits_drift_total moves once in each process for each new set of limits
+// that process finds another process enforcing on the key (a rolling deploy that changes
+// them, or two deployments that disagree: each enforces its own, so the key's limit is
+// neither). It says when a disagreement began, not that it lasts: `jobthrottle show`
+// shows both sets while it does. docs/operating.md has an alert on it.
+//
+// A queued tenant gets about its weight / queued weight of the rate. The tenant gauges
+// cover the tenants Inspect lists, the 10 with the most queued, and are made afresh at
+// each scrape: a tenant that leaves the 10, or the queue, has no series from then on.
+//
 // Cardinality: the key label takes at most MaxKeys values (1000 by default, see
-// WithMaxKeys); further keys are counted under key="_other". Per-tenant keys by the
-// million therefore cost at most MaxKeys series per metric. host is bounded by the
-// hosts the client calls.
+// WithMaxKeys); further keys are counted under key="_other" and get no gauges. Keys
+// by the million therefore cost at most MaxKeys series per metric; the tenant label
+// at most 10 values per watched key. host is bounded by the hosts the client calls.
+// Label values that are not UTF-8 (keys and tenants' names may be any bytes) have
+// each bad byte sequence replaced by U+FFFD.
 //
 // A Collector is safe for simultaneous use.
 type Collector struct {
@@ -91,10 +119,12 @@ type Collector struct {
 	pauses            *prometheus.CounterVec
 	transportPauses   *prometheus.CounterVec
 	notSent           *prometheus.CounterVec
+	drift             *prometheus.CounterVec
 	inspectErrors     *prometheus.CounterVec
 
 	capacity, used, remaining, booked, bookedAhead, nextFree, paused *prometheus.Desc
 	leases, semMax, waiting                                          *prometheus.Desc
+	queuedWeight, tenantQueued, tenantWeight                         *prometheus.Desc
 
 	mu   sync.Mutex
 	keys map[string]struct{} // key label values in use
@@ -127,8 +157,8 @@ func New(opts ...Option) *Collector {
 		c.timeout = 5 * time.Second
 	}
 	counter, histogram, gauge := vec.Counter, vec.Histogram, vec.Desc
-	c.requests = counter("requests_total", "Calls that asked for permits or a lease, by outcome (acquired, limited, canceled).", "key", "result")
-	c.permits = counter("permits_total", "Permits asked for, by outcome (acquired, limited, canceled).", "key", "result")
+	c.requests = counter("requests_total", "Calls that asked for permits or a lease, by outcome (acquired, limited, canceled) and what denied them (limit, cap, turn).", "key", "result", "reason")
+	c.permits = counter("permits_total", "Permits asked for, by outcome (acquired, limited, canceled) and what denied them (limit, cap, turn).", "key", "result", "reason")
 	c.wait = histogram("queue_wait_seconds", "Time WaitN or Acquire slept for its permits or lease.", "key")
 	c.degraded = counter("degraded_total", "Decisions made without Redis by the failure policy.", "key", "policy")
 	c.redisErrors = counter("redis_errors_total", "Failed Redis calls.", "key")
@@ -137,6 +167,7 @@ func New(opts ...Option) *Collector {
 	c.pauses = counter("pauses_total", "Pauses set on the key by this process.", "key")
 	c.transportPauses = counter("transport_pauses_total", "Pauses the HTTP transport set on a 429 or 503 with Retry-After.", "host", "status")
 	c.notSent = counter("transport_not_sent_total", "Requests the HTTP transport gave up on before sending them.", "host")
+	c.drift = counter("limits_drift_total", "Sets of other limits this process found another process enforcing on the key.", "key")
 	c.inspectErrors = counter("inspect_errors_total", "Scrapes whose Inspect of a watched key failed.", "key")
 	c.capacity = gauge("limit_capacity", "The limit's Rate (Burst for a token bucket), at scrape time.", "key", "limit")
 	c.used = gauge("limit_used", "Permits of the limit taken, bookings included, at scrape time.", "key", "limit")
@@ -148,11 +179,18 @@ func New(opts ...Option) *Collector {
 	c.leases = gauge("semaphore_leases", "Live leases of the semaphore (active leases).", "key")
 	c.semMax = gauge("semaphore_max", "The semaphore's Max.", "key")
 	c.waiting = gauge("semaphore_waiting", "Callers queued for a lease.", "key")
+	c.queuedWeight = gauge("tenants_queued_weight", "The weights of all the tenants with requests queued in the fair share, summed.", "key")
+	c.tenantQueued = gauge("tenant_queued_seconds", "How far the tenant's place in the fair share lies ahead of its turn, for the 10 tenants with the most queued.", "key", "tenant")
+	c.tenantWeight = gauge("tenant_weight", "The weight the tenant's requests were queued with, for the 10 tenants with the most queued.", "key", "tenant")
 	return c
 }
 
-// label returns key, or OtherKey once MaxKeys other keys have a label.
+// labelValue returns s as a label value: valid UTF-8, as Prometheus requires.
+func labelValue(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }
+
+// label returns key as a label value, or OtherKey once MaxKeys other keys have a label.
 func (c *Collector) label(key string) string {
+	key = labelValue(key)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, ok := c.keys[key]; ok {
@@ -167,7 +205,7 @@ func (c *Collector) label(key string) string {
 
 func (c *Collector) vecs() []prometheus.Collector {
 	return []prometheus.Collector{c.requests, c.permits, c.wait, c.degraded, c.redisErrors, c.stateLost, c.leasesLost, c.pauses,
-		c.transportPauses, c.notSent, c.inspectErrors}
+		c.transportPauses, c.notSent, c.drift, c.inspectErrors}
 }
 
 // Describe implements prometheus.Collector.
@@ -176,7 +214,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		v.Describe(ch)
 	}
 	for _, d := range []*prometheus.Desc{c.capacity, c.used, c.remaining, c.booked, c.bookedAhead, c.nextFree, c.paused,
-		c.leases, c.semMax, c.waiting} {
+		c.leases, c.semMax, c.waiting, c.queuedWeight, c.tenantQueued, c.tenantWeight} {
 		ch <- d
 	}
 }

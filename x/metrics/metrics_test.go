@@ -40,13 +40,13 @@ func TestCountsAndGauges(t *testing.T) {
 			t.Fatal(r, err)
 		}
 		for _, c := range []struct {
-			result          string
+			result, reason  string
 			requests, perms float64
-		}{{ResultAcquired, 3, 4}, {ResultLimited, 1, 1}, {ResultCanceled, 0, 0}} {
-			if got := testutil.ToFloat64(m.requests.WithLabelValues("vendor-api", c.result)); got != c.requests {
+		}{{ResultAcquired, "", 3, 4}, {ResultLimited, "limit", 1, 1}, {ResultCanceled, "", 0, 0}} {
+			if got := testutil.ToFloat64(m.requests.WithLabelValues("vendor-api", c.result, c.reason)); got != c.requests {
 				t.Errorf("requests %s = %v, want %v", c.result, got, c.requests)
 			}
-			if got := testutil.ToFloat64(m.permits.WithLabelValues("vendor-api", c.result)); got != c.perms {
+			if got := testutil.ToFloat64(m.permits.WithLabelValues("vendor-api", c.result, c.reason)); got != c.perms {
 				t.Errorf("permits %s = %v, want %v", c.result, got, c.perms)
 			}
 		}
@@ -75,7 +75,7 @@ jobthrottle_remaining{key="vendor-api"} 0
 		if err := r.Cancel(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if got := testutil.ToFloat64(m.permits.WithLabelValues("vendor-api", ResultCanceled)); got != 2 {
+		if got := testutil.ToFloat64(m.permits.WithLabelValues("vendor-api", ResultCanceled, "")); got != 2 {
 			t.Errorf("permits canceled = %v, want 2", got)
 		}
 		if err := lim.Pause(ctx, time.Second); err != nil {
@@ -135,7 +135,7 @@ jobthrottle_paused_seconds{key="reports"} 0
 		"jobthrottle_semaphore_max", "jobthrottle_semaphore_waiting", "jobthrottle_paused_seconds"); err != nil {
 		t.Fatal(err)
 	}
-	if got := testutil.ToFloat64(m.requests.WithLabelValues("reports", ResultAcquired)); got != 1 {
+	if got := testutil.ToFloat64(m.requests.WithLabelValues("reports", ResultAcquired, "")); got != 1 {
 		t.Errorf("lease requests acquired = %v, want 1", got)
 	}
 }
@@ -158,7 +158,7 @@ func TestCardinalityBound(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if got := testutil.ToFloat64(m.requests.WithLabelValues(OtherKey, ResultAcquired)); got != 3 {
+	if got := testutil.ToFloat64(m.requests.WithLabelValues(OtherKey, ResultAcquired, "")); got != 3 {
 		t.Errorf("_other acquired = %v, want 3", got)
 	}
 	if n := testutil.CollectAndCount(m, "jobthrottle_remaining"); n != 2 {
@@ -215,5 +215,35 @@ func BenchmarkScrape1000(b *testing.B) {
 		if _, err := reg.Gather(); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// A key that is not UTF-8 (a key may be any bytes) is counted and watched under a
+// label made UTF-8, as Prometheus requires; it neither panics the limiter's call nor
+// fails the scrape.
+func TestKeyLabelIsUTF8(t *testing.T) {
+	b := redistest.NewMini(t)
+	ctx := context.Background()
+	m := New()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(m)
+	lim, err := throttle.New(b.Client, "vendor\xff", throttle.PerSecond(5), throttle.WithKeyPrefix(b.Prefix), throttle.WithHooks(m.Hooks()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Watch(lim)
+	if _, err := lim.Allow(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(m.requests.WithLabelValues("vendor\uFFFD", ResultAcquired, "")); got != 1 {
+		t.Errorf("requests = %v, want 1", got)
+	}
+	want := `
+# HELP jobthrottle_remaining Permits a call could take now.
+# TYPE jobthrottle_remaining gauge
+jobthrottle_remaining{key="vendor` + "\uFFFD" + `"} 4
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "jobthrottle_remaining"); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -10,7 +10,8 @@ import (
 )
 
 // Watch adds limiters whose live state each scrape reads (Limiter.Inspect, all at once:
-// the calls share round trips; bounded by WithInspectTimeout).
+// the calls share round trips; bounded by WithInspectTimeout). Watch a limiter's own
+// handle for its tenants' gauges: a tenant's handle's Inspect does not list them.
 func (c *Collector) Watch(lims ...*throttle.Limiter) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -47,7 +48,8 @@ func (c *Collector) UnwatchSemaphore(sems ...*throttle.Semaphore) {
 }
 
 // Collect implements prometheus.Collector: the counters, then the live gauges of the
-// watched limiters and semaphores, read with Inspect.
+// watched limiters and semaphores, read with Inspect. The gauges are made afresh at
+// each scrape, so a series whose key or tenant Inspect no longer reports is gone.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
 	lims := make([]*throttle.Limiter, 0, len(c.lims))
@@ -64,7 +66,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	defer cancel()
 	type series struct {
 		d      *prometheus.Desc
-		labels [2]string // key, limit ("" for gauges without it)
+		labels [2]string // key, then limit or tenant ("" for gauges without either)
 	}
 	seen := map[series]bool{} // sent this scrape
 	send := func(d *prometheus.Desc, v float64, labels ...string) {
@@ -103,6 +105,14 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		for j, ls := range st.Limits {
 			send(c.capacity, float64(ls.Capacity), k, strconv.Itoa(j))
 			send(c.used, float64(ls.Used), k, strconv.Itoa(j))
+		}
+		if st.Tenant == nil { // the limiter's own handle: its tenants' fair share
+			send(c.queuedWeight, st.QueuedWeight, k)
+			for _, ts := range st.Tenants {
+				name := labelValue(ts.Name)
+				send(c.tenantQueued, ts.Queued.Seconds(), k, name)
+				send(c.tenantWeight, ts.Weight, k, name)
+			}
 		}
 	}
 	for _, s := range sems {
