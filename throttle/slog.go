@@ -8,9 +8,10 @@ import (
 
 // SlogHooks returns hooks that log a Limiter's decisions to logger:
 // grants, denials, waits and cancels at Debug; pauses at Info; Redis errors and
-// decisions made without Redis at Warn; lost state at Error. Every record carries
-// key, and the figures of its event (n, wait, retry_after with by_cap and turn, waited,
-// d, policy, err). Pass them with WithHooks, alone or joined with others by JoinHooks.
+// decisions made without Redis and other processes' limits on the key at Warn; lost
+// state at Error. Every record carries key, and the figures of its event (n, wait,
+// retry_after with by_cap and turn, waited, d, policy, ours and theirs, err). Pass them
+// with WithHooks.
 func SlogHooks(logger *slog.Logger) Hooks {
 	ctx := context.Background() // LogAttrs checks logger.Enabled first
 	return Hooks{
@@ -38,6 +39,10 @@ func SlogHooks(logger *slog.Logger) Hooks {
 		},
 		StateLost: func(key string) {
 			logger.LogAttrs(ctx, slog.LevelError, "jobthrottle: state lost (evicted, deleted or failed over): the limit starts afresh", slog.String("key", key))
+		},
+		LimitsDrift: func(key string, ours, theirs []Limit) {
+			logger.LogAttrs(ctx, slog.LevelWarn, "jobthrottle: another process has other limits on the key", slog.String("key", key),
+				slog.Any("ours", ours), slog.Any("theirs", theirs))
 		},
 	}
 }
