@@ -230,3 +230,28 @@ func TestTenantCostCaps(t *testing.T) {
 		}
 	})
 }
+
+// While Redis is unreachable, FailLocal's share charges a call's costs too: each unit's
+// limits are cut to the process's share and take the call's cost in that unit; a grant
+// made so settles nothing (Redis never saw it).
+func TestFailLocalCosts(t *testing.T) {
+	ctx := context.Background()
+	l, err := New(downClient(t), "local-costs", PerSecond(100), WithFailurePolicy(FailLocal(2)),
+		WithLimits(Limit{Rate: 1000, Period: time.Second, Unit: "tokens"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := l.Cost(map[string]int{"tokens": 400}).Reserve(ctx, 1, 0)
+	if err != nil || !r.OK() {
+		t.Fatalf("400 of this process's 500 tokens: %v %v", r, err)
+	}
+	if r, err := l.Cost(map[string]int{"tokens": 101}).Reserve(ctx, 1, 0); err != nil || r.OK() {
+		t.Fatalf("101 more of its 500: %v %v, want not OK", r, err)
+	}
+	if r, err := l.Cost(map[string]int{"tokens": 100}).Reserve(ctx, 1, 0); err != nil || !r.OK() {
+		t.Fatalf("its last 100: %v %v", r, err)
+	}
+	if err := r.Settle(ctx, map[string]int{"tokens": 10}); err != nil {
+		t.Fatalf("a settle of a local grant: %v, want nil (nothing to settle)", err)
+	}
+}
