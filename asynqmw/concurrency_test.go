@@ -95,11 +95,7 @@ func TestConcurrencyAcrossServers(t *testing.T) {
 		if c.sum(c.throttled) == 0 {
 			t.Errorf("no hand-back: the test did not exercise the hand-back path")
 		}
-		for _, id := range final {
-			if got, copies := get(c, c.throttled, id), get(c, c.requeued, id); got != copies {
-				t.Errorf("task %s (MaxRetry(0)) handed back %d times, %d of them as a copy; want all as copies", id, got, copies)
-			}
-		}
+		c.lastAttemptsAsCopies(t, final...)
 		if got := free(t, sem); got != max {
 			t.Errorf("after the run %d of %d slots are free, want all", got, max)
 		}

@@ -3,6 +3,8 @@ package asynqmw_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -16,8 +18,8 @@ import (
 
 // Many MaxRetry(0) and MaxRetry(3) tasks through Throttle at a low rate, on two
 // servers: each runs exactly once, none is archived or failed, throttling moves no
-// retry count, a last attempt is handed back only as a copy, and the limit holds in
-// every window of server grant times.
+// retry count, a last attempt is handed back only as a copy (which is then handed
+// back as any task), and the limit holds in every window of server grant times.
 func TestThrottleRunsEachTaskOnce(t *testing.T) {
 	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
 		const (
@@ -59,11 +61,7 @@ func TestThrottleRunsEachTaskOnce(t *testing.T) {
 		if c.sum(c.throttled) == 0 {
 			t.Errorf("no task was handed back: the test did not exercise asynq's retry path")
 		}
-		for _, id := range final {
-			if got, copies := get(c, c.throttled, id), get(c, c.requeued, id); got != copies {
-				t.Errorf("task %s (MaxRetry(0)) was handed back %d times, %d of them as a copy; want all as copies", id, got, copies)
-			}
-		}
+		c.lastAttemptsAsCopies(t, final...)
 		t.Logf("%d tasks in %v: %d hand-backs, %d inline waits, most grants in any %v: %d",
 			n, func() time.Duration { a, z := grants.Span(); return z.Sub(a) }(), c.sum(c.throttled), len(c.waited), period, grants.MaxInWindow(period))
 	})
@@ -583,4 +581,107 @@ func TestBounceWithoutAScriptCall(t *testing.T) {
 	if calls >= 1+returns {
 		t.Errorf("script calls on the task's limiter: %d for its booking and %d returns, want fewer: a return while the bound was full asked Redis", calls, returns)
 	}
+}
+
+// Handler starts across two servers (two clients, as two processes) sharing a limit of
+// 10 a second, their workers kept busy by the throttled handlers (500ms each) and by
+// unthrottled tasks: Redis never lets more than 10 permits take effect in a second,
+// and each server's middleware counts no more than 10 starts in any second
+// (Hooks.Started, the pacer's bound). The starts as the handlers read the clock,
+// fleet-wide, in any 950ms window are the figure: a task asleep for its permit holds
+// its worker, so it starts when its permit comes, not when a worker frees; what is
+// left is how much later one start follows its permit than another (a reply's way
+// back, timers, a return within lateGrace).
+func TestStartsAcrossServers(t *testing.T) {
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		t.Parallel()
+		const (
+			rate      = 10
+			throttled = 60 // 6 s of the limit
+			free      = 100
+			window    = 950 * time.Millisecond
+		)
+		grants := redistest.RecordGrants(b.Client)
+		f := newFleet(t, b)
+		var (
+			mu      sync.Mutex
+			starts  []time.Time
+			counted [2][]time.Time
+		)
+		h := asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+			now := time.Now()
+			if task.Type() == "free" {
+				time.Sleep(50 * time.Millisecond)
+			} else {
+				mu.Lock()
+				starts = append(starts, now)
+				mu.Unlock()
+				time.Sleep(500 * time.Millisecond)
+			}
+			f.runs.add(string(task.Payload()), 0, "")
+			return nil
+		})
+		addrs, cluster := b.Addrs()
+		for s := range 2 {
+			rdb := b.Client
+			if s == 1 {
+				rdb = redistest.Dial(addrs, cluster)
+				t.Cleanup(func() { rdb.Close() })
+				rdb.AddHook(grants)
+			}
+			lim, err := throttle.New(rdb, "starts", throttle.PerSecond(rate), throttle.WithKeyPrefix(b.Prefix))
+			if err != nil {
+				t.Fatal(err)
+			}
+			jt := asynqmw.New(rdb, asynqmw.WithHooks(asynqmw.Hooks{Started: func(_ context.Context, _ *asynq.Task, at time.Time) {
+				mu.Lock()
+				counted[s] = append(counted[s], at)
+				mu.Unlock()
+			}}))
+			mux := asynq.NewServeMux()
+			mux.Use(jt.ThrottleFunc(func(_ context.Context, task *asynq.Task) (*throttle.Limiter, error) {
+				if task.Type() == "throttled" {
+					return lim, nil
+				}
+				return nil, nil
+			}))
+			mux.Handle("throttled", h)
+			mux.Handle("free", h)
+			srv := asynq.NewServerFromRedisClient(rdb, jt.Config(f.serverConfig(10)))
+			if err := srv.Start(mux); err != nil {
+				t.Fatal(err)
+			}
+			f.servers = append(f.servers, srv)
+		}
+		for i := range throttled {
+			if _, err := f.client.Enqueue(asynq.NewTask("throttled", []byte(fmt.Sprint("t", i))), asynq.Queue(f.queue), asynq.MaxRetry(i%2)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i := range free {
+			if _, err := f.client.Enqueue(asynq.NewTask("free", []byte(fmt.Sprint("f", i))), asynq.Queue(f.queue)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		qi := f.waitIdle(idleLimit, func() bool { return f.runs.total() >= throttled+free })
+		f.stop()
+		if qi.Archived != 0 || qi.FailedTotal != 0 || f.runs.total() != throttled+free {
+			t.Errorf("runs %d, archived %d, failed %d; want %d, 0, 0", f.runs.total(), qi.Archived, qi.FailedTotal, throttled+free)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		slices.SortFunc(starts, time.Time.Compare)
+		most := redistest.MaxTimesInWindow(starts, window)
+		if got := grants.MaxInWindow(time.Second); got > rate {
+			t.Errorf("most permits taking effect in any second: %d, limit %d", got, rate)
+		}
+		for s := range counted {
+			slices.SortFunc(counted[s], time.Time.Compare)
+			if got := redistest.MaxTimesInWindow(counted[s], time.Second); got > rate {
+				t.Errorf("server %d's middleware counted %d starts in a second, limit %d", s, got, rate)
+			}
+		}
+		redistest.Figure(t, "%s: 2 servers x 10 workers, %d throttled of 500ms at %d/s and %d unthrottled of 50ms: most handler starts in any %v %d (in any 1s %d); Redis grants in any 1s %d",
+			b.Kind, throttled, rate, free, window, most, redistest.MaxTimesInWindow(starts, time.Second), grants.MaxInWindow(time.Second))
+	})
 }
