@@ -95,10 +95,11 @@ func sleepBound(concurrency int) int {
 // Throttle returns middleware that takes a permit from lim before each task runs, so
 // the tasks it wraps, on every server sharing lim's Redis and key, stay inside lim's
 // limits, first come first served. A task whose permit is due within about a second
-// and a half sleeps for it; a later one books it and is handed back to asynq until
-// just before it, then sleeps the rest and runs (see ThrottledError). Redis
-// unreachable hands a task back; other errors of lim fail it. Throttle panics for a
-// nil lim.
+// and a half sleeps for it in its worker; a later one books it and is handed back to
+// asynq until just before it, then sleeps the rest and runs (see ThrottledError). A
+// task on its last attempt never sleeps: it is handed back as a copy that may. Redis
+// unavailable (throttle.ErrUnavailable) hands a task back; other errors of lim fail
+// it. Throttle panics for a nil lim.
 func (s *Setup) Throttle(lim *throttle.Limiter) asynq.MiddlewareFunc {
 	if lim == nil {
 		panic(nilArgument("Throttle"))
@@ -119,8 +120,9 @@ func (s *Setup) ThrottleFunc(pick func(ctx context.Context, t *asynq.Task) (*thr
 
 // Concurrency returns middleware that runs each task it wraps under a lease of sem,
 // so that at most sem's Max of them run at once on every server sharing sem's Redis
-// and key. A task that finds sem full waits for a slot in arrival order, asleep for
-// up to about a second and a half, else handed back keeping its place in the queue.
+// and key. A task that finds sem full waits for a slot in arrival order, asleep in its
+// worker for up to about a second and a half (a last attempt not at all), else handed
+// back keeping its place in the queue.
 // The lease is renewed while the handler runs; if it is lost, the handler's context
 // is cancelled. Concurrency panics for a nil sem.
 func (s *Setup) Concurrency(sem *throttle.Semaphore) asynq.MiddlewareFunc {
