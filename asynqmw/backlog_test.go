@@ -82,6 +82,9 @@ const (
 func TestBacklogDoesNotHoldWorkers(t *testing.T) {
 	sc := backlog{rate: 5, throttled: 150, free: 200, freeWork: 20 * time.Millisecond}
 	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		if raceEnabled {
+			t.Parallel() // the timed goals are judged without the race detector, one fleet at a time
+		}
 		shapes := []struct{ servers, workers int }{{1, 10}}
 		if b.Kind == redistest.Standalone {
 			shapes = append(shapes, struct{ servers, workers int }{2, 10})
@@ -90,6 +93,9 @@ func TestBacklogDoesNotHoldWorkers(t *testing.T) {
 			sc := sc
 			sc.servers, sc.workers = shape.servers, shape.workers
 			t.Run(fmt.Sprintf("%dx%d", sc.servers, sc.workers), func(t *testing.T) {
+				if raceEnabled {
+					t.Parallel()
+				}
 				r := runBacklog(t, b, sc)
 				redistest.Figure(t, "%s, %d server(s) x %d workers, %d throttled at %d/s + %d unthrottled of %v: "+
 					"unthrottled done after %v (enqueueing them took %v; the longest one took from its enqueue to done %v; at most %d ran at once); hand-backs per throttled task %.2f, %d of them last attempts' copies "+

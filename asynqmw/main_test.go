@@ -36,6 +36,17 @@ func TestMain(m *testing.M) {
 // interval, which the tests set to 100ms; so each takes a few seconds, kept short by
 // small numbers of tasks.
 
+// eachBackend runs f on every backend, as redistest.EachRealTime, the backends side by
+// side: each run has a queue and keys of its own, and what the tests assert is counted,
+// not timed (asynq's whole seconds, not CPU, set their length).
+func eachBackend(t *testing.T, f func(t *testing.T, b *redistest.Backend)) {
+	t.Helper()
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		t.Parallel()
+		f(t, b)
+	})
+}
+
 // fleet is asynq servers, a client and an inspector on one backend and one queue of
 // its own.
 type fleet struct {

@@ -21,7 +21,7 @@ import (
 // retry count, a last attempt is handed back only as a copy (which is then handed
 // back as any task), and the limit holds in every window of server grant times.
 func TestThrottleRunsEachTaskOnce(t *testing.T) {
-	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+	eachBackend(t, func(t *testing.T, b *redistest.Backend) {
 		const (
 			rate   = 10
 			period = 500 * time.Millisecond
@@ -95,7 +95,7 @@ func bookingFirst(t *testing.T, lim *throttle.Limiter, k int) func(context.Conte
 // once, again and again. Every task sleeps in its worker until its permit and runs
 // once, and the middleware says so once, at error level, through the Setup's logger.
 func TestUnconfiguredServerNeverHandsBack(t *testing.T) {
-	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+	eachBackend(t, func(t *testing.T, b *redistest.Backend) {
 		f := newFleet(t, b)
 		lim := f.limiter("tasks", throttle.PerSecond(10))
 		c := newCounters()
@@ -129,7 +129,7 @@ func TestUnconfiguredServerNeverHandsBack(t *testing.T) {
 // throttled, and handed back as a copy (with no retries left) instead of being
 // archived.
 func TestRealFailuresStillCount(t *testing.T) {
-	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+	eachBackend(t, func(t *testing.T, b *redistest.Backend) {
 		f := newFleet(t, b)
 		lim := f.limiter("tasks", throttle.PerSecond(10))
 		c := newCounters()
@@ -426,7 +426,7 @@ func TestThrottleErrors(t *testing.T) {
 // them back in the queue (its ShutdownTimeout passed), the middleware gives their
 // bookings back, and another server runs each exactly once.
 func TestShutdownWhileWaitingLosesNothing(t *testing.T) {
-	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) { shutdownWhileWaiting(t, b) })
+	eachBackend(t, func(t *testing.T, b *redistest.Backend) { shutdownWhileWaiting(t, b) })
 }
 
 func shutdownWhileWaiting(t *testing.T, b *redistest.Backend) {
@@ -525,59 +525,59 @@ func wantPanic(t *testing.T, what, sub string, f func()) {
 // handed back again, booked, without a script call: the middleware handed it back, so
 // it knows the slot. The returns served so are the script calls saved: on the task's
 // limiter, the calls are the first booking and one per return that asked Redis, so
-// fewer than one per return. Timing: the task's slot is 4 s ahead, so it is handed
-// back and comes back before it (asynq keeps whole seconds), while the task that
-// fills the bound sleeps a minute; the server's fast check intervals bring each
-// bounce back within a few hundred ms, so the last one lands within its slot's grace.
+// fewer than one per return. The task's slot is 4 s ahead, so it is handed back and
+// comes back before it (asynq keeps whole seconds); meanwhile another task fills the
+// bound of 1, asleep for a semaphore slot the test holds until the first bounce, and
+// then frees: the task's next return sleeps for its slot and runs.
 func TestBounceWithoutAScriptCall(t *testing.T) {
 	b := redistest.NewMiniRealTime(t)
 	grants := redistest.RecordGrants(b.Client)
 	f := newFleet(t, b)
-	hold := f.limiter("hold", throttle.PerMinute(1))
 	lim := f.limiter("bounce", throttle.Limit{Rate: 1, Period: 4 * time.Second})
+	sem := newSem(t, b, "bound", 1)
 	ctx := context.Background()
-	for _, l := range []*throttle.Limiter{hold, lim} { // the next permits: in a minute, in 4s
-		if r, err := l.Allow(ctx); err != nil || !r.Allowed {
-			t.Fatalf("Allow: %+v, %v", r, err)
-		}
+	if r, err := lim.Allow(ctx); err != nil || !r.Allowed { // the next permit in 4s
+		t.Fatalf("Allow: %+v, %v", r, err)
+	}
+	held, _, err := sem.TryAcquire(ctx)
+	if err != nil || held == nil {
+		t.Fatalf("TryAcquire: %v, %v", held, err)
 	}
 	c := newCounters()
-	asleep := make(chan struct{})
-	pick := func(_ context.Context, task *asynq.Task) (*throttle.Limiter, error) {
-		if string(task.Payload()) == "sleeper" {
-			close(asleep)
-			return hold, nil
-		}
-		return lim, nil
-	}
 	jt := asynqmw.New(b.Client, asynqmw.WithHooks(c.hooks()), asynqmw.InlineWait(time.Hour), asynqmw.MaxSleepingWorkers(1))
-	f.run(jt, 3, f.handler(nil), jt.ThrottleFunc(pick))
+	throttled := jt.Throttle(lim)
+	bound := jt.Concurrency(sem)
+	route := asynq.MiddlewareFunc(func(next asynq.Handler) asynq.Handler {
+		return asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+			if string(task.Payload()) == "sleeper" {
+				return bound(next).ProcessTask(ctx, task)
+			}
+			return throttled(next).ProcessTask(ctx, task)
+		})
+	})
+	f.run(jt, 3, f.handler(nil), route)
 	f.enqueue("sleeper")
-	<-asleep
-	time.Sleep(100 * time.Millisecond) // the sleeper's call and its place among the sleepers
+	for jt.Stats().Sleeping != 1 {
+		time.Sleep(time.Millisecond)
+	}
 	f.enqueue("bounced")
-	for deadline := time.Now().Add(idleLimit); len(f.runs.get("bounced")) == 0; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(idleLimit); jt.Stats().Bounced == 0; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("the bounced task did not run within %v (came back %d times)", idleLimit, get(c, c.throttled, "bounced"))
+			t.Fatalf("the task was not handed back again without a script call within %v (came back %d times)", idleLimit, get(c, c.throttled, "bounced"))
 		}
 	}
-	time.Sleep(200 * time.Millisecond) // a second run, if any, shows
-	if got := f.runs.get("bounced"); len(got) != 1 {
-		t.Fatalf("runs of the bounced task: %v, want one", got)
+	if err := held.Release(ctx); err != nil { // the sleeper runs: the bound frees
+		t.Fatal(err)
 	}
-	if got := f.runs.get("sleeper"); len(got) != 0 {
-		t.Fatalf("the sleeper ran (%v): it was not asleep for its minute", got)
-	}
+	qi := f.waitIdle(idleLimit, func() bool { return f.runs.total() >= 2 })
+	f.ranOnce(qi, "sleeper", "bounced")
 	returns := get(c, c.throttled, "bounced")
 	k := grants.ByKey()["{"+b.Prefix+"bounce}:sw"]
 	calls := 0
 	if k != nil {
 		calls = k.Calls() - 1 // the test's Allow
 	}
-	t.Logf("the task came back %d times; its limiter saw %d script calls", returns, calls)
-	if returns < 1 || calls < 2 {
-		t.Fatalf("came back %d times with %d script calls: want it handed back, booked, and back for its booking", returns, calls)
-	}
+	t.Logf("the task came back %d times (%d without a script call); its limiter saw %d script calls", returns, jt.Stats().Bounced, calls)
 	if calls >= 1+returns {
 		t.Errorf("script calls on the task's limiter: %d for its booking and %d returns, want fewer: a return while the bound was full asked Redis", calls, returns)
 	}
@@ -593,8 +593,7 @@ func TestBounceWithoutAScriptCall(t *testing.T) {
 // left is how much later one start follows its permit than another (a reply's way
 // back, timers, a return within lateGrace).
 func TestStartsAcrossServers(t *testing.T) {
-	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
-		t.Parallel()
+	eachBackend(t, func(t *testing.T, b *redistest.Backend) {
 		const (
 			rate      = 10
 			throttled = 60 // 6 s of the limit

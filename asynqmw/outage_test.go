@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,7 +27,7 @@ import (
 // unchanged), those on their last attempt as copies; none runs, none is archived,
 // and every one runs exactly once when Redis returns.
 func TestLimiterRedisDownReschedules(t *testing.T) {
-	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+	eachBackend(t, func(t *testing.T, b *redistest.Backend) {
 		f := newFleet(t, b)
 		lm := miniredis.RunT(t) // the limiter's own Redis, which goes away
 		rdb := redis.NewClient(&redis.Options{Addr: lm.Addr(), DialTimeout: 100 * time.Millisecond})
@@ -116,10 +117,10 @@ func TestRedisKilledMidLoad(t *testing.T) {
 	case o.recovery > 2*time.Second:
 		t.Errorf("first grant %v after Redis returned; want within 2s", o.recovery)
 	}
-	redistest.Figure(t, "asynqmw, redis-server killed -9 after %d of %d tasks, back %v later: lost %d, run twice %d, archived %d (after their job ran %d), redelivered by asynq's recoverer %d, failed %d; "+
+	redistest.Figure(t, "asynqmw, redis-server killed -9 after %d of %d tasks, back %v later: lost %d, run twice %d, archived %d (after their job ran %d), redelivered by asynq's recoverer %d, failed %d, left active in no worker for the recoverer %d; "+
 		"%d hand-backs (%d requeued); first grant %v after restart",
 		o.killFrom, o.n, o.outage.Round(time.Millisecond), o.lost, o.dups, o.archivedRan+o.archivedUnrun+o.otherArchived, o.archivedRan,
-		o.redelivered, o.extraFailed+o.redelivered+o.archivedUnrun, o.handBacks, o.requeued, o.recovery.Round(time.Millisecond))
+		o.redelivered, o.extraFailed+o.redelivered+o.archivedUnrun, o.stranded, o.handBacks, o.requeued, o.recovery.Round(time.Millisecond))
 
 	// Everything the middleware, the limiter and asynq started has ended.
 	var left int
@@ -168,6 +169,7 @@ type killOutcome struct {
 	requeued      int
 	recovery      time.Duration // restart → first grant; -1: none
 	bookedBefore  int           // permits granted before the kill
+	stranded      int           // tasks left active in no worker, for asynq's recoverer
 }
 
 // killMidLoad runs 160 tasks (half MaxRetry(0)) on two servers of 10 workers sharing
@@ -217,17 +219,29 @@ func killMidLoad(t *testing.T, middleware bool) killOutcome {
 	if !middleware {
 		work = func(context.Context, string, int) error { time.Sleep(500 * time.Millisecond); return nil }
 	}
-	for range 2 {
+	// inWorkers counts the tasks in the servers' handlers (and middleware)
+	var inWorkers atomic.Int64
+	track := func(next asynq.Handler) asynq.Handler {
+		return asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+			inWorkers.Add(1)
+			defer inWorkers.Add(-1)
+			return next.ProcessTask(ctx, task)
+		})
+	}
+	startServer := func() {
 		cfg := f.serverConfig(10)
 		cfg.ErrorHandler = asynq.ErrorHandlerFunc(func(ctx context.Context, task *asynq.Task, err error) {
 			t.Logf("task %s: handler error %v", task.Payload(), err)
 		})
 		if !middleware {
-			f.start(cfg, f.handler(work))
-			continue
+			f.start(cfg, f.handler(work), track)
+			return
 		}
 		jt := asynqmw.New(rdb, asynqmw.InlineWait(time.Second), asynqmw.WithHooks(c.hooks()))
-		f.start(jt.Config(cfg), f.handler(work), jt.Throttle(lim))
+		f.start(jt.Config(cfg), f.handler(work), track, jt.Throttle(lim))
+	}
+	for range 2 {
+		startServer()
 	}
 	final, retrying := ids("final", n/2), ids("retrying", n/2)
 	for i := range final {
@@ -250,9 +264,46 @@ func killMidLoad(t *testing.T, middleware bool) killOutcome {
 	back := time.Now()
 	o.outage = back.Sub(killed)
 	// A task asynq's recoverer archives never runs again: idle is all run or archived.
-	// asynq's recoverer takes a task stranded by the kill once its lease has been
-	// expired 30 s, on its run once a minute: up to about two minutes after the kill.
-	qi := f.waitIdle(3*idleLimit, func() bool { return len(ranIDs(f, final, retrying))+int(f.info().Archived) >= n })
+	// asynq's recoverer takes a task stranded by the kill (active, in no worker: a
+	// dequeue or a result write was lost) once its lease has been expired 30 s, on its
+	// run once a minute: up to about two minutes after the kill. Rather than wait, once
+	// the only tasks left are active ones, none of them in a worker for a second, the
+	// test makes their leases look expired a minute ago and starts a server, whose
+	// recoverer runs at its start.
+	settled := time.Time{}
+	for deadline := time.Now().Add(3 * idleLimit); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		qi, err := f.insp.GetQueueInfo(f.queue)
+		if err != nil || qi.Pending+qi.Scheduled+qi.Retry != 0 || inWorkers.Load() != 0 {
+			settled = time.Time{}
+			continue
+		}
+		if qi.Active == 0 && len(ranIDs(f, final, retrying))+qi.Archived >= n {
+			break
+		}
+		if qi.Active == 0 {
+			continue
+		}
+		if settled.IsZero() {
+			settled = time.Now()
+		}
+		if time.Since(settled) < time.Second {
+			continue
+		}
+		stranded, err := rdb.ZRange(context.Background(), "asynq:{"+f.queue+"}:lease", 0, -1).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range stranded {
+			z := redis.Z{Score: float64(time.Now().Add(-time.Minute).Unix()), Member: id}
+			if err := rdb.ZAddXX(context.Background(), "asynq:{"+f.queue+"}:lease", z).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		o.stranded += len(stranded)
+		startServer()
+		settled = time.Time{}
+	}
+	qi := f.waitIdle(idleLimit, func() bool { return len(ranIDs(f, final, retrying))+int(f.info().Archived) >= n })
 
 	for _, id := range append(final, retrying...) {
 		runs := f.runs.get(id)

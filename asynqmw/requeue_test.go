@@ -21,7 +21,7 @@ import (
 // archived, not completed), and nothing is archived or failed. The handler time, not a short Timeout, makes the deadline too
 // close, so that a loaded host cannot make the copy miss its own deadline.
 func TestRequeueWhenDeadlineIsNear(t *testing.T) {
-	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+	eachBackend(t, func(t *testing.T, b *redistest.Backend) {
 		f := newFleet(t, b)
 		lim := f.limiter("tasks", throttle.PerSecond(10))
 		c := newCounters()
@@ -77,7 +77,7 @@ func TestRequeueWhenDeadlineIsNear(t *testing.T) {
 // requeued as a copy, and the copy runs on the original's booking: one permit and two
 // limiter calls for the task, nothing archived, and it runs no earlier than its slot.
 func TestLastAttemptCarriesItsBooking(t *testing.T) {
-	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+	eachBackend(t, func(t *testing.T, b *redistest.Backend) {
 		grants := redistest.RecordGrants(b.Client)
 		f := newFleet(t, b)
 		lim := f.limiter("carry", throttle.PerSecond(10))
@@ -131,7 +131,7 @@ func TestLastAttemptCarriesItsBooking(t *testing.T) {
 // fails or is archived; asynq's processed count is the runs plus one per copy (the
 // original of each copy is deleted as done, the copy then counted when it runs).
 func TestLastAttemptsAreQuiet(t *testing.T) {
-	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+	eachBackend(t, func(t *testing.T, b *redistest.Backend) {
 		const n = 60
 		f := newFleet(t, b)
 		lim := f.limiter("quiet", throttle.PerSecond(10))
@@ -169,8 +169,7 @@ func TestLastAttemptsAreQuiet(t *testing.T) {
 // overran its timeout is archived without running again, as the original, with no
 // retry left, would have been.
 func TestCopyFailuresAreFinal(t *testing.T) {
-	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
-		t.Parallel()
+	eachBackend(t, func(t *testing.T, b *redistest.Backend) {
 		f := newFleet(t, b)
 		lim := f.limiter("copies", throttle.PerSecond(100))
 		jt := asynqmw.New(b.Client)
@@ -217,8 +216,7 @@ func TestCopyFailuresAreFinal(t *testing.T) {
 // their leases look expired 60 s ago, as they would be a minute after the kill, rather
 // than waiting that minute). Every task runs, none is archived.
 func TestLastAttemptSurvivesItsWorkersDeath(t *testing.T) {
-	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
-		t.Parallel()
+	eachBackend(t, func(t *testing.T, b *redistest.Backend) {
 		const (
 			n    = 6
 			rate = 1

@@ -191,6 +191,7 @@ func TestSleepingTasksLeaveOtherWorkers(t *testing.T) {
 func TestAsynqArchivesLastAttemptBeforeIsFailure(t *testing.T) {
 	for _, k := range []redistest.Kind{redistest.Mini, redistest.Standalone} {
 		t.Run(string(k), func(t *testing.T) {
+			t.Parallel()
 			b := redistest.NewMiniRealTime(t)
 			if k != redistest.Mini {
 				b = redistest.New(t, k)
@@ -243,7 +244,7 @@ func TestHandlersAtOnceWithinConcurrency(t *testing.T) {
 		{"mux.Use(Concurrency)", false, true},
 		{"Concurrency wrapping one handler", true, true},
 	}
-	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+	eachBackend(t, func(t *testing.T, b *redistest.Backend) {
 		for _, form := range forms {
 			t.Run(form.name, func(t *testing.T) {
 				t.Parallel()
