@@ -254,7 +254,7 @@ func TestHandlersAtOnceWithinConcurrency(t *testing.T) {
 				const workers = 10
 				throttled, free := 30, 100
 				if form.sem {
-					throttled, free = 12, 30
+					throttled, free = 10, 20
 				}
 				f := newFleet(t, b)
 				lim := f.limiter("at-once", throttle.PerSecond(10))
