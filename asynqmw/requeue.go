@@ -27,7 +27,6 @@ import (
 // handler timed out or panicked is archived without running (spentCopy), as the
 // original would have been. It does not keep a Unique lock or a Group.
 type requeuer struct {
-	rdb       redis.UniversalClient
 	client    *asynq.Client
 	inspector *asynq.Inspector
 }
@@ -37,7 +36,6 @@ const copyOf = "jobthrottle-copy-of"
 
 func newRequeuer(rdb redis.UniversalClient) *requeuer {
 	return &requeuer{
-		rdb:       rdb,
 		client:    asynq.NewClientFromRedisClient(rdb),
 		inspector: asynq.NewInspectorFromRedisClient(rdb),
 	}
