@@ -643,7 +643,8 @@ func TestRefusingRedisHandsBack(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
-				f.run(jt, 8, f.handler(nil), jt.ThrottleFunc(pick))
+				recovering := asynqmw.New(b.Client, asynqmw.WithHooks(c.hooks()))
+				f.run(recovering, 8, f.handler(nil), recovering.ThrottleFunc(pick))
 			}
 			qi := f.waitIdle(idleLimit, func() bool { return f.runs.total() >= len(final)+len(retrying) })
 			for _, id := range append(final, retrying...) {
