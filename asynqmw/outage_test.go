@@ -140,7 +140,7 @@ func TestRedisKilledMidLoad(t *testing.T) {
 // the same 40 tasks a second): what asynq v0.26 does by itself, losing the writes in
 // flight (tasks run twice, archived after their job ran, failures counted). It
 // asserts nothing beyond what asynq guarantees (no task lost unless archived), and
-// runs only with JOBTHROTTLE_ASYNQ_ALONE=1: it takes a minute and tests asynq.
+// runs only with JOBTHROTTLE_ASYNQ_ALONE=1: it tests asynq.
 func TestRedisKilledMidLoadAsynqAlone(t *testing.T) {
 	if os.Getenv("JOBTHROTTLE_ASYNQ_ALONE") == "" {
 		t.Skip("JOBTHROTTLE_ASYNQ_ALONE=1 runs it")
