@@ -46,11 +46,12 @@ const (
 	// brought back in time.
 	comeBackPercentile = 0.9
 	// lateGrace bounds how long after its slot a task that comes back may still run on
-	// it (see Throttle): at most a quarter of the limit's shortest period. The pacer
-	// keeps each process's starts within the limit; across processes it widens the
-	// lag of one server's starts behind another's (the Δ of the README's fleet-wide
-	// bound) by up to this much.
-	lateGrace = 250 * time.Millisecond
+	// it (at most a quarter of the limit's shortest period): about the time its call
+	// takes to reach Redis. A later one books anew, its passed permit unused: started on
+	// it, it would lag its permit by as much, and a start that lags its permit more
+	// than another process's next ones puts more than the limit's Rate in a window of
+	// its Period across processes (see pacer).
+	lateGrace = 20 * time.Millisecond
 )
 
 // maxRemembered bounds the hand-backs remembered.

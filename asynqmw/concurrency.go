@@ -12,14 +12,9 @@ import (
 
 // concurrency is Setup.Concurrency's middleware.
 func (c *config) concurrency(sem *throttle.Semaphore) asynq.MiddlewareFunc {
-	return c.sh.middleware(func(ctx context.Context, t *asynq.Task, slot *runSlot, handle func(context.Context) error) error {
-		slot.leave() // an inner middleware: it may sleep
-		lease, err := c.acquire(ctx, t, sem)
+	return c.middleware(func(ctx context.Context, t *asynq.Task, a attempt, handle func(context.Context) error) error {
+		lease, err := c.acquire(ctx, t, a, sem)
 		if err != nil {
-			return err
-		}
-		if err := slot.take(ctx); err != nil {
-			release(context.WithoutCancel(ctx), lease)
 			return err
 		}
 		return hold(ctx, lease, handle)
@@ -28,47 +23,32 @@ func (c *config) concurrency(sem *throttle.Semaphore) asynq.MiddlewareFunc {
 
 // acquire gets t a lease of sem, waiting for one within the attempt's budget and the
 // bound on sleeping workers. An asynq task waits in its own place in sem's queue,
-// recorded under its ID, which it keeps while it is handed back.
-func (c *config) acquire(ctx context.Context, t *asynq.Task, sem *throttle.Semaphore) (*throttle.Lease, error) {
-	a := c.attempt(ctx)
+// recorded under its booking ID, which it keeps while it is handed back. A last
+// attempt on a configured server does not wait: it is handed back as a copy.
+func (c *config) acquire(ctx context.Context, t *asynq.Task, a attempt, sem *throttle.Semaphore) (*throttle.Lease, error) {
 	key, limit := semInfo(sem)
-	id := bookingID(a.id)
+	id := a.booking
 	if _, inAsynq := asynq.GetTaskID(ctx); !inAsynq {
 		id = "" // a place of its own, given up when it stops waiting
 	}
 	var down outage
 	for {
-		var (
-			lease *throttle.Lease
-			left  time.Duration
-			err   error
-		)
-		lease, left, err = tryLease(ctx, sem, id)
+		lease, left, err := tryLease(ctx, sem, id)
 		if err == nil && lease == nil && a.inlineLeft() > 0 && c.sleepForSlot(a) {
-			start := time.Now()
-			actx, cancel := ctx, context.CancelFunc(func() {})
-			if until := a.inlineUntil(); !until.IsZero() {
-				actx, cancel = context.WithDeadline(ctx, until)
-			}
-			lease, err = waitLease(actx, sem, id)
-			cancel()
-			c.sh.release()
-			switch {
-			case err == nil:
-				c.waited(ctx, t, time.Since(start), start)
-				return lease, nil
-			case ctx.Err() != nil:
-				return nil, ctx.Err()
-			case errors.Is(err, context.DeadlineExceeded):
-				err = nil // no slot came within the budget: hand the task back
+			if lease, err = c.waitForSlot(ctx, t, sem, id, a.inlineUntil()); lease != nil || ctx.Err() != nil {
+				return lease, err
 			}
 		}
 		switch {
 		case unavailable(err) && ctx.Err() == nil:
-			if down.wait(ctx, a) {
+			if down.wait(ctx, a.inlineLeft()) {
 				continue
 			}
-			return nil, c.reject(ctx, t, a, down.throttled(key, limit, err))
+			err := c.reject(ctx, t, a, down.throttled(key, limit, err))
+			if !a.final || IsThrottled(err) || !down.wait(ctx, a.leftUntil(time.Time{})) {
+				return nil, err
+			}
+			continue // a last attempt whose copy could not be enqueued either: both again, within its deadline
 		case err != nil:
 			return nil, fmt.Errorf("asynqmw: task %q: %w", t.Type(), err)
 		case lease != nil:
@@ -77,19 +57,57 @@ func (c *config) acquire(ctx context.Context, t *asynq.Task, sem *throttle.Semap
 		if left <= 0 {
 			left = time.Second
 		}
-		return nil, c.reject(ctx, t, a, &ThrottledError{
+		err = c.reject(ctx, t, a, &ThrottledError{
 			RetryIn: min(left, max(c.maxInline, time.Second)),
 			Key:     key,
 			Limit:   limit,
 		})
+		if !a.final || IsThrottled(err) {
+			return nil, err
+		}
+		// The copy could not be enqueued (Redis went away?): returning the error would
+		// archive the task, so it waits for a slot in its worker, within its deadline.
+		c.sh.sleepAnyway()
+		if lease, werr := c.waitForSlot(ctx, t, sem, id, a.until(time.Time{})); lease != nil || ctx.Err() != nil {
+			return lease, werr
+		}
+		return nil, err
 	}
 }
 
+// waitForSlot waits in id's place in sem's queue for a lease until until (zero:
+// without an end of its own) as one of the tasks asleep in the middleware, whose
+// place it then gives back. It returns the lease; nil and no error when until came
+// first; ctx.Err() when ctx ended; or the semaphore's error.
+func (c *config) waitForSlot(ctx context.Context, t *asynq.Task, sem *throttle.Semaphore, id string, until time.Time) (*throttle.Lease, error) {
+	defer c.sh.release()
+	start := time.Now()
+	actx, cancel := ctx, context.CancelFunc(func() {})
+	if !until.IsZero() {
+		actx, cancel = context.WithDeadline(ctx, until)
+	}
+	defer cancel()
+	lease, err := waitLease(actx, sem, id)
+	switch {
+	case err == nil:
+		c.waited(ctx, t, time.Since(start), start)
+		return lease, nil
+	case ctx.Err() != nil:
+		return nil, ctx.Err()
+	case errors.Is(err, context.DeadlineExceeded):
+		return nil, nil
+	}
+	return nil, err
+}
+
 // sleepForSlot takes a place among the tasks asleep in the middleware for a task
-// that waits for a semaphore slot: within the bound, or past it for a task that
-// cannot be handed back.
+// that waits for a semaphore slot: within the bound, past it for a task that cannot
+// be handed back, never for a last attempt on a configured server.
 func (c *config) sleepForSlot(a attempt) bool {
-	if a.unconfigured {
+	switch {
+	case a.neverSleeps():
+		return false
+	case a.unconfigured:
 		c.sh.sleepAnyway()
 		return true
 	}

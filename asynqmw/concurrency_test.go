@@ -50,7 +50,7 @@ func free(t *testing.T, sem *throttle.Semaphore) int {
 // first max tasks hold their slots for 600ms, so that tasks dequeued meanwhile are
 // handed back, whatever the pace of the dequeues.
 func TestConcurrencyAcrossServers(t *testing.T) {
-	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+	eachBackend(t, func(t *testing.T, b *redistest.Backend) {
 		const (
 			max = 3
 			n   = 24
@@ -95,11 +95,7 @@ func TestConcurrencyAcrossServers(t *testing.T) {
 		if c.sum(c.throttled) == 0 {
 			t.Errorf("no hand-back: the test did not exercise the hand-back path")
 		}
-		for _, id := range final {
-			if got, copies := get(c, c.throttled, id), get(c, c.requeued, id); got != copies {
-				t.Errorf("task %s (MaxRetry(0)) handed back %d times, %d of them as a copy; want all as copies", id, got, copies)
-			}
-		}
+		c.lastAttemptsAsCopies(t, final...)
 		if got := free(t, sem); got != max {
 			t.Errorf("after the run %d of %d slots are free, want all", got, max)
 		}
@@ -110,7 +106,7 @@ func TestConcurrencyAcrossServers(t *testing.T) {
 // The lease is released whatever the handler does, kept while it runs past the lease
 // TTL, and a full semaphore hands the task back.
 func TestConcurrencyLease(t *testing.T) {
-	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+	eachBackend(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
 		task := asynq.NewTask("job", nil)
 		sem := newSem(t, b, "lease", 1, throttle.WithLeaseTTL(time.Second))
@@ -293,7 +289,7 @@ func TestConcurrencyKeepsTheSleepingBound(t *testing.T) {
 // run in that order, whichever comes back first, each on the slot the one before
 // releases.
 func TestConcurrencyHandedBackInOrder(t *testing.T) {
-	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+	eachBackend(t, func(t *testing.T, b *redistest.Backend) {
 		f := newFleet(t, b)
 		sem := newSem(t, b, "order", 1, throttle.WithLeaseTTL(time.Minute))
 		holder, _, err := sem.TryAcquire(context.Background())
@@ -350,7 +346,8 @@ func TestConcurrencyAbandonedHandlerKeepsItsSlot(t *testing.T) {
 		timeout bool // asynq gives up on the task at its timeout; else at a shutdown
 	}{{"after a task timeout", true}, {"after a server shutdown mid-handler", false}} {
 		t.Run(tc.name, func(t *testing.T) {
-			redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+			t.Parallel()
+			eachBackend(t, func(t *testing.T, b *redistest.Backend) {
 				f := newFleet(t, b)
 				sem := newSem(t, b, "abandoned", 1, throttle.WithLeaseTTL(10*time.Second))
 				var inside, most atomic.Int64

@@ -17,7 +17,9 @@ import (
 // Every worker process that runs this shares the vendor's 600 calls a minute for one
 // task type: one go-redis client for asynq and the limiter, and one asynqmw.Setup
 // that supplies the middleware and fills in the server's Config. Other task types
-// of the mux are not limited.
+// of the mux are not limited. The server runs at most 20 handlers at once; tasks
+// asleep for their permits hold a worker each, at most 10 of them
+// (MaxSleepingWorkers' default, half the Concurrency).
 func Example() {
 	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
 	lim, err := throttle.New(rdb, "vendor-api", throttle.PerMinute(600))

@@ -5,3 +5,6 @@ var (
 	InlineWait  = inlineWait
 	HandlerTime = handlerTime
 )
+
+// CopyOf is the header of a last attempt's copy.
+const CopyOf = copyOf

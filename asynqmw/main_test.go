@@ -1,10 +1,18 @@
 package asynqmw_test
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"flag"
 	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -21,6 +29,15 @@ func TestMain(m *testing.M) {
 	// go-redis's log without the dial failures the outage tests cause on purpose (one
 	// line per failed dial while Redis is down)
 	redis.SetLogger(logging.NewBlacklistLogger([]string{"failed to dial"}))
+	// The parallel tests wait on asynq's clock (whole-second retries, 100ms polls), not
+	// on the CPU: unless -test.parallel says otherwise, more of them than GOMAXPROCS
+	// run at once.
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set {
+		_ = flag.Set("test.parallel", strconv.Itoa(max(8, runtime.GOMAXPROCS(0))))
+	}
 	redistest.Main(m)
 }
 
@@ -29,6 +46,17 @@ func TestMain(m *testing.M) {
 // a handed-back task comes back after whole seconds (RetryDelay) plus the forwarder's
 // interval, which the tests set to 100ms; so each takes a few seconds, kept short by
 // small numbers of tasks.
+
+// eachBackend runs f on every backend, as redistest.EachRealTime, the backends side by
+// side: each run has a queue and keys of its own, and what the tests assert is counted,
+// not timed (asynq's whole seconds, not CPU, set their length).
+func eachBackend(t *testing.T, f func(t *testing.T, b *redistest.Backend)) {
+	t.Helper()
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		t.Parallel()
+		f(t, b)
+	})
+}
 
 // fleet is asynq servers, a client and an inspector on one backend and one queue of
 // its own.
@@ -240,11 +268,14 @@ type counters struct {
 	mu        sync.Mutex
 	throttled map[string]int
 	requeued  map[string]int
-	waited    map[string]time.Duration
+	// lastRetried counts hand-backs of a task on its last attempt that were not a
+	// copy: asynq archives such a task.
+	lastRetried map[string]int
+	waited      map[string]time.Duration
 }
 
 func newCounters() *counters {
-	return &counters{throttled: map[string]int{}, requeued: map[string]int{}, waited: map[string]time.Duration{}}
+	return &counters{throttled: map[string]int{}, requeued: map[string]int{}, lastRetried: map[string]int{}, waited: map[string]time.Duration{}}
 }
 
 func (c *counters) hooks() asynqmw.Hooks {
@@ -262,6 +293,10 @@ func (c *counters) hooks() asynqmw.Hooks {
 			if err.Requeued {
 				c.requeued[id]++
 			}
+			retried, _ := asynq.GetRetryCount(ctx)
+			if maxRetry, ok := asynq.GetMaxRetry(ctx); ok && retried >= maxRetry && !err.Requeued {
+				c.lastRetried[id]++
+			}
 		},
 	}
 }
@@ -271,6 +306,22 @@ func get[V any](c *counters, m map[string]V, id string) V {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return m[id]
+}
+
+// lastAttemptsAsCopies checks that every last attempt handed back of tasks ids went
+// back as a copy (asynq archives one that does not), and that some did.
+func (c *counters) lastAttemptsAsCopies(t *testing.T, ids ...string) {
+	t.Helper()
+	copies := 0
+	for _, id := range ids {
+		if n := get(c, c.lastRetried, id); n != 0 {
+			t.Errorf("task %s was handed back %d times on its last attempt without a copy", id, n)
+		}
+		copies += get(c, c.requeued, id)
+	}
+	if copies == 0 {
+		t.Errorf("no last attempt of %d was handed back as a copy: the test did not exercise that path", len(ids))
+	}
 }
 
 func (c *counters) sum(m map[string]int) int {
@@ -299,4 +350,137 @@ func ids(prefix string, n int) []string {
 		s[i] = fmt.Sprintf("%s-%d", prefix, i)
 	}
 	return s
+}
+
+// workerEnv names the environment of TestWorkerProcess: a worker process that a test
+// starts, and kills.
+const workerEnv = "JOBTHROTTLE_ASYNQ_WORKER"
+
+// TestWorkerProcess is the worker process of the tests that kill one: an asynq server
+// of 10 workers configured by a Setup, running every task of its queue through Throttle
+// of a limiter of RATE per second (recordRun is the handler). It prints
+// "sleeping <n>" each time the number of tasks asleep in its middleware changes, and
+// exits when its stdin closes.
+func TestWorkerProcess(t *testing.T) {
+	if os.Getenv(workerEnv) == "" {
+		t.Skip("helper process of TestLastAttemptSurvivesItsWorkersDeath")
+	}
+	env := func(k string) string { return os.Getenv(workerEnv + "_" + k) }
+	rate, err := strconv.Atoi(env("RATE"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redistest.Dial(strings.Split(env("ADDRS"), ","), env("CLUSTER") != "")
+	defer rdb.Close()
+	lim, err := throttle.New(rdb, env("KEY"), throttle.PerSecond(rate), throttle.WithKeyPrefix(env("PREFIX")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	jt := asynqmw.New(rdb)
+	srv := asynq.NewServerFromRedisClient(rdb, jt.Config(workerConfig(env("QUEUE"), 10, testLogger{t})))
+	mux := asynq.NewServeMux()
+	mux.Use(jt.Throttle(lim))
+	mux.Handle("job", recordRun(rdb, env("PREFIX")))
+	if err := srv.Start(mux); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	eof := make(chan struct{})
+	go func() { _, _ = io.Copy(io.Discard, os.Stdin); close(eof) }() // the parent closes stdin, or dies
+	last := -1
+	for {
+		select {
+		case <-eof:
+			return
+		case <-time.After(5 * time.Millisecond):
+		}
+		if n := jt.Stats().Sleeping; n != last {
+			fmt.Printf("sleeping %d\n", n)
+			last = n
+		}
+	}
+}
+
+// workerConfig is the server configuration of a worker of queue, before a Setup's
+// Config: a failure retried at once, fast forwarder and poller, and a quiet logger.
+func workerConfig(queue string, concurrency int, log asynq.Logger) asynq.Config {
+	return asynq.Config{
+		Concurrency:              concurrency,
+		RetryDelayFunc:           func(int, error, *asynq.Task) time.Duration { return 0 },
+		Queues:                   map[string]int{queue: 1},
+		DelayedTaskCheckInterval: 100 * time.Millisecond,
+		TaskCheckInterval:        50 * time.Millisecond,
+		ShutdownTimeout:          2 * time.Second,
+		LogLevel:                 asynq.ErrorLevel,
+		Logger:                   log,
+	}
+}
+
+// recordRun is a handler that records each run in Redis, where every process's runs
+// are read from (see runsOf): "<payload> <task ID> <retry count>".
+func recordRun(rdb redis.UniversalClient, prefix string) asynq.Handler {
+	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		retried, _ := asynq.GetRetryCount(ctx)
+		return rdb.RPush(context.WithoutCancel(ctx), "{"+prefix+"}runs", fmt.Sprintf("%s %s %d", t.Payload(), id, retried)).Err()
+	})
+}
+
+// runsOf returns the runs recordRun recorded: payload → the task IDs it ran as.
+func runsOf(t *testing.T, rdb redis.UniversalClient, prefix string) map[string][]string {
+	t.Helper()
+	lines, err := rdb.LRange(context.Background(), "{"+prefix+"}runs", 0, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := map[string][]string{}
+	for _, l := range lines {
+		f := strings.Fields(l)
+		runs[f[0]] = append(runs[f[0]], f[1])
+	}
+	return runs
+}
+
+// worker is a worker process started by startWorker.
+type worker struct {
+	cmd      *exec.Cmd
+	sleeping chan int // what it printed
+}
+
+// startWorker starts TestWorkerProcess on b's server, for queue and a limiter key of
+// rate per second under b's prefix. The test's cleanup kills it.
+func startWorker(t *testing.T, b *redistest.Backend, queue, key string, rate int) *worker {
+	t.Helper()
+	addrs, cluster := b.Addrs()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestWorkerProcess$", "-test.count=1", "-test.timeout=10m")
+	cmd.Env = append(os.Environ(), workerEnv+"=1",
+		workerEnv+"_ADDRS="+strings.Join(addrs, ","), workerEnv+"_CLUSTER="+map[bool]string{true: "1"}[cluster],
+		workerEnv+"_QUEUE="+queue, workerEnv+"_KEY="+key, workerEnv+"_PREFIX="+b.Prefix, workerEnv+"_RATE="+strconv.Itoa(rate),
+		"GORACE="+os.Getenv("GORACE")+" atexit_sleep_ms=0")
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w := &worker{cmd: cmd, sleeping: make(chan int, 1000)}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			var n int
+			if _, err := fmt.Sscanf(sc.Text(), "sleeping %d", &n); err == nil {
+				w.sleeping <- n
+			}
+		}
+	}()
+	t.Cleanup(func() { stdin.Close(); _ = cmd.Process.Kill(); <-done; _ = cmd.Wait() })
+	return w
 }

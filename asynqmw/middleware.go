@@ -7,35 +7,49 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
+// middleware returns the asynq middleware that runs step for each task, with what
+// the middleware knows of the task's attempt and its handler: step gets the task past
+// its limit and runs handle. The first of the Setup's middlewares that a task meets
+// reads the attempt, and returns to asynq what finish makes of the result.
+func (c *config) middleware(step func(ctx context.Context, t *asynq.Task, a attempt, handle func(context.Context) error) error) asynq.MiddlewareFunc {
+	return func(next asynq.Handler) asynq.Handler {
+		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+			handle := func(ctx context.Context) error { return next.ProcessTask(ctx, t) }
+			if a, ok := ctx.Value(attemptKey{}).(*attempt); ok && a.sh == c.sh {
+				return step(ctx, t, *a, handle)
+			}
+			a := c.attempt(ctx, t)
+			if err := c.spentCopy(ctx, a); err != nil {
+				return err
+			}
+			ctx = context.WithValue(ctx, attemptKey{}, &a)
+			return finish(a, step(ctx, t, a, handle))
+		})
+	}
+}
+
+// attemptKey is the context key of a task's attempt, read by the first of the
+// Setup's middlewares that the task meets.
+type attemptKey struct{}
+
 // throttleFunc is Setup.ThrottleFunc's middleware.
 func (c *config) throttleFunc(pick func(ctx context.Context, t *asynq.Task) (*throttle.Limiter, error)) asynq.MiddlewareFunc {
-	return c.sh.middleware(func(ctx context.Context, t *asynq.Task, slot *runSlot, handle func(context.Context) error) error {
+	return c.middleware(func(ctx context.Context, t *asynq.Task, a attempt, handle func(context.Context) error) error {
 		lim, err := pick(ctx, t)
 		if err != nil {
 			return fmt.Errorf("asynqmw: choosing the limiter for task %q: %w", t.Type(), err)
 		}
-		var li limitInfo
-		if lim != nil {
-			li = infoOf(lim)
-			slot.leave() // an inner middleware: it may sleep
-			if err := c.throttle(ctx, t, lim, li); err != nil {
-				return err
-			}
+		if lim == nil {
+			return handle(ctx)
 		}
-		var at time.Time
-		if lim != nil {
-			if at, err = c.sh.pacer.start(ctx, li, slot); err != nil {
-				return err
-			}
-		} else if err := slot.take(ctx); err != nil {
+		at, err := c.throttle(ctx, t, a, lim, infoOf(lim))
+		if err != nil {
 			return err
 		}
 		// A task whose context ended while it waited does not start: asynq has put it
@@ -45,20 +59,21 @@ func (c *config) throttleFunc(pick func(ctx context.Context, t *asynq.Task) (*th
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if lim != nil && c.hooks.Started != nil {
+		if c.hooks.Started != nil {
 			c.hooks.Started(ctx, t, at)
 		}
 		return handle(ctx)
 	})
 }
 
-// throttle gets t its permit from lim, sleeping for it within the attempt's budget;
-// it returns nil when the task may run.
-func (c *config) throttle(ctx context.Context, t *asynq.Task, lim *throttle.Limiter, li limitInfo) error {
-	a := c.attempt(ctx)
-	id := bookingID(a.id)
-	if te := c.bounce(li, id, a); te != nil {
-		return c.reject(ctx, t, a, te)
+// throttle gets t its permit from lim, sleeping for it within the attempt's budget,
+// and its start through the pacer; it returns, when the task may run, the time the
+// pacer counted as its start. A last attempt on a configured server never sleeps: a
+// dying worker would lose it (asynq archives a task on its last attempt whose lease
+// expires), so it is handed back as a copy, which may (see requeue).
+func (c *config) throttle(ctx context.Context, t *asynq.Task, a attempt, lim *throttle.Limiter, li limitInfo) (time.Time, error) {
+	if te := c.bounce(li, a); te != nil {
+		return time.Time{}, c.reject(ctx, t, a, te)
 	}
 	var down outage
 	for {
@@ -67,18 +82,22 @@ func (c *config) throttle(ctx context.Context, t *asynq.Task, lim *throttle.Limi
 		if !a.handBack {
 			maxWait = a.inlineLeft()
 		}
-		b, kept, err := book(ctx, lim, id, maxWait, li.grace)
+		b, kept, err := book(ctx, lim, a.booking, maxWait, li.grace)
 		if err == nil && a.handBack {
-			c.sh.cb.returned(id, time.Now())
+			c.sh.cb.returned(a.booking, time.Now())
 		}
 		if unavailable(err) && ctx.Err() == nil {
-			if down.wait(ctx, a) {
+			if down.wait(ctx, a.inlineLeft()) {
 				continue
 			}
-			return c.reject(ctx, t, a, down.throttled(li.key, li.desc, err))
+			err := c.reject(ctx, t, a, down.throttled(li.key, li.desc, err))
+			if !a.final || IsThrottled(err) || !down.wait(ctx, a.leftUntil(time.Time{})) {
+				return time.Time{}, err
+			}
+			continue // a last attempt whose copy could not be enqueued either: both again, within its deadline
 		}
 		if err != nil {
-			return fmt.Errorf("asynqmw: task %q: %w", t.Type(), err)
+			return time.Time{}, fmt.Errorf("asynqmw: task %q: %w", t.Type(), err)
 		}
 		if kept {
 			c.sh.kept.Add(1)
@@ -90,12 +109,12 @@ func (c *config) throttle(ctx context.Context, t *asynq.Task, lim *throttle.Limi
 				if b.ok() {
 					b.cancel(ctx) // nothing will come back for it
 				}
-				return te
+				return time.Time{}, te
 			}
 			te.Booked, te.back = true, c.comeBack(wait)
 			err := c.reject(ctx, t, a, te)
 			if !a.final || IsThrottled(err) || wait > a.leftUntil(time.Time{}) {
-				return err
+				return time.Time{}, err
 			}
 			// The copy could not be enqueued (Redis went away?): returning the error
 			// would archive the task, so it keeps its booking and sleeps for it.
@@ -111,13 +130,30 @@ func (c *config) throttle(ctx context.Context, t *asynq.Task, lim *throttle.Limi
 			continue // this process paused the key: book again after the pause
 		}
 		if err != nil {
-			return err
+			return time.Time{}, err
 		}
 		if slept {
 			c.waited(ctx, t, wait, start)
 		}
-		return nil
+		return c.start(ctx, t, a, li)
 	}
+}
+
+// start lets a task that has its permit go on through the pacer, and returns the time
+// the pacer counted as its start. A last attempt the pacer would delay is handed back
+// as a copy (which runs on the booking if it is back within lateGrace, else books
+// anew), unless the copy cannot be enqueued: then it waits in its worker.
+func (c *config) start(ctx context.Context, t *asynq.Task, a attempt, li limitInfo) (time.Time, error) {
+	at, d, err := c.sh.pacer.start(ctx, li, !a.neverSleeps())
+	if d == 0 {
+		return at, err
+	}
+	te := &ThrottledError{RetryIn: d, Key: li.key, Limit: li.desc, Booked: true, back: c.comeBack(d)}
+	if err := c.reject(ctx, t, a, te); IsThrottled(err) {
+		return time.Time{}, err
+	}
+	at, _, err = c.sh.pacer.start(ctx, li, true)
+	return at, err
 }
 
 // bounceMin is how far ahead a task's slot, as this process remembers it, must be for
@@ -128,7 +164,8 @@ const bounceMin = 50 * time.Millisecond
 
 // bounce returns the *ThrottledError that hands a returning task back again, booked,
 // without a script call, when this process handed it back from lim (so knows its
-// slot, under id), it is not on its last attempt, and it could not sleep for it now anyway: its slot is more than bounceMin ahead
+// slot, under its booking ID), it is not on its last attempt, and it could not sleep
+// for it now anyway: its slot is more than bounceMin ahead
 // and MaxSleepingWorkers tasks sleep, or it is further ahead than a returning task
 // may sleep. Else nil: the task asks Redis for its booking. The booking stays as
 // recorded; the task's next return uses it (a pause or a move that overtook it is
@@ -136,26 +173,30 @@ const bounceMin = 50 * time.Millisecond
 // its booking back, find the bound full and be handed back). The slot remembered can
 // be stale only when the task came back to another server meanwhile, which can only
 // have moved the booking later: the task comes back no later than it should.
-func (c *config) bounce(li limitInfo, id string, a attempt) *ThrottledError {
+func (c *config) bounce(li limitInfo, a attempt) *ThrottledError {
 	if !a.handBack || a.final { // a last attempt's copy may fail to enqueue: ask Redis
 		return nil
 	}
 	now := time.Now()
-	wait, ok := c.sh.cb.slotIn(id, li.key, now)
+	wait, ok := c.sh.cb.slotIn(a.booking, li.key, now)
 	if !ok || wait <= bounceMin || (wait <= a.keptLeft() && !c.sh.full()) {
 		return nil
 	}
-	c.sh.cb.returned(id, now)
+	c.sh.cb.returned(a.booking, now)
 	c.sh.bounced.Add(1)
 	return &ThrottledError{RetryIn: wait, Key: li.key, Limit: li.desc, Booked: true, back: c.comeBack(wait)}
 }
 
 // maySleep reports whether a task may sleep wait for its permit in the handler, and
 // if so takes its place among the sleepers (unless wait is 0). A task that found its
-// booking may sleep as long as asynq's precision makes it come back early.
+// booking may sleep as long as asynq's precision makes it come back early; a last
+// attempt on a configured server may not sleep at all.
 func (c *config) maySleep(a attempt, wait time.Duration, kept bool) bool {
 	if wait <= 0 {
 		return true
+	}
+	if a.neverSleeps() {
+		return false
 	}
 	if a.unconfigured {
 		// no other way than sleeping: keep the task, hold the worker
@@ -183,23 +224,19 @@ func (c *config) comeBack(wait time.Duration) time.Duration {
 	return max(wait-c.sh.cb.early(c.sh.checkInterval()), 0)
 }
 
-// bookingID is the ID a task's booking is recorded under: a requeued copy's
-// ("<id>~r<n>") is the original's, so the copy finds the original's booking.
-func bookingID(id string) string {
-	if i := strings.LastIndex(id, "~r"); i >= 0 {
-		if n, err := strconv.Atoi(id[i+2:]); err == nil && n > 0 {
-			return id[:i]
-		}
-	}
-	return id
-}
-
 // attempt is what the middleware knows of a task's current attempt.
 type attempt struct {
+	sh *shared // the Setup's
 	// id is the task's ID; outside an asynq server, a random one.
 	id string
+	// booking is the ID the task's booking and its place in a semaphore's queue are
+	// recorded under: a copy's (see requeue) is the original's.
+	booking string
+	// copy reports whether the task is a last attempt's copy (see requeue).
+	copy bool
 	// final reports whether the task's retries are used up: asynq archives it on any
-	// error, so it is handed back as a copy (see requeue).
+	// error, so it is handed back as a copy (see requeue), and, on a configured
+	// server, never sleeps in its worker.
 	final bool
 	// handBack reports whether the task may be handed back: it runs on a server
 	// whose Config went through Setup.Config. unconfigured reports that it runs on
@@ -216,9 +253,10 @@ type attempt struct {
 	inline, kept time.Time
 }
 
-// attempt reads the task's ID, retry counters and deadline from ctx.
-func (c *config) attempt(ctx context.Context) attempt {
-	var a attempt
+// attempt reads the task's ID, retry counters and deadline from ctx, and whether it
+// is a copy from its headers.
+func (c *config) attempt(ctx context.Context, t *asynq.Task) attempt {
+	a := attempt{sh: c.sh}
 	id, inAsynq := asynq.GetTaskID(ctx)
 	now := time.Now()
 	switch {
@@ -231,7 +269,10 @@ func (c *config) attempt(ctx context.Context) attempt {
 		a.unconfigured = true
 		c.sh.notConfigured()
 	}
-	a.id = id
+	a.id, a.booking = id, id
+	if of, ok := t.Headers()[copyOf]; ok && of != "" {
+		a.booking, a.copy = of, true
+	}
 	retried, ok1 := asynq.GetRetryCount(ctx)
 	maxRetry, ok2 := asynq.GetMaxRetry(ctx)
 	a.final = ok1 && ok2 && retried >= maxRetry
@@ -249,6 +290,10 @@ func (c *config) attempt(ctx context.Context) attempt {
 	}
 	return a
 }
+
+// neverSleeps reports whether the task may not sleep in its worker: a last attempt on
+// a configured server (see Throttle).
+func (a attempt) neverSleeps() bool { return a.final && a.handBack }
 
 // randomID is the ID a task outside an asynq server books under.
 func randomID() string {
@@ -284,16 +329,6 @@ func (a attempt) keptLeft() time.Duration { return a.leftUntil(a.kept) }
 // never.
 func (a attempt) inlineUntil() time.Time { return a.until(a.inline) }
 
-// outageLeft is how much longer the task may try while Redis is unavailable: on a
-// last attempt (which needs Redis to be requeued) until its deadline, else the
-// inline wait.
-func (a attempt) outageLeft() time.Duration {
-	if a.final {
-		return a.leftUntil(time.Time{})
-	}
-	return a.inlineLeft()
-}
-
 // keptLimit is how long a task that found its booking may sleep: as early as asynq's
 // precision may bring it back (a second and how early it was made due).
 func (c *config) keptLimit() time.Duration {
@@ -312,11 +347,11 @@ const (
 )
 
 // wait sleeps before the next try, doubling from 50ms to 1s, and reports true when
-// the attempt's budget allows that try; false, without sleeping, when it does not or
-// ctx is done.
-func (o *outage) wait(ctx context.Context, a attempt) bool {
+// left (the time the attempt may still try for) allows that try; false, without
+// sleeping, when it does not or ctx is done.
+func (o *outage) wait(ctx context.Context, left time.Duration) bool {
 	o.backoff = min(max(2*o.backoff, outageFirstBackoff), outageMaxBackoff)
-	if a.outageLeft() < o.backoff {
+	if left < o.backoff {
 		return false
 	}
 	tm := time.NewTimer(o.backoff)
@@ -336,6 +371,7 @@ func (o *outage) throttled(key, limit string, err error) *ThrottledError {
 
 // reject hands a task back with te: through asynq's retry, or, on a last attempt, as
 // a copy (see requeue). A task that may not be handed back gets te, nothing booked.
+// It returns te, or the error of a copy that could not be enqueued.
 func (c *config) reject(ctx context.Context, t *asynq.Task, a attempt, te *ThrottledError) error {
 	var err error = te
 	if a.handBack && a.final {
@@ -347,7 +383,7 @@ func (c *config) reject(ctx context.Context, t *asynq.Task, a attempt, te *Throt
 			c.sh.requeued.Add(1)
 		}
 		if te.Booked {
-			c.sh.cb.handedBack(bookingID(a.id), te.Key, time.Now(), te.back, te.RetryIn)
+			c.sh.cb.handedBack(a.booking, te.Key, time.Now(), te.back, te.RetryIn)
 		}
 		if c.hooks.Throttled != nil {
 			c.hooks.Throttled(ctx, t, te)

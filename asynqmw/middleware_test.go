@@ -3,6 +3,8 @@ package asynqmw_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -16,10 +18,10 @@ import (
 
 // Many MaxRetry(0) and MaxRetry(3) tasks through Throttle at a low rate, on two
 // servers: each runs exactly once, none is archived or failed, throttling moves no
-// retry count, a last attempt is handed back only as a copy, and the limit holds in
-// every window of server grant times.
+// retry count, a last attempt is handed back only as a copy (which is then handed
+// back as any task), and the limit holds in every window of server grant times.
 func TestThrottleRunsEachTaskOnce(t *testing.T) {
-	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+	eachBackend(t, func(t *testing.T, b *redistest.Backend) {
 		const (
 			rate   = 10
 			period = 500 * time.Millisecond
@@ -59,11 +61,7 @@ func TestThrottleRunsEachTaskOnce(t *testing.T) {
 		if c.sum(c.throttled) == 0 {
 			t.Errorf("no task was handed back: the test did not exercise asynq's retry path")
 		}
-		for _, id := range final {
-			if got, copies := get(c, c.throttled, id), get(c, c.requeued, id); got != copies {
-				t.Errorf("task %s (MaxRetry(0)) was handed back %d times, %d of them as a copy; want all as copies", id, got, copies)
-			}
-		}
+		c.lastAttemptsAsCopies(t, final...)
 		t.Logf("%d tasks in %v: %d hand-backs, %d inline waits, most grants in any %v: %d",
 			n, func() time.Duration { a, z := grants.Span(); return z.Sub(a) }(), c.sum(c.throttled), len(c.waited), period, grants.MaxInWindow(period))
 	})
@@ -97,7 +95,7 @@ func bookingFirst(t *testing.T, lim *throttle.Limiter, k int) func(context.Conte
 // once, again and again. Every task sleeps in its worker until its permit and runs
 // once, and the middleware says so once, at error level, through the Setup's logger.
 func TestUnconfiguredServerNeverHandsBack(t *testing.T) {
-	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+	eachBackend(t, func(t *testing.T, b *redistest.Backend) {
 		f := newFleet(t, b)
 		lim := f.limiter("tasks", throttle.PerSecond(10))
 		c := newCounters()
@@ -131,7 +129,7 @@ func TestUnconfiguredServerNeverHandsBack(t *testing.T) {
 // throttled, and handed back as a copy (with no retries left) instead of being
 // archived.
 func TestRealFailuresStillCount(t *testing.T) {
-	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+	eachBackend(t, func(t *testing.T, b *redistest.Backend) {
 		f := newFleet(t, b)
 		lim := f.limiter("tasks", throttle.PerSecond(10))
 		c := newCounters()
@@ -428,7 +426,7 @@ func TestThrottleErrors(t *testing.T) {
 // them back in the queue (its ShutdownTimeout passed), the middleware gives their
 // bookings back, and another server runs each exactly once.
 func TestShutdownWhileWaitingLosesNothing(t *testing.T) {
-	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) { shutdownWhileWaiting(t, b) })
+	eachBackend(t, func(t *testing.T, b *redistest.Backend) { shutdownWhileWaiting(t, b) })
 }
 
 func shutdownWhileWaiting(t *testing.T, b *redistest.Backend) {
@@ -527,60 +525,162 @@ func wantPanic(t *testing.T, what, sub string, f func()) {
 // handed back again, booked, without a script call: the middleware handed it back, so
 // it knows the slot. The returns served so are the script calls saved: on the task's
 // limiter, the calls are the first booking and one per return that asked Redis, so
-// fewer than one per return. Timing: the task's slot is 4 s ahead, so it is handed
-// back and comes back before it (asynq keeps whole seconds), while the task that
-// fills the bound sleeps a minute; the server's fast check intervals bring each
-// bounce back within a few hundred ms, so the last one lands within its slot's grace.
+// fewer than one per return. The task's slot is 4 s ahead, so it is handed back and
+// comes back before it (asynq keeps whole seconds); meanwhile another task fills the
+// bound of 1, asleep for a semaphore slot the test holds until the first bounce, and
+// then frees: the task's next return sleeps for its slot and runs.
 func TestBounceWithoutAScriptCall(t *testing.T) {
 	b := redistest.NewMiniRealTime(t)
 	grants := redistest.RecordGrants(b.Client)
 	f := newFleet(t, b)
-	hold := f.limiter("hold", throttle.PerMinute(1))
 	lim := f.limiter("bounce", throttle.Limit{Rate: 1, Period: 4 * time.Second})
+	sem := newSem(t, b, "bound", 1)
 	ctx := context.Background()
-	for _, l := range []*throttle.Limiter{hold, lim} { // the next permits: in a minute, in 4s
-		if r, err := l.Allow(ctx); err != nil || !r.Allowed {
-			t.Fatalf("Allow: %+v, %v", r, err)
-		}
+	if r, err := lim.Allow(ctx); err != nil || !r.Allowed { // the next permit in 4s
+		t.Fatalf("Allow: %+v, %v", r, err)
+	}
+	held, _, err := sem.TryAcquire(ctx)
+	if err != nil || held == nil {
+		t.Fatalf("TryAcquire: %v, %v", held, err)
 	}
 	c := newCounters()
-	asleep := make(chan struct{})
-	pick := func(_ context.Context, task *asynq.Task) (*throttle.Limiter, error) {
-		if string(task.Payload()) == "sleeper" {
-			close(asleep)
-			return hold, nil
-		}
-		return lim, nil
-	}
 	jt := asynqmw.New(b.Client, asynqmw.WithHooks(c.hooks()), asynqmw.InlineWait(time.Hour), asynqmw.MaxSleepingWorkers(1))
-	f.run(jt, 3, f.handler(nil), jt.ThrottleFunc(pick))
+	throttled := jt.Throttle(lim)
+	bound := jt.Concurrency(sem)
+	route := asynq.MiddlewareFunc(func(next asynq.Handler) asynq.Handler {
+		return asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+			if string(task.Payload()) == "sleeper" {
+				return bound(next).ProcessTask(ctx, task)
+			}
+			return throttled(next).ProcessTask(ctx, task)
+		})
+	})
+	f.run(jt, 3, f.handler(nil), route)
 	f.enqueue("sleeper")
-	<-asleep
-	time.Sleep(100 * time.Millisecond) // the sleeper's call and its place among the sleepers
+	for jt.Stats().Sleeping != 1 {
+		time.Sleep(time.Millisecond)
+	}
 	f.enqueue("bounced")
-	for deadline := time.Now().Add(idleLimit); len(f.runs.get("bounced")) == 0; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(idleLimit); jt.Stats().Bounced == 0; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("the bounced task did not run within %v (came back %d times)", idleLimit, get(c, c.throttled, "bounced"))
+			t.Fatalf("the task was not handed back again without a script call within %v (came back %d times)", idleLimit, get(c, c.throttled, "bounced"))
 		}
 	}
-	time.Sleep(200 * time.Millisecond) // a second run, if any, shows
-	if got := f.runs.get("bounced"); len(got) != 1 {
-		t.Fatalf("runs of the bounced task: %v, want one", got)
+	if err := held.Release(ctx); err != nil { // the sleeper runs: the bound frees
+		t.Fatal(err)
 	}
-	if got := f.runs.get("sleeper"); len(got) != 0 {
-		t.Fatalf("the sleeper ran (%v): it was not asleep for its minute", got)
-	}
+	qi := f.waitIdle(idleLimit, func() bool { return f.runs.total() >= 2 })
+	f.ranOnce(qi, "sleeper", "bounced")
 	returns := get(c, c.throttled, "bounced")
 	k := grants.ByKey()["{"+b.Prefix+"bounce}:sw"]
 	calls := 0
 	if k != nil {
 		calls = k.Calls() - 1 // the test's Allow
 	}
-	t.Logf("the task came back %d times; its limiter saw %d script calls", returns, calls)
-	if returns < 1 || calls < 2 {
-		t.Fatalf("came back %d times with %d script calls: want it handed back, booked, and back for its booking", returns, calls)
-	}
+	t.Logf("the task came back %d times (%d without a script call); its limiter saw %d script calls", returns, jt.Stats().Bounced, calls)
 	if calls >= 1+returns {
 		t.Errorf("script calls on the task's limiter: %d for its booking and %d returns, want fewer: a return while the bound was full asked Redis", calls, returns)
 	}
+}
+
+// Handler starts across two servers (two clients, as two processes) sharing a limit of
+// 10 a second, their workers kept busy by the throttled handlers (1.8 s each: about
+// all the workers the permits need) and by unthrottled tasks: Redis never lets more
+// than 10 permits take effect in a second, and each server's middleware counts no
+// more than 10 starts in any second (Hooks.Started, the pacer's bound). The starts as
+// the handlers read the clock, fleet-wide, in any 950ms window are the figure: a task
+// asleep for its permit holds its worker, so it starts when its permit comes, not when
+// a worker frees; what is left is how much later one start follows its permit than
+// another (a reply's way back, timers).
+func TestStartsAcrossServers(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *redistest.Backend) {
+		const (
+			rate      = 10
+			throttled = 60 // 6 s of the limit
+			free      = 100
+			window    = 950 * time.Millisecond
+		)
+		grants := redistest.RecordGrants(b.Client)
+		f := newFleet(t, b)
+		var (
+			mu      sync.Mutex
+			starts  []time.Time
+			counted [2][]time.Time
+		)
+		h := asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+			now := time.Now()
+			if task.Type() == "free" {
+				time.Sleep(50 * time.Millisecond)
+			} else {
+				mu.Lock()
+				starts = append(starts, now)
+				mu.Unlock()
+				time.Sleep(1800 * time.Millisecond)
+			}
+			f.runs.add(string(task.Payload()), 0, "")
+			return nil
+		})
+		addrs, cluster := b.Addrs()
+		for s := range 2 {
+			rdb := b.Client
+			if s == 1 {
+				rdb = redistest.Dial(addrs, cluster)
+				t.Cleanup(func() { rdb.Close() })
+				rdb.AddHook(grants)
+			}
+			lim, err := throttle.New(rdb, "starts", throttle.PerSecond(rate), throttle.WithKeyPrefix(b.Prefix))
+			if err != nil {
+				t.Fatal(err)
+			}
+			jt := asynqmw.New(rdb, asynqmw.WithHooks(asynqmw.Hooks{Started: func(_ context.Context, _ *asynq.Task, at time.Time) {
+				mu.Lock()
+				counted[s] = append(counted[s], at)
+				mu.Unlock()
+			}}))
+			mux := asynq.NewServeMux()
+			mux.Use(jt.ThrottleFunc(func(_ context.Context, task *asynq.Task) (*throttle.Limiter, error) {
+				if task.Type() == "throttled" {
+					return lim, nil
+				}
+				return nil, nil
+			}))
+			mux.Handle("throttled", h)
+			mux.Handle("free", h)
+			srv := asynq.NewServerFromRedisClient(rdb, jt.Config(f.serverConfig(10)))
+			if err := srv.Start(mux); err != nil {
+				t.Fatal(err)
+			}
+			f.servers = append(f.servers, srv)
+		}
+		for i := range throttled {
+			if _, err := f.client.Enqueue(asynq.NewTask("throttled", []byte(fmt.Sprint("t", i))), asynq.Queue(f.queue), asynq.MaxRetry(i%2)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i := range free {
+			if _, err := f.client.Enqueue(asynq.NewTask("free", []byte(fmt.Sprint("f", i))), asynq.Queue(f.queue)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		qi := f.waitIdle(idleLimit, func() bool { return f.runs.total() >= throttled+free })
+		f.stop()
+		if qi.Archived != 0 || qi.FailedTotal != 0 || f.runs.total() != throttled+free {
+			t.Errorf("runs %d, archived %d, failed %d; want %d, 0, 0", f.runs.total(), qi.Archived, qi.FailedTotal, throttled+free)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		slices.SortFunc(starts, time.Time.Compare)
+		most := redistest.MaxTimesInWindow(starts, window)
+		if got := grants.MaxInWindow(time.Second); got > rate {
+			t.Errorf("most permits taking effect in any second: %d, limit %d", got, rate)
+		}
+		for s := range counted {
+			slices.SortFunc(counted[s], time.Time.Compare)
+			if got := redistest.MaxTimesInWindow(counted[s], time.Second); got > rate {
+				t.Errorf("server %d's middleware counted %d starts in a second, limit %d", s, got, rate)
+			}
+		}
+		redistest.Figure(t, "%s: 2 servers x 10 workers, %d throttled of 1.8s at %d/s and %d unthrottled of 50ms: most handler starts in any %v %d (in any 1s %d); Redis grants in any 1s %d",
+			b.Kind, throttled, rate, free, window, most, redistest.MaxTimesInWindow(starts, time.Second), grants.MaxInWindow(time.Second))
+	})
 }

@@ -17,12 +17,14 @@ type optionFunc func(*config)
 
 func (f optionFunc) apply(c *config) { f(c) }
 
-// MaxSleepingWorkers bounds how many tasks may sleep in the Setup's middlewares at
-// once, for a permit or a semaphore slot, on each server: Config adds n goroutines to
-// the server's Concurrency for them. If unset, n is the server's Concurrency. A task
-// that would sleep while n others do is handed back, booked. Raise it for a limit of
-// more than about n/2 tasks a second per server: handed-back tasks come back in
-// whole-second batches and sleep up to about a second each. New panics for n below 1.
+// MaxSleepingWorkers bounds how many of a server's workers tasks may sleep in at once
+// in the Setup's middlewares, for a permit or a semaphore slot: a task that would sleep
+// while n others do is handed back, booked. If unset, n is half the server's
+// Concurrency (at least 1), so that a throttled backlog leaves the other half to other
+// task types. Handed-back tasks come back in whole-second batches and sleep up to
+// about a second each, so a limit of more than about n tasks a second on one server
+// needs a larger n, and a larger Concurrency to keep room for the rest. New panics for
+// n below 1.
 func MaxSleepingWorkers(n int) Option {
 	return optionFunc(func(c *config) {
 		if n < 1 {

@@ -7,8 +7,10 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,10 +24,10 @@ import (
 
 // While the limiter's Redis is unreachable (FailClosed, the default), tasks are not
 // failed: those with retries left are handed back as throttled (retry count
-// unchanged), those on their last attempt keep trying in the handler; none runs,
-// none is archived, and every one runs exactly once when Redis returns.
+// unchanged), those on their last attempt as copies; none runs, none is archived,
+// and every one runs exactly once when Redis returns.
 func TestLimiterRedisDownReschedules(t *testing.T) {
-	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+	eachBackend(t, func(t *testing.T, b *redistest.Backend) {
 		f := newFleet(t, b)
 		lm := miniredis.RunT(t) // the limiter's own Redis, which goes away
 		rdb := redis.NewClient(&redis.Options{Addr: lm.Addr(), DialTimeout: 100 * time.Millisecond})
@@ -69,11 +71,7 @@ func TestLimiterRedisDownReschedules(t *testing.T) {
 		if qi := f.info(); qi.Archived != 0 || qi.FailedTotal != 0 {
 			t.Fatalf("while Redis is down: archived %d, failed %d; want 0", qi.Archived, qi.FailedTotal)
 		}
-		for _, id := range final {
-			if n := get(c, c.throttled, id); n != 0 {
-				t.Errorf("task %s (MaxRetry(0)) was handed back %d times; a last attempt keeps trying in the handler", id, n)
-			}
-		}
+		c.lastAttemptsAsCopies(t, final...)
 		mu.Lock()
 		for _, err := range causes {
 			if !errors.Is(err, throttle.ErrUnavailable) {
@@ -119,10 +117,10 @@ func TestRedisKilledMidLoad(t *testing.T) {
 	case o.recovery > 2*time.Second:
 		t.Errorf("first grant %v after Redis returned; want within 2s", o.recovery)
 	}
-	redistest.Figure(t, "asynqmw, redis-server killed -9 after %d of %d tasks, back %v later: lost %d, run twice %d, archived %d (after their job ran %d), redelivered by asynq's recoverer %d, failed %d; "+
+	redistest.Figure(t, "asynqmw, redis-server killed -9 after %d of %d tasks, back %v later: lost %d, run twice %d, archived %d (after their job ran %d), redelivered by asynq's recoverer %d, failed %d, left active in no worker for the recoverer %d; "+
 		"%d hand-backs (%d requeued); first grant %v after restart",
 		o.killFrom, o.n, o.outage.Round(time.Millisecond), o.lost, o.dups, o.archivedRan+o.archivedUnrun+o.otherArchived, o.archivedRan,
-		o.redelivered, o.extraFailed+o.redelivered+o.archivedUnrun, o.handBacks, o.requeued, o.recovery.Round(time.Millisecond))
+		o.redelivered, o.extraFailed+o.redelivered+o.archivedUnrun, o.stranded, o.handBacks, o.requeued, o.recovery.Round(time.Millisecond))
 
 	// Everything the middleware, the limiter and asynq started has ended.
 	var left int
@@ -142,7 +140,7 @@ func TestRedisKilledMidLoad(t *testing.T) {
 // the same 40 tasks a second): what asynq v0.26 does by itself, losing the writes in
 // flight (tasks run twice, archived after their job ran, failures counted). It
 // asserts nothing beyond what asynq guarantees (no task lost unless archived), and
-// runs only with JOBTHROTTLE_ASYNQ_ALONE=1: it takes a minute and tests asynq.
+// runs only with JOBTHROTTLE_ASYNQ_ALONE=1: it tests asynq.
 func TestRedisKilledMidLoadAsynqAlone(t *testing.T) {
 	if os.Getenv("JOBTHROTTLE_ASYNQ_ALONE") == "" {
 		t.Skip("JOBTHROTTLE_ASYNQ_ALONE=1 runs it")
@@ -171,6 +169,7 @@ type killOutcome struct {
 	requeued      int
 	recovery      time.Duration // restart → first grant; -1: none
 	bookedBefore  int           // permits granted before the kill
+	stranded      int           // tasks left active in no worker, for asynq's recoverer
 }
 
 // killMidLoad runs 160 tasks (half MaxRetry(0)) on two servers of 10 workers sharing
@@ -220,17 +219,29 @@ func killMidLoad(t *testing.T, middleware bool) killOutcome {
 	if !middleware {
 		work = func(context.Context, string, int) error { time.Sleep(500 * time.Millisecond); return nil }
 	}
-	for range 2 {
+	// inWorkers counts the tasks in the servers' handlers (and middleware)
+	var inWorkers atomic.Int64
+	track := func(next asynq.Handler) asynq.Handler {
+		return asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+			inWorkers.Add(1)
+			defer inWorkers.Add(-1)
+			return next.ProcessTask(ctx, task)
+		})
+	}
+	startServer := func() {
 		cfg := f.serverConfig(10)
 		cfg.ErrorHandler = asynq.ErrorHandlerFunc(func(ctx context.Context, task *asynq.Task, err error) {
 			t.Logf("task %s: handler error %v", task.Payload(), err)
 		})
 		if !middleware {
-			f.start(cfg, f.handler(work))
-			continue
+			f.start(cfg, f.handler(work), track)
+			return
 		}
 		jt := asynqmw.New(rdb, asynqmw.InlineWait(time.Second), asynqmw.WithHooks(c.hooks()))
-		f.start(jt.Config(cfg), f.handler(work), jt.Throttle(lim))
+		f.start(jt.Config(cfg), f.handler(work), track, jt.Throttle(lim))
+	}
+	for range 2 {
+		startServer()
 	}
 	final, retrying := ids("final", n/2), ids("retrying", n/2)
 	for i := range final {
@@ -253,9 +264,46 @@ func killMidLoad(t *testing.T, middleware bool) killOutcome {
 	back := time.Now()
 	o.outage = back.Sub(killed)
 	// A task asynq's recoverer archives never runs again: idle is all run or archived.
-	// asynq's recoverer takes a task stranded by the kill once its lease has been
-	// expired 30 s, on its run once a minute: up to about two minutes after the kill.
-	qi := f.waitIdle(3*idleLimit, func() bool { return len(ranIDs(f, final, retrying))+int(f.info().Archived) >= n })
+	// asynq's recoverer takes a task stranded by the kill (active, in no worker: a
+	// dequeue or a result write was lost) once its lease has been expired 30 s, on its
+	// run once a minute: up to about two minutes after the kill. Rather than wait, once
+	// the only tasks left are active ones, none of them in a worker for a second, the
+	// test makes their leases look expired a minute ago and starts a server, whose
+	// recoverer runs at its start.
+	settled := time.Time{}
+	for deadline := time.Now().Add(3 * idleLimit); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		qi, err := f.insp.GetQueueInfo(f.queue)
+		if err != nil || qi.Pending+qi.Scheduled+qi.Retry != 0 || inWorkers.Load() != 0 {
+			settled = time.Time{}
+			continue
+		}
+		if qi.Active == 0 && len(ranIDs(f, final, retrying))+qi.Archived >= n {
+			break
+		}
+		if qi.Active == 0 {
+			continue
+		}
+		if settled.IsZero() {
+			settled = time.Now()
+		}
+		if time.Since(settled) < time.Second {
+			continue
+		}
+		stranded, err := rdb.ZRange(context.Background(), "asynq:{"+f.queue+"}:lease", 0, -1).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range stranded {
+			z := redis.Z{Score: float64(time.Now().Add(-time.Minute).Unix()), Member: id}
+			if err := rdb.ZAddXX(context.Background(), "asynq:{"+f.queue+"}:lease", z).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		o.stranded += len(stranded)
+		startServer()
+		settled = time.Time{}
+	}
+	qi := f.waitIdle(idleLimit, func() bool { return len(ranIDs(f, final, retrying))+int(f.info().Archived) >= n })
 
 	for _, id := range append(final, retrying...) {
 		runs := f.runs.get(id)
@@ -434,5 +482,189 @@ func waitScriptLoaded(t *testing.T, rdb redis.UniversalClient, proxy *redistest.
 			t.Fatalf("asynq's dequeue script was not loaded within %v", idleLimit)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// refusal is a way a Redis that asynq and the limiter share refuses to serve for a
+// while: refuse starts it, restore ends it.
+type refusal struct {
+	name            string
+	backend         func(t *testing.T) *redistest.Backend
+	refuse, restore func(t *testing.T, b *redistest.Backend)
+	// asynqWrites reports whether asynq's own writes still succeed meanwhile, and
+	// mayGrant whether the limiter's may (a script that deletes first may write
+	// over maxmemory).
+	asynqWrites, mayGrant bool
+	// classified, if set, is the refusal's error, which throttle must classify as
+	// ErrUnavailable for the case to run.
+	classified string
+}
+
+// A Redis that refuses to serve while tasks are in their workers, the one asynq and the
+// limiter share: miniredis answering LOADING to everything; a redis-server demoted to a
+// replica (READONLY to every write); a redis-server full (maxmemory, noeviction: OOM to
+// every write that would grow it, while asynq's retry and archive scripts, which
+// delete first, still run). Eight tasks, half on their last attempt, call the limiter
+// only once Redis refuses. None is failed by the middleware or archived: those with
+// retries left are handed back (throttle.ErrUnavailable), those on their last attempt
+// keep trying in their workers to book or to hand themselves back as copies (within
+// asynq's lease); when Redis serves again, each runs once.
+//
+// Where asynq's own writes fail too, so does its write of a hand-back, and asynq v0.26
+// never sends it again (processor.retry queues a sync whose context it has already
+// cancelled): its recoverer retries the task once its lease has been expired 30 s,
+// counting a failure. The test makes those leases look expired and starts another
+// server, whose recoverer runs at its start, rather than waiting that minute.
+func TestRefusingRedisHandsBack(t *testing.T) {
+	own := func(extra ...string) func(t *testing.T) *redistest.Backend {
+		return func(t *testing.T) *redistest.Backend {
+			s, err := redistest.StartServer(extra...)
+			if err != nil {
+				t.Skipf("no redis-server: %v", err)
+			}
+			t.Cleanup(s.Kill)
+			rdb := redis.NewClient(&redis.Options{Addr: s.Addr, ReadTimeout: redistest.ClientTimeout, WriteTimeout: redistest.ClientTimeout})
+			t.Cleanup(func() { rdb.Close() })
+			return &redistest.Backend{Kind: redistest.Standalone, Client: rdb, Prefix: "jt-refusing:"}
+		}
+	}
+	const filler = "jt-refusing-filler"
+	for _, rc := range []refusal{{
+		name:    "miniredis LOADING",
+		backend: func(t *testing.T) *redistest.Backend { return redistest.NewMiniRealTime(t) },
+		refuse:  func(t *testing.T, b *redistest.Backend) { b.SetError("LOADING Redis is loading the dataset in memory") },
+		restore: func(t *testing.T, b *redistest.Backend) { b.SetError("") },
+	}, {
+		name:    "redis-server READONLY",
+		backend: own(),
+		refuse: func(t *testing.T, b *redistest.Backend) {
+			host, port, _ := strings.Cut(redistest.RefusedAddr, ":")
+			if err := b.Client.Do(context.Background(), "REPLICAOF", host, port).Err(); err != nil {
+				t.Fatal(err)
+			}
+		},
+		restore: func(t *testing.T, b *redistest.Backend) {
+			if err := b.Client.Do(context.Background(), "REPLICAOF", "NO", "ONE").Err(); err != nil {
+				t.Fatal(err)
+			}
+		},
+	}, {
+		name:    "redis-server OOM",
+		backend: own("--maxmemory-policy", "noeviction"),
+		refuse: func(t *testing.T, b *redistest.Backend) {
+			// full: maxmemory below the memory used (as by 2MB more data than it allows)
+			ctx := context.Background()
+			if err := b.Client.Set(ctx, filler, strings.Repeat("x", 2<<20), 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+			used, err := b.Client.MemoryUsage(ctx, filler).Result()
+			if err == nil {
+				var info string
+				info, err = b.Client.Info(ctx, "memory").Result()
+				_, after, _ := strings.Cut(info, "used_memory:")
+				total, _ := strconv.ParseInt(strings.TrimSpace(strings.SplitN(after, "\n", 2)[0]), 10, 64)
+				used = total - used/2
+			}
+			if err == nil {
+				err = b.Client.ConfigSet(ctx, "maxmemory", strconv.FormatInt(used, 10)).Err()
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		},
+		restore: func(t *testing.T, b *redistest.Backend) {
+			if err := b.Client.ConfigSet(context.Background(), "maxmemory", "0").Err(); err != nil {
+				t.Fatal(err)
+			}
+		},
+		asynqWrites: true,
+		mayGrant:    true,
+		classified:  "OOM",
+	}} {
+		t.Run(rc.name, func(t *testing.T) {
+			t.Parallel()
+			b := rc.backend(t)
+			f := newFleet(t, b)
+			lim := f.limiter("refusing", throttle.PerSecond(100))
+			c := newCounters()
+			var picked sync.WaitGroup
+			picked.Add(8)
+			refused := make(chan struct{})
+			var once sync.Map
+			pick := func(_ context.Context, task *asynq.Task) (*throttle.Limiter, error) {
+				if _, seen := once.LoadOrStore(string(task.Payload()), true); !seen {
+					picked.Done()
+				}
+				<-refused // the limiter is first called once Redis refuses
+				return lim, nil
+			}
+			jt := asynqmw.New(b.Client, asynqmw.WithHooks(c.hooks()))
+			f.run(jt, 8, f.handler(nil), jt.ThrottleFunc(pick))
+			final, retrying := ids("final", 4), ids("retrying", 4)
+			var retryingIDs []string
+			for i := range final {
+				f.enqueue(final[i], asynq.MaxRetry(0))
+				retryingIDs = append(retryingIDs, f.enqueue(retrying[i], asynq.MaxRetry(2)).ID)
+			}
+			picked.Wait() // all 8 in their workers
+			rc.refuse(t, b)
+			if rc.classified != "" {
+				if _, err := lim.Allow(context.Background()); !errors.Is(err, throttle.ErrUnavailable) {
+					rc.restore(t, b)
+					close(refused)
+					t.Skipf("throttle does not classify %s as ErrUnavailable yet: %v", rc.classified, err)
+				}
+			}
+			refusedAt := time.Now()
+			close(refused)
+			// Redis refuses until every task with retries left was handed back (or, where
+			// the limiter may still grant, ran) and every last attempt has tried for a
+			// while.
+			deadline := time.Now().Add(idleLimit)
+			for (c.sum(c.throttled) < len(retrying) && !(rc.mayGrant && f.runs.total() > 0)) || time.Since(refusedAt) < 3*time.Second {
+				if time.Now().After(deadline) {
+					t.Fatalf("hand-backs while Redis refuses: %d, want %d", c.sum(c.throttled), len(retrying))
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			ranMeanwhile := f.runs.total()
+			if ranMeanwhile != 0 && !rc.mayGrant {
+				t.Fatalf("%d tasks ran while Redis refused", ranMeanwhile)
+			}
+			handedBack := c.sum(c.throttled)
+			rc.restore(t, b)
+			back := time.Now()
+			if !rc.asynqWrites {
+				// the hand-backs asynq could not write: their leases, as a minute on
+				leases := "asynq:{" + f.queue + "}:lease"
+				for _, id := range retryingIDs {
+					z := redis.Z{Score: float64(back.Add(-time.Minute).Unix()), Member: id}
+					if err := b.Client.ZAddXX(context.Background(), leases, z).Err(); err != nil {
+						t.Fatal(err)
+					}
+				}
+				recovering := asynqmw.New(b.Client, asynqmw.WithHooks(c.hooks()))
+				f.run(recovering, 8, f.handler(nil), recovering.ThrottleFunc(pick))
+			}
+			qi := f.waitIdle(idleLimit, func() bool { return f.runs.total() >= len(final)+len(retrying) })
+			for _, id := range append(final, retrying...) {
+				if got := f.runs.get(id); len(got) != 1 {
+					t.Errorf("task %s: retry counts of its runs %v, want one run", id, got)
+				}
+			}
+			if qi.Archived != 0 {
+				t.Errorf("archived %d, want 0", qi.Archived)
+			}
+			if rc.asynqWrites {
+				f.ranOnce(qi, append(final, retrying...)...) // and no retry spent, no failure counted
+			}
+			for _, id := range final {
+				if n := get(c, c.lastRetried, id); n != 0 {
+					t.Errorf("task %s was handed back %d times on its last attempt without a copy", id, n)
+				}
+			}
+			redistest.Figure(t, "%s, Redis refusing for %v with 8 tasks in their workers (4 on their last attempt): %d hand-backs meanwhile, %d copies in all, %d runs; then each ran once within %v; archived %d, failed %d (asynq's own lost writes)",
+				rc.name, back.Sub(refusedAt).Round(time.Millisecond), handedBack, c.sum(c.requeued), ranMeanwhile, time.Since(back).Round(time.Millisecond), qi.Archived, qi.FailedTotal)
+		})
 	}
 }

@@ -16,7 +16,7 @@ import (
 // grant a period's permits at once (the sliding window, the fixed window) put whole
 // batches exactly a Period apart, so a batch that starts late by more than the next
 // one shares a window of one Period with it: up to twice the Rate. A task back after
-// its slot that runs on its passed permit (within lateGrace) lags it more still. The
+// its slot that runs on its passed permit (within lateGrace) lags it a little more. The
 // pacer delays a start, by at most about Δ (and that lateness), until it is at least a
 // Period after the start Rate places before it, so that a process's starts through one
 // limiter never exceed Rate in any window of Period.
@@ -51,22 +51,21 @@ const (
 	maxPacedDelay = time.Second
 )
 
-// start takes the task a run slot and returns when the task may start through li (at
-// once, mostly), with the time it counted as the task's start; or ctx.Err() if ctx
-// ends first. A task the pacer delays gives its run slot back while it waits, so that
-// tasks of other types run meanwhile.
-func (p *pacer) start(ctx context.Context, li limitInfo, slot *runSlot) (time.Time, error) {
+// start returns when the task may start through li (at once, mostly), with the time
+// it counted as the task's start; or ctx.Err() if ctx ends first. With sleep false it
+// does not wait: it returns how long the task would have to (0 and the start counted
+// when it may go at once).
+func (p *pacer) start(ctx context.Context, li limitInfo, sleep bool) (time.Time, time.Duration, error) {
 	for {
-		if err := slot.take(ctx); err != nil {
-			return time.Time{}, err
-		}
 		d, at := p.wait(li, time.Now)
 		if d == 0 {
-			return at, nil
+			return at, 0, nil
 		}
-		slot.leave()
-		if err := sleep(ctx, d); err != nil {
-			return time.Time{}, err
+		if !sleep {
+			return time.Time{}, d, nil
+		}
+		if err := sleepFor(ctx, d); err != nil {
+			return time.Time{}, 0, err
 		}
 	}
 }
@@ -121,8 +120,8 @@ func later(a, b time.Time) time.Time {
 	return a
 }
 
-// sleep waits d or until ctx ends, and returns ctx.Err() if it ended first.
-func sleep(ctx context.Context, d time.Duration) error {
+// sleepFor waits d or until ctx ends, and returns ctx.Err() if it ended first.
+func sleepFor(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
 		return nil
 	}

@@ -4,30 +4,38 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 )
 
 // requeuer hands a task on its last attempt back to its queue as a copy: asynq
-// archives such a task on any error (see finish), so the retry path would lose it.
+// archives such a task on any error (see finish), so the retry path would lose it,
+// and so would a sleep in its worker if the worker died (asynq's recoverer archives a
+// last attempt whose lease expired).
 //
-// The copy has the original's type, payload, headers, queue, Timeout, Deadline,
-// Retention and remaining retries (none), finds its booking (bookingID), and has the
-// ID "<id>~r1" (or its count raised), so an enqueue sent again adds no second copy;
-// it does not keep a Unique lock or a Group.
+// The copy has the original's type, payload, headers, queue, Timeout, Deadline and
+// Retention, the ID "<id>~r1" (or its count raised), so an enqueue sent again adds no
+// second copy, and the header copyOf naming the original's booking, which it finds.
+// It has one retry of its own: not a last attempt, it sleeps for its slot and is
+// handed back through asynq's retry like any task, and if its worker dies meanwhile
+// asynq's recoverer retries it rather than archiving it. That retry is spent only so:
+// an error of its handler archives it at once (finish), and a copy retried after its
+// handler timed out or panicked is archived without running (spentCopy), as the
+// original would have been. It does not keep a Unique lock or a Group.
 type requeuer struct {
-	rdb       redis.UniversalClient
 	client    *asynq.Client
 	inspector *asynq.Inspector
 }
 
+// copyOf is the header of a last attempt's copy: the booking ID of the task it copies.
+const copyOf = "jobthrottle-copy-of"
+
 func newRequeuer(rdb redis.UniversalClient) *requeuer {
 	return &requeuer{
-		rdb:       rdb,
 		client:    asynq.NewClientFromRedisClient(rdb),
 		inspector: asynq.NewInspectorFromRedisClient(rdb),
 	}
@@ -35,43 +43,27 @@ func newRequeuer(rdb redis.UniversalClient) *requeuer {
 
 // requeue enqueues a copy of t to run after te's delay and returns te, Requeued (see
 // finish for what asynq then gets); or an error when the copy could not be enqueued.
-// While Redis does not answer it tries again, within a's budget.
 func (r *requeuer) requeue(ctx context.Context, t *asynq.Task, a attempt, te *ThrottledError) error {
-	id, ok1 := asynq.GetTaskID(ctx)
-	queue, ok2 := asynq.GetQueueName(ctx)
-	if !ok1 || !ok2 {
+	queue, ok := asynq.GetQueueName(ctx)
+	if !ok {
 		return te
 	}
-	var down outage
-	for {
-		err := r.enqueueCopy(ctx, t, id, queue, te)
-		if err != nil && r.answers(ctx) {
-			// Redis is there: once more, which also finds a copy whose enqueue ran
-			// though its reply was lost.
-			if err = r.enqueueCopy(ctx, t, id, queue, te); err != nil {
-				return fmt.Errorf("asynqmw: requeueing throttled task %s: %w", id, err)
-			}
-		}
-		if err == nil {
-			te.Requeued = true
-			return te
-		}
-		if ctx.Err() != nil || !down.wait(ctx, a) { // tried again while Redis does not answer
-			return fmt.Errorf("asynqmw: requeueing throttled task %s: %w", id, err)
-		}
+	err := r.enqueueCopy(ctx, t, a, queue, te)
+	if err != nil && ctx.Err() == nil {
+		// once more, which also finds a copy whose enqueue ran though its reply was lost
+		err = r.enqueueCopy(ctx, t, a, queue, te)
 	}
+	if err != nil {
+		return fmt.Errorf("asynqmw: requeueing throttled task %s: %w", a.id, err)
+	}
+	te.Requeued = true
+	return te
 }
 
-// answers reports whether Redis answers a PING.
-func (r *requeuer) answers(ctx context.Context) bool {
-	pctx, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	return r.rdb.Ping(pctx).Err() == nil
-}
-
-// enqueueCopy enqueues the copy of task id of queue; nil also when it is there.
-func (r *requeuer) enqueueCopy(ctx context.Context, t *asynq.Task, id, queue string, te *ThrottledError) error {
-	info, err := r.inspector.GetTaskInfo(queue, id)
+// enqueueCopy enqueues the copy of the attempt's task of queue; nil also when it is
+// there.
+func (r *requeuer) enqueueCopy(ctx context.Context, t *asynq.Task, a attempt, queue string, te *ThrottledError) error {
+	info, err := r.inspector.GetTaskInfo(queue, a.id)
 	if err != nil {
 		return err
 	}
@@ -81,8 +73,8 @@ func (r *requeuer) enqueueCopy(ctx context.Context, t *asynq.Task, id, queue str
 	}
 	opts := []asynq.Option{
 		asynq.Queue(queue),
-		asynq.TaskID(nextCopyID(id)),
-		asynq.MaxRetry(max(info.MaxRetry-info.Retried, 0)),
+		asynq.TaskID(nextCopyID(a.id)),
+		asynq.MaxRetry(1),
 		asynq.ProcessIn(delay),
 	}
 	if info.Timeout > 0 {
@@ -95,11 +87,33 @@ func (r *requeuer) enqueueCopy(ctx context.Context, t *asynq.Task, id, queue str
 		opts = append(opts, asynq.Retention(info.Retention))
 		te.retention = info.Retention
 	}
-	cp := asynq.NewTaskWithHeaders(t.Type(), t.Payload(), t.Headers(), opts...)
+	headers := maps.Clone(t.Headers())
+	if headers == nil {
+		headers = map[string]string{}
+	}
+	headers[copyOf] = a.booking
+	cp := asynq.NewTaskWithHeaders(t.Type(), t.Payload(), headers, opts...)
 	if _, err := r.client.EnqueueContext(ctx, cp); err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
 		return err
 	}
 	return nil
+}
+
+// spentCopy returns the error that archives a copy whose own retry was spent by its
+// handler (a timeout, a deadline or a panic, which asynq retries without the
+// middleware seeing the error), not by its worker's death: the task's retries were
+// used up before the copy was made. nil for any other task, and for a copy whose
+// last error asynq's inspector cannot tell: that one runs, as a last attempt.
+func (c *config) spentCopy(ctx context.Context, a attempt) error {
+	if !a.copy || !a.final || !a.handBack {
+		return nil
+	}
+	queue, _ := asynq.GetQueueName(ctx)
+	info, err := c.requeue.inspector.GetTaskInfo(queue, a.id)
+	if err != nil || info.LastErr == "" || info.LastErr == asynq.ErrLeaseExpired.Error() {
+		return nil
+	}
+	return lastAttempt{fmt.Errorf("asynqmw: %s failed on its last attempt: %s", a.id, info.LastErr)}
 }
 
 // nextCopyID returns the ID of the copy of task id: "<id>~r1", or "<base>~r<n+1>"

@@ -12,24 +12,36 @@ import (
 // This file is what asynq sees of a throttled task: the error the Setup's outermost
 // middleware returns (finish) and the Config functions that read it.
 
-// finish turns what the Setup's middlewares returned into what asynq gets. A task on
-// its last attempt whose copy was enqueued (Requeued) must leave asynq without being
-// archived: asynq archives a task whose retries are used up on any error before it
-// asks IsFailure (processor.go, handleFailedMessage), and only a nil error or
-// asynq.RevokeTask end it otherwise, both by deleting it (markAsDone). nil does so
-// silently; RevokeTask is logged at warn level for every task. So the original
-// returns nil, unless it has a Retention: a nil error would then keep it as
-// completed (markAsComplete) though it never ran, and RevokeTask it is.
-func finish(err error) error {
+// finish turns what the Setup's middlewares returned for the attempt a into what
+// asynq gets. A task on its last attempt whose copy was enqueued (Requeued) must leave
+// asynq without being archived: asynq archives a task whose retries are used up on
+// any error before it asks IsFailure (processor.go, handleFailedMessage), and only a
+// nil error or asynq.RevokeTask end it otherwise, both by deleting it (markAsDone).
+// nil does so silently; RevokeTask is logged at warn level for every task. So the
+// original returns nil, unless it has a Retention: a nil error would then keep it as
+// completed (markAsComplete) though it never ran, and RevokeTask it is. A copy's
+// failure is archived at once (lastAttempt), as the original's would have been: the
+// copy's retry is for its worker's death only (see requeuer).
+func finish(a attempt, err error) error {
 	te, ok := throttled(err)
-	if !ok || !te.Requeued {
-		return err
-	}
-	if te.retention > 0 {
+	switch {
+	case err == nil:
+		return nil
+	case ok && te.Requeued && te.retention > 0:
 		return fmt.Errorf("%w (%w)", err, asynq.RevokeTask)
+	case ok && te.Requeued:
+		return nil
+	case !ok && a.copy:
+		return lastAttempt{err}
 	}
-	return nil
+	return err
 }
+
+// lastAttempt is the error of a last attempt's copy: its own, which asynq archives
+// at once (it wraps asynq.SkipRetry too).
+type lastAttempt struct{ error }
+
+func (e lastAttempt) Unwrap() []error { return []error{e.error, asynq.SkipRetry} }
 
 // isFailure is Config's IsFailure: false for a throttled task, so asynq neither
 // spends one of its retries nor counts it as processed or failed.

@@ -89,23 +89,37 @@ func TestSkipThrottled(t *testing.T) {
 
 // What asynq gets from the Setup's outermost middleware: a requeued last attempt
 // ends without an error (asynq deletes it, silently) unless it has a Retention (a
-// success would keep it as completed): then asynq.RevokeTask. Anything else passes.
+// success would keep it as completed): then asynq.RevokeTask. A copy's own failure
+// is archived at once (asynq.SkipRetry), with its message unchanged. Anything else
+// passes.
 func TestFinish(t *testing.T) {
+	var task, cp attempt
+	cp.copy = true
 	te := &ThrottledError{RetryIn: time.Second, Booked: true}
-	if got := finish(te); got != te {
+	if got := finish(task, te); got != te {
 		t.Errorf("finish(hand-back) = %v, want the *ThrottledError itself", got)
 	}
-	if got := finish(errFail); got != errFail {
+	if got := finish(cp, te); got != te {
+		t.Errorf("finish(a copy's hand-back) = %v, want the *ThrottledError itself", got)
+	}
+	if got := finish(task, errFail); got != errFail {
 		t.Errorf("finish(failure) = %v, want it unchanged", got)
 	}
-	if got := finish(nil); got != nil {
+	if got := finish(task, nil); got != nil {
 		t.Errorf("finish(nil) = %v, want nil", got)
 	}
-	if got := finish(fmt.Errorf("inner: %w", &ThrottledError{Requeued: true})); got != nil {
+	if got := finish(cp, nil); got != nil {
+		t.Errorf("finish(a copy's nil) = %v, want nil", got)
+	}
+	if got := finish(task, fmt.Errorf("inner: %w", &ThrottledError{Requeued: true})); got != nil {
 		t.Errorf("finish(requeued) = %v, want nil", got)
 	}
-	got := finish(&ThrottledError{Requeued: true, retention: time.Minute})
+	got := finish(task, &ThrottledError{Requeued: true, retention: time.Minute})
 	if !errors.Is(got, asynq.RevokeTask) || !IsThrottled(got) || isFailure(got) {
 		t.Errorf("finish(requeued, retention) = %v, want a throttle wrapping asynq.RevokeTask", got)
+	}
+	got = finish(cp, errFail)
+	if !errors.Is(got, asynq.SkipRetry) || !errors.Is(got, errFail) || got.Error() != errFail.Error() || !isFailure(got) {
+		t.Errorf("finish(a copy's failure) = %v, want a failure wrapping it and asynq.SkipRetry, its message unchanged", got)
 	}
 }

@@ -17,10 +17,11 @@ import (
 //	srv := asynq.NewServerFromRedisClient(rdb, jt.Config(asynq.Config{Concurrency: 10}))
 //	mux.Use(jt.ThrottleFunc(pick)) // pick: the limiter of t.Type(), nil for types not limited
 //
-// Give the middleware to mux.Use: Config gives asynq goroutines beyond Concurrency for
-// sleeping tasks, and only the tasks the middleware sees are kept to Concurrency. On a
-// server whose Config did not go through Config, the middleware never hands a task
-// back: it sleeps until its permit, and says so once. Use one Setup per server.
+// The middleware may also wrap the one handler it limits. Either way the server runs
+// at most Concurrency handlers at once: a task asleep in the middleware for its permit
+// sleeps in its own worker, and MaxSleepingWorkers bounds how many do. On a server
+// whose Config did not go through Config, the middleware never hands a task back: it
+// sleeps until its permit, and says so once. Use one Setup per server.
 type Setup struct {
 	c  *config
 	sh *shared
@@ -35,7 +36,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Setup {
 	}
 	c := newConfig(opts)
 	c.sh = newShared()
-	c.sh.bound.Store(int64(cmp.Or(c.sleeping, runtime.NumCPU()))) // until Config says
+	c.sh.bound.Store(int64(cmp.Or(c.sleeping, sleepBound(0)))) // until Config says
 	c.requeue = newRequeuer(rdb)
 	return &Setup{c: c, sh: c.sh}
 }
@@ -48,9 +49,10 @@ func New(rdb redis.UniversalClient, opts ...Option) *Setup {
 //     just before its booked slot; cfg's (or asynq's default) for other errors;
 //   - ErrorHandler: cfg's, not called for throttled tasks;
 //   - DelayedTaskCheckInterval, TaskCheckInterval: 100ms each where cfg leaves them unset;
-//   - Concurrency: cfg's (runtime.NumCPU() if unset) plus MaxSleepingWorkers, the
-//     goroutines tasks sleep in; the middleware lets only cfg's Concurrency run at once;
 //   - BaseContext: cfg's, marked so the middleware knows its server was configured.
+//
+// Concurrency stays cfg's: it reads it (runtime.NumCPU() if unset, as asynq) for the
+// default of MaxSleepingWorkers, half of it.
 func (s *Setup) Config(cfg asynq.Config) asynq.Config {
 	own := cfg.IsFailure
 	cfg.IsFailure = isFailure
@@ -66,18 +68,9 @@ func (s *Setup) Config(cfg asynq.Config) asynq.Config {
 		cfg.TaskCheckInterval = checkInterval
 	}
 	s.sh.interval.Store(int64(cfg.DelayedTaskCheckInterval + cfg.TaskCheckInterval))
-	workers := cfg.Concurrency
-	if workers <= 0 {
-		workers = runtime.NumCPU() // asynq's default
+	if s.c.sleeping == 0 {
+		s.sh.bound.Store(int64(sleepBound(cfg.Concurrency)))
 	}
-	bound := s.c.sleeping
-	if bound == 0 {
-		bound = workers
-	}
-	s.sh.bound.Store(int64(bound))
-	g := make(gate, workers)
-	s.sh.gate.Store(&g)
-	cfg.Concurrency = workers + bound
 	if cfg.Logger != nil {
 		s.sh.setLogger(cfg.Logger)
 	}
@@ -90,13 +83,23 @@ func (s *Setup) Config(cfg asynq.Config) asynq.Config {
 	return cfg
 }
 
+// sleepBound is the default of MaxSleepingWorkers on a server of the given
+// Concurrency (runtime.NumCPU() if not positive, as asynq): half of it, at least 1.
+func sleepBound(concurrency int) int {
+	if concurrency <= 0 {
+		concurrency = runtime.NumCPU()
+	}
+	return max(concurrency/2, 1)
+}
+
 // Throttle returns middleware that takes a permit from lim before each task runs, so
 // the tasks it wraps, on every server sharing lim's Redis and key, stay inside lim's
 // limits, first come first served. A task whose permit is due within about a second
-// and a half sleeps for it; a later one books it and is handed back to asynq until
-// just before it, then sleeps the rest and runs (see ThrottledError). Redis
-// unreachable hands a task back; other errors of lim fail it. Throttle panics for a
-// nil lim.
+// and a half sleeps for it in its worker; a later one books it and is handed back to
+// asynq until just before it, then sleeps the rest and runs (see ThrottledError). A
+// task on its last attempt never sleeps: it is handed back as a copy that may. Redis
+// unavailable (throttle.ErrUnavailable) hands a task back; other errors of lim fail
+// it. Throttle panics for a nil lim.
 func (s *Setup) Throttle(lim *throttle.Limiter) asynq.MiddlewareFunc {
 	if lim == nil {
 		panic(nilArgument("Throttle"))
@@ -117,8 +120,9 @@ func (s *Setup) ThrottleFunc(pick func(ctx context.Context, t *asynq.Task) (*thr
 
 // Concurrency returns middleware that runs each task it wraps under a lease of sem,
 // so that at most sem's Max of them run at once on every server sharing sem's Redis
-// and key. A task that finds sem full waits for a slot in arrival order, asleep for
-// up to about a second and a half, else handed back keeping its place in the queue.
+// and key. A task that finds sem full waits for a slot in arrival order, asleep in its
+// worker for up to about a second and a half (a last attempt not at all), else handed
+// back keeping its place in the queue.
 // The lease is renewed while the handler runs; if it is lost, the handler's context
 // is cancelled. Concurrency panics for a nil sem.
 func (s *Setup) Concurrency(sem *throttle.Semaphore) asynq.MiddlewareFunc {

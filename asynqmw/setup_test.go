@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -47,12 +48,12 @@ func TestSetupConfig(t *testing.T) {
 	if len(handled) != 1 {
 		t.Errorf("error handler saw %v, want only the real failure", handled)
 	}
-	if cfg.Concurrency != 20 {
-		t.Errorf("Concurrency %d, want 20: 10 workers and 10 for sleeping tasks", cfg.Concurrency)
+	if cfg.Concurrency != 10 {
+		t.Errorf("Concurrency %d, want 10: the user's", cfg.Concurrency)
 	}
 	st := jt.Stats()
-	if st.SleepBound != 10 || st.ComeBackEarly != 220*time.Millisecond {
-		t.Errorf("stats %+v, want SleepBound 10 (as many as the workers), ComeBackEarly 220ms (the check intervals and 20ms)", st)
+	if st.SleepBound != 5 || st.ComeBackEarly != 220*time.Millisecond {
+		t.Errorf("stats %+v, want SleepBound 5 (half the workers), ComeBackEarly 220ms (the check intervals and 20ms)", st)
 	}
 	// an explicit bound stays
 	if st := asynqmw.New(b.Client, asynqmw.MaxSleepingWorkers(2)); st != nil {
@@ -100,23 +101,24 @@ func (l *logRecorder) all() []string {
 	return slices.Clone(l.kept)
 }
 
-// With Setup.Config, a task asleep for its permit does not take one of the server's
-// workers: while it sleeps, the other tasks still run two at a time on a server of
-// Concurrency 2, and never three (the worker goroutine it sleeps in is the one
-// Config adds for MaxSleepingWorkers(1)).
-func TestSleepingTasksLeaveTheWorkers(t *testing.T) {
+// A task asleep for its permit sleeps in its own worker, and no more than
+// MaxSleepingWorkers do: on a server of Concurrency 2 with MaxSleepingWorkers(1), one
+// throttled task asleep leaves the other worker to the other tasks, which run one at
+// a time (never two beside the sleeper: asynq gives the server 2 workers, no more),
+// and a second throttled task is handed back rather than sleeping in it.
+func TestSleepingTasksLeaveOtherWorkers(t *testing.T) {
 	b := redistest.NewMiniRealTime(t)
 	f := newFleet(t, b)
 	lim := f.limiter("gate", throttle.PerMinute(1))
 	if r, err := lim.Allow(context.Background()); err != nil || !r.Allowed { // the next permit comes in a minute
 		t.Fatalf("Allow: %+v, %v", r, err)
 	}
-	jt := asynqmw.New(b.Client, asynqmw.MaxSleepingWorkers(1), asynqmw.InlineWait(time.Hour))
+	c := newCounters()
+	jt := asynqmw.New(b.Client, asynqmw.MaxSleepingWorkers(1), asynqmw.InlineWait(time.Hour), asynqmw.WithHooks(c.hooks()))
 	var (
-		mu              sync.Mutex
-		running, most   int
-		freeRuns        int
-		throttledAsleep = make(chan struct{})
+		mu            sync.Mutex
+		running, most int
+		freeRuns      int
 	)
 	h := asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
 		mu.Lock()
@@ -134,7 +136,6 @@ func TestSleepingTasksLeaveTheWorkers(t *testing.T) {
 	})
 	pick := func(_ context.Context, task *asynq.Task) (*throttle.Limiter, error) {
 		if task.Type() == "throttled" {
-			close(throttledAsleep)
 			return lim, nil
 		}
 		return nil, nil
@@ -148,12 +149,14 @@ func TestSleepingTasksLeaveTheWorkers(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.servers = append(f.servers, srv)
-	if _, err := f.client.Enqueue(asynq.NewTask("throttled", nil), asynq.Queue(f.queue)); err != nil {
+	if _, err := f.client.Enqueue(asynq.NewTask("throttled", []byte("asleep")), asynq.Queue(f.queue), asynq.MaxRetry(3)); err != nil {
 		t.Fatal(err)
 	}
-	<-throttledAsleep
 	for jt.Stats().Sleeping != 1 {
 		time.Sleep(time.Millisecond)
+	}
+	if _, err := f.client.Enqueue(asynq.NewTask("throttled", []byte("handed back")), asynq.Queue(f.queue), asynq.MaxRetry(3)); err != nil {
+		t.Fatal(err)
 	}
 	const n = 20
 	for range n {
@@ -165,20 +168,20 @@ func TestSleepingTasksLeaveTheWorkers(t *testing.T) {
 		mu.Lock()
 		done := freeRuns == n && running == 0
 		mu.Unlock()
-		if done {
+		if done && get(c, c.throttled, "handed back") > 0 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("only %d of %d free tasks ran", freeRuns, n)
+			t.Fatalf("only %d of %d free tasks ran; the second throttled task was handed back %d times", freeRuns, n, get(c, c.throttled, "handed back"))
 		}
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if most != 2 {
-		t.Errorf("most handlers running at once: %d, want 2 (Concurrency), with one task asleep", most)
+	if most != 1 {
+		t.Errorf("most handlers running at once: %d, want 1 (Concurrency 2, one worker asleep)", most)
 	}
-	if st := jt.Stats(); st.Sleeping != 1 {
-		t.Errorf("stats %+v: want the throttled task still asleep", st)
+	if st := jt.Stats(); st.Sleeping != 1 || st.PeakSleeping != 1 {
+		t.Errorf("stats %+v: want the first throttled task still asleep, and never two", st)
 	}
 }
 
@@ -188,6 +191,7 @@ func TestSleepingTasksLeaveTheWorkers(t *testing.T) {
 func TestAsynqArchivesLastAttemptBeforeIsFailure(t *testing.T) {
 	for _, k := range []redistest.Kind{redistest.Mini, redistest.Standalone} {
 		t.Run(string(k), func(t *testing.T) {
+			t.Parallel()
 			b := redistest.NewMiniRealTime(t)
 			if k != redistest.Mini {
 				b = redistest.New(t, k)
@@ -221,4 +225,98 @@ func TestAsynqArchivesLastAttemptBeforeIsFailure(t *testing.T) {
 			}
 		})
 	}
+}
+
+// No way of installing the middleware runs more handlers at once than the server's
+// Concurrency, counting every task type: a throttled backlog (tasks asleep for their
+// permits or slots, and handed back) ahead of unthrottled tasks, on a server of
+// Concurrency 10, through each form a user may write: the middleware given to
+// mux.Use, or wrapping the one handler it limits (the others unwrapped), for a
+// limiter and for a semaphore. The forms run side by side, each on its own queue.
+func TestHandlersAtOnceWithinConcurrency(t *testing.T) {
+	forms := []struct {
+		name    string
+		wrapped bool // the middleware wraps the "throttled" handler only
+		sem     bool // jt.Concurrency(sem) rather than a limiter
+	}{
+		{"mux.Use(ThrottleFunc)", false, false},
+		{"Throttle wrapping one handler", true, false},
+		{"mux.Use(Concurrency)", false, true},
+		{"Concurrency wrapping one handler", true, true},
+	}
+	eachBackend(t, func(t *testing.T, b *redistest.Backend) {
+		for _, form := range forms {
+			t.Run(form.name, func(t *testing.T) {
+				t.Parallel()
+				// 3 s of the limit: some run at once, some sleep, the rest are handed
+				// back; a semaphore's hand-backs come back after whole seconds, so
+				// fewer tasks go through it.
+				const workers = 10
+				throttled, free := 30, 100
+				if form.sem {
+					throttled, free = 10, 20
+				}
+				f := newFleet(t, b)
+				lim := f.limiter("at-once", throttle.PerSecond(10))
+				sem := newSem(t, b, "at-once", 3)
+				var running, most atomic.Int64
+				h := asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+					k := running.Add(1)
+					for m := most.Load(); k > m && !most.CompareAndSwap(m, k); m = most.Load() {
+					}
+					time.Sleep(20 * time.Millisecond)
+					running.Add(-1)
+					f.runs.add(string(task.Payload()), 0, "")
+					return nil
+				})
+				jt := asynqmw.New(b.Client)
+				mw := jt.ThrottleFunc(func(_ context.Context, task *asynq.Task) (*throttle.Limiter, error) {
+					if task.Type() == "throttled" {
+						return lim, nil
+					}
+					return nil, nil // unthrottled
+				})
+				if form.sem {
+					mw = jt.Concurrency(sem)
+				}
+				mux := asynq.NewServeMux()
+				if form.wrapped {
+					mux.Handle("throttled", mw(h))
+				} else {
+					mux.Use(mw)
+					mux.Handle("throttled", h)
+				}
+				mux.Handle("free", h)
+				srv := asynq.NewServerFromRedisClient(b.Client, jt.Config(f.serverConfig(workers)))
+				if err := srv.Start(mux); err != nil {
+					t.Fatal(err)
+				}
+				f.servers = append(f.servers, srv)
+				for i := range throttled {
+					if _, err := f.client.Enqueue(asynq.NewTask("throttled", []byte(fmt.Sprint("t", i))), asynq.Queue(f.queue), asynq.MaxRetry(3)); err != nil {
+						t.Fatal(err)
+					}
+				}
+				for i := range free {
+					if _, err := f.client.Enqueue(asynq.NewTask("free", []byte(fmt.Sprint("f", i))), asynq.Queue(f.queue)); err != nil {
+						t.Fatal(err)
+					}
+				}
+				qi := f.waitIdle(idleLimit, func() bool { return f.runs.total() >= throttled+free })
+				f.stop()
+				st := jt.Stats()
+				redistest.Figure(t, "%s, %s, Concurrency %d: most handlers at once %d; %d throttled and %d unthrottled tasks, peak asleep in the middleware %d, %d hand-backs",
+					b.Kind, form.name, workers, most.Load(), throttled, free, st.PeakSleeping, st.HandedBack)
+				if got := most.Load(); got > workers {
+					t.Errorf("most handlers at once: %d, want <= %d (Concurrency)", got, workers)
+				}
+				if got := f.runs.total(); got != throttled+free || qi.Archived != 0 || qi.FailedTotal != 0 {
+					t.Errorf("runs %d, archived %d, failed %d; want %d, 0, 0", got, qi.Archived, qi.FailedTotal, throttled+free)
+				}
+				if st.PeakSleeping == 0 {
+					t.Errorf("no task slept in the middleware: the test did not exercise the sleeping path")
+				}
+			})
+		}
+	})
 }

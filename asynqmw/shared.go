@@ -11,8 +11,8 @@ import (
 )
 
 // shared is the state of a Setup that its middlewares share: the bound on the tasks
-// asleep in them, the server's forwarding interval, the run gate, the logger, and
-// what they have counted.
+// asleep in them, the server's forwarding interval, the logger, and what they have
+// counted.
 type shared struct {
 	bound    atomic.Int64 // tasks that may sleep at once
 	interval atomic.Int64 // how late the server may bring a due task: DelayedTaskCheckInterval + TaskCheckInterval, ns
@@ -23,7 +23,6 @@ type shared struct {
 	kept     atomic.Int64 // returns that found their booking
 	bounced  atomic.Int64 // returns handed back again without a script call (see bounce)
 	logger   atomic.Pointer[asynq.Logger]
-	gate     atomic.Pointer[gate]
 	pacer    pacer
 	cb       comeBack // how early to make handed-back tasks due
 
@@ -101,74 +100,3 @@ func (sh *shared) notConfigured() {
 
 // checkInterval returns how late the server may bring a due task to a worker.
 func (sh *shared) checkInterval() time.Duration { return time.Duration(sh.interval.Load()) }
-
-// gate lets at most the server's Concurrency (as the user gave it to Setup.Config)
-// of its tasks run at once, awake: Setup.Config gives asynq MaxSleepingWorkers more
-// workers than that, for the tasks asleep in the middleware. Waiting tasks get in in
-// arrival order (a channel's senders queue first in, first out).
-type gate chan struct{}
-
-// runKey is the context key of a task's *runSlot.
-type runKey struct{}
-
-// runSlot is a task's place among those that run (held) or not; the task's own
-// goroutine is its only user. g is nil on a server Config did not configure.
-type runSlot struct {
-	sh   *shared
-	g    gate
-	held bool
-}
-
-// enter returns ctx with the task's run slot, making one (not held) for a task the
-// first of the Setup's middlewares sees, and reports whether this is the first.
-func (sh *shared) enter(ctx context.Context) (context.Context, *runSlot, bool) {
-	if rs, ok := ctx.Value(runKey{}).(*runSlot); ok && rs.sh == sh {
-		return ctx, rs, false
-	}
-	rs := &runSlot{sh: sh}
-	if g := sh.gate.Load(); g != nil && sh.ours(ctx) {
-		rs.g = *g
-	}
-	return context.WithValue(ctx, runKey{}, rs), rs, true
-}
-
-// middleware returns the asynq middleware that runs step for each task, with the
-// task's run slot and its handler: step gets the task past its limit, gives the slot
-// up while it may sleep (leave), takes it back before the handler runs (take), and
-// runs handle. The first of the Setup's middlewares gives the slot back when the task
-// is done, and returns to asynq what finish makes of the result.
-func (sh *shared) middleware(step func(ctx context.Context, t *asynq.Task, slot *runSlot, handle func(context.Context) error) error) asynq.MiddlewareFunc {
-	return func(next asynq.Handler) asynq.Handler {
-		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
-			ctx, slot, first := sh.enter(ctx)
-			if !first {
-				return step(ctx, t, slot, func(ctx context.Context) error { return next.ProcessTask(ctx, t) })
-			}
-			defer slot.leave() // also when the handler panics
-			return finish(step(ctx, t, slot, func(ctx context.Context) error { return next.ProcessTask(ctx, t) }))
-		})
-	}
-}
-
-// leave gives the slot back, if held: the task sleeps, or is done.
-func (rs *runSlot) leave() {
-	if rs.held {
-		<-rs.g
-		rs.held = false
-	}
-}
-
-// take gets the task a slot to run in, waiting for one if every one is taken; it
-// returns ctx.Err() if ctx ends first.
-func (rs *runSlot) take(ctx context.Context) error {
-	if rs.g == nil || rs.held {
-		return nil
-	}
-	select {
-	case rs.g <- struct{}{}:
-		rs.held = true
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}

@@ -213,7 +213,7 @@ func startServers(cfg config, rdb redis.UniversalClient, lim *throttle.Limiter, 
 		st.failures.Add(1)
 		retried, _ := asynq.GetRetryCount(ctx)
 		maxRetry, _ := asynq.GetMaxRetry(ctx)
-		if retried >= maxRetry {
+		if retried >= maxRetry || errors.Is(err, asynq.SkipRetry) { // a last attempt's copy fails with SkipRetry
 			st.archived.Add(1) // asynq archives it now
 		}
 		fmt.Fprintf(out, "task %s failed: %v\n", t.Payload(), err)

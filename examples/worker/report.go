@@ -194,7 +194,7 @@ func (s summary) print(out io.Writer) error {
 	fmt.Fprintf(out, "  asynq       %d archived, %d failed (Inspector), %d retries spent; %d hand-backs to asynq (%.2f per throttled task; %d of them back before their slot with the sleeping bound full, without a script call), %d sleeps in the handler\n",
 		q.Archived, q.FailedTotal, st.retriesSpent.Load(), st.handedBack.Load(),
 		float64(st.handedBack.Load())/float64(max(cfg.tasks, 1)), s.bounced, st.slept.Load())
-	fmt.Fprintf(out, "  workers     unthrottled %d/%d tasks of %v done %v after the first was enqueued, behind the throttled backlog (the longest any one took from its enqueue to done: %v); most tasks asleep in one server's middleware at once: %d (bound %d), in goroutines jt.Config adds: all %d workers stay free for tasks that run\n",
+	fmt.Fprintf(out, "  workers     unthrottled %d/%d tasks of %v done %v after the first was enqueued, behind the throttled backlog (the longest any one took from its enqueue to done: %v); most tasks asleep in one server's middleware at once: %d (bound %d of its %d workers: the others stay free for tasks that run)\n",
 		st.freeDone(), cfg.free, cfg.freeWork, st.freeLatency().Round(time.Millisecond), st.freeLongest().Round(time.Millisecond), s.peakSleeping, s.sleepBound, cfg.concurrency)
 
 	var broken []string
