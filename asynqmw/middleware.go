@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	ib "github.com/jobthrottle/jobthrottle/internal/booking"
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
@@ -48,10 +49,13 @@ func (c *config) throttleFunc(pick func(ctx context.Context, t *asynq.Task) (*th
 		if lim == nil {
 			return handle(ctx)
 		}
-		at, err := c.throttle(ctx, t, a, lim, infoOf(lim))
+		at, b, err := c.throttle(ctx, t, a, lim, infoOf(lim))
 		if err != nil {
 			return err
 		}
+		// the handler settles a booking of estimated costs (lim a Cost handle) with
+		// waiter.Settle, once it knows the actual
+		ctx = ib.WithSettle(ctx, b.r.Settle)
 		// A task whose context ended while it waited does not start: asynq has put it
 		// back in the queue (shutdown) or counts it failed (deadline) already. A
 		// sleeper woken late, after both its permit's time and the context's end, saw
@@ -68,12 +72,12 @@ func (c *config) throttleFunc(pick func(ctx context.Context, t *asynq.Task) (*th
 
 // throttle gets t its permit from lim, sleeping for it within the attempt's budget,
 // and its start through the pacer; it returns, when the task may run, the time the
-// pacer counted as its start. A last attempt on a configured server never sleeps: a
+// pacer counted as its start and the booking it runs on. A last attempt on a configured server never sleeps: a
 // dying worker would lose it (asynq archives a task on its last attempt whose lease
 // expires), so it is handed back as a copy, which may (see requeue).
-func (c *config) throttle(ctx context.Context, t *asynq.Task, a attempt, lim *throttle.Limiter, li limitInfo) (time.Time, error) {
+func (c *config) throttle(ctx context.Context, t *asynq.Task, a attempt, lim *throttle.Limiter, li limitInfo) (time.Time, booking, error) {
 	if te := c.bounce(li, a); te != nil {
-		return time.Time{}, c.reject(ctx, t, a, te)
+		return time.Time{}, booking{}, c.reject(ctx, t, a, te)
 	}
 	var down outage
 	for {
@@ -92,12 +96,12 @@ func (c *config) throttle(ctx context.Context, t *asynq.Task, a attempt, lim *th
 			}
 			err := c.reject(ctx, t, a, down.throttled(li.key, li.desc, err))
 			if !a.final || IsThrottled(err) || !down.wait(ctx, a.leftUntil(time.Time{})) {
-				return time.Time{}, err
+				return time.Time{}, booking{}, err
 			}
 			continue // a last attempt whose copy could not be enqueued either: both again, within its deadline
 		}
 		if err != nil {
-			return time.Time{}, fmt.Errorf("asynqmw: task %q: %w", t.Type(), err)
+			return time.Time{}, booking{}, fmt.Errorf("asynqmw: task %q: %w", t.Type(), err)
 		}
 		if kept {
 			c.sh.kept.Add(1)
@@ -109,12 +113,12 @@ func (c *config) throttle(ctx context.Context, t *asynq.Task, a attempt, lim *th
 				if b.ok() {
 					b.cancel(ctx) // nothing will come back for it
 				}
-				return time.Time{}, te
+				return time.Time{}, booking{}, te
 			}
 			te.Booked, te.back = true, c.comeBack(wait)
 			err := c.reject(ctx, t, a, te)
 			if !a.final || IsThrottled(err) || wait > a.leftUntil(time.Time{}) {
-				return time.Time{}, err
+				return time.Time{}, booking{}, err
 			}
 			// The copy could not be enqueued (Redis went away?): returning the error
 			// would archive the task, so it keeps its booking and sleeps for it.
@@ -130,12 +134,13 @@ func (c *config) throttle(ctx context.Context, t *asynq.Task, a attempt, lim *th
 			continue // this process paused the key: book again after the pause
 		}
 		if err != nil {
-			return time.Time{}, err
+			return time.Time{}, booking{}, err
 		}
 		if slept {
 			c.waited(ctx, t, wait, start)
 		}
-		return c.start(ctx, t, a, li)
+		at, err := c.start(ctx, t, a, li)
+		return at, b, err
 	}
 }
 

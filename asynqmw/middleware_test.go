@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/jobthrottle/jobthrottle/asynqmw"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/throttle"
+	"github.com/jobthrottle/jobthrottle/waiter"
 )
 
 // Many MaxRetry(0) and MaxRetry(3) tasks through Throttle at a low rate, on two
@@ -682,5 +684,46 @@ func TestStartsAcrossServers(t *testing.T) {
 		}
 		redistest.Figure(t, "%s: 2 servers x 10 workers, %d throttled of 1.8s at %d/s and %d unthrottled of 50ms: most handler starts in any %v %d (in any 1s %d); Redis grants in any 1s %d",
 			b.Kind, throttled, rate, free, window, most, redistest.MaxTimesInWindow(starts, time.Second), grants.MaxInWindow(time.Second))
+	})
+}
+
+// A task's estimated costs: ThrottleFunc gives a Cost handle (the estimate from the
+// task), the task is handed back keeping its booking of the estimate, and its handler
+// settles the actual through its context (waiter.Settle): two servers, every task run
+// once and settled (the settle's effect on the limits is the lua package's tests').
+func TestTaskCostsSettledByTheHandler(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *redistest.Backend) {
+		f := newFleet(t, b)
+		lim, err := throttle.New(b.Client, "costs", throttle.PerSecond(20), throttle.WithKeyPrefix(b.Prefix),
+			throttle.WithLimits(throttle.Limit{Rate: 1000, Period: time.Second, Unit: "tokens"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		const n = 12 // 500 tokens estimated each: 2 a second, so most are handed back
+		pick := func(_ context.Context, task *asynq.Task) (*throttle.Limiter, error) {
+			return lim.Cost(map[string]int{"tokens": 500}), nil
+		}
+		var settled atomic.Int64
+		settle := asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+			if err := waiter.Settle(ctx, map[string]int{"tokens": 100}); err != nil {
+				t.Errorf("task %s: Settle: %v", task.Payload(), err)
+			} else {
+				settled.Add(1)
+			}
+			return f.handler(nil).ProcessTask(ctx, task)
+		})
+		for range 2 {
+			jt := asynqmw.New(b.Client)
+			f.run(jt, 4, settle, jt.ThrottleFunc(pick))
+		}
+		tasks := ids("cost", n)
+		for _, id := range tasks {
+			f.enqueue(id, asynq.MaxRetry(3))
+		}
+		qi := f.waitIdle(idleLimit, func() bool { return f.runs.total() >= n })
+		f.ranOnce(qi, tasks...)
+		if settled.Load() != n { // each a settle Redis applied (nil: applied, or found applied)
+			t.Fatalf("%d tasks settled, want %d", settled.Load(), n)
+		}
 	})
 }
