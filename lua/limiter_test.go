@@ -1327,3 +1327,32 @@ func TestPauseKeepsTheQueue(t *testing.T) {
 		}
 	}
 }
+
+// A ticket kept past the queue's emptying (its tags start again from 0) holds no place: a
+// task that comes back with it is granted as a newcomer, not told its turn has not come
+// for as long as the old tags reach (it was, again and again: a River job snoozed 25
+// times, its record renewed on each return).
+func TestStaleTicketHoldsNoPlace(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		for _, a := range allAlgos {
+			tag := tagOf(b, "stale"+a.tag)
+			clk := newClock(t, b, tag)
+			c := call{a: a, limits: []limit{{10, sec, 10}}}
+			A := func(r *protocol.Request) *protocol.Request { return c.of("A", r) }
+			c.run(t, b, tag, A(acquire(1, 0)), A(acquire(1, 0)), A(acquire(1, 0)))
+			held := c.one(t, b, tag, booking(hold(A(acquire(1, 0))), "x", 0))
+			if held.v[0] != 0 || held.v[6]&protocol.FlagTicket == 0 {
+				t.Fatalf("%s: A's fourth with h, want a ticket: %v", a.tag, held)
+			}
+			clk.add(t, 10*time.Second) // the clock passes every finish tag: the queue empties
+			c.one(t, b, tag, c.of("B", acquire(1, 0)))
+			c.one(t, b, tag, c.of("B", acquire(1, 0)))
+			if got := c.one(t, b, tag, booking(hold(A(acquire(1, 0))), "x", 0)); got.v[0] != 1 {
+				t.Fatalf("%s: A back with its record's stale ticket: %v, want granted", a.tag, got)
+			}
+			if got := c.one(t, b, tag, ticket(hold(A(acquire(1, 0))), held.v[5])); got.v[0] != 1 {
+				t.Fatalf("%s: A with the stale ticket sent back (k): %v, want granted", a.tag, got)
+			}
+		}
+	})
+}

@@ -1615,6 +1615,9 @@ local function acquire(r, q)
     local F = finish_of(KEYS[q.q], member)
     local W = f.W + ((F and F > f.V) and 0 or u) -- with this tenant queued
     local ticket = q.ticket or (rec and rec.ticket and rec.n == n and rec.ctext == ctext and rec.ticket) or nil
+    if ticket and (f.W == 0 or ticket > f.Fmax + 1) then -- a place in a queue emptied since
+      ticket = nil -- (its tags start again from 0): the turn has come
+    end
     h = horizon(q)
     fr = {member = member, u = u, W = W, S = ticket or math.max(f.V, F or f.V), held = ticket}
     local ahead = h * 1000000 / W -- how far ahead of V a start tag may book
