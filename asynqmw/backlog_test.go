@@ -150,7 +150,7 @@ func runBacklog(t *testing.T, b *redistest.Backend, sc backlog) backlogResult {
 	all := redistest.RecordGrants(b.Client)
 	f := newFleet(t, b)
 	key := "backlog-" + strconv.Itoa(sc.servers)
-	stateKey := "{" + b.Prefix + key + "}:sw"
+	stateKey := "{" + b.Prefix + key + "}:l"
 	lim := f.limiter(key, throttle.PerSecond(sc.rate))
 	c := newCounters()
 	var (

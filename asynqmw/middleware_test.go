@@ -574,7 +574,7 @@ func TestBounceWithoutAScriptCall(t *testing.T) {
 	qi := f.waitIdle(idleLimit, func() bool { return f.runs.total() >= 2 })
 	f.ranOnce(qi, "sleeper", "bounced")
 	returns := get(c, c.throttled, "bounced")
-	k := grants.ByKey()["{"+b.Prefix+"bounce}:sw"]
+	k := grants.ByKey()["{"+b.Prefix+"bounce}:l"]
 	calls := 0
 	if k != nil {
 		calls = k.Calls() - 1 // the test's Allow

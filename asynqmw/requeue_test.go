@@ -117,7 +117,7 @@ func TestLastAttemptCarriesItsBooking(t *testing.T) {
 		if got := grants.Total() - booked; got != 1 {
 			t.Errorf("permits granted for the task: %d, want 1 (the copy used the original's booking)", got)
 		}
-		key := "{" + b.Prefix + "carry}:sw"
+		key := "{" + b.Prefix + "carry}:l"
 		if got := grants.ByKey()[key].Calls() - 5; got != 2 {
 			t.Errorf("limiter calls for the task: %d, want 2 (book, then claim)", got)
 		}

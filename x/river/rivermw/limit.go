@@ -73,8 +73,19 @@ func (b booking) delay() time.Duration { return b.r.Delay() }
 
 // wait sleeps until the permit is due, giving it back if ctx ends first; errMoved when
 // it came due inside a hold of this process on the key (a Pause here): the job must
-// not use it, and books again.
+// not use it, and books again. A booking not made (a tenant's turn has not come: its
+// place is kept under the job's ID) is slept for and asked again: errMoved too.
 func (b booking) wait(ctx context.Context) error {
+	if !b.r.OK() {
+		t := time.NewTimer(b.r.Delay())
+		defer t.Stop()
+		select {
+		case <-t.C:
+			return errMoved
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	if err := b.r.Wait(ctx); err != nil {
 		return err
 	}
@@ -84,7 +95,7 @@ func (b booking) wait(ctx context.Context) error {
 	return nil
 }
 
-var errMoved = errors.New("rivermw: booking moved")
+var errMoved = errors.New("rivermw: booking moved, or its turn came: ask again")
 
 // unavailable reports whether err means the limiter's or semaphore's Redis could not
 // be reached (throttle.ErrUnavailable under the default FailClosed policy).

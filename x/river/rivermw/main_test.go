@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -174,10 +175,15 @@ func (f *fleet) waitDone(want int, limit time.Duration) map[int64]*rivertype.Job
 		}
 		if time.Now().After(deadline) {
 			states := map[rivertype.JobState]int{}
+			var open []string
 			for _, j := range jobs {
 				states[j.State]++
+				if j.FinalizedAt == nil {
+					open = append(open, fmt.Sprintf("job %d %s, scheduled in %v, attempt %d, metadata %s", j.ID, j.State,
+						time.Until(j.ScheduledAt).Round(time.Millisecond), j.Attempt, j.Metadata))
+				}
 			}
-			f.t.Fatalf("after %v: %d jobs, %d finalized, want %d; states %v", limit, len(jobs), done, want, states)
+			f.t.Fatalf("after %v: %d jobs, %d finalized, want %d; states %v; not finalized: %s", limit, len(jobs), done, want, states, strings.Join(open, "; "))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

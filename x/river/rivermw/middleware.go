@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	ib "github.com/jobthrottle/jobthrottle/internal/booking"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/riverqueue/river/rivertype"
 )
@@ -24,9 +25,13 @@ func (c *config) throttleFunc(pick func(ctx context.Context, job *rivertype.JobR
 		}
 		li := infoOf(lim)
 		slot.leave() // an inner middleware: it may sleep
-		if err := c.throttle(ctx, job, lim, li); err != nil {
+		b, err := c.throttle(ctx, job, lim, li)
+		if err != nil {
 			return err
 		}
+		// the worker settles a booking of estimated costs (lim a Cost handle) with
+		// waiter.Settle, once it knows the actual
+		ctx = ib.WithSettle(ctx, b.r.Settle)
 		at, err := c.sh.pacer.start(ctx, li, slot)
 		if err != nil {
 			return err
@@ -45,11 +50,11 @@ func (c *config) throttleFunc(pick func(ctx context.Context, job *rivertype.JobR
 }
 
 // throttle gets job its permit from lim, sleeping for it within the attempt's budget;
-// it returns nil when the job may run, or the *ThrottledError that snoozes it.
-func (c *config) throttle(ctx context.Context, job *rivertype.JobRow, lim *throttle.Limiter, li limitInfo) error {
+// it returns the booking the job runs on, or the *ThrottledError that snoozes it.
+func (c *config) throttle(ctx context.Context, job *rivertype.JobRow, lim *throttle.Limiter, li limitInfo) (booking, error) {
 	a := c.attempt(ctx, job)
 	if te := c.bounce(li, a); te != nil {
-		return c.snooze(ctx, job, te)
+		return booking{}, c.snooze(ctx, job, te)
 	}
 	var down outage
 	for {
@@ -61,17 +66,17 @@ func (c *config) throttle(ctx context.Context, job *rivertype.JobRow, lim *throt
 			if down.wait(ctx, a) {
 				continue
 			}
-			return c.snooze(ctx, job, down.throttled(li.key, li.desc, err))
+			return booking{}, c.snooze(ctx, job, down.throttled(li.key, li.desc, err))
 		}
 		if err != nil {
-			return jobError(job, "booking its permit", err)
+			return booking{}, jobError(job, "booking its permit", err)
 		}
 		if kept {
 			c.sh.kept.Add(1)
 		}
 		wait := b.delay()
 		if !c.maySleep(a, wait, kept) {
-			return c.snooze(ctx, job, &ThrottledError{RetryIn: wait, Key: li.key, Limit: li.desc, Booked: true,
+			return booking{}, c.snooze(ctx, job, &ThrottledError{RetryIn: wait, Key: li.key, Limit: li.desc, Booked: true,
 				Snooze: max(wait-a.early, 0)})
 		}
 		start := time.Now()
@@ -81,15 +86,15 @@ func (c *config) throttle(ctx context.Context, job *rivertype.JobRow, lim *throt
 			c.sh.release()
 		}
 		if errors.Is(err, errMoved) {
-			continue // this process paused the key: book again after the pause
+			continue // this process paused the key, or the tenant's turn came: book again
 		}
 		if err != nil {
-			return err
+			return booking{}, err
 		}
 		if slept {
 			c.waited(ctx, job, start)
 		}
-		return nil
+		return b, nil
 	}
 }
 

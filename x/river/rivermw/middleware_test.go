@@ -2,13 +2,18 @@ package rivermw_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/throttle"
+	"github.com/jobthrottle/jobthrottle/waiter"
 	"github.com/jobthrottle/jobthrottle/x/river/rivermw"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
@@ -297,4 +302,114 @@ func bookingKeys(t *testing.T, b *redistest.Backend) []string {
 		}
 	}
 	return bk
+}
+
+// Tenants and costs through ThrottleFunc: each job gets its tenant's handle of the limit,
+// with its estimated cost (a Cost handle). Two clients; a noisy tenant's backlog of 30
+// jobs at 5 a second is queued first, then 3 jobs of a quiet tenant, which start while
+// most of the backlog still waits (first come first served would run them after it);
+// every job runs once, and its worker settles its actual cost through its context (or
+// learns it is too late to).
+func TestTenantsAndCostsThroughThrottleFunc(t *testing.T) {
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		f := newFleet(t, b)
+		lim, err := throttle.New(b.Client, "tenants", throttle.PerSecond(5), throttle.WithKeyPrefix(b.Prefix),
+			throttle.WithLimits(throttle.Limit{Rate: 1000, Period: time.Second, Unit: "tokens"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tenantOf := func(n int) string {
+			if n >= 100 {
+				return "quiet"
+			}
+			return "noisy"
+		}
+		pick := func(_ context.Context, job *rivertype.JobRow) (*throttle.Limiter, error) {
+			var args throttledArgs
+			if err := json.Unmarshal(job.EncodedArgs, &args); err != nil {
+				return nil, err
+			}
+			return lim.Tenant(tenantOf(args.N)).Cost(map[string]int{"tokens": 150}), nil
+		}
+		runs := newRunLog()
+		var settled atomic.Int64
+		var mu sync.Mutex
+		starts := map[string][]time.Time{}
+		for range 2 {
+			w := river.NewWorkers()
+			river.AddWorker(w, river.WorkFunc(func(ctx context.Context, j *river.Job[throttledArgs]) error {
+				now := time.Now()
+				runs.add(j.ID, now)
+				mu.Lock()
+				starts[tenantOf(j.Args.N)] = append(starts[tenantOf(j.Args.N)], now)
+				mu.Unlock()
+				// a job that starts a whole period after its permit (the pacer held it)
+				// settles too late: its booking no longer counts
+				if err := waiter.Settle(ctx, map[string]int{"tokens": 40}); err != nil && !errors.Is(err, waiter.ErrSettleTooLate) {
+					return err
+				}
+				settled.Add(1)
+				return nil
+			}))
+			jt := rivermw.New()
+			f.start(jt.Config(&river.Config{
+				Queues:     map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 4}},
+				Workers:    w,
+				Middleware: []rivertype.Middleware{jt.ThrottleFunc(pick)},
+			}))
+		}
+		var params []river.InsertManyParams
+		for i := range 30 {
+			params = append(params, river.InsertManyParams{Args: throttledArgs{N: i}})
+		}
+		if _, err := f.client.InsertMany(context.Background(), params); err != nil {
+			t.Fatal(err)
+		}
+		for f.noisyStarted(&mu, starts) < 2 { // the backlog is under way
+			time.Sleep(10 * time.Millisecond)
+		}
+		quietAt := time.Now()
+		params = params[:0]
+		for i := range 3 {
+			params = append(params, river.InsertManyParams{Args: throttledArgs{N: 100 + i}})
+		}
+		if _, err := f.client.InsertMany(context.Background(), params); err != nil {
+			t.Fatal(err)
+		}
+		jobs := f.waitDone(33, 2*time.Minute)
+		f.stop()
+		checkRanOnce(t, jobs)
+		runs.checkOnce(t, jobs)
+		if settled.Load() != 33 {
+			t.Errorf("%d jobs settled their cost, want 33", settled.Load())
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		noisy, quiet := starts["noisy"], starts["quiet"]
+		slices.SortFunc(noisy, func(a, b time.Time) int { return a.Compare(b) })
+		var lastQuiet time.Time
+		for _, q := range quiet {
+			if q.After(lastQuiet) {
+				lastQuiet = q
+			}
+		}
+		behind := 0
+		for _, s := range noisy {
+			if s.After(lastQuiet) {
+				behind++
+			}
+		}
+		redistest.Figure(t, "%s: a quiet tenant's 3 jobs behind a noisy tenant's 30 at 5/s over 2 clients: the last started %v after it was inserted, %d noisy jobs still waiting then",
+			b.Kind, lastQuiet.Sub(quietAt).Round(time.Millisecond), behind)
+		if behind < 10 {
+			t.Errorf("the quiet tenant's last job started with %d of the noisy tenant's backlog left, want it before the last 10 (not behind the backlog)", behind)
+		}
+	})
+}
+
+// noisyStarted returns how many of the noisy tenant's jobs have started.
+func (f *fleet) noisyStarted(mu *sync.Mutex, starts map[string][]time.Time) int {
+	mu.Lock()
+	defer mu.Unlock()
+	return len(starts["noisy"])
 }
