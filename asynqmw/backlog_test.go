@@ -6,6 +6,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -492,4 +493,85 @@ func (l *errorLog) count() (int, string) {
 type handBack struct {
 	at, slot time.Time
 	booked   bool
+}
+
+// Tenants through asynq: a noisy tenant's 300 tasks at 20/s over two servers, enqueued
+// first, and quiet tenants' tasks arriving meanwhile (two tenants, one task every 500ms
+// each for 6s). With a tenant's handle per task (ThrottleFunc), a quiet task waits about
+// a turn instead of behind the backlog (first come first served: about 15s). It reports
+// the quiet tasks' enqueue-to-start times and asserts what the fair share guarantees
+// whatever the load: every task runs once, and each quiet task starts while most of the
+// noisy backlog still waits.
+func TestTenantsQuietBehindNoisy(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *redistest.Backend) {
+		f := newFleet(t, b)
+		lim := f.limiter("tenants", throttle.PerSecond(20))
+		const noisy = 300
+		var (
+			mu     sync.Mutex
+			starts = map[string]time.Time{}
+			queued = map[string]time.Time{}
+		)
+		handler := asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+			mu.Lock()
+			defer mu.Unlock()
+			starts[string(task.Payload())] = time.Now()
+			return nil
+		})
+		pick := func(_ context.Context, task *asynq.Task) (*throttle.Limiter, error) {
+			tenant, _, _ := strings.Cut(string(task.Payload()), "-")
+			return lim.Tenant(tenant), nil
+		}
+		for range 2 {
+			jt := asynqmw.New(b.Client)
+			f.run(jt, 10, handler, jt.ThrottleFunc(pick))
+		}
+		for i := range noisy {
+			f.enqueue(fmt.Sprintf("noisy-%d", i), asynq.MaxRetry(3))
+		}
+		var quiet []string
+		for i := range 12 {
+			time.Sleep(500 * time.Millisecond)
+			for _, tenant := range []string{"quietA", "quietB"} {
+				id := fmt.Sprintf("%s-%d", tenant, i)
+				mu.Lock()
+				queued[id] = time.Now()
+				mu.Unlock()
+				f.enqueue(id, asynq.MaxRetry(3))
+				quiet = append(quiet, id)
+			}
+		}
+		f.waitIdle(2*time.Minute, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(starts) == noisy+len(quiet)
+		})
+		mu.Lock()
+		defer mu.Unlock()
+		var waits []time.Duration
+		var lastQuiet, lastNoisy time.Time
+		for _, id := range quiet {
+			waits = append(waits, starts[id].Sub(queued[id]))
+			if starts[id].After(lastQuiet) {
+				lastQuiet = starts[id]
+			}
+		}
+		left := 0
+		for i := range noisy {
+			s := starts[fmt.Sprintf("noisy-%d", i)]
+			if s.After(lastNoisy) {
+				lastNoisy = s
+			}
+			if s.After(lastQuiet) {
+				left++
+			}
+		}
+		slices.Sort(waits)
+		q := func(p float64) time.Duration { return waits[int(p*float64(len(waits)-1))].Round(time.Millisecond) }
+		redistest.Figure(t, "%s: quiet tenants' %d tasks behind a noisy tenant's %d at 20/s over 2 servers: enqueue to start p50 %v, p90 %v, max %v; the noisy backlog done %v after the last quiet start (%d of its tasks left then)",
+			b.Kind, len(quiet), noisy, q(0.5), q(0.9), q(1), lastNoisy.Sub(lastQuiet).Round(time.Millisecond), left)
+		if left < noisy/4 {
+			t.Errorf("the last quiet task started with %d of the noisy backlog's %d left, want it well before the backlog's end", left, noisy)
+		}
+	})
 }
