@@ -34,13 +34,15 @@ func (e *HeaderError) Error() string {
 	return s
 }
 
-// Quota is a quota a vendor's rate-limit headers describe and the transport does not
-// pause on, passed to TransportHooks.Quota: Name is "tokens", "input-tokens" or
-// "output-tokens", Remaining what is left of it, and Reset how long after the response
-// was read it is full again (0 when the headers do not say, or that time has passed).
+// Quota is a token quota a vendor's rate-limit headers describe, passed to
+// TransportHooks.Quota: Name is "tokens", "input-tokens" or "output-tokens", Remaining
+// what is left of it, Limit what it holds when full (0 when the headers do not say),
+// and Reset how long after the response was read it is full again (0 when the headers
+// do not say, or that time has passed).
 type Quota struct {
 	Name      string
 	Remaining int64
+	Limit     int64
 	Reset     time.Duration
 }
 

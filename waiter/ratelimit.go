@@ -17,8 +17,8 @@ import (
 // A fleet that shares a vendor's quota with other clients then stops before the vendor
 // has to refuse it. Set reserve to about the requests the fleet may have in flight at
 // once; 0 backs off only when the quota is spent. Token quotas are passed to
-// TransportHooks.Quota, not paused on. Headers that cannot be used go to
-// TransportHooks.BadHeader. reserve must not be negative (an error wrapping
+// TransportHooks.Quota, and paused on only with WithCost (see there). Headers that
+// cannot be used go to TransportHooks.BadHeader. reserve must not be negative (an error wrapping
 // ErrInvalidOption otherwise).
 func WithRateLimitHeaders(reserve int) TransportOption {
 	return checked(reserve >= 0, func(t *transport) { t.reserve = reserve }, "rate-limit reserve %d, want >= 0", reserve)
@@ -53,15 +53,16 @@ var requestFamilies = []family{
 	{"Anthropic-Ratelimit-Requests-Remaining", "Anthropic-Ratelimit-Requests-Reset", "", rfc3339},
 }
 
-// tokenFamilies are the token quotas passed to TransportHooks.Quota, all that are present.
+// tokenFamilies are the token quotas passed to TransportHooks.Quota, all that are
+// present, with the header of each one's limit.
 var tokenFamilies = []struct {
-	name string
+	name, limit string
 	family
 }{
-	{"tokens", family{"X-Ratelimit-Remaining-Tokens", "X-Ratelimit-Reset-Tokens", "", goDuration}},
-	{"tokens", family{"Anthropic-Ratelimit-Tokens-Remaining", "Anthropic-Ratelimit-Tokens-Reset", "", rfc3339}},
-	{"input-tokens", family{"Anthropic-Ratelimit-Input-Tokens-Remaining", "Anthropic-Ratelimit-Input-Tokens-Reset", "", rfc3339}},
-	{"output-tokens", family{"Anthropic-Ratelimit-Output-Tokens-Remaining", "Anthropic-Ratelimit-Output-Tokens-Reset", "", rfc3339}},
+	{"tokens", "X-Ratelimit-Limit-Tokens", family{"X-Ratelimit-Remaining-Tokens", "X-Ratelimit-Reset-Tokens", "", goDuration}},
+	{"tokens", "Anthropic-Ratelimit-Tokens-Limit", family{"Anthropic-Ratelimit-Tokens-Remaining", "Anthropic-Ratelimit-Tokens-Reset", "", rfc3339}},
+	{"input-tokens", "Anthropic-Ratelimit-Input-Tokens-Limit", family{"Anthropic-Ratelimit-Input-Tokens-Remaining", "Anthropic-Ratelimit-Input-Tokens-Reset", "", rfc3339}},
+	{"output-tokens", "Anthropic-Ratelimit-Output-Tokens-Limit", family{"Anthropic-Ratelimit-Output-Tokens-Remaining", "Anthropic-Ratelimit-Output-Tokens-Reset", "", rfc3339}},
 }
 
 // epochSeconds is where an X-RateLimit-Reset stops being a count of seconds and
@@ -220,10 +221,18 @@ func (r *reader) ietfQuota(v string, reserve int64) (time.Duration, bool) {
 	return 0, empty
 }
 
-// tokenQuotas returns the token quotas the response states; a quota whose headers
-// cannot be read is reported and left out.
-func (r *reader) tokenQuotas() []Quota {
-	var qs []Quota
+// tokenQuotas returns the token quotas the response states, and how long to back off
+// for those of which less remains than the request's estimated cost in their unit,
+// cut to the cap; a quota whose headers cannot be read is reported and left out.
+//
+// OpenAI and Anthropic state when a quota is full again, and refill it evenly until
+// then: the pause lasts until the estimate is back, the reset's share of what is
+// missing, or (the limit not stated) until the reset.
+func (r *reader) tokenQuotas(cost map[string]int) ([]Quota, time.Duration) {
+	var (
+		qs    []Quota
+		pause time.Duration
+	)
 	for _, f := range tokenFamilies {
 		v := strings.TrimSpace(r.h.Get(f.remaining))
 		if v == "" {
@@ -238,7 +247,19 @@ func (r *reader) tokenQuotas() []Quota {
 			r.report(name, reset, problem, 0)
 			continue
 		}
-		qs = append(qs, Quota{Name: f.name, Remaining: left, Reset: d})
+		q := Quota{Name: f.name, Remaining: left, Reset: d}
+		if lv := strings.TrimSpace(r.h.Get(f.limit)); lv != "" {
+			q.Limit, _ = r.remaining(f.limit, lv)
+		}
+		qs = append(qs, q)
+		est, costed := cost[f.name]
+		if !costed || left >= int64(est) || d <= 0 {
+			continue
+		}
+		if q.Limit > left { // d × (est-left)/(limit-left), rounded up, never past d
+			d = time.Duration(math.Ceil(float64(d) * math.Min(1, float64(int64(est)-left)/float64(q.Limit-left))))
+		}
+		pause = max(pause, r.capped(name, reset, d))
 	}
-	return qs
+	return qs, pause
 }

@@ -159,7 +159,7 @@ func TestTransportTokenQuotas(t *testing.T) {
 		{"OpenAI", map[string]string{
 			"X-RateLimit-Limit-Requests": "60", "X-RateLimit-Remaining-Requests": "59", "X-RateLimit-Reset-Requests": "1s",
 			"X-RateLimit-Limit-Tokens": "150000", "X-RateLimit-Remaining-Tokens": "149984", "X-RateLimit-Reset-Tokens": "6m0s",
-		}, []waiter.Quota{{Name: "tokens", Remaining: 149984, Reset: 6 * time.Minute}}, ""},
+		}, []waiter.Quota{{Name: "tokens", Remaining: 149984, Limit: 150000, Reset: 6 * time.Minute}}, ""},
 		{"Anthropic", map[string]string{
 			"Anthropic-RateLimit-Requests-Remaining": "49", "Anthropic-RateLimit-Requests-Reset": rfc3339(time.Second),
 			"Anthropic-RateLimit-Tokens-Remaining": "7000", "Anthropic-RateLimit-Tokens-Reset": rfc3339(8 * time.Second),

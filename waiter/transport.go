@@ -26,6 +26,8 @@ const DefaultMaxPause = 5 * time.Minute
 // WithPermits) through Wait(req.Context(), r, n) before sending each request with base
 // (nil: http.DefaultTransport); a request whose context ends first, or whose deadline
 // comes before its permits, is not sent: RoundTrip returns Wait's error, the body closed.
+// With WithCost it books one call and the request's estimated costs instead, and
+// settles the actual ones from the answer.
 //
 // An answer refusing for a rate limit (429, 503, or a 403 with Retry-After or a spent
 // quota) pauses r (and, a *throttle.Limiter, holds this process at once) until the time
@@ -139,8 +141,8 @@ type TransportHooks struct {
 	BadHeader func(req *http.Request, status int, err *HeaderError)
 
 	// Quota is called, with WithRateLimitHeaders, for each token quota the answer to
-	// req states (OpenAI's and Anthropic's token headers): the transport does not
-	// pause on them, as what a request costs in tokens is known only once it is sent.
+	// req states (OpenAI's and Anthropic's token headers). The transport pauses on one
+	// only with WithCost, when less of it remains than req's estimate.
 	Quota func(req *http.Request, q Quota)
 
 	// PauseFailed is called when pausing the Reserver for d failed with err; the
@@ -150,6 +152,13 @@ type TransportHooks struct {
 	// Retrying is called when the transport discarded a response with status to
 	// send req again (see WithRetries); retry counts from 1.
 	Retrying func(req *http.Request, status int, retry int)
+
+	// Unsettled is called, with WithCost, when the booking of req's estimate was not
+	// settled with the actual cost of its answer with status (0: no answer came, the
+	// base transport failed): err is nil when there was no actual cost (no answer, or
+	// actual returned nil), and the estimate stands; else it is Settle's error. It runs
+	// on the goroutine that read the answer's body to its end or closed it.
+	Unsettled func(req *http.Request, status int, err error)
 }
 
 // transport is what NewTransport and NewTransportFunc return.
@@ -163,6 +172,9 @@ type transport struct {
 	clock    clock.Clock
 	hooks    TransportHooks
 	err      error // the first bad option, or a nil choose
+
+	estimate func(*http.Request) map[string]int          // WithCost; nil: off
+	actual   func(*http.Response, []byte) map[string]int // WithCost
 }
 
 // checked returns the option that calls set when ok. When ok is false it records
@@ -182,9 +194,10 @@ func checked(ok bool, set func(*transport), format string, args ...any) Transpor
 // RoundTrip waits for the request's permits, sends it, pauses the Reserver if the
 // response asks the client to back off, and retries if told to. See NewTransport.
 func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
-	r, n, err := t.pick(req)
+	r, n, cost, err := t.pick(req)
+	var res *Reservation // WithCost's booking of the attempt under way
 	if err == nil {
-		err = Wait(req.Context(), r, n)
+		res, err = t.wait(req.Context(), r, n, cost)
 	}
 	if err != nil {
 		if req.Body != nil {
@@ -199,10 +212,17 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	hasBody := req.Body != nil && req.Body != http.NoBody
 	for retry := 1; ; retry++ {
 		resp, err := t.base.RoundTrip(out)
+		if res != nil {
+			if err != nil || resp == nil {
+				t.settle(req, nil, res, nil)
+			} else {
+				t.settleOn(req, resp, res)
+			}
+		}
 		if err != nil || resp == nil {
 			return resp, err
 		}
-		d, refused := t.backOff(req, r, resp)
+		d, refused := t.backOff(req, r, resp, cost)
 		if retry > t.retries || !refused || hasBody && req.GetBody == nil { // cannot be replayed
 			return resp, nil
 		}
@@ -214,7 +234,7 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 		}
 		if err == nil {
-			err = Wait(ctx, r, n)
+			res, err = t.wait(ctx, r, n, cost)
 		}
 		if err != nil {
 			if ctx.Err() == nil { // no retry before the deadline, or the Reserver failed
@@ -237,23 +257,44 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 }
 
-// pick returns the Reserver and permits for req.
-func (t *transport) pick(req *http.Request) (Reserver, int, error) {
+// pick returns the Reserver and permits for req, and its estimated cost with WithCost.
+func (t *transport) pick(req *http.Request) (Reserver, int, map[string]int, error) {
 	if t.err != nil {
-		return nil, 0, t.err
+		return nil, 0, nil, t.err
 	}
 	r, n, err := t.choose(req)
 	switch {
 	case err != nil:
-		return nil, 0, fmt.Errorf("waiter: choosing the Reserver for %s %s: %w", req.Method, req.URL.Redacted(), err)
+		return nil, 0, nil, fmt.Errorf("waiter: choosing the Reserver for %s %s: %w", req.Method, req.URL.Redacted(), err)
 	case r == nil:
-		return nil, 0, fmt.Errorf("%w: chosen for %s %s", ErrNilReserver, req.Method, req.URL.Redacted())
+		return nil, 0, nil, fmt.Errorf("%w: chosen for %s %s", ErrNilReserver, req.Method, req.URL.Redacted())
 	case n < 0:
-		return nil, 0, fmt.Errorf("%w: permits %d chosen for %s %s, want >= 0", ErrInvalidOption, n, req.Method, req.URL.Redacted())
+		return nil, 0, nil, fmt.Errorf("%w: permits %d chosen for %s %s, want >= 0", ErrInvalidOption, n, req.Method, req.URL.Redacted())
 	case n == 0:
 		n = t.n
 	}
-	return r, n, nil
+	if t.estimate == nil {
+		return r, n, nil, nil
+	}
+	if _, ok := r.(costWaiter); !ok {
+		return nil, 0, nil, fmt.Errorf("%w: WithCost needs a Reserver with WaitCost, not %T", ErrInvalidOption, r)
+	}
+	if n != 1 {
+		return nil, 0, nil, fmt.Errorf("%w: WithCost books one call per request, not %d permits", ErrInvalidOption, n)
+	}
+	return r, n, t.estimate(req), nil
+}
+
+// wait books n permits of r, or with WithCost one call and its cost, and sleeps until
+// they take effect; it returns WithCost's booking.
+func (t *transport) wait(ctx context.Context, r Reserver, n int, cost map[string]int) (*Reservation, error) {
+	if t.estimate == nil {
+		return nil, Wait(ctx, r, n)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return r.(costWaiter).WaitCost(ctx, cost)
 }
 
 // discard drains (a little, so the connection can be reused) and closes a response
@@ -274,8 +315,8 @@ func (t *transport) CloseIdleConnections() {
 // backOff holds and pauses r for as long as the response asks (see judge), calling
 // the hooks. It returns that pause (0: none) and whether the response refused for a
 // rate limit.
-func (t *transport) backOff(req *http.Request, r Reserver, resp *http.Response) (time.Duration, bool) {
-	d, refused, bad, quotas := t.judge(resp.StatusCode, resp.Header)
+func (t *transport) backOff(req *http.Request, r Reserver, resp *http.Response, cost map[string]int) (time.Duration, bool) {
+	d, refused, bad, quotas := t.judge(resp.StatusCode, resp.Header, cost)
 	if t.hooks.BadHeader != nil {
 		for _, e := range bad {
 			t.hooks.BadHeader(req, resp.StatusCode, e)
@@ -302,12 +343,13 @@ func (t *transport) backOff(req *http.Request, r Reserver, resp *http.Response) 
 	return d, refused
 }
 
-// judge reads a response with status and headers h: how long to back off, cut to the
-// cap (0: not at all), whether it refused for a rate limit (see NewTransport), the
-// headers it could not use and, with WithRateLimitHeaders, the token quotas. A refusal
-// backs off for the longer of its Retry-After and its spent quota's reset, read even
-// without WithRateLimitHeaders: the vendor has said when to come back.
-func (t *transport) judge(status int, h http.Header) (pause time.Duration, refused bool, bad []*HeaderError, quotas []Quota) {
+// judge reads a response with status and headers h to a request of estimated cost
+// (WithCost): how long to back off, cut to the cap (0: not at all), whether it refused
+// for a rate limit (see NewTransport), the headers it could not use and, with
+// WithRateLimitHeaders, the token quotas. A refusal backs off for the longer of its
+// Retry-After and its spent quota's reset, read even without WithRateLimitHeaders: the
+// vendor has said when to come back.
+func (t *transport) judge(status int, h http.Header, cost map[string]int) (pause time.Duration, refused bool, bad []*HeaderError, quotas []Quota) {
 	rd := &reader{h: h, now: t.clock.Now(), maxPause: t.maxPause}
 	hasRetryAfter := len(h.Values("Retry-After")) > 0
 	tooMany := status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable
@@ -329,7 +371,9 @@ func (t *transport) judge(status int, h http.Header) (pause time.Duration, refus
 		rd.report("Retry-After", "", "missing", 0)
 	}
 	if t.reserve >= 0 {
-		quotas = rd.tokenQuotas()
+		var d time.Duration
+		quotas, d = rd.tokenQuotas(cost)
+		pause = max(pause, d)
 	}
 	for _, e := range rd.bad {
 		if e.Problem == "too far from the local clock" {

@@ -46,7 +46,8 @@ var (
 
 func snippet(ctx context.Context, rdb *redis.Client, lim *throttle.Limiter, jobs chan string, job string,
 	call func(string), retryLater func(string, time.Duration), handler asynq.Handler,
-	buildReport func(context.Context) error) error {
+	buildReport func(context.Context) error, estimate func(*http.Request) map[string]int,
+	usage func(*http.Response, []byte) map[string]int) error {
 `
 
 var goBlock = regexp.MustCompile("(?s)```go\n(.*?)```")
