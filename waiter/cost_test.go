@@ -137,7 +137,7 @@ func TestTransportCostSettles(t *testing.T) {
 			if calls, tokens := used(t, other); calls != 1 || tokens != 300 {
 				t.Fatalf("read to the end, not closed: %d calls, %d tokens, want 1 and the actual, 300", calls, tokens)
 			}
-			if r, err := other.ReserveCost(context.Background(), map[string]int{"tokens": 9700}, 0); err != nil || !r.OK() {
+			if r, err := other.Cost(map[string]int{"tokens": 9700}).Reserve(context.Background(), 1, 0); err != nil || !r.OK() {
 				t.Fatalf("the other process's 9,700 tokens beside the 300 settled: %v %v, want OK", r, err)
 			}
 			resp.Body.Close()
