@@ -23,6 +23,13 @@ import (
 // it, a debt holds them back. A booking never settled keeps its estimate; nothing
 // outlives the limits' longest period. Tenant and Cost combine, in either order.
 //
+// A call of costs books no further ahead than a horizon: a quarter of a second, two
+// permit intervals of the first limit, or the time its cost takes its unit's limits,
+// whichever is longest. Beyond it, it is told when to ask again (Reserve: not OK, its
+// Delay at most a horizon; WaitCost and WaitN ask again by themselves): an estimate held
+// further ahead would keep room that the settles before it give back. A job queue's task
+// is booked however far ahead, as it is handed back to its queue until then.
+//
 // A cost in a unit no limit (nor the tenant's caps) counts, or a negative one, makes
 // every call of the handle return an error wrapping ErrInvalidArgument; one above what
 // its unit's limits can ever grant, ErrExceedsLimit.

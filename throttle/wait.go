@@ -31,8 +31,9 @@ func (l *Limiter) Wait(ctx context.Context) error { return l.WaitN(ctx, 1) }
 //
 // On a tenant's handle (Tenant), a call whose turn has not come, or whose permits would
 // come beyond the tenants' horizon, sleeps until Redis says to ask again and asks again,
-// keeping its place in its tenant's queue; it returns waiter.ErrWouldExceedDeadline at
-// once when that comes after ctx's deadline.
+// keeping its place in its tenant's queue; on a Cost handle, a call whose costs would
+// come beyond the horizon (see Cost) does too, holding no place. It returns
+// waiter.ErrWouldExceedDeadline at once when that comes after ctx's deadline.
 func (l *Limiter) WaitN(ctx context.Context, n int) error {
 	_, err := l.waitN(ctx, n)
 	return err
@@ -63,7 +64,9 @@ func (l *Limiter) waitN(ctx context.Context, n int) (grant, error) {
 				return grant{}, err
 			}
 		}
-		if !g.granted && g.ticket != 0 && g.wait <= maxWait(ctx) { // its place is held: ask again then
+		// a tenant's place is held, or a call of costs was told when to ask again (it
+		// books no further than its horizon ahead): ask again then
+		if !g.granted && (g.ticket != 0 || len(l.costs) > 0) && g.wait <= maxWait(ctx) {
 			ticket, waited = g.ticket, true
 			if err := sleepFor(ctx, g.wait); err != nil {
 				return grant{}, err

@@ -1636,6 +1636,12 @@ local function acquire(r, q)
       return
     end
     bound = math.min(x, h)
+  elseif q.cost and not q.b and #P > 0 then
+    -- a caller's call of estimated costs books no further ahead than the horizon either:
+    -- held further, its estimate would keep room that the refunds of the settles before
+    -- it free (a task's booking, handed back to its queue, is kept however far)
+    h = horizon(q)
+    bound = math.min(x, h)
   end
   -- the earliest time the group and the caps all have room
   local t = now
@@ -1648,9 +1654,12 @@ local function acquire(r, q)
   if t - now > bound then -- denied: by the limit whose own room comes later
     local who = (#P > P.group and latest(P, P.group + 1, #P, t0) > latest(P, 1, P.group, t0)) and 2 or 1
     local wait, hold = t - now, nil
-    if fr and t - now <= x then -- beyond the horizon only: ask again when it reaches t
+    if h and t - now <= x then -- beyond the horizon only: ask again when it reaches t
       wait = t - now - h
-      if q.hold then
+      if not fr and wait > h then -- (settles may free room sooner: at most a horizon)
+        wait = h
+      end
+      if fr and q.hold then
         if not fr.held then
           queue(fr, cost_time(q))
           fr.held = fr.S
