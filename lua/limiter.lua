@@ -1324,8 +1324,11 @@ local function control(r, q)
     wakes[#wakes + 1] = string.format('p %d', meta.pause) -- the end in force
     if meta.fair and meta.fair.W > 0 then -- no service while paused: the fair clock waits
       meta.fair.tV = math.max(meta.fair.tV, meta.pause)
-      if q.q and not queue_foreign(q.q) then -- and the queue lives as long as it
-        paused_queue = KEYS[q.q]
+      if q.q and not queue_foreign(q.q) then -- and the queue lives as long as it (if ours)
+        local first = redis.call('ZRANGE', KEYS[q.q], '0', '0')[1]
+        if not first or string.find(first, '^%d+ .') then
+          paused_queue = KEYS[q.q]
+        end
       end
     end
   elseif op == OP_RESUME then
