@@ -464,8 +464,17 @@ func (c *client) round(ctx context.Context, gs []*group) {
 // exec runs the groups' script calls in one pipeline, in MULTI/EXEC unless the client
 // never re-sends a command (atMostOnce; docs/design.md, "One way to Redis"). go-redis's
 // cluster client refuses a transaction whose keys span hash slots: send keeps each
-// key's calls apart; a transaction it gave up on, its slot moving, goes to redirect.
+// key's calls apart; a transaction it gave up on, its slot moving, goes to redirect,
+// and so does one of a key whose slot is migrating to a node that served it (asked).
 func (c *client) exec(ctx context.Context, gs []*group, eval bool) {
+	cc, cluster := c.rdb.(*redis.ClusterClient)
+	ks := gs[0].reqs[0].ks
+	if cluster {
+		if node := ks.askedNode(ctx, cc, gs[0].t.keys[0]); node != nil {
+			redirect(ctx, cc, ks, gs, eval, node, true)
+			return
+		}
+	}
 	var pipe redis.Pipeliner
 	if c.atMostOnce {
 		pipe = c.rdb.Pipeline()
@@ -473,10 +482,11 @@ func (c *client) exec(ctx context.Context, gs []*group, eval bool) {
 		pipe = c.rdb.TxPipeline()
 	}
 	run(ctx, pipe, gs, eval)
-	if cc, ok := c.rdb.(*redis.ClusterClient); ok && slices.ContainsFunc(gs, func(g *group) bool {
+	if cluster && slices.ContainsFunc(gs, func(g *group) bool {
 		return redis.HasErrorPrefix(g.cmd.Err(), "EXECABORT")
 	}) {
-		redirect(ctx, cc, gs, eval)
+		node, _ := cc.MasterForKey(ctx, gs[0].t.keys[0])
+		redirect(ctx, cc, ks, gs, eval, node, false)
 	}
 }
 
@@ -503,14 +513,16 @@ func run(ctx context.Context, pipe redis.Pipeliner, gs []*group, eval bool) {
 // client gave up on with EXECABORT: it reports so a call queued in MULTI that a node
 // answered with MOVED or ASK (its slot moving), and it retries an ASK by queueing
 // ASKING inside the transaction, where Redis ignores it. Here the transaction goes to
-// the node that serves the slot and follows each MOVED or ASK, up to maxRedirects
+// node (after ASKING when ask is set) and follows each MOVED or ASK, up to maxRedirects
 // times; after an ASK, ASKING goes just before MULTI on the same connection, which
 // Redis honours for the whole transaction. A refused transaction ran nothing, so each
 // try is a first one. These tries go through the node's own client, past the cluster
-// client's hooks.
-func redirect(ctx context.Context, cc *redis.ClusterClient, gs []*group, eval bool) {
-	node, _ := cc.MasterForKey(ctx, gs[0].t.keys[0])
-	for try, ask := 0, false; node != nil && try < maxRedirects; try++ {
+// client's hooks. A node that answers after an ASK is noted as the key's (ks.asked):
+// the key's next transactions go straight to it while its slot migrates, without
+// first going the cluster client's way to the source (a round trip, then go-redis's
+// retries and their backoff, before each call).
+func redirect(ctx context.Context, cc *redis.ClusterClient, ks *keyState, gs []*group, eval bool, node *redis.Client, ask bool) {
+	for try := 0; node != nil && try < maxRedirects; try++ {
 		var err error
 		conn := node.Conn()
 		if ask {
@@ -524,16 +536,68 @@ func redirect(ctx context.Context, cc *redis.ClusterClient, gs []*group, eval bo
 			}
 		}
 		_ = conn.Close()
-		var addr string
-		if addr, ask = redirection(gs); addr == "" {
+		addr, next := redirection(gs)
+		if addr == "" {
+			ks.noteAsked(ask && ownReplies(gs), node.Options().Addr)
 			return
 		}
-		if !ask {
+		if ask = next; !ask {
 			cc.ReloadState(ctx) // the slot has moved: go-redis learns it in the background
 		}
 		node = masterAt(ctx, cc, addr)
 	}
+	ks.noteAsked(false, "")
 	// the calls keep the last reply: a MOVED or ASK, or EXECABORT if none was sent
+}
+
+// noteAsked notes addr as the node the key's transactions go to while its slot
+// migrates (see redirect), if asked, or forgets the node noted.
+func (ks *keyState) noteAsked(asked bool, addr string) {
+	if !asked {
+		if ks.asked.Load() != nil {
+			ks.asked.Store(nil)
+		}
+		return
+	}
+	if p := ks.asked.Load(); p == nil || *p != addr {
+		ks.asked.Store(&addr)
+	}
+}
+
+// askedNode returns the node noted as the key's while its slot migrates (noteAsked),
+// or nil: none is noted, or the cluster client now names it the slot's master (the
+// move is over: the cluster client's own way serves the key again), or it is no
+// master the cluster client knows. While a node is noted, the cluster client reads the
+// slot map again (go-redis does so at most once per 200ms), so that it learns the end
+// of the move.
+func (ks *keyState) askedNode(ctx context.Context, cc *redis.ClusterClient, key string) *redis.Client {
+	p := ks.asked.Load()
+	if p == nil {
+		return nil
+	}
+	if owner, err := cc.MasterForKey(ctx, key); err == nil && owner.Options().Addr == *p {
+		ks.noteAsked(false, "")
+		return nil
+	}
+	node := masterAt(ctx, cc, *p)
+	if node == nil {
+		ks.noteAsked(false, "")
+		return nil
+	}
+	cc.ReloadState(ctx)
+	return node
+}
+
+// ownReplies reports whether the node answered every call of gs itself: a reply, or an
+// error of Redis's own.
+func ownReplies(gs []*group) bool {
+	for _, g := range gs {
+		var rerr redis.Error
+		if err := g.cmd.Err(); err != nil && !errors.As(err, &rerr) {
+			return false
+		}
+	}
+	return true
 }
 
 // maxRedirects is how many times redirect sends a transaction: a node that redirects
