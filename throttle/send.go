@@ -357,6 +357,17 @@ func (r *request) answer(rep reply, err error) {
 	}
 }
 
+// repeatable reports whether running r twice does no harm: an inspect only reads, and
+// a semaphore's extend and release renew or free a lease by its holder's token (a
+// release's hand-off fills only the slots free when it runs). When a full Redis
+// refuses its transaction, such a request goes again without one (see full).
+func (r *request) repeatable() bool {
+	if r.call != nil {
+		return r.call.Op == protocol.OpInspect
+	}
+	return len(r.fields) > 0 && r.fields[0] != semAcquire
+}
+
 // group is the requests of one round trip that go in one script call.
 type group struct {
 	t    *target
@@ -447,27 +458,74 @@ func (c *client) send(batch []*request) {
 	wg.Wait()
 }
 
-// round sends the groups of one pipeline, EVAL after NOSCRIPT, and answers their requests.
+// round sends the groups of one pipeline and answers their requests; the repeatable
+// requests of calls a full Redis refused go again (full).
 func (c *client) round(ctx context.Context, gs []*group) {
-	c.exec(ctx, gs, false)
-	again := slices.DeleteFunc(slices.Clone(gs), func(g *group) bool {
-		return !redis.HasErrorPrefix(g.cmd.Err(), "NOSCRIPT")
-	})
-	if len(again) > 0 {
-		c.exec(ctx, again, true)
+	c.tries(ctx, gs, c.atMostOnce)
+	if !c.atMostOnce {
+		gs = c.full(ctx, gs)
 	}
 	for _, g := range gs {
 		c.deliver(ctx, g)
 	}
 }
 
-// exec runs the groups' script calls in one pipeline, in MULTI/EXEC unless the client
-// never re-sends a command (atMostOnce; docs/design.md, "One way to Redis"). go-redis's
-// cluster client refuses a transaction whose keys span hash slots: send keeps each
-// key's calls apart; a transaction it gave up on, its slot moving, goes to redirect,
-// and so does one of a key whose slot is migrating to a node that served it (asked).
-func (c *client) exec(ctx context.Context, gs []*group, eval bool) {
+// tries sends the groups' script calls (bare: without MULTI/EXEC, see exec), then EVAL
+// for those the server answered NOSCRIPT.
+func (c *client) tries(ctx context.Context, gs []*group, bare bool) {
+	c.exec(ctx, gs, false, bare)
+	again := slices.DeleteFunc(slices.Clone(gs), func(g *group) bool {
+		return !redis.HasErrorPrefix(g.cmd.Err(), "NOSCRIPT")
+	})
+	if len(again) > 0 {
+		c.exec(ctx, again, true, bare)
+	}
+}
+
+// full sends again, bare, the repeatable requests of the calls of gs that a full Redis
+// (over maxmemory, under noeviction) refused, and returns the calls to answer: gs
+// without those requests, and the new calls. Redis refuses every command queued in
+// MULTI then, however little it writes; the refused transaction ran nothing, so each
+// goes again as a first try. Bare, Redis runs a script until its first write of a
+// command that may grow memory (SET, ZADD…), and lets it go on writing after any other
+// write: an inspect writes nothing, and the semaphore's script removes expired leases
+// (ZREMRANGEBYSCORE) before it writes anything else. A grant stays refused.
+func (c *client) full(ctx context.Context, gs []*group) []*group {
+	var again []*request
+	out := make([]*group, 0, len(gs))
+	for _, g := range gs {
+		if err := g.cmd.Err(); err != nil && (redis.HasErrorPrefix(err, "OOM") ||
+			strings.HasPrefix(err.Error(), "EXECABORT Transaction discarded because of: OOM")) {
+			g.reqs = slices.DeleteFunc(g.reqs, func(r *request) bool {
+				if r.repeatable() {
+					again = append(again, r)
+					return true
+				}
+				return false
+			})
+		}
+		if len(g.reqs) > 0 {
+			out = append(out, g)
+		}
+	}
+	if len(again) == 0 {
+		return gs
+	}
+	bare := groups(again)
+	c.tries(ctx, bare, true)
+	return append(out, bare...)
+}
+
+// exec runs the groups' script calls in one pipeline, in MULTI/EXEC unless bare: when
+// the client never re-sends a command (atMostOnce; docs/design.md, "One way to Redis"),
+// or for repeatable requests a full Redis refused (see full). go-redis's cluster client
+// refuses a transaction whose keys span hash slots: send keeps each key's calls apart;
+// a transaction it gave up on, its slot moving, goes to redirect, and so does one of a
+// key whose slot is migrating to a node that served it (asked). Bare calls it
+// redirects itself.
+func (c *client) exec(ctx context.Context, gs []*group, eval, bare bool) {
 	cc, cluster := c.rdb.(*redis.ClusterClient)
+	cluster = cluster && !bare
 	ks := gs[0].reqs[0].ks
 	if cluster {
 		if node := ks.askedNode(ctx, cc, gs[0].t.keys[0]); node != nil {
@@ -476,7 +534,7 @@ func (c *client) exec(ctx context.Context, gs []*group, eval bool) {
 		}
 	}
 	var pipe redis.Pipeliner
-	if c.atMostOnce {
+	if bare {
 		pipe = c.rdb.Pipeline()
 	} else {
 		pipe = c.rdb.TxPipeline()
