@@ -75,6 +75,10 @@ type request struct {
 	reply   reply
 	err     error
 	done    chan struct{} // one value when answered (buffered)
+	// with late: closed once the answer, lateRep or lateErr, came after its caller left
+	landed  chan struct{}
+	lateRep reply
+	lateErr error
 }
 
 // The states of a request.
@@ -128,6 +132,9 @@ func (c *client) doAll(reqs []*request) []result {
 	c.mu.Lock()
 	for _, r := range reqs {
 		r.done = make(chan struct{}, 1)
+		if r.late != nil {
+			r.landed = make(chan struct{})
+		}
 		r.due = now.Add(r.timeout)
 		if c.watchAt.IsZero() || r.due.Before(c.watchAt) {
 			c.watchAt = r.due
@@ -264,6 +271,9 @@ func (c *client) expire() {
 				}
 				waiting = true
 			case r.state.CompareAndSwap(st, left): // else answered meanwhile
+				if st == sent {
+					r.leftInFlight()
+				}
 				r.err = c.noReply(r)
 				r.done <- struct{}{}
 			}
@@ -286,7 +296,11 @@ func (c *client) wait(r *request) (reply, error) {
 	select {
 	case <-r.done:
 	case <-r.ctx.Done():
-		if r.state.CompareAndSwap(queued, left) || r.state.CompareAndSwap(sent, left) {
+		if r.state.CompareAndSwap(queued, left) {
+			return reply{}, c.noReply(r)
+		}
+		if r.state.CompareAndSwap(sent, left) {
+			r.leftInFlight()
 			return reply{}, c.noReply(r)
 		}
 		<-r.done // answered as the context ended: use it
@@ -345,16 +359,35 @@ func (c *client) bounded(r *request, call func(ctx context.Context) error) error
 	return c.noReply(r)
 }
 
-// answer hands r its reply or error; a reply whose caller left goes to r.late.
+// answer hands r its reply or error; an answer that comes after its caller left goes
+// to r.late (leftInFlight).
 func (r *request) answer(rep reply, err error) {
 	if r.state.CompareAndSwap(sent, answered) {
 		r.reply, r.err = rep, err
 		r.done <- struct{}{}
 		return
 	}
-	if err == nil && r.late != nil {
-		go r.late(rep)
+	if r.landed != nil {
+		r.lateRep, r.lateErr = rep, err
+		close(r.landed)
 	}
+}
+
+// leftInFlight is for r's caller leaving while r is in flight: its reply, when it
+// comes, goes to r.late in the background, and every call this process makes on the
+// key afterwards goes after that (keyState.leave), so that it finds what r.late gave
+// back. It waits for the round trip, bounded by the latest deadline of its requests
+// (batchContext).
+func (r *request) leftInFlight() {
+	if r.late == nil {
+		return
+	}
+	r.ks.leave(func() {
+		<-r.landed
+		if r.lateErr == nil {
+			r.late(r.lateRep)
+		}
+	})
 }
 
 // repeatable reports whether running r twice does no harm: an inspect only reads, and
