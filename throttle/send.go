@@ -554,7 +554,7 @@ func (c *client) full(ctx context.Context, gs []*group) []*group {
 // or for repeatable requests a full Redis refused (see full). go-redis's cluster client
 // refuses a transaction whose keys span hash slots: send keeps each key's calls apart;
 // a transaction it gave up on, its slot moving, goes to redirect, and so does one of a
-// key whose slot is migrating to a node that served it (asked). Bare calls it
+// key whose slot is migrating to a node that served it (asked); bare calls go-redis
 // redirects itself.
 func (c *client) exec(ctx context.Context, gs []*group, eval, bare bool) {
 	cc, cluster := c.rdb.(*redis.ClusterClient)
@@ -659,8 +659,7 @@ func (ks *keyState) noteAsked(asked bool, addr string) {
 // or nil: none is noted, or the cluster client now names it the slot's master (the
 // move is over: the cluster client's own way serves the key again), or it is no
 // master the cluster client knows. While a node is noted, the cluster client reads the
-// slot map again (go-redis does so at most once per 200ms), so that it learns the end
-// of the move.
+// slot map again (go-redis spaces its reads), so that it learns the end of the move.
 func (ks *keyState) askedNode(ctx context.Context, cc *redis.ClusterClient, key string) *redis.Client {
 	p := ks.asked.Load()
 	if p == nil {
