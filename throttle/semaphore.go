@@ -22,7 +22,11 @@ import (
 // released; TryAcquire to take a lease now or learn how long to wait; Acquire to wait
 // for one, served first come, first served across every process. While the key is
 // paused (Limiter.Pause) no lease is granted; held leases can still be extended and
-// released. A Semaphore is safe for simultaneous use and cheap to build.
+// released. On a full Redis (over maxmemory, under noeviction) held leases can still be
+// extended and released; no lease is granted (an error wrapping ErrUnavailable names
+// Redis's OOM) unless the go-redis client was built with MaxRetries: -1, whose calls go
+// without MULTI/EXEC (docs/failures.md). A Semaphore is safe for simultaneous use and
+// cheap to build.
 type Semaphore struct {
 	rdb     redis.UniversalClient
 	t       *target
@@ -96,7 +100,7 @@ func (s *Semaphore) TryAcquire(ctx context.Context) (*Lease, time.Duration, erro
 	if err != nil {
 		return nil, 0, err
 	}
-	r, err := s.call(ctx, semAcquire, token, place, task, !task)
+	r, err := s.call(ctx, semAcquire, token, place, task, task)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -131,7 +135,7 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Lease, error) {
 		// naming it can come unheard: on the first call if the subscription is live,
 		// else once subscribe says it is, or from the second call.
 		join := live || round > 0
-		r, err := s.call(ctx, semAcquire, token, place, join, !keep)
+		r, err := s.call(ctx, semAcquire, token, place, join, keep)
 		if err != nil {
 			if (joined || join && ctx.Err() != nil) && !keep {
 				s.giveUp(ctx, token, place)
@@ -236,18 +240,28 @@ type semReply struct {
 
 // call makes one request of the semaphore script for the lease token (and place, to
 // queue in when join is set), or, while Redis is unreachable, decides as the failure
-// policy says. A lease granted after its caller left is released when giveBack is set.
-func (s *Semaphore) call(ctx context.Context, op int, token, place string, join, giveBack bool) (semReply, error) {
+// policy says. An acquire whose caller left before its reply came gives back what the
+// reply brought: a lease granted is released, and the place with it unless keep is set
+// (a task keeps its place in the queue when it leaves); once, in the background, before
+// any call this process makes on the key afterwards (request.leftInFlight).
+func (s *Semaphore) call(ctx context.Context, op int, token, place string, join, keep bool) (semReply, error) {
 	ks := s.client().key(s.t.tag)
 	if s.policy.mode != failClosed && ks.breaker.skip(time.Now()) {
 		return s.degraded(ks, op, token, fmt.Errorf("%w: key %q: %w", ErrUnavailable, s.key, errRecentlyDown))
 	}
 	// go-redis sends join as 1 or 0
 	r := &request{ctx: ctx, t: s.t, ks: ks, fields: []any{op, token, place, join}, timeout: s.timeout}
-	if op == semAcquire && giveBack {
-		r.late = func(rep reply) { // the lease (or place) its caller never saw goes back
+	if op == semAcquire {
+		r.late = func(rep reply) { // what its caller never saw goes back
+			if keep && rep.v[0] != 1 {
+				return // no lease; the task's place stays in the queue
+			}
+			p := place
+			if keep {
+				p = ""
+			}
 			// bounded by the call timeout; a failure goes to the RedisError hook
-			_, _ = s.call(givingBack(context.Background()), semRelease, token, place, false, false)
+			_, _ = s.call(givingBack(context.Background()), semRelease, token, p, false, false)
 		}
 	}
 	rep, err := s.client().do(r)

@@ -75,6 +75,10 @@ type request struct {
 	reply   reply
 	err     error
 	done    chan struct{} // one value when answered (buffered)
+	// with late: closed once the answer, lateRep or lateErr, came after its caller left
+	landed  chan struct{}
+	lateRep reply
+	lateErr error
 }
 
 // The states of a request.
@@ -128,6 +132,9 @@ func (c *client) doAll(reqs []*request) []result {
 	c.mu.Lock()
 	for _, r := range reqs {
 		r.done = make(chan struct{}, 1)
+		if r.late != nil {
+			r.landed = make(chan struct{})
+		}
 		r.due = now.Add(r.timeout)
 		if c.watchAt.IsZero() || r.due.Before(c.watchAt) {
 			c.watchAt = r.due
@@ -264,6 +271,9 @@ func (c *client) expire() {
 				}
 				waiting = true
 			case r.state.CompareAndSwap(st, left): // else answered meanwhile
+				if st == sent {
+					r.leftInFlight()
+				}
 				r.err = c.noReply(r)
 				r.done <- struct{}{}
 			}
@@ -286,7 +296,11 @@ func (c *client) wait(r *request) (reply, error) {
 	select {
 	case <-r.done:
 	case <-r.ctx.Done():
-		if r.state.CompareAndSwap(queued, left) || r.state.CompareAndSwap(sent, left) {
+		if r.state.CompareAndSwap(queued, left) {
+			return reply{}, c.noReply(r)
+		}
+		if r.state.CompareAndSwap(sent, left) {
+			r.leftInFlight()
 			return reply{}, c.noReply(r)
 		}
 		<-r.done // answered as the context ended: use it
@@ -345,16 +359,46 @@ func (c *client) bounded(r *request, call func(ctx context.Context) error) error
 	return c.noReply(r)
 }
 
-// answer hands r its reply or error; a reply whose caller left goes to r.late.
+// answer hands r its reply or error; an answer that comes after its caller left goes
+// to r.late (leftInFlight).
 func (r *request) answer(rep reply, err error) {
 	if r.state.CompareAndSwap(sent, answered) {
 		r.reply, r.err = rep, err
 		r.done <- struct{}{}
 		return
 	}
-	if err == nil && r.late != nil {
-		go r.late(rep)
+	if r.landed != nil {
+		r.lateRep, r.lateErr = rep, err
+		close(r.landed)
 	}
+}
+
+// leftInFlight is for r's caller leaving while r is in flight: its reply, when it
+// comes, goes to r.late in the background, and every call this process makes on the
+// key afterwards goes after that (keyState.leave), so that it finds what r.late gave
+// back. It waits for the round trip, bounded by the latest deadline of its requests
+// (batchContext).
+func (r *request) leftInFlight() {
+	if r.late == nil {
+		return
+	}
+	r.ks.leave(func() {
+		<-r.landed
+		if r.lateErr == nil {
+			r.late(r.lateRep)
+		}
+	})
+}
+
+// repeatable reports whether running r twice does no harm: an inspect only reads, and
+// a semaphore's extend and release renew or free a lease by its holder's token (a
+// release's hand-off fills only the slots free when it runs). When a full Redis
+// refuses its transaction, such a request goes again without one (see full).
+func (r *request) repeatable() bool {
+	if r.call != nil {
+		return r.call.Op == protocol.OpInspect
+	}
+	return len(r.fields) > 0 && r.fields[0] != semAcquire
 }
 
 // group is the requests of one round trip that go in one script call.
@@ -447,36 +491,93 @@ func (c *client) send(batch []*request) {
 	wg.Wait()
 }
 
-// round sends the groups of one pipeline, EVAL after NOSCRIPT, and answers their requests.
+// round sends the groups of one pipeline and answers their requests; the repeatable
+// requests of calls a full Redis refused go again (full).
 func (c *client) round(ctx context.Context, gs []*group) {
-	c.exec(ctx, gs, false)
-	again := slices.DeleteFunc(slices.Clone(gs), func(g *group) bool {
-		return !redis.HasErrorPrefix(g.cmd.Err(), "NOSCRIPT")
-	})
-	if len(again) > 0 {
-		c.exec(ctx, again, true)
+	c.tries(ctx, gs, c.atMostOnce)
+	if !c.atMostOnce {
+		gs = c.full(ctx, gs)
 	}
 	for _, g := range gs {
 		c.deliver(ctx, g)
 	}
 }
 
-// exec runs the groups' script calls in one pipeline, in MULTI/EXEC unless the client
-// never re-sends a command (atMostOnce; docs/design.md, "One way to Redis"). go-redis's
-// cluster client refuses a transaction whose keys span hash slots: send keeps each
-// key's calls apart; a transaction it gave up on, its slot moving, goes to redirect.
-func (c *client) exec(ctx context.Context, gs []*group, eval bool) {
+// tries sends the groups' script calls (bare: without MULTI/EXEC, see exec), then EVAL
+// for those the server answered NOSCRIPT.
+func (c *client) tries(ctx context.Context, gs []*group, bare bool) {
+	c.exec(ctx, gs, false, bare)
+	again := slices.DeleteFunc(slices.Clone(gs), func(g *group) bool {
+		return !redis.HasErrorPrefix(g.cmd.Err(), "NOSCRIPT")
+	})
+	if len(again) > 0 {
+		c.exec(ctx, again, true, bare)
+	}
+}
+
+// full sends again, bare, the repeatable requests of the calls of gs that a full Redis
+// (over maxmemory, under noeviction) refused, and returns the calls to answer: gs
+// without those requests, and the new calls. Redis refuses every command queued in
+// MULTI then, however little it writes; the refused transaction ran nothing, so each
+// goes again as a first try. Bare, Redis runs a script until its first write of a
+// command that may grow memory (SET, ZADD…), and lets it go on writing after any other
+// write: an inspect writes nothing, and the semaphore's script removes expired leases
+// (ZREMRANGEBYSCORE) before it writes anything else. A grant stays refused.
+func (c *client) full(ctx context.Context, gs []*group) []*group {
+	var again []*request
+	out := make([]*group, 0, len(gs))
+	for _, g := range gs {
+		if err := g.cmd.Err(); err != nil && (redis.HasErrorPrefix(err, "OOM") ||
+			strings.HasPrefix(err.Error(), "EXECABORT Transaction discarded because of: OOM")) {
+			g.reqs = slices.DeleteFunc(g.reqs, func(r *request) bool {
+				if r.repeatable() {
+					again = append(again, r)
+					return true
+				}
+				return false
+			})
+		}
+		if len(g.reqs) > 0 {
+			out = append(out, g)
+		}
+	}
+	if len(again) == 0 {
+		return gs
+	}
+	bare := groups(again)
+	c.tries(ctx, bare, true)
+	return append(out, bare...)
+}
+
+// exec runs the groups' script calls in one pipeline, in MULTI/EXEC unless bare: when
+// the client never re-sends a command (atMostOnce; docs/design.md, "One way to Redis"),
+// or for repeatable requests a full Redis refused (see full). go-redis's cluster client
+// refuses a transaction whose keys span hash slots: send keeps each key's calls apart;
+// a transaction it gave up on, its slot moving, goes to redirect, and so does one of a
+// key whose slot is migrating to a node that served it (asked); bare calls go-redis
+// redirects itself.
+func (c *client) exec(ctx context.Context, gs []*group, eval, bare bool) {
+	cc, cluster := c.rdb.(*redis.ClusterClient)
+	cluster = cluster && !bare
+	ks := gs[0].reqs[0].ks
+	if cluster {
+		if node := ks.askedNode(ctx, cc, gs[0].t.keys[0]); node != nil {
+			redirect(ctx, cc, ks, gs, eval, node, true)
+			return
+		}
+	}
 	var pipe redis.Pipeliner
-	if c.atMostOnce {
+	if bare {
 		pipe = c.rdb.Pipeline()
 	} else {
 		pipe = c.rdb.TxPipeline()
 	}
 	run(ctx, pipe, gs, eval)
-	if cc, ok := c.rdb.(*redis.ClusterClient); ok && slices.ContainsFunc(gs, func(g *group) bool {
+	if cluster && slices.ContainsFunc(gs, func(g *group) bool {
 		return redis.HasErrorPrefix(g.cmd.Err(), "EXECABORT")
 	}) {
-		redirect(ctx, cc, gs, eval)
+		node, _ := cc.MasterForKey(ctx, gs[0].t.keys[0])
+		redirect(ctx, cc, ks, gs, eval, node, false)
 	}
 }
 
@@ -503,14 +604,16 @@ func run(ctx context.Context, pipe redis.Pipeliner, gs []*group, eval bool) {
 // client gave up on with EXECABORT: it reports so a call queued in MULTI that a node
 // answered with MOVED or ASK (its slot moving), and it retries an ASK by queueing
 // ASKING inside the transaction, where Redis ignores it. Here the transaction goes to
-// the node that serves the slot and follows each MOVED or ASK, up to maxRedirects
+// node (after ASKING when ask is set) and follows each MOVED or ASK, up to maxRedirects
 // times; after an ASK, ASKING goes just before MULTI on the same connection, which
 // Redis honours for the whole transaction. A refused transaction ran nothing, so each
 // try is a first one. These tries go through the node's own client, past the cluster
-// client's hooks.
-func redirect(ctx context.Context, cc *redis.ClusterClient, gs []*group, eval bool) {
-	node, _ := cc.MasterForKey(ctx, gs[0].t.keys[0])
-	for try, ask := 0, false; node != nil && try < maxRedirects; try++ {
+// client's hooks. A node that answers after an ASK is noted as the key's (ks.asked):
+// the key's next transactions go straight to it while its slot migrates, without
+// first going the cluster client's way to the source (a round trip, then go-redis's
+// retries and their backoff, before each call).
+func redirect(ctx context.Context, cc *redis.ClusterClient, ks *keyState, gs []*group, eval bool, node *redis.Client, ask bool) {
+	for try := 0; node != nil && try < maxRedirects; try++ {
 		var err error
 		conn := node.Conn()
 		if ask {
@@ -524,16 +627,67 @@ func redirect(ctx context.Context, cc *redis.ClusterClient, gs []*group, eval bo
 			}
 		}
 		_ = conn.Close()
-		var addr string
-		if addr, ask = redirection(gs); addr == "" {
+		addr, next := redirection(gs)
+		if addr == "" {
+			ks.noteAsked(ask && ownReplies(gs), node.Options().Addr)
 			return
 		}
-		if !ask {
+		if ask = next; !ask {
 			cc.ReloadState(ctx) // the slot has moved: go-redis learns it in the background
 		}
 		node = masterAt(ctx, cc, addr)
 	}
+	ks.noteAsked(false, "")
 	// the calls keep the last reply: a MOVED or ASK, or EXECABORT if none was sent
+}
+
+// noteAsked notes addr as the node the key's transactions go to while its slot
+// migrates (see redirect), if asked, or forgets the node noted.
+func (ks *keyState) noteAsked(asked bool, addr string) {
+	if !asked {
+		if ks.asked.Load() != nil {
+			ks.asked.Store(nil)
+		}
+		return
+	}
+	if p := ks.asked.Load(); p == nil || *p != addr {
+		ks.asked.Store(&addr)
+	}
+}
+
+// askedNode returns the node noted as the key's while its slot migrates (noteAsked),
+// or nil: none is noted, or the cluster client now names it the slot's master (the
+// move is over: the cluster client's own way serves the key again), or it is no
+// master the cluster client knows. While a node is noted, the cluster client reads the
+// slot map again (go-redis spaces its reads), so that it learns the end of the move.
+func (ks *keyState) askedNode(ctx context.Context, cc *redis.ClusterClient, key string) *redis.Client {
+	p := ks.asked.Load()
+	if p == nil {
+		return nil
+	}
+	if owner, err := cc.MasterForKey(ctx, key); err == nil && owner.Options().Addr == *p {
+		ks.noteAsked(false, "")
+		return nil
+	}
+	node := masterAt(ctx, cc, *p)
+	if node == nil {
+		ks.noteAsked(false, "")
+		return nil
+	}
+	cc.ReloadState(ctx)
+	return node
+}
+
+// ownReplies reports whether the node answered every call of gs itself: a reply, or an
+// error of Redis's own.
+func ownReplies(gs []*group) bool {
+	for _, g := range gs {
+		var rerr redis.Error
+		if err := g.cmd.Err(); err != nil && !errors.As(err, &rerr) {
+			return false
+		}
+	}
+	return true
 }
 
 // maxRedirects is how many times redirect sends a transaction: a node that redirects

@@ -3,11 +3,13 @@ package throttle
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/internal/booking"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -278,4 +280,73 @@ func TestWaitGiveBackFailureReported(t *testing.T) {
 	if len(errs) != 1 || !errors.Is(errs[0], ErrUnavailable) || w.cancelled.Load() != 0 {
 		t.Fatalf("RedisError hook: got %v (Cancelled hook %d times), want one ErrUnavailable and no Cancelled", errs, w.cancelled.Load())
 	}
+}
+
+// A semaphore call whose caller leaves before its reply comes (its reply is held until
+// the caller has returned) gives back what the reply brought, once, before the
+// process's next call on the key: a lease granted is released, for a caller and for a
+// task (asynqmw's booking, whose call keeps its place when it leaves); a task denied
+// keeps the place its call took. TryAcquire and Acquire, on every backend.
+func TestSemaphoreLeaseGrantedAfterItsCallerLeft(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		trip := &sendTrip{}
+		b.Client.AddHook(trip)
+		tl := newTimeline(t, b)
+		ctx := context.Background()
+		for _, c := range []struct {
+			name    string
+			task    bool
+			acquire bool
+		}{{"TryAcquire", false, false}, {"Acquire", false, true}, {"a task's TryAcquire", true, false}, {"a task's Acquire", true, true}} {
+			s := tl.semaphore(strings.ReplaceAll(c.name, " ", "-"), 1, WithLeaseTTL(time.Minute))
+			// leave runs a call whose reply is held until its caller has returned
+			leave := func(ctx context.Context) error {
+				cctx, cancel := context.WithCancel(ctx)
+				returned := make(chan struct{})
+				trip.before = nil
+				trip.after = func() { cancel(); <-returned }
+				trip.armed.Store(true)
+				var err error
+				var lease *Lease
+				if c.acquire {
+					lease, err = s.Acquire(cctx)
+				} else {
+					lease, _, err = s.TryAcquire(cctx)
+				}
+				close(returned)
+				if lease != nil {
+					t.Fatalf("%s: got a lease, want its caller gone before the reply", c.name)
+				}
+				return err
+			}
+			call := ctx
+			if c.task {
+				call = booking.With(ctx, &booking.Task{ID: "task-" + c.name})
+			}
+			if err := leave(call); !errors.Is(err, context.Canceled) {
+				t.Fatalf("%s, its caller leaving: %v, want context.Canceled", c.name, err)
+			}
+			if trip.armed.Load() {
+				t.Fatalf("%s: no script call went", c.name)
+			}
+			if st, err := s.Inspect(ctx); err != nil || st.Held != 0 || st.Waiting != 0 {
+				t.Errorf("%s: after its caller left, the next call finds %+v, %v; want no lease held, none waiting", c.name, st, err)
+			}
+			if !c.task || c.acquire {
+				continue
+			}
+			// denied, a task keeps its place (TryAcquire's call takes one; Acquire's
+			// first takes one only once its wake-ups are heard)
+			holder := mustTry(t, s)
+			if err := leave(call); !errors.Is(err, context.Canceled) {
+				t.Fatalf("%s, its caller leaving: %v, want context.Canceled", c.name, err)
+			}
+			if st, err := s.Inspect(ctx); err != nil || st.Held != 1 || st.Waiting != 1 {
+				t.Errorf("%s denied: after its caller left, the next call finds %+v, %v; want 1 held, its place kept", c.name, st, err)
+			}
+			if err := holder.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"net"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -19,10 +21,13 @@ import (
 // IMPORTING and the source MIGRATING with every key still on the source; then the
 // keys MIGRATEd; then the slot given to the target (SETSLOT NODE on every node).
 //
-// Asserted: every error a caller sees during the move is ErrUnavailable (a call whose
-// slot is moving is not the caller's fault), naming Redis's reply; callers are served
-// again after the move. Reported: the grants in each phase against the rate (what the
-// scripts' declared keys allow, see docs/failures.md) and each error's text.
+// A plain limiter's call names one key, so the source serves it while the key is
+// there, and once it has moved the target does (ASK, then ASKING before MULTI; the
+// key's next calls go there straight: redirect). Asserted: no call fails with a reply
+// of Redis's (TRYAGAIN, ASK, MOVED, EXECABORT), and every error a caller sees is
+// ErrUnavailable (a call whose slot is moving is not the caller's fault); callers are
+// served again after the move. Reported: the grants in each phase against the rate,
+// and each error's text.
 func TestReshardIsAPause(t *testing.T) {
 	tc, cc := ownCluster(t)
 	ctx := context.Background()
@@ -35,9 +40,9 @@ func TestReshardIsAPause(t *testing.T) {
 	var mu sync.Mutex
 	var grants, asked []time.Time // when each permit took effect, when its Wait began
 	errs := map[string]int{}      // by text: each error of another type fails the test
-	var foreign []error
-	late := 0                 // Waits whose own deadline passed first
-	var slowest time.Duration // the longest call that failed ErrUnavailable
+	var foreign, replied []error  // errors of another type; errors of a reply of Redis's
+	late := 0                     // Waits whose own deadline passed first
+	var slowest time.Duration     // the longest call that failed ErrUnavailable
 	run, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	for range 4 {
@@ -55,6 +60,9 @@ func TestReshardIsAPause(t *testing.T) {
 					grants, asked = append(grants, time.Now()), append(asked, start)
 				case run.Err() != nil:
 				case errors.Is(err, ErrUnavailable):
+					if rerr := redis.Error(nil); errors.As(err, &rerr) {
+						replied = append(replied, err)
+					}
 					errs[err.Error()]++
 					slowest = max(slowest, time.Since(start))
 				case errors.Is(err, context.DeadlineExceeded): // its own second passed
@@ -78,7 +86,9 @@ func TestReshardIsAPause(t *testing.T) {
 	time.Sleep(hold)
 	phases = append(phases, time.Now())
 	move.keys()
+	before := move.scriptCalls(move.nodes[0])
 	time.Sleep(hold)
+	atSource := move.scriptCalls(move.nodes[0]) - before
 	phases = append(phases, time.Now())
 	move.end()
 	phases = append(phases, time.Now())
@@ -99,17 +109,25 @@ func TestReshardIsAPause(t *testing.T) {
 		return took, booked
 	}
 	names := []string{"keys on the source, slot migrating", "keys on the target, slot migrating", "slot handed over", "after the move"}
-	for i, name := range names {
-		d := phases[i+1].Sub(phases[i])
-		n, booked := count(phases[i], phases[i+1])
+	report := func(name string, a, b time.Time) {
+		d := b.Sub(a)
+		n, booked := count(a, b)
 		redistest.Figure(t, "reshard, %s: %d permits took effect in %v, %.0f%% of the rate (%d/s); %d of them booked in that time",
 			name, n, d.Round(ms), 100*float64(n)/(d.Seconds()*rate), rate, booked)
 	}
+	for i, name := range names {
+		report(name, phases[i], phases[i+1])
+	}
+	report("the whole move", phases[0], phases[3])
 	for text, n := range errs {
 		redistest.Figure(t, "reshard: %d × %s", n, text)
 	}
 	redistest.Figure(t, "reshard: the longest call that failed took %v", slowest.Round(ms))
 	redistest.Figure(t, "reshard: %d Waits ran out of their own 1s deadline; %d errors of another type than ErrUnavailable", late, len(foreign))
+	redistest.Figure(t, "reshard: %d script calls reached the source with the keys on the target", atSource)
+	if len(replied) > 0 {
+		t.Errorf("calls refused by Redis during the move: %d, the first %v; want every call served", len(replied), replied[0])
+	}
 	if len(foreign) > 0 {
 		t.Errorf("errors that are not ErrUnavailable during the move: %d, the first %v", len(foreign), foreign[0])
 	}
@@ -120,10 +138,11 @@ func TestReshardIsAPause(t *testing.T) {
 
 // While a slot migrates, a call whose keys have all moved to the target is served
 // there: the source answers ASK, and the transaction goes again to the target with
-// ASKING before MULTI. A semaphore whose every key exists (a lease held, a waiter
-// queued, the key paused) shows it: its calls succeed in the middle of the move.
-// (A call some of whose keys do not exist gets TRYAGAIN from both nodes instead: see
-// TestReshardIsAPause.)
+// ASKING before MULTI; the key's calls after it go to the target straight. A semaphore
+// whose every key exists (a lease held, a waiter queued, the key paused) and a limiter
+// on the same key show it: their calls succeed in the middle of the move, and only the
+// first reaches the source. (A call some of whose keys do not exist gets TRYAGAIN from
+// both nodes instead.)
 func TestReshardAsksTheTarget(t *testing.T) {
 	tc, cc := ownCluster(t)
 	ctx := context.Background()
@@ -161,12 +180,25 @@ func TestReshardAsksTheTarget(t *testing.T) {
 	if got, _ := move.nodes[0].Exists(ctx, s.t.keys...).Result(); got != 0 {
 		t.Fatalf("%d keys left on the source after MIGRATE", got)
 	}
+	before := move.scriptCalls(move.nodes[0])
 	got, wait, err := s.TryAcquire(ctx)
 	if err != nil || got != nil {
 		t.Fatalf("TryAcquire while the slot migrates, its keys on the target: got %v, %v, %v; want no lease (paused), no error", got, wait, err)
 	}
 	if err := lease.Extend(ctx); err != nil {
 		t.Fatalf("Extend while the slot migrates: %v", err)
+	}
+	const calls = 10
+	for i := range calls {
+		if r, err := l.Allow(ctx); err != nil || r.Allowed {
+			t.Fatalf("Allow %d while the slot migrates, its key on the target: got %v, %v; want denied (paused), no error", i+1, r, err)
+		}
+	}
+	// the first call goes the cluster client's way: its first and third tries reach
+	// the source (the second goes to the target without ASKING, which answers MOVED),
+	// then redirect's first; the others go to the target straight
+	if got := move.scriptCalls(move.nodes[0]) - before; got > 3 {
+		t.Errorf("%d script calls reached the source for %d calls with the keys on the target; want at most 3, the first call's", got, calls+2)
 	}
 	move.end()
 	if err := lease.Release(ctx); err != nil {
@@ -237,6 +269,31 @@ func (m *slotMove) do(c *redis.Client, args ...any) {
 	if err := c.Do(context.Background(), args...).Err(); err != nil {
 		m.t.Fatalf("%v on %s: %v", args, c.Options().Addr, err)
 	}
+}
+
+// scriptCalls returns how many script calls node has had, run, refused or failed
+// (INFO commandstats).
+func (m *slotMove) scriptCalls(node *redis.Client) int {
+	m.t.Helper()
+	info, err := node.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	n := 0
+	for _, line := range strings.Split(info, "\r\n") {
+		name, stats, _ := strings.Cut(line, ":")
+		if name != "cmdstat_evalsha" && name != "cmdstat_eval" {
+			continue
+		}
+		for _, f := range strings.Split(stats, ",") {
+			k, v, _ := strings.Cut(f, "=")
+			if k == "calls" || k == "rejected_calls" || k == "failed_calls" {
+				x, _ := strconv.Atoi(v)
+				n += x
+			}
+		}
+	}
+	return n
 }
 
 func (m *slotMove) begin() {
