@@ -36,19 +36,19 @@
 -- (lset) and the entries appended (tail), so a batch's requests write the list once.
 
 local LIMIT_FIELDS = 2   -- a limit's numbers in a head: rate, period_us
+local LIMIT_TEXT = '^ ([1-9]%d*) ([1-9]%d*)()' -- a limit's text in a head as Go writes it
+local ONE_LIMIT = '^(sw) ([1-9]%d*) ([1-9]%d*)$' -- the usual head, as Go writes it
 local TAGS, PARAM_TAG, CAP = ' sw sc ', 'sc', 1 -- the heads it serves; the one with a parameter; n's bound
-local LOG_HEAD_END = '9' -- the head's last list index: meta, base and 4 entries
+local LOG_HEAD, LOG_HEAD_END = 3, '7' -- the head's entries, its last list index (meta, base, the entries)
 local LOG_TRIM = 2       -- expired entries that make an acquire trim (fewer wait for a later one)
 
--- quick_head reads the usual head, one limit of the exact log: its limits and parameter;
--- nil for any other (the driver's parse_head reads every form).
-local function quick_head(text)
-  local r, p = string.match(text, '^sw (%d+) (%d+)$')
-  r, p = tonumber(r), tonumber(p)
-  if r and p and r >= 1 and r <= MAX_RATE and p >= 1 and p <= MAX_PERIOD then
-    return {{r, p}}, 0
+-- entry returns the time and count an entry's texts hold, or nil when they are not
+-- ours (times and counts are never 0 and have no leading zero: then coercion reads them,
+-- as parse_head).
+local function entry(T, S)
+  if T and S and #T < 18 and #S < 18 and string.find(T, '^[1-9]%d*$') and string.find(S, '^[1-9]%d*$') then
+    return T + 0, S + 0
   end
-  return nil
 end
 
 -- at returns the time and count of entry i (1 <= i <= E; entry 0: -1 and base). An
@@ -67,21 +67,14 @@ local function at(st, i)
   end
   local T, S = st[2 * s - 1], st[2 * s] -- (st's array: the entries read, by list position)
   if not T then
-    local v = s <= st.hn and st.head
-    if v then
-      T, S = v[2 * s + 1], v[2 * s + 2]
-      if #T > 17 or #S > 17 or T == '' or S == '' or string.find(T .. S, '%D') then
-        st.err = st.err or st.key .. ': entry ' .. s
-        return 0, st.base
-      end
-      T, S = tonumber(T), tonumber(S)
-    else
-      v = redis.call('LRANGE', st.key, string.format('%d', 2 * s), string.format('%d', 2 * s + 1))
-      if #v ~= 2 or not string.find(v[1] .. ',' .. v[2], '^%d+,%d+$') or #v[1] > 17 or #v[2] > 17 then
-        st.err = st.err or st.key .. ': entry ' .. s
-        return 0, st.base
-      end
-      T, S = tonumber(v[1]), tonumber(v[2])
+    local v, o = st.head, 2 * s -- (v[o + 1], v[o + 2]: the entry's texts)
+    if s > st.hn then
+      v, o = redis.call('LRANGE', st.key, string.format('%d', 2 * s), string.format('%d', 2 * s + 1)), 0
+    end
+    T, S = entry(v[o + 1], v[o + 2])
+    if not T then
+      st.err = st.err or st.key .. ': entry ' .. st.off + i
+      return 0, st.base
     end
     st[2 * s - 1], st[2 * s] = T, S
   end
@@ -143,31 +136,27 @@ local function load(key, head)
   -- made at its size: the head's entries (at) and the fields a usual call sets
   local st = {false, false, false, false, false, false, false, false,
     key = key, head = v, hn = 0, off = 0, drop = 0, tail = {}, base = 0, P = 0, meta = v[1],
-    exists = len > 0, absent = len < 2}
+    exists = len > 0, absent = len < 2, send = false, slastT = false, slastS = false, lastT = false, prec = 0,
+    pmax = 0, dirty = false}
   if len < 2 then -- absent, or a meta alone (the state's data is empty)
     st.send, st.bare = 0, len == 1
     return st
   end
   -- the last entry at once: it decides where a grant goes; the head's entries are
   -- checked as they are read (at), so a call reads no more than it needs
-  local last = len < 2 * 4 + 2 and {v[len - 1], v[len]} or redis.call('LRANGE', key, '-2', '-1')
-  local base = tonumber(v[2])
-  if len % 2 == 1 or not base or #v[2] > 17 or string.find(v[2], '%D') then
+  local whole = len < 2 * LOG_HEAD + 2 -- the head read the whole list
+  local last = whole and v or redis.call('LRANGE', key, '-2', '-1')
+  local base = v[2]
+  if len % 2 == 1 or #base > 17 or not string.find(base, '^%d+$') or not (base == '0' or base >= '1') then
     return nil, false
   end
-  st.base = base
-  if len < 2 * 4 + 2 then -- the whole list
-    st.hn = (len - 2) / 2
-    st.send = st.hn
-  else
-    st.hn = 4
-  end
+  st.base, st.hn = base + 0, whole and (len - 2) / 2 or LOG_HEAD
+  st.send = whole and st.hn
   if len > 2 then
-    local T, S = last[1], last[2]
-    if #T > 17 or #S > 17 or T == '' or S == '' or string.find(T .. S, '%D') then
+    st.slastT, st.slastS = entry(last[#last - 1], last[#last])
+    if not st.slastT then
       return nil, false
     end
-    st.slastT, st.slastS = tonumber(T), tonumber(S)
   end
   st.lastT, st.P = st.slastT, st.slastS or st.base
   return st

@@ -40,7 +40,7 @@
 local now
 do
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2]) -- (tonumber costs less than coercion)
+  now = t[1] * 1000000 + t[2] -- (coercion: tonumber reads the text twice)
 end
 
 -- ms formats its number itself: redis.call turns a number into text with a slow
@@ -93,19 +93,9 @@ end
 -- Remaining: floor(min u(now)/p) (0 while paused); reset_us: until every bucket is full.
 
 local LIMIT_FIELDS = 3 -- a limit's numbers in a head: rate, period_us, burst
+local LIMIT_TEXT = '^ ([1-9]%d*) ([1-9]%d*) ([1-9]%d*)()' -- a limit's text in a head as Go writes it
+local ONE_LIMIT = '^(tb) ([1-9]%d*) ([1-9]%d*) ([1-9]%d*)$' -- the usual head, as Go writes it
 local TAGS, PARAM_TAG, CAP = ' tb ', '', 3 -- the heads it serves; the one with a parameter; n's bound
-
--- quick_head reads the usual head, one limit: its limits and parameter; nil for any other
--- (the driver's parse_head reads every form).
-local function quick_head(text)
-  local r, p, b = string.match(text, '^tb (%d+) (%d+) (%d+)$')
-  r, p, b = tonumber(r), tonumber(p), tonumber(b)
-  if r and p and b and r >= 1 and r <= 1000000000 and p >= 1 and p <= 35184372088832 and b >= 1 and b <= 1000000000
-    and b * p <= 1125899906842624 then
-    return {{r, p, b}}, 0
-  end
-  return nil
-end
 
 -- rates settles st, counted at st.at, at `at` (>= st.at) with the limits it holds, then
 -- counts with new (the bucket keeps its own limits: old is not needed) up to now.
@@ -116,7 +106,8 @@ local function rates(st, old, new, at, now)
     local u, r, p, b = st[j + 1], st[j + 2], st[j + 3], st[j + 4]
     if r then
       if at > st.at then
-        u = math.min(b * p, u + (at - st.at) * r)
+        u = u + (at - st.at) * r
+        u = u < b * p and u or b * p
       end
       if r ~= l[1] or p ~= l[2] or b ~= l[3] then
         if p ~= l[2] then
@@ -145,8 +136,9 @@ end
 -- common.lua's foreign names the failure).
 local function load(key, head)
   local v = redis.pcall('GET', key)
-  if not v then
-    return {at = now, key = key, absent = true}
+  if not v then -- (made at the size setup fills)
+    return {false, false, false, false, false, at = now, key = key, absent = true, horizon = false, given = false,
+      dirty = false}
   elseif type(v) == 'table' then -- another type: a meta alone in a list (the log's) is
     -- full buckets
     local l = string.find(v.err, 'WRONGTYPE', 1, true) and redis.pcall('LRANGE', key, '0', '1')
@@ -165,9 +157,11 @@ local function load(key, head)
   end
   -- one limit's state (the usual case) is read with one match, any other field by field
   local st
-  local last, u, e = string.match(v, '^(%d+) (%-?%d+) (%d+)\n')
-  if last then
-    st = {tonumber(u), false, false, false, tonumber(e), at = tonumber(last), meta = meta, key = key, exists = true}
+  local last, u, e = string.match(v, '^([1-9]%d*) (%-?%d+) (%d+)\n')
+  if last and nl < 300 and (e == '0' or e >= '1') and (u == '0' or u >= '1' or u < '.' and u >= '-1') then
+    -- (no leading zero: then coercion reads them, as parse_head; made at the size setup fills)
+    st = {u + 0, false, false, false, e + 0, at = last + 0, meta = meta, key = key, exists = true, horizon = false,
+      given = false, dirty = false}
   else
     local w = {}
     for f in string.gmatch(string.sub(v, 1, nl - 1), '%S+') do
@@ -314,11 +308,12 @@ local function save(st, key, keep, meta, bare)
     redis.call('SET', key, '\n' .. (meta or st.meta), 'PX', ms(keep))
     return
   end
-  local text = string.format('%d %d %d', now, st[1], st[5] > now and st[5] or 0)
+  local more = '' -- the limits after the first
   for j = 5, #st - 5, 5 do
-    text = text .. string.format(' %d %d', st[j + 1], st[j + 5] > now and st[j + 5] or 0)
+    more = more .. string.format(' %d %d', st[j + 1], st[j + 5] > now and st[j + 5] or 0)
   end
-  redis.call('SET', key, text .. '\n' .. (meta or st.meta), 'PX', ms(keep))
+  redis.call('SET', key, string.format('%d %d %d%s\n%s', now, st[1], st[5] > now and st[5] or 0, more, meta or st.meta),
+    'PX', ms(keep))
 end
 
 
@@ -340,7 +335,7 @@ end
 -- variable carries state between functions):
 --   LIMIT_FIELDS, CAP           a limit's numbers in a head; which of them bounds n
 --   TAGS, PARAM_TAG             the head tags it serves; the one with a parameter
---   quick_head(text) -> lim, param   the usual head (one limit), or nil
+--   LIMIT_TEXT, ONE_LIMIT       patterns of a limit's text in a head, of the usual head (parse_head)
 --   load(key, head) -> st       st.meta (nil: absent; head itself when equal to it); or nil
 --                               and its read's error (common.lua's foreign reads it)
 --   setup(st, lim, param, cw, cwend, given, now)   count the state with lim, the limits
@@ -391,66 +386,71 @@ local nargv = #ARGV
 
 -- parse_head reads a head "<tag> [<param>] <limit>... [/<unit> <limit>...]..." of this
 -- algorithm's: its limits (each LIMIT_FIELDS numbers in range), its parameter (0 without
--- one), its tag and its parts, the limits of each unit in the head's order: {unit, from,
--- to, head} (unit '': the calls', first when there are any; head: the part's own head, its
--- state's meta when it has a key of its own); nil for any other text.
-local function parse_head(text)
-  local w = {}
-  for f in string.gmatch(text, '%S+') do
-    w[#w + 1] = f
-  end
-  -- num reads a field as an integer in [1, hi], or nil
-  local function num(s, hi)
-    local v = s and not string.find(s, '%D') and tonumber(s)
-    return v and v >= 1 and v <= hi and v or nil
-  end
-  local tag, param, i = w[1], 0, 2
-  if not tag or not string.find(' tb ', ' ' .. tag .. ' ', 1, true) then
-    return nil
-  end
-  if tag == '' then
-    param, i = num(w[2], 10000), 3
-    if not param then
-      return nil
+-- one), its tag and, when it names a unit, its parts, the limits of each unit in the
+-- head's order: {unit, from, to, head} (unit '': the calls', first when there are any;
+-- head: the part's own head, its state's meta when it has a key of its own); nil for any
+-- other text; and the text read. A head as Go writes it (single spaces, no leading zeros) is read at the cost
+-- of a match per limit; any other spacing or zeros are written so first (normal).
+local function parse_head(text, normal)
+  local tag, r, p, b = string.match(text, '^(tb) ([1-9]%d*) ([1-9]%d*) ([1-9]%d*)$')
+  if tag and #r < 11 and #p < 15 and (not b or #b < 11) then -- (at the cost of one match)
+    r, p, b = r + 0, p + 0, b and b + 0
+    if r <= 1000000000 and p <= 35184372088832 and (not b or b <= 1000000000 and b * p <= 1125899906842624) then
+      return {{r, p, b}}, 0, tag, nil, text
     end
   end
-  local prefix = table.concat(w, ' ', 1, i - 1)
-  local lim, parts, part, units = {}, {}, nil, {}
-  while i <= #w do
-    local unit = string.match(w[i], '^/([%l%d_.%-]+)$')
-    if unit then -- a unit's limits follow
-      if #unit > 32 or units[unit] or (part and part.to < part.from) then
-        return nil
+  local i
+  tag, i = string.match(text, '^(%l%l)()')
+  local param, lim, parts, n = 0, {}, nil, #text
+  if tag and not string.find(' tb ', tag, 1, true) then
+    i = nil
+  elseif tag == '' then
+    param, i = string.match(text, '^ ([1-9]%d?%d?%d?%d?)()', i)
+    param = param and param + 0
+  end
+  local prefix = i and param and param <= 10000 and string.sub(text, 1, i - 1)
+  local from = i -- where the current part's limits start
+  while prefix and i <= n do
+    local r, p, b, j = string.match(text, '^ ([1-9]%d*) ([1-9]%d*) ([1-9]%d*)()', i) -- (coercion: tonumber reads the text twice)
+    if 3 == 2 then
+      j, b = b, nil
+    end
+    if r and #r < 11 and #p < 15 and (not b or #b < 11) then
+      r, p, b = r + 0, p + 0, b and b + 0
+      if r > 1000000000 or p > 35184372088832 or b and (b > 1000000000 or b * p > 1125899906842624) then
+        prefix = nil
       end
-      units[unit] = true
-      part, i = {unit = unit, from = #lim + 1, to = #lim, words = {'/' .. unit}}, i + 1
-      parts[#parts + 1] = part
-    else
-      if not part then
-        part = {unit = '', from = 1, to = 0, words = {}}
-        parts[1] = part
+      lim[#lim + 1], i = {r, p, b}, j
+    else -- a unit's limits follow: the part before them ends
+      local unit
+      unit, j = string.match(text, '^ /([%l%d_.%-]+)()', i)
+      if not unit or #unit > 32 or (parts and parts[#parts].from > #lim) then
+        prefix = nil
+      else
+        parts = parts or {}
+        if #lim > 0 and not parts[1] then
+          parts[1] = {unit = '', from = 1, to = #lim, head = string.sub(text, 1, i - 1)}
+        elseif parts[1] then
+          parts[#parts].to, parts[#parts].head = #lim, prefix .. string.sub(text, from, i - 1)
+        end
+        for _, q in ipairs(parts) do
+          if q.unit == unit then
+            prefix = nil
+          end
+        end
+        parts[#parts + 1], from, i = {unit = unit, from = #lim + 1}, i, j
       end
-      local rate, period = num(w[i], 1000000000), num(w[i + 1], 35184372088832)
-      local burst = 3 == 3 and num(w[i + 2], 1000000000) or nil
-      if not rate or not period or (3 == 3 and (not burst or burst * period > 1125899906842624)) then
-        return nil
-      end
-      lim[#lim + 1] = {rate, period, burst}
-      part.to = #lim
-      for j = i, i + 3 - 1 do
-        part.words[#part.words + 1] = w[j]
-      end
-      i = i + 3
     end
   end
-  if #lim < 1 or #lim > 16 or part.to < part.from then
-    return nil
+  if prefix and #lim > 0 and #lim <= 16 and (not parts or parts[#parts].from <= #lim) then
+    if parts then
+      parts[#parts].to, parts[#parts].head = #lim, prefix .. string.sub(text, from)
+    end
+    return lim, param, tag, parts, text
+  elseif not normal then -- single spaces, no leading zeros: read again
+    text = string.gsub(string.gsub(' ' .. text .. ' ', '%s+', ' '), ' 0+(%d)', ' %1')
+    return parse_head(string.sub(text, 2, -2), true)
   end
-  for _, p in ipairs(parts) do
-    p.head = prefix .. ' ' .. table.concat(p.words, ' ')
-    p.words = nil
-  end
-  return lim, param, tag, parts
 end
 
 -- The fast path: a call whose every request is a plain acquire "a <n> <wait_us>" (n >= 1),
@@ -462,14 +462,8 @@ end
 -- Anything else goes on below, nothing written.
 if nargv >= 3 and nargv <= 2 + 1000 and ARGV[2] == '' then
   local head = ARGV[1]
-  local lim, param = quick_head(head)
-  local plain = lim
-  if not lim then -- (plain: one part, the calls')
-    local parts
-    lim, param, plain, parts = parse_head(head)
-    plain = lim and not parts[2] and parts[1].unit == ''
-  end
-  local st = plain and load(KEYS[1], head)
+  local lim, param, _, parts = parse_head(head)
+  local st = lim and not parts and load(KEYS[1], head) -- (parts: units other than calls)
   if st and ((st.absent and not st.bare) or st.meta == head) then
     setup(st, lim, param, lim, 0, lim, now)
     local cap = lim[1][3]
@@ -478,14 +472,16 @@ if nargv >= 3 and nargv <= 2 + 1000 and ARGV[2] == '' then
         cap = lim[i][3]
       end
     end
-    local k, out, text, n, w = nargv - 2, {}, nil, nil, nil
+    -- (out made at one reply's size)
+    local k, out, text, n, w = nargv - 2, {false, false, false, false, false, false, false}, nil, nil, nil
     local remaining, reset, keep
     for r = 1, st.err and 0 or k do
       if ARGV[r + 2] ~= text then -- a batch's requests repeat: read each text once
         text = ARGV[r + 2]
-        local ns, ws = string.match(text, '^a (%d+) (%d+)$')
-        n, w = tonumber(ns), tonumber(ws)
-        if not n or not w or n < 1 or n > cap or w > 9007199254740991 then
+        n, w = string.match(text, '^a ([1-9]%d*) (%d+)$')
+        -- (coercion, as parse_head; w with a leading zero goes to the loop, which reads it)
+        n, w = n and #n < 11 and n + 0, w and #w < 17 and (w == '0' or w >= '1') and w + 0
+        if not n or not w or n > cap or w > 9007199254740991 then
           st = nil
           break
         end
@@ -610,7 +606,7 @@ local function reply(out, k, ext)
   return out
 end
 
--- [bucket.lua from line 271]
+-- [bucket.lua from line 266]
 -- @cold: what follows only the driver's request loop needs (see lua/internal/gen).
 
 local function give(st, lim, n, token, now)
@@ -661,16 +657,22 @@ local function detail(st, lim, now)
   return booked, ahead, avail
 end
 
--- [limiter.lua from line 190]
+-- [limiter.lua from line 191]
 -- @cold: the request loop, for every call the fast path did not decide.
 
-local given, param, tag, gparts = parse_head(ARGV[1] or '')
+-- read_head is parse_head with the parts always given: a head of calls alone is one part.
+local function read_head(text)
+  local lim, param, tag, parts, read = parse_head(text)
+  return lim, param, tag, parts or (lim and {{unit = '', from = 1, to = #lim, head = read}})
+end
+
+local given, param, tag, gparts = read_head(ARGV[1] or '')
 if not given or nargv < 3 or nargv > 2 + 1000 then
   return redis.error_reply('JTARG head or request count')
 end
 local cparts = {} -- the caps' parts (parse_head's), each with its limits and cap
 if ARGV[2] ~= '' then
-  local caps, _, ctag, parts = parse_head(ARGV[2])
+  local caps, _, ctag, parts = read_head(ARGV[2])
   if not caps or ctag ~= tag then
     return redis.error_reply('JTARG caps head')
   end
@@ -1071,7 +1073,7 @@ local function part_state(key, p, plim, pgiven, rates, cwend)
   if st.meta == p.head then
     cw = with(pgiven, rates)
   elseif st.meta then -- another head, or a meta alone: it must be ours
-    local l, _, t, ps = parse_head(string.match(st.meta, '^[^\n]*'))
+    local l, _, t, ps = read_head(string.match(st.meta, '^[^\n]*'))
     if not l or t ~= tag then
       return nil, fail(2, key .. ': not a state of this limiter')
     end
@@ -1102,7 +1104,7 @@ do
     if p.unit == '' then -- counted with the stored head's limits of calls
       local cw = with(part.given, prates)
       if drift then
-        local l, _, _, ps = parse_head(meta.head)
+        local l, _, _, ps = read_head(meta.head)
         for _, sp in ipairs(ps or {}) do
           if sp.unit == '' then
             cw = with(slice(l, sp), prates)

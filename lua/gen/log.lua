@@ -40,7 +40,7 @@
 local now
 do
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2]) -- (tonumber costs less than coercion)
+  now = t[1] * 1000000 + t[2] -- (coercion: tonumber reads the text twice)
 end
 
 -- ms formats its number itself: redis.call turns a number into text with a slow
@@ -89,19 +89,19 @@ end
 -- (lset) and the entries appended (tail), so a batch's requests write the list once.
 
 local LIMIT_FIELDS = 2   -- a limit's numbers in a head: rate, period_us
+local LIMIT_TEXT = '^ ([1-9]%d*) ([1-9]%d*)()' -- a limit's text in a head as Go writes it
+local ONE_LIMIT = '^(sw) ([1-9]%d*) ([1-9]%d*)$' -- the usual head, as Go writes it
 local TAGS, PARAM_TAG, CAP = ' sw sc ', 'sc', 1 -- the heads it serves; the one with a parameter; n's bound
-local LOG_HEAD_END = '9' -- the head's last list index: meta, base and 4 entries
+local LOG_HEAD, LOG_HEAD_END = 3, '7' -- the head's entries, its last list index (meta, base, the entries)
 local LOG_TRIM = 2       -- expired entries that make an acquire trim (fewer wait for a later one)
 
--- quick_head reads the usual head, one limit of the exact log: its limits and parameter;
--- nil for any other (the driver's parse_head reads every form).
-local function quick_head(text)
-  local r, p = string.match(text, '^sw (%d+) (%d+)$')
-  r, p = tonumber(r), tonumber(p)
-  if r and p and r >= 1 and r <= 1000000000 and p >= 1 and p <= 35184372088832 then
-    return {{r, p}}, 0
+-- entry returns the time and count an entry's texts hold, or nil when they are not
+-- ours (times and counts are never 0 and have no leading zero: then coercion reads them,
+-- as parse_head).
+local function entry(T, S)
+  if T and S and #T < 18 and #S < 18 and string.find(T, '^[1-9]%d*$') and string.find(S, '^[1-9]%d*$') then
+    return T + 0, S + 0
   end
-  return nil
 end
 
 -- at returns the time and count of entry i (1 <= i <= E; entry 0: -1 and base). An
@@ -120,21 +120,14 @@ local function at(st, i)
   end
   local T, S = st[2 * s - 1], st[2 * s] -- (st's array: the entries read, by list position)
   if not T then
-    local v = s <= st.hn and st.head
-    if v then
-      T, S = v[2 * s + 1], v[2 * s + 2]
-      if #T > 17 or #S > 17 or T == '' or S == '' or string.find(T .. S, '%D') then
-        st.err = st.err or st.key .. ': entry ' .. s
-        return 0, st.base
-      end
-      T, S = tonumber(T), tonumber(S)
-    else
-      v = redis.call('LRANGE', st.key, string.format('%d', 2 * s), string.format('%d', 2 * s + 1))
-      if #v ~= 2 or not string.find(v[1] .. ',' .. v[2], '^%d+,%d+$') or #v[1] > 17 or #v[2] > 17 then
-        st.err = st.err or st.key .. ': entry ' .. s
-        return 0, st.base
-      end
-      T, S = tonumber(v[1]), tonumber(v[2])
+    local v, o = st.head, 2 * s -- (v[o + 1], v[o + 2]: the entry's texts)
+    if s > st.hn then
+      v, o = redis.call('LRANGE', st.key, string.format('%d', 2 * s), string.format('%d', 2 * s + 1)), 0
+    end
+    T, S = entry(v[o + 1], v[o + 2])
+    if not T then
+      st.err = st.err or st.key .. ': entry ' .. st.off + i
+      return 0, st.base
     end
     st[2 * s - 1], st[2 * s] = T, S
   end
@@ -183,7 +176,7 @@ end
 -- load reads the state at key: st.meta is its meta (nil: the key is absent); or nil and
 -- the read's error (false: a list not ours; common.lua's foreign names the failure).
 local function load(key, head)
-  local v = redis.pcall('LRANGE', key, '0', '9')
+  local v = redis.pcall('LRANGE', key, '0', '7')
   if v.err then -- another type: a meta alone in a string (the bucket's or the window's)
     -- is an empty log
     local s = string.find(v.err, 'WRONGTYPE', 1, true) and redis.pcall('GET', key)
@@ -196,31 +189,27 @@ local function load(key, head)
   -- made at its size: the head's entries (at) and the fields a usual call sets
   local st = {false, false, false, false, false, false, false, false,
     key = key, head = v, hn = 0, off = 0, drop = 0, tail = {}, base = 0, P = 0, meta = v[1],
-    exists = len > 0, absent = len < 2}
+    exists = len > 0, absent = len < 2, send = false, slastT = false, slastS = false, lastT = false, prec = 0,
+    pmax = 0, dirty = false}
   if len < 2 then -- absent, or a meta alone (the state's data is empty)
     st.send, st.bare = 0, len == 1
     return st
   end
   -- the last entry at once: it decides where a grant goes; the head's entries are
   -- checked as they are read (at), so a call reads no more than it needs
-  local last = len < 2 * 4 + 2 and {v[len - 1], v[len]} or redis.call('LRANGE', key, '-2', '-1')
-  local base = tonumber(v[2])
-  if len % 2 == 1 or not base or #v[2] > 17 or string.find(v[2], '%D') then
+  local whole = len < 2 * 3 + 2 -- the head read the whole list
+  local last = whole and v or redis.call('LRANGE', key, '-2', '-1')
+  local base = v[2]
+  if len % 2 == 1 or #base > 17 or not string.find(base, '^%d+$') or not (base == '0' or base >= '1') then
     return nil, false
   end
-  st.base = base
-  if len < 2 * 4 + 2 then -- the whole list
-    st.hn = (len - 2) / 2
-    st.send = st.hn
-  else
-    st.hn = 4
-  end
+  st.base, st.hn = base + 0, whole and (len - 2) / 2 or 3
+  st.send = whole and st.hn
   if len > 2 then
-    local T, S = last[1], last[2]
-    if #T > 17 or #S > 17 or T == '' or S == '' or string.find(T .. S, '%D') then
+    st.slastT, st.slastS = entry(last[#last - 1], last[#last])
+    if not st.slastT then
       return nil, false
     end
-    st.slastT, st.slastS = tonumber(T), tonumber(S)
   end
   st.lastT, st.P = st.slastT, st.slastS or st.base
   return st
@@ -390,7 +379,7 @@ end
 -- variable carries state between functions):
 --   LIMIT_FIELDS, CAP           a limit's numbers in a head; which of them bounds n
 --   TAGS, PARAM_TAG             the head tags it serves; the one with a parameter
---   quick_head(text) -> lim, param   the usual head (one limit), or nil
+--   LIMIT_TEXT, ONE_LIMIT       patterns of a limit's text in a head, of the usual head (parse_head)
 --   load(key, head) -> st       st.meta (nil: absent; head itself when equal to it); or nil
 --                               and its read's error (common.lua's foreign reads it)
 --   setup(st, lim, param, cw, cwend, given, now)   count the state with lim, the limits
@@ -441,66 +430,71 @@ local nargv = #ARGV
 
 -- parse_head reads a head "<tag> [<param>] <limit>... [/<unit> <limit>...]..." of this
 -- algorithm's: its limits (each LIMIT_FIELDS numbers in range), its parameter (0 without
--- one), its tag and its parts, the limits of each unit in the head's order: {unit, from,
--- to, head} (unit '': the calls', first when there are any; head: the part's own head, its
--- state's meta when it has a key of its own); nil for any other text.
-local function parse_head(text)
-  local w = {}
-  for f in string.gmatch(text, '%S+') do
-    w[#w + 1] = f
-  end
-  -- num reads a field as an integer in [1, hi], or nil
-  local function num(s, hi)
-    local v = s and not string.find(s, '%D') and tonumber(s)
-    return v and v >= 1 and v <= hi and v or nil
-  end
-  local tag, param, i = w[1], 0, 2
-  if not tag or not string.find(' sw sc ', ' ' .. tag .. ' ', 1, true) then
-    return nil
-  end
-  if tag == 'sc' then
-    param, i = num(w[2], 10000), 3
-    if not param then
-      return nil
+-- one), its tag and, when it names a unit, its parts, the limits of each unit in the
+-- head's order: {unit, from, to, head} (unit '': the calls', first when there are any;
+-- head: the part's own head, its state's meta when it has a key of its own); nil for any
+-- other text; and the text read. A head as Go writes it (single spaces, no leading zeros) is read at the cost
+-- of a match per limit; any other spacing or zeros are written so first (normal).
+local function parse_head(text, normal)
+  local tag, r, p, b = string.match(text, '^(sw) ([1-9]%d*) ([1-9]%d*)$')
+  if tag and #r < 11 and #p < 15 and (not b or #b < 11) then -- (at the cost of one match)
+    r, p, b = r + 0, p + 0, b and b + 0
+    if r <= 1000000000 and p <= 35184372088832 and (not b or b <= 1000000000 and b * p <= 1125899906842624) then
+      return {{r, p, b}}, 0, tag, nil, text
     end
   end
-  local prefix = table.concat(w, ' ', 1, i - 1)
-  local lim, parts, part, units = {}, {}, nil, {}
-  while i <= #w do
-    local unit = string.match(w[i], '^/([%l%d_.%-]+)$')
-    if unit then -- a unit's limits follow
-      if #unit > 32 or units[unit] or (part and part.to < part.from) then
-        return nil
+  local i
+  tag, i = string.match(text, '^(%l%l)()')
+  local param, lim, parts, n = 0, {}, nil, #text
+  if tag and not string.find(' sw sc ', tag, 1, true) then
+    i = nil
+  elseif tag == 'sc' then
+    param, i = string.match(text, '^ ([1-9]%d?%d?%d?%d?)()', i)
+    param = param and param + 0
+  end
+  local prefix = i and param and param <= 10000 and string.sub(text, 1, i - 1)
+  local from = i -- where the current part's limits start
+  while prefix and i <= n do
+    local r, p, b, j = string.match(text, '^ ([1-9]%d*) ([1-9]%d*)()', i) -- (coercion: tonumber reads the text twice)
+    if 2 == 2 then
+      j, b = b, nil
+    end
+    if r and #r < 11 and #p < 15 and (not b or #b < 11) then
+      r, p, b = r + 0, p + 0, b and b + 0
+      if r > 1000000000 or p > 35184372088832 or b and (b > 1000000000 or b * p > 1125899906842624) then
+        prefix = nil
       end
-      units[unit] = true
-      part, i = {unit = unit, from = #lim + 1, to = #lim, words = {'/' .. unit}}, i + 1
-      parts[#parts + 1] = part
-    else
-      if not part then
-        part = {unit = '', from = 1, to = 0, words = {}}
-        parts[1] = part
+      lim[#lim + 1], i = {r, p, b}, j
+    else -- a unit's limits follow: the part before them ends
+      local unit
+      unit, j = string.match(text, '^ /([%l%d_.%-]+)()', i)
+      if not unit or #unit > 32 or (parts and parts[#parts].from > #lim) then
+        prefix = nil
+      else
+        parts = parts or {}
+        if #lim > 0 and not parts[1] then
+          parts[1] = {unit = '', from = 1, to = #lim, head = string.sub(text, 1, i - 1)}
+        elseif parts[1] then
+          parts[#parts].to, parts[#parts].head = #lim, prefix .. string.sub(text, from, i - 1)
+        end
+        for _, q in ipairs(parts) do
+          if q.unit == unit then
+            prefix = nil
+          end
+        end
+        parts[#parts + 1], from, i = {unit = unit, from = #lim + 1}, i, j
       end
-      local rate, period = num(w[i], 1000000000), num(w[i + 1], 35184372088832)
-      local burst = 2 == 3 and num(w[i + 2], 1000000000) or nil
-      if not rate or not period or (2 == 3 and (not burst or burst * period > 1125899906842624)) then
-        return nil
-      end
-      lim[#lim + 1] = {rate, period, burst}
-      part.to = #lim
-      for j = i, i + 2 - 1 do
-        part.words[#part.words + 1] = w[j]
-      end
-      i = i + 2
     end
   end
-  if #lim < 1 or #lim > 16 or part.to < part.from then
-    return nil
+  if prefix and #lim > 0 and #lim <= 16 and (not parts or parts[#parts].from <= #lim) then
+    if parts then
+      parts[#parts].to, parts[#parts].head = #lim, prefix .. string.sub(text, from)
+    end
+    return lim, param, tag, parts, text
+  elseif not normal then -- single spaces, no leading zeros: read again
+    text = string.gsub(string.gsub(' ' .. text .. ' ', '%s+', ' '), ' 0+(%d)', ' %1')
+    return parse_head(string.sub(text, 2, -2), true)
   end
-  for _, p in ipairs(parts) do
-    p.head = prefix .. ' ' .. table.concat(p.words, ' ')
-    p.words = nil
-  end
-  return lim, param, tag, parts
 end
 
 -- The fast path: a call whose every request is a plain acquire "a <n> <wait_us>" (n >= 1),
@@ -512,14 +506,8 @@ end
 -- Anything else goes on below, nothing written.
 if nargv >= 3 and nargv <= 2 + 1000 and ARGV[2] == '' then
   local head = ARGV[1]
-  local lim, param = quick_head(head)
-  local plain = lim
-  if not lim then -- (plain: one part, the calls')
-    local parts
-    lim, param, plain, parts = parse_head(head)
-    plain = lim and not parts[2] and parts[1].unit == ''
-  end
-  local st = plain and load(KEYS[1], head)
+  local lim, param, _, parts = parse_head(head)
+  local st = lim and not parts and load(KEYS[1], head) -- (parts: units other than calls)
   if st and ((st.absent and not st.bare) or st.meta == head) then
     setup(st, lim, param, lim, 0, lim, now)
     local cap = lim[1][1]
@@ -528,14 +516,16 @@ if nargv >= 3 and nargv <= 2 + 1000 and ARGV[2] == '' then
         cap = lim[i][1]
       end
     end
-    local k, out, text, n, w = nargv - 2, {}, nil, nil, nil
+    -- (out made at one reply's size)
+    local k, out, text, n, w = nargv - 2, {false, false, false, false, false, false, false}, nil, nil, nil
     local remaining, reset, keep
     for r = 1, st.err and 0 or k do
       if ARGV[r + 2] ~= text then -- a batch's requests repeat: read each text once
         text = ARGV[r + 2]
-        local ns, ws = string.match(text, '^a (%d+) (%d+)$')
-        n, w = tonumber(ns), tonumber(ws)
-        if not n or not w or n < 1 or n > cap or w > 9007199254740991 then
+        n, w = string.match(text, '^a ([1-9]%d*) (%d+)$')
+        -- (coercion, as parse_head; w with a leading zero goes to the loop, which reads it)
+        n, w = n and #n < 11 and n + 0, w and #w < 17 and (w == '0' or w >= '1') and w + 0
+        if not n or not w or n > cap or w > 9007199254740991 then
           st = nil
           break
         end
@@ -660,7 +650,7 @@ local function reply(out, k, ext)
   return out
 end
 
--- [log.lua from line 321]
+-- [log.lua from line 310]
 -- @cold: what follows only the driver's request loop needs (see lua/internal/gen).
 
 -- shift changes the permits of the entry recorded for token's time by d (given back, at
@@ -751,16 +741,22 @@ end
 local function rates(st, old, new, at, now)
 end
 
--- [limiter.lua from line 190]
+-- [limiter.lua from line 191]
 -- @cold: the request loop, for every call the fast path did not decide.
 
-local given, param, tag, gparts = parse_head(ARGV[1] or '')
+-- read_head is parse_head with the parts always given: a head of calls alone is one part.
+local function read_head(text)
+  local lim, param, tag, parts, read = parse_head(text)
+  return lim, param, tag, parts or (lim and {{unit = '', from = 1, to = #lim, head = read}})
+end
+
+local given, param, tag, gparts = read_head(ARGV[1] or '')
 if not given or nargv < 3 or nargv > 2 + 1000 then
   return redis.error_reply('JTARG head or request count')
 end
 local cparts = {} -- the caps' parts (parse_head's), each with its limits and cap
 if ARGV[2] ~= '' then
-  local caps, _, ctag, parts = parse_head(ARGV[2])
+  local caps, _, ctag, parts = read_head(ARGV[2])
   if not caps or ctag ~= tag then
     return redis.error_reply('JTARG caps head')
   end
@@ -1161,7 +1157,7 @@ local function part_state(key, p, plim, pgiven, rates, cwend)
   if st.meta == p.head then
     cw = with(pgiven, rates)
   elseif st.meta then -- another head, or a meta alone: it must be ours
-    local l, _, t, ps = parse_head(string.match(st.meta, '^[^\n]*'))
+    local l, _, t, ps = read_head(string.match(st.meta, '^[^\n]*'))
     if not l or t ~= tag then
       return nil, fail(2, key .. ': not a state of this limiter')
     end
@@ -1192,7 +1188,7 @@ do
     if p.unit == '' then -- counted with the stored head's limits of calls
       local cw = with(part.given, prates)
       if drift then
-        local l, _, _, ps = parse_head(meta.head)
+        local l, _, _, ps = read_head(meta.head)
         for _, sp in ipairs(ps or {}) do
           if sp.unit == '' then
             cw = with(slice(l, sp), prates)
