@@ -280,9 +280,7 @@ local function give(st, lim, n, token, now)
       end
     end
   end
-  if freed == 1 then
-    st.dirty = true
-  end
+  st.dirty = st.dirty or freed == 1
   return freed
 end
 
@@ -294,9 +292,7 @@ local function adjust(st, lim, d, token, now)
       st[j + 1], moved = math.max(-MAX_TICKS, math.min(b * p, u - d * p)), 1
     end
   end
-  if moved == 1 then
-    st.dirty = true
-  end
+  st.dirty = st.dirty or moved == 1
   return moved
 end
 

@@ -1,39 +1,32 @@
 -- log.lua: SlidingWindow ("sw") and SlidingCounter ("sc"), a log of numbered permits: at
 -- most rate permits take effect in any window of period, for every limit, exactly (the
--- counter: counted at the end of their sub-bucket). limiter.lua's header says what it
+-- counter: counted at the end of their sub-bucket). limiter.lua's header lists what it
 -- defines.
 --
 -- Head   "sw <r1> <p1> ..." or "sc <buckets> <r1> <p1> ...": rate, period_us per limit;
 --        the counter's sub-buckets of the shortest period, 1..10000.
--- State  a list [meta, base, T1, S1, T2, S2, ..., TE, SE]:
---   meta  the meta text (internal/protocol): the head, then a pause, an override, the fair
---         share's clock
---   Ti    when entry i takes effect, µs; strictly rising
---   Si    permits granted up to and including entry i; strictly rising, so entry i holds
---         Si - S(i-1) permits and grants at one time share an entry
---   base  S0, the count left by the entries already trimmed
--- Its TTL lasts until the last entry has left the longest window (or the meta's pause or
--- override ends, if later); an absent key is an empty log. For the counter, bucket_us is
--- the shortest period / buckets, rounded up (the exact log: 0): a grant at t is recorded
--- at the end of its sub-bucket,
--- (floor(t / bucket_us) + 1) × bucket_us, so the list keeps one entry per sub-bucket and a
--- permit holds its place between period and period + bucket_us (SlidingCounter).
+-- State  a list [meta, base, T1, S1, ..., TE, SE]: the meta text (internal/protocol); Ti
+--   when entry i takes effect, µs, and Si the permits granted up to and including it, both
+--   strictly rising (grants at one time share an entry); base S0, the count of the entries
+--   trimmed. Its TTL lasts until the last entry has left the longest window (or the meta's
+--   lines end); an absent key is an empty log. The counter records a grant at t at the end
+--   of its sub-bucket, (floor(t / bucket_us) + 1) × bucket_us (bucket_us: the shortest
+--   period / buckets, rounded up; the exact log: 0), one entry per sub-bucket.
 -- Rules: granting n at t keeps every window (t - period, t] at or under rate exactly when
---   permit number SE + n - rate took effect at or before t - period, so an acquire books
---   at the earliest t >= t0, at or after the last entry (FIFO; the counter: its sub-bucket's
---   start), where that holds for every limit: one lookup per limit.
+--   permit number SE + n - rate took effect at or before t - period: an acquire books at
+--   the earliest t >= t0, at or after the last entry (FIFO), where that holds for every
+--   limit, one lookup per limit.
 -- Cancel of n booked at token (token > now) removes min(n, held) permits from the entry
---   recorded for token's time (held: the permits it holds) and renumbers the entries after
---   it: exactly what the booking took, when it is the entry's only booking. freed is 1 when
---   there was such an entry.
+--   recorded for token's time and renumbers the entries after it (freed 1 when there was
+--   one); a settle adds d (d < 0: at most the permits it holds) to it alike.
 -- Remaining: min over limits of rate - permits in (now - period, now], 0 while a booking
 --   waits or paused; reset_us: until the last entry has left the longest window.
 --
--- Reading: a call reads the head (meta, base and LOG_HEAD entries) and the last entry,
--- which answer the usual lookups; one further in is a binary search, one LRANGE per probe.
--- Writes wait in the state (st) until save: the entries trimmed from the front (off),
--- those replaced at the back (drop, by a cancel), the stored last entry's new count
--- (lset) and the entries appended (tail), so a batch's requests write the list once.
+-- A call reads the head (meta, base and LOG_HEAD entries) and the last entry, which answer
+-- the usual lookups; one further in is a binary search, an LRANGE per probe. Writes wait
+-- in the state until save: the entries trimmed from the front (off), those replaced at the
+-- back (drop), the stored last entry's new count (lset) and the entries appended (tail),
+-- so a batch's requests write the list once.
 
 local LIMIT_FIELDS = 2   -- a limit's numbers in a head: rate, period_us
 local LIMIT_TEXT = '^ ([1-9]%d*) ([1-9]%d*)()' -- a limit's text in a head as Go writes it
@@ -309,10 +302,10 @@ end
 
 -- @cold: what follows only the driver's request loop needs (see lua/internal/gen).
 
--- shift changes the permits of the entry recorded for token's time by d (given back, at
+-- adjust changes the permits of the entry recorded for token's time by d (given back, at
 -- most what it holds, when d < 0), and renumbers the entries after it; 1 when there was
 -- such an entry.
-local function shift(st, token, d)
+local function adjust(st, lim, d, token, now)
   if d == 0 or not st.lastT then
     return 0
   end
@@ -371,14 +364,7 @@ local function shift(st, token, d)
 end
 
 local function give(st, lim, n, token, now)
-  if token <= now or n == 0 then
-    return 0
-  end
-  return shift(st, token, -n)
-end
-
-local function adjust(st, lim, d, token, now)
-  return shift(st, token, d)
+  return token > now and adjust(st, lim, -n, token, now) or 0
 end
 
 -- detail: avail_i is limit i's rate less the permits holding a place in the window that

@@ -175,9 +175,7 @@ local function adjust(st, lim, d, token, now)
       end
     end
   end
-  if moved == 1 then
-    st.dirty = true
-  end
+  st.dirty = st.dirty or moved == 1
   return moved
 end
 
