@@ -40,19 +40,9 @@
 -- Remaining: floor(min u(now)/p) (0 while paused); reset_us: until every bucket is full.
 
 local LIMIT_FIELDS = 3 -- a limit's numbers in a head: rate, period_us, burst
+local LIMIT_TEXT = '^ ([1-9]%d*) ([1-9]%d*) ([1-9]%d*)()' -- a limit's text in a head as Go writes it
+local ONE_LIMIT = '^(tb) ([1-9]%d*) ([1-9]%d*) ([1-9]%d*)$' -- the usual head, as Go writes it
 local TAGS, PARAM_TAG, CAP = ' tb ', '', 3 -- the heads it serves; the one with a parameter; n's bound
-
--- quick_head reads the usual head, one limit: its limits and parameter; nil for any other
--- (the driver's parse_head reads every form).
-local function quick_head(text)
-  local r, p, b = string.match(text, '^tb (%d+) (%d+) (%d+)$')
-  r, p, b = tonumber(r), tonumber(p), tonumber(b)
-  if r and p and b and r >= 1 and r <= MAX_RATE and p >= 1 and p <= MAX_PERIOD and b >= 1 and b <= MAX_RATE
-    and b * p <= MAX_TICKS then
-    return {{r, p, b}}, 0
-  end
-  return nil
-end
 
 -- rates settles st, counted at st.at, at `at` (>= st.at) with the limits it holds, then
 -- counts with new (the bucket keeps its own limits: old is not needed) up to now.
@@ -63,7 +53,8 @@ local function rates(st, old, new, at, now)
     local u, r, p, b = st[j + 1], st[j + 2], st[j + 3], st[j + 4]
     if r then
       if at > st.at then
-        u = math.min(b * p, u + (at - st.at) * r)
+        u = u + (at - st.at) * r
+        u = u < b * p and u or b * p
       end
       if r ~= l[1] or p ~= l[2] or b ~= l[3] then
         if p ~= l[2] then
@@ -92,8 +83,9 @@ end
 -- common.lua's foreign names the failure).
 local function load(key, head)
   local v = redis.pcall('GET', key)
-  if not v then
-    return {at = now, key = key, absent = true}
+  if not v then -- (made at the size setup fills)
+    return {false, false, false, false, false, at = now, key = key, absent = true, horizon = false, given = false,
+      dirty = false}
   elseif type(v) == 'table' then -- another type: a meta alone in a list (the log's) is
     -- full buckets
     local l = string.find(v.err, 'WRONGTYPE', 1, true) and redis.pcall('LRANGE', key, '0', '1')
@@ -112,9 +104,11 @@ local function load(key, head)
   end
   -- one limit's state (the usual case) is read with one match, any other field by field
   local st
-  local last, u, e = string.match(v, '^(%d+) (%-?%d+) (%d+)\n')
-  if last then
-    st = {tonumber(u), false, false, false, tonumber(e), at = tonumber(last), meta = meta, key = key, exists = true}
+  local last, u, e = string.match(v, '^([1-9]%d*) (%-?%d+) (%d+)\n')
+  if last and nl < 300 and (e == '0' or e >= '1') and (u == '0' or u >= '1' or u < '.' and u >= '-1') then
+    -- (no leading zero: then coercion reads them, as parse_head; made at the size setup fills)
+    st = {u + 0, false, false, false, e + 0, at = last + 0, meta = meta, key = key, exists = true, horizon = false,
+      given = false, dirty = false}
   else
     local w = {}
     for f in string.gmatch(string.sub(v, 1, nl - 1), '%S+') do
@@ -261,11 +255,12 @@ local function save(st, key, keep, meta, bare)
     redis.call('SET', key, '\n' .. (meta or st.meta), 'PX', ms(keep))
     return
   end
-  local text = string.format('%d %d %d', now, st[1], st[5] > now and st[5] or 0)
+  local more = '' -- the limits after the first
   for j = 5, #st - 5, 5 do
-    text = text .. string.format(' %d %d', st[j + 1], st[j + 5] > now and st[j + 5] or 0)
+    more = more .. string.format(' %d %d', st[j + 1], st[j + 5] > now and st[j + 5] or 0)
   end
-  redis.call('SET', key, text .. '\n' .. (meta or st.meta), 'PX', ms(keep))
+  redis.call('SET', key, string.format('%d %d %d%s\n%s', now, st[1], st[5] > now and st[5] or 0, more, meta or st.meta),
+    'PX', ms(keep))
 end
 
 -- @cold: what follows only the driver's request loop needs (see lua/internal/gen).
@@ -285,9 +280,7 @@ local function give(st, lim, n, token, now)
       end
     end
   end
-  if freed == 1 then
-    st.dirty = true
-  end
+  st.dirty = st.dirty or freed == 1
   return freed
 end
 
@@ -299,9 +292,7 @@ local function adjust(st, lim, d, token, now)
       st[j + 1], moved = math.max(-MAX_TICKS, math.min(b * p, u - d * p)), 1
     end
   end
-  if moved == 1 then
-    st.dirty = true
-  end
+  st.dirty = st.dirty or moved == 1
   return moved
 end
 

@@ -1,29 +1,23 @@
 -- common.lua: what every jobthrottle script shares; the generator puts it first in each
--- script (lua/gen/*.lua), so the files after it use its locals. The protocol (keys,
--- arguments, requests, replies, codes) is described once, in internal/protocol; the
--- generator writes its constants (OP_*, E_*, F_*, MAX_*, WIDTH, HORIZON) as literals.
+-- script (lua/gen/*.lua), so the files after it use its locals, and writes the protocol's
+-- constants (internal/protocol: OP_*, E_*, F_*, MAX_*, WIDTH, HORIZON) as literals.
 --
--- Numbers: times are integer µs of the server's clock, read once per call (TIME), so
--- every request of a call sees the same instant; counts are integers. Every value a
--- script computes stays below 2^53, where Lua's doubles are exact; so is math.floor(a / b)
--- (and math.ceil) for integers |a| < 2^53 and b >= 1: the quotient's rounding could only
--- reach the next integer if |a| were 2^53 or more. The functions a usual call runs write
--- floor(a / b) out as (a - a % b) / b, and min and max as comparisons: a call of math.*
--- costs several times the arithmetic. An integer argument is plain decimal digits (leading
--- zeros allowed) with its value in range; one tonumber cannot read (gopher-lua: past
--- 2^63) is out of range. A failed string.match passed straight to a function is wrapped
--- in parentheses: gopher-lua's returns no value at all, and tonumber() raises.
+-- Numbers: times are integer µs of the server's clock, read once per call (TIME): every
+-- request of a call sees the same instant. Every value stays below 2^53, where doubles are
+-- exact, and so do floor(a / b) and ceil(a / b) of such integers. An integer argument is
+-- plain decimal digits in range. Where speed matters (bench/cmd/luaexec's lone acquire),
+-- floor(a / b) is written (a - a % b) / b, min and max as comparisons, and a number read
+-- as text that has no leading zero by coercion (x + 0): tonumber reads the text twice, and
+-- gopher-lua (miniredis's Lua) would read a leading zero as octal. A failed string.match
+-- passed straight to a function is wrapped in parentheses: gopher-lua's returns no value,
+-- and tonumber() raises. gopher-lua also miscompiles a multiple assignment that sets an
+-- upvalue beside a table field: write separate statements.
 --
--- Errors: a request that fails gets fail(code, text): code one of E_ARG (JTARG, an
--- argument missing or out of range), E_STATE (JTSTATE, a key holding what jobthrottle
--- did not write), E_ALG, E_EXCEEDS, or 0 for an error Redis itself gave (an ACL refusal,
--- OOM), whose text is Redis's; the text is for people. An error of the call as a whole
--- (its shared arguments) is the script's error reply, "JTARG ...". A request that fails
--- writes nothing.
---
--- gopher-lua (miniredis's Lua) differs from Redis's Lua 5.1 where it matters here:
--- a multiple assignment that sets an upvalue beside a table field is miscompiled (write
--- separate statements).
+-- Errors: a request that fails gets fail(code, text), code E_ARG (JTARG, an argument
+-- missing or out of range), E_STATE (JTSTATE, a key holding what jobthrottle did not
+-- write), E_ALG, E_EXCEEDS, or 0 for an error Redis gave (an ACL refusal, OOM), its text
+-- Redis's; the text is for people. An error in the shared arguments fails the call
+-- ("JTARG ..."). A request that fails writes nothing.
 --
 -- Provides: (the fast path uses only the first two; the rest come after "@cold")
 --   now                    the call's server time, µs
@@ -37,33 +31,20 @@
 local now
 do
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2]) -- (tonumber costs less than coercion)
+  now = t[1] * 1000000 + t[2]
 end
 
--- ms formats its number itself: redis.call turns a number into text with a slow
--- printf("%.17g").
+-- (ms formats its number itself: redis.call would write it with printf("%.17g").)
 local function ms(us)
   return string.format('%d', us > 1000 and math.ceil(us / 1000) or 1)
 end
 
 -- @cold: what follows only the slow paths need (see lua/internal/gen).
 
--- int remembers the texts it has read, "0" and "1" from the start: a batch's fields
--- repeat, and a pattern and tonumber cost more than a table lookup.
-local int
-do
-  local seen = {['0'] = 0, ['1'] = 1}
-  function int(s, lo, hi)
-    local v = seen[s]
-    if v == nil and s then
-      v = string.find(s, '^%d+$') and (tonumber(s) or math.huge) or false
-      seen[s] = v
-    end
-    if v and v >= lo and v <= hi then
-      return v
-    end
-    return nil
-  end
+-- int reads s, plain decimal digits, as an integer in [lo, hi], or nil.
+local function int(s, lo, hi)
+  local v = s and string.find(s, '^%d+$') and (tonumber(s) or math.huge)
+  return v and v >= lo and v <= hi and v or nil
 end
 
 local function fail(code, text)
@@ -109,34 +90,27 @@ local function foreign(key, e, own)
   return fail(E_STATE, key .. ': not a jobthrottle state')
 end
 
-
 -- reply appends each request's extra to out (WIDTH integers per request, k requests):
 -- ext[r] with a code is request r's error, {-1, code, at, len, 0, 0, 0} with the text one
--- byte per integer; any other table is its detail (Inspect), whose at and len go in
+-- byte per integer; any other table is its detail (inspect), whose at and len go in
 -- fields 5 and 6. at is 1-based in the whole reply.
 local function reply(out, k, ext)
   local at = WIDTH * k
   for r = 1, k do
-    local e = ext[r]
+    local e, b = ext[r], WIDTH * r - WIDTH
     if e then
-      local b = WIDTH * r - WIDTH
-      if e.code then
-        local text = e.text
-        local len = #text
+      local text = e.code and e.text
+      local len = text and #text or #e
+      if text then
         out[b + 1], out[b + 2], out[b + 3], out[b + 4], out[b + 5], out[b + 6], out[b + 7] =
           -1, e.code, at + 1, len, 0, 0, 0
-        for i = 1, len do
-          out[at + i] = string.byte(text, i)
-        end
-        at = at + len
       else
-        local len = #e
         out[b + 5], out[b + 6] = at + 1, len
-        for i = 1, len do
-          out[at + i] = e[i]
-        end
-        at = at + len
       end
+      for i = 1, len do
+        out[at + i] = text and string.byte(text, i) or e[i]
+      end
+      at = at + len
     end
   end
   return out

@@ -1,54 +1,47 @@
 -- log.lua: SlidingWindow ("sw") and SlidingCounter ("sc"), a log of numbered permits: at
 -- most rate permits take effect in any window of period, for every limit, exactly (the
--- counter: counted at the end of their sub-bucket). limiter.lua's header says what it
+-- counter: counted at the end of their sub-bucket). limiter.lua's header lists what it
 -- defines.
 --
 -- Head   "sw <r1> <p1> ..." or "sc <buckets> <r1> <p1> ...": rate, period_us per limit;
 --        the counter's sub-buckets of the shortest period, 1..10000.
--- State  a list [meta, base, T1, S1, T2, S2, ..., TE, SE]:
---   meta  the meta text (internal/protocol): the head, then a pause, an override, the fair
---         share's clock
---   Ti    when entry i takes effect, µs; strictly rising
---   Si    permits granted up to and including entry i; strictly rising, so entry i holds
---         Si - S(i-1) permits and grants at one time share an entry
---   base  S0, the count left by the entries already trimmed
--- Its TTL lasts until the last entry has left the longest window (or the meta's pause or
--- override ends, if later); an absent key is an empty log. For the counter, bucket_us is
--- the shortest period / buckets, rounded up (the exact log: 0): a grant at t is recorded
--- at the end of its sub-bucket,
--- (floor(t / bucket_us) + 1) × bucket_us, so the list keeps one entry per sub-bucket and a
--- permit holds its place between period and period + bucket_us (SlidingCounter).
+-- State  a list [meta, base, T1, S1, ..., TE, SE]: the meta text (internal/protocol); Ti
+--   when entry i takes effect, µs, and Si the permits granted up to and including it, both
+--   strictly rising (grants at one time share an entry); base S0, the count of the entries
+--   trimmed. Its TTL lasts until the last entry has left the longest window (or the meta's
+--   lines end); an absent key is an empty log. The counter records a grant at t at the end
+--   of its sub-bucket, (floor(t / bucket_us) + 1) × bucket_us (bucket_us: the shortest
+--   period / buckets, rounded up; the exact log: 0), one entry per sub-bucket.
 -- Rules: granting n at t keeps every window (t - period, t] at or under rate exactly when
---   permit number SE + n - rate took effect at or before t - period, so an acquire books
---   at the earliest t >= t0, at or after the last entry (FIFO; the counter: its sub-bucket's
---   start), where that holds for every limit: one lookup per limit.
+--   permit number SE + n - rate took effect at or before t - period: an acquire books at
+--   the earliest t >= t0, at or after the last entry (FIFO), where that holds for every
+--   limit, one lookup per limit.
 -- Cancel of n booked at token (token > now) removes min(n, held) permits from the entry
---   recorded for token's time (held: the permits it holds) and renumbers the entries after
---   it: exactly what the booking took, when it is the entry's only booking. freed is 1 when
---   there was such an entry.
+--   recorded for token's time and renumbers the entries after it (freed 1 when there was
+--   one); a settle adds d (d < 0: at most the permits it holds) to it alike.
 -- Remaining: min over limits of rate - permits in (now - period, now], 0 while a booking
 --   waits or paused; reset_us: until the last entry has left the longest window.
 --
--- Reading: a call reads the head (meta, base and LOG_HEAD entries) and the last entry,
--- which answer the usual lookups; one further in is a binary search, one LRANGE per probe.
--- Writes wait in the state (st) until save: the entries trimmed from the front (off),
--- those replaced at the back (drop, by a cancel), the stored last entry's new count
--- (lset) and the entries appended (tail), so a batch's requests write the list once.
+-- A call reads the head (meta, base and LOG_HEAD entries) and the last entry, which answer
+-- the usual lookups; one further in is a binary search, an LRANGE per probe. Writes wait
+-- in the state until save: the entries trimmed from the front (off), those replaced at the
+-- back (drop), the stored last entry's new count (lset) and the entries appended (tail),
+-- so a batch's requests write the list once.
 
 local LIMIT_FIELDS = 2   -- a limit's numbers in a head: rate, period_us
+local LIMIT_TEXT = '^ ([1-9]%d*) ([1-9]%d*)()' -- a limit's text in a head as Go writes it
+local ONE_LIMIT = '^(sw) ([1-9]%d*) ([1-9]%d*)$' -- the usual head, as Go writes it
 local TAGS, PARAM_TAG, CAP = ' sw sc ', 'sc', 1 -- the heads it serves; the one with a parameter; n's bound
-local LOG_HEAD_END = '9' -- the head's last list index: meta, base and 4 entries
+local LOG_HEAD, LOG_HEAD_END = 3, '7' -- the head's entries, its last list index (meta, base, the entries)
 local LOG_TRIM = 2       -- expired entries that make an acquire trim (fewer wait for a later one)
 
--- quick_head reads the usual head, one limit of the exact log: its limits and parameter;
--- nil for any other (the driver's parse_head reads every form).
-local function quick_head(text)
-  local r, p = string.match(text, '^sw (%d+) (%d+)$')
-  r, p = tonumber(r), tonumber(p)
-  if r and p and r >= 1 and r <= MAX_RATE and p >= 1 and p <= MAX_PERIOD then
-    return {{r, p}}, 0
+-- entry returns the time and count an entry's texts hold, or nil when they are not
+-- ours (times and counts are never 0 and have no leading zero: then coercion reads them,
+-- as parse_head).
+local function entry(T, S)
+  if T and S and #T < 18 and #S < 18 and string.find(T, '^[1-9]%d*$') and string.find(S, '^[1-9]%d*$') then
+    return T + 0, S + 0
   end
-  return nil
 end
 
 -- at returns the time and count of entry i (1 <= i <= E; entry 0: -1 and base). An
@@ -67,21 +60,14 @@ local function at(st, i)
   end
   local T, S = st[2 * s - 1], st[2 * s] -- (st's array: the entries read, by list position)
   if not T then
-    local v = s <= st.hn and st.head
-    if v then
-      T, S = v[2 * s + 1], v[2 * s + 2]
-      if #T > 17 or #S > 17 or T == '' or S == '' or string.find(T .. S, '%D') then
-        st.err = st.err or st.key .. ': entry ' .. s
-        return 0, st.base
-      end
-      T, S = tonumber(T), tonumber(S)
-    else
-      v = redis.call('LRANGE', st.key, string.format('%d', 2 * s), string.format('%d', 2 * s + 1))
-      if #v ~= 2 or not string.find(v[1] .. ',' .. v[2], '^%d+,%d+$') or #v[1] > 17 or #v[2] > 17 then
-        st.err = st.err or st.key .. ': entry ' .. s
-        return 0, st.base
-      end
-      T, S = tonumber(v[1]), tonumber(v[2])
+    local v, o = st.head, 2 * s -- (v[o + 1], v[o + 2]: the entry's texts)
+    if s > st.hn then
+      v, o = redis.call('LRANGE', st.key, string.format('%d', 2 * s), string.format('%d', 2 * s + 1)), 0
+    end
+    T, S = entry(v[o + 1], v[o + 2])
+    if not T then
+      st.err = st.err or st.key .. ': entry ' .. st.off + i
+      return 0, st.base
     end
     st[2 * s - 1], st[2 * s] = T, S
   end
@@ -143,31 +129,27 @@ local function load(key, head)
   -- made at its size: the head's entries (at) and the fields a usual call sets
   local st = {false, false, false, false, false, false, false, false,
     key = key, head = v, hn = 0, off = 0, drop = 0, tail = {}, base = 0, P = 0, meta = v[1],
-    exists = len > 0, absent = len < 2}
+    exists = len > 0, absent = len < 2, send = false, slastT = false, slastS = false, lastT = false, prec = 0,
+    pmax = 0, dirty = false}
   if len < 2 then -- absent, or a meta alone (the state's data is empty)
     st.send, st.bare = 0, len == 1
     return st
   end
   -- the last entry at once: it decides where a grant goes; the head's entries are
   -- checked as they are read (at), so a call reads no more than it needs
-  local last = len < 2 * 4 + 2 and {v[len - 1], v[len]} or redis.call('LRANGE', key, '-2', '-1')
-  local base = tonumber(v[2])
-  if len % 2 == 1 or not base or #v[2] > 17 or string.find(v[2], '%D') then
+  local whole = len < 2 * LOG_HEAD + 2 -- the head read the whole list
+  local last = whole and v or redis.call('LRANGE', key, '-2', '-1')
+  local base = v[2]
+  if len % 2 == 1 or #base > 17 or not string.find(base, '^%d+$') or not (base == '0' or base >= '1') then
     return nil, false
   end
-  st.base = base
-  if len < 2 * 4 + 2 then -- the whole list
-    st.hn = (len - 2) / 2
-    st.send = st.hn
-  else
-    st.hn = 4
-  end
+  st.base, st.hn = base + 0, whole and (len - 2) / 2 or LOG_HEAD
+  st.send = whole and st.hn
   if len > 2 then
-    local T, S = last[1], last[2]
-    if #T > 17 or #S > 17 or T == '' or S == '' or string.find(T .. S, '%D') then
+    st.slastT, st.slastS = entry(last[#last - 1], last[#last])
+    if not st.slastT then
       return nil, false
     end
-    st.slastT, st.slastS = tonumber(T), tonumber(S)
   end
   st.lastT, st.P = st.slastT, st.slastS or st.base
   return st
@@ -320,10 +302,10 @@ end
 
 -- @cold: what follows only the driver's request loop needs (see lua/internal/gen).
 
--- shift changes the permits of the entry recorded for token's time by d (given back, at
+-- adjust changes the permits of the entry recorded for token's time by d (given back, at
 -- most what it holds, when d < 0), and renumbers the entries after it; 1 when there was
 -- such an entry.
-local function shift(st, token, d)
+local function adjust(st, lim, d, token, now)
   if d == 0 or not st.lastT then
     return 0
   end
@@ -382,14 +364,7 @@ local function shift(st, token, d)
 end
 
 local function give(st, lim, n, token, now)
-  if token <= now or n == 0 then
-    return 0
-  end
-  return shift(st, token, -n)
-end
-
-local function adjust(st, lim, d, token, now)
-  return shift(st, token, d)
+  return token > now and adjust(st, lim, -n, token, now) or 0
 end
 
 -- detail: avail_i is limit i's rate less the permits holding a place in the window that

@@ -2,32 +2,29 @@
 -- order and are handed freed slots by whichever call frees them. The generator puts it
 -- after common.lua.
 --
--- KEYS[1]  {<prefix><key>}:sem    zset: lease -> when it expires, µs. A lease's member is
+-- KEYS[1]  {<prefix><key>}:sem    zset: lease -> when it expires, µs; a lease's member is
 --          its holder's token, or a place's id for a slot handed to that place
 -- KEYS[2]  {<prefix><key>}:semq   zset: place "<id>:<ttl_us>" -> arrival, µs (unique, rising)
 -- KEYS[3]  {<prefix><key>}:semx   zset: place -> when it lapses, µs
--- KEYS[4]  {<prefix><key>}:l     a limiter's state on the same key; read only: the pause in its
---          meta (internal/protocol), which is the key's, for limiters and semaphores alike
+-- KEYS[4]  {<prefix><key>}:l      the limiter's state of the key, read only: the pause in its
+--          meta (internal/protocol) is the key's, for limiters and semaphores alike
 -- ARGV[1]  k, the number of requests, 1..1000
 -- ARGV[2 .. 1+4k]  k requests of four fields: op, token, place, join
---   op  name     token                        place                   join
---   0   acquire  the caller's, 32 lowercase hex   its place's id      1: take or keep a place
+--   op  name     token                          place                 join
+--   0   acquire  the caller's, 32 lowercase hex  its place's id        1: take or keep a place
 --                                                                      in the queue when denied; 0
---   1   extend   the holder's                 "" or an id (not used)  0
---   2   release  the holder's                 its place's id, or ""   0
---   3   inspect  "" or a token (not used)     "" or an id (not used)  expiries to list, 0..1000
+--   1   extend   the holder's                   "" or an id (not used)  0
+--   2   release  the holder's                   its place's id, or ""   0
+--   3   inspect  "" or a token (not used)       "" or an id (not used)  expiries to list, 0..1000
 --   an id: 1..200 printable bytes without spaces (Acquire: the token; asynq: the task's id)
--- ARGV[2+4k]  max, leases live at once, 1..10^9
--- ARGV[3+4k]  ttl_us, how long a lease (and a place in the queue) lives, 1000..2^45
--- An error in k, max or ttl_us fails the call; any other fails its request only.
+-- ARGV[2+4k]  max, leases live at once, 1..10^9; ARGV[3+4k]  ttl_us, how long a lease (and
+--          a place in the queue) lives, 1000..2^45. An error in k, max or ttl_us fails the call.
 -- Returns  WIDTH integers per request, then the extras (common.lua, reply):
 --   acquire  ok 0|1, wait_us, held, 0, 0, 0, 0
 --   extend   ok (the lease was live and now expires in ttl_us), 0, held, 0, 0, 0, 0
 --   release  ok (the lease was live and is gone), 0, held, 0, 0, 0, 0
 --   inspect  1, 0, held, 0, at, len, 0; extra: held, waiting, paused_us, pttl_ms (the lease
---            set's: -2 absent, -1 none), k', then until each of the k' earliest live leases
---            expires, µs
---   error    -1, code, at, len, 0, 0, 0; extra: the error's text, one byte per integer
+--            set's: -2 absent, -1 none), k', then until each of the k' earliest leases expires
 --   held: live leases after the request; wait_us (denied): until, by expiry alone, a slot
 --   comes to this caller (the (held - max + place + 1)th earliest expiry, or the end of a
 --   pause if later), >= 1.

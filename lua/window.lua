@@ -18,18 +18,9 @@
 --   waits (L > now) or paused; reset_us: until the windows holding grants have all ended.
 
 local LIMIT_FIELDS = 2 -- a limit's numbers in a head: rate, period_us
+local LIMIT_TEXT = '^ ([1-9]%d*) ([1-9]%d*)()' -- a limit's text in a head as Go writes it
+local ONE_LIMIT = '^(fw) ([1-9]%d*) ([1-9]%d*)$' -- the usual head, as Go writes it
 local TAGS, PARAM_TAG, CAP = ' fw ', '', 1 -- the heads it serves; the one with a parameter; n's bound
-
--- quick_head reads the usual head, one limit: its limits and parameter; nil for any other
--- (the driver's parse_head reads every form).
-local function quick_head(text)
-  local r, p = string.match(text, '^fw (%d+) (%d+)$')
-  r, p = tonumber(r), tonumber(p)
-  if r and p and r >= 1 and r <= MAX_RATE and p >= 1 and p <= MAX_PERIOD then
-    return {{r, p}}, 0
-  end
-  return nil
-end
 
 -- load reads the state at key: st.meta is its meta (nil: the key is absent; head, the
 -- same text, when they are equal); or nil and the read's error (false: a string not ours;
@@ -184,9 +175,7 @@ local function adjust(st, lim, d, token, now)
       end
     end
   end
-  if moved == 1 then
-    st.dirty = true
-  end
+  st.dirty = st.dirty or moved == 1
   return moved
 end
 

@@ -2,31 +2,25 @@
 
 -- [common.lua from line 1]
 -- common.lua: what every jobthrottle script shares; the generator puts it first in each
--- script (lua/gen/*.lua), so the files after it use its locals. The protocol (keys,
--- arguments, requests, replies, codes) is described once, in internal/protocol; the
--- generator writes its constants (OP_*, E_*, F_*, MAX_*, WIDTH, HORIZON) as literals.
+-- script (lua/gen/*.lua), so the files after it use its locals, and writes the protocol's
+-- constants (internal/protocol: OP_*, E_*, F_*, MAX_*, WIDTH, HORIZON) as literals.
 --
--- Numbers: times are integer µs of the server's clock, read once per call (TIME), so
--- every request of a call sees the same instant; counts are integers. Every value a
--- script computes stays below 2^53, where Lua's doubles are exact; so is math.floor(a / b)
--- (and math.ceil) for integers |a| < 2^53 and b >= 1: the quotient's rounding could only
--- reach the next integer if |a| were 2^53 or more. The functions a usual call runs write
--- floor(a / b) out as (a - a % b) / b, and min and max as comparisons: a call of math.*
--- costs several times the arithmetic. An integer argument is plain decimal digits (leading
--- zeros allowed) with its value in range; one tonumber cannot read (gopher-lua: past
--- 2^63) is out of range. A failed string.match passed straight to a function is wrapped
--- in parentheses: gopher-lua's returns no value at all, and tonumber() raises.
+-- Numbers: times are integer µs of the server's clock, read once per call (TIME): every
+-- request of a call sees the same instant. Every value stays below 2^53, where doubles are
+-- exact, and so do floor(a / b) and ceil(a / b) of such integers. An integer argument is
+-- plain decimal digits in range. Where speed matters (bench/cmd/luaexec's lone acquire),
+-- floor(a / b) is written (a - a % b) / b, min and max as comparisons, and a number read
+-- as text that has no leading zero by coercion (x + 0): tonumber reads the text twice, and
+-- gopher-lua (miniredis's Lua) would read a leading zero as octal. A failed string.match
+-- passed straight to a function is wrapped in parentheses: gopher-lua's returns no value,
+-- and tonumber() raises. gopher-lua also miscompiles a multiple assignment that sets an
+-- upvalue beside a table field: write separate statements.
 --
--- Errors: a request that fails gets fail(code, text): code one of E_ARG (JTARG, an
--- argument missing or out of range), E_STATE (JTSTATE, a key holding what jobthrottle
--- did not write), E_ALG, E_EXCEEDS, or 0 for an error Redis itself gave (an ACL refusal,
--- OOM), whose text is Redis's; the text is for people. An error of the call as a whole
--- (its shared arguments) is the script's error reply, "JTARG ...". A request that fails
--- writes nothing.
---
--- gopher-lua (miniredis's Lua) differs from Redis's Lua 5.1 where it matters here:
--- a multiple assignment that sets an upvalue beside a table field is miscompiled (write
--- separate statements).
+-- Errors: a request that fails gets fail(code, text), code E_ARG (JTARG, an argument
+-- missing or out of range), E_STATE (JTSTATE, a key holding what jobthrottle did not
+-- write), E_ALG, E_EXCEEDS, or 0 for an error Redis gave (an ACL refusal, OOM), its text
+-- Redis's; the text is for people. An error in the shared arguments fails the call
+-- ("JTARG ..."). A request that fails writes nothing.
 --
 -- Provides: (the fast path uses only the first two; the rest come after "@cold")
 --   now                    the call's server time, µs
@@ -40,11 +34,10 @@
 local now
 do
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2]) -- (tonumber costs less than coercion)
+  now = t[1] * 1000000 + t[2]
 end
 
--- ms formats its number itself: redis.call turns a number into text with a slow
--- printf("%.17g").
+-- (ms formats its number itself: redis.call would write it with printf("%.17g").)
 local function ms(us)
   return string.format('%d', us > 1000 and math.ceil(us / 1000) or 1)
 end
@@ -93,19 +86,9 @@ end
 -- Remaining: floor(min u(now)/p) (0 while paused); reset_us: until every bucket is full.
 
 local LIMIT_FIELDS = 3 -- a limit's numbers in a head: rate, period_us, burst
+local LIMIT_TEXT = '^ ([1-9]%d*) ([1-9]%d*) ([1-9]%d*)()' -- a limit's text in a head as Go writes it
+local ONE_LIMIT = '^(tb) ([1-9]%d*) ([1-9]%d*) ([1-9]%d*)$' -- the usual head, as Go writes it
 local TAGS, PARAM_TAG, CAP = ' tb ', '', 3 -- the heads it serves; the one with a parameter; n's bound
-
--- quick_head reads the usual head, one limit: its limits and parameter; nil for any other
--- (the driver's parse_head reads every form).
-local function quick_head(text)
-  local r, p, b = string.match(text, '^tb (%d+) (%d+) (%d+)$')
-  r, p, b = tonumber(r), tonumber(p), tonumber(b)
-  if r and p and b and r >= 1 and r <= 1000000000 and p >= 1 and p <= 35184372088832 and b >= 1 and b <= 1000000000
-    and b * p <= 1125899906842624 then
-    return {{r, p, b}}, 0
-  end
-  return nil
-end
 
 -- rates settles st, counted at st.at, at `at` (>= st.at) with the limits it holds, then
 -- counts with new (the bucket keeps its own limits: old is not needed) up to now.
@@ -116,7 +99,8 @@ local function rates(st, old, new, at, now)
     local u, r, p, b = st[j + 1], st[j + 2], st[j + 3], st[j + 4]
     if r then
       if at > st.at then
-        u = math.min(b * p, u + (at - st.at) * r)
+        u = u + (at - st.at) * r
+        u = u < b * p and u or b * p
       end
       if r ~= l[1] or p ~= l[2] or b ~= l[3] then
         if p ~= l[2] then
@@ -145,8 +129,9 @@ end
 -- common.lua's foreign names the failure).
 local function load(key, head)
   local v = redis.pcall('GET', key)
-  if not v then
-    return {at = now, key = key, absent = true}
+  if not v then -- (made at the size setup fills)
+    return {false, false, false, false, false, at = now, key = key, absent = true, horizon = false, given = false,
+      dirty = false}
   elseif type(v) == 'table' then -- another type: a meta alone in a list (the log's) is
     -- full buckets
     local l = string.find(v.err, 'WRONGTYPE', 1, true) and redis.pcall('LRANGE', key, '0', '1')
@@ -165,9 +150,11 @@ local function load(key, head)
   end
   -- one limit's state (the usual case) is read with one match, any other field by field
   local st
-  local last, u, e = string.match(v, '^(%d+) (%-?%d+) (%d+)\n')
-  if last then
-    st = {tonumber(u), false, false, false, tonumber(e), at = tonumber(last), meta = meta, key = key, exists = true}
+  local last, u, e = string.match(v, '^([1-9]%d*) (%-?%d+) (%d+)\n')
+  if last and nl < 300 and (e == '0' or e >= '1') and (u == '0' or u >= '1' or u < '.' and u >= '-1') then
+    -- (no leading zero: then coercion reads them, as parse_head; made at the size setup fills)
+    st = {u + 0, false, false, false, e + 0, at = last + 0, meta = meta, key = key, exists = true, horizon = false,
+      given = false, dirty = false}
   else
     local w = {}
     for f in string.gmatch(string.sub(v, 1, nl - 1), '%S+') do
@@ -314,143 +301,136 @@ local function save(st, key, keep, meta, bare)
     redis.call('SET', key, '\n' .. (meta or st.meta), 'PX', ms(keep))
     return
   end
-  local text = string.format('%d %d %d', now, st[1], st[5] > now and st[5] or 0)
+  local more = '' -- the limits after the first
   for j = 5, #st - 5, 5 do
-    text = text .. string.format(' %d %d', st[j + 1], st[j + 5] > now and st[j + 5] or 0)
+    more = more .. string.format(' %d %d', st[j + 1], st[j + 5] > now and st[j + 5] or 0)
   end
-  redis.call('SET', key, text .. '\n' .. (meta or st.meta), 'PX', ms(keep))
+  redis.call('SET', key, string.format('%d %d %d%s\n%s', now, st[1], st[5] > now and st[5] or 0, more, meta or st.meta),
+    'PX', ms(keep))
 end
 
 
 -- [limiter.lua from line 1]
 -- limiter.lua: the driver every limiter script ends with; the generator puts it after
--- common.lua and the algorithm's file. The protocol it speaks (KEYS, ARGV, requests,
--- replies, codes) is internal/protocol's package doc, described there once; this header
--- says how the driver decides.
+-- common.lua and the algorithm's file. The protocol it speaks (keys, arguments, requests,
+-- the reply, codes) is internal/protocol's package doc; docs/design.md shows how it decides.
 --
 -- KEYS[1]  the limiter's state: the algorithm's data and the meta (internal/protocol)
--- KEYS[2..]  the requests' own keys: bookings, tenants' states, the fair share's queue
+-- KEYS[2..]  each unit's state ({…}:u:<unit>), then the requests' own keys: bookings,
+--          tenants' states, the fair share's queue, settles' records
 -- ARGV[1]  the group's head; ARGV[2] the tenants' caps' head or ""; ARGV[3..] the requests
 -- Returns  WIDTH integers per request, then the extras (common.lua, reply)
--- Writes   after every read and check, once per call: the state with its meta, the
---   tenants' states, the fair share's queue, the bookings; a request that fails writes
---   nothing, and a state found foreign is written by none.
+-- Writes   after every read and check, once per call: the states and their metas, the fair
+--   share's queue, the bookings, the settles' records; a request that fails writes nothing,
+--   and a state found foreign is written by none.
 --
--- The algorithm's file defines, each taking its state as an argument (no module-level
--- variable carries state between functions):
+-- The algorithm's file defines, each taking its state as an argument:
 --   LIMIT_FIELDS, CAP           a limit's numbers in a head; which of them bounds n
 --   TAGS, PARAM_TAG             the head tags it serves; the one with a parameter
---   quick_head(text) -> lim, param   the usual head (one limit), or nil
+--   LIMIT_TEXT, ONE_LIMIT       patterns of a limit in a head and of the usual head
 --   load(key, head) -> st       st.meta (nil: absent; head itself when equal to it); or nil
 --                               and its read's error (common.lua's foreign reads it)
 --   setup(st, lim, param, cw, cwend, given, now)   count the state with lim, the limits
 --                               in force; cw: those it was counted with, to cwend
 --   fit(st, lim, n, t, now) -> t'    the earliest time >= t at which n fit every limit
 --   take(st, lim, n, t, now)         book n at t
---   give(st, lim, n, token, now) -> freed 0|1   give back n booked at token (Cancel)
+--   give(st, lim, n, token, now) -> freed 0|1   give back n booked at token (cancel)
+--   adjust(st, lim, d, token, now)   charge d more (less, d < 0) at the grant's place (settle)
 --   report(st, lim, now, oend) -> remaining, reset_us, keep_us (how long the state matters)
---   detail(st, lim, now) -> booked, ahead_us, avail (per limit)   (Inspect)
+--   detail(st, lim, now) -> booked, ahead_us, avail (per limit)   (inspect)
 --   rates(st, old, new, at, now)     the limits in force change at `at`
---   save(st, key, keep, meta)        write the state to live keep µs more (<= 0: delete it),
---                                    meta the new meta (nil: unchanged)
+--   save(st, key, keep, meta, bare)  write the state to live keep µs more (<= 0: delete it),
+--                                    meta the new meta (nil: unchanged); bare: the meta alone
 -- st.dirty says the state changed, st.absent that the key was absent (or held a meta
--- alone, st.bare), st.err (a text) that a read after load found it foreign (the log
--- reads lazily). lim[i] = {rate,
--- period_us, burst (bucket only)}: the limits in force. Nothing raises an error: a
--- request's failure is a value, so no pcall is needed.
+-- alone, st.bare), st.err (a text) that a read after load found it foreign (the log reads
+-- lazily). lim[i] = {rate, period_us, burst (bucket only)}: the limits in force. Nothing
+-- raises an error: a request's failure is a value.
 --
--- Decisions. Requests are decided in order at one instant (now), each as a call of its
--- own at that instant would be: a pause or an override earlier in a call applies to the
--- requests after it. An acquire books n at fit(t0), t0 = now or a pause's end, if that
--- comes within its max wait; else it is denied with the wait until n fits. A task's
--- booking (b) survives the task handed back to its queue: the record "token n stamp" is
--- found again by the task's next acquire of the same n when its token is at most late
--- µs past and no pause lies after it (status 2, a new stamp above the last); a record an
--- override set since overtakes, lowering a rate or a burst, is re-placed (given back, and
--- booked anew); a cancel with b gives the booking back only when its token field is the
--- record's stamp (the caller still holds it).
--- Tenants (t): a tenant's request is granted only when the group's limits and the
---   tenant's caps (c) all have room, booking on both at the same time, and when its fair
---   turn has come. The turn is start-time fair queueing over the group's service
---   (generalized processor sharing, its clock V advancing 1/W per µs while W, the weight
---   of the tenants with requests ahead, is above 0): a request's start tag S is max(V,
---   the tenant's finish tag F) and its finish tag S + cost × slot / weight (slot: the
---   group's first limit's period / rate). It may book while S <= V + horizon / W and the
---   booking takes effect within the horizon (max(HORIZON, 2 slots)); otherwise it is told
---   when asking again can succeed, and with h takes its place: F moves on and the reply
---   carries S as a ticket (a task's record keeps it), which the next ask sends back. The
---   queue (q) holds each tenant whose F is ahead of V, "<weight units> <name>" scored F;
---   the clock lives in the meta's f line.
--- Pause: nothing is booked before its end; a longer pause set is kept; it publishes
---   "p <pause_end>" (the end in force) on {…}:wake. Resume ends it and publishes "r <pause_end>".
--- Override: until it ends, limit i (i <= m') runs at the rate and burst given (periods stay
---   the callers'); an acquire above what it can ever grant fails with E_EXCEEDS.
+-- Requests are decided in order at one instant (now), each as a call of its own at that
+-- instant would be: a pause or an override earlier in a call applies to the requests
+-- after it. Each op's function below says what it decides.
 
 local ARGV, KEYS = ARGV, KEYS -- (locals cost less to read than globals)
 local nargv = #ARGV
 
+-- limit returns a limit's numbers from the texts of its fields (digits without a leading
+-- zero), or nil when one is out of range.
+local function limit(r, p, b)
+  if #r < 11 and #p < 15 and (not b or #b < 11) then
+    r, p, b = r + 0, p + 0, b and b + 0
+    if r <= 1000000000 and p <= 35184372088832 and (not b or b <= 1000000000 and b * p <= 1125899906842624) then
+      return {r, p, b}
+    end
+  end
+end
+
+-- cap_of returns the largest n the limits lim allow.
+local function cap_of(lim)
+  local cap = 1000000000
+  for i = 1, #lim do
+    cap = cap < lim[i][3] and cap or lim[i][3]
+  end
+  return cap
+end
+
 -- parse_head reads a head "<tag> [<param>] <limit>... [/<unit> <limit>...]..." of this
 -- algorithm's: its limits (each LIMIT_FIELDS numbers in range), its parameter (0 without
--- one), its tag and its parts, the limits of each unit in the head's order: {unit, from,
--- to, head} (unit '': the calls', first when there are any; head: the part's own head, its
--- state's meta when it has a key of its own); nil for any other text.
-local function parse_head(text)
-  local w = {}
-  for f in string.gmatch(text, '%S+') do
-    w[#w + 1] = f
+-- one), its tag and, when it names a unit, its parts, the limits of each unit in the
+-- head's order: {unit, from, to, head} (unit '': the calls', first when there are any;
+-- head: the part's own head, its state's meta when it has a key of its own); and the text
+-- read; nil for any other text. A head as Go writes it (single spaces, no leading zeros) is
+-- read at the cost of a match per limit; another is written so first (normal).
+local function parse_head(text, normal)
+  local tag, r, p, b = string.match(text, '^(tb) ([1-9]%d*) ([1-9]%d*) ([1-9]%d*)$')
+  local l = tag and limit(r, p, b)
+  if l then
+    return {l}, 0, tag, nil, text
   end
-  -- num reads a field as an integer in [1, hi], or nil
-  local function num(s, hi)
-    local v = s and not string.find(s, '%D') and tonumber(s)
-    return v and v >= 1 and v <= hi and v or nil
+  local i
+  tag, i = string.match(text, '^(%l%l)()')
+  local param, lim, parts, n = 0, {}, nil, #text
+  if tag and not string.find(' tb ', tag, 1, true) then
+    i = nil
+  elseif tag == '' then
+    param, i = string.match(text, '^ ([1-9]%d?%d?%d?%d?)()', i)
+    param = param and param + 0
   end
-  local tag, param, i = w[1], 0, 2
-  if not tag or not string.find(' tb ', ' ' .. tag .. ' ', 1, true) then
-    return nil
-  end
-  if tag == '' then
-    param, i = num(w[2], 10000), 3
-    if not param then
-      return nil
+  local prefix = i and param and param <= 10000 and string.sub(text, 1, i - 1)
+  local from = i -- where the current part's limits start
+  while prefix and i <= n do
+    local j
+    r, p, b, j = string.match(text, '^ ([1-9]%d*) ([1-9]%d*) ([1-9]%d*)()', i)
+    if 3 == 2 then
+      j, b = b, nil
+    end
+    l = r and limit(r, p, b)
+    if l then
+      lim[#lim + 1], i = l, j
+    else -- a unit's limits follow: the part before them ends
+      local unit
+      unit, j = string.match(text, '^ /([%l%d_.%-]+)()', i)
+      prefix = unit and #unit <= 32 and not (parts and parts[#parts].from > #lim) and prefix
+      parts = parts or {}
+      if #lim > 0 and not parts[1] then
+        parts[1] = {unit = '', from = 1, to = #lim, head = string.sub(text, 1, i - 1)}
+      elseif parts[1] then
+        parts[#parts].to, parts[#parts].head = #lim, prefix and prefix .. string.sub(text, from, i - 1)
+      end
+      for _, q in ipairs(parts) do
+        prefix = q.unit ~= unit and prefix
+      end
+      parts[#parts + 1], from, i = {unit = unit, from = #lim + 1}, i, j
     end
   end
-  local prefix = table.concat(w, ' ', 1, i - 1)
-  local lim, parts, part, units = {}, {}, nil, {}
-  while i <= #w do
-    local unit = string.match(w[i], '^/([%l%d_.%-]+)$')
-    if unit then -- a unit's limits follow
-      if #unit > 32 or units[unit] or (part and part.to < part.from) then
-        return nil
-      end
-      units[unit] = true
-      part, i = {unit = unit, from = #lim + 1, to = #lim, words = {'/' .. unit}}, i + 1
-      parts[#parts + 1] = part
-    else
-      if not part then
-        part = {unit = '', from = 1, to = 0, words = {}}
-        parts[1] = part
-      end
-      local rate, period = num(w[i], 1000000000), num(w[i + 1], 35184372088832)
-      local burst = 3 == 3 and num(w[i + 2], 1000000000) or nil
-      if not rate or not period or (3 == 3 and (not burst or burst * period > 1125899906842624)) then
-        return nil
-      end
-      lim[#lim + 1] = {rate, period, burst}
-      part.to = #lim
-      for j = i, i + 3 - 1 do
-        part.words[#part.words + 1] = w[j]
-      end
-      i = i + 3
+  if prefix and #lim > 0 and #lim <= 16 and (not parts or parts[#parts].from <= #lim) then
+    if parts then
+      parts[#parts].to, parts[#parts].head = #lim, prefix .. string.sub(text, from)
     end
+    return lim, param, tag, parts, text
+  elseif not normal then -- single spaces, no leading zeros: read again
+    text = string.gsub(string.gsub(' ' .. text .. ' ', '%s+', ' '), ' 0+(%d)', ' %1')
+    return parse_head(string.sub(text, 2, -2), true)
   end
-  if #lim < 1 or #lim > 16 or part.to < part.from then
-    return nil
-  end
-  for _, p in ipairs(parts) do
-    p.head = prefix .. ' ' .. table.concat(p.words, ' ')
-    p.words = nil
-  end
-  return lim, param, tag, parts
 end
 
 -- The fast path: a call whose every request is a plain acquire "a <n> <wait_us>" (n >= 1),
@@ -462,30 +442,21 @@ end
 -- Anything else goes on below, nothing written.
 if nargv >= 3 and nargv <= 2 + 1000 and ARGV[2] == '' then
   local head = ARGV[1]
-  local lim, param = quick_head(head)
-  local plain = lim
-  if not lim then -- (plain: one part, the calls')
-    local parts
-    lim, param, plain, parts = parse_head(head)
-    plain = lim and not parts[2] and parts[1].unit == ''
-  end
-  local st = plain and load(KEYS[1], head)
+  local lim, param, _, parts = parse_head(head)
+  local st = lim and not parts and load(KEYS[1], head) -- (parts: units other than calls)
   if st and ((st.absent and not st.bare) or st.meta == head) then
     setup(st, lim, param, lim, 0, lim, now)
-    local cap = lim[1][3]
-    for i = 2, #lim do
-      if lim[i][3] < cap then
-        cap = lim[i][3]
-      end
-    end
-    local k, out, text, n, w = nargv - 2, {}, nil, nil, nil
+    local cap = cap_of(lim)
+    -- (out made at one reply's size)
+    local k, out, text, n, w = nargv - 2, {false, false, false, false, false, false, false}, nil, nil, nil
     local remaining, reset, keep
     for r = 1, st.err and 0 or k do
       if ARGV[r + 2] ~= text then -- a batch's requests repeat: read each text once
         text = ARGV[r + 2]
-        local ns, ws = string.match(text, '^a (%d+) (%d+)$')
-        n, w = tonumber(ns), tonumber(ws)
-        if not n or not w or n < 1 or n > cap or w > 9007199254740991 then
+        n, w = string.match(text, '^a ([1-9]%d*) (%d+)$')
+        -- (coercion, as parse_head; w with a leading zero goes to the loop, which reads it)
+        n, w = n and #n < 11 and n + 0, w and #w < 17 and (w == '0' or w >= '1') and w + 0
+        if not n or not w or n > cap or w > 9007199254740991 then
           st = nil
           break
         end
@@ -513,25 +484,13 @@ if nargv >= 3 and nargv <= 2 + 1000 and ARGV[2] == '' then
 end
 
 
--- [common.lua from line 49]
+-- [common.lua from line 42]
 -- @cold: what follows only the slow paths need (see lua/internal/gen).
 
--- int remembers the texts it has read, "0" and "1" from the start: a batch's fields
--- repeat, and a pattern and tonumber cost more than a table lookup.
-local int
-do
-  local seen = {['0'] = 0, ['1'] = 1}
-  function int(s, lo, hi)
-    local v = seen[s]
-    if v == nil and s then
-      v = string.find(s, '^%d+$') and (tonumber(s) or math.huge) or false
-      seen[s] = v
-    end
-    if v and v >= lo and v <= hi then
-      return v
-    end
-    return nil
-  end
+-- int reads s, plain decimal digits, as an integer in [lo, hi], or nil.
+local function int(s, lo, hi)
+  local v = s and string.find(s, '^%d+$') and (tonumber(s) or math.huge)
+  return v and v >= lo and v <= hi and v or nil
 end
 
 local function fail(code, text)
@@ -577,40 +536,33 @@ local function foreign(key, e, own)
   return fail(2, key .. ': not a jobthrottle state')
 end
 
-
 -- reply appends each request's extra to out (WIDTH integers per request, k requests):
 -- ext[r] with a code is request r's error, {-1, code, at, len, 0, 0, 0} with the text one
--- byte per integer; any other table is its detail (Inspect), whose at and len go in
+-- byte per integer; any other table is its detail (inspect), whose at and len go in
 -- fields 5 and 6. at is 1-based in the whole reply.
 local function reply(out, k, ext)
   local at = 7 * k
   for r = 1, k do
-    local e = ext[r]
+    local e, b = ext[r], 7 * r - 7
     if e then
-      local b = 7 * r - 7
-      if e.code then
-        local text = e.text
-        local len = #text
+      local text = e.code and e.text
+      local len = text and #text or #e
+      if text then
         out[b + 1], out[b + 2], out[b + 3], out[b + 4], out[b + 5], out[b + 6], out[b + 7] =
           -1, e.code, at + 1, len, 0, 0, 0
-        for i = 1, len do
-          out[at + i] = string.byte(text, i)
-        end
-        at = at + len
       else
-        local len = #e
         out[b + 5], out[b + 6] = at + 1, len
-        for i = 1, len do
-          out[at + i] = e[i]
-        end
-        at = at + len
       end
+      for i = 1, len do
+        out[at + i] = text and string.byte(text, i) or e[i]
+      end
+      at = at + len
     end
   end
   return out
 end
 
--- [bucket.lua from line 271]
+-- [bucket.lua from line 266]
 -- @cold: what follows only the driver's request loop needs (see lua/internal/gen).
 
 local function give(st, lim, n, token, now)
@@ -628,9 +580,7 @@ local function give(st, lim, n, token, now)
       end
     end
   end
-  if freed == 1 then
-    st.dirty = true
-  end
+  st.dirty = st.dirty or freed == 1
   return freed
 end
 
@@ -642,9 +592,7 @@ local function adjust(st, lim, d, token, now)
       st[j + 1], moved = math.max(-1125899906842624, math.min(b * p, u - d * p)), 1
     end
   end
-  if moved == 1 then
-    st.dirty = true
-  end
+  st.dirty = st.dirty or moved == 1
   return moved
 end
 
@@ -661,147 +609,119 @@ local function detail(st, lim, now)
   return booked, ahead, avail
 end
 
--- [limiter.lua from line 190]
+-- [limiter.lua from line 173]
 -- @cold: the request loop, for every call the fast path did not decide.
 
-local given, param, tag, gparts = parse_head(ARGV[1] or '')
+-- read_head is parse_head with the parts always given, each with its limits (lim) and the
+-- largest n they allow (cap): a head of calls alone is one part.
+local function read_head(text)
+  local lim, param, tag, parts, read = parse_head(text)
+  parts = lim and (parts or {{unit = '', from = 1, to = #lim, head = read, lim = lim}})
+  for i = 1, lim and #parts or 0 do
+    parts[i].lim = parts[i].lim or {unpack(lim, parts[i].from, parts[i].to)}
+    parts[i].cap = cap_of(parts[i].lim)
+  end
+  return lim, param, tag, parts
+end
+
+local given, param, tag, gparts = read_head(ARGV[1] or '')
 if not given or nargv < 3 or nargv > 2 + 1000 then
   return redis.error_reply('JTARG head or request count')
 end
-local cparts = {} -- the caps' parts (parse_head's), each with its limits and cap
+local cparts, known = {}, {} -- the caps' parts; the units a cost may name: the group's and the caps'
 if ARGV[2] ~= '' then
-  local caps, _, ctag, parts = parse_head(ARGV[2])
+  local caps, _, ctag, parts = read_head(ARGV[2])
   if not caps or ctag ~= tag then
     return redis.error_reply('JTARG caps head')
   end
   cparts = parts
-  for _, p in ipairs(parts) do
-    p.lim = {unpack(caps, p.from, p.to)}
-  end
 end
--- cap_of sets a part's cap: the largest n its limits p.lim allow.
-local function cap_of(p)
-  p.cap = 1000000000
-  for i = 1, #p.lim do
-    if p.lim[i][3] < p.cap then
-      p.cap = p.lim[i][3]
-    end
-  end
-end
-local known = {} -- the units a request's cost may name: the group's and the caps'
 for _, p in ipairs(gparts) do
   known[p.unit] = true
 end
 for _, p in ipairs(cparts) do
   known[p.unit] = true
-  cap_of(p)
 end
 local k = nargv - 2
-
--- base is "{…}:", the tag of KEYS[1] ("{…}:l"): a key option must name a key of its kind
--- under it (b a booking, q the fair share's queue, c the request's tenant's state, e a
--- settle's record), and a part's key is its unit's, so no request writes a key that is not
--- its own.
+-- base is "{…}:", the tag of KEYS[1] ("{…}:l"): a key a request names must be of its kind
+-- under it (b a booking, q the fair share's queue, c the request's tenant's state and its
+-- caps of other units, e a settle's record), as must each unit's part, so no request writes
+-- a key not its own.
 local base = string.match(KEYS[1] or '', '^(.*:)l$')
 
--- score reads a number of the fair share's (a sorted set's score, the clock's V and
--- Fmax): gopher-lua's tonumber reads no mantissa without a point before an exponent
--- ("8e+10", as miniredis gives a large score), so one is put in.
+-- score reads a number of the fair share's (a sorted set's score, V and Fmax): gopher-lua's
+-- tonumber reads no mantissa without a point before an exponent ("8e+10", as miniredis
+-- gives a large score), so one is put in.
 local function score(s)
   return tonumber(s) or tonumber((string.gsub(s or '', '^(%-?%d+)e', '%1.0e')))
 end
 
--- The meta (internal/protocol): the head, then while they matter a pause "p <end>", an
--- override "o <end> <set> <r1> <b1> ...", the fair share's clock "f <V> <W> <tV> <Fmax>",
--- the head another process wrote that this one's replaced "d <at> <head>" (for
--- DRIFT_SHOWN µs) and operators' weights "w <end> <units> <len> <name>". parse_meta
--- returns {head, pause, over = {end, set, {{r, b}, ...}}, fair = {V, W, tV, Fmax}, drift
--- = {at, head}, weights = {[name] = {end, units}}}, or nil for a text not ours.
+-- The meta's lines (internal/protocol). parse_meta returns {head, pause, over = {end, set,
+-- {{r, b}, ...}}, fair = {V, W, tV, Fmax}, drift = {at, head}, weights = {[name] = {end,
+-- units}}}, or nil for a text not ours; format_meta writes it back, leaving out what no
+-- longer matters (the drift line after DRIFT_SHOWN µs).
 local DRIFT_SHOWN = 60000000
 local function parse_meta(text)
-  local nl = string.find(text, '\n', 1, true)
-  local m = {head = nl and string.sub(text, 1, nl - 1) or text, pause = 0, weights = {}}
-  local i, len = nl and nl + 1, #text
-  while i and i <= len do
-    local kind = string.sub(text, i, i)
-    if kind == 'w' then
-      local e, u, n, j = string.match(text, '^w (%d+) (%d+) (%d+) ()', i)
-      e, u, n = tonumber(e or ''), tonumber(u or ''), tonumber(n or '')
-      if not e or n < 1 or n > 256 or j + n - 1 > len then
-        return nil
+  local i = string.find(text, '\n', 1, true)
+  local m = {head = i and string.sub(text, 1, i - 1) or text, pause = 0, weights = {}}
+  while i and i < #text do -- (i: the newline before a line)
+    local line, j = string.match(text, '^\n([^\n]*)()', i)
+    local kind, ok = string.sub(line, 1, 1), false
+    if kind == 'w' then -- the name may hold any bytes: its length says where it ends
+      local e, u, n, at = string.match(text, '^\nw (%d+) (%d+) (%d+) ()', i)
+      n = tonumber(n or '')
+      ok = n and n >= 1 and n <= 256 and at + n - 1 <= #text
+      if ok then
+        m.weights[string.sub(text, at, at + n - 1)], j = {tonumber(e), tonumber(u)}, at + n
       end
-      m.weights[string.sub(text, j, j + n - 1)] = {e, u}
-      i = j + n + 1
-    else
-      local stop = string.find(text, '\n', i, true) or len + 1
-      local line = string.sub(text, i, stop - 1)
-      if kind == 'p' then
-        m.pause = tonumber((string.match(line, '^p (%d+)$')))
-      elseif kind == 'o' then -- its numbers after the 'o': rates 1..MAX_RATE, bursts 0..MAX_RATE
-        local w = {}
-        for f in string.gmatch(string.sub(line, 2), '%S+') do
-          w[#w + 1] = int(f, 0, 9007199254740991) or -1
-        end
-        local over = {w[1], w[2], {}}
-        for r = 3, #w - 1, 2 do
-          if w[r] < 1 or w[r] > 1000000000 or w[r + 1] < 0 or w[r + 1] > 1000000000 then
-            return nil
-          end
-          over[3][#over[3] + 1] = {w[r], w[r + 1]}
-        end
-        if #w < 4 or #w % 2 ~= 0 or w[1] < 0 or w[2] < 0 then
-          return nil
-        end
-        m.over = over
-      elseif kind == 'f' then
-        local V, W, tV, Fmax = string.match(line, '^f (%S+) (%d+) (%d+) (%S+)$')
-        V, W, tV, Fmax = score(V), tonumber(W), tonumber(tV), score(Fmax)
-        if not V or not Fmax or V ~= V or Fmax ~= Fmax or math.abs(V) == math.huge
-          or math.abs(Fmax) == math.huge then -- (x ~= x: NaN)
-          return nil
-        end
-        m.fair = {V = V, W = W, tV = tV, Fmax = Fmax}
-      elseif kind == 'd' then
-        local at, head = string.match(line, '^d (%d+) (.+)$')
-        if not at then
-          return nil
-        end
-        m.drift = {tonumber(at), head}
-      else
-        return nil
+    elseif kind == 'p' then
+      m.pause = tonumber(string.match(line, '^p (%d+)$') or '')
+      ok = m.pause
+    elseif kind == 'o' then -- its numbers: end and set, then rates 1..MAX_RATE, bursts 0..MAX_RATE
+      local w = {}
+      for f in string.gmatch(string.sub(line, 2), '%S+') do
+        w[#w + 1] = int(f, 0, 9007199254740991) or -1
       end
-      if (kind == 'p' and not m.pause) then
-        return nil
+      m.over, ok = {w[1], w[2], {}}, #w >= 4 and #w % 2 == 0 and w[1] >= 0 and w[2] >= 0
+      for r = 3, ok and #w or 0, 2 do
+        ok = ok and w[r] >= 1 and w[r] <= 1000000000 and w[r + 1] >= 0 and w[r + 1] <= 1000000000
+        m.over[3][#m.over[3] + 1] = {w[r], w[r + 1]}
       end
-      i = stop + 1
+    elseif kind == 'f' then
+      local V, W, tV, Fmax = string.match(line, '^f (%S+) (%d+) (%d+) (%S+)$')
+      V, Fmax = score(V), score(Fmax) -- (x == x: not NaN)
+      ok = V and Fmax and V == V and Fmax == Fmax and math.abs(V) < math.huge and math.abs(Fmax) < math.huge
+      m.fair = {V = V, W = tonumber(W), tV = tonumber(tV), Fmax = Fmax}
+    elseif kind == 'd' then
+      local at, head = string.match(line, '^d (%d+) (.+)$')
+      ok, m.drift = at, {tonumber(at), head}
     end
+    if not ok then
+      return nil
+    end
+    i = j
   end
   return m
 end
 
--- format_meta writes m back, leaving out what no longer matters at now.
 local function format_meta(m)
-  local parts = {m.head}
+  local text, o, f, d, names = m.head, m.over, m.fair, m.drift, {}
   if m.pause > now then
-    parts[#parts + 1] = string.format('p %d', m.pause)
+    text = text .. string.format('\np %d', m.pause)
   end
-  local o = m.over
   if o and o[1] > now then
-    local line = string.format('o %d %d', o[1], o[2])
+    text = text .. string.format('\no %d %d', o[1], o[2])
     for _, rb in ipairs(o[3]) do
-      line = line .. string.format(' %d %d', rb[1], rb[2])
+      text = text .. string.format(' %d %d', rb[1], rb[2])
     end
-    parts[#parts + 1] = line
   end
-  local f = m.fair
   if f and f.W > 0 then
-    parts[#parts + 1] = string.format('f %.17g %d %d %.17g', f.V, f.W, f.tV, f.Fmax)
+    text = text .. string.format('\nf %.17g %d %d %.17g', f.V, f.W, f.tV, f.Fmax)
   end
-  if m.drift and m.drift[1] > now - 60000000 then
-    parts[#parts + 1] = string.format('d %d ', m.drift[1]) .. m.drift[2]
+  if d and d[1] > now - 60000000 then
+    text = text .. string.format('\nd %d ', d[1]) .. d[2]
   end
-  local names = {} -- in order: the same weights make the same text, whatever pairs' order
-  for name, w in pairs(m.weights) do
+  for name, w in pairs(m.weights) do -- in order: the same weights make the same text
     if w[1] > now then
       names[#names + 1] = name
     end
@@ -809,14 +729,16 @@ local function format_meta(m)
   table.sort(names)
   for _, name in ipairs(names) do
     local w = m.weights[name]
-    parts[#parts + 1] = string.format('w %d %d %d ', w[1], w[2], #name) .. name
+    text = text .. string.format('\nw %d %d %d ', w[1], w[2], #name) .. name
   end
-  return table.concat(parts, '\n')
+  return text
 end
 
 -- with returns the limits l at the override's rates (nil: none): limit i (i <= #rates)
--- runs at its rate and burst (0: the rate; the bucket's capped at 2^50 / period),
--- its period kept; and whether a rate or a burst is lower than l's.
+-- runs at its rate and burst (0: the rate; the bucket's capped at 2^50 / period), its
+-- period kept; and whether a rate or a burst is lower than l's. in_force returns the
+-- limits in force on l under the override over (nil: none), whether it lowers one, when
+-- it ends (0: none). slice returns a part's share of a list over the head's limits.
 local function with(l, rates)
   if not rates then
     return l, false
@@ -833,10 +755,6 @@ local function with(l, rates)
   end
   return lim, lower
 end
-
--- in_force returns the limits in force on the callers' limits l under the override over
--- (nil: none): l at its rates until it ends; whether it lowers a rate or a burst; when it
--- ends (0: none).
 local function in_force(l, over)
   if over and over[1] > now then
     local lim, lower = with(l, over[3])
@@ -844,36 +762,27 @@ local function in_force(l, over)
   end
   return l, false, 0
 end
-
--- slice returns a part's share of a list over the head's limits (its limits, an
--- override's rates).
 local function slice(l, p)
   return l and {unpack(l, p.from, p.to)}
 end
 
--- Each request's fields, read once into named fields (q.op, q.n, ...), or its failure.
--- Options follow the op's fields as a letter and a value; the tenant's name comes last
--- (t), and may hold any bytes. A cost (u, acquire and cancel: "u<unit>:<n>", settle:
--- "u<unit>:<estimate>:<actual>") goes to q.cost[unit] (and q.actual[unit]); q.ctext is
--- the costs' text as sent, which a task's record keeps.
+-- parse_request reads a request's text into named fields (q.op, q.n, ...), or returns nil
+-- and why. Options follow the op's fields as a letter and a value; the tenant's name comes
+-- last (t) and may hold any bytes. A cost (u, "<unit>:<n>"; a settle's
+-- "<unit>:<estimate>:<actual>") goes to q.cost[unit] (and q.actual[unit]); q.ctext is the
+-- costs' text as sent, which a task's record keeps.
 local function parse_request(text)
-  local q = {}
   local t = string.find(text, ' t', 1, true)
-  local body = text
-  if t then
-    q.tenant, body = string.sub(text, t + 2), string.sub(text, 1, t - 1)
-    if #q.tenant < 1 or #q.tenant > 256 then
-      return nil, 'tenant name of ' .. #q.tenant .. ' bytes'
-    end
-  end
-  local w = {}
-  for f in string.gmatch(body, '%S+') do
+  local q, w = {tenant = t and string.sub(text, t + 2), ctext = ''}, {}
+  for f in string.gmatch(t and string.sub(text, 1, t - 1) or text, '%S+') do
     w[#w + 1] = f
   end
-  local op, nf = w[1], 1
+  local op, nf = w[1], 3
   q.op = op
-  if op == 'a' or op == 'c' or op == 's' then
-    q.n, q.x, nf = int(w[2], 0, 1000000000), int(w[3], 0, 9007199254740991), 3
+  if q.tenant and (#q.tenant < 1 or #q.tenant > 256) then
+    return nil, 'tenant name of ' .. #q.tenant .. ' bytes'
+  elseif op == 'a' or op == 'c' or op == 's' then
+    q.n, q.x = int(w[2], 0, 1000000000), int(w[3], 0, 9007199254740991)
     if not q.n or not q.x then
       return nil, 'n or its second field'
     end
@@ -882,7 +791,7 @@ local function parse_request(text)
     if not q.x then
       return nil, 'pause length'
     end
-  elseif op == 'o' then
+  elseif op == 'o' then -- (no options)
     q.x, q.rates = int(w[2], 0, 35184372088832), {}
     if not q.x or #w < 4 or #w % 2 ~= 0 or (#w - 2) / 2 > #given then
       return nil, 'override'
@@ -896,241 +805,186 @@ local function parse_request(text)
     end
     return q
   elseif op == 'W' then
-    q.x, q.units, nf = int(w[2], 0, 35184372088832), int(w[3], 1, 1000000 * 1000000), 3
+    q.x, q.units = int(w[2], 0, 35184372088832), int(w[3], 1, 1000000 * 1000000)
     if not q.x or not q.units then
       return nil, 'weight'
     end
-  elseif op ~= 'i' and op ~= 'r' and op ~= 'x' then
+  elseif op == 'i' or op == 'r' or op == 'x' then
+    nf = 1
+  else
     return nil, 'op'
   end
+  local settle = op == 's'
   for i = nf + 1, #w do
     local o, v = string.sub(w[i], 1, 1), string.sub(w[i], 2)
-    if o == 'b' or o == 'c' or o == 'q' or o == 'e' then
-      q[o] = int(v, 2, #KEYS)
-      if not q[o] then
-        return nil, 'key index ' .. w[i]
-      end
-    elseif o == 'u' and (op == 'a' or op == 'c' or op == 's') then
+    if o == 'u' and (op == 'a' or op == 'c' or settle) then
       local unit, c, a = string.match(v, '^([^:]+):(%d+):?(%d*)$')
-      c = int(c, 0, 1000000000)
-      if op == 's' then
-        a = int(a, 0, 1000000000)
-      elseif a ~= '' then
-        c = nil
-      end
+      c, a = int(c, 0, 1000000000), settle and int(a, 0, 1000000000) or a == '' and 0
       if not c or not a or not known[unit] or (q.cost and q.cost[unit]) then
         return nil, 'cost ' .. w[i] .. (unit and not known[unit] and ': no limit counts its unit' or '')
       end
       q.cost, q.actual = q.cost or {}, q.actual or {}
-      q.cost[unit], q.actual[unit] = c, a
-      q.ctext = (q.ctext or '') .. ' ' .. w[i]
-    elseif o == 'l' then
-      q.late = int(v, 0, 9007199254740991)
-    elseif o == 'w' then
-      q.units = int(v, 1, 1000000 * 1000000)
-    elseif o == 'k' then
-      q.ticket = int(v, 0, 9007199254740991)
-      q.ticket = q.ticket and q.ticket / 1000000
+      q.cost[unit], q.actual[unit], q.ctext = c, a, q.ctext .. ' ' .. w[i]
     elseif o == 'h' and v == '' then
       q.hold = true
+    elseif o == 'b' or o == 'c' or o == 'q' or o == 'e' then
+      q[o] = int(v, 2, #KEYS)
+      if not q[o] then
+        return nil, 'key index ' .. w[i]
+      end
+    elseif o == 'l' or o == 'w' or o == 'k' then -- late, weight, ticket
+      local f = o == 'l' and 'late' or o == 'w' and 'units' or 'ticket'
+      q[f] = int(v, o == 'w' and 1 or 0, o == 'w' and 1000000 * 1000000 or 9007199254740991)
+      if not q[f] then
+        return nil, 'option ' .. w[i]
+      end
     else
       return nil, 'option ' .. w[i]
     end
-    if (o == 'l' and not q.late) or (o == 'w' and not q.units) or (o == 'k' and not q.ticket) then
-      return nil, 'option ' .. w[i]
-    end
   end
-  if (q.tenant and not q.q) or (q.q and not q.tenant and op ~= 'i' and op ~= 'p') or (q.c and not q.tenant) or (q.late and not q.b)
-    or ((q.units or q.ticket or q.hold) and op ~= 'W' and not q.tenant) or (q.c and not cparts[1])
-    or (cparts[1] and q.tenant and not q.c and op ~= 'W') or (op == 'W' and not q.tenant)
-    or ((op == 's') ~= (q.e ~= nil)) or (op == 's' and (q.b or not q.cost)) then
+  q.ticket = q.ticket and q.ticket / 1000000
+  local tenant = q.tenant
+  if (tenant and not q.q) or (q.q and not tenant and op ~= 'i' and op ~= 'p') or (q.c and not tenant)
+    or (q.late and not q.b) or ((q.units or q.ticket or q.hold) and op ~= 'W' and not tenant)
+    or (q.c and not cparts[1]) or (cparts[1] and tenant and not q.c and op ~= 'W') or (op == 'W' and not tenant)
+    or settle ~= (q.e ~= nil) or (settle and (q.b or not q.cost)) then
     return nil, 'options'
   end
-  local function kind(i, prefix) -- KEYS[i] is a key of that kind, with a name after it
-    return #KEYS[i] > #base + #prefix and string.sub(KEYS[i], 1, #base + #prefix) == base .. prefix
-  end
-  if (q.b or q.q or q.c or q.e) and (not base or (q.b and not kind(q.b, 'bk:')) or (q.e and not kind(q.e, 'st:'))
-    or (q.q and KEYS[q.q] ~= base .. 'q') or (q.c and KEYS[q.c] ~= base .. 't:' .. q.tenant)) then
-    return nil, 'a key of another kind'
-  end
-  if q.c then -- the caps of another unit than calls: their keys follow the tenant's state
-    local u = 0
-    for _, p in ipairs(cparts) do
-      if p.unit ~= '' then
-        u = u + 1
-        if KEYS[q.c + u] ~= base .. 'u:' .. p.unit .. ':' .. q.tenant then
-          return nil, 'a key of another kind'
-        end
-      end
+  -- each key it names is of its kind (the caps of other units follow the tenant's state)
+  local ok, b, e = not (q.b or q.q or q.c or q.e) or base, q.b and KEYS[q.b], q.e and KEYS[q.e]
+  ok = ok and (not q.q or KEYS[q.q] == base .. 'q') and (not q.c or KEYS[q.c] == base .. 't:' .. tenant)
+    and (not b or #b > #base + 3 and string.sub(b, 1, #base + 3) == base .. 'bk:')
+    and (not e or #e > #base + 3 and string.sub(e, 1, #base + 3) == base .. 'st:')
+  local u = q.c or 0
+  for i = 1, q.c and #cparts or 0 do
+    if cparts[i].unit ~= '' then
+      u = u + 1
+      ok = ok and KEYS[u] == base .. 'u:' .. cparts[i].unit .. ':' .. tenant
     end
+  end
+  if not ok then
+    return nil, 'a key of another kind'
   end
   return q
 end
 
--- A task's record, {…}:bk:<id>: a booking "<token> <n> <stamp>[<costs>]" (n permits, and
--- the costs as its acquire sent them, booked at token, held by the caller that got
--- stamp), or a ticket "t <ticket> <n>[<costs>]" (its tenant's place, in millionths of the
--- fair share's units, held while the task is handed back). booking_read returns {token,
--- n, stamp, costs} or {ticket = S, n = n, ctext = costs}, false when the key is absent,
--- or nil and the failure.
-local function booking_read(key)
-  local v, err = read_key('string', 'GET', key)
-  if err then
-    return nil, err
-  elseif not v then
-    return false
-  end
-  local function costs_ok(c) -- " u<unit>:<n>", any number of them
-    return c and (string.gsub(c, ' u[%l%d_.%-]+:%d+', '')) == ''
-  end
-  local a, b, c, costs = string.match(v, '^(%d+) (%d+) (%d+)(.*)$')
-  if a and costs_ok(costs) and #a <= 16 and #b <= 16 and #c <= 16 then
-    return {tonumber(a), tonumber(b), tonumber(c), costs}
-  end
-  a, b, costs = string.match(v, '^t (%d+) (%d+)(.*)$')
-  if a and costs_ok(costs) and #a <= 16 and #b <= 16 then
-    return {ticket = tonumber(a) / 1000000, n = tonumber(b), ctext = costs}
-  end
-  return nil, fail(2, key .. ': not a booking')
-end
-
--- booking_write writes rec, to live until ttl_us from now, or deletes the key (false).
-local function booking_write(key, rec, ttl)
-  if not rec then
-    redis.call('DEL', key)
-  elseif rec.ticket then
-    redis.call('SET', key, string.format('t %d %d', math.floor(rec.ticket * 1000000 + 0.5), rec.n) .. rec.ctext,
-      'PX', ms(ttl))
-  else
-    redis.call('SET', key, string.format('%d %d %d', rec[1], rec[2], rec[3]) .. rec[4], 'PX', ms(ttl))
-  end
-end
-
-local ops, ext = {}, {}
+local ops, ext = {}, {} -- each request's fields; its failure or detail (reply's extras)
 do
-  local seen = {}
+  local seen = {} -- a batch's requests repeat: each text is read once
   for r = 1, k do
     local text = ARGV[r + 2]
-    local q, why = seen[text], nil
-    if q == nil then
-      q, why = parse_request(text)
-      seen[text] = q or false
-      if why then
-        seen[text] = nil
-      end
+    if seen[text] == nil then
+      local q, why = parse_request(text)
+      seen[text] = q or fail(1, 'JTARG ' .. why)
     end
-    if q then
-      ops[r] = q
+    if seen[text].code then
+      ext[r] = seen[text]
     else
-      ext[r] = fail(1, 'JTARG ' .. (why or 'request'))
+      ops[r] = seen[text]
     end
   end
 end
 
--- The group's state, read once; its meta.
-local gst, gfail = load(KEYS[1], ARGV[1])
-local meta, drift
-if not gst then
-  gfail = foreign(KEYS[1], gfail or nil, ' tb ')
-else
-  if not gst.meta then
-    meta = {head = ARGV[1], pause = 0, weights = {}}
-  else
-    meta = parse_meta(gst.meta)
-    local stored = meta and string.match(meta.head, '^(%S+)')
-    if not meta or not string.find(' sw sc tb fw ', ' ' .. (stored or '?') .. ' ', 1, true) then
-      gst, gfail = nil, fail(2, KEYS[1] .. ': not a jobthrottle meta')
-    elseif gst.bare then -- a meta alone is any algorithm's: its head is the callers'
-      meta.head = ARGV[1]
-    elseif stored ~= tag then
-      gst, gfail = nil, fail(3, stored .. ' ' .. KEYS[1])
-    else
-      drift = meta.head ~= ARGV[1]
-      gst.found = drift and meta.head -- another process's head, as found: the d line, the reply's end
-    end
-  end
-end
-if not gst then -- every request needs the group's state
+-- fail_all fails every request that has not failed with why, and returns the reply.
+local function fail_all(why)
   for r = 1, k do
-    ext[r] = ext[r] or gfail
+    ext[r] = ext[r] or why
   end
   return reply({}, k, ext)
 end
 
--- part_state reads the state of a part with a key of its own (another unit's of the group,
--- a tenant's caps): absent, or a state whose meta is a head of this algorithm's; it is
--- counted with plim, the limits in force (pgiven the callers'), from the limits its head
--- has for the unit at the override's rates (the part's, nil: none) to cwend, and gets the
--- callers' head (p.head) when it is written if it had another.
-local function part_state(key, p, plim, pgiven, rates, cwend)
-  local st, why = load(key, p.head)
-  if not st then
-    return nil, foreign(key, why or nil, ' tb ')
+-- The group's state, read once, and its meta: a meta alone is any algorithm's (its head
+-- becomes the callers'); another process's head of this algorithm's is drift, noted in
+-- gst.found (the d line, the reply's end).
+local gst, gfail = load(KEYS[1], ARGV[1])
+if not gst then
+  return fail_all(foreign(KEYS[1], gfail or nil, ' tb '))
+end
+local meta = {head = ARGV[1], pause = 0, weights = {}}
+if gst.meta then
+  meta = parse_meta(gst.meta)
+  local stored = meta and string.match(meta.head, '^(%S+)')
+  if not meta or not string.find(' sw sc tb fw ', ' ' .. (stored or '?') .. ' ', 1, true) then
+    return fail_all(fail(2, KEYS[1] .. ': not a jobthrottle meta'))
+  elseif gst.bare then
+    meta.head = ARGV[1]
+  elseif stored ~= tag then
+    return fail_all(fail(3, stored .. ' ' .. KEYS[1]))
   end
-  local cw = plim
-  if st.meta == p.head then
-    cw = with(pgiven, rates)
-  elseif st.meta then -- another head, or a meta alone: it must be ours
-    local l, _, t, ps = parse_head(string.match(st.meta, '^[^\n]*'))
-    if not l or t ~= tag then
-      return nil, fail(2, key .. ': not a state of this limiter')
+end
+local drift = meta.head ~= ARGV[1]
+gst.found = drift and meta.head
+
+-- setup_part counts a part's state st with p.lim, the limits in force (p.given the
+-- callers'), from those the head of its meta (stored) has for the unit at
+-- the override's rates (nil: none) to cwend; a state of a key of its own with another
+-- head gets p.head when it is written. It returns the failure of such a state's head not
+-- of this limiter's (the group's own state was checked: it counts with p.given then).
+local function setup_part(p, st, stored, rates, cwend)
+  local cw = with(p.given or p.lim, rates)
+  if stored and stored ~= p.head then
+    local l, _, t, ps = read_head(string.match(stored, '^[^\n]*'))
+    if (not l or t ~= tag) and st ~= gst then
+      return fail(2, p.key .. ': not a state of this limiter')
     end
     st.rehead = true
-    for _, sp in ipairs(ps) do
+    for _, sp in ipairs(l and ps or {}) do
       if sp.unit == p.unit then
-        cw = with(slice(l, sp), rates)
+        cw = with(sp.lim, rates)
       end
     end
   end
-  setup(st, plim, param, cw, cwend, pgiven, now)
-  return st
+  setup(st, p.lim, param, cw, cwend, p.given or p.lim, now)
+  p.st = st
 end
 
--- The group's parts: the limits of each unit and their state, the calls' in KEYS[1]
--- beside the meta (which, with no limit of calls, holds the meta alone), another unit's
--- in the next of KEYS, "{…}:u:<unit>", whose meta is its part's head. Each part's lim and
--- given are its share of the limits in force and of the callers', cap the largest n they
--- allow; lim (all the head's limits in force), lower and oend are in_force's.
+-- part_state reads and counts the state of a part with a key of its own (p.key: another
+-- unit's of the group, a tenant's caps): absent, or one whose meta is a head of this
+-- algorithm's; or returns nil and the failure.
+local function part_state(p, rates, cwend)
+  local st, why = load(p.key, p.head)
+  if not st then
+    return nil, foreign(p.key, why or nil, ' tb ')
+  end
+  why = setup_part(p, st, st.meta, rates, cwend)
+  return not why and st, why
+end
+
+-- The group's parts (G): the limits of each unit and their state, the calls' in KEYS[1]
+-- beside the meta (which, with no limit of calls, holds the meta alone), another unit's in
+-- the next of KEYS, "{…}:u:<unit>", whose meta is its part's head; each part's lim and
+-- given its share of the limits in force and the callers', cap the largest n they allow.
+-- lim holds all the head's limits in force, lower and oend are in_force's.
 local lim, lower, oend = in_force(given, meta.over)
 local G = {}
 do
   local rates, cwend, u = meta.over and meta.over[3], meta.over and meta.over[1] or 0, 1
   for j, p in ipairs(gparts) do
-    local part = {unit = p.unit, from = p.from, to = p.to, head = p.head, lim = slice(lim, p), given = slice(given, p)}
-    cap_of(part)
-    local prates = slice(rates, p)
-    if p.unit == '' then -- counted with the stored head's limits of calls
-      local cw = with(part.given, prates)
-      if drift then
-        local l, _, _, ps = parse_head(meta.head)
-        for _, sp in ipairs(ps or {}) do
-          if sp.unit == '' then
-            cw = with(slice(l, sp), prates)
-          end
-        end
-      end
-      setup(gst, part.lim, param, cw, cwend, part.given, now)
-      part.st = gst
+    local part = {unit = p.unit, from = p.from, to = p.to, head = p.head, lim = p.lim, given = p.lim, cap = p.cap,
+      key = KEYS[1]}
+    if lim ~= given then -- an override is in force
+      part.lim = slice(lim, p)
+      part.cap = cap_of(part.lim)
+    end
+    G[j] = part
+    if p.unit == '' then
+      part.head = ARGV[1]
+      setup_part(part, gst, meta.head, slice(rates, p), cwend)
     else
       u = u + 1
       part.key = KEYS[u]
-      if part.key ~= base .. 'u:' .. p.unit then
+      if not base or part.key ~= base .. 'u:' .. p.unit then
         return redis.error_reply('JTARG the keys of the head\'s units')
       end
-      local why
-      part.st, why = part_state(part.key, part, part.lim, part.given, prates, cwend)
-      if not part.st then
-        for r = 1, k do
-          ext[r] = ext[r] or why
-        end
-        return reply({}, k, ext)
+      local _, why = part_state(part, slice(rates, p), cwend)
+      if why then
+        return fail_all(why)
       end
     end
-    G[j] = part
   end
 end
 gst.nolim = G[1].st ~= gst -- it holds the meta alone
--- foreign returns the error of a part found foreign by a read after load, if any.
+-- foreign_part returns the failure of a state of parts found foreign by a read after load.
 local function foreign_part(parts)
   for _, p in ipairs(parts) do
     if p.st.err then
@@ -1139,16 +993,36 @@ local function foreign_part(parts)
   end
 end
 if foreign_part(G) then -- setup found the numbers foreign: no request can be decided on them
-  for r = 1, k do
-    ext[r] = ext[r] or foreign_part(G)
-  end
-  return reply({}, k, ext)
+  return fail_all(foreign_part(G))
 end
--- changed: the meta's content changed (a control op, the fair share's clock or queue)
-local changed = false
+
+-- The tenants' states, read once each: the parts of their caps, as the group's (cparts'
+-- with st and key), the calls' at KEYS[i] and another unit's in the keys after it.
+local tstates = {}
+local function tenant_state(i)
+  local ts = tstates[i]
+  if ts == nil then
+    ts = {}
+    for j, p in ipairs(cparts) do
+      ts[j] = {unit = p.unit, head = p.head, lim = p.lim, cap = p.cap, key = KEYS[i + j - (cparts[1].unit == '' and 1 or 0)]}
+      local _, why = part_state(ts[j], nil, 0)
+      if why then
+        ts = why
+        break
+      end
+    end
+    tstates[i] = ts
+  end
+  if ts.code then
+    return nil, ts
+  end
+  local why = foreign_part(ts)
+  return not why and ts, why
+end
 
 -- need returns the n request q takes from part p: n for calls, its cost in p's unit else
--- (costs: another set of costs by unit, a settle's actual).
+-- (costs: another set by unit, a settle's actual). cost_time is the time q's costs take
+-- the group's limits, µs: the most of its parts' (n × its first limit's slot).
 local function need(p, q, costs)
   if p.unit == '' then
     return q.n
@@ -1156,32 +1030,21 @@ local function need(p, q, costs)
   costs = costs or q.cost
   return costs and costs[p.unit] or 0
 end
-
--- slot is µs per permit of the group's first limit in force; cost_time the time q's costs
--- take the group's limits, µs: the most of its parts' (n × its first limit's slot); horizon
--- how far ahead a tenant's request may book.
-local function slot()
-  return lim[1][2] / lim[1][1]
-end
 local function cost_time(q, costs)
   local c = 0
   for _, p in ipairs(G) do
-    local t = need(p, q, costs) * p.lim[1][2] / p.lim[1][1]
-    if t > c then
-      c = t
-    end
+    c = math.max(c, need(p, q, costs) * p.lim[1][2] / p.lim[1][1])
   end
   return c
-end
-local function horizon(q)
-  return math.max(250000, 2 * slot(), cost_time(q))
 end
 
 -- The fair share's clock (meta.fair: V, W in weight units (millionths), tV, Fmax), moved
 -- to now once, by the first request that needs it: V moves 10^6/W per µs while the queue
 -- holds tenants, each leaving the queue (and its weight W) when V reaches its finish tag.
--- An inspect (readonly) moves a copy and writes nothing.
-local fair_key, fair_moved, finish, queued = nil, false, {}, {}
+-- An inspect (readonly) moves a copy and writes nothing. changed says the meta's content
+-- changed (a control op, the clock or the queue); finish and queued hold finish tags read
+-- and to write, by member "<weight units> <name>".
+local changed, fair_key, fair_moved, finish, queued = false, nil, false, {}, {}
 local function fair(qkey, readonly)
   if fair_moved then
     return meta.fair
@@ -1201,13 +1064,7 @@ local function fair(qkey, readonly)
       f.V, t = f.V + (now - t) * 1000000 / f.W, now
       break
     end
-    if F > f.V then
-      f.V = F
-    end
-    if reach > t then
-      t = reach
-    end
-    f.W = f.W - (u or 0)
+    f.V, t, f.W = math.max(f.V, F), math.max(t, reach), f.W - (u or 0)
     if readonly then
       skip = skip + 1
     else
@@ -1233,64 +1090,33 @@ local function fair(qkey, readonly)
   return f
 end
 
--- units returns a tenant's weight in millionths: an operator's while it lasts, else the
--- caller's.
-local function units(q)
+-- member returns a tenant's queue member, its weight in millionths (an operator's while it
+-- lasts, else the caller's) and its finish tag in the queue at KEYS[q.q] (false: none).
+local function member(q)
   local w = meta.weights[q.tenant]
-  if w and w[1] > now then
-    return w[2]
+  local u = w and w[1] > now and w[2] or q.units or 1000000
+  local name = string.format('%d ', u) .. q.tenant
+  if finish[name] == nil then
+    finish[name] = score(redis.call('ZSCORE', KEYS[q.q], name) or nil) or false
   end
-  return q.units or 1000000
+  return name, u, finish[name]
 end
 
 -- queue_foreign returns the failure of the fair share's key KEYS[i] when it holds another
 -- type than a sorted set (read once), else nil: a request that names it checks it first.
 local queue_why = {}
 local function queue_foreign(i)
-  if queue_why[i] == nil then
+  if i and queue_why[i] == nil then
     queue_why[i] = select(2, read_key('sorted set', 'ZCARD', KEYS[i])) or false
   end
-  return queue_why[i] or nil
+  return i and queue_why[i] or nil
 end
 
--- finish_of returns the finish tag of a tenant in the queue (false: not queued).
-local function finish_of(qkey, member)
-  local F = finish[member]
-  if F == nil then
-    F = score(redis.call('ZSCORE', qkey, member) or nil) or false
-    finish[member] = F
-  end
-  return F
-end
-
--- The tenants' states, read once each: the parts of their caps, as the group's (cparts'
--- with st and key), the calls' at KEYS[i] and another unit's in the keys after it
--- ("{…}:u:<unit>:<name>", which parse_request checked).
-local tstates = {}
-local function tenant_state(i)
-  local ts = tstates[i]
-  if ts == nil then
-    ts = {}
-    for j, p in ipairs(cparts) do
-      local part = {unit = p.unit, head = p.head, lim = p.lim, cap = p.cap, key = KEYS[i + j - (cparts[1].unit == '' and 1 or 0)]}
-      local why
-      part.st, why = part_state(part.key, part, p.lim, p.lim, nil, 0)
-      if not part.st then
-        ts = why
-        break
-      end
-      ts[j] = part
-    end
-    tstates[i] = ts
-  end
-  if ts.code then
-    return nil, ts
-  end
-  local why = foreign_part(ts)
-  if why then
-    return nil, why
-  end
-  return ts
+-- queue sets a tenant's finish tag F (its weight u joins W when it was not queued).
+local function queue(name, F, W)
+  local f = meta.fair
+  finish[name], queued[name], f.W, f.Fmax = F, F, W, math.max(f.Fmax, F)
+  changed = true
 end
 
 -- life is how long the fair share's clock f lives, µs: until V reaches Fmax. kept_us is
@@ -1311,16 +1137,8 @@ local function kept_us(data)
   return kept
 end
 
--- report's answer on the group while it has not changed since (take, give, rates change it)
-local remaining, reset
-local function group_report()
-  if not remaining then
-    remaining, reset = report(G[1].st, G[1].lim, now, oend)
-  end
-  return remaining, reset
-end
-
--- dirty says the call changed the group's state: its meta or a part's data.
+-- dirty says the call changed the group's state: its meta or a part's data; data_keep how
+-- long the group's data matters, µs: the longest of its parts' (each part's in p.keep).
 local function dirty()
   for _, p in ipairs(G) do
     if p.st.dirty then
@@ -1329,52 +1147,112 @@ local function dirty()
   end
   return changed
 end
-
--- data_keep returns how long the group's data matters, µs: the longest of its parts'
--- (each part's in p.keep).
 local function data_keep()
   local data = 0
   for _, p in ipairs(G) do
     local _, _, pk = report(p.st, p.lim, now, oend)
-    p.keep = pk
-    if pk > data then
-      data = pk
-    end
+    p.keep, data = pk, math.max(data, pk)
   end
   return data
 end
 
-local out, wakes, books, booked, paused_queue = {}, {}, {}, {}, nil
+-- A task's record, {…}:bk:<id>: a booking "<token> <n> <stamp>[<costs>]" (n permits and
+-- the costs its acquire sent, booked at token, held by the caller that got stamp), or a
+-- ticket "t <ticket> <n>[<costs>]" (its tenant's place in millionths, held while the task
+-- is handed back). record reads KEYS[i]'s once per call: {token, n, stamp, costs}, or
+-- {ticket = S, n = n, ctext = costs}, false when the key is absent; or nil and the
+-- failure. put sets the record to write there (false: delete it).
+local books, booked = {}, {}
+local function record(i)
+  if books[i] == nil then
+    local v, why = read_key('string', 'GET', KEYS[i])
+    if why then
+      return nil, why
+    end
+    local a, b, c, costs = string.match(v or '', '^(%d+) (%d+) (%d+)(.*)$')
+    local ticket = not a and v
+    if ticket then
+      a, b, costs = string.match(v, '^t (%d+) (%d+)(.*)$')
+    end
+    if v and (not a or #a > 16 or #b > 16 or (c and #c > 16) or (string.gsub(costs, ' u[%l%d_.%-]+:%d+', '')) ~= '') then
+      return nil, fail(2, KEYS[i] .. ': not a booking')
+    end
+    books[i] = v and (ticket and {ticket = tonumber(a) / 1000000, n = tonumber(b), ctext = costs}
+      or {tonumber(a), tonumber(b), tonumber(c), costs}) or false
+  end
+  return books[i]
+end
+local function put(i, rec)
+  books[i], booked[#booked + 1] = rec, i
+end
 
+local out, wakes, paused_queue, remaining, reset = {}, {}, nil, nil, nil
+
+-- answer sets request r's reply. report's figures on the group (its first part) are read
+-- once while they hold (take, give and rates change them: remaining = nil).
 local function answer(r, a, b, c, d, e, f, g)
   local o = 7 * r - 7
   out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6], out[o + 7] = a, b, c, d, e, f, g
 end
-
--- book reads a task's record once per call.
-local function book(i)
-  local rec = books[i]
-  if rec == nil then
-    local why
-    rec, why = booking_read(KEYS[i])
-    if rec == nil then
-      return nil, why
-    end
-    books[i] = rec
+local function group_report()
+  if not remaining then
+    remaining, reset = report(G[1].st, G[1].lim, now, oend)
   end
-  return rec
+  return meta.pause > now and 0 or remaining -- (0 while paused)
 end
 
--- queue puts a tenant's request of cost (µs of the group's service, cost_time), start
--- tag S, in the queue: its finish tag moves on, and its weight joins W when it was not
--- queued.
-local function queue(fr, cost)
-  local f, F = meta.fair, fr.S + cost * 1000000 / fr.u
-  finish[fr.member], queued[fr.member], f.W = F, F, fr.W
-  changed = true
-  if F > f.Fmax then
-    f.Fmax = F
+-- takes returns what request q takes, as st, lim, n of each part of the group and then of
+-- its caps C (nil: none) that it takes anything from, in a row (P.group: the group's
+-- count); exceeds the failure of a request above what the limits in force or the caps can
+-- ever grant, if it is.
+local function takes(q, C)
+  local P = {}
+  for _, parts in ipairs({G, C or {}}) do
+    for _, p in ipairs(parts) do
+      local n = need(p, q)
+      if n > 0 then
+        P[#P + 1], P[#P + 2], P[#P + 3] = p.st, p.lim, n
+      end
+    end
+    P.group = P.group or #P / 3
   end
+  return P
+end
+local function exceeds(q)
+  for _, parts in ipairs({G, q.c and cparts or {}}) do
+    for _, p in ipairs(parts) do
+      if need(p, q) > p.cap then
+        return fail(4, 'JTEXCEEDS n above what the limits in force or the caps can grant')
+      end
+    end
+  end
+end
+
+-- fit_all returns the earliest time >= t at which every part of P has room for its n:
+-- each fit moves t only later, until a round of them leaves it where it is. latest
+-- returns the latest of P's parts from i to j's own room for their n, from t.
+local function fit_all(P, t)
+  local m, stable, i = #P / 3, 0, 0
+  for _ = 1, 8 * m do
+    i = i % m + 1
+    local t1 = fit(P[3 * i - 2], P[3 * i - 1], P[3 * i], t, now)
+    if t1 ~= t then
+      t, stable = t1, 1
+    else
+      stable = stable + 1
+    end
+    if stable >= m then
+      break
+    end
+  end
+  return t
+end
+local function latest(P, i, j, t)
+  local m = t
+  for e = i, j do
+    m = math.max(m, fit(P[3 * e - 2], P[3 * e - 1], P[3 * e], t, now))
+  end
+  return m
 end
 
 -- turn returns µs from now until start tag S may book (S <= V + h / W), V moving as the
@@ -1384,7 +1262,7 @@ end
 -- unused; one told too early (a tenant arrives since) asks again.
 local TURN_LOOKS = 16
 local function turn(qkey, S, W, h)
-  local f, t, V = meta.fair, 0, meta.fair.V
+  local t, V = 0, meta.fair.V
   for i = 0, 16 do
     local target = S - h * 1000000 / W
     if target <= V then
@@ -1404,89 +1282,33 @@ local function turn(qkey, S, W, h)
   return math.ceil(t)
 end
 
--- ticket_text is a ticket as the reply and a task's record carry it: millionths.
-local function ticket_text(S)
-  return math.floor(S * 1000000 + 0.5)
+-- acquire decides request r, q an acquire; it returns its failure, if any. It books n at
+-- the earliest time every part has room from t0 (now, or a pause's end) if that comes
+-- within its max wait, else it is denied with the wait until n fits. A task's booking
+-- found (b) is the caller's to use again when it books the same n and costs, its token at
+-- most q.late µs past and no pause after it (status 2, a new stamp above the last); one an
+-- override set since lowers a limit under is given back and booked anew. A tenant's
+-- request also waits for its fair turn (start-time fair queueing over the group's service,
+-- docs/design.md): its start tag S = max(V, F) within the horizon's worth of service ahead
+-- of V, and its grant within the horizon; otherwise it is told when asking again can
+-- succeed, and with h takes its place (F moves on by its cost's time / weight; the reply
+-- and a task's record carry S as a ticket).
+-- horizon is how far ahead a request of the fair share, or a caller's of estimated costs,
+-- may book: two of the group's slots at least, and its cost's time.
+local function horizon(q)
+  return math.max(250000, 2 * lim[1][2] / lim[1][1], cost_time(q))
 end
 
--- exceeds returns the failure of a request above what the limits in force or the caps
--- can ever grant, if it is.
-local function exceeds(q)
-  for _, parts in ipairs({G, q.c and cparts or {}}) do
-    for _, p in ipairs(parts) do
-      if need(p, q) > p.cap then
-        return fail(4, 'JTEXCEEDS n above what the limits in force or the caps can grant')
-      end
-    end
-  end
-end
-
--- takes returns what request q takes, as {st, lim, n} for each part of the group and then
--- of its caps C (nil: none) that it takes anything from, and how many are the group's.
-local function takes(q, C)
-  local P = {}
-  for _, parts in ipairs({G, C or {}}) do
-    for _, p in ipairs(parts) do
-      local n = need(p, q)
-      if n > 0 then
-        P[#P + 1] = {p.st, p.lim, n}
-      end
-    end
-    if parts == G then
-      P.group = #P
-    end
-  end
-  return P
-end
-
--- fit_all returns the earliest time >= t at which every part of P has room for its n:
--- each fit moves t only later, until a round of them leaves it where it is.
-local function fit_all(P, t)
-  local stable, i = 0, 0
-  for _ = 1, 8 * #P do
-    i = i % #P + 1
-    local e = P[i]
-    local t1 = fit(e[1], e[2], e[3], t, now)
-    if t1 ~= t then
-      t, stable = t1, 1
-    else
-      stable = stable + 1
-    end
-    if stable >= #P then
-      break
-    end
-  end
-  return t
-end
-
--- latest returns the latest of P[from..to]'s own room for their n, from t.
-local function latest(P, from, to, t)
-  local m = t
-  for i = from, to do
-    local e = P[i]
-    local v = fit(e[1], e[2], e[3], t, now)
-    if v > m then
-      m = v
-    end
-  end
-  return m
-end
-
--- acquire decides request r, q an acquire; it returns its failure, if any.
 local function acquire(r, q)
-  local n, x, pause = q.n, q.x, meta.pause
-  local why = exceeds(q)
+  local n, x, pause, ctext, why = q.n, q.x, meta.pause, q.ctext, exceeds(q)
+  why = why or queue_foreign(q.q)
   if why then
     return why
   end
-  if q.q and queue_foreign(q.q) then
-    return queue_foreign(q.q)
-  end
   local flags = (drift and 16 or 0) + (pause > now and 8 or 0)
-  local ctext = q.ctext or ''
-  local rec, last, replace = false, 0, false
+  local rec, last, replace, C = false, 0, false, nil
   if q.b then
-    rec, why = book(q.b)
+    rec, why = record(q.b)
     if rec == nil then
       return why
     end
@@ -1496,15 +1318,14 @@ local function acquire(r, q)
         replace = lower and meta.over[2] > rec[3]
         if not replace then
           local stamp = math.max(now, last + 1)
-          books[q.b], booked[#booked + 1] = {rec[1], n, stamp, ctext}, q.b
-          group_report()
-          answer(r, 2, pause > now and 0 or remaining, math.max(0, rec[1] - now), reset, rec[1], stamp, flags)
+          put(q.b, {rec[1], n, stamp, ctext})
+          local rem = group_report()
+          answer(r, 2, rem, math.max(0, rec[1] - now), reset, rec[1], stamp, flags)
           return
         end
       end
     end
   end
-  local C
   if q.c then
     C, why = tenant_state(q.c)
     if not C then
@@ -1513,37 +1334,24 @@ local function acquire(r, q)
   end
   local P = takes(q, C)
   if replace then -- an override set since lowers the limits: the booking goes back
-    for _, e in ipairs(P) do
-      give(e[1], e[2], e[3], rec[1], now)
+    for i = 1, #P, 3 do
+      give(P[i], P[i + 1], P[i + 2], rec[1], now)
     end
     remaining = nil
   end
-  local t0, bound, h, fr = math.max(now, pause), x, nil, nil
+  local t0, bound, t, wait, who, fr, h = math.max(now, pause), x, now, nil, nil, nil, nil
   if q.tenant and #P > 0 then
-    local f, u = fair(KEYS[q.q]), units(q)
-    local member = string.format('%d ', u) .. q.tenant
-    local F = finish_of(KEYS[q.q], member)
+    local f = fair(KEYS[q.q])
+    local name, u, F = member(q)
     local W = f.W + ((F and F > f.V) and 0 or u) -- with this tenant queued
     local ticket = q.ticket or (rec and rec.ticket and rec.n == n and rec.ctext == ctext and rec.ticket) or nil
     if ticket and (f.W == 0 or ticket > f.Fmax + 1) then -- a place in a queue emptied since
       ticket = nil -- (its tags start again from 0): the turn has come
     end
     h = horizon(q)
-    fr = {member = member, u = u, W = W, S = ticket or math.max(f.V, F or f.V), held = ticket}
-    local ahead = h * 1000000 / W -- how far ahead of V a start tag may book
-    if fr.S > f.V + ahead then -- its turn has not come: ask again when it does
-      local due = math.max(1, turn(KEYS[q.q], fr.S, W, h))
-      if q.hold and not fr.held then
-        queue(fr, cost_time(q))
-        fr.held = fr.S
-      end
-      if q.hold and q.b then
-        books[q.b], booked[#booked + 1] = {ticket = fr.held, n = n, due = due, ctext = ctext}, q.b
-      end
-      group_report()
-      answer(r, 0, pause > now and 0 or remaining, due, reset, 0, q.hold and ticket_text(fr.held) or 0,
-        flags + 4 + (q.hold and 32 or 0))
-      return
+    fr = {name = name, u = u, W = W, S = ticket or math.max(f.V, F or f.V), held = ticket}
+    if fr.S > f.V + h * 1000000 / W then -- its turn has not come: ask again when it does
+      wait, who = math.max(1, turn(KEYS[q.q], fr.S, W, h)), 4
     end
     bound = math.min(x, h)
   elseif q.cost and not q.b and #P > 0 then
@@ -1553,144 +1361,130 @@ local function acquire(r, q)
     h = horizon(q)
     bound = math.min(x, h)
   end
-  -- the earliest time the group and the caps all have room
-  local t = now
-  if #P > 0 then
+  if not who and #P > 0 then -- the earliest time the group and the caps all have room
     t = fit_all(P, t0)
-    for _, e in ipairs(P) do
-      bound = math.min(bound, e[1].horizon or 9007199254740991)
+    for i = 1, #P, 3 do
+      bound = math.min(bound, P[i].horizon or 9007199254740991)
     end
   end
-  if t - now > bound then -- denied: by the limit whose own room comes later
-    local who = (#P > P.group and latest(P, P.group + 1, #P, t0) > latest(P, 1, P.group, t0)) and 2 or 1
-    local wait, hold = t - now, nil
+  if not who and t - now > bound then -- denied: by the limit whose own room comes later
+    who = (#P > 3 * P.group and latest(P, P.group + 1, #P / 3, t0) > latest(P, 1, P.group, t0)) and 2 or 1
+    wait = t - now
     if h and t - now <= x then -- beyond the horizon only: ask again when it reaches t
       wait = t - now - h
       if not fr and wait > h then -- (settles may free room sooner: at most a horizon)
         wait = h
       end
-      if fr and q.hold then
-        if not fr.held then
-          queue(fr, cost_time(q))
-          fr.held = fr.S
-        end
-        hold = fr.held
-        if q.b then
-          books[q.b], booked[#booked + 1] = {ticket = hold, n = n, due = wait, ctext = ctext}, q.b
-        end
+    else
+      fr = nil -- (no place to take)
+      if replace then
+        put(q.b, false)
       end
-    elseif replace then
-      books[q.b], booked[#booked + 1] = false, q.b
     end
-    group_report()
-    answer(r, 0, pause > now and 0 or remaining, math.max(1, wait), reset, 0, hold and ticket_text(hold) or 0,
+  end
+  if who then
+    local hold = fr and q.hold
+    if hold then
+      if not fr.held then
+        queue(fr.name, fr.S + cost_time(q) * 1000000 / fr.u, fr.W)
+        fr.held = fr.S
+      end
+      if q.b then
+        put(q.b, {ticket = fr.held, n = n, due = wait, ctext = ctext})
+      end
+    end
+    local rem = group_report()
+    answer(r, 0, rem, math.max(1, wait), reset, 0, hold and math.floor(fr.held * 1000000 + 0.5) or 0,
       flags + who + (hold and 32 or 0))
     return
   end
-  for _, e in ipairs(P) do
-    take(e[1], e[2], e[3], t, now)
+  for i = 1, #P, 3 do
+    take(P[i], P[i + 1], P[i + 2], t, now)
   end
   if #P > 0 then
     remaining = nil
     if fr and not fr.held then
-      queue(fr, cost_time(q))
+      queue(fr.name, fr.S + cost_time(q) * 1000000 / fr.u, fr.W)
     end
   end
   local stamp = 0
   if replace then
     last = math.max(last, meta.over[2])
   end
-  if q.b then
-    if #P > 0 and t > now then
-      stamp = math.max(now, last + 1)
-      books[q.b], booked[#booked + 1] = {t, n, stamp, ctext}, q.b
-    elseif rec then
-      books[q.b], booked[#booked + 1] = false, q.b
-    end
+  if q.b and #P > 0 and t > now then
+    stamp = math.max(now, last + 1)
+    put(q.b, {t, n, stamp, ctext})
+  elseif q.b and rec then
+    put(q.b, false)
   end
-  group_report()
-  answer(r, 1, pause > now and 0 or remaining, t - now, reset, #P > 0 and t or 0, stamp, flags)
+  local rem = group_report()
+  answer(r, 1, rem, t - now, reset, #P > 0 and t or 0, stamp, flags)
 end
 
 -- cancel decides request r, q a cancel: n permits (and its costs) booked at q.x (with b,
--- q.x is the booking's stamp), given back on the group and the tenant's caps.
+-- q.x is the booking's stamp: the caller still holds it), given back on the group and the
+-- tenant's caps.
 local function cancel(r, q)
-  local n, token = q.n, q.x
+  local token, C, why = q.x, nil, nil
   if q.b then
-    local rec, why = book(q.b)
+    local rec
+    rec, why = record(q.b)
     if rec == nil then
       return why
     end
     token = 0
-    if rec and not rec.ticket and rec[2] == n and rec[4] == (q.ctext or '') and q.x > 0 and rec[3] == q.x then
-      token, books[q.b], booked[#booked + 1] = rec[1], false, q.b
+    if rec and not rec.ticket and rec[2] == q.n and rec[4] == q.ctext and q.x > 0 and rec[3] == q.x then
+      token = rec[1]
+      put(q.b, false)
     end
   end
-  local C
   if q.c then
-    local why
     C, why = tenant_state(q.c)
     if not C then
       return why
     end
   end
-  local freed = 0
-  if token > 0 then
-    local P = takes(q, C)
-    for i, e in ipairs(P) do
-      if give(e[1], e[2], e[3], token, now) == 1 and i <= P.group then
-        freed = 1
-      end
+  local freed, P = 0, token > 0 and takes(q, C) or {}
+  for i = 1, #P, 3 do
+    if give(P[i], P[i + 1], P[i + 2], token, now) == 1 and i <= 3 * P.group then
+      freed = 1
+      remaining = nil
     end
-  end
-  if freed == 1 then
-    remaining = nil
   end
   group_report()
   answer(r, freed, 0, 0, reset, q.b and token or 0, 0, 0)
 end
 
--- reach is how long after a grant a limit l still counts it, µs: its period (the bucket:
--- until it is full again).
-local function reach(l)
-  return l[3] and math.ceil(l[3] * l[2] / l[1]) or l[2]
-end
-
 -- settle makes request r, q a settle of a grant at token q.x whose costs q.cost were an
 -- estimate: each part of a unit it names is charged the actual's difference at the
 -- grant's place (adjust), once per record key (e): a record found says it was (2); a
--- grant no limit counts any more is left alone (3). A tenant's finish tag moves by the
--- difference in the cost's time.
+-- grant no limit counts any more (each limit's period after it; the bucket's: until full
+-- again) is left alone (3). A tenant's finish tag moves by the difference in the cost's
+-- time.
 local function settle(r, q)
-  local key, token = KEYS[q.e], q.x
-  if q.q and queue_foreign(q.q) then
-    return queue_foreign(q.q)
+  local key, token, why = KEYS[q.e], q.x, queue_foreign(q.q)
+  local v, C = nil, nil
+  if not why then
+    v, why = read_key('string', 'GET', key)
   end
-  local v, why = read_key('string', 'GET', key)
+  if not why and q.c then
+    C, why = tenant_state(q.c)
+  end
   if why then
     return why
   end
-  local C
-  if q.c then
-    C, why = tenant_state(q.c)
-    if not C then
-      return why
-    end
-  end
-  local span = 0 -- how long the grant counts
+  local span, status = 0, 3 -- how long the grant counts
   for _, parts in ipairs({G, C or {}}) do
     for _, p in ipairs(parts) do
       for _, l in ipairs(p.lim) do
-        span = math.max(span, reach(l))
+        span = math.max(span, l[3] and math.ceil(l[3] * l[2] / l[1]) or l[2])
       end
     end
   end
-  local status = 1
   if v then
     status = 2
-  elseif token + span <= now then
-    status = 3
-  else
+  elseif token + span > now then
+    status = 1
     for _, parts in ipairs({G, C or {}}) do
       for _, p in ipairs(parts) do
         local d = q.actual[p.unit] and q.actual[p.unit] - q.cost[p.unit]
@@ -1700,20 +1494,12 @@ local function settle(r, q)
       end
     end
     if q.tenant then
-      local dc = cost_time(q, q.actual) - cost_time(q)
-      local f, u = fair(KEYS[q.q]), units(q)
-      local member = string.format('%d ', u) .. q.tenant
-      local F = finish_of(KEYS[q.q], member)
-      if F and F > f.V then -- queued: its finish tag moves by the difference
-        F = math.max(f.V, F + dc * 1000000 / u)
-      elseif dc > 0 then -- the debt queues it
-        F, f.W = f.V + dc * 1000000 / u, f.W + u
-      end
-      if F and F ~= finish[member] then
-        finish[member], queued[member], changed = F, F, true
-        if F > f.Fmax then
-          f.Fmax = F
-        end
+      local dc, f = cost_time(q, q.actual) - cost_time(q), fair(KEYS[q.q])
+      local name, u, F = member(q)
+      if F and F > f.V and dc ~= 0 then -- queued: its finish tag moves by the difference
+        queue(name, math.max(f.V, F + dc * 1000000 / u), f.W)
+      elseif (not F or F <= f.V) and dc > 0 then -- the debt queues it
+        queue(name, f.V + dc * 1000000 / u, f.W + u)
       end
     end
     redis.call('SET', key, '1', 'PX', ms(token + span - now))
@@ -1731,12 +1517,12 @@ end
 -- group, its weight in the queue (W, millionths) and k, then per tenant of the k (at
 -- most 10) with the most queued its place, its weight units, its name's length and bytes.
 local function inspect(r, q)
-  if q.q and queue_foreign(q.q) then
-    return queue_foreign(q.q)
+  local why, pause = queue_foreign(q.q), meta.pause
+  if why then
+    return why
   end
-  local pause = meta.pause
   local t = fit(G[1].st, G[1].lim, 1, math.max(now, pause), now) -- one of the first part
-  group_report()
+  local rem = group_report()
   local b, ahead = detail(G[1].st, G[1].lim, now)
   local pttl = -2
   if not dirty() then
@@ -1745,31 +1531,30 @@ local function inspect(r, q)
     pttl = math.ceil(kept_us(data_keep()) / 1000)
   end
   local d = {b, ahead, math.max(0, pause - now), pttl, math.max(0, oend - now)}
-  for _, p in ipairs(G) do
-    local _, _, avail = detail(p.st, p.lim, now)
-    for i = 1, #p.lim do
-      d[#d + 1], d[#d + 2], d[#d + 3] = p.lim[i][1], p.lim[i][3], avail[i]
+  local f = q.q and fair(KEYS[q.q], true)
+  local function limits(parts, rate) -- each limit's [rate,] capacity and available
+    for _, p in ipairs(parts) do
+      local _, _, avail = detail(p.st, p.lim, now)
+      for i = 1, #p.lim do
+        if rate then
+          d[#d + 1] = p.lim[i][1]
+        end
+        d[#d + 1], d[#d + 2] = p.lim[i][3], avail[i]
+      end
     end
   end
-  local f = q.q and fair(KEYS[q.q], true)
+  limits(G, true)
   if q.tenant then
-    local F = finish_of(KEYS[q.q], string.format('%d ', units(q)) .. q.tenant)
+    local _, _, F = member(q)
     d[#d + 1] = (F and F > f.V) and math.ceil((F - f.V) * f.W / 1000000) or -1
     if q.c then
-      local C, why = tenant_state(q.c)
+      local C
+      C, why = tenant_state(q.c)
       if not C then
         return why
       end
-      local ct = fit(C[1].st, C[1].lim, 1, t, now)
-      if ct > t then
-        t = ct
-      end
-      for _, p in ipairs(C) do
-        local _, _, cavail = detail(p.st, p.lim, now)
-        for i = 1, #p.lim do
-          d[#d + 1], d[#d + 2] = p.lim[i][3], cavail[i]
-        end
-      end
+      t = math.max(t, fit(C[1].st, C[1].lim, 1, t, now))
+      limits(C)
     end
   elseif f then
     local top = redis.call('ZREVRANGE', KEYS[q.q], '0', '9', 'WITHSCORES')
@@ -1785,17 +1570,17 @@ local function inspect(r, q)
     end
   end
   ext[r] = d
-  answer(r, 1, pause > now and 0 or remaining, t - now, reset, 0, 0,
-    (drift and 16 or 0) + (pause > now and 8 or 0))
+  answer(r, 1, rem, t - now, reset, 0, 0, (drift and 16 or 0) + (pause > now and 8 or 0))
 end
 
--- control makes request r, a pause, resume, override, clear or a tenant's weight.
+-- control makes request r, a pause, resume, override, clear or a tenant's weight. A pause
+-- books nothing before its end (a longer one set is kept) and publishes "p <pause_end>",
+-- the end in force, on {…}:wake; resume ends it and publishes "r <pause_end>". An override
+-- runs limit i (i <= m) at the rate and burst given until it ends, periods kept.
 local function control(r, q)
   local op, ended = q.op, 0
   if op == 'p' then
-    if now + q.x > meta.pause then
-      meta.pause = now + q.x
-    end
+    meta.pause = math.max(meta.pause, now + q.x)
     wakes[#wakes + 1] = string.format('p %d', meta.pause) -- the end in force
     if meta.fair and meta.fair.W > 0 then -- no service while paused: the fair clock waits
       meta.fair.tV = math.max(meta.fair.tV, meta.pause)
@@ -1818,16 +1603,12 @@ local function control(r, q)
   elseif op == 'W' then
     meta.weights[q.tenant] = q.x > 0 and {now + q.x, q.units} or nil
   else
-    local over
-    if op == 'o' then
-      over = {now + (q.x > 0 and q.x or 35184372088832), now, q.rates}
-    end
-    meta.over = over
-    lim, lower, oend = in_force(given, over)
+    meta.over = op == 'o' and {now + (q.x > 0 and q.x or 35184372088832), now, q.rates} or nil
+    lim, lower, oend = in_force(given, meta.over)
     for _, p in ipairs(G) do
       local old = p.lim
       p.lim = slice(lim, p)
-      cap_of(p)
+      p.cap = cap_of(p.lim)
       rates(p.st, old, p.lim, now, now)
     end
     remaining = nil
@@ -1839,26 +1620,23 @@ end
 for r = 1, k do
   local q = ops[r]
   if q and not ext[r] then
-    local why
-    if q.op == 'a' then
+    local op, why = q.op, nil
+    if op == 'a' then
       why = acquire(r, q)
-    elseif q.op == 'c' then
+    elseif op == 'c' then
       why = cancel(r, q)
-    elseif q.op == 'i' then
+    elseif op == 'i' then
       why = inspect(r, q)
-    elseif q.op == 's' then
+    elseif op == 's' then
       why = settle(r, q)
     else
       why = control(r, q)
     end
-    if why then
-      ext[r] = why
-    end
+    ext[r] = why or ext[r]
   end
-  local bad = foreign_part(G)
-  if bad then -- a read after load found the state foreign: it fails every request
+  if foreign_part(G) then -- a read after load found the state foreign: it fails every request
     for i = 1, k do
-      ext[i] = bad
+      ext[i] = foreign_part(G)
     end
     return reply({}, k, ext)
   end
@@ -1868,11 +1646,10 @@ for r = 1, k do
 end
 
 -- Writes, after every read and check: what lives is kept until it no longer matters.
-local kept = kept_us(data_keep())
-local f = meta.fair
+local kept, f = kept_us(data_keep()), meta.fair
 if f and f.W > 0 and fair_moved then
-  for member, F in pairs(queued) do
-    redis.call('ZADD', fair_key, string.format('%.17g', F), member)
+  for name, F in pairs(queued) do
+    redis.call('ZADD', fair_key, string.format('%.17g', F), name)
   end
   redis.call('PEXPIRE', fair_key, ms(life(f)))
 elseif f and f.W > 0 and paused_queue then
@@ -1886,12 +1663,9 @@ if dirty() then
   local text = format_meta(meta)
   save(gst, KEYS[1], kept, text ~= gst.meta and text or nil, gst.nolim or G[1].keep <= 0)
 end
--- (the parts with a key of their own: their heads are their metas)
-local sets = {G}
+local sets = {G} -- (the parts with a key of their own: their heads are their metas)
 for _, ts in pairs(tstates) do
-  if not ts.code then
-    sets[#sets + 1] = ts
-  end
+  sets[#sets + 1] = not ts.code and ts or nil
 end
 for _, parts in ipairs(sets) do
   for _, p in ipairs(parts) do
@@ -1903,26 +1677,26 @@ for _, parts in ipairs(sets) do
 end
 for _, i in ipairs(booked) do
   local rec = books[i]
-  if rec ~= nil then
-    local ttl = 1000000
-    if rec and rec.ticket then -- a task handed back keeps its place while it may still come
-      ttl = rec.due + 60000000
-    elseif rec then
-      ttl = math.max(rec[1] - now, 0) + 1000000
+  if rec then -- a task handed back keeps its place while it may still come
+    local ttl = ms(rec.ticket and rec.due + 60000000 or math.max(rec[1] - now, 0) + 1000000)
+    if rec.ticket then
+      redis.call('SET', KEYS[i], string.format('t %d %d', math.floor(rec.ticket * 1000000 + 0.5), rec.n) .. rec.ctext, 'PX', ttl)
+    else
+      redis.call('SET', KEYS[i], string.format('%d %d %d', rec[1], rec[2], rec[3]) .. rec[4], 'PX', ttl)
     end
-    booking_write(KEYS[i], rec, ttl)
-    books[i] = nil
+  elseif rec == false then
+    redis.call('DEL', KEYS[i])
   end
+  books[i] = nil
 end
 for _, text in ipairs(wakes) do
   redis.call('PUBLISH', (string.match(KEYS[1], '^(.*:)') or '') .. 'wake', text)
 end
 reply(out, k, ext)
 if gst.found then -- the reply ends with the head found, its bytes then their count
-  local theirs = gst.found
-  for i = 1, #theirs do
-    out[#out + 1] = string.byte(theirs, i)
+  for i = 1, #gst.found do
+    out[#out + 1] = string.byte(gst.found, i)
   end
-  out[#out + 1] = #theirs
+  out[#out + 1] = #gst.found
 end
 return out

@@ -1,22 +1,27 @@
 // Command luaexec measures how long each limiter script runs inside Redis: the
 // server's own execution time per EVALSHA (INFO commandstats), free of the network and
-// of the client, on the allowed and denied paths of every jobthrottle algorithm and of
-// the peers (redis_rate, the Redisson-style log). Calls are sent in pipelines of 100
-// from one connection; the cases run in rounds, interleaved, and the fastest round of
-// each is reported (the machine is shared and noisy; the fastest round is the one
-// least disturbed).
+// of the client, case by case, for every jobthrottle algorithm and the peers (redis_rate,
+// the Redisson-style log). Calls are sent in pipelines of 100 from one connection; the
+// cases run in rounds, interleaved, and the fastest round of each is reported (the
+// machine is shared and noisy; the fastest round is the one least disturbed), then the
+// ratios the goals name, of those fastest rounds.
 //
 //	go run ./cmd/luaexec                        # starts its own redis-server
 //	go run ./cmd/luaexec -addr 127.0.0.1:6379 -rounds 20
 //	go run ./cmd/luaexec -only TokenBucket,redis_rate   # the no-op and the cases named so
 //
-// To compare this version's scripts with 93c979c's (the version before one script per
-// algorithm) in one run (interleaved, same server), dump that version's texts with its
-// luaexec -dump DIR and pass -base DIR here: every jobthrottle case then runs twice,
-// "base" with DIR's text and its protocol. To compare with another version of this
-// protocol's scripts (this version's own -dump of an earlier commit), pass -alt DIR:
-// every jobthrottle case runs with DIR's scripts too, as "alt". A batch case reports
-// exec per request.
+// Each algorithm's cases, on a limit per second never reached (allowed) or always
+// exceeded (denied): a lone acquire; on keys no call made before (fresh); under an
+// operator's override; a log whose oldest entry expires on every call (a 10 ms period); a
+// batch of 32 acquires (per request); a tenant's acquire (the group's limit, the tenant's
+// caps and the fair share); an acquire on a limiter of calls and tokens (costs); a settle
+// of such a grant, each on a key of its own holding that one grant (a lone settle).
+//
+// To compare with 5867cf1's scripts (the protocol before tenants and costs) in one run,
+// dump them with that commit's luaexec -dump DIR and pass -base DIR: the cases that
+// protocol can make run with them too, as "base ...", with its arguments (oldArgs). To
+// compare with an earlier version of this protocol's scripts (this command's -dump at
+// that commit), pass -alt DIR: every jobthrottle case runs with them too, as "alt".
 package main
 
 import (
@@ -37,154 +42,196 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// xcase is one script on one path: its SHA, its keys and the arguments of call i.
+// xcase is one script on one path: its SHA, and the keys and arguments of call i.
 type xcase struct {
 	name string
 	sha  string
-	keys []string
-	args func(i int) []any
-	// fresh: each call on keys of its own (tag and the call's number), with the other
-	// algorithms' state keys too: a state that is not there
-	fresh bool
+	call func(i int) (keys []string, args []any)
 	// per: requests per call (the batch cases report exec per request)
 	per int
-	// override: an operator's override of the rate is set on the key first
-	override bool
+	// setup runs once before the rounds (an override set); prep before each round's
+	// calls, unmeasured (the grants a settle case settles), given the round's first
+	// call's number
+	setup, prep func(ctx context.Context, rdb *redis.Client, first int) error
 }
 
-func fixed(args ...any) func(int) []any { return func(int) []any { return args } }
-
-// algo is a limiter algorithm as this version's script and 93c979c's take it: the
-// arguments after a single call's requests for a limit of rate per second.
+// algo is a limiter algorithm: its head for a limit of rate per period, its script's
+// name (the dumps' file), and 5867cf1's arguments after a single call's requests.
 type algo struct {
-	name   string // SlidingWindow, ...; the base's dump file
-	script string // lua.Script's name
-	suffix string
-	tail   func(rate int) []any // after the requests: m, the limit, parameters, A, record
-	old    func(rate int) []any // 93c979c's ARGV after op, n, x
+	name, script, suffix string
+	head                 func(rate, period int) string
+	old                  func(rate, period int) []any // 5867cf1: m, the limit, parameters, A, record, its TTL
 }
 
 var algos = []algo{
-	{"SlidingWindow", "log", "sw", func(r int) []any { return []any{1, r, 1000000, 0, 0, "", 0} },
-		func(r int) []any { return []any{1, r, 1000000} }},
-	{"SlidingCounter", "log", "sc", func(r int) []any { return []any{1, r, 1000000, 20000, 0, "", 0} },
-		func(r int) []any { return []any{1, 20000, r, 1000000} }},
-	{"TokenBucket", "bucket", "tb", func(r int) []any { return []any{1, r, 1000000, r, 0, "", 0} },
-		func(r int) []any { return []any{1, r, 1000000, r} }},
-	{"FixedWindow", "window", "fw", func(r int) []any { return []any{1, r, 1000000, 0, "", 0} },
-		func(r int) []any { return []any{1, r, 1000000} }},
+	{"SlidingWindow", "log", "sw", func(r, p int) string { return fmt.Sprintf("sw %d %d", r, p) },
+		func(r, p int) []any { return []any{1, r, p, 0, 0, "", 0} }},
+	{"SlidingCounter", "log", "sc", func(r, p int) string { return fmt.Sprintf("sc 50 %d %d", r, p) },
+		func(r, p int) []any { return []any{1, r, p, p / 50, 0, "", 0} }},
+	{"TokenBucket", "bucket", "tb", func(r, p int) string { return fmt.Sprintf("tb %d %d %d", r, p, r) },
+		func(r, p int) []any { return []any{1, r, p, r, 0, "", 0} }},
+	{"FixedWindow", "window", "fw", func(r, p int) string { return fmt.Sprintf("fw %d %d", r, p) },
+		func(r, p int) []any { return []any{1, r, p, 0, "", 0} }},
 }
 
-// baseNames are the files -base reads: 93c979c's limiter scripts as its luaexec -dump
-// wrote them.
-var baseNames = map[string]string{"SlidingWindow": "SlidingWindow", "SlidingCounter": "SlidingCounter", "TokenBucket": "GCRA", "FixedWindow": "FixedWindow"}
+const (
+	never, often = 1000000000, 100 // rates per second: never reached, always exceeded
+	second       = 1000000
+	batchSize    = 32 // requests in the batch cases
+)
 
-// jobthrottleCases: one limit per second, never reached (allowed) or always exceeded
-// (denied); a limit of 1e9 per 10 ms makes one entry of the log expire on every call; a
-// batch of batchSize acquires in one call. With base (93c979c's texts, by algorithm),
-// each case runs with them too, as "base ...", in its protocol.
+// jobthrottleCases returns every algorithm's cases with this tree's scripts, with alt's
+// (a dump of this protocol's, by script name) as "alt ..." and base's (5867cf1's) as
+// "base ...".
 func jobthrottleCases(base, alt map[string]string) []xcase {
-	const never, often = 1000000000, 100
 	noop := redis.NewScript("return 1")
-	out := []xcase{{name: "no-op (return 1)", sha: noop.Hash(), keys: []string{"{jtbench:noop}:x"}, args: fixed(1), per: 1}}
+	out := []xcase{{name: "no-op (return 1)", sha: noop.Hash(), call: fixed([]string{"{jtbench:noop}:x"}, 1), per: 1}}
 	n := 0
-	add := func(name, sha string, suffix string, args []any, old bool, per int, fresh, override bool) {
-		n++
-		tag := fmt.Sprintf("{jtbench:luaexec%d}", n)
-		keys := []string{tag + ":" + suffix, tag + ":pause", tag + ":conf"}
-		if old {
-			keys = keys[:2]
-		}
-		out = append(out, xcase{name: name, sha: sha, keys: keys, args: fixed(args...), fresh: fresh, per: per, override: override})
-	}
+	tag := func() string { n++; return fmt.Sprintf("{jtbench:luaexec%d}", n) }
 	for _, a := range algos {
-		s := lua.Script(a.script)
-		var oldSHA, altSHA string
-		if src, ok := base[a.name]; ok {
+		versions := []struct{ prefix, sha string }{{"", lua.Script(a.script).Hash()}}
+		if src, ok := alt[a.script]; ok {
+			versions = append([]struct{ prefix, sha string }{{"alt ", redis.NewScript(src).Hash()}}, versions...)
+		}
+		oldSHA := ""
+		if src, ok := base[a.script]; ok {
 			oldSHA = redis.NewScript(src).Hash()
 		}
-		if src, ok := alt[a.script]; ok {
-			altSHA = redis.NewScript(src).Hash()
-		}
+		name := func(path string) string { return "jobthrottle " + a.name + " " + path }
 		type path struct {
-			name     string
-			rate     int
-			period   int
-			fresh    bool
-			override bool
+			name         string
+			rate, period int
+			fresh, over  bool
 		}
-		paths := []path{{"allowed", never, 0, false, false}, {"denied", often, 0, false, false},
-			{"allowed, no state yet (fresh keys)", never, 0, true, false}, {"allowed, override set", never, 0, false, true}}
+		paths := []path{{"allowed", never, second, false, false}, {"denied", often, second, false, false},
+			{"allowed, no state yet (fresh keys)", never, second, true, false}, {"allowed, override set", never, second, false, true}}
 		if a.script == "log" {
 			paths = append(paths, path{"allowed, an entry expires every call", never, 10000, false, false})
 		}
 		for _, p := range paths {
-			tail, old := a.tail(p.rate), a.old(p.rate)
-			if p.period > 0 {
-				tail[2], old[len(old)-1] = p.period, p.period
-			}
-			name := "jobthrottle " + a.name + " " + p.name
+			head := a.head(p.rate, p.period)
 			if oldSHA != "" {
-				add("base "+name, oldSHA, a.suffix, append([]any{0, 1, 0}, old...), true, 1, p.fresh, p.override)
+				out = append(out, oldCase("base "+name(p.name), oldSHA, tag(), a, p.rate, p.period, 1, p.fresh, p.over))
 			}
-			if altSHA != "" {
-				add("alt "+name, altSHA, a.suffix, append([]any{1, 0, 1, 0, 0, 0}, tail...), false, 1, p.fresh, p.override)
-			}
-			add(name, s.Hash(), a.suffix, append([]any{1, 0, 1, 0, 0, 0}, tail...), false, 1, p.fresh, p.override)
-		}
-		for _, p := range paths[:2] { // a batch of batchSize acquires
-			tail, old := a.tail(p.rate), a.old(p.rate)
-			name := fmt.Sprintf("jobthrottle %s %s, batch of %d (per request)", a.name, p.name, batchSize)
-			if oldSHA != "" {
-				args := []any{4, batchSize}
-				for range batchSize {
-					args = append(args, 0, 1, 0)
+			for _, v := range versions {
+				c := xcase{name: v.prefix + name(p.name), sha: v.sha, per: 1, call: fixed([]string{tag() + ":l"}, head, "", "a 1 0")}
+				if p.fresh {
+					c.call = func(i int) ([]string, []any) {
+						return []string{fmt.Sprintf("{jtbench:fresh%d}:l", i)}, []any{head, "", "a 1 0"}
+					}
 				}
-				add("base "+name, oldSHA, a.suffix, append(args, old...), true, batchSize, false, false)
+				if p.over { // an operator's override of the rate, for an hour
+					keys, _ := c.call(0)
+					c.setup = func(ctx context.Context, rdb *redis.Client, _ int) error {
+						return rdb.EvalSha(ctx, c.sha, keys, head, "", fmt.Sprintf("o %d %d 0", 3600*second, never)).Err()
+					}
+				}
+				out = append(out, c)
 			}
-			args := []any{batchSize}
+		}
+		for _, p := range paths[:2] {
+			path := fmt.Sprintf("%s, batch of %d (per request)", p.name, batchSize)
+			if oldSHA != "" {
+				out = append(out, oldCase("base "+name(path), oldSHA, tag(), a, p.rate, p.period, batchSize, false, false))
+			}
+			args := []any{a.head(p.rate, p.period), ""}
 			for range batchSize {
-				args = append(args, 0, 1, 0, 0, 0)
+				args = append(args, "a 1 0")
 			}
-			if altSHA != "" {
-				add("alt "+name, altSHA, a.suffix, append(args, tail...), false, batchSize, false, false)
+			for _, v := range versions {
+				out = append(out, xcase{name: v.prefix + name(path), sha: v.sha, per: batchSize, call: fixed([]string{tag() + ":l"}, args...)})
 			}
-			add(name, s.Hash(), a.suffix, append(args, tail...), false, batchSize, false, false)
+		}
+		group, caps := a.head(never, second), a.head(never/10, second)
+		costs := group + " /tokens " + strings.TrimPrefix(strings.TrimPrefix(a.head(never, second), a.suffix+" "), "50 ")
+		for _, v := range versions {
+			t := tag()
+			out = append(out, xcase{name: v.prefix + name("tenant acquire (group, caps, fair share)"), sha: v.sha, per: 1,
+				call: fixed([]string{t + ":l", t + ":q", t + ":t:acme"}, group, caps, "a 1 0 q2 c3 tacme")})
+			t = tag()
+			out = append(out, xcase{name: v.prefix + name("acquire with costs (calls and tokens)"), sha: v.sha, per: 1,
+				call: fixed([]string{t + ":l", t + ":u:tokens"}, costs, "", "a 1 0 utokens:100")})
+			out = append(out, settleCase(v.prefix+name("settle of a grant of calls and tokens"), v.sha, costs))
 		}
 	}
 	return out
 }
 
-// freshKeys returns a limiter's keys on a tag of call n's own, its state key's suffix that
-// of key, and the other algorithms' state keys: this version's (A = 3 in its ARGV) when
-// the case has a record key, else 93c979c's.
-func freshKeys(c xcase, n int) []string {
-	suffix := c.keys[0][strings.LastIndex(c.keys[0], ":")+1:]
-	tag := fmt.Sprintf("{jtbench:fresh%d}", n)
-	keys := []string{tag + ":" + suffix, tag + ":pause"}
-	if len(c.keys) == 3 {
-		keys = append(keys, tag+":conf")
+func fixed(keys []string, args ...any) func(int) ([]string, []any) {
+	return func(int) ([]string, []any) { return keys, args }
+}
+
+// settleCase settles call i's own grant, on a key of its own (a lone settle: the state
+// holds that grant alone): the round's grants are made before it, unmeasured.
+func settleCase(name, sha, head string) xcase {
+	var tokens []int64
+	var first int
+	keys := func(i int) []string {
+		t := fmt.Sprintf("{jtbench:settle%d}", i)
+		return []string{t + ":l", t + ":u:tokens", t + ":st:1"}
 	}
-	for _, s := range []string{"sw", "sc", "tb", "fw"} {
-		if s != suffix {
-			keys = append(keys, tag+":"+s)
+	return xcase{name: name, sha: sha, per: 1,
+		prep: func(ctx context.Context, rdb *redis.Client, from int) error {
+			first, tokens = from, tokens[:0]
+			var cmds []*redis.Cmd
+			p := rdb.Pipeline()
+			for i := from; i < from+*calls; i++ {
+				cmds = append(cmds, p.EvalSha(ctx, sha, keys(i)[:2], head, "", "a 1 0 utokens:100"))
+			}
+			if _, err := p.Exec(ctx); err != nil {
+				return err
+			}
+			for _, c := range cmds {
+				v, err := c.Int64Slice()
+				if err != nil || v[0] != 1 {
+					return fmt.Errorf("a grant to settle: %v %v", v, err)
+				}
+				tokens = append(tokens, v[4])
+			}
+			return nil
+		},
+		call: func(i int) ([]string, []any) {
+			return keys(i), []any{head, "", fmt.Sprintf("s 1 %d e3 utokens:100:50", tokens[i-first])}
+		}}
+}
+
+// oldCase is a case of 5867cf1's protocol: k requests of five integers (op, n, x, y, key),
+// the limit's fields, parameters, A (the other algorithms' state keys in KEYS) and the
+// record; its keys the state, the control key and the record key.
+func oldCase(name, sha, tag string, a algo, rate, period, k int, fresh, over bool) xcase {
+	keys := []string{tag + ":" + a.suffix, tag + ":pause", tag + ":conf"}
+	args := []any{k}
+	for range k {
+		args = append(args, 0, 1, 0, 0, 0)
+	}
+	args = append(args, a.old(rate, period)...)
+	c := xcase{name: name, sha: sha, per: k, call: fixed(keys, args...)}
+	if fresh { // with the other algorithms' state keys, as its callers sent them (A = 3)
+		fargs := append([]any(nil), args...)
+		fargs[len(fargs)-3] = 3
+		c.call = func(i int) ([]string, []any) {
+			t := fmt.Sprintf("{jtbench:oldfresh%d}", i)
+			ks := []string{t + ":" + a.suffix, t + ":pause", t + ":conf"}
+			for _, s := range []string{"sw", "sc", "tb", "fw"} {
+				if s != a.suffix {
+					ks = append(ks, t+":"+s)
+				}
+			}
+			return ks, fargs
 		}
 	}
-	return keys
-}
-
-// freshArgs sets A, the other algorithms' keys in KEYS, in this version's ARGV.
-func freshArgs(c xcase, args []any) []any {
-	if len(c.keys) != 3 {
-		return args
+	if over { // its control key's text: an override of limit 1 to the rate, for an hour
+		c.setup = func(ctx context.Context, rdb *redis.Client, _ int) error {
+			t, err := rdb.Time(ctx).Result()
+			if err != nil {
+				return err
+			}
+			us := t.UnixMicro()
+			return rdb.Set(ctx, keys[1], fmt.Sprintf("0 %d 1 %d 0 %d", us+3600*second, never, us), time.Hour).Err()
+		}
 	}
-	out := append([]any(nil), args...)
-	out[len(out)-3] = 3
-	return out
+	return c
 }
-
-// batchSize is the number of requests in the batch cases.
-const batchSize = 32
 
 // peerCases: redis_rate's script (not exported: its SHA and arguments are taken from
 // one call of its Allow) and the Redisson-style log's, with the same limits.
@@ -193,7 +240,7 @@ func peerCases(ctx context.Context, rdb *redis.Client) ([]xcase, error) {
 	for _, p := range []struct {
 		path string
 		rate int
-	}{{"allowed", 1000000000}, {"denied", 100}} {
+	}{{"allowed", never}, {"denied", often}} {
 		key := "jtbench:luaexec-rr-" + p.path
 		c := &capture{}
 		one := redis.NewClient(&redis.Options{Addr: rdb.Options().Addr})
@@ -206,7 +253,7 @@ func peerCases(ctx context.Context, rdb *redis.Client) ([]xcase, error) {
 		if c.sha == "" {
 			return nil, fmt.Errorf("redis_rate's script call was not seen")
 		}
-		out = append(out, xcase{name: "redis_rate " + p.path, sha: c.sha, keys: []string{"rate:" + key}, args: fixed(c.args...), per: 1})
+		out = append(out, xcase{name: "redis_rate " + p.path, sha: c.sha, call: fixed([]string{"rate:" + key}, c.args...), per: 1})
 
 		rl := redisson.New(rdb, "jtbench:luaexec-redisson-"+p.path, p.rate, time.Second)
 		rdb.Del(ctx, rl.Keys()...)
@@ -216,10 +263,11 @@ func peerCases(ctx context.Context, rdb *redis.Client) ([]xcase, error) {
 		if err := redisson.Script.Load(ctx, rdb).Err(); err != nil {
 			return nil, err
 		}
-		out = append(out, xcase{name: "Redisson-style log " + p.path, sha: redisson.Script.Hash(), keys: rl.Keys(), per: 1, args: func(i int) []any {
-			// the client's clock and a fresh 16-byte id per call, as Redisson sends them
-			return []any{1, time.Now().UnixMilli(), fmt.Sprintf("%016x", i)}
-		}})
+		out = append(out, xcase{name: "Redisson-style log " + p.path, sha: redisson.Script.Hash(), per: 1,
+			call: func(i int) ([]string, []any) {
+				// the client's clock and a fresh 16-byte id per call, as Redisson sends them
+				return rl.Keys(), []any{1, time.Now().UnixMilli(), fmt.Sprintf("%016x", i)}
+			}})
 	}
 	return out, nil
 }
@@ -246,44 +294,48 @@ func (c *capture) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
+// ratios are the figures the goals name: a case's fastest round over another's.
+var ratios = []struct{ what, num, den string }{
+	{"lone plain acquire ÷ redis_rate", "allowed", "redis_rate allowed"},
+	{"tenant acquire ÷ redis_rate", "tenant acquire (group, caps, fair share)", "redis_rate allowed"},
+	{"settle ÷ acquire with costs", "settle of a grant of calls and tokens", "acquire with costs (calls and tokens)"},
+}
+
+var calls = flag.Int("calls", 2000, "calls per case per round")
+
 func main() {
 	addr := flag.String("addr", "", "redis-server to use, host:port; empty starts one on a free 127.0.0.1 port")
 	rounds := flag.Int("rounds", 20, "rounds per case")
-	calls := flag.Int("calls", 2000, "calls per case per round")
 	only := flag.String("only", "", "run only the cases whose name contains one of these comma-separated texts (and the no-op)")
 	dump := flag.String("dump", "", "write the scripts' texts to this directory and exit")
-	baseDir := flag.String("base", "", "a directory holding 93c979c's limiter scripts (its luaexec -dump): run each case with them too, in their protocol, as \"base ...\"")
+	baseDir := flag.String("base", "", "a directory holding 5867cf1's scripts (its luaexec -dump): run the cases its protocol can make with them too, as \"base ...\"")
 	altDir := flag.String("alt", "", "a directory holding another version of this protocol's scripts (a -dump of it): run each jobthrottle case with them too, as \"alt ...\"")
 	flag.Parse()
 	log.SetFlags(0)
+	names := []string{"log", "bucket", "window"}
 	if *dump != "" {
-		for _, name := range []string{"log", "bucket", "window", "semaphore"} {
+		for _, name := range append(names, "semaphore") {
 			if err := os.WriteFile(filepath.Join(*dump, name+".lua"), []byte(lua.Source(name)), 0o644); err != nil {
 				log.Fatal(err)
 			}
 		}
 		return
 	}
-	base := map[string]string{}
-	if *baseDir != "" {
-		for alg, file := range baseNames {
-			b, err := os.ReadFile(filepath.Join(*baseDir, file+".lua"))
+	read := func(dir string) map[string]string {
+		m := map[string]string{}
+		for _, name := range names {
+			if dir == "" {
+				continue
+			}
+			b, err := os.ReadFile(filepath.Join(dir, name+".lua"))
 			if err != nil {
 				log.Fatal(err)
 			}
-			base[alg] = string(b)
+			m[name] = string(b)
 		}
+		return m
 	}
-	alt := map[string]string{}
-	if *altDir != "" {
-		for _, name := range []string{"log", "bucket", "window"} {
-			b, err := os.ReadFile(filepath.Join(*altDir, name+".lua"))
-			if err != nil {
-				log.Fatal(err)
-			}
-			alt[name] = string(b)
-		}
-	}
+	base, alt := read(*baseDir), read(*altDir)
 	if *addr == "" {
 		s, err := redistest.StartServer()
 		if err != nil {
@@ -296,14 +348,13 @@ func main() {
 	rdb := redis.NewClient(&redis.Options{Addr: *addr})
 	defer rdb.Close()
 	scripts := []*redis.Script{redis.NewScript("return 1")}
-	for _, name := range []string{"log", "bucket", "window"} {
+	for _, name := range names {
 		scripts = append(scripts, lua.Script(name))
 	}
-	for _, src := range base {
-		scripts = append(scripts, redis.NewScript(src))
-	}
-	for _, src := range alt {
-		scripts = append(scripts, redis.NewScript(src))
+	for _, m := range []map[string]string{base, alt} {
+		for _, src := range m {
+			scripts = append(scripts, redis.NewScript(src))
+		}
 	}
 	for _, s := range scripts {
 		if err := s.Load(ctx, rdb).Err(); err != nil {
@@ -328,32 +379,33 @@ func main() {
 		}
 		cs = keep
 	}
+	n := 0 // calls made: each call's number is its own
 	for _, c := range cs {
-		if c.override { // an operator's override of the rate (the same text in both versions), for an hour
-			t, err := rdb.Time(ctx).Result()
-			if err != nil {
-				log.Fatal(err)
-			}
-			us := t.UnixMicro()
-			text := fmt.Sprintf("0 %d 1 1000000000 0 %d", us+int64(time.Hour/time.Microsecond), us)
-			if err := rdb.Set(ctx, c.keys[1], text, time.Hour).Err(); err != nil {
-				log.Fatal(err)
+		if c.setup != nil {
+			if err := c.setup(ctx, rdb, 0); err != nil {
+				log.Fatalf("%s: %v", c.name, err)
 			}
 		}
-		if err := rdb.EvalSha(ctx, c.sha, c.keys, c.args(0)...).Err(); err != nil && err != redis.Nil {
-			log.Fatalf("%s: %v", c.name, err)
+		if c.prep == nil { // a first call, to check it and make its state
+			n++
+			keys, args := c.call(n)
+			if err := rdb.EvalSha(ctx, c.sha, keys, args...).Err(); err != nil && err != redis.Nil {
+				log.Fatalf("%s: %v", c.name, err)
+			}
 		}
 	}
 	best := make([]time.Duration, len(cs))
-	n := 0
 	for r := 0; r < *rounds; r++ {
 		for i, c := range cs {
-			d, err := redisinfo.ExecPerCall(ctx, rdb, *calls/max(1, c.per/8), func(p redis.Pipeliner) {
-				n++
-				keys, args := c.keys, c.args(n)
-				if c.fresh {
-					keys, args = freshKeys(c, n), freshArgs(c, args)
+			k := *calls / max(1, c.per/8)
+			if c.prep != nil {
+				if err := c.prep(ctx, rdb, n+1); err != nil {
+					log.Fatalf("%s: %v", c.name, err)
 				}
+			}
+			d, err := redisinfo.ExecPerCall(ctx, rdb, k, func(p redis.Pipeliner) {
+				n++
+				keys, args := c.call(n)
 				p.EvalSha(ctx, c.sha, keys, args...)
 			})
 			if err != nil {
@@ -364,10 +416,42 @@ func main() {
 			}
 		}
 	}
+	us := map[string]float64{}
 	fmt.Printf("| script, path | exec µs per call (fastest of %d rounds of %d) |\n|---|---:|\n", *rounds, *calls)
 	for i, c := range cs {
-		per := float64(best[i]) / float64(time.Microsecond) / float64(max(1, c.per))
-		fmt.Printf("| %s | %.2f |\n", c.name, per)
-		rdb.Del(ctx, c.keys...)
+		us[c.name] = float64(best[i]) / float64(time.Microsecond) / float64(max(1, c.per))
+		fmt.Printf("| %s | %.2f |\n", c.name, us[c.name])
+		if c.prep == nil {
+			keys, _ := c.call(0)
+			rdb.Del(ctx, keys...)
+		}
 	}
+	fmt.Printf("\n| ratio | %s |\n|---|%s\n", strings.Join(algoNames(), " | "), strings.Repeat("---:|", len(algos)))
+	for _, q := range ratios {
+		for _, prefix := range []string{"base ", "alt ", ""} {
+			row, any := "| "+prefix+q.what+" |", false
+			for _, a := range algos {
+				num, den := us[prefix+"jobthrottle "+a.name+" "+q.num], us[q.den]
+				if !strings.HasPrefix(q.den, "redis_rate") {
+					den = us[prefix+"jobthrottle "+a.name+" "+q.den]
+				}
+				if num > 0 && den > 0 {
+					row, any = row+fmt.Sprintf(" %.2f |", num/den), true
+				} else {
+					row += " – |"
+				}
+			}
+			if any {
+				fmt.Println(row)
+			}
+		}
+	}
+}
+
+func algoNames() []string {
+	var s []string
+	for _, a := range algos {
+		s = append(s, a.name)
+	}
+	return s
 }
