@@ -255,9 +255,9 @@ func TestTransportHoldUnderSlowRedis(t *testing.T) {
 		busyAt   = 30
 	)
 	b, proxy, rdb := redistest.NewProxied(t)
-	// The pause's call is the only one that carries its request, "p 300000" (its length,
-	// 300000µs), as an argument of its own (internal/protocol).
-	proxy.Delay("\r\n$8\r\np 300000\r\n", slow)
+	// The pause's call is the only one that carries its request, "p 300000 q<the fair
+	// share's queue>" (its length, 300000µs), as an argument of its own (internal/protocol).
+	proxy.Delay("\r\np 300000 q", slow)
 
 	clock := &settableClock{}
 	var answered atomic.Int64

@@ -184,6 +184,10 @@ func (p *Proxy) pipe(c, s net.Conn) {
 		}
 	}()
 	buf := make([]byte, 64<<10)
+	// A request's bytes may come in two reads: a text is looked for in a read with the
+	// end of the read before it (tail), so a text the split cuts in two is still found.
+	const tailLen = 256
+	var tail []byte
 	for {
 		n, err := c.Read(buf)
 		if n > 0 && p.hang.Load() {
@@ -191,15 +195,21 @@ func (p *Proxy) pipe(c, s net.Conn) {
 		}
 		if n > 0 {
 			req := buf[:n]
-			if w := p.watch.Load(); w != nil && bytes.Contains(bytes.ToLower(req), *w) {
+			lower, old := append(tail, bytes.ToLower(req)...), len(tail)
+			in := func(text []byte) bool { // text ends in this read
+				i := bytes.LastIndex(lower, text)
+				return i >= 0 && i+len(text) > old
+			}
+			tail = append([]byte(nil), lower[max(0, len(lower)-tailLen):]...)
+			if w := p.watch.Load(); w != nil && in(*w) {
 				p.mu.Lock()
 				p.seen = append(p.seen, append([]byte(nil), req...))
 				p.mu.Unlock()
 			}
-			if r := p.delay.Load(); r != nil && bytes.Contains(bytes.ToLower(req), r.text) {
+			if r := p.delay.Load(); r != nil && in(r.text) {
 				time.Sleep(r.d)
 			}
-			if want := p.drop.Load(); want != nil && bytes.Contains(bytes.ToLower(req), *want) && p.drop.CompareAndSwap(want, nil) {
+			if want := p.drop.Load(); want != nil && in(*want) && p.drop.CompareAndSwap(want, nil) {
 				// stop passing replies on, let the server run the request, then cut
 				cut.Store(true)
 				p.runUnanswered(s, req, answered)
