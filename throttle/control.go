@@ -157,17 +157,11 @@ func (ks *keyState) resume(end int64, own bool) {
 // process's sleepers whose bookings lie before its end give them back and book again
 // now, and so after it, in their order, once per pause end. Only requests already
 // sent, or whose slot comes as the notice travels, may reach the vendor inside it. A
-// sleeper whose booking comes back after the notice is moved as it enters (inPause).
+// sleeper whose booking comes back after the notice is moved as it enters (sleep).
 func (ks *keyState) paused(end int64) {
 	if old := ks.pauseEnd.Swap(end); old != end {
 		ks.move(func(s *sleeper) bool { return s.g.token < end })
 	}
-}
-
-// inPause reports whether a booking at token lies inside the latest pause heard of,
-// not resumed.
-func (ks *keyState) inPause(token int64) bool {
-	return token < ks.pauseEnd.Load()
 }
 
 // raise sets a to v if v is larger, and reports whether it did.
