@@ -210,15 +210,7 @@ func (ks *keyState) config(id string, fresh func() *configState) *configState {
 }
 
 // keepFor notes that something of the state matters until d from now.
-func (ks *keyState) keepFor(d time.Duration) {
-	until := time.Now().Add(d).UnixNano()
-	for {
-		k := ks.keep.Load()
-		if k >= until || ks.keep.CompareAndSwap(k, until) {
-			return
-		}
-	}
-}
+func (ks *keyState) keepFor(d time.Duration) { raise(&ks.keep, time.Now().Add(d).UnixNano()) }
 
 // idle reports whether nothing of the state matters at now.
 func (ks *keyState) idle(now time.Time) bool {
