@@ -45,10 +45,8 @@ type client struct {
 }
 
 // clients holds the client of every Redis client in use (redis.UniversalClient →
-// *client). Limiters and Semaphores look their client up on every call, so a client
-// may be dropped, and the next call makes it anew: by the sweep once it has no key in
-// use, nothing in flight and nothing listening for wake-ups, or at once when its Redis
-// client is found closed (close).
+// *client), looked up on every call, so that one dropped (sweepIdle, close) is made
+// anew by the next (docs/design.md, "Who owns what").
 var clients sync.Map
 
 // clientFor returns the client of rdb.
@@ -72,9 +70,8 @@ func clientFor(rdb redis.UniversalClient) *client {
 }
 
 // sweepEvery is how often a client looks for keys idle since its last look: a key's
-// state goes at the second sweep after its last use once nothing of it matters, so
-// within 2 × sweepEvery of that, and the client at the sweep that finds it empty.
-// Each look locks the client once per key, never for the whole sweep.
+// state goes at the second sweep after its last use once nothing of it matters. Each
+// look locks the client once per key, never for the whole sweep.
 const sweepEvery = 15 * time.Second
 
 // key returns the state of the key whose hash tag is tag, and marks it in use.
@@ -213,15 +210,7 @@ func (ks *keyState) config(id string, fresh func() *configState) *configState {
 }
 
 // keepFor notes that something of the state matters until d from now.
-func (ks *keyState) keepFor(d time.Duration) {
-	until := time.Now().Add(d).UnixNano()
-	for {
-		k := ks.keep.Load()
-		if k >= until || ks.keep.CompareAndSwap(k, until) {
-			return
-		}
-	}
-}
+func (ks *keyState) keepFor(d time.Duration) { raise(&ks.keep, time.Now().Add(d).UnixNano()) }
 
 // idle reports whether nothing of the state matters at now.
 func (ks *keyState) idle(now time.Time) bool {

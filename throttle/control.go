@@ -133,10 +133,9 @@ func (l *Limiter) controlCall(ctx context.Context, call *protocol.Request) (repl
 }
 
 // resume handles the resume of a pause that ended at end (server µs; 0: unknown or
-// none): the hold ends, if this process resumed (own) or its pause had reached Redis
-// (so the resume ended it, or a later pause than it); the sleepers whose bookings lie at
-// or after end give them back and book again now, once per pause (Resume's reply and
-// the notice both come).
+// none): the hold ends if this process resumed (own) or its pause had reached Redis;
+// the sleepers booked at or after end book again now, once per pause (Resume's reply
+// and the notice both come; docs/design.md, "Control, pause and resume").
 func (ks *keyState) resume(end int64, own bool) {
 	if h := ks.hold.Load(); h != 0 && (own || ks.landed.Load()) {
 		ks.mu.Lock()
@@ -153,21 +152,13 @@ func (ks *keyState) resume(end int64, own bool) {
 }
 
 // paused handles the notice of a pause of the key until end (server µs), which any
-// process publishes when it sets one (Pause, the HTTP transport, an operator): this
-// process's sleepers whose bookings lie before its end give them back and book again
-// now, and so after it, in their order, once per pause end. Only requests already
-// sent, or whose slot comes as the notice travels, may reach the vendor inside it. A
-// sleeper whose booking comes back after the notice is moved as it enters (inPause).
+// process publishes when it sets one: this process's sleepers booked before its end
+// book again now, and so after it, in their order, once per pause end. A sleeper whose
+// booking comes back after the notice is moved as it enters (sleep).
 func (ks *keyState) paused(end int64) {
 	if old := ks.pauseEnd.Swap(end); old != end {
 		ks.move(func(s *sleeper) bool { return s.g.token < end })
 	}
-}
-
-// inPause reports whether a booking at token lies inside the latest pause heard of,
-// not resumed.
-func (ks *keyState) inPause(token int64) bool {
-	return token < ks.pauseEnd.Load()
 }
 
 // raise sets a to v if v is larger, and reports whether it did.

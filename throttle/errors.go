@@ -7,11 +7,9 @@ import (
 	"io"
 	"net"
 	"strings"
-
 	"syscall"
 
 	"github.com/jobthrottle/jobthrottle/internal/protocol"
-
 	"github.com/redis/go-redis/v9"
 )
 

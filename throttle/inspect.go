@@ -220,11 +220,8 @@ func (l *Limiter) Inspect(ctx context.Context) (LimiterState, error) {
 		if i+3 > len(x) || int64(i+3)+x[i+2] > int64(len(x)) {
 			return bad()
 		}
-		name := make([]byte, x[i+2])
-		for j := range name {
-			name[j] = byte(x[i+3+j])
-		}
-		st.Tenants = append(st.Tenants, TenantState{Name: string(name), Weight: float64(x[i+1]) / unitWeight, Queued: micros(x[i])})
+		name := replyText(x[i+3 : int64(i+3)+x[i+2]])
+		st.Tenants = append(st.Tenants, TenantState{Name: name, Weight: float64(x[i+1]) / unitWeight, Queued: micros(x[i])})
 		i += 3 + len(name)
 	}
 	return st, nil

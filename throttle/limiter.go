@@ -252,7 +252,9 @@ func (l *Limiter) acquire(ctx context.Context, n int, maxWait time.Duration, tas
 	var cs *configState
 	if l.hooks.StateLost != nil {
 		cs = l.configState(ks)
-		mark = cs.watch.get()
+		cs.watch.mu.Lock() // the mark as it is before the call, which runs after its grant
+		mark = cs.watch.mark
+		cs.watch.mu.Unlock()
 	}
 	call := l.request(protocol.OpAcquire, n, x)
 	call.Booking, call.Late = key, late

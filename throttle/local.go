@@ -47,11 +47,6 @@ func newLocalLogs(limits []Limit, a *algorithm, fleet int) []*localLog {
 	return logs
 }
 
-// acquire is the log script's acquire (lua/log.lua's fit and take) on the local log.
-func (g *localLog) acquire(now int64, n int, maxWait int64) grant {
-	return acquireLocal(now, func(string) int { return n }, maxWait, g)
-}
-
 // acquireLocal acquires, on every log of logs at once, need(its unit) permits, at the
 // earliest time all have room (a tenant's: the process's share of the limits, then of
 // its caps, locked in that order), or none.

@@ -12,6 +12,12 @@ import (
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 )
 
+// acquire is acquireLocal of n on g alone: the log script's acquire (lua/log.lua's fit
+// and take).
+func (g *localLog) acquire(now int64, n int, maxWait int64) grant {
+	return acquireLocal(now, func(string) int { return n }, maxWait, g)
+}
+
 // FailLocal's share of a limit is 1/fleet of it, rounded down but never below 1; a
 // token bucket's share keeps both its burst's share and its rate's share.
 func TestLocalLogShare(t *testing.T) {

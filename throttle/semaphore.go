@@ -21,12 +21,9 @@ import (
 // Do (or Lease.Hold) to run a function under a lease renewed every TTL/3 and always
 // released; TryAcquire to take a lease now or learn how long to wait; Acquire to wait
 // for one, served first come, first served across every process. While the key is
-// paused (Limiter.Pause) no lease is granted; held leases can still be extended and
-// released. On a full Redis (over maxmemory, under noeviction) held leases can still be
-// extended and released; no lease is granted (an error wrapping ErrUnavailable names
-// Redis's OOM) unless the go-redis client was built with MaxRetries: -1, whose calls go
-// without MULTI/EXEC (docs/failures.md). A Semaphore is safe for simultaneous use and
-// cheap to build.
+// paused (Limiter.Pause) no lease is granted, nor on a full Redis unless its calls go
+// without MULTI/EXEC (ErrUnavailable; docs/failures.md); held leases can still be
+// extended and released. A Semaphore is safe for simultaneous use and cheap to build.
 type Semaphore struct {
 	rdb     redis.UniversalClient
 	t       *target

@@ -1,7 +1,6 @@
 package throttle
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha1"
 	"encoding/hex"
@@ -218,10 +217,8 @@ func (c *client) rest() {
 }
 
 // unending reports whether no request of reqs has a context that can end: their
-// callers can leave only by the call timeout, which a client that honours deadlines
-// (client.inline) keeps itself, so a round trip of theirs alone may run on their
-// caller's goroutine, which saves the handoff to a flusher and back: most of what a
-// lone call costs on the client (bench/lonecall-compare.sh, client "lean").
+// callers leave only by the call timeout, which a client.inline keeps itself, so their
+// round trip may run on the caller's goroutine (docs/design.md, "One way to Redis").
 func unending(reqs []*request) bool {
 	for _, r := range reqs {
 		if r.ctx.Done() != nil {
@@ -516,13 +513,11 @@ func (c *client) tries(ctx context.Context, gs []*group, bare bool) {
 }
 
 // full sends again, bare, the repeatable requests of the calls of gs that a full Redis
-// (over maxmemory, under noeviction) refused, and returns the calls to answer: gs
-// without those requests, and the new calls. Redis refuses every command queued in
-// MULTI then, however little it writes; the refused transaction ran nothing, so each
-// goes again as a first try. Bare, Redis runs a script until its first write of a
-// command that may grow memory (SET, ZADD…), and lets it go on writing after any other
-// write: an inspect writes nothing, and the semaphore's script removes expired leases
-// (ZREMRANGEBYSCORE) before it writes anything else. A grant stays refused.
+// (over maxmemory, under noeviction) refused in MULTI, and returns the calls to answer:
+// gs without those requests, and the new calls. The refused transaction ran nothing, so
+// each goes again as a first try. Bare, Redis runs a script until its first write that
+// may grow memory (SET, ZADD…): an inspect writes nothing, and the semaphore's script
+// removes expired leases (ZREMRANGEBYSCORE) before anything else. A grant stays refused.
 func (c *client) full(ctx context.Context, gs []*group) []*group {
 	var again []*request
 	out := make([]*group, 0, len(gs))
@@ -549,13 +544,11 @@ func (c *client) full(ctx context.Context, gs []*group) []*group {
 	return append(out, bare...)
 }
 
-// exec runs the groups' script calls in one pipeline, in MULTI/EXEC unless bare: when
-// the client never re-sends a command (atMostOnce; docs/design.md, "One way to Redis"),
-// or for repeatable requests a full Redis refused (see full). go-redis's cluster client
-// refuses a transaction whose keys span hash slots: send keeps each key's calls apart;
-// a transaction it gave up on, its slot moving, goes to redirect, and so does one of a
-// key whose slot is migrating to a node that served it (asked); bare calls go-redis
-// redirects itself.
+// exec runs the groups' script calls in one pipeline, in MULTI/EXEC unless bare
+// (atMostOnce, or see full). On a cluster (each key's calls apart, see send) a
+// transaction go-redis gave up on as its slot moves goes to redirect, and so does one of
+// a key whose slot migrates to a node that served it (asked); go-redis redirects bare
+// calls itself.
 func (c *client) exec(ctx context.Context, gs []*group, eval, bare bool) {
 	cc, cluster := c.rdb.(*redis.ClusterClient)
 	cluster = cluster && !bare
@@ -601,17 +594,13 @@ func run(ctx context.Context, pipe redis.Pipeliner, gs []*group, eval bool) {
 }
 
 // redirect sends again the transaction of gs, one key's calls, that go-redis's cluster
-// client gave up on with EXECABORT: it reports so a call queued in MULTI that a node
-// answered with MOVED or ASK (its slot moving), and it retries an ASK by queueing
-// ASKING inside the transaction, where Redis ignores it. Here the transaction goes to
-// node (after ASKING when ask is set) and follows each MOVED or ASK, up to maxRedirects
-// times; after an ASK, ASKING goes just before MULTI on the same connection, which
-// Redis honours for the whole transaction. A refused transaction ran nothing, so each
-// try is a first one. These tries go through the node's own client, past the cluster
-// client's hooks. A node that answers after an ASK is noted as the key's (ks.asked):
-// the key's next transactions go straight to it while its slot migrates, without
-// first going the cluster client's way to the source (a round trip, then go-redis's
-// retries and their backoff, before each call).
+// client gave up on with EXECABORT (docs/design.md, "One way to Redis"): to node (after
+// ASKING when ask is set, just before MULTI on the same connection, which Redis honours
+// for the whole transaction), following each MOVED or ASK up to maxRedirects times. A
+// refused transaction ran nothing, so each try is a first one. The tries go through the
+// node's own client, past the cluster client's hooks. A node that answers after an ASK
+// is noted as the key's (ks.asked), so the key's next transactions skip the trip to the
+// source and go-redis's retries.
 func redirect(ctx context.Context, cc *redis.ClusterClient, ks *keyState, gs []*group, eval bool, node *redis.Client, ask bool) {
 	for try := 0; node != nil && try < maxRedirects; try++ {
 		var err error
@@ -788,23 +777,24 @@ func (g *group) parse(flat []int64, i int) (reply, error) {
 	if rep.v[0] != -1 {
 		if g.t.limiter && rep.v[6]&protocol.FlagDrift != 0 { // the call's trailer: the head found
 			if n := flat[len(flat)-1]; n > 0 && n < int64(len(flat)) {
-				b := make([]byte, n)
-				for j, x := range flat[int64(len(flat))-1-n : len(flat)-1] {
-					b[j] = byte(x)
-				}
-				rep.drift = string(b)
+				rep.drift = replyText(flat[int64(len(flat))-1-n : len(flat)-1])
 			}
 		}
 		return rep, nil
 	}
-	text := make([]byte, n)
-	for j, b := range rep.extra {
-		text[j] = byte(b)
-	}
 	// the request's place in the call is not the caller's business: its error reads the
 	// same whichever requests it went with
-	text = bytes.Replace(text, fmt.Appendf(nil, "JTARG request %d: ", i+1), []byte("JTARG "), 1)
-	return reply{}, scriptError(g.reqs[i].ctx, g.t.key, &failed{code: int(rep.v[1]), text: string(text)})
+	msg := strings.Replace(replyText(rep.extra), fmt.Sprintf("JTARG request %d: ", i+1), "JTARG ", 1)
+	return reply{}, scriptError(g.reqs[i].ctx, g.t.key, &failed{code: int(rep.v[1]), text: msg})
+}
+
+// replyText is the text a reply spells, one byte per integer.
+func replyText(xs []int64) string {
+	b := make([]byte, len(xs))
+	for i, x := range xs {
+		b[i] = byte(x)
+	}
+	return string(b)
 }
 
 // failed is one request's error in a script call: its code (internal/protocol's Err*, or

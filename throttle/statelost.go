@@ -28,13 +28,6 @@ type stateMark struct {
 	n     int
 }
 
-// get returns the mark as it is before a call (the call must run after its grant).
-func (w *stateWatch) get() stateMark {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.mark
-}
-
 // observe checks g, the grant of n permits of a call made with ctx after mark, reports
 // a lost state to the hook, and remembers a newer grant.
 func (l *Limiter) observe(ctx context.Context, ks *keyState, cs *configState, mark stateMark, n int, g grant) {

@@ -60,26 +60,19 @@ type tenant struct {
 
 // Tenant returns the handle of one tenant of the limiter: a Limiter with every method,
 // whose calls take from the limiter's limits and the tenant's own caps
-// (WithTenantLimits) together, and share the limiter's rate fairly with its other
-// tenants.
-//
-// The fair share: while several tenants have requests waiting, the limiter's rate is
-// divided among them in proportion to their weights (Weight); a tenant alone gets all of
-// it; a tenant whose first request arrives while others have deep backlogs gets its
-// first permit within about one turn (each waiting tenant's share of one permit), not
-// behind their backlogs. No tenant books further ahead than the tenants' horizon: a
-// quarter of a second, or two of the limiter's permit intervals (Period/Rate of its
-// first limit) when that is longer. A request whose turn has not come, or whose permits
-// would come beyond the horizon, is told when to ask again (RetryAfter, Reservation's
-// Delay): WaitN sleeps and asks again, keeping its place; an asynq task is handed back,
-// keeping its place under the task's ID. Every limit and cap stays exact: at most its
-// rate in any window. docs/tenants.md says what the fair share guarantees.
+// (WithTenantLimits) together, and share the limiter's rate with its other tenants in
+// proportion to their weights (Weight); a tenant alone gets all of it. No tenant books
+// further ahead than the tenants' horizon: a quarter of a second, or two of the
+// limiter's permit intervals (Period/Rate of its first limit) when that is longer. A
+// request whose turn has not come, or whose permits would come beyond the horizon, is
+// told when to ask again (RetryAfter, Reservation's Delay): WaitN sleeps and asks again,
+// keeping its place; an asynq task is handed back, keeping its place under its ID. Every
+// limit and cap stays exact. docs/tenants.md says what the fair share guarantees.
 //
 // name is any text of 1 to 256 bytes; another makes every call of the handle return an
-// error wrapping ErrInvalidKey. The tenant's state lies under the limiter's hash tag, so
-// one script call decides on a Cluster too. Tenant of a tenant's handle is the same as
-// Tenant of the limiter. Pause, Resume, Override and ClearOverride act on the limiter's
-// key, whichever handle makes them; Inspect reads the tenant's caps and place.
+// error wrapping ErrInvalidKey. Tenant of a tenant's handle is Tenant of the limiter.
+// Pause, Resume, Override and ClearOverride act on the limiter's key, whichever handle
+// makes them; Inspect reads the tenant's caps and place.
 func (l *Limiter) Tenant(name string, opts ...TenantOption) *Limiter {
 	if l == nil {
 		return nil

@@ -153,7 +153,7 @@ func (ks *keyState) sleep(ctx context.Context, l *Limiter, n int, g grant, seen 
 				ks.leave(func() { l.lateGiveBack(n, s.g) })
 				return s.g, seen, nil
 			}
-			if ks.inPause(s.g.token) { // a pause's notice came before its booking
+			if s.g.token < ks.pauseEnd.Load() { // inside a pause whose notice came before its booking
 				ks.move(func(x *sleeper) bool { return x == s })
 			}
 			due = time.After(s.g.wait) // collected unfired, unstopped (Go 1.23)

@@ -16,8 +16,8 @@ import (
 // {…}:wake, while something of this process waits on the key, and tells the listeners
 // what the scripts publish there ("h <place> ...", a semaphore's handoffs; "p
 // <pause_end>", a pause; "r <pause_end>", a resume) and when the subscription is
-// (re)confirmed, since a notice may have been missed before. It holds one of go-redis's pub/sub connections, closed
-// after hubLinger without listeners.
+// (re)confirmed, since a notice may have been missed before. Its one pub/sub
+// connection closes after hubLinger without listeners.
 //
 // What it asks of the subscription (subscribe, unsubscribe, close) its worker does, in
 // order, on a goroutine of its own: go-redis dials and reads a handshake reply on the

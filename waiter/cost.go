@@ -18,35 +18,24 @@ type costWaiter interface {
 const costBodyTail = 1 << 20
 
 // WithCost makes each request cost what estimate(req) says, by unit, besides the call
-// itself, and the transport settle the actual cost once the answer is read: a refund
-// frees room for the fleet's next requests, a debt holds them back (see
-// throttle.Limiter's WaitCost and the Reservation's Settle). The Reserver must have
-// WaitCost (*throttle.Limiter has), and each request takes one call (WithPermits, or
-// a NewTransportFunc choice, other than 1 is an error wrapping ErrInvalidOption on
-// every request, as is a Reserver without WaitCost or a nil function).
+// itself, and the transport settle the actual cost once the answer is read (see
+// throttle.Limiter's WaitCost and the Reservation's Settle; docs/costs.md). The Reserver
+// must have WaitCost, and each request takes one call: WithPermits (or a
+// NewTransportFunc choice) other than 1, a Reserver without WaitCost or a nil function
+// is an error wrapping ErrInvalidOption on every request.
 //
 // estimate must be safe for simultaneous use and must not modify the request nor read
-// req.Body; it may read a copy of the body from req.GetBody (http.NewRequest sets it
-// for in-memory bodies), say to read an LLM request's max_tokens. A negative cost, or
-// one in a unit no limit counts, is WaitCost's error: the request is not sent.
+// req.Body; it may read a copy from req.GetBody. A negative cost, or one in a unit no
+// limit counts, is WaitCost's error: the request is not sent.
 //
-// The transport keeps what the caller reads of the answer's body (its last MiB: all of
-// it unless it is longer) and, when the caller has read it to its end or closes it,
-// whichever comes first, calls actual(resp, body) once and settles the booking with
-// it, on the goroutine that read or closed the body: so a streamed answer (server-sent
-// events) settles from its final usage event. The settle's call is bounded by the
-// Reserver's own bound on a call (a *throttle.Limiter's call timeout), not by the
-// request's context, which may have ended. actual returns nil when the answer carries
-// no actual cost (a stream cut before its usage event): the estimate stands, charged in
-// full, and TransportHooks.Unsettled is told, as it is when no answer came or the
-// settle fails. Make actual return zeros for an answer the vendor charges nothing for
-// (a refusal, usually). An answer discarded for a retry (WithRetries) is settled too;
-// the retry books its own estimate.
-//
-// With WithRateLimitHeaders, the token quotas of OpenAI and Anthropic act too: when an
-// answer says less of a quota remains than this request's estimate in the unit of the
-// same name ("tokens", "input-tokens", "output-tokens"), the transport pauses the
-// Reserver until that much is back (see docs/costs.md).
+// When the caller has read the answer's body to its end or closes it, whichever comes
+// first, the transport calls actual(resp, body) once, body being what was read (its
+// last MiB), and settles with it on that goroutine, bounded by the Reserver's own bound
+// on a call, not by the request's context. actual returns nil when the answer carries no
+// actual cost: the estimate stands, and TransportHooks.Unsettled is told, as it is when
+// no answer came or the settle fails. An answer discarded for a retry is settled too.
+// With WithRateLimitHeaders, a token quota with less left than the estimate in its unit
+// ("tokens", "input-tokens", "output-tokens") pauses the Reserver until that much is back.
 func WithCost(estimate func(req *http.Request) map[string]int, actual func(resp *http.Response, body []byte) map[string]int) TransportOption {
 	return checked(estimate != nil && actual != nil, func(t *transport) { t.estimate, t.actual = estimate, actual },
 		"WithCost with a nil function")
