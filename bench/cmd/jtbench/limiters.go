@@ -57,6 +57,33 @@ func jobthrottleSubject(rdb redis.UniversalClient, a throttle.Algorithm, key str
 	}, l, nil
 }
 
+// tenantsSubject is a jobthrottle limiter of algorithm a on key whose calls go to k
+// tenants of its group in turn (call i to tenant i mod k), each tenant capped at limit
+// too: the group, the caller's cap and the fair share in every call.
+func tenantsSubject(rdb redis.UniversalClient, a throttle.Algorithm, key string, limit throttle.Limit, k int) (subject, error) {
+	l, err := throttle.New(rdb, key, limit, throttle.WithAlgorithm(a), throttle.WithKeyPrefix(keyPrefix), throttle.WithTenantLimits(limit))
+	if err != nil {
+		return subject{}, err
+	}
+	tag := "{" + keyPrefix + key + "}"
+	ks := []string{keys.Name(tag, keys.State), keys.Name(tag, keys.FairQueue)}
+	var ts []*throttle.Limiter
+	for i := range k {
+		name := fmt.Sprintf("tenant%d", i)
+		ts = append(ts, l.Tenant(name))
+		ks = append(ks, keys.Name(tag, keys.Tenant+name))
+	}
+	var next atomic.Uint64
+	return subject{
+		name: fmt.Sprintf("jobthrottle %s, %d tenants of one group", a, k),
+		allow: func(ctx context.Context) (bool, error) {
+			res, err := ts[next.Add(1)%uint64(k)].Allow(ctx)
+			return res.Allowed, err
+		},
+		keys: ks,
+	}, nil
+}
+
 // manyKeys spreads a subject's calls over k subjects (keys): call i goes to subject
 // i mod k, so concurrent calls mostly land on different keys.
 func manyKeys(name string, subs []subject) subject {

@@ -131,6 +131,13 @@ func throughputCases(ctx context.Context, rdb *redis.Client) ([]tcase, error) {
 				m := manyKeys("jobthrottle "+a.String(), subs)
 				cases = append(cases, tcase{m.name, path, m.allow, resetter(rdb, m.keys, nil)})
 			}
+			for _, a := range algorithms {
+				s, err := tenantsSubject(rdb, a, key+"-"+a.String()+"-tenants", throttle.Limit{Rate: rate, Period: period}, manyKeyCount)
+				if err != nil {
+					return nil, err
+				}
+				cases = append(cases, tcase{s.name, path, s.allow, resetter(rdb, s.keys, nil)})
+			}
 		}
 		// a client that never re-sends (MaxRetries -1) gets plain EVALSHA, no MULTI/EXEC
 		for _, a := range []throttle.Algorithm{throttle.SlidingWindow, throttle.TokenBucket} {
@@ -175,7 +182,7 @@ func scriptCase(rdb *redis.Client, a throttle.Algorithm, key string, rate int, p
 			return false, err
 		}
 		return len(v) >= 6 && v[0] == 1, nil
-	}, resetter(rdb, keys[:3], nil)}
+	}, resetter(rdb, keys, nil)}
 }
 
 // sample is one case measured once at one goroutine count.
