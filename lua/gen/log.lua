@@ -350,16 +350,14 @@ end
 -- [limiter.lua from line 1]
 -- limiter.lua: the driver every limiter script ends with; the generator puts it after
 -- common.lua and the algorithm's file. The protocol it speaks (keys, arguments, requests,
--- the reply, codes) is internal/protocol's package doc; docs/design.md shows how it decides.
+-- the reply, codes) is internal/protocol's package doc; docs/design.md shows how it
+-- decides, and each op's function below says what it decides.
 --
--- KEYS[1]  the limiter's state: the algorithm's data and the meta (internal/protocol)
--- KEYS[2..]  each unit's state ({…}:u:<unit>), then the requests' own keys: bookings,
---          tenants' states, the fair share's queue, settles' records
+-- KEYS[1]  the limiter's state; KEYS[2..] each unit's, then the requests' own keys
 -- ARGV[1]  the group's head; ARGV[2] the tenants' caps' head or ""; ARGV[3..] the requests
 -- Returns  WIDTH integers per request, then the extras (common.lua, reply)
--- Writes   after every read and check, once per call: the states and their metas, the fair
---   share's queue, the bookings, the settles' records; a request that fails writes nothing,
---   and a state found foreign is written by none.
+-- Writes   after every read and check, once per call: a request that fails writes
+--   nothing, and a state found foreign is written by none.
 --
 -- The algorithm's file defines, each taking its state as an argument:
 --   LIMIT_FIELDS, CAP           a limit's numbers in a head; which of them bounds n
@@ -382,10 +380,6 @@ end
 -- alone, st.bare), st.err (a text) that a read after load found it foreign (the log reads
 -- lazily). lim[i] = {rate, period_us, burst (bucket only)}: the limits in force. Nothing
 -- raises an error: a request's failure is a value.
---
--- Requests are decided in order at one instant (now), each as a call of its own at that
--- instant would be: a pause or an override earlier in a call applies to the requests
--- after it. Each op's function below says what it decides.
 
 local ARGV, KEYS = ARGV, KEYS -- (locals cost less to read than globals)
 local nargv = #ARGV
@@ -470,13 +464,10 @@ local function parse_head(text, normal)
   end
 end
 
--- The fast path: a call whose every request is a plain acquire "a <n> <wait_us>" (n >= 1),
--- on an absent key or a state whose meta is the callers' head (no pause, override or fair
--- share: nothing but the head; a meta alone is not absent), is decided here, request by
--- request as the loop below decides an acquire, by the same algorithm functions, without
--- the loop's bookkeeping; the generator puts the functions it does not use after it
--- ("@cold"), so such a call never makes them (bench/cmd/luaexec measures what it saves).
--- Anything else goes on below, nothing written.
+-- The fast path (docs/design.md): a call whose every request is a plain acquire
+-- "a <n> <wait_us>" (n >= 1), on an absent key or a state whose meta is the callers' head
+-- alone (a meta alone is not absent), decided request by request as the loop below decides
+-- an acquire, by the same algorithm functions. Anything else goes on below, nothing written.
 if nargv >= 3 and nargv <= 2 + 1000 and ARGV[2] == '' then
   local head = ARGV[1]
   local lim, param, _, parts = parse_head(head)
@@ -683,7 +674,7 @@ end
 local function rates(st, old, new, at, now)
 end
 
--- [limiter.lua from line 173]
+-- [limiter.lua from line 164]
 -- @cold: the request loop, for every call the fast path did not decide.
 
 -- read_head is parse_head with the parts always given, each with its limits (lim) and the
