@@ -124,9 +124,6 @@ local function rates(st, old, new, at, now)
   return st
 end
 
--- load reads the state at key: st.meta is its meta (nil: the key is absent; head, the
--- same text, when they are equal); or nil and the read's error (false: a string not ours;
--- common.lua's foreign names the failure).
 local function load(key, head)
   local v = redis.pcall('GET', key)
   if not v then -- (made at the size setup fills)
@@ -268,8 +265,7 @@ local function keep_us(st, lim, now, oend, reset)
   return k
 end
 
--- report returns remaining, reset_us (until every bucket is full at lim) and how long the
--- state must be kept (keep_us; oend: the override's end, nil or 0: none).
+-- report: reset_us until every bucket is full at lim; kept for keep_us (oend nil or 0: none).
 local function report(st, lim, now, oend)
   local remaining, reset = 1000000000, 0
   for j = 0, 5 * #lim - 5, 5 do
@@ -289,8 +285,6 @@ local function report(st, lim, now, oend)
   return remaining > 0 and remaining or 0, reset, oend and oend > 0 and keep_us(st, lim, now, oend, reset) or reset
 end
 
--- save writes the state for it to live keep µs more, with meta (nil: the stored one), or
--- deletes it (keep <= 0); bare, the meta alone (the state holds nothing that matters).
 local function save(st, key, keep, meta, bare)
   if keep <= 0 then
     if st.exists then
@@ -553,7 +547,7 @@ local function reply(out, k, ext)
   return out
 end
 
--- [bucket.lua from line 266]
+-- [bucket.lua from line 260]
 -- @cold: what follows only the driver's request loop needs (see lua/internal/gen).
 
 local function give(st, lim, n, token, now)
