@@ -520,10 +520,8 @@ for _, p in ipairs(cparts) do
   known[p.unit] = true
 end
 local k = nargv - 2
--- base is "{…}:", the tag of KEYS[1] ("{…}:l"): a key a request names must be of its kind
--- under it (b a booking, q the fair share's queue, c the request's tenant's state and its
--- caps of other units, e a settle's record), as must each unit's part, so no request writes
--- a key not its own.
+-- base is "{…}:", the tag of KEYS[1] ("{…}:l"): every key a request names, and each
+-- unit's part, must be of its kind under it, so no request writes a key not its own.
 local base = string.match(KEYS[1] or '', '^(.*:)l$')
 
 -- score reads a number of the fair share's (a sorted set's score, V and Fmax): gopher-lua's
@@ -643,11 +641,9 @@ local function slice(l, p)
   return l and {unpack(l, p.from, p.to)}
 end
 
--- parse_request reads a request's text into named fields (q.op, q.n, ...), or returns nil
--- and why. Options follow the op's fields as a letter and a value; the tenant's name comes
--- last (t) and may hold any bytes. A cost (u, "<unit>:<n>"; a settle's
--- "<unit>:<estimate>:<actual>") goes to q.cost[unit] (and q.actual[unit]); q.ctext is the
--- costs' text as sent, which a task's record keeps.
+-- parse_request reads a request's text (internal/protocol) into named fields (q.op, q.n,
+-- ...), or returns nil and why. A cost goes to q.cost[unit] (a settle's actual to
+-- q.actual[unit]); q.ctext is the costs' text as sent, which a task's record keeps.
 local function parse_request(text)
   local t = string.find(text, ' t', 1, true)
   local q, w = {tenant = t and string.sub(text, t + 2), ctext = ''}, {}
@@ -827,11 +823,9 @@ local function part_state(p, rates, cwend)
   return not why and st, why
 end
 
--- The group's parts (G): the limits of each unit and their state, the calls' in KEYS[1]
--- beside the meta (which, with no limit of calls, holds the meta alone), another unit's in
--- the next of KEYS, "{…}:u:<unit>", whose meta is its part's head; each part's lim and
--- given its share of the limits in force and the callers', cap the largest n they allow.
--- lim holds all the head's limits in force, lower and oend are in_force's.
+-- The group's parts (G), each with its state (docs/design.md, "Units and settles"); each
+-- part's lim and given its share of the limits in force and the callers', cap the largest
+-- n they allow. lim holds all the head's limits in force, lower and oend are in_force's.
 local lim, lower, oend = in_force(given, meta.over)
 local G = {}
 do
@@ -915,10 +909,9 @@ local function cost_time(q, costs)
   return c
 end
 
--- The fair share's clock (meta.fair: V, W in weight units (millionths), tV, Fmax), moved
--- to now once, by the first request that needs it: V moves 10^6/W per µs while the queue
--- holds tenants, each leaving the queue (and its weight W) when V reaches its finish tag.
--- An inspect (readonly) moves a copy and writes nothing. changed says the meta's content
+-- The fair share's clock (meta.fair: V, W in weight units (millionths), tV, Fmax; see
+-- docs/design.md), moved to now once, by the first request that needs it; an inspect
+-- (readonly) moves a copy and writes nothing. changed says the meta's content
 -- changed (a control op, the clock or the queue); finish and queued hold finish tags read
 -- and to write, by member "<weight units> <name>".
 local changed, fair_key, fair_moved, finish, queued = false, nil, false, {}, {}
@@ -1165,13 +1158,10 @@ end
 -- found (b) is the caller's to use again when it books the same n and costs, its token at
 -- most q.late µs past and no pause after it (status 2, a new stamp above the last); one an
 -- override set since lowers a limit under is given back and booked anew. A tenant's
--- request also waits for its fair turn (start-time fair queueing over the group's service,
--- docs/design.md): its start tag S = max(V, F) within the horizon's worth of service ahead
--- of V, and its grant within the horizon; otherwise it is told when asking again can
--- succeed, and with h takes its place (F moves on by its cost's time / weight; the reply
--- and a task's record carry S as a ticket).
--- horizon is how far ahead a request of the fair share, or a caller's of estimated costs,
--- may book: two of the group's slots at least, and its cost's time.
+-- request also waits for its fair turn (docs/design.md, "Tenants and the fair share"); with
+-- h it takes its place when denied. horizon is how far ahead a request of the fair share,
+-- or a caller's of estimated costs, may book: two of the group's slots at least, and its
+-- cost's time.
 local function horizon(q)
   return math.max(250000, 2 * lim[1][2] / lim[1][1], cost_time(q))
 end
