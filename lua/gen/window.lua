@@ -513,11 +513,10 @@ if ARGV[2] ~= '' then
   end
   cparts = parts
 end
-for _, p in ipairs(gparts) do
-  known[p.unit] = true
-end
-for _, p in ipairs(cparts) do
-  known[p.unit] = true
+for _, parts in ipairs({gparts, cparts}) do
+  for _, p in ipairs(parts) do
+    known[p.unit] = true
+  end
 end
 local k = nargv - 2
 -- base is "{…}:", the tag of KEYS[1] ("{…}:l"): every key a request names, and each
@@ -827,27 +826,25 @@ end
 -- part's lim and given its share of the limits in force and the callers', cap the largest
 -- n they allow. lim holds all the head's limits in force, lower and oend are in_force's.
 local lim, lower, oend = in_force(given, meta.over)
-local G = {}
+local G = gparts
 do
   local rates, cwend, u = meta.over and meta.over[3], meta.over and meta.over[1] or 0, 1
-  for j, p in ipairs(gparts) do
-    local part = {unit = p.unit, from = p.from, to = p.to, head = p.head, lim = p.lim, given = p.lim, cap = p.cap,
-      key = KEYS[1]}
+  for _, p in ipairs(G) do
+    p.given, p.key = p.lim, KEYS[1]
     if lim ~= given then -- an override is in force
-      part.lim = slice(lim, p)
-      part.cap = cap_of(part.lim)
+      p.lim = slice(lim, p)
+      p.cap = cap_of(p.lim)
     end
-    G[j] = part
     if p.unit == '' then
-      part.head = ARGV[1]
-      setup_part(part, gst, meta.head, slice(rates, p), cwend)
+      p.head = ARGV[1]
+      setup_part(p, gst, meta.head, slice(rates, p), cwend)
     else
       u = u + 1
-      part.key = KEYS[u]
-      if not base or part.key ~= base .. 'u:' .. p.unit then
+      p.key = KEYS[u]
+      if not base or p.key ~= base .. 'u:' .. p.unit then
         return redis.error_reply('JTARG the keys of the head\'s units')
       end
-      local _, why = part_state(part, slice(rates, p), cwend)
+      local _, why = part_state(p, slice(rates, p), cwend)
       if why then
         return fail_all(why)
       end
@@ -1207,6 +1204,13 @@ local function acquire(r, q)
     remaining = nil
   end
   local t0, bound, t, wait, who, fr, h = math.max(now, pause), x, now, nil, nil, nil, nil
+  if #P > 0 and (q.tenant or (q.cost and not q.b)) then
+    -- a tenant's request books no further ahead than the horizon, nor does a caller's call
+    -- of estimated costs: held further, its estimate would keep room that the refunds of the
+    -- settles before it free (a task's booking, handed back to its queue, is kept however far)
+    h = horizon(q)
+    bound = math.min(x, h)
+  end
   if q.tenant and #P > 0 then
     local f = fair(KEYS[q.q])
     local name, u, F = member(q)
@@ -1215,18 +1219,10 @@ local function acquire(r, q)
     if ticket and (f.W == 0 or ticket > f.Fmax + 1) then -- a place in a queue emptied since
       ticket = nil -- (its tags start again from 0): the turn has come
     end
-    h = horizon(q)
     fr = {name = name, u = u, W = W, S = ticket or math.max(f.V, F or f.V), held = ticket}
     if fr.S > f.V + h * 1000000 / W then -- its turn has not come: ask again when it does
       wait, who = math.max(1, turn(KEYS[q.q], fr.S, W, h)), 4
     end
-    bound = math.min(x, h)
-  elseif q.cost and not q.b and #P > 0 then
-    -- a caller's call of estimated costs books no further ahead than the horizon either:
-    -- held further, its estimate would keep room that the refunds of the settles before
-    -- it free (a task's booking, handed back to its queue, is kept however far)
-    h = horizon(q)
-    bound = math.min(x, h)
   end
   if not who and #P > 0 then -- the earliest time the group and the caps all have room
     t = fit_all(P, t0)
