@@ -219,7 +219,6 @@ local function keep_us(st, lim, now, oend, reset)
   return k
 end
 
--- report: reset_us until every bucket is full at lim; kept for keep_us (oend nil or 0: none).
 local function report(st, lim, now, oend)
   local remaining, reset = MAX_RATE, 0
   for j = 0, 5 * #lim - 5, 5 do

@@ -542,6 +542,9 @@ end
 -- with st and key), the calls' at KEYS[i] and another unit's in the keys after it.
 local tstates = {}
 local function tenant_state(i)
+  if not i then -- no tenant's caps
+    return nil
+  end
   local ts = tstates[i]
   if ts == nil then
     ts = {}
@@ -864,11 +867,9 @@ local function acquire(r, q)
       end
     end
   end
-  if q.c then
-    C, why = tenant_state(q.c)
-    if not C then
-      return why
-    end
+  C, why = tenant_state(q.c)
+  if why then
+    return why
   end
   local P = takes(q, C)
   if replace then -- an override set since lowers the limits: the booking goes back
@@ -975,11 +976,9 @@ local function cancel(r, q)
       put(q.b, false)
     end
   end
-  if q.c then
-    C, why = tenant_state(q.c)
-    if not C then
-      return why
-    end
+  C, why = tenant_state(q.c)
+  if why then
+    return why
   end
   local freed, P = 0, token > 0 and takes(q, C) or {}
   for i = 1, #P, 3 do
@@ -1004,7 +1003,7 @@ local function settle(r, q)
   if not why then
     v, why = read_key('string', 'GET', key)
   end
-  if not why and q.c then
+  if not why then
     C, why = tenant_state(q.c)
   end
   if why then

@@ -231,7 +231,6 @@ local function window(st, h)
   return st.P - S
 end
 
--- report: the state is kept until the last entry has left the longest window.
 local function report(st, lim, now)
   local remaining, reset, lastT = MAX_RATE, 0, st.lastT
   if lastT and lastT + st.pmax > now then

@@ -114,7 +114,6 @@ local function take(st, lim, n, t, now)
   st.L, st.dirty = t, true
 end
 
--- report: the state is kept to the end of the longest window holding L.
 local function report(st, lim, now)
   local remaining, reset, keep, L = MAX_RATE, 0, 0, st.L
   for i = 1, #lim do

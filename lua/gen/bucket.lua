@@ -265,7 +265,6 @@ local function keep_us(st, lim, now, oend, reset)
   return k
 end
 
--- report: reset_us until every bucket is full at lim; kept for keep_us (oend nil or 0: none).
 local function report(st, lim, now, oend)
   local remaining, reset = 1000000000, 0
   for j = 0, 5 * #lim - 5, 5 do
@@ -547,7 +546,7 @@ local function reply(out, k, ext)
   return out
 end
 
--- [bucket.lua from line 260]
+-- [bucket.lua from line 259]
 -- @cold: what follows only the driver's request loop needs (see lua/internal/gen).
 
 local function give(st, lim, n, token, now)
@@ -976,6 +975,9 @@ end
 -- with st and key), the calls' at KEYS[i] and another unit's in the keys after it.
 local tstates = {}
 local function tenant_state(i)
+  if not i then -- no tenant's caps
+    return nil
+  end
   local ts = tstates[i]
   if ts == nil then
     ts = {}
@@ -1298,11 +1300,9 @@ local function acquire(r, q)
       end
     end
   end
-  if q.c then
-    C, why = tenant_state(q.c)
-    if not C then
-      return why
-    end
+  C, why = tenant_state(q.c)
+  if why then
+    return why
   end
   local P = takes(q, C)
   if replace then -- an override set since lowers the limits: the booking goes back
@@ -1409,11 +1409,9 @@ local function cancel(r, q)
       put(q.b, false)
     end
   end
-  if q.c then
-    C, why = tenant_state(q.c)
-    if not C then
-      return why
-    end
+  C, why = tenant_state(q.c)
+  if why then
+    return why
   end
   local freed, P = 0, token > 0 and takes(q, C) or {}
   for i = 1, #P, 3 do
@@ -1438,7 +1436,7 @@ local function settle(r, q)
   if not why then
     v, why = read_key('string', 'GET', key)
   end
-  if not why and q.c then
+  if not why then
     C, why = tenant_state(q.c)
   end
   if why then

@@ -277,7 +277,6 @@ local function window(st, h)
   return st.P - S
 end
 
--- report: the state is kept until the last entry has left the longest window.
 local function report(st, lim, now)
   local remaining, reset, lastT = 1000000000, 0, st.lastT
   if lastT and lastT + st.pmax > now then
@@ -585,7 +584,7 @@ local function reply(out, k, ext)
   return out
 end
 
--- [log.lua from line 298]
+-- [log.lua from line 297]
 -- @cold: what follows only the driver's request loop needs (see lua/internal/gen).
 
 -- adjust changes the permits of the entry recorded for token's time by d (given back, at
@@ -1051,6 +1050,9 @@ end
 -- with st and key), the calls' at KEYS[i] and another unit's in the keys after it.
 local tstates = {}
 local function tenant_state(i)
+  if not i then -- no tenant's caps
+    return nil
+  end
   local ts = tstates[i]
   if ts == nil then
     ts = {}
@@ -1373,11 +1375,9 @@ local function acquire(r, q)
       end
     end
   end
-  if q.c then
-    C, why = tenant_state(q.c)
-    if not C then
-      return why
-    end
+  C, why = tenant_state(q.c)
+  if why then
+    return why
   end
   local P = takes(q, C)
   if replace then -- an override set since lowers the limits: the booking goes back
@@ -1484,11 +1484,9 @@ local function cancel(r, q)
       put(q.b, false)
     end
   end
-  if q.c then
-    C, why = tenant_state(q.c)
-    if not C then
-      return why
-    end
+  C, why = tenant_state(q.c)
+  if why then
+    return why
   end
   local freed, P = 0, token > 0 and takes(q, C) or {}
   for i = 1, #P, 3 do
@@ -1513,7 +1511,7 @@ local function settle(r, q)
   if not why then
     v, why = read_key('string', 'GET', key)
   end
-  if not why and q.c then
+  if not why then
     C, why = tenant_state(q.c)
   end
   if why then

@@ -160,7 +160,6 @@ local function take(st, lim, n, t, now)
   st.L, st.dirty = t, true
 end
 
--- report: the state is kept to the end of the longest window holding L.
 local function report(st, lim, now)
   local remaining, reset, keep, L = 1000000000, 0, 0, st.L
   for i = 1, #lim do
@@ -444,7 +443,7 @@ local function reply(out, k, ext)
   return out
 end
 
--- [window.lua from line 157]
+-- [window.lua from line 156]
 -- @cold: what follows only the driver's request loop needs (see lua/internal/gen).
 
 local function adjust(st, lim, d, token, now)
@@ -868,6 +867,9 @@ end
 -- with st and key), the calls' at KEYS[i] and another unit's in the keys after it.
 local tstates = {}
 local function tenant_state(i)
+  if not i then -- no tenant's caps
+    return nil
+  end
   local ts = tstates[i]
   if ts == nil then
     ts = {}
@@ -1190,11 +1192,9 @@ local function acquire(r, q)
       end
     end
   end
-  if q.c then
-    C, why = tenant_state(q.c)
-    if not C then
-      return why
-    end
+  C, why = tenant_state(q.c)
+  if why then
+    return why
   end
   local P = takes(q, C)
   if replace then -- an override set since lowers the limits: the booking goes back
@@ -1301,11 +1301,9 @@ local function cancel(r, q)
       put(q.b, false)
     end
   end
-  if q.c then
-    C, why = tenant_state(q.c)
-    if not C then
-      return why
-    end
+  C, why = tenant_state(q.c)
+  if why then
+    return why
   end
   local freed, P = 0, token > 0 and takes(q, C) or {}
   for i = 1, #P, 3 do
@@ -1330,7 +1328,7 @@ local function settle(r, q)
   if not why then
     v, why = read_key('string', 'GET', key)
   end
-  if not why and q.c then
+  if not why then
     C, why = tenant_state(q.c)
   end
   if why then
