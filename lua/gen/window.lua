@@ -950,8 +950,7 @@ local function fair(qkey, readonly)
   if readonly then
     return f
   end
-  -- (separate statements: gopher-lua, miniredis's Lua, miscompiles a multiple
-  -- assignment that sets an upvalue beside a table field)
+  -- (separate statements: common.lua says why)
   fair_key = qkey
   fair_moved = true
   meta.fair = f
