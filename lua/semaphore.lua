@@ -8,8 +8,15 @@
 -- KEYS[2]  semq: zset, place "<id>:<ttl_us>" -> arrival, µs (unique, rising)
 -- KEYS[3]  semx: zset, place -> when it lapses, µs
 -- KEYS[4]  l: the limiter's state of the key, read only: the pause in its meta
--- ARGV[1]  k (1..1000), then the k requests, max (1..10^9) and ttl_us (how long a lease
---          and a place live, 1000..2^45); an error in k, max or ttl_us fails the call.
+-- ARGV[1]  k (1..1000), then k requests of four fields, max (1..10^9) and ttl_us (how long
+--          a lease and a place live, 1000..2^45); an error in k, max or ttl_us fails the call.
+--   op  name     token                          place                 join
+--   0   acquire  the caller's, 32 lowercase hex  its place's id        1: take or keep a place
+--                                                                      in the queue when denied; 0
+--   1   extend   the holder's                   "" or an id (not used)  0
+--   2   release  the holder's                   its place's id, or ""   0
+--   3   inspect  "" or a token (not used)       "" or an id (not used)  expiries to list, 0..1000
+--   an id: 1..200 printable bytes without spaces (Acquire: the token; asynq: the task's id)
 -- Returns  ok is, for extend, that the lease was live and now expires in ttl_us; for
 --   release, that it was live and is gone. held: live leases after the request; inspect's
 --   pttl_ms is the lease set's (-2 absent, -1 none). wait_us (denied): until, by expiry
