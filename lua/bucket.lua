@@ -75,7 +75,6 @@ local function rates(st, old, new, at, now)
     end
   end
   st.at, st.horizon = now, horizon
-  return st
 end
 
 local function load(key, head)

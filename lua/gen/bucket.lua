@@ -121,7 +121,6 @@ local function rates(st, old, new, at, now)
     end
   end
   st.at, st.horizon = now, horizon
-  return st
 end
 
 local function load(key, head)
@@ -546,7 +545,7 @@ local function reply(out, k, ext)
   return out
 end
 
--- [bucket.lua from line 259]
+-- [bucket.lua from line 258]
 -- @cold: what follows only the driver's request loop needs (see lua/internal/gen).
 
 local function give(st, lim, n, token, now)
