@@ -917,15 +917,14 @@ local function setup_part(p, st, stored, rates, cwend)
 end
 
 -- part_state reads and counts the state of a part with a key of its own (p.key: another
--- unit's of the group, a tenant's caps): absent, or one whose meta is a head of this
--- algorithm's; or returns nil and the failure.
+-- unit's of the group, a tenant's caps) into p.st: absent, or one whose meta is a head of
+-- this algorithm's; or returns the failure.
 local function part_state(p, rates, cwend)
   local st, why = load(p.key, p.head)
   if not st then
-    return nil, foreign(p.key, why or nil, ' tb ')
+    return foreign(p.key, why or nil, ' tb ')
   end
-  why = setup_part(p, st, st.meta, rates, cwend)
-  return not why and st, why
+  return setup_part(p, st, st.meta, rates, cwend)
 end
 
 -- The group's parts (G), each with its state (docs/design.md, "Units and settles"); each
@@ -950,7 +949,7 @@ do
       if not base or p.key ~= base .. 'u:' .. p.unit then
         return redis.error_reply('JTARG the keys of the head\'s units')
       end
-      local _, why = part_state(p, slice(rates, p), cwend)
+      local why = part_state(p, slice(rates, p), cwend)
       if why then
         return fail_all(why)
       end
@@ -982,7 +981,7 @@ local function tenant_state(i)
     ts = {}
     for j, p in ipairs(cparts) do
       ts[j] = {unit = p.unit, head = p.head, lim = p.lim, cap = p.cap, key = KEYS[i + j - (cparts[1].unit == '' and 1 or 0)]}
-      local _, why = part_state(ts[j], nil, 0)
+      local why = part_state(ts[j], nil, 0)
       if why then
         ts = why
         break
