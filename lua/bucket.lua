@@ -75,12 +75,8 @@ local function rates(st, old, new, at, now)
     end
   end
   st.at, st.horizon = now, horizon
-  return st
 end
 
--- load reads the state at key: st.meta is its meta (nil: the key is absent; head, the
--- same text, when they are equal); or nil and the read's error (false: a string not ours;
--- common.lua's foreign names the failure).
 local function load(key, head)
   local v = redis.pcall('GET', key)
   if not v then -- (made at the size setup fills)
@@ -222,8 +218,6 @@ local function keep_us(st, lim, now, oend, reset)
   return k
 end
 
--- report returns remaining, reset_us (until every bucket is full at lim) and how long the
--- state must be kept (keep_us; oend: the override's end, nil or 0: none).
 local function report(st, lim, now, oend)
   local remaining, reset = MAX_RATE, 0
   for j = 0, 5 * #lim - 5, 5 do
@@ -243,8 +237,6 @@ local function report(st, lim, now, oend)
   return remaining > 0 and remaining or 0, reset, oend and oend > 0 and keep_us(st, lim, now, oend, reset) or reset
 end
 
--- save writes the state for it to live keep µs more, with meta (nil: the stored one), or
--- deletes it (keep <= 0); bare, the meta alone (the state holds nothing that matters).
 local function save(st, key, keep, meta, bare)
   if keep <= 0 then
     if st.exists then

@@ -113,8 +113,6 @@ local function search(st, f, v)
   return j
 end
 
--- load reads the state at key: st.meta is its meta (nil: the key is absent); or nil and
--- the read's error (false: a list not ours; common.lua's foreign names the failure).
 local function load(key, head)
   local v = redis.pcall('LRANGE', key, '0', LOG_HEAD_END)
   if v.err then -- another type: a meta alone in a string (the bucket's or the window's)
@@ -233,8 +231,6 @@ local function window(st, h)
   return st.P - S
 end
 
--- report returns remaining, reset_us and how long the state must be kept (µs; <= 0: not
--- at all): until the last entry has left the longest window.
 local function report(st, lim, now)
   local remaining, reset, lastT = MAX_RATE, 0, st.lastT
   if lastT and lastT + st.pmax > now then
@@ -252,9 +248,7 @@ local function report(st, lim, now)
   return remaining, reset, reset
 end
 
--- save writes what changed for the state to live keep µs more: the log (st.dirty) and the
--- meta (a text, or nil when unchanged); with keep <= 0 the key goes; bare, the meta alone
--- (the log holds nothing that matters).
+-- save writes only what changed: the log (st.dirty) and the meta (a text).
 local function save(st, key, keep, meta, bare)
   local tail = st.tail
   if keep <= 0 or bare then

@@ -22,9 +22,6 @@ local LIMIT_TEXT = '^ ([1-9]%d*) ([1-9]%d*)()' -- a limit's text in a head as Go
 local ONE_LIMIT = '^(fw) ([1-9]%d*) ([1-9]%d*)$' -- the usual head, as Go writes it
 local TAGS, PARAM_TAG, CAP = ' fw ', '', 1 -- the heads it serves; the one with a parameter; n's bound
 
--- load reads the state at key: st.meta is its meta (nil: the key is absent; head, the
--- same text, when they are equal); or nil and the read's error (false: a string not ours;
--- common.lua's foreign names the failure).
 local function load(key, head)
   local v = redis.pcall('GET', key)
   if not v then
@@ -73,8 +70,7 @@ local function load(key, head)
   return st
 end
 
--- setup counts the state with the limits in force (lim): limits it does not hold yet
--- start at 0, those the callers no longer have go.
+-- setup: limits the state does not hold yet start at 0, those the callers no longer have go.
 local function setup(st, lim)
   for i = 2, #lim do
     st[i] = st[i] or 0
@@ -118,8 +114,6 @@ local function take(st, lim, n, t, now)
   st.L, st.dirty = t, true
 end
 
--- report returns remaining, reset_us and how long the state must be kept (µs; <= 0: not
--- at all): to the end of the longest window holding L.
 local function report(st, lim, now)
   local remaining, reset, keep, L = MAX_RATE, 0, 0, st.L
   for i = 1, #lim do
@@ -142,8 +136,6 @@ local function report(st, lim, now)
   return remaining, reset, keep
 end
 
--- save writes the state for it to live keep µs more, with meta (nil: the stored one), or
--- deletes it (keep <= 0); bare, the meta alone (the state holds nothing that matters).
 local function save(st, key, keep, meta, bare)
   if keep <= 0 then
     if st.exists then
@@ -180,10 +172,7 @@ local function adjust(st, lim, d, token, now)
 end
 
 local function give(st, lim, n, token, now)
-  if token <= now then
-    return 0
-  end
-  return adjust(st, lim, -n, token, now)
+  return token > now and adjust(st, lim, -n, token, now) or 0
 end
 
 -- detail: avail_i is limit i's rate less its count in the window holding now (0 when the

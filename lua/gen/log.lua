@@ -159,8 +159,6 @@ local function search(st, f, v)
   return j
 end
 
--- load reads the state at key: st.meta is its meta (nil: the key is absent); or nil and
--- the read's error (false: a list not ours; common.lua's foreign names the failure).
 local function load(key, head)
   local v = redis.pcall('LRANGE', key, '0', '7')
   if v.err then -- another type: a meta alone in a string (the bucket's or the window's)
@@ -279,8 +277,6 @@ local function window(st, h)
   return st.P - S
 end
 
--- report returns remaining, reset_us and how long the state must be kept (µs; <= 0: not
--- at all): until the last entry has left the longest window.
 local function report(st, lim, now)
   local remaining, reset, lastT = 1000000000, 0, st.lastT
   if lastT and lastT + st.pmax > now then
@@ -298,9 +294,7 @@ local function report(st, lim, now)
   return remaining, reset, reset
 end
 
--- save writes what changed for the state to live keep µs more: the log (st.dirty) and the
--- meta (a text, or nil when unchanged); with keep <= 0 the key goes; bare, the meta alone
--- (the log holds nothing that matters).
+-- save writes only what changed: the log (st.dirty) and the meta (a text).
 local function save(st, key, keep, meta, bare)
   local tail = st.tail
   if keep <= 0 or bare then
@@ -350,16 +344,14 @@ end
 -- [limiter.lua from line 1]
 -- limiter.lua: the driver every limiter script ends with; the generator puts it after
 -- common.lua and the algorithm's file. The protocol it speaks (keys, arguments, requests,
--- the reply, codes) is internal/protocol's package doc; docs/design.md shows how it decides.
+-- the reply, codes) is internal/protocol's package doc; docs/design.md shows how it
+-- decides, and each op's function below says what it decides.
 --
--- KEYS[1]  the limiter's state: the algorithm's data and the meta (internal/protocol)
--- KEYS[2..]  each unit's state ({…}:u:<unit>), then the requests' own keys: bookings,
---          tenants' states, the fair share's queue, settles' records
+-- KEYS[1]  the limiter's state; KEYS[2..] each unit's, then the requests' own keys
 -- ARGV[1]  the group's head; ARGV[2] the tenants' caps' head or ""; ARGV[3..] the requests
 -- Returns  WIDTH integers per request, then the extras (common.lua, reply)
--- Writes   after every read and check, once per call: the states and their metas, the fair
---   share's queue, the bookings, the settles' records; a request that fails writes nothing,
---   and a state found foreign is written by none.
+-- Writes   after every read and check, once per call: a request that fails writes
+--   nothing, and a state found foreign is written by none.
 --
 -- The algorithm's file defines, each taking its state as an argument:
 --   LIMIT_FIELDS, CAP           a limit's numbers in a head; which of them bounds n
@@ -382,10 +374,6 @@ end
 -- alone, st.bare), st.err (a text) that a read after load found it foreign (the log reads
 -- lazily). lim[i] = {rate, period_us, burst (bucket only)}: the limits in force. Nothing
 -- raises an error: a request's failure is a value.
---
--- Requests are decided in order at one instant (now), each as a call of its own at that
--- instant would be: a pause or an override earlier in a call applies to the requests
--- after it. Each op's function below says what it decides.
 
 local ARGV, KEYS = ARGV, KEYS -- (locals cost less to read than globals)
 local nargv = #ARGV
@@ -470,13 +458,10 @@ local function parse_head(text, normal)
   end
 end
 
--- The fast path: a call whose every request is a plain acquire "a <n> <wait_us>" (n >= 1),
--- on an absent key or a state whose meta is the callers' head (no pause, override or fair
--- share: nothing but the head; a meta alone is not absent), is decided here, request by
--- request as the loop below decides an acquire, by the same algorithm functions, without
--- the loop's bookkeeping; the generator puts the functions it does not use after it
--- ("@cold"), so such a call never makes them (bench/cmd/luaexec measures what it saves).
--- Anything else goes on below, nothing written.
+-- The fast path (docs/design.md): a call whose every request is a plain acquire
+-- "a <n> <wait_us>" (n >= 1), on an absent key or a state whose meta is the callers' head
+-- alone (a meta alone is not absent), decided request by request as the loop below decides
+-- an acquire, by the same algorithm functions. Anything else goes on below, nothing written.
 if nargv >= 3 and nargv <= 2 + 1000 and ARGV[2] == '' then
   local head = ARGV[1]
   local lim, param, _, parts = parse_head(head)
@@ -599,7 +584,7 @@ local function reply(out, k, ext)
   return out
 end
 
--- [log.lua from line 303]
+-- [log.lua from line 297]
 -- @cold: what follows only the driver's request loop needs (see lua/internal/gen).
 
 -- adjust changes the permits of the entry recorded for token's time by d (given back, at
@@ -683,7 +668,7 @@ end
 local function rates(st, old, new, at, now)
 end
 
--- [limiter.lua from line 173]
+-- [limiter.lua from line 164]
 -- @cold: the request loop, for every call the fast path did not decide.
 
 -- read_head is parse_head with the parts always given, each with its limits (lim) and the
@@ -710,17 +695,14 @@ if ARGV[2] ~= '' then
   end
   cparts = parts
 end
-for _, p in ipairs(gparts) do
-  known[p.unit] = true
-end
-for _, p in ipairs(cparts) do
-  known[p.unit] = true
+for _, parts in ipairs({gparts, cparts}) do
+  for _, p in ipairs(parts) do
+    known[p.unit] = true
+  end
 end
 local k = nargv - 2
--- base is "{…}:", the tag of KEYS[1] ("{…}:l"): a key a request names must be of its kind
--- under it (b a booking, q the fair share's queue, c the request's tenant's state and its
--- caps of other units, e a settle's record), as must each unit's part, so no request writes
--- a key not its own.
+-- base is "{…}:", the tag of KEYS[1] ("{…}:l"): every key a request names, and each
+-- unit's part, must be of its kind under it, so no request writes a key not its own.
 local base = string.match(KEYS[1] or '', '^(.*:)l$')
 
 -- score reads a number of the fair share's (a sorted set's score, V and Fmax): gopher-lua's
@@ -840,11 +822,9 @@ local function slice(l, p)
   return l and {unpack(l, p.from, p.to)}
 end
 
--- parse_request reads a request's text into named fields (q.op, q.n, ...), or returns nil
--- and why. Options follow the op's fields as a letter and a value; the tenant's name comes
--- last (t) and may hold any bytes. A cost (u, "<unit>:<n>"; a settle's
--- "<unit>:<estimate>:<actual>") goes to q.cost[unit] (and q.actual[unit]); q.ctext is the
--- costs' text as sent, which a task's record keeps.
+-- parse_request reads a request's text (internal/protocol) into named fields (q.op, q.n,
+-- ...), or returns nil and why. A cost goes to q.cost[unit] (a settle's actual to
+-- q.actual[unit]); q.ctext is the costs' text as sent, which a task's record keeps.
 local function parse_request(text)
   local t = string.find(text, ' t', 1, true)
   local q, w = {tenant = t and string.sub(text, t + 2), ctext = ''}, {}
@@ -1013,44 +993,39 @@ local function setup_part(p, st, stored, rates, cwend)
 end
 
 -- part_state reads and counts the state of a part with a key of its own (p.key: another
--- unit's of the group, a tenant's caps): absent, or one whose meta is a head of this
--- algorithm's; or returns nil and the failure.
+-- unit's of the group, a tenant's caps) into p.st: absent, or one whose meta is a head of
+-- this algorithm's; or returns the failure.
 local function part_state(p, rates, cwend)
   local st, why = load(p.key, p.head)
   if not st then
-    return nil, foreign(p.key, why or nil, ' sw sc ')
+    return foreign(p.key, why or nil, ' sw sc ')
   end
-  why = setup_part(p, st, st.meta, rates, cwend)
-  return not why and st, why
+  return setup_part(p, st, st.meta, rates, cwend)
 end
 
--- The group's parts (G): the limits of each unit and their state, the calls' in KEYS[1]
--- beside the meta (which, with no limit of calls, holds the meta alone), another unit's in
--- the next of KEYS, "{…}:u:<unit>", whose meta is its part's head; each part's lim and
--- given its share of the limits in force and the callers', cap the largest n they allow.
--- lim holds all the head's limits in force, lower and oend are in_force's.
+-- The group's parts (G), each with its state (docs/design.md, "Units and settles"); each
+-- part's lim and given its share of the limits in force and the callers', cap the largest
+-- n they allow. lim holds all the head's limits in force, lower and oend are in_force's.
 local lim, lower, oend = in_force(given, meta.over)
-local G = {}
+local G = gparts
 do
   local rates, cwend, u = meta.over and meta.over[3], meta.over and meta.over[1] or 0, 1
-  for j, p in ipairs(gparts) do
-    local part = {unit = p.unit, from = p.from, to = p.to, head = p.head, lim = p.lim, given = p.lim, cap = p.cap,
-      key = KEYS[1]}
+  for _, p in ipairs(G) do
+    p.given, p.key = p.lim, KEYS[1]
     if lim ~= given then -- an override is in force
-      part.lim = slice(lim, p)
-      part.cap = cap_of(part.lim)
+      p.lim = slice(lim, p)
+      p.cap = cap_of(p.lim)
     end
-    G[j] = part
     if p.unit == '' then
-      part.head = ARGV[1]
-      setup_part(part, gst, meta.head, slice(rates, p), cwend)
+      p.head = ARGV[1]
+      setup_part(p, gst, meta.head, slice(rates, p), cwend)
     else
       u = u + 1
-      part.key = KEYS[u]
-      if not base or part.key ~= base .. 'u:' .. p.unit then
+      p.key = KEYS[u]
+      if not base or p.key ~= base .. 'u:' .. p.unit then
         return redis.error_reply('JTARG the keys of the head\'s units')
       end
-      local _, why = part_state(part, slice(rates, p), cwend)
+      local why = part_state(p, slice(rates, p), cwend)
       if why then
         return fail_all(why)
       end
@@ -1074,12 +1049,15 @@ end
 -- with st and key), the calls' at KEYS[i] and another unit's in the keys after it.
 local tstates = {}
 local function tenant_state(i)
+  if not i then -- no tenant's caps
+    return nil
+  end
   local ts = tstates[i]
   if ts == nil then
     ts = {}
     for j, p in ipairs(cparts) do
       ts[j] = {unit = p.unit, head = p.head, lim = p.lim, cap = p.cap, key = KEYS[i + j - (cparts[1].unit == '' and 1 or 0)]}
-      local _, why = part_state(ts[j], nil, 0)
+      local why = part_state(ts[j], nil, 0)
       if why then
         ts = why
         break
@@ -1112,10 +1090,9 @@ local function cost_time(q, costs)
   return c
 end
 
--- The fair share's clock (meta.fair: V, W in weight units (millionths), tV, Fmax), moved
--- to now once, by the first request that needs it: V moves 10^6/W per µs while the queue
--- holds tenants, each leaving the queue (and its weight W) when V reaches its finish tag.
--- An inspect (readonly) moves a copy and writes nothing. changed says the meta's content
+-- The fair share's clock (meta.fair: V, W in weight units (millionths), tV, Fmax; see
+-- docs/design.md), moved to now once, by the first request that needs it; an inspect
+-- (readonly) moves a copy and writes nothing. changed says the meta's content
 -- changed (a control op, the clock or the queue); finish and queued hold finish tags read
 -- and to write, by member "<weight units> <name>".
 local changed, fair_key, fair_moved, finish, queued = false, nil, false, {}, {}
@@ -1155,8 +1132,7 @@ local function fair(qkey, readonly)
   if readonly then
     return f
   end
-  -- (separate statements: gopher-lua, miniredis's Lua, miscompiles a multiple
-  -- assignment that sets an upvalue beside a table field)
+  -- (separate statements: common.lua says why)
   fair_key = qkey
   fair_moved = true
   meta.fair = f
@@ -1362,13 +1338,10 @@ end
 -- found (b) is the caller's to use again when it books the same n and costs, its token at
 -- most q.late µs past and no pause after it (status 2, a new stamp above the last); one an
 -- override set since lowers a limit under is given back and booked anew. A tenant's
--- request also waits for its fair turn (start-time fair queueing over the group's service,
--- docs/design.md): its start tag S = max(V, F) within the horizon's worth of service ahead
--- of V, and its grant within the horizon; otherwise it is told when asking again can
--- succeed, and with h takes its place (F moves on by its cost's time / weight; the reply
--- and a task's record carry S as a ticket).
--- horizon is how far ahead a request of the fair share, or a caller's of estimated costs,
--- may book: two of the group's slots at least, and its cost's time.
+-- request also waits for its fair turn (docs/design.md, "Tenants and the fair share"); with
+-- h it takes its place when denied. horizon is how far ahead a request of the fair share,
+-- or a caller's of estimated costs, may book: two of the group's slots at least, and its
+-- cost's time.
 local function horizon(q)
   return math.max(250000, 2 * lim[1][2] / lim[1][1], cost_time(q))
 end
@@ -1400,11 +1373,9 @@ local function acquire(r, q)
       end
     end
   end
-  if q.c then
-    C, why = tenant_state(q.c)
-    if not C then
-      return why
-    end
+  C, why = tenant_state(q.c)
+  if why then
+    return why
   end
   local P = takes(q, C)
   if replace then -- an override set since lowers the limits: the booking goes back
@@ -1414,6 +1385,13 @@ local function acquire(r, q)
     remaining = nil
   end
   local t0, bound, t, wait, who, fr, h = math.max(now, pause), x, now, nil, nil, nil, nil
+  if #P > 0 and (q.tenant or (q.cost and not q.b)) then
+    -- a tenant's request books no further ahead than the horizon, nor does a caller's call
+    -- of estimated costs: held further, its estimate would keep room that the refunds of the
+    -- settles before it free (a task's booking, handed back to its queue, is kept however far)
+    h = horizon(q)
+    bound = math.min(x, h)
+  end
   if q.tenant and #P > 0 then
     local f = fair(KEYS[q.q])
     local name, u, F = member(q)
@@ -1422,18 +1400,10 @@ local function acquire(r, q)
     if ticket and (f.W == 0 or ticket > f.Fmax + 1) then -- a place in a queue emptied since
       ticket = nil -- (its tags start again from 0): the turn has come
     end
-    h = horizon(q)
     fr = {name = name, u = u, W = W, S = ticket or math.max(f.V, F or f.V), held = ticket}
     if fr.S > f.V + h * 1000000 / W then -- its turn has not come: ask again when it does
       wait, who = math.max(1, turn(KEYS[q.q], fr.S, W, h)), 4
     end
-    bound = math.min(x, h)
-  elseif q.cost and not q.b and #P > 0 then
-    -- a caller's call of estimated costs books no further ahead than the horizon either:
-    -- held further, its estimate would keep room that the refunds of the settles before
-    -- it free (a task's booking, handed back to its queue, is kept however far)
-    h = horizon(q)
-    bound = math.min(x, h)
   end
   if not who and #P > 0 then -- the earliest time the group and the caps all have room
     t = fit_all(P, t0)
@@ -1512,11 +1482,9 @@ local function cancel(r, q)
       put(q.b, false)
     end
   end
-  if q.c then
-    C, why = tenant_state(q.c)
-    if not C then
-      return why
-    end
+  C, why = tenant_state(q.c)
+  if why then
+    return why
   end
   local freed, P = 0, token > 0 and takes(q, C) or {}
   for i = 1, #P, 3 do
@@ -1541,7 +1509,7 @@ local function settle(r, q)
   if not why then
     v, why = read_key('string', 'GET', key)
   end
-  if not why and q.c then
+  if not why then
     C, why = tenant_state(q.c)
   end
   if why then

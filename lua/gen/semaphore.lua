@@ -124,16 +124,16 @@ end
 -- [semaphore.lua from line 1]
 -- semaphore.lua: at most max leases live at once; callers that wait queue in arrival
 -- order and are handed freed slots by whichever call frees them. The generator puts it
--- after common.lua.
+-- after common.lua. Its keys, arguments, ops and replies are docs/design.md's ("The
+-- semaphore protocol"); what they hold and how it decides:
 --
--- KEYS[1]  {<prefix><key>}:sem    zset: lease -> when it expires, µs; a lease's member is
---          its holder's token, or a place's id for a slot handed to that place
--- KEYS[2]  {<prefix><key>}:semq   zset: place "<id>:<ttl_us>" -> arrival, µs (unique, rising)
--- KEYS[3]  {<prefix><key>}:semx   zset: place -> when it lapses, µs
--- KEYS[4]  {<prefix><key>}:l      the limiter's state of the key, read only: the pause in its
---          meta (internal/protocol) is the key's, for limiters and semaphores alike
--- ARGV[1]  k, the number of requests, 1..1000
--- ARGV[2 .. 1+4k]  k requests of four fields: op, token, place, join
+-- KEYS[1]  sem: zset, lease -> when it expires, µs; a lease's member is its holder's token,
+--          or a place's id for a slot handed to that place
+-- KEYS[2]  semq: zset, place "<id>:<ttl_us>" -> arrival, µs (unique, rising)
+-- KEYS[3]  semx: zset, place -> when it lapses, µs
+-- KEYS[4]  l: the limiter's state of the key, read only: the pause in its meta
+-- ARGV[1]  k (1..1000), then k requests of four fields, max (1..10^9) and ttl_us (how long
+--          a lease and a place live, 1000..2^45); an error in k, max or ttl_us fails the call.
 --   op  name     token                          place                 join
 --   0   acquire  the caller's, 32 lowercase hex  its place's id        1: take or keep a place
 --                                                                      in the queue when denied; 0
@@ -141,29 +141,20 @@ end
 --   2   release  the holder's                   its place's id, or ""   0
 --   3   inspect  "" or a token (not used)       "" or an id (not used)  expiries to list, 0..1000
 --   an id: 1..200 printable bytes without spaces (Acquire: the token; asynq: the task's id)
--- ARGV[2+4k]  max, leases live at once, 1..10^9; ARGV[3+4k]  ttl_us, how long a lease (and
---          a place in the queue) lives, 1000..2^45. An error in k, max or ttl_us fails the call.
--- Returns  WIDTH integers per request, then the extras (common.lua, reply):
---   acquire  ok 0|1, wait_us, held, 0, 0, 0, 0
---   extend   ok (the lease was live and now expires in ttl_us), 0, held, 0, 0, 0, 0
---   release  ok (the lease was live and is gone), 0, held, 0, 0, 0, 0
---   inspect  1, 0, held, 0, at, len, 0; extra: held, waiting, paused_us, pttl_ms (the lease
---            set's: -2 absent, -1 none), k', then until each of the k' earliest leases expires
---   held: live leases after the request; wait_us (denied): until, by expiry alone, a slot
---   comes to this caller (the (held - max + place + 1)th earliest expiry, or the end of a
---   pause if later), >= 1.
+-- Returns  ok is, for extend, that the lease was live and now expires in ttl_us; for
+--   release, that it was live and is gone. held: live leases after the request; inspect's
+--   pttl_ms is the lease set's (-2 absent, -1 none). wait_us (denied): until, by expiry
+--   alone, a slot comes to this caller (the (held - max + place + 1)th earliest expiry,
+--   or the end of a pause if later), >= 1.
 -- Acquire: granted when the token holds a lease (renewed), when a slot was handed to its
 --   place (the lease passes to the token), or when a slot is free and nothing is paused;
---   each takes the place out of the queue. A stale holder's extend or release names its own
---   token, so it never acts on another's lease, and a task's retry (a new token, the same
---   place) never shares a lease an abandoned handler still holds.
+--   each takes the place out of the queue. A task's retry (a new token, the same place)
+--   never shares a lease an abandoned handler still holds.
 -- Writes   only when a request is not an inspect, after every read and check: expired
 --   leases and lapsed places go; before each request free slots are handed to the places
 --   at the head of the queue (unless paused), each a lease of its place's ttl_us under its
---   id, and the call publishes "h <id> <id> ..." once on {<prefix><key>}:wake; a release
---   also drops its place and a slot handed to it. KEYS[1..3] get a PEXPIRE at their latest
---   expiry; empty sets disappear. A key of another type, a limiter state not ours, or a
---   place not ours that a hand-off could reach fails the requests that need it (JTSTATE).
+--   id; a release also drops its place and a slot handed to it. KEYS[1..3] get a PEXPIRE
+--   at their latest expiry; empty sets disappear.
 
 local SEM_ACQUIRE, SEM_EXTEND, SEM_RELEASE, SEM_INSPECT = 0, 1, 2, 3
 
