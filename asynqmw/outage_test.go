@@ -17,6 +17,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/hibiken/asynq"
 	"github.com/jobthrottle/jobthrottle/asynqmw"
+	"github.com/jobthrottle/jobthrottle/internal/keys"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/redis/go-redis/v9"
@@ -667,4 +668,128 @@ func TestRefusingRedisHandsBack(t *testing.T) {
 				rc.name, back.Sub(refusedAt).Round(time.Millisecond), handedBack, c.sum(c.requeued), ranMeanwhile, time.Since(back).Round(time.Millisecond), qi.Archived, qi.FailedTotal)
 		})
 	}
+}
+
+// A Redis Cluster moving the limiter's slot to another master, as redis-cli --cluster
+// reshard does it (redistest.SlotMove: the slot migrating with its keys on the source,
+// then with them on the target, then handed over; each migrating phase held 500ms, the
+// second until a limiter call has been refused), while two asynq servers of 20 workers
+// run a backlog of 100 tasks limited to 20 a second, half of them on their last attempt
+// (MaxRetry(0)). asynq has its own redis-server, which the move does not touch. The
+// limiter's calls that name a key the slot does not hold yet (a task's first booking)
+// get TRYAGAIN from both nodes for the whole move: ErrUnavailable, which the
+// middleware tries again and then hands the task back for.
+//
+// Asserted: no task archived or failed, each ran exactly once with no retry spent, last
+// attempts handed back only as copies; every error the limiter's calls got, every
+// hand-back's cause and every error the throttled handler returned to asynq is
+// ErrUnavailable (or the limit itself); the move was felt (a limiter call refused).
+// Reported: hand-backs (by cause), copies, runs during the move, refused calls, how
+// long the move took.
+func TestReshardHandsBack(t *testing.T) {
+	b := redistest.NewStandalone(t) // asynq's
+	tc, cc := redistest.OwnCluster(t)
+	const (
+		rate     = 20
+		n        = 100 // 5s of the limit
+		moveFrom = 20  // tasks run before the move begins
+		hold     = 500 * time.Millisecond
+	)
+	var mu sync.Mutex
+	var foreign []error            // errors of another type than ErrUnavailable, wherever seen
+	refused, unavailable := 0, 0   // limiter calls that got an error; hand-backs for ErrUnavailable
+	seen := func(err error) bool { // reports whether err is ErrUnavailable, else keeps it
+		if errors.Is(err, throttle.ErrUnavailable) {
+			return true
+		}
+		foreign = append(foreign, err)
+		return false
+	}
+	lim, err := throttle.New(cc, "reshard", throttle.PerSecond(rate), throttle.WithKeyPrefix(b.Prefix),
+		throttle.WithHooks(throttle.Hooks{RedisError: func(_ string, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			refused++
+			seen(err)
+		}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tag, err := keys.Tag(b.Prefix, "reshard")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	f := newFleet(t, b)
+	c := newCounters()
+	hooks := c.hooks()
+	counted := hooks.Throttled
+	hooks.Throttled = func(ctx context.Context, task *asynq.Task, te *asynqmw.ThrottledError) {
+		counted(ctx, task, te)
+		mu.Lock()
+		defer mu.Unlock()
+		if te.Err != nil && seen(te.Err) {
+			unavailable++
+		}
+	}
+	// watch sees what the throttled handler returns to asynq: nil, or a hand-back
+	watch := func(next asynq.Handler) asynq.Handler {
+		return asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+			err := next.ProcessTask(ctx, task)
+			var te *asynqmw.ThrottledError
+			if err != nil && (!errors.As(err, &te) || te.Err != nil) {
+				mu.Lock()
+				seen(err)
+				mu.Unlock()
+			}
+			return err
+		})
+	}
+	for range 2 {
+		jt := asynqmw.New(b.Client, asynqmw.WithHooks(hooks))
+		f.run(jt, 20, f.handler(nil), watch, jt.Throttle(lim))
+	}
+	final, retrying := ids("final", n/2), ids("retrying", n/2)
+	for i := range final {
+		f.enqueue(final[i], asynq.MaxRetry(0))
+		f.enqueue(retrying[i], asynq.MaxRetry(3))
+	}
+	deadline := time.Now().Add(idleLimit)
+	for f.runs.total() < moveFrom {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d runs before the move", f.runs.total())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+
+	move := redistest.NewSlotMove(t, tc, cc, keys.Name(tag, keys.State))
+	began, ranBefore := time.Now(), f.runs.total()
+	move.Begin()
+	time.Sleep(hold)
+	move.Keys()
+	time.Sleep(hold)
+	felt := func() bool { mu.Lock(); defer mu.Unlock(); return refused > 0 }
+	for !felt() { // the slot migrates until a limiter call is refused
+		if f.runs.total() >= n || time.Now().After(deadline) {
+			t.Fatalf("no limiter call refused while the slot migrated (%d of %d tasks ran)", f.runs.total(), n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	move.End()
+	took, ranDuring := time.Since(began), f.runs.total()-ranBefore
+
+	qi := f.waitIdle(idleLimit, func() bool { return f.runs.total()+int(f.info().Archived) >= n })
+	f.ranOnce(qi, append(final, retrying...)...)
+	c.lastAttemptsAsCopies(t, final...)
+	mu.Lock()
+	defer mu.Unlock()
+	for i, err := range foreign {
+		if i == 5 {
+			t.Errorf("… %d errors of another type than ErrUnavailable in all", len(foreign))
+			break
+		}
+		t.Errorf("an error of another type than ErrUnavailable: %v", err)
+	}
+	redistest.Figure(t, "asynqmw, the limiter's slot moved (%v) under %d tasks at %d/s on 2 servers, half last attempts: %d limiter calls refused, %d hand-backs (%d for ErrUnavailable, %d as copies), %d runs during the move, %d in all; archived %d, failed %d",
+		took.Round(time.Millisecond), n, rate, refused, c.sum(c.throttled), unavailable, c.sum(c.requeued), ranDuring, f.runs.total(), qi.Archived, qi.FailedTotal)
 }
