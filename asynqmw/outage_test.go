@@ -17,6 +17,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/hibiken/asynq"
 	"github.com/jobthrottle/jobthrottle/asynqmw"
+	"github.com/jobthrottle/jobthrottle/internal/keys"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/redis/go-redis/v9"
@@ -666,5 +667,159 @@ func TestRefusingRedisHandsBack(t *testing.T) {
 			redistest.Figure(t, "%s, Redis refusing for %v with 8 tasks in their workers (4 on their last attempt): %d hand-backs meanwhile, %d copies in all, %d runs; then each ran once within %v; archived %d, failed %d (asynq's own lost writes)",
 				rc.name, back.Sub(refusedAt).Round(time.Millisecond), handedBack, c.sum(c.requeued), ranMeanwhile, time.Since(back).Round(time.Millisecond), qi.Archived, qi.FailedTotal)
 		})
+	}
+}
+
+// A Redis Cluster moving the limiter's slot to another master, as redis-cli --cluster
+// reshard does it (redistest.SlotMove: the slot migrating with its keys on the source,
+// then migrating with them on the target, then handed over), while two asynq servers of
+// 20 workers run 100 tasks limited to 20 a second, half of them on their last attempt
+// (MaxRetry(0)): 40 enqueued before the move, which begins once 20 have run, and 30 in
+// each migrating phase. asynq has its own redis-server, which the move does not touch.
+// The limiter's calls that name a key the slot does not hold (a new task's first
+// booking) get TRYAGAIN from both nodes for the whole move: ErrUnavailable, which the
+// middleware tries again for, and after its inline wait hands the task back for. Each
+// migrating phase is held 500ms, the second also until a last attempt and a task with
+// retries left have each been handed back for ErrUnavailable (the move was felt).
+//
+// Asserted: no task archived or failed, each ran exactly once with no retry spent, last
+// attempts handed back only as copies; every error the limiter's calls got, every
+// hand-back's cause and every error the throttled handler returned to asynq is
+// ErrUnavailable (or, for a hand-back, the limit itself). Reported: the limiter's
+// refused calls (by text), hand-backs (by cause), copies, runs during the move, how
+// long the move took.
+func TestReshardHandsBack(t *testing.T) {
+	b := redistest.NewStandalone(t) // asynq's
+	tc, cc := redistest.OwnCluster(t)
+	const (
+		rate     = 20
+		n        = 100 // 5s of the limit
+		before   = 40  // tasks enqueued before the move, the rest half in each migrating phase
+		moveFrom = 20  // tasks run before the move begins
+		hold     = 500 * time.Millisecond
+	)
+	var mu sync.Mutex
+	var foreign []error            // errors of another type than ErrUnavailable, wherever seen
+	refused, unavailable := 0, 0   // limiter calls that got an error; hand-backs for ErrUnavailable
+	unavailableCopies := 0         // of them last attempts, as copies
+	var lastRefused time.Time      // the last limiter call that got an error
+	texts := map[string]int{}      // the limiter's ErrUnavailable errors, by text
+	seen := func(err error) bool { // reports whether err is ErrUnavailable, else keeps it
+		if errors.Is(err, throttle.ErrUnavailable) {
+			return true
+		}
+		foreign = append(foreign, err)
+		return false
+	}
+	lim, err := throttle.New(cc, "reshard", throttle.PerSecond(rate), throttle.WithKeyPrefix(b.Prefix),
+		throttle.WithHooks(throttle.Hooks{RedisError: func(_ string, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			refused++
+			lastRefused = time.Now()
+			if seen(err) {
+				texts[err.Error()]++
+			}
+		}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tag, err := keys.Tag(b.Prefix, "reshard")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	f := newFleet(t, b)
+	c := newCounters()
+	hooks := c.hooks()
+	counted := hooks.Throttled
+	hooks.Throttled = func(ctx context.Context, task *asynq.Task, te *asynqmw.ThrottledError) {
+		counted(ctx, task, te)
+		mu.Lock()
+		defer mu.Unlock()
+		if te.Err != nil && seen(te.Err) {
+			unavailable++
+			if te.Requeued {
+				unavailableCopies++
+			}
+		}
+	}
+	// watch sees what the throttled handler returns to asynq: nil, or a hand-back
+	watch := func(next asynq.Handler) asynq.Handler {
+		return asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+			err := next.ProcessTask(ctx, task)
+			var te *asynqmw.ThrottledError
+			if err != nil && (!errors.As(err, &te) || te.Err != nil) {
+				mu.Lock()
+				seen(err)
+				mu.Unlock()
+			}
+			return err
+		})
+	}
+	for range 2 {
+		jt := asynqmw.New(b.Client, asynqmw.WithHooks(hooks))
+		f.run(jt, 20, f.handler(nil), watch, jt.Throttle(lim))
+	}
+	final, retrying := ids("final", n/2), ids("retrying", n/2)
+	enqueue := func(from, to int) { // tasks arriving: those of from..to-1
+		for i := from; i < to; i++ {
+			f.enqueue(final[i], asynq.MaxRetry(0))
+			f.enqueue(retrying[i], asynq.MaxRetry(3))
+		}
+	}
+	enqueue(0, before/2)
+	deadline := time.Now().Add(idleLimit)
+	for f.runs.total() < moveFrom {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d runs before the move", f.runs.total())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+
+	move := redistest.NewSlotMove(t, tc, cc, keys.Name(tag, keys.State))
+	began, ranBefore := time.Now(), f.runs.total()
+	move.Begin()
+	enqueue(before/2, (before+n)/4) // new tasks: their first bookings name keys the slot does not hold
+	time.Sleep(hold)
+	move.Keys()
+	enqueue((before+n)/4, n/2)
+	time.Sleep(hold)
+	// The slot migrates until a last attempt and a task with retries left have each
+	// been handed back for it.
+	felt := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return unavailableCopies > 0 && unavailable > unavailableCopies
+	}
+	for !felt() {
+		if f.runs.total() >= n || time.Now().After(deadline) {
+			mu.Lock()
+			t.Fatalf("while the slot migrated: %d limiter calls refused, %d hand-backs for ErrUnavailable (%d of them copies); want a copy and another (%d of %d tasks ran)",
+				refused, unavailable, unavailableCopies, f.runs.total(), n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	move.End()
+	ended := time.Now()
+	took, ranDuring := ended.Sub(began), f.runs.total()-ranBefore
+
+	qi := f.waitIdle(idleLimit, func() bool { return f.runs.total()+int(f.info().Archived) >= n })
+	f.ranOnce(qi, append(final, retrying...)...)
+	c.lastAttemptsAsCopies(t, final...)
+	mu.Lock()
+	defer mu.Unlock()
+	for i, err := range foreign {
+		if i == 5 {
+			t.Errorf("… %d errors of another type than ErrUnavailable in all", len(foreign))
+			break
+		}
+		t.Errorf("an error of another type than ErrUnavailable: %v", err)
+	}
+	redistest.Figure(t, "asynqmw, the limiter's slot moved (%v) under %d tasks at %d/s on 2 servers, half last attempts: %d limiter calls refused, %d hand-backs (%d for ErrUnavailable, %d of them copies; %d copies in all), %d runs during the move, %d in all; archived %d, failed %d",
+		took.Round(time.Millisecond), n, rate, refused, c.sum(c.throttled), unavailable, unavailableCopies, c.sum(c.requeued), ranDuring, f.runs.total(), qi.Archived, qi.FailedTotal)
+	redistest.Figure(t, "asynqmw, the limiter's slot moved: the last refused limiter call %v before the handover (SETSLOT NODE on every master) was done", ended.Sub(lastRefused).Round(time.Millisecond))
+	for text, k := range texts {
+		redistest.Figure(t, "asynqmw, the limiter's slot moved: %d × %s", k, text)
 	}
 }

@@ -26,7 +26,7 @@ func TestFullRedis(t *testing.T) {
 		fullRedis(t, c, func(string) *redis.Client { return c })
 	})
 	t.Run("cluster", func(t *testing.T) {
-		_, cc := ownCluster(t)
+		_, cc := redistest.OwnCluster(t)
 		fullRedis(t, cc, func(key string) *redis.Client {
 			node, err := cc.MasterForKey(context.Background(), key)
 			if err != nil {

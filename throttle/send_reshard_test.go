@@ -3,10 +3,6 @@ package throttle
 import (
 	"context"
 	"errors"
-	"net"
-	"os"
-	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -29,7 +25,7 @@ import (
 // served again after the move. Reported: the grants in each phase against the rate,
 // and each error's text.
 func TestReshardIsAPause(t *testing.T) {
-	tc, cc := ownCluster(t)
+	tc, cc := redistest.OwnCluster(t)
 	ctx := context.Background()
 	const rate = 50 // one per 20ms: evenly spread, so each phase can be served
 	l, err := New(cc, "reshard", Limit{Rate: 1, Period: time.Second / rate})
@@ -79,18 +75,18 @@ func TestReshardIsAPause(t *testing.T) {
 	}
 
 	const hold = 600 * ms
-	move := newSlotMove(t, tc, cc, l.stateKey())
+	move := redistest.NewSlotMove(t, tc, cc, l.stateKey())
 	time.Sleep(time.Second) // callers at the rate
 	phases := []time.Time{time.Now()}
-	move.begin()
+	move.Begin()
 	time.Sleep(hold)
 	phases = append(phases, time.Now())
-	move.keys()
-	before := move.scriptCalls(move.nodes[0])
+	move.Keys()
+	before := move.ScriptCalls(move.Source())
 	time.Sleep(hold)
-	atSource := move.scriptCalls(move.nodes[0]) - before
+	atSource := move.ScriptCalls(move.Source()) - before
 	phases = append(phases, time.Now())
-	move.end()
+	move.End()
 	phases = append(phases, time.Now())
 	time.Sleep(time.Second) // served again, by the target
 	phases = append(phases, time.Now())
@@ -144,7 +140,7 @@ func TestReshardIsAPause(t *testing.T) {
 // first reaches the source. (A call some of whose keys do not exist gets TRYAGAIN from
 // both nodes instead.)
 func TestReshardAsksTheTarget(t *testing.T) {
-	tc, cc := ownCluster(t)
+	tc, cc := redistest.OwnCluster(t)
 	ctx := context.Background()
 	s, err := NewSemaphore(cc, "asked", 1, WithLeaseTTL(time.Minute))
 	if err != nil {
@@ -162,9 +158,9 @@ func TestReshardAsksTheTarget(t *testing.T) {
 	if err := l.Pause(ctx, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	move := newSlotMove(t, tc, cc, l.stateKey())
+	move := redistest.NewSlotMove(t, tc, cc, l.stateKey())
 	for deadline := time.Now().Add(signalWait); ; time.Sleep(10 * ms) { // every key in place
-		n, err := move.nodes[0].Exists(ctx, s.t.keys...).Result()
+		n, err := move.Source().Exists(ctx, s.t.keys...).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -175,12 +171,12 @@ func TestReshardAsksTheTarget(t *testing.T) {
 			t.Fatalf("%d of the semaphore's keys %v exist, want all", n, s.t.keys)
 		}
 	}
-	move.begin()
-	move.keys()
-	if got, _ := move.nodes[0].Exists(ctx, s.t.keys...).Result(); got != 0 {
+	move.Begin()
+	move.Keys()
+	if got, _ := move.Source().Exists(ctx, s.t.keys...).Result(); got != 0 {
 		t.Fatalf("%d keys left on the source after MIGRATE", got)
 	}
-	before := move.scriptCalls(move.nodes[0])
+	before := move.ScriptCalls(move.Source())
 	got, wait, err := s.TryAcquire(ctx)
 	if err != nil || got != nil {
 		t.Fatalf("TryAcquire while the slot migrates, its keys on the target: got %v, %v, %v; want no lease (paused), no error", got, wait, err)
@@ -197,130 +193,15 @@ func TestReshardAsksTheTarget(t *testing.T) {
 	// the first call goes the cluster client's way: its first and third tries reach
 	// the source (the second goes to the target without ASKING, which answers MOVED),
 	// then redirect's first; the others go to the target straight
-	if got := move.scriptCalls(move.nodes[0]) - before; got > 3 {
+	if got := move.ScriptCalls(move.Source()) - before; got > 3 {
 		t.Errorf("%d script calls reached the source for %d calls with the keys on the target; want at most 3, the first call's", got, calls+2)
 	}
-	move.end()
+	move.End()
 	if err := lease.Release(ctx); err != nil {
 		t.Fatalf("Release after the move: %v", err)
 	}
 	cancel()
 	if err := <-waiting; !errors.Is(err, context.Canceled) {
 		t.Fatalf("the queued Acquire: got %v, want context.Canceled", err)
-	}
-}
-
-// ownCluster starts a Redis Cluster of 3 masters for one test, and a client of it;
-// the servers are stopped by PID when the test ends.
-func ownCluster(t *testing.T) (*redistest.TestCluster, *redis.ClusterClient) {
-	t.Helper()
-	tc, err := redistest.StartClusterWithReplicas(3, 0, 5*time.Second)
-	if err != nil {
-		sendRequireReal(t, err)
-	}
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: tc.Addrs()})
-	t.Cleanup(func() {
-		cc.Close()
-		for _, s := range tc.Masters {
-			s.Kill()
-			_ = os.RemoveAll(s.Dir)
-		}
-	})
-	return tc, cc
-}
-
-// slotMove moves the slot of a key from its master to another, in redis-cli --cluster
-// reshard's steps: begin (the target IMPORTING, the source MIGRATING), keys (MIGRATE
-// every key of the slot), end (SETSLOT NODE on the target, the source, then the other).
-type slotMove struct {
-	t     *testing.T
-	slot  int
-	nodes []*redis.Client // the source, the target, the other
-	ids   []string
-}
-
-func newSlotMove(t *testing.T, tc *redistest.TestCluster, cc *redis.ClusterClient, key string) *slotMove {
-	t.Helper()
-	ctx := context.Background()
-	src, err := cc.MasterForKey(ctx, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := &slotMove{t: t, slot: int(cc.ClusterKeySlot(ctx, key).Val())}
-	m.nodes = append(m.nodes, redis.NewClient(&redis.Options{Addr: src.Options().Addr}))
-	for _, s := range tc.Masters {
-		if s.Addr != src.Options().Addr {
-			m.nodes = append(m.nodes, redis.NewClient(&redis.Options{Addr: s.Addr}))
-		}
-	}
-	for _, n := range m.nodes {
-		id, err := n.ClusterMyID(ctx).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		m.ids = append(m.ids, id)
-		t.Cleanup(func() { n.Close() })
-	}
-	return m
-}
-
-func (m *slotMove) do(c *redis.Client, args ...any) {
-	m.t.Helper()
-	if err := c.Do(context.Background(), args...).Err(); err != nil {
-		m.t.Fatalf("%v on %s: %v", args, c.Options().Addr, err)
-	}
-}
-
-// scriptCalls returns how many script calls node has had, run, refused or failed
-// (INFO commandstats).
-func (m *slotMove) scriptCalls(node *redis.Client) int {
-	m.t.Helper()
-	info, err := node.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		m.t.Fatal(err)
-	}
-	n := 0
-	for _, line := range strings.Split(info, "\r\n") {
-		name, stats, _ := strings.Cut(line, ":")
-		if name != "cmdstat_evalsha" && name != "cmdstat_eval" {
-			continue
-		}
-		for _, f := range strings.Split(stats, ",") {
-			k, v, _ := strings.Cut(f, "=")
-			if k == "calls" || k == "rejected_calls" || k == "failed_calls" {
-				x, _ := strconv.Atoi(v)
-				n += x
-			}
-		}
-	}
-	return n
-}
-
-func (m *slotMove) begin() {
-	m.t.Helper()
-	m.do(m.nodes[1], "cluster", "setslot", m.slot, "importing", m.ids[0])
-	m.do(m.nodes[0], "cluster", "setslot", m.slot, "migrating", m.ids[1])
-}
-
-func (m *slotMove) keys() {
-	m.t.Helper()
-	keys, err := m.nodes[0].ClusterGetKeysInSlot(context.Background(), m.slot, 1000).Result()
-	if err != nil {
-		m.t.Fatal(err)
-	}
-	host, port, _ := net.SplitHostPort(m.nodes[1].Options().Addr)
-	if len(keys) > 0 {
-		args := []any{"migrate", host, port, "", 0, 5000, "keys"}
-		for _, k := range keys {
-			args = append(args, k)
-		}
-		m.do(m.nodes[0], args...)
-	}
-}
-
-func (m *slotMove) end() {
-	m.t.Helper()
-	for _, n := range m.nodes {
-		m.do(n, "cluster", "setslot", m.slot, "node", m.ids[1])
 	}
 }

@@ -69,7 +69,7 @@ func NewPair(t testing.TB) *Pair {
 		t.Fatalf("miniredis: %v", pairErr)
 	}
 	if pairRC == nil {
-		unavailable(t, pairErr)
+		unavailable(t, pairErr, noRealRedis)
 	}
 	pairMini.FlushAll()
 	pairMini.SetTime(Epoch)

@@ -121,14 +121,17 @@ func ClusterAddrs() ([]string, error) {
 }
 
 // unavailable skips (or, under JOBTHROTTLE_REQUIRE_REAL, fails) a test that needs a
-// real server it could not get.
-func unavailable(t testing.TB, err error) {
+// real server it could not get; skip begins the skip's log line.
+func unavailable(t testing.TB, err error, skip string) {
 	t.Helper()
 	if os.Getenv("JOBTHROTTLE_REQUIRE_REAL") != "" {
 		t.Fatalf("real Redis required (JOBTHROTTLE_REQUIRE_REAL is set): %v", err)
 	}
-	t.Skipf("no real Redis, this case runs on miniredis only: %v", err)
+	t.Skipf("%s: %v", skip, err)
 }
+
+// noRealRedis is unavailable's skip line for a case that also runs on miniredis.
+const noRealRedis = "no real Redis, this case runs on miniredis only"
 
 // Epoch is where the miniredis clock starts: a fixed, recognisable time.
 var Epoch = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
@@ -186,7 +189,7 @@ func NewStandalone(t testing.TB) *Backend {
 	t.Helper()
 	addr, err := StandaloneAddr()
 	if err != nil {
-		unavailable(t, err)
+		unavailable(t, err, noRealRedis)
 	}
 	c := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: ClientTimeout, WriteTimeout: ClientTimeout})
 	b := &Backend{Kind: Standalone, Client: c, Prefix: uniquePrefix(t)}
@@ -216,7 +219,7 @@ func NewCluster(t testing.TB) *Backend {
 	t.Helper()
 	addrs, err := ClusterAddrs()
 	if err != nil {
-		unavailable(t, err)
+		unavailable(t, err, noRealRedis)
 	}
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ReadTimeout: ClientTimeout, WriteTimeout: ClientTimeout})
 	b := &Backend{Kind: Cluster, Client: c, Prefix: uniquePrefix(t)}
