@@ -4,6 +4,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/jobthrottle/jobthrottle/internal/jobmw"
 )
 
 // comeBack learns how late the server brings a handed-back task to the middleware
@@ -76,7 +78,7 @@ func (cb *comeBack) handedBack(id, key string, now time.Time, back, wait time.Du
 	// asynq stores the retry time in whole seconds, truncated; one truncated into the
 	// past is due at once, not then (else a short hand-back would read as late by up to
 	// a second, and a longer margin would make more tasks bounce: a feedback loop)
-	cb.due[id] = later(time.Unix(now.Add(back).Unix(), 0), now.Round(0))
+	cb.due[id] = jobmw.Later(time.Unix(now.Add(back).Unix(), 0), now.Round(0))
 }
 
 // returned notes that the task booked under id came back now, if this process handed

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strings"
 	"time"
 
 	ib "github.com/jobthrottle/jobthrottle/internal/booking"
@@ -17,42 +16,6 @@ import (
 // This file is the only one that calls package throttle (and the waiter types its
 // calls return): the rest of the package sees a limit's description, a booking and a
 // lease.
-
-// limitInfo is what the middleware needs to know of a limiter besides booking from it.
-type limitInfo struct {
-	key   string
-	desc  string        // "20 per 1s and 500 per 1h0m0s"
-	grace time.Duration // how long after its slot a returning task may still run on it
-	// paced are the limits the pacer keeps each process's starts within; nil for a
-	// token bucket (it may grant Burst at once) or a limit above maxPacedRate.
-	paced []periodRate
-}
-
-// periodRate is one limit: rate starts in any window of period.
-type periodRate struct {
-	rate   int
-	period time.Duration
-}
-
-func infoOf(lim *throttle.Limiter) limitInfo {
-	limits := lim.Limits()
-	s := make([]string, len(limits))
-	li := limitInfo{key: lim.Key(), grace: lateGrace}
-	paced := lim.Algorithm() != throttle.TokenBucket
-	for i, l := range limits {
-		s[i] = l.String()
-		li.grace = min(li.grace, l.Period/4)
-		if l.Rate > maxPacedRate {
-			paced = false
-		}
-		li.paced = append(li.paced, periodRate{l.Rate, l.Period})
-	}
-	li.desc = strings.Join(s, " and ")
-	if !paced {
-		li.paced = nil
-	}
-	return li
-}
 
 // booking is a permit booked for a task.
 type booking struct {

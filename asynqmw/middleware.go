@@ -11,6 +11,7 @@ import (
 
 	"github.com/hibiken/asynq"
 	ib "github.com/jobthrottle/jobthrottle/internal/booking"
+	"github.com/jobthrottle/jobthrottle/internal/jobmw"
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
@@ -49,7 +50,7 @@ func (c *config) throttleFunc(pick func(ctx context.Context, t *asynq.Task) (*th
 		if lim == nil {
 			return handle(ctx)
 		}
-		at, b, err := c.throttle(ctx, t, a, lim, infoOf(lim))
+		at, b, err := c.throttle(ctx, t, a, lim, jobmw.InfoOf(lim, lateGrace))
 		if err != nil {
 			return err
 		}
@@ -75,7 +76,7 @@ func (c *config) throttleFunc(pick func(ctx context.Context, t *asynq.Task) (*th
 // pacer counted as its start and the booking it runs on. A last attempt on a configured server never sleeps: a
 // dying worker would lose it (asynq archives a task on its last attempt whose lease
 // expires), so it is handed back as a copy, which may (see requeue).
-func (c *config) throttle(ctx context.Context, t *asynq.Task, a attempt, lim *throttle.Limiter, li limitInfo) (time.Time, booking, error) {
+func (c *config) throttle(ctx context.Context, t *asynq.Task, a attempt, lim *throttle.Limiter, li jobmw.Limit) (time.Time, booking, error) {
 	if te := c.bounce(li, a); te != nil {
 		return time.Time{}, booking{}, c.reject(ctx, t, a, te)
 	}
@@ -86,7 +87,7 @@ func (c *config) throttle(ctx context.Context, t *asynq.Task, a attempt, lim *th
 		if !a.handBack {
 			maxWait = a.inlineLeft()
 		}
-		b, kept, err := book(ctx, lim, a.booking, maxWait, li.grace)
+		b, kept, err := book(ctx, lim, a.booking, maxWait, li.Grace)
 		if err == nil && a.handBack {
 			c.sh.cb.returned(a.booking, time.Now())
 		}
@@ -94,7 +95,7 @@ func (c *config) throttle(ctx context.Context, t *asynq.Task, a attempt, lim *th
 			if down.wait(ctx, a.inlineLeft()) {
 				continue
 			}
-			err := c.reject(ctx, t, a, down.throttled(li.key, li.desc, err))
+			err := c.reject(ctx, t, a, down.throttled(li.Key, li.Desc, err))
 			if !a.final || IsThrottled(err) || !down.wait(ctx, a.leftUntil(time.Time{})) {
 				return time.Time{}, booking{}, err
 			}
@@ -108,7 +109,7 @@ func (c *config) throttle(ctx context.Context, t *asynq.Task, a attempt, lim *th
 		}
 		wait := b.delay()
 		if !b.ok() || !c.maySleep(a, wait, kept) {
-			te := &ThrottledError{RetryIn: wait, Key: li.key, Limit: li.desc}
+			te := &ThrottledError{RetryIn: wait, Key: li.Key, Limit: li.Desc}
 			if !a.handBack {
 				if b.ok() {
 					b.cancel(ctx) // nothing will come back for it
@@ -148,12 +149,12 @@ func (c *config) throttle(ctx context.Context, t *asynq.Task, a attempt, lim *th
 // the pacer counted as its start. A last attempt the pacer would delay is handed back
 // as a copy (which runs on the booking if it is back within lateGrace, else books
 // anew), unless the copy cannot be enqueued: then it waits in its worker.
-func (c *config) start(ctx context.Context, t *asynq.Task, a attempt, li limitInfo) (time.Time, error) {
+func (c *config) start(ctx context.Context, t *asynq.Task, a attempt, li jobmw.Limit) (time.Time, error) {
 	at, d, err := c.sh.pacer.start(ctx, li, !a.neverSleeps())
 	if d == 0 {
 		return at, err
 	}
-	te := &ThrottledError{RetryIn: d, Key: li.key, Limit: li.desc, Booked: true, back: c.comeBack(d)}
+	te := &ThrottledError{RetryIn: d, Key: li.Key, Limit: li.Desc, Booked: true, back: c.comeBack(d)}
 	if err := c.reject(ctx, t, a, te); IsThrottled(err) {
 		return time.Time{}, err
 	}
@@ -178,18 +179,18 @@ const bounceMin = 50 * time.Millisecond
 // its booking back, find the bound full and be handed back). The slot remembered can
 // be stale only when the task came back to another server meanwhile, which can only
 // have moved the booking later: the task comes back no later than it should.
-func (c *config) bounce(li limitInfo, a attempt) *ThrottledError {
+func (c *config) bounce(li jobmw.Limit, a attempt) *ThrottledError {
 	if !a.handBack || a.final { // a last attempt's copy may fail to enqueue: ask Redis
 		return nil
 	}
 	now := time.Now()
-	wait, ok := c.sh.cb.slotIn(a.booking, li.key, now)
+	wait, ok := c.sh.cb.slotIn(a.booking, li.Key, now)
 	if !ok || wait <= bounceMin || (wait <= a.keptLeft() && !c.sh.full()) {
 		return nil
 	}
 	c.sh.cb.returned(a.booking, now)
 	c.sh.bounced.Add(1)
-	return &ThrottledError{RetryIn: wait, Key: li.key, Limit: li.desc, Booked: true, back: c.comeBack(wait)}
+	return &ThrottledError{RetryIn: wait, Key: li.Key, Limit: li.Desc, Booked: true, back: c.comeBack(wait)}
 }
 
 // maySleep reports whether a task may sleep wait for its permit in the handler, and

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	ib "github.com/jobthrottle/jobthrottle/internal/booking"
+	"github.com/jobthrottle/jobthrottle/internal/jobmw"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/riverqueue/river/rivertype"
 )
@@ -23,7 +24,7 @@ func (c *config) throttleFunc(pick func(ctx context.Context, job *rivertype.JobR
 		if lim == nil {
 			return doInner(ctx) // not limited: the gate takes its run slot
 		}
-		li := infoOf(lim)
+		li := jobmw.InfoOf(lim, lateGrace)
 		slot.leave() // an inner middleware: it may sleep
 		b, err := c.throttle(ctx, job, lim, li)
 		if err != nil {
@@ -51,14 +52,14 @@ func (c *config) throttleFunc(pick func(ctx context.Context, job *rivertype.JobR
 
 // throttle gets job its permit from lim, sleeping for it within the attempt's budget;
 // it returns the booking the job runs on, or the *ThrottledError that snoozes it.
-func (c *config) throttle(ctx context.Context, job *rivertype.JobRow, lim *throttle.Limiter, li limitInfo) (booking, error) {
+func (c *config) throttle(ctx context.Context, job *rivertype.JobRow, lim *throttle.Limiter, li jobmw.Limit) (booking, error) {
 	a := c.attempt(ctx, job)
 	if te := c.bounce(li, a); te != nil {
 		return booking{}, c.snooze(ctx, job, te)
 	}
 	var down outage
 	for {
-		b, kept, err := book(ctx, lim, a.id, li.grace)
+		b, kept, err := book(ctx, lim, a.id, li.Grace)
 		if err == nil {
 			c.sh.cb.returned(a.id, time.Now())
 		}
@@ -66,7 +67,7 @@ func (c *config) throttle(ctx context.Context, job *rivertype.JobRow, lim *throt
 			if down.wait(ctx, a) {
 				continue
 			}
-			return booking{}, c.snooze(ctx, job, down.throttled(li.key, li.desc, err))
+			return booking{}, c.snooze(ctx, job, down.throttled(li.Key, li.Desc, err))
 		}
 		if err != nil {
 			return booking{}, jobError(job, "booking its permit", err)
@@ -76,7 +77,7 @@ func (c *config) throttle(ctx context.Context, job *rivertype.JobRow, lim *throt
 		}
 		wait := b.delay()
 		if !c.maySleep(a, wait, kept) {
-			return booking{}, c.snooze(ctx, job, &ThrottledError{RetryIn: wait, Key: li.key, Limit: li.desc, Booked: true,
+			return booking{}, c.snooze(ctx, job, &ThrottledError{RetryIn: wait, Key: li.Key, Limit: li.Desc, Booked: true,
 				Snooze: max(wait-a.early, 0)})
 		}
 		start := time.Now()
@@ -114,15 +115,15 @@ const bounceMin = 50 * time.Millisecond
 // back, find the bound full and be snoozed). The slot remembered can be stale only when
 // the job came back to another client meanwhile, which can only have moved the booking
 // later: the job comes back no later than it should.
-func (c *config) bounce(li limitInfo, a attempt) *ThrottledError {
+func (c *config) bounce(li jobmw.Limit, a attempt) *ThrottledError {
 	now := time.Now()
-	wait, ok := c.sh.cb.slotIn(a.id, li.key, now)
+	wait, ok := c.sh.cb.slotIn(a.id, li.Key, now)
 	if !ok || wait <= bounceMin || (wait <= a.keptLeft() && !c.sh.full()) {
 		return nil
 	}
 	c.sh.cb.returned(a.id, now)
 	c.sh.bounced.Add(1)
-	return &ThrottledError{RetryIn: wait, Key: li.key, Limit: li.desc, Booked: true, Snooze: max(wait-a.early, 0)}
+	return &ThrottledError{RetryIn: wait, Key: li.Key, Limit: li.Desc, Booked: true, Snooze: max(wait-a.early, 0)}
 }
 
 // maySleep reports whether a job may sleep wait for its permit in the middleware, and
@@ -224,7 +225,7 @@ func (o *outage) wait(ctx context.Context, a attempt) bool {
 	if a.inlineLeft() < o.backoff {
 		return false
 	}
-	return sleep(ctx, o.backoff) == nil
+	return jobmw.Sleep(ctx, o.backoff) == nil
 }
 
 // throttled is the error that snoozes a job because Redis stayed unavailable.
