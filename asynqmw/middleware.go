@@ -56,7 +56,7 @@ func (c *config) throttleFunc(pick func(ctx context.Context, t *asynq.Task) (*th
 		}
 		// the handler settles a booking of estimated costs (lim a Cost handle) with
 		// waiter.Settle, once it knows the actual
-		ctx = ib.WithSettle(ctx, b.r.Settle)
+		ctx = ib.WithSettle(ctx, b.Settle)
 		// A task whose context ended while it waited does not start: asynq has put it
 		// back in the queue (shutdown) or counts it failed (deadline) already. A
 		// sleeper woken late, after both its permit's time and the context's end, saw
@@ -76,9 +76,9 @@ func (c *config) throttleFunc(pick func(ctx context.Context, t *asynq.Task) (*th
 // pacer counted as its start and the booking it runs on. A last attempt on a configured server never sleeps: a
 // dying worker would lose it (asynq archives a task on its last attempt whose lease
 // expires), so it is handed back as a copy, which may (see requeue).
-func (c *config) throttle(ctx context.Context, t *asynq.Task, a attempt, lim *throttle.Limiter, li jobmw.Limit) (time.Time, booking, error) {
+func (c *config) throttle(ctx context.Context, t *asynq.Task, a attempt, lim *throttle.Limiter, li jobmw.Limit) (time.Time, jobmw.Booking, error) {
 	if te := c.bounce(li, a); te != nil {
-		return time.Time{}, booking{}, c.reject(ctx, t, a, te)
+		return time.Time{}, jobmw.Booking{}, c.reject(ctx, t, a, te)
 	}
 	var down outage
 	for {
@@ -87,39 +87,39 @@ func (c *config) throttle(ctx context.Context, t *asynq.Task, a attempt, lim *th
 		if !a.handBack {
 			maxWait = a.inlineLeft()
 		}
-		b, kept, err := book(ctx, lim, a.booking, maxWait, li.Grace)
+		b, kept, err := jobmw.Book(ctx, lim, a.booking, maxWait, li.Grace)
 		if err == nil && a.handBack {
 			c.sh.cb.returned(a.booking, time.Now())
 		}
-		if unavailable(err) && ctx.Err() == nil {
+		if jobmw.Unavailable(err) && ctx.Err() == nil {
 			if down.wait(ctx, a.inlineLeft()) {
 				continue
 			}
 			err := c.reject(ctx, t, a, down.throttled(li.Key, li.Desc, err))
 			if !a.final || IsThrottled(err) || !down.wait(ctx, a.leftUntil(time.Time{})) {
-				return time.Time{}, booking{}, err
+				return time.Time{}, jobmw.Booking{}, err
 			}
 			continue // a last attempt whose copy could not be enqueued either: both again, within its deadline
 		}
 		if err != nil {
-			return time.Time{}, booking{}, fmt.Errorf("asynqmw: task %q: %w", t.Type(), err)
+			return time.Time{}, jobmw.Booking{}, fmt.Errorf("asynqmw: task %q: %w", t.Type(), err)
 		}
 		if kept {
 			c.sh.kept.Add(1)
 		}
-		wait := b.delay()
-		if !b.ok() || !c.maySleep(a, wait, kept) {
+		wait := b.Delay()
+		if !b.OK() || !c.maySleep(a, wait, kept) {
 			te := &ThrottledError{RetryIn: wait, Key: li.Key, Limit: li.Desc}
 			if !a.handBack {
-				if b.ok() {
-					b.cancel(ctx) // nothing will come back for it
+				if b.OK() {
+					b.Cancel(ctx) // nothing will come back for it
 				}
-				return time.Time{}, booking{}, te
+				return time.Time{}, jobmw.Booking{}, te
 			}
 			te.Booked, te.back = true, c.comeBack(wait)
 			err := c.reject(ctx, t, a, te)
 			if !a.final || IsThrottled(err) || wait > a.leftUntil(time.Time{}) {
-				return time.Time{}, booking{}, err
+				return time.Time{}, jobmw.Booking{}, err
 			}
 			// The copy could not be enqueued (Redis went away?): returning the error
 			// would archive the task, so it keeps its booking and sleeps for it.
@@ -128,14 +128,14 @@ func (c *config) throttle(ctx context.Context, t *asynq.Task, a attempt, lim *th
 		start := time.Now()
 		slept := wait > 0
 		if slept {
-			err = b.wait(ctx)
+			err = b.Wait(ctx)
 			c.sh.release()
 		}
-		if errors.Is(err, errMoved) {
+		if errors.Is(err, jobmw.ErrMoved) {
 			continue // this process paused the key: book again after the pause
 		}
 		if err != nil {
-			return time.Time{}, booking{}, err
+			return time.Time{}, jobmw.Booking{}, err
 		}
 		if slept {
 			c.waited(ctx, t, wait, start)

@@ -32,7 +32,7 @@ func (c *config) throttleFunc(pick func(ctx context.Context, job *rivertype.JobR
 		}
 		// the worker settles a booking of estimated costs (lim a Cost handle) with
 		// waiter.Settle, once it knows the actual
-		ctx = ib.WithSettle(ctx, b.r.Settle)
+		ctx = ib.WithSettle(ctx, b.Settle)
 		at, err := c.sh.pacer.start(ctx, li, slot)
 		if err != nil {
 			return err
@@ -52,45 +52,45 @@ func (c *config) throttleFunc(pick func(ctx context.Context, job *rivertype.JobR
 
 // throttle gets job its permit from lim, sleeping for it within the attempt's budget;
 // it returns the booking the job runs on, or the *ThrottledError that snoozes it.
-func (c *config) throttle(ctx context.Context, job *rivertype.JobRow, lim *throttle.Limiter, li jobmw.Limit) (booking, error) {
+func (c *config) throttle(ctx context.Context, job *rivertype.JobRow, lim *throttle.Limiter, li jobmw.Limit) (jobmw.Booking, error) {
 	a := c.attempt(ctx, job)
 	if te := c.bounce(li, a); te != nil {
-		return booking{}, c.snooze(ctx, job, te)
+		return jobmw.Booking{}, c.snooze(ctx, job, te)
 	}
 	var down outage
 	for {
-		b, kept, err := book(ctx, lim, a.id, li.Grace)
+		b, kept, err := jobmw.Book(ctx, lim, a.id, -1, li.Grace)
 		if err == nil {
 			c.sh.cb.returned(a.id, time.Now())
 		}
-		if unavailable(err) && ctx.Err() == nil {
+		if jobmw.Unavailable(err) && ctx.Err() == nil {
 			if down.wait(ctx, a) {
 				continue
 			}
-			return booking{}, c.snooze(ctx, job, down.throttled(li.Key, li.Desc, err))
+			return jobmw.Booking{}, c.snooze(ctx, job, down.throttled(li.Key, li.Desc, err))
 		}
 		if err != nil {
-			return booking{}, jobError(job, "booking its permit", err)
+			return jobmw.Booking{}, jobError(job, "booking its permit", err)
 		}
 		if kept {
 			c.sh.kept.Add(1)
 		}
-		wait := b.delay()
+		wait := b.Delay()
 		if !c.maySleep(a, wait, kept) {
-			return booking{}, c.snooze(ctx, job, &ThrottledError{RetryIn: wait, Key: li.Key, Limit: li.Desc, Booked: true,
+			return jobmw.Booking{}, c.snooze(ctx, job, &ThrottledError{RetryIn: wait, Key: li.Key, Limit: li.Desc, Booked: true,
 				Snooze: max(wait-a.early, 0)})
 		}
 		start := time.Now()
 		slept := wait > 0
 		if slept {
-			err = b.wait(ctx)
+			err = waitBooked(ctx, b)
 			c.sh.release()
 		}
-		if errors.Is(err, errMoved) {
+		if errors.Is(err, jobmw.ErrMoved) {
 			continue // this process paused the key, or the tenant's turn came: book again
 		}
 		if err != nil {
-			return booking{}, err
+			return jobmw.Booking{}, err
 		}
 		if slept {
 			c.waited(ctx, job, start)
@@ -104,6 +104,23 @@ func (c *config) throttle(ctx context.Context, job *rivertype.JobRow, lim *throt
 // could not answer that it is due (the process's and the server's clocks measure the
 // wait alike; this covers a reply's way back).
 const bounceMin = 50 * time.Millisecond
+
+// waitBooked sleeps until b's permit is due (see jobmw.Booking.Wait). A booking not
+// made (a tenant's turn has not come: its place is kept under the job's ID) is slept
+// for and asked again: jobmw.ErrMoved too.
+func waitBooked(ctx context.Context, b jobmw.Booking) error {
+	if b.OK() {
+		return b.Wait(ctx)
+	}
+	t := time.NewTimer(b.Delay())
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return jobmw.ErrMoved
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
 
 // bounce returns the *ThrottledError that snoozes a returning job again, booked,
 // without a script call, when this process snoozed it on li's limiter (so knows its
