@@ -89,7 +89,7 @@ func (c *config) throttle(ctx context.Context, t *asynq.Task, a attempt, lim *th
 		}
 		b, kept, err := jobmw.Book(ctx, lim, a.booking, maxWait, li.Grace)
 		if err == nil && a.handBack {
-			c.sh.cb.returned(a.booking, time.Now())
+			c.sh.cb.Returned(a.booking, time.Now())
 		}
 		if jobmw.Unavailable(err) && ctx.Err() == nil {
 			if down.wait(ctx, a.inlineLeft()) {
@@ -184,11 +184,11 @@ func (c *config) bounce(li jobmw.Limit, a attempt) *ThrottledError {
 		return nil
 	}
 	now := time.Now()
-	wait, ok := c.sh.cb.slotIn(a.booking, li.Key, now)
+	wait, ok := c.sh.cb.SlotIn(a.booking, li.Key, now)
 	if !ok || wait <= bounceMin || (wait <= a.keptLeft() && !c.sh.full()) {
 		return nil
 	}
-	c.sh.cb.returned(a.booking, now)
+	c.sh.cb.Returned(a.booking, now)
 	c.sh.bounced.Add(1)
 	return &ThrottledError{RetryIn: wait, Key: li.Key, Limit: li.Desc, Booked: true, back: c.comeBack(wait)}
 }
@@ -223,11 +223,11 @@ func (c *config) maySleep(a attempt, wait time.Duration, kept bool) bool {
 // early enough that, rounded down to whole seconds by asynq, forwarded within one
 // DelayedTaskCheckInterval and dequeued within one TaskCheckInterval, it is in a
 // worker by its slot, that is, the check intervals, 20ms for the calls in between, or
-// the lateness this server has seen of late, earlier (see comeBack.early). A task that
+// the lateness this server has seen of late, earlier (see jobmw.ComeBack.Early). A task that
 // could not sleep only because too many others did comes back as soon as that allows
 // too: the sleepers wake at their slots, within about a second.
 func (c *config) comeBack(wait time.Duration) time.Duration {
-	return max(wait-c.sh.cb.early(c.sh.checkInterval()), 0)
+	return max(wait-c.sh.cb.Early(c.sh.checkInterval()), 0)
 }
 
 // attempt is what the middleware knows of a task's current attempt.
@@ -338,7 +338,7 @@ func (a attempt) inlineUntil() time.Time { return a.until(a.inline) }
 // keptLimit is how long a task that found its booking may sleep: as early as asynq's
 // precision may bring it back (a second and how early it was made due).
 func (c *config) keptLimit() time.Duration {
-	return time.Second + c.sh.cb.early(c.sh.checkInterval())
+	return time.Second + c.sh.cb.Early(c.sh.checkInterval())
 }
 
 // outage paces the middleware's tries while its limiter or semaphore finds Redis
@@ -389,7 +389,8 @@ func (c *config) reject(ctx context.Context, t *asynq.Task, a attempt, te *Throt
 			c.sh.requeued.Add(1)
 		}
 		if te.Booked {
-			c.sh.cb.handedBack(a.booking, te.Key, time.Now(), te.back, te.RetryIn)
+			now := time.Now()
+			c.sh.cb.HandedBack(a.booking, te.Key, now.Add(te.RetryIn), retryDue(now, te.back))
 		}
 		if c.hooks.Throttled != nil {
 			c.hooks.Throttled(ctx, t, te)

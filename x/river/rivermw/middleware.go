@@ -61,7 +61,7 @@ func (c *config) throttle(ctx context.Context, job *rivertype.JobRow, lim *throt
 	for {
 		b, kept, err := jobmw.Book(ctx, lim, a.id, -1, li.Grace)
 		if err == nil {
-			c.sh.cb.returned(a.id, time.Now())
+			c.sh.cb.Returned(a.id, time.Now())
 		}
 		if jobmw.Unavailable(err) && ctx.Err() == nil {
 			if down.wait(ctx, a) {
@@ -134,11 +134,11 @@ func waitBooked(ctx context.Context, b jobmw.Booking) error {
 // later: the job comes back no later than it should.
 func (c *config) bounce(li jobmw.Limit, a attempt) *ThrottledError {
 	now := time.Now()
-	wait, ok := c.sh.cb.slotIn(a.id, li.Key, now)
+	wait, ok := c.sh.cb.SlotIn(a.id, li.Key, now)
 	if !ok || wait <= bounceMin || (wait <= a.keptLeft() && !c.sh.full()) {
 		return nil
 	}
-	c.sh.cb.returned(a.id, now)
+	c.sh.cb.Returned(a.id, now)
 	c.sh.bounced.Add(1)
 	return &ThrottledError{RetryIn: wait, Key: li.Key, Limit: li.Desc, Booked: true, Snooze: max(wait-a.early, 0)}
 }
@@ -163,7 +163,7 @@ type attempt struct {
 	// under (see bookingID).
 	id string
 	// early is how long before its slot the job is made due when it is snoozed (see
-	// comeBack.early).
+	// jobmw.ComeBack.Early).
 	early time.Duration
 	// deadline is when the job must stop sleeping in the middleware, to leave its
 	// worker half the time left before the context's deadline; zero: never.
@@ -176,7 +176,7 @@ type attempt struct {
 // attempt reads what the middleware needs of job's attempt from ctx and the Setup.
 func (c *config) attempt(ctx context.Context, job *rivertype.JobRow) attempt {
 	now := time.Now()
-	a := attempt{id: bookingID(job), early: c.sh.cb.early(c.sh.interval(job.Queue))}
+	a := attempt{id: bookingID(job), early: c.sh.cb.Early(c.sh.interval(job.Queue))}
 	// A snoozed job comes back up to early before its slot, and sleeps the rest: a
 	// shorter wait is served as well by sleeping now.
 	a.inline = now.Add(max(c.maxInline, a.early))
@@ -265,7 +265,8 @@ func (c *config) snooze(ctx context.Context, job *rivertype.JobRow, te *Throttle
 	te.JobID, te.Kind = job.ID, job.Kind
 	c.sh.snoozed.Add(1)
 	if te.Booked {
-		c.sh.cb.snoozed(bookingID(job), te.Key, time.Now(), te.Snooze, te.RetryIn)
+		now := time.Now()
+		c.sh.cb.HandedBack(bookingID(job), te.Key, now.Add(te.RetryIn), now.Add(te.Snooze))
 	}
 	if c.hooks.Throttled != nil {
 		c.hooks.Throttled(ctx, job, te)
