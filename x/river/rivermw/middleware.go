@@ -260,7 +260,7 @@ func snoozeUnbooked(d time.Duration) time.Duration {
 }
 
 // snooze completes te with the job and returns it, to snooze the job: it counts the
-// snooze, records a booked job's slot (see comeBack) and calls Hooks.Throttled.
+// snooze, records a booked job's slot (see jobmw.ComeBack) and calls Hooks.Throttled.
 func (c *config) snooze(ctx context.Context, job *rivertype.JobRow, te *ThrottledError) error {
 	te.JobID, te.Kind = job.ID, job.Kind
 	c.sh.snoozed.Add(1)
