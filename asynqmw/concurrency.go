@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/jobthrottle/jobthrottle/internal/jobmw"
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
@@ -17,7 +18,7 @@ func (c *config) concurrency(sem *throttle.Semaphore) asynq.MiddlewareFunc {
 		if err != nil {
 			return err
 		}
-		return hold(ctx, lease, handle)
+		return lease.Hold(ctx, handle)
 	})
 }
 
@@ -26,21 +27,21 @@ func (c *config) concurrency(sem *throttle.Semaphore) asynq.MiddlewareFunc {
 // recorded under its booking ID, which it keeps while it is handed back. A last
 // attempt on a configured server does not wait: it is handed back as a copy.
 func (c *config) acquire(ctx context.Context, t *asynq.Task, a attempt, sem *throttle.Semaphore) (*throttle.Lease, error) {
-	key, limit := semInfo(sem)
+	key, limit := jobmw.SemInfo(sem)
 	id := a.booking
 	if _, inAsynq := asynq.GetTaskID(ctx); !inAsynq {
 		id = "" // a place of its own, given up when it stops waiting
 	}
 	var down outage
 	for {
-		lease, left, err := tryLease(ctx, sem, id)
+		lease, left, err := jobmw.TryLease(ctx, sem, id)
 		if err == nil && lease == nil && a.inlineLeft() > 0 && c.sleepForSlot(a) {
 			if lease, err = c.waitForSlot(ctx, t, sem, id, a.inlineUntil()); lease != nil || ctx.Err() != nil {
 				return lease, err
 			}
 		}
 		switch {
-		case unavailable(err) && ctx.Err() == nil:
+		case jobmw.Unavailable(err) && ctx.Err() == nil:
 			if down.wait(ctx, a.inlineLeft()) {
 				continue
 			}
@@ -87,7 +88,7 @@ func (c *config) waitForSlot(ctx context.Context, t *asynq.Task, sem *throttle.S
 		actx, cancel = context.WithDeadline(ctx, until)
 	}
 	defer cancel()
-	lease, err := waitLease(actx, sem, id)
+	lease, err := jobmw.WaitLease(actx, sem, id)
 	switch {
 	case err == nil:
 		c.waited(ctx, t, time.Since(start), start)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/hibiken/asynq"
 	ib "github.com/jobthrottle/jobthrottle/internal/booking"
+	"github.com/jobthrottle/jobthrottle/internal/jobmw"
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
@@ -49,13 +50,13 @@ func (c *config) throttleFunc(pick func(ctx context.Context, t *asynq.Task) (*th
 		if lim == nil {
 			return handle(ctx)
 		}
-		at, b, err := c.throttle(ctx, t, a, lim, infoOf(lim))
+		at, b, err := c.throttle(ctx, t, a, lim, jobmw.InfoOf(lim, lateGrace))
 		if err != nil {
 			return err
 		}
 		// the handler settles a booking of estimated costs (lim a Cost handle) with
 		// waiter.Settle, once it knows the actual
-		ctx = ib.WithSettle(ctx, b.r.Settle)
+		ctx = ib.WithSettle(ctx, b.Settle)
 		// A task whose context ended while it waited does not start: asynq has put it
 		// back in the queue (shutdown) or counts it failed (deadline) already. A
 		// sleeper woken late, after both its permit's time and the context's end, saw
@@ -75,9 +76,9 @@ func (c *config) throttleFunc(pick func(ctx context.Context, t *asynq.Task) (*th
 // pacer counted as its start and the booking it runs on. A last attempt on a configured server never sleeps: a
 // dying worker would lose it (asynq archives a task on its last attempt whose lease
 // expires), so it is handed back as a copy, which may (see requeue).
-func (c *config) throttle(ctx context.Context, t *asynq.Task, a attempt, lim *throttle.Limiter, li limitInfo) (time.Time, booking, error) {
+func (c *config) throttle(ctx context.Context, t *asynq.Task, a attempt, lim *throttle.Limiter, li jobmw.Limit) (time.Time, jobmw.Booking, error) {
 	if te := c.bounce(li, a); te != nil {
-		return time.Time{}, booking{}, c.reject(ctx, t, a, te)
+		return time.Time{}, jobmw.Booking{}, c.reject(ctx, t, a, te)
 	}
 	var down outage
 	for {
@@ -86,39 +87,39 @@ func (c *config) throttle(ctx context.Context, t *asynq.Task, a attempt, lim *th
 		if !a.handBack {
 			maxWait = a.inlineLeft()
 		}
-		b, kept, err := book(ctx, lim, a.booking, maxWait, li.grace)
+		b, kept, err := jobmw.Book(ctx, lim, a.booking, maxWait, li.Grace)
 		if err == nil && a.handBack {
-			c.sh.cb.returned(a.booking, time.Now())
+			c.sh.cb.Returned(a.booking, time.Now())
 		}
-		if unavailable(err) && ctx.Err() == nil {
+		if jobmw.Unavailable(err) && ctx.Err() == nil {
 			if down.wait(ctx, a.inlineLeft()) {
 				continue
 			}
-			err := c.reject(ctx, t, a, down.throttled(li.key, li.desc, err))
+			err := c.reject(ctx, t, a, down.throttled(li.Key, li.Desc, err))
 			if !a.final || IsThrottled(err) || !down.wait(ctx, a.leftUntil(time.Time{})) {
-				return time.Time{}, booking{}, err
+				return time.Time{}, jobmw.Booking{}, err
 			}
 			continue // a last attempt whose copy could not be enqueued either: both again, within its deadline
 		}
 		if err != nil {
-			return time.Time{}, booking{}, fmt.Errorf("asynqmw: task %q: %w", t.Type(), err)
+			return time.Time{}, jobmw.Booking{}, fmt.Errorf("asynqmw: task %q: %w", t.Type(), err)
 		}
 		if kept {
 			c.sh.kept.Add(1)
 		}
-		wait := b.delay()
-		if !b.ok() || !c.maySleep(a, wait, kept) {
-			te := &ThrottledError{RetryIn: wait, Key: li.key, Limit: li.desc}
+		wait := b.Delay()
+		if !b.OK() || !c.maySleep(a, wait, kept) {
+			te := &ThrottledError{RetryIn: wait, Key: li.Key, Limit: li.Desc}
 			if !a.handBack {
-				if b.ok() {
-					b.cancel(ctx) // nothing will come back for it
+				if b.OK() {
+					b.Cancel(ctx) // nothing will come back for it
 				}
-				return time.Time{}, booking{}, te
+				return time.Time{}, jobmw.Booking{}, te
 			}
 			te.Booked, te.back = true, c.comeBack(wait)
 			err := c.reject(ctx, t, a, te)
 			if !a.final || IsThrottled(err) || wait > a.leftUntil(time.Time{}) {
-				return time.Time{}, booking{}, err
+				return time.Time{}, jobmw.Booking{}, err
 			}
 			// The copy could not be enqueued (Redis went away?): returning the error
 			// would archive the task, so it keeps its booking and sleeps for it.
@@ -127,14 +128,14 @@ func (c *config) throttle(ctx context.Context, t *asynq.Task, a attempt, lim *th
 		start := time.Now()
 		slept := wait > 0
 		if slept {
-			err = b.wait(ctx)
+			err = b.Wait(ctx)
 			c.sh.release()
 		}
-		if errors.Is(err, errMoved) {
+		if errors.Is(err, jobmw.ErrMoved) {
 			continue // this process paused the key: book again after the pause
 		}
 		if err != nil {
-			return time.Time{}, booking{}, err
+			return time.Time{}, jobmw.Booking{}, err
 		}
 		if slept {
 			c.waited(ctx, t, wait, start)
@@ -148,12 +149,12 @@ func (c *config) throttle(ctx context.Context, t *asynq.Task, a attempt, lim *th
 // the pacer counted as its start. A last attempt the pacer would delay is handed back
 // as a copy (which runs on the booking if it is back within lateGrace, else books
 // anew), unless the copy cannot be enqueued: then it waits in its worker.
-func (c *config) start(ctx context.Context, t *asynq.Task, a attempt, li limitInfo) (time.Time, error) {
+func (c *config) start(ctx context.Context, t *asynq.Task, a attempt, li jobmw.Limit) (time.Time, error) {
 	at, d, err := c.sh.pacer.start(ctx, li, !a.neverSleeps())
 	if d == 0 {
 		return at, err
 	}
-	te := &ThrottledError{RetryIn: d, Key: li.key, Limit: li.desc, Booked: true, back: c.comeBack(d)}
+	te := &ThrottledError{RetryIn: d, Key: li.Key, Limit: li.Desc, Booked: true, back: c.comeBack(d)}
 	if err := c.reject(ctx, t, a, te); IsThrottled(err) {
 		return time.Time{}, err
 	}
@@ -178,18 +179,18 @@ const bounceMin = 50 * time.Millisecond
 // its booking back, find the bound full and be handed back). The slot remembered can
 // be stale only when the task came back to another server meanwhile, which can only
 // have moved the booking later: the task comes back no later than it should.
-func (c *config) bounce(li limitInfo, a attempt) *ThrottledError {
+func (c *config) bounce(li jobmw.Limit, a attempt) *ThrottledError {
 	if !a.handBack || a.final { // a last attempt's copy may fail to enqueue: ask Redis
 		return nil
 	}
 	now := time.Now()
-	wait, ok := c.sh.cb.slotIn(a.booking, li.key, now)
+	wait, ok := c.sh.cb.SlotIn(a.booking, li.Key, now)
 	if !ok || wait <= bounceMin || (wait <= a.keptLeft() && !c.sh.full()) {
 		return nil
 	}
-	c.sh.cb.returned(a.booking, now)
+	c.sh.cb.Returned(a.booking, now)
 	c.sh.bounced.Add(1)
-	return &ThrottledError{RetryIn: wait, Key: li.key, Limit: li.desc, Booked: true, back: c.comeBack(wait)}
+	return &ThrottledError{RetryIn: wait, Key: li.Key, Limit: li.Desc, Booked: true, back: c.comeBack(wait)}
 }
 
 // maySleep reports whether a task may sleep wait for its permit in the handler, and
@@ -222,11 +223,11 @@ func (c *config) maySleep(a attempt, wait time.Duration, kept bool) bool {
 // early enough that, rounded down to whole seconds by asynq, forwarded within one
 // DelayedTaskCheckInterval and dequeued within one TaskCheckInterval, it is in a
 // worker by its slot, that is, the check intervals, 20ms for the calls in between, or
-// the lateness this server has seen of late, earlier (see comeBack.early). A task that
+// the lateness this server has seen of late, earlier (see jobmw.ComeBack.Early). A task that
 // could not sleep only because too many others did comes back as soon as that allows
 // too: the sleepers wake at their slots, within about a second.
 func (c *config) comeBack(wait time.Duration) time.Duration {
-	return max(wait-c.sh.cb.early(c.sh.checkInterval()), 0)
+	return max(wait-c.sh.cb.Early(c.sh.checkInterval()), 0)
 }
 
 // attempt is what the middleware knows of a task's current attempt.
@@ -337,7 +338,7 @@ func (a attempt) inlineUntil() time.Time { return a.until(a.inline) }
 // keptLimit is how long a task that found its booking may sleep: as early as asynq's
 // precision may bring it back (a second and how early it was made due).
 func (c *config) keptLimit() time.Duration {
-	return time.Second + c.sh.cb.early(c.sh.checkInterval())
+	return time.Second + c.sh.cb.Early(c.sh.checkInterval())
 }
 
 // outage paces the middleware's tries while its limiter or semaphore finds Redis
@@ -388,7 +389,8 @@ func (c *config) reject(ctx context.Context, t *asynq.Task, a attempt, te *Throt
 			c.sh.requeued.Add(1)
 		}
 		if te.Booked {
-			c.sh.cb.handedBack(a.booking, te.Key, time.Now(), te.back, te.RetryIn)
+			now := time.Now()
+			c.sh.cb.HandedBack(a.booking, te.Key, now.Add(te.RetryIn), retryDue(now, te.back))
 		}
 		if c.hooks.Throttled != nil {
 			c.hooks.Throttled(ctx, t, te)

@@ -157,6 +157,6 @@ func (s *Setup) Stats() Stats {
 		Requeued:      s.sh.requeued.Load(),
 		Kept:          s.sh.kept.Load(),
 		Bounced:       s.sh.bounced.Load(),
-		ComeBackEarly: s.sh.cb.early(s.sh.checkInterval()),
+		ComeBackEarly: s.sh.cb.Early(s.sh.checkInterval()),
 	}
 }

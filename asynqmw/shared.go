@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/jobthrottle/jobthrottle/internal/jobmw"
 )
 
 // shared is the state of a Setup that its middlewares share: the bound on the tasks
@@ -24,7 +25,7 @@ type shared struct {
 	bounced  atomic.Int64 // returns handed back again without a script call (see bounce)
 	logger   atomic.Pointer[asynq.Logger]
 	pacer    pacer
-	cb       comeBack // how early to make handed-back tasks due
+	cb       jobmw.ComeBack // how early to make handed-back tasks due
 
 	mu     sync.Mutex
 	warned bool

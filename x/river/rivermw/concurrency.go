@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/internal/jobmw"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/riverqueue/river/rivertype"
 )
@@ -18,10 +19,10 @@ func (c *config) concurrency(sem *throttle.Semaphore) *Middleware {
 			return err
 		}
 		if err := slot.take(ctx); err != nil {
-			release(context.WithoutCancel(ctx), lease)
+			_ = lease.Release(context.WithoutCancel(ctx))
 			return err
 		}
-		return hold(ctx, lease, doInner)
+		return lease.Hold(ctx, doInner)
 	})
 }
 
@@ -31,17 +32,17 @@ func (c *config) concurrency(sem *throttle.Semaphore) *Middleware {
 // is snoozed.
 func (c *config) acquire(ctx context.Context, job *rivertype.JobRow, sem *throttle.Semaphore) (*throttle.Lease, error) {
 	a := c.attempt(ctx, job)
-	key, limit := semInfo(sem)
+	key, limit := jobmw.SemInfo(sem)
 	var down outage
 	for {
-		lease, left, err := tryLease(ctx, sem, a.id)
+		lease, left, err := jobmw.TryLease(ctx, sem, a.id)
 		if err == nil && lease == nil && a.inlineLeft() > 0 && c.sh.trySleep() {
 			start := time.Now()
 			actx, cancel := ctx, context.CancelFunc(func() {})
 			if until := a.inlineUntil(); !until.IsZero() {
 				actx, cancel = context.WithDeadline(ctx, until)
 			}
-			lease, err = waitLease(actx, sem, a.id)
+			lease, err = jobmw.WaitLease(actx, sem, a.id)
 			cancel()
 			c.sh.release()
 			switch {
@@ -55,7 +56,7 @@ func (c *config) acquire(ctx context.Context, job *rivertype.JobRow, sem *thrott
 			}
 		}
 		switch {
-		case unavailable(err) && ctx.Err() == nil:
+		case jobmw.Unavailable(err) && ctx.Err() == nil:
 			if down.wait(ctx, a) {
 				continue
 			}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	ib "github.com/jobthrottle/jobthrottle/internal/booking"
+	"github.com/jobthrottle/jobthrottle/internal/jobmw"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/riverqueue/river/rivertype"
 )
@@ -23,7 +24,7 @@ func (c *config) throttleFunc(pick func(ctx context.Context, job *rivertype.JobR
 		if lim == nil {
 			return doInner(ctx) // not limited: the gate takes its run slot
 		}
-		li := infoOf(lim)
+		li := jobmw.InfoOf(lim, lateGrace)
 		slot.leave() // an inner middleware: it may sleep
 		b, err := c.throttle(ctx, job, lim, li)
 		if err != nil {
@@ -31,7 +32,7 @@ func (c *config) throttleFunc(pick func(ctx context.Context, job *rivertype.JobR
 		}
 		// the worker settles a booking of estimated costs (lim a Cost handle) with
 		// waiter.Settle, once it knows the actual
-		ctx = ib.WithSettle(ctx, b.r.Settle)
+		ctx = ib.WithSettle(ctx, b.Settle)
 		at, err := c.sh.pacer.start(ctx, li, slot)
 		if err != nil {
 			return err
@@ -51,45 +52,45 @@ func (c *config) throttleFunc(pick func(ctx context.Context, job *rivertype.JobR
 
 // throttle gets job its permit from lim, sleeping for it within the attempt's budget;
 // it returns the booking the job runs on, or the *ThrottledError that snoozes it.
-func (c *config) throttle(ctx context.Context, job *rivertype.JobRow, lim *throttle.Limiter, li limitInfo) (booking, error) {
+func (c *config) throttle(ctx context.Context, job *rivertype.JobRow, lim *throttle.Limiter, li jobmw.Limit) (jobmw.Booking, error) {
 	a := c.attempt(ctx, job)
 	if te := c.bounce(li, a); te != nil {
-		return booking{}, c.snooze(ctx, job, te)
+		return jobmw.Booking{}, c.snooze(ctx, job, te)
 	}
 	var down outage
 	for {
-		b, kept, err := book(ctx, lim, a.id, li.grace)
+		b, kept, err := jobmw.Book(ctx, lim, a.id, -1, li.Grace)
 		if err == nil {
-			c.sh.cb.returned(a.id, time.Now())
+			c.sh.cb.Returned(a.id, time.Now())
 		}
-		if unavailable(err) && ctx.Err() == nil {
+		if jobmw.Unavailable(err) && ctx.Err() == nil {
 			if down.wait(ctx, a) {
 				continue
 			}
-			return booking{}, c.snooze(ctx, job, down.throttled(li.key, li.desc, err))
+			return jobmw.Booking{}, c.snooze(ctx, job, down.throttled(li.Key, li.Desc, err))
 		}
 		if err != nil {
-			return booking{}, jobError(job, "booking its permit", err)
+			return jobmw.Booking{}, jobError(job, "booking its permit", err)
 		}
 		if kept {
 			c.sh.kept.Add(1)
 		}
-		wait := b.delay()
+		wait := b.Delay()
 		if !c.maySleep(a, wait, kept) {
-			return booking{}, c.snooze(ctx, job, &ThrottledError{RetryIn: wait, Key: li.key, Limit: li.desc, Booked: true,
+			return jobmw.Booking{}, c.snooze(ctx, job, &ThrottledError{RetryIn: wait, Key: li.Key, Limit: li.Desc, Booked: true,
 				Snooze: max(wait-a.early, 0)})
 		}
 		start := time.Now()
 		slept := wait > 0
 		if slept {
-			err = b.wait(ctx)
+			err = waitBooked(ctx, b)
 			c.sh.release()
 		}
-		if errors.Is(err, errMoved) {
+		if errors.Is(err, jobmw.ErrMoved) {
 			continue // this process paused the key, or the tenant's turn came: book again
 		}
 		if err != nil {
-			return booking{}, err
+			return jobmw.Booking{}, err
 		}
 		if slept {
 			c.waited(ctx, job, start)
@@ -104,6 +105,23 @@ func (c *config) throttle(ctx context.Context, job *rivertype.JobRow, lim *throt
 // wait alike; this covers a reply's way back).
 const bounceMin = 50 * time.Millisecond
 
+// waitBooked sleeps until b's permit is due (see jobmw.Booking.Wait). A booking not
+// made (a tenant's turn has not come: its place is kept under the job's ID) is slept
+// for and asked again: jobmw.ErrMoved too.
+func waitBooked(ctx context.Context, b jobmw.Booking) error {
+	if b.OK() {
+		return b.Wait(ctx)
+	}
+	t := time.NewTimer(b.Delay())
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return jobmw.ErrMoved
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // bounce returns the *ThrottledError that snoozes a returning job again, booked,
 // without a script call, when this process snoozed it on li's limiter (so knows its
 // slot) and it could not sleep for it now anyway: its slot is more than bounceMin
@@ -114,15 +132,15 @@ const bounceMin = 50 * time.Millisecond
 // back, find the bound full and be snoozed). The slot remembered can be stale only when
 // the job came back to another client meanwhile, which can only have moved the booking
 // later: the job comes back no later than it should.
-func (c *config) bounce(li limitInfo, a attempt) *ThrottledError {
+func (c *config) bounce(li jobmw.Limit, a attempt) *ThrottledError {
 	now := time.Now()
-	wait, ok := c.sh.cb.slotIn(a.id, li.key, now)
+	wait, ok := c.sh.cb.SlotIn(a.id, li.Key, now)
 	if !ok || wait <= bounceMin || (wait <= a.keptLeft() && !c.sh.full()) {
 		return nil
 	}
-	c.sh.cb.returned(a.id, now)
+	c.sh.cb.Returned(a.id, now)
 	c.sh.bounced.Add(1)
-	return &ThrottledError{RetryIn: wait, Key: li.key, Limit: li.desc, Booked: true, Snooze: max(wait-a.early, 0)}
+	return &ThrottledError{RetryIn: wait, Key: li.Key, Limit: li.Desc, Booked: true, Snooze: max(wait-a.early, 0)}
 }
 
 // maySleep reports whether a job may sleep wait for its permit in the middleware, and
@@ -145,7 +163,7 @@ type attempt struct {
 	// under (see bookingID).
 	id string
 	// early is how long before its slot the job is made due when it is snoozed (see
-	// comeBack.early).
+	// jobmw.ComeBack.Early).
 	early time.Duration
 	// deadline is when the job must stop sleeping in the middleware, to leave its
 	// worker half the time left before the context's deadline; zero: never.
@@ -158,7 +176,7 @@ type attempt struct {
 // attempt reads what the middleware needs of job's attempt from ctx and the Setup.
 func (c *config) attempt(ctx context.Context, job *rivertype.JobRow) attempt {
 	now := time.Now()
-	a := attempt{id: bookingID(job), early: c.sh.cb.early(c.sh.interval(job.Queue))}
+	a := attempt{id: bookingID(job), early: c.sh.cb.Early(c.sh.interval(job.Queue))}
 	// A snoozed job comes back up to early before its slot, and sleeps the rest: a
 	// shorter wait is served as well by sleeping now.
 	a.inline = now.Add(max(c.maxInline, a.early))
@@ -224,7 +242,7 @@ func (o *outage) wait(ctx context.Context, a attempt) bool {
 	if a.inlineLeft() < o.backoff {
 		return false
 	}
-	return sleep(ctx, o.backoff) == nil
+	return jobmw.Sleep(ctx, o.backoff) == nil
 }
 
 // throttled is the error that snoozes a job because Redis stayed unavailable.
@@ -242,12 +260,13 @@ func snoozeUnbooked(d time.Duration) time.Duration {
 }
 
 // snooze completes te with the job and returns it, to snooze the job: it counts the
-// snooze, records a booked job's slot (see comeBack) and calls Hooks.Throttled.
+// snooze, records a booked job's slot (see jobmw.ComeBack) and calls Hooks.Throttled.
 func (c *config) snooze(ctx context.Context, job *rivertype.JobRow, te *ThrottledError) error {
 	te.JobID, te.Kind = job.ID, job.Kind
 	c.sh.snoozed.Add(1)
 	if te.Booked {
-		c.sh.cb.snoozed(bookingID(job), te.Key, time.Now(), te.Snooze, te.RetryIn)
+		now := time.Now()
+		c.sh.cb.HandedBack(bookingID(job), te.Key, now.Add(te.RetryIn), now.Add(te.Snooze))
 	}
 	if c.hooks.Throttled != nil {
 		c.hooks.Throttled(ctx, job, te)

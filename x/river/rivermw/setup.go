@@ -171,6 +171,6 @@ func (s *Setup) Stats() Stats {
 		Snoozed:       s.sh.snoozed.Load(),
 		Kept:          s.sh.kept.Load(),
 		Bounced:       s.sh.bounced.Load(),
-		ComeBackEarly: s.sh.cb.early(interval),
+		ComeBackEarly: s.sh.cb.Early(interval),
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/internal/jobmw"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 )
@@ -21,7 +22,7 @@ type shared struct {
 	kept     atomic.Int64 // returns that found their booking
 	bounced  atomic.Int64 // returns snoozed again without a script call (see bounce)
 	pacer    pacer
-	cb       comeBack // how early to make snoozed jobs due
+	cb       jobmw.ComeBack // how early to make snoozed jobs due
 }
 
 // lane is one queue of the client whose config went through Config.

@@ -1,4 +1,4 @@
-package rivermw
+package jobmw
 
 import (
 	"testing"
@@ -17,10 +17,10 @@ func TestPacerKeepsStartsWithinTheLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var p pacer
+	var p Pacer
 	t0 := time.Now()
 	at := func(d time.Duration) time.Duration {
-		w, counted := p.wait(infoOf(lim), func() time.Time { return t0.Add(d) })
+		w, counted := p.Wait(InfoOf(lim, 0), func() time.Time { return t0.Add(d) })
 		if w == 0 && !counted.Equal(t0.Add(d)) {
 			t.Fatalf("start %v in: counted at %v, want %v", d, counted.Sub(t0), d)
 		}
@@ -47,7 +47,7 @@ func TestPacerKeepsStartsWithinTheLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 3 {
-		if w, _ := p.wait(infoOf(tb), func() time.Time { return t0 }); w != 0 {
+		if w, _ := p.Wait(InfoOf(tb, 0), func() time.Time { return t0 }); w != 0 {
 			t.Fatalf("token bucket start %d: wait %v, want 0", i, w)
 		}
 	}
