@@ -1,9 +1,10 @@
-// Package booking lets asynqmw book permits and queue for semaphore slots under a
-// task's ID, through throttle's ordinary calls: a context carrying a *Task makes
-// Limiter.Reserve book for the task (a later Reserve for the same task, from any
-// process, gets the same booking back, so a task handed back to its queue keeps its
-// place in line), and makes a Semaphore's TryAcquire and Acquire wait in the task's
-// own place in the queue. It is internal: the API users see has no notion of a task.
+// Package booking lets the job queues' middlewares (through internal/jobmw) book
+// permits and queue for semaphore slots under a task's ID, through throttle's ordinary
+// calls: a context carrying a *Task makes Limiter.Reserve book for the task (a later
+// Reserve for the same task, from any process, gets the same booking back, so a task
+// handed back to its queue keeps its place in line), and makes a Semaphore's TryAcquire
+// and Acquire wait in the task's own place in the queue. It is internal: the API users
+// see has no notion of a task.
 package booking
 
 import (
