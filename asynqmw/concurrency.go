@@ -32,21 +32,21 @@ func (c *config) acquire(ctx context.Context, t *asynq.Task, a attempt, sem *thr
 	if _, inAsynq := asynq.GetTaskID(ctx); !inAsynq {
 		id = "" // a place of its own, given up when it stops waiting
 	}
-	var down outage
+	var down jobmw.Outage
 	for {
 		lease, left, err := jobmw.TryLease(ctx, sem, id)
-		if err == nil && lease == nil && a.inlineLeft() > 0 && c.sleepForSlot(a) {
-			if lease, err = c.waitForSlot(ctx, t, sem, id, a.inlineUntil()); lease != nil || ctx.Err() != nil {
+		if err == nil && lease == nil && a.InlineLeft() > 0 && c.sleepForSlot(a) {
+			if lease, err = c.waitForSlot(ctx, t, sem, id, a.InlineUntil()); lease != nil || ctx.Err() != nil {
 				return lease, err
 			}
 		}
 		switch {
 		case jobmw.Unavailable(err) && ctx.Err() == nil:
-			if down.wait(ctx, a.inlineLeft()) {
+			if down.Wait(ctx, a.InlineLeft()) {
 				continue
 			}
-			err := c.reject(ctx, t, a, down.throttled(key, limit, err))
-			if !a.final || IsThrottled(err) || !down.wait(ctx, a.leftUntil(time.Time{})) {
+			err := c.reject(ctx, t, a, outageError(key, limit, err))
+			if !a.final || IsThrottled(err) || !down.Wait(ctx, a.LeftUntil(time.Time{})) {
 				return nil, err
 			}
 			continue // a last attempt whose copy could not be enqueued either: both again, within its deadline
@@ -68,8 +68,8 @@ func (c *config) acquire(ctx context.Context, t *asynq.Task, a attempt, sem *thr
 		}
 		// The copy could not be enqueued (Redis went away?): returning the error would
 		// archive the task, so it waits for a slot in its worker, within its deadline.
-		c.sh.sleepAnyway()
-		if lease, werr := c.waitForSlot(ctx, t, sem, id, a.until(time.Time{})); lease != nil || ctx.Err() != nil {
+		c.sh.SleepAnyway()
+		if lease, werr := c.waitForSlot(ctx, t, sem, id, a.Until(time.Time{})); lease != nil || ctx.Err() != nil {
 			return lease, werr
 		}
 		return nil, err
@@ -81,7 +81,7 @@ func (c *config) acquire(ctx context.Context, t *asynq.Task, a attempt, sem *thr
 // place it then gives back. It returns the lease; nil and no error when until came
 // first; ctx.Err() when ctx ended; or the semaphore's error.
 func (c *config) waitForSlot(ctx context.Context, t *asynq.Task, sem *throttle.Semaphore, id string, until time.Time) (*throttle.Lease, error) {
-	defer c.sh.release()
+	defer c.sh.Release()
 	start := time.Now()
 	actx, cancel := ctx, context.CancelFunc(func() {})
 	if !until.IsZero() {
@@ -109,8 +109,8 @@ func (c *config) sleepForSlot(a attempt) bool {
 	case a.neverSleeps():
 		return false
 	case a.unconfigured:
-		c.sh.sleepAnyway()
+		c.sh.SleepAnyway()
 		return true
 	}
-	return c.sh.trySleep()
+	return c.sh.TrySleep()
 }

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -80,23 +79,23 @@ func (c *config) throttle(ctx context.Context, t *asynq.Task, a attempt, lim *th
 	if te := c.bounce(li, a); te != nil {
 		return time.Time{}, jobmw.Booking{}, c.reject(ctx, t, a, te)
 	}
-	var down outage
+	var down jobmw.Outage
 	for {
 		// A task that cannot be handed back books only what it may sleep for.
 		maxWait := time.Duration(-1)
 		if !a.handBack {
-			maxWait = a.inlineLeft()
+			maxWait = a.InlineLeft()
 		}
 		b, kept, err := jobmw.Book(ctx, lim, a.booking, maxWait, li.Grace)
 		if err == nil && a.handBack {
 			c.sh.cb.Returned(a.booking, time.Now())
 		}
 		if jobmw.Unavailable(err) && ctx.Err() == nil {
-			if down.wait(ctx, a.inlineLeft()) {
+			if down.Wait(ctx, a.InlineLeft()) {
 				continue
 			}
-			err := c.reject(ctx, t, a, down.throttled(li.Key, li.Desc, err))
-			if !a.final || IsThrottled(err) || !down.wait(ctx, a.leftUntil(time.Time{})) {
+			err := c.reject(ctx, t, a, outageError(li.Key, li.Desc, err))
+			if !a.final || IsThrottled(err) || !down.Wait(ctx, a.LeftUntil(time.Time{})) {
 				return time.Time{}, jobmw.Booking{}, err
 			}
 			continue // a last attempt whose copy could not be enqueued either: both again, within its deadline
@@ -118,18 +117,18 @@ func (c *config) throttle(ctx context.Context, t *asynq.Task, a attempt, lim *th
 			}
 			te.Booked, te.back = true, c.comeBack(wait)
 			err := c.reject(ctx, t, a, te)
-			if !a.final || IsThrottled(err) || wait > a.leftUntil(time.Time{}) {
+			if !a.final || IsThrottled(err) || wait > a.LeftUntil(time.Time{}) {
 				return time.Time{}, jobmw.Booking{}, err
 			}
 			// The copy could not be enqueued (Redis went away?): returning the error
 			// would archive the task, so it keeps its booking and sleeps for it.
-			c.sh.sleepAnyway()
+			c.sh.SleepAnyway()
 		}
 		start := time.Now()
 		slept := wait > 0
 		if slept {
 			err = b.Wait(ctx)
-			c.sh.release()
+			c.sh.Release()
 		}
 		if errors.Is(err, jobmw.ErrMoved) {
 			continue // this process paused the key: book again after the pause
@@ -185,7 +184,7 @@ func (c *config) bounce(li jobmw.Limit, a attempt) *ThrottledError {
 	}
 	now := time.Now()
 	wait, ok := c.sh.cb.SlotIn(a.booking, li.Key, now)
-	if !ok || wait <= bounceMin || (wait <= a.keptLeft() && !c.sh.full()) {
+	if !ok || wait <= bounceMin || (wait <= a.KeptLeft() && !c.sh.Full()) {
 		return nil
 	}
 	c.sh.cb.Returned(a.booking, now)
@@ -206,17 +205,17 @@ func (c *config) maySleep(a attempt, wait time.Duration, kept bool) bool {
 	}
 	if a.unconfigured {
 		// no other way than sleeping: keep the task, hold the worker
-		if wait > a.inlineLeft() {
+		if wait > a.InlineLeft() {
 			return false
 		}
-		c.sh.sleepAnyway() // past the bound: it cannot be handed back
+		c.sh.SleepAnyway() // past the bound: it cannot be handed back
 		return true
 	}
-	limit := a.inlineLeft()
+	limit := a.InlineLeft()
 	if kept {
-		limit = a.keptLeft()
+		limit = a.KeptLeft()
 	}
-	return wait <= limit && c.sh.trySleep()
+	return wait <= limit && c.sh.TrySleep()
 }
 
 // comeBack is the delay after which a task booked wait ahead should be made due:
@@ -250,13 +249,10 @@ type attempt struct {
 	// as its deadline allows. Called directly (neither), it sleeps within the bound
 	// and the inline wait, else returns the *ThrottledError, nothing booked.
 	handBack, unconfigured bool
-	// deadline is when the task must stop sleeping in the handler, to leave it the
-	// rest of its time (half by default, see handlerTime); zero: never.
-	deadline time.Time
-	// inline is when a task sleeping for a new booking or a slot must stop, and kept
-	// when one that found its booking must; zero (only the deadline) on a server
-	// Config did not configure.
-	inline, kept time.Time
+	// Deadline is when the task must stop sleeping in the handler, to leave it the
+	// rest of its time (half by default, see handlerTime); Inline and Kept are zero
+	// (only the deadline) on a server Config did not configure.
+	jobmw.Budget
 }
 
 // attempt reads the task's ID, retry counters and deadline from ctx, and whether it
@@ -268,7 +264,7 @@ func (c *config) attempt(ctx context.Context, t *asynq.Task) attempt {
 	switch {
 	case !inAsynq: // called directly: sleeps as a task that may be handed back
 		id = randomID()
-		a.inline = now.Add(c.maxInline)
+		a.Inline = now.Add(c.maxInline)
 	case c.sh.ours(ctx):
 		a.handBack = true
 	default:
@@ -283,8 +279,8 @@ func (c *config) attempt(ctx context.Context, t *asynq.Task) attempt {
 	maxRetry, ok2 := asynq.GetMaxRetry(ctx)
 	a.final = ok1 && ok2 && retried >= maxRetry
 	if a.handBack {
-		a.inline = now.Add(c.maxInline)
-		a.kept = now.Add(max(c.maxInline, c.keptLimit()))
+		a.Inline = now.Add(c.maxInline)
+		a.Kept = now.Add(max(c.maxInline, c.keptLimit()))
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		left := dl.Sub(now)
@@ -292,7 +288,7 @@ func (c *config) attempt(ctx context.Context, t *asynq.Task) attempt {
 		if keep <= 0 {
 			keep = left / 2
 		}
-		a.deadline = now.Add(max(left-keep, 0))
+		a.Deadline = now.Add(max(left-keep, 0))
 	}
 	return a
 }
@@ -308,70 +304,17 @@ func randomID() string {
 	return "jt-" + hex.EncodeToString(b[:])
 }
 
-// until returns the earlier of t and the attempt's deadline; zero: never.
-func (a attempt) until(t time.Time) time.Time {
-	if t.IsZero() || (!a.deadline.IsZero() && a.deadline.Before(t)) {
-		return a.deadline
-	}
-	return t
-}
-
-// leftUntil is the time left until until(t); the largest duration for never.
-func (a attempt) leftUntil(t time.Time) time.Duration {
-	u := a.until(t)
-	if u.IsZero() {
-		return time.Duration(math.MaxInt64)
-	}
-	return max(time.Until(u), 0)
-}
-
-// inlineLeft is how much longer the task may sleep for a new booking or a slot.
-func (a attempt) inlineLeft() time.Duration { return a.leftUntil(a.inline) }
-
-// keptLeft is how much longer a task that found its booking may sleep for it.
-func (a attempt) keptLeft() time.Duration { return a.leftUntil(a.kept) }
-
-// inlineUntil is when a task sleeping for a new booking or a slot must stop; zero:
-// never.
-func (a attempt) inlineUntil() time.Time { return a.until(a.inline) }
-
 // keptLimit is how long a task that found its booking may sleep: as early as asynq's
 // precision may bring it back (a second and how early it was made due).
 func (c *config) keptLimit() time.Duration {
 	return time.Second + c.sh.cb.Early(c.sh.checkInterval())
 }
 
-// outage paces the middleware's tries while its limiter or semaphore finds Redis
-// unavailable (throttle.ErrUnavailable under the default FailClosed policy).
-type outage struct{ backoff time.Duration }
+// outageRetryIn is the RetryIn of a task handed back because Redis was unavailable.
+const outageRetryIn = time.Second
 
-const (
-	outageFirstBackoff = 50 * time.Millisecond
-	outageMaxBackoff   = time.Second
-	// outageRetryIn is the RetryIn of a task handed back because Redis was unavailable.
-	outageRetryIn = time.Second
-)
-
-// wait sleeps before the next try, doubling from 50ms to 1s, and reports true when
-// left (the time the attempt may still try for) allows that try; false, without
-// sleeping, when it does not or ctx is done.
-func (o *outage) wait(ctx context.Context, left time.Duration) bool {
-	o.backoff = min(max(2*o.backoff, outageFirstBackoff), outageMaxBackoff)
-	if left < o.backoff {
-		return false
-	}
-	tm := time.NewTimer(o.backoff)
-	defer tm.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-tm.C:
-		return true
-	}
-}
-
-// throttled is the error that hands a task back because Redis stayed unavailable.
-func (o *outage) throttled(key, limit string, err error) *ThrottledError {
+// outageError is the error that hands a task back because Redis stayed unavailable.
+func outageError(key, limit string, err error) *ThrottledError {
 	return &ThrottledError{RetryIn: outageRetryIn, Key: key, Limit: limit, Err: err}
 }
 

@@ -36,7 +36,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Setup {
 	}
 	c := newConfig(opts)
 	c.sh = newShared()
-	c.sh.bound.Store(int64(cmp.Or(c.sleeping, sleepBound(0)))) // until Config says
+	c.sh.Bound.Store(int64(cmp.Or(c.sleeping, sleepBound(0)))) // until Config says
 	c.requeue = newRequeuer(rdb)
 	return &Setup{c: c, sh: c.sh}
 }
@@ -69,7 +69,7 @@ func (s *Setup) Config(cfg asynq.Config) asynq.Config {
 	}
 	s.sh.interval.Store(int64(cfg.DelayedTaskCheckInterval + cfg.TaskCheckInterval))
 	if s.c.sleeping == 0 {
-		s.sh.bound.Store(int64(sleepBound(cfg.Concurrency)))
+		s.sh.Bound.Store(int64(sleepBound(cfg.Concurrency)))
 	}
 	if cfg.Logger != nil {
 		s.sh.setLogger(cfg.Logger)
@@ -150,9 +150,9 @@ type Stats struct {
 // Stats returns what the Setup's middlewares have done so far.
 func (s *Setup) Stats() Stats {
 	return Stats{
-		Sleeping:      int(s.sh.sleeping.Load()),
-		PeakSleeping:  int(s.sh.peak.Load()),
-		SleepBound:    int(s.sh.bound.Load()),
+		Sleeping:      s.sh.Sleeping(),
+		PeakSleeping:  s.sh.Peak(),
+		SleepBound:    int(s.sh.Bound.Load()),
 		HandedBack:    s.sh.handed.Load(),
 		Requeued:      s.sh.requeued.Load(),
 		Kept:          s.sh.kept.Load(),

@@ -15,17 +15,15 @@ import (
 // asleep in them, the server's forwarding interval, the logger, and what they have
 // counted.
 type shared struct {
-	bound    atomic.Int64 // tasks that may sleep at once
-	interval atomic.Int64 // how late the server may bring a due task: DelayedTaskCheckInterval + TaskCheckInterval, ns
-	sleeping atomic.Int64
-	peak     atomic.Int64
-	handed   atomic.Int64 // hand-backs
-	requeued atomic.Int64 // of them, last attempts handed back as copies
-	kept     atomic.Int64 // returns that found their booking
-	bounced  atomic.Int64 // returns handed back again without a script call (see bounce)
-	logger   atomic.Pointer[asynq.Logger]
-	pacer    pacer
-	cb       jobmw.ComeBack // how early to make handed-back tasks due
+	jobmw.Sleepers              // the bound on the tasks asleep in the middlewares
+	interval       atomic.Int64 // how late the server may bring a due task: DelayedTaskCheckInterval + TaskCheckInterval, ns
+	handed         atomic.Int64 // hand-backs
+	requeued       atomic.Int64 // of them, last attempts handed back as copies
+	kept           atomic.Int64 // returns that found their booking
+	bounced        atomic.Int64 // returns handed back again without a script call (see bounce)
+	logger         atomic.Pointer[asynq.Logger]
+	pacer          pacer
+	cb             jobmw.ComeBack // how early to make handed-back tasks due
 
 	mu     sync.Mutex
 	warned bool
@@ -49,34 +47,6 @@ func (sh *shared) ours(ctx context.Context) bool {
 }
 
 func (sh *shared) setLogger(l asynq.Logger) { sh.logger.Store(&l) }
-
-// trySleep takes a place among the tasks asleep in the middleware, if the bound
-// leaves one; release gives it back.
-func (sh *shared) trySleep() bool {
-	for {
-		n := sh.sleeping.Load()
-		if n >= sh.bound.Load() {
-			return false
-		}
-		if sh.sleeping.CompareAndSwap(n, n+1) {
-			for p := sh.peak.Load(); n+1 > p && !sh.peak.CompareAndSwap(p, n+1); p = sh.peak.Load() {
-			}
-			return true
-		}
-	}
-}
-
-func (sh *shared) release() { sh.sleeping.Add(-1) }
-
-// full reports whether as many tasks as the bound allows sleep now.
-func (sh *shared) full() bool { return sh.sleeping.Load() >= sh.bound.Load() }
-
-// sleepAnyway counts a task asleep past the bound (one that cannot be handed back).
-func (sh *shared) sleepAnyway() {
-	n := sh.sleeping.Add(1)
-	for p := sh.peak.Load(); n > p && !sh.peak.CompareAndSwap(p, n); p = sh.peak.Load() {
-	}
-}
 
 // notConfigured says once, at error level, that a middleware runs on a server whose
 // Config did not go through Setup.Config: its tasks sleep for their permits in their

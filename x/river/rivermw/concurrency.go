@@ -33,18 +33,18 @@ func (c *config) concurrency(sem *throttle.Semaphore) *Middleware {
 func (c *config) acquire(ctx context.Context, job *rivertype.JobRow, sem *throttle.Semaphore) (*throttle.Lease, error) {
 	a := c.attempt(ctx, job)
 	key, limit := jobmw.SemInfo(sem)
-	var down outage
+	var down jobmw.Outage
 	for {
 		lease, left, err := jobmw.TryLease(ctx, sem, a.id)
-		if err == nil && lease == nil && a.inlineLeft() > 0 && c.sh.trySleep() {
+		if err == nil && lease == nil && a.InlineLeft() > 0 && c.sh.TrySleep() {
 			start := time.Now()
 			actx, cancel := ctx, context.CancelFunc(func() {})
-			if until := a.inlineUntil(); !until.IsZero() {
+			if until := a.InlineUntil(); !until.IsZero() {
 				actx, cancel = context.WithDeadline(ctx, until)
 			}
 			lease, err = jobmw.WaitLease(actx, sem, a.id)
 			cancel()
-			c.sh.release()
+			c.sh.Release()
 			switch {
 			case err == nil:
 				c.waited(ctx, job, start)
@@ -57,10 +57,10 @@ func (c *config) acquire(ctx context.Context, job *rivertype.JobRow, sem *thrott
 		}
 		switch {
 		case jobmw.Unavailable(err) && ctx.Err() == nil:
-			if down.wait(ctx, a) {
+			if down.Wait(ctx, a.InlineLeft()) {
 				continue
 			}
-			return nil, c.snooze(ctx, job, down.throttled(key, limit, err))
+			return nil, c.snooze(ctx, job, outageError(key, limit, err))
 		case err != nil:
 			return nil, jobError(job, "taking a lease", err)
 		case lease != nil:

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"time"
 
@@ -57,17 +56,17 @@ func (c *config) throttle(ctx context.Context, job *rivertype.JobRow, lim *throt
 	if te := c.bounce(li, a); te != nil {
 		return jobmw.Booking{}, c.snooze(ctx, job, te)
 	}
-	var down outage
+	var down jobmw.Outage
 	for {
 		b, kept, err := jobmw.Book(ctx, lim, a.id, -1, li.Grace)
 		if err == nil {
 			c.sh.cb.Returned(a.id, time.Now())
 		}
 		if jobmw.Unavailable(err) && ctx.Err() == nil {
-			if down.wait(ctx, a) {
+			if down.Wait(ctx, a.InlineLeft()) {
 				continue
 			}
-			return jobmw.Booking{}, c.snooze(ctx, job, down.throttled(li.Key, li.Desc, err))
+			return jobmw.Booking{}, c.snooze(ctx, job, outageError(li.Key, li.Desc, err))
 		}
 		if err != nil {
 			return jobmw.Booking{}, jobError(job, "booking its permit", err)
@@ -84,7 +83,7 @@ func (c *config) throttle(ctx context.Context, job *rivertype.JobRow, lim *throt
 		slept := wait > 0
 		if slept {
 			err = waitBooked(ctx, b)
-			c.sh.release()
+			c.sh.Release()
 		}
 		if errors.Is(err, jobmw.ErrMoved) {
 			continue // this process paused the key, or the tenant's turn came: book again
@@ -135,7 +134,7 @@ func waitBooked(ctx context.Context, b jobmw.Booking) error {
 func (c *config) bounce(li jobmw.Limit, a attempt) *ThrottledError {
 	now := time.Now()
 	wait, ok := c.sh.cb.SlotIn(a.id, li.Key, now)
-	if !ok || wait <= bounceMin || (wait <= a.keptLeft() && !c.sh.full()) {
+	if !ok || wait <= bounceMin || (wait <= a.KeptLeft() && !c.sh.Full()) {
 		return nil
 	}
 	c.sh.cb.Returned(a.id, now)
@@ -150,11 +149,11 @@ func (c *config) maySleep(a attempt, wait time.Duration, kept bool) bool {
 	if wait <= 0 {
 		return true
 	}
-	limit := a.inlineLeft()
+	limit := a.InlineLeft()
 	if kept {
-		limit = a.keptLeft()
+		limit = a.KeptLeft()
 	}
-	return wait <= limit && c.sh.trySleep()
+	return wait <= limit && c.sh.TrySleep()
 }
 
 // attempt is what the middleware knows of a job's current attempt.
@@ -165,12 +164,9 @@ type attempt struct {
 	// early is how long before its slot the job is made due when it is snoozed (see
 	// jobmw.ComeBack.Early).
 	early time.Duration
-	// deadline is when the job must stop sleeping in the middleware, to leave its
-	// worker half the time left before the context's deadline; zero: never.
-	deadline time.Time
-	// inline is when a job sleeping for a new booking or a slot must stop, and kept
-	// when one that found its booking must.
-	inline, kept time.Time
+	// Deadline is when the job must stop sleeping in the middleware, to leave its
+	// worker half the time left before the context's deadline.
+	jobmw.Budget
 }
 
 // attempt reads what the middleware needs of job's attempt from ctx and the Setup.
@@ -179,13 +175,13 @@ func (c *config) attempt(ctx context.Context, job *rivertype.JobRow) attempt {
 	a := attempt{id: bookingID(job), early: c.sh.cb.Early(c.sh.interval(job.Queue))}
 	// A snoozed job comes back up to early before its slot, and sleeps the rest: a
 	// shorter wait is served as well by sleeping now.
-	a.inline = now.Add(max(c.maxInline, a.early))
+	a.Inline = now.Add(max(c.maxInline, a.early))
 	// A returning job may have been snoozed by another client of the fleet, whose
 	// learned margin may be up to comeBackMaxExtra longer, or come back early by the
 	// difference between the client's and the database's clocks: a second's slack.
-	a.kept = now.Add(max(c.maxInline, a.early+time.Second))
+	a.Kept = now.Add(max(c.maxInline, a.early+time.Second))
 	if dl, ok := ctx.Deadline(); ok {
-		a.deadline = now.Add(max(dl.Sub(now)/2, 0))
+		a.Deadline = now.Add(max(dl.Sub(now)/2, 0))
 	}
 	return a
 }
@@ -197,56 +193,11 @@ func bookingID(job *rivertype.JobRow) string {
 	return fmt.Sprintf("river:%d:%d", job.ID, job.CreatedAt.UnixMicro())
 }
 
-// until returns the earlier of t and the attempt's deadline; zero: never.
-func (a attempt) until(t time.Time) time.Time {
-	if t.IsZero() || (!a.deadline.IsZero() && a.deadline.Before(t)) {
-		return a.deadline
-	}
-	return t
-}
+// outageRetryIn is the RetryIn of a job snoozed because Redis was unavailable.
+const outageRetryIn = time.Second
 
-// leftUntil is the time left until until(t); the largest duration for never.
-func (a attempt) leftUntil(t time.Time) time.Duration {
-	u := a.until(t)
-	if u.IsZero() {
-		return time.Duration(math.MaxInt64)
-	}
-	return max(time.Until(u), 0)
-}
-
-// inlineLeft is how much longer the job may sleep for a new booking or a slot.
-func (a attempt) inlineLeft() time.Duration { return a.leftUntil(a.inline) }
-
-// keptLeft is how much longer a job that found its booking may sleep for it.
-func (a attempt) keptLeft() time.Duration { return a.leftUntil(a.kept) }
-
-// inlineUntil is when a job sleeping for a new booking or a slot must stop.
-func (a attempt) inlineUntil() time.Time { return a.until(a.inline) }
-
-// outage paces the middleware's tries while its limiter or semaphore finds Redis
-// unavailable (throttle.ErrUnavailable under the default FailClosed policy).
-type outage struct{ backoff time.Duration }
-
-const (
-	outageFirstBackoff = 50 * time.Millisecond
-	outageMaxBackoff   = time.Second
-	// outageRetryIn is the RetryIn of a job snoozed because Redis was unavailable.
-	outageRetryIn = time.Second
-)
-
-// wait sleeps before the next try, doubling from 50ms to 1s, and reports true when
-// the attempt's inline budget allows that try; false, without sleeping, when it does
-// not or ctx is done.
-func (o *outage) wait(ctx context.Context, a attempt) bool {
-	o.backoff = min(max(2*o.backoff, outageFirstBackoff), outageMaxBackoff)
-	if a.inlineLeft() < o.backoff {
-		return false
-	}
-	return jobmw.Sleep(ctx, o.backoff) == nil
-}
-
-// throttled is the error that snoozes a job because Redis stayed unavailable.
-func (o *outage) throttled(key, limit string, err error) *ThrottledError {
+// outageError is the error that snoozes a job because Redis stayed unavailable.
+func outageError(key, limit string, err error) *ThrottledError {
 	return &ThrottledError{RetryIn: outageRetryIn, Snooze: snoozeUnbooked(outageRetryIn), Key: key, Limit: limit, Err: err}
 }
 

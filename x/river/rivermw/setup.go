@@ -35,7 +35,7 @@ type Setup struct {
 func New(opts ...Option) *Setup {
 	c := newConfig(opts)
 	c.sh = &shared{}
-	c.sh.bound.Store(int64(cmp.Or(c.sleeping, runtime.NumCPU()))) // until Config says
+	c.sh.Bound.Store(int64(cmp.Or(c.sleeping, runtime.NumCPU()))) // until Config says
 	return &Setup{c: c, sh: c.sh}
 }
 
@@ -74,7 +74,7 @@ func (s *Setup) Config(cfg *river.Config) *river.Config {
 	if !s.sh.lanes.CompareAndSwap(nil, &lanes) {
 		panic("rivermw: Setup.Config called twice: use one Setup per River client")
 	}
-	s.sh.bound.Store(int64(bound))
+	s.sh.Bound.Store(int64(bound))
 	out.Plugins = append([]rivertype.Plugin{newGatePlugin(s.sh)}, cfg.Plugins...)
 	return &out
 }
@@ -165,9 +165,9 @@ func (s *Setup) Stats() Stats {
 		interval = defaultInterval
 	}
 	return Stats{
-		Sleeping:      int(s.sh.sleeping.Load()),
-		PeakSleeping:  int(s.sh.peak.Load()),
-		SleepBound:    int(s.sh.bound.Load()),
+		Sleeping:      s.sh.Sleeping(),
+		PeakSleeping:  s.sh.Peak(),
+		SleepBound:    int(s.sh.Bound.Load()),
 		Snoozed:       s.sh.snoozed.Load(),
 		Kept:          s.sh.kept.Load(),
 		Bounced:       s.sh.bounced.Load(),

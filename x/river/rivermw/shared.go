@@ -14,15 +14,13 @@ import (
 // Config found them, the bound on the jobs asleep in the middlewares, and what they
 // have counted.
 type shared struct {
-	lanes    atomic.Pointer[map[string]*lane] // set once, by Config
-	bound    atomic.Int64                     // jobs that may sleep at once
-	sleeping atomic.Int64
-	peak     atomic.Int64
-	snoozed  atomic.Int64 // snoozes
-	kept     atomic.Int64 // returns that found their booking
-	bounced  atomic.Int64 // returns snoozed again without a script call (see bounce)
-	pacer    pacer
-	cb       jobmw.ComeBack // how early to make snoozed jobs due
+	lanes          atomic.Pointer[map[string]*lane] // set once, by Config
+	jobmw.Sleepers                                  // the bound on the jobs asleep in the middlewares
+	snoozed        atomic.Int64                     // snoozes
+	kept           atomic.Int64                     // returns that found their booking
+	bounced        atomic.Int64                     // returns snoozed again without a script call (see bounce)
+	pacer          pacer
+	cb             jobmw.ComeBack // how early to make snoozed jobs due
 }
 
 // lane is one queue of the client whose config went through Config.
@@ -56,27 +54,6 @@ func (sh *shared) interval(queue string) time.Duration {
 	}
 	return defaultInterval
 }
-
-// trySleep takes a place among the jobs asleep in the middleware, if the bound leaves
-// one; release gives it back.
-func (sh *shared) trySleep() bool {
-	for {
-		n := sh.sleeping.Load()
-		if n >= sh.bound.Load() {
-			return false
-		}
-		if sh.sleeping.CompareAndSwap(n, n+1) {
-			for p := sh.peak.Load(); n+1 > p && !sh.peak.CompareAndSwap(p, n+1); p = sh.peak.Load() {
-			}
-			return true
-		}
-	}
-}
-
-func (sh *shared) release() { sh.sleeping.Add(-1) }
-
-// full reports whether as many jobs as the bound allows sleep now.
-func (sh *shared) full() bool { return sh.sleeping.Load() >= sh.bound.Load() }
 
 // runKey is the context key of a job's *runSlot.
 type runKey struct{}
