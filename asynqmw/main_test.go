@@ -5,12 +5,10 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,14 +28,8 @@ func TestMain(m *testing.M) {
 	// line per failed dial while Redis is down)
 	redis.SetLogger(logging.NewBlacklistLogger([]string{"failed to dial"}))
 	// The parallel tests wait on asynq's clock (whole-second retries, 100ms polls), not
-	// on the CPU: unless -test.parallel says otherwise, more of them than GOMAXPROCS
-	// run at once.
-	flag.Parse()
-	set := false
-	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
-	if !set {
-		_ = flag.Set("test.parallel", strconv.Itoa(max(8, runtime.GOMAXPROCS(0))))
-	}
+	// on the CPU.
+	redistest.Parallel(8)
 	redistest.Main(m)
 }
 

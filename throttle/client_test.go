@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jobthrottle/jobthrottle/internal/clock"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -47,7 +46,7 @@ func sendRegistered(rdb redis.UniversalClient, c *client) bool {
 // share of its own.
 func TestLimiterPerCallKeepsTheLocalShare(t *testing.T) {
 	rdb := downClient(t)
-	t.Cleanup(clock.Set(stillClock{time.Unix(1_700_000_000, 0)}))
+	setGoClock(t, stillClock{time.Unix(1_700_000_000, 0)})
 	ctx := context.Background()
 	granted := 0
 	for i := range 20 {
@@ -168,7 +167,7 @@ func TestLocalGrantKeepsItsState(t *testing.T) {
 		}
 		return l
 	}
-	t.Cleanup(clock.Set(stillClock{time.Unix(1_700_000_000, 0)})) // the local log's clock stands still
+	setGoClock(t, stillClock{time.Unix(1_700_000_000, 0)}) // the local log's clock stands still
 	l := newLimiter()
 	if res, err := l.Allow(ctx); err != nil || !res.Allowed {
 		t.Fatalf("the first local call: got %+v, %v; want a grant", res, err)
@@ -230,7 +229,7 @@ func TestHandlesShareStateAcrossSweeps(t *testing.T) {
 	}
 }
 
-// Go-redis clients used and closed leave nothing behind: 500 clients (100 on the
+// Go-redis clients used and closed leave nothing behind: 150 clients (60 on the
 // cluster), a third used for Allow, a third for a Wait asleep on its booking, a third
 // for an Acquire queued for a slot, each closed at once after its call was cancelled
 // (the subscription its waiter opened still lingering). Asserted: none of them is
@@ -244,9 +243,9 @@ func TestHandlesShareStateAcrossSweeps(t *testing.T) {
 func TestClosedClientsLeaveNothing(t *testing.T) {
 	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
 		addrs, cluster := b.Addrs()
-		n := 500
+		n := 150
 		if cluster {
-			n = 100
+			n = 60
 		}
 		ctx := context.Background()
 		if err := b.Client.Ping(ctx).Err(); err != nil { // the test's own connection, counted before

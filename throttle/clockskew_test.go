@@ -44,6 +44,7 @@ func needFaketime(t *testing.T) {
 // reported (a third each is fair, as waiters are served in arrival order, but the
 // groups start a little apart). Runs 1.2s by default, 30s with JOBTHROTTLE_LONG=1.
 func TestClockSkewedProcessesChangeNothing(t *testing.T) {
+	parallel(t)
 	needFaketime(t)
 	const period = 250 * ms
 	groups := []fleetGroup{
@@ -139,6 +140,7 @@ func TestClockSkewedProcessesChangeNothing(t *testing.T) {
 // a grant made after it takes effect, is reported: about the step for the log and
 // window algorithms, as the bookings made before it still run.
 func TestServerClockStepBackAdmitsNothingExtra(t *testing.T) {
+	parallel(t)
 	needFaketime(t)
 	const (
 		period = 250 * ms

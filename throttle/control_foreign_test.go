@@ -176,6 +176,7 @@ func ctlSameAs(t *testing.T, what string, before, after redistest.Snapshot, keys
 // nothing), and the call returns ErrCorruptState. A foreign key the call does not touch
 // is left as it was too, and the call succeeds.
 func TestForeignKeysAreLeftAlone(t *testing.T) {
+	parallel(t)
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
 		n := 0

@@ -586,6 +586,7 @@ func TestNoReplyOpensTheBreaker(t *testing.T) {
 // (WithCallTimeout). The hung server without a deadline or a call timeout set (11s,
 // the default call timeout) runs with JOBTHROTTLE_LONG set.
 func TestUnavailableCostFigures(t *testing.T) {
+	parallel(t)
 	if testing.Short() {
 		t.Skip("figures only")
 	}

@@ -203,6 +203,7 @@ func busyScript(t *testing.T, c *redis.Client, d time.Duration) (stop func()) {
 // connection (Redis writes "ERR max number of clients reached" first, which go-redis
 // reads only if its own first write came before the close). Each is ErrUnavailable.
 func TestUnavailableReplicaAndMaxclients(t *testing.T) {
+	parallel(t)
 	ctx := context.Background()
 	master, _ := startOwnServer(t)
 	host, port, _ := strings.Cut(master.Addr, ":")

@@ -95,6 +95,7 @@ func sendWaitFor(t *testing.T, d time.Duration, what string, cond func() bool) t
 // reach the key's (redis/go-redis#3909), which then waits out its read timeout, so a
 // master's death also stalls keys on the other masters for seconds.
 func TestClusterFailover(t *testing.T) {
+	parallel(t)
 	const (
 		period      = 250 * ms
 		longPeriod  = 4 * time.Second

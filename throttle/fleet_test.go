@@ -90,7 +90,7 @@ func TestFleetChildProcess(t *testing.T) {
 	defer rdb.Close()
 	grants := redistest.RecordGrants(rdb)
 	if o.Shift != 0 {
-		defer clock.Set(shiftedClock{o.Shift})()
+		setGoClock(t, shiftedClock{o.Shift})
 	}
 	// limiter makes a worker's Limiter of job j on key, whose Allowed hook fills slot
 	limiter := func(j fleetJob, key string, slot *grantSlot) *Limiter {
@@ -419,6 +419,7 @@ func maxInAlignedWindow(g *redistest.Grants, p time.Duration) int {
 // this one (re-running its Lua interpreter per call), so it gets a fifth of the rates.
 // Runs 1.5s by default, 30s with JOBTHROTTLE_LONG=1.
 func TestFleetNeverOverAdmits(t *testing.T) {
+	parallel(t)
 	const period = 250 * ms
 	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
 		scale := 1

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jobthrottle/jobthrottle/internal/clock"
 	"github.com/jobthrottle/jobthrottle/internal/keys"
 	"github.com/jobthrottle/jobthrottle/internal/protocol"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
@@ -81,7 +80,7 @@ func runSemaphoreInput(t *testing.T, cfg []byte, key, junk string, ops []byte) {
 		}
 	}
 	r := &semRun{fuzzRun: &fuzzRun{t: t, name: "Semaphore", pair: pair, now: redistest.Epoch, foreign: map[string]bool{}}}
-	t.Cleanup(clock.Set(fuzzGoClock{&r.now}))
+	setGoClock(t, fuzzGoClock{&r.now})
 	tag := "{" + pair.Mini.Prefix + key + "}"
 	r.clock = tag
 	if i := strings.IndexByte(key, '}'); i >= 0 {

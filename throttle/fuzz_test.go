@@ -490,7 +490,7 @@ func runLimiterInput(t *testing.T, alg Algorithm, cfg []byte, key, junk string, 
 		key = strings.Repeat(key, n/len(key)+1)[:n]
 	}
 	r := &fuzzRun{t: t, name: alg.String(), alg: alg, pair: pair, now: redistest.Epoch, foreign: map[string]bool{}}
-	t.Cleanup(clock.Set(fuzzGoClock{&r.now}))
+	setGoClock(t, fuzzGoClock{&r.now})
 	r.note("config %v buckets %d prestate %q key %q (%d bytes)", c.limits, c.buckets, prestates[c.prestate],
 		trunc(key), len(key))
 

@@ -107,12 +107,34 @@ type timeline struct {
 	tags []string
 }
 
+// parallelTests counts the parallel tests running (see parallel).
+var parallelTests atomic.Int32
+
+// parallel marks t a parallel test (t.Parallel). Parallel tests start once every other
+// test has ended; they must not set the Go side's clock, which is the package's and
+// would move under the tests beside them: setGoClock fails while one runs.
+func parallel(t *testing.T) {
+	t.Parallel()
+	parallelTests.Add(1)
+	t.Cleanup(func() { parallelTests.Add(-1) })
+}
+
+// setGoClock makes c the Go side's clock (clock.Set) until t ends; never in a parallel
+// test.
+func setGoClock(t testing.TB, c clock.Clock) {
+	t.Helper()
+	if parallelTests.Load() > 0 {
+		t.Fatal("setGoClock while parallel tests run: the Go side's clock is the package's, shared by every test running")
+	}
+	t.Cleanup(clock.Set(c))
+}
+
 // The Go side's clock (when a booking is due, how long a lease was held) stands at the
 // timeline's time while the test runs; its timers are real.
 func newTimeline(t *testing.T, b *redistest.Backend) *timeline {
 	tl := &timeline{t: t, b: b, now: redistest.Epoch}
 	b.SetTime(t, tl.now)
-	t.Cleanup(clock.Set(goClock{tl}))
+	setGoClock(t, goClock{tl})
 	return tl
 }
 

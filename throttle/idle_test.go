@@ -50,6 +50,7 @@ func keyspace(ctx context.Context, c *redis.Client) (keys, expires int64, err er
 // Tolerances: the last keys must be gone 1s after the longest TTL (Redis's active
 // expiry runs 10 times a second and is budgeted; the measured time is logged).
 func TestIdleKeysExpire(t *testing.T) {
+	parallel(t)
 	_, c := startOwnServer(t)
 	ctx := context.Background()
 	const (

@@ -192,9 +192,6 @@ func (c *stepClock) pending(t *testing.T) *stepTimer {
 	}
 }
 
-// setClock makes c the Go side's clock; the returned func puts the time package's back.
-func setClock(c clock.Clock) func() { return clock.Set(c) }
-
 // fire moves the clock to tm's deadline and fires it.
 func (c *stepClock) fire(tm *stepTimer) {
 	c.mu.Lock()
@@ -212,7 +209,7 @@ func TestLeaseHoldRenews(t *testing.T) {
 		ctx := context.Background()
 		tl := newTimeline(t, b)
 		clock := newStepClock(tl)
-		t.Cleanup(setClock(clock))
+		setGoClock(t, clock)
 		const ttl = 9 * time.Second
 		s := tl.semaphore("hold", 1, WithLeaseTTL(ttl))
 		l := mustTry(t, s)

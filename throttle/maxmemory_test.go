@@ -48,6 +48,7 @@ func infoInt(ctx context.Context, c *redis.Client, section, field string) int64 
 //   - noeviction refuses writes with an OOM error, which callers get as ErrUnavailable,
 //     and evicts nothing.
 func TestMaxmemoryFlood(t *testing.T) {
+	parallel(t)
 	for _, policy := range []string{"allkeys-lru", "allkeys-lfu", "volatile-lru", "volatile-ttl", "allkeys-random", "noeviction"} {
 		t.Run(policy, func(t *testing.T) {
 			_, c := startOwnServer(t, "--maxmemory", "4mb", "--maxmemory-policy", policy, "--notify-keyspace-events", "Ee")

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -39,6 +40,7 @@ func usedMemory(ctx context.Context, c *redis.Client) (int64, error) {
 // state key over 200 bytes after one grant, the O(1) states over 200 bytes at any
 // rate, the sliding counter over what its buckets allow).
 func TestMemoryPerKey(t *testing.T) {
+	parallel(t)
 	_, c := startOwnServer(t)
 	ctx := context.Background()
 	b := &redistest.Backend{Kind: redistest.Standalone, Client: c}
@@ -60,21 +62,37 @@ func TestMemoryPerKey(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// a long period, so that no state expires while they are counted (the numbers a
+		// state holds are as long whatever the period); keys of their own per
+		// algorithm, of the same length; granted by 32 callers at once, whose calls
+		// share round trips
+		lims := make([]*Limiter, n)
+		var next atomic.Int64
+		errs := make(chan error, 32)
+		for range 32 {
+			go func() {
+				for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
+					l, err := New(c, fmt.Sprintf("tenant-%06d", ai*n+i), Limit{Rate: 10, Period: maxPeriodUS * time.Microsecond}, WithAlgorithm(alg))
+					if err == nil {
+						_, err = l.Allow(ctx)
+					}
+					if err != nil {
+						errs <- err
+						return
+					}
+					lims[i] = l
+				}
+				errs <- nil
+			}()
+		}
+		for range 32 {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
 		var one int64
-		for i := 0; i < n; i++ {
-			// a long period, so that no state expires while they are counted (the
-			// numbers a state holds are as long whatever the period); keys of their
-			// own per algorithm, of the same length
-			l, err := New(c, fmt.Sprintf("tenant-%06d", ai*n+i), Limit{Rate: 10, Period: maxPeriodUS * time.Microsecond}, WithAlgorithm(alg))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := l.Allow(ctx); err != nil {
-				t.Fatal(err)
-			}
-			if i < 1000 {
-				one += usage(l.stateKey())
-			}
+		for _, l := range lims[:1000] {
+			one += usage(l.stateKey())
 		}
 		after, err := usedMemory(ctx, c)
 		if err != nil {

@@ -207,6 +207,7 @@ func TestOverride(t *testing.T) {
 // made before it have taken effect. Grant times are the server's, from the script
 // replies, so the machine's load changes how many grants there are, not the check.
 func TestFleetOverrideMidRun(t *testing.T) {
+	parallel(t)
 	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
 		grants := redistest.RecordGrants(b.Client)

@@ -267,6 +267,7 @@ func TestPauseLeavesUnwatchedBookings(t *testing.T) {
 // (A sleeper whose slot comes between the pause's landing in Redis and its notice's
 // arrival goes ahead: the test pauses just after a slot, the next one 200ms away.)
 func TestPauseStopsTheFleet(t *testing.T) {
+	parallel(t)
 	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
 		const procs, workers, pause = 3, 3, 2 * time.Second
 		addrs, cluster := b.Addrs()

@@ -421,7 +421,7 @@ func TestSemaphoreHooksAndRedisDown(t *testing.T) {
 		}
 		tl := newTimeline(t, b)
 		clk := &hookClock{}
-		t.Cleanup(clock.Set(clk))
+		setGoClock(t, clk)
 		s := tl.semaphore("hooks", 1, WithLeaseTTL(time.Minute), WithSemaphoreHooks(hooks))
 		ctx := context.Background()
 		a := mustTry(t, s)
@@ -739,6 +739,7 @@ func startChild(t *testing.T, env []string) *child {
 // after the test's TIME call. When the survivor's calls purge the dead leases is
 // reported, not asserted (460ms after the kill, TTL 300ms, was seen at load 17).
 func TestSemaphoreHoldersKilled(t *testing.T) {
+	parallel(t)
 	const (
 		max      = 4
 		ttl      = 300 * ms

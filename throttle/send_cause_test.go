@@ -34,6 +34,7 @@ func wantOnePrefix(t *testing.T, what string, err error) {
 // that resets every connection (what go-redis reports of it: EOF). The errors wrap ErrUnavailable and the cause, the cut
 // one context.DeadlineExceeded too, each under one prefix.
 func TestErrorsNameTheCause(t *testing.T) {
+	parallel(t)
 	reset := sendResettingServer(t)
 	for _, c := range []struct {
 		name, says string

@@ -21,6 +21,7 @@ import (
 // script call with an acquire goes again alone. On a redis-server and on the master of
 // a Cluster that holds the key. Reported: how long the refused calls took.
 func TestFullRedis(t *testing.T) {
+	parallel(t)
 	t.Run("redis-server", func(t *testing.T) {
 		_, c := startOwnServer(t, "--maxmemory-policy", "noeviction")
 		fullRedis(t, c, func(string) *redis.Client { return c })

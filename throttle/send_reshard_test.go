@@ -25,6 +25,7 @@ import (
 // served again after the move. Reported: the grants in each phase against the rate,
 // and each error's text.
 func TestReshardIsAPause(t *testing.T) {
+	parallel(t)
 	tc, cc := redistest.OwnCluster(t)
 	ctx := context.Background()
 	const rate = 50 // one per 20ms: evenly spread, so each phase can be served
@@ -140,6 +141,7 @@ func TestReshardIsAPause(t *testing.T) {
 // first reaches the source. (A call some of whose keys do not exist gets TRYAGAIN from
 // both nodes instead.)
 func TestReshardAsksTheTarget(t *testing.T) {
+	parallel(t)
 	tc, cc := redistest.OwnCluster(t)
 	ctx := context.Background()
 	s, err := NewSemaphore(cc, "asked", 1, WithLeaseTTL(time.Minute))

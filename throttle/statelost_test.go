@@ -243,6 +243,7 @@ func TestStateLostNotAfterOverride(t *testing.T) {
 // the period holds more than that sum; StateLost fires. Reported: the most permits in
 // one window, against the limit.
 func TestEmptyRestart(t *testing.T) {
+	parallel(t)
 	const rate, booked = 10, 5
 	for _, kind := range []string{"miniredis, FLUSHALL", "redis, killed and restarted"} {
 		t.Run(kind, func(t *testing.T) {

@@ -28,6 +28,7 @@ import (
 // leaves a period unjudged; that the waiters keep a queue at all is checked on the
 // bookings themselves (some are made a whole period ahead).
 func TestWaitSharesTheRate(t *testing.T) {
+	parallel(t)
 	const (
 		workers = 100
 		period  = 200 * ms

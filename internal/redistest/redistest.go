@@ -11,8 +11,11 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"flag"
 	"fmt"
 	"os"
+	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -28,6 +31,19 @@ func Main(m *testing.M) {
 	code := m.Run()
 	StopAll()
 	os.Exit(code)
+}
+
+// Parallel lets n of a package's parallel tests run at once, unless the command line
+// sets -test.parallel: for packages whose parallel tests wait on clocks and servers
+// more than they compute, so that more of them than GOMAXPROCS (go test's default)
+// keep the CPU busy. Call it from TestMain, before Main.
+func Parallel(n int) {
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set {
+		_ = flag.Set("test.parallel", strconv.Itoa(max(n, runtime.GOMAXPROCS(0))))
+	}
 }
 
 // Kind names a backend.

@@ -2,6 +2,7 @@ package redistest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -139,6 +140,7 @@ func StopAll() {
 	started, cleanup = nil, nil
 }
 
+// waitPing waits up to d for the server at addr to answer: any reply, an error too.
 func waitPing(addr string, d time.Duration) error {
 	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
 	defer c.Close()
@@ -147,7 +149,8 @@ func waitPing(addr string, d time.Duration) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 		err := c.Ping(ctx).Err()
 		cancel()
-		if err == nil {
+		var reply redis.Error // a replica cut off from its master answers MASTERDOWN
+		if err == nil || errors.As(err, &reply) {
 			return nil
 		}
 		if time.Now().After(deadline) {
