@@ -23,7 +23,7 @@
 --   adjust(st, lim, d, token, now)   charge d more (less, d < 0) at the grant's place (settle)
 --   report(st, lim, now, oend) -> remaining, reset_us, keep_us (how long the state matters)
 --   detail(st, lim, now) -> booked, ahead_us, avail (per limit)   (inspect)
---   rates(st, old, new, at, now)     the limits in force change at `at`
+--   rates(st, new, at)               the limits in force become new at `at`
 --   save(st, key, keep, meta, bare)  write the state to live keep µs more (<= 0: delete it),
 --                                    meta the new meta (nil: unchanged); bare: the meta alone
 -- st.dirty says the state changed, st.absent that the key was absent (or held a meta
@@ -831,13 +831,7 @@ end
 -- most q.late µs past and no pause after it (status 2, a new stamp above the last); one an
 -- override set since lowers a limit under is given back and booked anew. A tenant's
 -- request also waits for its fair turn (docs/design.md, "Tenants and the fair share"); with
--- h it takes its place when denied. horizon is how far ahead a request of the fair share,
--- or a caller's of estimated costs, may book: two of the group's slots at least, and its
--- cost's time.
-local function horizon(q)
-  return math.max(HORIZON, 2 * lim[1][2] / lim[1][1], cost_time(q))
-end
-
+-- h it takes its place when denied.
 local function acquire(r, q)
   local n, x, pause, ctext, why = q.n, q.x, meta.pause, q.ctext, exceeds(q)
   why = why or queue_foreign(q.q)
@@ -878,10 +872,11 @@ local function acquire(r, q)
   end
   local t0, bound, t, wait, who, fr, h = math.max(now, pause), x, now, nil, nil, nil, nil
   if #P > 0 and (q.tenant or (q.cost and not q.b)) then
-    -- a tenant's request books no further ahead than the horizon, nor does a caller's call
-    -- of estimated costs: held further, its estimate would keep room that the refunds of the
-    -- settles before it free (a task's booking, handed back to its queue, is kept however far)
-    h = horizon(q)
+    -- a tenant's request books no further ahead than the horizon h (two of the group's slots
+    -- at least, and its cost's time), nor does a caller's call of estimated costs: held
+    -- further, its estimate would keep room that the refunds of the settles before it free (a
+    -- task's booking, handed back to its queue, is kept however far)
+    h = math.max(HORIZON, 2 * lim[1][2] / lim[1][1], cost_time(q))
     bound = math.min(x, h)
   end
   if q.tenant and #P > 0 then
@@ -1058,12 +1053,8 @@ local function inspect(r, q)
   local t = fit(G[1].st, G[1].lim, 1, math.max(now, pause), now) -- one of the first part
   local rem = group_report()
   local b, ahead = detail(G[1].st, G[1].lim, now)
-  local pttl = -2
-  if not dirty() then
-    pttl = redis.call('PTTL', KEYS[1])
-  elseif kept_us(data_keep()) > 0 then -- what the call's writes will set
-    pttl = math.ceil(kept_us(data_keep()) / 1000)
-  end
+  local kept = dirty() and kept_us(data_keep()) -- what the call's writes will set
+  local pttl = not kept and redis.call('PTTL', KEYS[1]) or kept > 0 and math.ceil(kept / 1000) or -2
   local d = {b, ahead, math.max(0, pause - now), pttl, math.max(0, oend - now)}
   local f = q.q and fair(KEYS[q.q], true)
   local function limits(parts, rate) -- each limit's [rate,] capacity and available
@@ -1140,10 +1131,9 @@ local function control(r, q)
     meta.over = op == OP_OVERRIDE and {now + (q.x > 0 and q.x or MAX_PERIOD), now, q.rates} or nil
     lim, lower, oend = in_force(given, meta.over)
     for _, p in ipairs(G) do
-      local old = p.lim
       p.lim = slice(lim, p)
       p.cap = cap_of(p.lim)
-      rates(p.st, old, p.lim, now, now)
+      rates(p.st, p.lim, now)
     end
     remaining = nil
   end
@@ -1169,10 +1159,8 @@ for r = 1, k do
     ext[r] = why or ext[r]
   end
   if foreign_part(G) then -- a read after load found the state foreign: it fails every request
-    for i = 1, k do
-      ext[i] = foreign_part(G)
-    end
-    return reply({}, k, ext)
+    ext = {}
+    return fail_all(foreign_part(G))
   end
   -- a state the call writes gets the caller's head: no drift for the requests after
   -- that, as for lone calls after one that wrote

@@ -374,5 +374,5 @@ local function detail(st, lim, now)
   return booked, booked > 0 and st.lastT - st.prec - now or 0, avail
 end
 
-local function rates(st, old, new, at, now)
+local function rates(st, new, at)
 end

@@ -191,5 +191,5 @@ local function detail(st, lim, now)
   return booked, math.max(0, st.L - now), avail
 end
 
-local function rates(st, old, new, at, now)
+local function rates(st, new, at)
 end
