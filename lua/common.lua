@@ -13,11 +13,10 @@
 -- and tonumber() raises. gopher-lua also miscompiles a multiple assignment that sets an
 -- upvalue beside a table field: write separate statements.
 --
--- Errors: a request that fails gets fail(code, text), code E_ARG (JTARG, an argument
--- missing or out of range), E_STATE (JTSTATE, a key holding what jobthrottle did not
--- write), E_ALG, E_EXCEEDS, or 0 for an error Redis gave (an ACL refusal, OOM), its text
--- Redis's; the text is for people. An error in the shared arguments fails the call
--- ("JTARG ..."). A request that fails writes nothing.
+-- Errors: a request that fails gets fail(code, text), code one of internal/protocol's
+-- (E_ARG, JTARG; E_STATE, JTSTATE; ...) or 0 for an error Redis gave (an ACL refusal, OOM)
+-- with Redis's text. An error in the shared arguments fails the call ("JTARG ..."). A
+-- request that fails writes nothing.
 --
 -- Provides: (the fast path uses only the first two; the rest come after "@cold")
 --   now                    the call's server time, µs

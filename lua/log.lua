@@ -345,15 +345,14 @@ local function adjust(st, lim, d, token, now)
   for i = k, #tail, 2 do
     tail[i] = tail[i] + d
   end
-  if d == -held then
+  if d == -held then -- the entry goes
     table.remove(tail, k)
     table.remove(tail, k - 1)
+    if E == e then
+      st.lastT = E > 1 and (at(st, E - 1)) or nil
+    end
   end
-  st.P = st.P + d
-  if E == e and d == -held then
-    st.lastT = E > 1 and (at(st, E - 1)) or nil
-  end
-  st.dirty = true
+  st.P, st.dirty = st.P + d, true
   return 1
 end
 

@@ -97,16 +97,12 @@ for r = 1, k do
 end
 
 -- Reads first: a foreign key fails the requests before anything is written.
-local foreign
+local foreign, pause_end
 for i = 1, 3 do
-  foreign = select(2, read_key('sorted set', 'ZCARD', KEYS[i]))
-  if foreign then
-    break
-  end
+  foreign = foreign or select(2, read_key('sorted set', 'ZCARD', KEYS[i]))
 end
-local pause_end, why = pause_read(KEYS[4])
-if not foreign and not pause_end then
-  foreign = why
+if not foreign then
+  pause_end, foreign = pause_read(KEYS[4])
 end
 if foreign then
   for r = 1, k do

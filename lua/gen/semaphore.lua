@@ -16,11 +16,10 @@
 -- and tonumber() raises. gopher-lua also miscompiles a multiple assignment that sets an
 -- upvalue beside a table field: write separate statements.
 --
--- Errors: a request that fails gets fail(code, text), code E_ARG (JTARG, an argument
--- missing or out of range), E_STATE (JTSTATE, a key holding what jobthrottle did not
--- write), E_ALG, E_EXCEEDS, or 0 for an error Redis gave (an ACL refusal, OOM), its text
--- Redis's; the text is for people. An error in the shared arguments fails the call
--- ("JTARG ..."). A request that fails writes nothing.
+-- Errors: a request that fails gets fail(code, text), code one of internal/protocol's
+-- (E_ARG, JTARG; E_STATE, JTSTATE; ...) or 0 for an error Redis gave (an ACL refusal, OOM)
+-- with Redis's text. An error in the shared arguments fails the call ("JTARG ..."). A
+-- request that fails writes nothing.
 --
 -- Provides: (the fast path uses only the first two; the rest come after "@cold")
 --   now                    the call's server time, µs
@@ -43,7 +42,7 @@ local function ms(us)
 end
 
 
--- [common.lua from line 42]
+-- [common.lua from line 41]
 -- @cold: what follows only the slow paths need (see lua/internal/gen).
 
 -- int reads s, plain decimal digits, as an integer in [lo, hi], or nil.
@@ -221,16 +220,12 @@ for r = 1, k do
 end
 
 -- Reads first: a foreign key fails the requests before anything is written.
-local foreign
+local foreign, pause_end
 for i = 1, 3 do
-  foreign = select(2, read_key('sorted set', 'ZCARD', KEYS[i]))
-  if foreign then
-    break
-  end
+  foreign = foreign or select(2, read_key('sorted set', 'ZCARD', KEYS[i]))
 end
-local pause_end, why = pause_read(KEYS[4])
-if not foreign and not pause_end then
-  foreign = why
+if not foreign then
+  pause_end, foreign = pause_read(KEYS[4])
 end
 if foreign then
   for r = 1, k do

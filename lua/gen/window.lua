@@ -16,11 +16,10 @@
 -- and tonumber() raises. gopher-lua also miscompiles a multiple assignment that sets an
 -- upvalue beside a table field: write separate statements.
 --
--- Errors: a request that fails gets fail(code, text), code E_ARG (JTARG, an argument
--- missing or out of range), E_STATE (JTSTATE, a key holding what jobthrottle did not
--- write), E_ALG, E_EXCEEDS, or 0 for an error Redis gave (an ACL refusal, OOM), its text
--- Redis's; the text is for people. An error in the shared arguments fails the call
--- ("JTARG ..."). A request that fails writes nothing.
+-- Errors: a request that fails gets fail(code, text), code one of internal/protocol's
+-- (E_ARG, JTARG; E_STATE, JTSTATE; ...) or 0 for an error Redis gave (an ACL refusal, OOM)
+-- with Redis's text. An error in the shared arguments fails the call ("JTARG ..."). A
+-- request that fails writes nothing.
 --
 -- Provides: (the fast path uses only the first two; the rest come after "@cold")
 --   now                    the call's server time, µs
@@ -365,7 +364,7 @@ if nargv >= 3 and nargv <= 2 + 1000 and ARGV[2] == '' then
 end
 
 
--- [common.lua from line 42]
+-- [common.lua from line 41]
 -- @cold: what follows only the slow paths need (see lua/internal/gen).
 
 -- int reads s, plain decimal digits, as an integer in [lo, hi], or nil.
@@ -500,7 +499,7 @@ local function read_head(text)
   return lim, param, tag, parts
 end
 
-local given, param, tag, gparts = read_head(ARGV[1] or '')
+local given, param, tag, G = read_head(ARGV[1] or '')
 if not given or nargv < 3 or nargv > 2 + 1000 then
   return redis.error_reply('JTARG head or request count')
 end
@@ -512,7 +511,7 @@ if ARGV[2] ~= '' then
   end
   cparts = parts
 end
-for _, parts in ipairs({gparts, cparts}) do
+for _, parts in ipairs({G, cparts}) do
   for _, p in ipairs(parts) do
     known[p.unit] = true
   end
@@ -820,11 +819,11 @@ local function part_state(p, rates, cwend)
   return setup_part(p, st, st.meta, rates, cwend)
 end
 
--- The group's parts (G), each with its state (docs/design.md, "Units and settles"); each
--- part's lim and given its share of the limits in force and the callers', cap the largest
--- n they allow. lim holds all the head's limits in force, lower and oend are in_force's.
+-- The group's parts (G, read_head's), each with its state (docs/design.md, "Units and
+-- settles"); each part's lim and given its share of the limits in force and the callers',
+-- cap the largest n they allow. lim holds all the head's limits in force, lower and oend
+-- are in_force's.
 local lim, lower, oend = in_force(given, meta.over)
-local G = gparts
 do
   local rates, cwend, u = meta.over and meta.over[3], meta.over and meta.over[1] or 0, 1
   for _, p in ipairs(G) do
@@ -911,7 +910,8 @@ end
 -- docs/design.md), moved to now once, by the first request that needs it; an inspect
 -- (readonly) moves a copy and writes nothing. changed says the meta's content
 -- changed (a control op, the clock or the queue); finish and queued hold finish tags read
--- and to write, by member "<weight units> <name>".
+-- and to write, by member "<weight units> <name>"; fair_key is the queue the writes keep
+-- (the clock moved, or a pause froze it).
 local changed, fair_key, fair_moved, finish, queued = false, nil, false, {}, {}
 local function fair(qkey, readonly)
   if fair_moved then
@@ -1053,7 +1053,7 @@ local function put(i, rec)
   books[i], booked[#booked + 1] = rec, i
 end
 
-local out, wakes, paused_queue, remaining, reset = {}, {}, nil, nil, nil
+local out, wakes, remaining, reset = {}, {}, nil, nil
 
 -- answer sets request r's reply. report's figures on the group (its first part) are read
 -- once while they hold (take, give and rates change them: remaining = nil).
@@ -1437,7 +1437,7 @@ local function control(r, q)
       if q.q and not queue_foreign(q.q) then -- and the queue lives as long as it (if ours)
         local first = redis.call('ZRANGE', KEYS[q.q], '0', '0')[1]
         if not first or string.find(first, '^%d+ .') then
-          paused_queue = KEYS[q.q]
+          fair_key = KEYS[q.q]
         end
       end
     end
@@ -1494,13 +1494,11 @@ end
 
 -- Writes, after every read and check: what lives is kept until it no longer matters.
 local kept, f = kept_us(data_keep()), meta.fair
-if f and f.W > 0 and fair_moved then
-  for name, F in pairs(queued) do
+if f and f.W > 0 and fair_key then
+  for name, F in pairs(queued) do -- (queued only after the clock moved)
     redis.call('ZADD', fair_key, string.format('%.17g', F), name)
   end
   redis.call('PEXPIRE', fair_key, ms(life(f)))
-elseif f and f.W > 0 and paused_queue then
-  redis.call('PEXPIRE', paused_queue, ms(life(f)))
 end
 if dirty() then
   if gst.found then -- the head replaced: another process's, with other limits
@@ -1524,13 +1522,12 @@ for _, parts in ipairs(sets) do
 end
 for _, i in ipairs(booked) do
   local rec = books[i]
-  if rec then -- a task handed back keeps its place while it may still come
-    local ttl = ms(rec.ticket and rec.due + 60000000 or math.max(rec[1] - now, 0) + 1000000)
-    if rec.ticket then
-      redis.call('SET', KEYS[i], string.format('t %d %d', math.floor(rec.ticket * 1000000 + 0.5), rec.n) .. rec.ctext, 'PX', ttl)
-    else
-      redis.call('SET', KEYS[i], string.format('%d %d %d', rec[1], rec[2], rec[3]) .. rec[4], 'PX', ttl)
-    end
+  if rec and rec.ticket then -- a task handed back keeps its place while it may still come
+    redis.call('SET', KEYS[i], string.format('t %d %d', math.floor(rec.ticket * 1000000 + 0.5), rec.n) .. rec.ctext,
+      'PX', ms(rec.due + 60000000))
+  elseif rec then
+    redis.call('SET', KEYS[i], string.format('%d %d %d', rec[1], rec[2], rec[3]) .. rec[4],
+      'PX', ms(math.max(rec[1] - now, 0) + 1000000))
   elseif rec == false then
     redis.call('DEL', KEYS[i])
   end
