@@ -255,7 +255,7 @@ end
 -- @cold: what follows only the driver's request loop needs (see lua/internal/gen).
 
 local function give(st, lim, n, token, now)
-  if token < now or n == 0 then
+  if token < now then
     return 0
   end
   local freed = 0

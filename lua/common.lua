@@ -25,7 +25,7 @@
 --   fail(code, text)       a request's error value
 --   read_key(what, cmd, key, ...)  a read of a key that may be foreign; or nil, its failure
 --   foreign(key, e, own)   the failure of a state key of another type or content
---   reply(out, k, ext)     the flat reply: WIDTH integers per request, then the extras
+--   reply(out, k, ext, why)  the flat reply: WIDTH integers per request, then the extras
 
 local now
 do
@@ -92,11 +92,12 @@ end
 -- reply appends each request's extra to out (WIDTH integers per request, k requests):
 -- ext[r] with a code is request r's error, {-1, code, at, len, 0, 0, 0} with the text one
 -- byte per integer; any other table is its detail (inspect), whose at and len go in
--- fields 5 and 6. at is 1-based in the whole reply.
-local function reply(out, k, ext)
+-- fields 5 and 6. at is 1-based in the whole reply. why (nil: none) is the error of every
+-- request without an extra.
+local function reply(out, k, ext, why)
   local at = WIDTH * k
   for r = 1, k do
-    local e, b = ext[r], WIDTH * r - WIDTH
+    local e, b = ext[r] or why, WIDTH * r - WIDTH
     if e then
       local text = e.code and e.text
       local len = text and #text or #e

@@ -19,8 +19,8 @@
 --                               in force; cw: those it was counted with, to cwend
 --   fit(st, lim, n, t, now) -> t'    the earliest time >= t at which n fit every limit
 --   take(st, lim, n, t, now)         book n at t
---   give(st, lim, n, token, now) -> freed 0|1   give back n booked at token (cancel)
---   adjust(st, lim, d, token, now)   charge d more (less, d < 0) at the grant's place (settle)
+--   give(st, lim, n, token, now) -> freed 0|1   give back n >= 1 booked at token (cancel)
+--   adjust(st, lim, d, token, now)   charge d ~= 0 more (less, d < 0) at the grant's place (settle)
 --   report(st, lim, now, oend) -> remaining, reset_us, keep_us (how long the state matters)
 --   detail(st, lim, now) -> booked, ahead_us, avail (per limit)   (inspect)
 --   rates(st, new, at)               the limits in force become new at `at`
@@ -431,31 +431,23 @@ do
   end
 end
 
--- fail_all fails every request that has not failed with why, and returns the reply.
-local function fail_all(why)
-  for r = 1, k do
-    ext[r] = ext[r] or why
-  end
-  return reply({}, k, ext)
-end
-
 -- The group's state, read once, and its meta: a meta alone is any algorithm's (its head
 -- becomes the callers'); another process's head of this algorithm's is drift, noted in
 -- gst.found (the d line, the reply's end).
 local gst, gfail = load(KEYS[1], ARGV[1])
 if not gst then
-  return fail_all(foreign(KEYS[1], gfail or nil, TAGS))
+  return reply({}, k, ext, foreign(KEYS[1], gfail or nil, TAGS))
 end
 local meta = {head = ARGV[1], pause = 0, weights = {}}
 if gst.meta then
   meta = parse_meta(gst.meta)
   local stored = meta and string.match(meta.head, '^(%S+)')
   if not meta or not string.find(' sw sc tb fw ', ' ' .. (stored or '?') .. ' ', 1, true) then
-    return fail_all(fail(E_STATE, KEYS[1] .. ': not a jobthrottle meta'))
+    return reply({}, k, ext, fail(E_STATE, KEYS[1] .. ': not a jobthrottle meta'))
   elseif gst.bare then
     meta.head = ARGV[1]
   elseif stored ~= tag then
-    return fail_all(fail(E_ALG, stored .. ' ' .. KEYS[1]))
+    return reply({}, k, ext, fail(E_ALG, stored .. ' ' .. KEYS[1]))
   end
 end
 local drift = meta.head ~= ARGV[1]
@@ -519,7 +511,7 @@ do
       end
       local why = part_state(p, slice(rates, p), cwend)
       if why then
-        return fail_all(why)
+        return reply({}, k, ext, why)
       end
     end
   end
@@ -534,7 +526,7 @@ local function foreign_part(parts)
   end
 end
 if foreign_part(G) then -- setup found the numbers foreign: no request can be decided on them
-  return fail_all(foreign_part(G))
+  return reply({}, k, ext, foreign_part(G))
 end
 
 -- The tenants' states, read once each: the parts of their caps, as the group's (cparts'
@@ -1160,8 +1152,7 @@ for r = 1, k do
     ext[r] = why or ext[r]
   end
   if foreign_part(G) then -- a read after load found the state foreign: it fails every request
-    ext = {}
-    return fail_all(foreign_part(G))
+    return reply({}, k, {}, foreign_part(G))
   end
   -- a state the call writes gets the caller's head: no drift for the requests after
   -- that, as for lone calls after one that wrote

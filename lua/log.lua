@@ -300,7 +300,7 @@ end
 -- most what it holds, when d < 0), and renumbers the entries after it; 1 when there was
 -- such an entry.
 local function adjust(st, lim, d, token, now)
-  if d == 0 or not st.lastT then
+  if not st.lastT then
     return 0
   end
   local rt = token

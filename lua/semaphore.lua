@@ -105,10 +105,7 @@ if not foreign then
   pause_end, foreign = pause_read(KEYS[4])
 end
 if foreign then
-  for r = 1, k do
-    ext[r] = ext[r] or foreign
-  end
-  return reply({}, k, ext)
+  return reply({}, k, ext, foreign)
 end
 local paused = pause_end > now
 
@@ -231,12 +228,8 @@ for r = 1, k do
           redis.call('ZREM', x, me)
           ok = 1
         else
-          local held = redis.call('ZCARD', sem)
-          local rank = redis.call('ZRANK', q, me)
-          local queued = rank ~= false and rank ~= nil
-          if not queued then
-            rank = redis.call('ZCARD', q)
-          end
+          local held, queued = redis.call('ZCARD', sem), redis.call('ZRANK', q, me)
+          local rank = queued or redis.call('ZCARD', q)
           local e = math.min(held - max + rank, held - 1) -- the lease to wait for
           if e >= 0 then
             local v = redis.call('ZRANGE', sem, e, e, 'WITHSCORES')

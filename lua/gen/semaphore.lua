@@ -28,7 +28,7 @@
 --   fail(code, text)       a request's error value
 --   read_key(what, cmd, key, ...)  a read of a key that may be foreign; or nil, its failure
 --   foreign(key, e, own)   the failure of a state key of another type or content
---   reply(out, k, ext)     the flat reply: WIDTH integers per request, then the extras
+--   reply(out, k, ext, why)  the flat reply: WIDTH integers per request, then the extras
 
 local now
 do
@@ -97,11 +97,12 @@ end
 -- reply appends each request's extra to out (WIDTH integers per request, k requests):
 -- ext[r] with a code is request r's error, {-1, code, at, len, 0, 0, 0} with the text one
 -- byte per integer; any other table is its detail (inspect), whose at and len go in
--- fields 5 and 6. at is 1-based in the whole reply.
-local function reply(out, k, ext)
+-- fields 5 and 6. at is 1-based in the whole reply. why (nil: none) is the error of every
+-- request without an extra.
+local function reply(out, k, ext, why)
   local at = 7 * k
   for r = 1, k do
-    local e, b = ext[r], 7 * r - 7
+    local e, b = ext[r] or why, 7 * r - 7
     if e then
       local text = e.code and e.text
       local len = text and #text or #e
@@ -228,10 +229,7 @@ if not foreign then
   pause_end, foreign = pause_read(KEYS[4])
 end
 if foreign then
-  for r = 1, k do
-    ext[r] = ext[r] or foreign
-  end
-  return reply({}, k, ext)
+  return reply({}, k, ext, foreign)
 end
 local paused = pause_end > now
 
@@ -354,12 +352,8 @@ for r = 1, k do
           redis.call('ZREM', x, me)
           ok = 1
         else
-          local held = redis.call('ZCARD', sem)
-          local rank = redis.call('ZRANK', q, me)
-          local queued = rank ~= false and rank ~= nil
-          if not queued then
-            rank = redis.call('ZCARD', q)
-          end
+          local held, queued = redis.call('ZCARD', sem), redis.call('ZRANK', q, me)
+          local rank = queued or redis.call('ZCARD', q)
           local e = math.min(held - max + rank, held - 1) -- the lease to wait for
           if e >= 0 then
             local v = redis.call('ZRANGE', sem, e, e, 'WITHSCORES')

@@ -28,7 +28,7 @@
 --   fail(code, text)       a request's error value
 --   read_key(what, cmd, key, ...)  a read of a key that may be foreign; or nil, its failure
 --   foreign(key, e, own)   the failure of a state key of another type or content
---   reply(out, k, ext)     the flat reply: WIDTH integers per request, then the extras
+--   reply(out, k, ext, why)  the flat reply: WIDTH integers per request, then the extras
 
 local now
 do
@@ -221,8 +221,8 @@ end
 --                               in force; cw: those it was counted with, to cwend
 --   fit(st, lim, n, t, now) -> t'    the earliest time >= t at which n fit every limit
 --   take(st, lim, n, t, now)         book n at t
---   give(st, lim, n, token, now) -> freed 0|1   give back n booked at token (cancel)
---   adjust(st, lim, d, token, now)   charge d more (less, d < 0) at the grant's place (settle)
+--   give(st, lim, n, token, now) -> freed 0|1   give back n >= 1 booked at token (cancel)
+--   adjust(st, lim, d, token, now)   charge d ~= 0 more (less, d < 0) at the grant's place (settle)
 --   report(st, lim, now, oend) -> remaining, reset_us, keep_us (how long the state matters)
 --   detail(st, lim, now) -> booked, ahead_us, avail (per limit)   (inspect)
 --   rates(st, new, at)               the limits in force become new at `at`
@@ -419,11 +419,12 @@ end
 -- reply appends each request's extra to out (WIDTH integers per request, k requests):
 -- ext[r] with a code is request r's error, {-1, code, at, len, 0, 0, 0} with the text one
 -- byte per integer; any other table is its detail (inspect), whose at and len go in
--- fields 5 and 6. at is 1-based in the whole reply.
-local function reply(out, k, ext)
+-- fields 5 and 6. at is 1-based in the whole reply. why (nil: none) is the error of every
+-- request without an extra.
+local function reply(out, k, ext, why)
   local at = 7 * k
   for r = 1, k do
-    local e, b = ext[r], 7 * r - 7
+    local e, b = ext[r] or why, 7 * r - 7
     if e then
       local text = e.code and e.text
       local len = text and #text or #e
@@ -447,14 +448,10 @@ end
 
 local function adjust(st, lim, d, token, now)
   local moved = 0
-  if d ~= 0 then
-    for i = 1, #lim do
-      local P = lim[i][2]
-      if st[i] > 0 or d > 0 then
-        if token - token % P == st.L - st.L % P then -- only the window holding L is kept
-          st[i], moved = math.max(0, st[i] + d), 1
-        end
-      end
+  for i = 1, #lim do
+    local P = lim[i][2] -- (only the window holding L is kept)
+    if (st[i] > 0 or d > 0) and token - token % P == st.L - st.L % P then
+      st[i], moved = math.max(0, st[i] + d), 1
     end
   end
   st.dirty = st.dirty or moved == 1
@@ -755,31 +752,23 @@ do
   end
 end
 
--- fail_all fails every request that has not failed with why, and returns the reply.
-local function fail_all(why)
-  for r = 1, k do
-    ext[r] = ext[r] or why
-  end
-  return reply({}, k, ext)
-end
-
 -- The group's state, read once, and its meta: a meta alone is any algorithm's (its head
 -- becomes the callers'); another process's head of this algorithm's is drift, noted in
 -- gst.found (the d line, the reply's end).
 local gst, gfail = load(KEYS[1], ARGV[1])
 if not gst then
-  return fail_all(foreign(KEYS[1], gfail or nil, ' fw '))
+  return reply({}, k, ext, foreign(KEYS[1], gfail or nil, ' fw '))
 end
 local meta = {head = ARGV[1], pause = 0, weights = {}}
 if gst.meta then
   meta = parse_meta(gst.meta)
   local stored = meta and string.match(meta.head, '^(%S+)')
   if not meta or not string.find(' sw sc tb fw ', ' ' .. (stored or '?') .. ' ', 1, true) then
-    return fail_all(fail(2, KEYS[1] .. ': not a jobthrottle meta'))
+    return reply({}, k, ext, fail(2, KEYS[1] .. ': not a jobthrottle meta'))
   elseif gst.bare then
     meta.head = ARGV[1]
   elseif stored ~= tag then
-    return fail_all(fail(3, stored .. ' ' .. KEYS[1]))
+    return reply({}, k, ext, fail(3, stored .. ' ' .. KEYS[1]))
   end
 end
 local drift = meta.head ~= ARGV[1]
@@ -843,7 +832,7 @@ do
       end
       local why = part_state(p, slice(rates, p), cwend)
       if why then
-        return fail_all(why)
+        return reply({}, k, ext, why)
       end
     end
   end
@@ -858,7 +847,7 @@ local function foreign_part(parts)
   end
 end
 if foreign_part(G) then -- setup found the numbers foreign: no request can be decided on them
-  return fail_all(foreign_part(G))
+  return reply({}, k, ext, foreign_part(G))
 end
 
 -- The tenants' states, read once each: the parts of their caps, as the group's (cparts'
@@ -1484,8 +1473,7 @@ for r = 1, k do
     ext[r] = why or ext[r]
   end
   if foreign_part(G) then -- a read after load found the state foreign: it fails every request
-    ext = {}
-    return fail_all(foreign_part(G))
+    return reply({}, k, {}, foreign_part(G))
   end
   -- a state the call writes gets the caller's head: no drift for the requests after
   -- that, as for lone calls after one that wrote
