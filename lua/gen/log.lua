@@ -1056,10 +1056,7 @@ local function tenant_state(i)
     end
     tstates[i] = ts
   end
-  if ts.code then
-    return nil, ts
-  end
-  local why = foreign_part(ts)
+  local why = ts.code and ts or foreign_part(ts)
   return not why and ts, why
 end
 
@@ -1278,11 +1275,7 @@ local function fit_all(P, t)
   for _ = 1, 8 * m do
     i = i % m + 1
     local t1 = fit(P[3 * i - 2], P[3 * i - 1], P[3 * i], t, now)
-    if t1 ~= t then
-      t, stable = t1, 1
-    else
-      stable = stable + 1
-    end
+    t, stable = t1, t1 ~= t and 1 or stable + 1
     if stable >= m then
       break
     end
@@ -1675,10 +1668,8 @@ if f and f.W > 0 and fair_key then
   redis.call('PEXPIRE', fair_key, ms(life(f)))
 end
 if dirty() then
-  if gst.found then -- the head replaced: another process's, with other limits
-    meta.drift = {now, gst.found}
-  end
-  meta.head = ARGV[1]
+  -- a head replaced (another process's, with other limits) is noted
+  meta.drift, meta.head = gst.found and {now, gst.found} or meta.drift, ARGV[1]
   local text = format_meta(meta)
   save(gst, KEYS[1], kept, text ~= gst.meta and text or nil, gst.nolim or G[1].keep <= 0)
 end

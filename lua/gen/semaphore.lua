@@ -236,8 +236,7 @@ local paused = pause_end > now
 -- The places a hand-off of this call can reach (the head of the queue, lapsed places
 -- skipped; each release frees one slot more) must be ours.
 if writers > 0 and not paused and redis.call('ZCARD', q) > 0 then
-  local free = max - redis.call('ZCOUNT', sem, '(' .. now_text, '+inf') + frees
-  local from = 0
+  local free, from = max - redis.call('ZCOUNT', sem, '(' .. now_text, '+inf') + frees, 0
   while free > 0 and not foreign do
     local head = redis.call('ZRANGE', q, from, from + math.min(free, 100) - 1)
     if #head == 0 then
@@ -312,11 +311,8 @@ for r = 1, k do
     if op == 3 then
       local after = '(' .. now_text
       local held = redis.call('ZCOUNT', sem, after, '+inf')
-      local pttl = redis.call('PTTL', sem)
-      if wrote then
-        local last = latest(sem)
-        pttl = last and math.ceil((last - now) / 1000) or -2
-      end
+      local last = wrote and latest(sem) -- (wrote: what the call's writes set)
+      local pttl = not wrote and redis.call('PTTL', sem) or last and math.ceil((last - now) / 1000) or -2
       local d = {held, redis.call('ZCOUNT', x, after, '+inf'), math.max(0, pause_end - now), pttl, 0}
       if join > 0 and held > 0 then
         local v = redis.call('ZRANGEBYSCORE', sem, after, '+inf', 'WITHSCORES', 'LIMIT', '0', string.format('%d', join))
