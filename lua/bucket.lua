@@ -44,9 +44,9 @@ local LIMIT_TEXT = '^ ([1-9]%d*) ([1-9]%d*) ([1-9]%d*)()' -- a limit's text in a
 local ONE_LIMIT = '^(tb) ([1-9]%d*) ([1-9]%d*) ([1-9]%d*)$' -- the usual head, as Go writes it
 local TAGS, PARAM_TAG, CAP = ' tb ', '', 3 -- the heads it serves; the one with a parameter; n's bound
 
--- rates settles st, counted at st.at, at `at` (>= st.at) with the limits it holds, then
--- counts with new (the bucket keeps its own limits: old is not needed) up to now.
-local function rates(st, old, new, at, now)
+-- rates settles st, counted at st.at, at `at` (>= st.at) with the limits it holds, and
+-- counts with new from then on.
+local function rates(st, new, at)
   local horizon = MAX_WAIT
   for i = 1, #new do
     local j, l = 5 * i - 5, new[i]
@@ -64,9 +64,6 @@ local function rates(st, old, new, at, now)
         r, p, b = l[1], l[2], l[3]
         st.dirty = true
       end
-      if now > at then
-        u = u + (now - at) * r
-      end
       st[j + 1], st[j + 2], st[j + 3], st[j + 4] = u < b * p and u or b * p, r, p, b
       local h = (MAX_TICKS - MAX_TICKS % r) / r
       if h < horizon then
@@ -74,7 +71,7 @@ local function rates(st, old, new, at, now)
       end
     end
   end
-  st.at, st.horizon = now, horizon
+  st.at, st.horizon = at, horizon
 end
 
 local function load(key, head)
@@ -148,7 +145,7 @@ local function setup(st, lim, param, cw, cwend, given, now)
     end
     if cwend > 0 and cwend <= now then -- the override ended: its rates until then, the callers' after
       local at = math.max(cwend, st.at)
-      rates(st, nil, given, at, at)
+      rates(st, given, at)
       st.dirty = true
     end
   end
@@ -161,7 +158,7 @@ local function setup(st, lim, param, cw, cwend, given, now)
   for j = #st, 5 * #lim + 1, -1 do -- limits the callers no longer have go
     st[j] = nil
   end
-  rates(st, nil, lim, now, now)
+  rates(st, lim, now)
   st.given = given
 end
 
@@ -258,7 +255,7 @@ end
 -- @cold: what follows only the driver's request loop needs (see lua/internal/gen).
 
 local function give(st, lim, n, token, now)
-  if token < now or n == 0 then
+  if token < now then
     return 0
   end
   local freed = 0

@@ -13,11 +13,10 @@
 -- and tonumber() raises. gopher-lua also miscompiles a multiple assignment that sets an
 -- upvalue beside a table field: write separate statements.
 --
--- Errors: a request that fails gets fail(code, text), code E_ARG (JTARG, an argument
--- missing or out of range), E_STATE (JTSTATE, a key holding what jobthrottle did not
--- write), E_ALG, E_EXCEEDS, or 0 for an error Redis gave (an ACL refusal, OOM), its text
--- Redis's; the text is for people. An error in the shared arguments fails the call
--- ("JTARG ..."). A request that fails writes nothing.
+-- Errors: a request that fails gets fail(code, text), code one of internal/protocol's
+-- (E_ARG, JTARG; E_STATE, JTSTATE; ...) or 0 for an error Redis gave (an ACL refusal, OOM)
+-- with Redis's text. An error in the shared arguments fails the call ("JTARG ..."). A
+-- request that fails writes nothing.
 --
 -- Provides: (the fast path uses only the first two; the rest come after "@cold")
 --   now                    the call's server time, µs
@@ -26,7 +25,7 @@
 --   fail(code, text)       a request's error value
 --   read_key(what, cmd, key, ...)  a read of a key that may be foreign; or nil, its failure
 --   foreign(key, e, own)   the failure of a state key of another type or content
---   reply(out, k, ext)     the flat reply: WIDTH integers per request, then the extras
+--   reply(out, k, ext, why)  the flat reply: WIDTH integers per request, then the extras
 
 local now
 do
@@ -93,11 +92,12 @@ end
 -- reply appends each request's extra to out (WIDTH integers per request, k requests):
 -- ext[r] with a code is request r's error, {-1, code, at, len, 0, 0, 0} with the text one
 -- byte per integer; any other table is its detail (inspect), whose at and len go in
--- fields 5 and 6. at is 1-based in the whole reply.
-local function reply(out, k, ext)
+-- fields 5 and 6. at is 1-based in the whole reply. why (nil: none) is the error of every
+-- request without an extra.
+local function reply(out, k, ext, why)
   local at = WIDTH * k
   for r = 1, k do
-    local e, b = ext[r], WIDTH * r - WIDTH
+    local e, b = ext[r] or why, WIDTH * r - WIDTH
     if e then
       local text = e.code and e.text
       local len = text and #text or #e

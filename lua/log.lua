@@ -300,7 +300,7 @@ end
 -- most what it holds, when d < 0), and renumbers the entries after it; 1 when there was
 -- such an entry.
 local function adjust(st, lim, d, token, now)
-  if d == 0 or not st.lastT then
+  if not st.lastT then
     return 0
   end
   local rt = token
@@ -345,15 +345,14 @@ local function adjust(st, lim, d, token, now)
   for i = k, #tail, 2 do
     tail[i] = tail[i] + d
   end
-  if d == -held then
+  if d == -held then -- the entry goes
     table.remove(tail, k)
     table.remove(tail, k - 1)
+    if E == e then
+      st.lastT = E > 1 and (at(st, E - 1)) or nil
+    end
   end
-  st.P = st.P + d
-  if E == e and d == -held then
-    st.lastT = E > 1 and (at(st, E - 1)) or nil
-  end
-  st.dirty = true
+  st.P, st.dirty = st.P + d, true
   return 1
 end
 
@@ -374,5 +373,5 @@ local function detail(st, lim, now)
   return booked, booked > 0 and st.lastT - st.prec - now or 0, avail
 end
 
-local function rates(st, old, new, at, now)
+local function rates(st, new, at)
 end

@@ -97,30 +97,22 @@ for r = 1, k do
 end
 
 -- Reads first: a foreign key fails the requests before anything is written.
-local foreign
+local foreign, pause_end
 for i = 1, 3 do
-  foreign = select(2, read_key('sorted set', 'ZCARD', KEYS[i]))
-  if foreign then
-    break
-  end
+  foreign = foreign or select(2, read_key('sorted set', 'ZCARD', KEYS[i]))
 end
-local pause_end, why = pause_read(KEYS[4])
-if not foreign and not pause_end then
-  foreign = why
+if not foreign then
+  pause_end, foreign = pause_read(KEYS[4])
 end
 if foreign then
-  for r = 1, k do
-    ext[r] = ext[r] or foreign
-  end
-  return reply({}, k, ext)
+  return reply({}, k, ext, foreign)
 end
 local paused = pause_end > now
 
 -- The places a hand-off of this call can reach (the head of the queue, lapsed places
 -- skipped; each release frees one slot more) must be ours.
 if writers > 0 and not paused and redis.call('ZCARD', q) > 0 then
-  local free = max - redis.call('ZCOUNT', sem, '(' .. now_text, '+inf') + frees
-  local from = 0
+  local free, from = max - redis.call('ZCOUNT', sem, '(' .. now_text, '+inf') + frees, 0
   while free > 0 and not foreign do
     local head = redis.call('ZRANGE', q, from, from + math.min(free, 100) - 1)
     if #head == 0 then
@@ -195,11 +187,8 @@ for r = 1, k do
     if op == SEM_INSPECT then
       local after = '(' .. now_text
       local held = redis.call('ZCOUNT', sem, after, '+inf')
-      local pttl = redis.call('PTTL', sem)
-      if wrote then
-        local last = latest(sem)
-        pttl = last and math.ceil((last - now) / 1000) or -2
-      end
+      local last = wrote and latest(sem) -- (wrote: what the call's writes set)
+      local pttl = not wrote and redis.call('PTTL', sem) or last and math.ceil((last - now) / 1000) or -2
       local d = {held, redis.call('ZCOUNT', x, after, '+inf'), math.max(0, pause_end - now), pttl, 0}
       if join > 0 and held > 0 then
         local v = redis.call('ZRANGEBYSCORE', sem, after, '+inf', 'WITHSCORES', 'LIMIT', '0', string.format('%d', join))
@@ -235,12 +224,8 @@ for r = 1, k do
           redis.call('ZREM', x, me)
           ok = 1
         else
-          local held = redis.call('ZCARD', sem)
-          local rank = redis.call('ZRANK', q, me)
-          local queued = rank ~= false and rank ~= nil
-          if not queued then
-            rank = redis.call('ZCARD', q)
-          end
+          local held, queued = redis.call('ZCARD', sem), redis.call('ZRANK', q, me)
+          local rank = queued or redis.call('ZCARD', q)
           local e = math.min(held - max + rank, held - 1) -- the lease to wait for
           if e >= 0 then
             local v = redis.call('ZRANGE', sem, e, e, 'WITHSCORES')

@@ -157,14 +157,10 @@ end
 
 local function adjust(st, lim, d, token, now)
   local moved = 0
-  if d ~= 0 then
-    for i = 1, #lim do
-      local P = lim[i][2]
-      if st[i] > 0 or d > 0 then
-        if token - token % P == st.L - st.L % P then -- only the window holding L is kept
-          st[i], moved = math.max(0, st[i] + d), 1
-        end
-      end
+  for i = 1, #lim do
+    local P = lim[i][2] -- (only the window holding L is kept)
+    if (st[i] > 0 or d > 0) and token - token % P == st.L - st.L % P then
+      st[i], moved = math.max(0, st[i] + d), 1
     end
   end
   st.dirty = st.dirty or moved == 1
@@ -191,5 +187,5 @@ local function detail(st, lim, now)
   return booked, math.max(0, st.L - now), avail
 end
 
-local function rates(st, old, new, at, now)
+local function rates(st, new, at)
 end

@@ -16,11 +16,10 @@
 -- and tonumber() raises. gopher-lua also miscompiles a multiple assignment that sets an
 -- upvalue beside a table field: write separate statements.
 --
--- Errors: a request that fails gets fail(code, text), code E_ARG (JTARG, an argument
--- missing or out of range), E_STATE (JTSTATE, a key holding what jobthrottle did not
--- write), E_ALG, E_EXCEEDS, or 0 for an error Redis gave (an ACL refusal, OOM), its text
--- Redis's; the text is for people. An error in the shared arguments fails the call
--- ("JTARG ..."). A request that fails writes nothing.
+-- Errors: a request that fails gets fail(code, text), code one of internal/protocol's
+-- (E_ARG, JTARG; E_STATE, JTSTATE; ...) or 0 for an error Redis gave (an ACL refusal, OOM)
+-- with Redis's text. An error in the shared arguments fails the call ("JTARG ..."). A
+-- request that fails writes nothing.
 --
 -- Provides: (the fast path uses only the first two; the rest come after "@cold")
 --   now                    the call's server time, µs
@@ -29,7 +28,7 @@
 --   fail(code, text)       a request's error value
 --   read_key(what, cmd, key, ...)  a read of a key that may be foreign; or nil, its failure
 --   foreign(key, e, own)   the failure of a state key of another type or content
---   reply(out, k, ext)     the flat reply: WIDTH integers per request, then the extras
+--   reply(out, k, ext, why)  the flat reply: WIDTH integers per request, then the extras
 
 local now
 do
@@ -43,7 +42,7 @@ local function ms(us)
 end
 
 
--- [common.lua from line 42]
+-- [common.lua from line 41]
 -- @cold: what follows only the slow paths need (see lua/internal/gen).
 
 -- int reads s, plain decimal digits, as an integer in [lo, hi], or nil.
@@ -98,11 +97,12 @@ end
 -- reply appends each request's extra to out (WIDTH integers per request, k requests):
 -- ext[r] with a code is request r's error, {-1, code, at, len, 0, 0, 0} with the text one
 -- byte per integer; any other table is its detail (inspect), whose at and len go in
--- fields 5 and 6. at is 1-based in the whole reply.
-local function reply(out, k, ext)
+-- fields 5 and 6. at is 1-based in the whole reply. why (nil: none) is the error of every
+-- request without an extra.
+local function reply(out, k, ext, why)
   local at = 7 * k
   for r = 1, k do
-    local e, b = ext[r], 7 * r - 7
+    local e, b = ext[r] or why, 7 * r - 7
     if e then
       local text = e.code and e.text
       local len = text and #text or #e
@@ -221,30 +221,22 @@ for r = 1, k do
 end
 
 -- Reads first: a foreign key fails the requests before anything is written.
-local foreign
+local foreign, pause_end
 for i = 1, 3 do
-  foreign = select(2, read_key('sorted set', 'ZCARD', KEYS[i]))
-  if foreign then
-    break
-  end
+  foreign = foreign or select(2, read_key('sorted set', 'ZCARD', KEYS[i]))
 end
-local pause_end, why = pause_read(KEYS[4])
-if not foreign and not pause_end then
-  foreign = why
+if not foreign then
+  pause_end, foreign = pause_read(KEYS[4])
 end
 if foreign then
-  for r = 1, k do
-    ext[r] = ext[r] or foreign
-  end
-  return reply({}, k, ext)
+  return reply({}, k, ext, foreign)
 end
 local paused = pause_end > now
 
 -- The places a hand-off of this call can reach (the head of the queue, lapsed places
 -- skipped; each release frees one slot more) must be ours.
 if writers > 0 and not paused and redis.call('ZCARD', q) > 0 then
-  local free = max - redis.call('ZCOUNT', sem, '(' .. now_text, '+inf') + frees
-  local from = 0
+  local free, from = max - redis.call('ZCOUNT', sem, '(' .. now_text, '+inf') + frees, 0
   while free > 0 and not foreign do
     local head = redis.call('ZRANGE', q, from, from + math.min(free, 100) - 1)
     if #head == 0 then
@@ -319,11 +311,8 @@ for r = 1, k do
     if op == 3 then
       local after = '(' .. now_text
       local held = redis.call('ZCOUNT', sem, after, '+inf')
-      local pttl = redis.call('PTTL', sem)
-      if wrote then
-        local last = latest(sem)
-        pttl = last and math.ceil((last - now) / 1000) or -2
-      end
+      local last = wrote and latest(sem) -- (wrote: what the call's writes set)
+      local pttl = not wrote and redis.call('PTTL', sem) or last and math.ceil((last - now) / 1000) or -2
       local d = {held, redis.call('ZCOUNT', x, after, '+inf'), math.max(0, pause_end - now), pttl, 0}
       if join > 0 and held > 0 then
         local v = redis.call('ZRANGEBYSCORE', sem, after, '+inf', 'WITHSCORES', 'LIMIT', '0', string.format('%d', join))
@@ -359,12 +348,8 @@ for r = 1, k do
           redis.call('ZREM', x, me)
           ok = 1
         else
-          local held = redis.call('ZCARD', sem)
-          local rank = redis.call('ZRANK', q, me)
-          local queued = rank ~= false and rank ~= nil
-          if not queued then
-            rank = redis.call('ZCARD', q)
-          end
+          local held, queued = redis.call('ZCARD', sem), redis.call('ZRANK', q, me)
+          local rank = queued or redis.call('ZCARD', q)
           local e = math.min(held - max + rank, held - 1) -- the lease to wait for
           if e >= 0 then
             local v = redis.call('ZRANGE', sem, e, e, 'WITHSCORES')

@@ -16,11 +16,10 @@
 -- and tonumber() raises. gopher-lua also miscompiles a multiple assignment that sets an
 -- upvalue beside a table field: write separate statements.
 --
--- Errors: a request that fails gets fail(code, text), code E_ARG (JTARG, an argument
--- missing or out of range), E_STATE (JTSTATE, a key holding what jobthrottle did not
--- write), E_ALG, E_EXCEEDS, or 0 for an error Redis gave (an ACL refusal, OOM), its text
--- Redis's; the text is for people. An error in the shared arguments fails the call
--- ("JTARG ..."). A request that fails writes nothing.
+-- Errors: a request that fails gets fail(code, text), code one of internal/protocol's
+-- (E_ARG, JTARG; E_STATE, JTSTATE; ...) or 0 for an error Redis gave (an ACL refusal, OOM)
+-- with Redis's text. An error in the shared arguments fails the call ("JTARG ..."). A
+-- request that fails writes nothing.
 --
 -- Provides: (the fast path uses only the first two; the rest come after "@cold")
 --   now                    the call's server time, µs
@@ -29,7 +28,7 @@
 --   fail(code, text)       a request's error value
 --   read_key(what, cmd, key, ...)  a read of a key that may be foreign; or nil, its failure
 --   foreign(key, e, own)   the failure of a state key of another type or content
---   reply(out, k, ext)     the flat reply: WIDTH integers per request, then the extras
+--   reply(out, k, ext, why)  the flat reply: WIDTH integers per request, then the extras
 
 local now
 do
@@ -222,11 +221,11 @@ end
 --                               in force; cw: those it was counted with, to cwend
 --   fit(st, lim, n, t, now) -> t'    the earliest time >= t at which n fit every limit
 --   take(st, lim, n, t, now)         book n at t
---   give(st, lim, n, token, now) -> freed 0|1   give back n booked at token (cancel)
---   adjust(st, lim, d, token, now)   charge d more (less, d < 0) at the grant's place (settle)
+--   give(st, lim, n, token, now) -> freed 0|1   give back n >= 1 booked at token (cancel)
+--   adjust(st, lim, d, token, now)   charge d ~= 0 more (less, d < 0) at the grant's place (settle)
 --   report(st, lim, now, oend) -> remaining, reset_us, keep_us (how long the state matters)
 --   detail(st, lim, now) -> booked, ahead_us, avail (per limit)   (inspect)
---   rates(st, old, new, at, now)     the limits in force change at `at`
+--   rates(st, new, at)               the limits in force become new at `at`
 --   save(st, key, keep, meta, bare)  write the state to live keep µs more (<= 0: delete it),
 --                                    meta the new meta (nil: unchanged); bare: the meta alone
 -- st.dirty says the state changed, st.absent that the key was absent (or held a meta
@@ -365,7 +364,7 @@ if nargv >= 3 and nargv <= 2 + 1000 and ARGV[2] == '' then
 end
 
 
--- [common.lua from line 42]
+-- [common.lua from line 41]
 -- @cold: what follows only the slow paths need (see lua/internal/gen).
 
 -- int reads s, plain decimal digits, as an integer in [lo, hi], or nil.
@@ -420,11 +419,12 @@ end
 -- reply appends each request's extra to out (WIDTH integers per request, k requests):
 -- ext[r] with a code is request r's error, {-1, code, at, len, 0, 0, 0} with the text one
 -- byte per integer; any other table is its detail (inspect), whose at and len go in
--- fields 5 and 6. at is 1-based in the whole reply.
-local function reply(out, k, ext)
+-- fields 5 and 6. at is 1-based in the whole reply. why (nil: none) is the error of every
+-- request without an extra.
+local function reply(out, k, ext, why)
   local at = 7 * k
   for r = 1, k do
-    local e, b = ext[r], 7 * r - 7
+    local e, b = ext[r] or why, 7 * r - 7
     if e then
       local text = e.code and e.text
       local len = text and #text or #e
@@ -448,14 +448,10 @@ end
 
 local function adjust(st, lim, d, token, now)
   local moved = 0
-  if d ~= 0 then
-    for i = 1, #lim do
-      local P = lim[i][2]
-      if st[i] > 0 or d > 0 then
-        if token - token % P == st.L - st.L % P then -- only the window holding L is kept
-          st[i], moved = math.max(0, st[i] + d), 1
-        end
-      end
+  for i = 1, #lim do
+    local P = lim[i][2] -- (only the window holding L is kept)
+    if (st[i] > 0 or d > 0) and token - token % P == st.L - st.L % P then
+      st[i], moved = math.max(0, st[i] + d), 1
     end
   end
   st.dirty = st.dirty or moved == 1
@@ -482,7 +478,7 @@ local function detail(st, lim, now)
   return booked, math.max(0, st.L - now), avail
 end
 
-local function rates(st, old, new, at, now)
+local function rates(st, new, at)
 end
 
 -- [limiter.lua from line 164]
@@ -500,7 +496,7 @@ local function read_head(text)
   return lim, param, tag, parts
 end
 
-local given, param, tag, gparts = read_head(ARGV[1] or '')
+local given, param, tag, G = read_head(ARGV[1] or '')
 if not given or nargv < 3 or nargv > 2 + 1000 then
   return redis.error_reply('JTARG head or request count')
 end
@@ -512,7 +508,7 @@ if ARGV[2] ~= '' then
   end
   cparts = parts
 end
-for _, parts in ipairs({gparts, cparts}) do
+for _, parts in ipairs({G, cparts}) do
   for _, p in ipairs(parts) do
     known[p.unit] = true
   end
@@ -756,31 +752,23 @@ do
   end
 end
 
--- fail_all fails every request that has not failed with why, and returns the reply.
-local function fail_all(why)
-  for r = 1, k do
-    ext[r] = ext[r] or why
-  end
-  return reply({}, k, ext)
-end
-
 -- The group's state, read once, and its meta: a meta alone is any algorithm's (its head
 -- becomes the callers'); another process's head of this algorithm's is drift, noted in
 -- gst.found (the d line, the reply's end).
 local gst, gfail = load(KEYS[1], ARGV[1])
 if not gst then
-  return fail_all(foreign(KEYS[1], gfail or nil, ' fw '))
+  return reply({}, k, ext, foreign(KEYS[1], gfail or nil, ' fw '))
 end
 local meta = {head = ARGV[1], pause = 0, weights = {}}
 if gst.meta then
   meta = parse_meta(gst.meta)
   local stored = meta and string.match(meta.head, '^(%S+)')
   if not meta or not string.find(' sw sc tb fw ', ' ' .. (stored or '?') .. ' ', 1, true) then
-    return fail_all(fail(2, KEYS[1] .. ': not a jobthrottle meta'))
+    return reply({}, k, ext, fail(2, KEYS[1] .. ': not a jobthrottle meta'))
   elseif gst.bare then
     meta.head = ARGV[1]
   elseif stored ~= tag then
-    return fail_all(fail(3, stored .. ' ' .. KEYS[1]))
+    return reply({}, k, ext, fail(3, stored .. ' ' .. KEYS[1]))
   end
 end
 local drift = meta.head ~= ARGV[1]
@@ -820,11 +808,11 @@ local function part_state(p, rates, cwend)
   return setup_part(p, st, st.meta, rates, cwend)
 end
 
--- The group's parts (G), each with its state (docs/design.md, "Units and settles"); each
--- part's lim and given its share of the limits in force and the callers', cap the largest
--- n they allow. lim holds all the head's limits in force, lower and oend are in_force's.
+-- The group's parts (G, read_head's), each with its state (docs/design.md, "Units and
+-- settles"); each part's lim and given its share of the limits in force and the callers',
+-- cap the largest n they allow. lim holds all the head's limits in force, lower and oend
+-- are in_force's.
 local lim, lower, oend = in_force(given, meta.over)
-local G = gparts
 do
   local rates, cwend, u = meta.over and meta.over[3], meta.over and meta.over[1] or 0, 1
   for _, p in ipairs(G) do
@@ -844,7 +832,7 @@ do
       end
       local why = part_state(p, slice(rates, p), cwend)
       if why then
-        return fail_all(why)
+        return reply({}, k, ext, why)
       end
     end
   end
@@ -859,7 +847,7 @@ local function foreign_part(parts)
   end
 end
 if foreign_part(G) then -- setup found the numbers foreign: no request can be decided on them
-  return fail_all(foreign_part(G))
+  return reply({}, k, ext, foreign_part(G))
 end
 
 -- The tenants' states, read once each: the parts of their caps, as the group's (cparts'
@@ -882,10 +870,7 @@ local function tenant_state(i)
     end
     tstates[i] = ts
   end
-  if ts.code then
-    return nil, ts
-  end
-  local why = foreign_part(ts)
+  local why = ts.code and ts or foreign_part(ts)
   return not why and ts, why
 end
 
@@ -911,7 +896,8 @@ end
 -- docs/design.md), moved to now once, by the first request that needs it; an inspect
 -- (readonly) moves a copy and writes nothing. changed says the meta's content
 -- changed (a control op, the clock or the queue); finish and queued hold finish tags read
--- and to write, by member "<weight units> <name>".
+-- and to write, by member "<weight units> <name>"; fair_key is the queue the writes keep
+-- (the clock moved, or a pause froze it).
 local changed, fair_key, fair_moved, finish, queued = false, nil, false, {}, {}
 local function fair(qkey, readonly)
   if fair_moved then
@@ -1053,7 +1039,7 @@ local function put(i, rec)
   books[i], booked[#booked + 1] = rec, i
 end
 
-local out, wakes, paused_queue, remaining, reset = {}, {}, nil, nil, nil
+local out, wakes, remaining, reset = {}, {}, nil, nil
 
 -- answer sets request r's reply. report's figures on the group (its first part) are read
 -- once while they hold (take, give and rates change them: remaining = nil).
@@ -1103,11 +1089,7 @@ local function fit_all(P, t)
   for _ = 1, 8 * m do
     i = i % m + 1
     local t1 = fit(P[3 * i - 2], P[3 * i - 1], P[3 * i], t, now)
-    if t1 ~= t then
-      t, stable = t1, 1
-    else
-      stable = stable + 1
-    end
+    t, stable = t1, t1 ~= t and 1 or stable + 1
     if stable >= m then
       break
     end
@@ -1156,13 +1138,7 @@ end
 -- most q.late µs past and no pause after it (status 2, a new stamp above the last); one an
 -- override set since lowers a limit under is given back and booked anew. A tenant's
 -- request also waits for its fair turn (docs/design.md, "Tenants and the fair share"); with
--- h it takes its place when denied. horizon is how far ahead a request of the fair share,
--- or a caller's of estimated costs, may book: two of the group's slots at least, and its
--- cost's time.
-local function horizon(q)
-  return math.max(250000, 2 * lim[1][2] / lim[1][1], cost_time(q))
-end
-
+-- h it takes its place when denied.
 local function acquire(r, q)
   local n, x, pause, ctext, why = q.n, q.x, meta.pause, q.ctext, exceeds(q)
   why = why or queue_foreign(q.q)
@@ -1203,10 +1179,11 @@ local function acquire(r, q)
   end
   local t0, bound, t, wait, who, fr, h = math.max(now, pause), x, now, nil, nil, nil, nil
   if #P > 0 and (q.tenant or (q.cost and not q.b)) then
-    -- a tenant's request books no further ahead than the horizon, nor does a caller's call
-    -- of estimated costs: held further, its estimate would keep room that the refunds of the
-    -- settles before it free (a task's booking, handed back to its queue, is kept however far)
-    h = horizon(q)
+    -- a tenant's request books no further ahead than the horizon h (two of the group's slots
+    -- at least, and its cost's time), nor does a caller's call of estimated costs: held
+    -- further, its estimate would keep room that the refunds of the settles before it free (a
+    -- task's booking, handed back to its queue, is kept however far)
+    h = math.max(250000, 2 * lim[1][2] / lim[1][1], cost_time(q))
     bound = math.min(x, h)
   end
   if q.tenant and #P > 0 then
@@ -1383,12 +1360,8 @@ local function inspect(r, q)
   local t = fit(G[1].st, G[1].lim, 1, math.max(now, pause), now) -- one of the first part
   local rem = group_report()
   local b, ahead = detail(G[1].st, G[1].lim, now)
-  local pttl = -2
-  if not dirty() then
-    pttl = redis.call('PTTL', KEYS[1])
-  elseif kept_us(data_keep()) > 0 then -- what the call's writes will set
-    pttl = math.ceil(kept_us(data_keep()) / 1000)
-  end
+  local kept = dirty() and kept_us(data_keep()) -- what the call's writes will set
+  local pttl = not kept and redis.call('PTTL', KEYS[1]) or kept > 0 and math.ceil(kept / 1000) or -2
   local d = {b, ahead, math.max(0, pause - now), pttl, math.max(0, oend - now)}
   local f = q.q and fair(KEYS[q.q], true)
   local function limits(parts, rate) -- each limit's [rate,] capacity and available
@@ -1446,7 +1419,7 @@ local function control(r, q)
       if q.q and not queue_foreign(q.q) then -- and the queue lives as long as it (if ours)
         local first = redis.call('ZRANGE', KEYS[q.q], '0', '0')[1]
         if not first or string.find(first, '^%d+ .') then
-          paused_queue = KEYS[q.q]
+          fair_key = KEYS[q.q]
         end
       end
     end
@@ -1465,10 +1438,9 @@ local function control(r, q)
     meta.over = op == 'o' and {now + (q.x > 0 and q.x or 35184372088832), now, q.rates} or nil
     lim, lower, oend = in_force(given, meta.over)
     for _, p in ipairs(G) do
-      local old = p.lim
       p.lim = slice(lim, p)
       p.cap = cap_of(p.lim)
-      rates(p.st, old, p.lim, now, now)
+      rates(p.st, p.lim, now)
     end
     remaining = nil
   end
@@ -1494,10 +1466,7 @@ for r = 1, k do
     ext[r] = why or ext[r]
   end
   if foreign_part(G) then -- a read after load found the state foreign: it fails every request
-    for i = 1, k do
-      ext[i] = foreign_part(G)
-    end
-    return reply({}, k, ext)
+    return reply({}, k, {}, foreign_part(G))
   end
   -- a state the call writes gets the caller's head: no drift for the requests after
   -- that, as for lone calls after one that wrote
@@ -1506,19 +1475,15 @@ end
 
 -- Writes, after every read and check: what lives is kept until it no longer matters.
 local kept, f = kept_us(data_keep()), meta.fair
-if f and f.W > 0 and fair_moved then
-  for name, F in pairs(queued) do
+if f and f.W > 0 and fair_key then
+  for name, F in pairs(queued) do -- (queued only after the clock moved)
     redis.call('ZADD', fair_key, string.format('%.17g', F), name)
   end
   redis.call('PEXPIRE', fair_key, ms(life(f)))
-elseif f and f.W > 0 and paused_queue then
-  redis.call('PEXPIRE', paused_queue, ms(life(f)))
 end
 if dirty() then
-  if gst.found then -- the head replaced: another process's, with other limits
-    meta.drift = {now, gst.found}
-  end
-  meta.head = ARGV[1]
+  -- a head replaced (another process's, with other limits) is noted
+  meta.drift, meta.head = gst.found and {now, gst.found} or meta.drift, ARGV[1]
   local text = format_meta(meta)
   save(gst, KEYS[1], kept, text ~= gst.meta and text or nil, gst.nolim or G[1].keep <= 0)
 end
@@ -1536,13 +1501,12 @@ for _, parts in ipairs(sets) do
 end
 for _, i in ipairs(booked) do
   local rec = books[i]
-  if rec then -- a task handed back keeps its place while it may still come
-    local ttl = ms(rec.ticket and rec.due + 60000000 or math.max(rec[1] - now, 0) + 1000000)
-    if rec.ticket then
-      redis.call('SET', KEYS[i], string.format('t %d %d', math.floor(rec.ticket * 1000000 + 0.5), rec.n) .. rec.ctext, 'PX', ttl)
-    else
-      redis.call('SET', KEYS[i], string.format('%d %d %d', rec[1], rec[2], rec[3]) .. rec[4], 'PX', ttl)
-    end
+  if rec and rec.ticket then -- a task handed back keeps its place while it may still come
+    redis.call('SET', KEYS[i], string.format('t %d %d', math.floor(rec.ticket * 1000000 + 0.5), rec.n) .. rec.ctext,
+      'PX', ms(rec.due + 60000000))
+  elseif rec then
+    redis.call('SET', KEYS[i], string.format('%d %d %d', rec[1], rec[2], rec[3]) .. rec[4],
+      'PX', ms(math.max(rec[1] - now, 0) + 1000000))
   elseif rec == false then
     redis.call('DEL', KEYS[i])
   end
