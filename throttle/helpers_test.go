@@ -190,15 +190,16 @@ func (c modelCase) limiter(tl *timeline, key string) *Limiter {
 
 // eachModelCase runs check for each case on every backend (redistest.Each): on a fresh
 // timeline, with the case's limiter under key and the case's index, a random source
-// seeded with seed plus the index, and steps steps to take (clusterSteps on the
-// cluster, whose round trips are slower).
-func eachModelCase(t *testing.T, cases []modelCase, key string, seed int64, steps, clusterSteps int,
+// seeded with seed plus the index, and steps steps to take on the redis-server; fewer
+// on the cluster, whose round trips are slower, and on miniredis, whose Lua runs in the
+// test's own process (under -race, about five times the server's time).
+func eachModelCase(t *testing.T, cases []modelCase, key string, seed int64, steps, fewer int,
 	check func(t *testing.T, tl *timeline, l *Limiter, c modelCase, rng *rand.Rand, steps int)) {
 	t.Helper()
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		n := steps
-		if b.Kind == redistest.Cluster {
-			n = clusterSteps
+		if b.Kind != redistest.Standalone {
+			n = fewer
 		}
 		for ci, c := range cases {
 			tl := newTimeline(t, b)

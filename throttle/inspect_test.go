@@ -517,7 +517,7 @@ func TestSemaphoreInspectMatchesModel(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
 		steps := 200
-		if b.Kind == redistest.Cluster {
+		if b.Kind != redistest.Standalone { // as eachModelCase
 			steps = 80
 		}
 		tl := newTimeline(t, b)

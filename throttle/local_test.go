@@ -166,7 +166,7 @@ func TestLocalLogDecidesAsTheLogScript(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
 		steps := 300
-		if b.Kind == redistest.Cluster {
+		if b.Kind != redistest.Standalone { // as eachModelCase
 			steps = 100
 		}
 		for ci, limits := range cases {

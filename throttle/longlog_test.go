@@ -29,7 +29,7 @@ func TestLongLogMatchesReferenceModel(t *testing.T) {
 	}
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		steps := 400
-		if b.Kind == redistest.Cluster {
+		if b.Kind != redistest.Standalone { // as eachModelCase
 			steps = 150
 		}
 		ctx := context.Background()
