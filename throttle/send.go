@@ -2,8 +2,6 @@ package throttle
 
 import (
 	"context"
-	"crypto/sha1"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -633,14 +631,10 @@ func redirect(ctx context.Context, cc *redis.ClusterClient, ks *keyState, gs []*
 // noteAsked notes addr as the node the key's transactions go to while its slot
 // migrates (see redirect), if asked, or forgets the node noted.
 func (ks *keyState) noteAsked(asked bool, addr string) {
-	if !asked {
-		if ks.asked.Load() != nil {
-			ks.asked.Store(nil)
-		}
-		return
-	}
-	if p := ks.asked.Load(); p == nil || *p != addr {
+	if asked {
 		ks.asked.Store(&addr)
+	} else {
+		ks.asked.Store(nil)
 	}
 }
 
@@ -838,7 +832,5 @@ func batchContext(batch []*request) (context.Context, context.CancelFunc) {
 type script struct{ src, sha string }
 
 func newScript(name string) *script {
-	src := lua.Source(name)
-	sum := sha1.Sum([]byte(src))
-	return &script{src: src, sha: hex.EncodeToString(sum[:])}
+	return &script{src: lua.Source(name), sha: lua.Script(name).Hash()}
 }
