@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/internal/clock"
 	"github.com/jobthrottle/jobthrottle/internal/keys"
 	"github.com/jobthrottle/jobthrottle/internal/protocol"
 	"github.com/jobthrottle/jobthrottle/waiter"
@@ -189,7 +190,7 @@ func (ks *keyState) pass(ctx context.Context) (seen int64, held bool, err error)
 		if d <= 0 {
 			return seen, held, nil
 		}
-		if maxWait(ctx) < d {
+		if clock.MaxWait(ctx) < d {
 			return seen, held, fmt.Errorf("jobthrottle: %w: this process holds the key %v more", waiter.ErrWouldExceedDeadline, d)
 		}
 		if !held {

@@ -229,7 +229,7 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if _, ok := r.(pauser); !ok && d > 0 {
 			// nothing holds this process: sleep out the pause here, unless it ends too late
 			err = ErrWouldExceedDeadline
-			if d <= maxWait(ctx) {
+			if d <= clock.MaxWait(ctx) {
 				err = NewReservation(true, d, nil).Wait(ctx)
 			}
 		}
