@@ -108,9 +108,8 @@ type moved struct {
 }
 
 // sleep sleeps on g, n permits booked after the hold seen, until it takes effect,
-// following the moves of holds and resumes; it returns the booking slept on and the
-// hold it was made after. A hold begun since seen that did not move it ends the sleep
-// at once, the booking given back, for the caller to book again after it.
+// following the moves of holds and resumes, and returns the booking slept on and its
+// hold. A hold begun since seen that did not move it gives the booking back at once.
 func (ks *keyState) sleep(ctx context.Context, l *Limiter, n int, g grant, seen int64) (grant, int64, error) {
 	defer ks.listenNotices()() // a pause or a resume concerns it while it sleeps or is moved
 	s := &sleeper{l: l, ctx: ctx, n: n, moved: make(chan moved, 1)}
@@ -172,9 +171,8 @@ func (ks *keyState) claim(s *sleeper) bool {
 	return ok
 }
 
-// listenNotices hands the pauses and resumes any process publishes on the key's
-// channel to paused and resume, until the function it returns is called. Each waiter
-// listens on its own: they act once per pause however many hand them the notice.
+// listenNotices hands the pauses and resumes published on the key's channel to paused
+// and resume, until done is called.
 func (ks *keyState) listenNotices() (done func()) {
 	l := &listener{channel: wakeChannel(ks.tag), paused: ks.paused, resumed: func(end int64) { ks.resume(end, false) }}
 	if h := ks.client.hub; !h.listen(l) {
