@@ -118,7 +118,7 @@ func bucketLack(l Limit, token int64, n int, now int64) (int, bool) {
 	return int((owed - lo + p - 1) / p), true
 }
 
-// head is the head of limits for a (buckets: SlidingCounter's), as New sends it.
+// head is the head of limits as New sends it (buckets: SlidingCounter's).
 func (a *algorithm) head(limits []Limit, buckets int) keys.Head {
 	h := keys.Head{Alg: a.tag, Buckets: buckets}
 	for _, l := range limits {

@@ -16,10 +16,8 @@ import (
 // (wake.go), and the state of each key in use (docs/design.md, "Who owns what").
 type client struct {
 	rdb redis.UniversalClient
-	// atMostOnce: rdb sends each command once whatever happens to its reply, so round
-	// trips need no MULTI/EXEC (see exec). Only a go-redis Client built with
-	// MaxRetries < 0 does (its options then hold 0; the default becomes 3); a cluster
-	// client re-sends on redirects and connection errors.
+	// atMostOnce: rdb never re-sends a command, so round trips need no MULTI/EXEC (see
+	// exec): only a go-redis Client built with MaxRetries < 0 (its options then hold 0).
 	atMostOnce bool
 	// inline: rdb ends every wait of a call by its context's deadline (a plain go-redis
 	// Client with ContextTimeoutEnabled: its pool, dial, reads and writes), so a call
@@ -34,10 +32,8 @@ type client struct {
 	calls   int         // requests under way: queued, in flight, or answered and not yet returned
 	watch   *time.Timer // the watchdog: runs expire at watchAt
 	watchAt time.Time
-	// lastErr is the last error seen of Redis being unreachable (a failed round trip):
-	// a call that then gets no reply names it, if it came within a minute
-	lastErr atomic.Pointer[failure]
-	dropped bool // taken out of clients (c.mu held)
+	lastErr atomic.Pointer[failure] // the last failed round trip's, for noReply
+	dropped bool                    // taken out of clients (c.mu held)
 
 	keys  sync.Map // hash tag → *keyState
 	nkeys int      // keys in keys (c.mu held)
@@ -49,7 +45,6 @@ type client struct {
 // anew by the next (docs/design.md, "Who owns what").
 var clients sync.Map
 
-// clientFor returns the client of rdb.
 func clientFor(rdb redis.UniversalClient) *client {
 	if v, ok := clients.Load(rdb); ok {
 		return v.(*client)
@@ -146,7 +141,7 @@ func (c *client) close() {
 	c.hub.close()
 }
 
-// failure is an error seen of Redis being unreachable, and when it came.
+// failure is a failed round trip's error, and when it came.
 type failure struct {
 	err error
 	at  time.Time
@@ -173,9 +168,7 @@ type keyState struct {
 	// overridden: until when an override of the rates may be in force (UnixNano), as
 	// this process set it or a read found it: StateLost cannot judge Remaining then
 	overridden atomic.Int64
-	// asked: the address of the node a slot migration sends the key's transactions to,
-	// while it does (see redirect)
-	asked atomic.Pointer[string]
+	asked      atomic.Pointer[string] // the node a migrating slot sends the key's transactions to (redirect)
 	// keep is until when something of this state matters (a local grant in its
 	// window, a grant StateLost compares with, an open breaker): UnixNano
 	keep atomic.Int64
@@ -220,11 +213,9 @@ func (ks *keyState) idle(now time.Time) bool {
 	return len(ks.sleepers) == 0 && ks.keep.Load() < t && ks.hold.Load() < t && ks.breaker.idle(now)
 }
 
-// leave runs giveBack in the background, for a caller that leaves now (its booking,
-// lease or place goes back; its calls run under givingBack, bounded by the call
-// timeout). Every call this process makes on the key afterwards goes after it: doAll
-// holds it until giveBack has returned (settle), a round trip's wait at most, so that
-// it finds what was given back.
+// leave runs giveBack (its calls under givingBack) in the background for a caller that
+// leaves now. Every call this process makes on the key afterwards waits in doAll until
+// giveBack has returned (settle), so that it finds what was given back.
 func (ks *keyState) leave(giveBack func()) {
 	done := make(chan struct{})
 	ks.mu.Lock()

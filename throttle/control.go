@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/internal/clock"
 	"github.com/jobthrottle/jobthrottle/internal/keys"
 	"github.com/jobthrottle/jobthrottle/internal/protocol"
 	"github.com/jobthrottle/jobthrottle/waiter"
@@ -120,8 +121,7 @@ func (l *Limiter) ClearOverride(ctx context.Context) error {
 	return err
 }
 
-// controlCall makes one of the control ops on the key: the key's, whichever handle
-// makes it.
+// controlCall makes one of the control ops, which act on the key whichever handle makes them.
 func (l *Limiter) controlCall(ctx context.Context, call *protocol.Request) (reply, error) {
 	if l == nil {
 		return reply{}, fmt.Errorf("jobthrottle: %w: nil *throttle.Limiter", waiter.ErrNilReserver)
@@ -174,11 +174,10 @@ func raise(a *atomic.Int64, v int64) bool {
 	}
 }
 
-// pass waits until this process's hold on the key ends, or a resume ends it; it
-// returns the hold it found over (a later hold changes it: Pause only lengthens it)
-// and whether it did wait. It returns ctx.Err() if ctx ends first, and at once an error
-// wrapping waiter.ErrWouldExceedDeadline if the hold ends after ctx's deadline. While
-// it waits it listens for resumes published on the key's channel.
+// pass waits until this process's hold on the key ends (or a resume ends it), listening
+// for resumes; it returns the hold it found over and whether it waited. It fails with
+// ctx.Err() if ctx ends first, or at once with ErrWouldExceedDeadline if the hold ends
+// after ctx's deadline.
 func (ks *keyState) pass(ctx context.Context) (seen int64, held bool, err error) {
 	for {
 		ks.mu.Lock()
@@ -189,7 +188,7 @@ func (ks *keyState) pass(ctx context.Context) (seen int64, held bool, err error)
 		if d <= 0 {
 			return seen, held, nil
 		}
-		if maxWait(ctx) < d {
+		if clock.MaxWait(ctx) < d {
 			return seen, held, fmt.Errorf("jobthrottle: %w: this process holds the key %v more", waiter.ErrWouldExceedDeadline, d)
 		}
 		if !held {

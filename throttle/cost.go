@@ -82,9 +82,9 @@ func (l *Limiter) checkCost(unit string, n int) error {
 	return nil
 }
 
-// settler returns the settle of g, a grant of n and the handle's costs
-// (waiter.Reservation's Settle): its record, under a random id, makes a second one
-// change nothing. A grant decided without Redis (FailOpen, FailLocal) settles nothing.
+// settler returns the Reservation's Settle of g, a grant of n and the handle's costs:
+// its record, under a random id, makes a second one change nothing. A grant decided
+// without Redis settles nothing.
 func (l *Limiter) settler(n int, g grant) func(ctx context.Context, actual map[string]int) error {
 	var id [12]byte
 	_, _ = rand.Read(id[:])

@@ -88,9 +88,8 @@ func (e *AlgorithmError) Error() string {
 func (e *AlgorithmError) Unwrap() error { return ErrAlgorithmMismatch }
 
 // scriptError maps a failed call to this package's errors: a request's failure by its
-// code (internal/protocol), a wrong-type key and an ACL refusal by Redis's own prefix, an
-// unreachable Redis ErrUnavailable (wrapping the cause too); anything else is wrapped as
-// it is.
+// code (internal/protocol), Redis's own errors by their prefix (see isUnavailable);
+// anything else is wrapped as it is.
 func scriptError(ctx context.Context, key string, err error) error {
 	var f *failed
 	if errors.As(err, &f) {

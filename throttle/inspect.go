@@ -7,7 +7,6 @@ import (
 
 	"github.com/jobthrottle/jobthrottle/internal/keys"
 	"github.com/jobthrottle/jobthrottle/internal/protocol"
-	"github.com/jobthrottle/jobthrottle/waiter"
 )
 
 // LimiterState is a rate-limited key's live state as Inspect reads it: one read-only
@@ -153,11 +152,8 @@ type SemaphoreState struct {
 // key holds data jobthrottle did not write, ErrUnavailable when Redis cannot be
 // reached, and other Redis errors wrapped.
 func (l *Limiter) Inspect(ctx context.Context) (LimiterState, error) {
-	if l == nil {
-		return LimiterState{}, fmt.Errorf("jobthrottle: %w: nil *throttle.Limiter", waiter.ErrNilReserver)
-	}
-	if l.tenant != nil && l.tenant.err != nil {
-		return LimiterState{}, l.tenant.err
+	if err := l.usable(); err != nil {
+		return LimiterState{}, err
 	}
 	if err := ctx.Err(); err != nil {
 		return LimiterState{}, err

@@ -76,9 +76,8 @@ func (l *Lease) Release(ctx context.Context) error {
 	return nil
 }
 
-// renew makes the call op (semExtend or semRelease) for a held lease, in Redis or, for
-// a local lease, giving it ttl more (0: freeing it); a reply that finds the lease
-// expired marks it lost. The caller holds l.mu.
+// renew makes the call op (semExtend or semRelease) for a held lease, or for a local one
+// gives it ttl more (0: frees it); a lease found expired is lost. The caller holds l.mu.
 func (l *Lease) renew(ctx context.Context, op int, ttl time.Duration) error {
 	if err := l.gone(); err != nil {
 		return err
@@ -157,8 +156,8 @@ func (l *Lease) Hold(ctx context.Context, fn func(ctx context.Context) error) er
 	return fn(hctx)
 }
 
-// keepAlive extends the lease every TTL/3 until done is closed; when the lease is
-// lost it cancels the holder's context and stops. It closes stopped when it returns.
+// keepAlive extends the lease every TTL/3 until done is closed or the lease is lost
+// (cancelling the holder's context), then closes stopped.
 func (l *Lease) keepAlive(ctx context.Context, done <-chan struct{}, stopped chan<- struct{}, cancel context.CancelCauseFunc) {
 	defer close(stopped)
 	ttl := l.s.ttl

@@ -47,7 +47,6 @@ type Limiter struct {
 	costs   []protocol.Cost // a call's costs in units (Cost); nil: none
 }
 
-// maxWaitMicros is the longest wait a script takes (2^53 - 1 µs, about 285 years).
 const maxWaitMicros = protocol.MaxWait
 
 // New returns a limiter enforcing limit, and any limits added with WithLimits, on key.
@@ -93,7 +92,6 @@ func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*L
 	return l, nil
 }
 
-// client returns the process's client of the Limiter's Redis client (see clients).
 func (l *Limiter) client() *client { return clientFor(l.rdb) }
 
 // Key returns the key the limiter was made for (without prefix).
@@ -193,11 +191,8 @@ func (l *Limiter) Reserve(ctx context.Context, n int, maxWait time.Duration) (*w
 
 // check refuses a call that cannot be granted, before any Redis call.
 func (l *Limiter) check(ctx context.Context, n int) error {
-	if l == nil {
-		return fmt.Errorf("jobthrottle: %w: nil *throttle.Limiter", waiter.ErrNilReserver)
-	}
-	if l.tenant != nil && l.tenant.err != nil {
-		return l.tenant.err
+	if err := l.usable(); err != nil {
+		return err
 	}
 	if n < 0 {
 		return fmt.Errorf("%w: n = %d", ErrInvalidArgument, n)
@@ -211,6 +206,17 @@ func (l *Limiter) check(ctx context.Context, n int) error {
 		}
 	}
 	return ctx.Err()
+}
+
+// usable returns the error of every call of a nil Limiter or a bad tenant's handle.
+func (l *Limiter) usable() error {
+	if l == nil {
+		return fmt.Errorf("jobthrottle: %w: nil *throttle.Limiter", waiter.ErrNilReserver)
+	}
+	if l.tenant != nil {
+		return l.tenant.err
+	}
+	return nil
 }
 
 // grant is a script's answer to an acquire.
@@ -230,9 +236,8 @@ type grant struct {
 
 // acquire asks for n permits within maxWait, for task's booking if task is not nil,
 // decided by Redis or, while it is unreachable, by the failure policy. On a tenant's
-// handle, ticket is the place the caller holds in its tenant's queue (0: none), and hold
-// says it takes one when its turn has not come: a waiter that will ask again (WaitN, a
-// task handed back).
+// handle, ticket is the caller's place in its tenant's queue (0: none), and hold takes
+// one when its turn has not come, for a caller that will ask again.
 func (l *Limiter) acquire(ctx context.Context, n int, maxWait time.Duration, task *booking.Task, ticket int64, hold bool) (grant, error) {
 	x := min(int64(maxWait/time.Microsecond), maxWaitMicros)
 	var key string
@@ -411,8 +416,7 @@ func (l *Limiter) giveBack(ctx context.Context, n int, g grant) error {
 }
 
 // lateGiveBack gives back g, n permits, for a caller that has left, if it was booked
-// ahead; bounded by the call timeout alone, so that a failure goes to the RedisError
-// hook (see send).
+// ahead.
 func (l *Limiter) lateGiveBack(n int, g grant) {
 	if g.granted && g.wait > 0 {
 		_ = l.giveBack(givingBack(context.Background()), n, g)
@@ -440,8 +444,7 @@ func (l *Limiter) configState(ks *keyState) *configState {
 	})
 }
 
-// prepare is the start New and NewSemaphore share once their options are applied to
-// c: it refuses a nil client and a bad option, and returns the key's hash tag.
+// prepare refuses a nil client and a bad option (c), and returns the key's hash tag.
 func prepare(rdb redis.UniversalClient, key string, c *config) (string, error) {
 	if v := reflect.ValueOf(rdb); rdb == nil || v.Kind() == reflect.Pointer && v.IsNil() { // a typed nil too
 		return "", ErrNilClient

@@ -22,8 +22,7 @@ type localEntry struct {
 	n  int
 }
 
-// newLocalLog cuts each limit (all of one unit) to the process's share of a fleet
-// (algorithm.share).
+// newLocalLog cuts each limit (all of one unit) to the process's share of a fleet.
 func newLocalLog(limits []Limit, a *algorithm, fleet int) *localLog {
 	g := &localLog{maxN: maxRate}
 	for _, l := range limits {
@@ -47,9 +46,8 @@ func newLocalLogs(limits []Limit, a *algorithm, fleet int) []*localLog {
 	return logs
 }
 
-// acquireLocal acquires, on every log of logs at once, need(its unit) permits, at the
-// earliest time all have room (a tenant's: the process's share of the limits, then of
-// its caps, locked in that order), or none.
+// acquireLocal takes need(its unit) permits on every log of logs (locked in order: the
+// limits', then a tenant's caps') at the earliest time all have room, or none.
 func acquireLocal(now int64, need func(unit string) int, maxWait int64, logs ...*localLog) grant {
 	for _, g := range logs {
 		g.mu.Lock()
@@ -179,8 +177,7 @@ func (c *localCaps) of(tenant string, now int64) []*localLog {
 
 // localSem is a Semaphore's in-process stand-in while Redis is unreachable: FailLocal's
 // share of the slots (max/fleet, at least 1), or, under FailOpen, as many as asked.
-// Leases expire after the lease TTL unless extended, as in Redis; times are the Go
-// clock's.
+// Leases expire after the lease TTL unless extended, by the Go clock.
 type localSem struct {
 	mu     sync.Mutex
 	max    int // 0: no limit (FailOpen)

@@ -65,9 +65,8 @@ func newConfig() *config {
 	}
 }
 
-// check returns ok. When ok is false it also records the error format and args
-// describe, unless one is recorded already: an option sets its value only if check
-// passes it, and the constructor returns the first bad option's error.
+// check returns ok; when ok is false it records the error format and args describe,
+// unless one is recorded already: the constructor returns the first bad option's.
 func (c *config) check(ok bool, format string, args ...any) bool {
 	if !ok && c.err == nil {
 		c.err = fmt.Errorf(format, args...)
@@ -101,8 +100,7 @@ func WithKeyPrefix(prefix string) CommonOption {
 	return commonOption(func(c *config) { c.prefix = prefix })
 }
 
-// defaultBuckets is how many sub-buckets SlidingCounter splits the shortest period into.
-const defaultBuckets = 50
+const defaultBuckets = 50 // WithBuckets' default
 
 // WithBuckets sets how many sub-buckets SlidingCounter splits the shortest period
 // into, 1..10000; the default is 50. A permit holds its place for between Period and

@@ -74,11 +74,10 @@ func WithFailurePolicy(p FailurePolicy) CommonOption {
 	})
 }
 
-// reloadSlots asks a cluster client to read the cluster's slot map again, after a call
-// failed because Redis could not serve it. A master that died is then replaced by the
-// replica the cluster promotes as soon as it is promoted: go-redis reads the map again
-// by itself only on a MOVED reply, which a dead node never sends, or every 10s. The
-// reload runs in the background, at most one at a time and 5 a second.
+// reloadSlots asks a cluster client to read the slot map again (in the background, at
+// most 5 a second) after a call failed because Redis could not serve it, so that a dead
+// master's promoted replica serves at once: go-redis reads the map by itself only on a
+// MOVED reply, which a dead node never sends, or every 10s.
 func reloadSlots(rdb redis.UniversalClient) {
 	if c, ok := rdb.(*redis.ClusterClient); ok {
 		c.ReloadState(context.Background())
@@ -98,9 +97,8 @@ const (
 	breakerMax   = time.Second
 )
 
-// skip reports whether a call under FailOpen or FailLocal should not try Redis now.
-// When the quiet time is over it lets one caller through to probe, and keeps the
-// others local meanwhile.
+// skip reports whether a call under FailOpen or FailLocal should not try Redis now;
+// once the quiet time is over it lets one caller through to probe.
 func (b *breaker) skip(now time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -137,8 +135,7 @@ func (b *breaker) idle(now time.Time) bool {
 	return b.downUntil.Before(now)
 }
 
-// localLogs returns the process's shares FailLocal decides on: of the limits, one log per
-// unit, and a tenant's of its caps too.
+// localLogs returns FailLocal's shares: of the limits, and a tenant's of its caps.
 func (l *Limiter) localLogs(ks *keyState) []*localLog {
 	cs := l.configState(ks)
 	logs := slices.Clip(cs.local)
@@ -148,8 +145,7 @@ func (l *Limiter) localLogs(ks *keyState) []*localLog {
 	return logs
 }
 
-// need returns what a call of n takes from the limits of unit: n of calls, its cost of
-// another.
+// need returns what a call of n takes from the limits of unit.
 func (l *Limiter) need(unit string, n int) int {
 	if unit == "" {
 		return n
@@ -162,8 +158,7 @@ func (l *Limiter) need(unit string, n int) int {
 	return 0
 }
 
-// degrades reports whether err leaves the call to the policy: Redis is unreachable
-// and the policy is FailOpen or FailLocal.
+// degrades reports whether err leaves the call to a FailOpen or FailLocal policy.
 func (p FailurePolicy) degrades(err error) bool {
 	return err != nil && p.mode != failClosed && errors.Is(err, ErrUnavailable)
 }

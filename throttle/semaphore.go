@@ -76,8 +76,7 @@ func NewSemaphore(rdb redis.UniversalClient, key string, max int, opts ...Semaph
 
 var semaphoreScript = newScript("semaphore")
 
-// client returns the process's client of the Semaphore's Redis client, looked up on
-// each call (see clients).
+// client returns the process's client of the Semaphore's Redis client (see clients).
 func (s *Semaphore) client() *client { return clientFor(s.rdb) }
 
 // Key returns the key the semaphore was made for (without prefix).
@@ -129,8 +128,7 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Lease, error) {
 	joined := false // a call took a place in the queue: give it back when leaving without a lease
 	for round := 0; ; round++ {
 		// Take a place in the queue once listening is confirmed, so that no notice
-		// naming it can come unheard: on the first call if the subscription is live,
-		// else once subscribe says it is, or from the second call.
+		// naming it comes unheard.
 		join := live || round > 0
 		r, err := s.call(ctx, semAcquire, token, place, join, keep)
 		if err != nil {
@@ -214,10 +212,8 @@ func (s *Semaphore) granted(token string, waited time.Duration, local bool) *Lea
 	return &Lease{s: s, id: token, granted: now, renewed: now, local: local}
 }
 
-// giveUp takes the waiter out of the queue, releasing a lease handed to it, for a
-// waiter that stops waiting: in the background (keyState.leave), bounded by the call
-// timeout, even when ctx is done; a failure goes to the RedisError hook, and the place
-// lapses by itself within one TTL.
+// giveUp takes a waiter that stops waiting out of the queue, releasing a lease handed to
+// it, in the background (keyState.leave); if that fails, the place lapses within one TTL.
 func (s *Semaphore) giveUp(ctx context.Context, token, place string) {
 	ctx = givingBack(ctx)
 	s.client().key(s.t.tag).leave(func() {
@@ -237,10 +233,8 @@ type semReply struct {
 
 // call makes one request of the semaphore script for the lease token (and place, to
 // queue in when join is set), or, while Redis is unreachable, decides as the failure
-// policy says. An acquire whose caller left before its reply came gives back what the
-// reply brought: a lease granted is released, and the place with it unless keep is set
-// (a task keeps its place in the queue when it leaves); once, in the background, before
-// any call this process makes on the key afterwards (request.leftInFlight).
+// policy says. An acquire whose caller left before its reply came releases the lease it
+// brought, and the place with it unless keep is set (a task keeps its place).
 func (s *Semaphore) call(ctx context.Context, op int, token, place string, join, keep bool) (semReply, error) {
 	ks := s.client().key(s.t.tag)
 	if s.policy.mode != failClosed && ks.breaker.skip(time.Now()) {
@@ -249,15 +243,14 @@ func (s *Semaphore) call(ctx context.Context, op int, token, place string, join,
 	// go-redis sends join as 1 or 0
 	r := &request{ctx: ctx, t: s.t, ks: ks, fields: []any{op, token, place, join}, timeout: s.timeout}
 	if op == semAcquire {
-		r.late = func(rep reply) { // what its caller never saw goes back
-			if keep && rep.v[0] != 1 {
-				return // no lease; the task's place stays in the queue
-			}
+		r.late = func(rep reply) {
 			p := place
 			if keep {
+				if rep.v[0] != 1 {
+					return // no lease; the task's place stays in the queue
+				}
 				p = ""
 			}
-			// bounded by the call timeout; a failure goes to the RedisError hook
 			_, _ = s.call(givingBack(context.Background()), semRelease, token, p, false, false)
 		}
 	}

@@ -2,8 +2,6 @@ package throttle
 
 import (
 	"context"
-	"crypto/sha1"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -306,11 +304,9 @@ func (c *client) wait(r *request) (reply, error) {
 }
 
 // noReply is the error of r, whose caller leaves without a reply: ctx.Err() for a
-// cancelled context; else an error wrapping ErrUnavailable that names the bound that
-// passed (the context's deadline, then also matching context.DeadlineExceeded, or the
-// call timeout) and wraps the last failure seen of Redis, if any came lately. A bound
-// that passes counts as Redis unreachable for the failure policy, as any failed call
-// does.
+// cancelled context; else an error wrapping ErrUnavailable (and, for the context's
+// deadline, context.DeadlineExceeded) that names the bound that passed and wraps the last
+// failure seen lately. It counts as a failed call for the failure policy.
 func (c *client) noReply(r *request) error {
 	err := r.ctx.Err()
 	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
@@ -334,10 +330,9 @@ func (c *client) noReply(r *request) error {
 	return fmt.Errorf("%w; the last failure seen, %v ago: %w", err, time.Since(f.at).Round(time.Millisecond), f.err)
 }
 
-// bounded runs call, a read that is no script call (ReadRecord's), within r's bounds
-// as do keeps a request's: its caller returns when call does, when r.ctx ends or when
-// r.timeout passes, whichever comes first, then with noReply's error; call's context
-// ends by the earliest of the deadline and the timeout, or when r.ctx is cancelled.
+// bounded runs call, a read that is no script call (ReadRecord's), within r's bounds as
+// do keeps a request's: it returns when call does, or with noReply's error when r.ctx
+// ends or r.timeout passes first; call's context ends by then too.
 func (c *client) bounded(r *request, call func(ctx context.Context) error) error {
 	done := make(chan error, 1)
 	go func() {
@@ -371,10 +366,7 @@ func (r *request) answer(rep reply, err error) {
 }
 
 // leftInFlight is for r's caller leaving while r is in flight: its reply, when it
-// comes, goes to r.late in the background, and every call this process makes on the
-// key afterwards goes after that (keyState.leave), so that it finds what r.late gave
-// back. It waits for the round trip, bounded by the latest deadline of its requests
-// (batchContext).
+// comes (batchContext bounds the wait), goes to r.late through keyState.leave.
 func (r *request) leftInFlight() {
 	if r.late == nil {
 		return
@@ -463,8 +455,8 @@ func (g *group) command(ctx context.Context, eval bool) *redis.IntSliceCmd {
 }
 
 // send makes one round trip for batch, a script call per group. On a cluster each
-// key's calls go in a pipeline of their own, sent at once and answered each as it
-// lands: a slow node holds back only its own keys' callers.
+// key's calls go in a pipeline of their own, answered as it lands: a slow node holds
+// back only its own keys' callers.
 func (c *client) send(batch []*request) {
 	ctx, cancel := batchContext(batch)
 	defer cancel()
@@ -594,13 +586,11 @@ func run(ctx context.Context, pipe redis.Pipeliner, gs []*group, eval bool) {
 }
 
 // redirect sends again the transaction of gs, one key's calls, that go-redis's cluster
-// client gave up on with EXECABORT (docs/design.md, "One way to Redis"): to node (after
-// ASKING when ask is set, just before MULTI on the same connection, which Redis honours
-// for the whole transaction), following each MOVED or ASK up to maxRedirects times. A
-// refused transaction ran nothing, so each try is a first one. The tries go through the
-// node's own client, past the cluster client's hooks. A node that answers after an ASK
-// is noted as the key's (ks.asked), so the key's next transactions skip the trip to the
-// source and go-redis's retries.
+// client gave up on with EXECABORT (docs/design.md, "One way to Redis"): to node, through
+// its own client (after ASKING if ask is set, just before MULTI on the same connection),
+// following each MOVED or ASK up to maxRedirects times; a refused transaction ran
+// nothing, so each try is a first one. A node that answers after an ASK is noted as the
+// key's (ks.asked), so that its next transactions go there straight.
 func redirect(ctx context.Context, cc *redis.ClusterClient, ks *keyState, gs []*group, eval bool, node *redis.Client, ask bool) {
 	for try := 0; node != nil && try < maxRedirects; try++ {
 		var err error
@@ -633,22 +623,17 @@ func redirect(ctx context.Context, cc *redis.ClusterClient, ks *keyState, gs []*
 // noteAsked notes addr as the node the key's transactions go to while its slot
 // migrates (see redirect), if asked, or forgets the node noted.
 func (ks *keyState) noteAsked(asked bool, addr string) {
-	if !asked {
-		if ks.asked.Load() != nil {
-			ks.asked.Store(nil)
-		}
-		return
-	}
-	if p := ks.asked.Load(); p == nil || *p != addr {
+	if asked {
 		ks.asked.Store(&addr)
+	} else {
+		ks.asked.Store(nil)
 	}
 }
 
-// askedNode returns the node noted as the key's while its slot migrates (noteAsked),
-// or nil: none is noted, or the cluster client now names it the slot's master (the
-// move is over: the cluster client's own way serves the key again), or it is no
-// master the cluster client knows. While a node is noted, the cluster client reads the
-// slot map again (go-redis spaces its reads), so that it learns the end of the move.
+// askedNode returns the node noted as the key's while its slot migrates (noteAsked), or
+// nil: none is noted, the move is over (the cluster client names it the slot's master),
+// or the cluster client knows no such master. While a node is noted, the cluster client
+// reads the slot map again (go-redis spaces its reads), to learn the end of the move.
 func (ks *keyState) askedNode(ctx context.Context, cc *redis.ClusterClient, key string) *redis.Client {
 	p := ks.asked.Load()
 	if p == nil {
@@ -679,8 +664,8 @@ func ownReplies(gs []*group) bool {
 	return true
 }
 
-// maxRedirects is how many times redirect sends a transaction: a node that redirects
-// it to the slot's owner, then that node, once more for a slot that moves meanwhile.
+// maxRedirects is how many times redirect sends a transaction: to a node that redirects
+// it, to the slot's owner, and once more for a slot that moves meanwhile.
 const maxRedirects = 3
 
 // redirection returns where a MOVED or ASK reply to one of gs's calls sends them, and
@@ -726,7 +711,7 @@ func (c *client) deliver(ctx context.Context, g *group) {
 		return
 	}
 	// cut: the round trip ran out of time, every request's bound having passed
-	// (batchContext); its error (a context's, a timeout) says less than the bound
+	// (batchContext); noReply's error says more
 	var own redis.Error // a reply of Redis's own (a script's error, NOPERM…)
 	cut := ctx.Err() != nil && !errors.As(err, &own)
 	down := isUnavailable(ctx, err)
@@ -838,7 +823,5 @@ func batchContext(batch []*request) (context.Context, context.CancelFunc) {
 type script struct{ src, sha string }
 
 func newScript(name string) *script {
-	src := lua.Source(name)
-	sum := sha1.Sum([]byte(src))
-	return &script{src: src, sha: hex.EncodeToString(sum[:])}
+	return &script{src: lua.Source(name), sha: lua.Script(name).Hash()}
 }

@@ -28,8 +28,8 @@ type stateMark struct {
 	n     int
 }
 
-// observe checks g, the grant of n permits of a call made with ctx after mark, reports
-// a lost state to the hook, and remembers a newer grant.
+// observe checks g, the grant of n permits of a call made after mark, reports a lost
+// state to the hook, and remembers a newer grant.
 func (l *Limiter) observe(ctx context.Context, ks *keyState, cs *configState, mark stateMark, n int, g grant) {
 	if !g.granted || n == 0 || g.token == 0 || l.limits[0].Unit != "" { // (Remaining counts calls)
 		return
@@ -62,11 +62,9 @@ func (l *Limiter) mostRemaining(mark stateMark, now int64, n int) int {
 	return max(0, most)
 }
 
-// overridden reports whether an override of the key's rates may be in force, which
-// raises Remaining past what the callers' limits allow, as a lost state does: one this
-// process set (Override), or one a read of the key finds (an operator's, another
-// process's), which is then not read again until its end. The read is made on ctx, only
-// when Remaining says the state was lost; a read that fails reports none.
+// overridden reports whether an override of the key's rates, which raises Remaining as a
+// lost state does, may be in force: one this process set, or one a read of the key finds
+// (then not read again until its end). A read that fails reports none.
 func (l *Limiter) overridden(ctx context.Context, ks *keyState) bool {
 	if time.Now().UnixNano() < ks.overridden.Load() {
 		return true

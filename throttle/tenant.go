@@ -45,8 +45,7 @@ func Weight(w float64) TenantOption {
 	})
 }
 
-// unitWeight is a weight of 1 in the units the scripts count weights in (millionths).
-const unitWeight = 1000000
+const unitWeight = 1000000 // a weight of 1, in the units the scripts count weights in (millionths)
 
 // tenant is what a tenant's handle adds to its Limiter.
 type tenant struct {
@@ -109,8 +108,7 @@ func (l *Limiter) OverrideWeight(ctx context.Context, d time.Duration, w float64
 	if t.err != nil || d < 0 {
 		return fmt.Errorf("%w: weight %v for %v", ErrInvalidArgument, w, d)
 	}
-	d = min(d, maxPeriodUS*time.Microsecond)
-	if d == 0 {
+	if d == 0 || d > maxPeriodUS*time.Microsecond {
 		d = maxPeriodUS * time.Microsecond
 	}
 	_, err := l.controlCall(ctx, &protocol.Request{Op: protocol.OpWeight, X: ceilMicros(d), Units: t.units,

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"math"
 	"slices"
 	"time"
 
@@ -54,7 +53,7 @@ func (l *Limiter) waitN(ctx context.Context, n int) (grant, error) {
 			return grant{}, err
 		}
 		waited = waited || held
-		g, err = l.acquire(ctx, n, maxWait(ctx), nil, ticket, true)
+		g, err = l.acquire(ctx, n, clock.MaxWait(ctx), nil, ticket, true)
 		if err != nil {
 			return grant{}, err
 		}
@@ -66,9 +65,9 @@ func (l *Limiter) waitN(ctx context.Context, n int) (grant, error) {
 		}
 		// a tenant's place is held, or a call of costs was told when to ask again (it
 		// books no further than its horizon ahead): ask again then
-		if !g.granted && (g.ticket != 0 || len(l.costs) > 0) && g.wait <= maxWait(ctx) {
+		if !g.granted && (g.ticket != 0 || len(l.costs) > 0) && g.wait <= clock.MaxWait(ctx) {
 			ticket, waited = g.ticket, true
-			if err := sleepFor(ctx, g.wait); err != nil {
+			if err := waiter.NewReservation(true, g.wait, nil).Wait(ctx); err != nil {
 				return grant{}, err
 			}
 			continue
@@ -90,26 +89,6 @@ func (l *Limiter) waitN(ctx context.Context, n int) (grant, error) {
 	return g, nil
 }
 
-// sleepFor sleeps d, or returns ctx.Err() when ctx ends first.
-func sleepFor(ctx context.Context, d time.Duration) error {
-	t := clock.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C():
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-// maxWait is how long ctx lets a caller wait: until its deadline, or for ever.
-func maxWait(ctx context.Context) time.Duration {
-	if dl, ok := ctx.Deadline(); ok {
-		return max(0, time.Until(dl))
-	}
-	return time.Duration(math.MaxInt64)
-}
-
 // sleeper is a WaitN asleep on its booking, its own while it is in its key's
 // sleepers; a move that takes it out sends the new booking on moved.
 type sleeper struct {
@@ -129,9 +108,8 @@ type moved struct {
 }
 
 // sleep sleeps on g, n permits booked after the hold seen, until it takes effect,
-// following the moves of holds and resumes; it returns the booking slept on and the
-// hold it was made after. A hold begun since seen that did not move it ends the sleep
-// at once, the booking given back, for the caller to book again after it.
+// following the moves of holds and resumes, and returns the booking slept on and its
+// hold. A hold begun since seen that did not move it gives the booking back at once.
 func (ks *keyState) sleep(ctx context.Context, l *Limiter, n int, g grant, seen int64) (grant, int64, error) {
 	defer ks.listenNotices()() // a pause or a resume concerns it while it sleeps or is moved
 	s := &sleeper{l: l, ctx: ctx, n: n, moved: make(chan moved, 1)}
@@ -193,9 +171,8 @@ func (ks *keyState) claim(s *sleeper) bool {
 	return ok
 }
 
-// listenNotices hands the pauses and resumes any process publishes on the key's
-// channel to paused and resume, until the function it returns is called. Each waiter
-// listens on its own: they act once per pause however many hand them the notice.
+// listenNotices hands the pauses and resumes published on the key's channel to paused
+// and resume, until done is called.
 func (ks *keyState) listenNotices() (done func()) {
 	l := &listener{channel: wakeChannel(ks.tag), paused: ks.paused, resumed: func(end int64) { ks.resume(end, false) }}
 	if h := ks.client.hub; !h.listen(l) {
@@ -231,7 +208,7 @@ func (ks *keyState) move(which func(*sleeper) bool) {
 		seen, _, _ := ks.pass(context.Background())
 		again := make([]*request, len(ss))
 		for i, s := range ss {
-			x := min(int64(maxWait(s.ctx)/time.Microsecond), maxWaitMicros)
+			x := min(int64(clock.MaxWait(s.ctx)/time.Microsecond), maxWaitMicros)
 			call := s.l.request(protocol.OpAcquire, s.n, x)
 			call.Hold = s.l.tenant != nil
 			again[i] = &request{ctx: s.ctx, t: s.l.t, ks: ks, call: call, late: s.l.late(s.n), timeout: s.l.timeout}

@@ -12,18 +12,16 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// hub is the one pub/sub subscription of a client: it listens on a key's channel,
-// {…}:wake, while something of this process waits on the key, and tells the listeners
-// what the scripts publish there ("h <place> ...", a semaphore's handoffs; "p
-// <pause_end>", a pause; "r <pause_end>", a resume) and when the subscription is
-// (re)confirmed, since a notice may have been missed before. Its one pub/sub
-// connection closes after hubLinger without listeners.
+// hub is a client's one pub/sub subscription: it listens on a key's channel, {…}:wake,
+// while something of this process waits on the key, and tells the listeners what the
+// scripts publish there ("h <place> ...": a semaphore's handoffs; "p <pause_end>", "r
+// <pause_end>": a pause, a resume) and when the subscription is (re)confirmed, since a
+// notice may have been missed before. It closes after hubLinger without listeners.
 //
-// What it asks of the subscription (subscribe, unsubscribe, close) its worker does, in
-// order, on a goroutine of its own: go-redis dials and reads a handshake reply on the
-// calling goroutine while holding the subscription's lock, which a Redis that stopped
-// answering holds for the client's ReadTimeout (for ever without one). No caller, and
-// nothing under h.mu, waits for Redis.
+// Its worker makes the subscription's calls (subscribe, unsubscribe, close) in order on a
+// goroutine of its own: go-redis makes them holding the subscription's lock, for up to
+// the client's ReadTimeout (for ever without one). No caller, and nothing under h.mu,
+// waits for Redis.
 type hub struct {
 	rdb   redis.UniversalClient
 	gone  func() // called when the subscription ends because rdb was closed
@@ -31,10 +29,9 @@ type hub struct {
 	ps    *redis.PubSub // nil while closed
 	chans map[string]*channel
 	idle  *time.Timer // closes ps once no channel is left
-	ops   []func()    // the worker's queue, in order, the op it runs first: the worker runs while any
+	ops   []func()    // the worker's queue; it runs while the queue is not empty
 }
 
-// hubLinger is how long the hub keeps its connection open without listeners.
 const hubLinger = 30 * time.Second
 
 // channel is the hub's state for one key's channel. A channel subscribed and not live
@@ -153,10 +150,9 @@ func (h *hub) listening() bool {
 	return len(h.chans) > 0
 }
 
-// do queues op for the worker, starting it if it is not running (h.mu held). The
-// worker runs the queued ops in order until none is left. A failed subscribe is sent
-// again by go-redis when it reconnects (the subscription keeps its channels); listeners
-// fall back on their timers meanwhile.
+// do queues op for the worker, starting it if it is not running (h.mu held). go-redis
+// sends a failed subscribe again when it reconnects; listeners fall back on their timers
+// meanwhile.
 func (h *hub) do(op func()) {
 	h.ops = append(h.ops, op)
 	if len(h.ops) > 1 { // the worker runs
@@ -219,12 +215,6 @@ func (h *hub) receive(ps *redis.PubSub, in <-chan any) {
 		return
 	}
 	h.shut()
-	defer func() {
-		h.mu.Unlock()
-		if h.gone != nil {
-			h.gone()
-		}
-	}()
 	for name, ch := range h.chans {
 		ch.subscribed, ch.live = false, false
 		if len(ch.listeners) == 0 {
@@ -233,6 +223,10 @@ func (h *hub) receive(ps *redis.PubSub, in <-chan any) {
 		for l := range ch.listeners {
 			signal(l.check)
 		}
+	}
+	h.mu.Unlock()
+	if h.gone != nil {
+		h.gone()
 	}
 }
 

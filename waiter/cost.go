@@ -41,8 +41,7 @@ func WithCost(estimate func(req *http.Request) map[string]int, actual func(resp 
 		"WithCost with a nil function")
 }
 
-// settleOn makes reading resp's body to its end, or closing it, settle res with the
-// actual cost of resp, once.
+// settleOn makes the end or close of resp's body settle res with resp's actual cost.
 func (t *transport) settleOn(req *http.Request, resp *http.Response, res *Reservation) {
 	if resp.Body == nil { // a base transport breaking the RoundTripper contract: nothing to read
 		t.settle(req, resp, res, nil)
@@ -51,8 +50,8 @@ func (t *transport) settleOn(req *http.Request, resp *http.Response, res *Reserv
 	resp.Body = &costBody{ReadCloser: resp.Body, settle: func(body []byte) { t.settle(req, resp, res, body) }}
 }
 
-// settle settles res with the actual cost of resp, whose body was body (resp nil: no
-// answer came), and tells TransportHooks.Unsettled when it could not.
+// settle settles res with the actual cost of resp (nil: no answer came), whose body was
+// body, and tells TransportHooks.Unsettled when it could not.
 func (t *transport) settle(req *http.Request, resp *http.Response, res *Reservation, body []byte) {
 	var (
 		actual map[string]int

@@ -92,8 +92,7 @@ func (r *reader) requestQuota(reserve int) (d time.Duration, empty bool) {
 	return 0, false
 }
 
-// remaining reads the count v of header name, reporting it when it is not one (see
-// parseCount).
+// remaining reads the count v of header name, reporting it when it is not one.
 func (r *reader) remaining(name, v string) (int64, bool) {
 	n, ok := parseCount(v)
 	if !ok {
@@ -112,8 +111,8 @@ func parseCount(v string) (int64, bool) {
 	return n, err == nil && n >= 0
 }
 
-// pauseFor returns the pause f's reset asks for, cut to the cap, and whether it could be
-// used; one that cannot is reported, and the pause is 0.
+// pauseFor returns the pause f's reset asks for, cut to the cap, or reports it and
+// returns 0 and false.
 func (r *reader) pauseFor(f family) (time.Duration, bool) {
 	name, v, d, problem := r.resetIn(f)
 	if problem != "" {

@@ -26,14 +26,14 @@ type Reserver interface {
 // Reservation is a booking of permits that take effect at a time to come, or the
 // answer that none could be booked in time. A Reservation is safe for simultaneous use.
 type Reservation struct {
-	ok     bool
-	due    time.Time
-	cancel atomic.Pointer[func(ctx context.Context) error] // nil once used or given back
+	ok        bool
+	due       time.Time
+	cancel    atomic.Pointer[func(ctx context.Context) error] // nil once used or given back
+	cancelled atomic.Bool                                     // given back
 
-	mu        sync.Mutex
-	costed    bool                                                   // booked on estimated costs
-	cancelled bool                                                   // given back
-	settle    func(ctx context.Context, actual map[string]int) error // nil once applied
+	mu     sync.Mutex
+	costed bool                                                   // booked on estimated costs
+	settle func(ctx context.Context, actual map[string]int) error // nil once applied
 }
 
 // NewReservation returns a Reserver's answer: ok, permits booked to take effect delay
@@ -73,7 +73,7 @@ func (r *Reservation) Settle(ctx context.Context, actual map[string]int) error {
 	if !r.costed {
 		return ErrNotReserved
 	}
-	if r.settle == nil || r.cancelled {
+	if r.settle == nil || r.cancelled.Load() {
 		return nil
 	}
 	err := r.settle(ctx, actual)
@@ -103,11 +103,7 @@ func (r *Reservation) Cancel(ctx context.Context) error {
 		return nil
 	}
 	err := (*cancel)(ctx)
-	if err == nil {
-		r.mu.Lock()
-		r.cancelled = true
-		r.mu.Unlock()
-	}
+	r.cancelled.Store(err == nil)
 	return err
 }
 
@@ -126,9 +122,7 @@ func (r *Reservation) Wait(ctx context.Context) error {
 		case <-t.C():
 		case <-ctx.Done():
 			if cancel := r.cancel.Swap(nil); cancel != nil {
-				r.mu.Lock()
-				r.cancelled = true
-				r.mu.Unlock()
+				r.cancelled.Store(true)
 				go func() { _ = (*cancel)(context.WithoutCancel(ctx)) }()
 			}
 			return ctx.Err()

@@ -114,8 +114,7 @@ func WithTransportHooks(h TransportHooks) TransportOption {
 }
 
 // withTransportClock sets the local clock the absolute times in a response's headers
-// count from; the default is the system's. Tests only (export_test.go): waiting uses
-// the Reserver's clock, not this one. A nil clock is an error wrapping ErrInvalidOption.
+// count from (tests; waiting uses the Reserver's clock).
 func withTransportClock(c clock.Clock) TransportOption {
 	return checked(c != nil, func(t *transport) { t.clock = c }, "nil clock")
 }
@@ -161,7 +160,6 @@ type TransportHooks struct {
 	Unsettled func(req *http.Request, status int, err error)
 }
 
-// transport is what NewTransport and NewTransportFunc return.
 type transport struct {
 	choose   func(*http.Request) (Reserver, int, error)
 	base     http.RoundTripper
@@ -177,9 +175,8 @@ type transport struct {
 	actual   func(*http.Response, []byte) map[string]int // WithCost
 }
 
-// checked returns the option that calls set when ok. When ok is false it records
-// instead an error wrapping ErrInvalidOption that format and args describe, unless one
-// is recorded already: every RoundTrip returns the first bad option's error.
+// checked returns the option that calls set when ok, else records an error wrapping
+// ErrInvalidOption (format, args), unless one is recorded already.
 func checked(ok bool, set func(*transport), format string, args ...any) TransportOption {
 	return transportOption(func(t *transport) {
 		switch {
@@ -229,7 +226,7 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if _, ok := r.(pauser); !ok && d > 0 {
 			// nothing holds this process: sleep out the pause here, unless it ends too late
 			err = ErrWouldExceedDeadline
-			if d <= maxWait(ctx) {
+			if d <= clock.MaxWait(ctx) {
 				err = NewReservation(true, d, nil).Wait(ctx)
 			}
 		}
@@ -297,8 +294,7 @@ func (t *transport) wait(ctx context.Context, r Reserver, n int, cost map[string
 	return r.(costWaiter).WaitCost(ctx, cost)
 }
 
-// discard drains (a little, so the connection can be reused) and closes a response
-// the caller will not see.
+// discard drains (a little, so the connection can be reused) and closes resp.
 func discard(resp *http.Response) {
 	_, _ = io.CopyN(io.Discard, resp.Body, 64<<10)
 	_ = resp.Body.Close()
@@ -328,10 +324,9 @@ func (t *transport) backOff(req *http.Request, r Reserver, resp *http.Response, 
 		}
 	}
 	if p, ok := r.(pauser); ok && d > 0 {
-		// Bounded by the Reserver's own bound on a call, not by the request's context nor
-		// a shorter one: the answer is in hand and the fleet must back off even if the
-		// caller gives up, and Pause holds this process before it calls the store, so a
-		// slow call lets none of it through.
+		// Bounded by the Reserver's own bound on a call, not by the request's context: the
+		// fleet must back off even if the caller gives up, and Pause holds this process
+		// before it calls the store.
 		if err := p.Pause(context.WithoutCancel(req.Context()), d); err != nil {
 			if t.hooks.PauseFailed != nil {
 				t.hooks.PauseFailed(req, d, err)

@@ -3,8 +3,8 @@ package waiter
 import (
 	"context"
 	"fmt"
-	"math"
-	"time"
+
+	"github.com/jobthrottle/jobthrottle/internal/clock"
 )
 
 // Wait books n permits from r and sleeps until they take effect: one call to r per
@@ -24,7 +24,7 @@ func Wait(ctx context.Context, r Reserver, n int) error {
 	}); ok {
 		return w.WaitN(ctx, n)
 	}
-	res, err := r.Reserve(ctx, n, maxWait(ctx))
+	res, err := r.Reserve(ctx, n, clock.MaxWait(ctx))
 	if err != nil {
 		return err
 	}
@@ -32,12 +32,4 @@ func Wait(ctx context.Context, r Reserver, n int) error {
 		return fmt.Errorf("%w: n=%d would wait %v", ErrWouldExceedDeadline, n, res.Delay())
 	}
 	return res.Wait(ctx)
-}
-
-// maxWait is how long ctx lets a caller wait: until its deadline, or for ever.
-func maxWait(ctx context.Context) time.Duration {
-	if dl, ok := ctx.Deadline(); ok {
-		return max(0, time.Until(dl))
-	}
-	return time.Duration(math.MaxInt64)
 }

@@ -5,6 +5,8 @@
 package clock
 
 import (
+	"context"
+	"math"
 	"sync/atomic"
 	"time"
 )
@@ -37,6 +39,14 @@ func NewTimer(d time.Duration) Timer {
 		return (*c).NewTimer(d)
 	}
 	return sysTimer{time.NewTimer(d)}
+}
+
+// MaxWait is how long ctx lets a caller wait: until its deadline, or for ever.
+func MaxWait(ctx context.Context) time.Duration {
+	if dl, ok := ctx.Deadline(); ok {
+		return max(0, time.Until(dl))
+	}
+	return time.Duration(math.MaxInt64)
 }
 
 // Set makes c the clock (tests), and returns what puts the time package's back.
