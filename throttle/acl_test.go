@@ -15,7 +15,6 @@ import (
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/waiter"
 	"github.com/redis/go-redis/v9"
-	"github.com/redis/go-redis/v9/logging"
 )
 
 // aclServer is a Redis of the ACL test's own (a redis-server or a cluster), so that
@@ -473,7 +472,6 @@ func testACL(t *testing.T, s *aclServer) {
 		}()
 	}
 	wg.Wait()
-	logging.Enable()
 	for i, missing := range names {
 		// No wall-clock bound on took: a hang is a call that runs into its step's 30s
 		// deadline, and fails below as an error that does not wrap ErrNoPermission (or
