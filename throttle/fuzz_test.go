@@ -1148,8 +1148,15 @@ func (r *fuzzRun) cancel(rd *fuzzReader) {
 // after b at the rate in force at the cancel, x/time/rate at b's).
 func (r *fuzzRun) oracleCancel(b fuzzBooking, freed bool) {
 	o := r.oracle
+	past, _ := r.ref.(interface{ pastEvent(now int64) bool })
 	switch {
 	case o == nil:
+		return
+	case past != nil && past.pastEvent(r.nowUS()):
+		if freed {
+			r.note("  (a cancel after the bucket's latest booking time: x/time/rate gives back more, the oracle stops)")
+			r.oracle = nil
+		}
 		return
 	case b.orc == nil || b.gen != o.gen || b.limit != o.lim.Limit() || b.orc.DelayFrom(r.now) == 0:
 		if freed {

@@ -552,7 +552,9 @@ local function give(st, lim, n, token, now)
   local freed = 0
   for j = 0, 5 * #lim - 5, 5 do
     local u, r, p, b, e = st[j + 1], st[j + 2], st[j + 3], st[j + 4], st[j + 5]
-    local restore = n * p - (e - token) * r
+    -- less what was booked after token: to the latest booking, or to now once it is past
+    -- (a past one is not kept), which gives back no more than x/time/rate would
+    local restore = n * p - ((e > now and e or now) - token) * r
     if restore > 0 then
       st[j + 1], freed = math.min(b * p, u + restore), 1
       if token == e and token - math.floor(n * p / r) >= now then
