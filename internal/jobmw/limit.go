@@ -86,8 +86,19 @@ func (b Booking) Settle(ctx context.Context, actual map[string]int) error {
 
 // Wait sleeps until the permit is due, giving it back if ctx ends first; ErrMoved when
 // it came due inside a hold of this process on the key (a Pause here): the job must
-// not use it, and books again.
+// not use it, and books again. A booking not made (a tenant's turn has not come: its
+// place is kept under the job's ID) is slept for and asked again: ErrMoved too.
 func (b Booking) Wait(ctx context.Context) error {
+	if !b.OK() {
+		t := time.NewTimer(b.Delay())
+		defer t.Stop()
+		select {
+		case <-t.C:
+			return ErrMoved
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	if err := b.r.Wait(ctx); err != nil {
 		return err
 	}

@@ -82,7 +82,7 @@ func (c *config) throttle(ctx context.Context, job *rivertype.JobRow, lim *throt
 		start := time.Now()
 		slept := wait > 0
 		if slept {
-			err = waitBooked(ctx, b)
+			err = b.Wait(ctx)
 			c.sh.Release()
 		}
 		if errors.Is(err, jobmw.ErrMoved) {
@@ -103,23 +103,6 @@ func (c *config) throttle(ctx context.Context, job *rivertype.JobRow, lim *throt
 // could not answer that it is due (the process's and the server's clocks measure the
 // wait alike; this covers a reply's way back).
 const bounceMin = 50 * time.Millisecond
-
-// waitBooked sleeps until b's permit is due (see jobmw.Booking.Wait). A booking not
-// made (a tenant's turn has not come: its place is kept under the job's ID) is slept
-// for and asked again: jobmw.ErrMoved too.
-func waitBooked(ctx context.Context, b jobmw.Booking) error {
-	if b.OK() {
-		return b.Wait(ctx)
-	}
-	t := time.NewTimer(b.Delay())
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return jobmw.ErrMoved
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
 
 // bounce returns the *ThrottledError that snoozes a returning job again, booked,
 // without a script call, when this process snoozed it on li's limiter (so knows its
