@@ -350,7 +350,8 @@ end
 -- ARGV[1]  the group's head; ARGV[2] the tenants' caps' head or ""; ARGV[3..] the requests
 -- Returns  WIDTH integers per request, then the extras (common.lua, reply)
 -- Writes   after every read and check, once per call: a request that fails writes
---   nothing, and a state found foreign is written by none.
+--   nothing, a call whose every request fails nothing at all (not even the state's upkeep),
+--   and a state found foreign is written by none.
 --
 -- The algorithm's file defines, each taking its state as an argument:
 --   LIMIT_FIELDS, CAP           a limit's numbers in a head; which of them bounds n
@@ -667,7 +668,7 @@ end
 local function rates(st, new, at)
 end
 
--- [limiter.lua from line 164]
+-- [limiter.lua from line 165]
 -- @cold: the request loop, for every call the fast path did not decide.
 
 -- read_head is parse_head with the parts always given, each with its limits (lim) and the
@@ -1634,6 +1635,7 @@ local function control(r, q)
   answer(r, 1, 0, math.max(0, meta.pause - now), math.max(0, oend - now), ended, 0, 0)
 end
 
+local served = false -- a request succeeded: else the call writes nothing, as its requests
 for r = 1, k do
   local q = ops[r]
   if q and not ext[r] then
@@ -1649,7 +1651,7 @@ for r = 1, k do
     else
       why = control(r, q)
     end
-    ext[r] = why or ext[r]
+    ext[r], served = why or ext[r], served or not why
   end
   if foreign_part(G) then -- a read after load found the state foreign: it fails every request
     return reply({}, k, {}, foreign_part(G))
@@ -1659,47 +1661,50 @@ for r = 1, k do
   drift = drift and not dirty()
 end
 
--- Writes, after every read and check: what lives is kept until it no longer matters.
-local kept, f = kept_us(data_keep()), meta.fair
-if f and f.W > 0 and fair_key then
-  for name, F in pairs(queued) do -- (queued only after the clock moved)
-    redis.call('ZADD', fair_key, string.format('%.17g', F), name)
+-- Writes, after every read and check, when a request succeeded: what lives is kept until it
+-- no longer matters.
+if served then
+  local kept, f = kept_us(data_keep()), meta.fair
+  if f and f.W > 0 and fair_key then
+    for name, F in pairs(queued) do -- (queued only after the clock moved)
+      redis.call('ZADD', fair_key, string.format('%.17g', F), name)
+    end
+    redis.call('PEXPIRE', fair_key, ms(life(f)))
   end
-  redis.call('PEXPIRE', fair_key, ms(life(f)))
-end
-if dirty() then
-  -- a head replaced (another process's, with other limits) is noted
-  meta.drift, meta.head = gst.found and {now, gst.found} or meta.drift, ARGV[1]
-  local text = format_meta(meta)
-  save(gst, KEYS[1], kept, text ~= gst.meta and text or nil, gst.nolim or G[1].keep <= 0)
-end
-local sets = {G} -- (the parts with a key of their own: their heads are their metas)
-for _, ts in pairs(tstates) do
-  sets[#sets + 1] = not ts.code and ts or nil
-end
-for _, parts in ipairs(sets) do
-  for _, p in ipairs(parts) do
-    if p.st ~= gst and p.st.dirty and not p.st.err then
-      local _, _, pk = report(p.st, p.lim, now, parts == G and oend or 0)
-      save(p.st, p.key, pk, (p.st.absent or p.st.rehead) and p.head or nil)
+  if dirty() then
+    -- a head replaced (another process's, with other limits) is noted
+    meta.drift, meta.head = gst.found and {now, gst.found} or meta.drift, ARGV[1]
+    local text = format_meta(meta)
+    save(gst, KEYS[1], kept, text ~= gst.meta and text or nil, gst.nolim or G[1].keep <= 0)
+  end
+  local sets = {G} -- (the parts with a key of their own: their heads are their metas)
+  for _, ts in pairs(tstates) do
+    sets[#sets + 1] = not ts.code and ts or nil
+  end
+  for _, parts in ipairs(sets) do
+    for _, p in ipairs(parts) do
+      if p.st ~= gst and p.st.dirty and not p.st.err then
+        local _, _, pk = report(p.st, p.lim, now, parts == G and oend or 0)
+        save(p.st, p.key, pk, (p.st.absent or p.st.rehead) and p.head or nil)
+      end
     end
   end
-end
-for _, i in ipairs(booked) do
-  local rec = books[i]
-  if rec and rec.ticket then -- a task handed back keeps its place while it may still come
-    redis.call('SET', KEYS[i], string.format('t %d %d', math.floor(rec.ticket * 1000000 + 0.5), rec.n) .. rec.ctext,
-      'PX', ms(rec.due + 60000000))
-  elseif rec then
-    redis.call('SET', KEYS[i], string.format('%d %d %d', rec[1], rec[2], rec[3]) .. rec[4],
-      'PX', ms(math.max(rec[1] - now, 0) + 1000000))
-  elseif rec == false then
-    redis.call('DEL', KEYS[i])
+  for _, i in ipairs(booked) do
+    local rec = books[i]
+    if rec and rec.ticket then -- a task handed back keeps its place while it may still come
+      redis.call('SET', KEYS[i], string.format('t %d %d', math.floor(rec.ticket * 1000000 + 0.5), rec.n) .. rec.ctext,
+        'PX', ms(rec.due + 60000000))
+    elseif rec then
+      redis.call('SET', KEYS[i], string.format('%d %d %d', rec[1], rec[2], rec[3]) .. rec[4],
+        'PX', ms(math.max(rec[1] - now, 0) + 1000000))
+    elseif rec == false then
+      redis.call('DEL', KEYS[i])
+    end
+    books[i] = nil
   end
-  books[i] = nil
-end
-for _, text in ipairs(wakes) do
-  redis.call('PUBLISH', (string.match(KEYS[1], '^(.*:)') or '') .. 'wake', text)
+  for _, text in ipairs(wakes) do
+    redis.call('PUBLISH', (string.match(KEYS[1], '^(.*:)') or '') .. 'wake', text)
+  end
 end
 reply(out, k, ext)
 if gst.found then -- the reply ends with the head found, its bytes then their count
