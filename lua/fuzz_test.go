@@ -28,8 +28,10 @@ import (
 //     key changes;
 //   - otherwise the reply is Width integers per request and the extras; a request outside
 //     its op's contract gets ErrArg, any other a reply of its op's shape or, only when a
-//     key holds foreign content, ErrState or ErrAlg, or, only when n is above a limit
-//     that may be in force, ErrExceeds; when every request failed, no key changes;
+//     key holds foreign content, ErrState or ErrAlg, or ErrAlg when the good call left
+//     another algorithm's state (a sliding counter's head on a sliding window's key), or,
+//     only when n is above a limit that may be in force, ErrExceeds; when every request
+//     failed, no key changes;
 //   - both servers answer alike and hold the same keys after; every key a call changed has
 //     a TTL.
 func FuzzScriptArgs(f *testing.F) {
@@ -469,6 +471,7 @@ func runScriptArgs(t *testing.T, which uint8, key string, argvRaw []byte, pre ui
 			}
 			continue
 		case (c == protocol.ErrState || c == protocol.ErrAlg) && foreignKey != "":
+		case c == protocol.ErrAlg && sc.tags != nil && goodFirst && headTag(argv[0]) != headTag(sc.good[0]): // another algorithm's state
 		case c == protocol.ErrExceeds && reqs[r].op == protocol.OpAcquire && (overridden || exceeds(sc, argv, reqs[r])):
 		default:
 			t.Fatalf("%s: request %d: %v, want a reply", trace, r+1, res)
@@ -487,6 +490,12 @@ func runScriptArgs(t *testing.T, which uint8, key string, argvRaw []byte, pre ui
 		}
 		t.Fatalf("%s: key %q has no TTL: %v", trace, k, s)
 	}
+}
+
+// headTag returns a head's algorithm tag, its first word.
+func headTag(head string) string {
+	tag, _, _ := strings.Cut(head, " ")
+	return tag
 }
 
 // inspectTTLs takes the pttl out of each inspect's detail in a reply v (0 in its place)
