@@ -90,14 +90,7 @@ func (b Booking) Settle(ctx context.Context, actual map[string]int) error {
 // place is kept under the job's ID) is slept for and asked again: ErrMoved too.
 func (b Booking) Wait(ctx context.Context) error {
 	if !b.OK() {
-		t := time.NewTimer(b.Delay())
-		defer t.Stop()
-		select {
-		case <-t.C:
-			return ErrMoved
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+		return cmp.Or(Sleep(ctx, b.Delay()), ErrMoved)
 	}
 	if err := b.r.Wait(ctx); err != nil {
 		return err
