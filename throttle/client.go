@@ -256,7 +256,8 @@ func (ks *keyState) settle(ctx context.Context, at time.Time) bool {
 }
 
 // givingBack returns ctx without its cancellation, marked as a give-back's: its calls
-// do not wait for other give-backs (see leave).
+// do not wait for other give-backs (see leave), are bounded by the call timeout alone
+// (their caller has left), and a failure goes to the RedisError hook.
 func givingBack(ctx context.Context) context.Context {
 	return context.WithValue(context.WithoutCancel(ctx), givingBackKey{}, true)
 }
