@@ -1148,13 +1148,13 @@ func (r *fuzzRun) cancel(rd *fuzzReader) {
 // after b at the rate in force at the cancel, x/time/rate at b's).
 func (r *fuzzRun) oracleCancel(b fuzzBooking, freed bool) {
 	o := r.oracle
-	past, _ := r.ref.(interface{ pastEvent(now int64) bool })
+	behind, _ := r.ref.(interface{ behindLatest(token int64) bool })
 	switch {
 	case o == nil:
 		return
-	case past != nil && past.pastEvent(r.nowUS()):
+	case behind != nil && behind.behindLatest(b.token):
 		if freed {
-			r.note("  (a cancel after the bucket's latest booking time: x/time/rate gives back more, the oracle stops)")
+			r.note("  (a cancel of a booking after the bucket's latest booking time: x/time/rate gives back more, the oracle stops)")
 			r.oracle = nil
 		}
 		return

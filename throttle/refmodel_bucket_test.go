@@ -227,11 +227,11 @@ func (m *bucketModel) allow(now int64, n int, maxWait int64) (Result, int64, int
 
 // cancel is x/time/rate's CancelAt(now) of n booked at token, per limit: nothing when
 // token is past; else the limit gets back n less what was booked after the booking
-// (rate × (lastEvent - token); the bucket keeps no past lastEvent, and counts from now
-// then: less than x/time/rate, see pastEvent), up to its burst, when that is positive, and the latest
-// booking moves back by n/rate when it is this one (not before now). The rate is the
-// one in force at the cancel (x/time/rate: the reservation's). It reports whether any
-// limit got tokens back, and the reset after.
+// (rate × (lastEvent - token), from now once lastEvent is past), never more than n (see
+// behindLatest), up to its burst, when that is positive, and the latest booking moves
+// back by n/rate when it is this one (not before now). The rate is the one in force at
+// the cancel (x/time/rate: the reservation's). It reports whether any limit got tokens
+// back, and the reset after.
 func (m *bucketModel) cancel(now, token int64, n int) (bool, time.Duration) {
 	m.at(now)
 	defer m.done()
@@ -239,7 +239,7 @@ func (m *bucketModel) cancel(now, token int64, n int) (bool, time.Duration) {
 	if token >= now && token > 0 && n > 0 {
 		for i := range m.lims {
 			l := &m.lims[i]
-			restore := new(big.Rat).Sub(rat(int64(n)), new(big.Rat).Mul(rat(max(l.lastEvent, now)-token), l.rate))
+			restore := new(big.Rat).Sub(rat(int64(n)), new(big.Rat).Mul(rat(max(l.lastEvent, now, token)-token), l.rate))
 			if restore.Sign() <= 0 {
 				continue
 			}
@@ -255,11 +255,13 @@ func (m *bucketModel) cancel(now, token int64, n int) (bool, time.Duration) {
 	return freed, reset
 }
 
-// pastEvent reports whether a limit's latest booking time is past: a cancel now gives
-// back less than x/time/rate's CancelAt, which counts from that time (see cancel).
-func (m *bucketModel) pastEvent(now int64) bool {
+// behindLatest reports whether a booking at token lies after a limit's latest booking
+// time (a booking made since lies before it, or the latest is past): x/time/rate's
+// CancelAt then gives back more than n, which could grant beyond the burst and refill;
+// the bucket gives back n at most.
+func (m *bucketModel) behindLatest(token int64) bool {
 	for _, l := range m.lims {
-		if l.lastEvent < now {
+		if l.lastEvent < token {
 			return true
 		}
 	}

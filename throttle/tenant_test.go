@@ -1,9 +1,12 @@
 package throttle
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"math/rand"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -299,4 +302,170 @@ func TestFailLocalKeepsTenantsCaps(t *testing.T) {
 	if granted["a"] != 2 || granted["b"] != 2 || granted["c"] != 1 {
 		t.Fatalf("granted %v, want a 2 and b 2 (their caps' share), c 1 (the limits' share of 5)", granted)
 	}
+}
+
+// A cancel gives back no more than it booked, even when a booking made since lies
+// before it: a tenant's booking its cap held later, and then another tenant's permit now
+// (x/time/rate's CancelAt would give back the refill between them too, and the bucket
+// would grant beyond its burst and refill).
+func TestTenantCancelGivesBackNoMore(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		tl := newTimeline(t, b)
+		// the limiter 10/s (a token each 100ms), each tenant 4/s with a burst of 1
+		l := tl.limiter("giveback", PerSecond(10), WithAlgorithm(TokenBucket), WithTenantLimits(Limit{Rate: 4, Period: time.Second, Burst: 1}))
+		x, y := l.Tenant("x"), l.Tenant("y")
+		if r, err := x.Allow(ctx); err != nil || !r.Allowed {
+			t.Fatalf("x's first: %+v %v", r, err)
+		}
+		held, err := x.acquire(ctx, 1, time.Second, nil, 0, false) // its cap has a token again at 250ms
+		if err != nil || !held.granted || held.wait != 250*ms {
+			t.Fatalf("x's second: %+v %v, want booked at 250ms", held, err)
+		}
+		if r, err := y.Allow(ctx); err != nil || !r.Allowed {
+			t.Fatalf("y's: %+v %v", r, err)
+		}
+		tl.at(20 * ms)
+		if err := x.giveBack(ctx, 1, held); err != nil {
+			t.Fatal(err)
+		}
+		// 10, less x's 1, its booking's 1 and the 1.5 of refill the burst cuts before 250ms,
+		// y's 1; then 20ms of refill and the 1 given back: 6.7 tokens (given back from the
+		// booking to now as well, 9)
+		if r, err := l.AllowN(ctx, 7); err != nil || r.Allowed || r.Remaining != 6 {
+			t.Fatalf("AllowN(7) after the cancel: %+v %v, want denied with 6 remaining", r, err)
+		}
+	})
+}
+
+// Tenants in three processes (a client each) ask at random times for random n, now or
+// booking ahead, and now and then give a booking back: the permits that take effect never
+// exceed the limiter's limits, nor any tenant's caps, in any window (the token bucket: its
+// burst and what it refills in any span). Every algorithm, every backend, on the fake
+// timeline.
+func TestTenantsNeverExceedLimitsOrCaps(t *testing.T) {
+	eachAlgorithm(t, redistest.Each, func(t *testing.T, alg Algorithm, b *redistest.Backend) {
+		ctx := context.Background()
+		tl := newTimeline(t, b)
+		limits := []Limit{{Rate: 6, Period: 500 * ms, Burst: 4}, {Rate: 20, Period: 2 * time.Second}}
+		caps := []Limit{{Rate: 3, Period: 400 * ms, Burst: 2}, {Rate: 8, Period: 2 * time.Second}}
+		opts := []Option{WithAlgorithm(alg), WithLimits(limits[1:]...), WithTenantLimits(caps...), WithBuckets(4)}
+		procs := []*Limiter{tl.limiter("exact", limits[0], opts...)}
+		addrs, cluster := b.Addrs()
+		for p := 1; p < 3; p++ {
+			c := redistest.Dial(addrs, cluster)
+			t.Cleanup(func() { c.Close() })
+			l, err := New(c, "exact", limits[0], append([]Option{WithKeyPrefix(b.Prefix)}, opts...)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b.Real() {
+				l.useScript(fakeClock[l.t.script])
+			}
+			procs = append(procs, l)
+		}
+		type booked struct {
+			l *Limiter
+			n int
+			g grant
+		}
+		tenants := []string{"a", "b", "c", "d"}
+		weights := map[string]float64{"a": 1, "b": 3, "c": 1, "d": 0.5}
+		grants := map[string][]modelGrant{} // by tenant, in the order granted
+		var ahead []booked
+		steps := 300
+		if b.Kind != redistest.Standalone {
+			steps = 120
+		}
+		rng := rand.New(rand.NewSource(int64(alg)))
+		var at time.Duration
+		for i := 0; i < steps; i++ {
+			at += time.Duration(rng.Intn(40_000)) * time.Microsecond
+			tl.at(at)
+			if len(ahead) > 0 && rng.Intn(6) == 0 { // give a booking still ahead back
+				j := rng.Intn(len(ahead))
+				bk := ahead[j]
+				ahead = append(ahead[:j], ahead[j+1:]...)
+				if bk.g.token > tl.now.UnixMicro() {
+					if err := bk.l.giveBack(ctx, bk.n, bk.g); err != nil {
+						t.Fatal(err)
+					}
+					gs := grants[bk.l.tenant.name]
+					k := slices.IndexFunc(gs, func(m modelGrant) bool { return m.at == bk.g.token && m.n == bk.n })
+					grants[bk.l.tenant.name] = slices.Delete(gs, k, k+1)
+				}
+				continue
+			}
+			name := tenants[rng.Intn(len(tenants))]
+			l := procs[rng.Intn(len(procs))].Tenant(name, Weight(weights[name]))
+			n, maxWait := 1+rng.Intn(2), time.Duration(0)
+			if rng.Intn(2) == 0 {
+				maxWait = time.Duration(rng.Intn(600)) * ms
+			}
+			g, err := l.acquire(ctx, n, maxWait, nil, 0, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if g.granted {
+				grants[name] = append(grants[name], modelGrant{at: g.token, n: n})
+				if g.token > tl.now.UnixMicro() {
+					ahead = append(ahead, booked{l, n, g})
+				}
+			}
+		}
+		var all []modelGrant
+		for name, gs := range grants {
+			all = append(all, gs...)
+			checkNeverExceeds(t, alg, "tenant "+name+"'s caps", gs, caps)
+		}
+		checkNeverExceeds(t, alg, "the limits", all, limits)
+		redistest.Figure(t, "%v %s: %d permits granted in %v to %d tenants", alg, b.Kind, sumGrants(all), at, len(grants))
+	})
+}
+
+// checkNeverExceeds fails t if the grants take effect beyond any of limits: more than
+// Rate in a window of Period (FixedWindow: in a window aligned on it), or, for the token
+// bucket, more than Burst and what Rate refills in the span between two grants (times
+// are whole µs: the scripts round a booking's time up).
+func checkNeverExceeds(t *testing.T, alg Algorithm, what string, grants []modelGrant, limits []Limit) {
+	t.Helper()
+	gs := slices.Clone(grants)
+	slices.SortFunc(gs, func(x, y modelGrant) int { return cmp.Compare(x.at, y.at) })
+	for _, lim := range limits {
+		p := lim.periodMicros()
+		switch alg {
+		case FixedWindow:
+			in := map[int64]int{}
+			for _, g := range gs {
+				if in[floorDiv(g.at, p)] += g.n; in[floorDiv(g.at, p)] > lim.Rate {
+					t.Fatalf("%v, %s: %d permits in the window of %v from %v", alg, what, in[floorDiv(g.at, p)], lim, time.UnixMicro(floorDiv(g.at, p)*p))
+				}
+			}
+		case TokenBucket:
+			burst := cmp.Or(lim.Burst, lim.Rate)
+			for i := range gs {
+				sum := 0
+				for j := i; j < len(gs); j++ {
+					sum += gs[j].n
+					// (+1: a booking's time is its fit rounded up to the µs, so the first may have
+					// come up to 1µs before gs[i].at)
+					if refill := (gs[j].at - gs[i].at + 1) * int64(lim.Rate) / p; int64(sum) > int64(burst)+refill {
+						t.Fatalf("%v, %s: %d permits from %v to %v, above %v's burst and refill", alg, what, sum, time.UnixMicro(gs[i].at), time.UnixMicro(gs[j].at), lim)
+					}
+				}
+			}
+		default:
+			if most := maxInWindow(gs, p); most > lim.Rate {
+				t.Fatalf("%v, %s: %d permits in one window of %v", alg, what, most, lim)
+			}
+		}
+	}
+}
+
+func sumGrants(gs []modelGrant) int {
+	sum := 0
+	for _, g := range gs {
+		sum += g.n
+	}
+	return sum
 }

@@ -73,15 +73,18 @@ end
 --     override that has expired at its end, any other difference (a deploy with new
 --     limits) at the call that finds it. A new period converts the whole tokens held.
 -- Cancel (x/time/rate's CancelAt at now) of n booked at token: nothing when token < now;
---   else each limit gets back restore = n·p - r·(e - token) ticks (the n less what was booked
---   after it; more than n when a booking made since lies before it, which gives back what an
---   earlier cancel kept), up to its burst, when restore > 0; and when token = e, e moves back
+--   else each limit gets back restore = n·p - r·max(0, e - token) ticks (the n less what was
+--   booked after it; never more than n: a booking made since may lie before it, held later
+--   by another limit or a tenant's cap, and more would let the bucket grant beyond its burst
+--   and refill), up to its burst, when restore > 0; and when token = e, e moves back
 --   to token - floor(n·p/r) if that is not before now, so that cancelling the booking before
 --   it gives its tokens back too. freed is 1 when any limit got tokens back.
--- Rounding, the only differences from x/time/rate: times are whole µs and a booking's time
---   is rounded up to the µs (waits are x/time/rate's, rounded up: the same grants for whole-µs
---   max waits); a cancel counts the time between its token and e in those rounded times and
---   with the rate in force at the cancel (x/time/rate: the reservation's rate).
+-- The only differences from x/time/rate: a cancel gives back no more than n (CancelAt gives
+--   back more when its lastEvent lies before the booking, or is past); and rounding: times
+--   are whole µs and a booking's time is rounded up to the µs (waits are x/time/rate's,
+--   rounded up: the same grants for whole-µs max waits); a cancel counts the time between
+--   its token and e in those rounded times and with the rate in force at the cancel
+--   (x/time/rate: the reservation's rate).
 -- Remaining: floor(min u(now)/p) (0 while paused); reset_us: until every bucket is full.
 
 local LIMIT_FIELDS = 3 -- a limit's numbers in a head: rate, period_us, burst
@@ -543,7 +546,7 @@ local function reply(out, k, ext, why)
   return out
 end
 
--- [bucket.lua from line 255]
+-- [bucket.lua from line 258]
 -- @cold: what follows only the driver's request loop needs (see lua/internal/gen).
 
 local function give(st, lim, n, token, now)
@@ -554,8 +557,9 @@ local function give(st, lim, n, token, now)
   for j = 0, 5 * #lim - 5, 5 do
     local u, r, p, b, e = st[j + 1], st[j + 2], st[j + 3], st[j + 4], st[j + 5]
     -- less what was booked after token: to the latest booking, or to now once it is past
-    -- (a past one is not kept), which gives back no more than x/time/rate would
-    local restore = n * p - ((e > now and e or now) - token) * r
+    -- (a past one is not kept); never more than n (the header says why)
+    local after = (e > now and e or now) - token
+    local restore = n * p - (after > 0 and after or 0) * r
     if restore > 0 then
       st[j + 1], freed = math.min(b * p, u + restore), 1
       if token == e and token - math.floor(n * p / r) >= now then
