@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/waiter"
 )
 
 // A tenant's request takes from the limiter's limits and the tenant's caps at once, or
@@ -339,40 +340,34 @@ func TestTenantCancelGivesBackNoMore(t *testing.T) {
 }
 
 // Tenants in three processes (a client each) ask at random times for random n, now or
-// booking ahead, and now and then give a booking back: the permits that take effect never
-// exceed the limiter's limits, nor any tenant's caps, in any window (the token bucket: its
-// burst and what it refills in any span). Every algorithm, every backend, on the fake
-// timeline.
+// booking ahead, half of them with a cost in tokens, and now and then give a booking
+// back or settle a cost for less: what takes effect never exceeds the limiter's limits,
+// nor any tenant's caps, in calls or in tokens, in any window (the token bucket: its burst
+// and what it refills in any span). Every algorithm, every backend, on the fake timeline.
 func TestTenantsNeverExceedLimitsOrCaps(t *testing.T) {
 	eachAlgorithm(t, redistest.Each, func(t *testing.T, alg Algorithm, b *redistest.Backend) {
 		ctx := context.Background()
 		tl := newTimeline(t, b)
-		limits := []Limit{{Rate: 6, Period: 500 * ms, Burst: 4}, {Rate: 20, Period: 2 * time.Second}}
-		caps := []Limit{{Rate: 3, Period: 400 * ms, Burst: 2}, {Rate: 8, Period: 2 * time.Second}}
+		limits := []Limit{{Rate: 6, Period: 500 * ms, Burst: 4}, {Rate: 20, Period: 2 * time.Second},
+			{Rate: 1000, Period: time.Second, Unit: "tokens"}}
+		caps := []Limit{{Rate: 3, Period: 400 * ms, Burst: 2}, {Rate: 8, Period: 2 * time.Second},
+			{Rate: 400, Period: time.Second, Unit: "tokens"}}
 		opts := []Option{WithAlgorithm(alg), WithLimits(limits[1:]...), WithTenantLimits(caps...), WithBuckets(4)}
 		procs := []*Limiter{tl.limiter("exact", limits[0], opts...)}
-		addrs, cluster := b.Addrs()
-		for p := 1; p < 3; p++ {
-			c := redistest.Dial(addrs, cluster)
-			t.Cleanup(func() { c.Close() })
-			l, err := New(c, "exact", limits[0], append([]Option{WithKeyPrefix(b.Prefix)}, opts...)...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if b.Real() {
-				l.useScript(fakeClock[l.t.script])
-			}
-			procs = append(procs, l)
+		for range 2 {
+			procs = append(procs, ctlLimiterOn(tl, ctlOtherClient(t, b), "exact", limits[0], opts...))
 		}
-		type booked struct {
-			l *Limiter
-			n int
-			g grant
+		// a grant: its tenant, when it takes effect, what it charges in each unit
+		type charge struct {
+			tenant string
+			at     int64
+			n      map[string]int
+			settle func(context.Context, map[string]int) error
+			cancel func() error
 		}
 		tenants := []string{"a", "b", "c", "d"}
 		weights := map[string]float64{"a": 1, "b": 3, "c": 1, "d": 0.5}
-		grants := map[string][]modelGrant{} // by tenant, in the order granted
-		var ahead []booked
+		var grants, open []*charge // open: a settle or a cancel may still come
 		steps := 300
 		if b.Kind != redistest.Standalone {
 			steps = 120
@@ -382,90 +377,102 @@ func TestTenantsNeverExceedLimitsOrCaps(t *testing.T) {
 		for i := 0; i < steps; i++ {
 			at += time.Duration(rng.Intn(40_000)) * time.Microsecond
 			tl.at(at)
-			if len(ahead) > 0 && rng.Intn(6) == 0 { // give a booking still ahead back
-				j := rng.Intn(len(ahead))
-				bk := ahead[j]
-				ahead = append(ahead[:j], ahead[j+1:]...)
-				if bk.g.token > tl.now.UnixMicro() {
-					if err := bk.l.giveBack(ctx, bk.n, bk.g); err != nil {
+			if len(open) > 0 && rng.Intn(4) == 0 { // give a booking still ahead back, or settle
+				j := rng.Intn(len(open))
+				c := open[j]
+				open = slices.Delete(open, j, j+1)
+				switch {
+				case c.at > tl.now.UnixMicro() && rng.Intn(2) == 0:
+					if err := c.cancel(); err != nil {
 						t.Fatal(err)
 					}
-					gs := grants[bk.l.tenant.name]
-					k := slices.IndexFunc(gs, func(m modelGrant) bool { return m.at == bk.g.token && m.n == bk.n })
-					grants[bk.l.tenant.name] = slices.Delete(gs, k, k+1)
+					grants = slices.DeleteFunc(grants, func(g *charge) bool { return g == c })
+				case c.n["tokens"] > 0:
+					actual := rng.Intn(c.n["tokens"] + 1)
+					switch err := c.settle(ctx, map[string]int{"tokens": actual}); {
+					case err == nil:
+						c.n["tokens"] = actual
+					case !errors.Is(err, waiter.ErrSettleTooLate):
+						t.Fatal(err)
+					}
 				}
 				continue
 			}
 			name := tenants[rng.Intn(len(tenants))]
 			l := procs[rng.Intn(len(procs))].Tenant(name, Weight(weights[name]))
-			n, maxWait := 1+rng.Intn(2), time.Duration(0)
+			c := &charge{tenant: name, n: map[string]int{"": 1 + rng.Intn(2)}}
+			if rng.Intn(2) == 0 {
+				c.n["tokens"] = 10 + rng.Intn(300)
+				l = l.Cost(map[string]int{"tokens": c.n["tokens"]})
+			}
+			maxWait := time.Duration(0)
 			if rng.Intn(2) == 0 {
 				maxWait = time.Duration(rng.Intn(600)) * ms
 			}
-			g, err := l.acquire(ctx, n, maxWait, nil, 0, false)
+			g, err := l.acquire(ctx, c.n[""], maxWait, nil, 0, false)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if g.granted {
-				grants[name] = append(grants[name], modelGrant{at: g.token, n: n})
-				if g.token > tl.now.UnixMicro() {
-					ahead = append(ahead, booked{l, n, g})
-				}
+				c.at, c.settle = g.token, l.settler(c.n[""], g)
+				c.cancel = func() error { return l.giveBack(ctx, c.n[""], g) }
+				grants, open = append(grants, c), append(open, c)
 			}
 		}
-		var all []modelGrant
-		for name, gs := range grants {
-			all = append(all, gs...)
-			checkNeverExceeds(t, alg, "tenant "+name+"'s caps", gs, caps)
+		byTenant := map[string][]*charge{}
+		for _, c := range grants {
+			byTenant[c.tenant] = append(byTenant[c.tenant], c)
 		}
-		checkNeverExceeds(t, alg, "the limits", all, limits)
-		redistest.Figure(t, "%v %s: %d permits granted in %v to %d tenants", alg, b.Kind, sumGrants(all), at, len(grants))
+		check := func(what string, cs []*charge, limits []Limit) {
+			for _, lim := range limits {
+				var gs []modelGrant
+				for _, c := range cs {
+					gs = append(gs, modelGrant{at: c.at, n: c.n[lim.Unit]})
+				}
+				checkNeverExceeds(t, alg, what, gs, lim)
+			}
+		}
+		for name, cs := range byTenant {
+			check("tenant "+name+"'s caps", cs, caps)
+		}
+		check("the limits", grants, limits)
+		redistest.Figure(t, "%v %s: %d grants in %v to %d tenants", alg, b.Kind, len(grants), at, len(byTenant))
 	})
 }
 
-// checkNeverExceeds fails t if the grants take effect beyond any of limits: more than
-// Rate in a window of Period (FixedWindow: in a window aligned on it), or, for the token
-// bucket, more than Burst and what Rate refills in the span between two grants (times
-// are whole µs: the scripts round a booking's time up).
-func checkNeverExceeds(t *testing.T, alg Algorithm, what string, grants []modelGrant, limits []Limit) {
+// checkNeverExceeds fails t if the grants take effect beyond lim: more than Rate in a
+// window of Period (FixedWindow: in a window aligned on it), or, for the token bucket,
+// more than Burst and what Rate refills in the span between two grants (times are whole
+// µs: the scripts round a booking's time up).
+func checkNeverExceeds(t *testing.T, alg Algorithm, what string, grants []modelGrant, lim Limit) {
 	t.Helper()
 	gs := slices.Clone(grants)
 	slices.SortFunc(gs, func(x, y modelGrant) int { return cmp.Compare(x.at, y.at) })
-	for _, lim := range limits {
-		p := lim.periodMicros()
-		switch alg {
-		case FixedWindow:
-			in := map[int64]int{}
-			for _, g := range gs {
-				if in[floorDiv(g.at, p)] += g.n; in[floorDiv(g.at, p)] > lim.Rate {
-					t.Fatalf("%v, %s: %d permits in the window of %v from %v", alg, what, in[floorDiv(g.at, p)], lim, time.UnixMicro(floorDiv(g.at, p)*p))
-				}
-			}
-		case TokenBucket:
-			burst := cmp.Or(lim.Burst, lim.Rate)
-			for i := range gs {
-				sum := 0
-				for j := i; j < len(gs); j++ {
-					sum += gs[j].n
-					// (+1: a booking's time is its fit rounded up to the µs, so the first may have
-					// come up to 1µs before gs[i].at)
-					if refill := (gs[j].at - gs[i].at + 1) * int64(lim.Rate) / p; int64(sum) > int64(burst)+refill {
-						t.Fatalf("%v, %s: %d permits from %v to %v, above %v's burst and refill", alg, what, sum, time.UnixMicro(gs[i].at), time.UnixMicro(gs[j].at), lim)
-					}
-				}
-			}
-		default:
-			if most := maxInWindow(gs, p); most > lim.Rate {
-				t.Fatalf("%v, %s: %d permits in one window of %v", alg, what, most, lim)
+	p := lim.periodMicros()
+	switch alg {
+	case FixedWindow:
+		in := map[int64]int{}
+		for _, g := range gs {
+			if in[floorDiv(g.at, p)] += g.n; in[floorDiv(g.at, p)] > lim.Rate {
+				t.Fatalf("%v, %s: %d in the window of %v from %v", alg, what, in[floorDiv(g.at, p)], lim, time.UnixMicro(floorDiv(g.at, p)*p))
 			}
 		}
+	case TokenBucket:
+		burst := cmp.Or(lim.Burst, lim.Rate)
+		for i := range gs {
+			sum := 0
+			for j := i; j < len(gs); j++ {
+				sum += gs[j].n
+				// (+1: a booking's time is its fit rounded up to the µs, so the first may have
+				// come up to 1µs before gs[i].at)
+				if refill := (gs[j].at - gs[i].at + 1) * int64(lim.Rate) / p; int64(sum) > int64(burst)+refill {
+					t.Fatalf("%v, %s: %d from %v to %v, above %v's burst and refill", alg, what, sum, time.UnixMicro(gs[i].at), time.UnixMicro(gs[j].at), lim)
+				}
+			}
+		}
+	default:
+		if most := maxInWindow(gs, p); most > lim.Rate {
+			t.Fatalf("%v, %s: %d in one window of %v", alg, what, most, lim)
+		}
 	}
-}
-
-func sumGrants(gs []modelGrant) int {
-	sum := 0
-	for _, g := range gs {
-		sum += g.n
-	}
-	return sum
 }
