@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -39,6 +40,9 @@ func (h *hookLog) hooks() Hooks {
 		Cancelled:  func(key string, n int) { h.add("cancelled " + key + " " + itoa(n)) },
 		RedisError: func(key string, err error) { h.add("error " + key) },
 		Paused:     func(key string, d time.Duration) { h.add("paused " + key + " " + d.String()) },
+		LimitsDrift: func(key string, ours, theirs []Limit) {
+			h.add(fmt.Sprintf("drift %s %v %v", key, ours, theirs))
+		},
 	}
 }
 
@@ -106,4 +110,34 @@ func TestHooksReportWaitsPausesAndErrors(t *testing.T) {
 			t.Fatalf("hook %d: %q, want %q", i, got, want[i])
 		}
 	}
+}
+
+// LimitsDrift comes once for each new set of limits another process wrote on the key,
+// units and bursts included, and not while the key holds this process's own.
+func TestHooksReportLimitsDrift(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		var h hookLog
+		tl := newTimeline(t, b)
+		tokens := func(n int) Option { return WithLimits(Limit{Rate: n, Period: time.Second, Unit: "tokens"}) }
+		ours := tl.limiter("drift", Limit{Rate: 10, Period: time.Second, Burst: 20}, WithAlgorithm(TokenBucket), tokens(1000), WithHooks(h.hooks()))
+		other := ctlLimiterOn(tl, ctlOtherClient(t, b), "drift", PerSecond(20), WithAlgorithm(TokenBucket), tokens(500))
+		third := ctlLimiterOn(tl, ctlOtherClient(t, b), "drift", PerSecond(30), WithAlgorithm(TokenBucket), tokens(500))
+		for _, l := range []*Limiter{ours, other, ours, ours, other, ours, third, ours} {
+			if r, err := l.Allow(ctx); err != nil || !r.Allowed {
+				t.Fatalf("Allow: %+v %v", r, err)
+			}
+		}
+		want := []string{
+			"allowed drift 1 0s",
+			"drift drift [10 per 1s (burst 20) 1000 tokens per 1s] [20 per 1s (burst 20) 500 tokens per 1s (burst 500)]",
+			"allowed drift 1 0s", "allowed drift 1 0s", // its own limits written
+			"allowed drift 1 0s", // the same other set again: not told twice
+			"drift drift [10 per 1s (burst 20) 1000 tokens per 1s] [30 per 1s (burst 30) 500 tokens per 1s (burst 500)]",
+			"allowed drift 1 0s",
+		}
+		if fmt.Sprint(h.events) != fmt.Sprint(want) {
+			t.Fatalf("hooks:\n%q\nwant\n%q", h.events, want)
+		}
+	})
 }

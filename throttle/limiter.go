@@ -361,11 +361,7 @@ func (l *Limiter) drifted(ks *keyState, theirs string) {
 	if err != nil {
 		return
 	}
-	var limits []Limit
-	for _, kl := range h.Limits {
-		limits = append(limits, Limit{Rate: kl.Rate, Period: kl.Period, Burst: kl.Burst})
-	}
-	l.hooks.LimitsDrift(l.key, l.Limits(), limits)
+	l.hooks.LimitsDrift(l.key, l.Limits(), limitsOf(h))
 }
 
 // report calls the Allowed or Denied hook for a decision.

@@ -81,12 +81,20 @@ func ReadRecord(ctx context.Context, rdb redis.UniversalClient, key string, opts
 	h, _ := keys.ParseHead(m.Head) // ParseMeta read it
 	r := Record{Algorithm: Algorithm(slices.IndexFunc(algorithms[:], func(a algorithm) bool { return a.tag == h.Alg })),
 		Buckets: h.Buckets, TTL: max(0, ttl.Val())}
-	for _, l := range h.Limits {
-		lim := Limit{Rate: l.Rate, Period: l.Period, Burst: l.Burst, Unit: l.Unit}
+	r.Limits = limitsOf(h)
+	for _, lim := range r.Limits {
 		if err := lim.validate(r.Algorithm); err != nil {
 			return Record{}, fmt.Errorf("%w: key %q: record %q: %v", ErrCorruptState, key, m.Head, err)
 		}
-		r.Limits = append(r.Limits, lim)
 	}
 	return r, nil
+}
+
+// limitsOf returns a head's limits.
+func limitsOf(h keys.Head) []Limit {
+	var limits []Limit
+	for _, l := range h.Limits {
+		limits = append(limits, Limit{Rate: l.Rate, Period: l.Period, Burst: l.Burst, Unit: l.Unit})
+	}
+	return limits
 }
