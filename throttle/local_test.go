@@ -308,3 +308,33 @@ func TestLocalSemFailOpen(t *testing.T) {
 		t.Fatal("FailOpen: extend or release failed")
 	}
 }
+
+// FailLocal keeps each tenant's share of its caps in this process; once it holds
+// localCapsSweep tenants, a new tenant's first call forgets those whose permits have all
+// left their windows, so a long outage with many tenants holds only the busy ones.
+func TestLocalCapsForgetIdleTenants(t *testing.T) {
+	c := &localCaps{tenants: map[string][]*localLog{},
+		make: func() []*localLog { return newLocalLogs([]Limit{PerSecond(2)}, SlidingWindow.algo(), 1) }}
+	one := func(string) int { return 1 }
+	now := redistest.Epoch.UnixMicro()
+	for i := range localCapsSweep {
+		if g := acquireLocal(now, one, 0, c.of(fmt.Sprintf("t%d", i), now)...); !g.granted {
+			t.Fatalf("tenant %d's first permit: %+v", i, g)
+		}
+	}
+	busy := c.of("t0", now)
+	if g := acquireLocal(now+600_000, one, 0, busy...); !g.granted { // t0's permits leave at now+1.6s
+		t.Fatalf("t0's second permit: %+v", g)
+	}
+	now += 1_100_000 // every other tenant's permit has left its window, t0's second has not
+	c.of("new", now)
+	if len(c.tenants) != 2 || c.tenants["t0"] == nil || c.tenants["new"] == nil {
+		t.Fatalf("%d tenants kept after the sweep, want t0 (busy) and the new one", len(c.tenants))
+	}
+	if g := acquireLocal(now, one, 0, c.of("t0", now)...); !g.granted {
+		t.Fatalf("t0 after the sweep: %+v, want its second permit still counted and room for one", g)
+	}
+	if g := acquireLocal(now, one, 0, c.of("t0", now)...); g.granted {
+		t.Fatalf("t0's fourth permit within a second: %+v, want denied (its share of 2 a second)", g)
+	}
+}
