@@ -640,7 +640,8 @@ local function score(s)
   return tonumber(s) or tonumber((string.gsub(s or '', '^(%-?%d+)e', '%1.0e')))
 end
 
--- The meta's lines (internal/protocol). parse_meta returns {head, pause, over = {end, set,
+-- The meta's lines (internal/protocol). parse_meta returns {head, pause (its end; 0 once
+-- it has ended, as the writes drop it: a batch sees what calls one by one see), over = {end, set,
 -- {{r, b}, ...}}, fair = {V, W, tV, Fmax}, drift = {at, head}, weights = {[name] = {end,
 -- units}}}, or nil for a text not ours; format_meta writes it back, leaving out what no
 -- longer matters (the drift line after DRIFT_SHOWN µs).
@@ -661,6 +662,7 @@ local function parse_meta(text)
     elseif kind == 'p' then
       m.pause = tonumber(string.match(line, '^p (%d+)$') or '')
       ok = m.pause
+      m.pause = ok and ok > now and ok or 0
     elseif kind == 'o' then -- its numbers: end and set, then rates 1..MAX_RATE, bursts 0..MAX_RATE
       local w = {}
       for f in string.gmatch(string.sub(line, 2), '%S+') do
@@ -1250,7 +1252,7 @@ end
 -- the earliest time every part has room from t0 (now, or a pause's end) if that comes
 -- within its max wait, else it is denied with the wait until n fits. A task's booking
 -- found (b) is the caller's to use again when it books the same n and costs, its token at
--- most q.late µs past and no pause after it (status 2, a new stamp above the last); one an
+-- most q.late µs past and no pause in force after it (status 2, a new stamp above the last); one an
 -- override set since lowers a limit under is given back and booked anew. A tenant's
 -- request also waits for its fair turn (docs/design.md, "Tenants and the fair share"); with
 -- h it takes its place when denied.
