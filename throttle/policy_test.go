@@ -130,6 +130,39 @@ func TestFailLocalEnforcesTheShare(t *testing.T) {
 	}
 }
 
+// Under FailLocal, a reservation's Cancel gives its booking back to the process's
+// share: the next caller books the same slot.
+func TestFailLocalCancelGivesBack(t *testing.T) {
+	setGoClock(t, stillClock{redistest.Epoch})
+	l, err := New(downClient(t), "local-cancel", PerSecond(1), WithFailurePolicy(FailLocal(1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	delay := func() time.Duration {
+		t.Helper()
+		r, err := l.Reserve(ctx, 1, 5*time.Second)
+		if err != nil || !r.OK() {
+			t.Fatalf("Reserve: %v %v", r, err)
+		}
+		return r.Delay()
+	}
+	delay() // now
+	r, err := l.Reserve(ctx, 1, 5*time.Second)
+	if err != nil || !r.OK() || r.Delay() != time.Second {
+		t.Fatalf("the second: %v %v, want booked a second ahead", r, err)
+	}
+	if err := r.Cancel(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if d := delay(); d != time.Second {
+		t.Fatalf("after the cancel: booked %v ahead, want the slot given back (1s)", d)
+	}
+	if d := delay(); d != 2*time.Second {
+		t.Fatalf("the next: booked %v ahead, want 2s", d)
+	}
+}
+
 // When Redis comes back, decisions go back to it: the first call after the breaker's
 // quiet time probes Redis (TestBreakerBacksOff checks the quiet times).
 func TestFailLocalGoesBackToRedis(t *testing.T) {
