@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/waiter"
+	"github.com/redis/go-redis/v9"
 )
 
 // Many goroutines calling WaitN on one key, on the production scripts and the real
@@ -325,4 +327,76 @@ func TestWaitDeadlineWhileRepliesAreLate(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A tenant's Wait holds its place while its turn has not come and asks again when it
+// does: a noisy tenant's 16 waiters in two processes and a quiet tenant's one, on the
+// real clock, all get their permits, never beyond the limit, the noisy tenant's waiters
+// told to wait for their turn (the Denied hook with Turn) and coming back with their
+// place. How far the quiet tenant's permits came before the noisy tenant's last is a
+// figure: fairness is checked on the fake timeline (tenant_test.go).
+func TestTenantWaitTakesItsTurn(t *testing.T) {
+	parallel(t)
+	const rate, noisy, each, quiet = 40, 16, 2, 4
+	eachAlgorithm(t, redistest.EachRealTime, func(t *testing.T, alg Algorithm, b *redistest.Backend) {
+		limit := PerSecond(rate)
+		if alg == TokenBucket {
+			limit.Burst = 1 // evenly spaced
+		}
+		addrs, cluster := b.Addrs()
+		other := redistest.Dial(addrs, cluster)
+		t.Cleanup(func() { other.Close() })
+		grants, otherGrants := redistest.RecordGrants(b.Client), redistest.RecordGrants(other)
+		var turns atomic.Int32
+		hooks := Hooks{Denied: func(_ string, _ int, r Result) {
+			if r.Turn {
+				turns.Add(1)
+			}
+		}}
+		var procs []*Limiter
+		for _, c := range []redis.UniversalClient{b.Client, other} {
+			l, err := New(c, "turns", limit, WithAlgorithm(alg), WithKeyPrefix(b.Prefix), WithHooks(hooks))
+			if err != nil {
+				t.Fatal(err)
+			}
+			procs = append(procs, l)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		var wg sync.WaitGroup
+		var noisyLeft atomic.Int32
+		noisyLeft.Store(noisy * each)
+		for w := 0; w < noisy; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; i < each; i++ {
+					if err := procs[w%2].Tenant("noisy").Wait(ctx); err != nil {
+						t.Error(err)
+						return
+					}
+					noisyLeft.Add(-1)
+				}
+			}()
+		}
+		for i := 0; i < quiet; i++ {
+			if err := procs[i%2].Tenant("quiet").Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		left := noisyLeft.Load()
+		wg.Wait()
+		grants.Add(otherGrants.List()...)
+		if got := grants.Total(); got != noisy*each+quiet {
+			t.Fatalf("granted %d permits, want %d", got, noisy*each+quiet)
+		}
+		if most := grants.MaxInWindow(time.Second); alg != FixedWindow && most > rate {
+			t.Fatalf("%d permits in a second, limit %d", most, rate)
+		}
+		if turns.Load() == 0 {
+			t.Fatal("no waiter was told to wait for its turn: the test did not reach the turn's loop")
+		}
+		redistest.Figure(t, "%v %s: the quiet tenant's %d permits done with %d of the noisy tenant's %d left; %d waits for a turn",
+			alg, b.Kind, quiet, left, noisy*each, turns.Load())
+	})
 }
