@@ -181,6 +181,10 @@ func TestOverride(t *testing.T) {
 				t.Fatalf("token bucket, burst overridden to 2: Allow %d = %+v %v, want %v", i, r, err, want)
 			}
 		}
+		want := LimitState{Limit: Limit{Rate: 1, Period: time.Second, Burst: 2}, Capacity: 2, Used: 2}
+		if st, err := tb.Inspect(ctx); err != nil || st.Limits[0] != want || st.Limits[0].Available() != 0 {
+			t.Fatalf("token bucket, Inspect under the override: %+v %v, want %+v, nothing available", st, err, want)
+		}
 		// checks
 		if err := l.Override(ctx, 0, PerSecond(3)); !errors.Is(err, ErrInvalidLimit) {
 			t.Fatalf("another period: got %v, want ErrInvalidLimit", err)
