@@ -1151,9 +1151,9 @@ for r = 1, k do
   if foreign_part(G) then -- a read after load found the state foreign: it fails every request
     return reply({}, k, {}, foreign_part(G))
   end
-  -- a state the call writes gets the caller's head: no drift for the requests after
-  -- that, as for lone calls after one that wrote
-  drift = drift and not dirty()
+  -- a state the call writes (once a request succeeded) gets the caller's head: no drift
+  -- for the requests after that, as for lone calls after one that wrote
+  drift = drift and not (served and dirty())
 end
 
 -- Writes, after every read and check, when a request succeeded: what lives is kept until it
