@@ -340,8 +340,10 @@ func TestTenantCancelGivesBackNoMore(t *testing.T) {
 }
 
 // Tenants in three processes (a client each) ask at random times for random n, now or
-// booking ahead, half of them with a cost in tokens, and now and then give a booking
-// back or settle a cost for less: what takes effect never exceeds the limiter's limits,
+// booking ahead, half of them with a cost in tokens, holding their place when their turn
+// has not come, and now and then give a booking back or settle a cost for less, while an
+// operator pauses, resumes and sets tenants' weights: no grant made while paused takes
+// effect before the pause's end, and what takes effect never exceeds the limiter's limits,
 // nor any tenant's caps, in calls or in tokens, in any window (the token bucket: its burst
 // and what it refills in any span). Every algorithm, every backend, on the fake timeline.
 func TestTenantsNeverExceedLimitsOrCaps(t *testing.T) {
@@ -367,7 +369,9 @@ func TestTenantsNeverExceedLimitsOrCaps(t *testing.T) {
 		}
 		tenants := []string{"a", "b", "c", "d"}
 		weights := map[string]float64{"a": 1, "b": 3, "c": 1, "d": 0.5}
-		var grants, open []*charge // open: a settle or a cancel may still come
+		var grants, open []*charge    // open: a settle or a cancel may still come
+		var pauseEnd int64            // while paused, µs
+		tickets := map[string]int64{} // each tenant's place, held while its turn has not come
 		steps := 300
 		if b.Kind != redistest.Standalone {
 			steps = 120
@@ -377,6 +381,27 @@ func TestTenantsNeverExceedLimitsOrCaps(t *testing.T) {
 		for i := 0; i < steps; i++ {
 			at += time.Duration(rng.Intn(40_000)) * time.Microsecond
 			tl.at(at)
+			switch p := procs[rng.Intn(len(procs))]; rng.Intn(40) {
+			case 0: // a pause: no grant made during it takes effect before its end
+				d := time.Duration(50+rng.Intn(250)) * ms
+				if err := p.Pause(ctx, d); err != nil {
+					t.Fatal(err)
+				}
+				pauseEnd = max(pauseEnd, tl.now.Add(d).UnixMicro())
+				continue
+			case 1:
+				if err := p.Resume(ctx); err != nil {
+					t.Fatal(err)
+				}
+				pauseEnd = 0
+				continue
+			case 2: // an operator's weight for a tenant, for a while
+				w := []float64{0.5, 2, 4}[rng.Intn(3)]
+				if err := p.Tenant(tenants[rng.Intn(len(tenants))]).OverrideWeight(ctx, time.Duration(rng.Intn(500))*ms, w); err != nil {
+					t.Fatal(err)
+				}
+				continue
+			}
 			if len(open) > 0 && rng.Intn(4) == 0 { // give a booking still ahead back, or settle
 				j := rng.Intn(len(open))
 				c := open[j]
@@ -409,9 +434,14 @@ func TestTenantsNeverExceedLimitsOrCaps(t *testing.T) {
 			if rng.Intn(2) == 0 {
 				maxWait = time.Duration(rng.Intn(600)) * ms
 			}
-			g, err := l.acquire(ctx, c.n[""], maxWait, nil, 0, false)
+			hold := rng.Intn(2) == 0 // hold its place when its turn has not come, and come back with it
+			g, err := l.acquire(ctx, c.n[""], maxWait, nil, tickets[name], hold)
 			if err != nil {
 				t.Fatal(err)
+			}
+			tickets[name] = g.ticket
+			if g.granted && g.token < pauseEnd {
+				t.Fatalf("a grant made while paused until %v takes effect at %v", time.UnixMicro(pauseEnd), time.UnixMicro(g.token))
 			}
 			if g.granted {
 				c.at, c.settle = g.token, l.settler(c.n[""], g)
