@@ -95,7 +95,9 @@ jobthrottle_remaining{key="vendor-api"} 0
 }
 
 // Semaphores report their leases and waiters; a limiter and a semaphore on one key
-// do not make a duplicate series (the pedantic registry would fail the scrape).
+// do not make a duplicate series (the pedantic registry would fail the scrape). The
+// semaphore's hooks count leases acquired, denied and given up; unwatched, a limiter's
+// and a semaphore's gauges are gone from the next scrape.
 func TestSemaphoreGauges(t *testing.T) {
 	b := redistest.NewMiniRealTime(t)
 	ctx := context.Background()
@@ -135,8 +137,38 @@ jobthrottle_paused_seconds{key="reports"} 0
 		"jobthrottle_semaphore_max", "jobthrottle_semaphore_waiting", "jobthrottle_paused_seconds"); err != nil {
 		t.Fatal(err)
 	}
-	if got := testutil.ToFloat64(m.requests.WithLabelValues("reports", ResultAcquired, "")); got != 1 {
-		t.Errorf("lease requests acquired = %v, want 1", got)
+	// the other two leases, then a TryAcquire denied and an Acquire that gives up
+	for range 2 {
+		if l, _, err := sem.TryAcquire(ctx); err != nil || l == nil {
+			t.Fatal(l, err)
+		} else {
+			defer l.Release(ctx)
+		}
+	}
+	if l, _, err := sem.TryAcquire(ctx); err != nil || l != nil {
+		t.Fatalf("a fourth lease of 3: %v %v, want none", l, err)
+	}
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if _, err := sem.Acquire(short); err == nil {
+		t.Fatal("Acquire of a full semaphore returned before its context ended")
+	}
+	if _, err := sem.Inspect(ctx); err != nil { // after the give-up, which goes in the background
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		result, reason string
+		want           float64
+	}{{ResultAcquired, "", 3}, {ResultLimited, reasonLimit, 1}, {ResultCanceled, "", 1}} {
+		if got := testutil.ToFloat64(m.requests.WithLabelValues("reports", c.result, c.reason)); got != c.want {
+			t.Errorf("lease requests %s = %v, want %v", c.result, got, c.want)
+		}
+	}
+	// unwatched, their gauges are gone from the next scrape
+	m.UnwatchSemaphore(sem)
+	m.Unwatch(lim)
+	if n, err := testutil.GatherAndCount(reg, "jobthrottle_semaphore_leases", "jobthrottle_paused_seconds"); err != nil || n != 0 {
+		t.Fatalf("gauges after Unwatch and UnwatchSemaphore: %d series, %v; want none", n, err)
 	}
 }
 
