@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/internal/keys"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/x/river/rivermw"
@@ -236,7 +237,7 @@ func runBacklog(t *testing.T, b *redistest.Backend, sc backlog) backlogResult {
 	for _, d := range late {
 		r.maxLate = max(r.maxLate, d)
 	}
-	stateKey := "{" + b.Prefix + key + "}:sw"
+	stateKey := keys.Name("{"+b.Prefix+key+"}", keys.State)
 	if k := grants.ByKey()[stateKey]; k != nil {
 		r.callsPerJob = float64(k.Calls()) / float64(sc.throttled)
 	}
