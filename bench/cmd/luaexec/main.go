@@ -15,7 +15,9 @@
 // operator's override; a log whose oldest entry expires on every call (a 10 ms period); a
 // batch of 32 acquires (per request); a tenant's acquire (the group's limit, the tenant's
 // caps and the fair share); an acquire on a limiter of calls and tokens (costs); a settle
-// of such a grant, each on a key of its own holding that one grant (a lone settle).
+// of such a grant, each on a key of its own holding that one grant (a lone settle). And
+// the floor (a script of its own, see floor): what a token bucket's lone acquire costs in
+// this protocol's shape when it checks nothing.
 //
 // To compare with 5867cf1's scripts (the protocol before tenants and costs) in one run,
 // dump them with that commit's luaexec -dump DIR and pass -base DIR: the cases that
@@ -152,6 +154,10 @@ func jobthrottleCases(base, alt map[string]string) []xcase {
 			out = append(out, xcase{name: v.prefix + name("acquire with costs (calls and tokens)"), sha: v.sha, per: 1,
 				call: fixed([]string{t + ":l", t + ":u:tokens"}, costs, "", "a 1 0 utokens:100")})
 			out = append(out, settleCase(v.prefix+name("settle of a grant of calls and tokens"), v.sha, costs))
+		}
+		if a.script == "bucket" {
+			out = append(out, xcase{name: name(floorCase), sha: floor.Hash(), per: 1,
+				call: fixed([]string{tag() + ":l"}, a.head(never, second), "", "a 1 0")})
 		}
 	}
 	return out
@@ -294,9 +300,42 @@ func (c *capture) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
+// floor is the least a token bucket's lone acquire in this protocol does, checking
+// nothing: TIME, the state's GET and SET (its numbers and head, the TTL in ms) and the
+// seven-integer reply, with the head and the request read by one match each. It is not
+// a limiter (no pause, override, drift, tenants, costs or bad input); it measures what
+// the protocol's shape costs before any of that ("floor ÷ redis_rate").
+const floorCase = "allowed, floor: TIME, GET, SET and the reply, nothing checked"
+
+var floor = redis.NewScript(`
+local t = redis.call('TIME')
+local now = t[1] * 1000000 + t[2]
+local r, p, b = string.match(ARGV[1], '^tb ([1-9]%d*) ([1-9]%d*) ([1-9]%d*)$')
+r, p, b = r + 0, p + 0, b + 0
+local n, w = string.match(ARGV[3], '^a ([1-9]%d*) (%d+)$')
+n, w = n + 0, w + 0
+local v, u = redis.call('GET', KEYS[1]), b * p
+if v then
+  local last, held = string.match(v, '^([1-9]%d*) (%-?%d+) %d+\n')
+  u = math.min(b * p, held + (now - last) * r)
+end
+local at = now
+if n * p > u then
+  at = now + math.ceil((n * p - u) / r)
+end
+local ok = at - now <= w
+if ok then
+  u = u - n * p
+end
+local reset = math.ceil((b * p - u) / r)
+redis.call('SET', KEYS[1], string.format('%d %d 0\n%s', now, u, ARGV[1]), 'PX', string.format('%d', math.max(1, math.ceil(reset / 1000))))
+return {ok and 1 or 0, math.floor(u / p), at - now, reset, ok and at or 0, 0, 0}
+`)
+
 // ratios are the figures the goals name: a case's fastest round over another's.
 var ratios = []struct{ what, num, den string }{
 	{"lone plain acquire ÷ redis_rate", "allowed", "redis_rate allowed"},
+	{"floor ÷ redis_rate", floorCase, "redis_rate allowed"},
 	{"tenant acquire ÷ redis_rate", "tenant acquire (group, caps, fair share)", "redis_rate allowed"},
 	{"settle ÷ acquire with costs", "settle of a grant of calls and tokens", "acquire with costs (calls and tokens)"},
 }
@@ -347,7 +386,7 @@ func main() {
 	ctx := context.Background()
 	rdb := redis.NewClient(&redis.Options{Addr: *addr})
 	defer rdb.Close()
-	scripts := []*redis.Script{redis.NewScript("return 1")}
+	scripts := []*redis.Script{redis.NewScript("return 1"), floor}
 	for _, name := range names {
 		scripts = append(scripts, lua.Script(name))
 	}
