@@ -3,6 +3,7 @@ package lua
 import (
 	"context"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"testing"
@@ -232,10 +233,15 @@ func settle(n int, token int64, id string) *protocol.Request {
 	return &protocol.Request{Op: protocol.OpSettle, N: n, X: token, Record: keys.Settled + id}
 }
 
-// weight sets a tenant's request's weight (units, millionths); hold that it takes a place.
-func weight(r *protocol.Request, units int64) *protocol.Request { r.Units = units; return r }
-func hold(r *protocol.Request) *protocol.Request                { r.Hold = true; return r }
-func ticket(r *protocol.Request, k int64) *protocol.Request     { r.Ticket = k; return r }
+// placeOf reads a ticket back: the tenant's place it holds (lua/limiter.lua, ticket_of:
+// 14 significant digits m and an exponent e, m × 100 + e + 50, the place m / 10^e).
+func placeOf(k int64) float64 {
+	return float64(k/100) / math.Pow(10, float64(k%100-50))
+}
+
+// hold says that a tenant's request takes a place; ticket that it comes back with one.
+func hold(r *protocol.Request) *protocol.Request            { r.Hold = true; return r }
+func ticket(r *protocol.Request, k int64) *protocol.Request { r.Ticket = k; return r }
 
 // res is one request's reply: its Width integers, its error's text or its detail.
 type res struct {

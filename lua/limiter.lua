@@ -317,6 +317,23 @@ local function slice(l, p)
   return l and {unpack(l, p.from, p.to)}
 end
 
+-- A ticket is a tenant's place S, a start tag of any size, as the integer a reply and a
+-- task's record carry it (below 2^53, as every integer argument): its 14 significant
+-- digits m and its decimal exponent e, S = m / 10^e (millionths while S < 9e7), written
+-- m × 100 + e + 50; place_of reads one back. (Tags grow with the time the queue has not
+-- emptied, faster the lighter the tenants: in millionths alone they outgrow 2^53.)
+local function ticket_of(S)
+  local e = 6
+  while (e >= 0 and S * 10 ^ e or S / 10 ^ -e) >= 9e13 do
+    e = e - 1
+  end
+  return math.floor((e >= 0 and S * 10 ^ e or S / 10 ^ -e) + 0.5) * 100 + e + 50
+end
+local function place_of(k)
+  local e, m = k % 100 - 50, (k - k % 100) / 100
+  return e >= 0 and m / 10 ^ e or m * 10 ^ -e
+end
+
 -- parse_request reads a request's text (internal/protocol) into named fields (q.op, q.n,
 -- ...), or returns nil and why. A cost goes to q.cost[unit] (a settle's actual to
 -- q.actual[unit]); q.ctext is the costs' text as sent, which a task's record keeps.
@@ -391,7 +408,7 @@ local function parse_request(text)
       return nil, 'option ' .. w[i]
     end
   end
-  q.ticket = q.ticket and q.ticket / 1000000
+  q.ticket = q.ticket and place_of(q.ticket)
   local tenant = q.tenant
   if (tenant and not q.q) or (q.q and not tenant and op ~= OP_INSPECT and op ~= OP_PAUSE) or (q.c and not tenant)
     or (q.late and not q.b) or ((q.units or q.ticket or q.hold) and op ~= OP_WEIGHT and not tenant)
@@ -693,7 +710,7 @@ end
 
 -- A task's record, {…}:bk:<id>: a booking "<token> <n> <stamp>[<costs>]" (n permits and
 -- the costs its acquire sent, booked at token, held by the caller that got stamp), or a
--- ticket "t <ticket> <n>[<costs>]" (its tenant's place in millionths, held while the task
+-- ticket "t <ticket> <n>[<costs>]" (its tenant's place, ticket_of's, held while the task
 -- is handed back). record reads KEYS[i]'s once per call: {token, n, stamp, costs}, or
 -- {ticket = S, n = n, ctext = costs}, false when the key is absent; or nil and the
 -- failure. put sets the record to write there (false: delete it).
@@ -712,7 +729,7 @@ local function record(i)
     if v and (not a or #a > 16 or #b > 16 or (c and #c > 16) or (string.gsub(costs, ' u[%l%d_.%-]+:%d+', '')) ~= '') then
       return nil, fail(E_STATE, KEYS[i] .. ': not a booking')
     end
-    books[i] = v and (ticket and {ticket = tonumber(a) / 1000000, n = tonumber(b), ctext = costs}
+    books[i] = v and (ticket and {ticket = place_of(tonumber(a)), n = tonumber(b), ctext = costs}
       or {tonumber(a), tonumber(b), tonumber(c), costs}) or false
   end
   return books[i]
@@ -787,21 +804,39 @@ local function latest(P, i, j, t)
 end
 
 -- turn returns µs from now until start tag S may book (S <= V + h / W), V moving as the
--- clock does: with the queue as it is, the tenants queued ahead leaving it (and their
--- weight W) as V reaches their finish tags, the first TURN_LOOKS of them looked at (then
--- W as it is). A caller told a time a departure makes too late would leave its slot
--- unused; one told too early (a tenant arrives since) asks again.
+-- clock does: with the queue as this call leaves it (its stored members, the finish tags
+-- this call's requests set in place of theirs: the writes come after every request), the
+-- tenants queued ahead leaving it (and their weight W) as V reaches their finish tags, the
+-- first TURN_LOOKS of them looked at (then W as it is). A caller told a time a departure
+-- makes too late would leave its slot unused; one told too early (a tenant arrives since)
+-- asks again.
 local TURN_LOOKS = 16
 local function turn(qkey, S, W, h)
+  local ahead, mine = {}, 0
+  for _ in pairs(queued) do
+    mine = mine + 1
+  end
+  local m = redis.call('ZRANGE', qkey, '0', string.format('%d', TURN_LOOKS + mine - 1), 'WITHSCORES')
+  for i = 1, #m, 2 do
+    if queued[m[i]] == nil then
+      ahead[#ahead + 1] = {m[i], score(m[i + 1])}
+    end
+  end
+  for name, F in pairs(queued) do
+    ahead[#ahead + 1] = {name, F}
+  end
+  table.sort(ahead, function(a, b) -- (as the sorted set orders them)
+    return a[2] < b[2] or a[2] == b[2] and a[1] < b[1]
+  end)
   local t, V = 0, meta.fair.V
-  for i = 0, TURN_LOOKS do
+  for i = 1, TURN_LOOKS + 1 do
     local target = S - h * 1000000 / W
     if target <= V then
       return math.ceil(t)
     end
-    local m = i < TURN_LOOKS and redis.call('ZRANGE', qkey, string.format('%d', i), string.format('%d', i), 'WITHSCORES')
-    local F = m and tonumber(m[2] or '')
-    local u = m and tonumber(string.match(m[1] or '', '^(%d+) ') or '')
+    local e = i <= TURN_LOOKS and ahead[i]
+    local F = e and e[2]
+    local u = e and tonumber(string.match(e[1], '^(%d+) ') or '')
     if not F or not u or F >= target or W - u <= 0 then
       return math.ceil(t + (target - V) * W / 1000000)
     end
@@ -914,7 +949,7 @@ local function acquire(r, q)
       end
     end
     local rem = group_report()
-    answer(r, 0, rem, math.max(1, wait), reset, 0, hold and math.floor(fr.held * 1000000 + 0.5) or 0,
+    answer(r, 0, rem, math.max(1, wait), reset, 0, hold and ticket_of(fr.held) or 0,
       flags + who + (hold and F_TICKET or 0))
     return
   end
@@ -1187,7 +1222,7 @@ if served then
   for _, i in ipairs(booked) do
     local rec = books[i]
     if rec and rec.ticket then -- a task handed back keeps its place while it may still come
-      redis.call('SET', KEYS[i], string.format('t %d %d', math.floor(rec.ticket * 1000000 + 0.5), rec.n) .. rec.ctext,
+      redis.call('SET', KEYS[i], string.format('t %d %d', ticket_of(rec.ticket), rec.n) .. rec.ctext,
         'PX', ms(rec.due + 60000000))
     elseif rec then
       redis.call('SET', KEYS[i], string.format('%d %d %d', rec[1], rec[2], rec[3]) .. rec[4],

@@ -728,8 +728,8 @@ func TestFairShare(t *testing.T) {
 			}
 			// with h it takes its place: a ticket, its finish tag moved on; twice, two places
 			out = c.run(t, b, tag, hold(A(acquire(1, 0))), hold(A(acquire(1, 0))))
-			if out[0].v != [7]int64{0, 7, 50 * ms, out[0].v[3], 0, 300000 * 1000000, turn | held} ||
-				out[1].v[5] != 400000*1000000 || out[1].v[6] != turn|held {
+			if out[0].v != [7]int64{0, 7, 50 * ms, out[0].v[3], 0, out[0].v[5], turn | held} || placeOf(out[0].v[5]) != 300000 ||
+				placeOf(out[1].v[5]) != 400000 || out[1].v[6] != turn|held {
 				fail("A holds two places", out)
 			}
 			if q := queue(); q != "1000000 A=500000" {
@@ -765,7 +765,7 @@ func TestFairShare(t *testing.T) {
 			clk.add(t, 50*time.Millisecond)
 			got = c.one(t, b, tag, booking(hold(A(acquire(1, 0))), "x", 0))
 			tk := got.v[5]
-			if got.v[0] != 0 || got.v[6] != turn|held || tk != 500000*1000000 {
+			if got.v[0] != 0 || got.v[6] != turn|held || placeOf(tk) != 500000 {
 				fail("a task holds a place", got)
 			}
 			if rec := b.Client.Get(ctx, tag+":bk:x").Val(); rec != fmt.Sprintf("t %d 1", tk) {
@@ -1362,6 +1362,36 @@ func TestStaleTicketHoldsNoPlace(t *testing.T) {
 			}
 			if got := c.one(t, b, tag, ticket(hold(A(acquire(1, 0))), held.v[5])); got.v[0] != 1 {
 				t.Fatalf("%s: A with the stale ticket sent back (k): %v, want granted", a.tag, got)
+			}
+		}
+	})
+}
+
+// A tenant of the least weight (a millionth) moves its finish tag 10^11 per place at
+// 10/s: its tickets, in millionths alone, would be beyond 2^53 from its first, refused
+// when sent back (k) and unreadable in a task's record. Its places are kept as 14
+// significant digits: sent back, and kept in a task's record, they hold the place.
+func TestTicketsOfALightTenant(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		for _, a := range allAlgos {
+			tag := tagOf(b, "light"+a.tag)
+			newClock(t, b, tag)
+			c := call{a: a, limits: []limit{{10, sec, 10}}}
+			A := func(r *protocol.Request) *protocol.Request { r = c.of("A", r); r.Units = 1; return r }
+			c.run(t, b, tag, A(acquire(1, 0)), A(acquire(1, 0)), A(acquire(1, 0)))
+			held := c.one(t, b, tag, hold(A(acquire(1, 0))))
+			if held.v[0] != 0 || held.v[6]&protocol.FlagTicket == 0 || held.v[5] > protocol.MaxWait || placeOf(held.v[5]) != 3e11 {
+				t.Fatalf("%s: A's fourth with h: %v, want a ticket for the place 3e11 below 2^53", a.tag, held)
+			}
+			if got := c.one(t, b, tag, ticket(hold(A(acquire(1, 0))), held.v[5])); got.v[0] != 0 || got.v[5] != held.v[5] {
+				t.Fatalf("%s: A back with its ticket: %v %s, want its place still held (the same ticket)", a.tag, got.v, got.err)
+			}
+			task := c.one(t, b, tag, booking(hold(A(acquire(1, 0))), "x", 0))
+			if task.v[0] != 0 || placeOf(task.v[5]) != 4e11 {
+				t.Fatalf("%s: a task of A's with h: %v %s, want a ticket for the place 4e11", a.tag, task.v, task.err)
+			}
+			if got := c.one(t, b, tag, booking(hold(A(acquire(1, 0))), "x", 0)); got.v[0] != 0 || got.v[5] != task.v[5] {
+				t.Fatalf("%s: the task back, its record read: %v %s, want the same ticket", a.tag, got.v, got.err)
 			}
 		}
 	})
