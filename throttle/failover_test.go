@@ -80,7 +80,7 @@ func sendWaitFor(t *testing.T, d time.Duration, what string, cond func() bool) t
 //     master failed is served again is reported);
 //   - nothing is charged twice, and no period holds more than the bound on any key,
 //     except by grants a failover lost: the server-side record of grants
-//     (redistest.AuditScript), replicated with the state, shows which grants callers
+//     (redistest.AuditSource), replicated with the state, shows which grants callers
 //     were told of are gone from the new master; a key can admit those again, so the
 //     excess over the bound in a period may be at most the grants the key lost, and
 //     never more than the bound (the surviving state and the lost grants each keep to

@@ -88,7 +88,7 @@ var fakeClock = map[*script]*script{
 }
 
 // audited holds each limiter script with a server-side record of its grants
-// (redistest.AuditScript): what the server charged, to compare with what the callers
+// (redistest.AuditSource): what the server charged, to compare with what the callers
 // were told.
 var audited = map[*script]*script{
 	logScript:    scriptOf(redistest.AuditSource(logScript.src)),

@@ -2,13 +2,10 @@ package throttle
 
 import (
 	"context"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
-	"github.com/redis/go-redis/v9"
 )
 
 // ctlBenchBackend is the real redis-server, or miniredis when there is none.
@@ -52,28 +49,4 @@ func BenchmarkAllowOverride(b *testing.B) {
 			}
 		})
 	}
-}
-
-// evalshaStat reads INFO commandstats' calls and usec of EVALSHA.
-func evalshaStat(b *testing.B, rdb *redis.Client) (calls, usec int64) {
-	info, err := rdb.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		b.Fatal(err)
-	}
-	for _, line := range strings.Split(info, "\r\n") {
-		v, ok := strings.CutPrefix(line, "cmdstat_evalsha:")
-		if !ok {
-			continue
-		}
-		for _, f := range strings.Split(v, ",") {
-			k, n, _ := strings.Cut(f, "=")
-			switch k {
-			case "calls":
-				calls, _ = strconv.ParseInt(n, 10, 64)
-			case "usec":
-				usec, _ = strconv.ParseInt(n, 10, 64)
-			}
-		}
-	}
-	return calls, usec
 }

@@ -79,16 +79,6 @@ func (m *bucketModel) inForce(i int, now int64) (rate, burst int) {
 	return rate, burst
 }
 
-// capacity is the largest n an acquire can ask at now: the smallest burst in force.
-func (m *bucketModel) capacity(now int64) int {
-	c := maxRate
-	for i := range m.given {
-		_, b := m.inForce(i, now)
-		c = min(c, b)
-	}
-	return c
-}
-
 // advance is x/time/rate's: limit i's tokens at t >= last, refilled at the rate up to
 // the burst.
 func (m *bucketModel) advance(i int, t int64) *big.Rat {

@@ -14,7 +14,7 @@ import (
 // sees an error (a round trip whose EVALSHA meets NOSCRIPT sends the script with EVAL,
 // once),
 // and nothing is charged twice: the grants the server made, recorded by the script
-// itself in the same call (redistest.AuditScript), are exactly the grants the replies
+// itself in the same call (redistest.AuditSource), are exactly the grants the replies
 // reported, which are exactly the permits callers were told they got. No period holds
 // more than the bound. The test fails if no call had to fall back to EVAL (the flushes
 // did not bite).

@@ -432,18 +432,6 @@ func (s *recordingServer) times() []time.Time {
 	return append([]time.Time(nil), s.got...)
 }
 
-// inWindow returns how many requests arrived in the last d, the latest included.
-func (s *recordingServer) inWindow(d time.Duration) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	last := s.got[len(s.got)-1]
-	n := 0
-	for i := len(s.got) - 1; i >= 0 && last.Sub(s.got[i]) < d; i-- {
-		n++
-	}
-	return n
-}
-
 // maxInWindow returns the most requests that arrived in any window [s, s+d).
 func (s *recordingServer) maxInWindow(d time.Duration) int {
 	return redistest.MaxTimesInWindow(s.times(), d)

@@ -31,19 +31,16 @@ end
 return r
 `
 
-// AuditScript returns the limiter script src with a server-side record of what it
+// AuditSource returns the limiter script src with a server-side record of what it
 // grants: the same Lua runs, and in the same call every grant is appended to the list
 // "<KEYS[1]>:audit" (kept 10 minutes). What the server did can then be compared with
 // what callers were told (RecordGrants), e.g. to find a call charged twice, or grants
 // a failover forgot. Read the record with ReadAudit.
-func AuditScript(src string) *redis.Script { return redis.NewScript(AuditSource(src)) }
-
-// AuditSource is the text of AuditScript(src).
 func AuditSource(src string) string {
 	return "local function jt_audited()\n" + src + auditTail
 }
 
-// ReadAudit returns the grants an AuditScript made on the state key key, in the order
+// ReadAudit returns the grants an audited script (AuditSource) made on the state key key, in the order
 // it made them.
 func ReadAudit(ctx context.Context, c redis.UniversalClient, key string) ([]Grant, error) {
 	rows, err := c.LRange(ctx, key+":audit", 0, -1).Result()

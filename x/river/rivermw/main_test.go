@@ -250,18 +250,6 @@ func (r *runLog) checkOnce(t *testing.T, jobs map[int64]*rivertype.JobRow) {
 	}
 }
 
-// sortedStarts returns the start times in order.
-func (r *runLog) sortedStarts() []time.Time {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var s []time.Time
-	for _, at := range r.starts {
-		s = append(s, at)
-	}
-	slices.SortFunc(s, time.Time.Compare)
-	return s
-}
-
 // riverLog sends River's log to the test log, keeping what it logs at warn level and
 // above.
 type riverLog struct {
