@@ -13,6 +13,7 @@ import (
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }
@@ -275,5 +276,35 @@ jobthrottle_remaining{key="vendor` + "\uFFFD" + `"} 4
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "jobthrottle_remaining"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// WithInspectTimeout bounds a scrape's Inspect calls: a watched limiter whose Redis never
+// answers (its calls may take a minute) costs the scrape the timeout, and is counted.
+func TestInspectTimeoutBoundsAScrape(t *testing.T) {
+	hung, err := redistest.NewHungServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { hung.Close() })
+	rdb := redis.NewClient(&redis.Options{Addr: hung.Addr, ReadTimeout: -1, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { rdb.Close() })
+	lim, err := throttle.New(rdb, "hung", throttle.PerSecond(5), throttle.WithCallTimeout(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := New(WithInspectTimeout(100 * time.Millisecond))
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(m)
+	m.Watch(lim)
+	start := time.Now()
+	if _, err := reg.Gather(); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 3*time.Second { // (the default is 5s)
+		t.Fatalf("a scrape of a limiter on a hung Redis took %v, want about the inspect timeout (100ms)", d)
+	}
+	if got := testutil.ToFloat64(m.inspectErrors.WithLabelValues("hung")); got != 1 {
+		t.Errorf("inspect errors = %v, want 1", got)
 	}
 }
