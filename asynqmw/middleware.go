@@ -125,13 +125,13 @@ func (c *config) throttle(ctx context.Context, t *asynq.Task, a attempt, lim *th
 			c.sh.SleepAnyway()
 		}
 		start := time.Now()
-		slept := wait > 0
+		slept := wait > 0 || !b.OK() // (not OK here: a last attempt that sleeps anyway)
 		if slept {
 			err = b.Wait(ctx)
 			c.sh.Release()
 		}
 		if errors.Is(err, jobmw.ErrMoved) {
-			continue // this process paused the key: book again after the pause
+			continue // this process paused the key, or the tenant's turn came: book again
 		}
 		if err != nil {
 			return time.Time{}, jobmw.Booking{}, err

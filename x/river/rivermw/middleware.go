@@ -75,6 +75,9 @@ func (c *config) throttle(ctx context.Context, job *rivertype.JobRow, lim *throt
 			c.sh.kept.Add(1)
 		}
 		wait := b.Delay()
+		if !b.OK() && wait <= 0 { // a tenant's turn, due as the reply came back: book again
+			continue
+		}
 		if !c.maySleep(a, wait, kept) {
 			return jobmw.Booking{}, c.snooze(ctx, job, &ThrottledError{RetryIn: wait, Key: li.Key, Limit: li.Desc, Booked: true,
 				Snooze: max(wait-a.early, 0)})
