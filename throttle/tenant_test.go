@@ -381,7 +381,7 @@ func TestTenantsNeverExceedLimitsOrCaps(t *testing.T) {
 		for i := 0; i < steps; i++ {
 			at += time.Duration(rng.Intn(40_000)) * time.Microsecond
 			tl.at(at)
-			switch p := procs[rng.Intn(len(procs))]; rng.Intn(40) {
+			switch p := procs[rng.Intn(len(procs))]; rng.Intn(100) {
 			case 0: // a pause: no grant made during it takes effect before its end
 				d := time.Duration(50+rng.Intn(250)) * ms
 				if err := p.Pause(ctx, d); err != nil {
@@ -434,12 +434,18 @@ func TestTenantsNeverExceedLimitsOrCaps(t *testing.T) {
 			if rng.Intn(2) == 0 {
 				maxWait = time.Duration(rng.Intn(600)) * ms
 			}
-			hold := rng.Intn(2) == 0 // hold its place when its turn has not come, and come back with it
-			g, err := l.acquire(ctx, c.n[""], maxWait, nil, tickets[name], hold)
+			var ticket int64 // a waiter holds its place when its turn has not come, and comes back with it
+			hold := rng.Intn(2) == 0
+			if hold {
+				ticket = tickets[name]
+			}
+			g, err := l.acquire(ctx, c.n[""], maxWait, nil, ticket, hold)
 			if err != nil {
 				t.Fatal(err)
 			}
-			tickets[name] = g.ticket
+			if hold {
+				tickets[name] = g.ticket
+			}
 			if g.granted && g.token < pauseEnd {
 				t.Fatalf("a grant made while paused until %v takes effect at %v", time.UnixMicro(pauseEnd), time.UnixMicro(g.token))
 			}
