@@ -24,8 +24,8 @@ import (
 
 // Helpers shared by the package's tests. A helper used by one test file stays in that
 // file; the larger harnesses stay beside the tests they were built for: the fleet of
-// child processes (runFleet) in fleet_test.go, the fuzz runner (fuzzRun, fuzzReader)
-// in fuzz_test.go. The reference models are in refmodel_window_test.go (sliding
+// child processes (runFleet) in limiter_fleet_test.go, the fuzz runner (fuzzRun, fuzzReader)
+// in limiter_fuzz_test.go. The reference models are in refmodel_window_test.go (sliding
 // window, sliding counter, fixed window), refmodel_bucket_test.go (token bucket) and
 // refmodel_semaphore_test.go (semaphore).
 

@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// The reference model of lua/semaphore.lua, which FuzzSemaphore (fuzz_semaphore_test.go)
+// The reference model of lua/semaphore.lua, which FuzzSemaphore (semaphore_fuzz_test.go)
 // runs every input against.
 
 // semModel is the semaphore script's rules in plain Go (see semaphore.lua's header): the

@@ -675,7 +675,7 @@ func TestClusterKeysLandOnTheirOwn(t *testing.T) {
 
 // ---- how a round trip is sent: EVALSHA, EVAL once after NOSCRIPT, MULTI/EXEC unless
 // the client never re-sends; a reply the scripts never give (TestLostReplyChargesOnce
-// and TestLostReplySemaphoreAndPauseOnce, in lostreply_test.go, check at-most-once on a
+// and TestLostReplySemaphoreAndPauseOnce, in send_lostreply_test.go, check at-most-once on a
 // real server through a proxy that drops replies)
 
 // A script that answers what the scripts never do (a reply too short for its requests,

@@ -1,7 +1,7 @@
 package waiter_test
 
-// Helpers shared by the package's external tests (hold_test.go, transport_test.go,
-// ratelimit_test.go, fleet_test.go, vendors_test.go). A helper used by one test file stays in that file.
+// Helpers shared by the package's external tests (transport_hold_test.go, transport_test.go,
+// ratelimit_test.go, transport_fleet_test.go, transport_vendors_test.go). A helper used by one test file stays in that file.
 
 import (
 	"context"

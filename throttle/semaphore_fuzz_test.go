@@ -19,7 +19,7 @@ import (
 // caller's own or a task's, odd ones among them, and several max and TTL values; Inspect;
 // pause and resume; time passing; a key vanishing or getting a foreign member) on
 // miniredis and a real redis-server side by side, after foreign content in any of its
-// keys, and checks them as the limiter targets do (see fuzz_test.go) against semModel,
+// keys, and checks them as the limiter targets do (see limiter_fuzz_test.go) against semModel,
 // the script's rules in plain Go (refmodel_semaphore_test.go).
 func FuzzSemaphore(f *testing.F) {
 	noteMissingServers(f, "every input is skipped (each runs on miniredis and a real redis-server side by side)", redistest.Standalone)

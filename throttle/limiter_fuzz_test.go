@@ -40,7 +40,7 @@ import (
 //     bucket's decisions, waits and tokens are golang.org/x/time/rate's wherever both
 //     apply (one limit, no pause in the way, n > 0; Override standing in for SetLimitAt
 //     and SetBurstAt, Cancel for CancelAt).
-// Seeds are in testdata/fuzz (written from fuzzseeds_test.go). CI runs each target for
+// Seeds are in testdata/fuzz (written from limiter_fuzzseeds_test.go). CI runs each target for
 // a count of inputs; see .ci/run.
 
 func FuzzSlidingWindow(f *testing.F)  { fuzzLimiter(f, SlidingWindow) }
