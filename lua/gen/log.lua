@@ -1325,8 +1325,9 @@ local function turn(qkey, S, W, h)
   end
   local m = redis.call('ZRANGE', qkey, '0', string.format('%d', 16 + mine - 1), 'WITHSCORES')
   for i = 1, #m, 2 do
-    if queued[m[i]] == nil then
-      ahead[#ahead + 1] = {m[i], score(m[i + 1])}
+    local F = score(m[i + 1])
+    if F and queued[m[i]] == nil then
+      ahead[#ahead + 1] = {m[i], F}
     end
   end
   for name, F in pairs(queued) do
