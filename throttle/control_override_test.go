@@ -92,7 +92,7 @@ func TestOverrideMatchesReferenceModel(t *testing.T) {
 			tl.at(at)
 			now = tl.now.UnixMicro()
 			m.limits = effective(now)
-			want := ctlModelState(m, now)
+			want := m.state(now)
 			if over != nil && overEnd > now {
 				want.Override = micros(overEnd - now)
 			}
@@ -283,65 +283,4 @@ func TestFleetOverrideMidRun(t *testing.T) {
 		redistest.Figure(t, "fleet override mid-run (%s): %d grants in all, %d decided under the override, at most %d of them in any %v (override 5)",
 			b.Kind, len(all), len(after), redistest.MaxTimesInWindow(after, period), period)
 	})
-}
-
-// ctlInspected is what a reference model says Inspect must report (TTL aside: real
-// servers under a test clock stretch TTLs, see redistest.FakeTTL).
-func ctlInspected(alg Algorithm, limits []Limit, remaining int, next, reset int64, booked int, ahead, paused int64, avail []int) LimiterState {
-	st := LimiterState{
-		Algorithm: alg, Remaining: remaining, NextFree: micros(next), ResetAfter: micros(reset),
-		Booked: booked, BookedAhead: micros(max(0, ahead)), PausedFor: micros(max(0, paused)),
-	}
-	for i, l := range limits {
-		st.Limits = append(st.Limits, LimitState{Limit: l, Capacity: l.Rate, Used: l.Rate - avail[i]})
-	}
-	return st
-}
-
-// ctlModelState is what Inspect must report for the log and window algorithms at now,
-// from the model's grants.
-func ctlModelState(m *model, now int64) LimiterState {
-	avail := make([]int, len(m.limits))
-	booked := 0
-	var ahead int64
-	for i, l := range m.limits {
-		p := l.periodMicros()
-		switch m.alg {
-		case FixedWindow:
-			w, lw := floorDiv(now, p), floorDiv(m.latest, p)
-			switch {
-			case len(m.grants) > 0 && lw > w: // bookings in a later window close this one
-				avail[i] = 0
-				if m.latest > now {
-					booked = max(booked, m.windowCount(i, lw))
-				}
-			default:
-				avail[i] = l.Rate - m.windowCount(i, w)
-			}
-		default:
-			avail[i] = l.Rate
-			for _, g := range m.grants {
-				if g.rec > now-p {
-					avail[i] -= g.n
-				}
-			}
-		}
-	}
-	switch m.alg {
-	case FixedWindow:
-		ahead = m.latest - now
-	default:
-		for _, g := range m.grants {
-			start := g.at // SlidingCounter: when its sub-bucket starts
-			if m.alg == SlidingCounter {
-				start = g.rec - m.bucket
-			}
-			if start > now {
-				booked += g.n
-				ahead = start - now
-			}
-		}
-	}
-	return ctlInspected(m.alg, m.limits, m.remaining(now), m.earliest(now, 1)-now, int64(m.reset(now)/time.Microsecond),
-		booked, ahead, m.paused-now, avail)
 }
