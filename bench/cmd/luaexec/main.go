@@ -158,6 +158,9 @@ func jobthrottleCases(base, alt map[string]string) []xcase {
 		if a.script == "bucket" {
 			out = append(out, xcase{name: name(floorCase), sha: floor.Hash(), per: 1,
 				call: fixed([]string{tag() + ":l"}, a.head(never, second), "", "a 1 0")})
+			t := tag()
+			out = append(out, xcase{name: name(tenantFloorCase), sha: tenantFloor.Hash(), per: 1,
+				call: fixed([]string{t + ":l", t + ":q", t + ":t:acme"}, a.head(never, second), a.head(never/10, second), "a 1 0 q2 c3 tacme")})
 		}
 	}
 	return out
@@ -332,11 +335,33 @@ redis.call('SET', KEYS[1], string.format('%d %d 0\n%s', now, u, ARGV[1]), 'PX', 
 return {ok and 1 or 0, math.floor(u / p), at - now, reset, ok and at or 0, 0, 0}
 `)
 
+// tenantFloor is the least a tenant's lone acquire does in this protocol's layout
+// (docs/design.md: the group's state, the tenant's caps in a key of its own that expires
+// when idle, the fair share's tags in a sorted set), checking nothing: TIME, the two
+// states' GET and SET, the tenant's ZSCORE and ZADD and the queue's PEXPIRE, and the
+// seven-integer reply. Like floor, it is not a limiter; it measures the commands that
+// layout costs ("tenant floor ÷ redis_rate").
+const tenantFloorCase = "tenant floor: TIME, 2 GET, 2 SET, ZSCORE, ZADD, PEXPIRE, nothing checked"
+
+var tenantFloor = redis.NewScript(`
+local t = redis.call('TIME')
+local now = t[1] * 1000000 + t[2]
+local g, c = redis.call('GET', KEYS[1]), redis.call('GET', KEYS[3])
+local name = '1000000 ' .. string.match(ARGV[3], ' t(.*)$')
+local f = tonumber(redis.call('ZSCORE', KEYS[2], name) or '0')
+redis.call('ZADD', KEYS[2], string.format('%.17g', f + 1), name)
+redis.call('PEXPIRE', KEYS[2], '1000')
+redis.call('SET', KEYS[1], string.format('%d %d 0\n%s', now, 999999000000, ARGV[1]), 'PX', '1000')
+redis.call('SET', KEYS[3], string.format('%d %d 0\n%s', now, 999999000000, ARGV[2]), 'PX', '1000')
+return {1, 999999, 0, 1000000, now, 0, 0}
+`)
+
 // ratios are the figures the goals name: a case's fastest round over another's.
 var ratios = []struct{ what, num, den string }{
 	{"lone plain acquire ÷ redis_rate", "allowed", "redis_rate allowed"},
 	{"floor ÷ redis_rate", floorCase, "redis_rate allowed"},
 	{"tenant acquire ÷ redis_rate", "tenant acquire (group, caps, fair share)", "redis_rate allowed"},
+	{"tenant floor ÷ redis_rate", tenantFloorCase, "redis_rate allowed"},
 	{"settle ÷ acquire with costs", "settle of a grant of calls and tokens", "acquire with costs (calls and tokens)"},
 }
 
@@ -386,7 +411,7 @@ func main() {
 	ctx := context.Background()
 	rdb := redis.NewClient(&redis.Options{Addr: *addr})
 	defer rdb.Close()
-	scripts := []*redis.Script{redis.NewScript("return 1"), floor}
+	scripts := []*redis.Script{redis.NewScript("return 1"), floor, tenantFloor}
 	for _, name := range names {
 		scripts = append(scripts, lua.Script(name))
 	}
