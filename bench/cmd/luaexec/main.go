@@ -151,6 +151,14 @@ func jobthrottleCases(base, alt map[string]string) []xcase {
 			out = append(out, xcase{name: v.prefix + name("tenant acquire (group, caps, fair share)"), sha: v.sha, per: 1,
 				call: fixed([]string{t + ":l", t + ":q", t + ":t:acme"}, group, caps, "a 1 0 q2 c3 tacme")})
 			t = tag()
+			keys, args := []string{t + ":l", t + ":q"}, []any{group, caps}
+			for i := range batchSize { // the next of batchSize tenants each, as jtbench's tenants case sends them
+				keys = append(keys, fmt.Sprintf("%s:t:t%d", t, i))
+				args = append(args, fmt.Sprintf("a 1 0 q2 c%d tt%d", i+3, i))
+			}
+			out = append(out, xcase{name: v.prefix + name(fmt.Sprintf("tenant acquire, batch of %d tenants (per request)", batchSize)),
+				sha: v.sha, per: batchSize, call: fixed(keys, args...)})
+			t = tag()
 			out = append(out, xcase{name: v.prefix + name("acquire with costs (calls and tokens)"), sha: v.sha, per: 1,
 				call: fixed([]string{t + ":l", t + ":u:tokens"}, costs, "", "a 1 0 utokens:100")})
 			out = append(out, settleCase(v.prefix+name("settle of a grant of calls and tokens"), v.sha, costs))
