@@ -417,6 +417,29 @@ func memory() {
 		}
 		row("memory", what+"; keys left after the TTLs", fmt.Sprintf("%.0f B; %d keys", float64(after-before)/n, len(left)),
 			"≤ 200 B; 0", "", fmt.Sprintf("%d queued, %d tenants' keys when measured", queued, tenantKeys))
+		if withCaps { // what any state in a key of its own costs: the key's name, its entries, a TTL
+			// (in an empty database of its own, as the tenants' keys were, so that both pay
+			// for the growth of its tables alike)
+			db1 := redis.NewClient(&redis.Options{Addr: *addr, DB: 1})
+			defer db1.Close()
+			before := usedMemory(ctx, c)
+			pipe := db1.Pipeline()
+			for i := range n {
+				pipe.Set(ctx, fmt.Sprintf("%s:t:tenant-%05d", tag, i), "x", time.Minute)
+			}
+			if _, err := pipe.Exec(ctx); err != nil {
+				log.Fatal(err)
+			}
+			after := usedMemory(ctx, c)
+			for i := range n {
+				pipe.Del(ctx, fmt.Sprintf("%s:t:tenant-%05d", tag, i))
+			}
+			if _, err := pipe.Exec(ctx); err != nil {
+				log.Fatal(err)
+			}
+			row("memory", "Redis memory per key of the same names holding \"x\" with a TTL (the floor of a state in a key of its own)",
+				fmt.Sprintf("%.0f B", float64(after-before)/n), "", "", "")
+		}
 	}
 }
 
