@@ -39,10 +39,11 @@ local SEM_ACQUIRE, SEM_EXTEND, SEM_RELEASE, SEM_INSPECT = 0, 1, 2, 3
 local function pause_read(key)
   local v = redis.pcall('GET', key)
   local meta
-  if type(v) == 'table' and string.find(v.err, 'WRONGTYPE', 1, true) then
-    meta = redis.pcall('LINDEX', key, '0')
-    if type(meta) == 'table' and meta.err then -- a refusal (an ACL), not the key's fault
-      return nil, fail(0, meta.err)
+  if type(v) == 'table' and string.find(v.err, 'WRONGTYPE', 1, true) then -- a log's list?
+    local why
+    meta, why = read_key('limiter state', 'LINDEX', key, '0')
+    if why then -- neither a string nor a list (E_STATE), or a refusal (an ACL): Redis's error
+      return nil, why
     end
   elseif type(v) == 'table' then
     return nil, fail(0, v.err)

@@ -195,20 +195,26 @@ func TestSemaphoreErrors(t *testing.T) {
 			t.Errorf("a foreign place: %v became %v", before, after)
 		}
 		for _, k := range ks {
-			for _, kind := range []string{"type", "text"} {
-				if kind == "text" && k != tag+":"+keys.State {
-					continue // a sorted set's members are checked when a hand-off reaches them
-				}
-				b.Client.Del(ctx, ks...)
-				putForeign(t, b.Client, k, map[bool]string{true: "string", false: "zset"}[k == tag+":"+keys.State], kind)
-				before := snapshot(t, b.Client, ks...)
-				for _, r := range semCall(t, b, tag, 1, sec, semReq{semAcquire, A, A, 0}, semReq{semInspect, "", "", 0}) {
-					if r.code() != protocol.ErrState || !strings.HasPrefix(r.err, k) {
-						t.Errorf("%s of another %s: %v", k, kind, r)
+			wants := []string{"zset"}
+			if k == tag+":"+keys.State { // a limiter's state: a string, or a log's list
+				wants = []string{"string", "list"}
+			}
+			for _, want := range wants {
+				for _, kind := range []string{"type", "text"} {
+					if kind == "text" && k != tag+":"+keys.State {
+						continue // a sorted set's members are checked when a hand-off reaches them
 					}
-				}
-				if after := snapshot(t, b.Client, ks...); !sameKeys(b, before, after) {
-					t.Errorf("%s of another %s: %v became %v", k, kind, before, after)
+					b.Client.Del(ctx, ks...)
+					putForeign(t, b.Client, k, want, kind)
+					before := snapshot(t, b.Client, ks...)
+					for _, r := range semCall(t, b, tag, 1, sec, semReq{semAcquire, A, A, 0}, semReq{semInspect, "", "", 0}) {
+						if r.code() != protocol.ErrState || !strings.HasPrefix(r.err, k) {
+							t.Errorf("%s of another %s than a %s: %v", k, kind, want, r)
+						}
+					}
+					if after := snapshot(t, b.Client, ks...); !sameKeys(b, before, after) {
+						t.Errorf("%s of another %s than a %s: %v became %v", k, kind, want, before, after)
+					}
 				}
 			}
 		}
