@@ -280,15 +280,12 @@ local function give(st, lim, n, token, now)
 end
 
 local function adjust(st, lim, d, token, now)
-  local moved = 0
   for j = 0, 5 * #lim - 5, 5 do
     local u, r, p, b = st[j + 1], st[j + 2], st[j + 3], st[j + 4]
     if token + math.ceil(b * p / r) > now then -- the bucket has not refilled since
-      st[j + 1], moved = math.max(-MAX_TICKS, math.min(b * p, u - d * p)), 1
+      st[j + 1], st.dirty = math.max(-MAX_TICKS, math.min(b * p, u - d * p)), true
     end
   end
-  st.dirty = st.dirty or moved == 1
-  return moved
 end
 
 -- detail: booked is the most permits any bucket owes (its negative tokens), ahead_us the
