@@ -77,11 +77,10 @@ func (r *reader) requestQuota(reserve int) (d time.Duration, empty bool) {
 		return r.ietfQuota(v, int64(reserve))
 	}
 	for _, f := range requestFamilies {
-		v := strings.TrimSpace(r.h.Get(f.remaining))
-		if v == "" {
+		left, present, ok := r.count(f.remaining)
+		if !present {
 			continue
 		}
-		left, ok := r.remaining(f.remaining, v)
 		if !ok || left > int64(reserve) {
 			return 0, false
 		}
@@ -92,13 +91,17 @@ func (r *reader) requestQuota(reserve int) (d time.Duration, empty bool) {
 	return 0, false
 }
 
-// remaining reads the count v of header name, reporting it when it is not one.
-func (r *reader) remaining(name, v string) (int64, bool) {
-	n, ok := parseCount(v)
-	if !ok {
+// count reads header name, a count of what is left: present reports whether the
+// header is there, ok whether it reads as a count (it is reported when not).
+func (r *reader) count(name string) (n int64, present, ok bool) {
+	v := strings.TrimSpace(r.h.Get(name))
+	if v == "" {
+		return 0, false, false
+	}
+	if n, ok = parseCount(v); !ok {
 		r.report(name, v, "unreadable", 0)
 	}
-	return n, ok
+	return n, true, ok
 }
 
 // parseCount reads a count of what is left: a non-negative integer, a huge one
@@ -233,12 +236,8 @@ func (r *reader) tokenQuotas(cost map[string]int) ([]Quota, time.Duration) {
 		pause time.Duration
 	)
 	for _, f := range tokenFamilies {
-		v := strings.TrimSpace(r.h.Get(f.remaining))
-		if v == "" {
-			continue
-		}
-		left, ok := r.remaining(f.remaining, v)
-		if !ok {
+		left, _, ok := r.count(f.remaining)
+		if !ok { // absent, or reported
 			continue
 		}
 		name, reset, d, problem := r.resetIn(f.family)
@@ -247,9 +246,7 @@ func (r *reader) tokenQuotas(cost map[string]int) ([]Quota, time.Duration) {
 			continue
 		}
 		q := Quota{Name: f.name, Remaining: left, Reset: d}
-		if lv := strings.TrimSpace(r.h.Get(f.limit)); lv != "" {
-			q.Limit, _ = r.remaining(f.limit, lv)
-		}
+		q.Limit, _, _ = r.count(f.limit) // 0 when absent or unreadable
 		qs = append(qs, q)
 		est, costed := cost[f.name]
 		if !costed || left >= int64(est) || d <= 0 {
