@@ -62,13 +62,8 @@ func (l *Limiter) WaitCost(ctx context.Context, cost map[string]int) (*waiter.Re
 
 // checkCost refuses a cost of n in unit that no call can have.
 func (l *Limiter) checkCost(unit string, n int) error {
-	counted := false
-	for _, lim := range l.limits {
-		counted = counted || lim.Unit == unit
-	}
-	for _, lim := range l.caps {
-		counted = counted || l.tenant != nil && lim.Unit == unit
-	}
+	ofUnit := func(lim Limit) bool { return lim.Unit == unit }
+	counted := slices.ContainsFunc(l.limits, ofUnit) || l.tenant != nil && slices.ContainsFunc(l.caps, ofUnit)
 	switch {
 	case unit == "":
 		return fmt.Errorf("%w: a cost in calls (a call's n counts them)", ErrInvalidArgument)
