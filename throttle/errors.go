@@ -108,9 +108,7 @@ func scriptError(ctx context.Context, key string, err error) error {
 	if isUnavailable(ctx, err) {
 		return fmt.Errorf("%w: key %q: %w", ErrUnavailable, key, err)
 	}
-	msg := err.Error()
-	// a transaction Redis refused names the refusal of the command it queued
-	msg = strings.TrimPrefix(msg, "EXECABORT Transaction discarded because of: ")
+	msg := strings.TrimPrefix(err.Error(), execAbortCause)
 	switch {
 	case strings.HasPrefix(msg, "WRONGTYPE"):
 		return fmt.Errorf("%w: key %q: %v", ErrCorruptState, key, err)
@@ -121,6 +119,10 @@ func scriptError(ctx context.Context, key string, err error) error {
 	}
 	return fmt.Errorf("jobthrottle: key %q: %w", key, err)
 }
+
+// execAbortCause starts the error of a transaction Redis refused that names the refusal
+// of a command it queued: that refusal is what counts.
+const execAbortCause = "EXECABORT Transaction discarded because of: "
 
 // redisError is an error Redis gave a script, as go-redis gives Redis's replies.
 type redisError string
@@ -160,9 +162,7 @@ func isUnavailable(ctx context.Context, err error) bool {
 	}
 	var rerr redis.Error
 	if errors.As(err, &rerr) {
-		msg := rerr.Error()
-		// EXEC refused names why: the reply that refused it is what counts (a NOPERM is not)
-		msg, _ = strings.CutPrefix(msg, "EXECABORT Transaction discarded because of: ")
+		msg := strings.TrimPrefix(rerr.Error(), execAbortCause) // a NOPERM's is not unavailable
 		for _, p := range unavailableReplies {
 			if strings.HasPrefix(msg, p) {
 				return true

@@ -515,7 +515,7 @@ func (c *client) full(ctx context.Context, gs []*group) []*group {
 	out := make([]*group, 0, len(gs))
 	for _, g := range gs {
 		if err := g.cmd.Err(); err != nil && (redis.HasErrorPrefix(err, "OOM") ||
-			strings.HasPrefix(err.Error(), "EXECABORT Transaction discarded because of: OOM")) {
+			strings.HasPrefix(err.Error(), execAbortCause+"OOM")) {
 			g.reqs = slices.DeleteFunc(g.reqs, func(r *request) bool {
 				if r.repeatable() {
 					again = append(again, r)
