@@ -57,11 +57,7 @@ const maxWaitMicros = protocol.MaxWait
 // its prefix, ErrInvalidLimit for a limit out of range (see Limit), or
 // ErrInvalidArgument for an option with a bad value.
 func New(rdb redis.UniversalClient, key string, limit Limit, opts ...Option) (*Limiter, error) {
-	c := newConfig()
-	for _, o := range opts {
-		o.applyLimiter(c)
-	}
-	tag, err := prepare(rdb, key, c)
+	c, tag, err := prepare(rdb, key, opts, Option.applyLimiter)
 	if err != nil {
 		return nil, err
 	}
@@ -440,19 +436,24 @@ func (l *Limiter) configState(ks *keyState) *configState {
 	})
 }
 
-// prepare refuses a nil client and a bad option (c), and returns the key's hash tag.
-func prepare(rdb redis.UniversalClient, key string, c *config) (string, error) {
+// prepare returns the config opts set (apply: their method), after refusing a nil
+// client and a bad option, and the key's hash tag.
+func prepare[O any](rdb redis.UniversalClient, key string, opts []O, apply func(O, *config)) (*config, string, error) {
+	c := newConfig()
+	for _, o := range opts {
+		apply(o, c)
+	}
 	if v := reflect.ValueOf(rdb); rdb == nil || v.Kind() == reflect.Pointer && v.IsNil() { // a typed nil too
-		return "", ErrNilClient
+		return nil, "", ErrNilClient
 	}
 	if c.err != nil {
-		return "", c.err
+		return nil, "", c.err
 	}
 	tag, err := keys.Tag(c.prefix, key)
 	if err != nil {
-		return "", fmt.Errorf("%w: %v", ErrInvalidKey, err)
+		return nil, "", fmt.Errorf("%w: %v", ErrInvalidKey, err)
 	}
-	return tag, nil
+	return c, tag, nil
 }
 
 // callTimeout returns the bound of each Redis call: the one set (WithCallTimeout), else

@@ -32,11 +32,7 @@ type Record struct {
 // when there is none, ErrCorruptState when the key holds something else, and Redis
 // errors as Inspect, by ctx's deadline and the call timeout whatever Redis does.
 func ReadRecord(ctx context.Context, rdb redis.UniversalClient, key string, opts ...Option) (Record, error) {
-	c := newConfig()
-	for _, o := range opts {
-		o.applyLimiter(c)
-	}
-	tag, err := prepare(rdb, key, c)
+	c, tag, err := prepare(rdb, key, opts, Option.applyLimiter)
 	if err != nil {
 		return Record{}, err
 	}

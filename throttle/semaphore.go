@@ -56,11 +56,7 @@ const (
 // process. NewSemaphore does not contact Redis. Its errors are New's, and
 // ErrInvalidLimit for max outside 1..10^9. Processes sharing a key should agree on max.
 func NewSemaphore(rdb redis.UniversalClient, key string, max int, opts ...SemaphoreOption) (*Semaphore, error) {
-	c := newConfig()
-	for _, o := range opts {
-		o.applySemaphore(c)
-	}
-	tag, err := prepare(rdb, key, c)
+	c, tag, err := prepare(rdb, key, opts, SemaphoreOption.applySemaphore)
 	if err != nil {
 		return nil, err
 	}
