@@ -3,11 +3,13 @@ package throttle
 import "strings"
 
 // aclCommands are the commands a Redis user needs to use Limiters and Semaphores: those
-// the client sends (CLUSTER SLOTS too, so that one user's rules serve a redis-server and
-// a cluster alike) and those the scripts run, which Redis checks against the calling
-// user too. TestACLLeastPrivilege checks it is exactly what the library uses.
+// the client sends (CLUSTER SLOTS and ASKING too, which a cluster's layout and a slot
+// migrating take, so that one user's rules serve a redis-server and a cluster alike) and
+// those the scripts run, which Redis checks against the calling user too.
+// TestACLLeastPrivilege checks it is exactly what the library uses, and
+// TestACLRulesThroughAReshard that ASKING is needed.
 var aclCommands = []string{
-	"evalsha", "eval", "multi", "exec", "subscribe", "unsubscribe", "cluster|slots",
+	"evalsha", "eval", "multi", "exec", "subscribe", "unsubscribe", "cluster|slots", "asking",
 	"time", "type", "get", "set", "pexpire", "pttl", "del", "unlink", "publish",
 	"lindex", "lrange", "llen", "ltrim", "rpush", "lset",
 	"zcard", "zcount", "zscore", "zrange", "zrevrange", "zrangebyscore", "zremrangebyscore", "zrem", "zadd", "zrank",

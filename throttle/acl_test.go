@@ -376,7 +376,8 @@ func aclWorkload(ctx context.Context, s *aclServer, dial func() redis.UniversalC
 
 // Least privilege, on a redis-server and a Redis Cluster of the test's own:
 //   - the commands the library uses, counted by INFO commandstats over the whole
-//     workload, are exactly those ACLRules grants: on a cluster all of them, on a
+//     workload, are exactly those ACLRules grants but ASKING, which only a slot's
+//     migration takes (TestACLRulesThroughAReshard): on a cluster all of them, on a
 //     redis-server all but CLUSTER SLOTS, which go-redis's cluster client reads the
 //     cluster's layout with (ACLRules grants it, so that one user works on both);
 //   - a user with ACLRules("jobthrottle:") and nothing else runs the workload without
@@ -387,7 +388,7 @@ func aclWorkload(ctx context.Context, s *aclServer, dial func() redis.UniversalC
 //     script was refused: its text then is Redis's "can't run this command"), and
 //     nothing hangs; except SUBSCRIBE and UNSUBSCRIBE, whose refusal only slows the
 //     wake-ups of waiters to their timers (logged, with the time the workload took),
-//     and CLUSTER SLOTS, which a redis-server does not need; on the cluster, a user
+//     and CLUSTER SLOTS and ASKING, which a redis-server does not need; on the cluster, a user
 //     without CLUSTER SLOTS gets such an error naming it.
 func TestACLLeastPrivilege(t *testing.T) {
 	parallel(t)
@@ -413,9 +414,9 @@ func testACL(t *testing.T, s *aclServer) {
 		t.Fatal(err)
 	}
 	want := slices.Sorted(slices.Values(aclCommands))
-	if s.kind == redistest.Standalone {
-		want = slices.DeleteFunc(want, func(c string) bool { return c == "cluster|slots" })
-	}
+	want = slices.DeleteFunc(want, func(c string) bool { // (ASKING: TestACLRulesThroughAReshard)
+		return c == "asking" || c == "cluster|slots" && s.kind == redistest.Standalone
+	})
 	if !slices.Equal(used, want) {
 		t.Fatalf("commands used on the %s: %v\nACLRules grants: %v", s.kind, used, aclCommands)
 	}
@@ -477,7 +478,7 @@ func testACL(t *testing.T, s *aclServer) {
 		// deadline, and fails below as an error that does not wrap ErrNoPermission (or
 		// as any error where none is wanted).
 		errs, took := results[i].errs, results[i].took
-		if missing == "+subscribe" || missing == "+unsubscribe" || missing == "+cluster|slots" && s.kind == redistest.Standalone {
+		if missing == "+subscribe" || missing == "+unsubscribe" || (missing == "+cluster|slots" || missing == "+asking") && s.kind == redistest.Standalone {
 			if len(errs) > 0 {
 				t.Errorf("without %s: %v", missing, errs)
 			}
@@ -506,5 +507,55 @@ func testACL(t *testing.T, s *aclServer) {
 			first = first[:200] + "…"
 		}
 		redistest.Figure(t, "%s: without %-18s %d errors (%v), e.g. %s", s.kind, missing+":", len(errs), took.Round(time.Millisecond), first)
+	}
+}
+
+// A user with ACLRules alone keeps working while its limiter's slot migrates (go-redis's
+// cluster client and the send path's redirect send ASKING to the node importing it), on
+// the call that meets the move and the calls that go to that node straight; a user
+// without +asking gets errors wrapping ErrNoPermission that name it, on those calls too.
+func TestACLRulesThroughAReshard(t *testing.T) {
+	parallel(t)
+	tc, admin := redistest.OwnCluster(t)
+	ctx := context.Background()
+	rules := ACLRules("jobthrottle:")
+	for user, r := range map[string]string{"worker": rules, "noasking": strings.Replace(rules+" ", " +asking ", " ", 1)} {
+		args := []any{"ACL", "SETUSER", user, "reset", "on", ">pw"}
+		for _, f := range strings.Fields(r) {
+			args = append(args, f)
+		}
+		if err := admin.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return c.Do(ctx, args...).Err() }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	limiter := func(user string) *Limiter {
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: tc.Addrs(), Username: user, Password: "pw"})
+		t.Cleanup(func() { c.Close() })
+		l, err := New(c, "reshard", PerSecond(1000))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.Allow(ctx); err != nil {
+			t.Fatalf("%s: Allow before the move: %v", user, err)
+		}
+		return l
+	}
+	worker, noasking := limiter("worker"), limiter("noasking")
+	move := redistest.NewSlotMove(t, tc, admin, worker.stateKey())
+	move.Begin()
+	move.Keys()
+	for i := range 3 {
+		if r, err := worker.Allow(ctx); err != nil || !r.Allowed {
+			t.Fatalf("Allow %d while the slot migrates, as a user with ACLRules: %v, %v; want allowed", i+1, r, err)
+		}
+		if _, err := noasking.Allow(ctx); !errors.Is(err, ErrNoPermission) || !strings.Contains(err.Error(), "'asking'") {
+			t.Fatalf("Allow %d while the slot migrates, as a user without +asking: %v; want ErrNoPermission naming asking", i+1, err)
+		}
+	}
+	move.End()
+	for _, l := range []*Limiter{worker, noasking} {
+		if _, err := l.Allow(ctx); err != nil {
+			t.Fatalf("Allow after the move: %v", err)
+		}
 	}
 }

@@ -598,13 +598,16 @@ func redirect(ctx context.Context, cc *redis.ClusterClient, ks *keyState, gs []*
 		if ask {
 			err = conn.Do(ctx, "asking").Err()
 		}
-		if err == nil {
-			run(ctx, conn.TxPipeline(), gs, eval)
-		} else {
+		if err != nil { // ASKING refused or lost: the calls' error, and the node not theirs
+			_ = conn.Close()
 			for _, g := range gs {
+				g.cmd = g.command(ctx, eval) // (a first try from exec has none yet)
 				g.cmd.SetErr(err)
 			}
+			ks.noteAsked(false, "")
+			return
 		}
+		run(ctx, conn.TxPipeline(), gs, eval)
 		_ = conn.Close()
 		addr, next := redirection(gs)
 		if addr == "" {
