@@ -115,6 +115,7 @@ func (ks *keyState) sleep(ctx context.Context, l *Limiter, n int, g grant, seen 
 	s := &sleeper{l: l, ctx: ctx, n: n, moved: make(chan moved, 1)}
 	s.moved <- moved{g, nil, seen}
 	var due <-chan time.Time
+	var done <-chan struct{} // ctx's, once the booking in hand is entered: a give-back on it goes through leave
 	for {
 		select {
 		case <-due:
@@ -134,8 +135,8 @@ func (ks *keyState) sleep(ctx context.Context, l *Limiter, n int, g grant, seen 
 			if s.g.token < ks.pauseEnd.Load() { // inside a pause whose notice came before its booking
 				ks.move(func(x *sleeper) bool { return x == s })
 			}
-			due = time.After(s.g.wait) // collected unfired, unstopped (Go 1.23)
-		case <-ctx.Done():
+			due, done = time.After(s.g.wait), ctx.Done() // (due: collected unfired, unstopped, Go 1.23)
+		case <-done:
 			if ks.claim(s) { // the process's next calls on the key go after the give-back
 				ks.leave(func() { l.lateGiveBack(n, s.g) })
 			} else { // being moved: the new booking, when it comes (after a hold), goes back

@@ -3,6 +3,7 @@ package throttle
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -274,6 +275,38 @@ func TestWaitAfterCancelledWait(t *testing.T) {
 		redistest.Figure(t, "WaitN(2) right after a cancelled WaitN(3): %v (booked %v ahead)", took.Round(time.Microsecond), waited[len(waited)-1])
 		if w := waited[len(waited)-1]; w != 0 {
 			t.Fatalf("WaitN(2) after the cancelled WaitN(3) booked %v ahead, want now: it went before the give-back", w)
+		}
+	})
+}
+
+// A WaitN whose context ends as its booking comes in (in the Allowed hook, before it
+// sleeps) gives the booking back before the process's next call on the key, as one
+// cancelled asleep does: WaitN(3) booked ahead of the one token left and cancelled so,
+// 20 times, and each WaitN(1) after it is granted now.
+func TestWaitCancelledAsItBooks(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		for i := range 20 {
+			wctx, cancel := context.WithCancel(ctx)
+			var last time.Duration
+			l, err := New(b.Client, fmt.Sprintf("cancel-as-booked-%d", i), Limit{Rate: 10, Period: 4 * time.Second, Burst: 3},
+				WithAlgorithm(TokenBucket), WithKeyPrefix(b.Prefix), WithHooks(Hooks{Allowed: func(_ string, n int, wait time.Duration) {
+					if last = wait; n == 3 {
+						cancel()
+					}
+				}}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := l.WaitN(ctx, 2); err != nil {
+				t.Fatal(err)
+			}
+			if err := l.WaitN(wctx, 3); !errors.Is(err, context.Canceled) || last <= 0 {
+				t.Fatalf("WaitN(3) with one token left, cancelled as it booked: %v, booked %v ahead; want context.Canceled, ahead", err, last)
+			}
+			if err := l.WaitN(ctx, 1); err != nil || last != 0 {
+				t.Fatalf("try %d: WaitN(1) after it: %v, booked %v ahead; want now: it went before the give-back", i+1, err, last)
+			}
 		}
 	})
 }
