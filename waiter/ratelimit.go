@@ -105,13 +105,16 @@ func (r *reader) count(name string) (n int64, present, ok bool) {
 }
 
 // parseCount reads a count of what is left: a non-negative integer, a huge one
-// reading as math.MaxInt64 (plenty).
+// reading as math.MaxInt64 (plenty); 0 and false for anything else.
 func parseCount(v string) (int64, bool) {
 	n, err := strconv.ParseInt(v, 10, 64)
 	if errors.Is(err, strconv.ErrRange) && n > 0 {
 		return math.MaxInt64, true
 	}
-	return n, err == nil && n >= 0
+	if err != nil || n < 0 {
+		return 0, false
+	}
+	return n, true
 }
 
 // pauseFor returns the pause f's reset asks for, cut to the cap, or reports it and

@@ -180,6 +180,9 @@ func TestTransportTokenQuotas(t *testing.T) {
 		}, nil, "X-Ratelimit-Remaining-Tokens: unreadable; Anthropic-Ratelimit-Input-Tokens-Reset: unreadable"},
 		{"Azure's -1", map[string]string{"X-RateLimit-Remaining-Tokens": "-1", "X-RateLimit-Reset-Tokens": "0"},
 			nil, "X-Ratelimit-Remaining-Tokens: unreadable"},
+		{"limit unreadable: reported, 0", map[string]string{
+			"X-RateLimit-Limit-Tokens": "-5", "X-RateLimit-Remaining-Tokens": "10", "X-RateLimit-Reset-Tokens": "1s",
+		}, []waiter.Quota{{Name: "tokens", Remaining: 10, Reset: time.Second}}, "X-Ratelimit-Limit-Tokens: unreadable"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
