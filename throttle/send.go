@@ -546,8 +546,8 @@ func (c *client) exec(ctx context.Context, gs []*group, eval, bare bool) {
 	cluster = cluster && !bare
 	ks := gs[0].reqs[0].ks
 	if cluster {
-		if node := ks.askedNode(ctx, cc, gs[0].t.keys[0]); node != nil {
-			redirect(ctx, cc, ks, gs, eval, node, true)
+		if addr := ks.askedNode(ctx, cc, gs[0].t.keys[0]); addr != "" {
+			redirect(ctx, cc, ks, gs, eval, addr, true)
 			return
 		}
 	}
@@ -561,8 +561,11 @@ func (c *client) exec(ctx context.Context, gs []*group, eval, bare bool) {
 	if cluster && slices.ContainsFunc(gs, func(g *group) bool {
 		return redis.HasErrorPrefix(g.cmd.Err(), "EXECABORT")
 	}) {
-		node, _ := cc.MasterForKey(ctx, gs[0].t.keys[0])
-		redirect(ctx, cc, ks, gs, eval, node, false)
+		var addr string
+		if node, err := cc.MasterForKey(ctx, gs[0].t.keys[0]); err == nil {
+			addr = node.Options().Addr
+		}
+		redirect(ctx, cc, ks, gs, eval, addr, false)
 	}
 }
 
@@ -586,13 +589,17 @@ func run(ctx context.Context, pipe redis.Pipeliner, gs []*group, eval bool) {
 }
 
 // redirect sends again the transaction of gs, one key's calls, that go-redis's cluster
-// client gave up on with EXECABORT (docs/design.md, "One way to Redis"): to node, through
-// its own client (after ASKING if ask is set, just before MULTI on the same connection),
-// following each MOVED or ASK up to maxRedirects times; a refused transaction ran
-// nothing, so each try is a first one. A node that answers after an ASK is noted as the
-// key's (ks.asked), so that its next transactions go there straight.
-func redirect(ctx context.Context, cc *redis.ClusterClient, ks *keyState, gs []*group, eval bool, node *redis.Client, ask bool) {
-	for try := 0; node != nil && try < maxRedirects; try++ {
+// client gave up on with EXECABORT (docs/design.md, "One way to Redis"): to the node at
+// addr (masterAt), on a connection of its own (after ASKING if ask is set, just before
+// MULTI), following each MOVED or ASK up to maxRedirects times; a refused transaction
+// ran nothing, so each try is a first one. A node that answers after an ASK is noted as
+// the key's (ks.asked), so that its next transactions go there straight.
+func redirect(ctx context.Context, cc *redis.ClusterClient, ks *keyState, gs []*group, eval bool, addr string, ask bool) {
+	for try := 0; addr != "" && try < maxRedirects; try++ {
+		node, done := masterAt(ctx, cc, addr)
+		if node == nil {
+			break
+		}
 		var err error
 		conn := node.Conn()
 		if ask {
@@ -600,6 +607,7 @@ func redirect(ctx context.Context, cc *redis.ClusterClient, ks *keyState, gs []*
 		}
 		if err != nil { // ASKING refused or lost: the calls' error, and the node not theirs
 			_ = conn.Close()
+			done()
 			for _, g := range gs {
 				g.cmd = g.command(ctx, eval) // (a first try from exec has none yet)
 				g.cmd.SetErr(err)
@@ -609,15 +617,16 @@ func redirect(ctx context.Context, cc *redis.ClusterClient, ks *keyState, gs []*
 		}
 		run(ctx, conn.TxPipeline(), gs, eval)
 		_ = conn.Close()
-		addr, next := redirection(gs)
-		if addr == "" {
-			ks.noteAsked(ask && ownReplies(gs), node.Options().Addr)
+		done()
+		next, asked := redirection(gs)
+		if next == "" {
+			ks.noteAsked(ask && ownReplies(gs), addr)
 			return
 		}
-		if ask = next; !ask {
+		if ask = asked; !ask {
 			cc.ReloadState(ctx) // the slot has moved: go-redis learns it in the background
 		}
-		node = masterAt(ctx, cc, addr)
+		addr = next
 	}
 	ks.noteAsked(false, "")
 	// the calls keep the last reply: a MOVED or ASK, or EXECABORT if none was sent
@@ -633,26 +642,21 @@ func (ks *keyState) noteAsked(asked bool, addr string) {
 	}
 }
 
-// askedNode returns the node noted as the key's while its slot migrates (noteAsked), or
-// nil: none is noted, the move is over (the cluster client names it the slot's master),
-// or the cluster client knows no such master. While a node is noted, the cluster client
-// reads the slot map again (go-redis spaces its reads), to learn the end of the move.
-func (ks *keyState) askedNode(ctx context.Context, cc *redis.ClusterClient, key string) *redis.Client {
+// askedNode returns the address of the node noted as the key's while its slot migrates
+// (noteAsked), or "": none is noted, or the move is over (the cluster client names it
+// the slot's master). While a node is noted, the cluster client reads the slot map again
+// (go-redis spaces its reads), to learn the end of the move.
+func (ks *keyState) askedNode(ctx context.Context, cc *redis.ClusterClient, key string) string {
 	p := ks.asked.Load()
 	if p == nil {
-		return nil
+		return ""
 	}
 	if owner, err := cc.MasterForKey(ctx, key); err == nil && owner.Options().Addr == *p {
 		ks.noteAsked(false, "")
-		return nil
-	}
-	node := masterAt(ctx, cc, *p)
-	if node == nil {
-		ks.noteAsked(false, "")
-		return nil
+		return ""
 	}
 	cc.ReloadState(ctx)
-	return node
+	return *p
 }
 
 // ownReplies reports whether the node answered every call of gs itself: a reply, or an
@@ -687,20 +691,37 @@ func redirection(gs []*group) (addr string, ask bool) {
 	return "", false
 }
 
-// masterAt returns the client of the master at addr, as the cluster client knows it,
-// or nil.
-func masterAt(ctx context.Context, cc *redis.ClusterClient, addr string) *redis.Client {
+// masterAt returns a client of the master at addr, and what closes it once used: the
+// cluster client's own if its slot map names that node (done does nothing); else one
+// made with the options of the cluster's nodes, for a master the slot map does not list:
+// one just added to the cluster, importing its first slot (TestReshardToANewNode). nil
+// if the cluster client knows no master.
+func masterAt(ctx context.Context, cc *redis.ClusterClient, addr string) (node *redis.Client, done func()) {
 	var mu sync.Mutex
-	var found *redis.Client
+	var found, some *redis.Client
 	_ = cc.ForEachMaster(ctx, func(_ context.Context, m *redis.Client) error {
+		mu.Lock()
+		defer mu.Unlock()
 		if m.Options().Addr == addr {
-			mu.Lock()
 			found = m
-			mu.Unlock()
 		}
+		some = m
 		return nil
 	})
-	return found
+	switch {
+	case found != nil:
+		return found, func() {}
+	case some == nil:
+		return nil, nil
+	}
+	o := *some.Options()
+	o.Addr, o.NodeAddress = addr, addr
+	if m := o.MaintNotificationsConfig; m != nil { // each client its own, as go-redis gives its nodes
+		c := *m
+		o.MaintNotificationsConfig = &c
+	}
+	node = cc.Options().NewClient(&o)
+	return node, func() { _ = node.Close() }
 }
 
 // deliver answers the group's requests from its call's reply.

@@ -3,6 +3,8 @@ package throttle
 import (
 	"context"
 	"errors"
+	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -205,5 +207,82 @@ func TestReshardAsksTheTarget(t *testing.T) {
 	cancel()
 	if err := <-waiting; !errors.Is(err, context.Canceled) {
 		t.Fatalf("the queued Acquire: got %v, want context.Canceled", err)
+	}
+}
+
+// A limiter's slot migrating to a node just added to the cluster, as scaling out does
+// (CLUSTER MEET, then redis-cli --cluster reshard to it): the new node owns no slot yet,
+// so the cluster client's slot map (CLUSTER SLOTS) does not list it. A plain limiter is
+// still served all through the move: once its key is on the new node, the source's ASK
+// sends its transaction there (redirect), on the first call and the next ones.
+func TestReshardToANewNode(t *testing.T) {
+	parallel(t)
+	tc, cc := redistest.OwnCluster(t)
+	ctx := context.Background()
+	l, err := New(cc, "scaleout", PerSecond(1000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := l.Allow(ctx); err != nil || !r.Allowed {
+		t.Fatalf("Allow before the move: %v, %v", r, err)
+	}
+	s, err := redistest.StartServer("--cluster-enabled", "yes", "--cluster-config-file", "nodes-new.conf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Kill() })
+	node := redis.NewClient(&redis.Options{Addr: s.Addr})
+	t.Cleanup(func() { node.Close() })
+	src, err := cc.MasterForKey(ctx, l.stateKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, port, _ := net.SplitHostPort(src.Options().Addr)
+	if err := node.ClusterMeet(ctx, host, port).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * ms) { // the setup: gossip
+		joined := true
+		for _, a := range append(tc.Addrs(), s.Addr) {
+			c := redis.NewClient(&redis.Options{Addr: a})
+			info, err := c.ClusterInfo(ctx).Result()
+			c.Close()
+			joined = joined && err == nil && strings.Contains(info, "cluster_known_nodes:4") && strings.Contains(info, "cluster_state:ok")
+		}
+		if joined {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the new node did not join the cluster")
+		}
+	}
+	slot := cc.ClusterKeySlot(ctx, l.stateKey()).Val()
+	srcID, err := src.ClusterMyID(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	newID, err := node.ClusterMyID(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	do := func(c *redis.Client, args ...any) {
+		t.Helper()
+		if err := c.Do(ctx, args...).Err(); err != nil {
+			t.Fatalf("%v on %s: %v", args, c.Options().Addr, err)
+		}
+	}
+	do(node, "cluster", "setslot", slot, "importing", srcID)
+	do(src, "cluster", "setslot", slot, "migrating", newID)
+	nhost, nport, _ := net.SplitHostPort(s.Addr)
+	do(src, "migrate", nhost, nport, "", 0, 5000, "keys", l.stateKey())
+	for i := range 3 {
+		if r, err := l.Allow(ctx); err != nil || !r.Allowed {
+			t.Fatalf("Allow %d while the slot migrates to the new node, the key on it: %v, %v; want allowed", i+1, r, err)
+		}
+	}
+	do(node, "cluster", "setslot", slot, "node", newID)
+	do(src, "cluster", "setslot", slot, "node", newID)
+	if r, err := l.Allow(ctx); err != nil || !r.Allowed {
+		t.Fatalf("Allow after the move: %v, %v; want allowed", r, err)
 	}
 }
