@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/jobthrottle/jobthrottle/internal/clock"
@@ -97,7 +98,19 @@ type sleeper struct {
 	n     int
 	g     grant
 	moved chan moved
+	// while a move has it (set under ks.mu as the move takes it): back is closed once
+	// the move has given its booking back; stage says whether the move books it again
+	back  chan struct{}
+	stage atomic.Int32
 }
+
+// The stages of a sleeper a move took: its booking is being given back, or it is
+// being booked again, or its caller left first and it is not booked again.
+const (
+	moving int32 = iota
+	rebooking
+	gone
+)
 
 // moved is a booking for a sleeper to sleep on, made after the hold seen (its first,
 // or one a move made once that hold was over), or why there is none.
@@ -136,11 +149,13 @@ func (ks *keyState) sleep(ctx context.Context, l *Limiter, n int, g grant, seen 
 				ks.move(func(x *sleeper) bool { return x == s })
 			}
 			due, done = time.After(s.g.wait), ctx.Done() // (due: collected unfired, unstopped, Go 1.23)
-		case <-done:
-			if ks.claim(s) { // the process's next calls on the key go after the give-back
+		case <-done: // the process's next calls on the key go after the give-back
+			if ks.claim(s) {
 				ks.leave(func() { l.lateGiveBack(n, s.g) })
-			} else { // being moved: the new booking, when it comes (after a hold), goes back
-				go func() { l.lateGiveBack(n, (<-s.moved).g) }()
+			} else if back := s.back; s.stage.CompareAndSwap(moving, gone) { // being moved: not booked again
+				ks.leave(func() { <-back })
+			} else { // being booked again: the new booking goes back when it comes
+				ks.leave(func() { l.lateGiveBack(n, (<-s.moved).g) })
 			}
 			return grant{}, seen, ctx.Err()
 		}
@@ -184,12 +199,19 @@ func (ks *keyState) listenNotices() (done func()) {
 
 // move gives back, in one round trip, the bookings of the sleepers which selects, the
 // latest first so that a token bucket gets back all they took; once this process's
-// hold is over, it books them again in one round trip, in their order.
+// hold is over, it books them again in one round trip, in their order, but those whose
+// callers left meanwhile. A sleeper's caller that leaves during the move waits, through
+// leave, for the move's give-back or its new booking: the move's calls wait for no
+// give-back of its own sleepers (givingBack), only, before booking again, for those
+// under way before.
 func (ks *keyState) move(which func(*sleeper) bool) {
 	ks.mu.Lock()
 	var ss []*sleeper
+	backed := make(chan struct{})
 	for s := range ks.sleepers {
 		if !s.g.local && which(s) { // a local grant is not Redis's to move
+			s.back = backed
+			s.stage.Store(moving)
 			ss = append(ss, s)
 			delete(ks.sleepers, s)
 		}
@@ -201,25 +223,38 @@ func (ks *keyState) move(which func(*sleeper) bool) {
 	slices.SortFunc(ss, func(a, b *sleeper) int { return cmp.Compare(a.g.token, b.g.token) })
 	go func() {
 		back := make([]*request, len(ss))
+		var timeout time.Duration
 		for i, s := range ss {
-			back[len(ss)-1-i] = &request{ctx: context.Background(), t: s.l.t, ks: ks, call: s.l.request(protocol.OpCancel, s.n, s.g.token),
-				timeout: s.l.timeout}
+			back[len(ss)-1-i] = &request{ctx: givingBack(context.Background()), t: s.l.t, ks: ks,
+				call: s.l.request(protocol.OpCancel, s.n, s.g.token), timeout: s.l.timeout}
+			timeout = max(timeout, s.l.timeout)
 		}
 		ks.client.doAll(back)
+		close(backed)
 		seen, _, _ := ks.pass(context.Background())
-		again := make([]*request, len(ss))
-		for i, s := range ss {
+		ks.settle(context.Background(), time.Now().Add(timeout))
+		var again []*request
+		var booked []*sleeper
+		for _, s := range ss {
+			if !s.stage.CompareAndSwap(moving, rebooking) { // its caller left
+				continue
+			}
 			x := min(int64(clock.MaxWait(s.ctx)/time.Microsecond), maxWaitMicros)
 			call := s.l.request(protocol.OpAcquire, s.n, x)
 			call.Hold = s.l.tenant != nil
-			again[i] = &request{ctx: s.ctx, t: s.l.t, ks: ks, call: call, late: s.l.late(s.n), timeout: s.l.timeout}
+			// not cut short by its caller leaving: the leave waits for its reply
+			again = append(again, &request{ctx: givingBack(s.ctx), t: s.l.t, ks: ks, call: call, late: s.l.late(s.n), timeout: s.l.timeout})
+			booked = append(booked, s)
+		}
+		if len(again) == 0 {
+			return
 		}
 		for i, res := range ks.client.doAll(again) {
 			g := decodeGrant(res.rep)
 			if res.err == nil {
-				ss[i].l.report(ss[i].n, g)
+				booked[i].l.report(booked[i].n, g)
 			}
-			ss[i].moved <- moved{g, res.err, seen}
+			booked[i].moved <- moved{g, res.err, seen}
 		}
 	}()
 }

@@ -311,6 +311,57 @@ func TestWaitCancelledAsItBooks(t *testing.T) {
 	})
 }
 
+// A WaitN whose context ends while a move has its booking gives back what it holds
+// before the process's next call on the key, as one cancelled asleep does: WaitN(2)
+// asleep ahead of the one token left, moved by Pause, cancelled during the hold (it is
+// not booked again) or as Resume's move books it again (in the Allowed hook of that
+// booking: the new one goes back), 20 times each, and each Allow after it is granted.
+func TestWaitCancelledAsItIsMoved(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		tl := newTimeline(t, b)
+		for i := range 40 {
+			inHold := i%2 == 1
+			wctx, cancel := context.WithCancel(ctx)
+			var armed atomic.Bool // the next booking of 2 is the move's
+			l := tl.limiter(fmt.Sprintf("cancel-as-moved-%d", i), Limit{Rate: 1, Period: 10 * time.Second, Burst: 2},
+				WithAlgorithm(TokenBucket), WithHooks(Hooks{Allowed: func(_ string, n int, wait time.Duration) {
+					if n == 2 && wait > 0 && armed.CompareAndSwap(true, false) {
+						cancel()
+					}
+				}}))
+			if res, err := l.Allow(ctx); err != nil || !res.Allowed {
+				t.Fatalf("Allow: %+v, %v", res, err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- l.WaitN(wctx, 2) }()
+			sendEventually(t, signalWait, "WaitN(2) asleep", func() bool { return sendSleepers(l) == 1 })
+			if err := l.Pause(ctx, time.Hour); err != nil { // its move gives the booking back, and waits for the hold
+				t.Fatal(err)
+			}
+			if inHold {
+				cancel()
+				if err := <-done; !errors.Is(err, context.Canceled) {
+					t.Fatalf("WaitN(2) cancelled during the hold: %v, want context.Canceled", err)
+				}
+			}
+			armed.Store(true)
+			if err := l.Resume(ctx); err != nil { // the hold ends: the move books the waiter again, if it is still there
+				t.Fatal(err)
+			}
+			if !inHold {
+				if err := <-done; !errors.Is(err, context.Canceled) {
+					t.Fatalf("WaitN(2) cancelled as it was booked again: %v, want context.Canceled", err)
+				}
+			}
+			if res, err := l.Allow(ctx); err != nil || !res.Allowed {
+				t.Fatalf("try %d (cancelled in the hold %v): Allow after it: %+v, %v; want allowed: it went before the give-back", i+1, inHold, res, err)
+			}
+			cancel()
+		}
+	})
+}
+
 // A Wait returns by its deadline whatever Redis's reply latency: with every script
 // call's reply 300ms late (the server's clock standing still, so its booking is
 // exactly its slot ahead) and a deadline 150ms after its slot, whether its reply comes
