@@ -177,6 +177,7 @@ type keyState struct {
 	unhold   chan struct{}           // closed (and replaced) when a resume ends the hold early
 	configs  map[string]*configState // by target id and policy
 	sleepers map[*sleeper]struct{}
+	flying   []chan struct{} // WaitN bookings on their way to the sleepers (see fly)
 	leaving  []chan struct{} // give-backs under way of callers that left (see leave)
 	nleaving atomic.Int32    // len(leaving)
 }

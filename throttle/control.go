@@ -135,7 +135,8 @@ func (l *Limiter) controlCall(ctx context.Context, call *protocol.Request) (repl
 // resume handles the resume of a pause that ended at end (server µs; 0: unknown or
 // none): the hold ends if this process resumed (own) or its pause had reached Redis;
 // the sleepers booked at or after end book again now, once per pause (Resume's reply
-// and the notice both come; docs/design.md, "Control, pause and resume").
+// and the notice both come; docs/design.md, "Control, pause and resume"), with those
+// whose bookings come back after it (move).
 func (ks *keyState) resume(end int64, own bool) {
 	if h := ks.hold.Load(); h != 0 && (own || ks.landed.Load()) {
 		ks.mu.Lock()
@@ -154,7 +155,7 @@ func (ks *keyState) resume(end int64, own bool) {
 // paused handles the notice of a pause of the key until end (server µs), which any
 // process publishes when it sets one: this process's sleepers booked before its end
 // book again now, and so after it, in their order, once per pause end. A sleeper whose
-// booking comes back after the notice is moved as it enters (sleep).
+// booking comes back after the notice is moved once it lands (move).
 func (ks *keyState) paused(end int64) {
 	if old := ks.pauseEnd.Swap(end); old != end {
 		ks.move(func(s *sleeper) bool { return s.g.token < end })

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -175,6 +176,97 @@ func TestResumeMovesTheWaiters(t *testing.T) {
 				if st.PausedFor != 0 || st.Booked != 3 || st.BookedAhead != 300*ms {
 					t.Fatalf("after the resume: paused %v, %d booked, the latest %v ahead; want no pause, 3 booked, 300ms ahead (the bookings behind the pause given back)",
 						st.PausedFor, st.Booked, st.BookedAhead)
+				}
+			})
+		})
+	}
+}
+
+// A resume handled between a waiter's booking behind the pause coming back and the
+// waiter going to sleep on it still moves it: the waiter books again from the resume
+// and goes on, instead of sleeping out the pause. A key paused for an hour by another
+// process; this process's Wait books behind the pause, and in the Allowed hook of that
+// booking (before the Wait sleeps) the key is resumed: by this process's Resume (its
+// waiters move on the reply), or by the other's (they move on the notice, which a first
+// waiter, asleep behind the pause, listens for; the hook waits until the notice's move
+// took that one). 20 times each: the Wait's booking again is now (after the first
+// waiter's, 100ms later). A Wait still on its booking behind the pause would return
+// after an hour: the test's bound is only how long a loaded machine may take.
+func TestResumeMovesAWaiterAsItBooks(t *testing.T) {
+	for _, resumer := range []string{"this", "other"} {
+		t.Run("resumed-by-"+resumer, func(t *testing.T) {
+			redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+				ctx := context.Background()
+				tl := newTimeline(t, b)
+				otherClient := ctlOtherClient(t, b)
+				for i := range 20 {
+					wctx, cancel := context.WithCancel(ctx) // ends the waiters of a failed try
+					defer cancel()
+					key := fmt.Sprintf("resume-as-booked-%d", i)
+					var waits waitRecorder
+					var armed atomic.Bool // the next booking behind the pause is the one to race
+					var this, other *Limiter
+					var hookErr atomic.Pointer[string]
+					this = tl.limiter(key, Every(100*ms), WithHooks(Hooks{Allowed: func(k string, n int, wait time.Duration) {
+						waits.hooks().Allowed(k, n, wait)
+						if wait < time.Minute || !armed.CompareAndSwap(true, false) {
+							return
+						}
+						resumerL := this
+						if resumer == "other" {
+							resumerL = other
+						}
+						if err := resumerL.Resume(ctx); err != nil {
+							msg := err.Error()
+							hookErr.Store(&msg)
+							return
+						}
+						ks := this.client().key(this.t.tag)
+						for deadline := time.Now().Add(signalWait); ks.resumed.Load() == 0 || sendSleepers(this) != 0; time.Sleep(ms) {
+							if time.Now().After(deadline) {
+								msg := fmt.Sprintf("the resume was not handled within %v (resumed %d, %d asleep)", signalWait, ks.resumed.Load(), sendSleepers(this))
+								hookErr.Store(&msg)
+								return
+							}
+						}
+					}}))
+					other = ctlLimiterOn(tl, otherClient, key, Every(100*ms))
+					waits.waits = nil
+					if err := other.Pause(ctx, time.Hour); err != nil {
+						t.Fatal(err)
+					}
+					returned := make(chan error, 2)
+					want := []time.Duration{0}
+					if resumer == "other" { // a first waiter asleep behind the pause hears the notice
+						go func() { returned <- this.Wait(wctx) }()
+						sendEventually(t, signalWait, "the first waiter asleep", func() bool { return sendSleepers(this) == 1 })
+						ctlListening(t, this, 1)
+						want = []time.Duration{0, 100 * ms}
+					}
+					before := waits.count()
+					armed.Store(true)
+					go func() { returned <- this.Wait(wctx) }()
+					timeout := time.After(signalWait)
+					for range want {
+						select {
+						case err := <-returned:
+							if err != nil {
+								t.Fatal(err)
+							}
+						case <-timeout:
+							t.Fatalf("try %d: a waiter did not go on within %v of the resume made as it booked: still on its booking behind the pause; bookings %v",
+								i+1, signalWait, waits.since(0))
+						}
+					}
+					if msg := hookErr.Load(); msg != nil {
+						t.Fatalf("try %d: in the Allowed hook: %s", i+1, *msg)
+					}
+					got := waits.since(before + 1) // the bookings after the racing one's
+					slices.Sort(got)
+					if !slices.Equal(got, want) {
+						t.Fatalf("try %d: bookings after the resume wait %v, want %v: booked again from the resume", i+1, got, want)
+					}
+					cancel()
 				}
 			})
 		})

@@ -54,13 +54,17 @@ func (l *Limiter) waitN(ctx context.Context, n int) (grant, error) {
 			return grant{}, err
 		}
 		waited = waited || held
+		from := ks.fly()
 		g, err = l.acquire(ctx, n, clock.MaxWait(ctx), nil, ticket, true)
+		if err != nil || !g.granted || g.wait <= 0 {
+			ks.land(from)
+		}
 		if err != nil {
 			return grant{}, err
 		}
 		if g.granted && g.wait > 0 {
 			waited = true
-			if g, seen, err = ks.sleep(ctx, l, n, g, seen); err != nil {
+			if g, seen, err = ks.sleep(ctx, l, n, moved{g, nil, seen, from}); err != nil {
 				return grant{}, err
 			}
 		}
@@ -102,6 +106,7 @@ type sleeper struct {
 	// the move has given its booking back; stage says whether the move books it again
 	back  chan struct{}
 	stage atomic.Int32
+	from  chan struct{} // the flight of the booking it sleeps on (see fly)
 }
 
 // The stages of a sleeper a move took: its booking is being given back, or it is
@@ -113,20 +118,24 @@ const (
 )
 
 // moved is a booking for a sleeper to sleep on, made after the hold seen (its first,
-// or one a move made once that hold was over), or why there is none.
+// or one a move made once that hold was over), or why there is none; from is its
+// flight, which the sleeper ends as it takes it in.
 type moved struct {
 	g    grant
 	err  error
 	seen int64
+	from chan struct{}
 }
 
-// sleep sleeps on g, n permits booked after the hold seen, until it takes effect,
-// following the moves of holds and resumes, and returns the booking slept on and its
-// hold. A hold begun since seen that did not move it gives the booking back at once.
-func (ks *keyState) sleep(ctx context.Context, l *Limiter, n int, g grant, seen int64) (grant, int64, error) {
+// sleep sleeps on first.g, n permits booked after the hold first.seen, until it takes
+// effect, following the moves of holds, pauses and resumes, and returns the booking
+// slept on and its hold. A hold begun since seen that did not move it gives the booking
+// back at once.
+func (ks *keyState) sleep(ctx context.Context, l *Limiter, n int, first moved) (grant, int64, error) {
 	defer ks.listenNotices()() // a pause or a resume concerns it while it sleeps or is moved
 	s := &sleeper{l: l, ctx: ctx, n: n, moved: make(chan moved, 1)}
-	s.moved <- moved{g, nil, seen}
+	s.moved <- first
+	seen := first.seen
 	var due <-chan time.Time
 	var done <-chan struct{} // ctx's, once the booking in hand is entered: a give-back on it goes through leave
 	for {
@@ -138,15 +147,13 @@ func (ks *keyState) sleep(ctx context.Context, l *Limiter, n int, g grant, seen 
 			// a move took the booking as it came due: the new one comes on s.moved
 		case m := <-s.moved:
 			if m.err != nil || !m.g.granted {
+				ks.land(m.from)
 				return m.g, seen, m.err
 			}
 			s.g, seen = m.g, m.seen
-			if !ks.enter(s, seen) { // its next booking goes after the give-back
+			if !ks.enter(s, seen, m.from) { // its next booking goes after the give-back
 				ks.leave(func() { l.lateGiveBack(n, s.g) })
 				return s.g, seen, nil
-			}
-			if s.g.token < ks.pauseEnd.Load() { // inside a pause whose notice came before its booking
-				ks.move(func(x *sleeper) bool { return x == s })
 			}
 			due, done = time.After(s.g.wait), ctx.Done() // (due: collected unfired, unstopped, Go 1.23)
 		case <-done: // the process's next calls on the key go after the give-back
@@ -155,17 +162,23 @@ func (ks *keyState) sleep(ctx context.Context, l *Limiter, n int, g grant, seen 
 			} else if back := s.back; s.stage.CompareAndSwap(moving, gone) { // being moved: not booked again
 				ks.leave(func() { <-back })
 			} else { // being booked again: the new booking goes back when it comes
-				ks.leave(func() { l.lateGiveBack(n, (<-s.moved).g) })
+				ks.leave(func() {
+					m := <-s.moved
+					l.lateGiveBack(n, m.g)
+					ks.land(m.from)
+				})
 			}
 			return grant{}, seen, ctx.Err()
 		}
 	}
 }
 
-// enter registers s, booked after the hold seen, unless a hold began since: that
-// hold's move may have run without s (Pause sets the hold before its move takes ks.mu,
-// so s either sees the new hold here or is found by the move).
-func (ks *keyState) enter(s *sleeper, seen int64) bool {
+// enter registers s, booked after the hold seen on the flight from, and ends that
+// flight, unless a hold began since: that hold's move may have run without s (Pause
+// sets the hold before its move takes ks.mu, so s either sees the new hold here or is
+// found by the move).
+func (ks *keyState) enter(s *sleeper, seen int64, from chan struct{}) bool {
+	defer ks.land(from) // once s is in the sleepers: a move waiting for the flight finds it
 	ks.mu.Lock()
 	defer ks.mu.Unlock()
 	if ks.hold.Load() != seen {
@@ -174,8 +187,33 @@ func (ks *keyState) enter(s *sleeper, seen int64) bool {
 	if ks.sleepers == nil {
 		ks.sleepers = map[*sleeper]struct{}{}
 	}
+	s.from = from
 	ks.sleepers[s] = struct{}{}
 	return true
+}
+
+// fly registers a WaitN's booking (its first, or a move's) about to be sent: the
+// flight, which land ends once the booking is in the sleepers or will not be. A move
+// takes the sleepers of the bookings in flight as it starts once they land: a booking
+// sent before a pause or a resume reached Redis may come back after its notice or
+// reply was handled, still where the pause put it or before the pause; sent after, it
+// was booked knowing it.
+func (ks *keyState) fly() chan struct{} {
+	c := make(chan struct{})
+	ks.mu.Lock()
+	ks.flying = append(ks.flying, c)
+	ks.mu.Unlock()
+	return c
+}
+
+// land ends the flight c.
+func (ks *keyState) land(c chan struct{}) {
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	if i := slices.Index(ks.flying, c); i >= 0 {
+		ks.flying = slices.Delete(ks.flying, i, i+1)
+		close(c)
+	}
 }
 
 // claim takes s out of the sleepers, and reports false if a move took it first.
@@ -197,31 +235,48 @@ func (ks *keyState) listenNotices() (done func()) {
 	return func() { ks.client.hub.unlisten(l) }
 }
 
-// move gives back, in one round trip, the bookings of the sleepers which selects, the
-// latest first so that a token bucket gets back all they took; once this process's
-// hold is over, it books them again in one round trip, in their order, but those whose
-// callers left meanwhile. A sleeper's caller that leaves during the move waits, through
-// leave, for the move's give-back or its new booking: the move's calls wait for no
-// give-back of its own sleepers (givingBack), only, before booking again, for those
-// under way before.
+// move gives back, in one round trip, the bookings of the sleepers which selects, now
+// and, once they land, among those of the bookings in flight now (see fly), the latest
+// first so that a token bucket gets back all they took; once this process's hold is
+// over, it books them again in one round trip, in their order, but those whose callers
+// left meanwhile. (A booking still behind a resumed pause when the move books again
+// would queue them all behind it.) A sleeper's caller that leaves during the move
+// waits, through leave, for the move's give-back or its new booking: the move's calls
+// wait for no give-back of its own sleepers (givingBack), only, before booking again,
+// for those under way before.
 func (ks *keyState) move(which func(*sleeper) bool) {
-	ks.mu.Lock()
-	var ss []*sleeper
 	backed := make(chan struct{})
-	for s := range ks.sleepers {
-		if !s.g.local && which(s) { // a local grant is not Redis's to move
-			s.back = backed
-			s.stage.Store(moving)
-			ss = append(ss, s)
-			delete(ks.sleepers, s)
+	take := func(which func(*sleeper) bool) (ss []*sleeper) { // ks.mu held
+		for s := range ks.sleepers {
+			if !s.g.local && which(s) { // a local grant is not Redis's to move
+				s.back = backed
+				s.stage.Store(moving)
+				ss = append(ss, s)
+				delete(ks.sleepers, s)
+			}
 		}
+		return ss
 	}
+	ks.mu.Lock()
+	ss := take(which)
+	flying := slices.Clone(ks.flying)
 	ks.mu.Unlock()
-	if len(ss) == 0 {
+	if len(ss) == 0 && len(flying) == 0 {
 		return
 	}
-	slices.SortFunc(ss, func(a, b *sleeper) int { return cmp.Compare(a.g.token, b.g.token) })
 	go func() {
+		if len(flying) > 0 {
+			for _, c := range flying {
+				<-c
+			}
+			ks.mu.Lock()
+			ss = append(ss, take(func(s *sleeper) bool { return slices.Contains(flying, s.from) && which(s) })...)
+			ks.mu.Unlock()
+			if len(ss) == 0 {
+				return
+			}
+		}
+		slices.SortFunc(ss, func(a, b *sleeper) int { return cmp.Compare(a.g.token, b.g.token) })
 		back := make([]*request, len(ss))
 		var timeout time.Duration
 		for i, s := range ss {
@@ -235,6 +290,7 @@ func (ks *keyState) move(which func(*sleeper) bool) {
 		ks.settle(context.Background(), time.Now().Add(timeout))
 		var again []*request
 		var booked []*sleeper
+		var froms []chan struct{}
 		for _, s := range ss {
 			if !s.stage.CompareAndSwap(moving, rebooking) { // its caller left
 				continue
@@ -245,6 +301,7 @@ func (ks *keyState) move(which func(*sleeper) bool) {
 			// not cut short by its caller leaving: the leave waits for its reply
 			again = append(again, &request{ctx: givingBack(s.ctx), t: s.l.t, ks: ks, call: call, late: s.l.late(s.n), timeout: s.l.timeout})
 			booked = append(booked, s)
+			froms = append(froms, ks.fly())
 		}
 		if len(again) == 0 {
 			return
@@ -254,7 +311,7 @@ func (ks *keyState) move(which func(*sleeper) bool) {
 			if res.err == nil {
 				booked[i].l.report(booked[i].n, g)
 			}
-			booked[i].moved <- moved{g, res.err, seen}
+			booked[i].moved <- moved{g, res.err, seen, froms[i]}
 		}
 	}()
 }
