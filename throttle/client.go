@@ -233,15 +233,18 @@ func (ks *keyState) leave(giveBack func()) {
 	}()
 }
 
-// settle waits until the give-backs leave started before it have returned, or ctx
-// ends (false), or until at.
+// settle waits until the give-backs leave started before it have returned (before
+// the flight of a WaitN's booking: fly), or ctx ends (false), or until at.
 func (ks *keyState) settle(ctx context.Context, at time.Time) bool {
 	if ks.nleaving.Load() == 0 || ctx.Value(givingBackKey{}) != nil { // a give-back does not wait for another
 		return true
 	}
-	ks.mu.Lock()
-	pending := slices.Clone(ks.leaving)
-	ks.mu.Unlock()
+	pending, flight := ctx.Value(flightKey{}).([]chan struct{})
+	if !flight {
+		ks.mu.Lock()
+		pending = slices.Clone(ks.leaving)
+		ks.mu.Unlock()
+	}
 	t := time.NewTimer(time.Until(at))
 	defer t.Stop()
 	for _, done := range pending {

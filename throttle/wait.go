@@ -54,8 +54,8 @@ func (l *Limiter) waitN(ctx context.Context, n int) (grant, error) {
 			return grant{}, err
 		}
 		waited = waited || held
-		from := ks.fly()
-		g, err = l.acquire(ctx, n, clock.MaxWait(ctx), nil, ticket, true)
+		fctx, from := ks.fly(ctx)
+		g, err = l.acquire(fctx, n, clock.MaxWait(ctx), nil, ticket, true)
 		if err != nil || !g.granted || g.wait <= 0 {
 			ks.land(from)
 		}
@@ -197,14 +197,19 @@ func (ks *keyState) enter(s *sleeper, seen int64, from chan struct{}) bool {
 // takes the sleepers of the bookings in flight as it starts once they land: a booking
 // sent before a pause or a resume reached Redis may come back after its notice or
 // reply was handled, still where the pause put it or before the pause; sent after, it
-// was booked knowing it.
-func (ks *keyState) fly() chan struct{} {
+// was booked knowing it. The booking's calls go under the ctx returned: they wait
+// (settle) only for the give-backs begun before the flight, not for those of callers
+// that left while it was on its way, which may wait for a move that waits for it.
+func (ks *keyState) fly(ctx context.Context) (context.Context, chan struct{}) {
 	c := make(chan struct{})
 	ks.mu.Lock()
 	ks.flying = append(ks.flying, c)
+	before := slices.Clone(ks.leaving)
 	ks.mu.Unlock()
-	return c
+	return context.WithValue(ctx, flightKey{}, before), c
 }
+
+type flightKey struct{}
 
 // land ends the flight c.
 func (ks *keyState) land(c chan struct{}) {
@@ -301,7 +306,8 @@ func (ks *keyState) move(which func(*sleeper) bool) {
 			// not cut short by its caller leaving: the leave waits for its reply
 			again = append(again, &request{ctx: givingBack(s.ctx), t: s.l.t, ks: ks, call: call, late: s.l.late(s.n), timeout: s.l.timeout})
 			booked = append(booked, s)
-			froms = append(froms, ks.fly())
+			_, from := ks.fly(s.ctx) // (its calls, givingBack, wait for no give-back)
+			froms = append(froms, from)
 		}
 		if len(again) == 0 {
 			return
