@@ -18,11 +18,16 @@ func (c *config) concurrency(sem *throttle.Semaphore) *Middleware {
 		if err != nil {
 			return err
 		}
-		if err := slot.take(ctx); err != nil {
-			_ = lease.Release(context.WithoutCancel(ctx))
-			return err
-		}
-		return lease.Hold(ctx, doInner)
+		// The lease is held, and renewed, while the job waits for a run slot too: that
+		// wait has no bound (the queue's other jobs run as long as they run), and a lease
+		// left to expire meanwhile would free the semaphore's slot to another holder
+		// before this job runs, and have it cancelled as lost once it did.
+		return lease.Hold(ctx, func(ctx context.Context) error {
+			if err := slot.take(ctx); err != nil {
+				return err
+			}
+			return doInner(ctx)
+		})
 	})
 }
 

@@ -164,3 +164,77 @@ func TestConcurrencyHoldsAcrossRescue(t *testing.T) {
 		t.Errorf("%d attempts ran at once, semaphore of 1", m)
 	}
 }
+
+// A job that has its lease but waits for a run slot (its queue's MaxWorkers all
+// running) keeps the lease renewed meanwhile: a wait longer than the lease TTL neither
+// frees its slot of the semaphore to another holder while it is still to run, nor
+// has the job cancelled for a lost lease once it runs.
+func TestConcurrencyLeaseKeptWhileWaitingForARunSlot(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *redistest.Backend) {
+		f := newFleet(t, b)
+		const ttl = 2 * time.Second
+		var lost atomic.Int64
+		sem, err := throttle.NewSemaphore(f.b.Client, "runslot", 2, throttle.WithKeyPrefix(f.b.Prefix), throttle.WithLeaseTTL(ttl),
+			throttle.WithSemaphoreHooks(throttle.SemaphoreHooks{LeaseLost: func(string) { lost.Add(1) }}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		runs := newRunLog()
+		release := make(chan struct{})
+		var first atomic.Bool
+		var cancelled atomic.Int64
+		// one run slot: the first job holds it until released, the second waits for it
+		// holding the semaphore's other slot
+		f.semClient(sem, &river.Config{Queues: map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 1}}}, rivermw.Hooks{},
+			func(ctx context.Context, j *river.Job[throttledArgs]) error {
+				runs.add(j.ID, time.Now())
+				if first.CompareAndSwap(false, true) {
+					<-release
+					return nil
+				}
+				if ctx.Err() != nil {
+					cancelled.Add(1)
+				}
+				return ctx.Err()
+			})
+		if _, err := f.client.InsertMany(context.Background(), []river.InsertManyParams{{Args: throttledArgs{N: 0}}, {Args: throttledArgs{N: 1}}}); err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			select {
+			case <-release:
+			default:
+				close(release)
+			}
+		}()
+		held := func() int {
+			t.Helper()
+			st, err := sem.Inspect(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			return st.Held
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for !first.Load() || held() < 2 {
+			if time.Now().After(deadline) {
+				t.Fatalf("the second job did not take its lease (first started %v, held %d)", first.Load(), held())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		// past the second job's lease TTL, unrenewed it would have expired
+		for end := time.Now().Add(ttl * 3 / 2); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+			if n := held(); n < 2 {
+				t.Fatalf("%d lease(s) held while the second job waits for a run slot, want 2: its lease expired before it ran", n)
+			}
+		}
+		close(release)
+		jobs := f.waitDone(2, time.Minute)
+		f.stop()
+		checkRanOnce(t, jobs)
+		runs.checkOnce(t, jobs)
+		if n := lost.Load(); n != 0 || cancelled.Load() != 0 {
+			t.Errorf("%d lease(s) lost, %d job(s) cancelled; want none", n, cancelled.Load())
+		}
+	})
+}
