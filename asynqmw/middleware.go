@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -235,7 +236,7 @@ type attempt struct {
 	// id is the task's ID; outside an asynq server, a random one.
 	id string
 	// booking is the ID the task's booking and its place in a semaphore's queue are
-	// recorded under: a copy's (see requeue) is the original's.
+	// recorded under (see bookingID): a copy's (see requeue) is the original's.
 	booking string
 	// copy reports whether the task is a last attempt's copy (see requeue).
 	copy bool
@@ -272,6 +273,9 @@ func (c *config) attempt(ctx context.Context, t *asynq.Task) attempt {
 		c.sh.notConfigured()
 	}
 	a.id, a.booking = id, id
+	if queue, ok := asynq.GetQueueName(ctx); ok {
+		a.booking = bookingID(queue, id)
+	}
 	if of, ok := t.Headers()[copyOf]; ok && of != "" {
 		a.booking, a.copy = of, true
 	}
@@ -296,6 +300,14 @@ func (c *config) attempt(ctx context.Context, t *asynq.Task) attempt {
 // neverSleeps reports whether the task may not sleep in its worker: a last attempt on
 // a configured server (see Throttle).
 func (a attempt) neverSleeps() bool { return a.final && a.handBack }
+
+// bookingID is the booking ID of the task id of queue: asynq keeps a task ID unique
+// within its queue only, and two tasks of one ID in two queues must not share a
+// booking (both would run on one permit) nor a place in a semaphore's queue. The
+// queue's length makes the form unambiguous (a queue name may hold a colon).
+func bookingID(queue, id string) string {
+	return "asynq:" + strconv.Itoa(len(queue)) + ":" + queue + ":" + id
+}
 
 // randomID is the ID a task outside an asynq server books under.
 func randomID() string {

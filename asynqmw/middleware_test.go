@@ -727,3 +727,50 @@ func TestTaskCostsSettledByTheHandler(t *testing.T) {
 		}
 	})
 }
+
+// Two tasks of the same ID in two queues (asynq keeps a task ID unique within its
+// queue only) are two tasks to the limiter: each books a permit of its own, and their
+// handlers start a period apart, not both on the first one's booking.
+func TestSameTaskIDInTwoQueues(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *redistest.Backend) {
+		f := newFleet(t, b)
+		other := f.queue + "-b"
+		t.Cleanup(func() { _ = f.insp.DeleteQueue(other, true) })
+		lim := f.limiter("same-id", throttle.Limit{Rate: 1, Period: 3 * time.Second})
+		var (
+			mu     sync.Mutex
+			starts []time.Time
+		)
+		jt := asynqmw.New(b.Client, asynqmw.WithHooks(asynqmw.Hooks{
+			Started: func(_ context.Context, _ *asynq.Task, at time.Time) {
+				mu.Lock()
+				starts = append(starts, at)
+				mu.Unlock()
+			},
+		}))
+		// the next permit 3s ahead: each task is handed back, booked
+		book(t, lim, 1)
+		cfg := f.serverConfig(4)
+		cfg.Queues = map[string]int{f.queue: 1, other: 1}
+		f.start(jt.Config(cfg), f.handler(nil), jt.Throttle(lim))
+		f.enqueue("a", asynq.TaskID("same"))
+		f.enqueue("b", asynq.TaskID("same"), asynq.Queue(other))
+		deadline := time.Now().Add(idleLimit)
+		for {
+			mu.Lock()
+			n := len(starts)
+			mu.Unlock()
+			if n == 2 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d of 2 tasks started after %v", n, idleLimit)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		f.stop()
+		if gap := starts[1].Sub(starts[0]); gap < 3*time.Second {
+			t.Errorf("the tasks of ID %q in two queues started %v apart, limit 1 per 3s: both ran on one booking", "same", gap)
+		}
+	})
+}
