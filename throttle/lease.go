@@ -77,7 +77,8 @@ func (l *Lease) Release(ctx context.Context) error {
 }
 
 // renew makes the call op (semExtend or semRelease) for a held lease, or for a local one
-// gives it ttl more (0: frees it); a lease found expired is lost. The caller holds l.mu.
+// gives it ttl more (0: frees it), keeping the key's state (its share) that long; a lease
+// found expired is lost. The caller holds l.mu.
 func (l *Lease) renew(ctx context.Context, op int, ttl time.Duration) error {
 	if err := l.gone(); err != nil {
 		return err
@@ -85,7 +86,9 @@ func (l *Lease) renew(ctx context.Context, op int, ttl time.Duration) error {
 	var r semReply
 	var err error
 	if l.local {
-		r.ok = l.s.local().renew(clock.Now(), l.id, ttl)
+		if r.ok = l.s.local().renew(clock.Now(), l.id, ttl); r.ok && ttl > 0 {
+			l.s.client().key(l.s.t.tag).keepFor(ttl) // as at its grant (degraded): until then
+		}
 	} else if r, err = l.s.call(ctx, op, l.id, "", false, false); err != nil {
 		return err
 	}

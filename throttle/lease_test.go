@@ -453,3 +453,48 @@ func TestLeaseRetryWaitsForTheAbandonedHandler(t *testing.T) {
 		}
 	})
 }
+
+// A lease FailLocal granted is kept in the process for as long as it lives: extended
+// locally after the key's state stopped mattering by the grant alone (its TTL and the
+// breaker's quiet time over, by the real clock), the client's sweeps still keep it, so
+// another caller of the process finds the share taken and the lease's Release frees it.
+// (Before, the sweep forgot the key with the lease in it: a second lease beyond the
+// share of 1, and the first one's Release or Hold's next extension ErrLeaseLost.) The
+// Go side's clock stands, so the local leases never lapse; a round whose sweeps come a
+// whole TTL after the extension (a busy machine) proves nothing and goes again.
+func TestLeaseLocalKeptThroughTheSweep(t *testing.T) {
+	setGoClock(t, stillClock{redistest.Epoch})
+	ctx := context.Background()
+	const ttl = 500 * ms
+	for round := 0; ; round++ {
+		if round == 20 {
+			t.Fatalf("20 rounds whose sweeps came %v after the extension", ttl)
+		}
+		s, err := NewSemaphore(downClient(t), "swept", 1, WithFailurePolicy(FailLocal(1)), WithLeaseTTL(ttl))
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := mustTry(t, s)
+		c := s.client()
+		sendEventually(t, signalWait, "the key's state idle by the grant alone", func() bool {
+			v, ok := c.keys.Load(s.t.tag)
+			return ok && v.(*keyState).idle(time.Now())
+		})
+		extended := time.Now()
+		if err := a.Extend(ctx); err != nil {
+			t.Fatalf("Extend of the local lease: %v", err)
+		}
+		sendSweep(c)
+		sendSweep(c)
+		if time.Since(extended) >= ttl {
+			continue
+		}
+		if b, _, err := s.TryAcquire(ctx); err != nil || b != nil {
+			t.Fatalf("TryAcquire after the sweeps: %v, %v; want none (the share of 1 is the live local lease's)", b, err)
+		}
+		if err := a.Release(ctx); err != nil {
+			t.Fatalf("Release of the live local lease after the sweeps: %v, want nil", err)
+		}
+		return
+	}
+}
