@@ -18,7 +18,7 @@ type Lease struct {
 	mu      sync.Mutex
 	state   leaseState
 	granted time.Time // by the Semaphore's clock
-	renewed time.Time // when it was granted or last extended, by the Semaphore's clock
+	renewed time.Time // when it was granted, or its last extension sent, by the Semaphore's clock
 	local   bool      // granted without Redis by the failure policy: kept in the process
 	// reported: the LeaseLost hook ran for this lease (once per lease)
 	reported bool
@@ -47,10 +47,11 @@ func (l *Lease) ID() string { return l.id }
 func (l *Lease) Extend(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	sent := clock.Now() // the server renews it from a time after this
 	if err := l.renew(ctx, semExtend, l.s.ttl); err != nil {
 		return err
 	}
-	l.renewed = clock.Now()
+	l.renewed = sent
 	return nil
 }
 
@@ -160,38 +161,50 @@ func (l *Lease) Hold(ctx context.Context, fn func(ctx context.Context) error) er
 }
 
 // keepAlive extends the lease every TTL/3 until done is closed or the lease is lost
-// (cancelling the holder's context), then closes stopped.
+// (cancelling the holder's context), then closes stopped. Without a successful
+// extension, the lease is lost a whole TTL after the last one was sent: its ticks and
+// its extensions' bounds end there, so that fn never runs past a lapsed lease.
 func (l *Lease) keepAlive(ctx context.Context, done <-chan struct{}, stopped chan<- struct{}, cancel context.CancelCauseFunc) {
 	defer close(stopped)
 	ttl := l.s.ttl
 	every := max(ttl/3, time.Microsecond)
+	var err error // the last extension's
 	for {
-		t := clock.NewTimer(every)
-		select {
-		case <-done:
-			t.Stop()
+		left := l.left()
+		if left > 0 {
+			t := clock.NewTimer(min(every, left))
+			select {
+			case <-done:
+				t.Stop()
+				return
+			case <-t.C():
+			}
+			left = l.left()
+		}
+		if left <= 0 {
+			l.mu.Lock()
+			l.reportLost()
+			l.mu.Unlock()
+			lost := fmt.Errorf("%w: lease %s of key %q not renewed for %v", ErrLeaseLost, l.id, l.s.key, ttl-left)
+			if err != nil {
+				lost = fmt.Errorf("%w: %w", lost, err)
+			}
+			cancel(lost)
 			return
-		case <-t.C():
 		}
-		ectx, stop := context.WithTimeout(context.WithoutCancel(ctx), every)
-		err := l.Extend(ectx)
+		ectx, stop := context.WithTimeout(context.WithoutCancel(ctx), min(every, left))
+		err = l.Extend(ectx)
 		stop()
-		if err == nil {
-			continue
-		}
 		if errors.Is(err, ErrLeaseLost) {
 			cancel(err)
 			return
 		}
-		l.mu.Lock()
-		since := clock.Now().Sub(l.renewed)
-		if since >= ttl {
-			l.reportLost()
-		}
-		l.mu.Unlock()
-		if since >= ttl {
-			cancel(fmt.Errorf("%w: lease %s of key %q not renewed for %v: %w", ErrLeaseLost, l.id, l.s.key, since, err))
-			return
-		}
 	}
+}
+
+// left returns how long the lease lives unless renewed, by the Semaphore's clock.
+func (l *Lease) left() time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.s.ttl - clock.Now().Sub(l.renewed)
 }

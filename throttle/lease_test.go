@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"regexp"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -496,5 +497,107 @@ func TestLeaseLocalKeptThroughTheSweep(t *testing.T) {
 			t.Fatalf("Release of the live local lease after the sweeps: %v, want nil", err)
 		}
 		return
+	}
+}
+
+// heldReply holds the reply of the next script call once armed, until released: a
+// renewal that ran on the server and answers late.
+type heldReply struct {
+	armed         atomic.Bool
+	ran, released chan struct{}
+}
+
+func (h *heldReply) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *heldReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		h.hold()
+		return err
+	}
+}
+
+func (h *heldReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		h.hold()
+		return err
+	}
+}
+
+func (h *heldReply) hold() {
+	if h.armed.CompareAndSwap(true, false) {
+		close(h.ran)
+		<-h.released
+	}
+}
+
+// Hold cancels fn's context once the lease may have lapsed: a whole TTL after the last
+// renewal that succeeded was sent, not after its reply came, and at that time, not at
+// the next of the TTL/3 ticks. The renewal at t0+3s runs on the server (the lease now
+// expires at t0+12s) but answers at t0+5s; Redis then refuses every call. fn's context
+// must be cancelled by t0+12s on the Go side's clock (the test steps it and the server's
+// together); before, Hold counted the TTL from the reply and cancelled at its next tick,
+// t0+14s, two seconds in which fn ran without the lease and its slot could be another's.
+func TestLeaseHoldCancelsWhenTheLeaseLapses(t *testing.T) {
+	b := redistest.NewMini(t)
+	ctx := context.Background()
+	tl := newTimeline(t, b)
+	clk := newStepClock(tl)
+	setGoClock(t, clk)
+	var h leaseHooks
+	const ttl = 9 * time.Second
+	s := tl.semaphore("lapse", 1, WithLeaseTTL(ttl), WithSemaphoreHooks(h.hooks()))
+	late := &heldReply{ran: make(chan struct{}), released: make(chan struct{})}
+	b.Client.AddHook(late)
+	defer b.SetError("")
+	l := mustTry(t, s)
+	expiry := redistest.Epoch.Add(3*time.Second + ttl)
+	var cancelledAt time.Time
+	err := l.Hold(ctx, func(ctx context.Context) error {
+		tm := clk.pending(t)
+		clk.mu.Lock()
+		clk.now = tm.at
+		clk.mu.Unlock()
+		tl.at(tm.at.Sub(redistest.Epoch))
+		late.armed.Store(true)
+		tm.c <- tm.at // t0+3s: the renewal runs; its reply is held
+		select {
+		case <-late.ran:
+		case <-time.After(signalWait):
+			return fmt.Errorf("no renewal within %v", signalWait)
+		}
+		if score, err := b.Client.ZScore(ctx, s.t.keys[0], l.ID()).Result(); err != nil || int64(score) != expiry.UnixMicro() {
+			return fmt.Errorf("lease expiry after the renewal: %v, %v; want t0+12s", score, err)
+		}
+		clk.fire(&stepTimer{at: redistest.Epoch.Add(5 * time.Second), c: make(chan time.Time, 1)}) // the reply comes at t0+5s
+		b.SetError("LOADING Redis is loading the dataset in memory")
+		close(late.released)
+		for {
+			select {
+			case <-ctx.Done():
+				cancelledAt = clk.Now()
+				return nil
+			case tm := <-clk.timers:
+				if tm.at.After(expiry) {
+					return fmt.Errorf("next renewal set for t0+%v, after the lease lapsed (t0+12s), fn's context live", tm.at.Sub(redistest.Epoch))
+				}
+				clk.mu.Lock() // the Go side's only: Redis refuses the server clock's setting too
+				clk.now = tm.at
+				clk.mu.Unlock()
+				tm.c <- tm.at
+			case <-time.After(signalWait):
+				return fmt.Errorf("neither a cancel nor a renewal within %v", signalWait)
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cancelledAt.After(expiry) || cancelledAt.Before(expiry) {
+		t.Fatalf("fn's context cancelled at t0+%v, want t0+12s, when the lease lapsed", cancelledAt.Sub(redistest.Epoch))
+	}
+	if _, lost := h.counts(); lost != 1 {
+		t.Fatalf("LeaseLost %d times, want once", lost)
 	}
 }
