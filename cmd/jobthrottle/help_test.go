@@ -89,6 +89,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"weight", "k", "acme", "heavy", "10m"}, `weight k acme: "heavy" is not a positive number (e.g. 3, 0.5)`},
 		{[]string{"weight", "k", "acme", "0", "10m"}, `weight k acme: "0" is not a positive number`},
 		{[]string{"weight", "k", "acme", "-2", "10m"}, `weight k acme: "-2" is not a positive number`},
+		{[]string{"weight", "k", "acme", "2000000", "10m"}, "weight k acme: 2000000 is not a weight from 0.000001 to 1000000"},
+		{[]string{"weight", "k", "acme", "0.0000001", "10m"}, "weight k acme: 0.0000001 is not a weight from 0.000001 to 1000000"},
 		{[]string{"weight", "k", "acme", "3", "-1m"}, `weight k acme: "-1m" is not a positive duration: the weight lasts that long from now (e.g. 10m, 24h); 'jobthrottle weight k acme clear' ends it`},
 		{[]string{"weight", "k", "ten\n7", "3", "soon"}, `weight k "ten\n7": "soon" is not a positive duration`},
 		{[]string{"weight", "k", "", "clear"}, "weight k: tenant name of 0 bytes, want 1 to 256"},

@@ -15,6 +15,7 @@ import (
 	"unicode"
 
 	"github.com/jobthrottle/jobthrottle/internal/keys"
+	"github.com/jobthrottle/jobthrottle/internal/protocol"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/redis/go-redis/v9"
 )
@@ -641,6 +642,10 @@ func parseWeight(o *options) error {
 	w, err := strconv.ParseFloat(o.args[2], 64)
 	if err != nil || !(w > 0) || math.IsInf(w, 0) {
 		return usagef("weight", "weight %s %s: %q is not a positive number (e.g. 3, 0.5)", keyText(key), keyText(tenant), o.args[2])
+	}
+	if w < protocol.MinWeight || w > protocol.MaxWeight {
+		return usagef("weight", "weight %s %s: %s is not a weight from %s to %s", keyText(key), keyText(tenant), o.args[2],
+			strconv.FormatFloat(protocol.MinWeight, 'f', -1, 64), strconv.FormatFloat(protocol.MaxWeight, 'f', -1, 64))
 	}
 	d, err := time.ParseDuration(o.args[3])
 	if err != nil || d <= 0 {
