@@ -178,17 +178,17 @@ func headText(text string, long bool) string {
 	return strings.Join(parts, ", ")
 }
 
-// overrideText is an override's rates: with the periods of the key's limits (as
-// given, or as recorded) when they are known, RATE/PERIOD[:BURST] (long: "5 per 1s");
+// overrideText is an override's rates: with the periods and units of the key's limits
+// (as given, or as recorded) when they are known, RATE/PERIOD[:BURST] (long: "5 per 1s");
 // else "rate 5".
 func overrideText(o *keys.Override, code []keys.Limit, long bool) string {
 	parts := make([]string, len(o.Rates))
 	for i, r := range o.Rates {
 		switch {
 		case i < len(code) && long:
-			parts[i] = throttle.Limit{Rate: r.Rate, Period: code[i].Period, Burst: r.Burst}.String()
+			parts[i] = throttle.Limit{Rate: r.Rate, Period: code[i].Period, Burst: r.Burst, Unit: code[i].Unit}.String()
 		case i < len(code):
-			parts[i] = limitsText([]throttle.Limit{{Rate: r.Rate, Period: code[i].Period, Burst: r.Burst}})
+			parts[i] = limitsText([]throttle.Limit{{Rate: r.Rate, Period: code[i].Period, Burst: r.Burst, Unit: code[i].Unit}})
 		case r.Burst != 0:
 			parts[i] = fmt.Sprintf("rate %d (burst %d)", r.Rate, r.Burst)
 		default:
@@ -515,8 +515,8 @@ func (t *tool) set(ctx context.Context) error {
 	}
 	parts := make([]string, len(limits))
 	for i, l := range limits {
-		if l.Period == 0 && i < len(code) {
-			l.Period = code[i].Period
+		if checked { // the rate is of the key's limit: of its unit
+			l.Unit = code[i].Unit
 		}
 		parts[i] = l.String()
 		if checked && (l.Rate != code[i].Rate || l.Burst != code[i].Burst) {

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/throttle"
@@ -177,5 +178,30 @@ func TestWeightInTmux(t *testing.T) {
 		screen = run(cmd + "weight vendor-api 'acme corp' clear")
 		mustContain(t, "weight clear again", screen, `vendor-api: tenant "acme corp" had no operator's weight`)
 		t.Logf("tmux screen:\n%s", strings.TrimRight(screen, "\n"))
+	})
+}
+
+// An override of a limiter of calls and tokens names each rate's unit wherever the
+// command prints it: set's line, ls's OVERRIDE column and unset's line say that the
+// 50000 a minute are tokens, not calls.
+func TestOverrideUnits(t *testing.T) {
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		lim, err := throttle.New(b.Client, "llm", throttle.PerMinute(600), throttle.WithKeyPrefix(b.Prefix),
+			throttle.WithLimits(throttle.Limit{Rate: 100000, Period: time.Minute, Unit: "tokens"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := lim.Allow(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		code, out, errs := cli(t, b, "", "set", "-for", "1h", "llm", "600/1m", "50000/1m")
+		if code != 0 {
+			t.Fatalf("set: status %d: %s", code, errs)
+		}
+		mustContain(t, "set", out, "every process now enforces 600 per 1m0s, 50000 tokens per 1m0s in place of 100000 tokens per 1m0s, for 1h0m0s")
+		_, out, _ = cli(t, b, "", "ls")
+		mustMatch(t, "ls", out, `\nllm +SlidingWindow +- +600/1m0s, 50000 tokens/1m0s, [\d.hm]+s more +600/1m0s,100000 tokens/1m0s\n`)
+		_, out, _ = cli(t, b, "", "unset", "llm")
+		mustMatch(t, "unset", out, `^llm: removed the override \(600 per 1m0s, 50000 tokens per 1m0s, [\d.hm]+s left\)`)
 	})
 }
