@@ -376,11 +376,14 @@ func (l *Limiter) report(n int, g grant) {
 func (l *Limiter) giveBack(ctx context.Context, n int, g grant) error {
 	ks := l.client().key(l.t.tag)
 	if g.local {
-		for _, lg := range l.localLogs(ks) {
-			if m := l.need(lg.unit, n); m > 0 {
-				lg.cancel(clock.Now().UnixMicro(), g.token, m)
+		now := clock.Now().UnixMicro()
+		l.withLocalLogs(ks, now, func(logs []*localLog) {
+			for _, lg := range logs {
+				if m := l.need(lg.unit, n); m > 0 {
+					lg.cancel(now, g.token, m)
+				}
 			}
-		}
+		})
 		return nil
 	}
 	x := g.token

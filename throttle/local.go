@@ -142,17 +142,25 @@ func (g *localLog) cancel(now, token int64, n int) bool {
 // come; one whose grants no window counts any more goes when more than localCapsSweep
 // are kept.
 type localCaps struct {
-	mu      sync.Mutex
+	mu      sync.Mutex // held while a tenant's logs are used (with), so the sweep waits
 	make    func() []*localLog
 	tenants map[string][]*localLog
 }
 
 const localCapsSweep = 1024
 
-// of returns tenant's logs.
-func (c *localCaps) of(tenant string, now int64) []*localLog {
+// with calls f with tenant's logs at now (µs), holding c.mu: a sweep cannot forget them
+// between f finding them idle and booking in them, which would leave the booking in
+// logs the tenant's next call no longer finds. Every local decision on the key locks
+// the limits' logs too, so holding c.mu meanwhile serializes nothing more.
+func (c *localCaps) with(tenant string, now int64, f func([]*localLog)) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	f(c.of(tenant, now))
+}
+
+// of returns tenant's logs (c.mu held).
+func (c *localCaps) of(tenant string, now int64) []*localLog {
 	g := c.tenants[tenant]
 	if g == nil {
 		if len(c.tenants) >= localCapsSweep {

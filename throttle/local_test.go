@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"math/rand"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/internal/clock"
 	"github.com/jobthrottle/jobthrottle/internal/protocol"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 )
@@ -336,5 +338,105 @@ func TestLocalCapsForgetIdleTenants(t *testing.T) {
 	}
 	if g := acquireLocal(now, one, 0, c.of("t0", now)...); g.granted {
 		t.Fatalf("t0's fourth permit within a second: %+v, want denied (its share of 2 a second)", g)
+	}
+}
+
+// gateClock stands still at now and, once armed, stops the k-th reading of it until
+// released: a test pauses a call at that reading (entered says it is there).
+type gateClock struct {
+	now     time.Time
+	mu      sync.Mutex
+	k       int // readings to go until the stop; 0: unarmed
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (c *gateClock) Now() time.Time {
+	c.mu.Lock()
+	stop := c.k > 0
+	if stop {
+		c.k--
+		stop = c.k == 0
+	}
+	c.mu.Unlock()
+	if stop {
+		close(c.entered)
+		<-c.release
+	}
+	return c.now
+}
+
+func (c *gateClock) NewTimer(d time.Duration) clock.Timer { return clock.System.NewTimer(d) }
+
+func (c *gateClock) arm(k int) {
+	c.mu.Lock()
+	c.k, c.entered, c.release = k, make(chan struct{}), make(chan struct{})
+	c.mu.Unlock()
+}
+
+func (c *gateClock) disarm() {
+	c.mu.Lock()
+	c.k = 0
+	c.mu.Unlock()
+}
+
+// A tenant's local grant stays in its share of the caps while a new tenant's call sweeps
+// the idle ones: the sweep cannot forget the record a decision has found and is about
+// to book in, so the tenant's next call finds the grant. Here the tenant's call is
+// stopped at its second clock reading, which came between finding its record and
+// booking in it, while the new tenant's call sweeps; before, the grant went into a
+// record nobody kept, and the tenant's next call, on a fresh one, was granted too: two
+// in a second under a share of 1 a second.
+func TestLocalCapsSweepKeepsARecordInUse(t *testing.T) {
+	gc := &gateClock{now: redistest.Epoch}
+	setGoClock(t, gc)
+	ctx := context.Background()
+	l, err := New(downClient(t), "local-caps-sweep", PerSecond(100_000), WithTenantLimits(PerSecond(1)),
+		WithFailurePolicy(FailLocal(1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	allow := func(name string) bool {
+		t.Helper()
+		r, err := l.Tenant(name).Allow(ctx)
+		if err != nil {
+			t.Fatalf("tenant %s: %v", name, err)
+		}
+		return r.Allowed
+	}
+	for i := range localCapsSweep {
+		if !allow(fmt.Sprintf("t%d", i)) {
+			t.Fatalf("tenant t%d's first permit denied", i)
+		}
+	}
+	gc.now = gc.now.Add(2 * time.Second) // every tenant idle: its permit left its window
+	gc.arm(2)
+	first := make(chan bool)
+	go func() {
+		r, err := l.Tenant("t0").Allow(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		first <- r.Allowed
+	}()
+	var granted, stopped bool
+	select {
+	case <-gc.entered: // stopped in its decision
+		stopped = true
+	case granted = <-first: // decided without stopping there
+	}
+	gc.disarm()
+	if !allow("new") { // more than localCapsSweep tenants: sweeps the idle ones
+		t.Fatal("the new tenant's first permit denied")
+	}
+	close(gc.release)
+	if stopped {
+		granted = <-first
+	}
+	if !granted {
+		t.Fatal("t0's permit, 2s after its last, denied")
+	}
+	if allow("t0") {
+		t.Fatal("t0 granted a second permit within a second: its share of its cap is 1 a second")
 	}
 }

@@ -135,14 +135,15 @@ func (b *breaker) idle(now time.Time) bool {
 	return b.downUntil.Before(now)
 }
 
-// localLogs returns FailLocal's shares: of the limits, and a tenant's of its caps.
-func (l *Limiter) localLogs(ks *keyState) []*localLog {
+// withLocalLogs calls f with FailLocal's shares at now (µs): of the limits, and a
+// tenant's of its caps, which are kept while f runs (localCaps.with).
+func (l *Limiter) withLocalLogs(ks *keyState, now int64, f func(logs []*localLog)) {
 	cs := l.configState(ks)
-	logs := slices.Clip(cs.local)
-	if l.tenant != nil && cs.caps != nil {
-		logs = append(logs, cs.caps.of(l.tenant.name, clock.Now().UnixMicro())...)
+	if l.tenant == nil || cs.caps == nil {
+		f(cs.local)
+		return
 	}
-	return logs
+	cs.caps.with(l.tenant.name, now, func(caps []*localLog) { f(append(slices.Clip(cs.local), caps...)) })
 }
 
 // need returns what a call of n takes from the limits of unit.
@@ -168,16 +169,24 @@ func (p FailurePolicy) degrades(err error) bool {
 func (l *Limiter) degraded(ks *keyState, n int, maxWait int64, cause error) (grant, error) {
 	g := grant{granted: true, local: true} // FailOpen's
 	if l.policy.mode == failLocal {
-		logs, span := l.localLogs(ks), time.Duration(0)
-		for _, lg := range logs {
-			if m := l.need(lg.unit, n); m > lg.maxN {
-				return grant{}, fmt.Errorf("%w (n=%d is above this process's share %d)", cause, m, lg.maxN)
+		var err error
+		now := clock.Now().UnixMicro()
+		l.withLocalLogs(ks, now, func(logs []*localLog) {
+			span := time.Duration(0)
+			for _, lg := range logs {
+				if m := l.need(lg.unit, n); m > lg.maxN {
+					err = fmt.Errorf("%w (n=%d is above this process's share %d)", cause, m, lg.maxN)
+					return
+				}
+				span = max(span, lg.span)
 			}
-			span = max(span, lg.span)
-		}
-		g = acquireLocal(clock.Now().UnixMicro(), func(unit string) int { return l.need(unit, n) }, maxWait, logs...)
-		if g.granted && g.token != 0 {
-			ks.keepFor(g.wait + span) // the grant counts in the shares until then
+			g = acquireLocal(now, func(unit string) int { return l.need(unit, n) }, maxWait, logs...)
+			if g.granted && g.token != 0 {
+				ks.keepFor(g.wait + span) // the grant counts in the shares until then
+			}
+		})
+		if err != nil {
+			return grant{}, err
 		}
 	}
 	if l.hooks.Degraded != nil {
