@@ -76,10 +76,13 @@ var algorithms = [...]algorithm{
 		maxN: func(l Limit) int { return l.burst() },
 		// a full burst takes burst/rate periods to come back
 		counted: func(l Limit) time.Duration { return l.Period * time.Duration(max(1, (l.burst()+l.Rate-1)/l.Rate)) },
-		// burst permits per the time the share of the rate takes to refill them
+		// burst permits per the time the share of the rate takes to refill them; at
+		// most 2^50µs (a share that slow grants once in any outage), since more than
+		// burst × period, which validate bounds so, would overflow a Duration
 		share: func(l Limit, n int) Limit {
 			b := max(1, l.burst()/n)
-			return Limit{Rate: b, Period: time.Duration(float64(l.Period) * float64(b) * float64(n) / float64(l.Rate))}
+			p := float64(l.Period) * float64(b) * float64(n) / float64(l.Rate)
+			return Limit{Rate: b, Period: time.Duration(min(p, float64(maxBucketUS*time.Microsecond)))}
 		},
 		lack: bucketLack,
 	},

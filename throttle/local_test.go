@@ -3,6 +3,7 @@ package throttle
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand"
 	"slices"
 	"sync"
@@ -44,6 +45,12 @@ func TestLocalLogShare(t *testing.T) {
 		// more processes than the burst: 1 each, every fleet/rate periods
 		{[]Limit{{Rate: 2, Period: time.Second, Burst: 1}}, TokenBucket, 4,
 			[]Limit{{Rate: 1, Period: 2 * time.Second}}, 1, 2 * time.Second},
+		// 1 a year over 300 processes: 1 each every 300 years, beyond a Duration; at most
+		// 2^50µs (36 years), not a period that wrapped negative and granted every call
+		{[]Limit{{Rate: 1, Period: 365 * 24 * time.Hour}}, TokenBucket, 300,
+			[]Limit{{Rate: 1, Period: maxBucketUS * time.Microsecond}}, 1, maxBucketUS * time.Microsecond},
+		{[]Limit{PerSecond(10)}, TokenBucket, math.MaxInt,
+			[]Limit{{Rate: 1, Period: maxBucketUS * time.Microsecond}}, 1, maxBucketUS * time.Microsecond},
 	} {
 		g := newLocalLog(c.limits, c.alg.algo(), c.fleet)
 		if !slices.Equal(g.limits, c.want) {
@@ -54,6 +61,14 @@ func TestLocalLogShare(t *testing.T) {
 		}
 		if got := g.span; got != c.span {
 			t.Errorf("%v %v / %d: span %v, want %v", c.alg, c.limits, c.fleet, got, c.span)
+		}
+		// the share grants its maxN at once, then nothing more at once
+		const t0 = int64(1_000_000_000_000)
+		if got := g.acquire(t0, c.maxN, 0); !got.granted {
+			t.Errorf("%v %v / %d: the share's first %d denied: %+v", c.alg, c.limits, c.fleet, c.maxN, got)
+		}
+		if got := g.acquire(t0+1, 1, 0); got.granted {
+			t.Errorf("%v %v / %d: granted beyond the share within its period: %+v", c.alg, c.limits, c.fleet, got)
 		}
 	}
 }
