@@ -933,12 +933,12 @@ local function acquire(r, q)
       end
     else
       fr = nil -- (no place to take)
-      if replace then
-        put(q.b, false)
-      end
     end
   end
   if who then
+    if replace then -- its permits were given back: a denial keeps no booking (a hold, its ticket)
+      put(q.b, false)
+    end
     local hold = fr and q.hold
     if hold then
       if not fr.held then

@@ -1396,3 +1396,51 @@ func TestTicketsOfALightTenant(t *testing.T) {
 		}
 	})
 }
+
+// A task's booking re-placed under a lower override and then denied its tenant's turn
+// (or beyond the horizon) keeps no record: its permits were given back. It was kept, so
+// each return of the task gave the same booking back again, freeing the permits of other
+// callers' bookings at its time (as would a give-back with the stamp it held), and the
+// group then granted them again: above the limit.
+func TestReplacedBookingDeniedKeepsNoRecord(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		for _, a := range allAlgos {
+			tag := tagOf(b, "rpl"+a.tag)
+			clk := newClock(t, b, tag)
+			c := call{a: a, limits: []limit{{2, sec, 2}}}
+			record := func() string {
+				v, _ := b.Client.Get(ctx, tag+":bk:task").Result()
+				return v
+			}
+			booked := func() int64 { return c.one(t, b, tag, inspect()).extra[0] }
+			// A weighs a thousandth: once it has booked, B queued ahead, its turn is far
+			A := func(r *protocol.Request) *protocol.Request { r = c.of("A", r); r.Units = 1000; return r }
+			task := func(r *protocol.Request) *protocol.Request { return booking(A(r), "task", 0) }
+			c.one(t, b, tag, acquire(2, 0))
+			clk.add(t, 500*time.Millisecond)
+			if got := c.one(t, b, tag, c.of("B", acquire(1, 10*sec))); got.v[0] != 1 {
+				t.Fatalf("%s: B: %v", a.tag, got)
+			}
+			got := c.one(t, b, tag, task(acquire(1, 10*sec)))
+			if got.v[0] != 1 || record() == "" {
+				t.Fatalf("%s: A's task books ahead: %v (record %q)", a.tag, got, record())
+			}
+			stamp := got.v[5]
+			clk.add(t, time.Millisecond)
+			c.one(t, b, tag, override(100*sec, 1, 1))
+			clk.add(t, time.Millisecond)
+			got = c.one(t, b, tag, task(acquire(1, 10*sec)))
+			if got.v[0] != 0 || got.v[6]&turn == 0 || record() != "" {
+				t.Fatalf("%s: re-placed, denied its turn: %v (record %q), want no record", a.tag, got, record())
+			}
+			before := booked()
+			if got := c.one(t, b, tag, task(acquire(1, 10*sec))); got.v[0] != 0 || booked() != before {
+				t.Fatalf("%s: the task back: %v, %d booked, want denied and still %d", a.tag, got, booked(), before)
+			}
+			if got := c.one(t, b, tag, task(cancel(1, stamp))); got.v[0] != 0 || booked() != before {
+				t.Fatalf("%s: a give-back with the old stamp: %v, %d booked, want nothing freed, still %d", a.tag, got, booked(), before)
+			}
+		}
+	})
+}
