@@ -1444,3 +1444,38 @@ func TestReplacedBookingDeniedKeepsNoRecord(t *testing.T) {
 		}
 	})
 }
+
+// An inspect writes nothing (docs/operating.md: a dashboard may call it as often as it
+// likes; a full Redis still serves it): a token bucket counted at an override's rates,
+// the override ended since, or at another process's head, was rewritten by a lone
+// inspect, at the inspecting caller's head (replacing the fleet's) and with a new TTL.
+func TestInspectWritesNothing(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		for _, a := range allAlgos {
+			tag := tagOf(b, "inw"+a.tag)
+			all := []string{tag + ":l", tag + ":q", tag + ":t:A"}
+			clk := newClock(t, b, tag)
+			c := call{a: a, limits: []limit{{3, sec, 3}}, caps: []limit{{2, sec, 2}}}
+			other := call{a: a, limits: []limit{{5, sec, 5}}, caps: c.caps}
+			c.run(t, b, tag, c.of("A", acquire(1, 0)), c.of("B", acquire(2, 5*sec)))
+			c.one(t, b, tag, override(sec, 1, 1))
+			clk.add(t, 100*time.Millisecond)
+			c.one(t, b, tag, acquire(1, 5*sec))
+			clk.add(t, 1500*time.Millisecond) // the override has ended
+			for _, who := range []struct {
+				c    call
+				note string
+			}{{c, "the override ended"}, {other, "another head"}} {
+				for _, r := range []*protocol.Request{inspect(), who.c.of("A", inspect())} {
+					before := snapshot(t, b.Client, all...)
+					if got := who.c.one(t, b, tag, r); got.failed() {
+						t.Fatalf("%s: %s: %v", a.tag, who.note, got)
+					}
+					if after := snapshot(t, b.Client, all...); !sameKeys(b, before, after) {
+						t.Fatalf("%s: %s: %s wrote:\n%v\nbecame\n%v", a.tag, who.note, texts([]*protocol.Request{r}), before, after)
+					}
+				}
+			}
+		}
+	})
+}

@@ -209,8 +209,8 @@ end
 -- ARGV[1]  the group's head; ARGV[2] the tenants' caps' head or ""; ARGV[3..] the requests
 -- Returns  WIDTH integers per request, then the extras (common.lua, reply)
 -- Writes   after every read and check, once per call: a request that fails writes
---   nothing, a call whose every request fails nothing at all (not even the state's upkeep),
---   and a state found foreign is written by none.
+--   nothing, nor does an inspect; a call of no other request that succeeds nothing at all
+--   (not even the state's upkeep), and a state found foreign is written by none.
 --
 -- The algorithm's file defines, each taking its state as an argument:
 --   LIMIT_FIELDS, CAP           a limit's numbers in a head; which of them bounds n
@@ -1060,6 +1060,9 @@ local function put(i, rec)
 end
 
 local out, wakes, remaining, reset = {}, {}, nil, nil
+-- served: a request other than an inspect succeeded; else the call writes nothing, as its
+-- requests (an inspect writes nothing, not even the state's upkeep)
+local served = false
 
 -- answer sets request r's reply. report's figures on the group (its first part) are read
 -- once while they hold (take, give and rates change them: remaining = nil).
@@ -1399,7 +1402,7 @@ local function inspect(r, q)
   local t = fit(G[1].st, G[1].lim, 1, math.max(now, pause), now) -- one of the first part
   local rem = group_report()
   local b, ahead = detail(G[1].st, G[1].lim, now)
-  local kept = dirty() and kept_us(data_keep()) -- what the call's writes will set
+  local kept = served and dirty() and kept_us(data_keep()) -- what the call's writes will set
   local pttl = not kept and redis.call('PTTL', KEYS[1]) or kept > 0 and math.ceil(kept / 1000) or -2
   local d = {b, ahead, math.max(0, pause - now), pttl, math.max(0, oend - now)}
   local f = q.q and fair(KEYS[q.q], true)
@@ -1487,7 +1490,6 @@ local function control(r, q)
   answer(r, 1, 0, math.max(0, meta.pause - now), math.max(0, oend - now), ended, 0, 0)
 end
 
-local served = false -- a request succeeded: else the call writes nothing, as its requests
 for r = 1, k do
   local q = ops[r]
   if q and not ext[r] then
@@ -1503,7 +1505,7 @@ for r = 1, k do
     else
       why = control(r, q)
     end
-    ext[r], served = why or ext[r], served or not why
+    ext[r], served = why or ext[r], served or (not why and op ~= 'i')
   end
   if foreign_part(G) then -- a read after load found the state foreign: it fails every request
     return reply({}, k, {}, foreign_part(G))
@@ -1513,8 +1515,8 @@ for r = 1, k do
   drift = drift and not (served and dirty())
 end
 
--- Writes, after every read and check, when a request succeeded: what lives is kept until it
--- no longer matters.
+-- Writes, after every read and check, when a request other than an inspect succeeded: what
+-- lives is kept until it no longer matters.
 if served then
   local kept, f = kept_us(data_keep()), meta.fair
   if f and f.W > 0 and fair_key then
