@@ -605,9 +605,12 @@ func redirect(ctx context.Context, cc *redis.ClusterClient, ks *keyState, gs []*
 		if ask {
 			err = conn.Do(ctx, "asking").Err()
 		}
+		if err == nil {
+			run(ctx, conn.TxPipeline(), gs, eval)
+		}
+		_ = conn.Close()
+		done()
 		if err != nil { // ASKING refused or lost: the calls' error, and the node not theirs
-			_ = conn.Close()
-			done()
 			for _, g := range gs {
 				g.cmd = g.command(ctx, eval) // (a first try from exec has none yet)
 				g.cmd.SetErr(err)
@@ -615,9 +618,6 @@ func redirect(ctx context.Context, cc *redis.ClusterClient, ks *keyState, gs []*
 			ks.noteAsked(false, "")
 			return
 		}
-		run(ctx, conn.TxPipeline(), gs, eval)
-		_ = conn.Close()
-		done()
 		next, asked := redirection(gs)
 		if next == "" {
 			ks.noteAsked(ask && ownReplies(gs), addr)
