@@ -210,7 +210,7 @@ func (g *Grants) record(key string, r request, v []int64, sent, replied time.Tim
 		}
 		g.giveBacks = append(g.giveBacks, GiveBack{Key: key, At: at, N: int(r.n), OK: v[0] == 1, Sent: sent, Replied: replied})
 		if v[0] == 1 {
-			g.cancel(key, time.UnixMicro(x), int(r.n))
+			g.cancel(key, time.UnixMicro(x), int(r.n), r.booking)
 		}
 	}
 }
@@ -225,10 +225,12 @@ func (g *Grants) seen(key string, t time.Time) bool {
 	return false
 }
 
-// cancel removes n permits recorded on key at t (a booking that was given back).
-func (g *Grants) cancel(key string, t time.Time, n int) {
+// cancel removes n permits recorded on key at t (a booking that was given back); a
+// task's (booking, its booking key) from that task's grant, not another's at the
+// same time, so that Overtaken finds the grant that stands.
+func (g *Grants) cancel(key string, t time.Time, n int, booking string) {
 	for i := len(g.grants) - 1; i >= 0 && n > 0; i-- {
-		if g.grants[i].Key == key && g.grants[i].At.Equal(t) {
+		if g.grants[i].Key == key && g.grants[i].At.Equal(t) && (booking == "" || g.grants[i].Booking == booking) {
 			take := min(n, g.grants[i].N)
 			g.grants[i].N -= take
 			n -= take
