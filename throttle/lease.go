@@ -18,7 +18,7 @@ type Lease struct {
 	mu      sync.Mutex
 	state   leaseState
 	granted time.Time // by the Semaphore's clock
-	renewed time.Time // when it was granted, or its last extension sent, by the Semaphore's clock
+	renewed time.Time // when the call that granted it, or its last extension, was sent, by the Semaphore's clock
 	local   bool      // granted without Redis by the failure policy: kept in the process
 	// reported: the LeaseLost hook ran for this lease (once per lease)
 	reported bool

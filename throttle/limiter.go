@@ -264,10 +264,7 @@ func (l *Limiter) acquire(ctx context.Context, n int, maxWait time.Duration, tas
 	}
 	rep, err := l.send(ctx, ks, call, giveBack)
 	if err != nil {
-		if l.policy.degrades(err) {
-			return l.degraded(ks, n, x, err)
-		}
-		return grant{}, err
+		return l.refused(ks, n, x, err)
 	}
 	g := decodeGrant(rep)
 	if rep.drift != "" {
@@ -287,6 +284,16 @@ func (l *Limiter) acquire(ctx context.Context, n int, maxWait time.Duration, tas
 		l.report(n, g)
 	}
 	return g, nil
+}
+
+// refused is the answer to an acquire of n permits within maxWait µs whose call failed
+// with err: the failure policy's decision where it covers err, else err. Every
+// acquire's failure goes through it, a move's booking again included.
+func (l *Limiter) refused(ks *keyState, n int, maxWait int64, err error) (grant, error) {
+	if l.policy.degrades(err) {
+		return l.degraded(ks, n, maxWait, err)
+	}
+	return grant{}, err
 }
 
 // request is a request of op on the limiter's key, for its tenant if it is a tenant's

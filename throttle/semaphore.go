@@ -92,6 +92,7 @@ func (s *Semaphore) TryAcquire(ctx context.Context) (*Lease, time.Duration, erro
 	if err != nil {
 		return nil, 0, err
 	}
+	sent := clock.Now()
 	r, err := s.call(ctx, semAcquire, token, place, task, task)
 	if err != nil {
 		return nil, 0, err
@@ -102,7 +103,7 @@ func (s *Semaphore) TryAcquire(ctx context.Context) (*Lease, time.Duration, erro
 		}
 		return nil, r.wait, nil
 	}
-	return s.granted(token, 0, r.local), 0, nil
+	return s.granted(token, sent, 0, r.local), 0, nil
 }
 
 // Acquire waits for a lease and returns it. Callers are served in arrival order
@@ -126,6 +127,7 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Lease, error) {
 		// Take a place in the queue once listening is confirmed, so that no notice
 		// naming it comes unheard.
 		join := live || round > 0
+		sent := clock.Now() // a lease handed to the place after this call is no older
 		r, err := s.call(ctx, semAcquire, token, place, join, keep)
 		if err != nil {
 			if (joined || join && ctx.Err() != nil) && !keep {
@@ -139,7 +141,7 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Lease, error) {
 			if round > 0 {
 				waited = clock.Now().Sub(start)
 			}
-			return s.granted(token, waited, r.local), nil
+			return s.granted(token, sent, waited, r.local), nil
 		}
 		if h.subscribe(l) && !join {
 			continue // confirmed already: take the place now
@@ -153,7 +155,7 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Lease, error) {
 					s.giveUp(ctx, token, place)
 					return nil, ctx.Err()
 				}
-				return s.granted(token, clock.Now().Sub(start), false), nil
+				return s.granted(token, sent, clock.Now().Sub(start), false), nil
 			}
 			// a task's place: the next call claims the lease under the token
 		case <-l.check:
@@ -198,14 +200,14 @@ func holder(ctx context.Context) (token, place string, task bool, err error) {
 	return token, t.Place(), true, nil
 }
 
-// granted makes the lease of token and reports it to the hooks; local leases were
-// granted without Redis.
-func (s *Semaphore) granted(token string, waited time.Duration, local bool) *Lease {
+// granted makes the lease of token, granted by a call sent at sent (its TTL runs from
+// no earlier, as an extension's: see Lease.Extend), and reports it to the hooks; local
+// leases were granted without Redis.
+func (s *Semaphore) granted(token string, sent time.Time, waited time.Duration, local bool) *Lease {
 	if s.hooks.Acquired != nil {
 		s.hooks.Acquired(s.key, waited)
 	}
-	now := clock.Now()
-	return &Lease{s: s, id: token, granted: now, renewed: now, local: local}
+	return &Lease{s: s, id: token, granted: clock.Now(), renewed: sent, local: local}
 }
 
 // giveUp takes a waiter that stops waiting out of the queue, releasing a lease handed to

@@ -1080,3 +1080,83 @@ func TestSemaphoreDeadlineWhileRedisStalls(t *testing.T) {
 		})
 	}
 }
+
+// A lease's life on the Go side counts from when the call that granted it was sent, as
+// an extension's does: the server started its TTL no earlier. The reply of the
+// granting call comes two seconds after it ran (the test steps the Go side's clock as
+// it lands, the server's stays at t0), so the lease, which expires at t0+TTL in Redis,
+// has TTL-2s left; before, Hold counted a whole TTL from the reply and would renew, and
+// cancel fn once renewals failed, two seconds after the lease lapsed in Redis.
+func TestSemaphoreLeaseCountsFromTheSend(t *testing.T) {
+	const ttl, late = 9 * time.Second, 2 * time.Second
+	for _, call := range []string{"TryAcquire", "Acquire"} {
+		t.Run(call, func(t *testing.T) {
+			redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+				tl := newTimeline(t, b)
+				clk := newStepClock(tl)
+				setGoClock(t, clk)
+				s := tl.semaphore("from-the-send", 1, WithLeaseTTL(ttl))
+				hook := &lateReply{clk: clk, by: late}
+				b.Client.AddHook(hook)
+				hook.armed.Store(true)
+				var l *Lease
+				var err error
+				if call == "TryAcquire" {
+					l, _, err = s.TryAcquire(context.Background())
+				} else {
+					l, err = s.Acquire(context.Background())
+				}
+				if err != nil || l == nil {
+					t.Fatalf("%s: lease %v, %v; want a lease", call, l, err)
+				}
+				if hook.armed.Load() {
+					t.Fatal("the granting call's reply was not held back: the test did not run its case")
+				}
+				expiry := redistest.Epoch.Add(ttl)
+				if score, err := b.Client.ZScore(context.Background(), s.t.keys[0], l.ID()).Result(); err != nil || int64(score) != expiry.UnixMicro() {
+					t.Fatalf("the lease's expiry in Redis: %v, %v; want t0+%v", score, err, ttl)
+				}
+				if left, want := l.left(), expiry.Sub(clk.Now()); left != want {
+					t.Fatalf("the lease has %v left by the Go side's count once the reply came, want %v: until its expiry in Redis", left, want)
+				}
+			})
+		})
+	}
+}
+
+// lateReply steps clk by `by` as the reply of the first script call made once armed
+// lands: the reply came that long after the call ran.
+type lateReply struct {
+	clk   *stepClock
+	by    time.Duration
+	armed atomic.Bool
+}
+
+func (h *lateReply) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *lateReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		h.landed([]redis.Cmder{cmd})
+		return err
+	}
+}
+
+func (h *lateReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		h.landed(cmds)
+		return err
+	}
+}
+
+func (h *lateReply) landed(cmds []redis.Cmder) {
+	for _, c := range cmds {
+		if name := c.Name(); (name == "evalsha" || name == "eval") && h.armed.CompareAndSwap(true, false) {
+			h.clk.mu.Lock()
+			h.clk.now = h.clk.now.Add(h.by)
+			h.clk.mu.Unlock()
+			return
+		}
+	}
+}

@@ -295,6 +295,7 @@ func (ks *keyState) move(which func(*sleeper) bool) {
 		ks.settle(context.Background(), time.Now().Add(timeout))
 		var again []*request
 		var booked []*sleeper
+		var waits []int64
 		var froms []chan struct{}
 		for _, s := range ss {
 			if !s.stage.CompareAndSwap(moving, rebooking) { // its caller left
@@ -306,6 +307,7 @@ func (ks *keyState) move(which func(*sleeper) bool) {
 			// not cut short by its caller leaving: the leave waits for its reply
 			again = append(again, &request{ctx: givingBack(s.ctx), t: s.l.t, ks: ks, call: call, late: s.l.late(s.n), timeout: s.l.timeout})
 			booked = append(booked, s)
+			waits = append(waits, x)
 			_, from := ks.fly(s.ctx) // (its calls, givingBack, wait for no give-back)
 			froms = append(froms, from)
 		}
@@ -313,11 +315,14 @@ func (ks *keyState) move(which func(*sleeper) bool) {
 			return
 		}
 		for i, res := range ks.client.doAll(again) {
-			g := decodeGrant(res.rep)
-			if res.err == nil {
-				booked[i].l.report(booked[i].n, g)
+			s := booked[i]
+			g, err := decodeGrant(res.rep), res.err
+			if err == nil {
+				s.l.report(s.n, g)
+			} else { // as a WaitN's booking made now: the failure policy decides
+				g, err = s.l.refused(ks, s.n, waits[i], err)
 			}
-			booked[i].moved <- moved{g, res.err, seen, froms[i]}
+			s.moved <- moved{g, err, seen, froms[i]}
 		}
 	}()
 }

@@ -484,3 +484,75 @@ func TestTenantWaitTakesItsTurn(t *testing.T) {
 			alg, b.Kind, quiet, left, noisy*each, turns.Load())
 	})
 }
+
+// A waiter that a move books again while Redis is unreachable gets what a WaitN made
+// then would: under FailLocal, a grant of this process's share, not ErrUnavailable.
+// Here the key is paused by this process after Redis went away: the move cannot give
+// the booking back nor book again in Redis, and the waiter, an hour from its slot,
+// goes on the share once the hold is over.
+func TestWaitMovedWhileRedisIsDownFallsBackToThePolicy(t *testing.T) {
+	for _, kind := range []redistest.Kind{redistest.Mini, redistest.Standalone} {
+		t.Run(string(kind), func(t *testing.T) {
+			b := redistest.New(t, kind)
+			addrs, _ := b.Addrs()
+			target := addrs[0]
+			if b.Mini != nil {
+				target = b.Mini.Addr()
+			}
+			proxy, err := redistest.NewProxy(target)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer proxy.Close()
+			rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr, MaxRetries: -1, DialTimeout: 100 * ms})
+			defer rdb.Close()
+			var waits waitRecorder
+			var degraded atomic.Int32
+			hooks := waits.hooks()
+			hooks.Degraded = func(string, FailurePolicy, error) { degraded.Add(1) }
+			l, err := New(rdb, "moved-down", Limit{Rate: 1, Period: time.Hour}, WithKeyPrefix(b.Prefix),
+				WithFailurePolicy(FailLocal(1)), WithHooks(hooks))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			if res, err := l.Allow(ctx); err != nil || !res.Allowed {
+				t.Fatalf("Allow: %+v, %v", res, err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- l.Wait(ctx) }()
+			for deadline := time.Now().Add(signalWait); waits.count() < 2; time.Sleep(ms) {
+				if time.Now().After(deadline) {
+					t.Fatalf("the waiter did not book within %v", signalWait)
+				}
+			}
+			ks := l.client().key(l.t.tag)
+			for deadline := time.Now().Add(signalWait); ; time.Sleep(ms) {
+				ks.mu.Lock()
+				asleep := len(ks.sleepers)
+				ks.mu.Unlock()
+				if asleep == 1 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the waiter was not asleep on its booking within %v", signalWait)
+				}
+			}
+			proxy.Close() // Redis unreachable: connections closed, new ones refused
+			if err := l.Pause(ctx, 50*ms); !errors.Is(err, ErrUnavailable) {
+				t.Fatalf("Pause with Redis unreachable: %v, want ErrUnavailable", err)
+			}
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatalf("the moved waiter: %v, want granted by its FailLocal share as a WaitN made now", err)
+				}
+			case <-time.After(signalWait):
+				t.Fatalf("the moved waiter did not return within %v", signalWait)
+			}
+			if degraded.Load() == 0 {
+				t.Fatal("no Degraded report: the moved waiter was not granted by the failure policy")
+			}
+		})
+	}
+}
