@@ -3,6 +3,7 @@ package asynqmw
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -304,9 +305,17 @@ func (a attempt) neverSleeps() bool { return a.final && a.handBack }
 // bookingID is the booking ID of the task id of queue: asynq keeps a task ID unique
 // within its queue only, and two tasks of one ID in two queues must not share a
 // booking (both would run on one permit) nor a place in a semaphore's queue. The
-// queue's length makes the form unambiguous (a queue name may hold a colon).
+// queue's length makes the form unambiguous (a queue name may hold a colon). asynq
+// bounds neither a queue name's length nor a task ID's: a form longer than a booking ID
+// may be is replaced by its SHA-256, which no unhashed form can equal (a digit follows
+// its "asynq:").
 func bookingID(queue, id string) string {
-	return "asynq:" + strconv.Itoa(len(queue)) + ":" + queue + ":" + id
+	b := "asynq:" + strconv.Itoa(len(queue)) + ":" + queue + ":" + id
+	if len(b) > ib.MaxID {
+		sum := sha256.Sum256([]byte(b))
+		return "asynq:sha256:" + hex.EncodeToString(sum[:])
+	}
+	return b
 }
 
 // randomID is the ID a task outside an asynq server books under.

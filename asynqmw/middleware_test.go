@@ -774,3 +774,24 @@ func TestSameTaskIDInTwoQueues(t *testing.T) {
 		}
 	})
 }
+
+// Every legal asynq task gets a booking: asynq bounds neither a task ID's length nor a
+// queue name's, so a task whose queue and ID together are longer than a booking ID may
+// be runs on a booking like any other, without an error, once.
+func TestLongTaskID(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *redistest.Backend) {
+		f := newFleet(t, b)
+		lim := f.limiter("long-id", throttle.PerMinute(10))
+		jt := asynqmw.New(b.Client)
+		f.run(jt, 2, f.handler(nil), jt.Throttle(lim))
+		f.enqueue("near", asynq.TaskID(strings.Repeat("n", 500)), asynq.MaxRetry(0))
+		f.enqueue("far", asynq.TaskID(strings.Repeat("f", 4000)), asynq.MaxRetry(0))
+		f.ranOnce(f.waitIdle(idleLimit, nil), "near", "far")
+	})
+	// and a long ID's booking, in two queues, is two bookings
+	long := strings.Repeat("i", 600)
+	a, b := asynqmw.BookingID("a", long), asynqmw.BookingID("b", long)
+	if a == b || len(a) > 512 || len(b) > 512 || a != asynqmw.BookingID("a", long) {
+		t.Errorf("booking IDs of one long task ID in two queues: %q and %q, want two of at most 512 bytes", a, b)
+	}
+}

@@ -100,7 +100,8 @@ func WithMaxPause(d time.Duration) TransportOption {
 // permits like the first send. The default, 0, never retries; n must not be negative
 // (an error wrapping ErrInvalidOption otherwise). Only a request without a body or with
 // GetBody (http.NewRequest sets it for bytes, strings and bytes.Reader bodies) is
-// retried. When the retry cannot be sent before the request's deadline, or the Reserver
+// retried. When GetBody fails, the last response is returned before the retry takes any
+// permit or books any cost. When the retry cannot be sent before the request's deadline, or the Reserver
 // fails, the last response is returned; when the context ends while the retry waits,
 // ctx.Err(). Each response discarded for a retry is drained (up to 64KiB, so its
 // connection can be reused) and closed, and TransportHooks.Retrying is called.
@@ -223,6 +224,13 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if retry > t.retries || !refused || hasBody && req.GetBody == nil { // cannot be replayed
 			return resp, nil
 		}
+		// the body first: a retry that cannot be sent takes no permits, and books no cost
+		next := req.Clone(ctx)
+		if hasBody {
+			if next.Body, err = req.GetBody(); err != nil { // the answer stands
+				return resp, nil
+			}
+		}
 		if _, ok := r.(pauser); !ok && d > 0 {
 			// nothing holds this process: sleep out the pause here, unless it ends too late
 			err = ErrWouldExceedDeadline
@@ -234,17 +242,14 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			res, err = t.wait(ctx, r, n, cost)
 		}
 		if err != nil {
+			if hasBody && next.Body != nil {
+				_ = next.Body.Close()
+			}
 			if ctx.Err() == nil { // no retry before the deadline, or the Reserver failed
 				return resp, nil
 			}
 			discard(resp)
 			return nil, err
-		}
-		next := req.Clone(ctx)
-		if hasBody {
-			if next.Body, err = req.GetBody(); err != nil { // the answer stands
-				return resp, nil
-			}
 		}
 		discard(resp)
 		if t.hooks.Retrying != nil {

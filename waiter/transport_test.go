@@ -604,6 +604,11 @@ func TestTransportRetries(t *testing.T) {
 		{"body without GetBody: as received", []int{429, 200}, 3, func(t *testing.T) *http.Request {
 			return newRequest(t, context.Background(), &closeRecorder{Reader: strings.NewReader("payload")})
 		}, 1, 429, []int32{0}},
+		{"GetBody fails: as received, no permits taken for the retry", []int{429, 200}, 3, func(t *testing.T) *http.Request {
+			req := getBody(t)
+			req.GetBody = func() (io.ReadCloser, error) { return nil, errors.New("body gone") }
+			return req
+		}, 1, 429, []int32{0}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

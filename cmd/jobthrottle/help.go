@@ -119,7 +119,8 @@ resumed vendor-api: ended its pause, which had 21.4s left`,
 order, for every process from its next call, until unset or for -for's duration.
 Each PERIOD must be the limit's own (an override changes rates, not periods);
 limits not given keep their rates. The key's record gives its limits, and the
-override is checked against them. A pause set on the key stays.`,
+override is checked against them. A pause set on the key stays. A semaphore's key
+(leases held, and no limiter's record) is refused: a semaphore has no rates.`,
 		example: `$ jobthrottle set -for 1h vendor-api 2/1m
 vendor-api: every process now enforces 2 per 1m0s in place of 10 per 1m0s, for 1h0m0s (rates only: the periods stay those the code passes)`,
 		run: (*tool).set,

@@ -478,11 +478,15 @@ func (t *tool) set(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	rec, checked := ks.record()
+	if !checked && ks.semaphore() { // an override would invent a limiter's record on it
+		return fmt.Errorf("set %s: nothing set: the key is a Semaphore's, which has no rates (its Max is the code's); 'jobthrottle pause %s' stops its grants",
+			keyText(key), keyText(key))
+	}
 	// the key's record gives its algorithm and limits: the override is checked
 	// against them (how many, which periods, a burst only for a token bucket), as
 	// Override checks it in a process. A key with no record takes the override's
 	// own limits for its meta's head, which its processes' first call replaces.
-	rec, checked := ks.record()
 	code := limits
 	var lim *throttle.Limiter
 	if checked {

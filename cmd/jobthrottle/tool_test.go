@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/internal/keys"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
@@ -203,5 +204,38 @@ func TestOverrideUnits(t *testing.T) {
 		mustMatch(t, "ls", out, `\nllm +SlidingWindow +- +600/1m0s, 50000 tokens/1m0s, [\d.hm]+s more +600/1m0s,100000 tokens/1m0s\n`)
 		_, out, _ = cli(t, b, "", "unset", "llm")
 		mustMatch(t, "unset", out, `^llm: removed the override \(600 per 1m0s, 50000 tokens per 1m0s, [\d.hm]+s left\)`)
+	})
+}
+
+// set on a key that shows a semaphore (leases held) and no limiter's record is
+// refused, status 1, saying why and what acts on a semaphore: a semaphore has no rates,
+// and an override would leave a record of limits no process passes, which ls and show
+// would then list as a limiter's. Nothing is written.
+func TestSetOnSemaphore(t *testing.T) {
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		sem, err := throttle.NewSemaphore(b.Client, "jobs", 2, throttle.WithKeyPrefix(b.Prefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		lease, _, err := sem.TryAcquire(ctx)
+		if err != nil || lease == nil {
+			t.Fatal(lease, err)
+		}
+		defer lease.Release(ctx)
+		code, out, errs := cli(t, b, "", "set", "-for", "1h", "jobs", "1/1s")
+		if code != 1 || out != "" {
+			t.Fatalf("set on a semaphore: status %d, printed %q; want 1 and nothing", code, out)
+		}
+		mustContain(t, "set on a semaphore", errs, "nothing set: the key is a Semaphore's, which has no rates", "jobthrottle pause jobs")
+		_, out, _ = cli(t, b, "", "ls")
+		mustMatch(t, "ls after set", out, `\njobs +Semaphore +- +- +-\n`)
+		ks, err := (&tool{o: &options{prefix: b.Prefix}, rdb: b.Client}).look(ctx, "jobs", false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ks.has(keys.State) {
+			t.Fatalf("set on a semaphore wrote the key's state")
+		}
 	})
 }

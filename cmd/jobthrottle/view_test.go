@@ -74,7 +74,8 @@ func TestShowControl(t *testing.T) {
 			t.Fatalf("watch -count 2: %d screens:\n%s", len(screens)-1, out)
 		}
 
-		// a semaphore: a pause, and an override, which changes nothing there
+		// a semaphore: a pause, and an override set while its key was not in use, which
+		// changes nothing there (set refuses a key that shows a semaphore)
 		sem, err := throttle.NewSemaphore(b.Client, "jobs", 2, throttle.WithKeyPrefix(b.Prefix))
 		if err != nil {
 			t.Fatal(err)
@@ -83,10 +84,16 @@ func TestShowControl(t *testing.T) {
 		if err != nil || lease == nil {
 			t.Fatal(lease, err)
 		}
-		defer lease.Release(ctx)
 		mustMatch(t, "semaphore", show("semaphore", "show", "-max", "2", "jobs"), `1/2 held\n  waiting     0\n.*\n  paused      no\n  override    none\n`)
-		step("pause", "jobs", "30s")
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
 		step("set", "-for", "1h", "jobs", "1/1s")
+		if lease, _, err = sem.TryAcquire(ctx); err != nil || lease == nil {
+			t.Fatal(lease, err)
+		}
+		defer lease.Release(ctx)
+		step("pause", "jobs", "30s")
 		mustMatch(t, "semaphore paused", show("semaphore paused", "show", "jobs"),
 			`\n  paused      yes, `+pause30+`\n  override    set, `+hour+`, but a semaphore has no rates: it changes nothing here\n`)
 

@@ -74,12 +74,22 @@ const OtherKey = "_other"
 //	jobthrottle_semaphore_waiting{key}               callers queued for a lease
 //	jobthrottle_inspect_errors_total{key}            scrapes whose Inspect failed (no gauges then)
 //
-// and, for a watched limiter's own handle (not a tenant's), its tenants' fair share
-// (LimiterState.QueuedWeight and Tenants):
+// and, for a watched limiter's own handle, its tenants' fair share (LimiterState.QueuedWeight
+// and Tenants):
 //
 //	jobthrottle_tenants_queued_weight{key}           the weights of all the tenants queued, summed
 //	jobthrottle_tenant_queued_seconds{key,tenant}    how far a tenant's place lies ahead of its turn
 //	jobthrottle_tenant_weight{key,tenant}            the weight a tenant's requests were queued with
+//
+// A watched tenant's handle (Limiter.Tenant) gives the key's gauges above but
+// next_free_seconds, which is the limiter's own handle's (a tenant's next permit waits for
+// its caps and turn too), and its own part (LimiterState.Tenant) under its tenant label:
+//
+//	jobthrottle_tenant_next_free_seconds{key,tenant} time until one permit is free to the tenant
+//	jobthrottle_tenant_queued_seconds{key,tenant}    its place, as above
+//	jobthrottle_tenant_weight{key,tenant}            its handle's weight (the listing's, when it lists the tenant)
+//	jobthrottle_tenant_cap_capacity{key,tenant,limit} its cap's Rate (Burst for a token bucket)
+//	jobthrottle_tenant_cap_used{key,tenant,limit}    permits of its cap taken
 //
 // reason says what denied a request (result "limited"; "" for the other results):
 // "limit", the limiter's limits (or a semaphore's Max, or a pause); on a tenant's handle
@@ -95,13 +105,14 @@ const OtherKey = "_other"
 // shows both sets while it does. docs/operating.md has an alert on it.
 //
 // A queued tenant gets about its weight / queued weight of the rate. The tenant gauges
-// cover the tenants Inspect lists, the 10 with the most queued, and are made afresh at
-// each scrape: a tenant that leaves the 10, or the queue, has no series from then on.
+// cover the tenants Inspect lists, the 10 with the most queued, and the watched tenants'
+// handles, and are made afresh at each scrape: a tenant that leaves the 10, or the queue,
+// has no series from then on unless its handle is watched.
 //
 // Cardinality: the key label takes at most MaxKeys values (1000 by default, see
 // WithMaxKeys); further keys are counted under key="_other" and get no gauges. Keys
 // by the million therefore cost at most MaxKeys series per metric; the tenant label
-// at most 10 values per watched key. host is bounded by the hosts the client calls.
+// at most 10 values per watched key, and one per watched tenant's handle. host is bounded by the hosts the client calls.
 // Label values that are not UTF-8 (keys and tenants' names may be any bytes) have
 // each bad byte sequence replaced by U+FFFD.
 //
@@ -125,6 +136,7 @@ type Collector struct {
 	capacity, used, remaining, booked, bookedAhead, nextFree, paused *prometheus.Desc
 	leases, semMax, waiting                                          *prometheus.Desc
 	queuedWeight, tenantQueued, tenantWeight                         *prometheus.Desc
+	tenantNextFree, capCapacity, capUsed                             *prometheus.Desc
 
 	mu   sync.Mutex
 	keys map[string]struct{} // key label values in use
@@ -180,8 +192,11 @@ func New(opts ...Option) *Collector {
 	c.semMax = gauge("semaphore_max", "The semaphore's Max.", "key")
 	c.waiting = gauge("semaphore_waiting", "Callers queued for a lease.", "key")
 	c.queuedWeight = gauge("tenants_queued_weight", "The weights of all the tenants with requests queued in the fair share, summed.", "key")
-	c.tenantQueued = gauge("tenant_queued_seconds", "How far the tenant's place in the fair share lies ahead of its turn, for the 10 tenants with the most queued.", "key", "tenant")
-	c.tenantWeight = gauge("tenant_weight", "The weight the tenant's requests were queued with, for the 10 tenants with the most queued.", "key", "tenant")
+	c.tenantQueued = gauge("tenant_queued_seconds", "How far the tenant's place in the fair share lies ahead of its turn, for the 10 tenants with the most queued and each watched tenant's handle.", "key", "tenant")
+	c.tenantWeight = gauge("tenant_weight", "The weight the tenant's requests were queued with, for the 10 tenants with the most queued and each watched tenant's handle.", "key", "tenant")
+	c.tenantNextFree = gauge("tenant_next_free_seconds", "Time until one permit is free to the tenant of a watched tenant's handle, its caps and turn counted.", "key", "tenant")
+	c.capCapacity = gauge("tenant_cap_capacity", "The tenant's cap's Rate (Burst for a token bucket), for a watched tenant's handle.", "key", "tenant", "limit")
+	c.capUsed = gauge("tenant_cap_used", "Permits of the tenant's cap taken, for a watched tenant's handle.", "key", "tenant", "limit")
 	return c
 }
 
@@ -214,7 +229,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		v.Describe(ch)
 	}
 	for _, d := range []*prometheus.Desc{c.capacity, c.used, c.remaining, c.booked, c.bookedAhead, c.nextFree, c.paused,
-		c.leases, c.semMax, c.waiting, c.queuedWeight, c.tenantQueued, c.tenantWeight} {
+		c.leases, c.semMax, c.waiting, c.queuedWeight, c.tenantQueued, c.tenantWeight, c.tenantNextFree, c.capCapacity, c.capUsed} {
 		ch <- d
 	}
 }

@@ -11,7 +11,8 @@ import (
 
 // Watch adds limiters whose live state each scrape reads (Limiter.Inspect, all at once:
 // the calls share round trips; bounded by WithInspectTimeout). Watch a limiter's own
-// handle for its tenants' gauges: a tenant's handle's Inspect does not list them.
+// handle for its tenants' gauges: a tenant's handle's Inspect does not list them. A
+// tenant's handle adds its own part under its tenant label (see Collector).
 func (c *Collector) Watch(lims ...*throttle.Limiter) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -66,7 +67,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	defer cancel()
 	type series struct {
 		d      *prometheus.Desc
-		labels [2]string // key, then limit or tenant ("" for gauges without either)
+		labels [3]string // key, then limit or tenant, then a tenant's cap ("" for gauges without)
 	}
 	seen := map[series]bool{} // sent this scrape
 	send := func(d *prometheus.Desc, v float64, labels ...string) {
@@ -87,27 +88,43 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}()
 	}
 	wg.Wait()
-	for i, l := range lims {
-		k := c.label(l.Key())
-		if errs[i] != nil {
-			c.inspectErrors.WithLabelValues(k).Inc()
-			continue
-		}
-		if k == OtherKey {
-			continue // gauges of several keys cannot share one series
-		}
-		st := states[i]
-		send(c.remaining, float64(st.Remaining), k)
-		send(c.booked, float64(st.Booked), k)
-		send(c.bookedAhead, st.BookedAhead.Seconds(), k)
-		send(c.nextFree, st.NextFree.Seconds(), k)
-		send(c.paused, st.PausedFor.Seconds(), k)
-		for j, ls := range st.Limits {
-			send(c.capacity, float64(ls.Capacity), k, strconv.Itoa(j))
-			send(c.used, float64(ls.Used), k, strconv.Itoa(j))
-		}
-		if st.Tenant == nil { // the limiter's own handle: its tenants' fair share
-			send(c.queuedWeight, st.QueuedWeight, k)
+	// the limiters' own handles first: their figures are the key's, and their listing of
+	// the tenants is what a tenant's handle adds to only for a tenant it does not list
+	for _, own := range []bool{true, false} {
+		for i, l := range lims {
+			if (states[i].Tenant == nil) != own { // (a failed Inspect's state is zero: counted once)
+				continue
+			}
+			k := c.label(l.Key())
+			if errs[i] != nil {
+				c.inspectErrors.WithLabelValues(k).Inc()
+				continue
+			}
+			if k == OtherKey {
+				continue // gauges of several keys cannot share one series
+			}
+			st := states[i]
+			send(c.remaining, float64(st.Remaining), k)
+			send(c.booked, float64(st.Booked), k)
+			send(c.bookedAhead, st.BookedAhead.Seconds(), k)
+			send(c.paused, st.PausedFor.Seconds(), k)
+			for j, ls := range st.Limits {
+				send(c.capacity, float64(ls.Capacity), k, strconv.Itoa(j))
+				send(c.used, float64(ls.Used), k, strconv.Itoa(j))
+			}
+			if ts := st.Tenant; ts != nil { // a tenant's handle: its next permit, place and caps are its own
+				name := labelValue(ts.Name)
+				send(c.tenantNextFree, st.NextFree.Seconds(), k, name)
+				send(c.tenantQueued, ts.Queued.Seconds(), k, name)
+				send(c.tenantWeight, ts.Weight, k, name)
+				for j, cs := range ts.Caps {
+					send(c.capCapacity, float64(cs.Capacity), k, name, strconv.Itoa(j))
+					send(c.capUsed, float64(cs.Used), k, name, strconv.Itoa(j))
+				}
+				continue
+			}
+			send(c.nextFree, st.NextFree.Seconds(), k)
+			send(c.queuedWeight, st.QueuedWeight, k) // its tenants' fair share
 			for _, ts := range st.Tenants {
 				name := labelValue(ts.Name)
 				send(c.tenantQueued, ts.Queued.Seconds(), k, name)

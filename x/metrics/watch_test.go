@@ -47,7 +47,7 @@ func tenantGauges(t *testing.T, reg prometheus.Gatherer) (w float64, queued, wei
 // ahead: its place is that times the queued weight, 30. The 10 listed are those of
 // weights 1 to 3 and, of the weight 4 ties, the name last in byte order.
 const firstScrape = `
-# HELP jobthrottle_tenant_queued_seconds How far the tenant's place in the fair share lies ahead of its turn, for the 10 tenants with the most queued.
+# HELP jobthrottle_tenant_queued_seconds How far the tenant's place in the fair share lies ahead of its turn, for the 10 tenants with the most queued and each watched tenant's handle.
 # TYPE jobthrottle_tenant_queued_seconds gauge
 jobthrottle_tenant_queued_seconds{key="fair",tenant="t00"} 1800
 jobthrottle_tenant_queued_seconds{key="fair",tenant="t01"} 900
@@ -59,7 +59,7 @@ jobthrottle_tenant_queued_seconds{key="fair",tenant="t08"} 1800
 jobthrottle_tenant_queued_seconds{key="fair",tenant="t09"} 900
 jobthrottle_tenant_queued_seconds{key="fair",tenant="t10"} 600
 jobthrottle_tenant_queued_seconds{key="fair",tenant="t11"} 450
-# HELP jobthrottle_tenant_weight The weight the tenant's requests were queued with, for the 10 tenants with the most queued.
+# HELP jobthrottle_tenant_weight The weight the tenant's requests were queued with, for the 10 tenants with the most queued and each watched tenant's handle.
 # TYPE jobthrottle_tenant_weight gauge
 jobthrottle_tenant_weight{key="fair",tenant="t00"} 1
 jobthrottle_tenant_weight{key="fair",tenant="t01"} 2
@@ -161,6 +161,77 @@ func TestTenantGauges(t *testing.T) {
 		}
 		if _, ok := weight[gone]; ok {
 			t.Errorf("%q, out of the 10, still has a weight series", gone)
+		}
+		problems, err := testutil.GatherAndLint(reg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range problems {
+			t.Errorf("lint: %s: %s", p.Metric, p.Text)
+		}
+	})
+}
+
+// gauges scrapes reg and returns each gauge's value by its name (without the
+// jobthrottle_ prefix) and its labels' values, comma-separated in the order of their names.
+func gauges(t *testing.T, reg prometheus.Gatherer) map[string]float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			if m.GetGauge() == nil {
+				continue
+			}
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, l.GetValue())
+			}
+			g[strings.TrimPrefix(mf.GetName(), "jobthrottle_")+"{"+strings.Join(labels, ",")+"}"] = m.GetGauge().GetValue()
+		}
+	}
+	return g
+}
+
+// Tenants' handles watched beside their limiter's own each give their own part under
+// their tenant label: a tenant whose cap is spent waits an hour for its next permit while
+// another, and the key, have one now; each tenant's cap is its own. The key's next free
+// permit is the limiter's, whichever handle Inspect reads first. The limit and cap are
+// hours long, so that the real servers' clocks move nothing while the test runs.
+func TestTenantHandleGauges(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		m := New()
+		reg := prometheus.NewPedanticRegistry()
+		reg.MustRegister(m)
+		lim := limiter(t, b, b.Client, m, "vendor", throttle.PerHour(6), throttle.WithTenantLimits(throttle.PerHour(1)))
+		a, bb := lim.Tenant("a"), lim.Tenant("b", throttle.Weight(2))
+		if r, err := a.Allow(ctx); err != nil || !r.Allowed {
+			t.Fatalf("Allow: %+v %v", r, err)
+		}
+		m.Watch(a, bb, lim)
+		for scrape := 0; scrape < 5; scrape++ { // the handles' order differs from scrape to scrape
+			g := gauges(t, reg)
+			for series, want := range map[string]float64{
+				"remaining{vendor}":                  5,
+				"next_free_seconds{vendor}":          0,
+				"tenant_next_free_seconds{vendor,b}": 0,
+				"tenant_weight{vendor,b}":            2,
+				"tenant_cap_capacity{vendor,0,a}":    1,
+				"tenant_cap_used{vendor,0,a}":        1,
+				"tenant_cap_capacity{vendor,0,b}":    1,
+				"tenant_cap_used{vendor,0,b}":        0,
+			} {
+				if got, ok := g[series]; !ok || got != want {
+					t.Errorf("scrape %d: %s = %v (%v), want %v", scrape, series, got, ok, want)
+				}
+			}
+			if got := g["tenant_next_free_seconds{vendor,a}"]; got < 3000 || got > 3600 {
+				t.Errorf("scrape %d: tenant a, its cap spent, has its next permit in %vs, want about an hour", scrape, got)
+			}
 		}
 		problems, err := testutil.GatherAndLint(reg)
 		if err != nil {
