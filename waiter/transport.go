@@ -100,11 +100,12 @@ func WithMaxPause(d time.Duration) TransportOption {
 // permits like the first send. The default, 0, never retries; n must not be negative
 // (an error wrapping ErrInvalidOption otherwise). Only a request without a body or with
 // GetBody (http.NewRequest sets it for bytes, strings and bytes.Reader bodies) is
-// retried. When GetBody fails, the last response is returned before the retry takes any
-// permit or books any cost. When the retry cannot be sent before the request's deadline, or the Reserver
-// fails, the last response is returned; when the context ends while the retry waits,
-// ctx.Err(). Each response discarded for a retry is drained (up to 64KiB, so its
-// connection can be reused) and closed, and TransportHooks.Retrying is called.
+// retried. When GetBody fails, the last response is returned before the retry takes
+// any permit or books any cost. When the retry cannot be sent before the request's
+// deadline, or the Reserver fails, the last response is returned; when the context ends
+// while the retry waits, ctx.Err(). Each response discarded for a retry is drained (up
+// to 64KiB, so its connection can be reused) and closed, and TransportHooks.Retrying is
+// called.
 func WithRetries(n int) TransportOption {
 	return checked(n >= 0, func(t *transport) { t.retries = n }, "retries %d, want >= 0", n)
 }
