@@ -328,17 +328,23 @@ func TestFailLocalKeepsTenantsCaps(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	granted := map[string]int{}
+	granted, byCap := map[string]int{}, map[string]int{}
 	for _, name := range []string{"a", "a", "a", "a", "b", "b", "b", "c", "c"} {
 		if r, err := l.Tenant(name).Allow(ctx); err != nil {
 			t.Fatal(err)
 		} else if r.Allowed {
 			granted[name]++
+		} else if r.ByCap {
+			byCap[name]++
 		}
 	}
 	// shares: the limits 10/2 = 5, each tenant's caps 4/2 = 2
 	if granted["a"] != 2 || granted["b"] != 2 || granted["c"] != 1 {
 		t.Fatalf("granted %v, want a 2 and b 2 (their caps' share), c 1 (the limits' share of 5)", granted)
+	}
+	// a denial says what denied it, as Redis's does: a's and b's their caps, c's the limits
+	if byCap["a"] != 2 || byCap["b"] != 1 || byCap["c"] != 0 {
+		t.Fatalf("denials by cap %v, want a 2, b 1, c 0", byCap)
 	}
 }
 
