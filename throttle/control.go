@@ -27,6 +27,9 @@ import (
 // bookings not yet in effect are given back, and booked again in their order when the
 // hold ends. It returns an error wrapping ErrInvalidArgument for d <= 0.
 func (l *Limiter) Pause(ctx context.Context, d time.Duration) error {
+	if err := l.usable(); err != nil { // before the hold, which a bad handle must not set
+		return err
+	}
 	if d <= 0 {
 		return fmt.Errorf("%w: pause %v", ErrInvalidArgument, d)
 	}
@@ -121,10 +124,11 @@ func (l *Limiter) ClearOverride(ctx context.Context) error {
 	return err
 }
 
-// controlCall makes one of the control ops, which act on the key whichever handle makes them.
+// controlCall makes one of the control ops, which act on the key whichever handle makes
+// them: a bad tenant's handle makes none (usable).
 func (l *Limiter) controlCall(ctx context.Context, call *protocol.Request) (reply, error) {
-	if l == nil {
-		return reply{}, fmt.Errorf("jobthrottle: %w: nil *throttle.Limiter", waiter.ErrNilReserver)
+	if err := l.usable(); err != nil {
+		return reply{}, err
 	}
 	if err := ctx.Err(); err != nil {
 		return reply{}, err

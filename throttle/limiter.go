@@ -439,7 +439,13 @@ func (l *Limiter) configState(ks *keyState) *configState {
 			cs.local = newLocalLogs(l.limits, l.a, l.policy.fleet)
 			if len(l.caps) > 0 {
 				cs.caps = &localCaps{tenants: map[string][]*localLog{},
-					make: func() []*localLog { return newLocalLogs(l.caps, l.a, l.policy.fleet) }}
+					make: func() []*localLog {
+						logs := newLocalLogs(l.caps, l.a, l.policy.fleet)
+						for _, g := range logs {
+							g.cap = true
+						}
+						return logs
+					}}
 			}
 		}
 		return cs

@@ -3,6 +3,8 @@ package throttle
 import (
 	"sync"
 	"time"
+
+	"github.com/jobthrottle/jobthrottle/internal/protocol"
 )
 
 // localLog is FailLocal's in-process limiter: the permit log of lua/log.lua in Go, with
@@ -13,6 +15,7 @@ type localLog struct {
 	limits  []Limit       // the process's share
 	maxN    int           // the largest n the share can ever grant
 	span    time.Duration // its longest period: how long a grant counts in it
+	cap     bool          // a tenant's caps' (localCaps): a denial it causes is ByCap
 	mu      sync.Mutex
 	entries []localEntry
 }
@@ -71,6 +74,19 @@ func acquireLocal(now int64, need func(unit string) int, maxWait int64, logs ...
 	}
 	r := grant{local: true, wait: time.Duration(t-now) * time.Microsecond}
 	if t-now > maxWait {
+		// denied by the logs whose own room comes later, as the script says: a tenant's
+		// caps (FlagCap) or the limits
+		var limits, caps int64
+		for _, g := range logs {
+			if n := need(g.unit); n > 0 && g.cap {
+				caps = max(caps, g.fit(n, now))
+			} else if n > 0 {
+				limits = max(limits, g.fit(n, now))
+			}
+		}
+		if caps > limits {
+			r.flags = protocol.FlagCap
+		}
 		return r
 	}
 	for _, g := range logs {

@@ -98,6 +98,43 @@ func TestTenantChecksItsNameAndWeight(t *testing.T) {
 	}
 }
 
+// A bad tenant's handle refuses every call, the control calls on the limiter's key
+// included: Pause, Resume, Override and ClearOverride return its error and change
+// nothing, in Redis or in the process (a pause's hold).
+func TestTenantBadHandleControlsNothing(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		l, err := New(b.Client, "bad-handle", PerSecond(5), WithKeyPrefix(b.Prefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range []struct {
+			h    *Limiter
+			want error
+		}{{l.Tenant(""), ErrInvalidKey}, {l.Tenant(strings.Repeat("x", 257)), ErrInvalidKey},
+			{l.Tenant("a", Weight(0)), ErrInvalidArgument}} {
+			calls := map[string]error{
+				"Pause":         c.h.Pause(ctx, time.Minute),
+				"Override":      c.h.Override(ctx, time.Minute, PerSecond(1)),
+				"Resume":        c.h.Resume(ctx),
+				"ClearOverride": c.h.ClearOverride(ctx),
+			}
+			for name, err := range calls {
+				if !errors.Is(err, c.want) {
+					t.Errorf("%s of a bad handle (%v): %v, want %v", name, c.h.tenant.err, err, c.want)
+				}
+			}
+		}
+		st, err := l.Inspect(ctx)
+		if err != nil || st.PausedFor != 0 || st.Override != 0 {
+			t.Fatalf("after the bad handles' calls: %+v %v, want no pause nor override", st, err)
+		}
+		if err := l.Wait(ctx); err != nil { // no hold of this process's either
+			t.Fatalf("the limiter's Wait: %v", err)
+		}
+	})
+}
+
 // tenantWaiter is a waiter of a tenant on the fake timeline: it asks when its time comes,
 // keeping its ticket while its turn has not come, and asks again when its permit takes
 // effect.
@@ -291,17 +328,23 @@ func TestFailLocalKeepsTenantsCaps(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	granted := map[string]int{}
+	granted, byCap := map[string]int{}, map[string]int{}
 	for _, name := range []string{"a", "a", "a", "a", "b", "b", "b", "c", "c"} {
 		if r, err := l.Tenant(name).Allow(ctx); err != nil {
 			t.Fatal(err)
 		} else if r.Allowed {
 			granted[name]++
+		} else if r.ByCap {
+			byCap[name]++
 		}
 	}
 	// shares: the limits 10/2 = 5, each tenant's caps 4/2 = 2
 	if granted["a"] != 2 || granted["b"] != 2 || granted["c"] != 1 {
 		t.Fatalf("granted %v, want a 2 and b 2 (their caps' share), c 1 (the limits' share of 5)", granted)
+	}
+	// a denial says what denied it, as Redis's does: a's and b's their caps, c's the limits
+	if byCap["a"] != 2 || byCap["b"] != 1 || byCap["c"] != 0 {
+		t.Fatalf("denials by cap %v, want a 2, b 1, c 0", byCap)
 	}
 }
 

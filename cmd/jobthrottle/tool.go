@@ -624,8 +624,19 @@ func (t *tool) weight(ctx context.Context) error {
 	if old != nil {
 		was = fmt.Sprintf(" (it was %s, %v more)", units(old.Units), round(left(old.End, now)))
 	}
+	// read back what is set now: the weight in millionths, for 2^45µs at most
+	if ks, err = t.look(ctx, key, false); err != nil {
+		return err
+	}
+	if now, err = t.serverNow(ctx); err != nil {
+		return err
+	}
+	set := weightOf(ks.meta(), tenant, now)
+	if set == nil {
+		return fmt.Errorf("%s: the weight of tenant %s was set and has ended already", keyText(key), keyText(tenant))
+	}
 	fmt.Fprintf(t.out, "%s: tenant %s now has weight %s%s in every process's fair share, for %v, in place of the weight its callers pass ('jobthrottle weight %s %s clear' ends it sooner)\n",
-		keyText(key), keyText(tenant), strconv.FormatFloat(t.o.weight, 'g', -1, 64), was, t.o.weightFor, keyText(key), keyText(tenant))
+		keyText(key), keyText(tenant), units(set.Units), was, round(left(set.End, now)), keyText(key), keyText(tenant))
 	t.after(ks, now, false, false)
 	return nil
 }
