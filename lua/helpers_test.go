@@ -239,7 +239,8 @@ func placeOf(k int64) float64 {
 	return float64(k/100) / math.Pow(10, float64(k%100-50))
 }
 
-// hold says that a tenant's request takes a place; ticket that it comes back with one.
+// hold says that a tenant's request takes a place (when it may wait for its turn: a
+// WaitN's, x its time left, or a task's); ticket that it comes back with one.
 func hold(r *protocol.Request) *protocol.Request            { r.Hold = true; return r }
 func ticket(r *protocol.Request, k int64) *protocol.Request { r.Ticket = k; return r }
 

@@ -727,7 +727,7 @@ func TestFairShare(t *testing.T) {
 				fail("the fair share's clock", m.Fair)
 			}
 			// with h it takes its place: a ticket, its finish tag moved on; twice, two places
-			out = c.run(t, b, tag, hold(A(acquire(1, 0))), hold(A(acquire(1, 0))))
+			out = c.run(t, b, tag, hold(A(acquire(1, protocol.MaxWait))), hold(A(acquire(1, protocol.MaxWait))))
 			if out[0].v != [7]int64{0, 7, 50 * ms, out[0].v[3], 0, out[0].v[5], turn | held} || placeOf(out[0].v[5]) != 300000 ||
 				placeOf(out[1].v[5]) != 400000 || out[1].v[6] != turn|held {
 				fail("A holds two places", out)
@@ -1379,11 +1379,11 @@ func TestTicketsOfALightTenant(t *testing.T) {
 			c := call{a: a, limits: []limit{{10, sec, 10}}}
 			A := func(r *protocol.Request) *protocol.Request { r = c.of("A", r); r.Units = 1; return r }
 			c.run(t, b, tag, A(acquire(1, 0)), A(acquire(1, 0)), A(acquire(1, 0)))
-			held := c.one(t, b, tag, hold(A(acquire(1, 0))))
+			held := c.one(t, b, tag, hold(A(acquire(1, protocol.MaxWait))))
 			if held.v[0] != 0 || held.v[6]&protocol.FlagTicket == 0 || held.v[5] > protocol.MaxWait || placeOf(held.v[5]) != 3e11 {
 				t.Fatalf("%s: A's fourth with h: %v, want a ticket for the place 3e11 below 2^53", a.tag, held)
 			}
-			if got := c.one(t, b, tag, ticket(hold(A(acquire(1, 0))), held.v[5])); got.v[0] != 0 || got.v[5] != held.v[5] {
+			if got := c.one(t, b, tag, ticket(hold(A(acquire(1, protocol.MaxWait))), held.v[5])); got.v[0] != 0 || got.v[5] != held.v[5] {
 				t.Fatalf("%s: A back with its ticket: %v %s, want its place still held (the same ticket)", a.tag, got.v, got.err)
 			}
 			task := c.one(t, b, tag, booking(hold(A(acquire(1, 0))), "x", 0))

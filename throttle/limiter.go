@@ -398,7 +398,7 @@ func (l *Limiter) giveBack(ctx context.Context, n int, g grant) error {
 		x = g.stamp
 	}
 	call := l.request(protocol.OpCancel, n, x)
-	call.Booking = g.task
+	call.Booking, call.Ticket = g.task, g.ticket
 	rep, err := l.send(ctx, ks, call, nil)
 	if err != nil || rep.v[0] != 1 {
 		return err

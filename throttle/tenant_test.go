@@ -8,6 +8,8 @@ import (
 	"math/rand"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -547,4 +549,84 @@ func checkNeverExceeds(t *testing.T, alg Algorithm, what string, g *redistest.Gr
 			t.Fatalf("%v, %s: %d in one window of %v", alg, what, most, lim)
 		}
 	}
+}
+
+// A tenant's request told to ask again later than its caller may wait takes no place in
+// the fair share, and one that held a place gives it back: 200 calls with a short
+// deadline (a client's requests with a timeout) leave the tenant, alone on an idle
+// limiter a second later, its permit within the horizon, not 200 places (10s) behind
+// them; and the places of a backlog of 100 whose holders come back with too short a
+// wait are given back (else 5s of places stand ahead).
+func TestTenantCallerThatCannotWaitTakesNoPlace(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		tl := newTimeline(t, b)
+		l := tl.limiter("leak", PerSecond(20))
+		acme := l.Tenant("acme")
+		var tickets []int64
+		for range 100 { // a backlog: some granted within the horizon, the rest places
+			g, err := acme.acquire(ctx, 1, time.Hour, nil, 0, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if g.ticket != 0 {
+				tickets = append(tickets, g.ticket)
+			}
+		}
+		if len(tickets) == 0 {
+			t.Fatal("no places taken by a backlog of 100 at 20/s")
+		}
+		for i := range 200 { // a 10ms deadline each: denied, as WaitN is
+			g, err := acme.acquire(ctx, 1, 10*ms, nil, 0, true)
+			if err != nil || g.granted || g.ticket != 0 {
+				t.Fatalf("ask %d: %+v %v, want denied with no place", i, g, err)
+			}
+		}
+		for i, k := range tickets { // the holders come back, and cannot wait: they leave
+			g, err := acme.acquire(ctx, 1, time.Microsecond, nil, k, true)
+			if err != nil || g.granted || g.ticket != 0 {
+				t.Fatalf("holder %d back with 1µs to wait: %+v %v, want denied, its place given back", i, g, err)
+			}
+		}
+		tl.at(time.Second)
+		g, err := acme.acquire(ctx, 1, time.Hour, nil, 0, true)
+		if err != nil || !g.granted || g.wait > 250*ms {
+			t.Fatalf("acme alone on an idle limiter 1s later: %+v %v, want granted within the horizon", g, err)
+		}
+	})
+}
+
+// A tenant's WaitN that leaves while it waits for its turn gives its place back: 100
+// waiters of one tenant, cancelled once each has its booking or place, leave it, alone
+// on an idle limiter a second later, its permit within the horizon, not behind their
+// places (5s at 20/s).
+func TestTenantWaitCancelledGivesItsPlaceBack(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		tl := newTimeline(t, b)
+		var asked atomic.Int32
+		l := tl.limiter("left", PerSecond(20), WithHooks(Hooks{
+			Allowed: func(string, int, time.Duration) { asked.Add(1) },
+			Denied:  func(string, int, Result) { asked.Add(1) },
+		}))
+		acme := l.Tenant("acme")
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		for range 100 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_ = acme.Wait(ctx)
+			}()
+		}
+		for asked.Load() < 100 { // each has its booking or its place
+			time.Sleep(time.Millisecond)
+		}
+		cancel()
+		wg.Wait()
+		tl.at(time.Second)
+		g, err := acme.acquire(context.Background(), 1, time.Hour, nil, 0, true) // (after the give-backs: settle)
+		if err != nil || !g.granted || g.wait > 250*ms {
+			t.Fatalf("acme alone on an idle limiter 1s later: %+v %v, want granted within the horizon", g, err)
+		}
+	})
 }

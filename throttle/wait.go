@@ -73,6 +73,9 @@ func (l *Limiter) waitN(ctx context.Context, n int) (grant, error) {
 		if !g.granted && (g.ticket != 0 || len(l.costs) > 0) && g.wait <= clock.MaxWait(ctx) {
 			ticket, waited = g.ticket, true
 			if err := waiter.NewReservation(true, g.wait, nil).Wait(ctx); err != nil {
+				if ticket != 0 { // its place goes back, or its tenant waits behind it
+					ks.leave(func() { _ = l.giveBack(givingBack(ctx), n, grant{ticket: ticket}) })
+				}
 				return grant{}, err
 			}
 			continue

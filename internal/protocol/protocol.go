@@ -57,7 +57,7 @@
 // letter and a value, the tenant's name last:
 //
 //	a <n> <wait_us> [b<i> l<late_us>] [q<i> c<i> u<unit>:<n>... w<weight> k<ticket> h] [t<name>]   acquire
-//	c <n> <token> [b<i>] [c<i>] [u<unit>:<n>...]       cancel (token: the booking's stamp with b)
+//	c <n> <token> [b<i>] [c<i>] [u<unit>:<n>...] [q<i> w<weight> k<ticket> t<name>]   cancel (token: the booking's stamp with b; k: a place given back)
 //	s <n> <token> e<i> u<unit>:<estimate>:<actual>... [q<i> c<i> w<weight> t<name>]   settle
 //	i [q<i> c<i> t<name>]                              inspect
 //	p <len_us> [q<i>]                                  pause (q: the queue lives as long as the clock)
@@ -70,7 +70,8 @@
 // An acquire of n = 0 takes nothing. b names a task's booking key, q the fair share's
 // key, c the tenant's state key (the limiter has caps), w the caller's weight, k a
 // ticket the caller holds, h that the caller takes a place (a ticket) when its turn has
-// not come. A settle charges a grant of n and the estimates at token (the acquire's
+// not come and it may wait for it (a task, or a wait of no more than its max wait); a
+// cancel with k gives a place back (its token is 0). A settle charges a grant of n and the estimates at token (the acquire's
 // reply's) the actual's difference in each unit, at the grant's place, once per record
 // key e. Requests are decided in order at one server instant, each as a call of its
 // own at that instant would be.

@@ -1103,6 +1103,16 @@ local function queue(name, F, W)
   changed = true
 end
 
+-- unqueue gives back the place of request q held at ticket S by a caller that leaves: its
+-- tenant's finish tag F goes back by its cost (no further than the clock's V), while the
+-- place still counts in a queue not emptied since.
+local function unqueue(q, name, u, F, S)
+  local f = meta.fair
+  if F and S and f.W > 0 and S <= f.Fmax + 1 and F > f.V then
+    queue(name, math.max(f.V, F - cost_time(q) * 1000000 / u), f.W)
+  end
+end
+
 -- life is how long the fair share's clock f lives, µs: until V reaches Fmax. kept_us is
 -- how long the state lives from now, its data mattering data µs: until neither its data
 -- nor a line of its meta matters. The writes set it; an inspect after them reports it.
@@ -1330,7 +1340,7 @@ local function acquire(r, q)
     end
     remaining = nil
   end
-  local t0, bound, t, wait, who, fr, h = math.max(now, pause), x, now, nil, nil, nil, nil
+  local t0, bound, t, wait, who, fr, h, beyond = math.max(now, pause), x, now, nil, nil, nil, nil, false
   if #P > 0 and (q.tenant or (q.cost and not q.b)) then
     -- a tenant's request books no further ahead than the horizon h (two of the group's slots
     -- at least, and its cost's time), nor does a caller's call of estimated costs: held
@@ -1347,7 +1357,7 @@ local function acquire(r, q)
     if ticket and (f.W == 0 or ticket > f.Fmax + 1) then -- a place in a queue emptied since
       ticket = nil -- (its tags start again from 0): the turn has come
     end
-    fr = {name = name, u = u, W = W, S = ticket or math.max(f.V, F or f.V), held = ticket}
+    fr = {name = name, u = u, W = W, S = ticket or math.max(f.V, F or f.V), held = ticket, F = F}
     if fr.S > f.V + h * 1000000 / W then -- its turn has not come: ask again when it does
       wait, who = math.max(1, turn(KEYS[q.q], fr.S, W, h)), 4
     end
@@ -1367,14 +1377,19 @@ local function acquire(r, q)
         wait = h
       end
     else
-      fr = nil -- (no place to take)
+      beyond = true -- (no place to take)
     end
   end
   if who then
     if replace then -- its permits were given back: a denial keeps no booking (a hold, its ticket)
       put(q.b, false)
     end
-    local hold = fr and q.hold
+    -- a caller told to ask again later than it may wait leaves: it takes no place, and
+    -- gives back the one it held (a task's is kept in its record: the task comes back)
+    local hold = fr and q.hold and not beyond and (wait <= x or q.b ~= nil)
+    if fr and not hold and not q.b then
+      unqueue(q, fr.name, fr.u, fr.F, fr.held)
+    end
     if hold then
       if not fr.held then
         queue(fr.name, fr.S + cost_time(q) * 1000000 / fr.u, fr.W)
@@ -1414,9 +1429,17 @@ end
 
 -- cancel decides request r, q a cancel: n permits (and its costs) booked at q.x (with b,
 -- q.x is the booking's stamp: the caller still holds it), given back on the group and the
--- tenant's caps.
+-- tenant's caps; with k, the place the caller held in its tenant's queue (x is 0).
 local function cancel(r, q)
-  local token, C, why = q.x, nil, nil
+  local token, C, why = q.x, nil, queue_foreign(q.q)
+  if why then
+    return why
+  end
+  if q.ticket then
+    fair(KEYS[q.q])
+    local name, u, F = member(q)
+    unqueue(q, name, u, F, q.ticket)
+  end
   if q.b then
     local rec
     rec, why = record(q.b)
