@@ -925,35 +925,43 @@ local function fair(qkey, readonly)
   end
   local had = meta.fair
   local f = had and {V = had.V, W = had.W, tV = had.tV, Fmax = had.Fmax} or {V = 0, W = 0, tV = now, Fmax = 0}
-  local t, skip = f.tV, 0
+  -- the members it passes, from the queue's head (read in runs that double, up to 64:
+  -- most calls pass one or none), leave it after the walk, up to 64 a command
+  local t, gone, m, i = f.tV, {}, {}, 1
   while f.W > 0 and t < now do
-    local m = redis.call('ZRANGE', qkey, string.format('%d', skip), string.format('%d', skip), 'WITHSCORES')
-    if #m == 0 then
-      f.W = 0
-      break
+    if i > #m then
+      local from = #gone
+      m, i = redis.call('ZRANGE', qkey, string.format('%d', from), string.format('%d', from + math.min(64, math.max(1, from)) - 1), 'WITHSCORES'), 1
+      if #m == 0 then
+        f.W = 0
+        break
+      end
     end
-    local F, u = score(m[2]), tonumber((string.match(m[1], '^(%d+) ')))
+    local F, u = score(m[i + 1]), tonumber((string.match(m[i], '^(%d+) ')))
     local reach = t + (F - f.V) * f.W / 1000000
     if reach > now then
       f.V, t = f.V + (now - t) * 1000000 / f.W, now
       break
     end
     f.V, t, f.W = math.max(f.V, F), math.max(t, reach), f.W - (u or 0)
-    if readonly then
-      skip = skip + 1
-    else
-      redis.call('ZREM', qkey, m[1])
-    end
+    gone[#gone + 1], i = m[i], i + 2
   end
   if f.W <= 0 then -- the queue is empty: tags start again from 0
     f.V, f.W, f.Fmax = 0, 0, 0
     if had and had.W > 0 and not readonly then
       redis.call('DEL', qkey)
     end
+  elseif not readonly then
+    for j = 1, #gone, 64 do
+      redis.call('ZREM', qkey, unpack(gone, j, math.min(j + 63, #gone)))
+    end
   end
   f.tV = math.max(t, f.tV, f.W == 0 and now or 0)
   if readonly then
     return f
+  end
+  for _, name in ipairs(gone) do -- (no longer queued: member reads no score for them)
+    finish[name] = false
   end
   -- (separate statements: common.lua says why)
   fair_key = qkey
@@ -1520,8 +1528,12 @@ end
 if served then
   local kept, f = kept_us(data_keep()), meta.fair
   if f and f.W > 0 and fair_key then
-    for name, F in pairs(queued) do -- (queued only after the clock moved)
-      redis.call('ZADD', fair_key, string.format('%.17g', F), name)
+    local zadd = {} -- (queued only after the clock moved; one ZADD for all)
+    for name, F in pairs(queued) do
+      zadd[#zadd + 1], zadd[#zadd + 2] = string.format('%.17g', F), name
+    end
+    if zadd[1] then
+      redis.call('ZADD', fair_key, unpack(zadd))
     end
     redis.call('PEXPIRE', fair_key, ms(life(f)))
   end
