@@ -660,13 +660,12 @@ end
 -- ...), or returns nil and why. A cost goes to q.cost[unit] (a settle's actual to
 -- q.actual[unit]); q.ctext is the costs' text as sent, which a task's record keeps.
 local function parse_request(text)
-  local t = string.find(text, ' t', 1, true)
-  local q, w = {tenant = t and string.sub(text, t + 2), ctext = ''}, {}
+  local t, w = string.find(text, ' t', 1, true), {nil, nil, nil, nil, nil, nil, nil, nil}
   for f in string.gmatch(t and string.sub(text, 1, t - 1) or text, '%S+') do
     w[#w + 1] = f
   end
-  local op, nf = w[1], 3
-  q.op = op
+  local op, nf = w[1], 3 -- (q made at its size for an acquire's fields, nil until read)
+  local q = {op = op, tenant = t and string.sub(text, t + 2), ctext = '', n = nil, x = nil, q = nil, c = nil, b = nil}
   if q.tenant and (#q.tenant < 1 or #q.tenant > 256) then
     return nil, 'tenant name of ' .. #q.tenant .. ' bytes'
   elseif op == 'a' or op == 'c' or op == 's' then
@@ -1220,13 +1219,14 @@ local function acquire(r, q)
     end
     remaining = nil
   end
-  local t0, bound, t, wait, who, fr, h = math.max(now, pause), x, now, nil, nil, nil, nil
+  local t0, bound, t, wait, who, fr, h, ct = math.max(now, pause), x, now, nil, nil, nil, nil, nil
   if #P > 0 and (q.tenant or (q.cost and not q.b)) then
     -- a tenant's request books no further ahead than the horizon h (two of the group's slots
     -- at least, and its cost's time), nor does a caller's call of estimated costs: held
     -- further, its estimate would keep room that the refunds of the settles before it free (a
     -- task's booking, handed back to its queue, is kept however far)
-    h = math.max(250000, 2 * lim[1][2] / lim[1][1], cost_time(q))
+    ct = cost_time(q) -- (ct: its cost's time, for its finish tag too)
+    h = math.max(250000, 2 * lim[1][2] / lim[1][1], ct)
     bound = math.min(x, h)
   end
   if q.tenant and #P > 0 then
@@ -1267,7 +1267,7 @@ local function acquire(r, q)
     local hold = fr and q.hold
     if hold then
       if not fr.held then
-        queue(fr.name, fr.S + cost_time(q) * 1000000 / fr.u, fr.W)
+        queue(fr.name, fr.S + ct * 1000000 / fr.u, fr.W)
         fr.held = fr.S
       end
       if q.b then
@@ -1285,7 +1285,7 @@ local function acquire(r, q)
   if #P > 0 then
     remaining = nil
     if fr and not fr.held then
-      queue(fr.name, fr.S + cost_time(q) * 1000000 / fr.u, fr.W)
+      queue(fr.name, fr.S + ct * 1000000 / fr.u, fr.W)
     end
   end
   local stamp = 0
