@@ -771,16 +771,23 @@ end
 -- ...), or returns nil and why. A cost goes to q.cost[unit] (a settle's actual to
 -- q.actual[unit]); q.ctext is the costs' text as sent, which a task's record keeps.
 local function parse_request(text)
+  -- a tenant's acquire as Go writes it, "a <n> <x> q<i> c<i> t<name>" (luaexec's tenant
+  -- acquire), is read with one match when its fields are in range; any other word by word
   local t, w = string.find(text, ' t', 1, true), {nil, nil, nil, nil, nil, nil, nil, nil}
-  for f in string.gmatch(t and string.sub(text, 1, t - 1) or text, '%S+') do
-    w[#w + 1] = f
+  local n, x, qi, ci = string.match(text, '^a (%d+) (%d+) q(%d+) c(%d+) t')
+  n, x, qi, ci = int(n, 0, 1000000000), int(x, 0, 9007199254740991), int(qi, 2, #KEYS), int(ci, 2, #KEYS)
+  local ok = n and x and qi and ci
+  if not ok then
+    for f in string.gmatch(t and string.sub(text, 1, t - 1) or text, '%S+') do
+      w[#w + 1] = f
+    end
   end
-  local op, nf = w[1], 3 -- (q made at its size for an acquire's fields, nil until read)
-  local q = {op = op, tenant = t and string.sub(text, t + 2), ctext = '', n = nil, x = nil, q = nil, c = nil, b = nil}
+  local op, nf = ok and 'a' or w[1], 3 -- (q made at its size for an acquire's fields, nil until read)
+  local q = {op = op, tenant = t and string.sub(text, t + 2), ctext = '', n = nil, x = nil, q = ok and qi, c = ok and ci}
   if q.tenant and (#q.tenant < 1 or #q.tenant > 256) then
     return nil, 'tenant name of ' .. #q.tenant .. ' bytes'
   elseif op == 'a' or op == 'c' or op == 's' then
-    q.n, q.x = int(w[2], 0, 1000000000), int(w[3], 0, 9007199254740991)
+    q.n, q.x = ok and n or int(w[2], 0, 1000000000), ok and x or int(w[3], 0, 9007199254740991)
     if not q.n or not q.x then
       return nil, 'n or its second field'
     end
@@ -1036,7 +1043,8 @@ local function fair(qkey, readonly)
   local t, gone, m, i = f.tV, {}, {}, 1
   while f.W > 0 and t < now do
     if i > #m then
-      m, i = redis.call('ZRANGE', qkey, string.format('%d', #gone), string.format('%d', #gone + math.min(64, math.max(1, #gone)) - 1), 'WITHSCORES'), 1
+      local to = #gone + math.min(64, math.max(1, #gone)) - 1
+      m, i = redis.call('ZRANGE', qkey, string.format('%d', #gone), string.format('%d', to), 'WITHSCORES'), 1
       if #m == 0 then
         f.W = 0
         break
@@ -1602,18 +1610,9 @@ end
 for r = 1, k do
   local q = ops[r]
   if q and not ext[r] then
-    local op, why = q.op, nil
-    if op == 'a' then
-      why = acquire(r, q)
-    elseif op == 'c' then
-      why = cancel(r, q)
-    elseif op == 'i' then
-      why = inspect(r, q)
-    elseif op == 's' then
-      why = settle(r, q)
-    else
-      why = control(r, q)
-    end
+    local op = q.op
+    local why = (op == 'a' and acquire or op == 'c' and cancel or op == 'i' and inspect
+      or op == 's' and settle or control)(r, q)
     ext[r], served = why or ext[r], served or (not why and op ~= 'i')
   end
   if foreign_part(G) then -- a read after load found the state foreign: it fails every request
