@@ -45,6 +45,8 @@ local function ms(us)
 end
 
 
+return (function() -- (the second group's own, see Generate)
+
 -- [common.lua from line 44]
 -- @cold: what follows only the slow paths need (see lua/internal/gen).
 
@@ -393,3 +395,4 @@ if wrote then -- each set lives until its latest expiry
   end
 end
 return reply(out, k, ext)
+end)()

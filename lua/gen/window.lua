@@ -368,6 +368,8 @@ if nargv >= 3 and nargv <= 2 + 1000 and ARGV[2] == '' then
 end
 
 
+return (function() -- (the second group's own, see Generate)
+
 -- [common.lua from line 44]
 -- @cold: what follows only the slow paths need (see lua/internal/gen).
 
@@ -1567,3 +1569,4 @@ if gst.found then -- the reply ends with the head found, its bytes then their co
   out[#out + 1] = #gst.found
 end
 return out
+end)()
