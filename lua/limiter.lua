@@ -188,10 +188,8 @@ if ARGV[2] ~= '' then
   end
   cparts = parts
 end
-for _, parts in ipairs({G, cparts}) do
-  for _, p in ipairs(parts) do
-    known[p.unit] = true
-  end
+for i = 1, #G + #cparts do
+  known[(G[i] or cparts[i - #G]).unit] = true
 end
 local k = nargv - 2
 -- base is "{…}:", the tag of KEYS[1] ("{…}:l"): every key a request names, and each
@@ -338,17 +336,23 @@ end
 -- ...), or returns nil and why. A cost goes to q.cost[unit] (a settle's actual to
 -- q.actual[unit]); q.ctext is the costs' text as sent, which a task's record keeps.
 local function parse_request(text)
-  local t = string.find(text, ' t', 1, true)
-  local q, w = {tenant = t and string.sub(text, t + 2), ctext = ''}, {}
-  for f in string.gmatch(t and string.sub(text, 1, t - 1) or text, '%S+') do
-    w[#w + 1] = f
+  -- a tenant's acquire as Go writes it, "a <n> <x> q<i> c<i> t<name>" (luaexec's tenant
+  -- acquire), is read with one match when its fields are in range; any other word by word
+  local t, w = string.find(text, ' t', 1, true), {nil, nil, nil, nil, nil, nil, nil, nil}
+  local n, x, qi, ci = string.match(text, '^a (%d+) (%d+) q(%d+) c(%d+) t')
+  n, x, qi, ci = int(n, 0, MAX_RATE), int(x, 0, MAX_WAIT), int(qi, 2, #KEYS), int(ci, 2, #KEYS)
+  local ok = n and x and qi and ci
+  if not ok then
+    for f in string.gmatch(t and string.sub(text, 1, t - 1) or text, '%S+') do
+      w[#w + 1] = f
+    end
   end
-  local op, nf = w[1], 3
-  q.op = op
+  local op, nf = ok and OP_ACQUIRE or w[1], 3 -- (q made at its size for an acquire's fields, nil until read)
+  local q = {op = op, tenant = t and string.sub(text, t + 2), ctext = '', n = nil, x = nil, q = ok and qi, c = ok and ci}
   if q.tenant and (#q.tenant < 1 or #q.tenant > MAX_TENANT) then
     return nil, 'tenant name of ' .. #q.tenant .. ' bytes'
   elseif op == OP_ACQUIRE or op == OP_CANCEL or op == OP_SETTLE then
-    q.n, q.x = int(w[2], 0, MAX_RATE), int(w[3], 0, MAX_WAIT)
+    q.n, q.x = ok and n or int(w[2], 0, MAX_RATE), ok and x or int(w[3], 0, MAX_WAIT)
     if not q.n or not q.x then
       return nil, 'n or its second field'
     end
@@ -539,9 +543,9 @@ end
 gst.nolim = G[1].st ~= gst -- it holds the meta alone
 -- foreign_part returns the failure of a state of parts found foreign by a read after load.
 local function foreign_part(parts)
-  for _, p in ipairs(parts) do
-    if p.st.err then
-      return fail(E_STATE, p.st.err)
+  for i = 1, #parts do
+    if parts[i].st.err then
+      return fail(E_STATE, parts[i].st.err)
     end
   end
 end
@@ -553,13 +557,11 @@ end
 -- with st and key), the calls' at KEYS[i] and another unit's in the keys after it.
 local tstates = {}
 local function tenant_state(i)
-  if not i then -- no tenant's caps
-    return nil
-  end
-  local ts = tstates[i]
-  if ts == nil then
+  local ts = i and tstates[i] -- (i nil: no tenant's caps)
+  if i and ts == nil then
     ts = {}
-    for j, p in ipairs(cparts) do
+    for j = 1, #cparts do
+      local p = cparts[j]
       ts[j] = {unit = p.unit, head = p.head, lim = p.lim, cap = p.cap, key = KEYS[i + j - (cparts[1].unit == '' and 1 or 0)]}
       local why = part_state(ts[j], nil, 0)
       if why then
@@ -569,7 +571,7 @@ local function tenant_state(i)
     end
     tstates[i] = ts
   end
-  local why = ts.code and ts or foreign_part(ts)
+  local why = ts and (ts.code and ts or foreign_part(ts))
   return not why and ts, why
 end
 
@@ -577,16 +579,13 @@ end
 -- (costs: another set by unit, a settle's actual). cost_time is the time q's costs take
 -- the group's limits, µs: the most of its parts' (n × its first limit's slot).
 local function need(p, q, costs)
-  if p.unit == '' then
-    return q.n
-  end
   costs = costs or q.cost
-  return costs and costs[p.unit] or 0
+  return p.unit == '' and q.n or costs and costs[p.unit] or 0
 end
 local function cost_time(q, costs)
   local c = 0
-  for _, p in ipairs(G) do
-    c = math.max(c, need(p, q, costs) * p.lim[1][2] / p.lim[1][1])
+  for i = 1, #G do
+    c = math.max(c, need(G[i], q, costs) * G[i].lim[1][2] / G[i].lim[1][1])
   end
   return c
 end
@@ -604,35 +603,43 @@ local function fair(qkey, readonly)
   end
   local had = meta.fair
   local f = had and {V = had.V, W = had.W, tV = had.tV, Fmax = had.Fmax} or {V = 0, W = 0, tV = now, Fmax = 0}
-  local t, skip = f.tV, 0
+  -- the members it passes (read from the head in runs that double, to 64: most calls pass
+  -- one or none) leave the queue after the walk, up to 64 a command
+  local t, gone, m, i = f.tV, {}, {}, 1
   while f.W > 0 and t < now do
-    local m = redis.call('ZRANGE', qkey, string.format('%d', skip), string.format('%d', skip), 'WITHSCORES')
-    if #m == 0 then
-      f.W = 0
-      break
+    if i > #m then
+      local to = #gone + math.min(64, math.max(1, #gone)) - 1
+      m, i = redis.call('ZRANGE', qkey, string.format('%d', #gone), string.format('%d', to), 'WITHSCORES'), 1
+      if #m == 0 then
+        f.W = 0
+        break
+      end
     end
-    local F, u = score(m[2]), tonumber((string.match(m[1], '^(%d+) ')))
+    local F, u = score(m[i + 1]), tonumber((string.match(m[i], '^(%d+) ')))
     local reach = t + (F - f.V) * f.W / 1000000
     if reach > now then
       f.V, t = f.V + (now - t) * 1000000 / f.W, now
       break
     end
     f.V, t, f.W = math.max(f.V, F), math.max(t, reach), f.W - (u or 0)
-    if readonly then
-      skip = skip + 1
-    else
-      redis.call('ZREM', qkey, m[1])
-    end
+    gone[#gone + 1], i = m[i], i + 2
   end
   if f.W <= 0 then -- the queue is empty: tags start again from 0
     f.V, f.W, f.Fmax = 0, 0, 0
     if had and had.W > 0 and not readonly then
       redis.call('DEL', qkey)
     end
+  elseif not readonly then
+    for j = 1, #gone, 64 do
+      redis.call('ZREM', qkey, unpack(gone, j, math.min(j + 63, #gone)))
+    end
   end
   f.tV = math.max(t, f.tV, f.W == 0 and now or 0)
   if readonly then
     return f
+  end
+  for j = 1, #gone do -- (no longer queued: member reads no score for them)
+    finish[gone[j]] = false
   end
   -- (separate statements: common.lua says why)
   fair_key = qkey
@@ -702,8 +709,8 @@ end
 -- dirty says the call changed the group's state: its meta or a part's data; data_keep how
 -- long the group's data matters, µs: the longest of its parts' (each part's in p.keep).
 local function dirty()
-  for _, p in ipairs(G) do
-    if p.st.dirty then
+  for i = 1, #G do
+    if G[i].st.dirty then
       return true
     end
   end
@@ -711,9 +718,9 @@ local function dirty()
 end
 local function data_keep()
   local data = 0
-  for _, p in ipairs(G) do
-    local _, _, pk = report(p.st, p.lim, now, oend)
-    p.keep, data = pk, math.max(data, pk)
+  for i = 1, #G do
+    local _, _, pk = report(G[i].st, G[i].lim, now, oend)
+    G[i].keep, data = pk, math.max(data, pk)
   end
   return data
 end
@@ -771,24 +778,22 @@ end
 -- count); exceeds the failure of a request above what the limits in force or the caps can
 -- ever grant, if it is.
 local function takes(q, C)
-  local P = {}
-  for _, parts in ipairs({G, C or {}}) do
-    for _, p in ipairs(parts) do
-      local n = need(p, q)
-      if n > 0 then
-        P[#P + 1], P[#P + 2], P[#P + 3] = p.st, p.lim, n
-      end
+  local P = {nil, nil, nil, nil, nil, nil, group = false} -- (made at its size for a part of each)
+  for i = 1, #G + (C and #C or 0) do
+    local p = G[i] or C[i - #G]
+    local n = need(p, q)
+    if n > 0 then
+      P[#P + 1], P[#P + 2], P[#P + 3] = p.st, p.lim, n
     end
-    P.group = P.group or #P / 3
+    P.group = P.group or i == #G and #P / 3
   end
   return P
 end
 local function exceeds(q)
-  for _, parts in ipairs({G, q.c and cparts or {}}) do
-    for _, p in ipairs(parts) do
-      if need(p, q) > p.cap then
-        return fail(E_EXCEEDS, 'JTEXCEEDS n above what the limits in force or the caps can grant')
-      end
+  for i = 1, #G + (q.c and #cparts or 0) do
+    local p = G[i] or cparts[i - #G]
+    if need(p, q) > p.cap then
+      return fail(E_EXCEEDS, 'JTEXCEEDS n above what the limits in force or the caps can grant')
     end
   end
 end
@@ -908,13 +913,14 @@ local function acquire(r, q)
     end
     remaining = nil
   end
-  local t0, bound, t, wait, who, fr, h, beyond = math.max(now, pause), x, now, nil, nil, nil, nil, false
+  local t0, bound, t, wait, who, fr, h, ct, beyond = math.max(now, pause), x, now, nil, nil, nil, nil, nil, false
   if #P > 0 and (q.tenant or (q.cost and not q.b)) then
     -- a tenant's request books no further ahead than the horizon h (two of the group's slots
     -- at least, and its cost's time), nor does a caller's call of estimated costs: held
     -- further, its estimate would keep room that the refunds of the settles before it free (a
     -- task's booking, handed back to its queue, is kept however far)
-    h = math.max(HORIZON, 2 * lim[1][2] / lim[1][1], cost_time(q))
+    ct = cost_time(q) -- (ct: its cost's time, for its finish tag too)
+    h = math.max(HORIZON, 2 * lim[1][2] / lim[1][1], ct)
     bound = math.min(x, h)
   end
   if q.tenant and #P > 0 then
@@ -960,7 +966,7 @@ local function acquire(r, q)
     end
     if hold then
       if not fr.held then
-        queue(fr.name, fr.S + cost_time(q) * 1000000 / fr.u, fr.W)
+        queue(fr.name, fr.S + ct * 1000000 / fr.u, fr.W)
         fr.held = fr.S
       end
       if q.b then
@@ -978,7 +984,7 @@ local function acquire(r, q)
   if #P > 0 then
     remaining = nil
     if fr and not fr.held then
-      queue(fr.name, fr.S + cost_time(q) * 1000000 / fr.u, fr.W)
+      queue(fr.name, fr.S + ct * 1000000 / fr.u, fr.W)
     end
   end
   local stamp = 0
@@ -1054,23 +1060,20 @@ local function settle(r, q)
     return why
   end
   local span, status = 0, 3 -- how long the grant counts
-  for _, parts in ipairs({G, C or {}}) do
-    for _, p in ipairs(parts) do
-      for _, l in ipairs(p.lim) do
-        span = math.max(span, l[3] and math.ceil(l[3] * l[2] / l[1]) or l[2])
-      end
+  for i = 1, #G + (C and #C or 0) do
+    for _, l in ipairs((G[i] or C[i - #G]).lim) do
+      span = math.max(span, l[3] and math.ceil(l[3] * l[2] / l[1]) or l[2])
     end
   end
   if v then
     status = 2
   elseif token + span > now then
     status = 1
-    for _, parts in ipairs({G, C or {}}) do
-      for _, p in ipairs(parts) do
-        local d = q.actual[p.unit] and q.actual[p.unit] - q.cost[p.unit]
-        if d and d ~= 0 then
-          adjust(p.st, p.lim, d, token, now)
-        end
+    for i = 1, #G + (C and #C or 0) do
+      local p = G[i] or C[i - #G]
+      local d = q.actual[p.unit] and q.actual[p.unit] - q.cost[p.unit]
+      if d and d ~= 0 then
+        adjust(p.st, p.lim, d, token, now)
       end
     end
     if q.tenant then
@@ -1195,18 +1198,9 @@ end
 for r = 1, k do
   local q = ops[r]
   if q and not ext[r] then
-    local op, why = q.op, nil
-    if op == OP_ACQUIRE then
-      why = acquire(r, q)
-    elseif op == OP_CANCEL then
-      why = cancel(r, q)
-    elseif op == OP_INSPECT then
-      why = inspect(r, q)
-    elseif op == OP_SETTLE then
-      why = settle(r, q)
-    else
-      why = control(r, q)
-    end
+    local op = q.op
+    local why = (op == OP_ACQUIRE and acquire or op == OP_CANCEL and cancel or op == OP_INSPECT and inspect
+      or op == OP_SETTLE and settle or control)(r, q)
     ext[r], served = why or ext[r], served or (not why and op ~= OP_INSPECT)
   end
   if foreign_part(G) then -- a read after load found the state foreign: it fails every request
@@ -1222,8 +1216,12 @@ end
 if served then
   local kept, f = kept_us(data_keep()), meta.fair
   if f and f.W > 0 and fair_key then
-    for name, F in pairs(queued) do -- (queued only after the clock moved)
-      redis.call('ZADD', fair_key, string.format('%.17g', F), name)
+    local zadd = {} -- (queued only after the clock moved; one ZADD for all)
+    for name, F in pairs(queued) do
+      zadd[#zadd + 1], zadd[#zadd + 2] = string.format('%.17g', F), name
+    end
+    if zadd[1] then
+      redis.call('ZADD', fair_key, unpack(zadd))
     end
     redis.call('PEXPIRE', fair_key, ms(life(f)))
   end
@@ -1233,20 +1231,18 @@ if served then
     local text = format_meta(meta)
     save(gst, KEYS[1], kept, text ~= gst.meta and text or nil, gst.nolim or G[1].keep <= 0)
   end
-  local sets = {G} -- (the parts with a key of their own: their heads are their metas)
-  for _, ts in pairs(tstates) do
-    sets[#sets + 1] = not ts.code and ts or nil
-  end
-  for _, parts in ipairs(sets) do
-    for _, p in ipairs(parts) do
+  tstates[0] = G -- (and the group's parts: those with a key of their own have their heads as metas)
+  for _, parts in pairs(tstates) do
+    for i = 1, parts.code and 0 or #parts do
+      local p = parts[i]
       if p.st ~= gst and p.st.dirty and not p.st.err then
         local _, _, pk = report(p.st, p.lim, now, parts == G and oend or 0)
         save(p.st, p.key, pk, (p.st.absent or p.st.rehead) and p.head or nil)
       end
     end
   end
-  for _, i in ipairs(booked) do
-    local rec = books[i]
+  for j = 1, #booked do
+    local i, rec = booked[j], books[booked[j]]
     if rec and rec.ticket then -- a task handed back keeps its place while it may still come
       redis.call('SET', KEYS[i], string.format('t %d %d', ticket_of(rec.ticket), rec.n) .. rec.ctext,
         'PX', ms(rec.due + 60000000))
@@ -1258,8 +1254,8 @@ if served then
     end
     books[i] = nil
   end
-  for _, text in ipairs(wakes) do
-    redis.call('PUBLISH', (string.match(KEYS[1], '^(.*:)') or '') .. 'wake', text)
+  for i = 1, #wakes do
+    redis.call('PUBLISH', (string.match(KEYS[1], '^(.*:)') or '') .. 'wake', wakes[i])
   end
 end
 reply(out, k, ext)

@@ -11,7 +11,10 @@
 -- plain decimal digits in range. Where speed matters (bench/cmd/luaexec's lone acquire),
 -- floor(a / b) is written (a - a % b) / b, min and max as comparisons, and a number read
 -- as text that has no leading zero by coercion (x + 0): tonumber reads the text twice, and
--- gopher-lua (miniredis's Lua) would read a leading zero as octal. A failed string.match
+-- gopher-lua (miniredis's Lua) would read a leading zero as octal. On the request loop's
+-- path too (luaexec's tenant acquire, lone and in a batch), a loop over a sequence counts
+-- (for i = 1, #t) rather than calling ipairs, and a table is made at its size (a table
+-- grown key by key is rehashed as it grows). A failed string.match
 -- passed straight to a function is wrapped in parentheses: gopher-lua's returns no value,
 -- and tonumber() raises. gopher-lua also miscompiles a multiple assignment that sets an
 -- upvalue beside a table field: write separate statements.
@@ -42,7 +45,9 @@ local function ms(us)
 end
 
 
--- [common.lua from line 41]
+return (function() -- (the second group's own, see Generate)
+
+-- [common.lua from line 44]
 -- @cold: what follows only the slow paths need (see lua/internal/gen).
 
 -- int reads s, plain decimal digits, as an integer in [lo, hi], or nil.
@@ -390,3 +395,4 @@ if wrote then -- each set lives until its latest expiry
   end
 end
 return reply(out, k, ext)
+end)()
