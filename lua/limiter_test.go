@@ -643,14 +643,14 @@ func TestTenantsTakeFromGroupAndCaps(t *testing.T) {
 			if n := b.Client.Exists(ctx, tag+":t:C").Val(); n != 0 {
 				fail("C's state was written", n)
 			}
-			// inspect: the caps' capacity and availability after the tenant's place
+			// inspect: the caps' capacity and availability after the tenant's place and weight
 			got := c.one(t, b, tag, c.of("A", inspect()))
-			if e := got.extra; len(e) != 5+3+3 || e[9] != 2 || e[10] != 0 || e[8] <= 0 {
-				fail("inspect A, want its place, then capacity 2, 0 available", got)
+			if e := got.extra; len(e) != 5+3+4 || e[9] != 1000000 || e[10] != 2 || e[11] != 0 || e[8] <= 0 {
+				fail("inspect A, want its place, weight 1, then capacity 2, 0 available", got)
 			}
 			got = c.one(t, b, tag, c.of("C", inspect()))
-			if e := got.extra; len(e) != 5+3+3 || e[8] != -1 || e[9] != 2 || e[10] != 2 {
-				fail("inspect C, want no place, capacity 2, 2 available", got)
+			if e := got.extra; len(e) != 5+3+4 || e[8] != -1 || e[9] != 1000000 || e[10] != 2 || e[11] != 2 {
+				fail("inspect C, want no place, weight 1, capacity 2, 2 available", got)
 			}
 			// both full: the denial names the limit whose room comes later (the horizon is
 			// two of the group's slots, so a lone tenant's turn has come)
@@ -675,7 +675,7 @@ func TestTenantsTakeFromGroupAndCaps(t *testing.T) {
 			newClock(t, b, tag)
 			f.run(t, b, tag, f.of("J", acquire(2, 0)), f.of("L", acquire(2, 0)))
 			out := f.run(t, b, tag, f.of("K", acquire(1, 0)), f.of("K", acquire(1, 250*ms)), f.of("K", inspect()), inspect())
-			if out[0].v[6] != group || out[1].v[0] != 1 || out[1].v[4] <= now || out[2].extra[10] > 1 || out[3].extra[0] != 1 {
+			if out[0].v[6] != group || out[1].v[0] != 1 || out[1].v[4] <= now || out[2].extra[11] > 1 || out[3].extra[0] != 1 {
 				fail("a booking ahead on both", out)
 			}
 		}

@@ -197,13 +197,13 @@ func (l *Limiter) Inspect(ctx context.Context) (LimiterState, error) {
 		st.Limits[i] = LimitState{Limit: lim, Capacity: int(capacity), Used: int(capacity - avail)}
 	}
 	x = x[n:]
-	if t := l.tenant; t != nil { // its place, then capacity and available per cap
-		if len(x) != 1+2*len(l.caps) {
+	if t := l.tenant; t != nil { // its place and weight units, then capacity and available per cap
+		if len(x) != 2+2*len(l.caps) {
 			return bad()
 		}
-		ts := &TenantState{Name: t.name, Weight: float64(t.units) / unitWeight, Queued: micros(max(0, x[0]))}
+		ts := &TenantState{Name: t.name, Weight: float64(x[1]) / unitWeight, Queued: micros(max(0, x[0]))}
 		for i, c := range l.caps {
-			ts.Caps = append(ts.Caps, LimitState{Limit: c, Capacity: int(x[1+2*i]), Used: int(x[1+2*i] - x[2+2*i])})
+			ts.Caps = append(ts.Caps, LimitState{Limit: c, Capacity: int(x[2+2*i]), Used: int(x[2+2*i] - x[3+2*i])})
 		}
 		st.Tenant = ts
 		return st, nil

@@ -735,3 +735,28 @@ func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 		return next(ctx, cmds)
 	}
 }
+
+// A tenant's handle's Inspect gives the weight its requests are queued with: an
+// operator's while one lasts (OverrideWeight), not the handle's own.
+func TestInspectTenantWeightInForce(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		tl := newTimeline(t, b)
+		l := tl.limiter("weighed", PerSecond(20))
+		acme := l.Tenant("acme")
+		if _, err := acme.acquire(ctx, 1, time.Hour, nil, 0, true); err != nil {
+			t.Fatal(err)
+		}
+		if err := acme.OverrideWeight(ctx, time.Minute, 5); err != nil {
+			t.Fatal(err)
+		}
+		st, err := acme.Inspect(ctx)
+		if err != nil || st.Tenant == nil || st.Tenant.Weight != 5 {
+			t.Fatalf("Inspect under an operator's weight 5: %+v, %v; want weight 5", st.Tenant, err)
+		}
+		tl.at(2 * time.Minute)
+		if st, err = acme.Inspect(ctx); err != nil || st.Tenant.Weight != 1 {
+			t.Fatalf("Inspect once the operator's weight ended: %+v, %v; want the handle's 1", st.Tenant, err)
+		}
+	})
+}

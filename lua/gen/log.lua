@@ -1608,7 +1608,8 @@ end
 -- tenant's when it names one. Its detail (the extra region): booked, ahead_us,
 -- paused_us, pttl_ms, override_us, then rate, capacity, available per limit; then, with
 -- the fair share's key: for a tenant, its place (µs until the clock reaches its finish
--- tag, -1 when it has nothing queued) and each cap's capacity and available; for the
+-- tag, -1 when it has nothing queued), its weight units (an operator's while it lasts)
+-- and each cap's capacity and available; for the
 -- group, its weight in the queue (W, millionths) and k, then per tenant of the k (at
 -- most 10) with the most queued its place, its weight units, its name's length and bytes.
 local function inspect(r, q)
@@ -1636,8 +1637,8 @@ local function inspect(r, q)
   end
   limits(G, true)
   if q.tenant then
-    local _, _, F = member(q)
-    d[#d + 1] = (F and F > f.V) and math.ceil((F - f.V) * f.W / 1000000) or -1
+    local _, u, F = member(q)
+    d[#d + 1], d[#d + 2] = (F and F > f.V) and math.ceil((F - f.V) * f.W / 1000000) or -1, u
     if q.c then
       local C
       C, why = tenant_state(q.c)
