@@ -511,9 +511,8 @@ func testACL(t *testing.T, s *aclServer) {
 }
 
 // A user with ACLRules alone keeps working while its limiter's slot migrates (go-redis's
-// cluster client and the send path's redirect send ASKING to the node importing it), on
-// the call that meets the move and the calls that go to that node straight; a user
-// without +asking gets errors wrapping ErrNoPermission that name it, on those calls too.
+// cluster client sends ASKING to the node importing it, before each call there); a user
+// without +asking gets errors wrapping ErrNoPermission that name it.
 func TestACLRulesThroughAReshard(t *testing.T) {
 	parallel(t)
 	tc, admin := redistest.OwnCluster(t)

@@ -168,7 +168,6 @@ type keyState struct {
 	// overridden: until when an override of the rates may be in force (UnixNano), as
 	// this process set it or a read found it: StateLost cannot judge Remaining then
 	overridden atomic.Int64
-	asked      atomic.Pointer[string] // the node a migrating slot sends the key's transactions to (redirect)
 	// keep is until when something of this state matters (a local grant in its
 	// window, a grant StateLost compares with, an open breaker): UnixNano
 	keep atomic.Int64

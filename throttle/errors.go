@@ -175,9 +175,8 @@ func isUnavailable(ctx context.Context, err error) bool {
 // unavailableReplies are the beginnings of Redis's error replies that say it cannot
 // serve now, whoever asks and whatever they ask: the server's state, not the caller's
 // input or a key's contents. EXECABORT without a cause is a transaction refused for one
-// of these: a call queued in MULTI that Redis refused (OOM, LOADING, BUSY…), or one
-// go-redis's cluster client sent to the wrong node and reports only so (see redirect);
-// one that names its cause ("because of: NOPERM …", EXEC refused) is that cause's.
+// of these: a call queued in MULTI that Redis refused (OOM, LOADING, BUSY…); one
+// that names its cause ("because of: NOPERM …", EXEC refused) is that cause's.
 // Redis writes "ERR max number of clients reached" on a connection it then closes;
 // go-redis reads it when its first command is written before the close, and otherwise
 // reports the closed connection (broken pipe, reset), which is unavailable too.

@@ -473,8 +473,8 @@ func prepare[O any](rdb redis.UniversalClient, key string, opts []O, apply func(
 }
 
 // callTimeout returns the bound of each Redis call: the one set (WithCallTimeout), else
-// one try of rdb's: DialTimeout + WriteTimeout + ReadTimeout, go-redis's defaults (5s,
-// 3s, 3s) standing in for any unset or disabled.
+// one try of rdb's: DialTimeout + WriteTimeout + ReadTimeout, go-redis's defaults (5s
+// each) standing in for any unset or disabled.
 func callTimeout(set time.Duration, rdb redis.UniversalClient) time.Duration {
 	if set > 0 {
 		return set
@@ -492,7 +492,8 @@ func callTimeout(set time.Duration, rdb redis.UniversalClient) time.Duration {
 		dial, write, read = o.DialTimeout, o.WriteTimeout, o.ReadTimeout
 	}
 	// max(v, 0) is 0 for unset and disabled alike: cmp.Or then takes the default
-	return cmp.Or(max(dial, 0), 5*time.Second) + cmp.Or(max(write, 0), 3*time.Second) + cmp.Or(max(read, 0), 3*time.Second)
+	const dflt = 5 * time.Second // go-redis's DialTimeout, WriteTimeout and ReadTimeout
+	return cmp.Or(max(dial, 0), dflt) + cmp.Or(max(write, 0), dflt) + cmp.Or(max(read, 0), dflt)
 }
 
 func micros(us int64) time.Duration { return time.Duration(us) * time.Microsecond }

@@ -146,8 +146,8 @@ func WithLeaseTTL(d time.Duration) SemaphoreOption {
 // caller's own deadline has not passed); an earlier context deadline ends it first. A
 // later reply is handled as one after a deadline: a booking ahead or a lease it brings
 // is given back. Unset, the bound is one try of the client's: DialTimeout +
-// WriteTimeout + ReadTimeout, with go-redis's defaults (5s, 3s, 3s) for any unset or
-// disabled, so 11s by default. Set it to what a caller can afford to wait for a
+// WriteTimeout + ReadTimeout, with go-redis's defaults (5s each) for any unset or
+// disabled, so 15s by default. Set it to what a caller can afford to wait for a
 // decision, above the slowest reply a loaded Redis gives.
 func WithCallTimeout(d time.Duration) CommonOption {
 	return commonOption(func(c *config) {

@@ -77,7 +77,8 @@ func WithFailurePolicy(p FailurePolicy) CommonOption {
 // reloadSlots asks a cluster client to read the slot map again (in the background, at
 // most 5 a second) after a call failed because Redis could not serve it, so that a dead
 // master's promoted replica serves at once: go-redis reads the map by itself only on a
-// MOVED reply, which a dead node never sends, or every 10s.
+// MOVED reply, which a dead node never sends, or every ClusterStateReloadInterval (a
+// minute by default).
 func reloadSlots(rdb redis.UniversalClient) {
 	if c, ok := rdb.(*redis.ClusterClient); ok {
 		c.ReloadState(context.Background())

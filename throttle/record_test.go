@@ -84,7 +84,7 @@ func TestRecordNamesAlgorithmAndLimits(t *testing.T) {
 }
 
 // ReadRecord keeps a call's bounds whatever Redis does: against a server that never
-// answers (go-redis's defaults: a 3s read timeout, deadlines not honoured), it returns
+// answers (go-redis's defaults: a 5s read timeout, deadlines not honoured), it returns
 // at its context's deadline with ErrUnavailable and context.DeadlineExceeded, and,
 // without a deadline, by its call timeout with ErrUnavailable alone; a cancelled
 // context is its error.

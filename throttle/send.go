@@ -537,40 +537,18 @@ func (c *client) full(ctx context.Context, gs []*group) []*group {
 }
 
 // exec runs the groups' script calls in one pipeline, in MULTI/EXEC unless bare
-// (atMostOnce, or see full). On a cluster (each key's calls apart, see send) a
-// transaction go-redis gave up on as its slot moves goes to redirect, and so does one of
-// a key whose slot migrates to a node that served it (asked); go-redis redirects bare
-// calls itself.
+// (atMostOnce, or see full), and sets each group's cmd. On a cluster (each key's calls
+// apart, see send) go-redis's cluster client follows a MOVED or ASK for the whole
+// transaction (ASKING before MULTI), and never sends again one it wrote whose reply it
+// did not read: that one's error is a network error, ErrUnavailable (docs/design.md,
+// "One way to Redis").
 func (c *client) exec(ctx context.Context, gs []*group, eval, bare bool) {
-	cc, cluster := c.rdb.(*redis.ClusterClient)
-	cluster = cluster && !bare
-	ks := gs[0].reqs[0].ks
-	if cluster {
-		if addr := ks.askedNode(ctx, cc, gs[0].t.keys[0]); addr != "" {
-			redirect(ctx, cc, ks, gs, eval, addr, true)
-			return
-		}
-	}
 	var pipe redis.Pipeliner
 	if bare {
 		pipe = c.rdb.Pipeline()
 	} else {
 		pipe = c.rdb.TxPipeline()
 	}
-	run(ctx, pipe, gs, eval)
-	if cluster && slices.ContainsFunc(gs, func(g *group) bool {
-		return redis.HasErrorPrefix(g.cmd.Err(), "EXECABORT")
-	}) {
-		var addr string
-		if node, err := cc.MasterForKey(ctx, gs[0].t.keys[0]); err == nil {
-			addr = node.Options().Addr
-		}
-		redirect(ctx, cc, ks, gs, eval, addr, false)
-	}
-}
-
-// run sends the groups' script calls through pipe and sets each group's cmd.
-func run(ctx context.Context, pipe redis.Pipeliner, gs []*group, eval bool) {
 	for _, g := range gs {
 		g.cmd = g.command(ctx, eval)
 		_ = pipe.Process(ctx, g.cmd)
@@ -586,142 +564,6 @@ func run(ctx context.Context, pipe redis.Pipeliner, gs []*group, eval bool) {
 			g.cmd.SetErr(err)
 		}
 	}
-}
-
-// redirect sends again the transaction of gs, one key's calls, that go-redis's cluster
-// client gave up on with EXECABORT (docs/design.md, "One way to Redis"): to the node at
-// addr (masterAt), on a connection of its own (after ASKING if ask is set, just before
-// MULTI), following each MOVED or ASK up to maxRedirects times; a refused transaction
-// ran nothing, so each try is a first one. A node that answers after an ASK is noted as
-// the key's (ks.asked), so that its next transactions go there straight.
-func redirect(ctx context.Context, cc *redis.ClusterClient, ks *keyState, gs []*group, eval bool, addr string, ask bool) {
-	for try := 0; addr != "" && try < maxRedirects; try++ {
-		node, done := masterAt(ctx, cc, addr)
-		if node == nil {
-			break
-		}
-		var err error
-		conn := node.Conn()
-		if ask {
-			err = conn.Do(ctx, "asking").Err()
-		}
-		if err == nil {
-			run(ctx, conn.TxPipeline(), gs, eval)
-		}
-		_ = conn.Close()
-		done()
-		if err != nil { // ASKING refused or lost: the calls' error, and the node not theirs
-			for _, g := range gs {
-				g.cmd = g.command(ctx, eval) // (a first try from exec has none yet)
-				g.cmd.SetErr(err)
-			}
-			ks.noteAsked(false, "")
-			return
-		}
-		next, asked := redirection(gs)
-		if next == "" {
-			ks.noteAsked(ask && ownReplies(gs), addr)
-			return
-		}
-		if ask = asked; !ask {
-			cc.ReloadState(ctx) // the slot has moved: go-redis learns it in the background
-		}
-		addr = next
-	}
-	ks.noteAsked(false, "")
-	// the calls keep the last reply: a MOVED or ASK, or EXECABORT if none was sent
-}
-
-// noteAsked notes addr as the node the key's transactions go to while its slot
-// migrates (see redirect), if asked, or forgets the node noted.
-func (ks *keyState) noteAsked(asked bool, addr string) {
-	if asked {
-		ks.asked.Store(&addr)
-	} else {
-		ks.asked.Store(nil)
-	}
-}
-
-// askedNode returns the address of the node noted as the key's while its slot migrates
-// (noteAsked), or "": none is noted, or the move is over (the cluster client names it
-// the slot's master). While a node is noted, the cluster client reads the slot map again
-// (go-redis spaces its reads), to learn the end of the move.
-func (ks *keyState) askedNode(ctx context.Context, cc *redis.ClusterClient, key string) string {
-	p := ks.asked.Load()
-	if p == nil {
-		return ""
-	}
-	if owner, err := cc.MasterForKey(ctx, key); err == nil && owner.Options().Addr == *p {
-		ks.noteAsked(false, "")
-		return ""
-	}
-	cc.ReloadState(ctx)
-	return *p
-}
-
-// ownReplies reports whether the node answered every call of gs itself: a reply, or an
-// error of Redis's own.
-func ownReplies(gs []*group) bool {
-	for _, g := range gs {
-		var rerr redis.Error
-		if err := g.cmd.Err(); err != nil && !errors.As(err, &rerr) {
-			return false
-		}
-	}
-	return true
-}
-
-// maxRedirects is how many times redirect sends a transaction: to a node that redirects
-// it, to the slot's owner, and once more for a slot that moves meanwhile.
-const maxRedirects = 3
-
-// redirection returns where a MOVED or ASK reply to one of gs's calls sends them, and
-// whether it is an ASK; "" if none was redirected.
-func redirection(gs []*group) (addr string, ask bool) {
-	for _, g := range gs {
-		var rerr redis.Error
-		if !errors.As(g.cmd.Err(), &rerr) {
-			continue
-		}
-		f := strings.Fields(rerr.Error()) // MOVED|ASK <slot> <host:port>
-		if len(f) == 3 && (f[0] == "MOVED" || f[0] == "ASK") {
-			return f[2], f[0] == "ASK"
-		}
-	}
-	return "", false
-}
-
-// masterAt returns a client of the master at addr, and what closes it once used: the
-// cluster client's own if its slot map names that node (done does nothing); else one
-// made with the options of the cluster's nodes, for a master the slot map does not list:
-// one just added to the cluster, importing its first slot (TestReshardToANewNode). nil
-// if the cluster client knows no master.
-func masterAt(ctx context.Context, cc *redis.ClusterClient, addr string) (node *redis.Client, done func()) {
-	var mu sync.Mutex
-	var found, some *redis.Client
-	_ = cc.ForEachMaster(ctx, func(_ context.Context, m *redis.Client) error {
-		mu.Lock()
-		defer mu.Unlock()
-		if m.Options().Addr == addr {
-			found = m
-		}
-		some = m
-		return nil
-	})
-	switch {
-	case found != nil:
-		return found, func() {}
-	case some == nil:
-		return nil, nil
-	}
-	o := *some.Options()
-	o.Addr, o.NodeAddress = addr, addr
-	if m := o.MaintNotificationsConfig; m != nil { // each client its own, as go-redis gives its nodes
-		c := *m
-		o.MaintNotificationsConfig = &c
-	}
-	node = cc.Options().NewClient(&o)
-	return node, func() { _ = node.Close() }
 }
 
 // deliver answers the group's requests from its call's reply.

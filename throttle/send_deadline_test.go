@@ -120,7 +120,7 @@ func sendCallNamed(ctx context.Context, call string, l *Limiter, s *Semaphore) e
 // Against a Redis that accepts connections and never answers, Wait, Allow, Reserve
 // and Pause return at once when their context's deadline passes, with an error wrapping
 // ErrUnavailable and context.DeadlineExceeded, whatever the client's options:
-// go-redis alone, without ContextTimeoutEnabled, waits its ReadTimeout (3s) per try
+// go-redis alone, without ContextTimeoutEnabled, waits its ReadTimeout (5s) per try
 // and tries 4 times.
 func TestDeadlineHoldsAgainstHungRedis(t *testing.T) {
 	hung := hungServer(t)
@@ -420,11 +420,11 @@ func TestDefaultCallTimeout(t *testing.T) {
 		set  time.Duration
 		want time.Duration
 	}{
-		{"go-redis defaults", redis.NewClient(&redis.Options{}), 0, 11 * time.Second},
+		{"go-redis defaults", redis.NewClient(&redis.Options{}), 0, 15 * time.Second},
 		{"set", redis.NewClient(&redis.Options{}), time.Second, time.Second},
 		{"own timeouts", redis.NewClient(&redis.Options{DialTimeout: ms100, ReadTimeout: 2 * ms100, WriteTimeout: 3 * ms100}), 0, 6 * ms100},
 		{"write timeout from read's", redis.NewClient(&redis.Options{DialTimeout: ms100, ReadTimeout: 2 * ms100}), 0, 5 * ms100},
-		{"timeouts disabled", redis.NewClient(&redis.Options{DialTimeout: ms100, ReadTimeout: -1, WriteTimeout: -2}), 0, ms100 + 6*time.Second},
+		{"timeouts disabled", redis.NewClient(&redis.Options{DialTimeout: ms100, ReadTimeout: -1, WriteTimeout: -2}), 0, ms100 + 10*time.Second},
 		{"cluster", redis.NewClusterClient(&redis.ClusterOptions{DialTimeout: ms100, ReadTimeout: ms100, WriteTimeout: ms100}), 0, 3 * ms100},
 		{"ring", redis.NewRing(&redis.RingOptions{DialTimeout: ms100, ReadTimeout: ms100, WriteTimeout: ms100}), 0, 3 * ms100},
 		{"failover", redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "m", DialTimeout: ms100, ReadTimeout: ms100}), 0, 3 * ms100},
@@ -583,7 +583,7 @@ func TestNoReplyOpensTheBreaker(t *testing.T) {
 // What a call costs against a refused port and a hung server, with go-redis's defaults
 // and with the options the README recommends for limiters. Figures only: the durations
 // depend on go-redis's retry and backoff settings and on the call timeout
-// (WithCallTimeout). The hung server without a deadline or a call timeout set (11s,
+// (WithCallTimeout). The hung server without a deadline or a call timeout set (15s,
 // the default call timeout) runs with JOBTHROTTLE_LONG set.
 func TestUnavailableCostFigures(t *testing.T) {
 	parallel(t)
@@ -606,7 +606,7 @@ func TestUnavailableCostFigures(t *testing.T) {
 		opts       []Option
 	}
 	var long []costCase
-	if longFaultTests() { // 11s: the default call timeout, one try of go-redis's defaults (5s + 3s + 3s)
+	if longFaultTests() { // 15s: the default call timeout, one try of go-redis's defaults (5s + 5s + 5s)
 		long = append(long,
 			costCase{"hung server, go-redis defaults, no deadline", hung.Addr, func(*redis.Options) {}, 0, nil},
 			costCase{"hung server, no read timeout, no deadline", hung.Addr, func(o *redis.Options) { o.ReadTimeout = -1 }, 0, nil})

@@ -90,10 +90,8 @@ func sendWaitFor(t *testing.T, d time.Duration, what string, cond func() bool) t
 // Tolerances: none on the bounds. The manual failover loses nothing (the replica takes
 // over only once it has every write); the plain kill usually loses nothing on one
 // machine (replication takes microseconds); the figures say what each lost. How soon
-// keys are served again is reported, not asserted: it depends on go-redis, whose
-// cluster TxPipeline before v9.22.0 sends MULTI and EXEC to another node when it cannot
-// reach the key's (redis/go-redis#3909), which then waits out its read timeout, so a
-// master's death also stalls keys on the other masters for seconds.
+// keys are served again is reported, not asserted: it depends on go-redis's retries and
+// on when it reads the slot map again.
 func TestClusterFailover(t *testing.T) {
 	parallel(t)
 	const (

@@ -3,6 +3,7 @@ package throttle
 import (
 	"context"
 	"errors"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -178,4 +179,63 @@ func TestLostReplySemaphoreAndPauseOnce(t *testing.T) {
 	redistest.Figure(t, "a lost reply on semaphore calls and Pause: plain EVALSHA release with go-redis retries answered "+
 		"'not held' for a release that worked; Lease.Release (MULTI/EXEC) freed the slot once and returned ErrUnavailable, "+
 		"Extend and Pause ran once (%d replies dropped)", proxy.Dropped())
+}
+
+// On a Redis Cluster, a call whose slot has moved since the cluster client read the slot
+// map, and whose reply is then lost: the source answers MOVED (the transaction refused,
+// EXECABORT), go-redis's cluster client sends it again to the target, which runs it,
+// and the reply is lost (a proxy in front of the target closes the connection). The call
+// fails with ErrUnavailable and the permit is charged once: nothing sends the
+// transaction a third time.
+func TestLostReplyAfterAMoveChargesOnce(t *testing.T) {
+	parallel(t)
+	tc, admin := redistest.OwnCluster(t)
+	ctx := context.Background()
+	probe, err := New(admin, "movedlost", PerMinute(10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	move := redistest.NewSlotMove(t, tc, admin, probe.stateKey())
+	target := move.Target().Options().Addr
+	proxy, err := redistest.NewProxy(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: tc.Addrs(),
+		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if addr == target {
+				addr = proxy.Addr
+			}
+			var d net.Dialer
+			return d.DialContext(ctx, network, addr)
+		}})
+	t.Cleanup(func() { cc.Close() })
+	l, err := New(cc, "movedlost", PerMinute(10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Allow(ctx); err != nil { // the cluster client reads the slot map
+		t.Fatal(err)
+	}
+	if err := move.Target().ScriptLoad(ctx, l.t.script.src).Err(); err != nil { // so the lost reply is the script's
+		t.Fatal(err)
+	}
+	move.Begin()
+	move.Keys()
+	move.End()
+	proxy.DropReplyTo("evalsha")
+	if _, err := l.Allow(ctx); !errors.Is(err, ErrUnavailable) {
+		t.Errorf("Allow after the move, its reply lost: got %v, want ErrUnavailable", err)
+	}
+	if proxy.Dropped() != 1 {
+		t.Fatalf("%d replies dropped, want 1", proxy.Dropped())
+	}
+	res, err := l.AllowN(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Remaining != 8 {
+		t.Fatalf("%d permits remain after one call and one whose reply was lost, want 8 (each charged once)", res.Remaining)
+	}
 }

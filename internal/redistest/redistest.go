@@ -86,7 +86,7 @@ func (b *Backend) Addrs() (addrs []string, cluster bool) {
 
 // Dial returns a new client of addrs (see Backend.Addrs), with the backends' clients'
 // ClientTimeout and go-redis's other defaults: a cluster client when cluster is set,
-// else a client of addrs[0]. The caller closes it. (With go-redis's 3s read timeout, a
+// else a client of addrs[0]. The caller closes it. (With a 3s read timeout, a
 // fleet test's child processes got "i/o timeout" from miniredis at load 17.)
 func Dial(addrs []string, cluster bool) redis.UniversalClient {
 	if cluster {

@@ -74,6 +74,9 @@ func NewSlotMove(t testing.TB, tc *TestCluster, cc *redis.ClusterClient, key str
 // Source returns a client of the node the slot moves from.
 func (m *SlotMove) Source() *redis.Client { return m.nodes[0] }
 
+// Target returns a client of the node the slot moves to.
+func (m *SlotMove) Target() *redis.Client { return m.nodes[1] }
+
 func (m *SlotMove) do(c *redis.Client, args ...any) {
 	m.t.Helper()
 	if err := c.Do(context.Background(), args...).Err(); err != nil {
