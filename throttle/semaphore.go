@@ -119,6 +119,9 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Lease, error) {
 	}
 	start := clock.Now()
 	l := &listener{channel: s.channel, place: place, handed: make(chan struct{}, 1), check: make(chan struct{}, 1)}
+	// A resume hands out nothing itself: the slots a pause held back go to the queue on the
+	// next semaphore call, which the waiters make at once.
+	l.resumed = func(int64) { signal(l.check) }
 	h := s.client().hub
 	live := h.listen(l)
 	defer h.unlisten(l)
