@@ -21,7 +21,8 @@
 --   release, that it was live and is gone. held: live leases after the request; inspect's
 --   pttl_ms is the lease set's (-2 absent, -1 none). wait_us (denied): until, by expiry
 --   alone, a slot comes to this caller (the (held - max + place + 1)th earliest expiry,
---   or the end of a pause if later), >= 1.
+--   or the end of a pause if later), >= 1; paused_us (denied): until the end of the pause
+--   that denied it (a slot released meanwhile is handed out then), 0 if none.
 -- Acquire: granted when the token holds a lease (renewed), when a slot was handed to its
 --   place (the lease passes to the token), or when a slot is free and nothing is paused;
 --   each takes the place out of the queue. A task's retry (a new token, the same place)
@@ -184,7 +185,7 @@ for r = 1, k do
   if not ext[r] then
     local j, b = 4 * r - 2, WIDTH * r - WIDTH
     local op, token, place, join = tonumber(ARGV[j]), ARGV[j + 1], ARGV[j + 2], tonumber(ARGV[j + 3])
-    local ok, wait = 0, 0
+    local ok, wait, pause_left = 0, 0, 0
     if op == SEM_INSPECT then
       local after = '(' .. now_text
       local held = redis.call('ZCOUNT', sem, after, '+inf')
@@ -233,7 +234,8 @@ for r = 1, k do
             wait = math.ceil(math.min(tonumber(v[2]) or math.huge, now + MAX_PERIOD)) - now
           end
           if paused then
-            wait = math.max(wait, pause_end - now)
+            pause_left = pause_end - now
+            wait = math.max(wait, pause_left)
           end
           wait = math.max(wait, 1)
           if join == 1 then
@@ -246,7 +248,7 @@ for r = 1, k do
         end
       end
       out[b + 1], out[b + 2], out[b + 3], out[b + 4], out[b + 5], out[b + 6], out[b + 7] =
-        ok, wait, redis.call('ZCARD', sem), 0, 0, 0, 0
+        ok, wait, redis.call('ZCARD', sem), pause_left, 0, 0, 0
     end
   end
 end

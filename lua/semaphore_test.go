@@ -136,10 +136,10 @@ func TestSemaphoreTokensAndPlaces(t *testing.T) {
 			t.Fatalf("beside a limiter's state: %v", out)
 		}
 		// the key paused (by a limiter's pause): nothing is granted or handed; the wait
-		// covers the pause, and inspect shows it
+		// covers the pause, the denial says how long it lasts, and inspect shows it
 		lim.one(t, b, tag, pause(5*sec))
 		out = sem(semReq{semRelease, A, A, 0}, semReq{semAcquire, B, B, 0}, semReq{semInspect, "", "", 0})
-		if out[0].v[0] != 1 || out[1].v[0] != 0 || out[1].v[1] != 5*sec || out[2].extra[2] != 5*sec {
+		if out[0].v[0] != 1 || out[1].v != [7]int64{0, 5 * sec, 0, 5 * sec, 0, 0, 0} || out[2].extra[2] != 5*sec {
 			t.Fatalf("paused: %v", out)
 		}
 		b.Client.Del(ctx, tag+":"+keys.State)

@@ -119,6 +119,11 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Lease, error) {
 	}
 	start := clock.Now()
 	l := &listener{channel: s.channel, place: place, handed: make(chan struct{}, 1), check: make(chan struct{}, 1)}
+	// The end of a pause hands out nothing itself: the slots it held back go to the queue on
+	// the next semaphore call. So a waiter asks again on a pause (to learn its end) and on a
+	// resume, and sleeps no longer than a pause lasts.
+	l.paused = func(int64) { signal(l.check) }
+	l.resumed = l.paused
 	h := s.client().hub
 	live := h.listen(l)
 	defer h.unlisten(l)
@@ -146,7 +151,11 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Lease, error) {
 		if h.subscribe(l) && !join {
 			continue // confirmed already: take the place now
 		}
-		t := clock.NewTimer(min(r.wait, s.ttl/3)) // a place lapses after one TTL
+		next := min(r.wait, s.ttl/3) // a place lapses after one TTL
+		if r.paused > 0 {
+			next = min(next, r.paused)
+		}
+		t := clock.NewTimer(next)
 		select {
 		case <-l.handed:
 			if place == token { // handed to its own place: the lease is its own already
@@ -221,12 +230,13 @@ func (s *Semaphore) giveUp(ctx context.Context, token, place string) {
 	})
 }
 
-// semReply is the semaphore script's answer: {ok, wait_us, held}.
+// semReply is the semaphore script's answer: {ok, wait_us, held, paused_us}.
 type semReply struct {
-	ok    bool
-	wait  time.Duration
-	held  int
-	local bool // granted without Redis, by the failure policy
+	ok     bool
+	wait   time.Duration
+	held   int
+	paused time.Duration // denied by a pause: until its end
+	local  bool          // granted without Redis, by the failure policy
 }
 
 // call makes one request of the semaphore script for the lease token (and place, to
@@ -262,7 +272,7 @@ func (s *Semaphore) call(ctx context.Context, op int, token, place string, join,
 		}
 		return semReply{}, err
 	}
-	return semReply{ok: rep.v[0] == 1, wait: micros(rep.v[1]), held: int(rep.v[2])}, nil
+	return semReply{ok: rep.v[0] == 1, wait: micros(rep.v[1]), held: int(rep.v[2]), paused: micros(rep.v[3])}, nil
 }
 
 // degraded answers an acquire without Redis under FailOpen or FailLocal. Extending or

@@ -288,6 +288,112 @@ func TestSemaphoreReleaseWakesWaiter(t *testing.T) {
 	})
 }
 
+// A Resume wakes a waiter that a pause held back: a slot freed during the pause goes to
+// it at once, not at its own timer (here TTL/3, a minute).
+func TestSemaphoreResumeWakesWaiter(t *testing.T) {
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		s, err := NewSemaphore(b.Client, "resume", 1, WithKeyPrefix(b.Prefix), WithLeaseTTL(3*time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		lim, err := New(b.Client, "resume", PerSecond(1), WithKeyPrefix(b.Prefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		holder := mustTry(t, s)
+		actx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		type acquired struct {
+			l   *Lease
+			err error
+		}
+		got := make(chan acquired, 1)
+		go func() {
+			l, err := s.Acquire(actx)
+			got <- acquired{l, err}
+		}()
+		eventually(t, 5*time.Second, "waiter queued", func() bool { return placesQueued(t, b, s) == 1 })
+		if err := lim.Pause(ctx, 10*time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if err := holder.Release(ctx); err != nil { // the pause keeps the slot from the waiter
+			t.Fatal(err)
+		}
+		select {
+		case <-got:
+			t.Fatal("the waiter had a lease while the key was paused")
+		case <-time.After(20 * time.Millisecond):
+		}
+		resumed := time.Now()
+		if err := lim.Resume(ctx); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case a := <-got:
+			if a.err != nil {
+				t.Fatal(a.err)
+			}
+			t.Logf("waiter had its lease %v after the resume", time.Since(resumed))
+			if err := a.l.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(signalWait):
+			cancel()
+			<-got
+			t.Fatalf("waiter still blocked %v after the resume (its own timer: 1m)", signalWait)
+		}
+	})
+}
+
+// A pause that ends by itself wakes a waiter it held back: a slot released during the
+// pause goes to it when the pause ends, not at its own timer (here TTL/3, a minute).
+func TestSemaphorePauseEndWakesWaiter(t *testing.T) {
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		s, err := NewSemaphore(b.Client, "pauseend", 1, WithKeyPrefix(b.Prefix), WithLeaseTTL(3*time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		lim, err := New(b.Client, "pauseend", PerSecond(1), WithKeyPrefix(b.Prefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		holder := mustTry(t, s)
+		actx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		type acquired struct {
+			l   *Lease
+			err error
+		}
+		got := make(chan acquired, 1)
+		go func() {
+			l, err := s.Acquire(actx)
+			got <- acquired{l, err}
+		}()
+		eventually(t, 5*time.Second, "waiter queued", func() bool { return placesQueued(t, b, s) == 1 })
+		if err := lim.Pause(ctx, 200*time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+		if err := holder.Release(ctx); err != nil { // the pause keeps the slot from the waiter
+			t.Fatal(err)
+		}
+		select {
+		case a := <-got:
+			if a.err != nil {
+				t.Fatal(a.err)
+			}
+			if err := a.l.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(signalWait):
+			cancel()
+			<-got
+			t.Fatalf("waiter still blocked %v after a pause of 200ms (its own timer: 1m)", signalWait)
+		}
+	})
+}
+
 // A waiter whose context ends gives its place back (in the background): nothing is
 // left queued and the next release does not go to it.
 func TestSemaphoreAcquireHonoursContext(t *testing.T) {

@@ -47,7 +47,7 @@ type listener struct {
 	channel string
 	place   string        // a semaphore waiter's place in the queue, or ""
 	handed  chan struct{} // a notice named place: a slot was handed to it
-	check   chan struct{} // the subscription was (re)confirmed: ask Redis again
+	check   chan struct{} // the subscription was (re)confirmed, or (a semaphore waiter) a pause began or ended: ask Redis again
 	paused  func(pauseEnd int64)
 	resumed func(pauseEnd int64)
 }
