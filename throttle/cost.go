@@ -32,7 +32,9 @@ import (
 //
 // A cost in a unit no limit (nor the tenant's caps) counts, or a negative one, makes
 // every call of the handle return an error wrapping ErrInvalidArgument; one above what
-// its unit's limits can ever grant, ErrExceedsLimit.
+// its unit's limits can ever grant, ErrExceedsLimit. A settle may charge only the units
+// the cost names above 0 (else ErrInvalidArgument, nothing charged): estimate each unit
+// the call may use.
 func (l *Limiter) Cost(cost map[string]int) *Limiter {
 	if l == nil {
 		return nil
@@ -79,7 +81,8 @@ func (l *Limiter) checkCost(unit string, n int) error {
 
 // settler returns the Reservation's Settle of g, a grant of n and the handle's costs:
 // its record, under a random id, makes a second one change nothing. A grant decided
-// without Redis settles nothing.
+// without Redis settles nothing. An actual cost in a unit the handle's costs do not name
+// is refused: the booking has no place in that unit's limits to be charged at.
 func (l *Limiter) settler(n int, g grant) func(ctx context.Context, actual map[string]int) error {
 	var id [12]byte
 	_, _ = rand.Read(id[:])
@@ -97,7 +100,12 @@ func (l *Limiter) settler(n int, g grant) func(ctx context.Context, actual map[s
 			if a < 0 || a > maxRate {
 				return fmt.Errorf("%w: an actual cost of %d %s", ErrInvalidArgument, a, unit)
 			}
-			if a != est[unit] {
+			switch {
+			case a == est[unit]:
+			case est[unit] == 0: // its limits hold no entry of the booking to charge at
+				return fmt.Errorf("%w: an actual cost of %d %s for a booking that estimated none (key %q)",
+					ErrInvalidArgument, a, unit, l.key)
+			default:
 				costs = append(costs, protocol.Cost{Unit: unit, N: est[unit], Actual: a})
 			}
 		}

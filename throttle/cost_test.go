@@ -205,6 +205,42 @@ func TestCostErrors(t *testing.T) {
 	}
 }
 
+// A settle's actual in a unit the booking estimated nothing of (not named, or 0) has no
+// place to be charged at: the booking holds no entry in that unit's limits. It is
+// ErrInvalidArgument on every algorithm, nothing charged (a log dropped such a debt
+// silently, a bucket charged it), and the booking can still be settled in its units.
+func TestSettleUnitNotEstimated(t *testing.T) {
+	eachAlgorithm(t, redistest.Each, func(t *testing.T, alg Algorithm, b *redistest.Backend) {
+		ctx := context.Background()
+		tl := newTimeline(t, b)
+		l := tokensLimiter(tl, "unestimated", alg, WithLimits(Limit{Rate: 1000, Period: time.Second, Unit: "other"}))
+		r, err := l.Cost(map[string]int{"other": 5, "tokens": 0}).Reserve(ctx, 1, 0)
+		if err != nil || !r.OK() {
+			t.Fatal(r, err)
+		}
+		if err := r.Settle(ctx, map[string]int{"tokens": 500, "other": 2}); !errors.Is(err, ErrInvalidArgument) {
+			t.Fatalf("a settle of 500 tokens for a booking of none: %v, want ErrInvalidArgument", err)
+		}
+		if err := r.Settle(ctx, map[string]int{"tokens": 0, "other": 2}); err != nil {
+			t.Fatalf("the settle in the units estimated: %v", err)
+		}
+		empty, err := l.WaitCost(ctx, map[string]int{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := empty.Settle(ctx, map[string]int{"tokens": 300}); !errors.Is(err, ErrInvalidArgument) {
+			t.Fatalf("a settle of 300 tokens for WaitCost of no cost: %v, want ErrInvalidArgument", err)
+		}
+		st, err := l.Inspect(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Limits[1].Limit.Unit != "other" || st.Limits[1].Used != 2 || st.Limits[2].Used != 0 {
+			t.Fatalf("after the settles: %+v, want 2 other and no tokens used", st.Limits)
+		}
+	})
+}
+
 // A tenant's caps may count a unit; its calls of large costs get fewer turns than
 // another's of small ones, in proportion to the time their costs take the limits.
 func TestTenantCostCaps(t *testing.T) {

@@ -101,7 +101,8 @@ type LimitState struct {
 	Limit Limit
 
 	// Capacity is the most permits the limit holds: Rate, or the burst for
-	// TokenBucket.
+	// TokenBucket. A limit with a Unit counts in its unit, here and in Used (the
+	// estimates booked ahead included, where bookings count).
 	Capacity int
 
 	// Used is how much of Capacity is taken, in permits: SlidingWindow, the permits

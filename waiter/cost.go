@@ -25,7 +25,8 @@ const costBodyTail = 1 << 20
 // is an error wrapping ErrInvalidOption on every request.
 //
 // estimate must be safe for simultaneous use and must not modify the request nor read
-// req.Body; it may read a copy from req.GetBody. A negative cost, or one in a unit no
+// req.Body; it may read a copy from req.GetBody. It names every unit actual may return
+// (a settle cannot charge a unit the booking did not). A negative cost, or one in a unit no
 // limit counts, is WaitCost's error: the request is not sent.
 //
 // When the caller has read the answer's body to its end or closes it, whichever comes

@@ -61,7 +61,8 @@ func NewCostReservation(ok bool, delay time.Duration, cancel func(ctx context.Co
 // ones (throttle.Limiter's Cost and WaitCost), by unit, in place of the estimates,
 // at the booking's place: what the estimate overcharged goes back to the callers behind
 // it, what it undercharged holds them back. A unit actual does not name keeps its
-// estimate. Settle applies once: a second call, or one made again after an error (a
+// estimate; one the estimate does not name holds no place of the booking, and a cost in
+// it is the Reserver's invalid-argument error, nothing charged. Settle applies once: a second call, or one made again after an error (a
 // reply lost on its way back), changes nothing more and returns nil; so does one after
 // the booking was given back (Cancel). It returns an error wrapping ErrSettleTooLate,
 // changing nothing, once the booking counts against no limit any more (after their

@@ -48,8 +48,9 @@ vendor-api  SlidingWindow, 3 tenants' caps  -       -         20/1s`,
 		name: "show", args: "KEY", min: 1, max: 1, flags: []string{"limit", "alg", "buckets", "max"},
 		summary: "print a key's live state once",
 		about: `Prints the key's live state, by the Redis server's clock: each limit's use of
-its capacity (bookings apart), the queue booked ahead, when the next permit is
-free, whether a pause and an override are set (each with the time it has left),
+its capacity (bookings apart; a unit's, such as tokens, with the estimates booked),
+the queue booked ahead, when the next permit is free, whether a pause and an
+override are set (each with the time it has left),
 operators' weights of tenants, the fair share (W, the weight of the tenants
 queued, and the tenants with the most queued: each one's weight and how far ahead
 its requests reach), another process's limits when they were found on the key

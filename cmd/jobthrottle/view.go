@@ -193,13 +193,21 @@ func (v *view) renderLimiter(w io.Writer, prev *view, more bool) {
 	s := v.lim
 	fmt.Fprintf(w, "%s  %v\n", keyText(v.tg.key), s.Algorithm)
 	log := s.Algorithm == throttle.SlidingWindow || s.Algorithm == throttle.SlidingCounter
+	width := 22 // the limits' bars line up
+	for _, l := range s.Limits {
+		width = max(width, len(l.Limit.String()))
+	}
 	for _, l := range s.Limits {
 		used, booked := l.Used, ""
-		if log && s.Booked > 0 { // the log counts bookings in Used: show them apart
+		switch {
+		case !log || s.Booked == 0:
+		case l.Limit.Unit == "": // the log counts bookings in Used: show them apart
 			used = max(0, l.Used-s.Booked)
 			booked = fmt.Sprintf(" + %d booked", s.Booked)
+		default: // Booked counts calls, not what their estimates hold of this unit
+			booked = ", bookings included"
 		}
-		fmt.Fprintf(w, "  %-22s %s %d/%d used%s\n", l.Limit.String(), bar(used, l.Capacity), used, l.Capacity, booked)
+		fmt.Fprintf(w, "  %-*s %s %d/%d used%s\n", width, l.Limit.String(), bar(used, l.Capacity), used, l.Capacity, booked)
 	}
 	queue := "none"
 	if s.Booked > 0 || s.BookedAhead > 0 {

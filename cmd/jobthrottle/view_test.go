@@ -223,3 +223,38 @@ func TestUnits(t *testing.T) {
 		}
 	})
 }
+
+// A limit of a unit counts the estimates of the calls booked ahead in its use: show
+// says so, rather than taking the booked calls from its figure as it does for the limit
+// of calls (a count of calls, not of tokens); the bars line up whatever the units'
+// names.
+func TestShowUnitsBookedAhead(t *testing.T) {
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		lim, err := throttle.New(b.Client, "llm", throttle.PerMinute(2), throttle.WithKeyPrefix(b.Prefix),
+			throttle.WithLimits(throttle.Limit{Rate: 10000, Period: time.Minute, Unit: "tokens"},
+				throttle.Limit{Rate: 50000, Period: time.Minute, Unit: "output-tokens"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cost := lim.Cost(map[string]int{"tokens": 100, "output-tokens": 10})
+		for i := range 4 { // 2 now, 2 a minute ahead
+			if r, err := cost.Reserve(ctx, 1, 2*time.Minute); err != nil || !r.OK() {
+				t.Fatalf("booking %d: %v %v", i, r, err)
+			}
+		}
+		_, out, _ := cli(t, b, "", "show", "llm")
+		mustMatch(t, "calls", out, `\n  2 per 1m0s +\[#+\] 2/2 used \+ 2 booked\n`)
+		mustMatch(t, "tokens", out, `\n  10000 tokens per 1m0s +\[[#.]+\] 400/10000 used, bookings included\n`)
+		mustMatch(t, "output tokens", out, `\n  50000 output-tokens per 1m0s +\[[#.]+\] 40/50000 used, bookings included\n`)
+		bars := map[int]bool{}
+		for _, line := range strings.Split(out, "\n") {
+			if strings.Contains(line, " used") {
+				bars[strings.Index(line, "[")] = true
+			}
+		}
+		if len(bars) != 1 {
+			t.Fatalf("the limits' bars start in %d columns, want 1:\n%s", len(bars), out)
+		}
+	})
+}

@@ -59,8 +59,9 @@ const OtherKey = "_other"
 //	jobthrottle_transport_not_sent_total{host}       requests the transport gave up on before sending
 //	jobthrottle_limits_drift_total{key}              other limits found on the key (Hooks.LimitsDrift)
 //
-// and, at scrape time, for each watched limiter (label limit: the limit's index, "0"
-// for the first) and semaphore:
+// and, at scrape time, for each watched limiter (label limit: the limit's index in
+// Limiter.Limits, "0" for the first: the limits of calls in the order given, then each
+// unit's, by the unit's name; a unit's limit counts in its unit) and semaphore:
 //
 //	jobthrottle_limit_capacity{key,limit}            Rate (Burst for a token bucket)
 //	jobthrottle_limit_used{key,limit}                permits of it taken (LimitState.Used)
