@@ -41,13 +41,14 @@ var (
 	ErrCorruptState = errors.New("jobthrottle: redis key holds data jobthrottle did not write")
 
 	// ErrUnavailable: Redis could not be reached or cannot serve now, whoever asks
-	// (connection refused or reset, a timeout, a full Redis's OOM, LOADING, BUSY,
-	// READONLY or MASTERDOWN during a failover, CLUSTERDOWN, a slot moving between
-	// Cluster nodes, the server's client limit…: see unavailableReplies), or did not
-	// answer before the call's deadline or call timeout, whatever the client's options.
-	// The error wraps the cause as well, when known, in Redis's own words; one for a
-	// missed deadline also matches context.DeadlineExceeded. Nothing was granted (see
-	// FailurePolicy for the alternatives).
+	// (connection refused or reset, the go-redis client closed, a timeout, a full
+	// Redis's OOM, LOADING, BUSY, READONLY or MASTERDOWN during a failover,
+	// CLUSTERDOWN, a slot moving between Cluster nodes, the server's client limit…: see
+	// unavailableReplies), or did not answer before the call's deadline or call
+	// timeout, whatever the client's options. The error wraps the cause as well, when
+	// known, in Redis's own words; one for a missed deadline also matches
+	// context.DeadlineExceeded. Nothing was granted (see FailurePolicy for the
+	// alternatives).
 	ErrUnavailable = errors.New("jobthrottle: redis unavailable")
 
 	// ErrLeaseLost: a Semaphore lease is no longer held: it expired before Extend or
@@ -157,7 +158,8 @@ func isUnavailable(ctx context.Context, err error) bool {
 	var nerr net.Error
 	if errors.As(err, &nerr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
-		errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrPoolExhausted) {
+		errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrPoolExhausted) ||
+		errors.Is(err, redis.ErrClosed) { // closed by its owner: as a call in flight then, whose connection closed
 		return true
 	}
 	var rerr redis.Error

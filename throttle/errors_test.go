@@ -252,3 +252,57 @@ func TestUnavailableReplicaAndMaxclients(t *testing.T) {
 	}
 	redistest.Figure(t, "at maxclients: %v", err)
 }
+
+// A go-redis client closed (a worker shutting down) is ErrUnavailable naming
+// redis.ErrClosed for every call made through it afterwards, as for a call in flight as
+// it closed (whose connection closes under it: "use of closed network connection"), so
+// the failure policy and the middlewares' hand-backs treat both alike. Before, a call
+// made after the close got an error of no type of this package's, which a job
+// middleware took for a failure of the job.
+func TestClosedClientIsUnavailable(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		addrs, cluster := b.Addrs()
+		rdb := redistest.Dial(addrs, cluster)
+		l, err := New(rdb, "closed", PerHour(1), WithKeyPrefix(b.Prefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		open, err := New(rdb, "closed-open", PerHour(1), WithKeyPrefix(b.Prefix), WithFailurePolicy(FailOpen))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := NewSemaphore(rdb, "closed", 1, WithKeyPrefix(b.Prefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		lease := mustTry(t, s)
+		if err := rdb.Close(); err != nil {
+			t.Fatal(err)
+		}
+		short, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		for _, c := range []struct {
+			name string
+			call func() error
+		}{
+			{"Allow", func() error { _, err := l.Allow(ctx); return err }},
+			{"Wait", func() error { return l.Wait(short) }},
+			{"Reserve", func() error { _, err := l.Reserve(ctx, 1, time.Hour); return err }},
+			{"Limiter.Inspect", func() error { _, err := l.Inspect(ctx); return err }},
+			{"Pause", func() error { return l.Pause(ctx, time.Second) }},
+			{"TryAcquire", func() error { _, _, err := s.TryAcquire(ctx); return err }},
+			{"Acquire", func() error { _, err := s.Acquire(short); return err }},
+			{"Extend", func() error { return lease.Extend(ctx) }},
+			{"Release", func() error { return lease.Release(ctx) }},
+			{"Semaphore.Inspect", func() error { _, err := s.Inspect(ctx); return err }},
+		} {
+			if err := c.call(); !errors.Is(err, ErrUnavailable) || !errors.Is(err, redis.ErrClosed) {
+				t.Errorf("%s on a closed client: %v, want ErrUnavailable naming redis.ErrClosed", c.name, err)
+			}
+		}
+		if r, err := open.Allow(ctx); err != nil || !r.Allowed {
+			t.Errorf("FailOpen Allow on a closed client: %+v, %v; want granted by the policy", r, err)
+		}
+	})
+}

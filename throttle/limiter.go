@@ -335,7 +335,7 @@ func decodeGrant(rep reply) grant {
 
 // send makes one request of the limiter's script through the client.
 func (l *Limiter) send(ctx context.Context, ks *keyState, call *protocol.Request, late func(reply)) (reply, error) {
-	if l.policy.mode != failClosed && ks.breaker.skip(time.Now()) {
+	if l.policy.local(ks, call.Op == protocol.OpAcquire) {
 		return reply{}, fmt.Errorf("%w: key %q: %w", ErrUnavailable, l.key, errRecentlyDown)
 	}
 	r := &request{ctx: ctx, t: l.t, ks: ks, call: call, late: late, timeout: l.timeout, detail: call.Op == protocol.OpInspect}

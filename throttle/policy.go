@@ -65,7 +65,9 @@ func (p FailurePolicy) String() string {
 // FailOpen and FailLocal a failed call makes the limiter decide without Redis for a
 // short while (250ms, growing to 1s while Redis stays away) before it tries Redis
 // again, so an outage does not cost every call a timeout; one call then probes Redis
-// and, when it answers, every decision goes back to it.
+// and, when it answers, every decision goes back to it. Only decisions go without
+// Redis: a give-back, a lease's extension or release, a settle, an inspect and an
+// operator's call go to Redis all the same.
 func WithFailurePolicy(p FailurePolicy) CommonOption {
 	return commonOption(func(c *config) {
 		if c.check(p.mode != failLocal || p.fleet >= 1, "%w: FailLocal fleet size %d, want >= 1", ErrInvalidArgument, p.fleet) {
@@ -97,6 +99,14 @@ const (
 	breakerFirst = 250 * time.Millisecond
 	breakerMax   = time.Second
 )
+
+// local reports whether a call goes without Redis now, decided by the policy: under
+// FailOpen or FailLocal, a call asking for a grant (acquire) while the key's breaker is
+// open. Every other call (a give-back, a lease's extension or release, a settle, an
+// inspect, an operator's control) has no answer but Redis's, so it goes to Redis.
+func (p FailurePolicy) local(ks *keyState, acquire bool) bool {
+	return acquire && p.mode != failClosed && ks.breaker.skip(time.Now())
+}
 
 // skip reports whether a call under FailOpen or FailLocal should not try Redis now;
 // once the quiet time is over it lets one caller through to probe.

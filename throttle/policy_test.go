@@ -309,3 +309,67 @@ func TestSemaphoreFailurePolicies(t *testing.T) {
 		t.Fatalf("FailLocal: %d leases granted locally, want 3", localLeases)
 	}
 }
+
+// The breaker spares Redis only the calls the failure policy can decide: a give-back, a
+// lease's extension and release need Redis whatever the policy, so they go to it while
+// the breaker is open (a failed call of the key moments before: a blip, a caller's
+// deadline passed as its reply came). Skipped, a booking given back stayed booked and a
+// released lease held its slot for its TTL, and nothing reported it.
+func TestBreakerLeavesGiveBacksToRedis(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		for _, p := range []FailurePolicy{FailOpen, FailLocal(2)} {
+			var cancelled, redisErrors atomic.Int32
+			hooks := Hooks{
+				Cancelled:  func(string, int) { cancelled.Add(1) },
+				RedisError: func(string, error) { redisErrors.Add(1) },
+			}
+			key := "breaker-" + p.String()
+			l, err := New(b.Client, key, PerHour(1), WithKeyPrefix(b.Prefix), WithFailurePolicy(p), WithHooks(hooks))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := l.Allow(ctx); err != nil {
+				t.Fatal(err)
+			}
+			r, err := l.Reserve(ctx, 1, 2*time.Hour)
+			if err != nil || !r.OK() || r.Delay() <= 0 {
+				t.Fatalf("%v: Reserve: %v %v, want a booking ahead", p, r, err)
+			}
+			s, err := NewSemaphore(b.Client, key+"-sem", 1, WithKeyPrefix(b.Prefix), WithFailurePolicy(p))
+			if err != nil {
+				t.Fatal(err)
+			}
+			lease := mustTry(t, s)
+
+			openBreaker(l.client().key(l.t.tag))
+			openBreaker(s.client().key(s.t.tag))
+			if err := r.Cancel(ctx); err != nil {
+				t.Errorf("%v: Cancel with the breaker open: %v, want the booking given back", p, err)
+			}
+			if err := lease.Extend(ctx); err != nil {
+				t.Errorf("%v: Extend with the breaker open: %v, want the lease renewed", p, err)
+			}
+			if err := lease.Release(ctx); err != nil {
+				t.Errorf("%v: Release with the breaker open: %v, want the slot freed", p, err)
+			}
+			if n := cancelled.Load(); n != 1 {
+				t.Errorf("%v: %d Cancelled hook calls, want 1", p, n)
+			}
+			if n := redisErrors.Load(); n != 0 {
+				t.Errorf("%v: %d RedisError hook calls, want none", p, n)
+			}
+			st, err := s.Inspect(ctx)
+			if err != nil || st.Held != 0 {
+				t.Errorf("%v: after the release: %d leases held (%v), want none", p, st.Held, err)
+			}
+		}
+	})
+}
+
+// openBreaker opens the key's breaker for an hour, as failures would for a while.
+func openBreaker(ks *keyState) {
+	ks.breaker.mu.Lock()
+	ks.breaker.downUntil, ks.breaker.backoff = time.Now().Add(time.Hour), breakerMax
+	ks.breaker.mu.Unlock()
+}

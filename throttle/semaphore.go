@@ -245,7 +245,7 @@ type semReply struct {
 // brought, and the place with it unless keep is set (a task keeps its place).
 func (s *Semaphore) call(ctx context.Context, op int, token, place string, join, keep bool) (semReply, error) {
 	ks := s.client().key(s.t.tag)
-	if s.policy.mode != failClosed && ks.breaker.skip(time.Now()) {
+	if s.policy.local(ks, op == semAcquire) {
 		return s.degraded(ks, op, token, fmt.Errorf("%w: key %q: %w", ErrUnavailable, s.key, errRecentlyDown))
 	}
 	// go-redis sends join as 1 or 0
