@@ -413,6 +413,41 @@ func TestWaitDeadlineWhileRepliesAreLate(t *testing.T) {
 	}
 }
 
+// A Wait whose permits take effect after its deadline returns an error matching
+// context.DeadlineExceeded and gives them back, even if the deadline's own timer has not
+// run by then (a loaded machine: the select in the sleep picks either of two ready
+// channels). The context stands for that timer: its deadline is set as the booking's
+// reply comes back (so the booking was granted, sent without one), halfway through the
+// 400ms its permits are booked ahead, and its Done never closes.
+func TestWaitWakingPastItsDeadline(t *testing.T) {
+	l, _, w, trip, grants := sendSlowLimiter(t, "wake-past", Limit{Rate: 1, Period: 400 * ms})
+	ctx := context.Background()
+	if res, err := l.Allow(ctx); err != nil || !res.Allowed {
+		t.Fatalf("Allow: got %+v, %v; want allowed", res, err)
+	}
+	lctx := &lateTimerCtx{Context: ctx}
+	trip.after = func() { lctx.dl.Store(time.Now().Add(200 * ms).UnixNano()) }
+	trip.armed.Store(true)
+	if err := l.Wait(lctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Wait woken after its deadline: got %v, want an error matching context.DeadlineExceeded", err)
+	}
+	sendOneGiveBack(t, l, w, grants)
+}
+
+// lateTimerCtx is a context whose deadline (none until set) has passed while its Done
+// channel is not closed yet: its timer has not run.
+type lateTimerCtx struct {
+	context.Context
+	dl atomic.Int64 // Unix nanoseconds; 0: no deadline
+}
+
+func (c *lateTimerCtx) Deadline() (time.Time, bool) {
+	if ns := c.dl.Load(); ns != 0 {
+		return time.Unix(0, ns), true
+	}
+	return time.Time{}, false
+}
+
 // A tenant's Wait holds its place while its turn has not come and asks again when it
 // does: a noisy tenant's 16 waiters in two processes, each asking again as soon as it is
 // granted, and a quiet tenant's waits, which begin once a noisy waiter has been told to
