@@ -87,7 +87,9 @@ func TestRecordNamesAlgorithmAndLimits(t *testing.T) {
 // answers (go-redis's defaults: a 5s read timeout, deadlines not honoured), it returns
 // at its context's deadline with ErrUnavailable and context.DeadlineExceeded, and,
 // without a deadline, by its call timeout with ErrUnavailable alone; a cancelled
-// context is its error.
+// context is its error. How late it returns is measured from the bound as a goroutine
+// of the test sees it (sendLeaves, sendBound): a loaded machine runs the library's
+// timers and the test's late alike.
 func TestReadRecordHoldsItsBounds(t *testing.T) {
 	hung := hungServer(t)
 	rdb := redis.NewClient(&redis.Options{Addr: hung.Addr})
@@ -112,15 +114,29 @@ func TestReadRecordHoldsItsBounds(t *testing.T) {
 			if !c.deadline && !c.cancel {
 				timeout = bound
 			}
-			_, err := ReadRecord(ctx, rdb, "hung", WithCallTimeout(timeout))
+			read := func(ctx context.Context) error {
+				_, err := ReadRecord(ctx, rdb, "hung", WithCallTimeout(timeout))
+				return err
+			}
+			var err error
+			var late time.Duration
+			if c.deadline || c.cancel {
+				err, late, _ = sendLeaves(ctx, read)
+			} else {
+				since := sendBound(bound)
+				err = read(ctx)
+				late = since()
+			}
 			took := time.Since(start)
-			redistest.Figure(t, "ReadRecord against a hung server, %s of %v: returned after %v: %v", c.name, bound, took.Round(time.Microsecond), err)
+			redistest.Figure(t, "ReadRecord against a hung server, %s of %v: returned after %v (%v after the bound as the test saw it): %v",
+				c.name, bound, took.Round(time.Microsecond), late.Round(time.Microsecond), err)
 			want := errors.Is(err, ErrUnavailable) && errors.Is(err, context.DeadlineExceeded) == c.deadline
 			if c.cancel {
 				want = errors.Is(err, context.Canceled) && !errors.Is(err, ErrUnavailable)
 			}
-			if !want || took < bound || took > bound+sendPrompt {
-				t.Fatalf("ReadRecord: got %v after %v; want its bound's error within %v after %v", err, took, sendPrompt, bound)
+			if !want || took < bound || late > sendPrompt {
+				t.Fatalf("ReadRecord: got %v after %v, %v after the bound as the test saw it; want its bound's error after %v, at most %v after it",
+					err, took, late, bound, sendPrompt)
 			}
 		})
 	}

@@ -140,10 +140,17 @@ func (ks *keyState) sleep(ctx context.Context, l *Limiter, n int, first moved) (
 	s.moved <- first
 	seen := first.seen
 	var due <-chan time.Time
+	var wake time.Time       // when the booking in hand takes effect, by this process's clock
 	var done <-chan struct{} // ctx's, once the booking in hand is entered: a give-back on it goes through leave
 	for {
 		select {
 		case <-due:
+			// Its permits take effect after ctx's deadline: the deadline ends the wait,
+			// however late ctx's own timer runs (the select picks either when both are
+			// ready, and a context's deadline is closed by a goroutine of its own).
+			if dl, ok := ctx.Deadline(); ok && wake.After(dl) {
+				return ks.leaveAsleep(s, seen, cmp.Or(ctx.Err(), context.DeadlineExceeded))
+			}
 			if ks.claim(s) {
 				return s.g, seen, nil
 			}
@@ -158,22 +165,30 @@ func (ks *keyState) sleep(ctx context.Context, l *Limiter, n int, first moved) (
 				ks.leave(func() { l.lateGiveBack(n, s.g) })
 				return s.g, seen, nil
 			}
+			wake = time.Now().Add(s.g.wait)
 			due, done = time.After(s.g.wait), ctx.Done() // (due: collected unfired, unstopped, Go 1.23)
-		case <-done: // the process's next calls on the key go after the give-back
-			if ks.claim(s) {
-				ks.leave(func() { l.lateGiveBack(n, s.g) })
-			} else if back := s.back; s.stage.CompareAndSwap(moving, gone) { // being moved: not booked again
-				ks.leave(func() { <-back })
-			} else { // being booked again: the new booking goes back when it comes
-				ks.leave(func() {
-					m := <-s.moved
-					l.lateGiveBack(n, m.g)
-					ks.land(m.from)
-				})
-			}
-			return grant{}, seen, ctx.Err()
+		case <-done:
+			return ks.leaveAsleep(s, seen, ctx.Err())
 		}
 	}
+}
+
+// leaveAsleep ends the sleep of s, whose caller leaves with err: the process's next
+// calls on the key go after the give-back of its booking.
+func (ks *keyState) leaveAsleep(s *sleeper, seen int64, err error) (grant, int64, error) {
+	l, n := s.l, s.n
+	if ks.claim(s) {
+		ks.leave(func() { l.lateGiveBack(n, s.g) })
+	} else if back := s.back; s.stage.CompareAndSwap(moving, gone) { // being moved: not booked again
+		ks.leave(func() { <-back })
+	} else { // being booked again: the new booking goes back when it comes
+		ks.leave(func() {
+			m := <-s.moved
+			l.lateGiveBack(n, m.g)
+			ks.land(m.from)
+		})
+	}
+	return grant{}, seen, err
 }
 
 // enter registers s, booked after the hold seen on the flight from, and ends that

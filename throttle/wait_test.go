@@ -245,36 +245,60 @@ func maxTime(a, b time.Time) time.Time {
 // WaitN(3) asleep on its booking 800ms ahead, cancelled 500ms later, when 2.25 tokens
 // are back; WaitN(2) at once. The give-back goes in the background, before the
 // process's next call on the key: that call is granted now, whatever the machine's
-// speed (later, more tokens are back). Reported: how long the last WaitN took.
+// speed (later, more tokens are back). The premise, a WaitN(3) still asleep when it
+// is cancelled, depends on the machine's speed: a try whose WaitN(3) came due first
+// (a loaded machine ran the 500ms sleep past 800ms, or sent WaitN(3) 800ms after
+// WaitN(2)) proves nothing and is made again on a new key. Reported: how long the last WaitN took.
 func TestWaitAfterCancelledWait(t *testing.T) {
 	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
-		var waited []time.Duration
-		l, err := New(b.Client, "after-cancel", Limit{Rate: 10, Period: 4 * time.Second, Burst: 3}, WithAlgorithm(TokenBucket),
-			WithKeyPrefix(b.Prefix), WithHooks(Hooks{Allowed: func(_ string, _ int, wait time.Duration) { waited = append(waited, wait) }}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := l.WaitN(ctx, 2); err != nil {
-			t.Fatal(err)
-		}
-		wctx, cancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- l.WaitN(wctx, 3) }()
-		sendEventually(t, signalWait, "WaitN(3) asleep", func() bool { return sendSleepers(l) == 1 })
-		time.Sleep(500 * ms)
-		cancel()
-		if err := <-done; !errors.Is(err, context.Canceled) {
-			t.Fatalf("WaitN(3) cancelled: got %v, want context.Canceled", err)
-		}
-		start := time.Now()
-		if err := l.WaitN(ctx, 2); err != nil {
-			t.Fatal(err)
-		}
-		took := time.Since(start)
-		redistest.Figure(t, "WaitN(2) right after a cancelled WaitN(3): %v (booked %v ahead)", took.Round(time.Microsecond), waited[len(waited)-1])
-		if w := waited[len(waited)-1]; w != 0 {
-			t.Fatalf("WaitN(2) after the cancelled WaitN(3) booked %v ahead, want now: it went before the give-back", w)
+		for try := 1; ; try++ {
+			var waited []time.Duration
+			l, err := New(b.Client, "after-cancel-"+itoa(try), Limit{Rate: 10, Period: 4 * time.Second, Burst: 3}, WithAlgorithm(TokenBucket),
+				WithKeyPrefix(b.Prefix), WithHooks(Hooks{Allowed: func(_ string, _ int, wait time.Duration) { waited = append(waited, wait) }}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := l.WaitN(ctx, 2); err != nil {
+				t.Fatal(err)
+			}
+			wctx, cancel := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() { done <- l.WaitN(wctx, 3) }()
+			var early error
+			returned := false
+			sendEventually(t, signalWait, "WaitN(3) asleep", func() bool {
+				select {
+				case early = <-done: // not asleep: granted now, WaitN(2) long past
+					returned = true
+					return true
+				default:
+					return sendSleepers(l) == 1
+				}
+			})
+			if !returned {
+				time.Sleep(500 * ms)
+				cancel()
+				early = <-done
+			}
+			cancel()
+			if early == nil {
+				t.Logf("try %d: WaitN(3) came due before it was cancelled (the machine is slow): again", try)
+				continue
+			}
+			if !errors.Is(early, context.Canceled) {
+				t.Fatalf("WaitN(3) cancelled: got %v, want context.Canceled", early)
+			}
+			start := time.Now()
+			if err := l.WaitN(ctx, 2); err != nil {
+				t.Fatal(err)
+			}
+			took := time.Since(start)
+			redistest.Figure(t, "WaitN(2) right after a cancelled WaitN(3): %v (booked %v ahead)", took.Round(time.Microsecond), waited[len(waited)-1])
+			if w := waited[len(waited)-1]; w != 0 {
+				t.Fatalf("WaitN(2) after the cancelled WaitN(3) booked %v ahead, want now: it went before the give-back", w)
+			}
+			return
 		}
 	})
 }
@@ -411,6 +435,41 @@ func TestWaitDeadlineWhileRepliesAreLate(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A Wait whose permits take effect after its deadline returns an error matching
+// context.DeadlineExceeded and gives them back, even if the deadline's own timer has not
+// run by then (a loaded machine: the select in the sleep picks either of two ready
+// channels). The context stands for that timer: its deadline is set as the booking's
+// reply comes back (so the booking was granted, sent without one), halfway through the
+// 400ms its permits are booked ahead, and its Done never closes.
+func TestWaitWakingPastItsDeadline(t *testing.T) {
+	l, _, w, trip, grants := sendSlowLimiter(t, "wake-past", Limit{Rate: 1, Period: 400 * ms})
+	ctx := context.Background()
+	if res, err := l.Allow(ctx); err != nil || !res.Allowed {
+		t.Fatalf("Allow: got %+v, %v; want allowed", res, err)
+	}
+	lctx := &lateTimerCtx{Context: ctx}
+	trip.after = func() { lctx.dl.Store(time.Now().Add(200 * ms).UnixNano()) }
+	trip.armed.Store(true)
+	if err := l.Wait(lctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Wait woken after its deadline: got %v, want an error matching context.DeadlineExceeded", err)
+	}
+	sendOneGiveBack(t, l, w, grants)
+}
+
+// lateTimerCtx is a context whose deadline (none until set) has passed while its Done
+// channel is not closed yet: its timer has not run.
+type lateTimerCtx struct {
+	context.Context
+	dl atomic.Int64 // Unix nanoseconds; 0: no deadline
+}
+
+func (c *lateTimerCtx) Deadline() (time.Time, bool) {
+	if ns := c.dl.Load(); ns != 0 {
+		return time.Unix(0, ns), true
+	}
+	return time.Time{}, false
 }
 
 // A tenant's Wait holds its place while its turn has not come and asks again when it
