@@ -331,14 +331,17 @@ func startFleetKid(t *testing.T, args, env []string) *fleetKid {
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Env = env
 	k := &fleetKid{cmd: cmd, ready: make(chan struct{})}
-	ready := false
+	// the report is the lines from READY to END; what the test binary prints after
+	// it (PASS, and coverage: under -cover) is not the child's
+	ready, ended := false, false
 	k.stdin, k.done = startHelperProcess(t, cmd, func(line string) {
 		switch {
 		case !ready && line == "READY":
 			ready = true
 			close(k.ready)
-		case ready && line != "" && !strings.HasPrefix(line, "PASS") && !strings.HasPrefix(line, "ok "):
+		case ready && !ended && line != "":
 			k.lines = append(k.lines, line)
+			ended = line == "END"
 		}
 	})
 	return k
