@@ -493,14 +493,53 @@ func (c *client) round(ctx context.Context, gs []*group) {
 }
 
 // tries sends the groups' script calls (bare: without MULTI/EXEC, see exec), then EVAL
-// for those the server answered NOSCRIPT.
+// for those the server answered NOSCRIPT; and, up to movingTries times, those refused for
+// a slot in motion once go-redis's cluster client gave up following it (its
+// MaxRedirects spent while a reshard moved the slot under it): a MOVED, ASK or TRYAGAIN
+// is a reply, so nothing of the call ran.
 func (c *client) tries(ctx context.Context, gs []*group, bare bool) {
-	c.exec(ctx, gs, false, bare)
-	again := slices.DeleteFunc(slices.Clone(gs), func(g *group) bool {
-		return !redis.HasErrorPrefix(g.cmd.Err(), "NOSCRIPT")
+	eval := false
+	for try := 0; len(gs) > 0; try++ {
+		c.exec(ctx, gs, eval, bare)
+		if again := refused(gs, "NOSCRIPT"); len(again) > 0 {
+			eval = true
+			c.exec(ctx, again, true, bare)
+		}
+		if gs = refused(gs, "MOVED", "ASK", "TRYAGAIN"); len(gs) == 0 || try == movingTries || !pause(ctx, movingPause) {
+			return
+		}
+	}
+}
+
+// movingTries and movingPause bound tries' sends again of calls refused for a slot in
+// motion: a reshard's steps take milliseconds each.
+const (
+	movingTries = 3
+	movingPause = 20 * time.Millisecond
+)
+
+// refused returns the groups whose call Redis refused with an error reply beginning with
+// one of prefixes (or a transaction discarded for one).
+func refused(gs []*group, prefixes ...string) []*group {
+	return slices.DeleteFunc(slices.Clone(gs), func(g *group) bool {
+		err := g.cmd.Err()
+		if err == nil {
+			return true
+		}
+		msg := strings.TrimPrefix(err.Error(), execAbortCause)
+		return !slices.ContainsFunc(prefixes, func(p string) bool { return strings.HasPrefix(msg, p+" ") })
 	})
-	if len(again) > 0 {
-		c.exec(ctx, again, true, bare)
+}
+
+// pause waits d, or until ctx ends (false).
+func pause(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }
 
