@@ -292,57 +292,17 @@ func TestSemaphoreReleaseWakesWaiter(t *testing.T) {
 // it at once, not at its own timer (here TTL/3, a minute).
 func TestSemaphoreResumeWakesWaiter(t *testing.T) {
 	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
-		ctx := context.Background()
-		s, err := NewSemaphore(b.Client, "resume", 1, WithKeyPrefix(b.Prefix), WithLeaseTTL(3*time.Minute))
-		if err != nil {
-			t.Fatal(err)
-		}
-		lim, err := New(b.Client, "resume", PerSecond(1), WithKeyPrefix(b.Prefix))
-		if err != nil {
-			t.Fatal(err)
-		}
-		holder := mustTry(t, s)
-		actx, cancel := context.WithCancel(ctx)
-		defer cancel()
-		type acquired struct {
-			l   *Lease
-			err error
-		}
-		got := make(chan acquired, 1)
-		go func() {
-			l, err := s.Acquire(actx)
-			got <- acquired{l, err}
-		}()
-		eventually(t, 5*time.Second, "waiter queued", func() bool { return placesQueued(t, b, s) == 1 })
-		if err := lim.Pause(ctx, 10*time.Minute); err != nil {
-			t.Fatal(err)
-		}
-		if err := holder.Release(ctx); err != nil { // the pause keeps the slot from the waiter
-			t.Fatal(err)
-		}
+		lim, got := heldByAPause(t, b, "resume", 10*time.Minute)
 		select {
 		case <-got:
 			t.Fatal("the waiter had a lease while the key was paused")
 		case <-time.After(20 * time.Millisecond):
 		}
 		resumed := time.Now()
-		if err := lim.Resume(ctx); err != nil {
+		if err := lim.Resume(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		select {
-		case a := <-got:
-			if a.err != nil {
-				t.Fatal(a.err)
-			}
-			t.Logf("waiter had its lease %v after the resume", time.Since(resumed))
-			if err := a.l.Release(ctx); err != nil {
-				t.Fatal(err)
-			}
-		case <-time.After(signalWait):
-			cancel()
-			<-got
-			t.Fatalf("waiter still blocked %v after the resume (its own timer: 1m)", signalWait)
-		}
+		leaseComes(t, got, "after the resume", resumed)
 	})
 }
 
@@ -350,48 +310,66 @@ func TestSemaphoreResumeWakesWaiter(t *testing.T) {
 // pause goes to it when the pause ends, not at its own timer (here TTL/3, a minute).
 func TestSemaphorePauseEndWakesWaiter(t *testing.T) {
 	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
-		ctx := context.Background()
-		s, err := NewSemaphore(b.Client, "pauseend", 1, WithKeyPrefix(b.Prefix), WithLeaseTTL(3*time.Minute))
-		if err != nil {
-			t.Fatal(err)
-		}
-		lim, err := New(b.Client, "pauseend", PerSecond(1), WithKeyPrefix(b.Prefix))
-		if err != nil {
-			t.Fatal(err)
-		}
-		holder := mustTry(t, s)
-		actx, cancel := context.WithCancel(ctx)
-		defer cancel()
-		type acquired struct {
-			l   *Lease
-			err error
-		}
-		got := make(chan acquired, 1)
-		go func() {
-			l, err := s.Acquire(actx)
-			got <- acquired{l, err}
-		}()
-		eventually(t, 5*time.Second, "waiter queued", func() bool { return placesQueued(t, b, s) == 1 })
-		if err := lim.Pause(ctx, 200*time.Millisecond); err != nil {
-			t.Fatal(err)
-		}
-		if err := holder.Release(ctx); err != nil { // the pause keeps the slot from the waiter
-			t.Fatal(err)
-		}
-		select {
-		case a := <-got:
-			if a.err != nil {
-				t.Fatal(a.err)
-			}
-			if err := a.l.Release(ctx); err != nil {
-				t.Fatal(err)
-			}
-		case <-time.After(signalWait):
-			cancel()
-			<-got
-			t.Fatalf("waiter still blocked %v after a pause of 200ms (its own timer: 1m)", signalWait)
-		}
+		_, got := heldByAPause(t, b, "pauseend", 200*time.Millisecond)
+		leaseComes(t, got, "after a pause of 200ms", time.Now())
 	})
+}
+
+// acquired is what a waiting Acquire returned.
+type acquired struct {
+	l   *Lease
+	err error
+}
+
+// heldByAPause queues a waiter on a semaphore of max 1 (lease TTL 3m) under key, then
+// pauses the key for d through a limiter on it and releases the slot's holder: the pause
+// keeps the slot from the waiter. It returns the limiter and the waiter's outcome; the
+// waiter's context ends with the test.
+func heldByAPause(t *testing.T, b *redistest.Backend, key string, d time.Duration) (*Limiter, <-chan acquired) {
+	t.Helper()
+	ctx := context.Background()
+	s, err := NewSemaphore(b.Client, key, 1, WithKeyPrefix(b.Prefix), WithLeaseTTL(3*time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := New(b.Client, key, PerSecond(1), WithKeyPrefix(b.Prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder := mustTry(t, s)
+	actx, cancel := context.WithCancel(ctx)
+	got := make(chan acquired, 1)
+	go func() {
+		l, err := s.Acquire(actx)
+		got <- acquired{l, err}
+	}()
+	t.Cleanup(cancel)
+	eventually(t, 5*time.Second, "waiter queued", func() bool { return placesQueued(t, b, s) == 1 })
+	if err := lim.Pause(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return lim, got
+}
+
+// leaseComes fails t unless the waiter has its lease within signalWait (its own timer
+// is a minute); since is when what should wake it happened.
+func leaseComes(t *testing.T, got <-chan acquired, what string, since time.Time) {
+	t.Helper()
+	select {
+	case a := <-got:
+		if a.err != nil {
+			t.Fatal(a.err)
+		}
+		t.Logf("waiter had its lease %v %s", time.Since(since), what)
+		if err := a.l.Release(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(signalWait):
+		t.Fatalf("waiter still blocked %v %s (its own timer: 1m)", signalWait, what)
+	}
 }
 
 // A waiter whose context ends gives its place back (in the background): nothing is
