@@ -521,14 +521,17 @@ const (
 // refused returns the groups whose call Redis refused with an error reply beginning with
 // one of prefixes (or a transaction discarded for one).
 func refused(gs []*group, prefixes ...string) []*group {
-	return slices.DeleteFunc(slices.Clone(gs), func(g *group) bool {
-		err := g.cmd.Err()
-		if err == nil {
-			return true
-		}
-		msg := strings.TrimPrefix(err.Error(), execAbortCause)
-		return !slices.ContainsFunc(prefixes, func(p string) bool { return strings.HasPrefix(msg, p+" ") })
-	})
+	return slices.DeleteFunc(slices.Clone(gs), func(g *group) bool { return !refusedFor(g.cmd.Err(), prefixes...) })
+}
+
+// refusedFor reports whether err is an error reply beginning with one of prefixes, or a
+// transaction discarded for one.
+func refusedFor(err error, prefixes ...string) bool {
+	if err == nil {
+		return false
+	}
+	msg := strings.TrimPrefix(err.Error(), execAbortCause)
+	return slices.ContainsFunc(prefixes, func(p string) bool { return strings.HasPrefix(msg, p+" ") })
 }
 
 // pause waits d, or until ctx ends (false).
@@ -553,8 +556,7 @@ func (c *client) full(ctx context.Context, gs []*group) []*group {
 	var again []*request
 	out := make([]*group, 0, len(gs))
 	for _, g := range gs {
-		if err := g.cmd.Err(); err != nil && (redis.HasErrorPrefix(err, "OOM") ||
-			strings.HasPrefix(err.Error(), execAbortCause+"OOM")) {
+		if refusedFor(g.cmd.Err(), "OOM") {
 			g.reqs = slices.DeleteFunc(g.reqs, func(r *request) bool {
 				if r.repeatable() {
 					again = append(again, r)
