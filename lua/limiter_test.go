@@ -1036,11 +1036,7 @@ func batchVsLone(t *testing.T, b *redistest.Backend, a algo, variant, rounds int
 			queued = queued || (r.Op == protocol.OpAcquire && r.Tenant != "")
 		}
 		suffixes := []string{keys.State, keys.FairQueue, "t:A", "t:B c", "bk:a", "bk:b"}
-		var ka, kb []string
-		for _, s := range suffixes {
-			ka, kb = append(ka, tagA+":"+s), append(kb, tagB+":"+s)
-		}
-		before := snapshot(t, b.Client, ka...) // for the failure's message
+		before := snapshot(t, b.Client, keysUnder(tagA, suffixes)...) // for the failure's message
 		var want []res
 		for _, r := range reqs {
 			out := c.run(t, b, tagA, r)
@@ -1065,23 +1061,141 @@ func batchVsLone(t *testing.T, b *redistest.Backend, a algo, variant, rounds int
 				t.Fatalf("round %d, request %d of %s: batch %v, lone %v (before the round: %v)", round, i+1, texts(reqs), g, w, before)
 			}
 		}
-		sa, sb := snapshot(t, b.Client, ka...), snapshot(t, b.Client, kb...)
-		for i, s := range suffixes {
-			x, y := sa[ka[i]], strings.ReplaceAll(sb[kb[i]], tagB, tagA)
-			// the fake clock stretches TTLs; the queue's is compared apart: a pause moves
-			// the fair share's clock, and so its life, in the meta, but the queue's TTL
-			// moves only in a call that names the queue
-			if b.Real() || s == keys.FairQueue {
-				x, y = x[:strings.LastIndex(x, " ttl ")], y[:strings.LastIndex(y, " ttl ")]
-			}
-			if x != y {
-				t.Fatalf("round %d (%s): %s holds %s after lone calls, %s after the batch (before the round: %v)", round, texts(reqs), s, x, y, before)
+		sameUnder(t, b, tagA, tagB, suffixes, fmt.Sprintf("round %d (%s), lone calls under the first, one call under the second; before the round: %v", round, texts(reqs), before))
+	}
+}
+
+// The fast paths decide as the loop (lua/limiter.lua): random rounds of calls of plain
+// acquires or of tenants' (with caps or without, weights, places held and tickets sent
+// back, within and above the limits and past their turns, in batches that repeat a text),
+// made as Go writes them on one key and with a leading zero in each max wait (which the
+// loop reads and the fast paths leave to it) on another, at one instant per round, get the
+// same replies and leave the same keys, on every limiter script.
+func TestFastPathDecidesAsTheLoop(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		for i, a := range allAlgos {
+			for v, variant := range []string{"caps", "nocaps"} {
+				t.Run(a.tag+"/"+variant, func(t *testing.T) {
+					pick := rand.New(rand.NewPCG(uint64(i), uint64(v)+7)).IntN
+					tagA, tagB := tagOf(b, "fast"+a.tag+variant), tagOf(b, "loop"+a.tag+variant)
+					c := call{a: a, limits: []limit{{8, 100 * ms, 8}}}
+					if v == 0 {
+						c.caps = []limit{{3, 100 * ms, 3}}
+					}
+					clk := newClock(t, b, tagA, tagB)
+					// more tenants than a turn looks at in the queue (lua/limiter.lua, turn)
+					tenants := []string{"B c"}
+					for len(tenants) < 30 {
+						tenants = append(tenants, string(rune('A'+len(tenants))))
+					}
+					// the keys compared after each call: the rounds' tenants' (the first four)
+					suffixes, all := []string{keys.State, keys.FairQueue}, []string{keys.State, keys.FairQueue}
+					for j, name := range tenants {
+						if j < 4 {
+							suffixes = append(suffixes, keys.Tenant+name)
+						}
+						all = append(all, keys.Tenant+name)
+					}
+					tickets := map[string][]int64{}
+					// both makes a call of reqs on each key and fails unless they agree
+					both := func(what string, reqs ...*protocol.Request) []res {
+						t.Helper()
+						before := snapshot(t, b.Client, keysUnder(tagA, suffixes)...)
+						want := c.run(t, b, tagA, reqs...)
+						ks, argv := c.build(tagB, reqs)
+						for j := 2; j < len(argv); j++ {
+							f := strings.SplitN(argv[j].(string), " ", 4)
+							f[2] = "0" + f[2]
+							argv[j] = strings.Join(f, " ")
+						}
+						got, err := exec(b, a.name, ks, argv, make([]bool, len(reqs)))
+						if err != nil {
+							t.Fatalf("%s %s: %v", what, texts(reqs), err)
+						}
+						for j := range got {
+							if got[j].String() != want[j].String() {
+								t.Fatalf("%s, request %d of %s: loop %v, fast path %v (before: %v)", what, j+1, texts(reqs), got[j], want[j], before)
+							}
+							if want[j].v[6]&held != 0 {
+								tickets[reqs[j].Tenant] = append(tickets[reqs[j].Tenant], want[j].v[5])
+							}
+						}
+						sameUnder(t, b, tagA, tagB, suffixes, fmt.Sprintf("%s (%s), before it %v", what, texts(reqs), before))
+						return want
+					}
+					// first the queue's every tenant, of weights in steps, then one far ahead of
+					// them; later, with the clock past some of them, its turn has not come
+					for j, name := range tenants {
+						r := c.of(name, acquire(1, 1<<40))
+						r.Units = int64(j+1) * 100000
+						both("queueing", r)
+					}
+					for range 3 {
+						both("queueing", c.of("A", hold(acquire(1, 1<<40))))
+					}
+					sameUnder(t, b, tagA, tagB, all, "queueing")
+					clk.add(t, 100*time.Millisecond)
+					if got := both("past its turn", c.of("A", hold(acquire(1, 1<<40))))[0]; got.v[6]&turn == 0 {
+						t.Fatalf("past its turn: %v, want its turn not come", got)
+					}
+					for round := range 60 {
+						clk.add(t, time.Duration(pick(40)*1000+pick(1000))*time.Microsecond)
+						reqs, plain := make([]*protocol.Request, 1+pick(6)), pick(4) == 0
+						for j := range reqs {
+							if j > 0 && pick(4) == 0 { // the same text again
+								reqs[j] = reqs[j-1]
+								continue
+							}
+							r := acquire(1+pick(3), []int64{0, int64(pick(300)) * ms, 1 << 40}[pick(3)])
+							if !plain {
+								tenant := tenants[pick(4)] // (the rest: the queue's length)
+								c.of(tenant, r)
+								r.Hold = pick(2) == 0
+								r.Units = []int64{0, 500000, 3000000}[pick(3)]
+								if ts := tickets[tenant]; len(ts) > 0 && pick(3) == 0 {
+									r.Ticket = ts[pick(len(ts))]
+								}
+							}
+							reqs[j] = r
+						}
+						both(fmt.Sprintf("round %d", round), reqs...)
+					}
+				})
 			}
 		}
-		for _, k := range []string{ka[1], kb[1]} {
-			if b.Client.Exists(context.Background(), k).Val() == 1 && b.Client.PTTL(context.Background(), k).Val() <= 0 {
-				t.Fatalf("round %d: %s has no TTL", round, k)
-			}
+	})
+}
+
+// keysUnder returns the keys of suffixes under tag.
+func keysUnder(tag string, suffixes []string) []string {
+	var ks []string
+	for _, s := range suffixes {
+		ks = append(ks, tag+":"+s)
+	}
+	return ks
+}
+
+// sameUnder fails unless the keys of suffixes under tagA and tagB hold the same, and the
+// fair share's queue, where it exists, has a TTL; what says what came before.
+func sameUnder(t *testing.T, b *redistest.Backend, tagA, tagB string, suffixes []string, what string) {
+	t.Helper()
+	ka, kb := keysUnder(tagA, suffixes), keysUnder(tagB, suffixes)
+	sa, sb := snapshot(t, b.Client, ka...), snapshot(t, b.Client, kb...)
+	for i, s := range suffixes {
+		x, y := sa[ka[i]], strings.ReplaceAll(sb[kb[i]], tagB, tagA)
+		// the fake clock stretches TTLs; the queue's is compared apart: a pause moves
+		// the fair share's clock, and so its life, in the meta, but the queue's TTL
+		// moves only in a call that names the queue
+		if b.Real() || s == keys.FairQueue {
+			x, y = x[:strings.LastIndex(x, " ttl ")], y[:strings.LastIndex(y, " ttl ")]
+		}
+		if x != y {
+			t.Fatalf("%s: %s holds %s under %s, %s under %s", what, s, x, tagA, y, tagB)
+		}
+	}
+	for _, k := range []string{tagA + ":" + keys.FairQueue, tagB + ":" + keys.FairQueue} {
+		if b.Client.Exists(context.Background(), k).Val() == 1 && b.Client.PTTL(context.Background(), k).Val() <= 0 {
+			t.Fatalf("%s: %s has no TTL", what, k)
 		}
 	}
 }

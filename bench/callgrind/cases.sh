@@ -1,6 +1,6 @@
 #!/bin/bash
 # cases.sh GENDIR [N]: callgrind instructions (Ir) per EVALSHA of the generated scripts in GENDIR
-# (lua/gen, or a luaexec -dump directory), N calls after one: Ir per call for TB lone tenant, TB batch 32 tenants (per request), TB plain, FW tenant
+# (lua/gen, or a luaexec -dump directory), N calls after one: Ir per call for TB lone tenant, TB batch 32 tenants (per request), TB plain, FW tenant, TB tenant denied holding a place and not
 g=$1; n=${2:-500}
 G="tb 1000000000 1000000 1000000000"; C="tb 100000000 1000000 100000000"
 bk=(); ba=()
@@ -9,4 +9,7 @@ a=$("$(dirname "$0")"/ir.sh $g/bucket.lua $n 3 '{t}:l' '{t}:q' '{t}:t:acme' "$G"
 b=$("$(dirname "$0")"/ir.sh $g/bucket.lua $((n/10)) 34 '{b}:l' '{b}:q' "${bk[@]}" "$G" "$C" "${ba[@]}")
 c=$("$(dirname "$0")"/ir.sh $g/bucket.lua $n 1 '{p}:l' "$G" '' 'a 1 0')
 d=$("$(dirname "$0")"/ir.sh $g/window.lua $n 3 '{t}:l' '{t}:q' '{t}:t:acme' "fw 1000000000 1000000" "fw 100000000 1000000" 'a 1 0 q2 c3 tacme')
-echo "TB tenant lone: $a  TB tenant batch32 per req: $((b/32))  TB plain: $c  FW tenant lone: $d"
+# a group of 1 an hour: every call after the first denied, taking a place (a Wait's) or not (an Allow's)
+e=$("$(dirname "$0")"/ir.sh $g/bucket.lua $n 3 '{t}:l' '{t}:q' '{t}:t:acme' "tb 1 3600000000 1" "$C" 'a 1 9000000000 q2 c3 h tacme')
+f=$("$(dirname "$0")"/ir.sh $g/bucket.lua $n 3 '{t}:l' '{t}:q' '{t}:t:acme' "tb 1 3600000000 1" "$C" 'a 1 0 q2 c3 tacme')
+echo "TB tenant lone: $a  TB tenant batch32 per req: $((b/32))  TB plain: $c  FW tenant lone: $d  TB tenant denied, holding: $e  TB tenant denied: $f"

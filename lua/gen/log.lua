@@ -24,7 +24,7 @@
 -- with Redis's text. An error in the shared arguments fails the call ("JTARG ..."). A
 -- request that fails writes nothing.
 --
--- Provides: (the fast path uses only the first two; the rest come after "@cold")
+-- Provides: (the fast paths use only the first two; the rest come after "@cold")
 --   now                    the call's server time, µs
 --   ms(us)                 a TTL of us µs as PX text: whole ms, rounded up, >= 1
 --   int(s, lo, hi)         an argument as an integer in [lo, hi], or nil
@@ -350,7 +350,8 @@ end
 -- decides, and each op's function below says what it decides.
 --
 -- KEYS[1]  the limiter's state; KEYS[2..] each unit's, then the requests' own keys
--- ARGV[1]  the group's head; ARGV[2] the tenants' caps' head or ""; ARGV[3..] the requests
+-- ARGV[1]  the group's head; ARGV[2] the tenants' caps' head or ""; ARGV[3] the first
+--          request (the fast paths read it before anything else), ARGV[4..] the others
 -- Returns  WIDTH integers per request, then the extras (common.lua, reply)
 -- Writes   after every read and check, once per call: a request that fails writes
 --   nothing, nor does an inspect; a call of no other request that succeeds nothing at all
@@ -461,47 +462,446 @@ local function parse_head(text, normal)
   end
 end
 
--- The fast path (docs/design.md): a call whose every request is a plain acquire
+-- The plain fast path (docs/design.md): a call whose every request is a plain acquire
 -- "a <n> <wait_us>" (n >= 1), on an absent key or a state whose meta is the callers' head
 -- alone (a meta alone is not absent), decided request by request as the loop below decides
--- an acquire, by the same algorithm functions. Anything else goes on below, nothing written.
-if nargv >= 3 and nargv <= 2 + 1000 and ARGV[2] == '' then
+-- an acquire, by the same algorithm functions. Anything else goes on below, nothing written
+-- (a call whose first request is not one reads nothing here).
+do
+  local n, w = string.match(ARGV[3] or '', '^a ([1-9]%d*) (%d+)$')
+  if n and nargv <= 2 + 1000 and ARGV[2] == '' then
+    local head = ARGV[1]
+    local lim, param, _, parts = parse_head(head)
+    local st = lim and not parts and load(KEYS[1], head) -- (parts: units other than calls)
+    if st and ((st.absent and not st.bare) or st.meta == head) then
+      setup(st, lim, param, lim, 0, lim, now)
+      local cap = cap_of(lim)
+      -- (out made at one reply's size)
+      local k, out, text = nargv - 2, {false, false, false, false, false, false, false}, nil
+      local remaining, reset, keep
+      for r = 1, st.err and 0 or k do
+        if ARGV[r + 2] ~= text then -- a batch's requests repeat: read each text once
+          if text then
+            n, w = string.match(ARGV[r + 2], '^a ([1-9]%d*) (%d+)$')
+          end
+          text = ARGV[r + 2]
+          -- (coercion, as parse_head; w with a leading zero goes to the loop, which reads it)
+          n, w = n and #n < 11 and n + 0, w and #w < 17 and (w == '0' or w >= '1') and w + 0
+          if not n or not w or n > cap or w > 9007199254740991 then
+            st = nil
+            break
+          end
+        end
+        local t = fit(st, lim, n, now, now)
+        local granted = t - now <= w and t - now <= (st.horizon or 9007199254740991)
+        if granted then
+          take(st, lim, n, t, now)
+          remaining = nil
+        end
+        if not remaining then
+          remaining, reset, keep = report(st, lim, now)
+        end
+        local b = 7 * r - 7
+        out[b + 1], out[b + 2], out[b + 3], out[b + 4], out[b + 5], out[b + 6], out[b + 7] =
+          granted and 1 or 0, remaining, t - now, reset, granted and t or 0, 0, granted and 0 or 1
+      end
+      if st and not st.err then
+        if st.dirty then
+          save(st, KEYS[1], keep, st.absent and head or nil) -- keep: report's after the last request
+        end
+        return out
+      end
+    end
+  end
+end
+
+-- score reads a number of the fair share's (a sorted set's score, V and Fmax): gopher-lua's
+-- tonumber reads no mantissa without a point before an exponent ("8e+10", as miniredis
+-- gives a large score), so one is put in.
+local function score(s)
+  return tonumber(s) or tonumber((string.gsub(s or '', '^(%-?%d+)e', '%1.0e')))
+end
+
+-- walk returns the fair share's clock had = {V, W, tV, Fmax} (docs/design.md; nil: none)
+-- moved to now over the queue at qkey, a copy, and the members it passed (gone.all: all, the
+-- queue is empty): they leave the queue, which drop writes (hadW: the W read). It reads
+-- the members from the head in runs that double, to 64: most calls pass one or none.
+local function walk(qkey, had)
+  local f = had and {V = had.V, W = had.W, tV = had.tV, Fmax = had.Fmax} or {V = 0, W = 0, tV = now, Fmax = 0}
+  local t, gone, m, i = f.tV, {}, {}, 1
+  while f.W > 0 and t < now do
+    if i > #m then
+      local to = #gone + math.min(64, math.max(1, #gone)) - 1
+      m, i = redis.call('ZRANGE', qkey, string.format('%d', #gone), string.format('%d', to), 'WITHSCORES'), 1
+      if #m == 0 then
+        f.W = 0
+        break
+      end
+    end
+    local F, u = score(m[i + 1]), tonumber((string.match(m[i], '^(%d+) ')))
+    local reach = t + (F - f.V) * f.W / 1000000
+    if reach > now then
+      f.V, t = f.V + (now - t) * 1000000 / f.W, now
+      break
+    end
+    f.V, t, f.W = math.max(f.V, F), math.max(t, reach), f.W - (u or 0)
+    gone[#gone + 1], i = m[i], i + 2
+  end
+  if f.W <= 0 then -- the queue is empty: tags start again from 0
+    f.V, f.W, f.Fmax, gone.all = 0, 0, 0, true
+  end
+  f.tV = math.max(t, f.tV, f.W == 0 and now or 0)
+  return f, gone
+end
+
+-- fs is the fair share's bookkeeping in a call: its queue's key, the clock f (moved to now
+-- once, walk), the finish tags read (finish: false for none, or passed by the clock) and to
+-- write (queued) by member "<weight units> <name>", how many members the clock passed that
+-- the queue still holds, and changed (the clock or the queue changed: the meta is written).
+-- move moves the clock had (nil: none) of the queue at qkey to now as fs's clock, and
+-- returns the members it passed (drop).
+local function move(fs, had, qkey)
+  local f, gone = walk(qkey, had)
+  fs.key, fs.f, fs.passed = qkey, f, #gone
+  for j = 1, #gone do -- (no longer queued: a member's read gives no score for them)
+    fs.finish[gone[j]] = false
+  end
+  fs.changed = fs.changed or not had or had.V ~= f.V or had.W ~= f.W or had.tV ~= f.tV
+  return gone
+end
+local function drop(qkey, gone, hadW)
+  if gone.all then
+    if hadW > 0 then
+      redis.call('DEL', qkey)
+    end
+  else
+    for j = 1, #gone, 64 do
+      redis.call('ZREM', qkey, unpack(gone, j, math.min(j + 63, #gone)))
+    end
+  end
+end
+
+-- life is how long the fair share's clock f lives, µs: until V reaches Fmax.
+local function life(f)
+  return math.ceil((f.Fmax - f.V) * f.W / 1000000) + math.max(f.tV - now, 0) + 1000000
+end
+
+-- clock reads the fair share's clock from the meta's line "f <V> <W> <tV> <Fmax>" at i in
+-- text: {V, W, tV, Fmax}, or nil for a line not of that form; clock_line writes it.
+local function clock(text, i)
+  local V, W, tV, Fmax = string.match(text, '^f (%S+) (%d+) (%d+) (%S+)$', i)
+  V, Fmax = score(V), score(Fmax) -- (x == x: not NaN)
+  if V and Fmax and V == V and Fmax == Fmax and math.abs(V) < math.huge and math.abs(Fmax) < math.huge then
+    return {V = V, W = tonumber(W), tV = tonumber(tV), Fmax = Fmax}
+  end
+end
+local function clock_line(f)
+  return string.format('\nf %.17g %d %d %.17g', f.V, f.W, f.tV, f.Fmax)
+end
+
+-- keep_queue writes the finish tags a call set (queued, by member) to the queue at qkey,
+-- kept as long as its clock f lives (while tenants are queued).
+local function keep_queue(qkey, f, queued)
+  if f.W > 0 then
+    local zadd = {} -- (one ZADD for all)
+    for m, F in pairs(queued) do
+      zadd[#zadd + 1], zadd[#zadd + 2] = string.format('%.17g', F), m
+    end
+    if zadd[1] then
+      redis.call('ZADD', qkey, unpack(zadd))
+    end
+    redis.call('PEXPIRE', qkey, ms(life(f)))
+  end
+end
+
+-- fit_all returns the earliest time >= t at which every part of P (st, lim, n of each, in
+-- a row) has room for its n: each fit moves t only later, until a round of them leaves it
+-- where it is. latest returns the latest of P's parts from i to j's own room for their n,
+-- from t.
+local function fit_all(P, t)
+  local m, stable, i = #P / 3, 0, 0
+  for _ = 1, 8 * m do
+    i = i % m + 1
+    local t1 = fit(P[3 * i - 2], P[3 * i - 1], P[3 * i], t, now)
+    t, stable = t1, t1 ~= t and 1 or stable + 1
+    if stable >= m then
+      break
+    end
+  end
+  return t
+end
+local function latest(P, i, j, t)
+  local m = t
+  for e = i, j do
+    m = math.max(m, fit(P[3 * e - 2], P[3 * e - 1], P[3 * e], t, now))
+  end
+  return m
+end
+
+-- A ticket is a tenant's place S, a start tag of any size, as the integer a reply and a
+-- task's record carry it (below 2^53, as every integer argument): its 14 significant
+-- digits m and its decimal exponent e, S = m / 10^e (millionths while S < 9e7), written
+-- m × 100 + e + 50; place_of reads one back. (Tags grow with the time the queue has not
+-- emptied, faster the lighter the tenants: in millionths alone they outgrow 2^53.)
+local function ticket_of(S)
+  local e = 6
+  while (e >= 0 and S * 10 ^ e or S / 10 ^ -e) >= 9e13 do
+    e = e - 1
+  end
+  return math.floor((e >= 0 and S * 10 ^ e or S / 10 ^ -e) + 0.5) * 100 + e + 50
+end
+local function place_of(k)
+  local e, m = k % 100 - 50, (k - k % 100) / 100
+  return e >= 0 and m / 10 ^ e or m * 10 ^ -e
+end
+
+-- queue sets member m's finish tag F (its weight joins W when it was not queued); unqueue
+-- gives back the place S of a caller that leaves (m of weight u with finish tag F, its
+-- request's cost taking ct µs): F goes back by that cost (no further than the clock's V)
+-- while the place still counts in a queue not emptied since.
+local function queue(fs, m, F, W)
+  local f = fs.f
+  fs.finish[m], fs.queued[m], f.W, f.Fmax, fs.changed = F, F, W, math.max(f.Fmax, F), true
+end
+local function unqueue(fs, m, u, F, S, ct)
+  local f = fs.f
+  if F and S and f.W > 0 and S <= f.Fmax + 1 and F > f.V then
+    queue(fs, m, math.max(f.V, F - ct * 1000000 / u), f.W)
+  end
+end
+
+-- turn returns µs from now until start tag S may book (S <= V + h / W), V moving as the
+-- clock does: with the queue as this call leaves it (its stored members, the finish tags
+-- this call's requests set in place of theirs: the writes come after every request), the
+-- tenants queued ahead leaving it (and their weight W) as V reaches their finish tags, the
+-- first TURN_LOOKS of them looked at (then W as it is). A caller told a time a departure
+-- makes too late would leave its slot unused; one told too early (a tenant arrives since)
+-- asks again.
+local TURN_LOOKS = 16
+local function turn(fs, S, W, h)
+  local ahead, mine = {}, 0
+  for _ in pairs(fs.queued) do
+    mine = mine + 1
+  end
+  -- (the members the clock passed leave the queue at the writes: those still there are skipped)
+  local m = redis.call('ZRANGE', fs.key, '0', string.format('%d', 16 + mine + fs.passed - 1), 'WITHSCORES')
+  for i = 1, #m, 2 do
+    local F = score(m[i + 1])
+    if F and fs.queued[m[i]] == nil and fs.finish[m[i]] ~= false then
+      ahead[#ahead + 1] = {m[i], F}
+    end
+  end
+  for name, F in pairs(fs.queued) do
+    ahead[#ahead + 1] = {name, F}
+  end
+  table.sort(ahead, function(a, b) -- (as the sorted set orders them)
+    return a[2] < b[2] or a[2] == b[2] and a[1] < b[1]
+  end)
+  local t, V = 0, fs.f.V
+  for i = 1, 16 + 1 do
+    local target = S - h * 1000000 / W
+    if target <= V then
+      return math.ceil(t)
+    end
+    local e = i <= 16 and ahead[i]
+    local F = e and e[2]
+    local u = e and tonumber(string.match(e[1], '^(%d+) ') or '')
+    if not F or not u or F >= target or W - u <= 0 then
+      return math.ceil(t + (target - V) * W / 1000000)
+    end
+    if F > V then
+      t, V = t + (F - V) * W / 1000000, F
+    end
+    W = W - u
+  end
+  return math.ceil(t)
+end
+
+-- decide decides an acquire whose parts P (st, lim, n of each, in a row; the group's the
+-- first g) book their n at the earliest time they all have room from t0, if that comes
+-- within x µs and, for a tenant's request or one of estimated costs, within its horizon h
+-- (nil: none). A tenant's request (d: its member m of weight u with finish tag F, the
+-- ticket it sent back, its cost's time ct; nil: none) also waits for its fair turn
+-- (docs/design.md, "Tenants and the fair share"); denied, it takes a place when it holds
+-- (d.hold) and may wait that long, or is a task's (d.task, whose record keeps it), and else
+-- gives back the place it held. It returns the booking's time, or nil, the wait until
+-- asking again can succeed, which limit denied (a flag) and the place held, if any.
+local function decide(P, g, t0, x, h, fs, d)
+  local bound, t, wait, who, S, W, held, beyond = h and math.min(x, h) or x, now, nil, nil, nil, nil, nil, false
+  if d then
+    local f = fs.f
+    W, held = f.W + ((d.F and d.F > f.V) and 0 or d.u), d.ticket -- (W: with this tenant queued)
+    if held and (f.W == 0 or held > f.Fmax + 1) then -- a place in a queue emptied since
+      held = nil -- (its tags start again from 0): the turn has come
+    end
+    S = held or math.max(f.V, d.F or f.V)
+    if S > f.V + h * 1000000 / W then -- its turn has not come: ask again when it does
+      wait, who = math.max(1, turn(fs, S, W, h)), 4
+    end
+  end
+  if not who and #P > 0 then -- the earliest time the group and the caps all have room
+    t = fit_all(P, t0)
+    for i = 1, #P, 3 do
+      bound = math.min(bound, P[i].horizon or 9007199254740991)
+    end
+  end
+  if not who and t - now > bound then -- denied: by the limit whose own room comes later
+    who = (#P > 3 * g and latest(P, g + 1, #P / 3, t0) > latest(P, 1, g, t0)) and 2 or 1
+    wait = t - now
+    if h and t - now <= x then -- beyond the horizon only: ask again when it reaches t
+      wait = t - now - h
+      if not d and wait > h then -- (settles may free room sooner: at most a horizon)
+        wait = h
+      end
+    else
+      beyond = true -- (no place to take)
+    end
+  end
+  if who then
+    -- a caller told to ask again later than it may wait leaves: it takes no place, and
+    -- gives back the one it held (a task's is kept in its record: the task comes back)
+    local hold = d and d.hold and not beyond and (wait <= x or d.task)
+    if d and not hold and not d.task then
+      unqueue(fs, d.m, d.u, d.F, held, d.ct)
+    end
+    if hold and not held then
+      queue(fs, d.m, S + d.ct * 1000000 / d.u, W)
+      held = S
+    end
+    return nil, wait, who, hold and held
+  end
+  for i = 1, #P, 3 do
+    take(P[i], P[i + 1], P[i + 2], t, now)
+  end
+  if d and not held then
+    queue(fs, d.m, S + d.ct * 1000000 / d.u, W)
+  end
+  return t
+end
+
+-- The tenants' fast path: a call whose every request is a tenant's acquire as Go writes it,
+-- "a <n> <wait_us> q<i> [c<i>] [w<units>] [k<ticket>] [h] t<name>" (n >= 1), on an absent
+-- key or a state whose meta is the callers' head, alone or with the fair share's clock (a
+-- meta alone is not absent), and tenants' states absent or whose metas are the caps' head;
+-- decided request by request as the loop below decides an acquire, by the same functions.
+-- Anything else goes on to the loop, nothing written: another op or option, a head of
+-- units, another line in the meta, a key of another kind or type, n above what the limits
+-- can grant. (What it saves: luaexec's tenant acquire cases and bench/callgrind/cases.sh,
+-- in bench/RESULTS.md.)
+if nargv >= 3 and nargv <= 2 + 1000 and string.find(ARGV[3], '^a %d+ %d+ q') then
   local head = ARGV[1]
-  local lim, param, _, parts = parse_head(head)
-  local st = lim and not parts and load(KEYS[1], head) -- (parts: units other than calls)
-  if st and ((st.absent and not st.bare) or st.meta == head) then
+  local lim, param, tag, parts = parse_head(head)
+  local st = lim and not parts and load(KEYS[1], head)
+  local had -- the fair share's clock, when the meta holds one
+  if st and st.meta ~= head and st.meta and not st.bare and string.sub(st.meta, 1, #head + 1) == head .. '\n' then
+    had = clock(st.meta, #head + 2)
+  end
+  local clim, cparam, ctag, cparts, chead = false, nil, tag, nil, nil -- the caps' limits (false: none) and head
+  if ARGV[2] ~= '' then
+    clim, cparam, ctag, cparts, chead = parse_head(ARGV[2])
+  end
+  if st and ((st.absent and not st.bare) or st.meta == head or had) and clim ~= nil and ctag == tag and not cparts then
     setup(st, lim, param, lim, 0, lim, now)
-    local cap = cap_of(lim)
+    local cap, ccap = cap_of(lim), clim and cap_of(clim)
     -- (out made at one reply's size)
-    local k, out, text, n, w = nargv - 2, {false, false, false, false, false, false, false}, nil, nil, nil
+    local k, out, text = nargv - 2, {false, false, false, false, false, false, false}, nil
+    local n, w, q, c, u, kt, hold, name -- the request's fields
+    local base = string.match(KEYS[1], '^(.*:)l$') -- (each key a request names is of its kind under it)
     local remaining, reset, keep
+    -- the tenants' caps' states by key index; the fair share (decide), its clock moved to
+    -- now by the first request, and the members it passed
+    local caps, fs, gone = {}, {key = nil, f = nil, finish = {}, queued = {}, passed = 0, changed = false}, nil
     for r = 1, st.err and 0 or k do
       if ARGV[r + 2] ~= text then -- a batch's requests repeat: read each text once
         text = ARGV[r + 2]
-        n, w = string.match(text, '^a ([1-9]%d*) (%d+)$')
+        local at, rest = string.find(text, ' t', 1, true), nil
+        name = at and string.sub(text, at + 2)
+        n, w, q, rest = string.match(at and string.sub(text, 1, at - 1) or '', '^a ([1-9]%d*) (%d+) q(%d+)(.*)$')
+        c = nil
+        if clim and rest then
+          c, rest = string.match(rest, '^ c(%d+)(.*)$')
+        end
+        u = rest and string.match(rest, '^ w([1-9]%d*)')
+        rest = u and string.sub(rest, #u + 3) or rest
+        kt = rest and string.match(rest, '^ k([1-9]%d*)')
+        rest = kt and string.sub(rest, #kt + 3) or rest
+        hold = rest == ' h'
+        q, c = q and q + 0, c and c + 0
+        if not (rest == '' or hold) or not base or KEYS[q] ~= base .. 'q' or (c and KEYS[c] ~= base .. 't:' .. name)
+          or name == '' or #name > 256 or (u and (#u > 16 or u + 0 > 1000000 * 1000000))
+          or (kt and (#kt > 16 or kt + 0 > 9007199254740991)) then
+          n = nil
+        end
+        u, kt = u and u + 0 or 1000000, kt and place_of(kt + 0)
         -- (coercion, as parse_head; w with a leading zero goes to the loop, which reads it)
         n, w = n and #n < 11 and n + 0, w and #w < 17 and (w == '0' or w >= '1') and w + 0
-        if not n or not w or n > cap or w > 9007199254740991 then
+        if not n or not w or n > cap or w > 9007199254740991 or (clim and n > ccap) then
           st = nil
           break
         end
       end
-      local t = fit(st, lim, n, now, now)
-      local granted = t - now <= w and t - now <= (st.horizon or 9007199254740991)
-      if granted then
-        take(st, lim, n, t, now)
+      local P = {st, lim, n}
+      if c then -- its caps' state, read once per key
+        local ts = caps[c]
+        if ts == nil then
+          ts = load(KEYS[c], chead)
+          if ts and ((ts.absent and not ts.bare) or ts.meta == chead) then
+            setup(ts, clim, param, clim, 0, clim, now)
+          else
+            ts = false
+          end
+          caps[c] = ts
+        end
+        if not ts or ts.err then
+          st = nil
+          break
+        end
+        P[4], P[5], P[6] = ts, clim, n
+      end
+      local m, finish = string.format('%d ', u) .. name, fs.finish -- its member in the queue
+      if finish[m] == nil then
+        local F = redis.pcall('ZSCORE', KEYS[q], m)
+        if type(F) == 'table' then -- another type, or a refusal: the loop says which
+          st = nil
+          break
+        end
+        finish[m] = score(F or nil) or false
+      end
+      gone = gone or move(fs, had, KEYS[q])
+      local ct = n * lim[1][2] / lim[1][1] -- (its cost's time, as cost_time)
+      local t, wait, who, held = decide(P, 1, now, w, math.max(250000, 2 * lim[1][2] / lim[1][1], ct), fs,
+        {m = m, u = u, F = finish[m], ticket = kt, ct = ct, hold = hold, task = false})
+      if t then
         remaining = nil
       end
       if not remaining then
         remaining, reset, keep = report(st, lim, now)
       end
       local b = 7 * r - 7
-      out[b + 1], out[b + 2], out[b + 3], out[b + 4], out[b + 5], out[b + 6], out[b + 7] =
-        granted and 1 or 0, remaining, t - now, reset, granted and t or 0, 0, granted and 0 or 1
+      out[b + 1], out[b + 2], out[b + 3], out[b + 4], out[b + 5], out[b + 6], out[b + 7] = t and 1 or 0, remaining,
+        t and t - now or math.max(1, wait), reset, t or 0, held and ticket_of(held) or 0, t and 0 or who + (held and 32 or 0)
     end
-    if st and not st.err then
-      if st.dirty then
-        save(st, KEYS[1], keep, st.absent and head or nil) -- keep: report's after the last request
+    for _, ts in pairs(caps) do -- (a read after load may find a state foreign)
+      if st and ts.err then
+        st = nil
+      end
+    end
+    if st and not st.err then -- the writes, as the loop's
+      local f = fs.f
+      drop(fs.key, gone, had and had.W or 0)
+      keep_queue(fs.key, f, fs.queued)
+      if st.dirty or fs.changed then
+        local meta, kept = head, keep
+        if f.W > 0 then
+          meta, kept = head .. clock_line(f), math.max(keep, life(f))
+        end
+        save(st, KEYS[1], kept, meta ~= st.meta and meta or nil, keep <= 0)
+      end
+      for i, ts in pairs(caps) do
+        if ts.dirty then
+          local _, _, pk = report(ts, clim, now, 0)
+          save(ts, KEYS[i], pk, ts.absent and chead or nil)
+        end
       end
       return out
     end
@@ -673,8 +1073,8 @@ end
 local function rates(st, new, at)
 end
 
--- [limiter.lua from line 165]
--- @cold: the request loop, for every call the fast path did not decide.
+-- [limiter.lua from line 565]
+-- @cold: the request loop, for every call the fast paths did not decide.
 
 -- read_head is parse_head with the parts always given, each with its limits (lim) and the
 -- largest n they allow (cap): a head of calls alone is one part.
@@ -707,13 +1107,6 @@ local k = nargv - 2
 -- base is "{…}:", the tag of KEYS[1] ("{…}:l"): every key a request names, and each
 -- unit's part, must be of its kind under it, so no request writes a key not its own.
 local base = string.match(KEYS[1] or '', '^(.*:)l$')
-
--- score reads a number of the fair share's (a sorted set's score, V and Fmax): gopher-lua's
--- tonumber reads no mantissa without a point before an exponent ("8e+10", as miniredis
--- gives a large score), so one is put in.
-local function score(s)
-  return tonumber(s) or tonumber((string.gsub(s or '', '^(%-?%d+)e', '%1.0e')))
-end
 
 -- The meta's lines (internal/protocol). parse_meta returns {head, pause (its end; 0 once
 -- it has ended, as the writes drop it: a batch sees what calls one by one see), over = {end, set,
@@ -749,10 +1142,8 @@ local function parse_meta(text)
         m.over[3][#m.over[3] + 1] = {w[r], w[r + 1]}
       end
     elseif kind == 'f' then
-      local V, W, tV, Fmax = string.match(line, '^f (%S+) (%d+) (%d+) (%S+)$')
-      V, Fmax = score(V), score(Fmax) -- (x == x: not NaN)
-      ok = V and Fmax and V == V and Fmax == Fmax and math.abs(V) < math.huge and math.abs(Fmax) < math.huge
-      m.fair = {V = V, W = tonumber(W), tV = tonumber(tV), Fmax = Fmax}
+      m.fair = clock(line, 1)
+      ok = m.fair
     elseif kind == 'd' then
       local at, head = string.match(line, '^d (%d+) (.+)$')
       ok, m.drift = at, {tonumber(at), head}
@@ -777,7 +1168,7 @@ local function format_meta(m)
     end
   end
   if f and f.W > 0 then
-    text = text .. string.format('\nf %.17g %d %d %.17g', f.V, f.W, f.tV, f.Fmax)
+    text = text .. clock_line(f)
   end
   if d and d[1] > now - 60000000 then
     text = text .. string.format('\nd %d ', d[1]) .. d[2]
@@ -827,44 +1218,21 @@ local function slice(l, p)
   return l and {unpack(l, p.from, p.to)}
 end
 
--- A ticket is a tenant's place S, a start tag of any size, as the integer a reply and a
--- task's record carry it (below 2^53, as every integer argument): its 14 significant
--- digits m and its decimal exponent e, S = m / 10^e (millionths while S < 9e7), written
--- m × 100 + e + 50; place_of reads one back. (Tags grow with the time the queue has not
--- emptied, faster the lighter the tenants: in millionths alone they outgrow 2^53.)
-local function ticket_of(S)
-  local e = 6
-  while (e >= 0 and S * 10 ^ e or S / 10 ^ -e) >= 9e13 do
-    e = e - 1
-  end
-  return math.floor((e >= 0 and S * 10 ^ e or S / 10 ^ -e) + 0.5) * 100 + e + 50
-end
-local function place_of(k)
-  local e, m = k % 100 - 50, (k - k % 100) / 100
-  return e >= 0 and m / 10 ^ e or m * 10 ^ -e
-end
 
 -- parse_request reads a request's text (internal/protocol) into named fields (q.op, q.n,
 -- ...), or returns nil and why. A cost goes to q.cost[unit] (a settle's actual to
 -- q.actual[unit]); q.ctext is the costs' text as sent, which a task's record keeps.
 local function parse_request(text)
-  -- a tenant's acquire as Go writes it, "a <n> <x> q<i> c<i> t<name>" (luaexec's tenant
-  -- acquire), is read with one match when its fields are in range; any other word by word
   local t, w = string.find(text, ' t', 1, true), {nil, nil, nil, nil, nil, nil, nil, nil}
-  local n, x, qi, ci = string.match(text, '^a (%d+) (%d+) q(%d+) c(%d+) t')
-  n, x, qi, ci = int(n, 0, 1000000000), int(x, 0, 9007199254740991), int(qi, 2, #KEYS), int(ci, 2, #KEYS)
-  local ok = n and x and qi and ci
-  if not ok then
-    for f in string.gmatch(t and string.sub(text, 1, t - 1) or text, '%S+') do
-      w[#w + 1] = f
-    end
+  for f in string.gmatch(t and string.sub(text, 1, t - 1) or text, '%S+') do
+    w[#w + 1] = f
   end
-  local op, nf = ok and 'a' or w[1], 3 -- (q made at its size for an acquire's fields, nil until read)
-  local q = {op = op, tenant = t and string.sub(text, t + 2), ctext = '', n = nil, x = nil, q = ok and qi, c = ok and ci}
+  local op, nf = w[1], 3 -- (q made at its size for an acquire's fields, nil until read)
+  local q = {op = op, tenant = t and string.sub(text, t + 2), ctext = '', n = nil, x = nil}
   if q.tenant and (#q.tenant < 1 or #q.tenant > 256) then
     return nil, 'tenant name of ' .. #q.tenant .. ' bytes'
   elseif op == 'a' or op == 'c' or op == 's' then
-    q.n, q.x = ok and n or int(w[2], 0, 1000000000), ok and x or int(w[3], 0, 9007199254740991)
+    q.n, q.x = int(w[2], 0, 1000000000), int(w[3], 0, 9007199254740991)
     if not q.n or not q.x then
       return nil, 'n or its second field'
     end
@@ -1104,61 +1472,25 @@ end
 
 -- The fair share's clock (meta.fair: V, W in weight units (millionths), tV, Fmax; see
 -- docs/design.md), moved to now once, by the first request that needs it; an inspect
--- (readonly) moves a copy and writes nothing. changed says the meta's content
--- changed (a control op, the clock or the queue); finish and queued hold finish tags read
--- and to write, by member "<weight units> <name>"; fair_key is the queue the writes keep
--- (the clock moved, or a pause froze it).
-local changed, fair_key, fair_moved, finish, queued = false, nil, false, {}, {}
+-- (readonly) moves a copy and writes nothing. fs is the call's fair share (decide), its
+-- changed also saying that a control op changed the meta; fair_key is the queue the
+-- writes keep (the clock moved, or a pause froze it).
+local fs, fair_key, fair_moved = {key = nil, f = nil, finish = {}, queued = {}, passed = 0, changed = false}, nil, false
 local function fair(qkey, readonly)
   if fair_moved then
     return meta.fair
   end
   local had = meta.fair
-  local f = had and {V = had.V, W = had.W, tV = had.tV, Fmax = had.Fmax} or {V = 0, W = 0, tV = now, Fmax = 0}
-  -- the members it passes (read from the head in runs that double, to 64: most calls pass
-  -- one or none) leave the queue after the walk, up to 64 a command
-  local t, gone, m, i = f.tV, {}, {}, 1
-  while f.W > 0 and t < now do
-    if i > #m then
-      local to = #gone + math.min(64, math.max(1, #gone)) - 1
-      m, i = redis.call('ZRANGE', qkey, string.format('%d', #gone), string.format('%d', to), 'WITHSCORES'), 1
-      if #m == 0 then
-        f.W = 0
-        break
-      end
-    end
-    local F, u = score(m[i + 1]), tonumber((string.match(m[i], '^(%d+) ')))
-    local reach = t + (F - f.V) * f.W / 1000000
-    if reach > now then
-      f.V, t = f.V + (now - t) * 1000000 / f.W, now
-      break
-    end
-    f.V, t, f.W = math.max(f.V, F), math.max(t, reach), f.W - (u or 0)
-    gone[#gone + 1], i = m[i], i + 2
-  end
-  if f.W <= 0 then -- the queue is empty: tags start again from 0
-    f.V, f.W, f.Fmax = 0, 0, 0
-    if had and had.W > 0 and not readonly then
-      redis.call('DEL', qkey)
-    end
-  elseif not readonly then
-    for j = 1, #gone, 64 do
-      redis.call('ZREM', qkey, unpack(gone, j, math.min(j + 63, #gone)))
-    end
-  end
-  f.tV = math.max(t, f.tV, f.W == 0 and now or 0)
   if readonly then
-    return f
+    return (walk(qkey, had))
   end
-  for j = 1, #gone do -- (no longer queued: member reads no score for them)
-    finish[gone[j]] = false
-  end
+  drop(qkey, move(fs, had, qkey), had and had.W or 0)
   -- (separate statements: common.lua says why)
   fair_key = qkey
   fair_moved = true
-  meta.fair = f
-  changed = changed or not had or had.V ~= f.V or had.W ~= f.W or had.tV ~= f.tV
-  return f
+  fs.passed = 0
+  meta.fair = fs.f
+  return fs.f
 end
 
 -- member returns a tenant's queue member, its weight in millionths (an operator's while it
@@ -1167,10 +1499,10 @@ local function member(q)
   local w = meta.weights[q.tenant]
   local u = w and w[1] > now and w[2] or q.units or 1000000
   local name = string.format('%d ', u) .. q.tenant
-  if finish[name] == nil then
-    finish[name] = score(redis.call('ZSCORE', KEYS[q.q], name) or nil) or false
+  if fs.finish[name] == nil then
+    fs.finish[name] = score(redis.call('ZSCORE', KEYS[q.q], name) or nil) or false
   end
-  return name, u, finish[name]
+  return name, u, fs.finish[name]
 end
 
 -- queue_foreign returns the failure of the fair share's key KEYS[i] when it holds another
@@ -1183,29 +1515,9 @@ local function queue_foreign(i)
   return i and queue_why[i] or nil
 end
 
--- queue sets a tenant's finish tag F (its weight u joins W when it was not queued).
-local function queue(name, F, W)
-  local f = meta.fair
-  finish[name], queued[name], f.W, f.Fmax = F, F, W, math.max(f.Fmax, F)
-  changed = true
-end
 
--- unqueue gives back the place of request q held at ticket S by a caller that leaves: its
--- tenant's finish tag F goes back by its cost (no further than the clock's V), while the
--- place still counts in a queue not emptied since.
-local function unqueue(q, name, u, F, S)
-  local f = meta.fair
-  if F and S and f.W > 0 and S <= f.Fmax + 1 and F > f.V then
-    queue(name, math.max(f.V, F - cost_time(q) * 1000000 / u), f.W)
-  end
-end
-
--- life is how long the fair share's clock f lives, µs: until V reaches Fmax. kept_us is
--- how long the state lives from now, its data mattering data µs: until neither its data
+-- kept_us is how long the state lives from now, its data mattering data µs: until neither its data
 -- nor a line of its meta matters. The writes set it; an inspect after them reports it.
-local function life(f)
-  return math.ceil((f.Fmax - f.V) * f.W / 1000000) + math.max(f.tV - now, 0) + 1000000
-end
 local function kept_us(data)
   local kept = math.max(data, meta.pause - now, oend - now)
   for _, w in pairs(meta.weights) do
@@ -1226,7 +1538,7 @@ local function dirty()
       return true
     end
   end
-  return changed
+  return fs.changed
 end
 local function data_keep()
   local data = 0
@@ -1310,75 +1622,6 @@ local function exceeds(q)
   end
 end
 
--- fit_all returns the earliest time >= t at which every part of P has room for its n:
--- each fit moves t only later, until a round of them leaves it where it is. latest
--- returns the latest of P's parts from i to j's own room for their n, from t.
-local function fit_all(P, t)
-  local m, stable, i = #P / 3, 0, 0
-  for _ = 1, 8 * m do
-    i = i % m + 1
-    local t1 = fit(P[3 * i - 2], P[3 * i - 1], P[3 * i], t, now)
-    t, stable = t1, t1 ~= t and 1 or stable + 1
-    if stable >= m then
-      break
-    end
-  end
-  return t
-end
-local function latest(P, i, j, t)
-  local m = t
-  for e = i, j do
-    m = math.max(m, fit(P[3 * e - 2], P[3 * e - 1], P[3 * e], t, now))
-  end
-  return m
-end
-
--- turn returns µs from now until start tag S may book (S <= V + h / W), V moving as the
--- clock does: with the queue as this call leaves it (its stored members, the finish tags
--- this call's requests set in place of theirs: the writes come after every request), the
--- tenants queued ahead leaving it (and their weight W) as V reaches their finish tags, the
--- first TURN_LOOKS of them looked at (then W as it is). A caller told a time a departure
--- makes too late would leave its slot unused; one told too early (a tenant arrives since)
--- asks again.
-local TURN_LOOKS = 16
-local function turn(qkey, S, W, h)
-  local ahead, mine = {}, 0
-  for _ in pairs(queued) do
-    mine = mine + 1
-  end
-  local m = redis.call('ZRANGE', qkey, '0', string.format('%d', 16 + mine - 1), 'WITHSCORES')
-  for i = 1, #m, 2 do
-    local F = score(m[i + 1])
-    if F and queued[m[i]] == nil then
-      ahead[#ahead + 1] = {m[i], F}
-    end
-  end
-  for name, F in pairs(queued) do
-    ahead[#ahead + 1] = {name, F}
-  end
-  table.sort(ahead, function(a, b) -- (as the sorted set orders them)
-    return a[2] < b[2] or a[2] == b[2] and a[1] < b[1]
-  end)
-  local t, V = 0, meta.fair.V
-  for i = 1, 16 + 1 do
-    local target = S - h * 1000000 / W
-    if target <= V then
-      return math.ceil(t)
-    end
-    local e = i <= 16 and ahead[i]
-    local F = e and e[2]
-    local u = e and tonumber(string.match(e[1], '^(%d+) ') or '')
-    if not F or not u or F >= target or W - u <= 0 then
-      return math.ceil(t + (target - V) * W / 1000000)
-    end
-    if F > V then
-      t, V = t + (F - V) * W / 1000000, F
-    end
-    W = W - u
-  end
-  return math.ceil(t)
-end
-
 -- acquire decides request r, q an acquire; it returns its failure, if any. It books n at
 -- the earliest time every part has room from t0 (now, or a pause's end) if that comes
 -- within its max wait, else it is denied with the wait until n fits. A task's booking
@@ -1425,79 +1668,36 @@ local function acquire(r, q)
     end
     remaining = nil
   end
-  local t0, bound, t, wait, who, fr, h, ct, beyond = math.max(now, pause), x, now, nil, nil, nil, nil, nil, false
+  local h, d = nil, nil
   if #P > 0 and (q.tenant or (q.cost and not q.b)) then
     -- a tenant's request books no further ahead than the horizon h (two of the group's slots
     -- at least, and its cost's time), nor does a caller's call of estimated costs: held
     -- further, its estimate would keep room that the refunds of the settles before it free (a
     -- task's booking, handed back to its queue, is kept however far)
-    ct = cost_time(q) -- (ct: its cost's time, for its finish tag too)
+    local ct = cost_time(q)
     h = math.max(250000, 2 * lim[1][2] / lim[1][1], ct)
-    bound = math.min(x, h)
-  end
-  if q.tenant and #P > 0 then
-    local f = fair(KEYS[q.q])
-    local name, u, F = member(q)
-    local W = f.W + ((F and F > f.V) and 0 or u) -- with this tenant queued
-    local ticket = q.ticket or (rec and rec.ticket and rec.n == n and rec.ctext == ctext and rec.ticket) or nil
-    if ticket and (f.W == 0 or ticket > f.Fmax + 1) then -- a place in a queue emptied since
-      ticket = nil -- (its tags start again from 0): the turn has come
-    end
-    fr = {name = name, u = u, W = W, S = ticket or math.max(f.V, F or f.V), held = ticket, F = F}
-    if fr.S > f.V + h * 1000000 / W then -- its turn has not come: ask again when it does
-      wait, who = math.max(1, turn(KEYS[q.q], fr.S, W, h)), 4
+    if q.tenant then
+      fair(KEYS[q.q])
+      local m, u, F = member(q)
+      d = {m = m, u = u, F = F, ct = ct, hold = q.hold, task = q.b ~= nil,
+        ticket = q.ticket or (rec and rec.ticket and rec.n == n and rec.ctext == ctext and rec.ticket) or nil}
     end
   end
-  if not who and #P > 0 then -- the earliest time the group and the caps all have room
-    t = fit_all(P, t0)
-    for i = 1, #P, 3 do
-      bound = math.min(bound, P[i].horizon or 9007199254740991)
-    end
-  end
-  if not who and t - now > bound then -- denied: by the limit whose own room comes later
-    who = (#P > 3 * P.group and latest(P, P.group + 1, #P / 3, t0) > latest(P, 1, P.group, t0)) and 2 or 1
-    wait = t - now
-    if h and t - now <= x then -- beyond the horizon only: ask again when it reaches t
-      wait = t - now - h
-      if not fr and wait > h then -- (settles may free room sooner: at most a horizon)
-        wait = h
-      end
-    else
-      beyond = true -- (no place to take)
-    end
-  end
-  if who then
+  local t, wait, who, held = decide(P, P.group, math.max(now, pause), x, h, fs, d)
+  if not t then
     if replace then -- its permits were given back: a denial keeps no booking (a hold, its ticket)
       put(q.b, false)
     end
-    -- a caller told to ask again later than it may wait leaves: it takes no place, and
-    -- gives back the one it held (a task's is kept in its record: the task comes back)
-    local hold = fr and q.hold and not beyond and (wait <= x or q.b ~= nil)
-    if fr and not hold and not q.b then
-      unqueue(q, fr.name, fr.u, fr.F, fr.held)
-    end
-    if hold then
-      if not fr.held then
-        queue(fr.name, fr.S + ct * 1000000 / fr.u, fr.W)
-        fr.held = fr.S
-      end
-      if q.b then
-        put(q.b, {ticket = fr.held, n = n, due = wait, ctext = ctext})
-      end
+    if held and q.b then
+      put(q.b, {ticket = held, n = n, due = wait, ctext = ctext})
     end
     local rem = group_report()
-    answer(r, 0, rem, math.max(1, wait), reset, 0, hold and ticket_of(fr.held) or 0,
-      flags + who + (hold and 32 or 0))
+    answer(r, 0, rem, math.max(1, wait), reset, 0, held and ticket_of(held) or 0,
+      flags + who + (held and 32 or 0))
     return
-  end
-  for i = 1, #P, 3 do
-    take(P[i], P[i + 1], P[i + 2], t, now)
   end
   if #P > 0 then
     remaining = nil
-    if fr and not fr.held then
-      queue(fr.name, fr.S + ct * 1000000 / fr.u, fr.W)
-    end
   end
   local stamp = 0
   if replace then
@@ -1524,7 +1724,7 @@ local function cancel(r, q)
   if q.ticket then
     fair(KEYS[q.q])
     local name, u, F = member(q)
-    unqueue(q, name, u, F, q.ticket)
+    unqueue(fs, name, u, F, q.ticket, cost_time(q))
   end
   if q.b then
     local rec
@@ -1592,9 +1792,9 @@ local function settle(r, q)
       local dc, f = cost_time(q, q.actual) - cost_time(q), fair(KEYS[q.q])
       local name, u, F = member(q)
       if F and F > f.V and dc ~= 0 then -- queued: its finish tag moves by the difference
-        queue(name, math.max(f.V, F + dc * 1000000 / u), f.W)
+        queue(fs, name, math.max(f.V, F + dc * 1000000 / u), f.W)
       elseif (not F or F <= f.V) and dc > 0 then -- the debt queues it
-        queue(name, f.V + dc * 1000000 / u, f.W + u)
+        queue(fs, name, f.V + dc * 1000000 / u, f.W + u)
       end
     end
     redis.call('SET', key, '1', 'PX', ms(token + span - now))
@@ -1704,7 +1904,7 @@ local function control(r, q)
     end
     remaining = nil
   end
-  changed = true
+  fs.changed = true
   answer(r, 1, 0, math.max(0, meta.pause - now), math.max(0, oend - now), ended, 0, 0)
 end
 
@@ -1728,15 +1928,8 @@ end
 -- lives is kept until it no longer matters.
 if served then
   local kept, f = kept_us(data_keep()), meta.fair
-  if f and f.W > 0 and fair_key then
-    local zadd = {} -- (queued only after the clock moved; one ZADD for all)
-    for name, F in pairs(queued) do
-      zadd[#zadd + 1], zadd[#zadd + 2] = string.format('%.17g', F), name
-    end
-    if zadd[1] then
-      redis.call('ZADD', fair_key, unpack(zadd))
-    end
-    redis.call('PEXPIRE', fair_key, ms(life(f)))
+  if f and fair_key then -- (queued only after the clock moved)
+    keep_queue(fair_key, f, fs.queued)
   end
   if dirty() then
     -- a head replaced (another process's, with other limits) is noted

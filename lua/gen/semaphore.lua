@@ -24,7 +24,7 @@
 -- with Redis's text. An error in the shared arguments fails the call ("JTARG ..."). A
 -- request that fails writes nothing.
 --
--- Provides: (the fast path uses only the first two; the rest come after "@cold")
+-- Provides: (the fast paths use only the first two; the rest come after "@cold")
 --   now                    the call's server time, µs
 --   ms(us)                 a TTL of us µs as PX text: whole ms, rounded up, >= 1
 --   int(s, lo, hi)         an argument as an integer in [lo, hi], or nil

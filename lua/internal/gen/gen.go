@@ -6,7 +6,7 @@
 //
 //   - lays every source's part before its ColdMark line first, then every source's part
 //     from the mark on (a source without one is all in the second group): limiter.lua's
-//     fast path, which ends its first part, runs before the functions it does not use are
+//     fast paths, which end its first part, run before the functions they do not use are
 //     made (docs/design.md);
 //   - writes a constant, a top-level `local NAME[, NAME] = literal[, literal]` (names of
 //     capitals, digits and underscores) or one of internal/protocol's (its Constants), as
@@ -44,7 +44,7 @@ var Scripts = []struct {
 	{"semaphore", []string{"common.lua", "semaphore.lua"}},          // Semaphore
 }
 
-// ColdMark starts the line that ends a source's part before the fast path.
+// ColdMark starts the line that ends a source's part before the fast paths.
 const ColdMark = "-- @cold"
 
 const literal = `(?:-?[0-9]+|'[^'\\]*'|true|false)`
