@@ -1071,7 +1071,7 @@ func batchVsLone(t *testing.T, b *redistest.Backend, a algo, variant, rounds int
 // made as Go writes them on one key and with a leading zero in each max wait (which the
 // loop reads and the fast paths leave to it) on another, at one instant per round, get the
 // same replies and leave the same keys, on every limiter script.
-func TestFastPathDecidesAsTheLoop(t *testing.T) {
+func TestFastPathsDecideAsTheLoop(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		for i, a := range allAlgos {
 			for v, variant := range []string{"caps", "nocaps"} {
