@@ -1,6 +1,7 @@
 package waiter
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"sync"
@@ -109,24 +110,38 @@ func (r *Reservation) Cancel(ctx context.Context) error {
 }
 
 // Wait sleeps until the booking takes effect. If ctx ends first, it returns ctx.Err()
-// at once and gives the booking back in the background, once. It returns
-// ErrNotReserved at once for a reservation that is not OK.
+// at once and gives the booking back in the background, once. A booking that takes
+// effect after ctx's deadline counts as ended by the deadline, however late ctx's own
+// timer runs: Wait returns an error matching context.DeadlineExceeded and gives it
+// back, never nil for permits that come after the deadline. It returns ErrNotReserved
+// at once for a reservation that is not OK.
 func (r *Reservation) Wait(ctx context.Context) error {
 	if !r.ok {
 		return ErrNotReserved
 	}
 	d := r.due.Sub(clock.Now())
 	if d > 0 {
+		// Due after ctx's deadline: the deadline ends the wait even if the timer is
+		// seen first (the select picks either when both are ready, and a context's
+		// deadline is closed by a goroutine of its own).
+		late := d > clock.MaxWait(ctx)
 		t := clock.NewTimer(d)
 		defer t.Stop()
+		var err error
 		select {
 		case <-t.C():
+			if late {
+				err = cmp.Or(ctx.Err(), context.DeadlineExceeded)
+			}
 		case <-ctx.Done():
+			err = ctx.Err()
+		}
+		if err != nil {
 			if cancel := r.cancel.Swap(nil); cancel != nil {
 				r.cancelled.Store(true)
 				go func() { _ = (*cancel)(context.WithoutCancel(ctx)) }()
 			}
-			return ctx.Err()
+			return err
 		}
 	}
 	r.cancel.Store(nil) // used: nothing is left to give back

@@ -149,6 +149,55 @@ func TestReservationGivesBackWhenCtxEnds(t *testing.T) {
 	}
 }
 
+// A Wait whose booking takes effect after ctx's deadline returns an error matching
+// context.DeadlineExceeded and gives the booking back, once, even if the deadline's own
+// timer has not run by then (a loaded machine: the select in Wait picks either of two
+// ready channels). The context stands for that timer: its deadline comes halfway
+// through the second the booking is due in, and its Done never closes. A booking due
+// before the deadline is used as ever.
+func TestReservationWakingPastItsDeadline(t *testing.T) {
+	clk := newFakeClock()
+	defer clock.Set(clk)()
+	gave := make(chan struct{}, 2)
+	r := NewReservation(true, time.Second, func(context.Context) error { gave <- struct{}{}; return nil })
+	ctx := &lateTimerCtx{Context: context.Background(), dl: time.Now().Add(500 * time.Millisecond)}
+	done := make(chan error, 1)
+	go func() { done <- r.Wait(ctx) }()
+	<-clk.made
+	clk.advance(time.Second)
+	if err := <-done; !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Wait woken after its deadline: got %v, want an error matching context.DeadlineExceeded", err)
+	}
+	<-gave
+	if err := r.Cancel(context.Background()); err != nil {
+		t.Fatalf("Cancel after the give-back: %v; want a no-op", err)
+	}
+	select {
+	case <-gave:
+		t.Fatal("the booking was given back twice")
+	case <-time.After(10 * time.Millisecond):
+	}
+
+	var cc cancelCount
+	inTime := NewReservation(true, time.Second, cc.cancel)
+	ctx = &lateTimerCtx{Context: context.Background(), dl: time.Now().Add(time.Hour)}
+	go func() { done <- inTime.Wait(ctx) }()
+	<-clk.made
+	clk.advance(time.Second)
+	if err := <-done; err != nil || cc.count() != 0 {
+		t.Fatalf("Wait woken before its deadline: %v, %d give-backs; want nil, none", err, cc.count())
+	}
+}
+
+// lateTimerCtx is a context whose deadline dl may have passed while its Done channel is
+// not closed: its timer has not run.
+type lateTimerCtx struct {
+	context.Context
+	dl time.Time
+}
+
+func (c *lateTimerCtx) Deadline() (time.Time, bool) { return c.dl, true }
+
 // Delay counts from now, as golang.org/x/time/rate's does: after some work, sleeping
 // Delay sleeps only the rest.
 func TestReservationDelayCountsFromNow(t *testing.T) {
