@@ -18,11 +18,11 @@ func TestTokenBucketOps(t *testing.T) {
 	c := call{a: tokenBucket, limits: []limit{{10, sec, 4}}}
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		runSteps(t, b, c, "tb", []step{
-			w(0, inspect(), "full", 1, 4, 0, 0, nil, nil, 0, []int64{0, 0, 0, -2, 0, 10, 4, 4}),
+			w(0, inspect(), "full", 1, 4, 0, 0, nil, nil, 0, []int64{0, 0, 0, -2, 0, 0, 10, 4, 4}),
 			w(0, acquire(3, 0), "", 1, 1, 0, 300*ms, tok(0), 0, 0),
 			w(0, acquire(3, 0), "two short", 0, 1, 200*ms, 300*ms, 0, 0, group),
 			w(0, acquire(3, sec), "", 1, 0, 200*ms, 600*ms, tok(200*ms), 0, 0),
-			w(100*ms, inspect(), "owes 1", 1, 0, 200*ms, 500*ms, nil, nil, 0, []int64{1, 100 * ms, 0, 500, 0, 10, 4, -1}),
+			w(100*ms, inspect(), "owes 1", 1, 0, 200*ms, 500*ms, nil, nil, 0, []int64{1, 100 * ms, 0, 500, 0, 0, 10, 4, -1}),
 			w(100*ms, cancel(3, tok(200*ms)), "the latest", 1, 0, 0, 200*ms, 0, 0, 0),
 			w(100*ms, pause(900*ms), "", 1, 0, 900*ms, 0, 0, 0, 0),
 			w(100*ms, acquire(4, 2*sec), "at the pause's end", 1, 0, 900*ms, sec+400*ms-100*ms, tok(sec), 0, protocol.FlagPaused),

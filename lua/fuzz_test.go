@@ -566,7 +566,7 @@ func replyShape(sc fuzzScript, q fuzzReq, r int, res res, now int64) error {
 			return fmt.Errorf("cancel %v", res)
 		}
 	case protocol.OpInspect:
-		if v[0] != 1 || len(res.extra) < 5+3 || v[6]&^(paused|drift) != 0 {
+		if v[0] != 1 || len(res.extra) < 6+3 || v[6]&^(paused|drift) != 0 {
 			return fmt.Errorf("inspect %v", res)
 		}
 	default:

@@ -206,7 +206,7 @@ func TestControlOps(t *testing.T) {
 			if got := c.one(t, b, tag, acquire(1, 0)); got.v != [7]int64{0, 0, 5 * sec, 0, 0, 0, group | paused} {
 				fail("acquire while paused", got)
 			}
-			if got := c.one(t, b, tag, inspect()); got.v[1] != 0 || got.v[2] != 5*sec || got.v[6] != paused || got.extra[2] != 5*sec {
+			if got := c.one(t, b, tag, inspect()); got.v[1] != 0 || got.v[2] != 5*sec || got.v[6] != paused || got.extra[2] != 5*sec || got.extra[5] != now+5*sec {
 				fail("inspect while paused", got)
 			}
 			if got := c.one(t, b, tag, acquire(1, 10*sec)); got.v[0] != 1 || got.v[2] != 5*sec || got.v[4] != now+5*sec || got.v[6] != paused {
@@ -239,7 +239,7 @@ func TestControlOps(t *testing.T) {
 			if ttl := b.Client.PTTL(ctx, state).Val(); !b.Real() && ttl < 2*time.Second {
 				fail("TTL under an override", ttl)
 			}
-			if got := c.one(t, b, tag, inspect()); got.extra[4] != 2*sec || got.extra[5] != 8 || got.extra[6] != 8 {
+			if got := c.one(t, b, tag, inspect()); got.extra[4] != 2*sec || got.extra[5] != 0 || got.extra[6] != 8 || got.extra[7] != 8 {
 				fail("inspect under the override", got)
 			}
 			if got := c.one(t, b, tag, clearOver()); got.v != [7]int64{1, 0, 0, 0, 0, 0, 0} {
@@ -432,8 +432,12 @@ func TestMetaTextMatchesKeys(t *testing.T) {
 				if m.Override != nil {
 					wantOver = m.Override.End - now
 				}
-				if got.extra[2] != max(0, m.PauseEnd-now) || got.extra[4] != wantOver {
-					t.Errorf("meta %q: %v, want paused %d, override %d", text, got, max(0, m.PauseEnd-now), wantOver)
+				wantEnd := m.PauseEnd // the pause's end while it lasts, else 0
+				if wantEnd <= now {
+					wantEnd = 0
+				}
+				if got.extra[2] != max(0, m.PauseEnd-now) || got.extra[4] != wantOver || got.extra[5] != wantEnd {
+					t.Errorf("meta %q: %v, want paused %d, override %d, pause end %d", text, got, max(0, m.PauseEnd-now), wantOver, wantEnd)
 				}
 			}
 		}
@@ -645,11 +649,11 @@ func TestTenantsTakeFromGroupAndCaps(t *testing.T) {
 			}
 			// inspect: the caps' capacity and availability after the tenant's place and weight
 			got := c.one(t, b, tag, c.of("A", inspect()))
-			if e := got.extra; len(e) != 5+3+4 || e[9] != 1000000 || e[10] != 2 || e[11] != 0 || e[8] <= 0 {
+			if e := got.extra; len(e) != 6+3+4 || e[10] != 1000000 || e[11] != 2 || e[12] != 0 || e[9] <= 0 {
 				fail("inspect A, want its place, weight 1, then capacity 2, 0 available", got)
 			}
 			got = c.one(t, b, tag, c.of("C", inspect()))
-			if e := got.extra; len(e) != 5+3+4 || e[8] != -1 || e[9] != 1000000 || e[10] != 2 || e[11] != 2 {
+			if e := got.extra; len(e) != 6+3+4 || e[9] != -1 || e[10] != 1000000 || e[11] != 2 || e[12] != 2 {
 				fail("inspect C, want no place, weight 1, capacity 2, 2 available", got)
 			}
 			// both full: the denial names the limit whose room comes later (the horizon is
@@ -675,7 +679,7 @@ func TestTenantsTakeFromGroupAndCaps(t *testing.T) {
 			newClock(t, b, tag)
 			f.run(t, b, tag, f.of("J", acquire(2, 0)), f.of("L", acquire(2, 0)))
 			out := f.run(t, b, tag, f.of("K", acquire(1, 0)), f.of("K", acquire(1, 250*ms)), f.of("K", inspect()), inspect())
-			if out[0].v[6] != group || out[1].v[0] != 1 || out[1].v[4] <= now || out[2].extra[11] > 1 || out[3].extra[0] != 1 {
+			if out[0].v[6] != group || out[1].v[0] != 1 || out[1].v[4] <= now || out[2].extra[12] > 1 || out[3].extra[0] != 1 {
 				fail("a booking ahead on both", out)
 			}
 		}
@@ -750,7 +754,7 @@ func TestFairShare(t *testing.T) {
 			}
 			// the group's inspect with the queue: W, then each tenant's place, weight and name
 			got := c.one(t, b, tag, &protocol.Request{Op: protocol.OpInspect, Queue: keys.FairQueue})
-			if e := got.extra[5+3:]; fmt.Sprint(e) != "[2000000 2 1000000 1000000 1 65 200000 1000000 1 66]" {
+			if e := got.extra[6+3:]; fmt.Sprint(e) != "[2000000 2 1000000 1000000 1 65 200000 1000000 1 66]" {
 				fail("the group's inspect of the queue", got)
 			}
 			// the first ticket, sent back when V has moved on, keeps its place: granted, no new tag
@@ -1249,7 +1253,7 @@ func TestUnits(t *testing.T) {
 				fail("3 calls and no tokens", got)
 			}
 			d := c.one(t, b, tag, inspect()).extra // per limit: rate, capacity, available
-			if len(d) != 5+6 || d[5] != 10 || d[7] != 6 || d[8] != 100 || d[10] != 40 {
+			if len(d) != 6+6 || d[6] != 10 || d[8] != 6 || d[9] != 100 || d[11] != 40 {
 				fail("inspect: calls 6 of 10, tokens 40 of 100", d)
 			}
 			for _, k := range all {
@@ -1287,7 +1291,7 @@ func TestUnits(t *testing.T) {
 			if got := c.one(t, b, tag, booking(costs(cancel(1, r.v[5]), "tokens", 50), "x", 0)); got.v[0] != 1 {
 				fail("the cancel", got)
 			}
-			if d := c.one(t, b, tag, inspect()).extra; a != fixedWindow && (d[7] != 6 || d[10] != 40) {
+			if d := c.one(t, b, tag, inspect()).extra; a != fixedWindow && (d[8] != 6 || d[11] != 40) {
 				fail("after the cancel: calls 6, tokens 40", d) // (the window keeps the booking's window alone)
 			}
 			// tokens only: the meta alone in {…}:l

@@ -12,20 +12,20 @@ func TestSlidingWindowOps(t *testing.T) {
 	c := call{a: slidingWindow, limits: []limit{{5, sec, 0}}}
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		runSteps(t, b, c, "sw", []step{
-			w(0, inspect(), "empty", 1, 5, 0, 0, nil, nil, 0, []int64{0, 0, 0, -2, 0, 5, 5, 5}),
+			w(0, inspect(), "empty", 1, 5, 0, 0, nil, nil, 0, []int64{0, 0, 0, -2, 0, 0, 5, 5, 5}),
 			w(0, acquire(3, 0), "grant now", 1, 2, 0, sec, tok(0), 0, 0),
 			w(0, acquire(3, 0), "permit 1 must leave", 0, 2, sec, sec, 0, 0, group),
 			w(0, acquire(0, 0), "n = 0 takes nothing", 1, 2, 0, sec, 0, 0, 0),
 			w(100*ms, acquire(3, sec), "booked ahead", 1, 0, 900*ms, 1900*ms, tok(sec), 0, 0),
 			w(200*ms, acquire(1, 0), "after the booking (FIFO)", 0, 0, 800*ms, 1800*ms, 0, 0, group),
 			w(200*ms, inspect(), "a booking waits", 1, 0, 800*ms, 1800*ms, nil, nil, 0,
-				[]int64{3, 800 * ms, 0, 1800, 0, 5, 5, -1}),
+				[]int64{3, 800 * ms, 0, 1800, 0, 0, 5, 5, -1}),
 			w(200*ms, cancel(3, tok(sec)), "its permits go back", 1, 0, 0, 800*ms, 0, 0, 0),
 			w(200*ms, cancel(3, tok(sec)), "once", 0, 0, 0, 800*ms, 0, 0, 0),
 			w(300*ms, cancel(1, tok(0)), "a grant past stays", 0, 0, 0, 700*ms, 0, 0, 0),
 			w(300*ms, acquire(2, 0), "room again", 1, 0, 0, sec, tok(300*ms), 0, 0),
 			w(1100*ms, acquire(3, 0), "the first grant left", 1, 0, 0, sec, tok(1100*ms), 0, 0),
-			w(5*sec, inspect(), "all left", 1, 5, 0, 0, nil, nil, 0, []int64{0, 0, 0, -2, 0, 5, 5, 5}),
+			w(5*sec, inspect(), "all left", 1, 5, 0, 0, nil, nil, 0, []int64{0, 0, 0, -2, 0, 0, 5, 5, 5}),
 		})
 	})
 }
@@ -55,7 +55,7 @@ func TestSlidingCounterOps(t *testing.T) {
 			w(20*ms, acquire(1, 0), "same sub-bucket", 1, 0, 0, 1080*ms, tok(20*ms), 0, 0),
 			w(30*ms, acquire(1, 0), "leaves at 1.1s", 0, 0, 1070*ms, 1070*ms, 0, 0, group),
 			w(30*ms, acquire(1, 2*sec), "booked at 1.1s", 1, 0, 1070*ms, 2170*ms, tok(1100*ms), 0, 0),
-			w(40*ms, inspect(), "", 1, 0, 1060*ms, 2160*ms, nil, nil, 0, []int64{1, 1060 * ms, 0, 2160, 0, 2, 2, -1}),
+			w(40*ms, inspect(), "", 1, 0, 1060*ms, 2160*ms, nil, nil, 0, []int64{1, 1060 * ms, 0, 2160, 0, 0, 2, 2, -1}),
 			w(40*ms, cancel(1, tok(1150*ms)), "its sub-bucket", 1, 0, 0, 1060*ms, 0, 0, 0),
 			w(40*ms, acquire(1, 0), "", 0, 0, 1060*ms, 1060*ms, 0, 0, group),
 		})

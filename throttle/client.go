@@ -177,6 +177,9 @@ type keyState struct {
 	configs  map[string]*configState // by target id and policy
 	sleepers map[*sleeper]struct{}
 	flying   []chan struct{} // WaitN bookings on their way to the sleepers (see fly)
+	notices  *listener       // the key's listener on the hub, while nlisten > 0 (listenNotices)
+	nlisten  int
+	unlisten chan struct{}   // closed as notices goes: ends its checkPauses
 	leaving  []chan struct{} // give-backs under way of callers that left (see leave)
 	nleaving atomic.Int32    // len(leaving)
 }

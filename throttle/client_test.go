@@ -224,7 +224,7 @@ func TestHandlesShareStateAcrossSweeps(t *testing.T) {
 	}
 	short, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	if _, held, err := late.client().key(late.t.tag).pass(short); !held && err == nil {
+	if _, held, err := late.client().key(late.t.tag).pass(short, late); !held && err == nil {
 		t.Fatal("the other Limiter's Wait would pass a hold on its key, want it held")
 	}
 }

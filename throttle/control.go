@@ -180,10 +180,10 @@ func raise(a *atomic.Int64, v int64) bool {
 }
 
 // pass waits until this process's hold on the key ends (or a resume ends it), listening
-// for resumes; it returns the hold it found over and whether it waited. It fails with
-// ctx.Err() if ctx ends first, or at once with ErrWouldExceedDeadline if the hold ends
-// after ctx's deadline.
-func (ks *keyState) pass(ctx context.Context) (seen int64, held bool, err error) {
+// for resumes (l: see listenNotices); it returns the hold it found over and whether it
+// waited. It fails with ctx.Err() if ctx ends first, or at once with
+// ErrWouldExceedDeadline if the hold ends after ctx's deadline.
+func (ks *keyState) pass(ctx context.Context, l *Limiter) (seen int64, held bool, err error) {
 	for {
 		ks.mu.Lock()
 		unhold := ks.unhold // taken before the hold is read: an end after the read closes it
@@ -198,7 +198,7 @@ func (ks *keyState) pass(ctx context.Context) (seen int64, held bool, err error)
 		}
 		if !held {
 			held = true
-			defer ks.listenNotices()()
+			defer ks.listenNotices(l)()
 		}
 		select {
 		case <-time.After(d): // collected unfired (Go 1.23)

@@ -211,13 +211,15 @@ func TestWaitDuringHoldBooksAfterIt(t *testing.T) {
 		if err := l.Pause(ctx, hold); err != nil {
 			t.Fatal(err)
 		}
-		calls := grants.Calls() // Pause's
 		if err := l.Wait(ctx); err != nil {
 			t.Fatal(err)
 		}
-		got := grants.List()
-		if len(got) != 1 || grants.Calls() != calls+1 {
-			t.Fatalf("grants %+v in %d calls after Pause's, want one grant in one call", got, grants.Calls()-calls)
+		// (a call of Wait's inside the hold would have booked, at the pause's end, and
+		// given its booking back; the process may also ask whether the key is paused
+		// as it subscribes, see listenNotices)
+		got, back := grants.List(), grants.GiveBacks()
+		if len(got) != 1 || len(back) != 0 {
+			t.Fatalf("grants %+v, given back %+v; want one grant, nothing given back", got, back)
 		}
 		if d := got[0].Sent.Sub(paused); d < hold {
 			t.Fatalf("Wait's call sent %v after Pause was called, inside the %v hold", d, hold)
@@ -410,5 +412,93 @@ func TestPauseStopsTheFleet(t *testing.T) {
 		}
 		redistest.Figure(t, "a 2s pause by one of %d processes (Pause's call %v), heard by each at the latest %v after it was called: %d sends during Pause's call, %d inside the pause after it, %d after it",
 			procs, landed.Sub(start).Round(time.Microsecond), heardAt, during, inside, later)
+	})
+}
+
+// A process whose WaitN booked before another process paused the key, and which was
+// not yet subscribed to the key's channel when the pause's notice was published, still
+// takes the pause: once its subscription is confirmed it asks Redis whether the key is
+// paused and until when, and its waiter books again after the pause's end instead of
+// going ahead inside it. Process B's subscription is held back (its hub's worker, which
+// makes the SUBSCRIBE, is kept busy) from before its Wait books until after A's Pause
+// has returned, its notice published; B's booking, a second ahead, is asleep by then,
+// and the pause, set before it comes due (by Redis's clock), lasts two seconds.
+func TestPauseHeardOnceSubscribed(t *testing.T) {
+	parallel(t)
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		const pause = 2 * time.Second
+		addrs, cluster := b.Addrs()
+		ctx := context.Background()
+		var lims [2]*Limiter
+		for i := range lims {
+			rdb := redistest.Dial(addrs, cluster)
+			defer rdb.Close()
+			l, err := New(rdb, "pause-unheard", Limit{Rate: 1, Period: time.Second}, WithKeyPrefix(b.Prefix))
+			if err != nil {
+				t.Fatal(err)
+			}
+			lims[i] = l
+		}
+		a, lb := lims[0], lims[1]
+		h := lb.client().hub
+		release := make(chan struct{})
+		var once sync.Once
+		free := func() { once.Do(func() { close(release) }) }
+		defer free()
+		h.mu.Lock()
+		h.do(func() { <-release }) // B's SUBSCRIBE waits behind it
+		h.mu.Unlock()
+
+		if res, err := a.Allow(ctx); err != nil || !res.Allowed {
+			t.Fatalf("A's Allow: got %+v, %v; want allowed (B's slot is then a second ahead)", res, err)
+		}
+		type result struct {
+			g   grant
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			g, err := lb.waitN(ctx, 1)
+			done <- result{g, err}
+		}()
+		ks := lb.client().key(lb.t.tag)
+		var booked int64 // the token B's waiter sleeps on, server µs
+		for deadline := time.Now().Add(signalWait); booked == 0; time.Sleep(ms) {
+			ks.mu.Lock()
+			for s := range ks.sleepers {
+				booked = s.g.token
+			}
+			ks.mu.Unlock()
+			if time.Now().After(deadline) {
+				t.Fatalf("B's Wait not asleep on its booking after %v", signalWait)
+			}
+		}
+		h.mu.Lock()
+		ch := h.chans[wakeChannel(lb.t.tag)]
+		live := ch != nil && ch.live
+		h.mu.Unlock()
+		if live {
+			t.Fatal("B subscribed before A paused: its SUBSCRIBE was to be held back")
+		}
+		if err := a.Pause(ctx, pause); err != nil {
+			t.Fatal(err)
+		}
+		end := stateMeta(t, b.Client, a).PauseEnd // Redis's clock
+		if from := end - pause.Microseconds(); from >= booked {
+			t.Fatalf("the pause began %v after B's booking came due, want before: inside it", time.Duration(from-booked)*time.Microsecond)
+		}
+		free() // B subscribes now, the pause's notice gone by
+		select {
+		case r := <-done:
+			if r.err != nil {
+				t.Fatalf("B's Wait: %v", r.err)
+			}
+			if r.g.token < end {
+				t.Fatalf("B's Wait went ahead on a booking %v before the pause's end, inside it; want it booked again after it",
+					time.Duration(end-r.g.token)*time.Microsecond)
+			}
+		case <-time.After(pause + signalWait):
+			t.Fatalf("B's Wait did not return within %v", pause+signalWait)
+		}
 	})
 }

@@ -39,21 +39,23 @@ func ctlLimiterOn(tl *timeline, rdb redis.UniversalClient, key string, limit Lim
 }
 
 // ctlListening waits until n waiters of l's process count on resumes of l's key
-// (sleepers and callers held) and the process's subscription to the key's channel is
-// confirmed: from then on a resume's notice reaches them.
+// (sleepers and callers held: the key's listener's count) and the process's
+// subscription to the key's channel is confirmed: from then on a resume's notice
+// reaches them.
 func ctlListening(t *testing.T, l *Limiter, n int) {
 	t.Helper()
-	h := l.client().hub
+	h, ks := l.client().hub, l.client().key(l.t.tag)
 	deadline := time.Now().Add(signalWait)
 	for {
+		ks.mu.Lock()
+		got, ear := ks.nlisten, ks.notices
+		ks.mu.Unlock()
 		h.mu.Lock()
 		ch := h.chans[wakeChannel(l.t.tag)]
-		live, got := ch != nil && ch.live, 0
-		if ch != nil {
-			for w := range ch.listeners {
-				if w.resumed != nil {
-					got++
-				}
+		live := ch != nil && ch.live
+		if ch != nil && ear != nil {
+			if _, ok := ch.listeners[ear]; !ok {
+				got = 0
 			}
 		}
 		h.mu.Unlock()

@@ -171,7 +171,7 @@ func (l *Limiter) Inspect(ctx context.Context) (LimiterState, error) {
 	bad := func() (LimiterState, error) {
 		return LimiterState{}, fmt.Errorf("%w: key %q: inspect's detail %v", ErrUnexpectedReply, l.key, x)
 	}
-	n := 5 + 3*len(l.limits)
+	n := inspectFixed + 3*len(l.limits)
 	if len(x) < n {
 		return bad()
 	}
@@ -188,7 +188,7 @@ func (l *Limiter) Inspect(ctx context.Context) (LimiterState, error) {
 		Limits:      make([]LimitState, len(l.limits)),
 	}
 	for i, lim := range l.limits {
-		rate, capacity, avail := x[5+3*i], x[6+3*i], x[7+3*i]
+		rate, capacity, avail := x[inspectFixed+3*i], x[inspectFixed+1+3*i], x[inspectFixed+2+3*i]
 		if st.Override > 0 { // the rates enforced now
 			lim.Rate = int(rate)
 			if l.a.bursts {
@@ -222,6 +222,24 @@ func (l *Limiter) Inspect(ctx context.Context) (LimiterState, error) {
 		i += 3 + len(name)
 	}
 	return st, nil
+}
+
+// inspectFixed is how many figures an inspect's detail starts with (internal/protocol):
+// booked, ahead_us, paused_us, pttl_ms, override_us and pause_end.
+const inspectFixed = 6
+
+// pauseEnd asks Redis until when the key is paused, in server µs (what grants' tokens
+// and pause notices are in): 0 when it is not. It calls no hook.
+func (l *Limiter) pauseEnd(ctx context.Context) (int64, error) {
+	rep, err := l.client().do(&request{ctx: ctx, t: l.t, ks: l.client().key(l.t.tag), call: &protocol.Request{Op: protocol.OpInspect},
+		timeout: l.timeout, detail: true})
+	if err != nil {
+		return 0, err
+	}
+	if len(rep.extra) < inspectFixed {
+		return 0, fmt.Errorf("%w: key %q: inspect's detail %v", ErrUnexpectedReply, l.key, rep.extra)
+	}
+	return rep.extra[inspectFixed-1], nil
 }
 
 // semInspectLimit is how many lease expiries Semaphore.Inspect lists.

@@ -273,7 +273,7 @@ func (l *Limiter) acquire(ctx context.Context, n int, maxWait time.Duration, tas
 	if task != nil {
 		g.task, task.Kept = key, g.kept
 		task.Pass = func(ctx context.Context) (bool, error) {
-			_, held, err := ks.pass(ctx)
+			_, held, err := ks.pass(ctx, l)
 			return held, err
 		}
 	}

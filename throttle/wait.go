@@ -49,7 +49,7 @@ func (l *Limiter) waitN(ctx context.Context, n int) (grant, error) {
 	ks := l.client().key(l.t.tag)
 	var ticket int64 // a tenant's place, while its turn has not come
 	for {
-		seen, held, err := ks.pass(ctx)
+		seen, held, err := ks.pass(ctx, l)
 		if err != nil {
 			return grant{}, err
 		}
@@ -135,7 +135,7 @@ type moved struct {
 // slept on and its hold. A hold begun since seen that did not move it gives the booking
 // back at once.
 func (ks *keyState) sleep(ctx context.Context, l *Limiter, n int, first moved) (grant, int64, error) {
-	defer ks.listenNotices()() // a pause or a resume concerns it while it sleeps or is moved
+	defer ks.listenNotices(l)() // a pause or a resume concerns it while it sleeps or is moved
 	s := &sleeper{l: l, ctx: ctx, n: n, moved: make(chan moved, 1)}
 	s.moved <- first
 	seen := first.seen
@@ -249,13 +249,59 @@ func (ks *keyState) claim(s *sleeper) bool {
 }
 
 // listenNotices hands the pauses and resumes published on the key's channel to paused
-// and resume, until done is called.
-func (ks *keyState) listenNotices() (done func()) {
-	l := &listener{channel: wakeChannel(ks.tag), paused: ks.paused, resumed: func(end int64) { ks.resume(end, false) }}
-	if h := ks.client.hub; !h.listen(l) {
-		h.subscribe(l)
+// and resume until done is called, through the key's one listener in this process:
+// every WaitN of the process that sleeps, is moved or is held listens through it. l is
+// a handle on the key for checkPauses.
+func (ks *keyState) listenNotices(l *Limiter) (done func()) {
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	if ks.notices == nil {
+		n := &listener{channel: wakeChannel(ks.tag), check: make(chan struct{}, 1), paused: ks.paused,
+			resumed: func(end int64) { ks.resume(end, false) }}
+		stop := make(chan struct{})
+		ks.notices, ks.unlisten = n, stop
+		if h := ks.client.hub; h.listen(n) {
+			signal(n.check) // live for another listener: a notice may have gone by before n listened
+		} else {
+			h.subscribe(n) // its confirmation signals n.check
+		}
+		go ks.checkPauses(l, n.check, stop)
 	}
-	return func() { ks.client.hub.unlisten(l) }
+	ks.nlisten++
+	return func() {
+		ks.mu.Lock()
+		defer ks.mu.Unlock()
+		if ks.nlisten--; ks.nlisten == 0 {
+			ks.client.hub.unlisten(ks.notices)
+			close(ks.unlisten)
+			ks.notices, ks.unlisten = nil, nil
+		}
+	}
+}
+
+// checkPauses asks Redis, through l, once per signal on check until stop is closed,
+// whether the key is paused and until when, if this process has sleepers or bookings in
+// flight on it then, and handles a pause found as its notice (paused). The hub signals
+// check when the key's subscription is (re)confirmed: a pause published before, while
+// this process's bookings were on their way or asleep with nothing subscribed, was not
+// heard, and its sleepers booked before its end would go ahead inside it.
+func (ks *keyState) checkPauses(l *Limiter, check, stop <-chan struct{}) {
+	for {
+		select {
+		case <-stop:
+			return
+		case <-check:
+		}
+		ks.mu.Lock()
+		busy := len(ks.sleepers) > 0 || len(ks.flying) > 0
+		ks.mu.Unlock()
+		if !busy {
+			continue
+		}
+		if end, err := l.pauseEnd(context.Background()); err == nil && end > 0 {
+			ks.paused(end)
+		}
+	}
 }
 
 // move gives back, in one round trip, the bookings of the sleepers which selects, now
@@ -309,7 +355,7 @@ func (ks *keyState) move(which func(*sleeper) bool) {
 		}
 		ks.client.doAll(back)
 		close(backed)
-		seen, _, _ := ks.pass(context.Background())
+		seen, _, _ := ks.pass(context.Background(), ss[0].l)
 		ks.settle(context.Background(), time.Now().Add(timeout))
 		var again []*request
 		var booked []*sleeper

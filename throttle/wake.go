@@ -42,7 +42,8 @@ type channel struct {
 	live       bool // confirmed: every notice published from now on arrives
 }
 
-// listener is one waiter on a key's channel.
+// listener is one waiter on a key's channel: a semaphore's Acquire, or a limiter key's
+// waiters in this process (keyState.listenNotices).
 type listener struct {
 	channel string
 	place   string        // a semaphore waiter's place in the queue, or ""

@@ -83,9 +83,14 @@
 //	acquire  status, remaining, wait_us, reset_us, token, stamp, flags
 //	cancel   freed 0|1, 0, 0, reset_us, the booking's token (b), 0, 0
 //	settle   status, remaining, 0, reset_us, token, 0, 0   (1 applied, 2 applied before, 3 too late)
-//	inspect  1, remaining, next_us, reset_us, at, len, flags   (extra[at..]: Inspect's detail)
+//	inspect  1, remaining, next_us, reset_us, at, len, flags   (extra[at..]: Inspect's detail, below)
 //	control  1, 0, paused_us, override_us, ended, 0, 0         (ended: a resume's pause end)
 //	error    -1, code, at, len, 0, 0, 0                        (extra[at..]: its text's bytes)
+//
+// An inspect's detail starts booked, ahead_us, paused_us, pttl_ms, override_us, pause_end
+// (the pause's end in server µs, 0 when the key is not paused: what a process that may
+// have missed a pause's notice compares its bookings' tokens with), then rate, capacity,
+// available per limit; the rest is lua/limiter.lua's inspect's.
 //
 // A call that found another process's head in the state ends its reply with that head:
 // its bytes, one an integer, then their count (the requests it decided say FlagDrift).

@@ -1806,7 +1806,8 @@ end
 
 -- inspect answers request r, q an inspect, writing nothing: the group's figures, and its
 -- tenant's when it names one. Its detail (the extra region): booked, ahead_us,
--- paused_us, pttl_ms, override_us, then rate, capacity, available per limit; then, with
+-- paused_us, pttl_ms, override_us, pause_end (0: not paused), then rate, capacity,
+-- available per limit; then, with
 -- the fair share's key: for a tenant, its place (µs until the clock reaches its finish
 -- tag, -1 when it has nothing queued), its weight units (an operator's while it lasts)
 -- and each cap's capacity and available; for the
@@ -1822,7 +1823,7 @@ local function inspect(r, q)
   local b, ahead = detail(G[1].st, G[1].lim, now)
   local kept = served and dirty() and kept_us(data_keep()) -- what the call's writes will set
   local pttl = not kept and redis.call('PTTL', KEYS[1]) or kept > 0 and math.ceil(kept / 1000) or -2
-  local d = {b, ahead, math.max(0, pause - now), pttl, math.max(0, oend - now)}
+  local d = {b, ahead, math.max(0, pause - now), pttl, math.max(0, oend - now), pause > now and pause or 0}
   local f = q.q and fair(KEYS[q.q], true)
   local function limits(parts, rate) -- each limit's [rate,] capacity and available
     for _, p in ipairs(parts) do
