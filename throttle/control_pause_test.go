@@ -421,19 +421,20 @@ func TestPauseStopsTheFleet(t *testing.T) {
 // paused and until when, and its waiter books again after the pause's end instead of
 // going ahead inside it. Process B's subscription is held back (its hub's worker, which
 // makes the SUBSCRIBE, is kept busy) from before its Wait books until after A's Pause
-// has returned, its notice published; B's booking, a second ahead, is asleep by then,
-// and the pause, set before it comes due (by Redis's clock), lasts two seconds.
+// has returned, its notice published; B's booking, two seconds ahead (the time B has to
+// hear the pause, from A's Pause to its check's answer), is asleep by then, and the
+// pause, set before it comes due (by Redis's clock), lasts three.
 func TestPauseHeardOnceSubscribed(t *testing.T) {
 	parallel(t)
 	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
-		const pause = 2 * time.Second
+		const period, pause = 2 * time.Second, 3 * time.Second
 		addrs, cluster := b.Addrs()
 		ctx := context.Background()
 		var lims [2]*Limiter
 		for i := range lims {
 			rdb := redistest.Dial(addrs, cluster)
 			defer rdb.Close()
-			l, err := New(rdb, "pause-unheard", Limit{Rate: 1, Period: time.Second}, WithKeyPrefix(b.Prefix))
+			l, err := New(rdb, "pause-unheard", Limit{Rate: 1, Period: period}, WithKeyPrefix(b.Prefix))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -450,7 +451,7 @@ func TestPauseHeardOnceSubscribed(t *testing.T) {
 		h.mu.Unlock()
 
 		if res, err := a.Allow(ctx); err != nil || !res.Allowed {
-			t.Fatalf("A's Allow: got %+v, %v; want allowed (B's slot is then a second ahead)", res, err)
+			t.Fatalf("A's Allow: got %+v, %v; want allowed (B's slot is then a period ahead)", res, err)
 		}
 		type result struct {
 			g   grant
