@@ -103,6 +103,7 @@ func (c *client) sweepIdle() {
 		if !ks.used.Swap(false) && ks.idle(now) {
 			c.keys.Delete(k)
 			c.nkeys--
+			ks.endNotices()
 		}
 		c.mu.Unlock()
 		return true
@@ -138,6 +139,10 @@ func (c *client) close() {
 		c.sweep.Stop()
 	}
 	c.mu.Unlock()
+	c.keys.Range(func(_, v any) bool {
+		v.(*keyState).endNotices()
+		return true
+	})
 	c.hub.close()
 }
 
@@ -177,8 +182,9 @@ type keyState struct {
 	configs  map[string]*configState // by target id and policy
 	sleepers map[*sleeper]struct{}
 	flying   []chan struct{} // WaitN bookings on their way to the sleepers (see fly)
-	notices  *listener       // the key's listener on the hub, while nlisten > 0 (listenNotices)
-	nlisten  int
+	notices  *listener       // the key's listener on the hub (listenNotices), until the key goes
+	nlisten  int             // its users
+	gone     bool            // the key was dropped: its listener ends with its last user
 	unlisten chan struct{}   // closed as notices goes: ends its checkPauses
 	leaving  []chan struct{} // give-backs under way of callers that left (see leave)
 	nleaving atomic.Int32    // len(leaving)

@@ -250,8 +250,9 @@ func (ks *keyState) claim(s *sleeper) bool {
 
 // listenNotices hands the pauses and resumes published on the key's channel to paused
 // and resume until done is called, through the key's one listener in this process:
-// every WaitN of the process that sleeps, is moved or is held listens through it. l is
-// a handle on the key for checkPauses.
+// every WaitN of the process that sleeps, is moved or is held listens through it, and it
+// stays from one user to the next until the key goes (endNotices). l is a handle on the
+// key for checkPauses.
 func (ks *keyState) listenNotices(l *Limiter) (done func()) {
 	ks.mu.Lock()
 	defer ks.mu.Unlock()
@@ -271,11 +272,31 @@ func (ks *keyState) listenNotices(l *Limiter) (done func()) {
 	return func() {
 		ks.mu.Lock()
 		defer ks.mu.Unlock()
-		if ks.nlisten--; ks.nlisten == 0 {
-			ks.client.hub.unlisten(ks.notices)
-			close(ks.unlisten)
-			ks.notices, ks.unlisten = nil, nil
+		if ks.nlisten--; ks.nlisten == 0 && ks.gone {
+			ks.stopNotices()
 		}
+	}
+}
+
+// endNotices ends the key's listener as the key goes (dropped as idle, or its client
+// closed), or once its last user leaves. Until then it stays from one user to the next: a
+// process whose waiters sleep one after another keeps one subscription, and so checks for
+// a missed pause once, not at every sleep (TestSleepsInTurnKeepOneSubscription).
+func (ks *keyState) endNotices() {
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	ks.gone = true
+	if ks.nlisten == 0 {
+		ks.stopNotices()
+	}
+}
+
+// stopNotices ends the key's listener, if any (ks.mu held).
+func (ks *keyState) stopNotices() {
+	if ks.notices != nil {
+		ks.client.hub.unlisten(ks.notices)
+		close(ks.unlisten)
+		ks.notices, ks.unlisten = nil, nil
 	}
 }
 

@@ -626,3 +626,31 @@ func TestWaitMovedWhileRedisIsDownFallsBackToThePolicy(t *testing.T) {
 		})
 	}
 }
+
+// A process's waiters that sleep one after another keep the key's one subscription (its
+// listener stays from one to the next), so the check for a pause missed before a subscription is
+// confirmed (checkPauses, one script call) runs once, not at every sleep: a lone Wait loop
+// makes one script call per permit, and one more at most.
+func TestSleepsInTurnKeepOneSubscription(t *testing.T) {
+	const waits = 4
+	redistest.EachRealTime(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		l, err := New(b.Client, "inturn", Every(250*time.Millisecond), WithKeyPrefix(b.Prefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r, err := l.Allow(ctx); err != nil || !r.Allowed { // the burst: each Wait after it sleeps about 250ms
+			t.Fatalf("the first Allow: %+v, %v", r, err)
+		}
+		calls := &cmdCount{match: func(cmd redis.Cmder) bool { return cmd.Name() == "evalsha" || cmd.Name() == "eval" }}
+		b.Client.AddHook(calls)
+		for range waits {
+			if err := l.Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if n := calls.n.Load(); n > waits+1 {
+			t.Errorf("%d Waits in turn made %d script calls, want at most %d", waits, n, waits+1)
+		}
+	})
+}
