@@ -655,9 +655,9 @@ if nargv >= 3 and nargv <= 2 + 1000 and string.find(ARGV[3], '^a %d+ %d+ q') the
   if st and st.meta ~= head and st.meta and not st.bare and string.sub(st.meta, 1, #head + 1) == head .. '\n' then
     had = clock(st.meta, #head + 2)
   end
-  local clim, cparam, ctag, cparts, chead = false, nil, tag, nil, nil -- the caps' limits (false: none) and head
+  local clim, _, ctag, cparts, chead = false, nil, tag, nil, nil -- the caps' limits (false: none) and head
   if ARGV[2] ~= '' then
-    clim, cparam, ctag, cparts, chead = parse_head(ARGV[2])
+    clim, _, ctag, cparts, chead = parse_head(ARGV[2])
   end
   if st and ((st.absent and not st.bare) or st.meta == head or had) and clim ~= nil and ctag == tag and not cparts then
     setup(st, lim, param, lim, 0, lim, now)
@@ -1286,13 +1286,13 @@ end
 
 -- The fair share's clock (meta.fair: V, W in weight units (millionths), tV, Fmax; see
 -- docs/design.md), moved to now once, by the first request that needs it; an inspect
--- (readonly) moves a copy and writes nothing. fs is the call's fair share (decide), its
--- changed also saying that a control op changed the meta; fair_key is the queue the
--- writes keep (the clock moved, or a pause froze it).
-local fs, fair_key, fair_moved = {key = nil, f = nil, finish = {}, queued = {}, passed = 0, changed = false}, nil, false
+-- (readonly) moves a copy and writes nothing. fs is the call's fair share (decide; fs.f
+-- once the clock moved), its changed also saying that a control op changed the meta;
+-- fair_key is the queue the writes keep (the clock moved, or a pause froze it).
+local fs, fair_key = {key = nil, f = nil, finish = {}, queued = {}, passed = 0, changed = false}, nil
 local function fair(qkey, readonly)
-  if fair_moved then
-    return meta.fair
+  if fs.f then
+    return fs.f
   end
   local had = meta.fair
   if readonly then
@@ -1301,7 +1301,6 @@ local function fair(qkey, readonly)
   drop(qkey, move(fs, had, qkey), had and had.W or 0)
   -- (separate statements: common.lua says why)
   fair_key = qkey
-  fair_moved = true
   fs.passed = 0
   meta.fair = fs.f
   return fs.f
