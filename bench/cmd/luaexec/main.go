@@ -158,6 +158,15 @@ func jobthrottleCases(base, alt map[string]string) []xcase {
 			}
 			out = append(out, xcase{name: v.prefix + name(fmt.Sprintf("tenant acquire, batch of %d tenants (per request)", batchSize)),
 				sha: v.sha, per: batchSize, call: fixed(keys, args...)})
+			// a backlog: the same tenants' Waits (holding their places) on a group of 100/s
+			// they keep busy, most of them told when their turn comes
+			t = tag()
+			keys, args = []string{t + ":l", t + ":q"}, []any{a.head(100, second), ""}
+			for i := range batchSize {
+				args = append(args, fmt.Sprintf("a 1 %d q2 h tt%d", 3600*second, i))
+			}
+			out = append(out, xcase{name: v.prefix + name(fmt.Sprintf("tenant acquire, batch of %d tenants waiting in a backlog (per request)", batchSize)),
+				sha: v.sha, per: batchSize, call: fixed(keys, args...)})
 			t = tag()
 			out = append(out, xcase{name: v.prefix + name("acquire with costs (calls and tokens)"), sha: v.sha, per: 1,
 				call: fixed([]string{t + ":l", t + ":u:tokens"}, costs, "", "a 1 0 utokens:100")})
