@@ -212,8 +212,12 @@ end
 -- once, walk), the finish tags read (finish: false for none, or passed by the clock) and to
 -- write (queued) by member "<weight units> <name>", how many members the clock passed that
 -- the queue still holds, and changed (the clock or the queue changed: the meta is written).
--- move moves the clock had (nil: none) of the queue at qkey to now as fs's clock, and
--- returns the members it passed (drop).
+-- turn's reads of the queue (stored, storedF, more, reach) and this call's finish tags in
+-- order (mine) come with the first turn. move moves the clock had (nil: none) of the queue
+-- at qkey to now as fs's clock, and returns the members it passed (drop).
+local function fair_share()
+  return {key = nil, f = nil, finish = {}, queued = {}, passed = 0, changed = false}
+end
 local function move(fs, had, qkey)
   local f, gone = walk(qkey, had)
   fs.key, fs.f, fs.passed = qkey, f, #gone
@@ -309,12 +313,41 @@ local function place_of(k)
   return e >= 0 and m / 10 ^ e or m * 10 ^ -e
 end
 
+-- Members in queue order (by finish tag, then name, as the sorted set orders them), in
+-- lists of {member, F}: before says whether (F1, m1) comes before (F2, m2); spot returns the
+-- index in list where (F, m) goes, or stands.
+local function before(F1, m1, F2, m2)
+  return F1 < F2 or F1 == F2 and m1 < m2
+end
+local function spot(list, F, m)
+  local lo, hi = 1, #list + 1
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if before(list[mid][2], list[mid][1], F, m) then
+      lo = mid + 1
+    else
+      hi = mid
+    end
+  end
+  return lo
+end
+
 -- queue sets member m's finish tag F (its weight joins W when it was not queued); unqueue
 -- gives back the place S of a caller that leaves (m of weight u with finish tag F, its
 -- request's cost taking ct µs): F goes back by that cost (no further than the clock's V)
--- while the place still counts in a queue not emptied since.
+-- while the place still counts in a queue not emptied since. Once a turn has read the
+-- queue (fs.mine), queue keeps turn's lists in order: m leaves the stored members and
+-- takes its place among this call's.
 local function queue(fs, m, F, W)
-  local f = fs.f
+  local f, mine, old = fs.f, fs.mine, fs.queued[m]
+  if mine then
+    local list, was = old and mine or fs.stored, old or fs.storedF[m]
+    local i = was and spot(list, was, m)
+    if i and list[i] and list[i][1] == m then
+      table.remove(list, i)
+    end
+    table.insert(mine, spot(mine, F, m), {m, F})
+  end
   fs.finish[m], fs.queued[m], f.W, f.Fmax, fs.changed = F, F, W, math.max(f.Fmax, F), true
 end
 local function unqueue(fs, m, u, F, S, ct)
@@ -330,34 +363,56 @@ end
 -- tenants queued ahead leaving it (and their weight W) as V reaches their finish tags, the
 -- first TURN_LOOKS of them looked at (then W as it is). A caller told a time a departure
 -- makes too late would leave its slot unused; one told too early (a tenant arrives since)
--- asks again.
+-- asks again. The queue is read once a call, as far as its turns look (fs.stored: the
+-- members the clock did not pass and this call did not queue again, at least TURN_LOOKS
+-- while the queue has them; read again further when this call's own take their places),
+-- and this call's finish tags are kept in order (fs.mine): a call's turns cost a read and
+-- a merge of the two lists each, not a sort of the queue each.
 local TURN_LOOKS = 16
 local function turn(fs, S, W, h)
-  local ahead, mine = {}, 0
-  for _ in pairs(fs.queued) do
-    mine = mine + 1
-  end
-  -- (the members the clock passed leave the queue at the writes: those still there are skipped)
-  local m = redis.call('ZRANGE', fs.key, '0', string.format('%d', TURN_LOOKS + mine + fs.passed - 1), 'WITHSCORES')
-  for i = 1, #m, 2 do
-    local F = score(m[i + 1])
-    if F and fs.queued[m[i]] == nil and fs.finish[m[i]] ~= false then
-      ahead[#ahead + 1] = {m[i], F}
+  if not fs.mine then
+    local mine = {}
+    for m, F in pairs(fs.queued) do
+      mine[#mine + 1] = {m, F}
     end
+    if mine[2] then
+      table.sort(mine, function(a, b)
+        return before(a[2], a[1], b[2], b[1])
+      end)
+    end
+    fs.mine, fs.reach = mine, TURN_LOOKS + #mine
   end
-  for name, F in pairs(fs.queued) do
-    ahead[#ahead + 1] = {name, F}
+  while not fs.stored or #fs.stored < TURN_LOOKS and fs.more do
+    if fs.stored then
+      fs.reach = 2 * fs.reach
+    end
+    -- (from the first member the clock did not pass: they leave the queue at the writes)
+    local m = redis.call('ZRANGE', fs.key, string.format('%d', fs.passed),
+      string.format('%d', fs.passed + fs.reach - 1), 'WITHSCORES')
+    local stored, storedF = {}, {}
+    for i = 1, #m, 2 do
+      local F = score(m[i + 1])
+      if F and fs.queued[m[i]] == nil and fs.finish[m[i]] ~= false then
+        stored[#stored + 1], storedF[m[i]] = {m[i], F}, F
+      end
+    end
+    fs.stored, fs.storedF, fs.more = stored, storedF, #m == 2 * fs.reach
   end
-  table.sort(ahead, function(a, b) -- (as the sorted set orders them)
-    return a[2] < b[2] or a[2] == b[2] and a[1] < b[1]
-  end)
+  local stored, mine, i, j = fs.stored, fs.mine, 1, 1
   local t, V = 0, fs.f.V
-  for i = 1, TURN_LOOKS + 1 do
+  for k = 1, TURN_LOOKS + 1 do
     local target = S - h * 1000000 / W
     if target <= V then
       return math.ceil(t)
     end
-    local e = i <= TURN_LOOKS and ahead[i]
+    local e, a, b = nil, stored[i], mine[j] -- the next ahead: the stored or this call's
+    if k > TURN_LOOKS then
+      e = nil
+    elseif a and (not b or before(a[2], a[1], b[2], b[1])) then
+      e, i = a, i + 1
+    else
+      e, j = b, j + 1
+    end
     local F = e and e[2]
     local u = e and tonumber(string.match(e[1], '^(%d+) ') or '')
     if not F or not u or F >= target or W - u <= 0 then
@@ -464,7 +519,7 @@ if nargv >= 3 and nargv <= 2 + MAX_REQUESTS and string.find(ARGV[3], '^a %d+ %d+
     local remaining, reset, keep
     -- the tenants' caps' states by key index; the fair share (decide), its clock moved to
     -- now by the first request, and the members it passed
-    local caps, fs, gone = {}, {key = nil, f = nil, finish = {}, queued = {}, passed = 0, changed = false}, nil
+    local caps, fs, gone = {}, fair_share(), nil
     for r = 1, st.err and 0 or k do
       if ARGV[r + 2] ~= text then -- a batch's requests repeat: read each text once
         text = ARGV[r + 2]
@@ -963,7 +1018,7 @@ end
 -- (readonly) moves a copy and writes nothing. fs is the call's fair share (decide; fs.f
 -- once the clock moved), its changed also saying that a control op changed the meta;
 -- fair_key is the queue the writes keep (the clock moved, or a pause froze it).
-local fs, fair_key = {key = nil, f = nil, finish = {}, queued = {}, passed = 0, changed = false}, nil
+local fs, fair_key = fair_share(), nil
 local function fair(qkey, readonly)
   if fs.f then
     return fs.f

@@ -906,10 +906,10 @@ func TestTenantWeightsAndEdges(t *testing.T) {
 func TestBatchEqualsLoneCalls(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		for i, a := range allAlgos {
-			for v, variant := range []string{"one", "two", "caps"} {
+			for v, variant := range []string{"one", "two", "caps", "many"} {
 				t.Run(a.tag+"/"+variant, func(t *testing.T) {
 					rng := rand.New(rand.NewPCG(uint64(i), uint64(v)))
-					batchVsLone(t, b, a, v, 25, rng.IntN)
+					batchVsLone(t, b, a, v, 25+55*(v/3), rng.IntN)
 				})
 			}
 		}
@@ -951,8 +951,10 @@ func picker(data []byte) func(n int) int {
 
 // batchVsLone runs rounds of random requests on algorithm a as lone calls under one tag
 // and as one call under another, at one instant per round, and fails unless the replies
-// and the keys left are the same. variant: 0 one limit, 1 two, 2 one and tenants' caps.
-// pick(n) returns a number in [0, n).
+// and the keys left are the same. variant: 0 one limit, 1 two, 2 one and tenants' caps,
+// 3 as 2 with 30 tenants, more than a turn looks at in the queue, in rounds of up to 24
+// requests and no control op (a batch's turns keep the queue's order as its requests
+// queue again: lua/limiter.lua, turn). pick(n) returns a number in [0, n).
 func batchVsLone(t *testing.T, b *redistest.Backend, a algo, variant, rounds int, pick func(n int) int) {
 	t.Helper()
 	tagA, tagB := tagOf(b, fmt.Sprintf("%s%dA", a.tag, variant)), tagOf(b, fmt.Sprintf("%s%dB", a.tag, variant))
@@ -961,28 +963,37 @@ func batchVsLone(t *testing.T, b *redistest.Backend, a algo, variant, rounds int
 		heads = [][]limit{{{5, 100 * ms, 5}, {12, sec, 8}}, {{5, 100 * ms, 5}}}
 	}
 	c := call{a: a, limits: heads[0]}
-	if variant == 2 {
+	if variant >= 2 {
 		c.caps = []limit{{3, 100 * ms, 3}}
 	}
 	clk := newClock(t, b, tagA, tagB)
 	var tokens, stamps []int64
 	tickets := map[string][]int64{}
-	tenants := []string{"A", "B c"}
+	tenants, most := []string{"A", "B c"}, 10
+	suffixes := []string{keys.State, keys.FairQueue, "t:A", "t:B c", "bk:a", "bk:b"}
+	for variant == 3 && len(tenants) < 30 {
+		tenants, most = append(tenants, fmt.Sprintf("T%d", len(tenants))), 24
+		suffixes = append(suffixes, keys.Tenant+tenants[len(tenants)-1])
+	}
 	for round := range rounds {
 		clk.add(t, time.Duration(pick(60)*1000+pick(1000))*time.Microsecond)
 		if pick(8) == 0 {
 			c.limits = heads[pick(2)]
 		}
-		k := 1 + pick(10)
+		k := 1 + pick(most)
 		reqs := make([]*protocol.Request, k)
 		queued := false // a tenant's acquire came before in the round
 		for i := range reqs {
 			var r *protocol.Request
 			tenant := ""
-			if variant == 2 || pick(4) == 0 {
-				tenant = tenants[pick(2)]
+			if variant >= 2 || pick(4) == 0 {
+				tenant = tenants[pick(len(tenants))]
 			}
-			switch p := pick(24); {
+			p := pick(24)
+			if variant == 3 && p >= 17 && p < 22 { // the control ops: variants 0-2 make them
+				p = 0
+			}
+			switch {
 			case p < 10:
 				r = acquire(pick(7), []int64{0, int64(pick(300)) * ms, 1 << 40}[pick(3)])
 				if pick(3) == 0 {
@@ -1030,7 +1041,7 @@ func batchVsLone(t *testing.T, b *redistest.Backend, a algo, variant, rounds int
 				r = clearOver()
 			case p < 22:
 				r = &protocol.Request{Op: protocol.OpWeight, X: int64(pick(3)) * 100 * ms, Units: []int64{1, 2000000}[pick(2)],
-					Queue: keys.FairQueue, Tenant: tenants[pick(2)]}
+					Queue: keys.FairQueue, Tenant: tenants[pick(len(tenants))]}
 			case p < 23:
 				r = acquire(9, 0) // above every limit: ErrExceeds
 			default:
@@ -1039,7 +1050,6 @@ func batchVsLone(t *testing.T, b *redistest.Backend, a algo, variant, rounds int
 			reqs[i] = r
 			queued = queued || (r.Op == protocol.OpAcquire && r.Tenant != "")
 		}
-		suffixes := []string{keys.State, keys.FairQueue, "t:A", "t:B c", "bk:a", "bk:b"}
 		before := snapshot(t, b.Client, keysUnder(tagA, suffixes)...) // for the failure's message
 		var want []res
 		for _, r := range reqs {
@@ -1067,6 +1077,67 @@ func batchVsLone(t *testing.T, b *redistest.Backend, a algo, variant, rounds int
 		}
 		sameUnder(t, b, tagA, tagB, suffixes, fmt.Sprintf("round %d (%s), lone calls under the first, one call under the second; before the round: %v", round, texts(reqs), before))
 	}
+}
+
+// A batch's turns read the queue once and keep the order of its members as the batch's
+// requests queue again (lua/limiter.lua, turn): on a queue of 40 tenants' places, one
+// batch of Waits whose first turn reads the queue's head, whose next requests take the
+// places of the members read (the first stored members all, then one of them again) so
+// that later turns read further, and whose last turns look past them all, replies and
+// leaves the keys as the same requests made one by one.
+func TestTurnsOfABatchAsLoneCalls(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		for _, a := range allAlgos {
+			t.Run(a.tag, func(t *testing.T) {
+				tagA, tagB := tagOf(b, "turnsA"+a.tag), tagOf(b, "turnsB"+a.tag)
+				c := call{a: a, limits: []limit{{5, 100 * ms, 5}}}
+				clk := newClock(t, b, tagA, tagB)
+				wait := func(i int) *protocol.Request { // tenant i's Wait, of weight 0.5, 1 or 2
+					r := c.of(fmt.Sprintf("T%d", i), acquire(1, 1<<40))
+					r.Hold, r.Units = true, []int64{500000, 1000000, 2000000}[i%3]
+					return r
+				}
+				var fill []*protocol.Request // places 1 to 3 deep, finish tags apart
+				suffixes := []string{keys.State, keys.FairQueue}
+				for i := range 40 {
+					for range 1 + i%4%3 {
+						fill = append(fill, wait(i))
+					}
+				}
+				for _, tag := range []string{tagA, tagB} {
+					c.run(t, b, tag, fill...)
+				}
+				clk.add(t, 30*time.Millisecond)
+				reqs := []*protocol.Request{wait(39)}
+				for i := range 20 {
+					reqs = append(reqs, wait(i))
+				}
+				for _, i := range []int{5, 5, 2, 2, 3, 38, 40, 37, 3, 36, 34, 30, 26} {
+					reqs = append(reqs, wait(i))
+				}
+				var want []res
+				for _, r := range reqs {
+					want = append(want, c.run(t, b, tagA, r)[0])
+				}
+				got := c.run(t, b, tagB, reqs...)
+				turns := 0
+				for i := range got {
+					g, w := got[i], want[i]
+					g.err = strings.ReplaceAll(g.err, tagB, tagA)
+					if comparable(g) != comparable(w) {
+						t.Fatalf("request %d of %s: batch %v, lone %v", i+1, texts(reqs), g, w)
+					}
+					if w.v[0] == 0 && w.v[6]&protocol.FlagTurn != 0 {
+						turns++
+					}
+				}
+				if turns < len(reqs)/2 {
+					t.Fatalf("%d of %d requests told to wait for their turns: the batch reads too little of the queue to test", turns, len(reqs))
+				}
+				sameUnder(t, b, tagA, tagB, suffixes, "one batch under the second, its requests one by one under the first")
+			})
+		}
+	})
 }
 
 // The fast paths decide as the loop (lua/limiter.lua): random rounds of calls of plain
