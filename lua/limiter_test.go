@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -1525,6 +1526,35 @@ func TestPauseKeepsTheQueue(t *testing.T) {
 			t.Fatalf("%s: the queue's TTL %v, the state's %v (its fair clock %+v)", a.tag, q, l, m.Fair)
 		}
 	}
+}
+
+// The queue a call makes is a skiplist on Redis (keep_queue), made by the tenants' fast
+// path or by the loop, and it holds the tenants' members alone.
+func TestQueueIsASkiplist(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := t.Context()
+		for _, a := range allAlgos {
+			for path, first := range map[string]*protocol.Request{"fast": nil, "loop": inspect()} {
+				tag := tagOf(b, "skip"+path+a.tag)
+				newClock(t, b, tag)
+				c := call{a: a, limits: []limit{{10, sec, 10}}}
+				reqs := []*protocol.Request{c.of("A", acquire(1, 0)), c.of("B", acquire(1, 0))}
+				if first != nil {
+					reqs = append([]*protocol.Request{first}, reqs...)
+				}
+				c.run(t, b, tag, reqs...)
+				c.run(t, b, tag, c.of("C", acquire(1, 0)))
+				members := b.Client.ZRange(ctx, tag+":q", 0, -1).Val()
+				slices.Sort(members)
+				if want := []string{"1000000 A", "1000000 B", "1000000 C"}; !slices.Equal(members, want) {
+					t.Fatalf("%s, %s path: the queue holds %q, want %q", a.tag, path, members, want)
+				}
+				if enc := b.Client.ObjectEncoding(ctx, tag+":q").Val(); b.Real() && enc != "skiplist" {
+					t.Fatalf("%s, %s path: the queue's encoding %q, want skiplist", a.tag, path, enc)
+				}
+			}
+		}
+	})
 }
 
 // A ticket kept past the queue's emptying (its tags start again from 0) holds no place: a

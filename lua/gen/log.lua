@@ -557,16 +557,17 @@ end
 -- fs is the fair share's bookkeeping in a call: its queue's key, the clock f (moved to now
 -- once, walk), the finish tags read (finish: false for none, or passed by the clock) and to
 -- write (queued) by member "<weight units> <name>", how many members the clock passed that
--- the queue still holds, and changed (the clock or the queue changed: the meta is written).
+-- the queue still holds, fresh (the clock passed them all: the writes make the queue anew),
+-- and changed (the clock or the queue changed: the meta is written).
 -- turn's reads of the queue (stored, storedF, more, reach) and this call's finish tags in
 -- order (mine) come with the first turn. move moves the clock had (nil: none) of the queue
 -- at qkey to now as fs's clock, and returns the members it passed (drop).
 local function fair_share()
-  return {key = nil, f = nil, finish = {}, queued = {}, passed = 0, changed = false}
+  return {key = nil, f = nil, finish = {}, queued = {}, passed = 0, fresh = false, changed = false}
 end
 local function move(fs, had, qkey)
   local f, gone = walk(qkey, had)
-  fs.key, fs.f, fs.passed = qkey, f, #gone
+  fs.key, fs.f, fs.passed, fs.fresh = qkey, f, #gone, gone.all
   for j = 1, #gone do -- (no longer queued: a member's read gives no score for them)
     fs.finish[gone[j]] = false
   end
@@ -604,15 +605,27 @@ local function clock_line(f)
 end
 
 -- keep_queue writes the finish tags a call set (queued, by member) to the queue at qkey,
--- kept as long as its clock f lives (while tenants are queued).
-local function keep_queue(qkey, f, queued)
+-- kept as long as its clock f lives (while tenants are queued). A queue it makes (fresh:
+-- the clock passed every member, or there was none) is made a skiplist: its ZADD adds
+-- first a member no tenant's can be (no weight before a space) and longer than Redis's
+-- zset-max-listpack-value (64 bytes by default), which it then removes, and a sorted set
+-- never turns back into a listpack. A listpack reads the scores it passes as text at every
+-- insert and read (bench/RESULTS.md, "The queue a skiplist").
+local SKIPLIST = 'jobthrottle: the fair share queue is kept a skiplist by this member longer than a listpack takes'
+local function keep_queue(qkey, f, queued, fresh)
   if f.W > 0 then
-    local zadd = {} -- (one ZADD for all)
+    local zadd, first = {}, 1 -- (one ZADD for all)
+    if fresh then
+      zadd[1], zadd[2], first = 'inf', 'jobthrottle: the fair share queue is kept a skiplist by this member longer than a listpack takes', 3
+    end
     for m, F in pairs(queued) do
       zadd[#zadd + 1], zadd[#zadd + 2] = string.format('%.17g', F), m
     end
-    if zadd[1] then
+    if zadd[first] then
       redis.call('ZADD', qkey, unpack(zadd))
+      if fresh then
+        redis.call('ZREM', qkey, 'jobthrottle: the fair share queue is kept a skiplist by this member longer than a listpack takes')
+      end
     end
     redis.call('PEXPIRE', qkey, ms(life(f)))
   end
@@ -944,7 +957,7 @@ if nargv >= 3 and nargv <= 2 + 1000 and string.find(ARGV[3], '^a %d+ %d+ q') the
     if st and not st.err then -- the writes, as the loop's
       local f = fs.f
       drop(fs.key, gone, had and had.W or 0)
-      keep_queue(fs.key, f, fs.queued)
+      keep_queue(fs.key, f, fs.queued, fs.fresh)
       if st.dirty or fs.changed then
         local meta, kept = head, keep
         if f.W > 0 then
@@ -1128,7 +1141,7 @@ end
 local function rates(st, new, at)
 end
 
--- [limiter.lua from line 620]
+-- [limiter.lua from line 633]
 -- @cold: the request loop, for every call the fast paths did not decide.
 
 -- read_head is parse_head with the parts always given, each with its limits (lim) and the
@@ -1984,7 +1997,7 @@ end
 if served then
   local kept, f = kept_us(data_keep()), meta.fair
   if f and fair_key then -- (queued only after the clock moved)
-    keep_queue(fair_key, f, fs.queued)
+    keep_queue(fair_key, f, fs.queued, fs.fresh)
   end
   if dirty() then
     -- a head replaced (another process's, with other limits) is noted
