@@ -164,12 +164,20 @@ type keyState struct {
 	hold    atomic.Int64 // until when this process holds the key (UnixNano)
 	// landed: the pause of the latest hold reached Redis, so a resume published
 	// since ended it (or a later one), and ends the hold too
-	landed  atomic.Bool
-	resumed atomic.Int64 // the end of the latest pause whose resume moved the sleepers (server µs)
+	landed atomic.Bool
+	// resumed: the end of the latest pause whose resume moved the sleepers (server µs);
+	// word of that pause heard since was read before its resume (paused)
+	resumed atomic.Int64
 	// pauseEnd: the end of the latest pause heard of (server µs), 0 once it was
 	// resumed: sleepers booked inside it are moved after it (paused)
 	pauseEnd atomic.Int64
-	drift    atomic.Pointer[string] // the other process's head LimitsDrift was last told of
+	// heard orders the handling of pauses and resumes (paused, resume), which come from
+	// the key's listener, its pause checks and Resume's reply: each decides on pauseEnd
+	// and resumed and starts its move (which takes its sleepers at once) before the next
+	// decides, so a pause not yet found resumed moves no sleeper after a resume of it
+	// began moving them
+	heard sync.Mutex
+	drift atomic.Pointer[string] // the other process's head LimitsDrift was last told of
 	// overridden: until when an override of the rates may be in force (UnixNano), as
 	// this process set it or a read found it: StateLost cannot judge Remaining then
 	overridden atomic.Int64

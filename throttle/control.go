@@ -142,6 +142,8 @@ func (l *Limiter) controlCall(ctx context.Context, call *protocol.Request) (repl
 // and the notice both come; docs/design.md, "Control, pause and resume"), with those
 // whose bookings come back after it (move).
 func (ks *keyState) resume(end int64, own bool) {
+	ks.heard.Lock()
+	defer ks.heard.Unlock()
 	if h := ks.hold.Load(); h != 0 && (own || ks.landed.Load()) {
 		ks.mu.Lock()
 		if ks.hold.CompareAndSwap(h, 0) { // unless a Pause since holds anew
@@ -160,7 +162,18 @@ func (ks *keyState) resume(end int64, own bool) {
 // process publishes when it sets one: this process's sleepers booked before its end
 // book again now, and so after it, in their order, once per pause end. A sleeper whose
 // booking comes back after the notice is moved once it lands (move).
+//
+// A pause whose resume this process has handled is over: word of it that comes after
+// the resume was read before it (checkPauses' inspect, or the pause's notice overtaken
+// by Resume's reply, which comes on another connection) and changes nothing. Acted on,
+// it would take the sleepers the resume booked again from now, all before its end, and
+// book them again once more, behind what others booked meanwhile.
 func (ks *keyState) paused(end int64) {
+	ks.heard.Lock()
+	defer ks.heard.Unlock()
+	if end == ks.resumed.Load() {
+		return
+	}
 	if old := ks.pauseEnd.Swap(end); old != end {
 		ks.move(func(s *sleeper) bool { return s.g.token < end })
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -273,4 +275,155 @@ func TestResumeMovesAWaiterAsItBooks(t *testing.T) {
 			})
 		})
 	}
+}
+
+// A check for a missed pause (checkPauses) that read the pause before another process
+// resumed it, and whose reply comes after this process handled the resume, moves
+// nothing: the pause it found is over, and the waiters the resume booked again from
+// now keep those bookings. A key paused for an hour by another process, one slot a
+// minute; two waiters of this process asleep behind the pause, the check made as the
+// key's subscription was confirmed handled. The test has the key checked again and
+// holds that check's reply (a hook on this process's client) until the resume's notice
+// has booked both waiters again (at the resume, and a minute after it: the second
+// sleeps on), then lets it go. Asked for a third check, the loop sends its inspect only
+// once it has handled the second's reply: the second waiter must then still be asleep
+// on its booking, none taken, no booking added.
+func TestResumeOvertakesAPauseCheck(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel() // ends the waiter asleep on the resume's booking
+		held := &heldInspect{sent: make(chan struct{}, 4), ran: make(chan struct{}), released: make(chan struct{})}
+		b.Client.AddHook(held)
+		defer held.release()
+		tl := newTimeline(t, b)
+		var waits waitRecorder
+		this := tl.limiter("resume-overtakes-check", Every(time.Minute), WithHooks(waits.hooks()))
+		other := ctlLimiterOn(tl, ctlOtherClient(t, b), "resume-overtakes-check", Every(time.Minute))
+		if err := other.Pause(ctx, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		ks := this.client().key(this.t.tag)
+		returned := make(chan error, 2)
+		for range 2 {
+			go func() { returned <- this.Wait(ctx) }()
+		}
+		sendEventually(t, signalWait, "both waiters asleep behind the pause", func() bool { return sendSleepers(this) == 2 })
+		ctlListening(t, this, 2)
+		// the pause's notice went before the subscription: the first check found it
+		sendEventually(t, signalWait, "the first check's pause handled", func() bool { return ks.pauseEnd.Load() != 0 })
+		end := ks.pauseEnd.Load()
+		check := func() {
+			ks.mu.Lock()
+			signal(ks.notices.check)
+			ks.mu.Unlock()
+		}
+		held.armed.Store(true)
+		check()
+		select {
+		case <-held.ran: // the second check has read the pause: its reply is held
+		case <-time.After(signalWait):
+			t.Fatalf("no check's inspect within %v", signalWait)
+		}
+		if err := other.Resume(ctx); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-returned:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(signalWait):
+			t.Fatalf("the first waiter did not go on within %v of the resume; bookings %v", signalWait, waits.since(0))
+		}
+		sendEventually(t, signalWait, "the second waiter asleep on its booking from the resume", func() bool {
+			return waits.count() == 4 && sendSleepers(this) == 1
+		})
+		if got, want := waits.since(2), []time.Duration{0, time.Minute}; !slices.Equal(got, want) {
+			t.Fatalf("bookings from the resume wait %v, want %v", got, want)
+		}
+		if got := ks.resumed.Load(); got != end {
+			t.Fatalf("resume handled of the pause ending at %d, want %d (the one the check found)", got, end)
+		}
+		for len(held.sent) > 0 { // the checks' inspects so far
+			<-held.sent
+		}
+		held.release()
+		check()
+		var asleep, flying int
+		sendEventually(t, signalWait, "the third check's inspect sent (the second's reply handled), or the waiter taken", func() bool {
+			ks.mu.Lock()
+			asleep, flying = len(ks.sleepers), len(ks.flying)
+			ks.mu.Unlock()
+			if asleep != 1 || flying != 0 || waits.count() != 4 {
+				return true // taken: the loop may find none asleep or in flight, and not check
+			}
+			select {
+			case <-held.sent:
+				return true
+			default:
+				return false
+			}
+		})
+		if asleep != 1 || flying != 0 || waits.count() != 4 {
+			t.Fatalf("after the check that read the pause before its resume: %d asleep, %d bookings in flight, bookings %v; want 1 asleep on its booking from the resume, none in flight, none added",
+				asleep, flying, waits.since(0))
+		}
+	})
+}
+
+// heldInspect reports on sent each script call with an inspect request sent, and once
+// armed holds the reply of the next one until released.
+type heldInspect struct {
+	armed         atomic.Bool
+	sent          chan struct{}
+	ran, released chan struct{}
+	once          sync.Once
+}
+
+func (h *heldInspect) release() { h.once.Do(func() { close(h.released) }) }
+
+func (h *heldInspect) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *heldInspect) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		return h.around([]redis.Cmder{cmd}, func() error { return next(ctx, cmd) })
+	}
+}
+
+func (h *heldInspect) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		return h.around(cmds, func() error { return next(ctx, cmds) })
+	}
+}
+
+func (h *heldInspect) around(cmds []redis.Cmder, call func() error) error {
+	if !slices.ContainsFunc(cmds, ctlInspects) {
+		return call()
+	}
+	select {
+	case h.sent <- struct{}{}:
+	default:
+	}
+	err := call()
+	if h.armed.CompareAndSwap(true, false) {
+		close(h.ran)
+		<-h.released
+	}
+	return err
+}
+
+// ctlInspects reports whether cmd is a limiter script call with an inspect request
+// (internal/protocol: op "i", alone or with its options).
+func ctlInspects(cmd redis.Cmder) bool {
+	if !sendIsEval(cmd) {
+		return false
+	}
+	a := cmd.Args() // evalsha sha numkeys keys… heads… requests…
+	nk, _ := strconv.Atoi(fmt.Sprint(a[2]))
+	for _, r := range a[min(3+nk, len(a)):] {
+		if s := fmt.Sprint(r); s == "i" || strings.HasPrefix(s, "i ") {
+			return true
+		}
+	}
+	return false
 }
