@@ -910,7 +910,7 @@ func TestBatchEqualsLoneCalls(t *testing.T) {
 			for v, variant := range []string{"one", "two", "caps", "many"} {
 				t.Run(a.tag+"/"+variant, func(t *testing.T) {
 					rng := rand.New(rand.NewPCG(uint64(i), uint64(v)))
-					batchVsLone(t, b, a, v, 25+55*(v/3), rng.IntN)
+					batchVsLone(t, b, a, v, 25+15*(v/3), rng.IntN)
 				})
 			}
 		}
