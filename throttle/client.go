@@ -165,9 +165,16 @@ type keyState struct {
 	// landed: the pause of the latest hold reached Redis, so a resume published
 	// since ended it (or a later one), and ends the hold too
 	landed atomic.Bool
-	// resumed: the end of the latest pause whose resume moved the sleepers (server µs);
-	// word of that pause heard since was read before its resume (paused)
+	// resumed: the end of the pause whose resume was handled last (server µs; 0: none
+	// yet); ended holds it with those of the resumes handled before (see resume)
 	resumed atomic.Int64
+	// ended: the ends of the pauses of the last len(ended) resumes handled, ring-wise from
+	// nended (under heard). A resume of one of them was handled: a word of it come since
+	// is its reply's or notice's twin, or was read before it, and moves nothing (resume,
+	// paused). Pauses are told apart by their ends, not ordered by them: a pause set
+	// after a resume may end before the pause resumed did.
+	ended  [8]int64
+	nended int
 	// pauseEnd: the end of the latest pause heard of (server µs), 0 once it was
 	// resumed: sleepers booked inside it are moved after it (paused)
 	pauseEnd atomic.Int64

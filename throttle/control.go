@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -138,9 +139,15 @@ func (l *Limiter) controlCall(ctx context.Context, call *protocol.Request) (repl
 
 // resume handles the resume of a pause that ended at end (server µs; 0: unknown or
 // none): the hold ends if this process resumed (own) or its pause had reached Redis;
-// the sleepers booked at or after end book again now, once per pause (Resume's reply
-// and the notice both come; docs/design.md, "Control, pause and resume"), with those
-// whose bookings come back after it (move).
+// the sleepers booked at or after end book again now, with those whose bookings come
+// back after it (move), once per pause resumed, whatever the order of the pauses' ends:
+// a pause set after a resume may end before the pause that resume ended. Resume's reply
+// and the notice of the same resume both come, in either order (they come on different
+// connections); the second finds end among the resumes handled (ended) and moves
+// nothing (docs/design.md, "Control, pause and resume"). Ends tell pauses apart, not
+// resumes' order: the notice of another process's resume that comes after the reply of
+// a later Resume made by this process is handled as new, and moves the sleepers booked
+// at or after its end.
 func (ks *keyState) resume(end int64, own bool) {
 	ks.heard.Lock()
 	defer ks.heard.Unlock()
@@ -153,9 +160,21 @@ func (ks *keyState) resume(end int64, own bool) {
 		ks.mu.Unlock()
 	}
 	ks.pauseEnd.CompareAndSwap(end, 0) // its sleepers booked inside it stay
-	if raise(&ks.resumed, end) {
-		ks.move(func(s *sleeper) bool { return s.g.token >= end })
+	if end <= 0 || ks.wasResumed(end) {
+		return
 	}
+	ks.ended[ks.nended] = end
+	ks.nended = (ks.nended + 1) % len(ks.ended)
+	ks.resumed.Store(end)
+	ks.move(func(s *sleeper) bool { return s.g.token >= end })
+}
+
+// wasResumed reports whether a resume of the pause ending at end was handled, among
+// the last len(ks.ended) (ks.heard held). The words of one resume (its reply and its
+// notice), and a pause's read before its resume, come within moments of each other:
+// an end drops out only once that many other resumes were handled since.
+func (ks *keyState) wasResumed(end int64) bool {
+	return slices.Contains(ks.ended[:], end)
 }
 
 // paused handles the notice of a pause of the key until end (server µs), which any
@@ -163,15 +182,16 @@ func (ks *keyState) resume(end int64, own bool) {
 // book again now, and so after it, in their order, once per pause end. A sleeper whose
 // booking comes back after the notice is moved once it lands (move).
 //
-// A pause whose resume this process has handled is over: word of it that comes after
-// the resume was read before it (checkPauses' inspect, or the pause's notice overtaken
-// by Resume's reply, which comes on another connection) and changes nothing. Acted on,
-// it would take the sleepers the resume booked again from now, all before its end, and
-// book them again once more, behind what others booked meanwhile.
+// A pause whose resume this process has handled (wasResumed), the last one or an
+// earlier one, is over: word of it that comes after the resume was read before it
+// (checkPauses' inspect, or the pause's notice overtaken by Resume's reply, which
+// comes on another connection) and changes nothing. Acted on, it would take the
+// sleepers the resume booked again from now, all before its end, and book them again
+// once more, behind what others booked meanwhile.
 func (ks *keyState) paused(end int64) {
 	ks.heard.Lock()
 	defer ks.heard.Unlock()
-	if end == ks.resumed.Load() {
+	if ks.wasResumed(end) {
 		return
 	}
 	if old := ks.pauseEnd.Swap(end); old != end {

@@ -427,3 +427,66 @@ func ctlInspects(cmd redis.Cmder) bool {
 	}
 	return false
 }
+
+// A resume moves the waiters booked behind the pause it ends whatever pauses were
+// resumed before, a later pause ending earlier than an earlier one included. Another
+// process pauses the key for an hour; a first Wait of this process sleeps behind it and
+// the key is resumed: the Wait goes on. The other pauses it again, for ten minutes (a
+// pause ending fifty minutes before the first's end); a second Wait sleeps behind it
+// and the key is resumed again, by this process (its waiters move on Resume's reply) or
+// by the other (on the notice): the second Wait must book again from the resume and go
+// on. Still on its booking behind the second pause it would return after ten minutes:
+// the test's bound is only how long a loaded machine may take.
+func TestResumeMovesTheWaitersOfAPauseEndingEarlier(t *testing.T) {
+	for _, resumer := range []string{"this", "other"} {
+		t.Run("resumed-by-"+resumer, func(t *testing.T) {
+			redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel() // ends a waiter left asleep by a failed run
+				tl := newTimeline(t, b)
+				var waits waitRecorder
+				this := tl.limiter("resume-earlier", Every(100*ms), WithHooks(waits.hooks()))
+				other := ctlLimiterOn(tl, ctlOtherClient(t, b), "resume-earlier", Every(100*ms))
+				resumerL := this
+				if resumer == "other" {
+					resumerL = other
+				}
+				pauseWaitResume := func(d, at time.Duration) {
+					t.Helper()
+					if err := other.Pause(ctx, d); err != nil {
+						t.Fatal(err)
+					}
+					before := waits.count()
+					returned := make(chan error, 1)
+					go func() { returned <- this.Wait(ctx) }()
+					sendEventually(t, signalWait, "the waiter asleep behind the pause", func() bool {
+						return waits.count() == before+1 && sendSleepers(this) == 1
+					})
+					if got := waits.since(before)[0]; got < d-time.Second {
+						t.Fatalf("the waiter booked %v ahead, want behind the %v pause", got, d)
+					}
+					ctlListening(t, this, 1)
+					tl.at(at)
+					if err := resumerL.Resume(ctx); err != nil {
+						t.Fatal(err)
+					}
+					select {
+					case err := <-returned:
+						if err != nil {
+							t.Fatal(err)
+						}
+					case <-time.After(signalWait):
+						t.Fatalf("the waiter behind the %v pause did not go on within %v of its resume: still on its booking behind the pause; bookings %v",
+							d, signalWait, waits.since(0))
+					}
+					if got := waits.since(before + 1); !slices.Equal(got, []time.Duration{0}) {
+						t.Fatalf("bookings after the resume of the %v pause wait %v, want [0s]: booked again from the resume", d, got)
+					}
+				}
+				pauseWaitResume(time.Hour, time.Second)
+				tl.at(2 * time.Second)
+				pauseWaitResume(10*time.Minute, 3*time.Second)
+			})
+		})
+	}
+}
