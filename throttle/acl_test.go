@@ -114,7 +114,7 @@ func (s *aclServer) used(ctx context.Context) ([]string, error) {
 				continue
 			}
 			switch name {
-			case "config|resetstat", "script|flush", "info", "ping", "hello", "client|setinfo", "acl|setuser", "lpush":
+			case "config|resetstat", "script|flush", "info", "ping", "hello", "client|setinfo", "acl|setuser", "lpush", "pubsub|numsub":
 				continue // the test's own, and the connection's handshake (always allowed)
 			}
 			seen[name] = true
@@ -136,10 +136,12 @@ func (s *aclServer) used(ctx context.Context) ([]string, error) {
 // booking found again and given back, an override set and cleared, pauses and a resume
 // that wakes a sleeping WaitN, Inspect, ReadRecord, the scripts run again after a
 // SCRIPT FLUSH (EVAL), a semaphore's leases, queue, hand-off (PUBLISH), wake-up
-// subscription, extension and release. admin flushes the scripts and plants a stale
-// log. It returns the first error of each algorithm's part and of the semaphore's (each
-// goes on to its end regardless).
-func aclWorkload(ctx context.Context, s *aclServer, dial func() redis.UniversalClient, run string) []error {
+// subscription and its end (UNSUBSCRIBE), extension and release. admin flushes the
+// scripts and plants a stale log. With census (a user with every permission), it
+// returns only once Redis has run the UNSUBSCRIBE, so that INFO commandstats counts it.
+// It returns the first error of each algorithm's part and of the semaphore's (each goes
+// on to its end regardless).
+func aclWorkload(ctx context.Context, s *aclServer, dial func() redis.UniversalClient, run string, census bool) []error {
 	c, c2 := dial(), dial() // c2: a second process, which a Pause through c does not hold
 	defer c.Close()
 	defer c2.Close()
@@ -354,16 +356,24 @@ func aclWorkload(ctx context.Context, s *aclServer, dial func() redis.UniversalC
 	note("queued acquire", err)
 	var wg sync.WaitGroup
 	var acquired error
+	ended := make(chan struct{})
 	wg.Add(1)
-	go func() { // waits in the queue behind it, subscribed
+	go func() { // waits behind it: subscribes, then takes a place in the queue
 		defer wg.Done()
+		defer close(ended)
 		l, err := sem.Acquire(cctx)
 		if err == nil {
 			err = l.Release(cctx)
 		}
 		acquired = err
 	}()
-	time.Sleep(100 * time.Millisecond)
+	// The waiter's subscription is the only one this workload sees end by UNSUBSCRIBE: a
+	// key's listener of sleeping WaitNs stays until the key is swept idle (15-30s) or its
+	// client closes, and a closed client's subscription goes with its connection, unsent.
+	// A waiter that finds the slot free never subscribes, so the lease is released only
+	// once the waiter has asked for the subscription (whether or not Redis allows it).
+	hub := sem.client().hub
+	note("waiter's subscription", pollUntil(cctx, ended, func() bool { return hub.asked(sem.channel) }))
 	if lease != nil {
 		note("Lease Release", lease.Release(cctx)) // hands the slot to queued (PUBLISH)
 	}
@@ -371,7 +381,67 @@ func aclWorkload(ctx context.Context, s *aclServer, dial func() redis.UniversalC
 	note("queued release", err)
 	wg.Wait()
 	note("Semaphore Acquire", acquired)
+	if census {
+		// The waiter's last listener gone (or, if it left before its SUBSCRIBE was
+		// confirmed, the confirmation) drops the channel, and the hub's worker sends
+		// UNSUBSCRIBE after: once the hub has sent it, and Redis counts no subscriber on
+		// the channel while the connection is open, Redis has run it. Returning earlier,
+		// c.Close could take the connection down before the UNSUBSCRIBE went out.
+		note("waiter's UNSUBSCRIBE sent", pollUntil(cctx, nil, func() bool { return hub.unsubscribed(sem.channel) }))
+		note("waiter's UNSUBSCRIBE run", pollUntil(cctx, nil, func() bool {
+			n, err := s.subscribers(cctx, sem.channel)
+			return err == nil && n == 0
+		}))
+	}
 	return errs
+}
+
+// pollUntil returns nil once cond holds or stop is closed, or ctx's error if ctx ends
+// first. It looks every millisecond: cond's state is reached by goroutines and Redis,
+// not by a time.
+func pollUntil(ctx context.Context, stop <-chan struct{}, cond func() bool) error {
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-stop:
+			return nil
+		case <-time.After(time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// asked reports whether the hub has asked for a subscription to channel (listeners on
+// it, SUBSCRIBE queued or sent).
+func (h *hub) asked(channel string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ch := h.chans[channel]
+	return ch != nil && ch.subscribed
+}
+
+// unsubscribed reports whether the hub has dropped channel and its worker has made
+// every call queued, the UNSUBSCRIBE of a channel it had subscribed included.
+func (h *hub) unsubscribed(channel string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.chans[channel] == nil && len(h.ops) == 0
+}
+
+// subscribers returns the connections subscribed to channel, on every node (PUBSUB
+// NUMSUB is a node's own count; the census leaves it out).
+func (s *aclServer) subscribers(ctx context.Context, channel string) (int64, error) {
+	var mu sync.Mutex
+	var total int64
+	err := s.each(ctx, func(ctx context.Context, c *redis.Client) error {
+		n, err := c.PubSubNumSub(ctx, channel).Result()
+		mu.Lock()
+		defer mu.Unlock()
+		total += n[channel]
+		return err
+	})
+	return total, err
 }
 
 // Least privilege, on a redis-server and a Redis Cluster of the test's own:
@@ -406,7 +476,7 @@ func testACL(t *testing.T, s *aclServer) {
 	if err := s.each(ctx, func(ctx context.Context, c *redis.Client) error { return c.ConfigResetStat(ctx).Err() }); err != nil {
 		t.Fatal(err)
 	}
-	if errs := aclWorkload(ctx, s, func() redis.UniversalClient { return s.dial("", 0) }, "census"); len(errs) > 0 {
+	if errs := aclWorkload(ctx, s, func() redis.UniversalClient { return s.dial("", 0) }, "census", true); len(errs) > 0 {
 		t.Fatalf("workload with every permission: %v", errs)
 	}
 	used, err := s.used(ctx)
@@ -427,7 +497,7 @@ func testACL(t *testing.T, s *aclServer) {
 		t.Fatalf("ACL SETUSER worker %s: %v", rules, err)
 	}
 	start := time.Now()
-	if errs := aclWorkload(ctx, s, func() redis.UniversalClient { return s.dial("worker", -1) }, "least"); len(errs) > 0 {
+	if errs := aclWorkload(ctx, s, func() redis.UniversalClient { return s.dial("worker", -1) }, "least", false); len(errs) > 0 {
 		t.Fatalf("workload as a user with ACL %q: %v", rules, errs)
 	}
 	redistest.Figure(t, "%s: ACL SETUSER worker on >pw %s: the whole workload works (%v)", s.kind, rules, time.Since(start).Round(time.Millisecond))
@@ -468,7 +538,7 @@ func testACL(t *testing.T, s *aclServer) {
 			// go-redis's default retries: a client that never re-sends (MaxRetries -1)
 			// sends no MULTI/EXEC (see pipeline), and +multi and +exec must be missed
 			start := time.Now()
-			results[i].errs = aclWorkload(ctx, s, func() redis.UniversalClient { return s.dial(user, 0) }, fmt.Sprintf("missing%d", i))
+			results[i].errs = aclWorkload(ctx, s, func() redis.UniversalClient { return s.dial(user, 0) }, fmt.Sprintf("missing%d", i), false)
 			results[i].took = time.Since(start)
 		}()
 	}
