@@ -165,9 +165,6 @@ type keyState struct {
 	// landed: the pause of the latest hold reached Redis, so a resume published
 	// since ended it (or a later one), and ends the hold too
 	landed atomic.Bool
-	// resumed: the end of the pause whose resume was handled last (server µs; 0: none
-	// yet); ended holds it with those of the resumes handled before (see resume)
-	resumed atomic.Int64
 	// ended: the ends of the pauses of the last len(ended) resumes handled, ring-wise from
 	// nended (under heard). A resume of one of them was handled: a word of it come since
 	// is its reply's or notice's twin, or was read before it, and moves nothing (resume,

@@ -165,7 +165,6 @@ func (ks *keyState) resume(end int64, own bool) {
 	}
 	ks.ended[ks.nended] = end
 	ks.nended = (ks.nended + 1) % len(ks.ended)
-	ks.resumed.Store(end)
 	ks.move(func(s *sleeper) bool { return s.g.token >= end })
 }
 

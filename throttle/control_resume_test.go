@@ -226,9 +226,9 @@ func TestResumeMovesAWaiterAsItBooks(t *testing.T) {
 							return
 						}
 						ks := this.client().key(this.t.tag)
-						for deadline := time.Now().Add(signalWait); ks.resumed.Load() == 0 || sendSleepers(this) != 0; time.Sleep(ms) {
+						for deadline := time.Now().Add(signalWait); ks.lastResumed() == 0 || sendSleepers(this) != 0; time.Sleep(ms) {
 							if time.Now().After(deadline) {
-								msg := fmt.Sprintf("the resume was not handled within %v (resumed %d, %d asleep)", signalWait, ks.resumed.Load(), sendSleepers(this))
+								msg := fmt.Sprintf("the resume was not handled within %v (resumed %d, %d asleep)", signalWait, ks.lastResumed(), sendSleepers(this))
 								hookErr.Store(&msg)
 								return
 							}
@@ -341,7 +341,7 @@ func TestResumeOvertakesAPauseCheck(t *testing.T) {
 		if got, want := waits.since(2), []time.Duration{0, time.Minute}; !slices.Equal(got, want) {
 			t.Fatalf("bookings from the resume wait %v, want %v", got, want)
 		}
-		if got := ks.resumed.Load(); got != end {
+		if got := ks.lastResumed(); got != end {
 			t.Fatalf("resume handled of the pause ending at %d, want %d (the one the check found)", got, end)
 		}
 		for len(held.sent) > 0 { // the checks' inspects so far

@@ -17,3 +17,10 @@ func (s *Semaphore) useScript(sc *script) {
 
 // stateKey returns the name of the Limiter's state key.
 func (l *Limiter) stateKey() string { return l.t.keys[0] }
+
+// lastResumed is the end of the pause whose resume ks handled last (server µs; 0: none).
+func (ks *keyState) lastResumed() int64 {
+	ks.heard.Lock()
+	defer ks.heard.Unlock()
+	return ks.ended[(ks.nended+len(ks.ended)-1)%len(ks.ended)]
+}
