@@ -419,11 +419,9 @@ local function turn(fs, S, W, h)
       return math.ceil(t)
     end
     local e, a, b = nil, stored[i], mine[j] -- the next ahead: the stored or this call's
-    if k > TURN_LOOKS then
-      e = nil
-    elseif a and (not b or before(a[2], a[1], b[2], b[1])) then
+    if k <= TURN_LOOKS and a and (not b or before(a[2], a[1], b[2], b[1])) then
       e, i = a, i + 1
-    else
+    elseif k <= TURN_LOOKS then
       e, j = b, j + 1
     end
     local F = e and e[2]

@@ -177,7 +177,7 @@ type keyState struct {
 	pauseEnd atomic.Int64
 	// heard orders the handling of pauses and resumes (paused, resume), which come from
 	// the key's listener, its pause checks and Resume's reply: each decides on pauseEnd
-	// and resumed and starts its move (which takes its sleepers at once) before the next
+	// and ended and starts its move (which takes its sleepers at once) before the next
 	// decides, so a pause not yet found resumed moves no sleeper after a resume of it
 	// began moving them
 	heard sync.Mutex

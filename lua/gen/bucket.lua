@@ -726,11 +726,9 @@ local function turn(fs, S, W, h)
       return math.ceil(t)
     end
     local e, a, b = nil, stored[i], mine[j] -- the next ahead: the stored or this call's
-    if k > 16 then
-      e = nil
-    elseif a and (not b or before(a[2], a[1], b[2], b[1])) then
+    if k <= 16 and a and (not b or before(a[2], a[1], b[2], b[1])) then
       e, i = a, i + 1
-    else
+    elseif k <= 16 then
       e, j = b, j + 1
     end
     local F = e and e[2]
@@ -1066,7 +1064,7 @@ local function detail(st, lim, now)
   return booked, ahead, avail
 end
 
--- [limiter.lua from line 633]
+-- [limiter.lua from line 631]
 -- @cold: the request loop, for every call the fast paths did not decide.
 
 -- read_head is parse_head with the parts always given, each with its limits (lim) and the
