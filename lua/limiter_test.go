@@ -838,9 +838,13 @@ func TestTenantWeightsAndEdges(t *testing.T) {
 				fail("its finish tag: a slot of 100000 at weight 3", q)
 			}
 			w.X = 0
-			c.one(t, b, tag, w)
-			if m := parseMeta(t, b.Client, state); len(m.Weights) != 0 {
+			c.one(t, b, tag, w) // ended, kept while its tenant's place is under it
+			if m := parseMeta(t, b.Client, state); len(m.Weights) != 1 || m.Weights[0].End != clk.us() {
 				fail("the weight cleared", m.Weights)
+			}
+			c.one(t, b, tag, c.of(name, acquire(1, 0)))
+			if m := parseMeta(t, b.Client, state); len(m.Weights) != 0 {
+				fail("the cleared weight, once its tenant asked again", m.Weights)
 			}
 			// n above the caps
 			before := snapshot(t, b.Client, state, tag+":q", tag+":t:A")
@@ -891,6 +895,99 @@ func TestTenantWeightsAndEdges(t *testing.T) {
 					}
 				}
 				b.Client.Del(ctx, k.key)
+			}
+		}
+	})
+}
+
+// A tenant holds one place in the queue, under its weight now: when an operator sets,
+// changes, clears or outlives its weight, the place it queued under the weight before moves
+// to the weight now (its finish tag kept, W changed by the difference) at the tenant's next
+// request, or at once for a change of an operator's weight; an inspect reads the place where
+// it is. An operator's weight that ended stays in the meta while a place may be under it.
+func TestWeightChangeMovesThePlace(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		for _, a := range allAlgos {
+			tag := tagOf(b, "wmove"+a.tag)
+			clk := newClock(t, b, tag)
+			c := call{a: a, limits: []limit{{10, sec, 10}}}
+			fail := func(what string, got any) {
+				t.Helper()
+				t.Fatalf("%s: %s: %v\n%v", a.tag, what, got, snapshot(t, b.Client, tag+":l", tag+":q"))
+			}
+			queue := func() string {
+				t.Helper()
+				var s []string
+				for _, z := range b.Client.ZRangeWithScores(ctx, tag+":q", 0, -1).Val() {
+					s = append(s, fmt.Sprintf("%s=%g", z.Member, z.Score))
+				}
+				return strings.Join(s, " ")
+			}
+			W := func() int64 {
+				t.Helper()
+				if m := parseMeta(t, b.Client, tag+":l"); m.Fair != nil {
+					return m.Fair.W
+				}
+				return 0
+			}
+			weight := func(x, units int64) *protocol.Request {
+				return &protocol.Request{Op: protocol.OpWeight, X: x, Units: units, Queue: keys.FairQueue, Tenant: "A"}
+			}
+			A := func() *protocol.Request { return c.of("A", acquire(1, 0)) } // denied by its turn: its place stays
+			c.run(t, b, tag, A(), A(), A(), c.of("B", acquire(1, 0)))
+			if q := queue(); q != "1000000 B=100000 1000000 A=300000" || W() != 2000000 {
+				fail("A's and B's places", fmt.Sprint(q, " W ", W()))
+			}
+			// an operator sets A's weight: its place moves at its next request
+			c.one(t, b, tag, weight(10*sec, 500000))
+			got := c.one(t, b, tag, c.of("A", inspect()))
+			if e := got.extra[6+3:]; len(e) < 2 || e[0] <= 0 || e[1] != 500000 {
+				fail("A's inspect before it asks again: its place, read where it is, at the weight set", got)
+			}
+			c.one(t, b, tag, A())
+			if q := queue(); q != "1000000 B=100000 500000 A=300000" || W() != 1500000 {
+				fail("A's place at weight 0.5", fmt.Sprint(q, " W ", W()))
+			}
+			// changed by the operator: at once
+			c.one(t, b, tag, weight(10*sec, 3000000))
+			if q := queue(); q != "1000000 B=100000 3000000 A=300000" || W() != 4000000 {
+				fail("A's place at weight 3", fmt.Sprint(q, " W ", W()))
+			}
+			// cleared: kept ended in the meta until A's place moves back to its callers' weight
+			c.one(t, b, tag, weight(0, 1))
+			if m := parseMeta(t, b.Client, tag+":l"); len(m.Weights) != 1 || m.Weights[0].End > clk.us() {
+				fail("the cleared weight, ended", m.Weights)
+			}
+			c.one(t, b, tag, A())
+			if q := queue(); q != "1000000 B=100000 1000000 A=300000" || W() != 2000000 {
+				fail("A's place back at weight 1", fmt.Sprint(q, " W ", W()))
+			}
+			if m := parseMeta(t, b.Client, tag+":l"); len(m.Weights) != 0 {
+				fail("the ended weight, once no place is under it", m.Weights)
+			}
+			// and ended by time
+			c.one(t, b, tag, weight(100*ms, 2000000))
+			c.one(t, b, tag, A())
+			clk.add(t, 150*time.Millisecond)
+			c.one(t, b, tag, c.of("B", acquire(1, 0)))
+			if m := parseMeta(t, b.Client, tag+":l"); len(m.Weights) != 1 {
+				fail("the weight ended by time, A's place still under it", m.Weights)
+			}
+			c.one(t, b, tag, A())
+			if q := queue(); !strings.Contains(q, "1000000 A=300000") || strings.Contains(q, "2000000 A") {
+				fail("A's place back at weight 1 after the weight's end", q)
+			}
+			if m := parseMeta(t, b.Client, tag+":l"); len(m.Weights) != 0 {
+				fail("the weight ended by time, no place under it", m.Weights)
+			}
+			// an ended weight goes with the place under it when the clock passes that place
+			c.one(t, b, tag, &protocol.Request{Op: protocol.OpWeight, X: 100 * ms, Units: 2000000, Queue: keys.FairQueue, Tenant: "B"})
+			c.one(t, b, tag, c.of("B", acquire(1, 0)))
+			clk.add(t, 10*time.Second)
+			c.one(t, b, tag, A())
+			if m := parseMeta(t, b.Client, tag+":l"); len(m.Weights) != 0 || !strings.Contains(queue(), "A=") {
+				fail("B's ended weight once the clock passed its place, A queued", fmt.Sprint(m.Weights, queue()))
 			}
 		}
 	})
@@ -1020,7 +1117,8 @@ func batchVsLone(t *testing.T, b *redistest.Backend, a algo, variant, rounds int
 				switch pick(3) {
 				case 1:
 					// the group's inspect of the queue lists what is stored: not yet the
-					// tenants this call queued before it (lone calls would see them)
+					// tenants this call queued or moved (a weight) before it (lone calls
+					// would see them)
 					if !queued {
 						r.Queue = keys.FairQueue
 					}
@@ -1049,7 +1147,7 @@ func batchVsLone(t *testing.T, b *redistest.Backend, a algo, variant, rounds int
 				r = &protocol.Request{Op: "z"} // ErrArg
 			}
 			reqs[i] = r
-			queued = queued || (r.Op == protocol.OpAcquire && r.Tenant != "")
+			queued = queued || (r.Tenant != "" && (r.Op == protocol.OpAcquire || r.Op == protocol.OpWeight))
 		}
 		before := snapshot(t, b.Client, keysUnder(tagA, suffixes)...) // for the failure's message
 		var want []res

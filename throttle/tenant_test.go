@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand"
 	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -146,13 +147,14 @@ type tenantWaiter struct {
 	ticket int64
 }
 
-// runHolders steps the timeline every step for d, each holder asking when its time
-// comes, and returns the permits each tenant got that took effect within [from, d).
+// runHolders steps the timeline every step from where it stands until d, each holder
+// asking when its time comes, and returns the permits each tenant got that took effect
+// within [from, d). (It never turns the servers' clocks back.)
 func runHolders(t *testing.T, tl *timeline, hs []*tenantWaiter, from, d, step time.Duration) map[string]int {
 	t.Helper()
 	ctx := context.Background()
 	got := map[string]int{}
-	for at := time.Duration(0); at < d; at += step {
+	for at := tl.now.Sub(redistest.Epoch); at < d; at += step {
 		tl.at(at)
 		for _, h := range hs {
 			if tl.now.Before(h.next) {
@@ -627,6 +629,48 @@ func TestTenantWaitCancelledGivesItsPlaceBack(t *testing.T) {
 		g, err := acme.acquire(context.Background(), 1, time.Hour, nil, 0, true) // (after the give-backs: settle)
 		if err != nil || !g.granted || g.wait > 250*ms {
 			t.Fatalf("acme alone on an idle limiter 1s later: %+v %v, want granted within the horizon", g, err)
+		}
+	})
+}
+
+// An operator's weight counts for the requests its tenant has queued: two processes'
+// waiters of tenants x and y share a limit equally; an operator (in the second process)
+// cuts x's weight to 0.25, and once x's waiters ask again x holds one place in the fair
+// share, at its new weight (W 1.25, not x counted under both weights: a cut that first
+// raised x's share), and gets a fifth of the limit.
+func TestOverrideWeightCountsAtOnce(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		tl := newTimeline(t, b)
+		procs := []*Limiter{tl.limiter("cut-weight", PerSecond(40))}
+		procs = append(procs, ctlLimiterOn(tl, ctlOtherClient(t, b), "cut-weight", PerSecond(40)))
+		var hs []*tenantWaiter
+		for i := 0; i < 8; i++ {
+			p := procs[i%2]
+			hs = append(hs, &tenantWaiter{l: p.Tenant("x")}, &tenantWaiter{l: p.Tenant("y")})
+		}
+		got := runHolders(t, tl, hs, time.Second, 3*time.Second, 5*ms)
+		if ratio := float64(got["x"]) / float64(got["y"]); ratio < 0.9 || ratio > 1.1 {
+			t.Fatalf("x and y of equal weights: x %d, y %d (%.2f), want about 1:1", got["x"], got["y"], ratio)
+		}
+		if err := procs[1].Tenant("x").OverrideWeight(ctx, time.Hour, 0.25); err != nil {
+			t.Fatal(err)
+		}
+		runHolders(t, tl, hs, 0, 3*time.Second+100*ms, 5*ms) // (x's waiters ask again)
+		st, err := procs[0].Inspect(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ws []string
+		for _, ts := range st.Tenants {
+			ws = append(ws, fmt.Sprintf("%s %g", ts.Name, ts.Weight))
+		}
+		if sort.Strings(ws); fmt.Sprint(ws) != "[x 0.25 y 1]" || st.QueuedWeight != 1.25 {
+			t.Fatalf("the fair share after the cut: tenants %v, W %g; want x once at 0.25, y at 1, W 1.25", ws, st.QueuedWeight)
+		}
+		got = runHolders(t, tl, hs, 3*time.Second+500*ms, 5*time.Second+500*ms, 5*ms)
+		if ratio := float64(got["x"]) / float64(got["y"]); ratio < 0.2 || ratio > 0.3 {
+			t.Fatalf("after x's weight was cut to 0.25: x %d, y %d (%.2f), want about 1:4", got["x"], got["y"], ratio)
 		}
 	})
 }

@@ -232,7 +232,7 @@ type Meta struct {
 	PauseEnd int64     // when a pause ends, µs of the server's clock; 0: none
 	Override *Override // nil: none
 	Fair     *Fair     // nil: no tenant has requests queued
-	Weights  []Weight  // operators' weights for tenants, in force until their ends
+	Weights  []Weight  // operators' weights for tenants, in force until their ends (an ended one stays while its tenant may hold a place under it)
 	// Drift is another process's head that the last writer replaced (other limits on
 	// the same key), and when; "" when none was lately.
 	Drift   string

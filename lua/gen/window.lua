@@ -415,14 +415,15 @@ end
 
 -- fs is the fair share's bookkeeping in a call: its queue's key, the clock f (moved to now
 -- once, walk), the finish tags read (finish: false for none, or passed by the clock) and to
--- write (queued) by member "<weight units> <name>", how many members the clock passed that
+-- write (queued) by member "<weight units> <name>", the members to take out (removed: a
+-- tenant's place moved to another weight, rekey), how many members the clock passed that
 -- the queue still holds, fresh (the clock passed them all: the writes make the queue anew),
 -- and changed (the clock or the queue changed: the meta is written).
 -- turn's reads of the queue (stored, storedF, more, reach) and this call's finish tags in
 -- order (mine) come with the first turn. move moves the clock had (nil: none) of the queue
 -- at qkey to now as fs's clock, and returns the members it passed (drop).
 local function fair_share()
-  return {key = nil, f = nil, finish = {}, queued = {}, passed = 0, fresh = false, changed = false}
+  return {key = nil, f = nil, finish = {}, queued = {}, removed = {}, passed = 0, fresh = false, changed = false}
 end
 local function move(fs, had, qkey)
   local f, gone = walk(qkey, had)
@@ -464,6 +465,7 @@ local function clock_line(f)
 end
 
 -- keep_queue writes the finish tags a call set (queued, by member) to the queue at qkey,
+-- having taken out the members removed (no member is both),
 -- kept as long as its clock f lives (while tenants are queued). A queue it makes (fresh:
 -- the clock passed every member, or there was none) is made a skiplist: its ZADD adds
 -- first a member no tenant's can be (no weight before a space) and longer than Redis's
@@ -471,7 +473,10 @@ end
 -- never turns back into a listpack. A listpack reads the scores it passes as text at every
 -- insert and read (bench/RESULTS.md, "The queue a skiplist").
 local SKIPLIST = 'jobthrottle: the fair share queue is kept a skiplist by this member longer than a listpack takes'
-local function keep_queue(qkey, f, queued, fresh)
+local function keep_queue(qkey, f, queued, fresh, removed)
+  if removed and removed[1] then
+    redis.call('ZREM', qkey, unpack(removed))
+  end
   if f.W > 0 then
     local zadd, first = {}, 1 -- (one ZADD for all)
     if fresh then
@@ -554,16 +559,22 @@ end
 -- gives back the place S of a caller that leaves (m of weight u with finish tag F, its
 -- request's cost taking ct µs): F goes back by that cost (no further than the clock's V)
 -- while the place still counts in a queue not emptied since. Once a turn has read the
--- queue (fs.mine), queue keeps turn's lists in order: m leaves the stored members and
--- takes its place among this call's.
+-- queue (fs.mine), queue keeps turn's lists in order: m leaves the stored members or this
+-- call's (leave) and takes its place among this call's. rekey moves a tenant's place from
+-- member old (finish tag F0; its weight, its name's first word, leaves W) to member m of
+-- weight u (finish tag F, false: none), at the later tag, which it returns.
+local function leave(fs, m)
+  local old = fs.queued[m]
+  local list, was = old and fs.mine or fs.stored, old or fs.storedF[m]
+  local i = was and spot(list, was, m)
+  if i and list[i] and list[i][1] == m then
+    table.remove(list, i)
+  end
+end
 local function queue(fs, m, F, W)
-  local f, mine, old = fs.f, fs.mine, fs.queued[m]
+  local f, mine = fs.f, fs.mine
   if mine then
-    local list, was = old and mine or fs.stored, old or fs.storedF[m]
-    local i = was and spot(list, was, m)
-    if i and list[i] and list[i][1] == m then
-      table.remove(list, i)
-    end
+    leave(fs, m)
     table.insert(mine, spot(mine, F, m), {m, F})
   end
   fs.finish[m], fs.queued[m], f.W, f.Fmax, fs.changed = F, F, W, math.max(f.Fmax, F), true
@@ -573,6 +584,15 @@ local function unqueue(fs, m, u, F, S, ct)
   if F and S and f.W > 0 and S <= f.Fmax + 1 and F > f.V then
     queue(fs, m, math.max(f.V, F - ct * 1000000 / u), f.W)
   end
+end
+local function rekey(fs, old, F0, m, F, u)
+  if fs.mine then
+    leave(fs, old)
+  end
+  fs.finish[old], fs.queued[old], fs.removed[#fs.removed + 1] = false, nil, old
+  local G = F and math.max(F, F0) or F0
+  queue(fs, m, G, fs.f.W - tonumber(string.match(old, '^(%d+) ')) + (F and 0 or u))
+  return G
 end
 
 -- turn returns µs from now until start tag S may book (S <= V + h / W), V moving as the
@@ -953,7 +973,7 @@ end
 local function rates(st, new, at)
 end
 
--- [limiter.lua from line 631]
+-- [limiter.lua from line 651]
 -- @cold: the request loop, for every call the fast paths did not decide.
 
 -- read_head is parse_head with the parts always given, each with its limits (lim) and the
@@ -992,7 +1012,7 @@ local base = string.match(KEYS[1] or '', '^(.*:)l$')
 -- it has ended, as the writes drop it: a batch sees what calls one by one see), over = {end, set,
 -- {{r, b}, ...}}, fair = {V, W, tV, Fmax}, drift = {at, head}, weights = {[name] = {end,
 -- units}}}, or nil for a text not ours; format_meta writes it back, leaving out what no
--- longer matters (the drift line after DRIFT_SHOWN µs).
+-- longer matters (the drift line after DRIFT_SHOWN µs; the writes drop operators' weights).
 local DRIFT_SHOWN = 60000000
 local function parse_meta(text)
   local i = string.find(text, '\n', 1, true)
@@ -1053,10 +1073,8 @@ local function format_meta(m)
   if d and d[1] > now - 60000000 then
     text = text .. string.format('\nd %d ', d[1]) .. d[2]
   end
-  for name, w in pairs(m.weights) do -- in order: the same weights make the same text
-    if w[1] > now then
-      names[#names + 1] = name
-    end
+  for name in pairs(m.weights) do -- in order: the same weights make the same text
+    names[#names + 1] = name
   end
   table.sort(names)
   for _, name in ipairs(names) do
@@ -1364,7 +1382,19 @@ local function fair(qkey, readonly)
   if readonly then
     return (walk(qkey, had))
   end
-  drop(qkey, move(fs, had, qkey), had and had.W or 0)
+  local gone = move(fs, had, qkey)
+  drop(qkey, gone, had and had.W or 0)
+  if next(meta.weights) then -- an operator's weight that ended goes with the place under it
+    local passed = {}
+    for j = 1, #gone do
+      passed[gone[j]] = true
+    end
+    for name, w in pairs(meta.weights) do
+      if w[1] <= now and (gone.all or passed[string.format('%d ', w[2]) .. name]) then
+        meta.weights[name] = nil
+      end
+    end
+  end
   -- (separate statements: common.lua says why)
   fair_key = qkey
   fs.passed = 0
@@ -1372,16 +1402,34 @@ local function fair(qkey, readonly)
   return fs.f
 end
 
--- member returns a tenant's queue member, its weight in millionths (an operator's while it
--- lasts, else the caller's) and its finish tag in the queue at KEYS[q.q] (false: none).
-local function member(q)
-  local w = meta.weights[q.tenant]
-  local u = w and w[1] > now and w[2] or q.units or 1000000
-  local name = string.format('%d ', u) .. q.tenant
-  if fs.finish[name] == nil then
-    fs.finish[name] = score(redis.call('ZSCORE', KEYS[q.q], name) or nil) or false
+-- finish_of returns member m's finish tag in the queue at qkey (false: none), read once a
+-- call. member returns a tenant's queue member, its weight in millionths (an operator's
+-- while it lasts, else the caller's) and its finish tag in the queue at KEYS[q.q]. A tenant
+-- holds one place, under its weight now: while an operator's weight is in the meta (in
+-- force or ended: an ended one stays while tenants are queued, until its tenant's next
+-- request), the place the tenant holds under the other of its weights (the caller's, the
+-- operator's) moves to it (rekey), so that the requests it queued count with its weight
+-- now, not beside it; an inspect (readonly) reads that place where it is.
+local function finish_of(qkey, m)
+  if fs.finish[m] == nil then
+    fs.finish[m] = score(redis.call('ZSCORE', qkey, m) or nil) or false
   end
-  return name, u, fs.finish[name]
+  return fs.finish[m]
+end
+local function member(q, readonly)
+  local w, mine, qkey = meta.weights[q.tenant], q.units or 1000000, KEYS[q.q]
+  local u = w and w[1] > now and w[2] or mine
+  local name = string.format('%d ', u) .. q.tenant
+  local F = finish_of(qkey, name)
+  local old = w and string.format('%d ', u == mine and w[2] or mine) .. q.tenant
+  local F0 = old and old ~= name and finish_of(qkey, old)
+  if F0 then
+    F = readonly and math.max(F or F0, F0) or rekey(fs, old, F0, name, F, u)
+  end
+  if w and w[1] <= now and not readonly then -- ended: no place of the tenant's is under it now
+    meta.weights[q.tenant], fs.changed = nil, true
+  end
+  return name, u, F
 end
 
 -- queue_foreign returns the failure of the fair share's key KEYS[i] when it holds another
@@ -1717,7 +1765,7 @@ local function inspect(r, q)
   end
   limits(G, true)
   if q.tenant then
-    local _, u, F = member(q)
+    local _, u, F = member(q, true)
     d[#d + 1], d[#d + 2] = (F and F > f.V) and math.ceil((F - f.V) * f.W / 1000000) or -1, u
     if q.c then
       local C
@@ -1772,8 +1820,17 @@ local function control(r, q)
     if meta.fair and meta.fair.tV > now then
       meta.fair.tV = now
     end
-  elseif op == 'W' then
-    meta.weights[q.tenant] = q.x > 0 and {now + q.x, q.units} or nil
+  elseif op == 'W' then -- (a cleared weight ends now, and stays while a place is under it)
+    local w = meta.weights[q.tenant]
+    local old = w and q.q and not queue_foreign(q.q) and string.format('%d ', w[2]) .. q.tenant
+    if old and redis.call('ZSCORE', KEYS[q.q], old) then -- (the queue holds a place of ours)
+      fair(KEYS[q.q])
+    end
+    local held = old and fs.f and finish_of(KEYS[q.q], old)
+    meta.weights[q.tenant] = q.x > 0 and {now + q.x, q.units} or held and {math.min(w[1], now), w[2]} or nil
+    if held and q.x > 0 then -- the place under the weight replaced moves now
+      member({tenant = q.tenant, units = w[2], q = q.q})
+    end
   else
     meta.over = op == 'o' and {now + (q.x > 0 and q.x or 35184372088832), now, q.rates} or nil
     lim, lower, oend = in_force(given, meta.over)
@@ -1795,6 +1852,13 @@ for r = 1, k do
     local why = (op == 'a' and acquire or op == 'c' and cancel or op == 'i' and inspect
       or op == 's' and settle or control)(r, q)
     ext[r], served = why or ext[r], served or (not why and op ~= 'i')
+    if not why and op ~= 'i' and not (meta.fair and meta.fair.W > 0) then
+      for name, w in pairs(meta.weights) do -- an operator's weight that ended, once no tenant is
+        if w[1] <= now then -- queued (after each request that writes, as lone calls drop them)
+          meta.weights[name], fs.changed = nil, true
+        end
+      end
+    end
   end
   if foreign_part(G) then -- a read after load found the state foreign: it fails every request
     return reply({}, k, {}, foreign_part(G))
@@ -1809,7 +1873,7 @@ end
 if served then
   local kept, f = kept_us(data_keep()), meta.fair
   if f and fair_key then -- (queued only after the clock moved)
-    keep_queue(fair_key, f, fs.queued, fs.fresh)
+    keep_queue(fair_key, f, fs.queued, fs.fresh, fs.removed)
   end
   if dirty() then
     -- a head replaced (another process's, with other limits) is noted
