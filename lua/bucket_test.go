@@ -1,12 +1,14 @@
 package lua
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/internal/keys"
 	"github.com/jobthrottle/jobthrottle/internal/protocol"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"golang.org/x/time/rate"
@@ -323,6 +325,58 @@ func TestBucketRateChanges(t *testing.T) {
 		clk.add(t, 1100*time.Millisecond) // 1s at 1/s, then 100ms at 10/s: 2 tokens
 		if got := c.one(t, b, tag, acquire(2, 0)); got.v[0] != 1 {
 			t.Fatalf("after the override's end: %v, want 2 tokens", got)
+		}
+	})
+}
+
+// A bucket can be full while a booking still lies ahead: an override refills it faster
+// than the rate the booking was made at. Its state keeps the booking's time until it is
+// due (Inspect's BookedAhead; a cancel of an earlier booking counts from it), so the same
+// requests reply and leave the keys alike made one by one (a resume or a clear writes the
+// full bucket) and in one call; once nothing lies ahead, a full bucket's data goes, the
+// override's meta alone kept. Bookings at +1s and +2s of 1 per second, then 100 per
+// second: full by +30ms.
+func TestBucketFullWithABookingAhead(t *testing.T) {
+	c := call{a: tokenBucket, limits: []limit{{1, sec, 1}}}
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		tagA, tagB := tagOf(b, "fullaheadA"), tagOf(b, "fullaheadB")
+		clk := newClock(t, b, tagA, tagB)
+		for _, tag := range []string{tagA, tagB} {
+			c.run(t, b, tag, acquire(1, 0), acquire(1, 3*sec), acquire(1, 3*sec), override(0, 100, 1))
+		}
+		clk.add(t, 50*time.Millisecond)
+		reqs := []*protocol.Request{resume(), inspect(), clearOver(), inspect(), cancel(1, tok(sec)), inspect()}
+		var lone []res
+		for _, r := range reqs {
+			lone = append(lone, c.one(t, b, tagA, r))
+		}
+		batch := c.run(t, b, tagB, reqs...)
+		for i := range reqs {
+			g, w := batch[i], lone[i]
+			if b.Real() && g.extra != nil && w.extra != nil {
+				g.extra[3] = w.extra[3] // the fake clock stretches TTLs
+			}
+			if comparable(g) != comparable(w) {
+				t.Fatalf("request %d of %s: one call %v, lone calls %v", i+1, texts(reqs), g, w)
+			}
+		}
+		if ahead := lone[5].extra[1]; ahead != 1950*ms {
+			t.Errorf("BookedAhead %dµs, want 1950ms (the booking at +2s)", ahead)
+		}
+		if lone[4].v[0] != 0 {
+			t.Errorf("cancel of the booking at +1s: %v, want nothing freed (the booking after it, counted at 100 per second, outweighs it)", lone[4])
+		}
+		sameUnder(t, b, tagA, tagB, []string{keys.State}, "after "+texts(reqs))
+		if ttl := b.Client.PTTL(context.Background(), tagA+":"+keys.State).Val(); !b.Real() && ttl != 1950*time.Millisecond {
+			t.Errorf("state TTL %v, want 1.95s (until the booking)", ttl)
+		}
+		// at +2s nothing lies ahead: the full bucket's data goes, an override's meta stays
+		clk.set(t, redistest.Epoch.Add(2*time.Second))
+		for _, tag := range []string{tagA, tagB} {
+			c.run(t, b, tag, override(0, 100, 1), resume())
+			if m, alone := meta(t, b.Client, tag+":"+keys.State); m == "" || !alone {
+				t.Errorf("%s at +2s: meta %q alone %v, want the override's meta alone", tag, m, alone)
+			}
 		}
 	})
 }

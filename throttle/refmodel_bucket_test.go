@@ -305,8 +305,10 @@ func (m *bucketModel) detail(now int64) (avail []int, booked int, ahead int64) {
 
 // needed is how long the state is needed from now: until every bucket is full, at the
 // rates in force and, from an override's end on, at the callers' with the tokens held at
-// the end. (A bucket full at an override's lower burst is not full at the callers', and
-// an absent state would be: full at the limits in force when it is read.)
+// the end, and until the latest booking (a change of limits can fill a bucket before it,
+// and a cancel still counts from it). (A bucket full at an override's lower burst is not
+// full at the callers', and an absent state would be: full at the limits in force when it
+// is read.)
 func (m *bucketModel) needed(now int64) int64 {
 	m.ended(now)
 	if m.lims == nil {
@@ -324,7 +326,7 @@ func (m *bucketModel) needed(now int64) int64 {
 				full = o.end - now + ratCeil(new(big.Rat).Quo(new(big.Rat).Sub(rat(int64(b)), tok), rate))
 			}
 		}
-		need = max(need, full)
+		need = max(need, full, l.lastEvent-now)
 	}
 	return need
 }

@@ -60,7 +60,11 @@ end
 --          limits, at its override's rates until the override's end
 -- An absent key is full buckets, at the limits in force when it is read. The key's TTL is
 -- the time until every bucket is full, at the limits in force and, from an override's end
--- on, at the callers' (keep_us).
+-- on, at the callers' (keep_us), or until the latest booking when that is later: limits
+-- changed since a booking (a faster rate or a lower burst: an override, its clear or end, a
+-- deploy) can fill a bucket while the booking still lies ahead, and its time e still counts
+-- (a cancel's restore, Inspect's ahead_us), so that full state is kept, not written as
+-- absent; a full state with nothing booked ahead goes as before.
 --
 -- Rules (x/time/rate's advance, reserveN, CancelAt, SetLimitAt, SetBurstAt), per limit:
 --   tokens at t >= last: min(b·p, u + (t - last)·r)
@@ -267,9 +271,9 @@ local function keep_us(st, lim, now, oend, reset)
 end
 
 local function report(st, lim, now, oend)
-  local remaining, reset = 1000000000, 0
+  local remaining, reset, ahead = 1000000000, 0, 0
   for j = 0, 5 * #lim - 5, 5 do
-    local u, r, p, b = st[j + 1], st[j + 2], st[j + 3], st[j + 4]
+    local u, r, p, b, e = st[j + 1], st[j + 2], st[j + 3], st[j + 4], st[j + 5] - now
     local whole, short = (u - u % p) / p, b * p - u -- floor(u / p); ticks short of full
     local wait = (short - short % r) / r -- ceil(short / r)
     if short % r > 0 then
@@ -281,8 +285,12 @@ local function report(st, lim, now, oend)
     if wait > reset then
       reset = wait
     end
+    if e > ahead then
+      ahead = e
+    end
   end
-  return remaining > 0 and remaining or 0, reset, oend and oend > 0 and keep_us(st, lim, now, oend, reset) or reset
+  local keep = oend and oend > 0 and keep_us(st, lim, now, oend, reset) or reset
+  return remaining > 0 and remaining or 0, reset, keep > ahead and keep or ahead
 end
 
 local function save(st, key, keep, meta, bare)
@@ -1037,7 +1045,7 @@ local function reply(out, k, ext, why)
   return out
 end
 
--- [bucket.lua from line 258]
+-- [bucket.lua from line 266]
 -- @cold: what follows only the driver's request loop needs (see lua/internal/gen).
 
 local function give(st, lim, n, token, now)
