@@ -198,8 +198,18 @@ func (c *TestCluster) Addrs() []string {
 // StartClusterWithReplicas starts a Redis Cluster of n masters, each with r replicas,
 // on free ports, with the given cluster-node-timeout (how long a node may be silent
 // before the others fail it over): it starts the nodes, splits the 16384 slots between
-// the masters, joins every node, makes the replicas replicate their masters, and waits
-// until every node reports cluster_state:ok and every replica's link is up.
+// the masters, gives each node a config epoch of its own (1, 2, … as redis-cli --cluster
+// create does), joins every node, makes the replicas replicate their masters, and waits
+// until every node reports cluster_state:ok, knows the greatest epoch given, and every
+// replica's link is up.
+//
+// Without epochs of their own the nodes (each at 0) settle their collisions by gossip,
+// one stepping past another, and for a while a node may not know another's latest. A
+// slot moved to such a node (SlotMove) can end with an epoch below the source's: CLUSTER
+// SETSLOT NODE takes the target past the greatest epoch it knows of, no further. A node
+// that still maps the slot to the source then tells the target (an UPDATE) to give it
+// back, though the source has handed it on, and the two answer MOVED to each other for
+// good.
 func StartClusterWithReplicas(n, r int, nodeTimeout time.Duration) (*TestCluster, error) {
 	c := &TestCluster{}
 	var nodes []*Server
@@ -214,23 +224,32 @@ func StartClusterWithReplicas(n, r int, nodeTimeout time.Duration) (*TestCluster
 	c.Masters, c.Replicas = nodes[:n], nodes[n:]
 	ctx := context.Background()
 	host, port, _ := net.SplitHostPort(nodes[0].Addr)
-	for i, s := range nodes {
+	do := func(s *Server, args ...any) error {
 		cl := redis.NewClient(&redis.Options{Addr: s.Addr})
-		var err error
+		defer cl.Close()
+		if err := cl.Do(ctx, args...).Err(); err != nil {
+			return fmt.Errorf("cluster setup on %s: %v: %w", s.Addr, args, err)
+		}
+		return nil
+	}
+	for i, s := range nodes { // SET-CONFIG-EPOCH only before the node meets others
 		if i < n {
-			lo, hi := i*16384/n, (i+1)*16384/n-1
-			err = cl.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", lo, hi).Err()
+			if err := do(s, "CLUSTER", "ADDSLOTSRANGE", i*16384/n, (i+1)*16384/n-1); err != nil {
+				return nil, err
+			}
 		}
-		if err == nil && i > 0 {
-			err = cl.Do(ctx, "CLUSTER", "MEET", host, port).Err()
+		if err := do(s, "CLUSTER", "SET-CONFIG-EPOCH", i+1); err != nil {
+			return nil, err
 		}
-		cl.Close()
-		if err != nil {
-			return nil, fmt.Errorf("cluster setup on %s: %w", s.Addr, err)
+	}
+	for _, s := range nodes[1:] {
+		if err := do(s, "CLUSTER", "MEET", host, port); err != nil {
+			return nil, err
 		}
 	}
 	deadline := time.Now().Add(60 * time.Second) // generous: a loaded machine is slow to gossip
-	if err := waitNodes(ctx, c.Addrs(), deadline, fmt.Sprintf("cluster_known_nodes:%d", len(nodes))); err != nil {
+	known := fmt.Sprintf("cluster_known_nodes:%d\r\n", len(nodes))
+	if err := waitNodes(ctx, c.Addrs(), deadline, func(info string) bool { return strings.Contains(info, known) }); err != nil {
 		return nil, err
 	}
 	for i, s := range c.Replicas {
@@ -266,19 +285,21 @@ func StartClusterWithReplicas(n, r int, nodeTimeout time.Duration) (*TestCluster
 			return nil, fmt.Errorf("cluster setup on %s: %w", s.Addr, err)
 		}
 	}
-	if err := waitNodes(ctx, c.Addrs(), deadline, "cluster_state:ok"); err != nil {
+	// every node knows the greatest epoch given: a slot's new owner takes one past it
+	if err := waitNodes(ctx, c.Addrs(), deadline, func(info string) bool { return infoInt(info, "cluster_current_epoch") >= len(nodes) }); err != nil {
 		return nil, err
 	}
 	return c, nil
 }
 
-// waitNodes waits until CLUSTER INFO on every node holds want (and cluster_state:ok).
-func waitNodes(ctx context.Context, addrs []string, deadline time.Time, want string) error {
+// waitNodes waits until CLUSTER INFO on every node says cluster_state:ok and ready
+// holds for it.
+func waitNodes(ctx context.Context, addrs []string, deadline time.Time, ready func(info string) bool) error {
 	for _, a := range addrs {
 		c := redis.NewClient(&redis.Options{Addr: a})
 		for {
 			info, err := c.ClusterInfo(ctx).Result()
-			if err == nil && strings.Contains(info, "cluster_state:ok") && strings.Contains(info, want) {
+			if err == nil && strings.Contains(info, "cluster_state:ok") && ready(info) {
 				break
 			}
 			if time.Now().After(deadline) {
@@ -290,4 +311,16 @@ func waitNodes(ctx context.Context, addrs []string, deadline time.Time, want str
 		c.Close()
 	}
 	return nil
+}
+
+// infoInt returns the integer field of a CLUSTER INFO reply, or -1 without it.
+func infoInt(info, field string) int {
+	for _, line := range strings.Split(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			if n, err := strconv.Atoi(v); err == nil {
+				return n
+			}
+		}
+	}
+	return -1
 }

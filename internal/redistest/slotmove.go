@@ -134,10 +134,12 @@ func (m *SlotMove) Keys() {
 }
 
 // End gives the slot to the target: SETSLOT NODE on the target, the source, then the
-// other master.
+// other master. The target goes first, as in Redis's resharding steps and redis-cli's
+// reshard: a source told first redirects the slot to a target still importing it,
+// which redirects it back until it is told too.
 func (m *SlotMove) End() {
 	m.t.Helper()
-	for _, n := range m.nodes {
+	for _, n := range []*redis.Client{m.Target(), m.Source(), m.nodes[2]} {
 		m.do(n, "cluster", "setslot", m.slot, "node", m.ids[1])
 	}
 }
