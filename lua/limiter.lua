@@ -210,15 +210,15 @@ end
 
 -- fs is the fair share's bookkeeping in a call: its queue's key, the clock f (moved to now
 -- once, walk), the finish tags read (finish: false for none, or passed by the clock) and to
--- write (queued) by member "<weight units> <name>", the members to take out (removed: a
--- tenant's place moved to another weight, rekey), how many members the clock passed that
+-- write (queued) by member "<weight units> <name>", the members to take out (removed, nil
+-- for none: a tenant's place moved to another weight, rekey), how many members the clock passed that
 -- the queue still holds, fresh (the clock passed them all: the writes make the queue anew),
 -- and changed (the clock or the queue changed: the meta is written).
 -- turn's reads of the queue (stored, storedF, more, reach) and this call's finish tags in
 -- order (mine) come with the first turn. move moves the clock had (nil: none) of the queue
 -- at qkey to now as fs's clock, and returns the members it passed (drop).
 local function fair_share()
-  return {key = nil, f = nil, finish = {}, queued = {}, removed = {}, passed = 0, fresh = false, changed = false}
+  return {key = nil, f = nil, finish = {}, queued = {}, removed = nil, passed = 0, fresh = false, changed = false}
 end
 local function move(fs, had, qkey)
   local f, gone = walk(qkey, had)
@@ -269,7 +269,7 @@ end
 -- insert and read (bench/RESULTS.md, "The queue a skiplist").
 local SKIPLIST = 'jobthrottle: the fair share queue is kept a skiplist by this member longer than a listpack takes'
 local function keep_queue(qkey, f, queued, fresh, removed)
-  if removed and removed[1] then
+  if removed then
     redis.call('ZREM', qkey, unpack(removed))
   end
   if f.W > 0 then
@@ -384,6 +384,7 @@ local function rekey(fs, old, F0, m, F, u)
   if fs.mine then
     leave(fs, old)
   end
+  fs.removed = fs.removed or {}
   fs.finish[old], fs.queued[old], fs.removed[#fs.removed + 1] = false, nil, old
   local G = F and math.max(F, F0) or F0
   queue(fs, m, G, fs.f.W - tonumber(string.match(old, '^(%d+) ')) + (F and 0 or u))
