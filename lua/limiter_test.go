@@ -989,6 +989,13 @@ func TestWeightChangeMovesThePlace(t *testing.T) {
 			if m := parseMeta(t, b.Client, tag+":l"); len(m.Weights) != 0 || !strings.Contains(queue(), "A=") {
 				fail("B's ended weight once the clock passed its place, A queued", fmt.Sprint(m.Weights, queue()))
 			}
+			// and one that ends with no place under it, while others are queued
+			c.one(t, b, tag, &protocol.Request{Op: protocol.OpWeight, X: 100 * ms, Units: 2000000, Queue: keys.FairQueue, Tenant: "C"})
+			clk.add(t, 150*time.Millisecond)
+			c.one(t, b, tag, A())
+			if m := parseMeta(t, b.Client, tag+":l"); len(m.Weights) != 0 || !strings.Contains(queue(), "A=") {
+				fail("C's ended weight, no place under it, A queued", fmt.Sprint(m.Weights, queue()))
+			}
 		}
 	})
 }

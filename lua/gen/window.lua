@@ -1373,8 +1373,16 @@ end
 -- docs/design.md), moved to now once, by the first request that needs it; an inspect
 -- (readonly) moves a copy and writes nothing. fs is the call's fair share (decide; fs.f
 -- once the clock moved), its changed also saying that a control op changed the meta;
--- fair_key is the queue the writes keep (the clock moved, or a pause froze it).
+-- fair_key is the queue the writes keep (the clock moved, or a pause froze it). Moving the
+-- clock drops the operators' weights that ended with no place under them (member). finish_of
+-- returns member m's finish tag in the queue at qkey (false: none), read once a call.
 local fs, fair_key = fair_share(), nil
+local function finish_of(qkey, m)
+  if fs.finish[m] == nil then
+    fs.finish[m] = score(redis.call('ZSCORE', qkey, m) or nil) or false
+  end
+  return fs.finish[m]
+end
 local function fair(qkey, readonly)
   if fs.f then
     return fs.f
@@ -1385,15 +1393,9 @@ local function fair(qkey, readonly)
   end
   local gone = move(fs, had, qkey)
   drop(qkey, gone, had and had.W or 0)
-  if next(meta.weights) then -- an operator's weight that ended goes with the place under it
-    local passed = {}
-    for j = 1, #gone do
-      passed[gone[j]] = true
-    end
-    for name, w in pairs(meta.weights) do
-      if w[1] <= now and (gone.all or passed[string.format('%d ', w[2]) .. name]) then
-        meta.weights[name] = nil
-      end
+  for name, w in pairs(meta.weights) do -- an operator's weight that ended, once no place is under it
+    if w[1] <= now and not finish_of(qkey, string.format('%d ', w[2]) .. name) then
+      meta.weights[name], fs.changed = nil, true
     end
   end
   -- (separate statements: common.lua says why)
@@ -1403,20 +1405,13 @@ local function fair(qkey, readonly)
   return fs.f
 end
 
--- finish_of returns member m's finish tag in the queue at qkey (false: none), read once a
--- call. member returns a tenant's queue member, its weight in millionths (an operator's
--- while it lasts, else the caller's) and its finish tag in the queue at KEYS[q.q]. A tenant
--- holds one place, under its weight now: while an operator's weight is in the meta (in
--- force or ended: an ended one stays while tenants are queued, until its tenant's next
--- request), the place the tenant holds under the other of its weights (the caller's, the
--- operator's) moves to it (rekey), so that the requests it queued count with its weight
--- now, not beside it; an inspect (readonly) reads that place where it is.
-local function finish_of(qkey, m)
-  if fs.finish[m] == nil then
-    fs.finish[m] = score(redis.call('ZSCORE', qkey, m) or nil) or false
-  end
-  return fs.finish[m]
-end
+-- member returns a tenant's queue member, its weight in millionths (an operator's while it
+-- lasts, else the caller's) and its finish tag in the queue at KEYS[q.q]. A tenant holds one
+-- place, under its weight now: while an operator's weight is in the meta (in force, or ended
+-- with a place under it, until its tenant's next request), the place the tenant holds under
+-- the other of its weights (the caller's, the operator's) moves to it (rekey), so that the
+-- requests it queued count with its weight now, not beside it; an inspect (readonly) reads
+-- that place where it is.
 local function member(q, readonly)
   local w, mine, qkey = meta.weights[q.tenant], q.units or 1000000, KEYS[q.q]
   local u = w and w[1] > now and w[2] or mine
