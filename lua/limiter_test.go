@@ -313,6 +313,11 @@ func TestDrift(t *testing.T) {
 			if got := c2.one(t, b, tag, inspect()); got.v[6] != drift {
 				t.Fatalf("%s: inspect with another head: %v, want FlagDrift", a.tag, got)
 			}
+			// the drift line lives its minute, as the state's TTL says, though the data
+			// matters no longer (a bucket: full again in 250ms)
+			if ttl := b.Client.PTTL(context.Background(), state).Val(); !b.Real() && ttl < time.Minute-time.Second {
+				t.Fatalf("%s: the state's TTL %v with a drift line just noted, want a minute", a.tag, ttl)
+			}
 		}
 		// the counter's sub-buckets are part of its head
 		tag := tagOf(b, "driftbuckets")

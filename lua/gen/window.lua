@@ -1442,7 +1442,8 @@ end
 -- kept_us is how long the state lives from now, its data mattering data µs: until neither its data
 -- nor a line of its meta matters. The writes set it; an inspect after them reports it.
 local function kept_us(data)
-  local kept = math.max(data, meta.pause - now, oend - now)
+  local d = gst.found and now or meta.drift and meta.drift[1] -- (the writes note a head found)
+  local kept = math.max(data, meta.pause - now, oend - now, d and d + 60000000 - now or 0)
   for _, w in pairs(meta.weights) do
     kept = math.max(kept, w[1] - now)
   end
