@@ -526,9 +526,9 @@ end
 -- fs is the fair share's bookkeeping in a call: its queue's key, the clock f (moved to now
 -- once, walk), the finish tags read (finish: false for none, or passed by the clock) and to
 -- write (queued) by member "<weight units> <name>", the members to take out (removed, nil
--- for none: a tenant's place moved to another weight, rekey), how many members the clock passed that
--- the queue still holds, fresh (the clock passed them all: the writes make the queue anew),
--- and changed (the clock or the queue changed: the meta is written).
+-- for none: a tenant's place moved to another weight, rekey), how many members the clock
+-- passed that the queue still holds, fresh (the clock passed them all: the writes make the
+-- queue anew), and changed (the clock or the queue changed: the meta is written).
 -- turn's reads of the queue (stored, storedF, more, reach) and this call's finish tags in
 -- order (mine) come with the first turn. move moves the clock had (nil: none) of the queue
 -- at qkey to now as fs's clock, and returns the members it passed (drop).
@@ -574,9 +574,9 @@ local function clock_line(f)
   return string.format('\nf %.17g %d %d %.17g', f.V, f.W, f.tV, f.Fmax)
 end
 
--- keep_queue writes the finish tags a call set (queued, by member) to the queue at qkey,
--- having taken out the members removed (no member is both),
--- kept as long as its clock f lives (while tenants are queued). A queue it makes (fresh:
+-- keep_queue takes the members removed out of the queue at qkey and writes the finish tags
+-- a call set (queued, by member; no member is both), the queue kept as long as its clock f
+-- lives (while tenants are queued). A queue it makes (fresh:
 -- the clock passed every member, or there was none) is made a skiplist: its ZADD adds
 -- first a member no tenant's can be (no weight before a space) and longer than Redis's
 -- zset-max-listpack-value (64 bytes by default), which it then removes, and a sorted set
@@ -1492,15 +1492,25 @@ end
 -- docs/design.md), moved to now once, by the first request that needs it; an inspect
 -- (readonly) moves a copy and writes nothing. fs is the call's fair share (decide; fs.f
 -- once the clock moved), its changed also saying that a control op changed the meta;
--- fair_key is the queue the writes keep (the clock moved, or a pause froze it). Moving the
--- clock drops the operators' weights that ended with no place under them (member). finish_of
+-- fair_key is the queue the writes keep (the clock moved, or a pause froze it). finish_of
 -- returns member m's finish tag in the queue at qkey (false: none), read once a call.
+-- ended_weights drops the operators' weights that ended with no place of their tenants'
+-- under them in the queue at qkey (nil: no tenant is queued): moving the clock calls it,
+-- and so does each request that writes while no tenant is queued (member says why they
+-- stay).
 local fs, fair_key = fair_share(), nil
 local function finish_of(qkey, m)
   if fs.finish[m] == nil then
     fs.finish[m] = score(redis.call('ZSCORE', qkey, m) or nil) or false
   end
   return fs.finish[m]
+end
+local function ended_weights(qkey)
+  for name, w in pairs(meta.weights) do
+    if w[1] <= now and not (qkey and finish_of(qkey, string.format('%d ', w[2]) .. name)) then
+      meta.weights[name], fs.changed = nil, true
+    end
+  end
 end
 local function fair(qkey, readonly)
   if fs.f then
@@ -1512,11 +1522,7 @@ local function fair(qkey, readonly)
   end
   local gone = move(fs, had, qkey)
   drop(qkey, gone, had and had.W or 0)
-  for name, w in pairs(meta.weights) do -- an operator's weight that ended, once no place is under it
-    if w[1] <= now and not finish_of(qkey, string.format('%d ', w[2]) .. name) then
-      meta.weights[name], fs.changed = nil, true
-    end
-  end
+  ended_weights(qkey)
   -- (separate statements: common.lua says why)
   fair_key = qkey
   fs.passed = 0
@@ -1939,7 +1945,7 @@ local function control(r, q)
   elseif op == 'W' then -- (a cleared weight ends now, and stays while a place is under it)
     local w = meta.weights[q.tenant]
     local old = w and q.q and not queue_foreign(q.q) and string.format('%d ', w[2]) .. q.tenant
-    if old and redis.call('ZSCORE', KEYS[q.q], old) then -- (the queue holds a place of ours)
+    if old and finish_of(KEYS[q.q], old) then -- (the queue holds a place of ours)
       fair(KEYS[q.q])
     end
     local held = old and fs.f and finish_of(KEYS[q.q], old)
@@ -1969,11 +1975,7 @@ for r = 1, k do
       or op == 's' and settle or control)(r, q)
     ext[r], served = why or ext[r], served or (not why and op ~= 'i')
     if not why and op ~= 'i' and not (meta.fair and meta.fair.W > 0) then
-      for name, w in pairs(meta.weights) do -- an operator's weight that ended, once no tenant is
-        if w[1] <= now then -- queued (after each request that writes, as lone calls drop them)
-          meta.weights[name], fs.changed = nil, true
-        end
-      end
+      ended_weights(nil) -- (after each request that writes, as lone calls drop them)
     end
   end
   if foreign_part(G) then -- a read after load found the state foreign: it fails every request
