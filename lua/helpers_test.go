@@ -560,3 +560,15 @@ func runSteps(t *testing.T, b *redistest.Backend, c call, name string, steps []s
 		}
 	}
 }
+
+// queueText is the fair share's queue at key as "member=score ..." in queue order, once
+// checkKey has read its form.
+func queueText(t testing.TB, c redis.UniversalClient, key string) string {
+	t.Helper()
+	checkKey(t, c, key)
+	var s []string
+	for _, z := range c.ZRangeWithScores(context.Background(), key, 0, -1).Val() {
+		s = append(s, fmt.Sprintf("%s=%g", z.Member, z.Score))
+	}
+	return strings.Join(s, " ")
+}

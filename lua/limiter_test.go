@@ -710,15 +710,7 @@ func TestFairShare(t *testing.T) {
 				t.Helper()
 				t.Fatalf("%s: %s: %v\n%v", a.tag, what, got, snapshot(t, b.Client, tag+":l", tag+":q", tag+":bk:x"))
 			}
-			queue := func() string {
-				t.Helper()
-				checkKey(t, b.Client, tag+":q")
-				var s []string
-				for _, z := range b.Client.ZRangeWithScores(ctx, tag+":q", 0, -1).Val() {
-					s = append(s, fmt.Sprintf("%s=%g", z.Member, z.Score))
-				}
-				return strings.Join(s, " ")
-			}
+			queue := func() string { t.Helper(); return queueText(t, b.Client, tag+":q") }
 			A := func(r *protocol.Request) *protocol.Request { return c.of("A", r) }
 			out := c.run(t, b, tag, A(acquire(1, 0)), A(acquire(1, 0)), A(acquire(1, 0)), A(acquire(1, 0)))
 			for i, r := range out[:3] {
@@ -912,7 +904,6 @@ func TestTenantWeightsAndEdges(t *testing.T) {
 // it is. An operator's weight that ended stays in the meta while a place may be under it.
 func TestWeightChangeMovesThePlace(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
-		ctx := context.Background()
 		for _, a := range allAlgos {
 			tag := tagOf(b, "wmove"+a.tag)
 			clk := newClock(t, b, tag)
@@ -921,14 +912,7 @@ func TestWeightChangeMovesThePlace(t *testing.T) {
 				t.Helper()
 				t.Fatalf("%s: %s: %v\n%v", a.tag, what, got, snapshot(t, b.Client, tag+":l", tag+":q"))
 			}
-			queue := func() string {
-				t.Helper()
-				var s []string
-				for _, z := range b.Client.ZRangeWithScores(ctx, tag+":q", 0, -1).Val() {
-					s = append(s, fmt.Sprintf("%s=%g", z.Member, z.Score))
-				}
-				return strings.Join(s, " ")
-			}
+			queue := func() string { t.Helper(); return queueText(t, b.Client, tag+":q") }
 			W := func() int64 {
 				t.Helper()
 				if m := parseMeta(t, b.Client, tag+":l"); m.Fair != nil {
