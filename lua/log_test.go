@@ -1,8 +1,12 @@
 package lua
 
 import (
+	"context"
 	"testing"
+	"time"
 
+	"github.com/jobthrottle/jobthrottle/internal/keys"
+	"github.com/jobthrottle/jobthrottle/internal/protocol"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 )
 
@@ -59,5 +63,51 @@ func TestSlidingCounterOps(t *testing.T) {
 			w(40*ms, cancel(1, tok(1150*ms)), "its sub-bucket", 1, 0, 0, 1060*ms, 0, 0, 0),
 			w(40*ms, acquire(1, 0), "", 0, 0, 1060*ms, 1060*ms, 0, 0, group),
 		})
+	})
+}
+
+// A log whose entries a call's cancels all give back starts anew (base 0) at that call's
+// next grant, as the call after the cancels finds it: a lone cancel leaves the meta alone,
+// which reads as an empty log. The bookings lie behind a pause, so that the log holds two
+// entries that have left the window (trimmed: its base above 0) and none in it.
+func TestLogEmptiedByACancel(t *testing.T) {
+	c := call{a: slidingWindow, limits: []limit{{5, 100 * ms, 0}}}
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		tagA, tagB := tagOf(b, "emptiedA"), tagOf(b, "emptiedB")
+		clk := newClock(t, b, tagA, tagB)
+		for _, tag := range []string{tagA, tagB} {
+			c.run(t, b, tag, acquire(1, 0))
+		}
+		clk.add(t, 10*time.Millisecond)
+		for _, tag := range []string{tagA, tagB} {
+			c.run(t, b, tag, acquire(1, 0), pause(sec), acquire(1, 2*sec))
+		}
+		clk.add(t, 190*time.Millisecond) // the first two entries have left the window
+		for _, tag := range []string{tagA, tagB} {
+			c.run(t, b, tag, acquire(1, 2*sec))
+		}
+		if base := b.Client.LIndex(context.Background(), tagA+":"+keys.State, 1).Val(); base == "0" {
+			t.Fatalf("the log's base is 0 before the cancel: the entries were not trimmed")
+		}
+		clk.add(t, 100*time.Millisecond)
+		reqs := []*protocol.Request{cancel(2, tok(1010*ms)), acquire(1, 2*sec), inspect()}
+		var lone []res
+		for _, r := range reqs {
+			lone = append(lone, c.one(t, b, tagA, r))
+		}
+		batch := c.run(t, b, tagB, reqs...)
+		for i := range reqs {
+			g, w := batch[i], lone[i]
+			if b.Real() && g.extra != nil && w.extra != nil {
+				g.extra[3] = w.extra[3] // the fake clock stretches TTLs
+			}
+			if comparable(g) != comparable(w) {
+				t.Fatalf("request %d of %s: one call %v, lone calls %v", i+1, texts(reqs), g, w)
+			}
+		}
+		if lone[0].v[0] != 1 {
+			t.Fatalf("cancel of the two bookings: %v, want freed", lone[0])
+		}
+		sameUnder(t, b, tagA, tagB, []string{keys.State}, "after "+texts(reqs))
 	})
 }

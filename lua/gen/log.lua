@@ -241,9 +241,10 @@ local function take(st, lim, n, t, now)
   if st.lastT and rt < st.lastT then
     rt = st.lastT
   end
-  -- entries that left the longest window go: all at once, or LOG_TRIM of them or more
+  -- entries that left the longest window go: all at once, or LOG_TRIM of them or more; a
+  -- log the call's cancels emptied starts anew, as the call after them would find it
   local h = now - st.pmax
-  if st.lastT and st.lastT <= h then
+  if st.lastT and st.lastT <= h or not st.lastT and st.base > 0 then
     st.gone, st.off, st.send, st.hn, st.base, st.P = true, 0, 0, 0, 0, 0
     st.lastT, st.slastT, st.lset, st.drop = nil, nil, false, 0
   elseif st.lastT and at(st, 1) <= h then
@@ -1077,7 +1078,7 @@ local function reply(out, k, ext, why)
   return out
 end
 
--- [log.lua from line 297]
+-- [log.lua from line 298]
 -- @cold: what follows only the driver's request loop needs (see lua/internal/gen).
 
 -- adjust changes the permits of the entry recorded for token's time by d (given back, at
