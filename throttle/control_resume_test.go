@@ -40,6 +40,27 @@ func ctlLimiterOn(tl *timeline, rdb redis.UniversalClient, key string, limit Lim
 	return l
 }
 
+// ctlReturned takes n results from returned, each nil, within signalWait, and returns
+// each one's time since from; when they do not all come in time it fails with why(k), k
+// the results taken.
+func ctlReturned(t *testing.T, returned <-chan error, n int, from time.Time, why func(k int) string) []time.Duration {
+	t.Helper()
+	var lags []time.Duration
+	timeout := time.After(signalWait)
+	for range n {
+		select {
+		case err := <-returned:
+			if err != nil {
+				t.Fatal(err)
+			}
+			lags = append(lags, time.Since(from).Round(ms))
+		case <-timeout:
+			t.Fatalf("after %v: %s", signalWait, why(len(lags)))
+		}
+	}
+	return lags
+}
+
 // ctlListening waits until n waiters of l's process count on resumes of l's key
 // (sleepers and callers held: the key's listener's count) and the process's
 // subscription to the key's channel is confirmed: from then on a resume's notice
@@ -153,20 +174,10 @@ func TestResumeMovesTheWaiters(t *testing.T) {
 				if err := resumer.Resume(ctx); err != nil {
 					t.Fatal(err)
 				}
-				timeout := time.After(signalWait)
-				var lags []time.Duration
-				for range 4 {
-					select {
-					case err := <-returned:
-						if err != nil {
-							t.Fatal(err)
-						}
-						lags = append(lags, time.Since(resumed).Round(ms))
-					case <-timeout:
-						t.Fatalf("%d waiters went on within %v of the resume (after %v), want 4: the others wait on the pause; grants %v",
-							len(lags), signalWait, lags, waits.since(0))
-					}
-				}
+				lags := ctlReturned(t, returned, 4, resumed, func(k int) string {
+					return fmt.Sprintf("%d waiters went on after the resume, want 4: the others wait on the pause; grants %v",
+						k, waits.since(0))
+				})
 				t.Logf("on %s: waiters went on %v after the resume (slots 0, 100, 200, 300ms)", b.Kind, lags)
 				got := waits.since(before)
 				slices.Sort(got)
@@ -250,18 +261,10 @@ func TestResumeMovesAWaiterAsItBooks(t *testing.T) {
 					before := waits.count()
 					armed.Store(true)
 					go func() { returned <- this.Wait(wctx) }()
-					timeout := time.After(signalWait)
-					for range want {
-						select {
-						case err := <-returned:
-							if err != nil {
-								t.Fatal(err)
-							}
-						case <-timeout:
-							t.Fatalf("try %d: a waiter did not go on within %v of the resume made as it booked: still on its booking behind the pause; bookings %v",
-								i+1, signalWait, waits.since(0))
-						}
-					}
+					ctlReturned(t, returned, len(want), time.Now(), func(int) string {
+						return fmt.Sprintf("try %d: a waiter did not go on after the resume made as it booked: still on its booking behind the pause; bookings %v",
+							i+1, waits.since(0))
+					})
 					if msg := hookErr.Load(); msg != nil {
 						t.Fatalf("try %d: in the Allowed hook: %s", i+1, *msg)
 					}
@@ -327,14 +330,9 @@ func TestResumeOvertakesAPauseCheck(t *testing.T) {
 		if err := other.Resume(ctx); err != nil {
 			t.Fatal(err)
 		}
-		select {
-		case err := <-returned:
-			if err != nil {
-				t.Fatal(err)
-			}
-		case <-time.After(signalWait):
-			t.Fatalf("the first waiter did not go on within %v of the resume; bookings %v", signalWait, waits.since(0))
-		}
+		ctlReturned(t, returned, 1, time.Now(), func(int) string {
+			return fmt.Sprintf("the first waiter did not go on after the resume; bookings %v", waits.since(0))
+		})
 		sendEventually(t, signalWait, "the second waiter asleep on its booking from the resume", func() bool {
 			return waits.count() == 4 && sendSleepers(this) == 1
 		})
@@ -470,15 +468,10 @@ func TestResumeMovesTheWaitersOfAPauseEndingEarlier(t *testing.T) {
 					if err := resumerL.Resume(ctx); err != nil {
 						t.Fatal(err)
 					}
-					select {
-					case err := <-returned:
-						if err != nil {
-							t.Fatal(err)
-						}
-					case <-time.After(signalWait):
-						t.Fatalf("the waiter behind the %v pause did not go on within %v of its resume: still on its booking behind the pause; bookings %v",
-							d, signalWait, waits.since(0))
-					}
+					ctlReturned(t, returned, 1, time.Now(), func(int) string {
+						return fmt.Sprintf("the waiter behind the %v pause did not go on after its resume: still on its booking behind the pause; bookings %v",
+							d, waits.since(0))
+					})
 					if got := waits.since(before + 1); !slices.Equal(got, []time.Duration{0}) {
 						t.Fatalf("bookings after the resume of the %v pause wait %v, want [0s]: booked again from the resume", d, got)
 					}
