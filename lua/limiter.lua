@@ -1292,8 +1292,8 @@ local function acquire(r, q)
     if replace then -- its permits were given back: a denial keeps no booking (a hold, its ticket)
       put(q.b, false)
     end
-    if held and q.b then
-      put(q.b, {ticket = held, n = n, due = wait, ctext = ctext})
+    if held and q.b then -- (the place as the record keeps it: a ticket's digits)
+      put(q.b, {ticket = place_of(ticket_of(held)), n = n, due = wait, ctext = ctext})
     end
     local rem = group_report()
     answer(r, 0, rem, math.max(1, wait), reset, 0, held and ticket_of(held) or 0,

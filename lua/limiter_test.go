@@ -12,6 +12,7 @@ import (
 	"github.com/jobthrottle/jobthrottle/internal/keys"
 	"github.com/jobthrottle/jobthrottle/internal/protocol"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 // The arguments a call's requests share (the group's head, the caps' head, the number of
@@ -1646,6 +1647,45 @@ func TestQueueIsASkiplist(t *testing.T) {
 				if enc := b.Client.ObjectEncoding(ctx, tag+":q").Val(); b.Real() && enc != "skiplist" {
 					t.Fatalf("%s, %s path: the queue's encoding %q, want skiplist", a.tag, path, enc)
 				}
+			}
+		}
+	})
+}
+
+// A task's record keeps its place as a ticket's digits (14 significant), and a request of
+// the same call that reads the record decides with the place as kept, as the call after
+// it would: here a finish tag of 16 digits whose turn comes 750000.00000002µs on, 750000µs
+// as the ticket keeps it.
+func TestTicketRecordAsKept(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		ctx := context.Background()
+		c := call{a: tokenBucket, limits: []limit{{10, sec, 10}}}
+		tagA, tagB := tagOf(b, "keptA"), tagOf(b, "keptB")
+		clk := newClock(t, b, tagA, tagB)
+		const F = 1000000.00000002 // A's finish tag, its place; V 0 at W 1
+		for _, tag := range []string{tagA, tagB} {
+			meta := fmt.Sprintf("%s\nf 0 1000000 %d %.17g", c.a.head(c.limits), clk.us(), F)
+			if err := b.Client.Set(ctx, tag+":"+keys.State, "\n"+meta, time.Minute).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Client.ZAdd(ctx, tag+":"+keys.FairQueue, redis.Z{Score: F, Member: "1000000 A"}).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		reqs := func() []*protocol.Request {
+			return []*protocol.Request{booking(hold(c.of("A", acquire(1, 0))), "x", 0), booking(hold(c.of("A", acquire(1, 0))), "x", 0)}
+		}
+		var lone []res
+		for _, r := range reqs() {
+			lone = append(lone, c.one(t, b, tagA, r))
+		}
+		batch := c.run(t, b, tagB, reqs()...)
+		if lone[1].v[2] != 750*ms || lone[1].v[6] != turn|held {
+			t.Fatalf("the task's second request: %v, want its turn in 750ms (its place as the record keeps it)", lone[1])
+		}
+		for i := range batch {
+			if comparable(batch[i]) != comparable(lone[i]) {
+				t.Fatalf("request %d of %s: one call %v, lone calls %v", i+1, texts(reqs()), batch[i], lone[i])
 			}
 		}
 	})
