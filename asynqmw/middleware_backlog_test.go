@@ -570,3 +570,81 @@ func TestTenantsQuietBehindNoisy(t *testing.T) {
 			b.Kind, len(quiet), noisy, q(0.5), q(0.9), q(1), lastNoisy.Sub(lastQuiet).Round(time.Millisecond), left)
 	})
 }
+
+// A fleet pause through asynq: two tenants' tasks at 20/s over two servers, paused for 4s
+// by an operator (another process's limiter) a second in. A task handed back during the
+// pause comes back after it, a tenant's whose turn has not come too (its RetryIn reaches
+// past the pause's end), so the fleet does not hand its tasks round and round while
+// paused: no task is handed back more than twice in the pause's first 2.5s (twice: a reply
+// decided just before the pause may reach the hook after it). In its last second a task
+// handed back may come back at once, asynq keeping retry times in whole seconds
+// (retryDue), as before any slot under a second ahead.
+func TestTenantsPausedComeBackAfterThePause(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b *redistest.Backend) {
+		f := newFleet(t, b)
+		lim := f.limiter("tenantspause", throttle.PerSecond(20))
+		const tasks, pause = 120, 4 * time.Second
+		var (
+			mu         sync.Mutex
+			from, end  time.Time // the pause set, and its end at the earliest
+			backs      = map[string]int{}
+			early, all int
+			started    = map[string]bool{}
+			throttled  = func(ctx context.Context, task *asynq.Task, err *asynqmw.ThrottledError) {
+				mu.Lock()
+				defer mu.Unlock()
+				if now := time.Now(); !from.IsZero() && now.After(from) && now.Before(end.Add(-1500*time.Millisecond)) {
+					backs[string(task.Payload())]++
+					all++
+					if now.Add(err.RetryIn).Before(end) {
+						early++
+					}
+				}
+			}
+		)
+		handler := asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+			mu.Lock()
+			defer mu.Unlock()
+			started[string(task.Payload())] = true
+			return nil
+		})
+		pick := func(_ context.Context, task *asynq.Task) (*throttle.Limiter, error) {
+			tenant, _, _ := strings.Cut(string(task.Payload()), "-")
+			return lim.Tenant(tenant), nil
+		}
+		for range 2 {
+			jt := asynqmw.New(b.Client, asynqmw.WithHooks(asynqmw.Hooks{Throttled: throttled}))
+			f.run(jt, 10, handler, jt.ThrottleFunc(pick))
+		}
+		for i := range tasks {
+			f.enqueue(fmt.Sprintf("noisy-%d", i), asynq.MaxRetry(3))
+			f.enqueue(fmt.Sprintf("other-%d", i), asynq.MaxRetry(3))
+		}
+		time.Sleep(time.Second)
+		earliest := time.Now().Add(pause)
+		if err := f.limiter("tenantspause", throttle.PerSecond(20)).Pause(context.Background(), pause); err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		from, end = time.Now(), earliest
+		mu.Unlock()
+		f.waitIdle(idleLimit, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(started) == 2*tasks
+		})
+		mu.Lock()
+		defer mu.Unlock()
+		most, which := 0, ""
+		for task, n := range backs {
+			if n > most {
+				most, which = n, task
+			}
+		}
+		redistest.Figure(t, "%s: %d tasks of two tenants at 20/s over 2 servers, paused 4s: %d hand-backs in its first 2.5s (%d tasks; %d told to come back before its end), at most %d of a task",
+			b.Kind, 2*tasks, all, len(backs), early, most)
+		if most > 2 {
+			t.Errorf("task %s handed back %d times in the pause's first 2.5s, want at most 2: told to come back before the pause's end", which, most)
+		}
+	})
+}

@@ -1623,6 +1623,35 @@ func TestPauseKeepsTheQueue(t *testing.T) {
 	}
 }
 
+// A tenant whose turn has not come is told it at the pause's end and its turn's time
+// after it: the fair share's clock stands still until the pause ends. Told the turn's time
+// alone, it would ask again all through the pause.
+func TestTurnWaitsForThePause(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		for _, a := range allAlgos {
+			tag := tagOf(b, "pt"+a.tag)
+			clk := newClock(t, b, tag)
+			c := call{a: a, limits: []limit{{10, sec, 10}}}
+			A := func() *protocol.Request { return c.of("A", acquire(1, protocol.MaxWait)) }
+			out := c.run(t, b, tag, A(), A(), A(), A()) // the fourth: its turn in 50ms (TestFairShare)
+			if out[3].v[0] != 0 || out[3].v[2] != 50*ms || out[3].v[6] != turn {
+				t.Fatalf("%s: A's fourth %v, want its turn in 50ms", a.tag, out[3])
+			}
+			p := pause(2 * sec)
+			p.Queue = keys.FairQueue
+			c.one(t, b, tag, p)
+			clk.add(t, 500*time.Millisecond)
+			if got := c.one(t, b, tag, A()); got.v[0] != 0 || got.v[2] != 1550*ms || got.v[6] != turn|paused {
+				t.Fatalf("%s: A's request 500ms into the 2s pause: %v, want its turn in 1.55s (the pause's end and 50ms)", a.tag, got)
+			}
+			c.one(t, b, tag, resume())
+			if got := c.one(t, b, tag, A()); got.v[0] != 0 || got.v[2] != 50*ms || got.v[6] != turn {
+				t.Fatalf("%s: A's request after the resume: %v, want its turn in 50ms", a.tag, got)
+			}
+		}
+	})
+}
+
 // The queue a call makes is a skiplist on Redis (keep_queue), made by the tenants' fast
 // path or by the loop, and it holds the tenants' members alone.
 func TestQueueIsASkiplist(t *testing.T) {

@@ -707,7 +707,7 @@ local function rekey(fs, old, F0, m, F, u)
 end
 
 -- turn returns µs from now until start tag S may book (S <= V + h / W), V moving as the
--- clock does: with the queue as this call leaves it (its stored members, the finish tags
+-- clock does (from tV on: a pause holds it until its end): with the queue as this call leaves it (its stored members, the finish tags
 -- this call's requests set in place of theirs: the writes come after every request), the
 -- tenants queued ahead leaving it (and their weight W) as V reaches their finish tags, the
 -- first TURN_LOOKS of them looked at (then W as it is). A caller told a time a departure
@@ -748,7 +748,7 @@ local function turn(fs, S, W, h)
     fs.stored, fs.storedF, fs.more = stored, storedF, #m == 2 * fs.reach
   end
   local stored, mine, i, j = fs.stored, fs.mine, 1, 1
-  local t, V = 0, fs.f.V
+  local t, V = math.max(0, fs.f.tV - now), fs.f.V
   for k = 1, 16 + 1 do
     local target = S - h * 1000000 / W
     if target <= V then
