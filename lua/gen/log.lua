@@ -780,7 +780,7 @@ local function turn(fs, S, W, h)
     fs.stored, fs.storedF, fs.more = stored, storedF, #m == 2 * fs.reach
   end
   local stored, mine, i, j = fs.stored, fs.mine, 1, 1
-  local t, V = math.max(0, fs.f.tV - now), fs.f.V
+  local t, V = fs.f.tV > now and fs.f.tV - now or 0, fs.f.V
   for k = 1, 16 + 1 do
     local target = S - h * 1000000 / W
     if target <= V then
