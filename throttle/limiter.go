@@ -47,8 +47,6 @@ type Limiter struct {
 	costs   []protocol.Cost // a call's costs in units (Cost); nil: none
 }
 
-const maxWaitMicros = protocol.MaxWait
-
 // New returns a limiter enforcing limit, and any limits added with WithLimits, on key.
 //
 // rdb may be any go-redis client: a Client, a Sentinel-backed FailoverClient or a
@@ -235,7 +233,7 @@ type grant struct {
 // handle, ticket is the caller's place in its tenant's queue (0: none), and hold takes
 // one when its turn has not come, for a caller that will ask again.
 func (l *Limiter) acquire(ctx context.Context, n int, maxWait time.Duration, task *booking.Task, ticket int64, hold bool) (grant, error) {
-	x := min(int64(maxWait/time.Microsecond), maxWaitMicros)
+	x := min(int64(maxWait/time.Microsecond), protocol.MaxWait)
 	var key string
 	var late int64
 	if task != nil {
@@ -436,16 +434,10 @@ func (l *Limiter) configState(ks *keyState) *configState {
 	return ks.config(l.config, func() *configState {
 		cs := &configState{}
 		if l.policy.mode == failLocal {
-			cs.local = newLocalLogs(l.limits, l.a, l.policy.fleet)
+			cs.local = newLocalLogs(l.limits, l.a, l.policy.fleet, false)
 			if len(l.caps) > 0 {
 				cs.caps = &localCaps{tenants: map[string][]*localLog{},
-					make: func() []*localLog {
-						logs := newLocalLogs(l.caps, l.a, l.policy.fleet)
-						for _, g := range logs {
-							g.cap = true
-						}
-						return logs
-					}}
+					make: func() []*localLog { return newLocalLogs(l.caps, l.a, l.policy.fleet, true) }}
 			}
 		}
 		return cs

@@ -386,7 +386,7 @@ func (ks *keyState) move(which func(*sleeper) bool) {
 			if !s.stage.CompareAndSwap(moving, rebooking) { // its caller left
 				continue
 			}
-			x := min(int64(clock.MaxWait(s.ctx)/time.Microsecond), maxWaitMicros)
+			x := min(int64(clock.MaxWait(s.ctx)/time.Microsecond), protocol.MaxWait)
 			call := s.l.request(protocol.OpAcquire, s.n, x)
 			call.Hold = s.l.tenant != nil
 			// not cut short by its caller leaving: the leave waits for its reply
