@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jobthrottle/jobthrottle/internal/clock"
+	"github.com/jobthrottle/jobthrottle/internal/keys"
 	"github.com/jobthrottle/jobthrottle/internal/protocol"
 	"github.com/jobthrottle/jobthrottle/waiter"
 )
@@ -257,7 +258,7 @@ func (ks *keyState) listenNotices(l *Limiter) (done func()) {
 	ks.mu.Lock()
 	defer ks.mu.Unlock()
 	if ks.notices == nil {
-		n := &listener{channel: wakeChannel(ks.tag), check: make(chan struct{}, 1), paused: ks.paused,
+		n := &listener{channel: keys.Name(ks.tag, keys.Wake), check: make(chan struct{}, 1), paused: ks.paused,
 			resumed: func(end int64) { ks.resume(end, false) }}
 		stop := make(chan struct{})
 		ks.notices, ks.unlisten = n, stop
@@ -380,7 +381,6 @@ func (ks *keyState) move(which func(*sleeper) bool) {
 		ks.settle(context.Background(), time.Now().Add(timeout))
 		var again []*request
 		var booked []*sleeper
-		var waits []int64
 		var froms []chan struct{}
 		for _, s := range ss {
 			if !s.stage.CompareAndSwap(moving, rebooking) { // its caller left
@@ -392,7 +392,6 @@ func (ks *keyState) move(which func(*sleeper) bool) {
 			// not cut short by its caller leaving: the leave waits for its reply
 			again = append(again, &request{ctx: givingBack(s.ctx), t: s.l.t, ks: ks, call: call, late: s.l.late(s.n), timeout: s.l.timeout})
 			booked = append(booked, s)
-			waits = append(waits, x)
 			_, from := ks.fly(s.ctx) // (its calls, givingBack, wait for no give-back)
 			froms = append(froms, from)
 		}
@@ -405,7 +404,7 @@ func (ks *keyState) move(which func(*sleeper) bool) {
 			if err == nil {
 				s.l.report(s.n, g)
 			} else { // as a WaitN's booking made now: the failure policy decides
-				g, err = s.l.refused(ks, s.n, waits[i], err)
+				g, err = s.l.refused(ks, s.n, again[i].call.X, err)
 			}
 			s.moved <- moved{g, err, seen, froms[i]}
 		}
