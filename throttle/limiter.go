@@ -236,14 +236,13 @@ func (l *Limiter) acquire(ctx context.Context, n int, maxWait time.Duration, tas
 	x := min(int64(maxWait/time.Microsecond), protocol.MaxWait)
 	var key string
 	var late int64
+	var giveBack func(reply)
 	if task != nil {
 		if err := task.Check(); err != nil {
 			return grant{}, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 		}
 		key, late = keys.Name(l.t.tag, keys.Booking+task.ID), int64(task.Late/time.Microsecond)
-	}
-	var giveBack func(reply)
-	if x > 0 && task == nil {
+	} else if x > 0 {
 		giveBack = l.late(n)
 	}
 	ks := l.client().key(l.t.tag)
