@@ -177,15 +177,14 @@ func (ks *keyState) sleep(ctx context.Context, l *Limiter, n int, first moved) (
 // leaveAsleep ends the sleep of s, whose caller leaves with err: the process's next
 // calls on the key go after the give-back of its booking.
 func (ks *keyState) leaveAsleep(s *sleeper, seen int64, err error) (grant, int64, error) {
-	l, n := s.l, s.n
 	if ks.claim(s) {
-		ks.leave(func() { l.lateGiveBack(n, s.g) })
+		ks.leave(func() { s.l.lateGiveBack(s.n, s.g) })
 	} else if back := s.back; s.stage.CompareAndSwap(moving, gone) { // being moved: not booked again
 		ks.leave(func() { <-back })
 	} else { // being booked again: the new booking goes back when it comes
 		ks.leave(func() {
 			m := <-s.moved
-			l.lateGiveBack(n, m.g)
+			s.l.lateGiveBack(s.n, m.g)
 			ks.land(m.from)
 		})
 	}
