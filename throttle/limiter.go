@@ -382,10 +382,8 @@ func (l *Limiter) giveBack(ctx context.Context, n int, g grant) error {
 	if g.local {
 		now := clock.Now().UnixMicro()
 		l.withLocalLogs(ks, now, func(logs []*localLog) {
-			for _, lg := range logs {
-				if m := l.need(lg.unit, n); m > 0 {
-					lg.cancel(now, g.token, m)
-				}
+			for _, lg := range logs { // (a cancel of none changes nothing)
+				lg.cancel(now, g.token, l.need(lg.unit, n))
 			}
 		})
 		return nil
