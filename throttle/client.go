@@ -49,9 +49,8 @@ func clientFor(rdb redis.UniversalClient) *client {
 	if v, ok := clients.Load(rdb); ok {
 		return v.(*client)
 	}
-	plain, ok := rdb.(*redis.Client)
 	c := &client{rdb: rdb}
-	if ok {
+	if plain, ok := rdb.(*redis.Client); ok {
 		o := plain.Options()
 		c.atMostOnce = o.MaxRetries == 0
 		c.inline = o.ContextTimeoutEnabled && o.Addr != "FailoverClient"
@@ -109,18 +108,16 @@ func (c *client) sweepIdle() {
 		return true
 	})
 	c.mu.Lock()
-	if c.dropped {
-		c.mu.Unlock()
-		return
-	}
-	if c.nkeys > 0 || c.calls > 0 || c.hub.listening() {
+	idle := !c.dropped && c.nkeys == 0 && c.calls == 0 && !c.hub.listening()
+	if idle {
+		c.drop()
+	} else if !c.dropped {
 		c.sweep.Reset(sweepEvery)
-		c.mu.Unlock()
-		return
 	}
-	c.drop()
 	c.mu.Unlock()
-	c.hub.close() // no listener: its lingering subscription would only hold the client
+	if idle {
+		c.hub.close() // no listener: its lingering subscription would only hold the client
+	}
 }
 
 // drop takes the client out of clients (c.mu held).
@@ -168,8 +165,9 @@ type keyState struct {
 	// ended: the ends of the pauses of the last len(ended) resumes handled, ring-wise from
 	// nended (under heard). A resume of one of them was handled: a word of it come since
 	// is its reply's or notice's twin, or was read before it, and moves nothing (resume,
-	// paused). Pauses are told apart by their ends, not ordered by them: a pause set
-	// after a resume may end before the pause resumed did.
+	// paused). Those words come within moments of the resume: an end drops out only once
+	// len(ended) other resumes were handled since. Pauses are told apart by their ends,
+	// not ordered by them: a pause set after a resume may end before the pause resumed did.
 	ended  [8]int64
 	nended int
 	// pauseEnd: the end of the latest pause heard of (server µs), 0 once it was

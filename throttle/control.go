@@ -160,7 +160,7 @@ func (ks *keyState) resume(end int64, own bool) {
 		ks.mu.Unlock()
 	}
 	ks.pauseEnd.CompareAndSwap(end, 0) // its sleepers booked inside it stay
-	if end <= 0 || ks.wasResumed(end) {
+	if end <= 0 || slices.Contains(ks.ended[:], end) {
 		return
 	}
 	ks.ended[ks.nended] = end
@@ -168,20 +168,12 @@ func (ks *keyState) resume(end int64, own bool) {
 	ks.move(func(s *sleeper) bool { return s.g.token >= end })
 }
 
-// wasResumed reports whether a resume of the pause ending at end was handled, among
-// the last len(ks.ended) (ks.heard held). The words of one resume (its reply and its
-// notice), and a pause's read before its resume, come within moments of each other:
-// an end drops out only once that many other resumes were handled since.
-func (ks *keyState) wasResumed(end int64) bool {
-	return slices.Contains(ks.ended[:], end)
-}
-
 // paused handles the notice of a pause of the key until end (server µs), which any
 // process publishes when it sets one: this process's sleepers booked before its end
 // book again now, and so after it, in their order, once per pause end. A sleeper whose
 // booking comes back after the notice is moved once it lands (move).
 //
-// A pause whose resume this process has handled (wasResumed), the last one or an
+// A pause whose resume this process has handled (ended), the last one or an
 // earlier one, is over: word of it that comes after the resume was read before it
 // (checkPauses' inspect, or the pause's notice overtaken by Resume's reply, which
 // comes on another connection) and changes nothing. Acted on, it would take the
@@ -190,7 +182,7 @@ func (ks *keyState) wasResumed(end int64) bool {
 func (ks *keyState) paused(end int64) {
 	ks.heard.Lock()
 	defer ks.heard.Unlock()
-	if ks.wasResumed(end) {
+	if slices.Contains(ks.ended[:], end) {
 		return
 	}
 	if old := ks.pauseEnd.Swap(end); old != end {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/internal/keys"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 )
 
@@ -307,7 +308,7 @@ func TestPauseStopsTheFleet(t *testing.T) {
 				t.Fatal(err)
 			}
 			lims = append(lims, l)
-			h, ear := l.client().hub, &listener{channel: wakeChannel(l.t.tag), paused: func(int64) {
+			h, ear := l.client().hub, &listener{channel: keys.Name(l.t.tag, keys.Wake), paused: func(int64) {
 				if notices[p].Add(1) == 2 {
 					heard[p].Store(time.Now().UnixNano())
 				}
@@ -475,7 +476,7 @@ func TestPauseHeardOnceSubscribed(t *testing.T) {
 			}
 		}
 		h.mu.Lock()
-		ch := h.chans[wakeChannel(lb.t.tag)]
+		ch := h.chans[keys.Name(lb.t.tag, keys.Wake)]
 		live := ch != nil && ch.live
 		h.mu.Unlock()
 		if live {

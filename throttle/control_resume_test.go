@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/internal/keys"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -74,7 +75,7 @@ func ctlListening(t *testing.T, l *Limiter, n int) {
 		got, ear := ks.nlisten, ks.notices
 		ks.mu.Unlock()
 		h.mu.Lock()
-		ch := h.chans[wakeChannel(l.t.tag)]
+		ch := h.chans[keys.Name(l.t.tag, keys.Wake)]
 		live := ch != nil && ch.live
 		if ch != nil && ear != nil {
 			if _, ok := ch.listeners[ear]; !ok {

@@ -136,7 +136,7 @@ func (m *inspBucket) allow(now int64, n int, maxWait int64) (Result, int64) {
 	if n > 0 {
 		t = m.fit(now, max(now, m.paused), n)
 	}
-	horizon := int64(maxWaitMicros)
+	horizon := int64(protocol.MaxWait)
 	for i := range m.limits {
 		r, _, _ := m.rpb(i)
 		horizon = min(horizon, (1<<50)/r)

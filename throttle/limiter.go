@@ -47,8 +47,6 @@ type Limiter struct {
 	costs   []protocol.Cost // a call's costs in units (Cost); nil: none
 }
 
-const maxWaitMicros = protocol.MaxWait
-
 // New returns a limiter enforcing limit, and any limits added with WithLimits, on key.
 //
 // rdb may be any go-redis client: a Client, a Sentinel-backed FailoverClient or a
@@ -235,17 +233,16 @@ type grant struct {
 // handle, ticket is the caller's place in its tenant's queue (0: none), and hold takes
 // one when its turn has not come, for a caller that will ask again.
 func (l *Limiter) acquire(ctx context.Context, n int, maxWait time.Duration, task *booking.Task, ticket int64, hold bool) (grant, error) {
-	x := min(int64(maxWait/time.Microsecond), maxWaitMicros)
+	x := min(int64(maxWait/time.Microsecond), protocol.MaxWait)
 	var key string
 	var late int64
+	var giveBack func(reply)
 	if task != nil {
 		if err := task.Check(); err != nil {
 			return grant{}, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 		}
 		key, late = keys.Name(l.t.tag, keys.Booking+task.ID), int64(task.Late/time.Microsecond)
-	}
-	var giveBack func(reply)
-	if x > 0 && task == nil {
+	} else if x > 0 {
 		giveBack = l.late(n)
 	}
 	ks := l.client().key(l.t.tag)
@@ -385,10 +382,8 @@ func (l *Limiter) giveBack(ctx context.Context, n int, g grant) error {
 	if g.local {
 		now := clock.Now().UnixMicro()
 		l.withLocalLogs(ks, now, func(logs []*localLog) {
-			for _, lg := range logs {
-				if m := l.need(lg.unit, n); m > 0 {
-					lg.cancel(now, g.token, m)
-				}
+			for _, lg := range logs { // (a cancel of none changes nothing)
+				lg.cancel(now, g.token, l.need(lg.unit, n))
 			}
 		})
 		return nil
@@ -436,16 +431,10 @@ func (l *Limiter) configState(ks *keyState) *configState {
 	return ks.config(l.config, func() *configState {
 		cs := &configState{}
 		if l.policy.mode == failLocal {
-			cs.local = newLocalLogs(l.limits, l.a, l.policy.fleet)
+			cs.local = newLocalLogs(l.limits, l.a, l.policy.fleet, false)
 			if len(l.caps) > 0 {
 				cs.caps = &localCaps{tenants: map[string][]*localLog{},
-					make: func() []*localLog {
-						logs := newLocalLogs(l.caps, l.a, l.policy.fleet)
-						for _, g := range logs {
-							g.cap = true
-						}
-						return logs
-					}}
+					make: func() []*localLog { return newLocalLogs(l.caps, l.a, l.policy.fleet, true) }}
 			}
 		}
 		return cs

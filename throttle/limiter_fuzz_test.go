@@ -970,7 +970,7 @@ func (r *fuzzRun) reserve(n int, maxWait time.Duration) {
 	wait := int64(got.delay / time.Microsecond)
 	r.lastW = wait
 	now := r.nowUS()
-	x := min(int64(maxWait/time.Microsecond), maxWaitMicros)
+	x := min(int64(maxWait/time.Microsecond), protocol.MaxWait)
 	var bk *fuzzBooking
 	if got.ok && wait > 0 {
 		r.books = append(r.books, fuzzBooking{n: n, token: now + wait, res: res})
@@ -1099,7 +1099,7 @@ func (r *fuzzRun) cancel(rd *fuzzReader) {
 	}
 	what := fmt.Sprintf("cancel(n=%d, token=t0%+d)", n, token-redistest.Epoch.UnixMicro())
 	before := r.before(what)
-	v, err := both(r, what, func(s *fuzzSide) ([replyWidth]int64, error) {
+	v, err := both(r, what, func(s *fuzzSide) ([protocol.Width]int64, error) {
 		ctx, cancel := fuzzCtx()
 		defer cancel()
 		rep, err := s.l.send(ctx, s.l.client().key(s.l.t.tag), s.l.request(protocol.OpCancel, n, token), nil)
@@ -1107,7 +1107,7 @@ func (r *fuzzRun) cancel(rd *fuzzReader) {
 	})
 	got := reply{v: v}
 	var wantErr error // the protocol's ranges: a cancel's n is not checked against the limits
-	if n < 0 || n > protocol.MaxRate || token < 0 || token > maxWaitMicros {
+	if n < 0 || n > protocol.MaxRate || token < 0 || token > protocol.MaxWait {
 		wantErr = ErrInvalidArgument
 	}
 	r.wantErr(what, err, wantErr)

@@ -36,15 +36,18 @@ func newLocalLog(limits []Limit, a *algorithm, fleet int) *localLog {
 	return g
 }
 
-// newLocalLogs is newLocalLog of each unit's limits (limits in byUnit's order).
-func newLocalLogs(limits []Limit, a *algorithm, fleet int) []*localLog {
+// newLocalLogs is newLocalLog of each unit's limits (limits in byUnit's order); caps: they
+// are a tenant's caps.
+func newLocalLogs(limits []Limit, a *algorithm, fleet int, caps bool) []*localLog {
 	var logs []*localLog
 	for i := 0; i < len(limits); {
 		j := i + 1
 		for j < len(limits) && limits[j].Unit == limits[i].Unit {
 			j++
 		}
-		logs, i = append(logs, newLocalLog(limits[i:j], a, fleet)), j
+		g := newLocalLog(limits[i:j], a, fleet)
+		g.cap = caps
+		logs, i = append(logs, g), j
 	}
 	return logs
 }

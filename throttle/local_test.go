@@ -233,7 +233,7 @@ func TestLocalLogDecidesAsTheLogScript(t *testing.T) {
 				case 1:
 					maxWait = rng.Int63n(3 * longest)
 				case 2:
-					maxWait = maxWaitMicros
+					maxWait = protocol.MaxWait
 				}
 				got, err := l.acquire(ctx, n, time.Duration(maxWait)*time.Microsecond, nil, 0, false)
 				if err != nil {
@@ -331,7 +331,7 @@ func TestLocalSemFailOpen(t *testing.T) {
 // left their windows, so a long outage with many tenants holds only the busy ones.
 func TestLocalCapsForgetIdleTenants(t *testing.T) {
 	c := &localCaps{tenants: map[string][]*localLog{},
-		make: func() []*localLog { return newLocalLogs([]Limit{PerSecond(2)}, SlidingWindow.algo(), 1) }}
+		make: func() []*localLog { return newLocalLogs([]Limit{PerSecond(2)}, SlidingWindow.algo(), 1, false) }}
 	one := func(string) int { return 1 }
 	now := redistest.Epoch.UnixMicro()
 	for i := range localCapsSweep {

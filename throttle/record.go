@@ -76,8 +76,7 @@ func ReadRecord(ctx context.Context, rdb redis.UniversalClient, key string, opts
 	}
 	h, _ := keys.ParseHead(m.Head) // ParseMeta read it
 	r := Record{Algorithm: Algorithm(slices.IndexFunc(algorithms[:], func(a algorithm) bool { return a.tag == h.Alg })),
-		Buckets: h.Buckets, TTL: max(0, ttl.Val())}
-	r.Limits = limitsOf(h)
+		Limits: limitsOf(h), Buckets: h.Buckets, TTL: max(0, ttl.Val())}
 	for _, lim := range r.Limits {
 		if err := lim.validate(r.Algorithm); err != nil {
 			return Record{}, fmt.Errorf("%w: key %q: record %q: %v", ErrCorruptState, key, m.Head, err)

@@ -3,6 +3,8 @@ package throttle
 import (
 	"math/big"
 	"time"
+
+	"github.com/jobthrottle/jobthrottle/internal/protocol"
 )
 
 // bucketModel is a plain-Go reference for the token bucket: golang.org/x/time/rate's
@@ -148,7 +150,7 @@ func (m *bucketModel) report(now int64) (int, time.Duration) {
 
 // horizon is how far ahead a booking may take effect: 2^50/rate µs for every limit.
 func (m *bucketModel) horizon(now int64) int64 {
-	h := int64(maxWaitMicros)
+	h := int64(protocol.MaxWait)
 	for i := range m.given {
 		r, _ := m.inForce(i, now)
 		h = min(h, maxBucketUS/int64(r))

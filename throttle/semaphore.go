@@ -67,7 +67,7 @@ func NewSemaphore(rdb redis.UniversalClient, key string, max int, opts ...Semaph
 		keys.Name(tag, keys.State)} // the pause is the key's: a limiter state's meta holds it
 	t := newSemaphoreTarget(key, tag, semaphoreScript, base, []any{max, ceilMicros(c.leaseTTL)})
 	return &Semaphore{rdb: rdb, t: t, key: key, max: max, ttl: c.leaseTTL, hooks: c.semHooks, policy: c.policy,
-		timeout: callTimeout(c.callTimeout, rdb), config: t.id + " " + c.policy.String(), channel: wakeChannel(tag)}, nil
+		timeout: callTimeout(c.callTimeout, rdb), config: t.id + " " + c.policy.String(), channel: keys.Name(tag, keys.Wake)}, nil
 }
 
 var semaphoreScript = newScript("semaphore")

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/jobthrottle/jobthrottle/internal/clock"
+	"github.com/jobthrottle/jobthrottle/internal/protocol"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -118,9 +119,9 @@ func TestSemaphoreScriptRejectsBadArguments(t *testing.T) {
 			v, err := b.Client.Eval(ctx, semaphoreScript.src, s.t.keys, c.args...).Result()
 			if err == nil { // a request's error is its reply: -1, code, at, len, then the text
 				var f failed
-				if r, ok := v.([]any); ok && len(r) >= replyWidth && r[0] == int64(-1) {
+				if r, ok := v.([]any); ok && len(r) >= protocol.Width && r[0] == int64(-1) {
 					f.code = int(r[1].(int64))
-					for _, x := range r[replyWidth:] {
+					for _, x := range r[protocol.Width:] {
 						f.text += string(rune(x.(int64)))
 					}
 				}

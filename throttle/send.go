@@ -45,13 +45,10 @@ func newSemaphoreTarget(key, tag string, s *script, keys []string, tail []any) *
 	return &target{id: id, key: key, tag: tag, script: s, keys: keys, tail: tail}
 }
 
-// replyWidth is how many integers answer one request (internal/protocol).
-const replyWidth = protocol.Width
-
 // reply is one request's answer: its integers, and its part of the extra region; with
 // FlagDrift, the head the script found (another process's).
 type reply struct {
-	v     [replyWidth]int64
+	v     [protocol.Width]int64
 	extra []int64
 	drift string
 }
@@ -647,11 +644,11 @@ func (c *client) deliver(ctx context.Context, g *group) {
 // parse returns request i's reply, or its error, from its call's reply flat.
 func (g *group) parse(flat []int64, i int) (reply, error) {
 	k := len(g.reqs)
-	if len(flat) < replyWidth*k {
+	if len(flat) < protocol.Width*k {
 		return reply{}, fmt.Errorf("%w: key %q: %d integers for %d requests", ErrUnexpectedReply, g.t.key, len(flat), k)
 	}
 	var rep reply
-	copy(rep.v[:], flat[replyWidth*i:])
+	copy(rep.v[:], flat[protocol.Width*i:])
 	var at, n int64 // the request's part of the extra region
 	switch {
 	case rep.v[0] == -1: // an error: its code, then its text's place
@@ -659,7 +656,7 @@ func (g *group) parse(flat []int64, i int) (reply, error) {
 	case g.reqs[i].detail:
 		at, n = rep.v[4]-1, rep.v[5]
 	}
-	if n < 0 || n > 0 && (at < int64(replyWidth*k) || at+n > int64(len(flat))) {
+	if n < 0 || n > 0 && (at < int64(protocol.Width*k) || at+n > int64(len(flat))) {
 		return reply{}, fmt.Errorf("%w: key %q: request %d of %d: extra at %d (%d) in a reply of %d",
 			ErrUnexpectedReply, g.t.key, i+1, k, at+1, n, len(flat))
 	}

@@ -52,10 +52,7 @@ func (l *Limiter) observe(ctx context.Context, ks *keyState, cs *configState, ma
 func (l *Limiter) mostRemaining(mark stateMark, now int64, n int) int {
 	most := maxRate
 	for _, lim := range l.limits {
-		if lim.Unit != "" {
-			continue
-		}
-		if lack, ok := l.a.lack(lim, mark.token, mark.n, now); ok {
+		if lack, ok := l.a.lack(lim, mark.token, mark.n, now); ok && lim.Unit == "" {
 			most = min(most, l.a.maxN(lim)-lack-n) // maxN: the capacity
 		}
 	}

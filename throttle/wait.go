@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jobthrottle/jobthrottle/internal/clock"
+	"github.com/jobthrottle/jobthrottle/internal/keys"
 	"github.com/jobthrottle/jobthrottle/internal/protocol"
 	"github.com/jobthrottle/jobthrottle/waiter"
 )
@@ -176,15 +177,14 @@ func (ks *keyState) sleep(ctx context.Context, l *Limiter, n int, first moved) (
 // leaveAsleep ends the sleep of s, whose caller leaves with err: the process's next
 // calls on the key go after the give-back of its booking.
 func (ks *keyState) leaveAsleep(s *sleeper, seen int64, err error) (grant, int64, error) {
-	l, n := s.l, s.n
 	if ks.claim(s) {
-		ks.leave(func() { l.lateGiveBack(n, s.g) })
+		ks.leave(func() { s.l.lateGiveBack(s.n, s.g) })
 	} else if back := s.back; s.stage.CompareAndSwap(moving, gone) { // being moved: not booked again
 		ks.leave(func() { <-back })
 	} else { // being booked again: the new booking goes back when it comes
 		ks.leave(func() {
 			m := <-s.moved
-			l.lateGiveBack(n, m.g)
+			s.l.lateGiveBack(s.n, m.g)
 			ks.land(m.from)
 		})
 	}
@@ -257,7 +257,7 @@ func (ks *keyState) listenNotices(l *Limiter) (done func()) {
 	ks.mu.Lock()
 	defer ks.mu.Unlock()
 	if ks.notices == nil {
-		n := &listener{channel: wakeChannel(ks.tag), check: make(chan struct{}, 1), paused: ks.paused,
+		n := &listener{channel: keys.Name(ks.tag, keys.Wake), check: make(chan struct{}, 1), paused: ks.paused,
 			resumed: func(end int64) { ks.resume(end, false) }}
 		stop := make(chan struct{})
 		ks.notices, ks.unlisten = n, stop
@@ -380,19 +380,17 @@ func (ks *keyState) move(which func(*sleeper) bool) {
 		ks.settle(context.Background(), time.Now().Add(timeout))
 		var again []*request
 		var booked []*sleeper
-		var waits []int64
 		var froms []chan struct{}
 		for _, s := range ss {
 			if !s.stage.CompareAndSwap(moving, rebooking) { // its caller left
 				continue
 			}
-			x := min(int64(clock.MaxWait(s.ctx)/time.Microsecond), maxWaitMicros)
+			x := min(int64(clock.MaxWait(s.ctx)/time.Microsecond), protocol.MaxWait)
 			call := s.l.request(protocol.OpAcquire, s.n, x)
 			call.Hold = s.l.tenant != nil
 			// not cut short by its caller leaving: the leave waits for its reply
 			again = append(again, &request{ctx: givingBack(s.ctx), t: s.l.t, ks: ks, call: call, late: s.l.late(s.n), timeout: s.l.timeout})
 			booked = append(booked, s)
-			waits = append(waits, x)
 			_, from := ks.fly(s.ctx) // (its calls, givingBack, wait for no give-back)
 			froms = append(froms, from)
 		}
@@ -405,7 +403,7 @@ func (ks *keyState) move(which func(*sleeper) bool) {
 			if err == nil {
 				s.l.report(s.n, g)
 			} else { // as a WaitN's booking made now: the failure policy decides
-				g, err = s.l.refused(ks, s.n, waits[i], err)
+				g, err = s.l.refused(ks, s.n, again[i].call.X, err)
 			}
 			s.moved <- moved{g, err, seen, froms[i]}
 		}

@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jobthrottle/jobthrottle/internal/keys"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -52,8 +51,6 @@ type listener struct {
 	paused  func(pauseEnd int64)
 	resumed func(pauseEnd int64)
 }
-
-func wakeChannel(tag string) string { return keys.Name(tag, keys.Wake) }
 
 // listen registers l on its channel and reports whether the subscription is live
 // already; subscribe makes it so. Call unlisten when done.

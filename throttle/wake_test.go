@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/internal/keys"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -102,7 +103,7 @@ func TestHubWakesTheNamedListeners(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
 		h := newSendHub(t, b.Client)
-		channel := wakeChannel("{" + b.Prefix + "wake}")
+		channel := keys.Name("{"+b.Prefix+"wake}", keys.Wake)
 
 		la := newSendListener(channel, "a")
 		resumes := make(chan int64, 4)
@@ -179,7 +180,7 @@ func TestHubRecoversFromAClosedSubscription(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
 		ctx := context.Background()
 		h := newSendHub(t, b.Client)
-		channel := wakeChannel("{" + b.Prefix + "closed}")
+		channel := keys.Name("{"+b.Prefix+"closed}", keys.Wake)
 		l := newSendListener(channel, "a")
 		h.listen(l)
 		defer h.unlisten(l)
@@ -272,7 +273,7 @@ func TestHubDoesNotWaitForRedis(t *testing.T) {
 	go func() {
 		defer close(done)
 		for i := range 3 {
-			l := newSendListener(wakeChannel("{hung"+itoa(i)+"}"), "a")
+			l := newSendListener(keys.Name("{hung"+itoa(i)+"}", keys.Wake), "a")
 			h.listen(l)
 			h.subscribe(l)
 			h.unlisten(l)

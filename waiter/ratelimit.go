@@ -139,17 +139,15 @@ func (r *reader) resetIn(f family) (name, v string, d time.Duration, problem str
 	if v == "" && form != delayOrDate { // judge reads a Retry-After only when present: blank is unreadable
 		return f.reset, "", 0, "missing"
 	}
-	ok := false
+	var neg, ok bool
 	switch form {
 	case deltaSeconds, secondsOrEpoch:
-		var neg bool
 		d, neg, ok = parseSeconds(v)
 		ok = ok && !neg
 		if ok && form == secondsOrEpoch && d >= epochSeconds {
 			d = r.until(time.Unix(0, 0).Add(d))
 		}
 	case delayOrDate:
-		var neg bool
 		if d, neg, ok = parseSeconds(v); neg {
 			d = -d // in the past, unless it is 0
 		} else if !ok {

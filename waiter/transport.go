@@ -211,15 +211,14 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	hasBody := req.Body != nil && req.Body != http.NoBody
 	for retry := 1; ; retry++ {
 		resp, err := t.base.RoundTrip(out)
-		if res != nil {
-			if err != nil || resp == nil {
-				t.settle(req, nil, res, nil)
-			} else {
-				t.settleOn(req, resp, res)
-			}
-		}
 		if err != nil || resp == nil {
+			if res != nil {
+				t.settle(req, nil, res, nil)
+			}
 			return resp, err
+		}
+		if res != nil {
+			t.settleOn(req, resp, res)
 		}
 		d, refused := t.backOff(req, r, resp, cost)
 		if retry > t.retries || !refused || hasBody && req.GetBody == nil { // cannot be replayed
