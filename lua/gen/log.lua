@@ -739,16 +739,17 @@ local function rekey(fs, old, F0, m, F, u)
 end
 
 -- turn returns µs from now until start tag S may book (S <= V + h / W), V moving as the
--- clock does (from tV on: a pause holds it until its end): with the queue as this call leaves it (its stored members, the finish tags
--- this call's requests set in place of theirs: the writes come after every request), the
--- tenants queued ahead leaving it (and their weight W) as V reaches their finish tags, the
--- first TURN_LOOKS of them looked at (then W as it is). A caller told a time a departure
--- makes too late would leave its slot unused; one told too early (a tenant arrives since)
--- asks again. The queue is read once a call, as far as its turns look (fs.stored: the
--- members the clock did not pass and this call did not queue again, at least TURN_LOOKS
--- while the queue has them; read again further when this call's own take their places),
--- and this call's finish tags are kept in order (fs.mine): a call's turns cost a read and
--- a merge of the two lists each, not a sort of the queue each.
+-- clock does (from tV on: a pause holds it until its end): with the queue as this call
+-- leaves it (its stored members, the finish tags this call's requests set in place of
+-- theirs: the writes come after every request), the tenants queued ahead leaving it (and
+-- their weight W) as V reaches their finish tags, the first TURN_LOOKS of them looked at
+-- (then W as it is). A caller told a time a departure makes too late would leave its slot
+-- unused; one told too early (a tenant arrives since) asks again. The queue is read once a
+-- call, as far as its turns look (fs.stored: the members the clock did not pass and this
+-- call did not queue again, at least TURN_LOOKS while the queue has them; read again
+-- further when this call's own take their places), and this call's finish tags are kept in
+-- order (fs.mine): a call's turns cost a read and a merge of the two lists each, not a sort
+-- of the queue each.
 local TURN_LOOKS = 16
 local function turn(fs, S, W, h)
   if not fs.mine then
@@ -1161,7 +1162,7 @@ end
 local function rates(st, new, at)
 end
 
--- [limiter.lua from line 652]
+-- [limiter.lua from line 653]
 -- @cold: the request loop, for every call the fast paths did not decide.
 
 -- read_head is parse_head with the parts always given, each with its limits (lim) and the
