@@ -346,20 +346,7 @@ func TestBucketFullWithABookingAhead(t *testing.T) {
 		}
 		clk.add(t, 50*time.Millisecond)
 		reqs := []*protocol.Request{resume(), inspect(), clearOver(), inspect(), cancel(1, tok(sec)), inspect()}
-		var lone []res
-		for _, r := range reqs {
-			lone = append(lone, c.one(t, b, tagA, r))
-		}
-		batch := c.run(t, b, tagB, reqs...)
-		for i := range reqs {
-			g, w := batch[i], lone[i]
-			if b.Real() && g.extra != nil && w.extra != nil {
-				g.extra[3] = w.extra[3] // the fake clock stretches TTLs
-			}
-			if comparable(g) != comparable(w) {
-				t.Fatalf("request %d of %s: one call %v, lone calls %v", i+1, texts(reqs), g, w)
-			}
-		}
+		lone := c.loneThenOne(t, b, tagA, tagB, reqs...)
 		if ahead := lone[5].extra[1]; ahead != 1950*ms {
 			t.Errorf("BookedAhead %dµs, want 1950ms (the booking at +2s)", ahead)
 		}

@@ -142,6 +142,28 @@ func (c call) one(t testing.TB, b *redistest.Backend, tag string, r *protocol.Re
 	return c.run(t, b, tag, r)[0]
 }
 
+// loneThenOne makes reqs one call each under tagA, then all in one call under tagB, and
+// fails the test where a reply of the one call differs from the lone call's (on a real
+// server, a TTL's figure is the lone call's: the fake clock stretches TTLs); it returns the
+// lone calls' replies.
+func (c call) loneThenOne(t testing.TB, b *redistest.Backend, tagA, tagB string, reqs ...*protocol.Request) []res {
+	t.Helper()
+	var lone []res
+	for _, r := range reqs {
+		lone = append(lone, c.one(t, b, tagA, r))
+	}
+	for i, g := range c.run(t, b, tagB, reqs...) {
+		w := lone[i]
+		if b.Real() && g.extra != nil && w.extra != nil {
+			g.extra[3] = w.extra[3]
+		}
+		if comparable(g) != comparable(w) {
+			t.Fatalf("request %d of %s: one call %v, lone calls %v", i+1, texts(reqs), g, w)
+		}
+	}
+	return lone
+}
+
 // raw makes a call of request texts as given (their key options index KEYS: the state,
 // then extra), and returns each request's reply.
 func (c call) raw(t testing.TB, b *redistest.Backend, tag string, extra []string, reqs ...string) []res {

@@ -91,20 +91,7 @@ func TestLogEmptiedByACancel(t *testing.T) {
 		}
 		clk.add(t, 100*time.Millisecond)
 		reqs := []*protocol.Request{cancel(2, tok(1010*ms)), acquire(1, 2*sec), inspect()}
-		var lone []res
-		for _, r := range reqs {
-			lone = append(lone, c.one(t, b, tagA, r))
-		}
-		batch := c.run(t, b, tagB, reqs...)
-		for i := range reqs {
-			g, w := batch[i], lone[i]
-			if b.Real() && g.extra != nil && w.extra != nil {
-				g.extra[3] = w.extra[3] // the fake clock stretches TTLs
-			}
-			if comparable(g) != comparable(w) {
-				t.Fatalf("request %d of %s: one call %v, lone calls %v", i+1, texts(reqs), g, w)
-			}
-		}
+		lone := c.loneThenOne(t, b, tagA, tagB, reqs...)
 		if lone[0].v[0] != 1 {
 			t.Fatalf("cancel of the two bookings: %v, want freed", lone[0])
 		}
