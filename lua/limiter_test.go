@@ -1644,7 +1644,19 @@ func TestTurnWaitsForThePause(t *testing.T) {
 			if got := c.one(t, b, tag, A()); got.v[0] != 0 || got.v[2] != 1550*ms || got.v[6] != turn|paused {
 				t.Fatalf("%s: A's request 500ms into the 2s pause: %v, want its turn in 1.55s (the pause's end and 50ms)", a.tag, got)
 			}
+			// Inspect's places (the tenant's, the group's busiest) count the pause's rest
+			// the same way: 1.5s more than with the clock running
+			places := func() [2]int64 {
+				group := inspect()
+				group.Queue = keys.FairQueue
+				out := c.run(t, b, tag, c.of("A", inspect()), group)
+				return [2]int64{out[0].extra[9], out[1].extra[11]}
+			}
+			paused := places()
 			c.one(t, b, tag, resume())
+			if running := places(); running[0] <= 0 || paused != [2]int64{running[0] + 1500*ms, running[1] + 1500*ms} {
+				t.Fatalf("%s: A's place inspected 500ms into the 2s pause %v, after the resume %v: want 1.5s more", a.tag, paused, running)
+			}
 			if got := c.one(t, b, tag, A()); got.v[0] != 0 || got.v[2] != 50*ms || got.v[6] != turn {
 				t.Fatalf("%s: A's request after the resume: %v, want its turn in 50ms", a.tag, got)
 			}

@@ -86,7 +86,8 @@ type TenantState struct {
 
 	// Queued is how far the tenant's place in the fair share lies ahead of its turn:
 	// about how long, at the tenants' present shares, until the requests it has queued
-	// or booked (its share of them) are served; 0 when it has none.
+	// or booked (its share of them) are served, a pause's rest included; 0 when it has
+	// none.
 	Queued time.Duration
 
 	// Caps holds one entry per cap (WithTenantLimits), in their order: what the tenant

@@ -446,9 +446,11 @@ local function drop(qkey, gone, hadW)
   end
 end
 
--- life is how long the fair share's clock f lives, µs: until V reaches Fmax.
-local function life(f)
-  return math.ceil((f.Fmax - f.V) * f.W / 1000000) + math.max(f.tV - now, 0) + 1000000
+-- reach is how long, µs from now, the fair share's clock f takes to reach F at its present
+-- weight: from the end of a pause that holds it (tV) on, at W's pace. The clock lives until
+-- it reaches Fmax, and a second.
+local function reach(f, F)
+  return math.ceil((F - f.V) * f.W / 1000000) + (f.tV > now and f.tV - now or 0)
 end
 
 -- clock reads the fair share's clock from the meta's line "f <V> <W> <tV> <Fmax>" at i in
@@ -491,7 +493,7 @@ local function keep_queue(qkey, f, queued, fresh, removed)
         redis.call('ZREM', qkey, 'jobthrottle: the fair share queue is kept a skiplist by this member longer than a listpack takes')
       end
     end
-    redis.call('PEXPIRE', qkey, ms(life(f)))
+    redis.call('PEXPIRE', qkey, ms(reach(f, f.Fmax) + 1000000))
   end
 end
 
@@ -639,6 +641,7 @@ local function turn(fs, S, W, h)
     fs.stored, fs.storedF, fs.more = stored, storedF, #m == 2 * fs.reach
   end
   local stored, mine, i, j = fs.stored, fs.mine, 1, 1
+  -- (reach(fs.f, V), written out: a call and its ceil cost a turn ~1k instructions)
   local t, V = fs.f.tV > now and fs.f.tV - now or 0, fs.f.V
   for k = 1, 16 + 1 do
     local target = S - h * 1000000 / W
@@ -840,7 +843,7 @@ if nargv >= 3 and nargv <= 2 + 1000 and string.find(ARGV[3], '^a %d+ %d+ q') the
       if st.dirty or fs.changed then
         local meta, kept = head, keep
         if f.W > 0 then
-          meta, kept = head .. clock_line(f), math.max(keep, life(f))
+          meta, kept = head .. clock_line(f), math.max(keep, reach(f, f.Fmax) + 1000000)
         end
         save(st, KEYS[1], kept, meta ~= st.meta and meta or nil, keep <= 0)
       end
@@ -975,7 +978,7 @@ end
 local function rates(st, new, at)
 end
 
--- [limiter.lua from line 653]
+-- [limiter.lua from line 656]
 -- @cold: the request loop, for every call the fast paths did not decide.
 
 -- read_head is parse_head with the parts always given, each with its limits (lim) and the
@@ -1456,7 +1459,7 @@ local function kept_us(data)
   end
   local f = meta.fair
   if f and f.W > 0 then -- the clock lives while tenants are queued
-    kept = math.max(kept, life(f))
+    kept = math.max(kept, reach(f, f.Fmax) + 1000000)
   end
   return kept
 end
@@ -1740,7 +1743,7 @@ end
 -- paused_us, pttl_ms, override_us, pause_end (0: not paused), then rate, capacity,
 -- available per limit; then, with
 -- the fair share's key: for a tenant, its place (µs until the clock reaches its finish
--- tag, -1 when it has nothing queued), its weight units (an operator's while it lasts)
+-- tag, reach: a pause's rest included; -1 when it has nothing queued), its weight units (an operator's while it lasts)
 -- and each cap's capacity and available; for the
 -- group, its weight in the queue (W, millionths) and k, then per tenant of the k (at
 -- most 10) with the most queued its place, its weight units, its name's length and bytes.
@@ -1770,7 +1773,7 @@ local function inspect(r, q)
   limits(G, true)
   if q.tenant then
     local _, u, F = member(q, true)
-    d[#d + 1], d[#d + 2] = (F and F > f.V) and math.ceil((F - f.V) * f.W / 1000000) or -1, u
+    d[#d + 1], d[#d + 2] = (F and F > f.V) and reach(f, F) or -1, u
     if q.c then
       local C
       C, why = tenant_state(q.c)
@@ -1786,8 +1789,8 @@ local function inspect(r, q)
     for i = 1, #top, 2 do
       local u, name = string.match(top[i], '^(%d+) (.*)$')
       name = name or ''
-      d[#d + 1], d[#d + 2], d[#d + 3] = math.max(0, math.ceil((score(top[i + 1]) - f.V) * f.W / 1000000)),
-        tonumber(u) or 0, #name
+      local F = score(top[i + 1])
+      d[#d + 1], d[#d + 2], d[#d + 3] = F > f.V and reach(f, F) or 0, tonumber(u) or 0, #name
       for j = 1, #name do
         d[#d + 1] = string.byte(name, j)
       end
