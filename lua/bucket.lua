@@ -10,6 +10,10 @@
 --          lastEvent; 0: none ahead, as a cancel gives back only a booking ahead)
 --   meta   the meta text (internal/protocol); the tokens are counted with its head's
 --          limits, at its override's rates until the override's end
+--   A unit's state (settles may come) adds " r <R> <Z> [<t> <v>]...", what its refunds
+--   need (below): R the tokens given back so far (refunds, cancels' restores), Z since
+--   when its takes are noted, and up to REFUNDS notes of a take at t, v its room plus R
+--   then, rising in t: the least v of any take at t or after.
 -- An absent key is full buckets, at the limits in force when it is read. The key's TTL is
 -- the time until every bucket is full, at the limits in force and, from an override's end
 -- on, at the callers' (keep_us), or until the latest booking when that is later: limits
@@ -38,6 +42,18 @@
 --   and refill), up to its burst, when restore > 0; and when token = e, e moves back
 --   to token - floor(n·p/r) if that is not before now, so that cancelling the booking before
 --   it gives its tokens back too. freed is 1 when any limit got tokens back.
+-- Settle (adjust) of a grant at token: d more is taken at its place; d less comes back as
+--   if the grant had cost that from the start, which the burst cuts: the tokens it gives
+--   back stay in the bucket until the bucket would have been full with them, so no more
+--   than the least room any take after the grant found (a take's room: how far below full
+--   the bucket was before it, or below what a booking ahead keeps), nor than the room now.
+--   A unit's state notes the rooms of its takes since Z (a new state's, or since its limits
+--   changed: a grant before gets nothing back), each less whatever came back since (R then
+--   and now): the least after a grant bounds its refund. A note a later take's room is
+--   under goes; over REFUNDS, the two of the closest v are one (the later t, the lower v:
+--   less back, never more), and a note older than a bucket's fill time goes (no settle
+--   reaches back so far). Takes between a booking and its time find room for its whole
+--   estimate.
 -- The only differences from x/time/rate: a cancel gives back no more than n (CancelAt gives
 --   back more when its lastEvent lies before the booking, or is past); and rounding: times
 --   are whole µs and a booking's time is rounded up to the µs (waits are x/time/rate's,
@@ -47,6 +63,7 @@
 -- Remaining: floor(min u(now)/p) (0 while paused); reset_us: until every bucket is full.
 
 local LIMIT_FIELDS = 3 -- a limit's numbers in a head: rate, period_us, burst
+local REFUNDS = 8 -- the most takes a unit's state notes for refunds
 local LIMIT_TEXT = '^ ([1-9]%d*) ([1-9]%d*) ([1-9]%d*)()' -- a limit's text in a head as Go writes it
 local ONE_LIMIT = '^(tb) ([1-9]%d*) ([1-9]%d*) ([1-9]%d*)$' -- the usual head, as Go writes it
 local TAGS, PARAM_TAG, CAP = ' tb ', '', 3 -- the heads it serves; the one with a parameter; n's bound
@@ -69,7 +86,7 @@ local function rates(st, new, at)
           u = math.max(whole * l[2] + math.floor((u - whole * p) / p * l[2]), -MAX_TICKS)
         end
         r, p, b = l[1], l[2], l[3]
-        st.dirty = true
+        st.dirty, st.rf = true, nil
       end
       st[j + 1], st[j + 2], st[j + 3], st[j + 4] = u < b * p and u or b * p, r, p, b
       local h = (MAX_TICKS - MAX_TICKS % r) / r
@@ -110,14 +127,24 @@ local function load(key, head)
     st = {u + 0, false, false, false, e + 0, at = last + 0, meta = meta, key = key, exists = true, horizon = false,
       given = false, dirty = false}
   else
-    local w = {}
-    for f in string.gmatch(string.sub(v, 1, nl - 1), '%S+') do
+    local w, line, rf = {}, string.sub(v, 1, nl - 1), nil
+    local nums, notes = string.match(line, '^(.-) r ([%d %-]+)$')
+    if nums then
+      line, rf = nums, {}
+      for f in string.gmatch(notes, '%S+') do
+        rf[#rf + 1] = string.find(f, '^%-?%d+$') and tonumber(f) or -MAX_WAIT
+      end
+      if #rf < 2 or #rf % 2 == 1 or #rf > 2 + 2 * REFUNDS then
+        return nil, false
+      end
+    end
+    for f in string.gmatch(line, '%S+') do
       w[#w + 1] = string.find(f, '^%-?%d+$') and tonumber(f) or -MAX_WAIT
     end
     if #w < 3 or #w % 2 == 0 then
       return nil, false
     end
-    st = {at = w[1], meta = meta, key = key, exists = true}
+    st = {at = w[1], meta = meta, key = key, exists = true, rf = rf}
     for i = 1, (#w - 1) / 2 do
       st[5 * i - 4], st[5 * i - 3], st[5 * i - 2], st[5 * i - 1], st[5 * i] = w[2 * i], false, false, false, w[2 * i + 1]
     end
@@ -160,6 +187,7 @@ local function setup(st, lim, param, cw, cwend, given, now)
     local j, l = 5 * i - 5, lim[i]
     if not st[j + 2] then
       st[j + 1], st[j + 2], st[j + 3], st[j + 4], st[j + 5] = l[3] * l[2], l[1], l[2], l[3], 0
+      st.rf = nil
     end
   end
   for j = #st, 5 * #lim + 1, -1 do -- limits the callers no longer have go
@@ -255,15 +283,76 @@ local function save(st, key, keep, meta, bare)
     redis.call('SET', key, '\n' .. (meta or st.meta), 'PX', ms(keep))
     return
   end
-  local more = '' -- the limits after the first
+  local more = '' -- the limits after the first, a unit's notes for refunds
   for j = 5, #st - 5, 5 do
     more = more .. string.format(' %d %d', st[j + 1], st[j + 5] > now and st[j + 5] or 0)
+  end
+  if st.rf then
+    more = more .. string.format(' r' .. string.rep(' %d', #st.rf), unpack(st.rf))
   end
   redis.call('SET', key, string.format('%d %d %d%s\n%s', now, st[1], st[5] > now and st[5] or 0, more, meta or st.meta),
     'PX', ms(keep))
 end
 
 -- @cold: what follows only the driver's request loop needs (see lua/internal/gen).
+
+-- refunds returns a unit's state's notes for refunds (the header's "r"): new, nothing before
+-- now counted, when it had none (or its limits changed), less those no settle reaches.
+local function refunds(st, lim, now)
+  local rf, span = st.rf, 0
+  if not rf or rf[2] > now then
+    rf = {0, now}
+    st.rf = rf
+  end
+  for j = 0, 5 * #lim - 5, 5 do
+    span = math.max(span, math.ceil(st[j + 4] * st[j + 3] / st[j + 2]))
+  end
+  while rf[3] and rf[3] <= now - span do
+    table.remove(rf, 3)
+    table.remove(rf, 3)
+  end
+  return rf
+end
+
+-- note notes a take of n at t, before it takes: the room it finds, in tokens, the least of
+-- its limits' (below full, or below what a booking ahead keeps: take's full).
+local function note(st, lim, n, t, now)
+  local room = MAX_TICKS
+  for j = 0, 5 * #lim - 5, 5 do
+    local u, r, p, b = st[j + 1], st[j + 2], st[j + 3], st[j + 4]
+    local d = n * p - u
+    local full = b * p - (t - now) * r + (d > 0 and (r - d % r) % r or 0)
+    room = math.min(room, math.floor(math.max(0, full - u) / p))
+  end
+  local rf = refunds(st, lim, now)
+  local v, k = room + rf[1], #rf
+  while k > 2 and rf[k] >= v do -- (a note a later take's room is under)
+    rf[k], rf[k - 1] = nil, nil
+    k = k - 2
+  end
+  rf[k + 1], rf[k + 2] = now, v
+  if k > 2 * REFUNDS then
+    local c = 3
+    for i = 5, k - 1, 2 do
+      if rf[i + 3] - rf[i + 1] < rf[c + 3] - rf[c + 1] then
+        c = i
+      end
+    end
+    rf[c] = rf[c + 2]
+    table.remove(rf, c + 2)
+    table.remove(rf, c + 2)
+  end
+end
+
+-- In the loop, a take from a unit's state is noted first (the fast paths take from none,
+-- and their take, defined before, pays nothing for it).
+local take_unnoted = take
+take = function(st, lim, n, t, now)
+  if st.costs then
+    note(st, lim, n, t, now)
+  end
+  take_unnoted(st, lim, n, t, now)
+end
 
 local function give(st, lim, n, token, now)
   if token < now then
@@ -278,6 +367,9 @@ local function give(st, lim, n, token, now)
     local restore = n * p - (after > 0 and after or 0) * r
     if restore > 0 then
       st[j + 1], freed = math.min(b * p, u + restore), 1
+      if st.rf then -- (the takes since have that much less room)
+        st.rf[1] = st.rf[1] + math.ceil(restore / p)
+      end
       if token == e and token - math.floor(n * p / r) >= now then
         st[j + 5] = token - math.floor(n * p / r)
       end
@@ -288,6 +380,18 @@ local function give(st, lim, n, token, now)
 end
 
 local function adjust(st, lim, d, token, now)
+  if d < 0 then -- back: no more than the least room after the grant (the header)
+    local rf = refunds(st, lim, now)
+    local least = token < rf[2] and 0 or math.huge
+    for i = 3, #rf, 2 do
+      if rf[i] > token then
+        least = rf[i + 1] - rf[1]
+        break
+      end
+    end
+    d = -math.max(0, math.min(-d, least))
+    rf[1] = rf[1] - d
+  end
   for j = 0, 5 * #lim - 5, 5 do
     local u, r, p, b = st[j + 1], st[j + 2], st[j + 3], st[j + 4]
     if token + math.ceil(b * p / r) > now then -- the bucket has not refilled since

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -364,6 +365,95 @@ func TestBucketFullWithABookingAhead(t *testing.T) {
 			if m, alone := meta(t, b.Client, tag+":"+keys.State); m == "" || !alone {
 				t.Errorf("%s at +2s: meta %q alone %v, want the override's meta alone", tag, m, alone)
 			}
+		}
+	})
+}
+
+// A settle for less gives back no more than the burst kept: 400 tokens a second, 400
+// taken at 0 on an estimate, 200 at +0.5s (the bucket refilled to 200), the first settled
+// at +0.6s as 0. Had it cost 0, the bucket was full at +0.5s, held 200 after the second
+// and 240 at +0.6s: 240 may be taken then, not 241 (the whole estimate back would allow
+// 400, 600 in 100ms). With nothing taken after a grant, all of it comes back (TestSettle);
+// a take in the grant's slot before it does not count against it.
+func TestBucketSettleRefundsWhatTheBurstKept(t *testing.T) {
+	c := call{a: tokenBucket, limits: []limit{{1000, sec, 1000}, {400, sec, 400}}, units: []string{"", "tokens"}}
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		for _, n := range []int{240, 241} {
+			tag := tagOf(b, fmt.Sprintf("refund%d", n))
+			clk := newClock(t, b, tag)
+			g := c.one(t, b, tag, costs(acquire(1, 0), "tokens", 400))
+			clk.add(t, 500*time.Millisecond)
+			c.one(t, b, tag, costs(acquire(1, 0), "tokens", 200))
+			clk.add(t, 100*time.Millisecond)
+			if got := c.one(t, b, tag, costs(settle(1, g.v[4], "1"), "tokens", 400, 0)); got.v[0] != 1 {
+				t.Fatalf("the settle of 400 as 0: %v", got)
+			}
+			if got := c.one(t, b, tag, costs(acquire(1, 0), "tokens", n)); got.v[0] != map[int]int64{240: 1, 241: 0}[n] {
+				t.Errorf("%d tokens at +0.6s: %v, want only 240 granted", n, got)
+			}
+		}
+		// a take before the grant in its slot found the bucket full (no room): 200 at 0, 100 at
+		// +0.1s, the second settled as 0 at +0.2s gets all 100 back (280: 240 at +0.1s had it
+		// cost 0, and 40 refilled), not 281
+		for _, n := range []int{280, 281} {
+			tag := tagOf(b, fmt.Sprintf("refundslot%d", n))
+			clk := newClock(t, b, tag)
+			c.one(t, b, tag, costs(acquire(1, 0), "tokens", 200))
+			clk.add(t, 100*time.Millisecond)
+			g := c.one(t, b, tag, costs(acquire(1, 0), "tokens", 100))
+			clk.add(t, 100*time.Millisecond)
+			c.one(t, b, tag, costs(settle(1, g.v[4], "1"), "tokens", 100, 0))
+			if got := c.one(t, b, tag, costs(acquire(1, 0), "tokens", n)); got.v[0] != map[int]int64{280: 1, 281: 0}[n] {
+				t.Errorf("%d tokens at +0.2s: %v, want only 280 granted", n, got)
+			}
+		}
+	})
+}
+
+// Refunds keep the rate used: a bucket of 6,000 tokens a minute (burst the same), a caller
+// asking 100 tokens every 10ms, each grant settled 20ms later at 10-100 % of it, for 20s
+// (simulated): the actual tokens granted come to at least 95 % of what the bucket allows
+// (its burst and 20s of refill). Without refunds it would be about the mean actual share.
+// JOBTHROTTLE_LONG=1: 100,000 tokens a minute, 1,000 asked every ms, a minute, miniredis
+// alone (bench/RESULTS.md, "Token bucket refunds").
+func TestBucketRefundsKeepTheRateUsed(t *testing.T) {
+	rate, ask, step, steps, each := 6000, 100, 10*time.Millisecond, 2000, redistest.Each
+	if os.Getenv("JOBTHROTTLE_LONG") != "" {
+		rate, ask, step, steps = 100000, 1000, time.Millisecond, 60000
+		each = func(t *testing.T, f func(*testing.T, *redistest.Backend)) { f(t, redistest.NewMini(t)) }
+	}
+	c := call{a: tokenBucket, limits: []limit{{1000000, sec, 1000000}, {int64(rate), 60 * sec, int64(rate)}}, units: []string{"", "tokens"}}
+	each(t, func(t *testing.T, b *redistest.Backend) {
+		tag := tagOf(b, "refunduse")
+		clk := newClock(t, b, tag)
+		rng := rand.New(rand.NewPCG(1, 2))
+		type grant struct {
+			due, token int64
+			actual     int
+		}
+		var open []grant
+		used := 0
+		for i := range steps {
+			for len(open) > 0 && open[0].due <= int64(i) {
+				g := open[0]
+				open = open[1:]
+				if got := c.one(t, b, tag, costs(settle(1, g.token, fmt.Sprint(g.token, i)), "tokens", ask, g.actual)); got.v[0] != 1 {
+					t.Fatalf("settle %v: %v", g, got)
+				}
+			}
+			if g := c.one(t, b, tag, costs(acquire(1, 0), "tokens", ask)); g.v[0] == 1 {
+				a := ask/10 + rng.IntN(ask*9/10+1)
+				used += a
+				open = append(open, grant{int64(i) + int64(20*time.Millisecond/step), g.v[4], a})
+			}
+			clk.add(t, step)
+		}
+		span := time.Duration(steps) * step
+		allowed := float64(rate) + float64(rate)*span.Minutes()
+		share := float64(used) / allowed
+		redistest.Figure(t, "token bucket refunds, %s: %d actual tokens granted of the %.0f the bucket allows in %v: %.1f %%", b.Kind, used, allowed, span, 100*share)
+		if share < 0.95 {
+			t.Errorf("%.1f %% of the bucket's tokens used, want at least 95 %%", 100*share)
 		}
 	})
 }

@@ -460,6 +460,11 @@ func Check(s, typ string, values []string) error {
 	if !strings.HasPrefix(m.Head, TokenBucket+" ") && !strings.HasPrefix(m.Head, FixedWindow+" ") {
 		return fmt.Errorf("a string whose head %q is not a bucket's or a window's", m.Head)
 	}
+	if strings.HasPrefix(m.Head, TokenBucket+" ") { // a unit's notes for refunds: " r <R> <Z> [<t> <v>]..."
+		if n, notes, ok := strings.Cut(nums, " r "); ok && len(strings.Split(notes, " "))%2 == 0 {
+			nums = n + " " + notes
+		}
+	}
 	for _, w := range strings.Split(nums, " ") {
 		if !isDecimal(strings.TrimPrefix(w, "-")) {
 			return fmt.Errorf("text %q: %q is not a number", text, w)

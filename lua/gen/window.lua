@@ -1291,6 +1291,7 @@ local function part_state(p, rates, cwend)
   if not st then
     return foreign(p.key, why or nil, ' fw ')
   end
+  st.costs = p.unit ~= '' -- (settles may come: the bucket keeps what refunds need)
   return setup_part(p, st, st.meta, rates, cwend)
 end
 
