@@ -575,8 +575,11 @@ func TestTenantsQuietBehindNoisy(t *testing.T) {
 // by an operator (another process's limiter) a second in. A task handed back during the
 // pause comes back after it, a tenant's whose turn has not come too (its RetryIn reaches
 // past the pause's end), so the fleet does not hand its tasks round and round while
-// paused: no task is handed back more than twice in the pause's first 2.5s (twice: a reply
-// decided just before the pause may reach the hook after it). In its last second a task
+// paused: no task is handed back more than three times in the pause's first 2.5s. Three: a
+// reply decided just before the pause may reach the hook after it, and the task, back
+// before that slot with the sleepers' bound full, is handed back once more on the slot
+// remembered, without asking Redis (bounce: a pause is found at the return after); then
+// Redis tells it the pause's end. In its last second a task
 // handed back may come back at once, asynq keeping retry times in whole seconds
 // (retryDue), as before any slot under a second ahead.
 func TestTenantsPausedComeBackAfterThePause(t *testing.T) {
@@ -643,8 +646,8 @@ func TestTenantsPausedComeBackAfterThePause(t *testing.T) {
 		}
 		redistest.Figure(t, "%s: %d tasks of two tenants at 20/s over 2 servers, paused 4s: %d hand-backs in its first 2.5s (%d tasks; %d told to come back before its end), at most %d of a task",
 			b.Kind, 2*tasks, all, len(backs), early, most)
-		if most > 2 {
-			t.Errorf("task %s handed back %d times in the pause's first 2.5s, want at most 2: told to come back before the pause's end", which, most)
+		if most > 3 {
+			t.Errorf("task %s handed back %d times in the pause's first 2.5s, want at most 3: told to come back before the pause's end", which, most)
 		}
 	})
 }
