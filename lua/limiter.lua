@@ -436,7 +436,7 @@ local function turn(fs, S, W, h)
     fs.stored, fs.storedF, fs.more = stored, storedF, #m == 2 * fs.reach
   end
   local stored, mine, i, j = fs.stored, fs.mine, 1, 1
-  -- (reach(fs.f, V), written out: a call and its ceil cost a turn ~1k instructions)
+  -- (reach(fs.f, V), written out: on the backlog's path, bench/callgrind/cases.sh)
   local t, V = fs.f.tV > now and fs.f.tV - now or 0, fs.f.V
   for k = 1, TURN_LOOKS + 1 do
     local target = S - h * 1000000 / W
