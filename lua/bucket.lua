@@ -132,7 +132,11 @@ local function load(key, head)
     if nums then
       line, rf = nums, {}
       for f in string.gmatch(notes, '%S+') do
-        rf[#rf + 1] = string.find(f, '^%-?%d+$') and tonumber(f) or -MAX_WAIT
+        local x = string.find(f, '^%d+$') and tonumber(f)
+        if not x or x > MAX_WAIT then -- (none is negative: R, Z, t and v count up from 0)
+          return nil, false
+        end
+        rf[#rf + 1] = x
       end
       if #rf < 2 or #rf % 2 == 1 or #rf > 2 + 2 * REFUNDS then
         return nil, false

@@ -410,6 +410,28 @@ func TestBucketSettleRefundsWhatTheBurstKept(t *testing.T) {
 	})
 }
 
+// A unit's notes that are not the bucket's (a negative or oversized number, an odd count)
+// make its state foreign, as its other numbers do: ErrState, nothing written.
+func TestBucketNotesForeign(t *testing.T) {
+	c := call{a: tokenBucket, limits: []limit{{1000, sec, 1000}, {100, sec, 100}}, units: []string{"", "tokens"}}
+	redistest.Each(t, func(t *testing.T, b *redistest.Backend) {
+		for i, notes := range []string{"r -1 5", "r 0 5 7", "r 0 99999999999999999", "r 0 5 x 1"} {
+			tag := tagOf(b, fmt.Sprintf("notes%d", i))
+			newClock(t, b, tag)
+			key, text := tag+":u:tokens", fmt.Sprintf("%d 40000000 0 %s\ntb /tokens 100 1000000 100", redistest.Epoch.UnixMicro(), notes)
+			if err := b.Client.Set(context.Background(), key, text, time.Minute).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if got := c.one(t, b, tag, costs(acquire(1, 0), "tokens", 1)); got.code() != protocol.ErrState {
+				t.Errorf("notes %q: %v, want ErrState", notes, got)
+			}
+			if v := b.Client.Get(context.Background(), key).Val(); v != text {
+				t.Errorf("notes %q: the state became %q", notes, v)
+			}
+		}
+	})
+}
+
 // Refunds keep the rate used: a bucket of 6,000 tokens a minute (burst the same), a caller
 // asking 100 tokens every 10ms, each grant settled 20ms later at 10-100 % of it, for 20s
 // (simulated): the actual tokens granted come to at least 95 % of what the bucket allows

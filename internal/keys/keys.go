@@ -461,8 +461,11 @@ func Check(s, typ string, values []string) error {
 		return fmt.Errorf("a string whose head %q is not a bucket's or a window's", m.Head)
 	}
 	if strings.HasPrefix(m.Head, TokenBucket+" ") { // a unit's notes for refunds: " r <R> <Z> [<t> <v>]..."
-		if n, notes, ok := strings.Cut(nums, " r "); ok && len(strings.Split(notes, " "))%2 == 0 {
-			nums = n + " " + notes
+		if n, notes, ok := strings.Cut(nums, " r "); ok {
+			if f := strings.Split(notes, " "); len(f)%2 == 1 || !allDecimal(f, len(f)) {
+				return fmt.Errorf("text %q: %q are not a bucket's notes", text, notes)
+			}
+			nums = n
 		}
 	}
 	for _, w := range strings.Split(nums, " ") {

@@ -96,7 +96,8 @@ func TestCheck(t *testing.T) {
 		{"l", "string", []string{"1795795049994989 3000000 0\ntb 5 1000000 5"}, ""},
 		{"l", "string", []string{"1795795049994989 -12000000 1795795052394989\ntb 5 1000000 5"}, ""},                                                              // booked ahead
 		{"u:tokens", "string", []string{"1795795049994989 3000000 0 r 160 1795795049000000 1795795049500000 1 1795795049600000 163\ntb /tokens 5 1000000 5"}, ""}, // a unit's refunds
-		{"u:tokens", "string", []string{"1795795049994989 3000000 0 r 160 1795795049000000 1795795049500000\ntb /tokens 5 1000000 5"}, "not a number"},
+		{"u:tokens", "string", []string{"1795795049994989 3000000 0 r 160 1795795049000000 1795795049500000\ntb /tokens 5 1000000 5"}, "not a bucket's notes"},
+		{"u:tokens", "string", []string{"1795795049994989 3000000 0 r -1 1795795049000000\ntb /tokens 5 1000000 5"}, "not a bucket's notes"},
 		{"l", "string", []string{"1795795049994989 4\nfw 5 1000000"}, ""},
 		{"l", "string", []string{"\ntb 5 1000000 5\np 1796586025476357"}, ""}, // a meta alone
 		{"l", "string", []string{"1795795049994989 4\nsw 5 1000000"}, "not a bucket's or a window's"},

@@ -180,7 +180,11 @@ local function load(key, head)
     if nums then
       line, rf = nums, {}
       for f in string.gmatch(notes, '%S+') do
-        rf[#rf + 1] = string.find(f, '^%-?%d+$') and tonumber(f) or -9007199254740991
+        local x = string.find(f, '^%d+$') and tonumber(f)
+        if not x or x > 9007199254740991 then -- (none is negative: R, Z, t and v count up from 0)
+          return nil, false
+        end
+        rf[#rf + 1] = x
       end
       if #rf < 2 or #rf % 2 == 1 or #rf > 2 + 2 * 8 then
         return nil, false
@@ -1081,7 +1085,7 @@ local function reply(out, k, ext, why)
   return out
 end
 
--- [bucket.lua from line 297]
+-- [bucket.lua from line 301]
 -- @cold: what follows only the driver's request loop needs (see lua/internal/gen).
 
 -- refunds returns a unit's state's notes for refunds (the header's "r"): new, nothing before
